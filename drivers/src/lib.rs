@@ -1,0 +1,80 @@
+//! Compute drivers: the [`ComputeDriver`] trait that the gateway calls, and its implementations.
+//!
+//! The trait mirrors the `sbx.driver.v1` contract message for message, so that a driver runs
+//! in process or behind a Unix socket with the same behaviour.
+//!
+//! **Invariant:** a driver resolves a sandbox by its id only. Nothing in this crate looks a
+//! sandbox up by name; workspace and name are stored to be reported back, never to be matched.
+
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use futures::Stream;
+pub use sbx_proto::driver as pb;
+use uuid::Uuid;
+
+mod error;
+
+pub use error::DriverError;
+
+/// A stream of results from a driver (watch events, exec output, log chunks).
+pub type DriverStream<T> = Pin<Box<dyn Stream<Item = Result<T, DriverError>> + Send + 'static>>;
+
+/// A compute driver: something that runs sandbox workloads.
+///
+/// Every method that names a sandbox takes its id as sent on the wire (a string), and answers
+/// [`DriverError::InvalidArgument`] when it is empty or not a UUID — see [`parse_sandbox_id`].
+///
+/// Semantics every implementation keeps (the conformance suite checks them):
+/// - `create` makes the sandbox's resources and starts its workload under the request's
+///   generation; it is idempotent for the same id and generation.
+/// - `start` of a workload running under the same generation does nothing; under another
+///   generation it answers [`DriverError::GenerationMismatch`].
+/// - `stop` of a stopped workload does nothing.
+/// - `delete` of an absent sandbox answers `deleted = false`.
+/// - A workload outlives the driver instance that started it; a new instance opened on the
+///   same state finds it again by id, with the same instance id and generation.
+#[async_trait]
+pub trait ComputeDriver: Send + Sync + 'static {
+    async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError>;
+    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError>;
+    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError>;
+    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError>;
+    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError>;
+    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError>;
+    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError>;
+    /// Changes the driver observes from now on (for example a workload that exits by itself).
+    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError>;
+    async fn exec(&self, req: pb::ExecRequest) -> Result<DriverStream<pb::ExecOutput>, DriverError>;
+    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError>;
+}
+
+/// Parses the sandbox id of a driver request: empty or malformed ids are
+/// [`DriverError::InvalidArgument`].
+pub fn parse_sandbox_id(id: &str) -> Result<Uuid, DriverError> {
+    if id.is_empty() {
+        return Err(DriverError::InvalidArgument(
+            "sandbox_id is empty; every driver request must name its sandbox by id".into(),
+        ));
+    }
+    Uuid::parse_str(id).map_err(|e| {
+        DriverError::InvalidArgument(format!("sandbox_id {id:?} is not a UUID: {e}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_and_malformed_ids_are_invalid_arguments() {
+        for bad in ["", "demo", "123", "00000000-0000-0000-0000-00000000000g"] {
+            assert!(
+                matches!(parse_sandbox_id(bad), Err(DriverError::InvalidArgument(_))),
+                "{bad:?}"
+            );
+        }
+        let id = Uuid::new_v4();
+        assert_eq!(parse_sandbox_id(&id.to_string()).unwrap(), id);
+    }
+}

@@ -1,0 +1,24 @@
+//! The sbx gRPC contracts and the pure rules shared by every layer.
+//!
+//! - [`v1`]: the public API (`sbx.v1`), served by the gateway.
+//! - [`driver`]: the compute driver API (`sbx.driver.v1`).
+//! - [`names`]: the naming rules for workspaces and sandboxes.
+
+/// The public API, package `sbx.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod v1 {
+    tonic::include_proto!("sbx.v1");
+}
+
+/// The compute driver API, package `sbx.driver.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod driver {
+    tonic::include_proto!("sbx.driver.v1");
+}
+
+pub mod names;
+
+/// The encoded file descriptor set of both contracts, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("sbx_descriptor");
+
+pub use prost_types::Timestamp;
