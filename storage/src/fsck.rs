@@ -1,0 +1,228 @@
+//! `verify_indexes`: an offline-style consistency check (fsck) of records against every index.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+
+use uuid::Uuid;
+
+use crate::envelope::decode_record;
+use crate::error::StoreError;
+use crate::layout::{
+    META_SCHEMA_VERSION, decode_id_list, decode_u64, name_key, order_all_key, order_ws_key,
+};
+use crate::record::{Kind, Record};
+use crate::schema::SCHEMA_VERSION;
+use crate::sled_store::SledStore;
+
+/// One inconsistency found by [`SledStore::verify_indexes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexProblem {
+    /// The tree where the problem shows (`records`, `names`, `owners`, `order_all`,
+    /// `order_ws`, `ws_counts`, `meta`).
+    pub tree: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for IndexProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.tree, self.detail)
+    }
+}
+
+impl SledStore {
+    /// Checks that the records and every index agree: the name index, the owner index, both
+    /// order indexes, the per-workspace counts, and that the stored revision is at least every
+    /// record's version. Returns the problems found (empty for a healthy store). Reads a
+    /// snapshot tree by tree, so run it while no writes are in flight.
+    pub fn verify_indexes(&self) -> Result<Vec<IndexProblem>, StoreError> {
+        let trees = &self.inner.trees;
+        let mut problems = Vec::new();
+        let mut report = |tree: &'static str, detail: String| {
+            problems.push(IndexProblem { tree, detail });
+        };
+
+        let mut records: HashMap<Uuid, Record> = HashMap::new();
+        for entry in trees.records.iter() {
+            let (key, value) = entry?;
+            match decode_record(&value) {
+                Ok(rec) if rec.id.as_bytes()[..] == key[..] => {
+                    records.insert(rec.id, rec);
+                }
+                Ok(rec) => report("records", format!("key {key:02x?} holds record {}", rec.id)),
+                Err(e) => report("records", format!("key {key:02x?}: {e}")),
+            }
+        }
+
+        let revision = self.revision()?;
+        let mut counts: BTreeMap<Uuid, u64> = BTreeMap::new();
+        for rec in records.values() {
+            let id = rec.id;
+            if rec.resource_version > revision {
+                report(
+                    "meta",
+                    format!(
+                        "record {id} has version {} above the stored revision {revision}",
+                        rec.resource_version
+                    ),
+                );
+            }
+            if sbx_proto::names::validate_name(&rec.name).is_err() {
+                report(
+                    "records",
+                    format!("record {id} has invalid name {:?}", rec.name),
+                );
+            }
+            match trees
+                .names
+                .get(name_key(rec.kind, rec.workspace, &rec.name))?
+            {
+                Some(raw) if raw[..] == id.as_bytes()[..] => {}
+                Some(raw) => report("names", format!("name of record {id} points to {raw:02x?}")),
+                None => report("names", format!("record {id} ({}) is missing", rec.name)),
+            }
+            if !trees
+                .order_all
+                .contains_key(order_all_key(rec.kind, rec.created_at_ms, id))?
+            {
+                report("order_all", format!("record {id} is missing"));
+            }
+            match (rec.kind.is_scoped(), rec.workspace) {
+                (true, Some(ws)) => {
+                    *counts.entry(ws).or_default() += 1;
+                    if !matches!(records.get(&ws), Some(w) if w.kind == Kind::Workspace) {
+                        report(
+                            "records",
+                            format!("record {id} is in missing workspace {ws}"),
+                        );
+                    }
+                    if !trees.order_ws.contains_key(order_ws_key(
+                        ws,
+                        rec.kind,
+                        rec.created_at_ms,
+                        id,
+                    ))? {
+                        report("order_ws", format!("record {id} is missing"));
+                    }
+                }
+                (false, None) => {}
+                _ => report(
+                    "records",
+                    format!("record {id} has the wrong scope for a {}", rec.kind),
+                ),
+            }
+            if let Some(owner) = rec.owner {
+                let listed = match trees.owners.get(owner.as_bytes())? {
+                    Some(raw) => decode_id_list(&raw)?.contains(&id),
+                    None => false,
+                };
+                if !records.contains_key(&owner) {
+                    report(
+                        "owners",
+                        format!("record {id} is owned by missing record {owner}"),
+                    );
+                } else if !listed {
+                    report(
+                        "owners",
+                        format!("record {id} is not listed under its owner {owner}"),
+                    );
+                }
+            }
+        }
+
+        for entry in trees.names.iter() {
+            let (key, value) = entry?;
+            let target = Uuid::from_slice(&value).ok();
+            let ok = target
+                .and_then(|t| records.get(&t))
+                .is_some_and(|r| name_key(r.kind, r.workspace, &r.name)[..] == key[..]);
+            if !ok {
+                report(
+                    "names",
+                    format!("entry {key:02x?} points to no matching record"),
+                );
+            }
+        }
+
+        for entry in trees.owners.iter() {
+            let (key, value) = entry?;
+            let owner = Uuid::from_slice(&key).unwrap_or_default();
+            if !records.contains_key(&owner) {
+                report("owners", format!("entry for missing owner {key:02x?}"));
+            }
+            match decode_id_list(&value) {
+                Ok(ids) => {
+                    let mut seen = HashSet::new();
+                    for owned in ids {
+                        if !seen.insert(owned) {
+                            report("owners", format!("{owner} lists {owned} twice"));
+                        }
+                        if records.get(&owned).and_then(|r| r.owner) != Some(owner) {
+                            report("owners", format!("{owner} lists {owned}, not owned by it"));
+                        }
+                    }
+                }
+                Err(e) => report("owners", format!("entry for {owner}: {e}")),
+            }
+        }
+
+        for entry in trees.order_all.iter() {
+            let (key, _) = entry?;
+            let ok = key.len() == 25
+                && Uuid::from_slice(&key[9..])
+                    .ok()
+                    .and_then(|id| records.get(&id))
+                    .is_some_and(|r| order_all_key(r.kind, r.created_at_ms, r.id)[..] == key[..]);
+            if !ok {
+                report("order_all", format!("entry {key:02x?} matches no record"));
+            }
+        }
+        for entry in trees.order_ws.iter() {
+            let (key, _) = entry?;
+            let ok = key.len() == 41
+                && Uuid::from_slice(&key[25..])
+                    .ok()
+                    .and_then(|id| records.get(&id))
+                    .is_some_and(|r| {
+                        r.workspace.is_some_and(|ws| {
+                            order_ws_key(ws, r.kind, r.created_at_ms, r.id)[..] == key[..]
+                        })
+                    });
+            if !ok {
+                report("order_ws", format!("entry {key:02x?} matches no record"));
+            }
+        }
+
+        let mut stored_counts: BTreeMap<Uuid, u64> = BTreeMap::new();
+        for entry in trees.ws_counts.iter() {
+            let (key, value) = entry?;
+            match (Uuid::from_slice(&key), decode_u64(&value, "count")) {
+                (Ok(ws), Ok(n)) => {
+                    stored_counts.insert(ws, n);
+                }
+                _ => report("ws_counts", format!("entry {key:02x?} does not decode")),
+            }
+        }
+        for ws in counts
+            .keys()
+            .chain(stored_counts.keys())
+            .collect::<HashSet<_>>()
+        {
+            let (real, stored) = (
+                counts.get(ws).copied().unwrap_or(0),
+                stored_counts.get(ws).copied().unwrap_or(0),
+            );
+            if real != stored {
+                report(
+                    "ws_counts",
+                    format!("workspace {ws} holds {real} record(s), the count says {stored}"),
+                );
+            }
+        }
+
+        let schema = trees.meta.get(META_SCHEMA_VERSION)?;
+        if schema.as_deref() != Some(&SCHEMA_VERSION.to_be_bytes()[..]) {
+            report("meta", format!("schema version is {schema:02x?}"));
+        }
+        Ok(problems)
+    }
+}

@@ -1,0 +1,155 @@
+//! The record types the store keeps and the queries it answers. No IO here.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use uuid::Uuid;
+
+use crate::selector::LabelSelector;
+
+/// What a record is. The byte tag of each kind is part of the on-disk format and never changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// A tenant. Global scope: `workspace` is `None`.
+    Workspace,
+    /// A sandbox, scoped to a workspace (`workspace` is `Some(ws id)`).
+    Sandbox,
+    /// A small record owned by a sandbox (`owner` is `Some(sandbox id)`), scoped to the
+    /// sandbox's workspace. It dies with its owner and never re-attaches to a new sandbox of the
+    /// same name.
+    Setting,
+}
+
+impl Kind {
+    /// Every kind, in tag order.
+    pub const ALL: [Kind; 3] = [Kind::Workspace, Kind::Sandbox, Kind::Setting];
+
+    /// The stable on-disk tag.
+    pub const fn tag(self) -> u8 {
+        match self {
+            Kind::Workspace => 1,
+            Kind::Sandbox => 2,
+            Kind::Setting => 3,
+        }
+    }
+
+    /// The kind for an on-disk tag, `None` for a tag this build does not know.
+    pub const fn from_tag(tag: u8) -> Option<Kind> {
+        match tag {
+            1 => Some(Kind::Workspace),
+            2 => Some(Kind::Sandbox),
+            3 => Some(Kind::Setting),
+            _ => None,
+        }
+    }
+
+    /// Whether records of this kind live inside a workspace (`workspace = Some(..)`).
+    pub const fn is_scoped(self) -> bool {
+        !matches!(self, Kind::Workspace)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Workspace => "workspace",
+            Kind::Sandbox => "sandbox",
+            Kind::Setting => "setting",
+        })
+    }
+}
+
+/// A record as the caller asks to create it. The store assigns the resource version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRecord {
+    pub id: Uuid,
+    pub kind: Kind,
+    /// `None` for global kinds, `Some(non-nil workspace id)` for scoped ones.
+    pub workspace: Option<Uuid>,
+    pub name: String,
+    /// The record this one belongs to; deleting the owner deletes this record in the same
+    /// transaction. Must be in the same scope (same workspace) as this record.
+    pub owner: Option<Uuid>,
+    pub labels: BTreeMap<String, String>,
+    /// Set by the caller (wall clock); the first part of the list order.
+    pub created_at_ms: u64,
+    /// Opaque payload (the actor layer stores prost-encoded messages).
+    pub body: Vec<u8>,
+}
+
+/// A stored record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub id: Uuid,
+    pub kind: Kind,
+    pub workspace: Option<Uuid>,
+    pub name: String,
+    pub owner: Option<Uuid>,
+    pub labels: BTreeMap<String, String>,
+    pub created_at_ms: u64,
+    pub body: Vec<u8>,
+    /// The global revision of the write that last changed this record. The caller passes it
+    /// back to `update` / `delete` as the version it read.
+    pub resource_version: u64,
+    /// Set by the caller on update (wall clock); equals `created_at_ms` after create.
+    pub updated_at_ms: u64,
+}
+
+impl Record {
+    pub(crate) fn from_new(rec: NewRecord, resource_version: u64) -> Record {
+        Record {
+            id: rec.id,
+            kind: rec.kind,
+            workspace: rec.workspace,
+            name: rec.name,
+            owner: rec.owner,
+            labels: rec.labels,
+            created_at_ms: rec.created_at_ms,
+            updated_at_ms: rec.created_at_ms,
+            body: rec.body,
+            resource_version,
+        }
+    }
+}
+
+/// Which records a list covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every record of the kind, across workspaces.
+    All,
+    /// The records of the kind inside one workspace (uses that workspace's own order index).
+    Workspace(Uuid),
+}
+
+/// One page request of a list. Records come in the total order `(created_at_ms, id bytes)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListQuery {
+    pub kind: Kind,
+    pub scope: Scope,
+    pub selector: LabelSelector,
+    /// The most records to return; 0 means no limit (the whole remaining list in one page).
+    pub limit: usize,
+    /// `next_cursor` of the previous page, `None` for the first page.
+    pub cursor: Option<String>,
+}
+
+impl ListQuery {
+    /// The first page of every record of `kind` in `scope`, unfiltered, `limit` at a time.
+    pub fn new(kind: Kind, scope: Scope, limit: usize) -> ListQuery {
+        ListQuery {
+            kind,
+            scope,
+            selector: LabelSelector::everything(),
+            limit,
+            cursor: None,
+        }
+    }
+}
+
+/// One page of a list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub records: Vec<Record>,
+    /// Where the next page starts; `None` when no matching record follows this page.
+    pub next_cursor: Option<String>,
+}

@@ -1,0 +1,242 @@
+//! `SledStore`: the embedded implementation of [`ObjectStore`]. Opening, reads and the trait
+//! glue live here; the write transactions are in `writes.rs`, the index checker in `fsck.rs`.
+
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::envelope::decode_record;
+use crate::error::StoreError;
+use crate::group_commit::{FlushStats, GroupCommit};
+use crate::layout::{
+    self, META_REVISION, TREE_META, TREE_NAMES, TREE_ORDER_ALL, TREE_ORDER_WS, TREE_OWNERS,
+    TREE_RECORDS, TREE_WS_COUNTS, decode_id_list, decode_u64, decode_uuid, encode_cursor, name_key,
+    record_key,
+};
+use crate::record::{Kind, ListQuery, NewRecord, Page, Record, Scope};
+use crate::schema::{self, SchemaOutcome};
+use crate::store::ObjectStore;
+
+/// The sled trees of one database, opened once.
+#[derive(Clone)]
+pub(crate) struct Trees {
+    pub(crate) records: sled::Tree,
+    pub(crate) names: sled::Tree,
+    pub(crate) owners: sled::Tree,
+    pub(crate) order_all: sled::Tree,
+    pub(crate) order_ws: sled::Tree,
+    pub(crate) ws_counts: sled::Tree,
+    pub(crate) meta: sled::Tree,
+}
+
+pub(crate) struct Inner {
+    pub(crate) trees: Trees,
+    /// Declared before `db` so the flusher thread (which holds a `Db` clone) is joined before
+    /// the last handle is dropped and sled releases its file lock.
+    pub(crate) commit: GroupCommit,
+    #[allow(dead_code)] // kept so the Db outlives every tree handle in a predictable order
+    db: sled::Db,
+    path: PathBuf,
+    schema_outcome: SchemaOutcome,
+}
+
+/// The sled-backed object store. Cheap to clone (shared handle); the database closes when the
+/// last clone is dropped, after a final flush.
+#[derive(Clone)]
+pub struct SledStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SledStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SledStore")
+            .field("path", &self.inner.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SledStore {
+    /// Opens (creating if needed) the store at `path`, checking and if needed migrating its
+    /// schema version. Fails with `Schema` for a newer or unknown version, `Io` if the
+    /// directory cannot be used or another process holds it open.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = sled::Config::new()
+            .path(path)
+            // Durability comes from the group-commit flusher, never from a timer.
+            .flush_every_ms(None)
+            .open()
+            .map_err(|e| match StoreError::from(e) {
+                StoreError::Io(msg) => {
+                    StoreError::Io(format!("cannot open store at {}: {msg}", path.display()))
+                }
+                other => other,
+            })?;
+        let schema_outcome = schema::prepare(&db, path)?;
+        let trees = Trees {
+            records: db.open_tree(TREE_RECORDS)?,
+            names: db.open_tree(TREE_NAMES)?,
+            owners: db.open_tree(TREE_OWNERS)?,
+            order_all: db.open_tree(TREE_ORDER_ALL)?,
+            order_ws: db.open_tree(TREE_ORDER_WS)?,
+            ws_counts: db.open_tree(TREE_WS_COUNTS)?,
+            meta: db.open_tree(TREE_META)?,
+        };
+        let commit = GroupCommit::start(db.clone())?;
+        Ok(SledStore {
+            inner: Arc::new(Inner {
+                trees,
+                commit,
+                db,
+                path: path.to_path_buf(),
+                schema_outcome,
+            }),
+        })
+    }
+
+    /// Where the store lives.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// What `open` did with the schema version.
+    pub fn schema_outcome(&self) -> &SchemaOutcome {
+        &self.inner.schema_outcome
+    }
+
+    /// How many writes were acknowledged and how many flushes they took.
+    pub fn flush_stats(&self) -> FlushStats {
+        self.inner.commit.stats()
+    }
+
+    fn trees(&self) -> &Trees {
+        &self.inner.trees
+    }
+
+    fn read_record(&self, id: Uuid) -> Result<Option<Record>, StoreError> {
+        match self.trees().records.get(record_key(id))? {
+            Some(bytes) => decode_record(&bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn list_page(&self, q: &ListQuery) -> Result<Page, StoreError> {
+        let (tree, prefix) = match q.scope {
+            Scope::All => (&self.trees().order_all, vec![q.kind.tag()]),
+            Scope::Workspace(ws) if ws.is_nil() => {
+                return Err(StoreError::invalid("list scope names the nil workspace id"));
+            }
+            Scope::Workspace(ws) => {
+                let mut p = ws.as_bytes().to_vec();
+                p.push(q.kind.tag());
+                (&self.trees().order_ws, p)
+            }
+        };
+        let start = match &q.cursor {
+            Some(cursor) => {
+                let (created, id) = layout::decode_cursor(cursor, q.kind)?;
+                let mut key = prefix.clone();
+                key.extend_from_slice(&created.to_be_bytes());
+                key.extend_from_slice(id.as_bytes());
+                Bound::Excluded(key)
+            }
+            None => Bound::Included(prefix.clone()),
+        };
+        let limit = if q.limit == 0 { usize::MAX } else { q.limit };
+        let mut records = Vec::new();
+        let mut more = false;
+        for entry in tree.range::<Vec<u8>, _>((start, Bound::Unbounded)) {
+            let (key, _) = entry?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            let (_, id) = layout::order_key_position(&key)?;
+            // A record deleted after we read its index entry is simply not listed.
+            let Some(rec) = self.read_record(id)? else {
+                continue;
+            };
+            if !q.selector.matches(&rec.labels) {
+                continue;
+            }
+            if records.len() == limit {
+                more = true;
+                break;
+            }
+            records.push(rec);
+        }
+        let next_cursor = match records.last() {
+            Some(last) if more => Some(encode_cursor(q.kind, last.created_at_ms, last.id)),
+            _ => None,
+        };
+        Ok(Page {
+            records,
+            next_cursor,
+        })
+    }
+
+    pub(crate) fn revision(&self) -> Result<u64, StoreError> {
+        match self.trees().meta.get(META_REVISION)? {
+            Some(raw) => decode_u64(&raw, "stored revision"),
+            None => Ok(0),
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for SledStore {
+    async fn create(&self, rec: NewRecord) -> Result<Record, StoreError> {
+        let stored = crate::writes::create(self.trees(), &rec)?;
+        self.inner.commit.wait_durable().await?;
+        Ok(stored)
+    }
+
+    async fn update(&self, rec: Record) -> Result<Record, StoreError> {
+        let stored = crate::writes::update(self.trees(), &rec)?;
+        self.inner.commit.wait_durable().await?;
+        Ok(stored)
+    }
+
+    async fn delete(&self, id: Uuid, expected_version: u64) -> Result<Vec<Uuid>, StoreError> {
+        let deleted = crate::writes::delete(self.trees(), id, expected_version)?;
+        self.inner.commit.wait_durable().await?;
+        Ok(deleted)
+    }
+
+    async fn get(&self, id: Uuid) -> Result<Option<Record>, StoreError> {
+        self.read_record(id)
+    }
+
+    async fn get_by_name(
+        &self,
+        kind: Kind,
+        workspace: Option<Uuid>,
+        name: &str,
+    ) -> Result<Option<Record>, StoreError> {
+        let Some(raw) = self.trees().names.get(name_key(kind, workspace, name))? else {
+            return Ok(None);
+        };
+        let id = decode_uuid(&raw, "name index value")?;
+        // The index and the record are separate trees: re-check that the record still is the
+        // one named (a concurrent delete may have removed it).
+        Ok(self
+            .read_record(id)?
+            .filter(|r| r.kind == kind && r.workspace == workspace && r.name == name))
+    }
+
+    async fn list(&self, q: ListQuery) -> Result<Page, StoreError> {
+        self.list_page(&q)
+    }
+
+    async fn owned(&self, owner: Uuid) -> Result<Vec<Uuid>, StoreError> {
+        match self.trees().owners.get(record_key(owner))? {
+            Some(raw) => decode_id_list(&raw),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn current_revision(&self) -> Result<u64, StoreError> {
+        self.revision()
+    }
+}

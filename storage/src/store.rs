@@ -1,0 +1,52 @@
+//! The store trait the actor layer codes against.
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::error::StoreError;
+use crate::record::{Kind, ListQuery, NewRecord, Page, Record};
+
+/// A transactional object store of workspaces, sandboxes and the records they own.
+///
+/// Every write is acknowledged only once it is durable, and bumps one global revision that
+/// becomes the written record's `resource_version`.
+#[async_trait]
+pub trait ObjectStore: Send + Sync + 'static {
+    /// Must-create. Fails `AlreadyExists { existing }` when `(kind, workspace, name)` is taken or
+    /// the id exists; `WorkspaceNotFound` when a scoped record names a workspace with no record;
+    /// `OwnerNotFound` when the owner does not exist; `Invalid` on an empty/invalid name, a nil
+    /// id, a scoped kind without workspace (or a global kind with one), a setting without owner,
+    /// an owner in another workspace, or malformed labels.
+    async fn create(&self, rec: NewRecord) -> Result<Record, StoreError>;
+
+    /// Compare-and-swap: `rec.resource_version` is the version the caller read. Only labels,
+    /// body and updated_at may change (changing id/kind/workspace/name/owner/created_at is
+    /// `Invalid`). `Conflict { id, expected, actual }` if the stored version differs;
+    /// `NotFound`.
+    async fn update(&self, rec: Record) -> Result<Record, StoreError>;
+
+    /// Conditional delete on id + version. Deletes, in the same transaction, every record the
+    /// owner index says this one owns (recursively). A workspace record with records still in it
+    /// is refused: `NotEmpty { workspace, remaining }`. Returns the ids deleted (the record
+    /// first). `NotFound` when absent, `Conflict` on version mismatch.
+    async fn delete(&self, id: Uuid, expected_version: u64) -> Result<Vec<Uuid>, StoreError>;
+
+    async fn get(&self, id: Uuid) -> Result<Option<Record>, StoreError>;
+
+    async fn get_by_name(
+        &self,
+        kind: Kind,
+        workspace: Option<Uuid>,
+        name: &str,
+    ) -> Result<Option<Record>, StoreError>;
+
+    /// One page of records in the total order `(created_at_ms, id)`, filtered by the selector.
+    /// A malformed cursor is `Invalid`.
+    async fn list(&self, q: ListQuery) -> Result<Page, StoreError>;
+
+    /// The ids owned by `owner` (from the owner index).
+    async fn owned(&self, owner: Uuid) -> Result<Vec<Uuid>, StoreError>;
+
+    /// The highest resource version ever assigned (0 for an empty store).
+    async fn current_revision(&self) -> Result<u64, StoreError>;
+}

@@ -1,0 +1,323 @@
+//! The write transactions: create, compare-and-swap update and cascading delete. Each runs as
+//! one sled transaction over every tree it touches and bumps the global revision.
+
+use std::collections::HashSet;
+
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionalTree};
+use uuid::Uuid;
+
+use crate::envelope::{decode_record, encode_record};
+use crate::error::StoreError;
+use crate::layout::{
+    META_REVISION, decode_id_list, decode_u64, decode_uuid, encode_id_list, encode_u64, name_key,
+    order_all_key, order_ws_key, record_key,
+};
+use crate::record::{Kind, NewRecord, Record};
+use crate::selector::validate_labels;
+use crate::sled_store::Trees;
+
+type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
+
+fn abort<T>(err: StoreError) -> TxResult<T> {
+    Err(ConflictableTransactionError::Abort(err))
+}
+
+/// The trees of one write transaction, by name.
+struct Tx<'a> {
+    records: &'a TransactionalTree,
+    names: &'a TransactionalTree,
+    owners: &'a TransactionalTree,
+    order_all: &'a TransactionalTree,
+    order_ws: &'a TransactionalTree,
+    ws_counts: &'a TransactionalTree,
+    meta: &'a TransactionalTree,
+}
+
+impl Tx<'_> {
+    fn record(&self, id: Uuid) -> TxResult<Option<Record>> {
+        match self.records.get(record_key(id))? {
+            Some(raw) => match decode_record(&raw) {
+                Ok(rec) => Ok(Some(rec)),
+                Err(e) => abort(e),
+            },
+            None => Ok(None),
+        }
+    }
+
+    fn owned(&self, owner: Uuid) -> TxResult<Vec<Uuid>> {
+        match self.owners.get(record_key(owner))? {
+            Some(raw) => decode_id_list(&raw).or_else(abort),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn set_owned(&self, owner: Uuid, ids: &[Uuid]) -> TxResult<()> {
+        if ids.is_empty() {
+            self.owners.remove(&record_key(owner))?;
+        } else {
+            self.owners
+                .insert(&record_key(owner), encode_id_list(ids))?;
+        }
+        Ok(())
+    }
+
+    fn ws_count(&self, ws: Uuid) -> TxResult<u64> {
+        match self.ws_counts.get(ws.as_bytes())? {
+            Some(raw) => decode_u64(&raw, "workspace count").or_else(abort),
+            None => Ok(0),
+        }
+    }
+
+    fn set_ws_count(&self, ws: Uuid, count: u64) -> TxResult<()> {
+        if count == 0 {
+            self.ws_counts.remove(ws.as_bytes())?;
+        } else {
+            self.ws_counts.insert(ws.as_bytes(), &encode_u64(count))?;
+        }
+        Ok(())
+    }
+
+    /// Bumps and returns the global revision.
+    fn next_revision(&self) -> TxResult<u64> {
+        let current = match self.meta.get(META_REVISION)? {
+            Some(raw) => decode_u64(&raw, "stored revision").or_else(abort)?,
+            None => 0,
+        };
+        let next = current + 1;
+        self.meta.insert(META_REVISION, &encode_u64(next))?;
+        Ok(next)
+    }
+}
+
+fn transact<A>(trees: &Trees, f: impl Fn(&Tx<'_>) -> TxResult<A>) -> Result<A, StoreError> {
+    let result = (
+        &trees.records,
+        &trees.names,
+        &trees.owners,
+        &trees.order_all,
+        &trees.order_ws,
+        &trees.ws_counts,
+        &trees.meta,
+    )
+        .transaction(
+            |(records, names, owners, order_all, order_ws, ws_counts, meta)| {
+                f(&Tx {
+                    records,
+                    names,
+                    owners,
+                    order_all,
+                    order_ws,
+                    ws_counts,
+                    meta,
+                })
+            },
+        )?;
+    Ok(result)
+}
+
+/// Checks what can be checked without reading the store.
+pub(crate) fn validate_new(rec: &NewRecord) -> Result<(), StoreError> {
+    if rec.id.is_nil() {
+        return Err(StoreError::invalid("record id is the nil UUID"));
+    }
+    sbx_proto::names::validate_name(&rec.name)
+        .map_err(|e| StoreError::invalid(format!("{} name {:?}: {e}", rec.kind, rec.name)))?;
+    match (rec.kind.is_scoped(), rec.workspace) {
+        (true, None) => {
+            return Err(StoreError::invalid(format!(
+                "a {} must belong to a workspace",
+                rec.kind
+            )));
+        }
+        (true, Some(ws)) if ws.is_nil() => {
+            return Err(StoreError::invalid(format!(
+                "a {} names the nil workspace id",
+                rec.kind
+            )));
+        }
+        (false, Some(_)) => {
+            return Err(StoreError::invalid(format!(
+                "a {} is global and cannot belong to a workspace",
+                rec.kind
+            )));
+        }
+        _ => {}
+    }
+    match rec.owner {
+        None if rec.kind == Kind::Setting => {
+            return Err(StoreError::invalid("a setting must have an owner"));
+        }
+        Some(owner) if owner.is_nil() || owner == rec.id => {
+            return Err(StoreError::invalid(format!(
+                "record {} cannot be owned by {owner}",
+                rec.id
+            )));
+        }
+        _ => {}
+    }
+    validate_labels(&rec.labels)
+}
+
+pub(crate) fn create(trees: &Trees, rec: &NewRecord) -> Result<Record, StoreError> {
+    validate_new(rec)?;
+    let nkey = name_key(rec.kind, rec.workspace, &rec.name);
+    transact(trees, |tx| {
+        if tx.records.get(record_key(rec.id))?.is_some() {
+            return abort(StoreError::AlreadyExists {
+                kind: rec.kind,
+                name: rec.name.clone(),
+                existing: rec.id,
+            });
+        }
+        if let Some(raw) = tx.names.get(&nkey)? {
+            let existing = decode_uuid(&raw, "name index value").or_else(abort)?;
+            return abort(StoreError::AlreadyExists {
+                kind: rec.kind,
+                name: rec.name.clone(),
+                existing,
+            });
+        }
+        if let Some(ws) = rec.workspace {
+            match tx.record(ws)? {
+                Some(w) if w.kind == Kind::Workspace => {}
+                _ => return abort(StoreError::WorkspaceNotFound { workspace: ws }),
+            }
+        }
+        if let Some(owner) = rec.owner {
+            let Some(o) = tx.record(owner)? else {
+                return abort(StoreError::OwnerNotFound { owner });
+            };
+            if o.workspace != rec.workspace {
+                return abort(StoreError::invalid(format!(
+                    "owner {owner} is not in the same workspace as record {}",
+                    rec.id
+                )));
+            }
+            let mut owned = tx.owned(owner)?;
+            owned.push(rec.id);
+            tx.set_owned(owner, &owned)?;
+        }
+        let stored = Record::from_new(rec.clone(), tx.next_revision()?);
+        tx.records
+            .insert(&record_key(rec.id), encode_record(&stored))?;
+        tx.names.insert(nkey.as_slice(), rec.id.as_bytes())?;
+        tx.order_all
+            .insert(&order_all_key(rec.kind, rec.created_at_ms, rec.id), &[][..])?;
+        if let Some(ws) = rec.workspace {
+            tx.order_ws.insert(
+                &order_ws_key(ws, rec.kind, rec.created_at_ms, rec.id)[..],
+                &[][..],
+            )?;
+            tx.set_ws_count(ws, tx.ws_count(ws)? + 1)?;
+        }
+        Ok(stored)
+    })
+}
+
+pub(crate) fn update(trees: &Trees, rec: &Record) -> Result<Record, StoreError> {
+    validate_labels(&rec.labels)?;
+    transact(trees, |tx| {
+        let Some(stored) = tx.record(rec.id)? else {
+            return abort(StoreError::NotFound { id: rec.id });
+        };
+        let immutable = [
+            ("kind", stored.kind != rec.kind),
+            ("workspace", stored.workspace != rec.workspace),
+            ("name", stored.name != rec.name),
+            ("owner", stored.owner != rec.owner),
+            ("created_at_ms", stored.created_at_ms != rec.created_at_ms),
+        ];
+        if let Some((field, _)) = immutable.iter().find(|(_, changed)| *changed) {
+            return abort(StoreError::invalid(format!(
+                "update of record {} changes its {field}, which is immutable",
+                rec.id
+            )));
+        }
+        if stored.resource_version != rec.resource_version {
+            return abort(StoreError::Conflict {
+                id: rec.id,
+                expected: rec.resource_version,
+                actual: stored.resource_version,
+            });
+        }
+        let updated = Record {
+            labels: rec.labels.clone(),
+            body: rec.body.clone(),
+            updated_at_ms: rec.updated_at_ms,
+            resource_version: tx.next_revision()?,
+            ..stored
+        };
+        tx.records
+            .insert(&record_key(rec.id), encode_record(&updated))?;
+        Ok(updated)
+    })
+}
+
+pub(crate) fn delete(trees: &Trees, id: Uuid, expected: u64) -> Result<Vec<Uuid>, StoreError> {
+    transact(trees, |tx| {
+        let Some(root) = tx.record(id)? else {
+            return abort(StoreError::NotFound { id });
+        };
+        if root.resource_version != expected {
+            return abort(StoreError::Conflict {
+                id,
+                expected,
+                actual: root.resource_version,
+            });
+        }
+        // Breadth-first over the owner index; `seen` guards against a corrupt cycle.
+        let mut doomed = vec![root];
+        let mut seen: HashSet<Uuid> = HashSet::from([id]);
+        let mut next = 0;
+        while next < doomed.len() {
+            let owner = doomed[next].id;
+            next += 1;
+            for child in tx.owned(owner)? {
+                if !seen.insert(child) {
+                    continue;
+                }
+                match tx.record(child)? {
+                    Some(rec) => doomed.push(rec),
+                    None => tracing::warn!(%owner, %child, "owner index lists a missing record"),
+                }
+            }
+        }
+        for ws in doomed.iter().filter(|r| r.kind == Kind::Workspace) {
+            let inside = doomed.iter().filter(|r| r.workspace == Some(ws.id)).count() as u64;
+            let remaining = tx.ws_count(ws.id)?.saturating_sub(inside);
+            if remaining > 0 {
+                return abort(StoreError::NotEmpty {
+                    workspace: ws.id,
+                    remaining,
+                });
+            }
+        }
+        for rec in &doomed {
+            tx.records.remove(&record_key(rec.id))?;
+            tx.names
+                .remove(name_key(rec.kind, rec.workspace, &rec.name))?;
+            tx.order_all
+                .remove(&order_all_key(rec.kind, rec.created_at_ms, rec.id)[..])?;
+            tx.owners.remove(&record_key(rec.id))?;
+            if let Some(ws) = rec.workspace {
+                tx.order_ws
+                    .remove(&order_ws_key(ws, rec.kind, rec.created_at_ms, rec.id)[..])?;
+                tx.set_ws_count(ws, tx.ws_count(ws)?.saturating_sub(1))?;
+            }
+            if rec.kind == Kind::Workspace {
+                tx.ws_counts.remove(rec.id.as_bytes())?;
+            }
+            // Detach from an owner that survives this delete.
+            if let Some(owner) = rec.owner
+                && !seen.contains(&owner)
+            {
+                let mut owned = tx.owned(owner)?;
+                owned.retain(|o| *o != rec.id);
+                tx.set_owned(owner, &owned)?;
+            }
+        }
+        tx.next_revision()?;
+        Ok(doomed.iter().map(|r| r.id).collect())
+    })
+}
