@@ -14,6 +14,8 @@ pub use sbx_proto::driver as pb;
 use uuid::Uuid;
 
 mod error;
+pub mod process;
+pub mod sim;
 
 pub use error::DriverError;
 

@@ -1,0 +1,254 @@
+//! `sim`: an in-memory [`ComputeDriver`] for tests and benchmarks, with seeded fault injection.
+//!
+//! - [`SimWorld`] is the simulated machine. It outlives driver instances: drop a [`SimDriver`]
+//!   and open another on the same world, as a controller restart would, and every workload is
+//!   where it was. It holds the audit log of every call received and the test controls
+//!   (`exit`, `crash_lose_all`, `crash_forget_generations`, `set_generation`, …).
+//! - [`SimDriver`] implements the driver contract on a world, with the faults of
+//!   [`SimFaults`] (latency, jitter, injected `Unavailable`, calls that never answer,
+//!   `fail_all`), changeable at run time through [`SimDriver::faults`].
+//!
+//! Workloads: a spec whose command is `["exit", "N"]` ends by itself with code N about
+//! [`SELF_EXIT_DELAY`] after each start; any other command runs until stopped. `exec` runs a
+//! tiny built-in command set (`echo`, `exit`, `cat`, `write` on an in-memory `/sandbox` that
+//! survives stop and start; see `exec.rs`). Logs hold the lines the sim appends ("started
+//! generation N", "stopped", "exited with code N"); exec output is not logged.
+//!
+//! A call goes: audit entry → fault decision (delay, then fail / hang / proceed) → id check →
+//! effect. Streams returned by watch and logs (follow) end when the driver instance is
+//! dropped, as a real driver's connections would.
+
+mod exec;
+mod faults;
+mod world;
+
+#[cfg(test)]
+mod tests;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+
+pub use faults::{SimFaultHandle, SimFaults, SimOp};
+pub use world::{AuditEntry, SimWorld};
+
+use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
+use faults::FaultOutcome;
+use world::{LogEvent, SelfExit};
+
+/// How long after its start a workload whose spec is `exit N` ends by itself.
+pub const SELF_EXIT_DELAY: Duration = Duration::from_millis(10);
+
+/// The in-memory driver. See the module docs.
+#[derive(Debug)]
+pub struct SimDriver {
+    world: SimWorld,
+    faults: SimFaultHandle,
+    /// Dropped with the driver: its receivers end the streams this instance handed out.
+    alive: watch::Sender<()>,
+}
+
+impl SimDriver {
+    pub fn new(world: SimWorld, faults: SimFaults) -> Self {
+        let (alive, _) = watch::channel(());
+        SimDriver {
+            world,
+            faults: SimFaultHandle::new(faults),
+            alive,
+        }
+    }
+
+    /// The world this driver acts on.
+    pub fn world(&self) -> &SimWorld {
+        &self.world
+    }
+
+    /// A handle on this driver's faults that stays usable after the driver is handed away.
+    pub fn faults(&self) -> SimFaultHandle {
+        self.faults.clone()
+    }
+
+    /// Replaces the faults (and reseeds). Same as `self.faults().set_faults(faults)`.
+    pub fn set_faults(&self, faults: SimFaults) {
+        self.faults.set_faults(faults);
+    }
+
+    /// Makes every call fail with `Unavailable`, or lets calls through again.
+    pub fn fail_all(&self, fail_all: bool) {
+        self.faults.fail_all(fail_all);
+    }
+
+    /// Records the call, then applies the injected delay and fault.
+    async fn admit(
+        &self,
+        op: SimOp,
+        sandbox_id: &str,
+        generation: Option<u64>,
+    ) -> Result<(), DriverError> {
+        self.world.record(op, sandbox_id, generation);
+        let decision = self.faults.decide(op);
+        if !decision.delay.is_zero() {
+            tokio::time::sleep(decision.delay).await;
+        }
+        match decision.outcome {
+            FaultOutcome::Proceed => Ok(()),
+            FaultOutcome::Fail(message) => Err(DriverError::Unavailable(message)),
+            FaultOutcome::Hang => match std::future::pending::<Infallible>().await {},
+        }
+    }
+
+    /// Resolves when this driver instance is dropped.
+    fn dropped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut alive = self.alive.subscribe();
+        async move { while alive.changed().await.is_ok() {} }
+    }
+
+    fn schedule_self_exit(&self, exit: Option<SelfExit>) {
+        if let Some(exit) = exit {
+            let world = self.world.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(SELF_EXIT_DELAY).await;
+                world.finish_self_exit(&exit);
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl ComputeDriver for SimDriver {
+    async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
+        self.admit(SimOp::Capabilities, "", None).await?;
+        Ok(pb::CapabilitiesResponse {
+            driver: "sim".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            exec: true,
+            logs: true,
+            watch: true,
+            cpu_limit: false,
+            memory_limit: false,
+            persistent_storage: true,
+            isolation: "none: an in-memory simulation".to_string(),
+        })
+    }
+
+    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+        self.admit(SimOp::Create, &req.sandbox_id, Some(req.generation))
+            .await?;
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        let (snapshot, self_exit) = self.world.create(id, &req)?;
+        self.schedule_self_exit(self_exit);
+        Ok(snapshot)
+    }
+
+    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
+        self.admit(SimOp::Start, &req.sandbox_id, Some(req.generation))
+            .await?;
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        let (snapshot, self_exit) = self.world.start(id, req.generation)?;
+        self.schedule_self_exit(self_exit);
+        Ok(snapshot)
+    }
+
+    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
+        self.admit(SimOp::Stop, &req.sandbox_id, None).await?;
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        self.world.stop(id)
+    }
+
+    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
+        self.admit(SimOp::Delete, &req.sandbox_id, None).await?;
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        Ok(pb::DeleteResponse {
+            deleted: self.world.delete(id),
+        })
+    }
+
+    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
+        self.admit(SimOp::Get, &req.sandbox_id, None).await?;
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        self.world.get(id)
+    }
+
+    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
+        self.admit(SimOp::List, "", None).await?;
+        Ok(self.world.list())
+    }
+
+    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
+        self.admit(SimOp::Watch, "", None).await?;
+        let events = BroadcastStream::new(self.world.subscribe_watch()).map(|event| {
+            event.map_err(|BroadcastStreamRecvError::Lagged(missed)| {
+                DriverError::Unavailable(format!(
+                    "sim: watch fell {missed} events behind; list again to resynchronise"
+                ))
+            })
+        });
+        Ok(Box::pin(events.take_until(self.dropped())))
+    }
+
+    async fn exec(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        self.admit(SimOp::Exec, &req.sandbox_id, None).await?;
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        if req.command.is_empty() {
+            return Err(DriverError::InvalidArgument(
+                "exec command is empty".to_string(),
+            ));
+        }
+        let result = self.world.exec(id, &req.command)?;
+        use pb::exec_output::Chunk;
+        let mut chunks = Vec::new();
+        if !result.stdout.is_empty() {
+            chunks.push(Chunk::Stdout(result.stdout));
+        }
+        if !result.stderr.is_empty() {
+            chunks.push(Chunk::Stderr(result.stderr));
+        }
+        chunks.push(Chunk::Exit(pb::ExecExit {
+            code: result.code,
+            signal: 0,
+        }));
+        let outputs = chunks
+            .into_iter()
+            .map(|chunk| Ok(pb::ExecOutput { chunk: Some(chunk) }));
+        Ok(Box::pin(futures::stream::iter(outputs)))
+    }
+
+    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
+        self.admit(SimOp::Logs, &req.sandbox_id, None).await?;
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        let tail = usize::try_from(req.tail_lines).unwrap_or(usize::MAX);
+        let (lines, follower) = self.world.logs(id, tail, req.follow)?;
+        let chunk = |line: String| pb::LogChunk {
+            data: format!("{line}\n").into_bytes(),
+        };
+        let past = futures::stream::iter(lines.into_iter().map(move |line| Ok(chunk(line))));
+        let Some(follower) = follower else {
+            return Ok(Box::pin(past));
+        };
+        let future = BroadcastStream::new(follower)
+            .filter_map(move |event| {
+                std::future::ready(match event {
+                    Ok(LogEvent { sandbox_id, line }) if sandbox_id == id => Some(Ok(line)),
+                    Ok(_) => None,
+                    Err(BroadcastStreamRecvError::Lagged(missed)) => {
+                        Some(Err(DriverError::Unavailable(format!(
+                            "sim: log follower fell {missed} lines behind"
+                        ))))
+                    }
+                })
+            })
+            // `None`: the sandbox is gone, the log ends.
+            .take_while(|event| std::future::ready(!matches!(event, Ok(None))))
+            .map(move |event| event.map(|line| chunk(line.unwrap_or_default())))
+            .take_until(self.dropped());
+        Ok(Box::pin(past.chain(future)))
+    }
+}

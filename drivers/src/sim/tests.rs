@@ -1,0 +1,637 @@
+//! Unit tests of the sim driver: lifecycle rules, the world's test controls and the fault knobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::time::{Instant, timeout};
+use uuid::Uuid;
+
+use super::*;
+
+fn create_req(id: Uuid, workspace: &str, name: &str, generation: u64) -> pb::CreateRequest {
+    pb::CreateRequest {
+        sandbox_id: id.to_string(),
+        workspace: workspace.to_string(),
+        name: name.to_string(),
+        spec: Some(pb::SandboxSpec {
+            command: vec!["sleep".into(), "3600".into()],
+            ..Default::default()
+        }),
+        generation,
+    }
+}
+
+fn start_req(id: Uuid, generation: u64) -> pb::StartRequest {
+    pb::StartRequest {
+        sandbox_id: id.to_string(),
+        generation,
+    }
+}
+
+fn stop_req(id: Uuid) -> pb::StopRequest {
+    pb::StopRequest {
+        sandbox_id: id.to_string(),
+        grace_period_ms: 0,
+    }
+}
+
+fn get_req(id: Uuid) -> pb::GetRequest {
+    pb::GetRequest {
+        sandbox_id: id.to_string(),
+    }
+}
+
+fn delete_req(id: Uuid) -> pb::DeleteRequest {
+    pb::DeleteRequest {
+        sandbox_id: id.to_string(),
+    }
+}
+
+fn driver() -> SimDriver {
+    SimDriver::new(SimWorld::new(), SimFaults::default())
+}
+
+fn state(snapshot: &pb::Snapshot) -> pb::State {
+    pb::State::try_from(snapshot.state).unwrap()
+}
+
+/// Runs `argv` in sandbox `id`: (stdout, stderr, exit code).
+async fn exec(driver: &SimDriver, id: Uuid, argv: &[&str]) -> (String, String, i32) {
+    let req = pb::ExecRequest {
+        sandbox_id: id.to_string(),
+        command: argv.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    };
+    let mut stream = driver.exec(req).await.unwrap();
+    let (mut out, mut err, mut code) = (Vec::new(), Vec::new(), None);
+    while let Some(item) = stream.next().await {
+        match item.unwrap().chunk.unwrap() {
+            pb::exec_output::Chunk::Stdout(b) => out.extend(b),
+            pb::exec_output::Chunk::Stderr(b) => err.extend(b),
+            pb::exec_output::Chunk::Exit(e) => code = Some(e.code),
+        }
+    }
+    (
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+        code.expect("no exit chunk"),
+    )
+}
+
+async fn log_lines(driver: &SimDriver, id: Uuid, tail: u32) -> Vec<String> {
+    let req = pb::LogsRequest {
+        sandbox_id: id.to_string(),
+        follow: false,
+        tail_lines: tail,
+    };
+    let chunks: Vec<_> = driver.logs(req).await.unwrap().collect().await;
+    let text: String = chunks
+        .into_iter()
+        .map(|c| String::from_utf8(c.unwrap().data).unwrap())
+        .collect();
+    text.lines().map(str::to_string).collect()
+}
+
+#[tokio::test]
+async fn lifecycle_follows_the_trait_rules() {
+    let d = driver();
+    let id = Uuid::new_v4();
+    let created = d.create(create_req(id, "alpha", "demo", 1)).await.unwrap();
+    assert_eq!(state(&created), pb::State::Running);
+    assert_eq!(
+        (created.workspace.as_str(), created.name.as_str()),
+        ("alpha", "demo")
+    );
+    assert_eq!(created.generation, 1);
+    assert!(created.started_at.is_some());
+
+    // Create again, same generation: nothing happens.
+    let again = d.create(create_req(id, "alpha", "demo", 1)).await.unwrap();
+    assert_eq!(again.instance_id, created.instance_id);
+    // Same id under another workspace/name is refused, not silently relabelled.
+    let relabel = d
+        .create(create_req(id, "beta", "demo", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(relabel, DriverError::FailedPrecondition(_)),
+        "{relabel:?}"
+    );
+    // Create under another generation while running.
+    let err = d
+        .create(create_req(id, "alpha", "demo", 2))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        DriverError::GenerationMismatch {
+            sandbox_id: id.to_string(),
+            running: 1,
+            requested: 2
+        }
+    );
+
+    let same = d.start(start_req(id, 1)).await.unwrap();
+    assert_eq!(same.instance_id, created.instance_id);
+    let err = d.start(start_req(id, 5)).await.unwrap_err();
+    assert_eq!(
+        err,
+        DriverError::GenerationMismatch {
+            sandbox_id: id.to_string(),
+            running: 1,
+            requested: 5
+        }
+    );
+
+    let stopped = d.stop(stop_req(id)).await.unwrap();
+    assert_eq!(state(&stopped), pb::State::Stopped);
+    assert_eq!(
+        state(&d.stop(stop_req(id)).await.unwrap()),
+        pb::State::Stopped
+    );
+
+    let restarted = d.start(start_req(id, 5)).await.unwrap();
+    assert_eq!(state(&restarted), pb::State::Running);
+    assert_eq!(restarted.generation, 5);
+    assert_ne!(restarted.instance_id, created.instance_id);
+
+    assert_eq!(
+        log_lines(&d, id, 0).await,
+        ["started generation 1", "stopped", "started generation 5"]
+    );
+    assert_eq!(log_lines(&d, id, 1).await, ["started generation 5"]);
+
+    assert!(d.delete(delete_req(id)).await.unwrap().deleted);
+    assert!(!d.delete(delete_req(id)).await.unwrap().deleted);
+    assert!(matches!(
+        d.get(get_req(id)).await,
+        Err(DriverError::NotFound { .. })
+    ));
+    assert!(matches!(
+        d.start(start_req(id, 6)).await,
+        Err(DriverError::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
+async fn create_of_a_stopped_sandbox_under_a_new_generation_starts_it() {
+    let d = driver();
+    let id = Uuid::new_v4();
+    d.create(create_req(id, "alpha", "demo", 1)).await.unwrap();
+    d.stop(stop_req(id)).await.unwrap();
+    let snapshot = d.create(create_req(id, "alpha", "demo", 2)).await.unwrap();
+    assert_eq!(
+        (state(&snapshot), snapshot.generation),
+        (pb::State::Running, 2)
+    );
+}
+
+#[tokio::test]
+async fn files_survive_stop_and_start_and_go_with_delete() {
+    let d = driver();
+    let id = Uuid::new_v4();
+    d.create(create_req(id, "alpha", "demo", 1)).await.unwrap();
+    assert_eq!(
+        exec(&d, id, &["write", "/sandbox/notes", "kept"]).await.2,
+        0
+    );
+    d.stop(stop_req(id)).await.unwrap();
+    let err = d
+        .exec(pb::ExecRequest {
+            sandbox_id: id.to_string(),
+            command: vec!["echo".into()],
+            ..Default::default()
+        })
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, DriverError::FailedPrecondition(_)), "{err:?}");
+    d.start(start_req(id, 2)).await.unwrap();
+    assert_eq!(
+        exec(&d, id, &["cat", "/sandbox/notes"]).await,
+        ("kept".into(), String::new(), 0)
+    );
+    assert_eq!(d.world().files(id).unwrap().len(), 1);
+
+    d.delete(delete_req(id)).await.unwrap();
+    d.create(create_req(id, "alpha", "demo", 3)).await.unwrap();
+    let (_, stderr, code) = exec(&d, id, &["cat", "/sandbox/notes"]).await;
+    assert_eq!(
+        (stderr.as_str(), code),
+        ("cat: /sandbox/notes: No such file or directory\n", 1)
+    );
+    assert_eq!(
+        exec(&d, id, &["frobnicate"]).await,
+        (
+            String::new(),
+            "sim: unknown command: frobnicate\n".into(),
+            127
+        )
+    );
+    assert_eq!(
+        exec(&d, id, &["echo", "hello"]).await,
+        ("hello\n".into(), String::new(), 0)
+    );
+    // Exec output is not in the logs.
+    assert_eq!(log_lines(&d, id, 0).await, ["started generation 3"]);
+}
+
+#[tokio::test]
+async fn a_new_driver_on_the_same_world_finds_everything_and_the_audit_survives() {
+    let world = SimWorld::new();
+    let (running, stopped) = (Uuid::new_v4(), Uuid::new_v4());
+    let first = SimDriver::new(world.clone(), SimFaults::default());
+    let before = first
+        .create(create_req(running, "alpha", "one", 4))
+        .await
+        .unwrap();
+    first
+        .create(create_req(stopped, "alpha", "two", 1))
+        .await
+        .unwrap();
+    first.stop(stop_req(stopped)).await.unwrap();
+    drop(first);
+
+    let second = SimDriver::new(world.clone(), SimFaults::default());
+    let after = second.get(get_req(running)).await.unwrap();
+    assert_eq!(after, before);
+    assert_eq!(
+        state(&second.get(get_req(stopped)).await.unwrap()),
+        pb::State::Stopped
+    );
+    assert_eq!(world.running_ids(), vec![running]);
+    assert_eq!(world.audit().len(), 5, "{:?}", world.audit());
+    world.clear_audit();
+    assert!(world.audit().is_empty());
+}
+
+#[tokio::test]
+async fn audit_records_every_call_as_received() {
+    let d = SimDriver::new(SimWorld::new(), SimFaults::default().with_fail_all(false));
+    let id = Uuid::new_v4();
+    d.create(create_req(id, "alpha", "demo", 9)).await.unwrap();
+    assert!(matches!(
+        d.stop(pb::StopRequest::default()).await,
+        Err(DriverError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        d.start(pb::StartRequest {
+            sandbox_id: "demo".into(),
+            generation: 3
+        })
+        .await,
+        Err(DriverError::InvalidArgument(_))
+    ));
+    d.list().await.unwrap();
+    d.faults().fail_all(true);
+    assert!(matches!(
+        d.get(get_req(id)).await,
+        Err(DriverError::Unavailable(_))
+    ));
+    let entry = |op, sandbox_id: &str, generation| AuditEntry {
+        op,
+        sandbox_id: sandbox_id.to_string(),
+        generation,
+    };
+    assert_eq!(
+        d.world().audit(),
+        vec![
+            entry(SimOp::Create, &id.to_string(), Some(9)),
+            entry(SimOp::Stop, "", None),
+            entry(SimOp::Start, "demo", Some(3)),
+            entry(SimOp::List, "", None),
+            entry(SimOp::Get, &id.to_string(), None),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn watch_reports_changes_in_order_and_ends_with_the_driver() {
+    let d = driver();
+    let mut events = d.watch().await.unwrap();
+    let id = Uuid::new_v4();
+    d.create(create_req(id, "alpha", "demo", 1)).await.unwrap();
+    d.stop(stop_req(id)).await.unwrap();
+    d.start(start_req(id, 2)).await.unwrap();
+    d.world().exit(id, 4).unwrap();
+    d.delete(delete_req(id)).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let event = events.next().await.unwrap().unwrap();
+        let snapshot = event.snapshot.unwrap();
+        assert_eq!(snapshot.sandbox_id, id.to_string());
+        seen.push((
+            state(&snapshot),
+            snapshot.generation,
+            snapshot.exit_code,
+            event.deleted,
+        ));
+    }
+    assert_eq!(
+        seen,
+        [
+            (pb::State::Running, 1, 0, false),
+            (pb::State::Stopped, 1, 0, false),
+            (pb::State::Running, 2, 0, false),
+            (pb::State::Exited, 2, 4, false),
+            (pb::State::Stopped, 2, 4, true),
+        ]
+    );
+    drop(d);
+    let end = timeout(Duration::from_secs(5), events.next())
+        .await
+        .unwrap();
+    assert!(
+        end.is_none(),
+        "stream must end when the driver goes: {end:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn logs_follow_sees_new_lines_and_ends_on_delete() {
+    let d = driver();
+    let id = Uuid::new_v4();
+    d.create(create_req(id, "alpha", "demo", 1)).await.unwrap();
+    let req = pb::LogsRequest {
+        sandbox_id: id.to_string(),
+        follow: true,
+        tail_lines: 0,
+    };
+    let mut follow = d.logs(req).await.unwrap();
+    d.stop(stop_req(id)).await.unwrap();
+    d.delete(delete_req(id)).await.unwrap();
+    let chunks: Vec<_> = timeout(Duration::from_secs(5), follow.by_ref().collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let lines: Vec<String> = chunks
+        .into_iter()
+        .map(|c| String::from_utf8(c.unwrap().data).unwrap())
+        .collect();
+    assert_eq!(lines, ["started generation 1\n", "stopped\n"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exit_spec_ends_by_itself_unless_stopped_first() {
+    let d = driver();
+    let mut events = d.watch().await.unwrap();
+    let (exits, stopped_first) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut req = create_req(exits, "alpha", "exits", 1);
+    req.spec = Some(pb::SandboxSpec {
+        command: vec!["exit".into(), "3".into()],
+        ..Default::default()
+    });
+    d.create(req.clone()).await.unwrap();
+    req.sandbox_id = stopped_first.to_string();
+    req.name = "stopped-first".into();
+    d.create(req).await.unwrap();
+    d.stop(stop_req(stopped_first)).await.unwrap();
+
+    tokio::time::sleep(SELF_EXIT_DELAY * 2).await;
+    let snapshot = d.get(get_req(exits)).await.unwrap();
+    assert_eq!(
+        (
+            state(&snapshot),
+            snapshot.exit_code,
+            snapshot.reason.as_str()
+        ),
+        (pb::State::Exited, 3, "Error")
+    );
+    // The stop fenced the scheduled exit off.
+    assert_eq!(
+        state(&d.get(get_req(stopped_first)).await.unwrap()),
+        pb::State::Stopped
+    );
+    let mut exited_events = 0;
+    while let Ok(Some(event)) = timeout(Duration::from_millis(1), events.next()).await {
+        let snapshot = event.unwrap().snapshot.unwrap();
+        if state(&snapshot) == pb::State::Exited {
+            assert_eq!(snapshot.sandbox_id, exits.to_string());
+            exited_events += 1;
+        }
+    }
+    assert_eq!(exited_events, 1);
+}
+
+#[tokio::test]
+async fn world_controls() {
+    let d = driver();
+    let world = d.world().clone();
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let a0 = d.create(create_req(a, "alpha", "a", 7)).await.unwrap();
+    d.create(create_req(b, "alpha", "b", 8)).await.unwrap();
+    assert_eq!(world.running_ids(), vec![a, b]);
+
+    assert!(world.set_generation(b, 42));
+    assert!(!world.set_generation(Uuid::new_v4(), 1));
+    assert_eq!(world.snapshot(b).unwrap().generation, 42);
+
+    world.crash_forget_generations();
+    let a1 = world.snapshot(a).unwrap();
+    assert_eq!(
+        (state(&a1), a1.generation, &a1.instance_id),
+        (pb::State::Running, 0, &a0.instance_id)
+    );
+    assert_eq!(
+        d.start(start_req(a, 7)).await.unwrap_err(),
+        DriverError::GenerationMismatch {
+            sandbox_id: a.to_string(),
+            running: 0,
+            requested: 7
+        }
+    );
+
+    let exited = world.exit(b, 0).unwrap();
+    assert_eq!(
+        (state(&exited), exited.reason.as_str()),
+        (pb::State::Exited, "Completed")
+    );
+    assert!(
+        world.exit(b, 1).is_none(),
+        "an exited workload cannot exit again"
+    );
+    assert_eq!(world.running_ids(), vec![a]);
+
+    exec(&d, a, &["write", "f", "x"]).await;
+    world.crash_lose_all();
+    assert!(world.running_ids().is_empty());
+    assert!(d.list().await.unwrap().is_empty());
+    assert!(matches!(
+        d.get(get_req(a)).await,
+        Err(DriverError::NotFound { .. })
+    ));
+    d.create(create_req(a, "alpha", "a", 9)).await.unwrap();
+    assert!(
+        world.files(a).unwrap().is_empty(),
+        "files must be lost with the machine"
+    );
+}
+
+/// The outcome of each of `calls` gets of an unknown id: 'n' NotFound (the call went
+/// through), 'u' Unavailable (injected).
+async fn outcomes(faults: SimFaults, calls: usize) -> String {
+    let d = SimDriver::new(SimWorld::new(), faults);
+    let mut out = String::new();
+    for _ in 0..calls {
+        out.push(match d.get(get_req(Uuid::new_v4())).await {
+            Err(DriverError::NotFound { .. }) => 'n',
+            Err(DriverError::Unavailable(_)) => 'u',
+            other => panic!("unexpected {other:?}"),
+        });
+    }
+    out
+}
+
+#[tokio::test]
+async fn error_rate_is_deterministic_for_a_seed() {
+    let a = outcomes(SimFaults::seeded(7).with_error_rate(0.5), 200).await;
+    let b = outcomes(SimFaults::seeded(7).with_error_rate(0.5), 200).await;
+    let c = outcomes(SimFaults::seeded(8).with_error_rate(0.5), 200).await;
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    let failures = a.matches('u').count();
+    assert!(
+        (60..=140).contains(&failures),
+        "{failures} of 200 at p=0.5: {a}"
+    );
+    assert_eq!(outcomes(SimFaults::seeded(7), 50).await, "n".repeat(50));
+    assert_eq!(
+        outcomes(SimFaults::seeded(7).with_error_rate(1.0), 20).await,
+        "u".repeat(20)
+    );
+    // A per-op rate overrides the default.
+    let only_start = SimFaults::seeded(7)
+        .with_error_rate(1.0)
+        .with_error_rate_for(SimOp::Get, 0.0);
+    assert_eq!(outcomes(only_start, 20).await, "n".repeat(20));
+}
+
+#[tokio::test]
+async fn injected_error_message_names_seed_and_call() {
+    let d = SimDriver::new(
+        SimWorld::new(),
+        SimFaults::seeded(1234).with_error_rate(1.0),
+    );
+    let err = d.list().await.unwrap_err();
+    assert_eq!(
+        err,
+        DriverError::Unavailable("sim: injected fault (seed 1234, list call #1)".into())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn hang_really_hangs_and_leaves_the_world_untouched() {
+    let d = SimDriver::new(
+        SimWorld::new(),
+        SimFaults::seeded(1).with_hang_on(SimOp::Stop),
+    );
+    let id = Uuid::new_v4();
+    d.create(create_req(id, "alpha", "demo", 1)).await.unwrap();
+    let hung = timeout(Duration::from_secs(3600), d.stop(stop_req(id))).await;
+    assert!(hung.is_err(), "stop answered: {hung:?}");
+    assert_eq!(
+        state(&d.get(get_req(id)).await.unwrap()),
+        pb::State::Running
+    );
+    assert_eq!(
+        d.world()
+            .audit()
+            .iter()
+            .filter(|e| e.op == SimOp::Stop)
+            .count(),
+        1
+    );
+
+    // A hang rate below 1 hangs some calls, the same ones for the same seed.
+    let pattern = |seed| {
+        let d = SimDriver::new(SimWorld::new(), SimFaults::seeded(seed).with_hang_rate(0.3));
+        async move {
+            let mut out = String::new();
+            for _ in 0..40 {
+                out.push(match timeout(Duration::from_secs(60), d.list()).await {
+                    Ok(Ok(_)) => '.',
+                    Ok(Err(e)) => panic!("{e}"),
+                    Err(_) => 'h',
+                });
+            }
+            out
+        }
+    };
+    let first = pattern(5).await;
+    assert_eq!(first, pattern(5).await);
+    assert!(first.contains('h') && first.contains('.'), "{first}");
+}
+
+#[tokio::test]
+async fn fail_all_then_recover_through_a_handle() {
+    let sim = SimDriver::new(SimWorld::new(), SimFaults::default());
+    let handle = sim.faults();
+    let world = sim.world().clone();
+    let d: Arc<dyn ComputeDriver> = Arc::new(sim);
+    let id = Uuid::new_v4();
+
+    handle.fail_all(true);
+    assert!(matches!(
+        d.create(create_req(id, "alpha", "demo", 1)).await,
+        Err(DriverError::Unavailable(_))
+    ));
+    assert!(matches!(d.list().await, Err(DriverError::Unavailable(_))));
+    assert!(matches!(
+        d.capabilities().await,
+        Err(DriverError::Unavailable(_))
+    ));
+    assert!(world.snapshot(id).is_none(), "a failed call must not act");
+
+    handle.fail_all(false);
+    d.create(create_req(id, "alpha", "demo", 1)).await.unwrap();
+    let caps = d.capabilities().await.unwrap();
+    assert_eq!(caps.driver, "sim");
+    assert!(caps.exec && caps.logs && caps.watch && caps.persistent_storage);
+    assert!(!caps.cpu_limit && !caps.memory_limit);
+
+    handle.set_faults(SimFaults::default().with_fail_all(true));
+    assert!(handle.faults().fail_all);
+    assert!(matches!(
+        d.get(get_req(id)).await,
+        Err(DriverError::Unavailable(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn latency_and_jitter_delay_each_call() {
+    let d = SimDriver::new(
+        SimWorld::new(),
+        SimFaults::seeded(3).with_latency(Duration::from_millis(100)),
+    );
+    let t0 = Instant::now();
+    d.list().await.unwrap();
+    assert_eq!(t0.elapsed(), Duration::from_millis(100));
+
+    let jittered = |seed| {
+        let faults = SimFaults::seeded(seed)
+            .with_latency(Duration::from_millis(100))
+            .with_jitter(Duration::from_millis(50));
+        let d = SimDriver::new(SimWorld::new(), faults);
+        async move {
+            let mut delays = Vec::new();
+            for _ in 0..20 {
+                let t0 = Instant::now();
+                d.list().await.unwrap();
+                delays.push(t0.elapsed());
+            }
+            delays
+        }
+    };
+    let delays = jittered(3).await;
+    assert_eq!(delays, jittered(3).await);
+    assert!(
+        delays
+            .iter()
+            .all(|d| (Duration::from_millis(100)..=Duration::from_millis(150)).contains(d)),
+        "{delays:?}"
+    );
+    assert!(
+        delays.iter().any(|d| *d != delays[0]),
+        "jitter must vary: {delays:?}"
+    );
+}
