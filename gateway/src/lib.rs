@@ -1,1 +1,3 @@
 //! sbx-gateway
+
+pub mod cli;

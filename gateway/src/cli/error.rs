@@ -1,0 +1,185 @@
+//! The one error type of the `sbx` CLI.
+
+use std::time::Duration;
+
+use sbx_proto::names::NameError;
+use tonic_types::StatusExt;
+
+/// Everything that makes an `sbx` command fail. Each is printed as one line,
+/// `error: <message>`, and the CLI exits with status 1 — except the argument-parsing variants
+/// ([`CliError::InvalidName`], [`CliError::InvalidSize`], [`CliError::InvalidKeyValue`]), which
+/// clap reports as usage errors with status 2.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A workspace or sandbox name given on the command line breaks the DNS-1123 label rule.
+    /// Expected on user typos; nothing is sent to the gateway.
+    #[error("{source}")]
+    InvalidName {
+        #[source]
+        source: NameError,
+    },
+
+    /// A `--memory` SIZE is not a whole number with an optional known unit suffix.
+    #[error(
+        "invalid size {input:?}: expected a whole number of bytes, optionally followed by \
+         Ki, Mi, Gi, Ti (powers of 1024) or K, M, G, T (powers of 1000), e.g. 64Mi, 1Gi, 500M"
+    )]
+    InvalidSize { input: String },
+
+    /// A `--label`/`--env` argument is not `KEY=VALUE` with a non-empty key.
+    #[error("expected KEY=VALUE with a non-empty KEY, got {input:?}")]
+    InvalidKeyValue { input: String },
+
+    /// The same `--label` or `--env` key was given twice; we refuse rather than guess which wins.
+    #[error("{flag} {key:?} given more than once")]
+    DuplicateKey { flag: &'static str, key: String },
+
+    /// `--endpoint` is not a URI tonic can dial.
+    #[error("invalid endpoint {endpoint:?}: {cause}")]
+    InvalidEndpoint { endpoint: String, cause: String },
+
+    /// The TCP/HTTP2 connection to the gateway could not be made (gateway down, wrong port,
+    /// connect timeout).
+    #[error("cannot reach sbxd at {endpoint}: {cause}")]
+    Unreachable { endpoint: String, cause: String },
+
+    /// The gateway answered an RPC with a non-OK status.
+    #[error("{}", describe_status(.0))]
+    Rpc(#[from] tonic::Status),
+
+    /// While waiting for Ready, the sandbox entered phase Error.
+    #[error("sandbox {name:?} failed: {reason}: {message}")]
+    SandboxFailed {
+        name: String,
+        reason: String,
+        message: String,
+    },
+
+    /// While waiting for Ready, the sandbox was stopped or deleted by someone else, so it will
+    /// never become Ready on its own.
+    #[error("sandbox {name:?} will not become Ready: it is {phase} (desired state {desired})")]
+    SandboxAbandoned {
+        name: String,
+        phase: String,
+        desired: String,
+    },
+
+    /// The sandbox was not Ready within `--timeout`.
+    #[error(
+        "sandbox {name:?} not Ready after {}s (last phase {phase}); it keeps going — \
+         check it with `sbx sandbox get`",
+        timeout.as_secs()
+    )]
+    WaitTimeout {
+        name: String,
+        phase: String,
+        timeout: Duration,
+    },
+
+    /// An exec stream ended without the final exit message the contract promises (the gateway
+    /// went away mid-stream, or it is buggy).
+    #[error("exec stream ended without an exit status")]
+    ExecWithoutExit,
+
+    /// The gateway kept answering with the same page token, which would loop for ever.
+    #[error("the gateway returned page token {token:?} twice; giving up listing")]
+    PageTokenRepeated { token: String },
+
+    /// Rendering an object as JSON or YAML failed (not expected with the types we render).
+    #[error("cannot render output: {0}")]
+    Render(String),
+
+    /// Writing to stdout/stderr failed (for example a closed pipe).
+    #[error("cannot write output: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// One line for a failed RPC: `REASON: message` when the status carries a
+/// `google.rpc.ErrorInfo`, else the message (or the code's description when it is empty).
+pub fn describe_status(status: &tonic::Status) -> String {
+    let message = if status.message().is_empty() {
+        status.code().description().to_string()
+    } else {
+        status.message().to_string()
+    };
+    match status.get_details_error_info() {
+        Some(info) if !info.reason.is_empty() => format!("{}: {message}", info.reason),
+        _ => message,
+    }
+}
+
+/// A cause with its whole source chain, `outer: inner: innermost`, skipping repeats (tonic's
+/// transport error says only "transport error" at the top; the useful part is deeper).
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut current = Some(err);
+    while let Some(e) = current {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        current = e.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+    use tonic_types::{ErrorDetails, StatusExt};
+
+    fn check(status: tonic::Status, expected: &str) {
+        assert_eq!(CliError::Rpc(status).to_string(), expected);
+    }
+
+    #[test]
+    fn rpc_errors_name_the_reason_when_present() {
+        check(
+            tonic::Status::with_error_details(
+                Code::NotFound,
+                "sandbox \"x\" not found in workspace \"default\"",
+                ErrorDetails::with_error_info(
+                    "SANDBOX_NOT_FOUND",
+                    "sbx.v1",
+                    std::collections::HashMap::new(),
+                ),
+            ),
+            "SANDBOX_NOT_FOUND: sandbox \"x\" not found in workspace \"default\"",
+        );
+        check(
+            tonic::Status::new(Code::FailedPrecondition, "workspace is terminating"),
+            "workspace is terminating",
+        );
+        check(
+            tonic::Status::new(Code::Unavailable, ""),
+            "The service is currently unavailable",
+        );
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{text}")]
+    struct Layer {
+        text: &'static str,
+        #[source]
+        inner: Option<Box<Layer>>,
+    }
+
+    #[test]
+    fn error_chain_joins_sources_without_repeats() {
+        let err = Layer {
+            text: "transport error",
+            inner: Some(Box::new(Layer {
+                text: "tcp connect error: Connection refused",
+                inner: Some(Box::new(Layer {
+                    text: "Connection refused",
+                    inner: None,
+                })),
+            })),
+        };
+        assert_eq!(
+            error_chain(&err),
+            "transport error: tcp connect error: Connection refused"
+        );
+    }
+}

@@ -1,0 +1,352 @@
+//! `sbx`, the command-line client of the sbx gateway (the `sbx.v1` gRPC API).
+//!
+//! Layout: this module holds the clap argument types; [`request`] turns them into protobuf
+//! requests (pure); [`run`] dials the gateway and dispatches; [`output`] renders protobuf
+//! objects as tables, JSON or YAML (pure); [`size`] parses `--memory`; [`wait`] waits for a new
+//! sandbox to become Ready; [`stream`] passes exec/logs/watch streams through.
+
+pub mod error;
+pub mod output;
+pub mod request;
+pub mod run;
+pub mod size;
+pub mod stream;
+pub mod wait;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use uuid::Uuid;
+
+pub use error::CliError;
+
+/// Where the CLI dials when neither `--endpoint` nor `SBX_ENDPOINT` says otherwise.
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7070";
+
+/// Parses the process arguments, runs the command and returns the process exit code: 0 on
+/// success, 1 on any error (printed as one `error: …` line), 2 on a usage error, and for
+/// `sandbox exec` the remote command's exit code.
+pub fn main() -> std::process::ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // Help and version go to stdout with status 0; usage errors to stderr with 2.
+            let _ = err.print();
+            return std::process::ExitCode::from(clamp_exit(err.exit_code()));
+        }
+    };
+    std::process::ExitCode::from(run::run_to_exit_code(cli))
+}
+
+fn clamp_exit(code: i32) -> u8 {
+    u8::try_from(code).unwrap_or(1)
+}
+
+/// The `sbx` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "sbx",
+    version,
+    about = "Command-line client of the sbx sandbox gateway",
+    long_about = "Command-line client of the sbx sandbox gateway (sbxd).\n\n\
+        Sandboxes are isolated, stateful workloads grouped into workspaces. Every object has a \
+        UUID assigned by the gateway; names are labels for humans. Where a command takes \
+        `--id`, the id is authoritative: the gateway acts on that object or on nothing."
+)]
+pub struct Cli {
+    /// The gateway's gRPC address (a bare host:port means http://host:port).
+    #[arg(
+        long,
+        env = "SBX_ENDPOINT",
+        default_value = DEFAULT_ENDPOINT,
+        global = true,
+        value_name = "URL"
+    )]
+    pub endpoint: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The top-level command groups.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create, inspect, list and delete workspaces (groups of sandboxes).
+    #[command(subcommand, visible_alias = "ws")]
+    Workspace(WorkspaceCommand),
+    /// Create, inspect, control, exec into, tail and watch sandboxes.
+    #[command(subcommand, visible_alias = "sb")]
+    Sandbox(SandboxCommand),
+}
+
+/// How a command prints the objects it gets back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned columns for humans.
+    Table,
+    /// JSON: one object for one resource, an array for a list, one object per line for watch.
+    Json,
+    /// YAML, with the same structure as JSON.
+    Yaml,
+}
+
+/// The `-o/--output` flag, shared by every command that prints an object.
+#[derive(Debug, Clone, Args)]
+pub struct OutputArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table)]
+    pub format: OutputFormat,
+}
+
+/// A clap value parser: a DNS-1123 label, checked with the same rule (and rule text) the
+/// gateway uses.
+pub fn parse_name(input: &str) -> Result<String, CliError> {
+    sbx_proto::names::validate_name(input).map_err(|source| CliError::InvalidName { source })?;
+    Ok(input.to_string())
+}
+
+/// A clap value parser for `KEY=VALUE`: split at the first `=`; the key must not be empty, the
+/// value may be (and may itself contain `=`).
+pub fn parse_key_value(input: &str) -> Result<(String, String), CliError> {
+    match input.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(CliError::InvalidKeyValue {
+            input: input.to_string(),
+        }),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workspaces
+
+/// `sbx workspace …`
+#[derive(Debug, Subcommand)]
+pub enum WorkspaceCommand {
+    /// Create a workspace.
+    Create(WorkspaceCreateArgs),
+    /// Show one workspace, by name or by --id.
+    Get(WorkspaceGetArgs),
+    /// List workspaces (every page).
+    #[command(visible_alias = "ls")]
+    List(WorkspaceListArgs),
+    /// Delete a workspace, by name or by --id. Refused while it has sandboxes, unless --cascade.
+    #[command(visible_alias = "rm")]
+    Delete(WorkspaceDeleteArgs),
+}
+
+/// Names one workspace: exactly one of NAME or `--id`.
+#[derive(Debug, Clone, Args)]
+#[group(id = "workspace_target", required = true, multiple = false)]
+pub struct WorkspaceTarget {
+    /// The workspace's name.
+    #[arg(value_parser = parse_name)]
+    pub name: Option<String>,
+    /// The workspace's UUID (authoritative: never falls back to a name).
+    #[arg(long, value_name = "UUID")]
+    pub id: Option<Uuid>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkspaceCreateArgs {
+    /// The new workspace's name (a DNS-1123 label, unique across the gateway).
+    #[arg(value_parser = parse_name)]
+    pub name: String,
+    /// A label to set, KEY=VALUE; repeatable.
+    #[arg(short = 'l', long = "label", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub labels: Vec<(String, String)>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkspaceGetArgs {
+    #[command(flatten)]
+    pub target: WorkspaceTarget,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkspaceListArgs {
+    /// Only workspaces whose labels match: "k=v,k2=v2", "k!=v", "k" (present), "!k" (absent).
+    #[arg(short = 'l', long, value_name = "SELECTOR")]
+    pub selector: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkspaceDeleteArgs {
+    #[command(flatten)]
+    pub target: WorkspaceTarget,
+    /// Delete the workspace's sandboxes too (otherwise deletion is refused while any remain).
+    #[arg(long)]
+    pub cascade: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sandboxes
+
+/// `sbx sandbox …`
+#[derive(Debug, Subcommand)]
+pub enum SandboxCommand {
+    /// Create a sandbox running CMD ARGS… and (unless --detach) wait until it is Ready.
+    Create(SandboxCreateArgs),
+    /// Show one sandbox.
+    Get(SandboxTargetArgs),
+    /// List sandboxes of one workspace or of all (every page).
+    #[command(visible_alias = "ls")]
+    List(SandboxListArgs),
+    /// Stop a sandbox's workload (its files are kept). Stopping a stopped sandbox does nothing.
+    Stop(SandboxTargetArgs),
+    /// Start a stopped sandbox (also recovers one in Error). Starting a running one does nothing.
+    Start(SandboxTargetArgs),
+    /// Restart a sandbox's workload under a new generation (files are kept).
+    Restart(SandboxTargetArgs),
+    /// Delete a sandbox and its files. Deleting an absent sandbox succeeds with deleted=false.
+    #[command(visible_alias = "rm")]
+    Delete(SandboxTargetArgs),
+    /// Run a command inside a sandbox; its output is passed through and its exit code becomes
+    /// sbx's exit code (killed by signal N: 128+N).
+    Exec(SandboxExecArgs),
+    /// Print a sandbox's workload output, optionally following it.
+    Logs(SandboxLogsArgs),
+    /// Stream sandbox changes, one line (or JSON object) per event, until interrupted.
+    Watch(SandboxWatchArgs),
+}
+
+/// Names one sandbox: exactly one of NAME (with `--workspace`) or `--id`.
+#[derive(Debug, Clone, Args)]
+#[group(id = "sandbox_target", required = true, multiple = false)]
+pub struct SandboxTarget {
+    /// The sandbox's name, within --workspace.
+    #[arg(value_parser = parse_name)]
+    pub name: Option<String>,
+    /// The sandbox's UUID (authoritative: acts on that sandbox or on nothing, never on another
+    /// one found by name).
+    #[arg(long, value_name = "UUID")]
+    pub id: Option<Uuid>,
+}
+
+/// The workspace a sandbox NAME is looked up in. Not allowed with `--id`, which is enough on
+/// its own and would make a workspace given beside it silently ignored.
+#[derive(Debug, Clone, Args)]
+pub struct WorkspaceScope {
+    /// The workspace of the sandbox named (default: "default").
+    #[arg(short = 'w', long, value_name = "WORKSPACE", value_parser = parse_name, conflicts_with = "id")]
+    pub workspace: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SandboxTargetArgs {
+    #[command(flatten)]
+    pub scope: WorkspaceScope,
+    #[command(flatten)]
+    pub target: SandboxTarget,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SandboxCreateArgs {
+    /// The workspace to create the sandbox in (default: "default").
+    #[arg(short = 'w', long, value_name = "WORKSPACE", value_parser = parse_name)]
+    pub workspace: Option<String>,
+    /// The sandbox's name, unique in its workspace (default: "sbx-" + 8 random characters).
+    #[arg(short = 'n', long, value_parser = parse_name)]
+    pub name: Option<String>,
+    /// A label to set, KEY=VALUE; repeatable.
+    #[arg(short = 'l', long = "label", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub labels: Vec<(String, String)>,
+    /// An environment variable of the workload, KEY=VALUE; repeatable.
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub env: Vec<(String, String)>,
+    /// CPU limit in thousandths of a core (1000 = one core; default: no limit).
+    #[arg(long, value_name = "MILLIS")]
+    pub cpu: Option<u32>,
+    /// Memory limit: bytes, or with a unit: 64Mi, 1Gi (powers of 1024), 500M, 1G (powers of
+    /// 1000). Default: no limit.
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    pub memory: Option<u64>,
+    /// An image or root filesystem reference, for drivers that use one.
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
+    /// The compute driver to run the sandbox on (default: the gateway's default driver).
+    #[arg(long, value_name = "DRIVER")]
+    pub driver: Option<String>,
+    /// Print the sandbox as soon as it is created, without waiting for Ready.
+    #[arg(short = 'd', long)]
+    pub detach: bool,
+    /// How long to wait for Ready before giving up (the sandbox is left as it is).
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub timeout: u64,
+    /// The workload's command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SandboxListArgs {
+    /// The workspace to list (default: "default").
+    #[arg(short = 'w', long, value_name = "WORKSPACE", value_parser = parse_name)]
+    pub workspace: Option<String>,
+    /// List the sandboxes of every workspace.
+    #[arg(short = 'A', long, conflicts_with = "workspace")]
+    pub all_workspaces: bool,
+    /// Only sandboxes whose labels match: "k=v,k2=v2", "k!=v", "k" (present), "!k" (absent).
+    #[arg(short = 'l', long, value_name = "SELECTOR")]
+    pub selector: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SandboxExecArgs {
+    #[command(flatten)]
+    pub scope: WorkspaceScope,
+    #[command(flatten)]
+    pub target: SandboxTarget,
+    /// Kill the command after this many seconds (0: no timeout).
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    pub timeout: u32,
+    /// An environment variable for the command, KEY=VALUE; repeatable.
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub env: Vec<(String, String)>,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SandboxLogsArgs {
+    #[command(flatten)]
+    pub scope: WorkspaceScope,
+    #[command(flatten)]
+    pub target: SandboxTarget,
+    /// Keep streaming new output until interrupted.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Only the last N lines of the existing output (default: all).
+    #[arg(long, value_name = "N")]
+    pub tail: Option<u32>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SandboxWatchArgs {
+    /// The workspace to watch (default: "default").
+    #[arg(short = 'w', long, value_name = "WORKSPACE", value_parser = parse_name)]
+    pub workspace: Option<String>,
+    /// Watch the sandboxes of every workspace (NAME is then shown as WORKSPACE/NAME).
+    #[arg(short = 'A', long, conflicts_with = "workspace")]
+    pub all_workspaces: bool,
+    /// Only sandboxes whose labels match: "k=v,k2=v2", "k!=v", "k" (present), "!k" (absent).
+    #[arg(short = 'l', long, value_name = "SELECTOR")]
+    pub selector: Option<String>,
+    /// Resume after this resource version (0: first an ADDED event for every current sandbox).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub resource_version: u64,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}

@@ -1,0 +1,387 @@
+//! From protobuf objects to what the CLI prints: aligned tables, JSON and YAML. Pure functions:
+//! the current time is a parameter, so every rendering is testable as data.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::SystemTime;
+
+use sbx_proto::Timestamp;
+use sbx_proto::v1::{
+    DesiredState, EventType, Phase, Sandbox, SandboxEvent, Workspace, WorkspacePhase,
+};
+use serde::Serialize;
+
+use super::{CliError, OutputFormat};
+
+/// A sandbox as printed in JSON and YAML: flat, with enums as CamelCase words and timestamps as
+/// RFC 3339 strings, so scripts need not know protobuf conventions.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SandboxView {
+    pub id: String,
+    pub name: String,
+    pub workspace: String,
+    pub workspace_id: String,
+    pub phase: String,
+    pub desired_state: String,
+    pub reason: String,
+    pub message: String,
+    pub generation: u64,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
+    pub resource_version: u64,
+    /// Sorted (BTreeMap) so that output is stable from run to run.
+    pub labels: BTreeMap<String, String>,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub image: String,
+    pub driver: String,
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+}
+
+/// A workspace as printed in JSON and YAML.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkspaceView {
+    pub id: String,
+    pub name: String,
+    pub phase: String,
+    pub labels: BTreeMap<String, String>,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
+    pub resource_version: u64,
+}
+
+/// One watch event as printed in JSON and YAML.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SandboxEventView {
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub resource_version: u64,
+    pub sandbox: Option<SandboxView>,
+}
+
+/// The answer of a delete, in JSON and YAML.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeletedView {
+    pub deleted: bool,
+}
+
+/// `PHASE_READY` with prefix `PHASE_` → `Ready`; `EVENT_TYPE_ADDED` → `Added`.
+pub fn camel_case_enum(full_name: &str, prefix: &str) -> String {
+    let bare = full_name.strip_prefix(prefix).unwrap_or(full_name);
+    let mut out = String::with_capacity(bare.len());
+    for word in bare.split('_').filter(|w| !w.is_empty()) {
+        let mut chars = word.chars();
+        if let Some(first) = chars.next() {
+            out.push(first.to_ascii_uppercase());
+            out.extend(chars.map(|c| c.to_ascii_lowercase()));
+        }
+    }
+    out
+}
+
+/// A name for an enum number this CLI was built without (a newer gateway).
+fn unknown_enum(value: i32) -> String {
+    format!("Unknown({value})")
+}
+
+pub fn phase_name(value: i32) -> String {
+    Phase::try_from(value)
+        .map(|p| camel_case_enum(p.as_str_name(), "PHASE_"))
+        .unwrap_or_else(|_| unknown_enum(value))
+}
+
+pub fn desired_state_name(value: i32) -> String {
+    DesiredState::try_from(value)
+        .map(|d| camel_case_enum(d.as_str_name(), "DESIRED_STATE_"))
+        .unwrap_or_else(|_| unknown_enum(value))
+}
+
+pub fn workspace_phase_name(value: i32) -> String {
+    WorkspacePhase::try_from(value)
+        .map(|p| camel_case_enum(p.as_str_name(), "WORKSPACE_PHASE_"))
+        .unwrap_or_else(|_| unknown_enum(value))
+}
+
+pub fn event_type_name(value: i32) -> String {
+    EventType::try_from(value)
+        .map(|t| camel_case_enum(t.as_str_name(), "EVENT_TYPE_"))
+        .unwrap_or_else(|_| unknown_enum(value))
+}
+
+/// RFC 3339 in UTC, e.g. `2026-11-29T10:22:22Z` (fractional seconds only when present).
+pub fn rfc3339(timestamp: Option<&Timestamp>) -> Option<String> {
+    timestamp.map(|t| t.to_string())
+}
+
+fn sorted(map: &HashMap<String, String>) -> BTreeMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+pub fn sandbox_view(sandbox: &Sandbox) -> SandboxView {
+    let spec = sandbox.spec.clone().unwrap_or_default();
+    let resources = spec.resources.unwrap_or_default();
+    SandboxView {
+        id: sandbox.id.clone(),
+        name: sandbox.name.clone(),
+        workspace: sandbox.workspace.clone(),
+        workspace_id: sandbox.workspace_id.clone(),
+        phase: phase_name(sandbox.phase),
+        desired_state: desired_state_name(sandbox.desired_state),
+        reason: sandbox.reason.clone(),
+        message: sandbox.message.clone(),
+        generation: sandbox.generation,
+        created_at: rfc3339(sandbox.created_at.as_ref()),
+        updated_at: rfc3339(sandbox.updated_at.as_ref()),
+        resource_version: sandbox.resource_version,
+        labels: sorted(&spec.labels),
+        command: spec.command,
+        env: sorted(&spec.env),
+        image: spec.image,
+        driver: spec.driver,
+        cpu_millis: resources.cpu_millis,
+        memory_bytes: resources.memory_bytes,
+    }
+}
+
+pub fn workspace_view(workspace: &Workspace) -> WorkspaceView {
+    WorkspaceView {
+        id: workspace.id.clone(),
+        name: workspace.name.clone(),
+        phase: workspace_phase_name(workspace.phase),
+        labels: sorted(&workspace.labels),
+        created_at: rfc3339(workspace.created_at.as_ref()),
+        updated_at: rfc3339(workspace.updated_at.as_ref()),
+        resource_version: workspace.resource_version,
+    }
+}
+
+pub fn sandbox_event_view(event: &SandboxEvent) -> SandboxEventView {
+    SandboxEventView {
+        event_type: event_type_name(event.r#type),
+        resource_version: event.resource_version,
+        sandbox: event.sandbox.as_ref().map(sandbox_view),
+    }
+}
+
+/// How long ago `created` was, kubectl style: `45s`, `12m`, `5h`, `3d`; `-` when unknown.
+pub fn age(now: SystemTime, created: Option<&Timestamp>) -> String {
+    let Some(created) = created else {
+        return "-".to_string();
+    };
+    let now_secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    let secs = now_secs.saturating_sub(created.seconds).max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{}m", s / 60),
+        s if s < 48 * 3600 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+/// Columns padded to their widest cell, separated by three spaces; the last column is not
+/// padded, so lines carry no trailing blanks. Each line ends with a newline.
+pub fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header_row: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header_row).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad + 3));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn dash_if_empty(text: &str) -> String {
+    if text.is_empty() {
+        "-".to_string()
+    } else {
+        text.to_string()
+    }
+}
+
+pub const SANDBOX_COLUMNS: &[&str] = &["WORKSPACE", "NAME", "ID", "PHASE", "REASON", "GEN", "AGE"];
+pub const WORKSPACE_COLUMNS: &[&str] = &["NAME", "ID", "PHASE", "AGE"];
+
+pub fn sandbox_table(sandboxes: &[Sandbox], now: SystemTime) -> String {
+    let rows: Vec<Vec<String>> = sandboxes
+        .iter()
+        .map(|s| {
+            vec![
+                dash_if_empty(&s.workspace),
+                s.name.clone(),
+                s.id.clone(),
+                phase_name(s.phase),
+                dash_if_empty(&s.reason),
+                s.generation.to_string(),
+                age(now, s.created_at.as_ref()),
+            ]
+        })
+        .collect();
+    render_table(SANDBOX_COLUMNS, &rows)
+}
+
+pub fn workspace_table(workspaces: &[Workspace], now: SystemTime) -> String {
+    let rows: Vec<Vec<String>> = workspaces
+        .iter()
+        .map(|w| {
+            vec![
+                w.name.clone(),
+                w.id.clone(),
+                workspace_phase_name(w.phase),
+                age(now, w.created_at.as_ref()),
+            ]
+        })
+        .collect();
+    render_table(WORKSPACE_COLUMNS, &rows)
+}
+
+/// JSON (pretty, with a final newline) or YAML of any view.
+pub fn render_structured<T: Serialize>(
+    format: OutputFormat,
+    value: &T,
+) -> Result<String, CliError> {
+    match format {
+        OutputFormat::Json | OutputFormat::Table => serde_json::to_string_pretty(value)
+            .map(|s| s + "\n")
+            .map_err(|e| CliError::Render(e.to_string())),
+        OutputFormat::Yaml => {
+            serde_yaml::to_string(value).map_err(|e| CliError::Render(e.to_string()))
+        }
+    }
+}
+
+pub fn render_sandbox(
+    format: OutputFormat,
+    sandbox: &Sandbox,
+    now: SystemTime,
+) -> Result<String, CliError> {
+    match format {
+        OutputFormat::Table => Ok(sandbox_table(std::slice::from_ref(sandbox), now)),
+        _ => render_structured(format, &sandbox_view(sandbox)),
+    }
+}
+
+/// A list: a table (empty string when there are no rows, so the caller can say so), or a JSON
+/// array / YAML sequence (`[]` when empty).
+pub fn render_sandboxes(
+    format: OutputFormat,
+    sandboxes: &[Sandbox],
+    now: SystemTime,
+) -> Result<String, CliError> {
+    match format {
+        OutputFormat::Table if sandboxes.is_empty() => Ok(String::new()),
+        OutputFormat::Table => Ok(sandbox_table(sandboxes, now)),
+        _ => render_structured(
+            format,
+            &sandboxes.iter().map(sandbox_view).collect::<Vec<_>>(),
+        ),
+    }
+}
+
+pub fn render_workspace(
+    format: OutputFormat,
+    workspace: &Workspace,
+    now: SystemTime,
+) -> Result<String, CliError> {
+    match format {
+        OutputFormat::Table => Ok(workspace_table(std::slice::from_ref(workspace), now)),
+        _ => render_structured(format, &workspace_view(workspace)),
+    }
+}
+
+pub fn render_workspaces(
+    format: OutputFormat,
+    workspaces: &[Workspace],
+    now: SystemTime,
+) -> Result<String, CliError> {
+    match format {
+        OutputFormat::Table if workspaces.is_empty() => Ok(String::new()),
+        OutputFormat::Table => Ok(workspace_table(workspaces, now)),
+        _ => render_structured(
+            format,
+            &workspaces.iter().map(workspace_view).collect::<Vec<_>>(),
+        ),
+    }
+}
+
+/// The answer of a delete: `{"deleted": …}`, or in table mode a sentence about `what`
+/// (e.g. `sandbox "web" in workspace "default"`).
+pub fn render_deleted(format: OutputFormat, deleted: bool, what: &str) -> Result<String, CliError> {
+    match format {
+        OutputFormat::Table if deleted => Ok(format!("{what} deleted\n")),
+        OutputFormat::Table => Ok(format!("{what} not found; nothing deleted\n")),
+        _ => render_structured(format, &DeletedView { deleted }),
+    }
+}
+
+/// The header printed once before table-mode watch lines.
+pub fn watch_header() -> String {
+    format_watch_columns(["TYPE", "NAME", "PHASE", "GEN", "RV"])
+}
+
+fn format_watch_columns(cells: [&str; 5]) -> String {
+    let [kind, name, phase, generation, rv] = cells;
+    format!("{kind:<9} {name:<30} {phase:<13} {generation:<5} {rv}\n")
+}
+
+/// One watch event as one line: fixed-width `TYPE NAME PHASE GEN RV` columns in table mode
+/// (NAME is `WORKSPACE/NAME` when watching every workspace), one compact JSON object in JSON
+/// mode, one YAML document (starting `---`) in YAML mode.
+pub fn render_event(
+    format: OutputFormat,
+    event: &SandboxEvent,
+    all_workspaces: bool,
+) -> Result<String, CliError> {
+    match format {
+        OutputFormat::Table => {
+            let (name, phase, generation) = match &event.sandbox {
+                Some(s) if all_workspaces => (
+                    format!("{}/{}", s.workspace, s.name),
+                    phase_name(s.phase),
+                    s.generation.to_string(),
+                ),
+                Some(s) => (
+                    s.name.clone(),
+                    phase_name(s.phase),
+                    s.generation.to_string(),
+                ),
+                None => ("-".into(), "-".into(), "-".into()),
+            };
+            Ok(format_watch_columns([
+                &event_type_name(event.r#type),
+                &name,
+                &phase,
+                &generation,
+                &event.resource_version.to_string(),
+            ]))
+        }
+        OutputFormat::Json => serde_json::to_string(&sandbox_event_view(event))
+            .map(|s| s + "\n")
+            .map_err(|e| CliError::Render(e.to_string())),
+        OutputFormat::Yaml => serde_yaml::to_string(&sandbox_event_view(event))
+            .map(|s| format!("---\n{s}"))
+            .map_err(|e| CliError::Render(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+#[path = "output_tests.rs"]
+mod tests;

@@ -1,0 +1,279 @@
+//! Protobuf → printed text, as data.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use sbx_proto::v1::{Resources, SandboxSpec};
+use serde_json::json;
+
+use super::*;
+
+/// 2026-11-29T10:00:00Z.
+const T0: i64 = 1_795_946_400;
+
+fn at(seconds: i64) -> Option<Timestamp> {
+    Some(Timestamp { seconds, nanos: 0 })
+}
+
+fn now_plus(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(T0 as u64 + secs)
+}
+
+fn sandbox(name: &str, phase: Phase) -> Sandbox {
+    Sandbox {
+        id: format!("id-{name}"),
+        workspace: "default".into(),
+        workspace_id: "ws-1".into(),
+        name: name.into(),
+        spec: Some(SandboxSpec {
+            command: vec!["sleep".into(), "60".into()],
+            env: HashMap::from([("B".into(), "2".into()), ("A".into(), "1".into())]),
+            labels: HashMap::from([("app".into(), "web".into())]),
+            resources: Some(Resources {
+                cpu_millis: 250,
+                memory_bytes: 64 << 20,
+            }),
+            driver: "process".into(),
+            image: String::new(),
+        }),
+        desired_state: DesiredState::Running as i32,
+        phase: phase as i32,
+        reason: String::new(),
+        message: String::new(),
+        generation: 3,
+        created_at: at(T0),
+        updated_at: Some(Timestamp {
+            seconds: T0 + 5,
+            nanos: 250_000_000,
+        }),
+        resource_version: 17,
+    }
+}
+
+fn check(got: String, expected: &str) {
+    assert_eq!(
+        got, expected,
+        "\n--- got ---\n{got}\n--- expected ---\n{expected}"
+    );
+}
+
+#[test]
+fn enum_names_are_camel_case() {
+    let cases: &[(String, &str)] = &[
+        (phase_name(Phase::Ready as i32), "Ready"),
+        (phase_name(Phase::Provisioning as i32), "Provisioning"),
+        (phase_name(Phase::Unspecified as i32), "Unspecified"),
+        (phase_name(99), "Unknown(99)"),
+        (desired_state_name(DesiredState::Stopped as i32), "Stopped"),
+        (
+            workspace_phase_name(WorkspacePhase::Terminating as i32),
+            "Terminating",
+        ),
+        (event_type_name(EventType::Modified as i32), "Modified"),
+        (
+            camel_case_enum("PHASE_SOME_LONG_NAME", "PHASE_"),
+            "SomeLongName",
+        ),
+    ];
+    for (got, expected) in cases {
+        assert_eq!(got, expected);
+    }
+}
+
+#[test]
+fn ages() {
+    let cases: &[(u64, &str)] = &[
+        (0, "0s"),
+        (119, "119s"),
+        (120, "2m"),
+        (7199, "119m"),
+        (7200, "2h"),
+        (48 * 3600 - 1, "47h"),
+        (48 * 3600, "2d"),
+        (400 * 86_400, "400d"),
+    ];
+    for (secs, expected) in cases {
+        assert_eq!(age(now_plus(*secs), at(T0).as_ref()), *expected, "{secs}s");
+    }
+    // A creation time in the future (clock skew) is not a negative age.
+    assert_eq!(age(now_plus(0), at(T0 + 30).as_ref()), "0s");
+    assert_eq!(age(now_plus(0), None), "-");
+}
+
+#[test]
+fn sandbox_json_has_the_documented_fields() {
+    let mut sb = sandbox("web", Phase::Error);
+    sb.reason = "ExitedNonZero".into();
+    sb.message = "exit status 3".into();
+    let got: serde_json::Value =
+        serde_json::from_str(&render_sandbox(OutputFormat::Json, &sb, now_plus(0)).unwrap())
+            .unwrap();
+    assert_eq!(
+        got,
+        json!({
+            "id": "id-web",
+            "name": "web",
+            "workspace": "default",
+            "workspace_id": "ws-1",
+            "phase": "Error",
+            "desired_state": "Running",
+            "reason": "ExitedNonZero",
+            "message": "exit status 3",
+            "generation": 3,
+            "created_at": "2026-11-29T10:00:00Z",
+            "updated_at": "2026-11-29T10:00:05.250Z",
+            "resource_version": 17,
+            "labels": {"app": "web"},
+            "command": ["sleep", "60"],
+            "env": {"A": "1", "B": "2"},
+            "image": "",
+            "driver": "process",
+            "cpu_millis": 250,
+            "memory_bytes": 67108864,
+        })
+    );
+}
+
+#[test]
+fn yaml_has_the_same_structure_as_json() {
+    let sb = sandbox("web", Phase::Ready);
+    let yaml = render_sandbox(OutputFormat::Yaml, &sb, now_plus(0)).unwrap();
+    let from_yaml: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    let from_json: serde_json::Value =
+        serde_json::from_str(&render_sandbox(OutputFormat::Json, &sb, now_plus(0)).unwrap())
+            .unwrap();
+    assert_eq!(from_yaml, from_json);
+    assert!(yaml.contains("phase: Ready\n"), "{yaml}");
+}
+
+#[test]
+fn lists_are_arrays() {
+    let list = [sandbox("a", Phase::Ready), sandbox("b", Phase::Stopped)];
+    let got: serde_json::Value =
+        serde_json::from_str(&render_sandboxes(OutputFormat::Json, &list, now_plus(0)).unwrap())
+            .unwrap();
+    let names: Vec<&str> = got
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    check(
+        render_sandboxes(OutputFormat::Json, &[], now_plus(0)).unwrap(),
+        "[]\n",
+    );
+    check(
+        render_sandboxes(OutputFormat::Table, &[], now_plus(0)).unwrap(),
+        "",
+    );
+}
+
+#[test]
+fn sandbox_table_is_aligned() {
+    let mut failing = sandbox("a-much-longer-name", Phase::Error);
+    failing.reason = "ExitedNonZero".into();
+    failing.generation = 12;
+    check(
+        sandbox_table(&[sandbox("web", Phase::Ready), failing], now_plus(90)),
+        "\
+WORKSPACE   NAME                 ID                      PHASE   REASON          GEN   AGE
+default     web                  id-web                  Ready   -               3     90s
+default     a-much-longer-name   id-a-much-longer-name   Error   ExitedNonZero   12    90s
+",
+    );
+}
+
+#[test]
+fn workspace_outputs() {
+    let ws = Workspace {
+        id: "w-1".into(),
+        name: "team-a".into(),
+        labels: HashMap::from([("env".into(), "prod".into())]),
+        phase: WorkspacePhase::Active as i32,
+        created_at: at(T0),
+        updated_at: at(T0),
+        resource_version: 4,
+    };
+    check(
+        render_workspace(OutputFormat::Table, &ws, now_plus(3 * 3600)).unwrap(),
+        "NAME     ID    PHASE    AGE\nteam-a   w-1   Active   3h\n",
+    );
+    let got: serde_json::Value =
+        serde_json::from_str(&render_workspace(OutputFormat::Json, &ws, now_plus(0)).unwrap())
+            .unwrap();
+    assert_eq!(
+        got,
+        json!({
+            "id": "w-1", "name": "team-a", "phase": "Active", "labels": {"env": "prod"},
+            "created_at": "2026-11-29T10:00:00Z", "updated_at": "2026-11-29T10:00:00Z",
+            "resource_version": 4,
+        })
+    );
+}
+
+#[test]
+fn deletes() {
+    check(
+        render_deleted(OutputFormat::Json, true, "x").unwrap(),
+        "{\n  \"deleted\": true\n}\n",
+    );
+    check(
+        render_deleted(OutputFormat::Yaml, false, "x").unwrap(),
+        "deleted: false\n",
+    );
+    check(
+        render_deleted(OutputFormat::Table, true, "sandbox \"web\"").unwrap(),
+        "sandbox \"web\" deleted\n",
+    );
+    check(
+        render_deleted(OutputFormat::Table, false, "sandbox \"web\"").unwrap(),
+        "sandbox \"web\" not found; nothing deleted\n",
+    );
+}
+
+#[test]
+fn watch_events_are_one_line_each() {
+    let event = SandboxEvent {
+        r#type: EventType::Modified as i32,
+        sandbox: Some(sandbox("web", Phase::Stopping)),
+        resource_version: 18,
+    };
+    check(
+        watch_header(),
+        "TYPE      NAME                           PHASE         GEN   RV\n",
+    );
+    check(
+        render_event(OutputFormat::Table, &event, false).unwrap(),
+        "Modified  web                            Stopping      3     18\n",
+    );
+    check(
+        render_event(OutputFormat::Table, &event, true).unwrap(),
+        "Modified  default/web                    Stopping      3     18\n",
+    );
+    let line = render_event(OutputFormat::Json, &event, false).unwrap();
+    assert_eq!(line.matches('\n').count(), 1, "{line}");
+    let got: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(got["type"], "Modified");
+    assert_eq!(got["resource_version"], 18);
+    assert_eq!(got["sandbox"]["phase"], "Stopping");
+    let yaml = render_event(OutputFormat::Yaml, &event, false).unwrap();
+    assert!(yaml.starts_with("---\ntype: Modified\n"), "{yaml}");
+}
+
+#[test]
+fn missing_spec_and_timestamps_render() {
+    let bare = Sandbox {
+        name: "bare".into(),
+        ..Sandbox::default()
+    };
+    let view = sandbox_view(&bare);
+    assert_eq!(view.phase, "Unspecified");
+    assert_eq!(view.created_at, None);
+    assert!(view.command.is_empty());
+    check(
+        sandbox_table(&[bare], now_plus(0)),
+        "WORKSPACE   NAME   ID   PHASE         REASON   GEN   AGE\n\
+         -           bare        Unspecified   -        0     -\n",
+    );
+}

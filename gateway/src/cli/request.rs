@@ -1,0 +1,196 @@
+//! From parsed arguments to protobuf requests. Pure functions: no IO, no gRPC.
+
+use std::collections::HashMap;
+
+use rand::RngExt;
+use sbx_proto::v1::{
+    CreateSandboxRequest, CreateWorkspaceRequest, DeleteWorkspaceRequest, ExecRequest,
+    ListSandboxesRequest, ListWorkspacesRequest, LogsRequest, Resources, SandboxRef, SandboxSpec,
+    WatchSandboxesRequest, WorkspaceRef,
+};
+
+use super::{
+    CliError, SandboxCreateArgs, SandboxExecArgs, SandboxListArgs, SandboxLogsArgs, SandboxTarget,
+    SandboxWatchArgs, WorkspaceCreateArgs, WorkspaceDeleteArgs, WorkspaceListArgs, WorkspaceScope,
+    WorkspaceTarget,
+};
+
+/// Prefix of generated sandbox names.
+const GENERATED_NAME_PREFIX: &str = "sbx-";
+/// The characters of the random part of a generated name: all valid anywhere in a DNS-1123
+/// label, so the name always passes `validate_name`.
+const GENERATED_NAME_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+/// Length of the random part: 36^8 ≈ 2.8e12 names, so collisions in one workspace are rare.
+const GENERATED_NAME_RANDOM_LEN: usize = 8;
+
+/// A fresh sandbox name: `sbx-` + 8 random lowercase letters and digits.
+pub fn generate_sandbox_name<R: rand::Rng + ?Sized>(rng: &mut R) -> String {
+    let mut name = String::with_capacity(GENERATED_NAME_PREFIX.len() + GENERATED_NAME_RANDOM_LEN);
+    name.push_str(GENERATED_NAME_PREFIX);
+    for _ in 0..GENERATED_NAME_RANDOM_LEN {
+        let index = rng.random_range(0..GENERATED_NAME_ALPHABET.len());
+        name.push(char::from(GENERATED_NAME_ALPHABET[index]));
+    }
+    name
+}
+
+/// Collects `KEY=VALUE` pairs into a map, refusing a key given twice (`flag` names the option
+/// in the error).
+pub fn key_value_map(
+    flag: &'static str,
+    pairs: &[(String, String)],
+) -> Result<HashMap<String, String>, CliError> {
+    let mut map = HashMap::with_capacity(pairs.len());
+    for (key, value) in pairs {
+        if map.insert(key.clone(), value.clone()).is_some() {
+            return Err(CliError::DuplicateKey {
+                flag,
+                key: key.clone(),
+            });
+        }
+    }
+    Ok(map)
+}
+
+/// The reference sent for a workspace: by id when given (authoritative), else by name.
+pub fn workspace_ref(target: &WorkspaceTarget) -> WorkspaceRef {
+    match (&target.id, &target.name) {
+        (Some(id), _) => WorkspaceRef {
+            id: id.to_string(),
+            name: String::new(),
+        },
+        (None, name) => WorkspaceRef {
+            id: String::new(),
+            name: name.clone().unwrap_or_default(),
+        },
+    }
+}
+
+/// The reference sent for a sandbox: by id alone when given (the workspace is never sent with
+/// an id, so nothing can be resolved by name), else by workspace + name.
+pub fn sandbox_ref(scope: &WorkspaceScope, target: &SandboxTarget) -> SandboxRef {
+    match (&target.id, &target.name) {
+        (Some(id), _) => SandboxRef {
+            id: id.to_string(),
+            workspace: String::new(),
+            name: String::new(),
+        },
+        (None, name) => SandboxRef {
+            id: String::new(),
+            workspace: scope.workspace.clone().unwrap_or_default(),
+            name: name.clone().unwrap_or_default(),
+        },
+    }
+}
+
+/// How a sandbox target reads in messages: `"web" in workspace "default"` or `id 0191…`.
+pub fn describe_sandbox_ref(reference: &SandboxRef) -> String {
+    if !reference.id.is_empty() {
+        format!("sandbox {}", reference.id)
+    } else {
+        format!(
+            "sandbox {:?} in workspace {:?}",
+            reference.name,
+            sbx_proto::names::workspace_or_default(&reference.workspace)
+        )
+    }
+}
+
+/// How a workspace target reads in messages.
+pub fn describe_workspace_ref(reference: &WorkspaceRef) -> String {
+    if !reference.id.is_empty() {
+        format!("workspace {}", reference.id)
+    } else {
+        format!("workspace {:?}", reference.name)
+    }
+}
+
+pub fn create_workspace_request(
+    args: &WorkspaceCreateArgs,
+) -> Result<CreateWorkspaceRequest, CliError> {
+    Ok(CreateWorkspaceRequest {
+        name: args.name.clone(),
+        labels: key_value_map("--label", &args.labels)?,
+    })
+}
+
+pub fn list_workspaces_request(
+    args: &WorkspaceListArgs,
+    page_token: &str,
+) -> ListWorkspacesRequest {
+    ListWorkspacesRequest {
+        label_selector: args.selector.clone().unwrap_or_default(),
+        page_size: 0,
+        page_token: page_token.to_string(),
+    }
+}
+
+pub fn delete_workspace_request(args: &WorkspaceDeleteArgs) -> DeleteWorkspaceRequest {
+    DeleteWorkspaceRequest {
+        workspace: Some(workspace_ref(&args.target)),
+        cascade: args.cascade,
+    }
+}
+
+/// The create request; `generated_name` is used only when `--name` was not given.
+pub fn create_sandbox_request(
+    args: &SandboxCreateArgs,
+    generated_name: String,
+) -> Result<CreateSandboxRequest, CliError> {
+    let resources = (args.cpu.is_some() || args.memory.is_some()).then(|| Resources {
+        cpu_millis: args.cpu.unwrap_or(0),
+        memory_bytes: args.memory.unwrap_or(0),
+    });
+    Ok(CreateSandboxRequest {
+        workspace: args.workspace.clone().unwrap_or_default(),
+        name: args.name.clone().unwrap_or(generated_name),
+        spec: Some(SandboxSpec {
+            command: args.command.clone(),
+            env: key_value_map("--env", &args.env)?,
+            labels: key_value_map("--label", &args.labels)?,
+            resources,
+            driver: args.driver.clone().unwrap_or_default(),
+            image: args.image.clone().unwrap_or_default(),
+        }),
+    })
+}
+
+pub fn list_sandboxes_request(args: &SandboxListArgs, page_token: &str) -> ListSandboxesRequest {
+    ListSandboxesRequest {
+        workspace: args.workspace.clone().unwrap_or_default(),
+        all_workspaces: args.all_workspaces,
+        label_selector: args.selector.clone().unwrap_or_default(),
+        page_size: 0,
+        page_token: page_token.to_string(),
+    }
+}
+
+pub fn exec_request(args: &SandboxExecArgs) -> Result<ExecRequest, CliError> {
+    Ok(ExecRequest {
+        sandbox: Some(sandbox_ref(&args.scope, &args.target)),
+        command: args.command.clone(),
+        env: key_value_map("--env", &args.env)?,
+        timeout_seconds: args.timeout,
+    })
+}
+
+pub fn logs_request(args: &SandboxLogsArgs) -> LogsRequest {
+    LogsRequest {
+        sandbox: Some(sandbox_ref(&args.scope, &args.target)),
+        follow: args.follow,
+        tail_lines: args.tail.unwrap_or(0),
+    }
+}
+
+pub fn watch_request(args: &SandboxWatchArgs) -> WatchSandboxesRequest {
+    WatchSandboxesRequest {
+        workspace: args.workspace.clone().unwrap_or_default(),
+        all_workspaces: args.all_workspaces,
+        label_selector: args.selector.clone().unwrap_or_default(),
+        resource_version: args.resource_version,
+    }
+}
+
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;

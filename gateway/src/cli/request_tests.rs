@@ -1,0 +1,427 @@
+//! Command line → request, as data: each case parses an argv with the real clap types and
+//! compares the request built from it.
+
+use std::collections::{HashMap, HashSet};
+
+use clap::Parser;
+use rand::SeedableRng;
+use sbx_proto::v1::{
+    CreateSandboxRequest, ExecRequest, LogsRequest, Resources, SandboxRef, SandboxSpec,
+    WatchSandboxesRequest, WorkspaceRef,
+};
+
+use super::*;
+use crate::cli::{Cli, Command, OutputFormat, SandboxCommand, WorkspaceCommand};
+
+const ID: &str = "0192a6f4-3c1e-7d2a-9f00-1234567890ab";
+
+fn parse(argv: &[&str]) -> Cli {
+    match Cli::try_parse_from(std::iter::once("sbx").chain(argv.iter().copied())) {
+        Ok(cli) => cli,
+        Err(err) => panic!("argv {argv:?} did not parse: {err}"),
+    }
+}
+
+/// A usage error: clap's exit status 2, and a message containing `needle`.
+fn check_usage_error(argv: &[&str], needle: &str) {
+    let err = Cli::try_parse_from(std::iter::once("sbx").chain(argv.iter().copied()))
+        .expect_err(&format!("argv {argv:?} should be refused"));
+    assert_eq!(err.exit_code(), 2, "argv {argv:?}: {err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(needle),
+        "argv {argv:?}: {text:?} lacks {needle:?}"
+    );
+}
+
+fn sandbox(argv: &[&str]) -> SandboxCommand {
+    let mut full = vec!["sandbox"];
+    full.extend_from_slice(argv);
+    match parse(&full).command {
+        Command::Sandbox(cmd) => cmd,
+        other => panic!("argv {argv:?} parsed as {other:?}"),
+    }
+}
+
+fn workspace(argv: &[&str]) -> WorkspaceCommand {
+    let mut full = vec!["workspace"];
+    full.extend_from_slice(argv);
+    match parse(&full).command {
+        Command::Workspace(cmd) => cmd,
+        other => panic!("argv {argv:?} parsed as {other:?}"),
+    }
+}
+
+fn check_create(argv: &[&str], expected: CreateSandboxRequest) {
+    let SandboxCommand::Create(args) = sandbox(argv) else {
+        panic!("argv {argv:?} is not sandbox create");
+    };
+    let got = create_sandbox_request(&args, "sbx-generated".to_string()).unwrap();
+    assert_eq!(got, expected, "argv {argv:?}");
+}
+
+fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn sandbox_create_builds_the_request() {
+    check_create(
+        &[
+            "create", "-w", "team-a", "--name", "web", "--label", "app=web", "-l", "tier=1",
+            "--env", "A=1", "-e", "B=x=y", "--cpu", "500", "--memory", "64Mi", "--image", "alpine",
+            "--driver", "oci", "--", "sh", "-c", "echo hi",
+        ],
+        CreateSandboxRequest {
+            workspace: "team-a".into(),
+            name: "web".into(),
+            spec: Some(SandboxSpec {
+                command: strings(&["sh", "-c", "echo hi"]),
+                env: map(&[("A", "1"), ("B", "x=y")]),
+                labels: map(&[("app", "web"), ("tier", "1")]),
+                resources: Some(Resources {
+                    cpu_millis: 500,
+                    memory_bytes: 64 << 20,
+                }),
+                driver: "oci".into(),
+                image: "alpine".into(),
+            }),
+        },
+    );
+    // Defaults: empty workspace (the gateway's "default"), the generated name, no resources.
+    check_create(
+        &["create", "--", "sleep", "60"],
+        CreateSandboxRequest {
+            workspace: String::new(),
+            name: "sbx-generated".into(),
+            spec: Some(SandboxSpec {
+                command: strings(&["sleep", "60"]),
+                ..SandboxSpec::default()
+            }),
+        },
+    );
+    // Memory alone still sends resources, with cpu 0 (no limit).
+    check_create(
+        &["create", "--memory", "1G", "--", "true"],
+        CreateSandboxRequest {
+            workspace: String::new(),
+            name: "sbx-generated".into(),
+            spec: Some(SandboxSpec {
+                command: strings(&["true"]),
+                resources: Some(Resources {
+                    cpu_millis: 0,
+                    memory_bytes: 1_000_000_000,
+                }),
+                ..SandboxSpec::default()
+            }),
+        },
+    );
+}
+
+#[test]
+fn sandbox_create_options() {
+    let SandboxCommand::Create(args) = sandbox(&["create", "--", "true"]) else {
+        panic!("not create");
+    };
+    assert!(!args.detach);
+    assert_eq!(args.timeout, 120);
+    assert_eq!(args.output.format, OutputFormat::Table);
+    let SandboxCommand::Create(args) =
+        sandbox(&["create", "-d", "--timeout", "5", "-o", "json", "--", "true"])
+    else {
+        panic!("not create");
+    };
+    assert!(args.detach);
+    assert_eq!(args.timeout, 5);
+    assert_eq!(args.output.format, OutputFormat::Json);
+}
+
+#[test]
+fn sandbox_create_refuses_duplicate_keys() {
+    let SandboxCommand::Create(args) = sandbox(&["create", "-l", "a=1", "-l", "a=2", "--", "x"])
+    else {
+        panic!("not create");
+    };
+    let err = create_sandbox_request(&args, "n".into()).unwrap_err();
+    assert_eq!(err.to_string(), "--label \"a\" given more than once");
+}
+
+#[test]
+fn usage_errors() {
+    let rule = sbx_proto::names::NAME_RULE;
+    check_usage_error(&["sandbox", "create", "--name", "Web", "--", "x"], rule);
+    check_usage_error(&["sandbox", "create", "-w", "a_b", "--", "x"], rule);
+    check_usage_error(&["sandbox", "get", "-bad-"], "unexpected argument");
+    check_usage_error(&["sandbox", "get", "web-"], rule);
+    check_usage_error(&["workspace", "create", ""], rule);
+    check_usage_error(
+        &["sandbox", "create", "--memory", "1.5Gi", "--", "x"],
+        "64Mi",
+    );
+    check_usage_error(
+        &["sandbox", "create", "--label", "novalue", "--", "x"],
+        "KEY=VALUE",
+    );
+    check_usage_error(
+        &["sandbox", "create", "--env", "=v", "--", "x"],
+        "KEY=VALUE",
+    );
+    check_usage_error(&["sandbox", "create"], "CMD");
+    check_usage_error(&["sandbox", "create", "sleep", "1"], "unexpected argument");
+    check_usage_error(&["sandbox", "get"], "required");
+    check_usage_error(
+        &["sandbox", "get", "web", "--id", ID],
+        "cannot be used with",
+    );
+    check_usage_error(
+        &["sandbox", "stop", "--id", ID, "-w", "a"],
+        "cannot be used with",
+    );
+    check_usage_error(&["sandbox", "start", "--id", "not-a-uuid"], "--id");
+    check_usage_error(&["sandbox", "list", "-A", "-w", "a"], "cannot be used with");
+    check_usage_error(
+        &["sandbox", "watch", "-A", "-w", "a"],
+        "cannot be used with",
+    );
+    check_usage_error(&["sandbox", "exec", "web"], "CMD");
+    check_usage_error(&["sandbox", "exec", "web", "-o", "json", "--", "x"], "-o");
+    check_usage_error(&["sandbox", "get", "web", "-o", "xml"], "xml");
+    check_usage_error(&["workspace", "delete"], "required");
+    check_usage_error(
+        &["workspace", "get", "a", "--id", ID],
+        "cannot be used with",
+    );
+}
+
+#[test]
+fn sandbox_refs_by_name_and_by_id() {
+    let cases: &[(&[&str], SandboxRef)] = &[
+        (
+            &["get", "web"],
+            SandboxRef {
+                id: String::new(),
+                workspace: String::new(),
+                name: "web".into(),
+            },
+        ),
+        (
+            &["stop", "-w", "team-a", "web"],
+            SandboxRef {
+                id: String::new(),
+                workspace: "team-a".into(),
+                name: "web".into(),
+            },
+        ),
+        // An id is sent alone: no workspace, no name to fall back on.
+        (
+            &["delete", "--id", ID],
+            SandboxRef {
+                id: ID.into(),
+                workspace: String::new(),
+                name: String::new(),
+            },
+        ),
+        (
+            &["restart", "--id", &ID.to_uppercase()],
+            SandboxRef {
+                id: ID.into(),
+                workspace: String::new(),
+                name: String::new(),
+            },
+        ),
+    ];
+    for (argv, expected) in cases {
+        let args = match sandbox(argv) {
+            SandboxCommand::Get(a)
+            | SandboxCommand::Stop(a)
+            | SandboxCommand::Start(a)
+            | SandboxCommand::Restart(a)
+            | SandboxCommand::Delete(a) => a,
+            other => panic!("argv {argv:?} parsed as {other:?}"),
+        };
+        assert_eq!(
+            &sandbox_ref(&args.scope, &args.target),
+            expected,
+            "argv {argv:?}"
+        );
+    }
+}
+
+#[test]
+fn workspace_requests() {
+    let WorkspaceCommand::Delete(args) = workspace(&["delete", "--cascade", "--id", ID]) else {
+        panic!("not delete");
+    };
+    let req = delete_workspace_request(&args);
+    assert!(req.cascade);
+    assert_eq!(
+        req.workspace,
+        Some(WorkspaceRef {
+            id: ID.into(),
+            name: String::new()
+        })
+    );
+
+    let WorkspaceCommand::Get(args) = workspace(&["get", "team-a", "-o", "yaml"]) else {
+        panic!("not get");
+    };
+    assert_eq!(args.output.format, OutputFormat::Yaml);
+    assert_eq!(
+        workspace_ref(&args.target),
+        WorkspaceRef {
+            id: String::new(),
+            name: "team-a".into()
+        }
+    );
+
+    let WorkspaceCommand::Create(args) = workspace(&["create", "team-a", "-l", "env=prod"]) else {
+        panic!("not create");
+    };
+    let req = create_workspace_request(&args).unwrap();
+    assert_eq!(req.name, "team-a");
+    assert_eq!(req.labels, map(&[("env", "prod")]));
+
+    let WorkspaceCommand::List(args) = workspace(&["ls", "-l", "env=prod"]) else {
+        panic!("not list");
+    };
+    let req = list_workspaces_request(&args, "tok");
+    assert_eq!(req.label_selector, "env=prod");
+    assert_eq!(req.page_token, "tok");
+}
+
+#[test]
+fn list_exec_logs_watch_requests() {
+    let SandboxCommand::List(args) = sandbox(&["list", "-A", "--selector", "app=web"]) else {
+        panic!("not list");
+    };
+    let req = list_sandboxes_request(&args, "");
+    assert!(req.all_workspaces);
+    assert_eq!(req.label_selector, "app=web");
+
+    let SandboxCommand::Exec(args) = sandbox(&[
+        "exec",
+        "-w",
+        "team-a",
+        "web",
+        "--timeout",
+        "9",
+        "-e",
+        "X=1",
+        "--",
+        "sh",
+        "-c",
+        "exit 3",
+    ]) else {
+        panic!("not exec");
+    };
+    assert_eq!(
+        exec_request(&args).unwrap(),
+        ExecRequest {
+            sandbox: Some(SandboxRef {
+                id: String::new(),
+                workspace: "team-a".into(),
+                name: "web".into(),
+            }),
+            command: strings(&["sh", "-c", "exit 3"]),
+            env: map(&[("X", "1")]),
+            timeout_seconds: 9,
+        }
+    );
+
+    let SandboxCommand::Logs(args) = sandbox(&["logs", "-f", "--tail", "10", "--id", ID]) else {
+        panic!("not logs");
+    };
+    assert_eq!(
+        logs_request(&args),
+        LogsRequest {
+            sandbox: Some(SandboxRef {
+                id: ID.into(),
+                workspace: String::new(),
+                name: String::new(),
+            }),
+            follow: true,
+            tail_lines: 10,
+        }
+    );
+
+    let SandboxCommand::Watch(args) = sandbox(&[
+        "watch",
+        "-w",
+        "team-a",
+        "--resource-version",
+        "42",
+        "-o",
+        "json",
+    ]) else {
+        panic!("not watch");
+    };
+    assert_eq!(
+        watch_request(&args),
+        WatchSandboxesRequest {
+            workspace: "team-a".into(),
+            all_workspaces: false,
+            label_selector: String::new(),
+            resource_version: 42,
+        }
+    );
+}
+
+#[test]
+fn endpoint_flag_and_default() {
+    // SBX_ENDPOINT is not set in the test environment by anything we run.
+    if std::env::var_os("SBX_ENDPOINT").is_none() {
+        assert_eq!(
+            parse(&["sandbox", "get", "x"]).endpoint,
+            crate::cli::DEFAULT_ENDPOINT
+        );
+    }
+    let cli = parse(&["sandbox", "get", "x", "--endpoint", "http://10.0.0.1:9"]);
+    assert_eq!(cli.endpoint, "http://10.0.0.1:9");
+    let cli = parse(&["--endpoint", "h:1", "workspace", "ls"]);
+    assert_eq!(cli.endpoint, "h:1");
+}
+
+#[test]
+fn generated_names_are_valid_and_varied() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let names: HashSet<String> = (0..200).map(|_| generate_sandbox_name(&mut rng)).collect();
+    assert_eq!(names.len(), 200, "200 draws should not collide");
+    for name in &names {
+        assert!(name.starts_with("sbx-") && name.len() == 12, "{name}");
+        sbx_proto::names::validate_name(name).unwrap();
+    }
+    let mut thread_rng = rand::rng();
+    sbx_proto::names::validate_name(&generate_sandbox_name(&mut thread_rng)).unwrap();
+}
+
+#[test]
+fn references_read_well_in_messages() {
+    let by_name = SandboxRef {
+        id: String::new(),
+        workspace: String::new(),
+        name: "web".into(),
+    };
+    assert_eq!(
+        describe_sandbox_ref(&by_name),
+        "sandbox \"web\" in workspace \"default\""
+    );
+    let by_id = SandboxRef {
+        id: ID.into(),
+        ..by_name
+    };
+    assert_eq!(describe_sandbox_ref(&by_id), format!("sandbox {ID}"));
+    assert_eq!(
+        describe_workspace_ref(&WorkspaceRef {
+            id: String::new(),
+            name: "a".into()
+        }),
+        "workspace \"a\""
+    );
+}

@@ -1,0 +1,402 @@
+//! Dialing the gateway and running one parsed command.
+//!
+//! Each command first builds its request from the arguments (so a local mistake is reported
+//! without touching the network), then connects, calls, and prints.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::io::Write;
+use std::time::{Duration, SystemTime};
+
+use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
+use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
+use sbx_proto::v1::{
+    DeleteSandboxRequest, GetSandboxRequest, GetWorkspaceRequest, RestartSandboxRequest,
+    SandboxRef, StartSandboxRequest, StopSandboxRequest,
+};
+use tonic::transport::{Channel, Endpoint};
+
+use super::error::error_chain;
+use super::output::{
+    render_deleted, render_sandbox, render_sandboxes, render_workspace, render_workspaces,
+};
+use super::request::{self, describe_sandbox_ref, describe_workspace_ref, sandbox_ref};
+use super::wait::{POLL_INTERVAL, progress_for_stderr, wait_until_ready};
+use super::{
+    Cli, CliError, Command, SandboxCommand, SandboxCreateArgs, SandboxTargetArgs, WorkspaceCommand,
+    stream,
+};
+
+/// How long to wait for the TCP + HTTP/2 connection to the gateway.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The exit status of a process killed by SIGPIPE, used when stdout is closed under us
+/// (`sbx sandbox watch | head -1`): quiet, as other Unix tools are.
+const BROKEN_PIPE_EXIT: u8 = 141;
+
+/// Runs the command on a fresh single-threaded runtime, prints any error as one
+/// `error: …` line on stderr, and returns the process exit code.
+pub fn run_to_exit_code(cli: Cli) -> u8 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return 1;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(CliError::Io(err)) if err.kind() == std::io::ErrorKind::BrokenPipe => BROKEN_PIPE_EXIT,
+        Err(err) => {
+            eprintln!("error: {err}");
+            1
+        }
+    }
+}
+
+/// Runs one command; `Ok` carries the exit code (0, or a remote command's for exec).
+pub async fn run(cli: Cli) -> Result<u8, CliError> {
+    match cli.command {
+        Command::Workspace(cmd) => run_workspace(&cli.endpoint, cmd).await,
+        Command::Sandbox(cmd) => run_sandbox(&cli.endpoint, cmd).await,
+    }
+}
+
+/// `host:port` without a scheme means plain-text `http://host:port`.
+pub fn normalize_endpoint(raw: &str) -> String {
+    if raw.contains("://") {
+        raw.to_string()
+    } else {
+        format!("http://{raw}")
+    }
+}
+
+/// Connects to the gateway now (not lazily), so an unreachable gateway is reported as such.
+pub async fn connect(raw_endpoint: &str) -> Result<Channel, CliError> {
+    let endpoint = normalize_endpoint(raw_endpoint);
+    let dialer = Endpoint::from_shared(endpoint.clone())
+        .map_err(|err| CliError::InvalidEndpoint {
+            endpoint: endpoint.clone(),
+            cause: error_chain(&err),
+        })?
+        .connect_timeout(CONNECT_TIMEOUT);
+    dialer.connect().await.map_err(|err| CliError::Unreachable {
+        endpoint,
+        cause: error_chain(&err),
+    })
+}
+
+/// Writes `text` to stdout and flushes.
+fn print(text: &str) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Prints a rendered list; an empty table becomes a note on stderr, as kubectl does, so stdout
+/// stays empty.
+fn print_list(rendered: &str, empty_note: &str) -> Result<(), CliError> {
+    if rendered.is_empty() {
+        eprintln!("{empty_note}");
+        Ok(())
+    } else {
+        print(rendered)
+    }
+}
+
+/// Fetches every page: `fetch(token)` returns one page and the next token (empty at the end).
+/// A token seen twice is an error rather than an endless loop.
+pub async fn collect_pages<T, F, Fut>(mut fetch: F) -> Result<Vec<T>, CliError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: Future<Output = Result<(Vec<T>, String), tonic::Status>>,
+{
+    let mut items = Vec::new();
+    let mut seen_tokens = HashSet::new();
+    let mut token = String::new();
+    loop {
+        let (page, next) = fetch(token).await?;
+        items.extend(page);
+        if next.is_empty() {
+            return Ok(items);
+        }
+        if !seen_tokens.insert(next.clone()) {
+            return Err(CliError::PageTokenRepeated { token: next });
+        }
+        token = next;
+    }
+}
+
+async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliError> {
+    match cmd {
+        WorkspaceCommand::Create(args) => {
+            let req = request::create_workspace_request(&args)?;
+            let mut client = WorkspaceServiceClient::new(connect(endpoint).await?);
+            let workspace = client.create_workspace(req).await?.into_inner();
+            print(&render_workspace(
+                args.output.format,
+                &workspace,
+                SystemTime::now(),
+            )?)?;
+        }
+        WorkspaceCommand::Get(args) => {
+            let req = GetWorkspaceRequest {
+                workspace: Some(request::workspace_ref(&args.target)),
+            };
+            let mut client = WorkspaceServiceClient::new(connect(endpoint).await?);
+            let workspace = client.get_workspace(req).await?.into_inner();
+            print(&render_workspace(
+                args.output.format,
+                &workspace,
+                SystemTime::now(),
+            )?)?;
+        }
+        WorkspaceCommand::List(args) => {
+            let client = WorkspaceServiceClient::new(connect(endpoint).await?);
+            let workspaces = collect_pages(|token| {
+                let mut client = client.clone();
+                let req = request::list_workspaces_request(&args, &token);
+                async move {
+                    let page = client.list_workspaces(req).await?.into_inner();
+                    Ok((page.workspaces, page.next_page_token))
+                }
+            })
+            .await?;
+            let rendered = render_workspaces(args.output.format, &workspaces, SystemTime::now())?;
+            print_list(&rendered, "No workspaces found.")?;
+        }
+        WorkspaceCommand::Delete(args) => {
+            let req = request::delete_workspace_request(&args);
+            let what = req
+                .workspace
+                .as_ref()
+                .map(describe_workspace_ref)
+                .unwrap_or_default();
+            let mut client = WorkspaceServiceClient::new(connect(endpoint).await?);
+            let deleted = client.delete_workspace(req).await?.into_inner().deleted;
+            print(&render_deleted(args.output.format, deleted, &what)?)?;
+        }
+    }
+    Ok(0)
+}
+
+async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError> {
+    match cmd {
+        SandboxCommand::Create(args) => create_sandbox(endpoint, &args).await,
+        SandboxCommand::Get(args) => lifecycle(endpoint, &args, Lifecycle::Get).await,
+        SandboxCommand::Stop(args) => lifecycle(endpoint, &args, Lifecycle::Stop).await,
+        SandboxCommand::Start(args) => lifecycle(endpoint, &args, Lifecycle::Start).await,
+        SandboxCommand::Restart(args) => lifecycle(endpoint, &args, Lifecycle::Restart).await,
+        SandboxCommand::Delete(args) => {
+            let reference = sandbox_ref(&args.scope, &args.target);
+            let what = describe_sandbox_ref(&reference);
+            let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            let req = DeleteSandboxRequest {
+                sandbox: Some(reference),
+            };
+            let deleted = client.delete_sandbox(req).await?.into_inner().deleted;
+            print(&render_deleted(args.output.format, deleted, &what)?)?;
+            Ok(0)
+        }
+        SandboxCommand::List(args) => {
+            let client = SandboxServiceClient::new(connect(endpoint).await?);
+            let sandboxes = collect_pages(|token| {
+                let mut client = client.clone();
+                let req = request::list_sandboxes_request(&args, &token);
+                async move {
+                    let page = client.list_sandboxes(req).await?.into_inner();
+                    Ok((page.sandboxes, page.next_page_token))
+                }
+            })
+            .await?;
+            let rendered = render_sandboxes(args.output.format, &sandboxes, SystemTime::now())?;
+            let note = if args.all_workspaces {
+                "No sandboxes found in any workspace.".to_string()
+            } else {
+                format!(
+                    "No sandboxes found in workspace {:?}.",
+                    sbx_proto::names::workspace_or_default(
+                        args.workspace.as_deref().unwrap_or_default()
+                    )
+                )
+            };
+            print_list(&rendered, &note)?;
+            Ok(0)
+        }
+        SandboxCommand::Exec(args) => {
+            let req = request::exec_request(&args)?;
+            let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            stream::exec(&mut client, req).await
+        }
+        SandboxCommand::Logs(args) => {
+            let req = request::logs_request(&args);
+            let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            stream::logs(&mut client, req).await
+        }
+        SandboxCommand::Watch(args) => {
+            let req = request::watch_request(&args);
+            let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            stream::watch(&mut client, req, args.output.format).await
+        }
+    }
+}
+
+/// The unary calls that name one sandbox and answer it.
+#[derive(Debug, Clone, Copy)]
+enum Lifecycle {
+    Get,
+    Stop,
+    Start,
+    Restart,
+}
+
+async fn lifecycle(
+    endpoint: &str,
+    args: &SandboxTargetArgs,
+    call: Lifecycle,
+) -> Result<u8, CliError> {
+    let sandbox = Some(sandbox_ref(&args.scope, &args.target));
+    let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+    let answer = match call {
+        Lifecycle::Get => client.get_sandbox(GetSandboxRequest { sandbox }).await?,
+        Lifecycle::Stop => client.stop_sandbox(StopSandboxRequest { sandbox }).await?,
+        Lifecycle::Start => {
+            client
+                .start_sandbox(StartSandboxRequest { sandbox })
+                .await?
+        }
+        Lifecycle::Restart => {
+            client
+                .restart_sandbox(RestartSandboxRequest { sandbox })
+                .await?
+        }
+    };
+    print(&render_sandbox(
+        args.output.format,
+        &answer.into_inner(),
+        SystemTime::now(),
+    )?)?;
+    Ok(0)
+}
+
+async fn create_sandbox(endpoint: &str, args: &SandboxCreateArgs) -> Result<u8, CliError> {
+    let generated = request::generate_sandbox_name(&mut rand::rng());
+    let req = request::create_sandbox_request(args, generated)?;
+    let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+    let created = client.create_sandbox(req).await?.into_inner();
+    let sandbox = if args.detach {
+        created
+    } else {
+        // Re-read by id: the id is the identity; a name could meanwhile mean another sandbox.
+        let reference = if created.id.is_empty() {
+            SandboxRef {
+                id: String::new(),
+                workspace: created.workspace.clone(),
+                name: created.name.clone(),
+            }
+        } else {
+            SandboxRef {
+                id: created.id.clone(),
+                workspace: String::new(),
+                name: String::new(),
+            }
+        };
+        let mut progress = progress_for_stderr();
+        wait_until_ready(
+            created,
+            || {
+                let mut client = client.clone();
+                let req = GetSandboxRequest {
+                    sandbox: Some(reference.clone()),
+                };
+                async move { Ok(client.get_sandbox(req).await?.into_inner()) }
+            },
+            Duration::from_secs(args.timeout),
+            POLL_INTERVAL,
+            progress.as_mut(),
+        )
+        .await?
+    };
+    print(&render_sandbox(
+        args.output.format,
+        &sandbox,
+        SystemTime::now(),
+    )?)?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    #[test]
+    fn endpoints_without_scheme_are_http() {
+        assert_eq!(
+            normalize_endpoint("127.0.0.1:7070"),
+            "http://127.0.0.1:7070"
+        );
+        assert_eq!(normalize_endpoint("http://h:1"), "http://h:1");
+        assert_eq!(normalize_endpoint("https://h:1"), "https://h:1");
+    }
+
+    /// Serves `pages` as (items, next token) and records the tokens asked for.
+    async fn paginate(pages: Vec<(Vec<u32>, &str)>) -> (Result<Vec<u32>, CliError>, Vec<String>) {
+        let mut pages: VecDeque<_> = pages.into();
+        let mut asked = Vec::new();
+        let result = collect_pages(|token| {
+            asked.push(token);
+            let page = pages.pop_front();
+            async move {
+                match page {
+                    Some((items, next)) => Ok((items, next.to_string())),
+                    None => Err(tonic::Status::internal("asked past the last page")),
+                }
+            }
+        })
+        .await;
+        (result, asked)
+    }
+
+    #[tokio::test]
+    async fn pages_are_followed_to_the_end() {
+        let (result, asked) =
+            paginate(vec![(vec![1, 2], "t1"), (vec![3], "t2"), (vec![], "")]).await;
+        assert_eq!(result.unwrap(), [1, 2, 3]);
+        assert_eq!(asked, ["", "t1", "t2"]);
+    }
+
+    #[tokio::test]
+    async fn a_repeated_page_token_stops_the_listing() {
+        let (result, asked) = paginate(vec![(vec![1], "t1"), (vec![2], "t1")]).await;
+        assert!(
+            matches!(&result, Err(CliError::PageTokenRepeated { token }) if token == "t1"),
+            "{result:?}"
+        );
+        assert_eq!(asked.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_gateway_is_named_with_its_cause() {
+        // Bind and drop a listener: the port is then (almost certainly) closed.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let err = connect(&format!("127.0.0.1:{port}")).await.unwrap_err();
+        let text = err.to_string();
+        let prefix = format!("cannot reach sbxd at http://127.0.0.1:{port}: ");
+        assert!(text.starts_with(&prefix), "{text}");
+        assert!(text.len() > prefix.len(), "no cause in {text:?}");
+    }
+
+    #[tokio::test]
+    async fn a_malformed_endpoint_is_refused() {
+        let err = connect("http://bad host:1").await.unwrap_err();
+        assert!(matches!(err, CliError::InvalidEndpoint { .. }), "{err:?}");
+    }
+}
