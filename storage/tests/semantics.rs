@@ -1,0 +1,329 @@
+//! Create / update / delete semantics: uniqueness, CAS, cascades, validation.
+
+mod common;
+
+use common::*;
+use sbx_storage::{Kind, ListQuery, ObjectStore, Scope, StoreError};
+use uuid::Uuid;
+
+#[tokio::test]
+async fn must_create_conflict_names_the_existing_id() {
+    let (_dir, store) = open_temp();
+    let first = workspace(&store, "team").await;
+    let err = store.create(new_workspace("team")).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::AlreadyExists { existing, kind: Kind::Workspace, .. } if existing == first.id),
+        "{err:?}"
+    );
+    // The same id under another name is taken too.
+    let mut same_id = new_workspace("other");
+    same_id.id = first.id;
+    let err = store.create(same_id).await.unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyExists { existing, .. } if existing == first.id));
+    assert!(
+        store
+            .get_by_name(Kind::Workspace, None, "other")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_fsck_clean(&store);
+}
+
+#[tokio::test]
+async fn compare_and_swap_refuses_stale_versions() {
+    let (_dir, store) = open_temp();
+    let ws = workspace(&store, "team").await;
+    let sb = sandbox(&store, &ws, "web").await;
+    let mut change = sb.clone();
+    change.labels = labels(&[("app", "web")]);
+    change.body = b"v2".to_vec();
+    change.updated_at_ms = 9_999;
+    let v2 = store.update(change.clone()).await.unwrap();
+    assert!(v2.resource_version > sb.resource_version);
+    assert_eq!(v2.body, b"v2");
+    assert_eq!(v2.updated_at_ms, 9_999);
+    assert_eq!(v2.created_at_ms, sb.created_at_ms);
+    assert_eq!(store.get(sb.id).await.unwrap(), Some(v2.clone()));
+
+    // A second writer holding the old version loses.
+    let err = store.update(change).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { id, expected, actual }
+            if id == sb.id && expected == sb.resource_version && actual == v2.resource_version),
+        "{err:?}"
+    );
+    let err = store.delete(sb.id, sb.resource_version).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
+
+    // Immutable fields cannot change, even with the right version.
+    for edit in [
+        |r: &mut sbx_storage::Record| r.name = "renamed".into(),
+        |r: &mut sbx_storage::Record| r.workspace = Some(Uuid::new_v4()),
+        |r: &mut sbx_storage::Record| r.owner = Some(Uuid::new_v4()),
+        |r: &mut sbx_storage::Record| r.created_at_ms += 1,
+        |r: &mut sbx_storage::Record| r.kind = Kind::Setting,
+    ] {
+        let mut bad = v2.clone();
+        edit(&mut bad);
+        let err = store.update(bad).await.unwrap_err();
+        assert!(matches!(err, StoreError::Invalid { .. }), "{err:?}");
+    }
+    let mut ghost = v2.clone();
+    ghost.id = Uuid::new_v4();
+    assert!(matches!(
+        store.update(ghost).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(matches!(
+        store.delete(Uuid::new_v4(), 1).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert_eq!(store.get(sb.id).await.unwrap(), Some(v2));
+}
+
+#[tokio::test]
+async fn same_name_in_two_workspaces_but_not_twice_in_one() {
+    let (_dir, store) = open_temp();
+    let a = workspace(&store, "a").await;
+    let b = workspace(&store, "b").await;
+    let in_a = sandbox(&store, &a, "web").await;
+    let in_b = sandbox(&store, &b, "web").await;
+    let err = store.create(new_sandbox(a.id, "web")).await.unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyExists { existing, .. } if existing == in_a.id));
+    let got_a = store
+        .get_by_name(Kind::Sandbox, Some(a.id), "web")
+        .await
+        .unwrap();
+    let got_b = store
+        .get_by_name(Kind::Sandbox, Some(b.id), "web")
+        .await
+        .unwrap();
+    assert_eq!(got_a.map(|r| r.id), Some(in_a.id));
+    assert_eq!(got_b.map(|r| r.id), Some(in_b.id));
+    assert_fsck_clean(&store);
+}
+
+#[tokio::test]
+async fn a_name_is_reusable_after_delete() {
+    let (_dir, store) = open_temp();
+    let ws = workspace(&store, "team").await;
+    let old = sandbox(&store, &ws, "web").await;
+    assert_eq!(
+        store.delete(old.id, old.resource_version).await.unwrap(),
+        vec![old.id]
+    );
+    assert!(store.get(old.id).await.unwrap().is_none());
+    let new = sandbox(&store, &ws, "web").await;
+    assert_ne!(new.id, old.id);
+    let got = store
+        .get_by_name(Kind::Sandbox, Some(ws.id), "web")
+        .await
+        .unwrap();
+    assert_eq!(got.map(|r| r.id), Some(new.id));
+    assert_fsck_clean(&store);
+}
+
+#[tokio::test]
+async fn deleting_an_owner_cascades_in_one_transaction() {
+    let (_dir, store) = open_temp();
+    let ws = workspace(&store, "team").await;
+    let sb = sandbox(&store, &ws, "web").await;
+    let other = sandbox(&store, &ws, "db").await;
+    let s1 = store.create(new_setting(&sb, "env")).await.unwrap();
+    let s2 = store.create(new_setting(&sb, "ports")).await.unwrap();
+    // A setting owned by a setting: the cascade is recursive.
+    let nested = store.create(new_setting(&s1, "env-extra")).await.unwrap();
+    // Names are unique per (kind, workspace), so settings carry their own names.
+    let kept = store.create(new_setting(&other, "db-env")).await.unwrap();
+    let mut owned = store.owned(sb.id).await.unwrap();
+    owned.sort();
+    let mut expected = vec![s1.id, s2.id];
+    expected.sort();
+    assert_eq!(owned, expected);
+
+    let before = store.current_revision().await.unwrap();
+    let deleted = store.delete(sb.id, sb.resource_version).await.unwrap();
+    assert_eq!(deleted[0], sb.id, "the record itself comes first");
+    let mut rest = deleted[1..].to_vec();
+    rest.sort();
+    let mut want = vec![s1.id, s2.id, nested.id];
+    want.sort();
+    assert_eq!(rest, want);
+    // One transaction: one revision bump for the four deletions.
+    assert_eq!(store.current_revision().await.unwrap(), before + 1);
+    for id in &deleted {
+        assert!(store.get(*id).await.unwrap().is_none(), "{id} survived");
+        assert!(store.owned(*id).await.unwrap().is_empty());
+    }
+    assert_eq!(store.get(kept.id).await.unwrap(), Some(kept.clone()));
+    assert_eq!(store.owned(other.id).await.unwrap(), vec![kept.id]);
+
+    // A new sandbox with the old name inherits nothing.
+    let reborn = sandbox(&store, &ws, "web").await;
+    assert!(store.owned(reborn.id).await.unwrap().is_empty());
+    let settings = store
+        .list(ListQuery::new(Kind::Setting, Scope::Workspace(ws.id), 0))
+        .await
+        .unwrap();
+    assert_eq!(settings.records, vec![kept]);
+    assert_fsck_clean(&store);
+
+    // Deleting an owned record detaches it from its surviving owner.
+    let s3 = store.create(new_setting(&reborn, "x")).await.unwrap();
+    store.delete(s3.id, s3.resource_version).await.unwrap();
+    assert!(store.owned(reborn.id).await.unwrap().is_empty());
+    assert_fsck_clean(&store);
+}
+
+#[tokio::test]
+async fn a_workspace_with_records_is_not_deleted() {
+    let (_dir, store) = open_temp();
+    let ws = workspace(&store, "team").await;
+    let sb = sandbox(&store, &ws, "web").await;
+    store.create(new_setting(&sb, "env")).await.unwrap();
+    let err = store.delete(ws.id, ws.resource_version).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotEmpty { workspace, remaining: 2 } if workspace == ws.id),
+        "{err:?}"
+    );
+    assert!(store.get(ws.id).await.unwrap().is_some());
+    store.delete(sb.id, sb.resource_version).await.unwrap();
+    assert_eq!(
+        store.delete(ws.id, ws.resource_version).await.unwrap(),
+        vec![ws.id]
+    );
+    // The workspace is gone: nothing can be created in it any more.
+    let err = store.create(new_sandbox(ws.id, "late")).await.unwrap_err();
+    assert!(matches!(err, StoreError::WorkspaceNotFound { workspace } if workspace == ws.id));
+    assert_fsck_clean(&store);
+}
+
+#[tokio::test]
+async fn references_must_exist() {
+    let (_dir, store) = open_temp();
+    let ws = workspace(&store, "team").await;
+    let missing = Uuid::new_v4();
+    let err = store.create(new_sandbox(missing, "web")).await.unwrap_err();
+    assert!(matches!(err, StoreError::WorkspaceNotFound { workspace } if workspace == missing));
+    // A sandbox id is not a workspace.
+    let sb = sandbox(&store, &ws, "web").await;
+    let err = store.create(new_sandbox(sb.id, "web2")).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::WorkspaceNotFound { .. }),
+        "{err:?}"
+    );
+    let mut orphan = new_setting(&sb, "env");
+    orphan.owner = Some(missing);
+    let err = store.create(orphan).await.unwrap_err();
+    assert!(matches!(err, StoreError::OwnerNotFound { owner } if owner == missing));
+    // An owner in another workspace is refused.
+    let other = workspace(&store, "other").await;
+    let mut cross = new_setting(&sb, "env");
+    cross.workspace = Some(other.id);
+    assert!(matches!(
+        store.create(cross).await,
+        Err(StoreError::Invalid { .. })
+    ));
+    assert_fsck_clean(&store);
+}
+
+#[tokio::test]
+async fn invalid_records_are_never_written() {
+    let (_dir, store) = open_temp();
+    let ws = workspace(&store, "team").await;
+    let sb = sandbox(&store, &ws, "web").await;
+    let revision = store.current_revision().await.unwrap();
+    let mut cases = Vec::new();
+    for name in ["", "UPPER", "-edge", "has space", &"x".repeat(64)] {
+        cases.push(("bad name", new_sandbox(ws.id, name)));
+    }
+    let mut no_ws = new_sandbox(ws.id, "a");
+    no_ws.workspace = None;
+    cases.push(("scoped without workspace", no_ws));
+    cases.push(("nil workspace", new_sandbox(Uuid::nil(), "b")));
+    let mut global_in_ws = new_workspace("c");
+    global_in_ws.workspace = Some(ws.id);
+    cases.push(("global kind in a workspace", global_in_ws));
+    let mut nil_id = new_workspace("d");
+    nil_id.id = Uuid::nil();
+    cases.push(("nil id", nil_id));
+    let mut unowned = new_setting(&sb, "e");
+    unowned.owner = None;
+    cases.push(("setting without owner", unowned));
+    let mut self_owned = new_sandbox(ws.id, "f");
+    self_owned.owner = Some(self_owned.id);
+    cases.push(("owns itself", self_owned));
+    let mut bad_label = new_sandbox(ws.id, "g");
+    bad_label.labels = labels(&[("app", "a,b")]);
+    cases.push(("label value with a comma", bad_label));
+    for (why, rec) in cases {
+        let err = store.create(rec).await.unwrap_err();
+        assert!(matches!(err, StoreError::Invalid { .. }), "{why}: {err:?}");
+    }
+    let mut bad_update = sb.clone();
+    bad_update.labels = labels(&[("", "x")]);
+    assert!(matches!(
+        store.update(bad_update).await,
+        Err(StoreError::Invalid { .. })
+    ));
+    assert_eq!(
+        store.current_revision().await.unwrap(),
+        revision,
+        "nothing was written"
+    );
+    let all = store
+        .list(ListQuery::new(Kind::Sandbox, Scope::All, 0))
+        .await
+        .unwrap();
+    assert_eq!(all.records, vec![sb]);
+    assert_fsck_clean(&store);
+}
+
+#[tokio::test]
+async fn revisions_increase_with_every_write() {
+    let (_dir, store) = open_temp();
+    assert_eq!(store.current_revision().await.unwrap(), 0);
+    let ws = workspace(&store, "team").await;
+    assert_eq!(ws.resource_version, 1);
+    let sb = sandbox(&store, &ws, "web").await;
+    assert_eq!(sb.resource_version, 2);
+    let updated = store.update(sb.clone()).await.unwrap();
+    assert_eq!(updated.resource_version, 3);
+    store.delete(sb.id, 3).await.unwrap();
+    assert_eq!(store.current_revision().await.unwrap(), 4);
+    // A failed write does not bump it.
+    let _ = store.create(new_workspace("team")).await.unwrap_err();
+    assert_eq!(store.current_revision().await.unwrap(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_share_flushes() {
+    let (_dir, store) = open_temp();
+    let ws = workspace(&store, "team").await;
+    let before = store.flush_stats();
+    let writers: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            let ws = ws.clone();
+            tokio::spawn(async move { sandbox(&store, &ws, &format!("sb-{i}")).await })
+        })
+        .collect();
+    let mut versions = Vec::new();
+    for w in writers {
+        versions.push(w.await.unwrap().resource_version);
+    }
+    versions.sort();
+    versions.dedup();
+    assert_eq!(versions.len(), 64, "every write got its own revision");
+    let after = store.flush_stats();
+    let (tickets, flushes) = (
+        after.tickets - before.tickets,
+        after.flushes - before.flushes,
+    );
+    assert_eq!(tickets, 64);
+    assert!(
+        flushes <= 32,
+        "64 concurrent writes took {flushes} flushes; group commit is not grouping"
+    );
+}
