@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 mod error;
 pub mod process;
+pub mod process;
 pub mod sim;
 
 pub use error::DriverError;

@@ -1,0 +1,242 @@
+//! Starting a workload in its own namespaces, and the command lines of `exec`.
+//!
+//! A workload is launched as
+//! `setsid unshare --pid --fork --mount --uts --ipc --net -- /bin/sh -c SHIM …`:
+//! a new session (so it outlives the driver), new namespaces, and a small shell *shim* as pid 1
+//! of the new pid namespace. The shim joins the sandbox's cgroups, sets the hostname, brings
+//! up `lo`, mounts a fresh `/proc` and binds the persistent directory at `/sandbox`, records its
+//! own identity (host pid and start time, read from the host's `/proc` before the new one is
+//! mounted), then runs the main process, forwards SIGTERM to every process of the namespace,
+//! waits for the main process and writes its status to `run/exit`. When the shim ends, the
+//! kernel kills whatever is left in the namespace.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::DriverError;
+
+use super::procfs::ProcessIdentity;
+use super::record::{SandboxPaths, SandboxRecord};
+
+/// Where the persistent directory appears inside a sandbox.
+pub const SANDBOX_MOUNT: &str = "/sandbox";
+
+/// The PATH the shim's own tools are looked up in (the workload gets the spec's PATH back).
+const SHIM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The shim: `sh -c SHIM sbx-shim RUN_DIR PERSIST_DIR HOSTNAME CGROUP_DIR… -- COMMAND…`.
+/// Exit status 125 means the sandbox could not be set up (the reason is in the log).
+const SHIM: &str = r#"
+run="$1"; persist="$2"; host="$3"; shift 3
+userpath="${PATH-}"; PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
+  echo 0 > "$1/cgroup.procs" || { echo "sbx: cannot join cgroup $1" >&2; exit 125; }
+  shift
+done
+shift
+read -r stat < /proc/self/stat || { echo "sbx: cannot read /proc/self/stat" >&2; exit 125; }
+echo "$host" > /proc/sys/kernel/hostname || { echo "sbx: cannot set hostname" >&2; exit 125; }
+ip link set dev lo up 2>/dev/null || echo "loopback not brought up in the sandbox's network namespace" >> "$run/warnings"
+mount -t proc proc /proc || { echo "sbx: cannot mount /proc" >&2; exit 125; }
+[ -d /sandbox ] || mkdir -p /sandbox || { echo "sbx: cannot make /sandbox" >&2; exit 125; }
+mount --bind "$persist" /sandbox || { echo "sbx: cannot bind $persist at /sandbox" >&2; exit 125; }
+cd /sandbox || exit 125
+printf '%s\n' "$stat" > "$run/init.tmp" && mv "$run/init.tmp" "$run/init" || exit 125
+trap 'kill -TERM -1 2>/dev/null' TERM
+PATH="$userpath"
+"$@" &
+child=$!
+while :; do
+  wait "$child"; st=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+printf '%s\n' "$st" > "$run/exit.tmp" && mv "$run/exit.tmp" "$run/exit"
+exit "$st"
+"#;
+
+/// The exec wrapper, run by `nsenter` inside the sandbox's namespaces:
+/// `sh -c EXEC sbx-exec CGROUP_DIR… -- COMMAND…`. It joins the sandbox's cgroups first.
+const EXEC: &str = r#"
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
+  echo 0 > "$1/cgroup.procs" || { echo "sbx: cannot join cgroup $1" >&2; exit 126; }
+  shift
+done
+shift
+cd /sandbox 2>/dev/null || cd /
+exec "$@"
+"#;
+
+/// The host programs the driver runs, found on PATH at open.
+#[derive(Debug, Clone)]
+pub struct HostTools {
+    pub setsid: PathBuf,
+    pub unshare: PathBuf,
+    pub nsenter: PathBuf,
+    pub sh: PathBuf,
+}
+
+impl HostTools {
+    pub fn find() -> Result<HostTools, DriverError> {
+        Ok(HostTools {
+            setsid: find_on_path("setsid")?,
+            unshare: find_on_path("unshare")?,
+            nsenter: find_on_path("nsenter")?,
+            sh: PathBuf::from("/bin/sh"),
+        })
+    }
+}
+
+fn find_on_path(program: &str) -> Result<PathBuf, DriverError> {
+    let path = std::env::var("PATH").unwrap_or_else(|_| SHIM_PATH.to_string());
+    path.split(':')
+        .chain(SHIM_PATH.split(':'))
+        .map(|dir| Path::new(dir).join(program))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| {
+            DriverError::Unavailable(format!(
+                "the process driver needs `{program}` (util-linux) on PATH"
+            ))
+        })
+}
+
+/// The environment of a workload: a fixed base, then the spec's variables.
+pub fn workload_env(record: &SandboxRecord) -> Vec<(String, String)> {
+    let mut env = vec![
+        (
+            "PATH".to_string(),
+            std::env::var("PATH").unwrap_or_else(|_| SHIM_PATH.to_string()),
+        ),
+        ("HOME".to_string(), SANDBOX_MOUNT.to_string()),
+        ("HOSTNAME".to_string(), record.name.clone()),
+        ("SBX_SANDBOX_ID".to_string(), record.sandbox_id.to_string()),
+    ];
+    env.extend(record.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// Empties the run directory and starts the workload. Returns the identity of its init once
+/// the shim has recorded it, or an error with the end of the log if the setup failed.
+pub async fn launch(
+    tools: &HostTools,
+    paths: &SandboxPaths,
+    record: &SandboxRecord,
+    timeout: Duration,
+) -> Result<ProcessIdentity, DriverError> {
+    let io = |what: &str, e: std::io::Error| DriverError::Internal(format!("{what}: {e}"));
+    match fs::remove_dir_all(&paths.run) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("clearing the run directory", e)),
+    }
+    fs::create_dir_all(&paths.run).map_err(|e| io("making the run directory", e))?;
+    fs::create_dir_all(&paths.root).map_err(|e| io("making the persistent directory", e))?;
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&paths.log)
+        .map_err(|e| io("opening the log", e))?;
+    let log_err = log.try_clone().map_err(|e| io("opening the log", e))?;
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+
+    let mut command = Command::new(&tools.setsid);
+    command
+        .arg(&tools.unshare)
+        .args([
+            "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--",
+        ])
+        .arg(&tools.sh)
+        .arg("-c")
+        .arg(SHIM)
+        .arg("sbx-shim")
+        .arg(&paths.run)
+        .arg(&paths.root)
+        .arg(&record.name)
+        .args(&record.cgroups.dirs)
+        .arg("--")
+        .args(&record.spec.command)
+        .env_clear()
+        .envs(workload_env(record))
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err);
+    let mut child = command
+        .spawn()
+        .map_err(|e| io("spawning setsid/unshare", e))?;
+
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(identity) = paths.read_init() {
+            reap_in_background(child);
+            return Ok(identity);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            // The shim may have recorded itself just before ending.
+            if let Some(identity) = paths.read_init() {
+                return Ok(identity);
+            }
+            return Err(DriverError::Internal(format!(
+                "the sandbox could not be set up ({status}): {}",
+                log_since(&paths.log, log_start)
+            )));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            reap_in_background(child);
+            return Err(DriverError::Internal(format!(
+                "the sandbox's init did not report within {timeout:?}: {}",
+                log_since(&paths.log, log_start)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The `unshare` parent is the driver's child until it ends; a small thread waits for it so it
+/// does not stay a zombie. If the driver dies first, the parent is re-parented to init.
+fn reap_in_background(mut child: Child) {
+    let spawned = std::thread::Builder::new()
+        .name("sbx-reaper".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let _ = child.wait();
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no reaper thread; the launcher will be a zombie until the driver exits");
+    }
+}
+
+fn log_since(log: &Path, offset: u64) -> String {
+    let text = fs::read(log).unwrap_or_default();
+    let start = usize::try_from(offset).unwrap_or(0).min(text.len());
+    let tail = String::from_utf8_lossy(&text[start..]).trim().to_string();
+    if tail.is_empty() {
+        "no output".to_string()
+    } else {
+        tail
+    }
+}
+
+/// The `nsenter` command line that runs `command` inside the namespaces and cgroups of the
+/// workload whose init is `init`.
+pub fn exec_command(
+    tools: &HostTools,
+    init: &ProcessIdentity,
+    cgroup_dirs: &[PathBuf],
+    command: &[String],
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(&tools.nsenter);
+    cmd.arg("-t")
+        .arg(init.pid.to_string())
+        .args(["--pid", "--mount", "--uts", "--ipc", "--net", "--"])
+        .arg(&tools.sh)
+        .arg("-c")
+        .arg(EXEC)
+        .arg("sbx-exec")
+        .args(cgroup_dirs)
+        .arg("--")
+        .args(command);
+    cmd
+}

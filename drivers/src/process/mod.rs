@@ -1,0 +1,401 @@
+//! `process`: sandboxes as namespaced process trees on this machine.
+//!
+//! Each sandbox's workload runs in its own pid, mount, uts, ipc and net namespaces (hostname =
+//! sandbox name, only `lo`, up), in its own cgroup carrying the spec's cpu and memory limits
+//! (v1 or v2, whichever the host has), with a persistent directory bound at `/sandbox`. It is
+//! started in its own session with its output going to a log file, so it outlives the driver
+//! and the gateway; everything a restarted driver needs is in `<state_dir>/sandboxes/<id>/`
+//! (see [`record`]). A workload is identified by its init's pid *and* start time, so a reused
+//! pid is never mistaken for it.
+//!
+//! Exit detection does not need the workload to be our child: a shell shim, pid 1 of the
+//! sandbox, waits for the main process and writes its status to the run directory; the driver
+//! polls for the init's disappearance (see [`launch`] and [`observe`]).
+//!
+//! **Invariant:** sandboxes are found by id only (their directory is named by the id); the
+//! name is the hostname and is reported back, never matched.
+
+mod cgroup;
+mod launch;
+mod observe;
+mod procfs;
+mod record;
+mod service;
+mod streams;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::sync::{broadcast, watch};
+use uuid::Uuid;
+
+pub use cgroup::CgroupVersion;
+pub use procfs::ProcessIdentity;
+
+use crate::{DriverError, pb};
+use cgroup::CgroupHost;
+use launch::HostTools;
+use observe::{Observed, RunFacts};
+use record::{Desired, SandboxPaths, SandboxRecord};
+
+/// How the process driver is set up.
+#[derive(Debug, Clone)]
+pub struct ProcessDriverOptions {
+    /// The cgroup under which sandbox cgroups are made, relative to the driver's own cgroup in
+    /// each hierarchy (tests use their own, to check that nothing leaks).
+    pub cgroup_parent: String,
+    /// How long a stop waits after SIGTERM before SIGKILL when the request says 0.
+    pub default_grace: Duration,
+    /// How often the watch task looks for workloads that changed by themselves.
+    pub poll_interval: Duration,
+    /// How long a launch may take until the sandbox's init reports.
+    pub launch_timeout: Duration,
+}
+
+impl Default for ProcessDriverOptions {
+    fn default() -> Self {
+        ProcessDriverOptions {
+            cgroup_parent: "sbx".to_string(),
+            default_grace: Duration::from_secs(5),
+            poll_interval: Duration::from_millis(250),
+            launch_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The process driver. See the module docs.
+#[derive(Debug)]
+pub struct ProcessDriver {
+    inner: Arc<Inner>,
+    /// Dropped with the driver: its receivers end the watch and log streams it handed out.
+    alive: watch::Sender<()>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state_dir: PathBuf,
+    opts: ProcessDriverOptions,
+    tools: HostTools,
+    cgroups: CgroupHost,
+    /// The records on disk, cached; every write goes to disk first.
+    records: Mutex<HashMap<Uuid, SandboxRecord>>,
+    /// One lock per sandbox serialises its lifecycle calls (create, start, stop, delete).
+    locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    events: broadcast::Sender<pb::WatchEvent>,
+    /// The last snapshot sent on `events` per sandbox, to send only changes.
+    last_seen: Mutex<HashMap<Uuid, pb::Snapshot>>,
+    /// Whether the background poller that feeds `events` runs.
+    poller_started: std::sync::atomic::AtomicBool,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn internal(what: &str, e: impl std::fmt::Display) -> DriverError {
+    DriverError::Internal(format!("{what}: {e}"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl ProcessDriver {
+    /// Opens the driver on `state_dir`, finding every sandbox a previous instance left there.
+    /// Finishes what a killed instance left half done: empties the trash, removes directories
+    /// of creates that never wrote a record, and kills workloads whose stop was interrupted.
+    pub fn open(state_dir: PathBuf, opts: ProcessDriverOptions) -> Result<Self, DriverError> {
+        let tools = HostTools::find()?;
+        let cgroups = CgroupHost::detect();
+        let sandboxes = record::sandboxes_dir(&state_dir);
+        let trash = record::trash_dir(&state_dir);
+        std::fs::create_dir_all(&sandboxes)
+            .map_err(|e| internal("making the state directory", e))?;
+        std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
+        for entry in std::fs::read_dir(&trash)
+            .map_err(|e| internal("reading the trash", e))?
+            .flatten()
+        {
+            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!(path = %entry.path().display(), error = %e, "trash entry not removed");
+            }
+        }
+        let mut records = HashMap::new();
+        for entry in std::fs::read_dir(&sandboxes)
+            .map_err(|e| internal("reading the state directory", e))?
+            .flatten()
+        {
+            let Some(id) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| Uuid::parse_str(n).ok())
+            else {
+                tracing::warn!(path = %entry.path().display(), "not a sandbox directory; left alone");
+                continue;
+            };
+            let paths = SandboxPaths::new(&state_dir, id);
+            match record::read_record(&paths.record) {
+                Ok(record) => {
+                    if record.desired == Desired::Stopped {
+                        finish_interrupted_stop(&paths, &record);
+                    }
+                    records.insert(id, record);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    // A create killed before its record was written: no workload was launched.
+                    for dir in cgroups.parent_dirs(&opts.cgroup_parent) {
+                        let _ = std::fs::remove_dir(dir.join(cgroup::leaf_name(id)));
+                    }
+                    if let Err(e) = std::fs::remove_dir_all(&paths.dir) {
+                        tracing::warn!(sandbox_id = %id, error = %e, "half-created sandbox not removed");
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(sandbox_id = %id, error = %e, "unreadable sandbox record; skipped")
+                }
+            }
+        }
+        let (events, _) = broadcast::channel(1024);
+        let (alive, _) = watch::channel(());
+        let inner = Inner {
+            state_dir,
+            opts,
+            tools,
+            cgroups,
+            records: Mutex::new(records),
+            locks: Mutex::new(HashMap::new()),
+            events,
+            last_seen: Mutex::new(HashMap::new()),
+            poller_started: std::sync::atomic::AtomicBool::new(false),
+        };
+        Ok(ProcessDriver {
+            inner: Arc::new(inner),
+            alive,
+        })
+    }
+
+    /// The state directory this driver keeps its sandboxes in.
+    pub fn state_dir(&self) -> &Path {
+        &self.inner.state_dir
+    }
+
+    /// The cgroup parent directories the driver makes sandbox cgroups in, one per hierarchy.
+    pub fn cgroup_parent_dirs(&self) -> Vec<PathBuf> {
+        self.inner
+            .cgroups
+            .parent_dirs(&self.inner.opts.cgroup_parent)
+    }
+
+    /// The cgroup interface found on this host, if any.
+    pub fn cgroup_version(&self) -> Option<CgroupVersion> {
+        self.inner.cgroups.version
+    }
+
+    /// The persistent directory of sandbox `id` on the host (`/sandbox` inside it).
+    pub fn persistent_dir(&self, id: Uuid) -> PathBuf {
+        SandboxPaths::new(&self.inner.state_dir, id).root
+    }
+
+    /// The identity of the running init of sandbox `id`, if it runs.
+    pub fn workload_identity(&self, id: Uuid) -> Option<ProcessIdentity> {
+        let paths = SandboxPaths::new(&self.inner.state_dir, id);
+        paths.read_init().filter(procfs::is_alive)
+    }
+
+    /// Resolves when this driver instance is dropped.
+    fn dropped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut alive = self.alive.subscribe();
+        async move { while alive.changed().await.is_ok() {} }
+    }
+}
+
+/// Kills, without grace, a workload whose stop a killed driver left unfinished.
+fn finish_interrupted_stop(paths: &SandboxPaths, record: &SandboxRecord) {
+    if let Some(init) = paths.read_init().filter(procfs::is_alive) {
+        tracing::warn!(sandbox_id = %record.sandbox_id, %init, "finishing an interrupted stop");
+        let _ = kill(Pid::from_raw(init.pid), Signal::SIGKILL);
+    }
+    record.cgroups.kill_all();
+}
+
+impl Inner {
+    fn paths(&self, id: Uuid) -> SandboxPaths {
+        SandboxPaths::new(&self.state_dir, id)
+    }
+
+    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        locked(&self.locks).entry(id).or_default().clone()
+    }
+
+    fn record(&self, id: Uuid) -> Option<SandboxRecord> {
+        locked(&self.records).get(&id).cloned()
+    }
+
+    fn require(&self, id: Uuid) -> Result<SandboxRecord, DriverError> {
+        self.record(id).ok_or_else(|| DriverError::NotFound {
+            sandbox_id: id.to_string(),
+        })
+    }
+
+    /// Writes the record to disk (atomically), then to the cache.
+    fn save(&self, record: &SandboxRecord) -> Result<(), DriverError> {
+        let paths = self.paths(record.sandbox_id);
+        record::write_record(&paths, record)
+            .map_err(|e| internal("writing the sandbox record", e))?;
+        locked(&self.records).insert(record.sandbox_id, record.clone());
+        Ok(())
+    }
+
+    /// What the sandbox looks like now, from its record, its run files and `/proc`.
+    fn snapshot(&self, record: &SandboxRecord) -> pb::Snapshot {
+        let paths = self.paths(record.sandbox_id);
+        let init = paths.read_init();
+        let alive = init.as_ref().is_some_and(procfs::is_alive);
+        // Read after the liveness check: the shim writes the status before it ends.
+        let exit_status = if alive { None } else { paths.read_exit() };
+        let oom_killed = !alive
+            && record.desired == Desired::Running
+            && record.cgroups.oom_kills() > record.oom_kills_at_launch;
+        let observed: Observed = observe::observe(RunFacts {
+            desired: record.desired,
+            init_recorded: init.is_some(),
+            alive,
+            exit_status,
+            oom_killed,
+        });
+        let has_run = observed.state != pb::State::Stopped;
+        let mut warnings = record.warnings.clone();
+        if has_run {
+            warnings.extend(paths.read_run_warnings());
+        }
+        let started_at = (has_run && record.launched_at_ms > 0).then(|| {
+            sbx_proto::Timestamp::from(UNIX_EPOCH + Duration::from_millis(record.launched_at_ms))
+        });
+        pb::Snapshot {
+            sandbox_id: record.sandbox_id.to_string(),
+            workspace: record.workspace.clone(),
+            name: record.name.clone(),
+            state: observed.state as i32,
+            generation: record.generation,
+            instance_id: if has_run {
+                init.map(|i| i.to_string()).unwrap_or_default()
+            } else {
+                String::new()
+            },
+            exit_code: observed.exit_code,
+            exit_signal: observed.exit_signal,
+            reason: observed.reason.to_string(),
+            message: observed.message,
+            warnings,
+            started_at,
+        }
+    }
+
+    /// Sends `snapshot` to watchers if it differs from the last one sent for its sandbox (and
+    /// the sandbox was not deleted meanwhile).
+    fn publish(&self, id: Uuid, snapshot: &pb::Snapshot) {
+        let mut last = locked(&self.last_seen);
+        if !locked(&self.records).contains_key(&id) {
+            return;
+        }
+        if last.get(&id) != Some(snapshot) {
+            last.insert(id, snapshot.clone());
+            let _ = self.events.send(pb::WatchEvent {
+                snapshot: Some(snapshot.clone()),
+                deleted: false,
+            });
+        }
+    }
+
+    fn publish_deleted(&self, id: Uuid, snapshot: pb::Snapshot) {
+        locked(&self.last_seen).remove(&id);
+        let _ = self.events.send(pb::WatchEvent {
+            snapshot: Some(snapshot),
+            deleted: true,
+        });
+    }
+
+    /// Starts a new run of the workload under `generation`. The record (desired running, new
+    /// generation, OOM baseline) is durable before the launch, so a driver killed meanwhile
+    /// reopens to a sandbox that says its launch did not complete.
+    async fn start_run(
+        &self,
+        mut record: SandboxRecord,
+        generation: u64,
+    ) -> Result<pb::Snapshot, DriverError> {
+        let paths = self.paths(record.sandbox_id);
+        if let Err(e) = std::fs::remove_dir_all(&paths.run)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(internal("clearing the run directory", e));
+        }
+        record.generation = generation;
+        record.desired = Desired::Running;
+        record.launched_at_ms = now_ms();
+        record.oom_kills_at_launch = record.cgroups.oom_kills();
+        self.save(&record)?;
+        if let Err(e) = launch::launch(&self.tools, &paths, &record, self.opts.launch_timeout).await
+        {
+            record.cgroups.kill_all();
+            return Err(e);
+        }
+        let snapshot = self.snapshot(&record);
+        self.publish(record.sandbox_id, &snapshot);
+        Ok(snapshot)
+    }
+
+    /// Ends the workload: SIGTERM to its init (the shim passes it to every process of the
+    /// sandbox), SIGKILL after `grace`, then SIGKILL to anything left in its cgroups, until
+    /// nothing is. Bounded: fails after `grace` + 10 s if processes remain.
+    async fn terminate(&self, record: &SandboxRecord, grace: Duration) -> Result<(), DriverError> {
+        let paths = self.paths(record.sandbox_id);
+        let tick = Duration::from_millis(10);
+        if let Some(init) = paths.read_init().filter(procfs::is_alive) {
+            let pid = Pid::from_raw(init.pid);
+            let _ = kill(pid, Signal::SIGTERM);
+            let deadline = tokio::time::Instant::now() + grace;
+            while procfs::is_alive(&init) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(tick).await;
+            }
+            if procfs::is_alive(&init) {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let init_gone = !paths.read_init().is_some_and(|i| procfs::is_alive(&i));
+            if init_gone && record.cgroups.pids().is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(DriverError::Internal(format!(
+                    "sandbox {} still has processes {:?} after SIGKILL",
+                    record.sandbox_id,
+                    record.cgroups.pids()
+                )));
+            }
+            if let Some(init) = paths.read_init().filter(procfs::is_alive) {
+                let _ = kill(Pid::from_raw(init.pid), Signal::SIGKILL);
+            }
+            record.cgroups.kill_all();
+            tokio::time::sleep(tick).await;
+        }
+    }
+
+    /// Sends every change since the last poll to watchers: workloads that exited by
+    /// themselves, or were changed by another call.
+    fn poll_once(&self) {
+        let records: Vec<SandboxRecord> = locked(&self.records).values().cloned().collect();
+        for record in &records {
+            let snapshot = self.snapshot(record);
+            self.publish(record.sandbox_id, &snapshot);
+        }
+    }
+}

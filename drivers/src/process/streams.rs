@@ -1,0 +1,309 @@
+//! The streaming calls of the process driver: watch (a poller over every sandbox), exec (a
+//! command in the sandbox's namespaces and cgroups) and logs (tail and follow of the log file).
+
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
+
+use super::record::Desired;
+use super::{Inner, ProcessDriver, launch, procfs};
+use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
+
+/// The largest piece of output sent as one chunk.
+const CHUNK: usize = 64 * 1024;
+/// The most of a log `tail` reads back from the end of the file.
+const TAIL_WINDOW: u64 = 8 * 1024 * 1024;
+
+type ExecItem = Result<pb::ExecOutput, DriverError>;
+
+impl ProcessDriver {
+    pub(super) fn watch_stream(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
+        let events = self.inner.events.subscribe();
+        self.start_poller();
+        let events = BroadcastStream::new(events).map(|event| {
+            event.map_err(|BroadcastStreamRecvError::Lagged(missed)| {
+                DriverError::Unavailable(format!(
+                    "process: watch fell {missed} events behind; list again to resynchronise"
+                ))
+            })
+        });
+        Ok(Box::pin(events.take_until(self.dropped())))
+    }
+
+    /// Starts, once per driver instance, the task that polls every sandbox and sends changes.
+    /// It holds only a weak reference, so it ends when the driver is dropped.
+    fn start_poller(&self) {
+        if self.inner.poller_started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // The first poll records the current state, so watchers see only later changes.
+        self.inner.poll_once();
+        let weak = Arc::downgrade(&self.inner);
+        let interval = self.inner.opts.poll_interval;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(inner) = weak.upgrade() else { return };
+                inner.poll_once();
+            }
+        });
+    }
+
+    pub(super) fn exec_stream(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        if req.command.is_empty() {
+            return Err(DriverError::InvalidArgument(
+                "exec command is empty".to_string(),
+            ));
+        }
+        let record = self.inner.require(id)?;
+        let init = self.inner.paths(id).read_init().filter(procfs::is_alive);
+        let init = match (init, record.desired) {
+            (Some(init), Desired::Running) => init,
+            _ => {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "sandbox {id} is not running; exec needs a running workload"
+                )));
+            }
+        };
+        let mut command =
+            launch::exec_command(&self.inner.tools, &init, &record.cgroups.dirs, &req.command);
+        command
+            .env_clear()
+            .envs(launch::workload_env(&record))
+            .envs(req.env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = command
+            .spawn()
+            .map_err(|e| super::internal("spawning nsenter", e))?;
+        let (Some(stdout), Some(stderr), Some(pid)) =
+            (child.stdout.take(), child.stderr.take(), child.id())
+        else {
+            return Err(DriverError::Internal(
+                "nsenter started without its pipes".to_string(),
+            ));
+        };
+        // nsenter leads its own process group; the command it forks inside the sandbox is in it.
+        let group = Pid::from_raw(pid as i32);
+        let timeout =
+            (req.timeout_seconds > 0).then(|| Duration::from_secs(u64::from(req.timeout_seconds)));
+        let (tx, rx) = mpsc::channel::<ExecItem>(64);
+        tokio::spawn(async move {
+            let run = async {
+                let out = pump(stdout, tx.clone(), pb::exec_output::Chunk::Stdout);
+                let err = pump(stderr, tx.clone(), pb::exec_output::Chunk::Stderr);
+                let (out_open, err_open) = tokio::join!(out, err);
+                if !(out_open && err_open) {
+                    // Nobody listens any more: end the command.
+                    let _ = killpg(group, Signal::SIGKILL);
+                }
+                child.wait().await
+            };
+            let outcome = match timeout {
+                Some(after) => tokio::time::timeout(after, run).await.map_err(|_| after),
+                None => Ok(run.await),
+            };
+            let last = match outcome {
+                Ok(Ok(status)) => Ok(pb::ExecOutput {
+                    chunk: Some(pb::exec_output::Chunk::Exit(pb::ExecExit {
+                        code: status.code().unwrap_or(0),
+                        signal: status.signal().unwrap_or(0),
+                    })),
+                }),
+                Ok(Err(e)) => Err(super::internal("waiting for the exec'd command", e)),
+                Err(after) => {
+                    let _ = killpg(group, Signal::SIGKILL);
+                    let _ = child.wait().await;
+                    Err(DriverError::DeadlineExceeded {
+                        operation: "exec",
+                        after,
+                    })
+                }
+            };
+            let _ = tx.send(last).await;
+        });
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+
+    pub(super) fn logs_stream(
+        &self,
+        req: pb::LogsRequest,
+    ) -> Result<DriverStream<pb::LogChunk>, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        self.inner.require(id)?;
+        let log = self.inner.paths(id).log;
+        let (past, mut offset) =
+            read_tail(&log, req.tail_lines).map_err(|e| super::internal("reading the log", e))?;
+        let chunks: Vec<Result<pb::LogChunk, DriverError>> = past
+            .chunks(CHUNK)
+            .map(|c| Ok(pb::LogChunk { data: c.to_vec() }))
+            .collect();
+        let past = futures::stream::iter(chunks);
+        if !req.follow {
+            return Ok(Box::pin(past));
+        }
+        let (tx, rx) = mpsc::channel(16);
+        let weak = Arc::downgrade(&self.inner);
+        let interval = self
+            .inner
+            .opts
+            .poll_interval
+            .min(Duration::from_millis(100));
+        tokio::spawn(async move {
+            loop {
+                let gone = match weak.upgrade() {
+                    Some(inner) => !sandbox_exists(&inner, id),
+                    None => true,
+                };
+                match read_from(&log, offset) {
+                    Ok(data) if !data.is_empty() => {
+                        offset += data.len() as u64;
+                        for piece in data.chunks(CHUNK) {
+                            if tx
+                                .send(Ok(pb::LogChunk {
+                                    data: piece.to_vec(),
+                                }))
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                        continue;
+                    }
+                    _ if gone => return,
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(super::internal("following the log", e))).await;
+                        return;
+                    }
+                }
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(interval).await;
+            }
+        });
+        Ok(Box::pin(
+            past.chain(ReceiverStream::new(rx))
+                .take_until(self.dropped()),
+        ))
+    }
+}
+
+fn sandbox_exists(inner: &Inner, id: uuid::Uuid) -> bool {
+    super::locked(&inner.records).contains_key(&id)
+}
+
+/// Sends what `source` yields as chunks; returns false when the receiver is gone.
+async fn pump(
+    mut source: impl AsyncRead + Unpin,
+    tx: mpsc::Sender<ExecItem>,
+    wrap: fn(Vec<u8>) -> pb::exec_output::Chunk,
+) -> bool {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        match source.read(&mut buf).await {
+            Ok(0) | Err(_) => return true,
+            Ok(n) => {
+                let item = Ok(pb::ExecOutput {
+                    chunk: Some(wrap(buf[..n].to_vec())),
+                });
+                if tx.send(item).await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// The last `lines` lines of the log (all of it when 0, at most [`TAIL_WINDOW`] bytes), and
+/// the offset where following continues.
+fn read_tail(log: &Path, lines: u32) -> std::io::Result<(Vec<u8>, u64)> {
+    let mut file = match std::fs::File::open(log) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let start = len.saturating_sub(TAIL_WINDOW);
+    file.seek(SeekFrom::Start(start))?;
+    let mut data = Vec::new();
+    file.by_ref().take(len - start).read_to_end(&mut data)?;
+    let end = start + data.len() as u64;
+    Ok((tail_lines(&data, lines).to_vec(), end))
+}
+
+/// The last `lines` lines of `data` (all of it when 0). A final line without a newline counts.
+fn tail_lines(data: &[u8], lines: u32) -> &[u8] {
+    if lines == 0 {
+        return data;
+    }
+    let body = data.strip_suffix(b"\n").unwrap_or(data);
+    let mut seen = 0;
+    for (i, byte) in body.iter().enumerate().rev() {
+        if *byte == b'\n' {
+            seen += 1;
+            if seen == lines {
+                return &data[i + 1..];
+            }
+        }
+    }
+    data
+}
+
+fn read_from(log: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
+    let mut file = match std::fs::File::open(log) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    file.seek(SeekFrom::Start(offset))?;
+    let mut data = Vec::new();
+    file.take(4 * CHUNK as u64).read_to_end(&mut data)?;
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tail_lines;
+
+    #[test]
+    fn tails() {
+        let check = |data: &str, n: u32, want: &str| {
+            assert_eq!(
+                std::str::from_utf8(tail_lines(data.as_bytes(), n)).unwrap(),
+                want,
+                "{data:?} {n}"
+            );
+        };
+        check("a\nb\nc\n", 0, "a\nb\nc\n");
+        check("a\nb\nc\n", 1, "c\n");
+        check("a\nb\nc\n", 2, "b\nc\n");
+        check("a\nb\nc\n", 3, "a\nb\nc\n");
+        check("a\nb\nc\n", 9, "a\nb\nc\n");
+        check("a\nb\nc", 1, "c");
+        check("a\nb\nc", 2, "b\nc");
+        check("", 2, "");
+        check("\n\n", 1, "\n");
+    }
+}
