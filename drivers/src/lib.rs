@@ -15,7 +15,6 @@ use uuid::Uuid;
 
 mod error;
 pub mod process;
-pub mod process;
 pub mod sim;
 
 pub use error::DriverError;
