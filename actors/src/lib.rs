@@ -1,1 +1,37 @@
-//! sbx-actors
+//! sbx-actors: the supervision tree of the sbx gateway, on ractor.
+//!
+//! ```text
+//! GatewayRoot
+//!  ├── Reconciler                    level-triggered sweep: store ⇄ drivers
+//!  ├── WorkspaceSupervisor(ws-uuid)  one per workspace; owns its sandbox actors
+//!  │    ├── SandboxActor(sb-uuid)    one per sandbox; the only writer of its record
+//!  │    └── …
+//!  └── …
+//! ```
+//!
+//! [`Gateway`] is the API the gRPC layer calls.
+
+mod api;
+mod config;
+mod error;
+mod events;
+mod lease;
+pub mod lifecycle;
+mod reconciler;
+mod records;
+mod root;
+mod route;
+mod sandbox;
+mod startup;
+pub mod supervision;
+pub mod validate;
+mod workspace;
+
+pub use api::{Gateway, Listed, MAX_PAGE_SIZE, SandboxFilter};
+pub use config::{Config, DriverSet};
+pub use error::{ActorError, Result};
+pub use reconciler::SweepReport;
+pub use sandbox::SandboxMsg;
+pub use supervision::RestartPolicy;
+pub use validate::{SandboxSelector, WorkspaceSelector};
+pub use workspace::WorkspaceMsg;

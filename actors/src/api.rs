@@ -1,0 +1,750 @@
+//! The Rust API of the actor runtime: what the gRPC layer calls.
+//!
+//! A request by id is authoritative; a request by (workspace, name) resolves inside that
+//! workspace only; a name-only request that is not in `default` but exists elsewhere is refused
+//! deterministically (never resolved by choosing one).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef, RpcReplyPort};
+use sbx_drivers::{DriverStream, pb};
+use sbx_proto::names::DEFAULT_WORKSPACE;
+use sbx_proto::v1::{EventType, Phase, Sandbox, SandboxEvent, SandboxSpec, Workspace};
+use sbx_storage::{Kind, LabelSelector, ListQuery, ObjectStore, Scope};
+use tokio::sync::{Semaphore, broadcast, mpsc};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use uuid::Uuid;
+
+use crate::config::{Config, DriverSet, Shared};
+use crate::error::{ActorError, Result};
+use crate::events::EventHub;
+use crate::lease::LeaseTable;
+use crate::reconciler::{ReconcilerMsg, SweepReport};
+use crate::records::{StoredSandbox, StoredWorkspace};
+use crate::root::{GatewayRoot, RootMsg};
+use crate::route::{Route, Router, ask};
+use crate::sandbox::SandboxMsg;
+use crate::startup::StartupTracker;
+use crate::validate::{self, SandboxSelector, WorkspaceSelector};
+use crate::workspace::WorkspaceMsg;
+
+/// The largest page a list returns, whatever was asked.
+pub const MAX_PAGE_SIZE: u32 = 1000;
+const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// A running actor tree over a store and a set of drivers.
+pub struct Gateway {
+    shared: Arc<Shared>,
+    root: ActorRef<RootMsg>,
+    root_task: JoinHandle<()>,
+    router: Router,
+}
+
+/// A page of a list.
+#[derive(Debug, Clone)]
+pub struct Listed<T> {
+    pub items: Vec<T>,
+    /// Empty on the last page.
+    pub next_page_token: String,
+}
+
+/// Which sandboxes a list or a watch covers.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxFilter {
+    /// `None` with `all_workspaces` false means "default".
+    pub workspace: Option<String>,
+    pub all_workspaces: bool,
+    pub label_selector: String,
+}
+
+impl Gateway {
+    /// Starts the actor tree: the root loads every workspace and spawns its supervisor, which
+    /// spawns an actor per sandbox; each actor re-attaches to its workload by id. Use
+    /// [`Gateway::wait_attached`] before reporting anything as Ready.
+    pub async fn start(
+        store: Arc<dyn ObjectStore>,
+        drivers: DriverSet,
+        config: Config,
+    ) -> Result<Gateway> {
+        let horizon = store.current_revision().await?;
+        let shared = Arc::new(Shared {
+            events: EventHub::new(config.event_history, horizon),
+            attach_permits: Semaphore::new(config.attach_concurrency.max(1)),
+            store,
+            drivers,
+            config,
+            leases: Arc::new(LeaseTable::default()),
+            startup: StartupTracker::default(),
+        });
+        // The root's own share, released when it has spawned every supervisor.
+        shared.startup.add(1);
+        let (root, root_task) = Actor::spawn(None, GatewayRoot, Arc::clone(&shared))
+            .await
+            .map_err(|e| ActorError::Internal(format!("the gateway root did not start: {e}")))?;
+        Ok(Gateway {
+            router: Router { root: root.clone() },
+            shared,
+            root,
+            root_task,
+        })
+    }
+
+    /// Waits until every sandbox loaded at startup has re-attached to its workload (or failed
+    /// to and recorded why). False on timeout.
+    pub async fn wait_attached(&self, timeout: Duration) -> bool {
+        self.shared.startup.wait(timeout).await
+    }
+
+    /// How many sandboxes loaded at startup have not re-attached yet.
+    pub fn pending_attach(&self) -> usize {
+        self.shared.startup.pending()
+    }
+
+    /// Stops every actor. Sandboxes keep running: nothing is asked of the drivers.
+    pub async fn shutdown(self) {
+        self.root.stop(None);
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.root_task).await;
+    }
+
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.shared.store
+    }
+
+    pub fn drivers(&self) -> &DriverSet {
+        &self.shared.drivers
+    }
+
+    // ---- workspaces ------------------------------------------------------------------------
+
+    pub async fn create_workspace(
+        &self,
+        name: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Workspace> {
+        validate::name("workspace", name)?;
+        validate::labels(&labels)?;
+        let labels: BTreeMap<String, String> = labels.into_iter().collect();
+        ask(&self.root, |reply| RootMsg::CreateWorkspace {
+            name: name.to_string(),
+            labels,
+            reply,
+        })
+        .await?
+    }
+
+    pub async fn get_workspace(&self, sel: &WorkspaceSelector) -> Result<Workspace> {
+        Ok(self.resolve_workspace(sel).await?.workspace)
+    }
+
+    pub async fn list_workspaces(
+        &self,
+        label_selector: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<Listed<Workspace>> {
+        let page = self
+            .list_page(
+                Kind::Workspace,
+                Scope::All,
+                label_selector,
+                page_size,
+                page_token,
+            )
+            .await?;
+        let items = page
+            .records
+            .into_iter()
+            .map(|r| StoredWorkspace::from_record(r).map(|w| w.workspace))
+            .collect::<Result<_>>()?;
+        Ok(Listed {
+            items,
+            next_page_token: page.next_cursor.unwrap_or_default(),
+        })
+    }
+
+    /// Deletes a workspace; with `cascade`, its sandboxes too. Answers false when there was
+    /// no such workspace by id (a name that does not resolve is an error).
+    pub async fn delete_workspace(&self, sel: &WorkspaceSelector, cascade: bool) -> Result<bool> {
+        let ws = match self.resolve_workspace(sel).await {
+            Ok(ws) => ws,
+            Err(ActorError::WorkspaceNotFound(_)) if matches!(sel, WorkspaceSelector::Id(_)) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        if ws.workspace.name == DEFAULT_WORKSPACE {
+            return Err(ActorError::FailedPrecondition(
+                "the default workspace cannot be deleted".into(),
+            ));
+        }
+        let deadline = tokio::time::Instant::now() + self.shared.config.request_timeout;
+        loop {
+            match self.router.workspace(ws.id()).await? {
+                Route::Actor(sup) => {
+                    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    match sup
+                        .call(
+                            |reply| WorkspaceMsg::Delete { cascade, reply },
+                            Some(remaining),
+                        )
+                        .await
+                    {
+                        Ok(CallResult::Success(r)) => return r,
+                        Ok(CallResult::Timeout) => return Err(self.timed_out("workspace", ws.id())),
+                        // The supervisor went away mid-request (restart or deletion): ask again.
+                        _ => {}
+                    }
+                }
+                Route::Restarting => {}
+                Route::Unknown => return Ok(false),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(self.timed_out("workspace", ws.id()));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    // ---- sandboxes -------------------------------------------------------------------------
+
+    /// Creates a sandbox and starts its workload. Answers once the record is durable
+    /// (phase Provisioning, or later).
+    pub async fn create_sandbox(
+        &self,
+        workspace: Option<&str>,
+        name: &str,
+        mut spec: SandboxSpec,
+    ) -> Result<Sandbox> {
+        validate::name("sandbox", name)?;
+        validate::spec(&spec)?;
+        self.shared.drivers.get(&spec.driver)?;
+        if spec.driver.is_empty() {
+            spec.driver = self.shared.drivers.default_name().to_string();
+        }
+        let ws_name = workspace.unwrap_or(DEFAULT_WORKSPACE);
+        validate::name("workspace", ws_name)?;
+        let ws = self
+            .resolve_workspace(&WorkspaceSelector::Name(ws_name.to_string()))
+            .await?;
+        let deadline = tokio::time::Instant::now() + self.shared.config.request_timeout;
+        loop {
+            match self.router.workspace(ws.id()).await? {
+                Route::Actor(sup) => {
+                    let spec = spec.clone();
+                    let name = name.to_string();
+                    match sup
+                        .call(
+                            |reply| WorkspaceMsg::CreateSandbox { name, spec, reply },
+                            Some(self.shared.config.request_timeout),
+                        )
+                        .await
+                    {
+                        Ok(CallResult::Success(r)) => return r,
+                        Ok(CallResult::Timeout) => return Err(self.timed_out("workspace", ws.id())),
+                        _ => {}
+                    }
+                }
+                Route::Restarting => {}
+                Route::Unknown => {
+                    return Err(ActorError::WorkspaceNotFound(format!("{ws_name:?}")));
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(self.timed_out("workspace", ws.id()));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub async fn get_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        Ok(self.resolve_sandbox(sel).await?.sandbox)
+    }
+
+    pub async fn list_sandboxes(
+        &self,
+        filter: &SandboxFilter,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<Listed<Sandbox>> {
+        let scope = self.scope(filter).await?;
+        let page = self
+            .list_page(
+                Kind::Sandbox,
+                scope,
+                &filter.label_selector,
+                page_size,
+                page_token,
+            )
+            .await?;
+        let items = page
+            .records
+            .into_iter()
+            .map(|r| StoredSandbox::from_record(r).map(|s| s.sandbox))
+            .collect::<Result<_>>()?;
+        Ok(Listed {
+            items,
+            next_page_token: page.next_cursor.unwrap_or_default(),
+        })
+    }
+
+    pub async fn start_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        let sb = self.resolve_sandbox(sel).await?;
+        self.command(&sb, SandboxMsg::Start)
+            .await?
+            .ok_or_else(|| not_found_id(sb.id()))
+    }
+
+    pub async fn stop_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        let sb = self.resolve_sandbox(sel).await?;
+        self.command(&sb, SandboxMsg::Stop)
+            .await?
+            .ok_or_else(|| not_found_id(sb.id()))
+    }
+
+    pub async fn restart_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        let sb = self.resolve_sandbox(sel).await?;
+        self.command(&sb, SandboxMsg::Restart)
+            .await?
+            .ok_or_else(|| not_found_id(sb.id()))
+    }
+
+    /// Deletes a sandbox and everything it owns. Answers false when there was nothing to
+    /// delete (an id with no sandbox); a name that does not resolve is an error.
+    pub async fn delete_sandbox(&self, sel: &SandboxSelector) -> Result<bool> {
+        let sb = match self.resolve_sandbox(sel).await {
+            Ok(sb) => sb,
+            Err(ActorError::SandboxNotFound { .. }) if matches!(sel, SandboxSelector::Id(_)) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(self
+            .command(&sb, SandboxMsg::Delete)
+            .await?
+            .unwrap_or(false))
+    }
+
+    /// A stream of sandbox events. `resource_version` 0 starts with an ADDED event for every
+    /// current sandbox; N resumes after version N.
+    pub async fn watch(
+        &self,
+        filter: &SandboxFilter,
+        resource_version: u64,
+    ) -> Result<ReceiverStream<Result<SandboxEvent>>> {
+        let scope = self.scope(filter).await?;
+        let selector = parse_selector(&filter.label_selector)?;
+        let sub = self.shared.events.subscribe(resource_version)?;
+        let mut initial = Vec::new();
+        let mut floor: HashMap<String, u64> = HashMap::new();
+        if resource_version == 0 {
+            let mut cursor = None;
+            loop {
+                let q = ListQuery {
+                    kind: Kind::Sandbox,
+                    scope: scope.clone(),
+                    selector: selector.clone(),
+                    limit: 1000,
+                    cursor,
+                };
+                let page = self.shared.store.list(q).await?;
+                for record in page.records {
+                    let sb = StoredSandbox::from_record(record)?.sandbox;
+                    floor.insert(sb.id.clone(), sb.resource_version);
+                    initial.push(SandboxEvent {
+                        r#type: EventType::Added as i32,
+                        resource_version: sb.resource_version,
+                        sandbox: Some(sb),
+                    });
+                }
+                match page.next_cursor {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+        }
+        let wanted = move |ev: &SandboxEvent| -> bool {
+            let Some(sb) = &ev.sandbox else { return false };
+            let in_scope = match &scope {
+                Scope::All => true,
+                Scope::Workspace(ws) => sb.workspace_id == ws.to_string(),
+            };
+            let labels: BTreeMap<String, String> = sb
+                .spec
+                .as_ref()
+                .map(|s| s.labels.clone().into_iter().collect())
+                .unwrap_or_default();
+            in_scope
+                && selector.matches(&labels)
+                && ev.resource_version > resource_version
+                && floor.get(&sb.id).is_none_or(|rv| ev.resource_version > *rv)
+        };
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            for ev in initial {
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            let mut last = resource_version;
+            for ev in sub.backlog.into_iter().filter(&wanted) {
+                last = last.max(ev.resource_version);
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            let mut live = sub.live;
+            loop {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    received = live.recv() => match received {
+                        Ok(ev) => {
+                            if !wanted(&ev) {
+                                continue;
+                            }
+                            last = last.max(ev.resource_version);
+                            if tx.send(Ok(ev)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            let _ = tx.send(Err(ActorError::Unavailable(format!(
+                                "the watch fell behind; resume from resource version {last}"
+                            )))).await;
+                            return;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            }
+        });
+        Ok(ReceiverStream::new(rx))
+    }
+
+    /// Runs a command inside a Ready sandbox.
+    pub async fn exec(
+        &self,
+        sel: &SandboxSelector,
+        command: Vec<String>,
+        env: HashMap<String, String>,
+        timeout_seconds: u32,
+    ) -> Result<DriverStream<pb::ExecOutput>> {
+        if command.is_empty() || command[0].is_empty() {
+            return Err(ActorError::InvalidArgument(
+                "the exec command is empty".into(),
+            ));
+        }
+        let sb = self.resolve_sandbox(sel).await?;
+        require_ready(&sb.sandbox, "exec into")?;
+        let driver = self.driver_of(&sb)?;
+        let request = pb::ExecRequest {
+            sandbox_id: sb.id().to_string(),
+            command,
+            env,
+            timeout_seconds,
+        };
+        Ok(driver.exec(request).await?)
+    }
+
+    pub async fn logs(
+        &self,
+        sel: &SandboxSelector,
+        follow: bool,
+        tail_lines: u32,
+    ) -> Result<DriverStream<pb::LogChunk>> {
+        let sb = self.resolve_sandbox(sel).await?;
+        let driver = self.driver_of(&sb)?;
+        Ok(driver
+            .logs(pb::LogsRequest {
+                sandbox_id: sb.id().to_string(),
+                follow,
+                tail_lines,
+            })
+            .await?)
+    }
+
+    // ---- for tests and operators -----------------------------------------------------------
+
+    /// Runs one reconciler sweep now and answers what it did.
+    pub async fn reconcile_now(&self) -> Result<SweepReport> {
+        let reconciler = ask(&self.root, RootMsg::Reconciler)
+            .await?
+            .ok_or_else(|| ActorError::Unavailable("the reconciler is restarting".into()))?;
+        match reconciler
+            .call(
+                |r| ReconcilerMsg::Sweep(Some(r)),
+                Some(self.shared.config.request_timeout),
+            )
+            .await
+        {
+            Ok(CallResult::Success(report)) => Ok(report),
+            _ => Err(ActorError::Unavailable(
+                "the reconciler did not answer".into(),
+            )),
+        }
+    }
+
+    /// The live actor of a sandbox, if it has one right now.
+    pub async fn sandbox_actor(&self, id: Uuid) -> Result<Option<ActorRef<SandboxMsg>>> {
+        let Some(record) = self.shared.store.get(id).await? else {
+            return Ok(None);
+        };
+        let Some(ws) = record.workspace else {
+            return Ok(None);
+        };
+        Ok(match self.router.sandbox(ws, id).await? {
+            Route::Actor(a) => Some(a),
+            _ => None,
+        })
+    }
+
+    /// The live supervisor of a workspace, if it has one right now.
+    pub async fn workspace_supervisor(&self, ws: Uuid) -> Result<Option<ActorRef<WorkspaceMsg>>> {
+        Ok(match self.router.workspace(ws).await? {
+            Route::Actor(a) => Some(a),
+            _ => None,
+        })
+    }
+
+    /// The sandbox ids a workspace's supervisor owns right now.
+    pub async fn supervised_sandboxes(&self, ws: Uuid) -> Result<Option<Vec<Uuid>>> {
+        match self.workspace_supervisor(ws).await? {
+            Some(sup) => Ok(Some(ask(&sup, WorkspaceMsg::Children).await?)),
+            None => Ok(None),
+        }
+    }
+
+    // ---- internals -------------------------------------------------------------------------
+
+    /// Sends a lifecycle command to a sandbox's actor and waits for its answer, riding out
+    /// restarts of the actor (commands are idempotent, so a retry is safe). `None` when the
+    /// sandbox no longer exists.
+    async fn command<R: Send + 'static>(
+        &self,
+        sb: &StoredSandbox,
+        msg: fn(RpcReplyPort<Result<R>>) -> SandboxMsg,
+    ) -> Result<Option<R>> {
+        let ws = sb
+            .record
+            .workspace
+            .ok_or_else(|| ActorError::Internal(format!("sandbox {} has no workspace", sb.id())))?;
+        let id = sb.id();
+        let deadline = tokio::time::Instant::now() + self.shared.config.request_timeout;
+        loop {
+            match self.router.sandbox(ws, id).await? {
+                Route::Actor(actor) => {
+                    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    match actor.call(msg, Some(remaining)).await {
+                        Ok(CallResult::Success(r)) => return r.map(Some),
+                        Ok(CallResult::Timeout) => return Err(self.timed_out("sandbox", id)),
+                        // The actor died while it held the request; its supervisor restarts it.
+                        Ok(CallResult::SenderError) | Err(_) => {}
+                    }
+                }
+                Route::Restarting => {}
+                Route::Unknown => {
+                    if self.shared.store.get(id).await?.is_none() {
+                        return Ok(None);
+                    }
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(self.timed_out("sandbox", id));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn timed_out(&self, what: &str, id: Uuid) -> ActorError {
+        ActorError::Unavailable(format!(
+            "{what} {id} did not answer within {:?}",
+            self.shared.config.request_timeout
+        ))
+    }
+
+    fn driver_of(&self, sb: &StoredSandbox) -> Result<Arc<dyn sbx_drivers::ComputeDriver>> {
+        let name = sb
+            .sandbox
+            .spec
+            .as_ref()
+            .map(|s| s.driver.as_str())
+            .unwrap_or("");
+        Ok(Arc::clone(self.shared.drivers.get(name)?))
+    }
+
+    async fn resolve_workspace(&self, sel: &WorkspaceSelector) -> Result<StoredWorkspace> {
+        let record = match sel {
+            WorkspaceSelector::Id(id) => self
+                .shared
+                .store
+                .get(*id)
+                .await?
+                .filter(|r| r.kind == Kind::Workspace),
+            WorkspaceSelector::Name(name) => {
+                self.shared
+                    .store
+                    .get_by_name(Kind::Workspace, None, name)
+                    .await?
+            }
+        };
+        match record {
+            Some(r) => StoredWorkspace::from_record(r),
+            None => Err(ActorError::WorkspaceNotFound(match sel {
+                WorkspaceSelector::Id(id) => format!("with id {id}"),
+                WorkspaceSelector::Name(name) => format!("{name:?}"),
+            })),
+        }
+    }
+
+    async fn resolve_sandbox(&self, sel: &SandboxSelector) -> Result<StoredSandbox> {
+        match sel {
+            SandboxSelector::Id(id) => match self
+                .shared
+                .store
+                .get(*id)
+                .await?
+                .filter(|r| r.kind == Kind::Sandbox)
+            {
+                Some(r) => StoredSandbox::from_record(r),
+                None => Err(not_found_id(*id)),
+            },
+            SandboxSelector::Name { workspace, name } => {
+                let ws_name = workspace.as_deref().unwrap_or(DEFAULT_WORKSPACE);
+                let ws = self
+                    .resolve_workspace(&WorkspaceSelector::Name(ws_name.to_string()))
+                    .await?;
+                if let Some(r) = self
+                    .shared
+                    .store
+                    .get_by_name(Kind::Sandbox, Some(ws.id()), name)
+                    .await?
+                {
+                    return StoredSandbox::from_record(r);
+                }
+                let what = format!("{name:?} in workspace {ws_name:?}");
+                if workspace.is_some() {
+                    return Err(ActorError::SandboxNotFound {
+                        what,
+                        hint: String::new(),
+                    });
+                }
+                // A name-only request: say where the name does exist, never pick one.
+                let elsewhere = self.workspaces_with_sandbox(name).await?;
+                match elsewhere.len() {
+                    0 => Err(ActorError::SandboxNotFound {
+                        what,
+                        hint: String::new(),
+                    }),
+                    1 => Err(ActorError::SandboxNotFound {
+                        what,
+                        hint: format!(
+                            " (a sandbox of that name is in workspace {:?}; name the workspace)",
+                            elsewhere[0]
+                        ),
+                    }),
+                    _ => Err(ActorError::AmbiguousName {
+                        name: name.clone(),
+                        workspaces: elsewhere,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// The names, sorted, of the workspaces that hold a sandbox called `name`.
+    async fn workspaces_with_sandbox(&self, name: &str) -> Result<Vec<String>> {
+        let mut found = Vec::new();
+        let mut cursor = None;
+        loop {
+            let mut q = ListQuery::new(Kind::Workspace, Scope::All, 1000);
+            q.cursor = cursor;
+            let page = self.shared.store.list(q).await?;
+            for ws in &page.records {
+                if self
+                    .shared
+                    .store
+                    .get_by_name(Kind::Sandbox, Some(ws.id), name)
+                    .await?
+                    .is_some()
+                {
+                    found.push(ws.name.clone());
+                }
+            }
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    async fn scope(&self, filter: &SandboxFilter) -> Result<Scope> {
+        if filter.all_workspaces {
+            return Ok(Scope::All);
+        }
+        let name = filter
+            .workspace
+            .as_deref()
+            .filter(|w| !w.is_empty())
+            .unwrap_or(DEFAULT_WORKSPACE);
+        validate::name("workspace", name)?;
+        Ok(Scope::Workspace(
+            self.resolve_workspace(&WorkspaceSelector::Name(name.to_string()))
+                .await?
+                .id(),
+        ))
+    }
+
+    async fn list_page(
+        &self,
+        kind: Kind,
+        scope: Scope,
+        label_selector: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<sbx_storage::Page> {
+        let limit = match page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        } as usize;
+        let cursor = (!page_token.is_empty()).then(|| page_token.to_string());
+        let q = ListQuery {
+            kind,
+            scope,
+            selector: parse_selector(label_selector)?,
+            limit,
+            cursor,
+        };
+        self.shared.store.list(q).await.map_err(|e| match e {
+            sbx_storage::StoreError::Invalid { .. } => ActorError::InvalidArgument(e.to_string()),
+            other => other.into(),
+        })
+    }
+}
+
+fn parse_selector(text: &str) -> Result<LabelSelector> {
+    text.parse::<LabelSelector>()
+        .map_err(|e| ActorError::InvalidArgument(format!("label selector {text:?}: {e}")))
+}
+
+fn not_found_id(id: Uuid) -> ActorError {
+    ActorError::SandboxNotFound {
+        what: format!("with id {id}"),
+        hint: String::new(),
+    }
+}
+
+fn require_ready(sb: &Sandbox, what: &str) -> Result<()> {
+    if sb.phase() != Phase::Ready {
+        return Err(ActorError::FailedPrecondition(format!(
+            "cannot {what} sandbox {:?}: it is {:?}, not Ready",
+            sb.name,
+            sb.phase()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! Settings of the actor runtime, and the context every actor shares.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sbx_drivers::ComputeDriver;
+use sbx_storage::ObjectStore;
+use tokio::sync::Semaphore;
+
+use crate::error::{ActorError, Result};
+use crate::events::EventHub;
+use crate::lease::LeaseTable;
+use crate::startup::StartupTracker;
+use crate::supervision::RestartPolicy;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Deadline of every driver call. A driver that does not answer in time is treated as
+    /// unavailable for that call.
+    pub driver_call_timeout: Duration,
+    /// Attempts of one lifecycle step against a failing driver before the sandbox settles in
+    /// `Error` with reason `DriverUnavailable`.
+    pub max_driver_attempts: u32,
+    /// First delay between those attempts; doubles each time, capped by `max_retry_backoff`.
+    pub retry_backoff: Duration,
+    pub max_retry_backoff: Duration,
+    /// How sandbox actors are restarted by their workspace supervisor.
+    pub sandbox_restarts: RestartPolicy,
+    /// How workspace supervisors are restarted by the gateway root.
+    pub workspace_restarts: RestartPolicy,
+    /// How often the reconciler sweeps every driver. Zero disables the periodic sweep (tests
+    /// call `Gateway::reconcile_now`).
+    pub reconcile_interval: Duration,
+    /// How many sandbox actors may talk to drivers at once while re-attaching at startup.
+    pub attach_concurrency: usize,
+    /// How long a lifecycle request waits for its sandbox's actor (including restarts).
+    pub request_timeout: Duration,
+    /// How long a restarted sandbox actor waits for the previous one's lease.
+    pub lease_wait: Duration,
+    /// Sandbox events kept for watch resumption.
+    pub event_history: usize,
+    /// Grace period asked of drivers on stop (0: the driver's default).
+    pub stop_grace: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            driver_call_timeout: Duration::from_secs(60),
+            max_driver_attempts: 5,
+            retry_backoff: Duration::from_millis(200),
+            max_retry_backoff: Duration::from_secs(10),
+            sandbox_restarts: RestartPolicy::default(),
+            workspace_restarts: RestartPolicy::default(),
+            reconcile_interval: Duration::from_secs(15),
+            attach_concurrency: 64,
+            request_timeout: Duration::from_secs(120),
+            lease_wait: Duration::from_secs(5),
+            event_history: 10_000,
+            stop_grace: Duration::ZERO,
+        }
+    }
+}
+
+/// The compute drivers a gateway runs sandboxes on, by name, and which one is the default.
+#[derive(Clone)]
+pub struct DriverSet {
+    drivers: BTreeMap<String, Arc<dyn ComputeDriver>>,
+    default: String,
+}
+
+impl DriverSet {
+    pub fn single(name: impl Into<String>, driver: Arc<dyn ComputeDriver>) -> Self {
+        let name = name.into();
+        DriverSet {
+            drivers: BTreeMap::from([(name.clone(), driver)]),
+            default: name,
+        }
+    }
+
+    pub fn with(mut self, name: impl Into<String>, driver: Arc<dyn ComputeDriver>) -> Self {
+        self.drivers.insert(name.into(), driver);
+        self
+    }
+
+    pub fn default_name(&self) -> &str {
+        &self.default
+    }
+
+    /// The driver called `name`; empty means the default.
+    pub fn get(&self, name: &str) -> Result<&Arc<dyn ComputeDriver>> {
+        let name = if name.is_empty() { &self.default } else { name };
+        self.drivers.get(name).ok_or_else(|| {
+            ActorError::InvalidArgument(format!(
+                "unknown driver {name:?}; this gateway has {:?}",
+                self.drivers.keys().collect::<Vec<_>>()
+            ))
+        })
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<dyn ComputeDriver>)> {
+        self.drivers.iter()
+    }
+}
+
+/// What every actor of one gateway shares.
+pub struct Shared {
+    pub store: Arc<dyn ObjectStore>,
+    pub drivers: DriverSet,
+    pub config: Config,
+    pub events: EventHub,
+    pub leases: Arc<LeaseTable>,
+    /// Bounds the driver calls of actors re-attaching at startup.
+    pub attach_permits: Semaphore,
+    pub startup: StartupTracker,
+}

@@ -1,0 +1,83 @@
+use sbx_drivers::DriverError;
+use sbx_proto::names::NameError;
+use sbx_storage::StoreError;
+
+/// What the actor API answers when a request cannot be served.
+///
+/// The gateway maps each variant to one gRPC status and reason; nothing else in the crate
+/// knows gRPC.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ActorError {
+    /// No workspace with this name or id. Expected for a typo or a deleted workspace.
+    #[error("workspace {0} not found")]
+    WorkspaceNotFound(String),
+    /// No sandbox with this id, or this name in this workspace. `hint` says where a sandbox of
+    /// that name does exist, when one does.
+    #[error("sandbox {what} not found{hint}")]
+    SandboxNotFound { what: String, hint: String },
+    /// The name is already used by another object of the same kind in the same scope.
+    #[error("{kind} name {name:?} is already taken{scope} (by {existing})")]
+    NameTaken {
+        kind: &'static str,
+        name: String,
+        scope: String,
+        existing: String,
+    },
+    /// A name-only request matches sandboxes in several workspaces and names none of them.
+    #[error(
+        "sandbox name {name:?} is ambiguous: it is not in workspace \"default\" but exists in workspaces {workspaces:?}; name the workspace or use the id"
+    )]
+    AmbiguousName {
+        name: String,
+        workspaces: Vec<String>,
+    },
+    /// The workspace is being deleted; nothing new can be created in it.
+    #[error("workspace {0:?} is terminating; no sandbox can be created in it")]
+    WorkspaceTerminating(String),
+    /// Deleting a workspace that still has sandboxes, without cascade.
+    #[error(
+        "workspace {name:?} still has {remaining} sandbox(es); delete them first or delete with cascade"
+    )]
+    WorkspaceNotEmpty { name: String, remaining: usize },
+    /// A name that breaks the naming rule.
+    #[error("invalid {what} name {name:?}: {error}")]
+    InvalidName {
+        what: &'static str,
+        name: String,
+        error: NameError,
+    },
+    /// Malformed input other than a name (a non-UUID id, an empty command, a bad selector).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A lifecycle move that makes no sense in the sandbox's current state.
+    #[error("failed precondition: {0}")]
+    FailedPrecondition(String),
+    /// The driver does not support what was asked.
+    #[error("unsupported: {0}")]
+    Unimplemented(String),
+    /// The sandbox's actor or its driver is not answering for now; retry.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// A watch resumed from a resource version older than the history kept.
+    #[error(
+        "resource version {requested} is too old (history starts after {oldest}); list again and watch from the list's version"
+    )]
+    ResourceVersionTooOld { requested: u64, oldest: u64 },
+    /// A driver error that the caller should see as it is (exec into a stopped sandbox…).
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// The store failed. Unexpected.
+    #[error("store: {0}")]
+    Store(String),
+    /// A bug.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for ActorError {
+    fn from(e: StoreError) -> Self {
+        ActorError::Store(e.to_string())
+    }
+}
+
+pub type Result<T, E = ActorError> = std::result::Result<T, E>;

@@ -1,0 +1,529 @@
+//! The sandbox lifecycle as pure data: given what the record says and what the driver
+//! observes, what is the next step? No IO, no tokio — tested exhaustively below.
+
+use sbx_proto::driver::{self as pb, State};
+use sbx_proto::v1::{DesiredState, Phase};
+
+/// What the driver says about one sandbox, reduced to what the plan needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed {
+    /// The driver knows no sandbox with this id.
+    Absent,
+    Running {
+        generation: u64,
+    },
+    Stopped,
+    /// The main process ended by itself.
+    Exited(Exit),
+}
+
+/// How a workload's main process ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exit {
+    pub generation: u64,
+    pub code: i32,
+    pub signal: i32,
+    /// The driver's reason, e.g. "OOMKilled"; empty when it has none.
+    pub reason: String,
+    pub message: String,
+}
+
+impl Observed {
+    pub fn from_snapshot(s: &pb::Snapshot) -> Observed {
+        match s.state() {
+            State::Running => Observed::Running {
+                generation: s.generation,
+            },
+            State::Exited => Observed::Exited(Exit {
+                generation: s.generation,
+                code: s.exit_code,
+                signal: s.exit_signal,
+                reason: s.reason.clone(),
+                message: s.message.clone(),
+            }),
+            State::Stopped | State::Unspecified => Observed::Stopped,
+        }
+    }
+}
+
+/// What the sandbox record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Current {
+    pub desired: DesiredState,
+    pub phase: Phase,
+    pub generation: u64,
+}
+
+/// A phase to record, with its reason and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhaseChange {
+    pub phase: Phase,
+    pub reason: String,
+    pub message: String,
+    /// A new desired state, when the observation changes what is wanted (a workload that
+    /// exited by itself is no longer wanted running).
+    pub desired: Option<DesiredState>,
+}
+
+/// The next step towards the desired state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// The record already tells the truth.
+    Settled,
+    /// Record what was observed; no driver call.
+    Record(PhaseChange),
+    /// Persist `generation` (the intent), then create the workload under it.
+    Create { generation: u64 },
+    /// Persist `generation` (the intent), then start the workload under it.
+    Start { generation: u64 },
+    /// Persist Stopping, then stop the workload.
+    Stop,
+    /// Persist Deleting, then delete the workload and the record.
+    Delete,
+    /// A freshly started actor found the workload running under another generation: take it
+    /// over as it is, persisting the driver's generation.
+    Adopt { generation: u64 },
+    /// A long-lived actor found the workload running under another generation: its view is
+    /// stale. The actor fails; its supervisor restarts it from the record, and the fresh actor
+    /// adopts.
+    Drift { persisted: u64, running: u64 },
+}
+
+/// Whether the record holds a start intent not yet confirmed by the driver.
+fn start_pending(phase: Phase) -> bool {
+    matches!(phase, Phase::Provisioning | Phase::Starting)
+}
+
+/// The generation for the next start: the pending intent's own, or a fresh one.
+fn next_generation(cur: &Current) -> u64 {
+    if start_pending(cur.phase) && cur.generation > 0 {
+        cur.generation
+    } else {
+        cur.generation + 1
+    }
+}
+
+/// The phase change that records a workload's own exit.
+pub fn exit_change(exit: &Exit) -> PhaseChange {
+    let (phase, reason, message) = if exit.code == 0 && exit.signal == 0 {
+        (
+            Phase::Completed,
+            "Completed".to_string(),
+            "main process exited with status 0".to_string(),
+        )
+    } else if exit.signal != 0 {
+        (
+            Phase::Error,
+            "Signaled".to_string(),
+            format!("main process was killed by signal {}", exit.signal),
+        )
+    } else {
+        (
+            Phase::Error,
+            "ExitedNonZero".to_string(),
+            format!("main process exited with status {}", exit.code),
+        )
+    };
+    let reason = if exit.reason.is_empty() {
+        reason
+    } else {
+        exit.reason.clone()
+    };
+    let message = if exit.message.is_empty() {
+        message
+    } else {
+        format!("{message}: {}", exit.message)
+    };
+    PhaseChange {
+        phase,
+        reason,
+        message,
+        desired: Some(DesiredState::Stopped),
+    }
+}
+
+fn record(phase: Phase, reason: &str, message: &str) -> Step {
+    Step::Record(PhaseChange {
+        phase,
+        reason: reason.into(),
+        message: message.into(),
+        desired: None,
+    })
+}
+
+/// The next step for a sandbox. `fresh` is true for the first look of a newly (re)started
+/// actor, which adopts a drifted workload instead of failing.
+pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
+    match cur.desired {
+        DesiredState::Deleted => Step::Delete,
+        DesiredState::Stopped => match obs {
+            Observed::Running { .. } => Step::Stop,
+            Observed::Exited(exit) => {
+                if matches!(cur.phase, Phase::Completed | Phase::Error) {
+                    Step::Settled
+                } else {
+                    Step::Record(exit_change(exit))
+                }
+            }
+            Observed::Absent | Observed::Stopped => {
+                if matches!(cur.phase, Phase::Stopped | Phase::Completed | Phase::Error) {
+                    Step::Settled
+                } else {
+                    record(Phase::Stopped, "", "")
+                }
+            }
+        },
+        DesiredState::Running | DesiredState::Unspecified => match obs {
+            Observed::Absent => Step::Create {
+                generation: next_generation(cur),
+            },
+            Observed::Stopped => Step::Start {
+                generation: next_generation(cur),
+            },
+            Observed::Running { generation } if *generation == cur.generation => {
+                if cur.phase == Phase::Ready {
+                    Step::Settled
+                } else {
+                    record(Phase::Ready, "", "")
+                }
+            }
+            Observed::Running { generation } => {
+                if fresh {
+                    Step::Adopt {
+                        generation: *generation,
+                    }
+                } else {
+                    Step::Drift {
+                        persisted: cur.generation,
+                        running: *generation,
+                    }
+                }
+            }
+            Observed::Exited(exit) => {
+                if start_pending(cur.phase) && exit.generation != cur.generation {
+                    // An old run ended; the start the user asked for has not happened yet.
+                    Step::Start {
+                        generation: next_generation(cur),
+                    }
+                } else {
+                    Step::Record(exit_change(exit))
+                }
+            }
+        },
+    }
+}
+
+/// Whether a phase is one the sandbox passes through on its way somewhere else.
+pub fn is_transitional(phase: Phase) -> bool {
+    matches!(
+        phase,
+        Phase::Provisioning
+            | Phase::Starting
+            | Phase::Stopping
+            | Phase::Deleting
+            | Phase::Unspecified
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cur(desired: DesiredState, phase: Phase, generation: u64) -> Current {
+        Current {
+            desired,
+            phase,
+            generation,
+        }
+    }
+
+    fn exit(generation: u64, code: i32, signal: i32) -> Observed {
+        Observed::Exited(Exit {
+            generation,
+            code,
+            signal,
+            reason: String::new(),
+            message: String::new(),
+        })
+    }
+
+    fn check(c: Current, obs: Observed, fresh: bool, expected: Step) {
+        assert_eq!(
+            plan(&c, &obs, fresh),
+            expected,
+            "current {c:?}, observed {obs:?}, fresh {fresh}"
+        );
+    }
+
+    use DesiredState as D;
+    use Phase as P;
+
+    #[test]
+    fn running_sandbox_that_matches_is_settled_or_marked_ready() {
+        check(
+            cur(D::Running, P::Ready, 3),
+            Observed::Running { generation: 3 },
+            false,
+            Step::Settled,
+        );
+        check(
+            cur(D::Running, P::Ready, 3),
+            Observed::Running { generation: 3 },
+            true,
+            Step::Settled,
+        );
+        for phase in [P::Provisioning, P::Starting, P::Error, P::Stopped] {
+            check(
+                cur(D::Running, phase, 3),
+                Observed::Running { generation: 3 },
+                false,
+                record(P::Ready, "", ""),
+            );
+        }
+    }
+
+    #[test]
+    fn generation_drift_adopts_when_fresh_and_fails_otherwise() {
+        for phase in [P::Ready, P::Starting, P::Error, P::Provisioning] {
+            check(
+                cur(D::Running, phase, 3),
+                Observed::Running { generation: 9 },
+                true,
+                Step::Adopt { generation: 9 },
+            );
+            check(
+                cur(D::Running, phase, 3),
+                Observed::Running { generation: 9 },
+                false,
+                Step::Drift {
+                    persisted: 3,
+                    running: 9,
+                },
+            );
+        }
+        // Drift is never recorded as Error.
+        for fresh in [true, false] {
+            let step = plan(
+                &cur(D::Running, P::Ready, 3),
+                &Observed::Running { generation: 0 },
+                fresh,
+            );
+            assert!(
+                !matches!(
+                    step,
+                    Step::Record(PhaseChange {
+                        phase: P::Error,
+                        ..
+                    })
+                ),
+                "{step:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn pending_start_intent_reuses_its_generation() {
+        check(
+            cur(D::Running, P::Provisioning, 1),
+            Observed::Absent,
+            false,
+            Step::Create { generation: 1 },
+        );
+        check(
+            cur(D::Running, P::Starting, 4),
+            Observed::Stopped,
+            false,
+            Step::Start { generation: 4 },
+        );
+        check(
+            cur(D::Running, P::Starting, 4),
+            Observed::Absent,
+            true,
+            Step::Create { generation: 4 },
+        );
+    }
+
+    #[test]
+    fn settled_sandbox_gets_a_fresh_generation() {
+        for phase in [P::Ready, P::Error, P::Stopped, P::Stopping, P::Completed] {
+            check(
+                cur(D::Running, phase, 4),
+                Observed::Stopped,
+                false,
+                Step::Start { generation: 5 },
+            );
+            check(
+                cur(D::Running, phase, 4),
+                Observed::Absent,
+                false,
+                Step::Create { generation: 5 },
+            );
+        }
+    }
+
+    #[test]
+    fn stop_wanted() {
+        check(
+            cur(D::Stopped, P::Stopping, 2),
+            Observed::Running { generation: 2 },
+            false,
+            Step::Stop,
+        );
+        check(
+            cur(D::Stopped, P::Ready, 2),
+            Observed::Running { generation: 7 },
+            false,
+            Step::Stop,
+        );
+        check(
+            cur(D::Stopped, P::Stopping, 2),
+            Observed::Stopped,
+            false,
+            record(P::Stopped, "", ""),
+        );
+        check(
+            cur(D::Stopped, P::Stopping, 2),
+            Observed::Absent,
+            false,
+            record(P::Stopped, "", ""),
+        );
+        check(
+            cur(D::Stopped, P::Stopped, 2),
+            Observed::Stopped,
+            false,
+            Step::Settled,
+        );
+        check(
+            cur(D::Stopped, P::Completed, 2),
+            Observed::Stopped,
+            false,
+            Step::Settled,
+        );
+        check(
+            cur(D::Stopped, P::Completed, 2),
+            exit(2, 0, 0),
+            false,
+            Step::Settled,
+        );
+        check(
+            cur(D::Stopped, P::Stopping, 2),
+            exit(2, 1, 0),
+            false,
+            Step::Record(exit_change(&Exit {
+                generation: 2,
+                code: 1,
+                signal: 0,
+                reason: String::new(),
+                message: String::new(),
+            })),
+        );
+    }
+
+    #[test]
+    fn delete_wanted_always_deletes() {
+        for obs in [
+            Observed::Absent,
+            Observed::Stopped,
+            Observed::Running { generation: 1 },
+            exit(1, 0, 0),
+        ] {
+            for fresh in [true, false] {
+                check(
+                    cur(D::Deleted, P::Deleting, 1),
+                    obs.clone(),
+                    fresh,
+                    Step::Delete,
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn exits_are_recorded_with_their_status_and_stop_being_wanted() {
+        let Step::Record(change) = plan(&cur(D::Running, P::Ready, 2), &exit(2, 0, 0), false)
+        else {
+            panic!("expected a record step")
+        };
+        assert_eq!(
+            (change.phase, change.reason.as_str()),
+            (P::Completed, "Completed")
+        );
+        assert_eq!(change.desired, Some(D::Stopped));
+
+        let Step::Record(change) = plan(&cur(D::Running, P::Ready, 2), &exit(2, 3, 0), false)
+        else {
+            panic!("expected a record step")
+        };
+        assert_eq!(
+            (change.phase, change.reason.as_str()),
+            (P::Error, "ExitedNonZero")
+        );
+        assert!(change.message.contains("status 3"), "{}", change.message);
+
+        let oom = Observed::Exited(Exit {
+            generation: 2,
+            code: 137,
+            signal: 9,
+            reason: "OOMKilled".into(),
+            message: "memory limit 64 MiB".into(),
+        });
+        let Step::Record(change) = plan(&cur(D::Running, P::Ready, 2), &oom, false) else {
+            panic!("expected a record step")
+        };
+        assert_eq!(
+            (change.phase, change.reason.as_str()),
+            (P::Error, "OOMKilled")
+        );
+        assert!(
+            change.message.contains("signal 9") && change.message.contains("64 MiB"),
+            "{}",
+            change.message
+        );
+    }
+
+    #[test]
+    fn an_old_runs_exit_does_not_cancel_a_pending_start() {
+        check(
+            cur(D::Running, P::Starting, 5),
+            exit(4, 1, 0),
+            false,
+            Step::Start { generation: 5 },
+        );
+    }
+
+    #[test]
+    fn every_combination_has_a_step_and_error_is_never_a_dead_end() {
+        let phases = [
+            P::Provisioning,
+            P::Ready,
+            P::Stopping,
+            P::Stopped,
+            P::Starting,
+            P::Deleting,
+            P::Error,
+            P::Completed,
+        ];
+        let observations = [
+            Observed::Absent,
+            Observed::Stopped,
+            Observed::Running { generation: 1 },
+            Observed::Running { generation: 2 },
+            exit(1, 0, 0),
+            exit(1, 2, 0),
+        ];
+        for desired in [D::Running, D::Stopped, D::Deleted] {
+            for phase in phases {
+                for obs in &observations {
+                    for fresh in [true, false] {
+                        let step = plan(&cur(desired, phase, 1), obs, fresh);
+                        if desired == D::Running && phase == P::Error {
+                            // A sandbox in Error that should run is always acted upon or
+                            // recognised as running: never left as it is.
+                            assert_ne!(step, Step::Settled, "{obs:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! The reconciler: a level-triggered sweep that compares each driver's workloads with the
+//! store and routes every observation to the sandbox actor that owns the id.
+//!
+//! **Invariant:** the reconciler never deletes anything, and never finds a sandbox by name.
+//! One bad record is logged and skipped; the sweep goes on with the rest.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use sbx_drivers::{ComputeDriver, pb};
+use sbx_proto::names::{validate_name, workspace_or_default};
+use sbx_storage::{Kind, ListQuery, Scope};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::config::Shared;
+use crate::error::{ActorError, Result};
+use crate::records::StoredSandbox;
+use crate::root::RootMsg;
+use crate::route::{Route, Router, ask};
+use crate::sandbox::SandboxMsg;
+use crate::workspace::WorkspaceMsg;
+
+pub enum ReconcilerMsg {
+    /// Sweep every driver now; the report goes to the port when one is given.
+    Sweep(Option<RpcReplyPort<SweepReport>>),
+    /// A change a driver's watch stream reported.
+    Watched(pb::WatchEvent),
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Workloads reported by drivers and routed to their actors.
+    pub observed: usize,
+    /// Records the drivers did not list, routed to their actors as absent.
+    pub absent: usize,
+    pub adopted: usize,
+    /// Driver records that were refused or failed, each with why.
+    pub skipped: Vec<String>,
+    /// Drivers whose list failed.
+    pub driver_errors: Vec<String>,
+}
+
+pub struct Reconciler;
+
+pub struct ReconcilerArgs {
+    pub shared: Arc<Shared>,
+    pub root: ActorRef<RootMsg>,
+}
+
+pub struct ReconcilerState {
+    shared: Arc<Shared>,
+    router: Router,
+    /// The tasks that forward driver watch streams; ended with the reconciler.
+    watchers: Vec<JoinHandle<()>>,
+    ticker: Option<JoinHandle<()>>,
+}
+
+impl Actor for Reconciler {
+    type Msg = ReconcilerMsg;
+    type State = ReconcilerState;
+    type Arguments = ReconcilerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ReconcilerMsg>,
+        args: ReconcilerArgs,
+    ) -> Result<ReconcilerState, ActorProcessingErr> {
+        let watchers = args
+            .shared
+            .drivers
+            .iter()
+            .map(|(name, driver)| spawn_watcher(name.clone(), Arc::clone(driver), myself.clone()))
+            .collect();
+        let interval = args.shared.config.reconcile_interval;
+        let ticker = (!interval.is_zero())
+            .then(|| myself.send_interval(interval, || ReconcilerMsg::Sweep(None)));
+        Ok(ReconcilerState {
+            shared: args.shared,
+            router: Router { root: args.root },
+            watchers,
+            ticker,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ReconcilerMsg>,
+        st: &mut ReconcilerState,
+    ) -> Result<(), ActorProcessingErr> {
+        stop_tasks(st);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<ReconcilerMsg>,
+        msg: ReconcilerMsg,
+        st: &mut ReconcilerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ReconcilerMsg::Sweep(reply) => {
+                let report = sweep(st).await;
+                if !report.skipped.is_empty() || !report.driver_errors.is_empty() {
+                    tracing::warn!(?report, "reconciler sweep had problems");
+                } else {
+                    tracing::debug!(?report, "reconciler sweep");
+                }
+                if let Some(reply) = reply {
+                    let _ = reply.send(report);
+                }
+            }
+            ReconcilerMsg::Watched(event) => {
+                let Ok(id) = sbx_drivers::parse_sandbox_id(
+                    event
+                        .snapshot
+                        .as_ref()
+                        .map(|s| s.sandbox_id.as_str())
+                        .unwrap_or(""),
+                ) else {
+                    return Ok(());
+                };
+                // Unknown ids wait for the next sweep, which adopts or skips them.
+                if let Ok(Some(record)) = st.shared.store.get(id).await {
+                    let observation = if event.deleted { None } else { event.snapshot };
+                    if let Err(e) = route_observation(&st.router, record, observation).await {
+                        tracing::debug!(sandbox = %id, "watch event not routed: {e}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ReconcilerState {
+    fn drop(&mut self) {
+        stop_tasks(self);
+    }
+}
+
+fn stop_tasks(st: &mut ReconcilerState) {
+    for task in st.watchers.drain(..) {
+        task.abort();
+    }
+    if let Some(t) = st.ticker.take() {
+        t.abort();
+    }
+}
+
+/// Forwards one driver's watch stream to the reconciler, subscribing again after an error.
+fn spawn_watcher(
+    name: String,
+    driver: Arc<dyn ComputeDriver>,
+    reconciler: ActorRef<ReconcilerMsg>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match driver.watch().await {
+                Ok(mut stream) => {
+                    delay = Duration::from_millis(100);
+                    while let Some(item) = stream.next().await {
+                        match item {
+                            Ok(event) => {
+                                if reconciler.cast(ReconcilerMsg::Watched(event)).is_err() {
+                                    return;
+                                }
+                            }
+                            Err(e) => {
+                                tracing::debug!(driver = %name, "watch stream error: {e}");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(driver = %name, "watch failed: {e}"),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(10));
+        }
+    })
+}
+
+async fn sweep(st: &ReconcilerState) -> SweepReport {
+    let mut report = SweepReport::default();
+    let timeout = st.shared.config.driver_call_timeout;
+    for (name, driver) in st.shared.drivers.iter() {
+        let listed = match tokio::time::timeout(timeout, driver.list()).await {
+            Ok(Ok(listed)) => listed,
+            Ok(Err(e)) => {
+                report.driver_errors.push(format!("{name}: {e}"));
+                continue;
+            }
+            Err(_) => {
+                report
+                    .driver_errors
+                    .push(format!("{name}: list did not answer within {timeout:?}"));
+                continue;
+            }
+        };
+        let mut seen = HashSet::new();
+        for snapshot in listed {
+            let id_text = snapshot.sandbox_id.clone();
+            match observe_one(st, name, snapshot).await {
+                Ok(Seen::Routed(id)) => {
+                    seen.insert(id);
+                    report.observed += 1;
+                }
+                Ok(Seen::Adopted(id)) => {
+                    seen.insert(id);
+                    report.adopted += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(driver = %name, sandbox = %id_text, "skipping a driver record: {e}");
+                    report.skipped.push(format!("{name}/{id_text}: {e}"));
+                }
+            }
+        }
+        match records_of_driver(&st.shared, name).await {
+            Ok(records) => {
+                for stored in records.into_iter().filter(|s| !seen.contains(&s.id())) {
+                    let id = stored.id();
+                    match route_observation(&st.router, stored.record, None).await {
+                        Ok(()) => report.absent += 1,
+                        Err(e) => report.skipped.push(format!("{name}/{id}: {e}")),
+                    }
+                }
+            }
+            Err(e) => report
+                .driver_errors
+                .push(format!("{name}: listing the store: {e}")),
+        }
+    }
+    report
+}
+
+enum Seen {
+    Routed(Uuid),
+    Adopted(Uuid),
+}
+
+/// Routes one driver record to its actor, or adopts it when the store has no record.
+async fn observe_one(st: &ReconcilerState, driver: &str, snapshot: pb::Snapshot) -> Result<Seen> {
+    let id = sbx_drivers::parse_sandbox_id(&snapshot.sandbox_id)?;
+    if let Some(record) = st.shared.store.get(id).await? {
+        route_observation(&st.router, record, Some(snapshot)).await?;
+        return Ok(Seen::Routed(id));
+    }
+    // No record: adopt only with a valid workspace (empty means default) and name.
+    let workspace = workspace_or_default(&snapshot.workspace).to_string();
+    validate_name(&workspace).map_err(|error| ActorError::InvalidName {
+        what: "workspace",
+        name: workspace.clone(),
+        error,
+    })?;
+    validate_name(&snapshot.name).map_err(|error| ActorError::InvalidName {
+        what: "sandbox",
+        name: snapshot.name.clone(),
+        error,
+    })?;
+    let ws = st
+        .shared
+        .store
+        .get_by_name(Kind::Workspace, None, &workspace)
+        .await?
+        .ok_or_else(|| {
+            ActorError::WorkspaceNotFound(format!("{workspace:?} (refusing to adopt into it)"))
+        })?;
+    let Route::Actor(sup) = st.router.workspace(ws.id).await? else {
+        return Err(ActorError::Unavailable(format!(
+            "workspace {workspace:?} is restarting"
+        )));
+    };
+    let driver = driver.to_string();
+    ask(&sup, |reply| WorkspaceMsg::Adopt {
+        driver,
+        snapshot,
+        reply,
+    })
+    .await??;
+    tracing::info!(sandbox = %id, workspace = %workspace, "adopted a workload that had no record");
+    Ok(Seen::Adopted(id))
+}
+
+async fn route_observation(
+    router: &Router,
+    record: sbx_storage::Record,
+    snapshot: Option<pb::Snapshot>,
+) -> Result<()> {
+    if record.kind != Kind::Sandbox {
+        return Err(ActorError::InvalidArgument(format!(
+            "{} is not a sandbox",
+            record.id
+        )));
+    }
+    let ws = record
+        .workspace
+        .ok_or_else(|| ActorError::Internal(format!("sandbox {} has no workspace", record.id)))?;
+    match router.sandbox(ws, record.id).await? {
+        Route::Actor(actor) => actor
+            .cast(SandboxMsg::Observe(snapshot))
+            .map_err(|_| ActorError::Unavailable(format!("sandbox actor {} is gone", record.id))),
+        // A restarting actor re-attaches by itself; a deleted one needs nothing.
+        Route::Restarting | Route::Unknown => Ok(()),
+    }
+}
+
+async fn records_of_driver(shared: &Shared, driver: &str) -> Result<Vec<StoredSandbox>> {
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let mut q = ListQuery::new(Kind::Sandbox, Scope::All, 1000);
+        q.cursor = cursor;
+        let page = shared.store.list(q).await?;
+        for record in page.records {
+            match StoredSandbox::from_record(record) {
+                Ok(s) => {
+                    let name = s
+                        .sandbox
+                        .spec
+                        .as_ref()
+                        .map(|x| x.driver.as_str())
+                        .unwrap_or("");
+                    let name = if name.is_empty() {
+                        shared.drivers.default_name()
+                    } else {
+                        name
+                    };
+                    if name == driver {
+                        out.push(s);
+                    }
+                }
+                Err(e) => tracing::warn!("skipping an undecodable sandbox record: {e}"),
+            }
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return Ok(out),
+        }
+    }
+}

@@ -1,0 +1,599 @@
+//! The sandbox actor: one per sandbox UUID, the only writer of that sandbox's record.
+//!
+//! Its mailbox serializes every lifecycle command (start, stop, restart, delete) and every
+//! observation of the sandbox's workload. For each step it persists the intent first (a fresh
+//! runtime generation for every start), calls the driver with a deadline, and persists the
+//! outcome. Reads never come here: they read the store, which the actor writes before it
+//! answers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use sbx_drivers::{ComputeDriver, DriverError, pb};
+use sbx_proto::v1::{DesiredState, EventType, Phase, Sandbox};
+use uuid::Uuid;
+
+use crate::config::Shared;
+use crate::error::{ActorError, Result};
+use crate::lease::Lease;
+use crate::lifecycle::{Current, Observed, PhaseChange, Step, plan};
+use crate::records::StoredSandbox;
+use crate::supervision::backoff;
+
+/// The exit reason of a sandbox actor that ends because its sandbox was deleted. Its
+/// supervisor does not restart it.
+pub const DELETED: &str = "deleted";
+
+/// The most steps one convergence takes before it yields and retries later (each step is a
+/// driver call; a well-behaved driver needs at most three).
+const MAX_STEPS: usize = 8;
+
+pub enum SandboxMsg {
+    /// The first look of a newly (re)started actor: re-attach to the workload by id.
+    Attach,
+    Start(RpcReplyPort<Result<Sandbox>>),
+    Stop(RpcReplyPort<Result<Sandbox>>),
+    Restart(RpcReplyPort<Result<Sandbox>>),
+    /// Answers whether anything was deleted.
+    Delete(RpcReplyPort<Result<bool>>),
+    /// What a driver reported about this sandbox (a sweep or a watch event); `None` when the
+    /// driver's list did not have it.
+    Observe(Option<pb::Snapshot>),
+    /// A scheduled retry of a step that failed against the driver.
+    Retry,
+}
+
+pub struct SandboxActor;
+
+pub struct SandboxArgs {
+    pub id: Uuid,
+    pub shared: Arc<Shared>,
+    /// Count this actor's first look in the startup tracker.
+    pub report_attach: bool,
+}
+
+pub struct SandboxState {
+    /// Held for the actor's whole life; dropping the state releases it.
+    _lease: Lease,
+    shared: Arc<Shared>,
+    stored: StoredSandbox,
+    /// True until the first convergence ends: only a fresh actor adopts a drifted workload.
+    fresh: bool,
+    /// Consecutive failed driver attempts of the current step.
+    attempts: u32,
+    /// A `Retry` is scheduled; observations wait for it instead of adding driver calls.
+    retry_pending: bool,
+    report_attach: bool,
+}
+
+/// How a convergence ended.
+enum Outcome {
+    Settled,
+    /// The step failed against the driver and a retry is scheduled.
+    Retrying(DriverError),
+    Deleted,
+}
+
+impl Actor for SandboxActor {
+    type Msg = SandboxMsg;
+    type State = SandboxState;
+    type Arguments = SandboxArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SandboxMsg>,
+        args: SandboxArgs,
+    ) -> Result<SandboxState, ActorProcessingErr> {
+        let SandboxArgs {
+            id,
+            shared,
+            report_attach,
+        } = args;
+        let lease = shared
+            .leases
+            .acquire(id, shared.config.lease_wait)
+            .await
+            .ok_or_else(|| format!("another actor for sandbox {id} is still alive"))?;
+        let record = shared
+            .store
+            .get(id)
+            .await?
+            .ok_or_else(|| format!("sandbox {id} has no record"))?;
+        let stored = StoredSandbox::from_record(record)?;
+        myself.send_message(SandboxMsg::Attach)?;
+        Ok(SandboxState {
+            _lease: lease,
+            shared,
+            stored,
+            fresh: true,
+            attempts: 0,
+            retry_pending: false,
+            report_attach,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SandboxMsg>,
+        msg: SandboxMsg,
+        st: &mut SandboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SandboxMsg::Attach => {
+                let shared = Arc::clone(&st.shared);
+                let outcome = {
+                    let _permit = if st.report_attach {
+                        shared.attach_permits.acquire().await.ok()
+                    } else {
+                        None
+                    };
+                    self.converge(&myself, st, None).await
+                };
+                st.fresh = false;
+                if std::mem::take(&mut st.report_attach) {
+                    st.shared.startup.attached();
+                }
+                self.after(&myself, st, outcome?).await;
+            }
+            SandboxMsg::Retry => {
+                st.retry_pending = false;
+                let outcome = self.converge(&myself, st, None).await?;
+                self.after(&myself, st, outcome).await;
+            }
+            SandboxMsg::Observe(snapshot) => {
+                if st.retry_pending || desired(st) == DesiredState::Deleted {
+                    return Ok(());
+                }
+                let obs = snapshot
+                    .as_ref()
+                    .map(Observed::from_snapshot)
+                    .unwrap_or(Observed::Absent);
+                if plan(&current(st), &obs, false) == Step::Settled {
+                    return Ok(());
+                }
+                // A settled Error gets one attempt per observation, not a new series.
+                st.attempts = st
+                    .attempts
+                    .min(st.shared.config.max_driver_attempts.saturating_sub(1));
+                // Look again, by id: the observation may be older than this actor's last step.
+                let outcome = self.converge(&myself, st, None).await?;
+                self.after(&myself, st, outcome).await;
+            }
+            SandboxMsg::Start(reply) => {
+                if let Err(e) = refuse_if_deleting(st, "start") {
+                    let _ = reply.send(Err(e));
+                    return Ok(());
+                }
+                if desired(st) == DesiredState::Running && st.stored.sandbox.phase() == Phase::Ready
+                {
+                    let _ = reply.send(Ok(st.stored.sandbox.clone()));
+                    return Ok(());
+                }
+                st.stored.sandbox.set_desired_state(DesiredState::Running);
+                st.attempts = 0;
+                let assumed = match st.stored.sandbox.phase() {
+                    Phase::Stopped | Phase::Completed | Phase::Error => Some(Observed::Stopped),
+                    _ => None,
+                };
+                let outcome = self.converge(&myself, st, assumed).await?;
+                let _ = reply.send(Ok(st.stored.sandbox.clone()));
+                self.after(&myself, st, outcome).await;
+            }
+            SandboxMsg::Stop(reply) => {
+                if let Err(e) = refuse_if_deleting(st, "stop") {
+                    let _ = reply.send(Err(e));
+                    return Ok(());
+                }
+                let phase = st.stored.sandbox.phase();
+                if desired(st) == DesiredState::Stopped
+                    && matches!(phase, Phase::Stopped | Phase::Completed | Phase::Error)
+                {
+                    let _ = reply.send(Ok(st.stored.sandbox.clone()));
+                    return Ok(());
+                }
+                st.stored.sandbox.set_desired_state(DesiredState::Stopped);
+                st.attempts = 0;
+                let assumed = (phase == Phase::Ready).then_some(Observed::Running {
+                    generation: st.stored.sandbox.generation,
+                });
+                let outcome = self.converge(&myself, st, assumed).await?;
+                let _ = reply.send(Ok(st.stored.sandbox.clone()));
+                self.after(&myself, st, outcome).await;
+            }
+            SandboxMsg::Restart(reply) => {
+                if let Err(e) = refuse_if_deleting(st, "restart") {
+                    let _ = reply.send(Err(e));
+                    return Ok(());
+                }
+                st.stored.sandbox.set_desired_state(DesiredState::Running);
+                st.attempts = 0;
+                set_phase(
+                    st,
+                    Phase::Stopping,
+                    "Restarting",
+                    "stopping the workload to start it again",
+                );
+                self.persist(st).await?;
+                let stopped = match self.driver(st) {
+                    Ok(driver) => self.stop_workload(st, &driver).await,
+                    Err(e) => Err(e),
+                };
+                let outcome = match stopped {
+                    Ok(_) => self.converge(&myself, st, Some(Observed::Stopped)).await?,
+                    Err(e) => self.driver_failed(&myself, st, e).await?,
+                };
+                let _ = reply.send(Ok(st.stored.sandbox.clone()));
+                self.after(&myself, st, outcome).await;
+            }
+            SandboxMsg::Delete(reply) => {
+                if desired(st) != DesiredState::Deleted {
+                    st.stored.sandbox.set_desired_state(DesiredState::Deleted);
+                    set_phase(st, Phase::Deleting, "", "");
+                    self.persist(st).await?;
+                }
+                st.attempts = 0;
+                match self.converge(&myself, st, Some(Observed::Absent)).await? {
+                    Outcome::Deleted => {
+                        let _ = reply.send(Ok(true));
+                        myself.stop(Some(DELETED.to_string()));
+                    }
+                    other => {
+                        let why = match &other {
+                            Outcome::Retrying(e) => e.to_string(),
+                            _ => st.stored.sandbox.message.clone(),
+                        };
+                        let _ = reply.send(Err(ActorError::Unavailable(format!(
+                            "sandbox {} is being deleted but the driver has not confirmed it ({why}); deletion is retried",
+                            st.stored.id()
+                        ))));
+                        self.after(&myself, st, other).await;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn desired(st: &SandboxState) -> DesiredState {
+    match st.stored.sandbox.desired_state() {
+        DesiredState::Unspecified => DesiredState::Running,
+        d => d,
+    }
+}
+
+fn current(st: &SandboxState) -> Current {
+    Current {
+        desired: desired(st),
+        phase: st.stored.sandbox.phase(),
+        generation: st.stored.sandbox.generation,
+    }
+}
+
+fn set_phase(st: &mut SandboxState, phase: Phase, reason: &str, message: &str) {
+    let sb = &mut st.stored.sandbox;
+    sb.set_phase(phase);
+    sb.reason = reason.to_string();
+    sb.message = message.to_string();
+}
+
+fn refuse_if_deleting(st: &SandboxState, what: &str) -> Result<()> {
+    if desired(st) == DesiredState::Deleted {
+        return Err(ActorError::FailedPrecondition(format!(
+            "cannot {what} sandbox {} ({}): it is being deleted",
+            st.stored.sandbox.name,
+            st.stored.id()
+        )));
+    }
+    Ok(())
+}
+
+impl SandboxActor {
+    /// Drives the sandbox towards its desired state, one plan step at a time.
+    async fn converge(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        st: &mut SandboxState,
+        initial: Option<Observed>,
+    ) -> Result<Outcome, ActorProcessingErr> {
+        let driver = match self.driver(st) {
+            Ok(driver) => driver,
+            Err(e) => return self.driver_failed(myself, st, e).await,
+        };
+        let mut next = initial;
+        for _ in 0..MAX_STEPS {
+            let obs = match next.take() {
+                Some(obs) => obs,
+                None => match self.observe(st, &driver).await {
+                    Ok(obs) => obs,
+                    Err(e) => return self.driver_failed(myself, st, e).await,
+                },
+            };
+            let step = plan(&current(st), &obs, st.fresh);
+            tracing::debug!(sandbox = %st.stored.id(), ?obs, ?step, "plan");
+            match step {
+                Step::Settled => {
+                    st.attempts = 0;
+                    self.persist_if_changed(st).await?;
+                    return Ok(Outcome::Settled);
+                }
+                Step::Record(change) => {
+                    apply(st, &change);
+                    st.attempts = 0;
+                    self.persist(st).await?;
+                    return Ok(Outcome::Settled);
+                }
+                Step::Create { generation } => {
+                    let phase = if st.stored.sandbox.phase() == Phase::Provisioning {
+                        Phase::Provisioning
+                    } else {
+                        Phase::Starting
+                    };
+                    st.stored.sandbox.generation = generation;
+                    set_phase(st, phase, "", "");
+                    self.persist_if_changed(st).await?;
+                    match with_deadline(st, "create", driver.create(create_request(st))).await {
+                        Ok(snapshot) => next = Some(Observed::from_snapshot(&snapshot)),
+                        Err(DriverError::GenerationMismatch { running, .. }) => {
+                            next = Some(Observed::Running {
+                                generation: running,
+                            })
+                        }
+                        Err(e) => return self.driver_failed(myself, st, e).await,
+                    }
+                }
+                Step::Start { generation } => {
+                    st.stored.sandbox.generation = generation;
+                    set_phase(st, Phase::Starting, "", "");
+                    self.persist_if_changed(st).await?;
+                    let request = pb::StartRequest {
+                        sandbox_id: st.stored.id().to_string(),
+                        generation,
+                    };
+                    match with_deadline(st, "start", driver.start(request)).await {
+                        Ok(snapshot) => next = Some(Observed::from_snapshot(&snapshot)),
+                        Err(DriverError::NotFound { .. }) => next = Some(Observed::Absent),
+                        Err(DriverError::GenerationMismatch { running, .. }) => {
+                            next = Some(Observed::Running {
+                                generation: running,
+                            })
+                        }
+                        Err(e) => return self.driver_failed(myself, st, e).await,
+                    }
+                }
+                Step::Stop => {
+                    if st.stored.sandbox.phase() != Phase::Stopping {
+                        set_phase(st, Phase::Stopping, "", "");
+                    }
+                    self.persist_if_changed(st).await?;
+                    match self.stop_workload(st, &driver).await {
+                        Ok(obs) => next = Some(obs),
+                        Err(e) => return self.driver_failed(myself, st, e).await,
+                    }
+                }
+                Step::Delete => {
+                    if st.stored.sandbox.phase() != Phase::Deleting {
+                        set_phase(st, Phase::Deleting, "", "");
+                        self.persist(st).await?;
+                    }
+                    let request = pb::DeleteRequest {
+                        sandbox_id: st.stored.id().to_string(),
+                    };
+                    match with_deadline(st, "delete", driver.delete(request)).await {
+                        Ok(_) | Err(DriverError::NotFound { .. }) => {}
+                        Err(e) => return self.driver_failed(myself, st, e).await,
+                    }
+                    self.delete_record(st).await?;
+                    return Ok(Outcome::Deleted);
+                }
+                Step::Adopt { generation } => {
+                    let before = st.stored.sandbox.generation;
+                    st.stored.sandbox.generation = generation;
+                    set_phase(
+                        st,
+                        Phase::Ready,
+                        "Adopted",
+                        &format!(
+                            "re-attached to the running workload under its generation {generation} (the record said {before})"
+                        ),
+                    );
+                    tracing::info!(sandbox = %st.stored.id(), before, generation, "adopted a running workload after generation drift");
+                    self.persist(st).await?;
+                    st.attempts = 0;
+                    return Ok(Outcome::Settled);
+                }
+                Step::Drift { persisted, running } => {
+                    tracing::warn!(sandbox = %st.stored.id(), persisted, running, "generation drift: the actor restarts to reconcile");
+                    return Err(format!(
+                        "sandbox {}: the driver runs generation {running} but the record says {persisted}; restarting the actor to reconcile",
+                        st.stored.id()
+                    )
+                    .into());
+                }
+            }
+        }
+        // The driver keeps changing under us; look again later rather than spin.
+        self.driver_failed(
+            myself,
+            st,
+            DriverError::Unavailable("the workload did not settle".into()),
+        )
+        .await
+    }
+
+    /// After a convergence: schedule the retry it asked for.
+    async fn after(&self, myself: &ActorRef<SandboxMsg>, st: &mut SandboxState, outcome: Outcome) {
+        if let Outcome::Deleted = outcome {
+            myself.stop(Some(DELETED.to_string()));
+        }
+        let _ = st;
+    }
+
+    /// A driver call failed: settle in Error for errors a retry cannot fix, retry with
+    /// backoff for the others, and settle in Error once the attempts are spent.
+    async fn driver_failed(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        st: &mut SandboxState,
+        e: DriverError,
+    ) -> Result<Outcome, ActorProcessingErr> {
+        let cfg = &st.shared.config;
+        if !e.is_transient() {
+            set_phase(
+                st,
+                Phase::Error,
+                "DriverRejected",
+                &format!("the driver refused: {e}; fix the cause, then start or restart"),
+            );
+            st.attempts = 0;
+            self.persist(st).await?;
+            return Ok(Outcome::Settled);
+        }
+        st.attempts += 1;
+        if st.attempts >= cfg.max_driver_attempts {
+            let msg = format!(
+                "the driver failed {} attempts, last: {e}; start or restart tries again, and so does the reconciler",
+                st.attempts
+            );
+            set_phase(st, Phase::Error, "DriverUnavailable", &msg);
+            self.persist(st).await?;
+            return Ok(Outcome::Settled);
+        }
+        let delay = backoff(cfg.retry_backoff, cfg.max_retry_backoff, st.attempts - 1);
+        st.stored.sandbox.message = format!(
+            "attempt {} of {} failed: {e}; retrying in {delay:?}",
+            st.attempts, cfg.max_driver_attempts
+        );
+        self.persist(st).await?;
+        st.retry_pending = true;
+        myself.send_after(delay, || SandboxMsg::Retry);
+        Ok(Outcome::Retrying(e))
+    }
+
+    async fn observe(
+        &self,
+        st: &SandboxState,
+        driver: &Arc<dyn ComputeDriver>,
+    ) -> Result<Observed, DriverError> {
+        let request = pb::GetRequest {
+            sandbox_id: st.stored.id().to_string(),
+        };
+        match with_deadline(st, "get", driver.get(request)).await {
+            Ok(snapshot) => Ok(Observed::from_snapshot(&snapshot)),
+            Err(DriverError::NotFound { .. }) => Ok(Observed::Absent),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn stop_workload(
+        &self,
+        st: &SandboxState,
+        driver: &Arc<dyn ComputeDriver>,
+    ) -> Result<Observed, DriverError> {
+        let grace = st
+            .shared
+            .config
+            .stop_grace
+            .as_millis()
+            .min(u32::MAX as u128) as u32;
+        let request = pb::StopRequest {
+            sandbox_id: st.stored.id().to_string(),
+            grace_period_ms: grace,
+        };
+        match with_deadline(st, "stop", driver.stop(request)).await {
+            Ok(snapshot) => Ok(Observed::from_snapshot(&snapshot)),
+            Err(DriverError::NotFound { .. }) => Ok(Observed::Absent),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn driver(&self, st: &SandboxState) -> Result<Arc<dyn ComputeDriver>, DriverError> {
+        let name = st
+            .stored
+            .sandbox
+            .spec
+            .as_ref()
+            .map(|s| s.driver.as_str())
+            .unwrap_or("");
+        st.shared
+            .drivers
+            .get(name)
+            .cloned()
+            .map_err(|e| DriverError::FailedPrecondition(e.to_string()))
+    }
+
+    async fn persist_if_changed(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
+        if st.stored.to_update().body != st.stored.record.body {
+            self.persist(st).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the actor's view of the sandbox, checked against the version it last wrote.
+    async fn persist(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
+        let written = st.shared.store.update(st.stored.to_update()).await?;
+        st.stored = StoredSandbox::from_record(written)?;
+        st.shared
+            .events
+            .publish(EventType::Modified, st.stored.sandbox.clone());
+        Ok(())
+    }
+
+    async fn delete_record(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
+        match st
+            .shared
+            .store
+            .delete(st.stored.id(), st.stored.record.resource_version)
+            .await
+        {
+            Ok(_) | Err(sbx_storage::StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        st.shared
+            .events
+            .publish(EventType::Deleted, st.stored.sandbox.clone());
+        Ok(())
+    }
+}
+
+fn create_request(st: &SandboxState) -> pb::CreateRequest {
+    let sb = &st.stored.sandbox;
+    let spec = sb.spec.clone().unwrap_or_default();
+    let resources = spec.resources.unwrap_or_default();
+    pb::CreateRequest {
+        sandbox_id: st.stored.id().to_string(),
+        workspace: sb.workspace.clone(),
+        name: sb.name.clone(),
+        spec: Some(pb::SandboxSpec {
+            command: spec.command,
+            env: spec.env,
+            resources: Some(pb::Resources {
+                cpu_millis: resources.cpu_millis,
+                memory_bytes: resources.memory_bytes,
+            }),
+            image: spec.image,
+        }),
+        generation: sb.generation,
+    }
+}
+
+fn apply(st: &mut SandboxState, change: &PhaseChange) {
+    set_phase(st, change.phase, &change.reason, &change.message);
+    if let Some(desired) = change.desired {
+        st.stored.sandbox.set_desired_state(desired);
+    }
+}
+
+/// Runs a driver call under the configured deadline: a driver that never answers costs one
+/// deadline, not the actor.
+async fn with_deadline<T>(
+    st: &SandboxState,
+    operation: &'static str,
+    call: impl Future<Output = Result<T, DriverError>>,
+) -> Result<T, DriverError> {
+    let after: Duration = st.shared.config.driver_call_timeout;
+    tokio::time::timeout(after, call)
+        .await
+        .unwrap_or(Err(DriverError::DeadlineExceeded { operation, after }))
+}

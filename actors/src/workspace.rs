@@ -1,0 +1,568 @@
+//! The workspace supervisor: owns the sandbox actors of one workspace.
+//!
+//! Creating a sandbox and deleting the workspace both pass through its mailbox, so they cannot
+//! interleave: once deletion has begun (`Terminating`, persisted) every create is refused, and a
+//! create accepted before it is finished before the deletion looks at what remains.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use sbx_drivers::pb;
+use sbx_proto::v1::{DesiredState, EventType, Phase, Sandbox, SandboxSpec, WorkspacePhase};
+use sbx_storage::{Kind, LabelSelector, ListQuery, Scope, StoreError};
+use uuid::Uuid;
+
+use crate::config::Shared;
+use crate::error::{ActorError, Result};
+use crate::records::{StoredSandbox, StoredWorkspace, new_sandbox_record};
+use crate::route::Route;
+use crate::sandbox::{DELETED, SandboxActor, SandboxArgs, SandboxMsg};
+use crate::supervision::{RestartDecision, RestartHistory, backoff};
+
+pub enum WorkspaceMsg {
+    CreateSandbox {
+        name: String,
+        spec: SandboxSpec,
+        reply: RpcReplyPort<Result<Sandbox>>,
+    },
+    Route {
+        id: Uuid,
+        reply: RpcReplyPort<Route<SandboxMsg>>,
+    },
+    /// Deletes the workspace; answers whether it was deleted.
+    Delete {
+        cascade: bool,
+        reply: RpcReplyPort<Result<bool>>,
+    },
+    /// The cascade task has asked every sandbox to delete itself.
+    CascadeFinished,
+    RespawnChild(Uuid),
+    /// Takes over a workload a driver runs without a record in the store.
+    Adopt {
+        driver: String,
+        snapshot: pb::Snapshot,
+        reply: RpcReplyPort<Result<Sandbox>>,
+    },
+    /// The sandbox ids this supervisor owns (for tests and diagnostics).
+    Children(RpcReplyPort<Vec<Uuid>>),
+}
+
+pub struct WorkspaceSupervisor;
+
+pub struct WorkspaceArgs {
+    pub id: Uuid,
+    pub shared: Arc<Shared>,
+    pub report_attach: bool,
+}
+
+pub struct WorkspaceState {
+    shared: Arc<Shared>,
+    ws: StoredWorkspace,
+    children: HashMap<Uuid, Child>,
+    /// Which sandbox a supervision event is about.
+    by_actor: HashMap<ActorId, Uuid>,
+    /// Callers waiting for the deletion in progress.
+    pending_deletes: Vec<RpcReplyPort<Result<bool>>>,
+    cascade_running: bool,
+    cascade_rounds: u32,
+    report_attach: bool,
+}
+
+struct Child {
+    /// None while the actor is being restarted.
+    actor: Option<ActorRef<SandboxMsg>>,
+    history: RestartHistory,
+}
+
+impl Actor for WorkspaceSupervisor {
+    type Msg = WorkspaceMsg;
+    type State = WorkspaceState;
+    type Arguments = WorkspaceArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<WorkspaceMsg>,
+        args: WorkspaceArgs,
+    ) -> Result<WorkspaceState, ActorProcessingErr> {
+        let record = args
+            .shared
+            .store
+            .get(args.id)
+            .await?
+            .ok_or_else(|| format!("workspace {} has no record", args.id))?;
+        Ok(WorkspaceState {
+            ws: StoredWorkspace::from_record(record)?,
+            shared: args.shared,
+            children: HashMap::new(),
+            by_actor: HashMap::new(),
+            pending_deletes: Vec::new(),
+            cascade_running: false,
+            cascade_rounds: 0,
+            report_attach: args.report_attach,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+    ) -> Result<(), ActorProcessingErr> {
+        let ids = sandbox_ids(&st.shared, st.ws.id()).await?;
+        let report = std::mem::take(&mut st.report_attach);
+        if report {
+            st.shared.startup.add(ids.len());
+        }
+        for id in ids {
+            st.children.insert(
+                id,
+                Child {
+                    actor: None,
+                    history: RestartHistory::default(),
+                },
+            );
+            if !self.spawn_child(&myself, st, id, report).await && report {
+                st.shared.startup.attached();
+            }
+        }
+        if report {
+            st.shared.startup.attached();
+        }
+        if st.ws.workspace.phase() == WorkspacePhase::Terminating {
+            tracing::info!(workspace = %st.ws.workspace.name, "resuming the deletion of a terminating workspace");
+            self.start_cascade(&myself, st, Duration::ZERO).await;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<WorkspaceMsg>,
+        msg: WorkspaceMsg,
+        st: &mut WorkspaceState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            WorkspaceMsg::CreateSandbox { name, spec, reply } => {
+                let result = self.create_sandbox(&myself, st, name, spec).await;
+                let _ = reply.send(result);
+            }
+            WorkspaceMsg::Route { id, reply } => {
+                let route = match st.children.get(&id) {
+                    Some(Child { actor: Some(a), .. }) => Route::Actor(a.clone()),
+                    Some(Child { actor: None, .. }) => Route::Restarting,
+                    None => Route::Unknown,
+                };
+                let _ = reply.send(route);
+            }
+            WorkspaceMsg::Children(reply) => {
+                let _ = reply.send(st.children.keys().copied().collect());
+            }
+            WorkspaceMsg::Delete { cascade, reply } => {
+                self.delete(&myself, st, cascade, reply).await?
+            }
+            WorkspaceMsg::CascadeFinished => {
+                st.cascade_running = false;
+                self.finish_delete(&myself, st).await?;
+            }
+            WorkspaceMsg::RespawnChild(id) => {
+                if st.children.get(&id).is_some_and(|c| c.actor.is_none()) {
+                    self.spawn_child(&myself, st, id, false).await;
+                }
+            }
+            WorkspaceMsg::Adopt {
+                driver,
+                snapshot,
+                reply,
+            } => {
+                let result = self.adopt(&myself, st, driver, snapshot).await;
+                let _ = reply.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<WorkspaceMsg>,
+        evt: SupervisionEvent,
+        st: &mut WorkspaceState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, failure) = match evt {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                if reason.as_deref() == Some(DELETED) {
+                    if let Some(id) = st.by_actor.remove(&cell.get_id()) {
+                        st.children.remove(&id);
+                    }
+                    return Ok(());
+                }
+                (
+                    cell,
+                    format!(
+                        "terminated ({})",
+                        reason.unwrap_or_else(|| "no reason".into())
+                    ),
+                )
+            }
+            SupervisionEvent::ActorFailed(cell, err) => (cell, format!("failed: {err}")),
+            _ => return Ok(()),
+        };
+        let Some(id) = st.by_actor.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        tracing::warn!(sandbox = %id, workspace = %st.ws.workspace.name, "sandbox actor {failure}; restarting it from its record");
+        self.child_down(&myself, st, id)
+    }
+}
+
+impl WorkspaceSupervisor {
+    /// Spawns the actor of sandbox `id`; false when it could not start (a restart is then
+    /// scheduled, unless the sandbox no longer exists).
+    async fn spawn_child(
+        &self,
+        myself: &ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+        id: Uuid,
+        report_attach: bool,
+    ) -> bool {
+        let args = SandboxArgs {
+            id,
+            shared: Arc::clone(&st.shared),
+            report_attach,
+        };
+        match Actor::spawn_linked(None, SandboxActor, args, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                st.by_actor.insert(actor.get_id(), id);
+                if let Some(child) = st.children.get_mut(&id) {
+                    child.actor = Some(actor);
+                } else {
+                    st.children.insert(
+                        id,
+                        Child {
+                            actor: Some(actor),
+                            history: RestartHistory::default(),
+                        },
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                match st.shared.store.get(id).await {
+                    Ok(None) => {
+                        st.children.remove(&id);
+                    }
+                    _ => {
+                        tracing::warn!(sandbox = %id, "sandbox actor did not start: {e}; retrying");
+                        let attempt = st.children.get(&id).map(|_| 0).unwrap_or(0);
+                        let delay = backoff(
+                            st.shared.config.sandbox_restarts.base_backoff,
+                            st.shared.config.sandbox_restarts.max_backoff,
+                            attempt + 3,
+                        );
+                        myself.send_after(delay, move || WorkspaceMsg::RespawnChild(id));
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    fn child_down(
+        &self,
+        myself: &ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+        id: Uuid,
+    ) -> Result<(), ActorProcessingErr> {
+        let policy = st.shared.config.sandbox_restarts;
+        let Some(child) = st.children.get_mut(&id) else {
+            return Ok(());
+        };
+        child.actor = None;
+        match child.history.on_failure(&policy, Instant::now()) {
+            RestartDecision::RestartAfter(delay) => {
+                myself.send_after(delay, move || WorkspaceMsg::RespawnChild(id));
+                Ok(())
+            }
+            RestartDecision::Escalate => Err(format!(
+                "sandbox actor {id} restarted more than {} times in {:?}; escalating",
+                policy.max_restarts, policy.window
+            )
+            .into()),
+        }
+    }
+
+    async fn create_sandbox(
+        &self,
+        myself: &ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+        name: String,
+        spec: SandboxSpec,
+    ) -> Result<Sandbox> {
+        if st.ws.workspace.phase() == WorkspacePhase::Terminating {
+            return Err(ActorError::WorkspaceTerminating(
+                st.ws.workspace.name.clone(),
+            ));
+        }
+        let id = Uuid::new_v4();
+        let mut sandbox = Sandbox {
+            workspace: st.ws.workspace.name.clone(),
+            workspace_id: st.ws.id().to_string(),
+            name,
+            spec: Some(spec),
+            generation: 1,
+            ..Default::default()
+        };
+        sandbox.set_desired_state(DesiredState::Running);
+        sandbox.set_phase(Phase::Provisioning);
+        let record = st
+            .shared
+            .store
+            .create(new_sandbox_record(id, st.ws.id(), &sandbox))
+            .await
+            .map_err(|e| match e {
+                StoreError::AlreadyExists { existing, .. } => ActorError::NameTaken {
+                    kind: "sandbox",
+                    name: sandbox.name.clone(),
+                    scope: format!(" in workspace {:?}", st.ws.workspace.name),
+                    existing: existing.to_string(),
+                },
+                StoreError::WorkspaceNotFound { .. } => {
+                    ActorError::WorkspaceNotFound(format!("{:?}", st.ws.workspace.name))
+                }
+                other => other.into(),
+            })?;
+        let stored = StoredSandbox::from_record(record)?;
+        st.shared
+            .events
+            .publish(EventType::Added, stored.sandbox.clone());
+        st.children.insert(
+            id,
+            Child {
+                actor: None,
+                history: RestartHistory::default(),
+            },
+        );
+        self.spawn_child(myself, st, id, false).await;
+        Ok(stored.sandbox)
+    }
+
+    async fn adopt(
+        &self,
+        myself: &ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+        driver: String,
+        snap: pb::Snapshot,
+    ) -> Result<Sandbox> {
+        if st.ws.workspace.phase() == WorkspacePhase::Terminating {
+            return Err(ActorError::WorkspaceTerminating(
+                st.ws.workspace.name.clone(),
+            ));
+        }
+        let id = sbx_drivers::parse_sandbox_id(&snap.sandbox_id)?;
+        let mut sandbox = Sandbox {
+            workspace: st.ws.workspace.name.clone(),
+            workspace_id: st.ws.id().to_string(),
+            name: snap.name.clone(),
+            spec: Some(SandboxSpec {
+                driver,
+                ..Default::default()
+            }),
+            generation: snap.generation,
+            reason: "Adopted".into(),
+            message: "found running in the driver without a record; adopted (its spec is unknown)"
+                .into(),
+            ..Default::default()
+        };
+        sandbox.set_desired_state(DesiredState::Running);
+        sandbox.set_phase(Phase::Provisioning);
+        let mut new = new_sandbox_record(id, st.ws.id(), &sandbox);
+        new.id = id;
+        let record = st.shared.store.create(new).await?;
+        let stored = StoredSandbox::from_record(record)?;
+        st.shared
+            .events
+            .publish(EventType::Added, stored.sandbox.clone());
+        st.children.insert(
+            id,
+            Child {
+                actor: None,
+                history: RestartHistory::default(),
+            },
+        );
+        self.spawn_child(myself, st, id, false).await;
+        Ok(stored.sandbox)
+    }
+
+    async fn delete(
+        &self,
+        myself: &ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+        cascade: bool,
+        reply: RpcReplyPort<Result<bool>>,
+    ) -> Result<(), ActorProcessingErr> {
+        if st.ws.workspace.phase() == WorkspacePhase::Terminating {
+            // A deletion is already under way; this caller waits for it too.
+            st.pending_deletes.push(reply);
+            return Ok(());
+        }
+        let remaining = match sandbox_ids(&st.shared, st.ws.id()).await {
+            Ok(ids) => ids.len(),
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return Ok(());
+            }
+        };
+        if remaining > 0 && !cascade {
+            let _ = reply.send(Err(ActorError::WorkspaceNotEmpty {
+                name: st.ws.workspace.name.clone(),
+                remaining,
+            }));
+            return Ok(());
+        }
+        st.ws.workspace.set_phase(WorkspacePhase::Terminating);
+        let written = st.shared.store.update(st.ws.to_update()).await?;
+        st.ws = StoredWorkspace::from_record(written)?;
+        st.pending_deletes.push(reply);
+        if remaining == 0 {
+            self.finish_delete(myself, st).await
+        } else {
+            self.start_cascade(myself, st, Duration::ZERO).await;
+            Ok(())
+        }
+    }
+
+    /// Asks every sandbox of the workspace to delete itself, from a task, so that this mailbox
+    /// stays free for routing and supervision meanwhile.
+    async fn start_cascade(
+        &self,
+        myself: &ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+        delay: Duration,
+    ) {
+        if st.cascade_running {
+            return;
+        }
+        st.cascade_running = true;
+        st.cascade_rounds += 1;
+        let children: Vec<Uuid> = st.children.keys().copied().collect();
+        let supervisor = myself.clone();
+        let timeout = st.shared.config.request_timeout;
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            futures::stream::iter(children)
+                .for_each_concurrent(16, |id| {
+                    let supervisor = supervisor.clone();
+                    async move { delete_child(&supervisor, id, timeout).await }
+                })
+                .await;
+            let _ = supervisor.cast(WorkspaceMsg::CascadeFinished);
+        });
+    }
+
+    /// Deletes the workspace record once no sandbox remains, checked by UUID and version.
+    async fn finish_delete(
+        &self,
+        myself: &ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+    ) -> Result<(), ActorProcessingErr> {
+        let remaining = sandbox_ids(&st.shared, st.ws.id()).await?;
+        if !remaining.is_empty() {
+            let delay = backoff(
+                Duration::from_millis(100),
+                Duration::from_secs(5),
+                st.cascade_rounds.min(10),
+            );
+            tracing::info!(workspace = %st.ws.workspace.name, remaining = remaining.len(), "sandboxes remain; cascading again in {delay:?}");
+            for id in remaining {
+                if !st.children.contains_key(&id) {
+                    st.children.insert(
+                        id,
+                        Child {
+                            actor: None,
+                            history: RestartHistory::default(),
+                        },
+                    );
+                    self.spawn_child(myself, st, id, false).await;
+                }
+            }
+            self.start_cascade(myself, st, delay).await;
+            return Ok(());
+        }
+        match st
+            .shared
+            .store
+            .delete(st.ws.id(), st.ws.record.resource_version)
+            .await
+        {
+            Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(workspace = %st.ws.workspace.name, id = %st.ws.id(), "workspace deleted");
+        for reply in st.pending_deletes.drain(..) {
+            let _ = reply.send(Ok(true));
+        }
+        myself.stop(Some(DELETED.to_string()));
+        Ok(())
+    }
+}
+
+/// Deletes one sandbox through its actor, riding out the actor's restarts.
+async fn delete_child(supervisor: &ActorRef<WorkspaceMsg>, id: Uuid, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut attempt = 0u32;
+    while tokio::time::Instant::now() < deadline {
+        let route = match supervisor
+            .call(
+                |reply| WorkspaceMsg::Route { id, reply },
+                Some(Duration::from_secs(10)),
+            )
+            .await
+        {
+            Ok(CallResult::Success(route)) => route,
+            _ => return,
+        };
+        match route {
+            Route::Unknown => return,
+            Route::Restarting => {}
+            Route::Actor(actor) => match actor.call(SandboxMsg::Delete, Some(timeout)).await {
+                Ok(CallResult::Success(Ok(_))) => return,
+                Ok(CallResult::Success(Err(e))) => {
+                    tracing::info!(sandbox = %id, "cascade delete not done yet: {e}")
+                }
+                _ => {}
+            },
+        }
+        attempt += 1;
+        tokio::time::sleep(backoff(
+            Duration::from_millis(10),
+            Duration::from_secs(2),
+            attempt.min(10),
+        ))
+        .await;
+    }
+}
+
+/// Every sandbox id in a workspace, from the store.
+pub(crate) async fn sandbox_ids(shared: &Shared, ws: Uuid) -> Result<Vec<Uuid>> {
+    let mut ids = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = shared
+            .store
+            .list(ListQuery {
+                kind: Kind::Sandbox,
+                scope: Scope::Workspace(ws),
+                selector: LabelSelector::default(),
+                limit: 1000,
+                cursor,
+            })
+            .await?;
+        ids.extend(page.records.iter().map(|r| r.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return Ok(ids),
+        }
+    }
+}
