@@ -226,3 +226,109 @@ impl SledStore {
         Ok(problems)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::layout::{META_REVISION, encode_u64};
+    use crate::record::NewRecord;
+    use crate::store::ObjectStore;
+
+    fn new(kind: Kind, workspace: Option<Uuid>, owner: Option<Uuid>, name: &str) -> NewRecord {
+        NewRecord {
+            id: Uuid::new_v4(),
+            kind,
+            workspace,
+            name: name.into(),
+            owner,
+            labels: BTreeMap::new(),
+            created_at_ms: 7,
+            body: Vec::new(),
+        }
+    }
+
+    /// Builds a small healthy store, applies `corrupt` to its trees by hand, and checks that
+    /// fsck reports a problem in `tree`.
+    async fn check(tree: &str, corrupt: impl FnOnce(&SledStore, &Record, &Record, &Record)) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&dir.path().join("db")).unwrap();
+        let ws = store
+            .create(new(Kind::Workspace, None, None, "ws"))
+            .await
+            .unwrap();
+        let sb = store
+            .create(new(Kind::Sandbox, Some(ws.id), None, "sb"))
+            .await
+            .unwrap();
+        let set = store
+            .create(new(Kind::Setting, Some(ws.id), Some(sb.id), "set"))
+            .await
+            .unwrap();
+        assert_eq!(store.verify_indexes().unwrap(), vec![], "healthy store");
+        corrupt(&store, &ws, &sb, &set);
+        let problems = store.verify_indexes().unwrap();
+        assert!(
+            problems.iter().any(|p| p.tree == tree),
+            "corrupting {tree} went unnoticed: {problems:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn fsck_reports_hand_made_corruption() {
+        let t = |s: &SledStore| s.inner.trees.clone();
+        check("names", |s, _, sb, _| {
+            t(s).names
+                .remove(name_key(sb.kind, sb.workspace, &sb.name))
+                .unwrap();
+        })
+        .await;
+        check("names", |s, _, sb, _| {
+            t(s).names
+                .insert(
+                    name_key(Kind::Sandbox, sb.workspace, "ghost"),
+                    sb.id.as_bytes(),
+                )
+                .unwrap();
+        })
+        .await;
+        check("owners", |s, _, sb, _| {
+            t(s).owners.remove(sb.id.as_bytes()).unwrap();
+        })
+        .await;
+        check("owners", |s, ws, sb, set| {
+            let list = crate::layout::encode_id_list(&[set.id, ws.id]);
+            t(s).owners.insert(sb.id.as_bytes(), list).unwrap();
+        })
+        .await;
+        check("order_all", |s, _, sb, _| {
+            t(s).order_all
+                .remove(order_all_key(sb.kind, sb.created_at_ms, sb.id))
+                .unwrap();
+        })
+        .await;
+        check("order_ws", |s, ws, sb, _| {
+            t(s).order_ws
+                .insert(&order_ws_key(ws.id, sb.kind, 99, sb.id)[..], &[][..])
+                .unwrap();
+        })
+        .await;
+        check("ws_counts", |s, ws, _, _| {
+            t(s).ws_counts
+                .insert(ws.id.as_bytes(), &encode_u64(1))
+                .unwrap();
+        })
+        .await;
+        check("meta", |s, _, _, _| {
+            t(s).meta.insert(META_REVISION, &encode_u64(1)).unwrap();
+        })
+        .await;
+        check("records", |s, _, sb, _| {
+            t(s).records
+                .insert(sb.id.as_bytes(), &b"\xff\xff"[..])
+                .unwrap();
+        })
+        .await;
+    }
+}
