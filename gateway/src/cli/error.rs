@@ -64,16 +64,40 @@ pub enum CliError {
         desired: String,
     },
 
-    /// The sandbox was not Ready within `--timeout`.
+    /// The sandbox was not Ready within `--timeout`. It is left as it is, not deleted.
     #[error(
-        "sandbox {name:?} not Ready after {}s (last phase {phase}); it keeps going — \
-         check it with `sbx sandbox get`",
+        "sandbox {name:?} not Ready after {}s (last phase {phase}); it was left as it is — \
+         see `sbx sandbox get --id {id}`",
         timeout.as_secs()
     )]
     WaitTimeout {
         name: String,
+        id: String,
         phase: String,
         timeout: Duration,
+    },
+
+    /// The user pressed Ctrl-C while the CLI waited for Ready. The sandbox is left as it is.
+    #[error(
+        "interrupted while waiting for sandbox {name:?} to become Ready; it was left as it is — \
+         see `sbx sandbox get --id {id}`"
+    )]
+    Interrupted { name: String, id: String },
+
+    /// CreateSandbox answered a sandbox without an id. The CLI then cannot follow the sandbox
+    /// safely (a name may come to mean another sandbox), so it stops; a gateway bug.
+    #[error("the gateway created sandbox {name:?} but answered no id; not waiting for it")]
+    CreatedWithoutId { name: String },
+
+    /// A watch stream failed after some events; says where to resume.
+    #[error(
+        "{} (watch ended after resource version {last_seen}; resume with --resource-version \
+         {last_seen})",
+        describe_status(status)
+    )]
+    WatchBroken {
+        last_seen: u64,
+        status: tonic::Status,
     },
 
     /// An exec stream ended without the final exit message the contract promises (the gateway
@@ -154,6 +178,19 @@ mod tests {
         check(
             tonic::Status::new(Code::Unavailable, ""),
             "The service is currently unavailable",
+        );
+    }
+
+    #[test]
+    fn a_broken_watch_says_where_to_resume() {
+        let err = CliError::WatchBroken {
+            last_seen: 41,
+            status: tonic::Status::unavailable("connection reset"),
+        };
+        assert_eq!(
+            err.to_string(),
+            "connection reset (watch ended after resource version 41; resume with \
+             --resource-version 41)"
         );
     }
 

@@ -34,6 +34,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// (`sbx sandbox watch | head -1`): quiet, as other Unix tools are.
 const BROKEN_PIPE_EXIT: u8 = 141;
 
+/// The conventional exit status after SIGINT (128 + 2), for a Ctrl-C while waiting for Ready.
+const INTERRUPTED_EXIT: u8 = 130;
+
 /// Runs the command on a fresh single-threaded runtime, prints any error as one
 /// `error: …` line on stderr, and returns the process exit code.
 pub fn run_to_exit_code(cli: Cli) -> u8 {
@@ -47,13 +50,26 @@ pub fn run_to_exit_code(cli: Cli) -> u8 {
             return 1;
         }
     };
-    match runtime.block_on(run(cli)) {
-        Ok(code) => code,
-        Err(CliError::Io(err)) if err.kind() == std::io::ErrorKind::BrokenPipe => BROKEN_PIPE_EXIT,
-        Err(err) => {
-            eprintln!("error: {err}");
-            1
+    let (code, message) = outcome(runtime.block_on(run(cli)));
+    if let Some(message) = message {
+        eprintln!("{message}");
+    }
+    code
+}
+
+/// The exit code and the stderr line (if any) for a command's result: `Ok(code)` → `code`;
+/// a closed stdout → [`BROKEN_PIPE_EXIT`], silently; Ctrl-C while waiting → [`INTERRUPTED_EXIT`]
+/// and `error: …`; any other error → 1 and `error: …`.
+pub fn outcome(result: Result<u8, CliError>) -> (u8, Option<String>) {
+    match result {
+        Ok(code) => (code, None),
+        Err(CliError::Io(err)) if err.kind() == std::io::ErrorKind::BrokenPipe => {
+            (BROKEN_PIPE_EXIT, None)
         }
+        Err(err @ CliError::Interrupted { .. }) => {
+            (INTERRUPTED_EXIT, Some(format!("error: {err}")))
+        }
+        Err(err) => (1, Some(format!("error: {err}"))),
     }
 }
 
@@ -65,9 +81,13 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
     }
 }
 
-/// `host:port` without a scheme means plain-text `http://host:port`.
+/// `host:port` without a scheme means plain-text `http://host:port`; an empty value (an empty
+/// `SBX_ENDPOINT`) means the default.
 pub fn normalize_endpoint(raw: &str) -> String {
-    if raw.contains("://") {
+    let raw = raw.trim();
+    if raw.is_empty() {
+        super::DEFAULT_ENDPOINT.to_string()
+    } else if raw.contains("://") {
         raw.to_string()
     } else {
         format!("http://{raw}")
@@ -291,35 +311,42 @@ async fn create_sandbox(endpoint: &str, args: &SandboxCreateArgs) -> Result<u8, 
     let sandbox = if args.detach {
         created
     } else {
-        // Re-read by id: the id is the identity; a name could meanwhile mean another sandbox.
-        let reference = if created.id.is_empty() {
-            SandboxRef {
-                id: String::new(),
-                workspace: created.workspace.clone(),
-                name: created.name.clone(),
-            }
-        } else {
-            SandboxRef {
-                id: created.id.clone(),
-                workspace: String::new(),
-                name: String::new(),
-            }
+        // Re-read by id only: the id is the identity; the name could meanwhile mean another
+        // sandbox (deleted and re-created by someone else).
+        if created.id.is_empty() {
+            return Err(CliError::CreatedWithoutId { name: created.name });
+        }
+        let reference = SandboxRef {
+            id: created.id.clone(),
+            workspace: String::new(),
+            name: String::new(),
+        };
+        let interrupted = CliError::Interrupted {
+            name: created.name.clone(),
+            id: created.id.clone(),
         };
         let mut progress = progress_for_stderr();
-        wait_until_ready(
-            created,
-            || {
-                let mut client = client.clone();
-                let req = GetSandboxRequest {
-                    sandbox: Some(reference.clone()),
-                };
-                async move { Ok(client.get_sandbox(req).await?.into_inner()) }
-            },
-            Duration::from_secs(args.timeout),
-            POLL_INTERVAL,
-            progress.as_mut(),
-        )
-        .await?
+        let waited = tokio::select! {
+            waited = wait_until_ready(
+                created,
+                || {
+                    let mut client = client.clone();
+                    let req = GetSandboxRequest {
+                        sandbox: Some(reference.clone()),
+                    };
+                    async move { Ok(client.get_sandbox(req).await?.into_inner()) }
+                },
+                Duration::from_secs(args.timeout),
+                POLL_INTERVAL,
+                progress.as_mut(),
+            ) => waited,
+            // If the handler cannot be installed, wait on without it.
+            Ok(()) = tokio::signal::ctrl_c() => Err(interrupted),
+        };
+        // Clears the spinner however the wait ended (an interrupted wait never reached its own
+        // finish call); finishing twice is harmless.
+        progress.finish();
+        waited?
     };
     print(&render_sandbox(
         args.output.format,
@@ -343,6 +370,8 @@ mod tests {
         );
         assert_eq!(normalize_endpoint("http://h:1"), "http://h:1");
         assert_eq!(normalize_endpoint("https://h:1"), "https://h:1");
+        assert_eq!(normalize_endpoint(""), crate::cli::DEFAULT_ENDPOINT);
+        assert_eq!(normalize_endpoint(" h:2 "), "http://h:2");
     }
 
     /// Serves `pages` as (items, next token) and records the tokens asked for.
@@ -392,6 +421,48 @@ mod tests {
         let prefix = format!("cannot reach sbxd at http://127.0.0.1:{port}: ");
         assert!(text.starts_with(&prefix), "{text}");
         assert!(text.len() > prefix.len(), "no cause in {text:?}");
+    }
+
+    #[test]
+    fn outcomes() {
+        assert_eq!(outcome(Ok(0)), (0, None));
+        assert_eq!(outcome(Ok(42)), (42, None));
+        let pipe = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        assert_eq!(outcome(Err(CliError::Io(pipe))), (BROKEN_PIPE_EXIT, None));
+        let interrupted = CliError::Interrupted {
+            name: "web".into(),
+            id: "id-1".into(),
+        };
+        let (code, message) = outcome(Err(interrupted));
+        assert_eq!(code, 130);
+        assert!(message.unwrap().contains("--id id-1"));
+        assert_eq!(
+            outcome(Err(CliError::Rpc(tonic::Status::not_found(
+                "no such sandbox"
+            )))),
+            (1, Some("error: no such sandbox".to_string()))
+        );
+    }
+
+    #[test]
+    fn a_command_against_no_gateway_fails_with_one_line() {
+        use clap::Parser;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let cli = Cli::try_parse_from(["sbx", "--endpoint", &endpoint, "sandbox", "list"]).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (code, message) = outcome(runtime.block_on(run(cli)));
+        assert_eq!(code, 1);
+        let message = message.unwrap();
+        assert!(
+            message.starts_with(&format!("error: cannot reach sbxd at {endpoint}: ")),
+            "{message}"
+        );
+        assert!(!message.contains('\n'), "{message:?}");
     }
 
     #[tokio::test]

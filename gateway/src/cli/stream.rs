@@ -91,11 +91,21 @@ pub async fn watch(
         out.write_all(watch_header().as_bytes())?;
         out.flush()?;
     }
-    while let Some(event) = stream.message().await? {
+    // The newest resource version printed, so a broken stream can say where to resume.
+    let mut last_seen = 0;
+    loop {
+        let event = match stream.message().await {
+            Ok(Some(event)) => event,
+            Ok(None) => return Ok(0),
+            Err(status) if last_seen > 0 => {
+                return Err(CliError::WatchBroken { last_seen, status });
+            }
+            Err(status) => return Err(CliError::Rpc(status)),
+        };
         out.write_all(render_event(format, &event, all_workspaces)?.as_bytes())?;
         out.flush()?;
+        last_seen = last_seen.max(event.resource_version);
     }
-    Ok(0)
 }
 
 #[cfg(test)]

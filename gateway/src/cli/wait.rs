@@ -178,6 +178,7 @@ where
         }
         let timed_out = || CliError::WaitTimeout {
             name: current.name.clone(),
+            id: current.id.clone(),
             phase: phase_name(current.phase),
             timeout,
         };
