@@ -16,6 +16,7 @@ use uuid::Uuid;
 mod error;
 pub mod process;
 pub mod sim;
+pub mod conformance;
 
 pub use error::DriverError;
 

@@ -1,0 +1,131 @@
+//! The driver conformance suite: one set of checks, run against every [`ComputeDriver`].
+//!
+//! It checks the promises of the driver contract that the gateway relies on: resolution by id
+//! only (two sandboxes named `demo` in two workspaces), `INVALID_ARGUMENT` for empty and
+//! malformed ids, idempotent stop / start / delete, the generation round-trip and
+//! `GenerationMismatch`, workloads that survive a crash of the driver instance and are found
+//! again by a new one, workspace and name round-tripped by list, exec, and workloads that end
+//! by themselves.
+//!
+//! # Using it for a driver
+//!
+//! Implement [`DriverHarness`] in the driver's integration test, then either call [`run_all`]
+//! or — better, so that each check passes or fails on its own — one `#[tokio::test]` per check
+//! function, each on a fresh harness:
+//!
+//! ```ignore
+//! use sbx_drivers::conformance::{self, DriverHarness};
+//!
+//! struct ProcessHarness { state_dir: tempfile::TempDir }
+//!
+//! #[async_trait::async_trait]
+//! impl DriverHarness for ProcessHarness {
+//!     async fn open(&self) -> Arc<dyn ComputeDriver> { /* a driver on self.state_dir */ }
+//!     async fn kill(&self, driver: Arc<dyn ComputeDriver>) { drop(driver) /* or SIGKILL */ }
+//!     fn long_running_spec(&self) -> pb::SandboxSpec { /* sleep 3600 */ }
+//!     fn settle_timeout(&self) -> Duration { Duration::from_secs(10) }
+//!     // exec_echo, exec_exit, exiting_spec and call_timeout have defaults for real drivers
+//!     // (`echo TEXT`, `sh -c 'exit N'`); override them where the driver's commands differ.
+//! }
+//!
+//! #[tokio::test]
+//! async fn same_name_in_two_workspaces() {
+//!     conformance::same_name_in_two_workspaces(&ProcessHarness::new()).await;
+//! }
+//! ```
+//!
+//! Each check panics with a message that says what was expected and what the driver answered.
+//! Each check deletes every sandbox it created — on success, and also when it fails, before
+//! the panic goes on — and on success it also checks that the deletes worked (get answers
+//! `NotFound`). Every driver call has a deadline ([`DriverHarness::call_timeout`]), so a
+//! driver that does not answer fails the check instead of hanging it. A check that needs a
+//! capability the driver does not report (exec, watch) or a spec the harness cannot give
+//! ([`DriverHarness::exiting_spec`] returning `None`) prints that it skips and returns.
+//!
+//! Checks never match sandboxes by name, except to prove that a request with a bad id made
+//! nothing; they filter list results by the ids they created, so a harness may share driver
+//! state between checks.
+
+mod checks;
+mod session;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{ComputeDriver, pb};
+
+pub use checks::{
+    empty_and_malformed_ids_are_invalid, exec_returns_stdout_and_exit_code,
+    generation_round_trip_and_mismatch, idempotent_stop_start_delete,
+    list_round_trips_workspace_and_name, same_name_in_two_workspaces,
+    self_exit_shows_exited_with_code, watch_reports_self_exit, workloads_survive_driver_restart,
+};
+
+/// What the suite needs from a driver's test: a way to open (and crash) driver instances on
+/// one persistent state, and the commands that driver runs.
+#[async_trait]
+pub trait DriverHarness: Send + Sync {
+    /// Opens a driver instance on the harness's persistent state (the same state each time).
+    async fn open(&self) -> Arc<dyn ComputeDriver>;
+
+    /// Ends the given driver instance as a crash would (drop it; for an out-of-process driver,
+    /// SIGKILL the hosting process). Workloads must survive.
+    async fn kill(&self, driver: Arc<dyn ComputeDriver>);
+
+    /// A spec whose workload runs until stopped (e.g. `sleep 3600` for real drivers).
+    fn long_running_spec(&self) -> pb::SandboxSpec;
+
+    /// How long to wait for a state change to show (real drivers are slower).
+    fn settle_timeout(&self) -> Duration;
+
+    /// The deadline of one driver call. Covers a stop's grace period.
+    fn call_timeout(&self) -> Duration {
+        Duration::from_secs(30)
+    }
+
+    /// A command that writes `text` and a newline to stdout and exits 0.
+    fn exec_echo(&self, text: &str) -> Vec<String> {
+        vec!["echo".to_string(), text.to_string()]
+    }
+
+    /// A command that exits with `code`.
+    fn exec_exit(&self, code: i32) -> Vec<String> {
+        vec!["sh".to_string(), "-c".to_string(), format!("exit {code}")]
+    }
+
+    /// A spec whose main process ends by itself soon after it starts, with `code`; `None`
+    /// skips the checks that need one.
+    fn exiting_spec(&self, code: i32) -> Option<pb::SandboxSpec> {
+        Some(pb::SandboxSpec {
+            command: vec![
+                "sh".to_string(),
+                "-c".to_string(),
+                format!("sleep 0.2; exit {code}"),
+            ],
+            ..Default::default()
+        })
+    }
+}
+
+/// Runs every check, one after the other, on the same harness; panics at the first failure.
+pub async fn run_all(h: &dyn DriverHarness) {
+    macro_rules! run {
+        ($($check:ident),* $(,)?) => {$(
+            eprintln!("conformance: {}", stringify!($check));
+            $check(h).await;
+        )*};
+    }
+    run!(
+        same_name_in_two_workspaces,
+        empty_and_malformed_ids_are_invalid,
+        idempotent_stop_start_delete,
+        generation_round_trip_and_mismatch,
+        workloads_survive_driver_restart,
+        list_round_trips_workspace_and_name,
+        exec_returns_stdout_and_exit_code,
+        self_exit_shows_exited_with_code,
+        watch_reports_self_exit,
+    );
+}
