@@ -56,6 +56,7 @@ pub struct Cli {
     #[arg(
         long,
         env = "SBX_ENDPOINT",
+        hide_env_values = true,
         default_value = DEFAULT_ENDPOINT,
         global = true,
         value_name = "URL"
