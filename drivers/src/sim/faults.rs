@@ -1,9 +1,10 @@
 //! Seeded fault injection for the sim driver: latency, jitter, injected `Unavailable` errors and
 //! calls that never answer.
 //!
-//! Every call the driver receives draws exactly three numbers from one seeded generator
-//! (jitter, hang roll, error roll), whatever the knobs are set to, so a given seed and call
-//! sequence always gives the same decisions. The generator is SplitMix64, written out here
+//! Every call the driver receives draws exactly four numbers from one seeded generator
+//! (jitter, hang roll, error roll, lost-reply roll), whatever the knobs are set to, so a given
+//! seed and call sequence always gives the same decisions. Concurrent calls are decided in the
+//! order they reach the driver, so only a sequential caller gets a reproducible sequence. The generator is SplitMix64, written out here
 //! rather than taken from `rand`, so that a seed printed by a failing run reproduces it with
 //! any version of any dependency.
 
@@ -60,8 +61,10 @@ impl SimOp {
 
 /// The faults a [`SimDriver`](super::SimDriver) injects. Everything is off by default.
 ///
-/// Faults apply to the call, before it acts: an injected error or hang leaves the world
-/// untouched. Streams (watch, exec, logs) are not faulted once they have been returned.
+/// An injected error or hang happens before the call acts and leaves the world untouched; a
+/// lost reply happens after it acted (the caller sees `Unavailable`, the change is made), as
+/// when a connection drops on the way back. Streams (watch, exec, logs) are not faulted once
+/// they have been returned.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimFaults {
     /// Seeds the generator behind jitter, `error_rate` and `hang_rate`.
@@ -80,6 +83,11 @@ pub struct SimFaults {
     pub hang_rate: f64,
     /// Per-operation override of `hang_rate`; `1.0` makes every call of that op hang.
     pub hang_rate_by_op: BTreeMap<SimOp, f64>,
+    /// Probability that a call acts and then answers `DriverError::Unavailable`, for every op
+    /// not listed in `lost_reply_rate_by_op`.
+    pub lost_reply_rate: f64,
+    /// Per-operation override of `lost_reply_rate`.
+    pub lost_reply_rate_by_op: BTreeMap<SimOp, f64>,
     /// Every call answers `DriverError::Unavailable` (after its latency), as if the machine
     /// were away. Checked before the hang and error rolls.
     pub fail_all: bool,
@@ -124,6 +132,16 @@ impl SimFaults {
         self
     }
 
+    pub fn with_lost_reply_rate(mut self, probability: f64) -> Self {
+        self.lost_reply_rate = probability;
+        self
+    }
+
+    pub fn with_lost_reply_rate_for(mut self, op: SimOp, probability: f64) -> Self {
+        self.lost_reply_rate_by_op.insert(op, probability);
+        self
+    }
+
     /// Every call of `op` hangs.
     pub fn with_hang_on(self, op: SimOp) -> Self {
         self.with_hang_rate_for(op, 1.0)
@@ -141,6 +159,13 @@ impl SimFaults {
     fn hang_probability(&self, op: SimOp) -> f64 {
         *self.hang_rate_by_op.get(&op).unwrap_or(&self.hang_rate)
     }
+
+    fn lost_reply_probability(&self, op: SimOp) -> f64 {
+        *self
+            .lost_reply_rate_by_op
+            .get(&op)
+            .unwrap_or(&self.lost_reply_rate)
+    }
 }
 
 /// What happens to one call.
@@ -151,6 +176,8 @@ pub(crate) enum FaultOutcome {
     Fail(String),
     /// Never answer.
     Hang,
+    /// Act, then answer `Unavailable` with this message.
+    LoseReply(String),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -237,6 +264,7 @@ impl SimFaultHandle {
         let jitter_draw = state.rng.next_u64();
         let hang_roll = state.rng.next_unit();
         let error_roll = state.rng.next_unit();
+        let lost_reply_roll = state.rng.next_unit();
         let faults = &state.faults;
 
         let jitter_nanos = faults.jitter.as_nanos();
@@ -259,6 +287,12 @@ impl SimFaultHandle {
         } else if error_roll < faults.error_probability(op) {
             FaultOutcome::Fail(format!(
                 "sim: injected fault (seed {}, {} call #{call})",
+                faults.seed,
+                op.as_str()
+            ))
+        } else if lost_reply_roll < faults.lost_reply_probability(op) {
+            FaultOutcome::LoseReply(format!(
+                "sim: injected lost reply; the call acted (seed {}, {} call #{call})",
                 faults.seed,
                 op.as_str()
             ))

@@ -5,8 +5,8 @@
 //!   where it was. It holds the audit log of every call received and the test controls
 //!   (`exit`, `crash_lose_all`, `crash_forget_generations`, `set_generation`, …).
 //! - [`SimDriver`] implements the driver contract on a world, with the faults of
-//!   [`SimFaults`] (latency, jitter, injected `Unavailable`, calls that never answer,
-//!   `fail_all`), changeable at run time through [`SimDriver::faults`].
+//!   [`SimFaults`] (latency, jitter, injected `Unavailable`, calls that never answer, lost
+//!   replies, `fail_all`), changeable at run time through [`SimDriver::faults`].
 //!
 //! Workloads: a spec whose command is `["exit", "N"]` ends by itself with code N about
 //! [`SELF_EXIT_DELAY`] after each start; any other command runs until stopped. `exec` runs a
@@ -15,8 +15,9 @@
 //! generation N", "stopped", "exited with code N"); exec output is not logged.
 //!
 //! A call goes: audit entry → fault decision (delay, then fail / hang / proceed) → id check →
-//! effect. Streams returned by watch and logs (follow) end when the driver instance is
-//! dropped, as a real driver's connections would.
+//! effect → (when the decision says so) the reply is lost and the call answers `Unavailable`.
+//! Streams returned by watch and logs (follow) end when the driver instance is dropped, as a
+//! real driver's connections would.
 
 mod exec;
 mod faults;
@@ -89,14 +90,17 @@ impl SimDriver {
         op: SimOp,
         sandbox_id: &str,
         generation: Option<u64>,
-    ) -> Result<(), DriverError> {
+    ) -> Result<Admission, DriverError> {
         self.world.record(op, sandbox_id, generation);
         let decision = self.faults.decide(op);
         if !decision.delay.is_zero() {
             tokio::time::sleep(decision.delay).await;
         }
         match decision.outcome {
-            FaultOutcome::Proceed => Ok(()),
+            FaultOutcome::Proceed => Ok(Admission { lost_reply: None }),
+            FaultOutcome::LoseReply(message) => Ok(Admission {
+                lost_reply: Some(message),
+            }),
             FaultOutcome::Fail(message) => Err(DriverError::Unavailable(message)),
             FaultOutcome::Hang => match std::future::pending::<Infallible>().await {},
         }
@@ -117,70 +121,24 @@ impl SimDriver {
             });
         }
     }
-}
 
-#[async_trait]
-impl ComputeDriver for SimDriver {
-    async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
-        self.admit(SimOp::Capabilities, "", None).await?;
-        Ok(pb::CapabilitiesResponse {
-            driver: "sim".to_string(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            exec: true,
-            logs: true,
-            watch: true,
-            cpu_limit: false,
-            memory_limit: false,
-            persistent_storage: true,
-            isolation: "none: an in-memory simulation".to_string(),
-        })
-    }
+    // The effects of each call, once admitted.
 
-    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        self.admit(SimOp::Create, &req.sandbox_id, Some(req.generation))
-            .await?;
+    fn create_now(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         let (snapshot, self_exit) = self.world.create(id, &req)?;
         self.schedule_self_exit(self_exit);
         Ok(snapshot)
     }
 
-    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
-        self.admit(SimOp::Start, &req.sandbox_id, Some(req.generation))
-            .await?;
+    fn start_now(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         let (snapshot, self_exit) = self.world.start(id, req.generation)?;
         self.schedule_self_exit(self_exit);
         Ok(snapshot)
     }
 
-    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
-        self.admit(SimOp::Stop, &req.sandbox_id, None).await?;
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        self.world.stop(id)
-    }
-
-    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
-        self.admit(SimOp::Delete, &req.sandbox_id, None).await?;
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        Ok(pb::DeleteResponse {
-            deleted: self.world.delete(id),
-        })
-    }
-
-    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
-        self.admit(SimOp::Get, &req.sandbox_id, None).await?;
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        self.world.get(id)
-    }
-
-    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
-        self.admit(SimOp::List, "", None).await?;
-        Ok(self.world.list())
-    }
-
-    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        self.admit(SimOp::Watch, "", None).await?;
+    fn watch_now(&self) -> DriverStream<pb::WatchEvent> {
         let events = BroadcastStream::new(self.world.subscribe_watch()).map(|event| {
             event.map_err(|BroadcastStreamRecvError::Lagged(missed)| {
                 DriverError::Unavailable(format!(
@@ -188,14 +146,10 @@ impl ComputeDriver for SimDriver {
                 ))
             })
         });
-        Ok(Box::pin(events.take_until(self.dropped())))
+        Box::pin(events.take_until(self.dropped()))
     }
 
-    async fn exec(
-        &self,
-        req: pb::ExecRequest,
-    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
-        self.admit(SimOp::Exec, &req.sandbox_id, None).await?;
+    fn exec_now(&self, req: pb::ExecRequest) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         if req.command.is_empty() {
             return Err(DriverError::InvalidArgument(
@@ -221,8 +175,7 @@ impl ComputeDriver for SimDriver {
         Ok(Box::pin(futures::stream::iter(outputs)))
     }
 
-    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
-        self.admit(SimOp::Logs, &req.sandbox_id, None).await?;
+    fn logs_now(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         let tail = usize::try_from(req.tail_lines).unwrap_or(usize::MAX);
         let (lines, follower) = self.world.logs(id, tail, req.follow)?;
@@ -250,5 +203,91 @@ impl ComputeDriver for SimDriver {
             .map(move |event| event.map(|line| chunk(line.unwrap_or_default())))
             .take_until(self.dropped());
         Ok(Box::pin(past.chain(future)))
+    }
+}
+
+/// A call let through by the fault injector, which may still lose its reply.
+struct Admission {
+    /// Set when the reply is to be lost: the call acts, then answers `Unavailable` with this.
+    lost_reply: Option<String>,
+}
+
+impl Admission {
+    fn answer<T>(self, result: Result<T, DriverError>) -> Result<T, DriverError> {
+        match (self.lost_reply, result) {
+            (Some(message), Ok(_)) => Err(DriverError::Unavailable(message)),
+            (_, result) => result,
+        }
+    }
+}
+
+#[async_trait]
+impl ComputeDriver for SimDriver {
+    async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
+        let admission = self.admit(SimOp::Capabilities, "", None).await?;
+        admission.answer(Ok(pb::CapabilitiesResponse {
+            driver: "sim".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            exec: true,
+            logs: true,
+            watch: true,
+            cpu_limit: false,
+            memory_limit: false,
+            persistent_storage: true,
+            isolation: "none: an in-memory simulation".to_string(),
+        }))
+    }
+
+    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+        let admission = self
+            .admit(SimOp::Create, &req.sandbox_id, Some(req.generation))
+            .await?;
+        admission.answer(self.create_now(req))
+    }
+
+    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
+        let admission = self
+            .admit(SimOp::Start, &req.sandbox_id, Some(req.generation))
+            .await?;
+        admission.answer(self.start_now(req))
+    }
+
+    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
+        let admission = self.admit(SimOp::Stop, &req.sandbox_id, None).await?;
+        admission.answer(parse_sandbox_id(&req.sandbox_id).and_then(|id| self.world.stop(id)))
+    }
+
+    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
+        let admission = self.admit(SimOp::Delete, &req.sandbox_id, None).await?;
+        let deleted = parse_sandbox_id(&req.sandbox_id).map(|id| self.world.delete(id));
+        admission.answer(deleted.map(|deleted| pb::DeleteResponse { deleted }))
+    }
+
+    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
+        let admission = self.admit(SimOp::Get, &req.sandbox_id, None).await?;
+        admission.answer(parse_sandbox_id(&req.sandbox_id).and_then(|id| self.world.get(id)))
+    }
+
+    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
+        let admission = self.admit(SimOp::List, "", None).await?;
+        admission.answer(Ok(self.world.list()))
+    }
+
+    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
+        let admission = self.admit(SimOp::Watch, "", None).await?;
+        admission.answer(Ok(self.watch_now()))
+    }
+
+    async fn exec(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        let admission = self.admit(SimOp::Exec, &req.sandbox_id, None).await?;
+        admission.answer(self.exec_now(req))
+    }
+
+    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
+        let admission = self.admit(SimOp::Logs, &req.sandbox_id, None).await?;
+        admission.answer(self.logs_now(req))
     }
 }

@@ -635,3 +635,46 @@ async fn latency_and_jitter_delay_each_call() {
         "jitter must vary: {delays:?}"
     );
 }
+
+#[tokio::test]
+async fn a_lost_reply_acts_and_then_answers_unavailable() {
+    let faults = SimFaults::seeded(9).with_lost_reply_rate_for(SimOp::Create, 1.0);
+    let d = SimDriver::new(SimWorld::new(), faults);
+    let id = Uuid::new_v4();
+    let err = d
+        .create(create_req(id, "alpha", "demo", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DriverError::Unavailable(m) if m.contains("the call acted")),
+        "{err:?}"
+    );
+    let snapshot = d.world().snapshot(id).expect("the create must have acted");
+    assert_eq!(
+        (state(&snapshot), snapshot.generation),
+        (pb::State::Running, 1)
+    );
+    // The caller's retry under the same generation is idempotent, and its reply lost again.
+    assert!(matches!(
+        d.create(create_req(id, "alpha", "demo", 1)).await,
+        Err(DriverError::Unavailable(_))
+    ));
+    assert_eq!(
+        d.world().snapshot(id).unwrap().instance_id,
+        snapshot.instance_id
+    );
+    // A call that fails on its own merits keeps its own error.
+    let bad = pb::CreateRequest {
+        sandbox_id: String::new(),
+        ..create_req(id, "alpha", "demo", 1)
+    };
+    assert!(matches!(
+        d.create(bad).await,
+        Err(DriverError::InvalidArgument(_))
+    ));
+    // Other ops are not affected.
+    assert_eq!(
+        d.get(get_req(id)).await.unwrap().instance_id,
+        snapshot.instance_id
+    );
+}
