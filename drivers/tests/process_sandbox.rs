@@ -1,0 +1,379 @@
+//! Process driver: isolation, persistence and exit detection, on the real kernel (needs root).
+
+mod process_support;
+
+use std::time::{Duration, Instant};
+
+use process_support::*;
+use sbx_drivers::{ComputeDriver, DriverError, pb};
+use uuid::Uuid;
+
+const SETTLE: Duration = Duration::from_secs(15);
+
+#[tokio::test]
+async fn persistent_dir_survives_stop_start_and_driver_reopen() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    driver
+        .create(create_req(id, "keeper", spec(&["sleep", "1000"]), 1))
+        .await
+        .unwrap();
+    let wrote = exec(
+        &driver,
+        id,
+        &["sh", "-c", "echo kept > /sandbox/data && pwd"],
+        0,
+    )
+    .await;
+    assert_eq!(wrote.exit.map(|e| e.code), Some(0), "{wrote:?}");
+    assert_eq!(wrote.stdout.trim(), "/sandbox", "exec runs in /sandbox");
+    assert_eq!(
+        std::fs::read_to_string(driver.persistent_dir(id).join("data")).unwrap(),
+        "kept\n"
+    );
+
+    let stopped = driver.stop(stop_req(id, 500)).await.unwrap();
+    assert_eq!(stopped.state, pb::State::Stopped as i32);
+    let started = driver.start(start_req(id, 2)).await.unwrap();
+    assert_eq!(started.state, pb::State::Running as i32);
+    assert_eq!(started.generation, 2);
+    let read = exec(&driver, id, &["cat", "/sandbox/data"], 0).await;
+    assert_eq!(read.stdout, "kept\n", "{read:?}");
+
+    // A new driver instance on the same state finds the same workload and the same files.
+    drop(driver);
+    let driver = env.open();
+    let again = driver
+        .get(pb::GetRequest {
+            sandbox_id: id.to_string(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(again.state, pb::State::Running as i32);
+    assert_eq!(again.instance_id, started.instance_id);
+    assert_eq!(again.generation, 2);
+    let read = exec(&driver, id, &["cat", "/sandbox/data"], 0).await;
+    assert_eq!(read.stdout, "kept\n", "{read:?}");
+    drop(driver);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn memory_limit_kills_a_greedy_workload_and_says_oomkilled() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    // `tail` must hold the whole 200 MiB "line" in memory, against a 64 MiB limit.
+    let mut greedy = spec(&["sh", "-c", "head -c 200M /dev/zero | tail -n 1 >/dev/null"]);
+    greedy.resources = Some(pb::Resources {
+        cpu_millis: 0,
+        memory_bytes: 64 << 20,
+    });
+    let created = driver
+        .create(create_req(id, "greedy", greedy, 1))
+        .await
+        .unwrap();
+    assert!(created.warnings.is_empty(), "{:?}", created.warnings);
+    let exited = wait_for_state(&driver, id, pb::State::Exited, SETTLE).await;
+    assert_eq!(exited.reason, "OOMKilled", "{exited:?}");
+    assert_eq!(
+        (exited.exit_code, exited.exit_signal),
+        (137, 9),
+        "{exited:?}"
+    );
+    drop(driver);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn limits_land_in_the_cgroup() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    let mut limited = spec(&["sleep", "1000"]);
+    limited.resources = Some(pb::Resources {
+        cpu_millis: 500,
+        memory_bytes: 96 << 20,
+    });
+    let created = driver
+        .create(create_req(id, "limited", limited, 1))
+        .await
+        .unwrap();
+    assert!(created.warnings.is_empty(), "{:?}", created.warnings);
+    let caps = driver.capabilities().await.unwrap();
+    assert!(caps.memory_limit && caps.cpu_limit, "{caps:?}");
+    let leaf = format!("sbx-{id}");
+    let dirs: Vec<_> = driver
+        .cgroup_parent_dirs()
+        .into_iter()
+        .map(|p| p.join(&leaf))
+        .collect();
+    let read = |file: &str| {
+        dirs.iter()
+            .find_map(|d| std::fs::read_to_string(d.join(file)).ok())
+            .unwrap_or_else(|| panic!("{file} in none of {dirs:?}"))
+    };
+    if caps.isolation.contains("cgroup v1") {
+        assert_eq!(
+            read("memory.limit_in_bytes").trim(),
+            (96u64 << 20).to_string()
+        );
+        assert_eq!(read("cpu.cfs_quota_us").trim(), "50000");
+        assert_eq!(read("cpu.cfs_period_us").trim(), "100000");
+    } else {
+        assert_eq!(read("memory.max").trim(), (96u64 << 20).to_string());
+        assert_eq!(read("cpu.max").trim(), "50000 100000");
+    }
+    // The workload (and an exec) are inside the cgroup.
+    let init = driver.workload_identity(id).expect("running");
+    let procs = read("cgroup.procs");
+    assert!(
+        procs.split_whitespace().any(|p| p == init.pid.to_string()),
+        "{procs}"
+    );
+    let inside = exec(&driver, id, &["cat", "/proc/self/cgroup"], 0).await;
+    assert!(inside.stdout.contains(&leaf), "{inside:?}");
+    drop(driver);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn namespaces_hostname_loopback_and_pid_one() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    driver
+        .create(create_req(id, "island-7", spec(&["sleep", "1000"]), 1))
+        .await
+        .unwrap();
+    let host = exec(&driver, id, &["cat", "/proc/sys/kernel/hostname"], 0).await;
+    assert_eq!(host.stdout.trim(), "island-7");
+    // /proc/net/dev lists the interfaces of the reader's network namespace.
+    let net = exec(&driver, id, &["cat", "/proc/net/dev"], 0).await;
+    let interfaces: Vec<&str> = net
+        .stdout
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+        .collect();
+    assert_eq!(interfaces, vec!["lo"], "{net:?}");
+    let up = exec(&driver, id, &["ip", "-o", "link", "show", "lo"], 0).await;
+    assert!(up.stdout.contains(",UP"), "lo is not up: {up:?}");
+    // The shim is pid 1 of the sandbox's pid namespace; the host's processes are not visible.
+    let init = exec(
+        &driver,
+        id,
+        &[
+            "sh",
+            "-c",
+            "tr '\\0' ' ' < /proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'",
+        ],
+        0,
+    )
+    .await;
+    assert!(init.stdout.contains(" sbx-shim "), "{init:?}");
+    let visible: u32 = init
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or("")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        visible < 10,
+        "{visible} processes visible in the sandbox: {init:?}"
+    );
+    // The workload runs in its own session, not the driver's.
+    let identity = driver.workload_identity(id).unwrap();
+    let sid = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(identity.pid))).unwrap();
+    assert_ne!(sid, nix::unistd::getsid(None).unwrap());
+    drop(driver);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn exit_codes_signals_and_watch_events() {
+    use futures::StreamExt;
+    let env = TestEnv::new();
+    let driver = env.open();
+    let mut events = driver.watch().await.unwrap();
+    let cases: [(&[&str], i32, i32, &str); 3] = [
+        (&["sh", "-c", "sleep 0.2; exit 0"], 0, 0, "Completed"),
+        (&["sh", "-c", "sleep 0.2; exit 3"], 3, 0, "Error"),
+        (&["sh", "-c", "sleep 0.2; kill -KILL $$"], 137, 9, "Killed"),
+    ];
+    let mut ids = Vec::new();
+    for (i, (command, ..)) in cases.iter().enumerate() {
+        let id = Uuid::new_v4();
+        driver
+            .create(create_req(id, &format!("exit-{i}"), spec(command), 1))
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    for (id, (_, code, signal, reason)) in ids.iter().zip(cases) {
+        let exited = wait_for_state(&driver, *id, pb::State::Exited, SETTLE).await;
+        assert_eq!(
+            (exited.exit_code, exited.exit_signal, exited.reason.as_str()),
+            (code, signal, reason)
+        );
+        assert!(!exited.message.is_empty());
+    }
+    // Every exit also came as a watch event.
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + SETTLE;
+    while seen.len() < ids.len() && Instant::now() < deadline {
+        let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(1), events.next()).await
+        else {
+            continue;
+        };
+        let snapshot = event.unwrap().snapshot.unwrap();
+        if snapshot.state == pb::State::Exited as i32 {
+            seen.insert(snapshot.sandbox_id);
+        }
+    }
+    assert_eq!(seen.len(), ids.len(), "exit events seen for {seen:?}");
+    // An exited sandbox starts again, under a new generation.
+    let restarted = driver.start(start_req(ids[1], 2)).await.unwrap();
+    assert_eq!(
+        (restarted.state, restarted.generation),
+        (pb::State::Running as i32, 2)
+    );
+    drop(driver);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn stop_kills_after_the_grace_period_a_workload_that_ignores_sigterm() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    let stubborn = spec(&["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"]);
+    driver
+        .create(create_req(id, "stubborn", stubborn, 1))
+        .await
+        .unwrap();
+    let init = driver.workload_identity(id).unwrap();
+    let began = Instant::now();
+    let stopped = driver.stop(stop_req(id, 700)).await.unwrap();
+    let took = began.elapsed();
+    assert_eq!(stopped.state, pb::State::Stopped as i32);
+    assert!(
+        took >= Duration::from_millis(700),
+        "stopped before the grace period: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "stop took {took:?}");
+    assert!(driver.workload_identity(id).is_none());
+    let old_init = std::fs::read_to_string(format!("/proc/{}/stat", init.pid)).unwrap_or_default();
+    assert!(
+        !old_init.contains("(sh) S"),
+        "the old init still runs: {old_init}"
+    );
+    // A polite workload stops well within its grace.
+    driver.start(start_req(id, 2)).await.unwrap();
+    let polite = Uuid::new_v4();
+    driver
+        .create(create_req(polite, "polite", spec(&["sleep", "1000"]), 1))
+        .await
+        .unwrap();
+    let began = Instant::now();
+    driver.stop(stop_req(polite, 5000)).await.unwrap();
+    assert!(
+        began.elapsed() < Duration::from_secs(3),
+        "SIGTERM was not passed on: {:?}",
+        began.elapsed()
+    );
+    drop(driver);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_reused_pid_is_not_mistaken_for_the_workload() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    driver
+        .create(create_req(id, "victim", spec(&["sleep", "1000"]), 1))
+        .await
+        .unwrap();
+    let init = driver.workload_identity(id).unwrap();
+    drop(driver);
+    // The workload dies behind the driver's back...
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let gone = wait_until(Duration::from_secs(5), || {
+        let alive = std::fs::read_to_string(format!("/proc/{}/stat", init.pid))
+            .is_ok_and(|s| !s.contains(") Z"));
+        if alive { Err(()) } else { Ok(()) }
+    })
+    .await;
+    assert!(gone.is_ok(), "workload did not die");
+    // ...and its pid now names an unrelated live process (forged: our own `sleep`), whose start
+    // time differs from the recorded one.
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", bystander.id())).unwrap();
+    let fields: Vec<&str> = stat.split(' ').collect();
+    let mut forged: Vec<String> = fields.iter().map(|s| s.to_string()).collect();
+    forged[21] = (fields[21].parse::<u64>().unwrap() + 12345).to_string();
+    let init_file = env
+        .state_dir
+        .path()
+        .join("sandboxes")
+        .join(id.to_string())
+        .join("run/init");
+    std::fs::write(&init_file, forged.join(" ")).unwrap();
+
+    let driver = env.open();
+    let snapshot = driver
+        .get(pb::GetRequest {
+            sandbox_id: id.to_string(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(snapshot.state, pb::State::Exited as i32, "{snapshot:?}");
+    assert!(driver.workload_identity(id).is_none());
+    let not_running = exec_refused(&driver, id).await;
+    assert!(
+        matches!(not_running, DriverError::FailedPrecondition(_)),
+        "{not_running:?}"
+    );
+    driver.stop(stop_req(id, 100)).await.unwrap();
+    assert!(
+        driver
+            .delete(pb::DeleteRequest {
+                sandbox_id: id.to_string()
+            })
+            .await
+            .unwrap()
+            .deleted
+    );
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "the driver killed an unrelated process"
+    );
+    bystander.kill().unwrap();
+    bystander.wait().unwrap();
+    drop(driver);
+    env.finish().await;
+}
+
+async fn exec_refused(driver: &sbx_drivers::process::ProcessDriver, id: Uuid) -> DriverError {
+    let req = pb::ExecRequest {
+        sandbox_id: id.to_string(),
+        command: vec!["true".into()],
+        ..Default::default()
+    };
+    match driver.exec(req).await {
+        Ok(_) => panic!("exec into a sandbox that does not run was accepted"),
+        Err(e) => e,
+    }
+}
