@@ -46,7 +46,8 @@
 //! nothing; they filter list results by the ids they created, so a harness may share driver
 //! state between checks.
 
-mod checks;
+mod identity;
+mod lifecycle;
 mod session;
 
 use std::sync::Arc;
@@ -56,11 +57,13 @@ use async_trait::async_trait;
 
 use crate::{ComputeDriver, pb};
 
-pub use checks::{
-    empty_and_malformed_ids_are_invalid, exec_returns_stdout_and_exit_code,
-    generation_round_trip_and_mismatch, idempotent_stop_start_delete,
-    list_round_trips_workspace_and_name, same_name_in_two_workspaces,
-    self_exit_shows_exited_with_code, watch_reports_self_exit, workloads_survive_driver_restart,
+pub use identity::{
+    empty_and_malformed_ids_are_invalid, list_round_trips_workspace_and_name,
+    same_name_in_two_workspaces, workloads_survive_driver_restart,
+};
+pub use lifecycle::{
+    exec_returns_stdout_and_exit_code, generation_round_trip_and_mismatch,
+    idempotent_stop_start_delete, self_exit_shows_exited_with_code, watch_reports_self_exit,
 };
 
 /// What the suite needs from a driver's test: a way to open (and crash) driver instances on

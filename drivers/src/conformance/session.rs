@@ -355,3 +355,35 @@ pub(crate) fn describe(answer: &Result<pb::Snapshot, DriverError>) -> String {
         Err(e) => format!("error: {e}"),
     }
 }
+
+pub(crate) fn state_of(snapshot: &pb::Snapshot) -> pb::State {
+    pb::State::try_from(snapshot.state).unwrap_or(pb::State::Unspecified)
+}
+
+/// Asserts that `id` is exactly as `before` showed it: same state, generation, instance id,
+/// workspace and name.
+pub(crate) async fn assert_untouched(
+    s: &Session<'_>,
+    id: &str,
+    before: &pb::Snapshot,
+    after_what: &str,
+) {
+    let now = s.get(id).await;
+    let key = |x: &pb::Snapshot| {
+        (
+            x.state,
+            x.generation,
+            x.instance_id.clone(),
+            x.workspace.clone(),
+            x.name.clone(),
+        )
+    };
+    assert_eq!(
+        key(&now),
+        key(before),
+        "[{}] {after_what} changed another sandbox ({id}): was {}, now {}",
+        s.check(),
+        describe(&Ok(before.clone())),
+        describe(&Ok(now.clone()))
+    );
+}
