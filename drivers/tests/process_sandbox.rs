@@ -377,3 +377,20 @@ async fn exec_refused(driver: &sbx_drivers::process::ProcessDriver, id: Uuid) ->
         Err(e) => e,
     }
 }
+
+#[tokio::test]
+async fn the_leak_check_catches_a_stray_process() {
+    let env = TestEnv::new();
+    let mut stray = std::process::Command::new("sleep")
+        .arg("30")
+        .env("STRAY_STATE", env.state_dir.path())
+        .spawn()
+        .unwrap();
+    let check = tokio::spawn(env.finish()).await;
+    let stray_was_running = stray.try_wait().unwrap().is_none();
+    stray.kill().unwrap();
+    stray.wait().unwrap();
+    assert!(stray_was_running);
+    let failure = check.expect_err("the leak check passed with a stray process");
+    assert!(failure.is_panic());
+}

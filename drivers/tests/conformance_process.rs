@@ -1,0 +1,76 @@
+//! The driver conformance suite against the process driver (needs root): one test per check,
+//! each on its own state directory and cgroup parent, each ending with the leak check (no
+//! cgroup, process or mount of the test left). `kill` drops the driver instance; the next
+//! `open` is a new instance on the same state directory, as after a crash of the controller.
+
+mod process_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use process_support::TestEnv;
+use sbx_drivers::conformance::{self, DriverHarness};
+use sbx_drivers::{ComputeDriver, pb};
+
+struct ProcessHarness {
+    env: TestEnv,
+}
+
+#[async_trait]
+impl DriverHarness for ProcessHarness {
+    async fn open(&self) -> Arc<dyn ComputeDriver> {
+        Arc::new(self.env.open())
+    }
+
+    async fn kill(&self, driver: Arc<dyn ComputeDriver>) {
+        drop(driver);
+    }
+
+    fn long_running_spec(&self) -> pb::SandboxSpec {
+        pb::SandboxSpec {
+            command: vec!["sleep".into(), "3600".into()],
+            ..Default::default()
+        }
+    }
+
+    fn settle_timeout(&self) -> Duration {
+        Duration::from_secs(10)
+    }
+
+    fn call_timeout(&self) -> Duration {
+        Duration::from_secs(20)
+    }
+}
+
+macro_rules! conformance_tests {
+    ($($check:ident),* $(,)?) => {$(
+        #[tokio::test]
+        async fn $check() {
+            let h = ProcessHarness { env: TestEnv::new() };
+            conformance::$check(&h).await;
+            h.env.finish().await;
+        }
+    )*};
+}
+
+conformance_tests!(
+    same_name_in_two_workspaces,
+    empty_and_malformed_ids_are_invalid,
+    idempotent_stop_start_delete,
+    generation_round_trip_and_mismatch,
+    workloads_survive_driver_restart,
+    list_round_trips_workspace_and_name,
+    exec_returns_stdout_and_exit_code,
+    self_exit_shows_exited_with_code,
+    watch_reports_self_exit,
+);
+
+#[tokio::test]
+async fn run_all_on_one_shared_state() {
+    let h = ProcessHarness {
+        env: TestEnv::new(),
+    };
+    conformance::run_all(&h).await;
+    h.env.finish().await;
+}
