@@ -260,7 +260,7 @@ fn pick_live(model: &Model, ids: &[Uuid], i: u8, kinds: &[Kind]) -> Uuid {
         .filter(|r| kinds.contains(&r.kind))
         .map(|r| r.id)
         .collect();
-    if i % 8 == 0 || live.is_empty() {
+    if i.is_multiple_of(8) || live.is_empty() {
         pick(ids, i / 8).unwrap()
     } else {
         live[i as usize % live.len()]
@@ -294,7 +294,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .then(|| pick_live(&model, &ids, owner, &[Kind::Sandbox, Kind::Setting]));
                 let workspace = match owner_id.and_then(|o| model.records.get(&o)) {
                     // Usually the owner's workspace, as the actor layer would do.
-                    Some(o) if scope % 4 != 0 => o.workspace,
+                    Some(o) if !scope.is_multiple_of(4) => o.workspace,
                     _ => kind
                         .is_scoped()
                         .then(|| pick_live(&model, &ids, scope, &[Kind::Workspace])),
