@@ -324,12 +324,15 @@ async fn a_reused_pid_is_not_mistaken_for_the_workload() {
     let fields: Vec<&str> = stat.split(' ').collect();
     let mut forged: Vec<String> = fields.iter().map(|s| s.to_string()).collect();
     forged[21] = (fields[21].parse::<u64>().unwrap() + 12345).to_string();
-    let init_file = env
-        .state_dir
-        .path()
-        .join("sandboxes")
-        .join(id.to_string())
-        .join("run/init");
+    let sandbox_dir = env.state_dir.path().join("sandboxes").join(id.to_string());
+    let run_dir = std::fs::read_dir(&sandbox_dir)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("run-"))
+        .expect("a run directory")
+        .path();
+    let init_file = run_dir.join("init");
+    assert!(init_file.exists());
     std::fs::write(&init_file, forged.join(" ")).unwrap();
 
     let driver = env.open();

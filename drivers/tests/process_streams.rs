@@ -283,9 +283,22 @@ async fn watch_sees_changes_made_behind_the_drivers_back_and_deletes() {
     let mut events = driver.watch().await.unwrap();
     let init = driver.workload_identity(id).unwrap();
     // Someone kills the workload's main process (not through the driver).
-    let sleeper =
-        std::fs::read_to_string(format!("/proc/{}/task/{}/children", init.pid, init.pid)).unwrap();
-    let sleeper: i32 = sleeper.split_whitespace().next().unwrap().parse().unwrap();
+    // (The shim's first child may still be the `mv` that recorded it: look for the `sleep`.)
+    let sleeper = wait_until(Duration::from_secs(5), || {
+        let children =
+            std::fs::read_to_string(format!("/proc/{}/task/{}/children", init.pid, init.pid))
+                .unwrap_or_default();
+        children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .find(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim() == "sleep")
+            })
+            .ok_or(children)
+    })
+    .await
+    .expect("the workload's sleep");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sleeper),
         nix::sys::signal::Signal::SIGKILL,

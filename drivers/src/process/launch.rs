@@ -117,8 +117,9 @@ pub fn workload_env(record: &SandboxRecord) -> Vec<(String, String)> {
     env
 }
 
-/// Empties the run directory and starts the workload. Returns the identity of its init once
-/// the shim has recorded it, or an error with the end of the log if the setup failed.
+/// Makes the run directory of `record.run_id` and starts the workload. Returns the identity of
+/// its init once the shim has recorded it, or an error with the end of the log if the setup
+/// failed.
 pub async fn launch(
     tools: &HostTools,
     paths: &SandboxPaths,
@@ -126,12 +127,8 @@ pub async fn launch(
     timeout: Duration,
 ) -> Result<ProcessIdentity, DriverError> {
     let io = |what: &str, e: std::io::Error| DriverError::Internal(format!("{what}: {e}"));
-    match fs::remove_dir_all(&paths.run) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("clearing the run directory", e)),
-    }
-    fs::create_dir_all(&paths.run).map_err(|e| io("making the run directory", e))?;
+    let run = paths.run(&record.run_id);
+    fs::create_dir_all(&run.dir).map_err(|e| io("making the run directory", e))?;
     fs::create_dir_all(&paths.root).map_err(|e| io("making the persistent directory", e))?;
     let log = fs::OpenOptions::new()
         .create(true)
@@ -151,7 +148,7 @@ pub async fn launch(
         .arg("-c")
         .arg(SHIM)
         .arg("sbx-shim")
-        .arg(&paths.run)
+        .arg(&run.dir)
         .arg(&paths.root)
         .arg(&record.name)
         .args(&record.cgroups.dirs)
@@ -169,13 +166,13 @@ pub async fn launch(
 
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Some(identity) = paths.read_init() {
+        if let Some(identity) = run.read_init() {
             reap_in_background(child);
             return Ok(identity);
         }
         if let Ok(Some(status)) = child.try_wait() {
             // The shim may have recorded itself just before ending.
-            if let Some(identity) = paths.read_init() {
+            if let Some(identity) = run.read_init() {
                 return Ok(identity);
             }
             return Err(DriverError::Internal(format!(

@@ -40,7 +40,7 @@ use crate::{DriverError, pb};
 use cgroup::CgroupHost;
 use launch::HostTools;
 use observe::{Observed, RunFacts};
-use record::{Desired, SandboxPaths, SandboxRecord};
+use record::{Desired, RunPaths, SandboxPaths, SandboxRecord};
 
 /// How the process driver is set up.
 #[derive(Debug, Clone)]
@@ -205,8 +205,11 @@ impl ProcessDriver {
 
     /// The identity of the running init of sandbox `id`, if it runs.
     pub fn workload_identity(&self, id: Uuid) -> Option<ProcessIdentity> {
-        let paths = SandboxPaths::new(&self.inner.state_dir, id);
-        paths.read_init().filter(procfs::is_alive)
+        let record = self.inner.record(id)?;
+        self.inner
+            .run_paths(&record)
+            .read_init()
+            .filter(procfs::is_alive)
     }
 
     /// Resolves when this driver instance is dropped.
@@ -218,7 +221,11 @@ impl ProcessDriver {
 
 /// Kills, without grace, a workload whose stop a killed driver left unfinished.
 fn finish_interrupted_stop(paths: &SandboxPaths, record: &SandboxRecord) {
-    if let Some(init) = paths.read_init().filter(procfs::is_alive) {
+    if let Some(init) = paths
+        .run(&record.run_id)
+        .read_init()
+        .filter(procfs::is_alive)
+    {
         tracing::warn!(sandbox_id = %record.sandbox_id, %init, "finishing an interrupted stop");
         let _ = kill(Pid::from_raw(init.pid), Signal::SIGKILL);
     }
@@ -228,6 +235,10 @@ fn finish_interrupted_stop(paths: &SandboxPaths, record: &SandboxRecord) {
 impl Inner {
     fn paths(&self, id: Uuid) -> SandboxPaths {
         SandboxPaths::new(&self.state_dir, id)
+    }
+
+    fn run_paths(&self, record: &SandboxRecord) -> RunPaths {
+        self.paths(record.sandbox_id).run(&record.run_id)
     }
 
     fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
@@ -255,7 +266,7 @@ impl Inner {
 
     /// What the sandbox looks like now, from its record, its run files and `/proc`.
     fn snapshot(&self, record: &SandboxRecord) -> pb::Snapshot {
-        let paths = self.paths(record.sandbox_id);
+        let paths = self.run_paths(record);
         let init = paths.read_init();
         let alive = init.as_ref().is_some_and(procfs::is_alive);
         // Read after the liveness check: the shim writes the status before it ends.
@@ -273,7 +284,7 @@ impl Inner {
         let has_run = observed.state != pb::State::Stopped;
         let mut warnings = record.warnings.clone();
         if has_run {
-            warnings.extend(paths.read_run_warnings());
+            warnings.extend(paths.read_warnings());
         }
         let started_at = (has_run && record.launched_at_ms > 0).then(|| {
             sbx_proto::Timestamp::from(UNIX_EPOCH + Duration::from_millis(record.launched_at_ms))
@@ -331,11 +342,10 @@ impl Inner {
         generation: u64,
     ) -> Result<pb::Snapshot, DriverError> {
         let paths = self.paths(record.sandbox_id);
-        if let Err(e) = std::fs::remove_dir_all(&paths.run)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            return Err(internal("clearing the run directory", e));
-        }
+        paths
+            .remove_runs()
+            .map_err(|e| internal("removing earlier run directories", e))?;
+        record.run_id = Uuid::new_v4().simple().to_string();
         record.generation = generation;
         record.desired = Desired::Running;
         record.launched_at_ms = now_ms();
@@ -355,7 +365,7 @@ impl Inner {
     /// sandbox), SIGKILL after `grace`, then SIGKILL to anything left in its cgroups, until
     /// nothing is. Bounded: fails after `grace` + 10 s if processes remain.
     async fn terminate(&self, record: &SandboxRecord, grace: Duration) -> Result<(), DriverError> {
-        let paths = self.paths(record.sandbox_id);
+        let paths = self.run_paths(record);
         let tick = Duration::from_millis(10);
         if let Some(init) = paths.read_init().filter(procfs::is_alive) {
             let pid = Pid::from_raw(init.pid);
@@ -386,6 +396,16 @@ impl Inner {
             }
             record.cgroups.kill_all();
             tokio::time::sleep(tick).await;
+        }
+    }
+
+    /// Records every sandbox's current snapshot as already sent.
+    fn seed_last_seen(&self) {
+        let records: Vec<SandboxRecord> = locked(&self.records).values().cloned().collect();
+        let snapshots: Vec<pb::Snapshot> = records.iter().map(|r| self.snapshot(r)).collect();
+        let mut last = locked(&self.last_seen);
+        for (record, snapshot) in records.iter().zip(snapshots) {
+            last.entry(record.sandbox_id).or_insert(snapshot);
         }
     }
 

@@ -4,14 +4,16 @@
 //! <state_dir>/sandboxes/<id>/sandbox.json   the record (written atomically)
 //! <state_dir>/sandboxes/<id>/root/          the persistent directory, /sandbox inside
 //! <state_dir>/sandboxes/<id>/workload.log   stdout and stderr of the workload
-//! <state_dir>/sandboxes/<id>/run/init       the /proc stat line of the running init (shim)
-//! <state_dir>/sandboxes/<id>/run/exit       the main process's wait status, written by the shim
-//! <state_dir>/sandboxes/<id>/run/warnings   what the shim could not set up
-//! <state_dir>/trash/                        sandboxes being deleted
+//! <state_dir>/sandboxes/<id>/run-<run_id>/init      the /proc stat line of the run's init (shim)
+//! <state_dir>/sandboxes/<id>/run-<run_id>/exit      the main process's status, written by the shim
+//! <state_dir>/sandboxes/<id>/run-<run_id>/warnings  what the shim could not set up
+//! <state_dir>/trash/                                sandboxes being deleted
 //! ```
 //!
-//! `run/` belongs to one run of the workload: it is emptied before each launch, so an exit
-//! status from an earlier run can never be read as the current one.
+//! A run directory belongs to one launch of the workload, named by a fresh id recorded before
+//! the launch; earlier ones are removed first. So an exit status from an earlier run is never
+//! read as the current one, and a shim from an abandoned launch (a driver killed mid-launch,
+//! then a retry) finds its directory gone and ends before starting anything.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -61,6 +63,9 @@ pub struct SandboxRecord {
     /// The memory cgroup's OOM-kill counter at the last launch: a later, higher count means
     /// the OOM killer struck during this run.
     pub oom_kills_at_launch: u64,
+    /// Names the run directory of the current (or last) launch; empty before the first.
+    #[serde(default)]
+    pub run_id: String,
     pub cgroups: SandboxCgroups,
     /// What could not be applied at create (limits without a controller, …).
     pub warnings: Vec<String>,
@@ -73,7 +78,12 @@ pub struct SandboxPaths {
     pub record: PathBuf,
     pub root: PathBuf,
     pub log: PathBuf,
-    pub run: PathBuf,
+}
+
+/// The files of one run of the workload.
+#[derive(Debug, Clone)]
+pub struct RunPaths {
+    pub dir: PathBuf,
 }
 
 impl SandboxPaths {
@@ -83,41 +93,55 @@ impl SandboxPaths {
             record: dir.join("sandbox.json"),
             root: dir.join("root"),
             log: dir.join("workload.log"),
-            run: dir.join("run"),
             dir,
         }
     }
 
-    pub fn run_init(&self) -> PathBuf {
-        self.run.join("init")
+    /// The run directory named `run_id` (see the module docs).
+    pub fn run(&self, run_id: &str) -> RunPaths {
+        RunPaths {
+            dir: self.dir.join(format!("run-{run_id}")),
+        }
     }
 
-    pub fn run_exit(&self) -> PathBuf {
-        self.run.join("exit")
+    /// Removes every run directory.
+    pub fn remove_runs(&self) -> io::Result<()> {
+        for entry in fs::read_dir(&self.dir)?.flatten() {
+            if entry.file_name().to_string_lossy().starts_with("run-") {
+                fs::remove_dir_all(entry.path())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RunPaths {
+    pub fn init(&self) -> PathBuf {
+        self.dir.join("init")
     }
 
-    pub fn run_warnings(&self) -> PathBuf {
-        self.run.join("warnings")
+    pub fn exit(&self) -> PathBuf {
+        self.dir.join("exit")
+    }
+
+    pub fn warnings(&self) -> PathBuf {
+        self.dir.join("warnings")
     }
 
     /// The identity of the current run's init (the shim), as it recorded it.
     pub fn read_init(&self) -> Option<ProcessIdentity> {
-        let line = fs::read_to_string(self.run_init()).ok()?;
+        let line = fs::read_to_string(self.init()).ok()?;
         procfs::parse_stat_line(&line).map(|s| s.identity)
     }
 
     /// The wait status of the current run's main process, once the shim has written it.
     pub fn read_exit(&self) -> Option<i32> {
-        fs::read_to_string(self.run_exit())
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        fs::read_to_string(self.exit()).ok()?.trim().parse().ok()
     }
 
     /// The shim's warnings for the current run.
-    pub fn read_run_warnings(&self) -> Vec<String> {
-        fs::read_to_string(self.run_warnings())
+    pub fn read_warnings(&self) -> Vec<String> {
+        fs::read_to_string(self.warnings())
             .map(|t| {
                 t.lines()
                     .filter(|l| !l.is_empty())
@@ -183,6 +207,7 @@ mod tests {
             desired: Desired::Running,
             launched_at_ms: 1,
             oom_kills_at_launch: 0,
+            run_id: "r1".into(),
             cgroups: SandboxCgroups::default(),
             warnings: vec!["w".into()],
         }
@@ -221,17 +246,20 @@ mod tests {
     #[test]
     fn run_files_are_read_back() {
         let tmp = tempfile::tempdir().unwrap();
-        let paths = SandboxPaths::new(tmp.path(), Uuid::new_v4());
-        fs::create_dir_all(&paths.run).unwrap();
+        let sandbox = SandboxPaths::new(tmp.path(), Uuid::new_v4());
+        let old = sandbox.run("old");
+        fs::create_dir_all(&old.dir).unwrap();
+        let paths = sandbox.run("r1");
+        fs::create_dir_all(&paths.dir).unwrap();
         assert_eq!(paths.read_init(), None);
         assert_eq!(paths.read_exit(), None);
         fs::write(
-            paths.run_init(),
+            paths.init(),
             "42 (sh) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 555 0 0\n",
         )
         .unwrap();
-        fs::write(paths.run_exit(), "137\n").unwrap();
-        fs::write(paths.run_warnings(), "a\n\nb\n").unwrap();
+        fs::write(paths.exit(), "137\n").unwrap();
+        fs::write(paths.warnings(), "a\n\nb\n").unwrap();
         assert_eq!(
             paths.read_init(),
             Some(ProcessIdentity {
@@ -241,8 +269,11 @@ mod tests {
         );
         assert_eq!(paths.read_exit(), Some(137));
         assert_eq!(
-            paths.read_run_warnings(),
+            paths.read_warnings(),
             vec!["a".to_string(), "b".to_string()]
         );
+        assert_eq!(old.read_exit(), None, "runs do not share files");
+        sandbox.remove_runs().unwrap();
+        assert!(!old.dir.exists() && !paths.dir.exists() && sandbox.dir.exists());
     }
 }

@@ -97,6 +97,7 @@ impl ComputeDriver for ProcessDriver {
             desired: Desired::Running,
             launched_at_ms: 0,
             oom_kills_at_launch: 0,
+            run_id: String::new(),
             cgroups,
             warnings,
         };

@@ -48,8 +48,9 @@ impl ProcessDriver {
         if self.inner.poller_started.swap(true, Ordering::SeqCst) {
             return;
         }
-        // The first poll records the current state, so watchers see only later changes.
-        self.inner.poll_once();
+        // The first poll records the current state without sending it, so watchers (already
+        // subscribed) see only later changes.
+        self.inner.seed_last_seen();
         let weak = Arc::downgrade(&self.inner);
         let interval = self.inner.opts.poll_interval;
         tokio::spawn(async move {
@@ -72,7 +73,11 @@ impl ProcessDriver {
             ));
         }
         let record = self.inner.require(id)?;
-        let init = self.inner.paths(id).read_init().filter(procfs::is_alive);
+        let init = self
+            .inner
+            .run_paths(&record)
+            .read_init()
+            .filter(procfs::is_alive);
         let init = match (init, record.desired) {
             (Some(init), Desired::Running) => init,
             _ => {
