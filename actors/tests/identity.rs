@@ -17,8 +17,14 @@ async fn same_name_in_two_workspaces_only_the_target_is_touched() {
     let gw = env.gw();
     gw.create_workspace("alpha", HashMap::new()).await.unwrap();
     gw.create_workspace("beta", HashMap::new()).await.unwrap();
-    let a = gw.create_sandbox(Some("alpha"), "demo", sleep_spec()).await.unwrap();
-    let b = gw.create_sandbox(Some("beta"), "demo", sleep_spec()).await.unwrap();
+    let a = gw
+        .create_sandbox(Some("alpha"), "demo", sleep_spec())
+        .await
+        .unwrap();
+    let b = gw
+        .create_sandbox(Some("beta"), "demo", sleep_spec())
+        .await
+        .unwrap();
     assert_ne!(a.id, b.id);
     wait_phase(gw, &by_id(&a), Phase::Ready, Duration::from_secs(5)).await;
     let b_ready = wait_phase(gw, &by_id(&b), Phase::Ready, Duration::from_secs(5)).await;
@@ -29,19 +35,31 @@ async fn same_name_in_two_workspaces_only_the_target_is_touched() {
     assert_eq!(stopped.phase(), Phase::Stopped);
     let started = gw.start_sandbox(&by_id(&a)).await.unwrap();
     assert_eq!(started.phase(), Phase::Ready);
-    assert!(started.generation > a.generation, "every start has a fresh generation");
+    assert!(
+        started.generation > a.generation,
+        "every start has a fresh generation"
+    );
     assert!(gw.delete_sandbox(&by_id(&a)).await.unwrap());
 
     let audit = env.world.audit();
     assert!(audit.iter().any(|e| e.op == SimOp::Stop), "{audit:?}");
     assert!(audit.iter().any(|e| e.op == SimOp::Delete), "{audit:?}");
     for entry in &audit {
-        assert_eq!(entry.sandbox_id, a.id, "a call reached another sandbox: {entry:?}");
+        assert_eq!(
+            entry.sandbox_id, a.id,
+            "a call reached another sandbox: {entry:?}"
+        );
     }
     // beta/demo is untouched: same record, same workload.
     let b_now = gw.get_sandbox(&by_id(&b)).await.unwrap();
-    assert_eq!((b_now.phase(), b_now.generation, b_now.resource_version), (Phase::Ready, b_ready.generation, b_ready.resource_version));
-    assert_eq!(env.world.snapshot(uuid(&b)).unwrap().instance_id, b_instance);
+    assert_eq!(
+        (b_now.phase(), b_now.generation, b_now.resource_version),
+        (Phase::Ready, b_ready.generation, b_ready.resource_version)
+    );
+    assert_eq!(
+        env.world.snapshot(uuid(&b)).unwrap().instance_id,
+        b_instance
+    );
 
     // A repeated delete by id reports false and calls nothing at all.
     env.world.clear_audit();
@@ -56,12 +74,20 @@ async fn ambiguous_name_only_requests_are_refused_deterministically() {
     let gw = env.gw();
     for ws in ["beta", "alpha"] {
         gw.create_workspace(ws, HashMap::new()).await.unwrap();
-        gw.create_sandbox(Some(ws), "demo", sleep_spec()).await.unwrap();
+        gw.create_sandbox(Some(ws), "demo", sleep_spec())
+            .await
+            .unwrap();
     }
     env.world.clear_audit();
-    let name_only = SandboxSelector::Name { workspace: None, name: "demo".into() };
+    let name_only = SandboxSelector::Name {
+        workspace: None,
+        name: "demo".into(),
+    };
     for _ in 0..5 {
-        for result in [gw.stop_sandbox(&name_only).await.map(|_| ()), gw.delete_sandbox(&name_only).await.map(|_| ())] {
+        for result in [
+            gw.stop_sandbox(&name_only).await.map(|_| ()),
+            gw.delete_sandbox(&name_only).await.map(|_| ()),
+        ] {
             match result {
                 Err(ActorError::AmbiguousName { name, workspaces }) => {
                     assert_eq!(name, "demo");
@@ -71,16 +97,34 @@ async fn ambiguous_name_only_requests_are_refused_deterministically() {
             }
         }
     }
-    assert!(env.world.audit().iter().all(|e| e.op != SimOp::Stop && e.op != SimOp::Delete), "{:?}", env.world.audit());
+    assert!(
+        env.world
+            .audit()
+            .iter()
+            .all(|e| e.op != SimOp::Stop && e.op != SimOp::Delete),
+        "{:?}",
+        env.world.audit()
+    );
 
     // With one match elsewhere it is still not found in default, with a hint.
-    gw.delete_sandbox(&SandboxSelector::Name { workspace: Some("beta".into()), name: "demo".into() }).await.unwrap();
+    gw.delete_sandbox(&SandboxSelector::Name {
+        workspace: Some("beta".into()),
+        name: "demo".into(),
+    })
+    .await
+    .unwrap();
     match gw.get_sandbox(&name_only).await {
         Err(ActorError::SandboxNotFound { hint, .. }) => assert!(hint.contains("alpha"), "{hint}"),
         other => panic!("expected SandboxNotFound, got {other:?}"),
     }
     // Named with its workspace, it resolves.
-    let found = gw.get_sandbox(&SandboxSelector::Name { workspace: Some("alpha".into()), name: "demo".into() }).await.unwrap();
+    let found = gw
+        .get_sandbox(&SandboxSelector::Name {
+            workspace: Some("alpha".into()),
+            name: "demo".into(),
+        })
+        .await
+        .unwrap();
     assert_eq!(found.workspace, "alpha");
 }
 
@@ -100,8 +144,20 @@ async fn names_are_unique_per_workspace_and_reusable_after_delete() {
     assert!(gw.get_sandbox(&by_id(&first)).await.is_err());
     // Bad input is refused before anything is written.
     for bad in ["", "Web", "a_b", "-x", &"x".repeat(64)] {
-        assert!(matches!(gw.create_sandbox(None, bad, sleep_spec()).await, Err(ActorError::InvalidName { .. })), "{bad:?}");
+        assert!(
+            matches!(
+                gw.create_sandbox(None, bad, sleep_spec()).await,
+                Err(ActorError::InvalidName { .. })
+            ),
+            "{bad:?}"
+        );
     }
-    assert!(matches!(gw.create_sandbox(Some("nope"), "x", sleep_spec()).await, Err(ActorError::WorkspaceNotFound(_))));
-    assert!(matches!(gw.create_sandbox(None, "x", Default::default()).await, Err(ActorError::InvalidArgument(_))));
+    assert!(matches!(
+        gw.create_sandbox(Some("nope"), "x", sleep_spec()).await,
+        Err(ActorError::WorkspaceNotFound(_))
+    ));
+    assert!(matches!(
+        gw.create_sandbox(None, "x", Default::default()).await,
+        Err(ActorError::InvalidArgument(_))
+    ));
 }

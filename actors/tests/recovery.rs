@@ -18,16 +18,27 @@ const T: Duration = Duration::from_secs(5);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generation_drift_after_a_gateway_restart_ends_ready_without_a_reboot() {
     let mut env = Env::new().await;
-    let a = env.gw().create_sandbox(None, "steady", sleep_spec()).await.unwrap();
+    let a = env
+        .gw()
+        .create_sandbox(None, "steady", sleep_spec())
+        .await
+        .unwrap();
     let before = wait_phase(env.gw(), &by_id(&a), Phase::Ready, T).await;
     let instance = env.world.snapshot(uuid(&a)).unwrap().instance_id;
 
     // The machine keeps the workload running but forgets its generation marker while the
     // gateway is down.
-    env.restart_gateway(test_config(), |world| world.crash_forget_generations()).await;
+    env.restart_gateway(test_config(), |world| world.crash_forget_generations())
+        .await;
 
     let after = env.gw().get_sandbox(&by_id(&a)).await.unwrap();
-    assert_eq!(after.phase(), Phase::Ready, "{}: {}", after.reason, after.message);
+    assert_eq!(
+        after.phase(),
+        Phase::Ready,
+        "{}: {}",
+        after.reason,
+        after.message
+    );
     assert_eq!(after.reason, "Adopted");
     assert_eq!(after.generation, 0, "the driver's generation is persisted");
     assert_ne!(before.generation, after.generation);
@@ -40,7 +51,13 @@ async fn generation_drift_after_a_gateway_restart_ends_ready_without_a_reboot() 
     env.restart_gateway(test_config(), |_| {}).await;
     let again = env.gw().get_sandbox(&by_id(&a)).await.unwrap();
     assert_eq!((again.phase(), again.generation), (Phase::Ready, 0));
-    let ops: Vec<SimOp> = env.world.audit().iter().filter(|e| e.sandbox_id == a.id).map(|e| e.op).collect();
+    let ops: Vec<SimOp> = env
+        .world
+        .audit()
+        .iter()
+        .filter(|e| e.sandbox_id == a.id)
+        .map(|e| e.op)
+        .collect();
     assert_eq!(ops, vec![SimOp::Get], "re-attach only looks, by id");
 }
 
@@ -48,7 +65,10 @@ async fn generation_drift_after_a_gateway_restart_ends_ready_without_a_reboot() 
 async fn drift_seen_by_a_running_actor_restarts_the_actor_which_adopts() {
     let env = Env::new().await;
     let gw = env.gw();
-    let a = gw.create_sandbox(None, "drifty", sleep_spec()).await.unwrap();
+    let a = gw
+        .create_sandbox(None, "drifty", sleep_spec())
+        .await
+        .unwrap();
     wait_phase(gw, &by_id(&a), Phase::Ready, T).await;
     let actor_before = gw.sandbox_actor(uuid(&a)).await.unwrap().unwrap().get_id();
     let instance = env.world.snapshot(uuid(&a)).unwrap().instance_id;
@@ -59,13 +79,19 @@ async fn drift_seen_by_a_running_actor_restarts_the_actor_which_adopts() {
 
     let sel = by_id(&a);
     assert!(
-        eventually(T, || async { gw.get_sandbox(&sel).await.unwrap().generation == 77 }).await,
+        eventually(T, || async {
+            gw.get_sandbox(&sel).await.unwrap().generation == 77
+        })
+        .await,
         "the sandbox did not adopt the driver's generation"
     );
     let sb = gw.get_sandbox(&sel).await.unwrap();
     assert_eq!(sb.phase(), Phase::Ready);
     let actor_after = gw.sandbox_actor(uuid(&a)).await.unwrap().unwrap().get_id();
-    assert_ne!(actor_before, actor_after, "the actor was restarted by its supervisor");
+    assert_ne!(
+        actor_before, actor_after,
+        "the actor was restarted by its supervisor"
+    );
     assert_eq!(env.world.snapshot(uuid(&a)).unwrap().instance_id, instance);
 
     // A start that finds the workload under another generation also ends Ready.
@@ -74,7 +100,12 @@ async fn drift_seen_by_a_running_actor_restarts_the_actor_which_adopts() {
     assert!(env.world.set_generation(uuid(&a), 5));
     let report = gw.reconcile_now().await.unwrap();
     assert!(report.skipped.is_empty(), "{report:?}");
-    assert!(eventually(T, || async { gw.get_sandbox(&sel).await.unwrap().generation == 5 }).await);
+    assert!(
+        eventually(T, || async {
+            gw.get_sandbox(&sel).await.unwrap().generation == 5
+        })
+        .await
+    );
     assert_eq!(gw.get_sandbox(&sel).await.unwrap().phase(), Phase::Ready);
 }
 
@@ -82,11 +113,22 @@ async fn drift_seen_by_a_running_actor_restarts_the_actor_which_adopts() {
 async fn error_is_recoverable_by_start_and_keeps_the_files() {
     let env = Env::new().await;
     let gw = env.gw();
-    let a = gw.create_sandbox(None, "crashy", sleep_spec()).await.unwrap();
+    let a = gw
+        .create_sandbox(None, "crashy", sleep_spec())
+        .await
+        .unwrap();
     let sel = by_id(&a);
     wait_phase(gw, &sel, Phase::Ready, T).await;
     // Write a file in the sandbox's persistent area.
-    let mut out = gw.exec(&sel, vec!["write".into(), "/sandbox/note".into(), "kept".into()], HashMap::new(), 5).await.unwrap();
+    let mut out = gw
+        .exec(
+            &sel,
+            vec!["write".into(), "/sandbox/note".into(), "kept".into()],
+            HashMap::new(),
+            5,
+        )
+        .await
+        .unwrap();
     while futures::StreamExt::next(&mut out).await.is_some() {}
 
     // The workload dies with status 3: the driver's watch reports it.
@@ -97,16 +139,34 @@ async fn error_is_recoverable_by_start_and_keeps_the_files() {
 
     // Start recovers it without delete, under a fresh generation, files intact.
     let started = gw.start_sandbox(&sel).await.unwrap();
-    assert_eq!(started.phase(), Phase::Ready, "{}: {}", started.reason, started.message);
+    assert_eq!(
+        started.phase(),
+        Phase::Ready,
+        "{}: {}",
+        started.reason,
+        started.message
+    );
     assert!(started.generation > failed.generation);
-    assert_eq!(env.world.files(uuid(&a)).unwrap().get("/sandbox/note").map(String::as_str), Some("kept"));
+    assert_eq!(
+        env.world
+            .files(uuid(&a))
+            .unwrap()
+            .get("/sandbox/note")
+            .map(String::as_str),
+        Some("kept")
+    );
 
     // Restart is accepted in Error too.
     env.world.exit(uuid(&a), 1).unwrap();
     wait_phase(gw, &sel, Phase::Error, T).await;
     let restarted = gw.restart_sandbox(&sel).await.unwrap();
     assert_eq!(restarted.phase(), Phase::Ready);
-    assert!(env.world.files(uuid(&a)).unwrap().contains_key("/sandbox/note"));
+    assert!(
+        env.world
+            .files(uuid(&a))
+            .unwrap()
+            .contains_key("/sandbox/note")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,53 +174,105 @@ async fn a_failing_driver_backs_off_settles_in_error_and_start_recovers() {
     let env = Env::new().await;
     let gw = env.gw();
     env.driver.fail_all(true);
-    let a = gw.create_sandbox(None, "unlucky", sleep_spec()).await.unwrap();
+    let a = gw
+        .create_sandbox(None, "unlucky", sleep_spec())
+        .await
+        .unwrap();
     let sel = by_id(&a);
     let failed = wait_phase(gw, &sel, Phase::Error, T).await;
     assert_eq!(failed.reason, "DriverUnavailable");
     assert!(failed.message.contains("4 attempts"), "{}", failed.message);
 
     // Settled: no more calls while nothing asks.
-    let calls = env.world.audit().iter().filter(|e| e.sandbox_id == a.id).count();
+    let calls = env
+        .world
+        .audit()
+        .iter()
+        .filter(|e| e.sandbox_id == a.id)
+        .count();
     assert!(calls <= 4, "{calls} calls for 4 attempts");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(env.world.audit().iter().filter(|e| e.sandbox_id == a.id).count(), calls, "it kept calling the driver");
+    assert_eq!(
+        env.world
+            .audit()
+            .iter()
+            .filter(|e| e.sandbox_id == a.id)
+            .count(),
+        calls,
+        "it kept calling the driver"
+    );
 
     env.driver.fail_all(false);
     let started = gw.start_sandbox(&sel).await.unwrap();
-    assert_eq!(started.phase(), Phase::Ready, "{}: {}", started.reason, started.message);
-    assert_eq!(env.world.snapshot(uuid(&a)).unwrap().state(), pb::State::Running);
+    assert_eq!(
+        started.phase(),
+        Phase::Ready,
+        "{}: {}",
+        started.reason,
+        started.message
+    );
+    assert_eq!(
+        env.world.snapshot(uuid(&a)).unwrap().state(),
+        pb::State::Running
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_driver_costs_a_deadline_not_the_gateway() {
-    let env = Env::with(test_config(), SimFaults::seeded(7).with_hang_on(SimOp::Create)).await;
+    let env = Env::with(
+        test_config(),
+        SimFaults::seeded(7).with_hang_on(SimOp::Create),
+    )
+    .await;
     let gw = env.gw();
     let hung = gw.create_sandbox(None, "hung", sleep_spec()).await.unwrap();
     // Other work goes on while the create hangs.
     let other = gw.create_workspace("other", HashMap::new()).await.unwrap();
     assert_eq!(other.name, "other");
     let failed = wait_phase(gw, &by_id(&hung), Phase::Error, Duration::from_secs(10)).await;
-    assert!(failed.message.contains("did not answer"), "{}", failed.message);
+    assert!(
+        failed.message.contains("did not answer"),
+        "{}",
+        failed.message
+    );
     env.driver.set_faults(SimFaults::default());
-    assert_eq!(gw.start_sandbox(&by_id(&hung)).await.unwrap().phase(), Phase::Ready);
+    assert_eq!(
+        gw.start_sandbox(&by_id(&hung)).await.unwrap().phase(),
+        Phase::Ready
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_bad_driver_record_does_not_stop_the_sweep() {
     let env = Env::new().await;
     let gw = env.gw();
-    let known = gw.create_sandbox(None, "known", sleep_spec()).await.unwrap();
+    let known = gw
+        .create_sandbox(None, "known", sleep_spec())
+        .await
+        .unwrap();
     wait_phase(gw, &by_id(&known), Phase::Ready, T).await;
 
     // Workloads the store has no record of: an empty workspace (normalized to default), a
     // workspace that does not exist, and a name that breaks the rule.
-    let spec = pb::SandboxSpec { command: vec!["sleep".into()], ..Default::default() };
+    let spec = pb::SandboxSpec {
+        command: vec!["sleep".into()],
+        ..Default::default()
+    };
     let mut ids = Vec::new();
-    for (ws, name) in [("", "stray"), ("no-such-ws", "lost"), ("default", "Bad_Name")] {
+    for (ws, name) in [
+        ("", "stray"),
+        ("no-such-ws", "lost"),
+        ("default", "Bad_Name"),
+    ] {
         let id = Uuid::new_v4();
         ids.push(id);
-        let request = pb::CreateRequest { sandbox_id: id.to_string(), workspace: ws.into(), name: name.into(), spec: Some(spec.clone()), generation: 9 };
+        let request = pb::CreateRequest {
+            sandbox_id: id.to_string(),
+            workspace: ws.into(),
+            name: name.into(),
+            spec: Some(spec.clone()),
+            generation: 9,
+        };
         env.driver.create(request).await.unwrap();
     }
     // And the known sandbox exits behind the gateway's back, with no watch to tell it.
@@ -172,7 +284,10 @@ async fn one_bad_driver_record_does_not_stop_the_sweep() {
     assert!(report.driver_errors.is_empty(), "{report:?}");
 
     let stray = gw.get_sandbox(&SandboxSelector::Id(ids[0])).await.unwrap();
-    assert_eq!((stray.workspace.as_str(), stray.name.as_str()), ("default", "stray"));
+    assert_eq!(
+        (stray.workspace.as_str(), stray.name.as_str()),
+        ("default", "stray")
+    );
     assert!(!stray.workspace_id.is_empty());
     wait_phase(gw, &SandboxSelector::Id(ids[0]), Phase::Ready, T).await;
     assert!(gw.get_sandbox(&SandboxSelector::Id(ids[1])).await.is_err());
@@ -187,13 +302,26 @@ async fn one_bad_driver_record_does_not_stop_the_sweep() {
 async fn a_driver_that_lost_everything_gets_its_workloads_back() {
     let env = Env::new().await;
     let gw = env.gw();
-    let a = gw.create_sandbox(None, "phoenix", sleep_spec()).await.unwrap();
+    let a = gw
+        .create_sandbox(None, "phoenix", sleep_spec())
+        .await
+        .unwrap();
     let ready = wait_phase(gw, &by_id(&a), Phase::Ready, T).await;
     env.world.crash_lose_all();
     let report = gw.reconcile_now().await.unwrap();
     assert_eq!(report.absent, 1, "{report:?}");
     let sel = by_id(&a);
-    assert!(eventually(T, || async { env.world.snapshot(uuid(&a)).is_some_and(|s| s.state() == pb::State::Running) }).await);
+    assert!(
+        eventually(T, || async {
+            env.world
+                .snapshot(uuid(&a))
+                .is_some_and(|s| s.state() == pb::State::Running)
+        })
+        .await
+    );
     let back = wait_phase(gw, &sel, Phase::Ready, T).await;
-    assert!(back.generation > ready.generation, "a new run gets a new generation");
+    assert!(
+        back.generation > ready.generation,
+        "a new run gets a new generation"
+    );
 }

@@ -55,9 +55,21 @@ impl Env {
         let store: Arc<dyn ObjectStore> = Arc::new(SledStore::open(dir.path()).unwrap());
         let world = SimWorld::new();
         let driver = Arc::new(SimDriver::new(world.clone(), faults));
-        let gw = Gateway::start(Arc::clone(&store), DriverSet::single("sim", driver.clone()), config).await.unwrap();
+        let gw = Gateway::start(
+            Arc::clone(&store),
+            DriverSet::single("sim", driver.clone()),
+            config,
+        )
+        .await
+        .unwrap();
         assert!(gw.wait_attached(Duration::from_secs(10)).await);
-        Env { dir, store, world, driver, gw: Some(gw) }
+        Env {
+            dir,
+            store,
+            world,
+            driver,
+            gw: Some(gw),
+        }
     }
 
     pub fn gw(&self) -> &Gateway {
@@ -72,14 +84,26 @@ impl Env {
         }
         between(&self.world);
         self.driver = Arc::new(SimDriver::new(self.world.clone(), SimFaults::default()));
-        let gw = Gateway::start(Arc::clone(&self.store), DriverSet::single("sim", self.driver.clone()), config).await.unwrap();
-        assert!(gw.wait_attached(Duration::from_secs(10)).await, "sandboxes did not re-attach");
+        let gw = Gateway::start(
+            Arc::clone(&self.store),
+            DriverSet::single("sim", self.driver.clone()),
+            config,
+        )
+        .await
+        .unwrap();
+        assert!(
+            gw.wait_attached(Duration::from_secs(10)).await,
+            "sandboxes did not re-attach"
+        );
         self.gw = Some(gw);
     }
 }
 
 pub fn sleep_spec() -> SandboxSpec {
-    SandboxSpec { command: vec!["sleep".into(), "3600".into()], ..Default::default() }
+    SandboxSpec {
+        command: vec!["sleep".into(), "3600".into()],
+        ..Default::default()
+    }
 }
 
 pub fn by_id(sb: &Sandbox) -> SandboxSelector {
@@ -91,7 +115,12 @@ pub fn uuid(sb: &Sandbox) -> Uuid {
 }
 
 /// Polls until the sandbox reaches `phase`; panics with its last state after `timeout`.
-pub async fn wait_phase(gw: &Gateway, sel: &SandboxSelector, phase: Phase, timeout: Duration) -> Sandbox {
+pub async fn wait_phase(
+    gw: &Gateway,
+    sel: &SandboxSelector,
+    phase: Phase,
+    timeout: Duration,
+) -> Sandbox {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let sb = gw.get_sandbox(sel).await.unwrap();
@@ -99,7 +128,13 @@ pub async fn wait_phase(gw: &Gateway, sel: &SandboxSelector, phase: Phase, timeo
             return sb;
         }
         if tokio::time::Instant::now() >= deadline {
-            panic!("sandbox {} stayed {:?} ({}: {}), wanted {phase:?}", sb.name, sb.phase(), sb.reason, sb.message);
+            panic!(
+                "sandbox {} stayed {:?} ({}: {}), wanted {phase:?}",
+                sb.name,
+                sb.phase(),
+                sb.reason,
+                sb.message
+            );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
