@@ -381,3 +381,32 @@ async fn world_controls() {
         "files must be lost with the machine"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_scheduled_exit_cannot_end_a_later_run() {
+    let d = driver();
+    let id = Uuid::new_v4();
+    let mut req = create_req(id, "alpha", "exits", 1);
+    req.spec = Some(pb::SandboxSpec {
+        command: vec!["exit".into(), "3".into()],
+        ..Default::default()
+    });
+    d.create(req).await.unwrap();
+    // Restart halfway through the first run: its exit is due before the second run's.
+    tokio::time::sleep(SELF_EXIT_DELAY / 2).await;
+    d.stop(stop_req(id)).await.unwrap();
+    let second = d.start(start_req(id, 2)).await.unwrap();
+    tokio::time::sleep(SELF_EXIT_DELAY * 3 / 4).await;
+    let now = d.get(get_req(id)).await.unwrap();
+    assert_eq!(
+        (state(&now), &now.instance_id),
+        (pb::State::Running, &second.instance_id),
+        "the first run's exit ended the second run"
+    );
+    tokio::time::sleep(SELF_EXIT_DELAY).await;
+    let now = d.get(get_req(id)).await.unwrap();
+    assert_eq!(
+        (state(&now), now.generation, now.exit_code),
+        (pb::State::Exited, 2, 3)
+    );
+}
