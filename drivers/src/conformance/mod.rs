@@ -5,7 +5,7 @@
 //! malformed ids, idempotent stop / start / delete, the generation round-trip and
 //! `GenerationMismatch`, workloads that survive a crash of the driver instance and are found
 //! again by a new one, workspace and name round-tripped by list, exec, and workloads that end
-//! by themselves.
+//! by themselves (state EXITED with their exit code, and a watch event saying so).
 //!
 //! # Using it for a driver
 //!
@@ -25,7 +25,8 @@
 //!     fn long_running_spec(&self) -> pb::SandboxSpec { /* sleep 3600 */ }
 //!     fn settle_timeout(&self) -> Duration { Duration::from_secs(10) }
 //!     // exec_echo, exec_exit, exiting_spec and call_timeout have defaults for real drivers
-//!     // (`echo TEXT`, `sh -c 'exit N'`); override them where the driver's commands differ.
+//!     // (`echo TEXT`, `sh -c 'exit N'`, `sh -c 'sleep 0.2; exit N'`); override them where
+//!     // the driver's commands differ (the sim's harness uses its built-in `exit N`).
 //! }
 //!
 //! #[tokio::test]
