@@ -26,10 +26,13 @@ pub const SANDBOX_MOUNT: &str = "/sandbox";
 /// The PATH the shim's own tools are looked up in (the workload gets the spec's PATH back).
 const SHIM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// The shim: `sh -c SHIM sbx-shim RUN_DIR PERSIST_DIR HOSTNAME CGROUP_DIR… -- COMMAND…`.
-/// Exit status 125 means the sandbox could not be set up (the reason is in the log).
+/// The shim: `sh -c SHIM sbx-shim RUN_DIR PERSIST_DIR HOSTNAME LOG CGROUP_DIR… -- COMMAND…`.
+/// Exit status 125 means the sandbox could not be set up (the reason is in the log). The shim
+/// sends its output and the workload's to LOG itself; what `unshare` says (for example when the
+/// shim is SIGKILLed) goes to the run's `launcher.log`, not into the workload's log.
 const SHIM: &str = r#"
-run="$1"; persist="$2"; host="$3"; shift 3
+run="$1"; persist="$2"; host="$3"; log="$4"; shift 4
+exec >>"$log" 2>&1 || exit 125
 userpath="${PATH-}"; PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
   echo 0 > "$1/cgroup.procs" || { echo "sbx: cannot join cgroup $1" >&2; exit 125; }
@@ -130,13 +133,12 @@ pub async fn launch(
     let run = paths.run(&record.run_id);
     fs::create_dir_all(&run.dir).map_err(|e| io("making the run directory", e))?;
     fs::create_dir_all(&paths.root).map_err(|e| io("making the persistent directory", e))?;
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&paths.log)
-        .map_err(|e| io("opening the log", e))?;
-    let log_err = log.try_clone().map_err(|e| io("opening the log", e))?;
-    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let log_start = fs::metadata(&paths.log).map(|m| m.len()).unwrap_or(0);
+    let launcher_log = run.dir.join("launcher.log");
+    let launcher = fs::File::create(&launcher_log).map_err(|e| io("making the launcher log", e))?;
+    let launcher_err = launcher
+        .try_clone()
+        .map_err(|e| io("making the launcher log", e))?;
 
     let mut command = Command::new(&tools.setsid);
     command
@@ -151,6 +153,7 @@ pub async fn launch(
         .arg(&run.dir)
         .arg(&paths.root)
         .arg(&record.name)
+        .arg(&paths.log)
         .args(&record.cgroups.dirs)
         .arg("--")
         .args(&record.spec.command)
@@ -158,8 +161,8 @@ pub async fn launch(
         .envs(workload_env(record))
         .current_dir("/")
         .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err);
+        .stdout(launcher)
+        .stderr(launcher_err);
     let mut child = command
         .spawn()
         .map_err(|e| io("spawning setsid/unshare", e))?;
@@ -176,8 +179,9 @@ pub async fn launch(
                 return Ok(identity);
             }
             return Err(DriverError::Internal(format!(
-                "the sandbox could not be set up ({status}): {}",
-                log_since(&paths.log, log_start)
+                "the sandbox could not be set up ({status}): {} {}",
+                log_since(&paths.log, log_start),
+                log_since(&launcher_log, 0)
             )));
         }
         if tokio::time::Instant::now() >= deadline {
