@@ -1,3 +1,6 @@
-//! sbx-gateway
+//! sbx-gateway: the tonic service ([`service`]), the `sbxd` daemon ([`daemon`]) and the `sbx`
+//! CLI ([`cli`]).
 
 pub mod cli;
+pub mod daemon;
+pub mod service;

@@ -1,0 +1,5 @@
+//! `sbxd`: the sbx gateway daemon.
+
+fn main() -> std::process::ExitCode {
+    sbx_gateway::daemon::main()
+}

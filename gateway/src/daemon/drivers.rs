@@ -1,0 +1,119 @@
+//! Opening the data directory's store and the chosen compute driver.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sbx_drivers::ComputeDriver;
+use sbx_drivers::process::{ProcessDriver, ProcessDriverOptions};
+use sbx_drivers::sim::{SimDriver, SimFaults, SimOp, SimWorld};
+
+use super::{DaemonError, DriverKind, ServeArgs};
+
+/// The data directory: the flag, else $XDG_STATE_HOME/sbx, else ~/.local/state/sbx.
+pub fn data_dir(flag: Option<&Path>) -> Result<PathBuf, DaemonError> {
+    resolve_data_dir(
+        flag,
+        std::env::var_os("XDG_STATE_HOME").map(PathBuf::from),
+        std::env::var_os("HOME").map(PathBuf::from),
+    )
+}
+
+/// [`data_dir`] without the environment, for tests. Empty variables count as unset.
+fn resolve_data_dir(
+    flag: Option<&Path>,
+    xdg_state_home: Option<PathBuf>,
+    home: Option<PathBuf>,
+) -> Result<PathBuf, DaemonError> {
+    if let Some(dir) = flag {
+        return Ok(dir.to_path_buf());
+    }
+    if let Some(xdg) = xdg_state_home.filter(|p| !p.as_os_str().is_empty()) {
+        return Ok(xdg.join("sbx"));
+    }
+    match home.filter(|p| !p.as_os_str().is_empty()) {
+        Some(home) => Ok(home.join(".local").join("state").join("sbx")),
+        None => Err(DaemonError::NoDataDir),
+    }
+}
+
+/// Opens the driver chosen by `args`, keeping its state in `DATA/drivers/NAME`.
+pub fn open_driver(
+    args: &ServeArgs,
+    data_dir: &Path,
+) -> Result<Arc<dyn ComputeDriver>, DaemonError> {
+    match args.driver {
+        DriverKind::Process => {
+            let state_dir = data_dir.join("drivers").join("process");
+            let opts = ProcessDriverOptions {
+                cgroup_parent: args.process_cgroup_parent.clone(),
+                ..ProcessDriverOptions::default()
+            };
+            let driver =
+                ProcessDriver::open(state_dir, opts).map_err(|source| DaemonError::Driver {
+                    driver: "process",
+                    source,
+                    hint: " (on a machine where it cannot run, use --driver sim)",
+                })?;
+            Ok(Arc::new(driver))
+        }
+        DriverKind::Sim => {
+            let mut faults =
+                SimFaults::default().with_latency(Duration::from_millis(args.sim_latency_ms));
+            for op in &args.sim_fail {
+                faults = faults.with_error_rate_for(parse_sim_op(op)?, 1.0);
+            }
+            Ok(Arc::new(SimDriver::new(SimWorld::new(), faults)))
+        }
+    }
+}
+
+fn parse_sim_op(text: &str) -> Result<SimOp, DaemonError> {
+    let wanted = text.trim().to_ascii_lowercase();
+    SimOp::ALL
+        .into_iter()
+        .find(|op| op.as_str() == wanted)
+        .ok_or_else(|| {
+            let known: Vec<&str> = SimOp::ALL.iter().map(|op| op.as_str()).collect();
+            DaemonError::UnknownSimOp(text.to_string(), known.join(", "))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_dir_precedence() {
+        let flag = PathBuf::from("/flag");
+        let xdg = Some(PathBuf::from("/xdg"));
+        let home = Some(PathBuf::from("/home/u"));
+        assert_eq!(
+            resolve_data_dir(Some(&flag), xdg.clone(), home.clone()).unwrap(),
+            flag
+        );
+        assert_eq!(
+            resolve_data_dir(None, xdg, home.clone()).unwrap(),
+            PathBuf::from("/xdg/sbx")
+        );
+        assert_eq!(
+            resolve_data_dir(None, Some(PathBuf::new()), home.clone()).unwrap(),
+            PathBuf::from("/home/u/.local/state/sbx")
+        );
+        assert!(matches!(
+            resolve_data_dir(None, None, None),
+            Err(DaemonError::NoDataDir)
+        ));
+    }
+
+    #[test]
+    fn sim_ops_parse_by_name() {
+        assert_eq!(parse_sim_op("exec").unwrap(), SimOp::Exec);
+        assert_eq!(parse_sim_op(" Stop ").unwrap(), SimOp::Stop);
+        let err = parse_sim_op("explode").unwrap_err().to_string();
+        assert!(
+            err.contains("explode") && err.contains("capabilities"),
+            "{err}"
+        );
+    }
+}

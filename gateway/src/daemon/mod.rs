@@ -1,0 +1,242 @@
+//! `sbxd`, the gateway daemon: command line, driver and store setup, serving and shutdown.
+//!
+//! Layout: this module holds the clap types and the daemon's error; [`drivers`] opens the
+//! chosen compute driver; [`serve`] runs the gRPC server over the actor tree until a signal.
+
+pub mod drivers;
+pub mod serve;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use sbx_actors::ActorError;
+use sbx_drivers::DriverError;
+use sbx_storage::StoreError;
+
+pub use serve::serve;
+
+/// Where sbxd listens when neither `--listen` nor `SBX_LISTEN` says otherwise.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+
+/// Parses the arguments, runs the command, and returns the exit code: 0 after a clean
+/// shutdown, 1 when sbxd could not start or failed while serving, 2 on a usage error.
+pub fn main() -> std::process::ExitCode {
+    let cli = match Sbxd::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return std::process::ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(1));
+        }
+    };
+    let Command::Serve(args) = cli.command;
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the tokio runtime: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "sbxd failed");
+            eprintln!("error: {e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+/// The `sbxd` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "sbxd",
+    version,
+    about = "The sbx sandbox gateway daemon",
+    long_about = "The sbx sandbox gateway daemon: serves the sbx.v1 gRPC API (workspaces and \
+        sandboxes), gRPC health and reflection, over a supervision tree of actors that keeps \
+        an embedded store in step with a compute driver.\n\n\
+        Every flag has an SBX_* environment variable; the flag wins over the variable. Logs go \
+        to stderr, filtered by SBX_LOG (else RUST_LOG, else \"info\"), e.g. SBX_LOG=sbx_actors=debug."
+)]
+pub struct Sbxd {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the gateway until SIGTERM or SIGINT. Shutdown stops accepting calls, lets the
+    /// calls in flight finish (up to --shutdown-grace), stops the actors and closes the store
+    /// — and leaves every sandbox running, to be re-attached by the next start.
+    Serve(ServeArgs),
+}
+
+/// The compute driver sandboxes run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DriverKind {
+    /// Namespaced, cgrouped process trees on this machine; they outlive sbxd and are
+    /// re-attached after a restart. Needs root (or the equivalent capabilities).
+    Process,
+    /// In memory, for tests and benchmarks. Its sandboxes do NOT survive an sbxd restart:
+    /// after one, the records are still in the store but their workloads are gone.
+    Sim,
+}
+
+impl DriverKind {
+    /// The name the driver is registered under (the `spec.driver` of its sandboxes).
+    pub fn name(self) -> &'static str {
+        match self {
+            DriverKind::Process => "process",
+            DriverKind::Sim => "sim",
+        }
+    }
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// The address to serve gRPC on, host:port. Port 0 picks a free port (see --addr-file).
+    #[arg(long, env = "SBX_LISTEN", default_value = DEFAULT_LISTEN, value_name = "HOST:PORT")]
+    pub listen: String,
+
+    /// Once serving (every sandbox re-attached, health SERVING), write the bound host:port and
+    /// a newline to this file, atomically (written beside it, then renamed). Removed on a
+    /// clean shutdown.
+    #[arg(long, env = "SBX_ADDR_FILE", value_name = "PATH")]
+    pub addr_file: Option<PathBuf>,
+
+    /// Where state lives: the store in DATA/store, driver state in DATA/drivers/NAME.
+    /// Default: $XDG_STATE_HOME/sbx, else ~/.local/state/sbx.
+    #[arg(long, env = "SBX_DATA_DIR", value_name = "DATA")]
+    pub data_dir: Option<PathBuf>,
+
+    /// The compute driver sandboxes run on. `sim` is in memory: its sandboxes do not survive
+    /// an sbxd restart (their records do).
+    #[arg(long, env = "SBX_DRIVER", value_enum, default_value_t = DriverKind::Process)]
+    pub driver: DriverKind,
+
+    /// Log line format (stderr). The filter comes from SBX_LOG, else RUST_LOG, else "info".
+    #[arg(long, env = "SBX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
+    pub log_format: LogFormat,
+
+    /// Seconds between reconciler sweeps (store against driver); 0 disables the periodic
+    /// sweep.
+    #[arg(
+        long,
+        env = "SBX_RECONCILE_INTERVAL",
+        default_value_t = 15,
+        value_name = "SECS"
+    )]
+    pub reconcile_interval: u64,
+
+    /// Seconds that calls in flight may take to finish after SIGTERM/SIGINT before their
+    /// connections are dropped. Open watch/logs/exec streams end at once with UNAVAILABLE.
+    #[arg(
+        long,
+        env = "SBX_SHUTDOWN_GRACE",
+        default_value_t = 10,
+        value_name = "SECS"
+    )]
+    pub shutdown_grace: u64,
+
+    /// process driver: the cgroup (relative to sbxd's own, in each hierarchy) under which
+    /// sandbox cgroups are made.
+    #[arg(
+        long,
+        env = "SBX_PROCESS_CGROUP_PARENT",
+        default_value = "sbx",
+        value_name = "PATH"
+    )]
+    pub process_cgroup_parent: String,
+
+    /// sim driver (testing): latency added to every driver call, in milliseconds.
+    #[arg(
+        long,
+        env = "SBX_SIM_LATENCY_MS",
+        default_value_t = 0,
+        value_name = "MS"
+    )]
+    pub sim_latency_ms: u64,
+
+    /// sim driver (testing): make every call of these operations fail with UNAVAILABLE
+    /// (comma-separated: create, start, stop, delete, get, list, watch, exec, logs,
+    /// capabilities).
+    #[arg(long, env = "SBX_SIM_FAIL", value_delimiter = ',', value_name = "OP,…")]
+    pub sim_fail: Vec<String>,
+}
+
+impl ServeArgs {
+    pub fn reconcile_interval(&self) -> Duration {
+        Duration::from_secs(self.reconcile_interval)
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace)
+    }
+}
+
+/// Why sbxd could not start, or stopped with a failure.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// No --data-dir, and neither XDG_STATE_HOME nor HOME is set.
+    #[error("no data directory: pass --data-dir (or set SBX_DATA_DIR, XDG_STATE_HOME or HOME)")]
+    NoDataDir,
+    /// A file or directory sbxd needs could not be made, written or renamed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store could not be opened (another sbxd holds it, or it is corrupt or newer).
+    #[error("cannot open the store in {path}: {source}")]
+    Store {
+        path: PathBuf,
+        #[source]
+        source: StoreError,
+    },
+    /// The compute driver could not be opened on this machine.
+    #[error("cannot open the {driver} driver: {source}{hint}")]
+    Driver {
+        driver: &'static str,
+        #[source]
+        source: DriverError,
+        /// What to try instead, when there is something.
+        hint: &'static str,
+    },
+    /// A --sim-fail entry names no driver operation.
+    #[error("--sim-fail: unknown operation {0:?}; expected one of {1}")]
+    UnknownSimOp(String, String),
+    /// The actor tree did not start.
+    #[error("the actor runtime did not start: {0}")]
+    Actors(#[from] ActorError),
+    /// The listen address could not be bound (in use, not local, malformed).
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The reflection service could not be built from the descriptor sets (a build bug).
+    #[error("cannot build the reflection service: {0}")]
+    Reflection(String),
+    /// The gRPC server failed while serving.
+    #[error("the gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    /// The signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}

@@ -1,0 +1,247 @@
+//! `sbxd serve`: start, serve, shut down.
+//!
+//! Start: open the store and the driver, start the actor tree, bind the listener and serve
+//! with health NOT_SERVING while every sandbox re-attaches to its workload (progress logged),
+//! then mark health SERVING and write the address file. Shutdown (SIGTERM/SIGINT): health
+//! NOT_SERVING, stop accepting, end open streams, let calls in flight finish within the
+//! grace period, stop the actors (sandboxes keep running), close the store.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sbx_actors::{Config, DriverSet, Gateway};
+use sbx_storage::{ObjectStore, SledStore};
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+use tracing_subscriber::EnvFilter;
+
+use super::{DaemonError, LogFormat, ServeArgs, drivers};
+use crate::service::{SbxService, set_health};
+
+/// How often startup logs how many sandboxes are still re-attaching.
+const ATTACH_PROGRESS_EVERY: Duration = Duration::from_secs(3);
+
+/// Runs sbxd until SIGTERM or SIGINT.
+pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
+    init_logging(args.log_format);
+    let data_dir = drivers::data_dir(args.data_dir.as_deref())?;
+    create_dir(&data_dir)?;
+    let store_path = data_dir.join("store");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(
+            SledStore::open(&store_path).map_err(|source| DaemonError::Store {
+                path: store_path.clone(),
+                source,
+            })?,
+        );
+    let driver = drivers::open_driver(&args, &data_dir)?;
+    let driver_name = args.driver.name();
+    tracing::info!(data_dir = %data_dir.display(), driver = driver_name, "starting");
+
+    // Signals first, so that a SIGTERM during startup is not lost (nor fatal by default).
+    let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let name = tokio::select! {
+                _ = sigterm.recv() => "SIGTERM",
+                _ = sigint.recv() => "SIGINT",
+            };
+            tracing::info!(signal = name, "shutting down");
+            shutdown.cancel();
+        });
+    }
+
+    let config = Config {
+        reconcile_interval: args.reconcile_interval(),
+        ..Config::default()
+    };
+    let gateway =
+        Arc::new(Gateway::start(store, DriverSet::single(driver_name, driver), config).await?);
+
+    let listener = TcpListener::bind(&args.listen)
+        .await
+        .map_err(|source| DaemonError::Bind {
+            addr: args.listen.clone(),
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| DaemonError::Bind {
+        addr: args.listen.clone(),
+        source,
+    })?;
+
+    let (health, health_server) = tonic_health::server::health_reporter();
+    set_health(&health, ServingStatus::NotServing).await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(sbx_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(sbx_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let service = SbxService::new(Arc::clone(&gateway), shutdown.clone());
+    let router = tonic::transport::Server::builder()
+        .add_service(health_server)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(service.workspace_server())
+        .add_service(service.sandbox_server());
+    drop(service);
+    let stop_accepting = shutdown.clone();
+    let mut server = tokio::spawn(
+        router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            stop_accepting.cancelled().await
+        }),
+    );
+    tracing::info!(%bound, "listening; re-attaching sandboxes");
+
+    let attached = tokio::select! {
+        attached = wait_attached(&gateway) => attached,
+        _ = shutdown.cancelled() => false,
+    };
+    if attached {
+        set_health(&health, ServingStatus::Serving).await;
+        if let Some(path) = &args.addr_file {
+            write_addr_file(path, &bound.to_string())?;
+        }
+        tracing::info!(%bound, driver = driver_name, "serving");
+    }
+
+    // Serve until a signal (or until the server fails by itself).
+    let served = tokio::select! {
+        _ = shutdown.cancelled() => None,
+        result = &mut server => Some(result),
+    };
+    let began = Instant::now();
+    shutdown.cancel();
+    set_health(&health, ServingStatus::NotServing).await;
+    let result = match served {
+        Some(result) => flatten(result),
+        None => match tokio::time::timeout(args.shutdown_grace(), &mut server).await {
+            Ok(result) => flatten(result),
+            Err(_) => {
+                tracing::warn!(
+                    grace = ?args.shutdown_grace(),
+                    "calls still in flight after the grace period; dropping their connections"
+                );
+                server.abort();
+                Ok(())
+            }
+        },
+    };
+    if let Some(path) = &args.addr_file
+        && attached
+    {
+        let _ = std::fs::remove_file(path);
+    }
+    match Arc::try_unwrap(gateway) {
+        Ok(gateway) => gateway.shutdown().await,
+        Err(_) => tracing::warn!("the actor tree is still referenced; it stops with the process"),
+    }
+    tracing::info!(took = ?began.elapsed(), "stopped; sandboxes left running");
+    result
+}
+
+/// Waits until every sandbox loaded at startup has re-attached, logging progress.
+async fn wait_attached(gateway: &Gateway) -> bool {
+    let began = Instant::now();
+    loop {
+        if gateway.wait_attached(ATTACH_PROGRESS_EVERY).await {
+            tracing::info!(took = ?began.elapsed(), "every sandbox re-attached");
+            return true;
+        }
+        tracing::info!(
+            pending = gateway.pending_attach(),
+            waited = ?began.elapsed(),
+            "sandboxes still re-attaching"
+        );
+    }
+}
+
+fn flatten(
+    joined: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
+) -> Result<(), DaemonError> {
+    match joined {
+        Ok(result) => result.map_err(DaemonError::from),
+        Err(e) => {
+            tracing::error!(error = %e, "the server task ended abnormally");
+            Ok(())
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = std::env::var("SBX_LOG")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "info".to_string());
+    let filter = EnvFilter::try_new(&filter).unwrap_or_else(|e| {
+        eprintln!("warning: bad log filter {filter:?} ({e}); using \"info\"");
+        EnvFilter::new("info")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second initialisation (only possible in tests) keeps the first subscriber.
+    let _ = match format {
+        LogFormat::Pretty => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+fn create_dir(dir: &Path) -> Result<(), DaemonError> {
+    std::fs::create_dir_all(dir).map_err(|source| DaemonError::Io {
+        what: "cannot create the data directory",
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Writes `addr` and a newline to `path` so that no reader ever sees a partial line: the text
+/// goes to a temporary file beside it, which is then renamed over `path`.
+pub fn write_addr_file(path: &Path, addr: &str) -> Result<(), DaemonError> {
+    let tmp = temp_path(path);
+    std::fs::write(&tmp, format!("{addr}\n")).map_err(|source| DaemonError::Io {
+        what: "cannot write the address file",
+        path: tmp.clone(),
+        source,
+    })?;
+    std::fs::rename(&tmp, path).map_err(|source| DaemonError::Io {
+        what: "cannot rename the address file into place at",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addr_file_is_replaced_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("addr");
+        write_addr_file(&path, "127.0.0.1:1").unwrap();
+        write_addr_file(&path, "127.0.0.1:65535").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "127.0.0.1:65535\n");
+        // Nothing is left beside it.
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1);
+    }
+}

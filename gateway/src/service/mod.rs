@@ -1,0 +1,61 @@
+//! The tonic service of sbxd: `sbx.v1` WorkspaceService and SandboxService over the actor API
+//! ([`sbx_actors::Gateway`]), plus gRPC health and reflection.
+//!
+//! The handlers are thin: they turn a request into an actor-API call and its answer (or its
+//! [`ActorError`](sbx_actors::ActorError), through [`status::actor_error_to_status`], the
+//! one place errors become gRPC statuses) into a response. Streams (watch, exec, logs) are
+//! forwarded by a task that ends them with `UNAVAILABLE` when sbxd shuts down, so that a
+//! client following a stream never holds shutdown up.
+
+mod sandboxes;
+pub mod status;
+mod streams;
+mod workspaces;
+
+use std::sync::Arc;
+
+use sbx_actors::Gateway;
+use sbx_proto::v1::sandbox_service_server::SandboxServiceServer;
+use sbx_proto::v1::workspace_service_server::WorkspaceServiceServer;
+use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+pub use status::{ERROR_DOMAIN, actor_error_to_status};
+
+/// The `sbx.v1` services over one actor tree.
+#[derive(Clone)]
+pub struct SbxService {
+    gateway: Arc<Gateway>,
+    /// Cancelled when sbxd begins to shut down: every open stream then ends with UNAVAILABLE,
+    /// so that graceful shutdown does not wait for clients that follow a stream for ever.
+    shutdown: CancellationToken,
+}
+
+impl SbxService {
+    pub fn new(gateway: Arc<Gateway>, shutdown: CancellationToken) -> Self {
+        SbxService { gateway, shutdown }
+    }
+
+    pub fn workspace_server(&self) -> WorkspaceServiceServer<SbxService> {
+        WorkspaceServiceServer::new(self.clone())
+    }
+
+    pub fn sandbox_server(&self) -> SandboxServiceServer<SbxService> {
+        SandboxServiceServer::new(self.clone())
+    }
+}
+
+/// The service names the health service reports on, besides "" (the whole server).
+pub const HEALTH_SERVICES: [&str; 2] = [
+    sbx_proto::v1::workspace_service_server::SERVICE_NAME,
+    sbx_proto::v1::sandbox_service_server::SERVICE_NAME,
+];
+
+/// Sets the health of "" and of both `sbx.v1` services at once.
+pub async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
+    reporter.set_service_status("", status).await;
+    for name in HEALTH_SERVICES {
+        reporter.set_service_status(name, status).await;
+    }
+}

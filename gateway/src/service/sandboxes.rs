@@ -1,0 +1,182 @@
+//! `sbx.v1.SandboxService` over the actor API.
+
+use futures::StreamExt;
+use sbx_actors::{SandboxFilter, SandboxSelector};
+use sbx_proto::v1::sandbox_service_server::SandboxService;
+use sbx_proto::v1::{
+    CreateSandboxRequest, DeleteSandboxRequest, DeleteSandboxResponse, ExecOutput, ExecRequest,
+    GetSandboxRequest, ListSandboxesRequest, ListSandboxesResponse, LogChunk, LogsRequest,
+    RestartSandboxRequest, Sandbox, SandboxEvent, SandboxRef, StartSandboxRequest,
+    StopSandboxRequest, WatchSandboxesRequest,
+};
+use tonic::{Request, Response, Status};
+
+use super::SbxService;
+use super::status::actor_error_to_status;
+use super::streams::{self, ResponseStream, forward};
+
+/// The selector of a request's sandbox reference (a missing reference is an empty one, which
+/// the selector refuses with INVALID_ARGUMENT).
+fn selector(r: Option<SandboxRef>) -> Result<SandboxSelector, Status> {
+    SandboxSelector::from_ref(&r.unwrap_or_default()).map_err(|e| actor_error_to_status(&e))
+}
+
+/// The filter of a list or a watch: an empty workspace means "default".
+fn filter(workspace: String, all_workspaces: bool, label_selector: String) -> SandboxFilter {
+    SandboxFilter {
+        workspace: (!workspace.is_empty()).then_some(workspace),
+        all_workspaces,
+        label_selector,
+    }
+}
+
+#[tonic::async_trait]
+impl SandboxService for SbxService {
+    async fn create_sandbox(
+        &self,
+        request: Request<CreateSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        let req = request.into_inner();
+        let workspace = (!req.workspace.is_empty()).then_some(req.workspace.as_str());
+        self.gateway
+            .create_sandbox(workspace, &req.name, req.spec.unwrap_or_default())
+            .await
+            .map(Response::new)
+            .map_err(|e| actor_error_to_status(&e))
+    }
+
+    async fn get_sandbox(
+        &self,
+        request: Request<GetSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        let sel = selector(request.into_inner().sandbox)?;
+        self.gateway
+            .get_sandbox(&sel)
+            .await
+            .map(Response::new)
+            .map_err(|e| actor_error_to_status(&e))
+    }
+
+    async fn list_sandboxes(
+        &self,
+        request: Request<ListSandboxesRequest>,
+    ) -> Result<Response<ListSandboxesResponse>, Status> {
+        let req = request.into_inner();
+        let filter = filter(req.workspace, req.all_workspaces, req.label_selector);
+        let page = self
+            .gateway
+            .list_sandboxes(&filter, req.page_size, &req.page_token)
+            .await
+            .map_err(|e| actor_error_to_status(&e))?;
+        Ok(Response::new(ListSandboxesResponse {
+            sandboxes: page.items,
+            next_page_token: page.next_page_token,
+        }))
+    }
+
+    async fn start_sandbox(
+        &self,
+        request: Request<StartSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        let sel = selector(request.into_inner().sandbox)?;
+        self.gateway
+            .start_sandbox(&sel)
+            .await
+            .map(Response::new)
+            .map_err(|e| actor_error_to_status(&e))
+    }
+
+    async fn stop_sandbox(
+        &self,
+        request: Request<StopSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        let sel = selector(request.into_inner().sandbox)?;
+        self.gateway
+            .stop_sandbox(&sel)
+            .await
+            .map(Response::new)
+            .map_err(|e| actor_error_to_status(&e))
+    }
+
+    async fn restart_sandbox(
+        &self,
+        request: Request<RestartSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        let sel = selector(request.into_inner().sandbox)?;
+        self.gateway
+            .restart_sandbox(&sel)
+            .await
+            .map(Response::new)
+            .map_err(|e| actor_error_to_status(&e))
+    }
+
+    async fn delete_sandbox(
+        &self,
+        request: Request<DeleteSandboxRequest>,
+    ) -> Result<Response<DeleteSandboxResponse>, Status> {
+        let sel = selector(request.into_inner().sandbox)?;
+        let deleted = self
+            .gateway
+            .delete_sandbox(&sel)
+            .await
+            .map_err(|e| actor_error_to_status(&e))?;
+        Ok(Response::new(DeleteSandboxResponse { deleted }))
+    }
+
+    type WatchSandboxesStream = ResponseStream<SandboxEvent>;
+
+    async fn watch_sandboxes(
+        &self,
+        request: Request<WatchSandboxesRequest>,
+    ) -> Result<Response<Self::WatchSandboxesStream>, Status> {
+        let req = request.into_inner();
+        let filter = filter(req.workspace, req.all_workspaces, req.label_selector);
+        let events = self
+            .gateway
+            .watch(&filter, req.resource_version)
+            .await
+            .map_err(|e| actor_error_to_status(&e))?;
+        let events = events.map(|r| r.map_err(|e| actor_error_to_status(&e)));
+        Ok(Response::new(forward(events, self.shutdown.clone())))
+    }
+
+    type ExecStream = ResponseStream<ExecOutput>;
+
+    async fn exec(
+        &self,
+        request: Request<ExecRequest>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        let req = request.into_inner();
+        let sel = selector(req.sandbox)?;
+        let output = self
+            .gateway
+            .exec(&sel, req.command, req.env, req.timeout_seconds)
+            .await
+            .map_err(|e| actor_error_to_status(&e))?;
+        let output = output.map(|r| {
+            r.map(streams::exec_output)
+                .map_err(streams::driver_stream_error)
+        });
+        Ok(Response::new(forward(output, self.shutdown.clone())))
+    }
+
+    type LogsStream = ResponseStream<LogChunk>;
+
+    async fn logs(
+        &self,
+        request: Request<LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        let req = request.into_inner();
+        let sel = selector(req.sandbox)?;
+        let chunks = self
+            .gateway
+            .logs(&sel, req.follow, req.tail_lines)
+            .await
+            .map_err(|e| actor_error_to_status(&e))?;
+        let chunks = chunks.map(|r| {
+            r.map(streams::log_chunk)
+                .map_err(streams::driver_stream_error)
+        });
+        Ok(Response::new(forward(chunks, self.shutdown.clone())))
+    }
+}

@@ -1,0 +1,72 @@
+//! `sbx.v1.WorkspaceService` over the actor API.
+
+use sbx_actors::WorkspaceSelector;
+use sbx_proto::v1::workspace_service_server::WorkspaceService;
+use sbx_proto::v1::{
+    CreateWorkspaceRequest, DeleteWorkspaceRequest, DeleteWorkspaceResponse, GetWorkspaceRequest,
+    ListWorkspacesRequest, ListWorkspacesResponse, Workspace,
+};
+use tonic::{Request, Response, Status};
+
+use super::SbxService;
+use super::status::actor_error_to_status;
+
+#[tonic::async_trait]
+impl WorkspaceService for SbxService {
+    async fn create_workspace(
+        &self,
+        request: Request<CreateWorkspaceRequest>,
+    ) -> Result<Response<Workspace>, Status> {
+        let req = request.into_inner();
+        self.gateway
+            .create_workspace(&req.name, req.labels)
+            .await
+            .map(Response::new)
+            .map_err(|e| actor_error_to_status(&e))
+    }
+
+    async fn get_workspace(
+        &self,
+        request: Request<GetWorkspaceRequest>,
+    ) -> Result<Response<Workspace>, Status> {
+        let req = request.into_inner();
+        let sel = WorkspaceSelector::from_ref(&req.workspace.unwrap_or_default())
+            .map_err(|e| actor_error_to_status(&e))?;
+        self.gateway
+            .get_workspace(&sel)
+            .await
+            .map(Response::new)
+            .map_err(|e| actor_error_to_status(&e))
+    }
+
+    async fn list_workspaces(
+        &self,
+        request: Request<ListWorkspacesRequest>,
+    ) -> Result<Response<ListWorkspacesResponse>, Status> {
+        let req = request.into_inner();
+        let page = self
+            .gateway
+            .list_workspaces(&req.label_selector, req.page_size, &req.page_token)
+            .await
+            .map_err(|e| actor_error_to_status(&e))?;
+        Ok(Response::new(ListWorkspacesResponse {
+            workspaces: page.items,
+            next_page_token: page.next_page_token,
+        }))
+    }
+
+    async fn delete_workspace(
+        &self,
+        request: Request<DeleteWorkspaceRequest>,
+    ) -> Result<Response<DeleteWorkspaceResponse>, Status> {
+        let req = request.into_inner();
+        let sel = WorkspaceSelector::from_ref(&req.workspace.unwrap_or_default())
+            .map_err(|e| actor_error_to_status(&e))?;
+        let deleted = self
+            .gateway
+            .delete_workspace(&sel, req.cascade)
+            .await
+            .map_err(|e| actor_error_to_status(&e))?;
+        Ok(Response::new(DeleteWorkspaceResponse { deleted }))
+    }
+}
