@@ -1,0 +1,408 @@
+//! The black-box harness: the real `sbxd` on 127.0.0.1:0 with a temp data dir, the real `sbx`
+//! CLI, and tonic clients. Every process started here is killed by pid when its guard drops,
+//! every wait is bounded, and workloads of the process driver left behind by a failed test are
+//! killed by the data dir's guard.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
+use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_types::StatusExt;
+
+pub const SBXD: &str = env!("CARGO_BIN_EXE_sbxd");
+pub const SBX: &str = env!("CARGO_BIN_EXE_sbx");
+
+/// How long sbxd may take to write its address file.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one CLI command may take.
+const CLI_TIMEOUT: Duration = Duration::from_secs(90);
+/// The cgroup the tests' process-driver sandboxes are made under.
+pub const TEST_CGROUP_PARENT: &str = "sbx-gateway-tests";
+
+/// A temp data dir. On drop, kills every process-driver workload still alive in it (a test
+/// that passes has deleted them already; this is the safety net for one that fails).
+pub struct DataDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl DataDir {
+    pub fn new() -> DataDir {
+        DataDir {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        for pid in all_workload_pids(self.path()) {
+            eprintln!("killing leaked workload {pid}");
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// The live init pids of the process driver's workloads of sandbox `id` (normally zero or
+/// one), read from the driver's state: `sandboxes/ID/run-*/init` holds the init's
+/// `/proc/self/stat` line, whose first field is its host pid and 22nd its start time.
+pub fn workload_pids(data: &Path, id: &str) -> Vec<i32> {
+    let dir = data.join("drivers/process/sandboxes").join(id);
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return pids;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !name.starts_with("run-") {
+            continue;
+        }
+        let Ok(line) = std::fs::read_to_string(entry.path().join("init")) else {
+            continue;
+        };
+        if let Some((pid, start)) = parse_stat(&line)
+            && proc_start_time(pid) == Some(start)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn all_workload_pids(data: &Path) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir(data.join("drivers/process/sandboxes")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .flat_map(|e| workload_pids(data, &e.file_name().to_string_lossy()))
+        .collect()
+}
+
+/// (pid, start time) of a `/proc/PID/stat` line.
+fn parse_stat(line: &str) -> Option<(i32, u64)> {
+    let pid = line.split_whitespace().next()?.parse().ok()?;
+    let after_comm = &line[line.rfind(')')? + 2..];
+    // Fields after comm start at field 3 (state); start time is field 22.
+    let start = after_comm.split_whitespace().nth(19)?.parse().ok()?;
+    Some((pid, start))
+}
+
+/// The start time of a live process, or None when it does not exist.
+pub fn proc_start_time(pid: i32) -> Option<u64> {
+    let line = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&line).map(|(_, start)| start)
+}
+
+/// A running sbxd. Killed (SIGKILL, by pid) when dropped if it still runs.
+pub struct Sbxd {
+    child: Child,
+    pub addr: String,
+    pub data: PathBuf,
+    addr_file: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Sbxd {
+    /// Starts sbxd on 127.0.0.1:0 over `data` and waits for its address file.
+    pub fn start(data: &Path, driver: &str, extra: &[&str]) -> Sbxd {
+        let addr_file = data.join("addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let log = data.join(format!("sbxd-{}.log", unique()));
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let mut child = Command::new(SBXD)
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--driver", driver])
+            .arg("--data-dir")
+            .arg(data)
+            .arg("--addr-file")
+            .arg(&addr_file)
+            .args(["--process-cgroup-parent", TEST_CGROUP_PARENT])
+            .args(["--reconcile-interval", "2"])
+            .args(extra)
+            .env("SBX_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn sbxd");
+        let began = Instant::now();
+        let addr = loop {
+            if let Ok(text) = std::fs::read_to_string(&addr_file) {
+                assert!(text.ends_with('\n'), "partial address file {text:?}");
+                break text.trim().to_string();
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "sbxd exited with {status} before serving:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            if began.elapsed() > START_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "sbxd did not write its address file within {START_TIMEOUT:?}:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Sbxd {
+            child,
+            addr,
+            data: data.to_path_buf(),
+            addr_file,
+            log,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends SIGTERM and waits (at most `limit`) for the exit. Answers how long it took.
+    pub fn sigterm(&mut self, limit: Duration) -> (Duration, ExitStatus) {
+        let began = Instant::now();
+        kill(Pid::from_raw(self.pid()), Signal::SIGTERM).expect("SIGTERM");
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return (began.elapsed(), status);
+            }
+            if began.elapsed() > limit {
+                panic!(
+                    "sbxd still running {limit:?} after SIGTERM:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGKILL, and reap.
+    pub fn sigkill(&mut self) {
+        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        let _ = self.child.wait();
+        // A killed sbxd leaves its address file behind; the next start must not read it.
+        let _ = std::fs::remove_file(&self.addr_file);
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.endpoint())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    pub async fn workspaces(&self) -> WorkspaceServiceClient<Channel> {
+        WorkspaceServiceClient::connect(self.endpoint())
+            .await
+            .expect("connect")
+    }
+
+    pub async fn sandboxes(&self) -> SandboxServiceClient<Channel> {
+        SandboxServiceClient::connect(self.endpoint())
+            .await
+            .expect("connect")
+    }
+
+    /// Asserts that the health service answers SERVING for "" and both sbx.v1 services.
+    pub async fn assert_healthy(&self) {
+        let mut health = HealthClient::new(self.channel().await);
+        for service in ["", "sbx.v1.WorkspaceService", "sbx.v1.SandboxService"] {
+            let status = tokio::time::timeout(
+                Duration::from_secs(10),
+                health.check(HealthCheckRequest {
+                    service: service.to_string(),
+                }),
+            )
+            .await
+            .expect("health check timed out")
+            .expect("health check failed")
+            .into_inner()
+            .status;
+            assert_eq!(
+                status,
+                ServingStatus::Serving as i32,
+                "health of {service:?}"
+            );
+        }
+    }
+}
+
+impl Drop for Sbxd {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// What a CLI run produced.
+#[derive(Debug)]
+pub struct CliRun {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CliRun {
+    /// Asserts success and parses stdout as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        assert_eq!(self.code, 0, "{self:?}");
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+
+    pub fn ok(&self) -> &str {
+        assert_eq!(self.code, 0, "{self:?}");
+        &self.stdout
+    }
+}
+
+/// Runs the `sbx` CLI against `endpoint` (bounded by [`CLI_TIMEOUT`]; killed by pid after).
+pub fn sbx(endpoint: &str, args: &[&str]) -> CliRun {
+    let mut child = Command::new(SBX)
+        .args(args)
+        .env("SBX_ENDPOINT", endpoint)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sbx");
+    let stdout = child.stdout.take().expect("stdout");
+    let stderr = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap_or_default());
+    let err = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if began.elapsed() > CLI_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sbx {args:?} did not finish within {CLI_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    CliRun {
+        code: status.code().unwrap_or(-1),
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// A long-running CLI command (watch, logs -f) whose stdout lines arrive on a channel.
+/// Killed by pid on drop.
+pub struct CliStream {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl CliStream {
+    pub fn start(endpoint: &str, args: &[&str]) -> CliStream {
+        let mut child = Command::new(SBX)
+            .args(args)
+            .env("SBX_ENDPOINT", endpoint)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn sbx");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        CliStream { child, lines }
+    }
+
+    /// The next line, waiting at most `limit`.
+    pub fn next_line(&self, limit: Duration) -> Option<String> {
+        self.lines.recv_timeout(limit).ok()
+    }
+
+    /// Reads lines until one satisfies `pred` (at most `limit` in all); answers it.
+    pub fn wait_for(&self, limit: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + limit;
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) if pred(&line) => return line,
+                Ok(line) => seen.push(line),
+                Err(_) => break,
+            }
+        }
+        panic!("no matching line within {limit:?}; saw {seen:#?}");
+    }
+}
+
+impl Drop for CliStream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Asserts that `status` has this code and `google.rpc.ErrorInfo` reason (domain sbx.dev).
+pub fn assert_status(status: &tonic::Status, code: tonic::Code, reason: &str) {
+    assert_eq!(status.code(), code, "{status:?}");
+    let info = status
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("no ErrorInfo in {status:?}"));
+    assert_eq!(info.reason, reason, "{status:?}");
+    assert_eq!(info.domain, "sbx.dev");
+}
+
+/// A name nobody else uses in this process.
+pub fn unique() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_string()
+}
+
+/// Polls `probe` every 20 ms until it answers Some, at most `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
