@@ -130,13 +130,13 @@ impl RunPaths {
 
     /// The identity of the current run's init (the shim), as it recorded it.
     pub fn read_init(&self) -> Option<ProcessIdentity> {
-        let line = fs::read_to_string(self.init()).ok()?;
+        let line = complete_line(&self.init())?;
         procfs::parse_stat_line(&line).map(|s| s.identity)
     }
 
     /// The wait status of the current run's main process, once the shim has written it.
     pub fn read_exit(&self) -> Option<i32> {
-        fs::read_to_string(self.exit()).ok()?.trim().parse().ok()
+        complete_line(&self.exit())?.trim().parse().ok()
     }
 
     /// The shim's warnings for the current run.
@@ -150,6 +150,12 @@ impl RunPaths {
             })
             .unwrap_or_default()
     }
+}
+
+/// The file's text if it is a complete line (written to its final newline), else `None`.
+fn complete_line(path: &Path) -> Option<String> {
+    let text = fs::read_to_string(path).ok()?;
+    text.ends_with('\n').then_some(text)
 }
 
 pub fn sandboxes_dir(state_dir: &Path) -> PathBuf {
@@ -273,6 +279,14 @@ mod tests {
             vec!["a".to_string(), "b".to_string()]
         );
         assert_eq!(old.read_exit(), None, "runs do not share files");
+        // Half-written files (no final newline yet) are not read.
+        fs::write(paths.exit(), "13").unwrap();
+        fs::write(
+            paths.init(),
+            "42 (sh) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 55",
+        )
+        .unwrap();
+        assert_eq!((paths.read_init(), paths.read_exit()), (None, None));
         sandbox.remove_runs().unwrap();
         assert!(!old.dir.exists() && !paths.dir.exists() && sandbox.dir.exists());
     }

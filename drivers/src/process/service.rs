@@ -101,7 +101,8 @@ impl ComputeDriver for ProcessDriver {
             cgroups,
             warnings,
         };
-        inner.save(&record)?;
+        // start_run writes the record (once: each durable write costs two fsyncs). A driver
+        // killed before that leaves a directory without a record, which open() removes.
         inner.start_run(record, req.generation).await
     }
 
