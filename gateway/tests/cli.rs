@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{CliStream, DataDir, Sbxd, sbx, workload_pids};
+use common::{CliStream, DataDir, Sbxd, all_workload_pids, sbx, workload_pids};
 use serde_json::Value;
 
 fn field<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -240,4 +240,9 @@ fn every_cli_command_against_sbxd() {
     );
     let none = sbx(ep, &["sandbox", "list", "-A", "-o", "json"]).json();
     assert_eq!(none.as_array().unwrap().len(), 0, "{none}");
+    assert_eq!(
+        all_workload_pids(data.path()),
+        Vec::<i32>::new(),
+        "leaked workloads"
+    );
 }

@@ -144,7 +144,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
         let _ = std::fs::remove_file(path);
     }
     match Arc::try_unwrap(gateway) {
-        Ok(gateway) => gateway.shutdown().await,
+        // Whether every actor let go in time is logged by the actor layer itself.
+        Ok(gateway) => {
+            let _ = gateway.shutdown().await;
+        }
         Err(_) => tracing::warn!("the actor tree is still referenced; it stops with the process"),
     }
     tracing::info!(took = ?began.elapsed(), "stopped; sandboxes left running");

@@ -84,7 +84,8 @@ pub fn workload_pids(data: &Path, id: &str) -> Vec<i32> {
     pids
 }
 
-fn all_workload_pids(data: &Path) -> Vec<i32> {
+/// Every live workload init pid of the process driver under `data`.
+pub fn all_workload_pids(data: &Path) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir(data.join("drivers/process/sandboxes")) else {
         return Vec::new();
     };
