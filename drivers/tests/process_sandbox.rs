@@ -397,3 +397,25 @@ async fn the_leak_check_catches_a_stray_process() {
     let failure = check.expect_err("the leak check passed with a stray process");
     assert!(failure.is_panic());
 }
+
+#[tokio::test]
+async fn one_live_driver_instance_per_state_dir() {
+    let env = TestEnv::new();
+    let first = env.open();
+    let began = Instant::now();
+    let second = sbx_drivers::process::ProcessDriver::open(
+        env.state_dir.path().to_path_buf(),
+        env.options(),
+    );
+    assert!(
+        matches!(second, Err(DriverError::Unavailable(_))),
+        "{second:?}"
+    );
+    assert!(began.elapsed() < Duration::from_secs(5));
+    drop(first);
+    // Once the first is gone, the state is free again.
+    let third = env.open();
+    assert!(third.list().await.unwrap().is_empty());
+    drop(third);
+    env.finish().await;
+}

@@ -24,10 +24,13 @@ mod service;
 mod streams;
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::{broadcast, watch};
@@ -90,6 +93,35 @@ struct Inner {
     last_seen: Mutex<HashMap<Uuid, pb::Snapshot>>,
     /// Whether the background poller that feeds `events` runs.
     poller_started: std::sync::atomic::AtomicBool,
+    /// An exclusive `flock` on `<state_dir>/driver.lock`: two live instances on one state
+    /// would launch and kill the same workloads. Released on drop, and by the kernel when the
+    /// driver's process dies.
+    _instance_lock: Flock<File>,
+}
+
+/// How long `open` waits for a previous instance on the same state to let go.
+const INSTANCE_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+fn lock_state_dir(state_dir: &Path) -> Result<Flock<File>, DriverError> {
+    let path = state_dir.join("driver.lock");
+    let mut file = File::create(&path).map_err(|e| internal("opening the driver lock", e))?;
+    let deadline = std::time::Instant::now() + INSTANCE_LOCK_WAIT;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((back, Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = back;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err((_, Errno::EWOULDBLOCK)) => {
+                return Err(DriverError::Unavailable(format!(
+                    "another process driver instance holds {}",
+                    path.display()
+                )));
+            }
+            Err((_, e)) => return Err(internal("locking the state directory", e)),
+        }
+    }
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -119,6 +151,7 @@ impl ProcessDriver {
         std::fs::create_dir_all(&sandboxes)
             .map_err(|e| internal("making the state directory", e))?;
         std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
+        let instance_lock = lock_state_dir(&state_dir)?;
         for entry in std::fs::read_dir(&trash)
             .map_err(|e| internal("reading the trash", e))?
             .flatten()
@@ -174,6 +207,7 @@ impl ProcessDriver {
             events,
             last_seen: Mutex::new(HashMap::new()),
             poller_started: std::sync::atomic::AtomicBool::new(false),
+            _instance_lock: instance_lock,
         };
         Ok(ProcessDriver {
             inner: Arc::new(inner),
@@ -191,6 +225,12 @@ impl ProcessDriver {
         self.inner
             .cgroups
             .parent_dirs(&self.inner.opts.cgroup_parent)
+    }
+
+    /// The cgroup parent directories a driver opened with `cgroup_parent` on this host would
+    /// use (for clean-up tools that must not open a driver).
+    pub fn cgroup_parent_dirs_for(cgroup_parent: &str) -> Vec<PathBuf> {
+        CgroupHost::detect().parent_dirs(cgroup_parent)
     }
 
     /// The cgroup interface found on this host, if any.

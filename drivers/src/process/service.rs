@@ -24,7 +24,11 @@ impl ComputeDriver for ProcessDriver {
             cpu_limit: cgroups.has_cpu(),
             memory_limit: cgroups.has_memory(),
             persistent_storage: true,
-            isolation: format!("pid,mount,uts,ipc,net namespaces; {}", cgroups.describe()),
+            isolation: format!(
+                "pid,mount,uts,ipc,net namespaces; {}; the host's root filesystem, \
+                 with a private /sandbox",
+                cgroups.describe()
+            ),
         })
     }
 

@@ -27,11 +27,8 @@ impl Drop for TestEnv {
         if self.finished {
             return;
         }
-        let Ok(driver) = ProcessDriver::open(self.state_dir.path().to_path_buf(), self.options())
-        else {
-            return;
-        };
-        for parent in driver.cgroup_parent_dirs() {
+        // No driver is opened here: the failed test may still hold one (and its lock).
+        for parent in ProcessDriver::cgroup_parent_dirs_for(&self.cgroup_parent) {
             let Ok(children) = std::fs::read_dir(&parent) else {
                 continue;
             };
