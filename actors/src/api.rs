@@ -104,10 +104,29 @@ impl Gateway {
         self.shared.startup.pending()
     }
 
-    /// Stops every actor. Sandboxes keep running: nothing is asked of the drivers.
-    pub async fn shutdown(self) {
+    /// Stops every actor and waits until each has let go of the store (so it can be
+    /// reopened). Sandboxes keep running: nothing is asked of the drivers. False if some
+    /// actor still held on after `timeout`.
+    pub async fn shutdown(self) -> bool {
+        self.shutdown_within(Duration::from_secs(10)).await
+    }
+
+    pub async fn shutdown_within(self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
         self.root.stop(None);
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.root_task).await;
+        let _ = tokio::time::timeout_at(deadline, self.root_task).await;
+        // Killed actors drop their state (and with it the shared context) a moment later.
+        while Arc::strong_count(&self.shared) > 1 {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    holders = Arc::strong_count(&self.shared) - 1,
+                    "actors still hold the gateway context after shutdown"
+                );
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
     }
 
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
@@ -345,7 +364,7 @@ impl Gateway {
             loop {
                 let q = ListQuery {
                     kind: Kind::Sandbox,
-                    scope: scope.clone(),
+                    scope,
                     selector: selector.clone(),
                     limit: 1000,
                     cursor,

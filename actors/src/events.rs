@@ -55,10 +55,10 @@ impl EventHub {
             sandbox: Some(sandbox),
         };
         let mut history = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if history.events.len() == history.capacity {
-            if let Some(old) = history.events.pop_front() {
-                history.horizon = history.horizon.max(old.resource_version);
-            }
+        if history.events.len() == history.capacity
+            && let Some(old) = history.events.pop_front()
+        {
+            history.horizon = history.horizon.max(old.resource_version);
         }
         history.events.push_back(event.clone());
         // No receiver is not an error: nobody is watching.

@@ -255,11 +255,12 @@ impl WorkspaceSupervisor {
                     }
                     _ => {
                         tracing::warn!(sandbox = %id, "sandbox actor did not start: {e}; retrying");
-                        let attempt = st.children.get(&id).map(|_| 0).unwrap_or(0);
+                        // A spawn fails when the previous actor still holds the lease or the
+                        // store is briefly unavailable: wait longer than a plain restart.
                         let delay = backoff(
                             st.shared.config.sandbox_restarts.base_backoff,
                             st.shared.config.sandbox_restarts.max_backoff,
-                            attempt + 3,
+                            3,
                         );
                         myself.send_after(delay, move || WorkspaceMsg::RespawnChild(id));
                     }
@@ -476,14 +477,11 @@ impl WorkspaceSupervisor {
             );
             tracing::info!(workspace = %st.ws.workspace.name, remaining = remaining.len(), "sandboxes remain; cascading again in {delay:?}");
             for id in remaining {
-                if !st.children.contains_key(&id) {
-                    st.children.insert(
-                        id,
-                        Child {
-                            actor: None,
-                            history: RestartHistory::default(),
-                        },
-                    );
+                if let std::collections::hash_map::Entry::Vacant(slot) = st.children.entry(id) {
+                    slot.insert(Child {
+                        actor: None,
+                        history: RestartHistory::default(),
+                    });
                     self.spawn_child(myself, st, id, false).await;
                 }
             }

@@ -80,7 +80,7 @@ impl Env {
     /// simulated machine stay. `between` runs while no gateway is up.
     pub async fn restart_gateway(&mut self, config: Config, between: impl FnOnce(&SimWorld)) {
         if let Some(gw) = self.gw.take() {
-            gw.shutdown().await;
+            assert!(gw.shutdown().await, "actors let go of the gateway context");
         }
         between(&self.world);
         self.driver = Arc::new(SimDriver::new(self.world.clone(), SimFaults::default()));
