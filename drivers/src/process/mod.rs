@@ -14,6 +14,21 @@
 //!
 //! **Invariant:** sandboxes are found by id only (their directory is named by the id); the
 //! name is the hostname and is reported back, never matched.
+//!
+//! **Invariant:** at most one live driver instance per state directory (an exclusive `flock`
+//! on `<state_dir>/driver.lock`, released by the kernel if the driver process dies).
+//!
+//! Known limits (say them, do not hide them):
+//! - Not a security boundary. The workload runs as root with the host's root filesystem (no
+//!   image: the spec's `image` is ignored with a warning), no user namespace and no dropped
+//!   capabilities; the namespaces and cgroups isolate names, pids, the network and resources.
+//!   `/sandbox` is made on the host's root, empty, as a mount point if it is missing.
+//! - The shim sees the main process's status as a shell does: an exit code of 128 + n cannot
+//!   be told from death by signal n (both are reported as signal n).
+//! - The `unshare` that launched a workload stays its parent; after the driver dies it is
+//!   re-parented to the host's init, which must reap it (a container whose pid 1 does not
+//!   reap keeps it as a zombie, harmless but visible).
+//! - The log file grows without rotation.
 
 mod cgroup;
 mod launch;

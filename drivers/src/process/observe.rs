@@ -57,7 +57,9 @@ pub fn observe(facts: RunFacts) -> Observed {
         (Desired::Running, true) => Observed::plain(State::Running),
         (Desired::Running, false) if !facts.init_recorded => Observed {
             reason: "NotStarted",
-            message: "the workload's launch did not complete; start the sandbox again".into(),
+            message: "the workload's launch has not completed (it is under way, or the driver \
+                      was interrupted during it; then start the sandbox again)"
+                .into(),
             ..Observed::plain(State::Stopped)
         },
         (Desired::Running, false) => exited(facts.exit_status, facts.oom_killed),
