@@ -134,7 +134,11 @@ impl Sbxd {
             .arg("--addr-file")
             .arg(&addr_file)
             .args(["--process-cgroup-parent", TEST_CGROUP_PARENT])
-            .args(["--reconcile-interval", "2"])
+            .args(if extra.contains(&"--reconcile-interval") {
+                &[][..]
+            } else {
+                &["--reconcile-interval", "2"][..]
+            })
             .args(extra)
             .env("SBX_LOG", "info")
             .stdin(Stdio::null())

@@ -1,0 +1,216 @@
+//! Gateway benchmarks, ignored by default. Run in release mode:
+//!
+//! ```text
+//! cargo test --release -p sbx-gateway --test bench -- --ignored --nocapture --test-threads 1
+//! ```
+//!
+//! - GetSandbox latency over gRPC, one connection, sequential calls (p50, p99);
+//! - create→Ready throughput with the sim driver through sbxd (gRPC) against the actor API
+//!   called in process, in the same run, as a ratio.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{DataDir, Sbxd};
+use futures::StreamExt;
+use sbx_actors::{Config, DriverSet, Gateway, SandboxFilter, SandboxSelector};
+use sbx_drivers::sim::{SimDriver, SimFaults, SimWorld};
+use sbx_proto::v1::{
+    CreateSandboxRequest, GetSandboxRequest, Phase, SandboxRef, SandboxSpec, WatchSandboxesRequest,
+};
+use sbx_storage::SledStore;
+
+const GET_CALLS: usize = 2_000;
+const SANDBOXES: usize = 300;
+const CONCURRENCY: usize = 16;
+
+fn spec() -> SandboxSpec {
+    SandboxSpec {
+        command: vec!["sleep".into(), "1000".into()],
+        ..Default::default()
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run with --release -- --ignored"]
+async fn get_sandbox_latency_over_grpc() {
+    let data = DataDir::new();
+    let d = Sbxd::start(data.path(), "sim", &["--log-format", "json"]);
+    let mut sb = d.sandboxes().await;
+    let created = sb
+        .create_sandbox(CreateSandboxRequest {
+            workspace: String::new(),
+            name: "target".into(),
+            spec: Some(spec()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let req = || GetSandboxRequest {
+        sandbox: Some(SandboxRef {
+            id: created.id.clone(),
+            ..Default::default()
+        }),
+    };
+    for _ in 0..200 {
+        sb.get_sandbox(req()).await.unwrap();
+    }
+    let mut samples = Vec::with_capacity(GET_CALLS);
+    let began = Instant::now();
+    for _ in 0..GET_CALLS {
+        let t = Instant::now();
+        let got = sb.get_sandbox(req()).await.unwrap().into_inner();
+        samples.push(t.elapsed());
+        assert_eq!(got.id, created.id);
+    }
+    let total = began.elapsed();
+    samples.sort();
+    println!(
+        "GetSandbox over gRPC, {GET_CALLS} sequential calls on one connection: p50 {:?}, p99 {:?}, max {:?}, {:.0} calls/s",
+        percentile(&samples, 0.50),
+        percentile(&samples, 0.99),
+        samples[samples.len() - 1],
+        GET_CALLS as f64 / total.as_secs_f64()
+    );
+
+    // The same lookup through the actor API in process, for the ratio.
+    let store = Arc::new(SledStore::open(&data.path().join("inproc-store")).unwrap());
+    let driver = Arc::new(SimDriver::new(SimWorld::new(), SimFaults::default()));
+    let gw = Gateway::start(store, DriverSet::single("sim", driver), Config::default())
+        .await
+        .unwrap();
+    let s = gw.create_sandbox(None, "target", spec()).await.unwrap();
+    let sel = SandboxSelector::Id(s.id.parse().unwrap());
+    for _ in 0..200 {
+        gw.get_sandbox(&sel).await.unwrap();
+    }
+    let mut local = Vec::with_capacity(GET_CALLS);
+    for _ in 0..GET_CALLS {
+        let t = Instant::now();
+        gw.get_sandbox(&sel).await.unwrap();
+        local.push(t.elapsed());
+    }
+    local.sort();
+    println!(
+        "GetSandbox in process (actor API): p50 {:?}, p99 {:?}; gRPC/in-process p50 ratio {:.1}",
+        percentile(&local, 0.50),
+        percentile(&local, 0.99),
+        percentile(&samples, 0.50).as_secs_f64() / percentile(&local, 0.50).as_secs_f64()
+    );
+    let _ = gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run with --release -- --ignored"]
+async fn create_to_ready_throughput_sbxd_vs_in_process() {
+    // Through sbxd.
+    let data = DataDir::new();
+    let d = Sbxd::start(
+        data.path(),
+        "sim",
+        &["--log-format", "json", "--reconcile-interval", "15"],
+    );
+    let sb = d.sandboxes().await;
+    let mut watch = sb
+        .clone()
+        .watch_sandboxes(WatchSandboxesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let began = Instant::now();
+    let creates = futures::stream::iter(0..SANDBOXES)
+        .map(|i| {
+            let mut sb = sb.clone();
+            async move {
+                sb.create_sandbox(CreateSandboxRequest {
+                    workspace: String::new(),
+                    name: format!("b{i}"),
+                    spec: Some(spec()),
+                })
+                .await
+                .unwrap()
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<_>>();
+    let ready = async {
+        let mut ready = HashSet::new();
+        while ready.len() < SANDBOXES {
+            let ev = watch.next().await.expect("watch ended").unwrap();
+            let s = ev.sandbox.unwrap();
+            if s.phase() == Phase::Ready {
+                ready.insert(s.id);
+            }
+        }
+    };
+    let (created, ()) = tokio::time::timeout(Duration::from_secs(300), async {
+        tokio::join!(creates, ready)
+    })
+    .await
+    .expect("sbxd bench timed out");
+    assert_eq!(created.len(), SANDBOXES);
+    let over_grpc = began.elapsed();
+    drop(d);
+
+    // The actor API in process, same store kind, same driver, same concurrency.
+    let dir = DataDir::new();
+    let store = Arc::new(SledStore::open(&dir.path().join("store")).unwrap());
+    let driver = Arc::new(SimDriver::new(SimWorld::new(), SimFaults::default()));
+    let gw = Arc::new(
+        Gateway::start(store, DriverSet::single("sim", driver), Config::default())
+            .await
+            .unwrap(),
+    );
+    let mut events = gw.watch(&SandboxFilter::default(), 0).await.unwrap();
+    let began = Instant::now();
+    let creates = futures::stream::iter(0..SANDBOXES)
+        .map(|i| {
+            let gw = Arc::clone(&gw);
+            async move {
+                gw.create_sandbox(None, &format!("b{i}"), spec())
+                    .await
+                    .unwrap()
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<_>>();
+    let ready = async {
+        let mut ready = HashSet::new();
+        while ready.len() < SANDBOXES {
+            let ev = events.next().await.expect("watch ended").unwrap();
+            let s = ev.sandbox.unwrap();
+            if s.phase() == Phase::Ready {
+                ready.insert(s.id);
+            }
+        }
+    };
+    let (created, ()) = tokio::time::timeout(Duration::from_secs(300), async {
+        tokio::join!(creates, ready)
+    })
+    .await
+    .expect("in-process bench timed out");
+    assert_eq!(created.len(), SANDBOXES);
+    let in_process = began.elapsed();
+    drop(events);
+    if let Ok(gw) = Arc::try_unwrap(gw) {
+        let _ = gw.shutdown().await;
+    }
+
+    let rate = |d: Duration| SANDBOXES as f64 / d.as_secs_f64();
+    println!(
+        "create->Ready, {SANDBOXES} sandboxes, {CONCURRENCY} concurrent, sim driver: sbxd over gRPC {:?} ({:.0}/s); actor API in process {:?} ({:.0}/s); sbxd/in-process throughput ratio {:.2}",
+        over_grpc,
+        rate(over_grpc),
+        in_process,
+        rate(in_process),
+        rate(over_grpc) / rate(in_process)
+    );
+}
