@@ -419,3 +419,80 @@ async fn one_live_driver_instance_per_state_dir() {
     drop(third);
     env.finish().await;
 }
+
+/// How many processes are in sandbox `id`'s cgroup (read on the host).
+fn processes_in(driver: &sbx_drivers::process::ProcessDriver, id: Uuid) -> usize {
+    let leaf = format!("sbx-{id}");
+    driver
+        .cgroup_parent_dirs()
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p.join(&leaf).join("cgroup.procs")).ok())
+        .map(|t| t.split_whitespace().count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The shim and its `sleep`, and nothing else (the shim forks the `sleep` just after it reports).
+async fn assert_two_processes(driver: &sbx_drivers::process::ProcessDriver, id: Uuid) {
+    let count = wait_until(Duration::from_secs(3), || match processes_in(driver, id) {
+        2 => Ok(2),
+        n => Err(n),
+    })
+    .await;
+    assert_eq!(count, Ok(2), "processes in the sandbox's cgroup");
+    // Stays two: no second workload shows up late.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(processes_in(driver, id), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_on_one_sandbox_never_run_two_workloads() {
+    let env = TestEnv::new();
+    let driver = std::sync::Arc::new(env.open());
+    let id = Uuid::new_v4();
+    // Four identical creates at once: one workload.
+    let creates: Vec<_> = (0..4)
+        .map(|_| {
+            let d = driver.clone();
+            tokio::spawn(async move {
+                d.create(create_req(id, "racy", spec(&["sleep", "1000"]), 1))
+                    .await
+            })
+        })
+        .collect();
+    let mut instances = std::collections::HashSet::new();
+    for c in creates {
+        instances.insert(c.await.unwrap().unwrap().instance_id);
+    }
+    assert_eq!(instances.len(), 1, "{instances:?}");
+    assert_two_processes(&driver, id).await;
+    // Stops and starts racing each other.
+    let calls: Vec<_> = (0..8u64)
+        .map(|i| {
+            let d = driver.clone();
+            tokio::spawn(async move {
+                if i % 2 == 0 {
+                    d.stop(stop_req(id, 200)).await.map(|_| ())
+                } else {
+                    match d.start(start_req(id, 10 + i)).await {
+                        Ok(_) | Err(DriverError::GenerationMismatch { .. }) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
+    driver.stop(stop_req(id, 200)).await.unwrap();
+    assert_eq!(processes_in(&driver, id), 0);
+    let started = driver.start(start_req(id, 100)).await.unwrap();
+    assert_eq!(
+        (started.state, started.generation),
+        (pb::State::Running as i32, 100)
+    );
+    assert_two_processes(&driver, id).await;
+    drop(driver);
+    env.finish().await;
+}

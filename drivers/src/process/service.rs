@@ -178,7 +178,12 @@ impl ComputeDriver for ProcessDriver {
             tracing::warn!(sandbox_id = %id, error = %e, "deleted sandbox's files not all removed");
         }
         inner.publish_deleted(id, last);
-        super::locked(&inner.locks).remove(&id);
+        // Forget the sandbox's lock unless another call waits on it (the map's and ours are the
+        // only references): a waiter must keep serialising against later calls for this id.
+        let mut locks = super::locked(&inner.locks);
+        if locks.get(&id).is_some_and(|l| std::sync::Arc::strong_count(l) <= 2) {
+            locks.remove(&id);
+        }
         Ok(pb::DeleteResponse { deleted: true })
     }
 
