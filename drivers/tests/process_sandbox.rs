@@ -55,6 +55,18 @@ async fn persistent_dir_survives_stop_start_and_driver_reopen() {
     assert_eq!(again.generation, 2);
     let read = exec(&driver, id, &["cat", "/sandbox/data"], 0).await;
     assert_eq!(read.stdout, "kept\n", "{read:?}");
+
+    // The workload dies (an error, not a stop); a start recovers it with its files.
+    let init = driver.workload_identity(id).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for_state(&driver, id, pb::State::Exited, SETTLE).await;
+    driver.start(start_req(id, 3)).await.unwrap();
+    let read = exec(&driver, id, &["cat", "/sandbox/data"], 0).await;
+    assert_eq!(read.stdout, "kept\n", "{read:?}");
     drop(driver);
     env.finish().await;
 }
@@ -132,6 +144,25 @@ async fn limits_land_in_the_cgroup() {
         procs.split_whitespace().any(|p| p == init.pid.to_string()),
         "{procs}"
     );
+    // The cpu limit bites: a busy loop at 500 millicpu is throttled.
+    let busy = exec(
+        &driver,
+        id,
+        &[
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 3000000 ]; do i=$((i+1)); done",
+        ],
+        3,
+    )
+    .await;
+    assert!(busy.exit.is_some() || busy.error.is_some(), "{busy:?}");
+    let throttled: u64 = read("cpu.stat")
+        .lines()
+        .find_map(|l| l.strip_prefix("nr_throttled "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(throttled > 0, "cpu.stat: {}", read("cpu.stat"));
     let inside = exec(&driver, id, &["cat", "/proc/self/cgroup"], 0).await;
     assert!(inside.stdout.contains(&leaf), "{inside:?}");
     drop(driver);
