@@ -38,11 +38,7 @@ impl ComputeDriver for ProcessDriver {
             DriverError::InvalidArgument(format!("sandbox name {:?}: {e}", req.name))
         })?;
         let spec = req.spec.unwrap_or_default();
-        if spec.command.is_empty() {
-            return Err(DriverError::InvalidArgument(
-                "the spec's command is empty".to_string(),
-            ));
-        }
+        super::launch::validate_command("the spec", &spec.command, &spec.env)?;
         let inner = &self.inner;
         let lock = inner.lock_for(id);
         let _serialised = lock.lock().await;
@@ -181,7 +177,10 @@ impl ComputeDriver for ProcessDriver {
         // Forget the sandbox's lock unless another call waits on it (the map's and ours are the
         // only references): a waiter must keep serialising against later calls for this id.
         let mut locks = super::locked(&inner.locks);
-        if locks.get(&id).is_some_and(|l| std::sync::Arc::strong_count(l) <= 2) {
+        if locks
+            .get(&id)
+            .is_some_and(|l| std::sync::Arc::strong_count(l) <= 2)
+        {
             locks.remove(&id);
         }
         Ok(pb::DeleteResponse { deleted: true })

@@ -67,11 +67,7 @@ impl ProcessDriver {
         req: pb::ExecRequest,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
-        if req.command.is_empty() {
-            return Err(DriverError::InvalidArgument(
-                "exec command is empty".to_string(),
-            ));
-        }
+        launch::validate_command("exec", &req.command, &req.env)?;
         let record = self.inner.require(id)?;
         let init = self
             .inner
