@@ -238,3 +238,50 @@ async fn a_driver_killed_mid_operation_leaves_a_recoverable_state() {
     // launched by a killed driver and then lost track of would show here.
     env.finish().await;
 }
+
+/// A driver killed between persisting "stopped" and killing the workload: the next `open`
+/// finishes the stop (the workload does not linger under a record that says stopped).
+#[tokio::test]
+async fn open_finishes_a_stop_that_a_killed_driver_left_half_done() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    driver
+        .create(create_req(id, "half-stopped", spec(&["sleep", "3600"]), 1))
+        .await
+        .unwrap();
+    let init = driver.workload_identity(id).unwrap();
+    drop(driver);
+    let record_path = env
+        .state_dir
+        .path()
+        .join("sandboxes")
+        .join(id.to_string())
+        .join("sandbox.json");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
+    assert_eq!(record["desired"], "Running");
+    record["desired"] = "Stopped".into();
+    std::fs::write(&record_path, serde_json::to_vec(&record).unwrap()).unwrap();
+
+    let driver = env.open();
+    // SIGKILL was sent at open; the snapshot says "Stopping" until the processes are gone.
+    wait_for_state(&driver, id, pb::State::Stopped, Duration::from_secs(5)).await;
+    let gone = wait_until(Duration::from_secs(5), || {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", init.pid)).unwrap_or_default();
+        if stat.is_empty() || stat.contains(") Z") {
+            Ok(())
+        } else {
+            Err(stat)
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "the half-stopped workload still runs: {gone:?}"
+    );
+    let started = driver.start(start_req(id, 2)).await.unwrap();
+    assert_eq!(started.state, pb::State::Running as i32);
+    drop(driver);
+    env.finish().await;
+}
