@@ -81,7 +81,19 @@ async fn crash_child_driver() {
     tokio::time::sleep(Duration::from_secs(60)).await;
 }
 
-fn spawn_child(env: &TestEnv, mode: &str) -> (Child, BufReader<std::process::ChildStdout>) {
+/// The child driver process; SIGKILLed when dropped, so a failing test does not leave it.
+struct ChildDriver(Child);
+
+impl Drop for ChildDriver {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn spawn_child(env: &TestEnv, mode: &str) -> (ChildDriver, BufReader<std::process::ChildStdout>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
@@ -98,7 +110,7 @@ fn spawn_child(env: &TestEnv, mode: &str) -> (Child, BufReader<std::process::Chi
         .spawn()
         .unwrap();
     let stdout = BufReader::new(child.stdout.take().unwrap());
-    (child, stdout)
+    (ChildDriver(child), stdout)
 }
 
 /// Reads the child's lines until READY (the read ends at the child's exit at the latest).
@@ -140,7 +152,7 @@ async fn workloads_survive_sigkill_of_the_driver_process() {
         .map(|id| id.parse().unwrap())
         .collect();
     assert_eq!(created.len(), 3, "{lines:?}");
-    sigkill(&mut child);
+    sigkill(&mut child.0);
 
     let driver = env.open();
     let listed = driver.list().await.unwrap();
@@ -200,7 +212,7 @@ async fn a_driver_killed_mid_operation_leaves_a_recoverable_state() {
             .unwrap();
         let delay = Duration::from_millis(100 + rng.next_below(600));
         tokio::time::sleep(delay).await;
-        sigkill(&mut child);
+        sigkill(&mut child.0);
 
         // A fresh driver finds a consistent state: every sandbox answers, and each one can be
         // stopped, started under a new generation, and exec'd into.

@@ -412,6 +412,12 @@ impl Inner {
             return Err(e);
         }
         let snapshot = self.snapshot(&record);
+        tracing::info!(
+            sandbox_id = %record.sandbox_id,
+            generation,
+            instance = %snapshot.instance_id,
+            "workload started"
+        );
         self.publish(record.sandbox_id, &snapshot);
         Ok(snapshot)
     }
@@ -430,6 +436,7 @@ impl Inner {
                 tokio::time::sleep(tick).await;
             }
             if procfs::is_alive(&init) {
+                tracing::warn!(sandbox_id = %record.sandbox_id, ?grace, "SIGTERM not heeded; SIGKILL");
                 let _ = kill(pid, Signal::SIGKILL);
             }
         }
