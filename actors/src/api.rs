@@ -40,7 +40,8 @@ const DEFAULT_PAGE_SIZE: u32 = 100;
 pub struct Gateway {
     shared: Arc<Shared>,
     root: ActorRef<RootMsg>,
-    root_task: JoinHandle<()>,
+    /// Taken by the first shutdown.
+    root_task: std::sync::Mutex<Option<JoinHandle<()>>>,
     router: Router,
 }
 
@@ -89,7 +90,7 @@ impl Gateway {
             router: Router { root: root.clone() },
             shared,
             root,
-            root_task,
+            root_task: std::sync::Mutex::new(Some(root_task)),
         })
     }
 
@@ -107,14 +108,22 @@ impl Gateway {
     /// Stops every actor and waits until each has let go of the store (so it can be
     /// reopened). Sandboxes keep running: nothing is asked of the drivers. False if some
     /// actor still held on after `timeout`.
-    pub async fn shutdown(self) -> bool {
+    /// Requests in flight elsewhere end with `Unavailable`.
+    pub async fn shutdown(&self) -> bool {
         self.shutdown_within(Duration::from_secs(10)).await
     }
 
-    pub async fn shutdown_within(self, timeout: Duration) -> bool {
+    pub async fn shutdown_within(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         self.root.stop(None);
-        let _ = tokio::time::timeout_at(deadline, self.root_task).await;
+        let task = self
+            .root_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = task {
+            let _ = tokio::time::timeout_at(deadline, task).await;
+        }
         // Killed actors drop their state (and with it the shared context) a moment later.
         while Arc::strong_count(&self.shared) > 1 {
             if tokio::time::Instant::now() >= deadline {

@@ -165,8 +165,10 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
                     Step::Record(exit_change(exit))
                 }
             }
+            // An Error here came from a failed step (an exit would still be observed as
+            // Exited): the driver now says the workload is down, which is what was wanted.
             Observed::Absent | Observed::Stopped => {
-                if matches!(cur.phase, Phase::Stopped | Phase::Completed | Phase::Error) {
+                if matches!(cur.phase, Phase::Stopped | Phase::Completed) {
                     Step::Settled
                 } else {
                     record(Phase::Stopped, "", "")

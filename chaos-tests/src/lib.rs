@@ -1,9 +1,15 @@
 //! sbx-chaos-tests: fault-injection and kill/restart scenarios, load generators and
 //! benchmarks for the sbx gateway.
 //!
+//! - [`scenario`]: the in-process chaos scenario and its invariant checks.
+//!
 //! Binaries:
 //! - `sbx-actor-bench`: lifecycle throughput through the actor tree vs the bare sim driver,
 //!   startup re-attach time, and memory per idle sandbox actor (see docs/BENCHMARKS.md).
+
+pub mod recording;
+pub mod rng;
+pub mod scenario;
 
 /// Resident set size of this process in bytes, from /proc/self/status.
 pub fn resident_bytes() -> Option<u64> {

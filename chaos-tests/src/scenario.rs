@@ -1,0 +1,765 @@
+//! The in-process chaos scenario: concurrent clients doing random lifecycle operations across
+//! workspaces that reuse the same sandbox names, while faults are injected (actor and
+//! supervisor kills, gateway restarts, sim-driver latency, errors, hangs, lost replies, lost
+//! state and forgotten generations, workloads exiting by themselves); then quiesce and check
+//! the invariants. Everything is drawn from one seed; a failure names it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sbx_actors::{
+    ActorError, Config, DriverSet, Gateway, RestartPolicy, SandboxSelector, WorkspaceSelector,
+};
+use sbx_drivers::sim::{SimDriver, SimFaultHandle, SimFaults, SimOp, SimWorld};
+use sbx_drivers::{ComputeDriver, pb};
+use sbx_proto::v1::{DesiredState, Phase, Sandbox, SandboxSpec};
+use sbx_storage::{Kind, ListQuery, ObjectStore, Scope, SledStore};
+use tokio::sync::RwLock;
+use uuid::Uuid;
+
+use crate::recording::{Placement, RecordingDriver};
+use crate::rng::Rng;
+
+#[derive(Debug, Clone)]
+pub struct ChaosConfig {
+    pub seed: u64,
+    pub workspaces: usize,
+    /// Sandbox names per workspace; the same names are used in every workspace.
+    pub names: usize,
+    pub clients: usize,
+    /// Clients keep going until this much time has passed…
+    pub duration: Duration,
+    /// …or they have done this many operations each.
+    pub max_ops_per_client: usize,
+    /// Inject faults at all (off: a control run that checks the checks).
+    pub faults: bool,
+    pub gateway_restarts: bool,
+}
+
+impl ChaosConfig {
+    pub fn ci(seed: u64) -> Self {
+        ChaosConfig {
+            seed,
+            workspaces: 3,
+            names: 3,
+            clients: 4,
+            duration: Duration::from_secs(4),
+            max_ops_per_client: 5_000,
+            faults: true,
+            gateway_restarts: true,
+        }
+    }
+}
+
+/// What a run did, for the closing note of a soak.
+#[derive(Debug, Clone, Default)]
+pub struct ChaosReport {
+    pub seed: u64,
+    pub ops: u64,
+    pub ops_acknowledged: u64,
+    /// Operations refused as `Unavailable` (expected only while faults are injected).
+    pub ops_unavailable: u64,
+    pub creates_acknowledged: u64,
+    pub deletes_acknowledged: u64,
+    pub faults: BTreeMap<&'static str, u64>,
+    pub gateway_restarts: u64,
+    /// Destructive driver calls whose target could not be placed (no record of its create).
+    pub unverified_calls: u64,
+    pub invariant_checks: u64,
+}
+
+/// What clients asked for and what was acknowledged.
+#[derive(Default)]
+struct Ledger {
+    /// id → (workspace, name) of every acknowledged create.
+    created: HashMap<Uuid, (String, String)>,
+    deleted_ids: HashSet<Uuid>,
+    /// Requests that may legitimately delete a sandbox, by what they named.
+    delete_requested_ids: HashSet<Uuid>,
+    delete_requested_names: HashSet<(String, String)>,
+    delete_requested_workspaces: HashSet<String>,
+    stop_requested_ids: HashSet<Uuid>,
+    stop_requested_names: HashSet<(String, String)>,
+}
+
+struct Harness {
+    cfg: ChaosConfig,
+    gateway: RwLock<Arc<Gateway>>,
+    store: Arc<SledStore>,
+    world: SimWorld,
+    faults: SimFaultHandle,
+    driver: Arc<dyn ComputeDriver>,
+    placements: Arc<Mutex<HashMap<String, Placement>>>,
+    ledger: Mutex<Ledger>,
+    report: Mutex<ChaosReport>,
+}
+
+pub fn chaos_actor_config() -> Config {
+    let fast = RestartPolicy {
+        max_restarts: 10,
+        window: Duration::from_secs(5),
+        base_backoff: Duration::from_millis(5),
+        max_backoff: Duration::from_millis(200),
+    };
+    Config {
+        driver_call_timeout: Duration::from_millis(150),
+        max_driver_attempts: 4,
+        retry_backoff: Duration::from_millis(10),
+        max_retry_backoff: Duration::from_millis(100),
+        sandbox_restarts: fast,
+        workspace_restarts: fast,
+        reconcile_interval: Duration::from_millis(500),
+        request_timeout: Duration::from_secs(5),
+        ..Config::default()
+    }
+}
+
+fn workspace_name(i: usize) -> String {
+    format!("ws-{i}")
+}
+
+fn sandbox_name(i: usize) -> String {
+    format!("sb-{i}")
+}
+
+/// Runs one scenario and checks every invariant. `Err` names the seed and what broke.
+pub async fn run(cfg: ChaosConfig) -> Result<ChaosReport, String> {
+    let seed = cfg.seed;
+    run_inner(cfg)
+        .await
+        .map_err(|e| format!("chaos seed {seed}: {e}"))
+}
+
+async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let store = Arc::new(SledStore::open(dir.path()).map_err(|e| e.to_string())?);
+    let world = SimWorld::new();
+    let sim = SimDriver::new(world.clone(), SimFaults::seeded(cfg.seed));
+    let faults = sim.faults();
+    let recording = RecordingDriver::new(Arc::new(sim));
+    let placements = recording.placements();
+    let driver: Arc<dyn ComputeDriver> = Arc::new(recording);
+    let gw = start_gateway(&store, &driver).await?;
+    let h = Arc::new(Harness {
+        gateway: RwLock::new(Arc::new(gw)),
+        report: Mutex::new(ChaosReport {
+            seed: cfg.seed,
+            ..Default::default()
+        }),
+        cfg,
+        store,
+        world,
+        faults,
+        driver,
+        placements,
+        ledger: Mutex::default(),
+    });
+    for i in 0..h.cfg.workspaces {
+        gw_of(&h)
+            .await
+            .create_workspace(&workspace_name(i), HashMap::new())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+
+    let clients: Vec<_> = (0..h.cfg.clients)
+        .map(|c| tokio::spawn(client(Arc::clone(&h), c)))
+        .collect();
+    let injector = tokio::spawn(inject_faults(Arc::clone(&h)));
+    for c in clients {
+        c.await.map_err(|e| format!("a client panicked: {e}"))??;
+    }
+    injector.abort();
+    let _ = injector.await;
+
+    quiesce(&h).await?;
+    check_invariants(&h).await?;
+    gw_of(&h).await.shutdown().await;
+    let report = h.report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Ok(report)
+}
+
+async fn start_gateway(
+    store: &Arc<SledStore>,
+    driver: &Arc<dyn ComputeDriver>,
+) -> Result<Gateway, String> {
+    let store: Arc<dyn ObjectStore> = Arc::clone(store) as Arc<dyn ObjectStore>;
+    let gw = Gateway::start(
+        store,
+        DriverSet::single("sim", Arc::clone(driver)),
+        chaos_actor_config(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    if !gw.wait_attached(Duration::from_secs(30)).await {
+        return Err("sandboxes did not re-attach after a gateway start".into());
+    }
+    Ok(gw)
+}
+
+async fn gw_of(h: &Harness) -> Arc<Gateway> {
+    Arc::clone(&*h.gateway.read().await)
+}
+
+fn count_fault(h: &Harness, kind: &'static str) {
+    *h.report
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .faults
+        .entry(kind)
+        .or_default() += 1;
+}
+
+fn spec() -> SandboxSpec {
+    SandboxSpec {
+        command: vec!["sleep".into(), "infinity".into()],
+        ..Default::default()
+    }
+}
+
+/// One client: random operations, some sent twice at once.
+async fn client(h: Arc<Harness>, index: usize) -> Result<(), String> {
+    let mut rng = Rng::new(h.cfg.seed ^ (0xC11E_u64 << 16) ^ index as u64);
+    let until = tokio::time::Instant::now() + h.cfg.duration;
+    for _ in 0..h.cfg.max_ops_per_client {
+        if tokio::time::Instant::now() >= until {
+            break;
+        }
+        let op = pick_op(&h, &mut rng);
+        let duplicate = rng.chance(0.08);
+        let ok = if duplicate {
+            let (a, b) = tokio::join!(perform(&h, &op), perform(&h, &op));
+            a? | b?
+        } else {
+            perform(&h, &op).await?
+        };
+        let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
+        report.ops += if duplicate { 2 } else { 1 };
+        report.ops_acknowledged += ok as u64;
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create { ws: String, name: String },
+    ById { kind: Cmd, id: Uuid },
+    ByName { kind: Cmd, ws: String, name: String },
+    DeleteWorkspace { ws: String },
+    List { ws: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cmd {
+    Start,
+    Stop,
+    Restart,
+    Delete,
+    Get,
+}
+
+fn pick_op(h: &Harness, rng: &mut Rng) -> Op {
+    let ws = workspace_name(rng.below(h.cfg.workspaces as u64) as usize);
+    let name = sandbox_name(rng.below(h.cfg.names as u64) as usize);
+    let known: Vec<Uuid> = h
+        .ledger
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .created
+        .keys()
+        .copied()
+        .collect();
+    let cmd = match rng.below(5) {
+        0 => Cmd::Start,
+        1 => Cmd::Stop,
+        2 => Cmd::Restart,
+        3 => Cmd::Delete,
+        _ => Cmd::Get,
+    };
+    match rng.below(100) {
+        0..30 => Op::Create { ws, name },
+        30..65 if !known.is_empty() => {
+            let mut ids = known;
+            ids.sort();
+            Op::ById {
+                kind: cmd,
+                id: ids[rng.below(ids.len() as u64) as usize],
+            }
+        }
+        30..85 => Op::ByName {
+            kind: cmd,
+            ws,
+            name,
+        },
+        85..88 => Op::DeleteWorkspace { ws },
+        _ => Op::List { ws },
+    }
+}
+
+/// Performs one operation and records it. `Ok(true)` when acknowledged; an error that a
+/// client of a faulty system should expect is `Ok(false)`; anything else is a violation.
+async fn perform(h: &Harness, op: &Op) -> Result<bool, String> {
+    let gw = gw_of(h).await;
+    match op {
+        Op::Create { ws, name } => match gw.create_sandbox(Some(ws), name, spec()).await {
+            Ok(sb) => {
+                let id = Uuid::parse_str(&sb.id).map_err(|e| e.to_string())?;
+                let mut ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
+                ledger.created.insert(id, (ws.clone(), name.clone()));
+                drop(ledger);
+                h.report
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .creates_acknowledged += 1;
+                Ok(true)
+            }
+            Err(ActorError::WorkspaceNotFound(_)) => {
+                // A client that finds its workspace gone makes it again.
+                let _ = gw.create_workspace(ws, HashMap::new()).await;
+                Ok(false)
+            }
+            Err(e) => expected(h, e),
+        },
+        Op::ById { kind, id } => {
+            let sel = SandboxSelector::Id(*id);
+            {
+                let mut ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
+                match kind {
+                    Cmd::Delete => drop(ledger.delete_requested_ids.insert(*id)),
+                    Cmd::Stop | Cmd::Restart => drop(ledger.stop_requested_ids.insert(*id)),
+                    _ => {}
+                }
+            }
+            command(h, &gw, *kind, &sel, Some(*id)).await
+        }
+        Op::ByName { kind, ws, name } => {
+            {
+                let mut ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
+                match kind {
+                    Cmd::Delete => drop(
+                        ledger
+                            .delete_requested_names
+                            .insert((ws.clone(), name.clone())),
+                    ),
+                    Cmd::Stop | Cmd::Restart => drop(
+                        ledger
+                            .stop_requested_names
+                            .insert((ws.clone(), name.clone())),
+                    ),
+                    _ => {}
+                }
+            }
+            let sel = SandboxSelector::Name {
+                workspace: Some(ws.clone()),
+                name: name.clone(),
+            };
+            command(h, &gw, *kind, &sel, None).await
+        }
+        Op::DeleteWorkspace { ws } => {
+            h.ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .delete_requested_workspaces
+                .insert(ws.clone());
+            match gw
+                .delete_workspace(&WorkspaceSelector::Name(ws.clone()), true)
+                .await
+            {
+                Ok(_) => {
+                    let _ = gw.create_workspace(ws, HashMap::new()).await;
+                    Ok(true)
+                }
+                Err(ActorError::WorkspaceNotFound(_)) => Ok(false),
+                Err(e) => expected(h, e),
+            }
+        }
+        Op::List { ws } => {
+            let filter = sbx_actors::SandboxFilter {
+                workspace: Some(ws.clone()),
+                ..Default::default()
+            };
+            match gw.list_sandboxes(&filter, 100, "").await {
+                Ok(page) => check_listed_names_unique(&page.items).map(|_| true),
+                Err(e) => expected(h, e),
+            }
+        }
+    }
+}
+
+async fn command(
+    h: &Harness,
+    gw: &Gateway,
+    kind: Cmd,
+    sel: &SandboxSelector,
+    id: Option<Uuid>,
+) -> Result<bool, String> {
+    let result = match kind {
+        Cmd::Start => gw.start_sandbox(sel).await.map(|_| ()),
+        Cmd::Stop => gw.stop_sandbox(sel).await.map(|_| ()),
+        Cmd::Restart => gw.restart_sandbox(sel).await.map(|_| ()),
+        Cmd::Get => gw.get_sandbox(sel).await.map(|_| ()),
+        Cmd::Delete => match gw.delete_sandbox(sel).await {
+            Ok(true) => {
+                if let Some(id) = id {
+                    h.ledger
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .deleted_ids
+                        .insert(id);
+                }
+                h.report
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .deletes_acknowledged += 1;
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        },
+    };
+    match result {
+        Ok(()) => Ok(true),
+        Err(e) => expected(h, e),
+    }
+}
+
+/// Errors a client must expect from a gateway under faults; anything else is a violation.
+fn expected(h: &Harness, e: ActorError) -> Result<bool, String> {
+    if let ActorError::Unavailable(_) = e {
+        h.report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ops_unavailable += 1;
+    }
+    match e {
+        ActorError::SandboxNotFound { .. }
+        | ActorError::WorkspaceNotFound(_)
+        | ActorError::NameTaken { .. }
+        | ActorError::WorkspaceTerminating(_)
+        | ActorError::FailedPrecondition(_)
+        | ActorError::Unavailable(_) => Ok(false),
+        other => Err(format!("unexpected error from the gateway: {other}")),
+    }
+}
+
+fn check_listed_names_unique(items: &[Sandbox]) -> Result<(), String> {
+    let mut seen = HashSet::new();
+    for sb in items {
+        if !seen.insert((sb.workspace_id.clone(), sb.name.clone())) {
+            return Err(format!(
+                "two live sandboxes share {}/{}",
+                sb.workspace, sb.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Injects one fault every few tens of milliseconds until aborted.
+async fn inject_faults(h: Arc<Harness>) {
+    if !h.cfg.faults {
+        return;
+    }
+    let mut rng = Rng::new(h.cfg.seed ^ 0xFA17);
+    loop {
+        tokio::time::sleep(Duration::from_millis(10 + rng.below(40))).await;
+        let gw = gw_of(&h).await;
+        let known: Vec<Uuid> = {
+            let mut ids: Vec<Uuid> = h
+                .ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .created
+                .keys()
+                .copied()
+                .collect();
+            ids.sort();
+            ids
+        };
+        let pick = |rng: &mut Rng| {
+            (!known.is_empty()).then(|| known[rng.below(known.len() as u64) as usize])
+        };
+        match rng.below(100) {
+            0..25 => {
+                if let Some(id) = pick(&mut rng)
+                    && let Ok(Some(actor)) = gw.sandbox_actor(id).await
+                {
+                    actor.kill();
+                    count_fault(&h, "kill_sandbox_actor");
+                }
+            }
+            25..33 => {
+                let ws = workspace_name(rng.below(h.cfg.workspaces as u64) as usize);
+                if let Ok(w) = gw.get_workspace(&WorkspaceSelector::Name(ws)).await
+                    && let Ok(id) = Uuid::parse_str(&w.id)
+                    && let Ok(Some(sup)) = gw.workspace_supervisor(id).await
+                {
+                    sup.kill();
+                    count_fault(&h, "kill_workspace_supervisor");
+                }
+            }
+            33..55 => {
+                let faults = SimFaults::seeded(rng.next_u64())
+                    .with_latency(Duration::from_millis(rng.below(20)))
+                    .with_jitter(Duration::from_millis(rng.below(30)))
+                    .with_error_rate(0.05 * rng.below(4) as f64)
+                    .with_hang_rate(0.02 * rng.below(3) as f64)
+                    .with_lost_reply_rate(0.03 * rng.below(3) as f64);
+                h.faults.set_faults(faults);
+                count_fault(&h, "driver_faults_on");
+            }
+            55..70 => {
+                h.faults.set_faults(SimFaults::seeded(rng.next_u64()));
+                count_fault(&h, "driver_faults_off");
+            }
+            70..75 => {
+                h.world.crash_forget_generations();
+                count_fault(&h, "driver_forgets_generations");
+            }
+            75..79 => {
+                if let Some(id) = pick(&mut rng)
+                    && h.world.set_generation(id, rng.below(1000))
+                {
+                    count_fault(&h, "generation_changed_by_hand");
+                }
+            }
+            79..82 => {
+                h.world.crash_lose_all();
+                count_fault(&h, "driver_loses_all_state");
+            }
+            82..90 => {
+                if let Some(id) = pick(&mut rng)
+                    && h.world.exit(id, rng.below(3) as i32).is_some()
+                {
+                    count_fault(&h, "workload_exits");
+                }
+            }
+            90..95 if h.cfg.gateway_restarts => {
+                let mut slot = h.gateway.write().await;
+                slot.shutdown().await;
+                match start_gateway(&h.store, &h.driver).await {
+                    Ok(gw) => *slot = Arc::new(gw),
+                    Err(e) => panic!(
+                        "chaos seed {}: the gateway did not restart: {e}",
+                        h.cfg.seed
+                    ),
+                }
+                drop(slot);
+                h.report
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .gateway_restarts += 1;
+                count_fault(&h, "gateway_restart");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Lifts every fault and waits until each sandbox has settled where it should.
+async fn quiesce(h: &Harness) -> Result<(), String> {
+    h.faults.set_faults(SimFaults::seeded(h.cfg.seed));
+    let gw = gw_of(h).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let _ = gw.reconcile_now().await;
+        let unsettled = unsettled(h).await?;
+        if unsettled.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "sandboxes did not settle after the faults stopped: {unsettled:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sandboxes that are not where their desired state says, with why.
+async fn unsettled(h: &Harness) -> Result<Vec<String>, String> {
+    let records = h
+        .store
+        .list(ListQuery::new(Kind::Sandbox, Scope::All, 0))
+        .await
+        .map_err(|e| e.to_string())?
+        .records;
+    let mut out = Vec::new();
+    for record in records {
+        let sb = decode(&record)?;
+        let ok = match sb.desired_state() {
+            DesiredState::Running | DesiredState::Unspecified => sb.phase() == Phase::Ready,
+            DesiredState::Stopped => {
+                matches!(sb.phase(), Phase::Stopped | Phase::Completed | Phase::Error)
+                    && !(sb.phase() == Phase::Error && sb.reason.starts_with("Driver"))
+            }
+            DesiredState::Deleted => false,
+        };
+        if !ok {
+            out.push(format!(
+                "{}/{} {} desired {:?} phase {:?} ({}: {})",
+                sb.workspace,
+                sb.name,
+                sb.id,
+                sb.desired_state(),
+                sb.phase(),
+                sb.reason,
+                sb.message
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn decode(record: &sbx_storage::Record) -> Result<Sandbox, String> {
+    let mut sb =
+        <Sandbox as prost::Message>::decode(record.body.as_slice()).map_err(|e| e.to_string())?;
+    sb.id = record.id.to_string();
+    sb.name = record.name.clone();
+    Ok(sb)
+}
+
+async fn check_invariants(h: &Harness) -> Result<(), String> {
+    let mut checks = 0u64;
+    let records = h
+        .store
+        .list(ListQuery::new(Kind::Sandbox, Scope::All, 0))
+        .await
+        .map_err(|e| e.to_string())?
+        .records;
+    let workspaces = h
+        .store
+        .list(ListQuery::new(Kind::Workspace, Scope::All, 0))
+        .await
+        .map_err(|e| e.to_string())?
+        .records;
+    let ws_ids: HashSet<Uuid> = workspaces.iter().map(|w| w.id).collect();
+    let ws_names: HashMap<Uuid, String> =
+        workspaces.iter().map(|w| (w.id, w.name.clone())).collect();
+    let ids: HashSet<Uuid> = records.iter().map(|r| r.id).collect();
+    let ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
+
+    // 1. Every acknowledged create exists, unless a delete that could cover it was asked for.
+    for (id, (ws, name)) in &ledger.created {
+        checks += 1;
+        let excused = ledger.deleted_ids.contains(id)
+            || ledger.delete_requested_ids.contains(id)
+            || ledger
+                .delete_requested_names
+                .contains(&(ws.clone(), name.clone()))
+            || ledger.delete_requested_workspaces.contains(ws);
+        if !ids.contains(id) && !excused {
+            return Err(format!(
+                "acknowledged sandbox {ws}/{name} ({id}) is gone and nobody deleted it"
+            ));
+        }
+    }
+    // 2. Every destructive driver call hit a sandbox a client asked about.
+    let placements = h
+        .placements
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let mut unverified = 0;
+    for entry in h.world.audit() {
+        if !matches!(entry.op, SimOp::Delete | SimOp::Stop) {
+            continue;
+        }
+        checks += 1;
+        let Ok(id) = Uuid::parse_str(&entry.sandbox_id) else {
+            return Err(format!(
+                "a driver call carried a malformed sandbox id: {entry:?}"
+            ));
+        };
+        let placement = placements
+            .get(&entry.sandbox_id)
+            .map(|p| (p.workspace.clone(), p.name.clone()))
+            .or_else(|| ledger.created.get(&id).cloned());
+        let Some((ws, name)) = placement else {
+            unverified += 1;
+            continue;
+        };
+        let key = (ws.clone(), name.clone());
+        let legit = match entry.op {
+            SimOp::Delete => {
+                ledger.delete_requested_ids.contains(&id)
+                    || ledger.delete_requested_names.contains(&key)
+                    || ledger.delete_requested_workspaces.contains(&ws)
+            }
+            _ => {
+                ledger.stop_requested_ids.contains(&id)
+                    || ledger.stop_requested_names.contains(&key)
+            }
+        };
+        if !legit {
+            return Err(format!(
+                "the driver was asked to {:?} sandbox {ws}/{name} ({id}), which no client asked to",
+                entry.op
+            ));
+        }
+    }
+    // 3. No sandbox in a deleted workspace; no two live sandboxes share (workspace, name).
+    let mut names = HashSet::new();
+    for record in &records {
+        checks += 2;
+        let ws = record
+            .workspace
+            .ok_or("a sandbox record has no workspace")?;
+        if !ws_ids.contains(&ws) {
+            return Err(format!(
+                "sandbox {} ({}) is in a deleted workspace {ws}",
+                record.name, record.id
+            ));
+        }
+        if !names.insert((ws, record.name.clone())) {
+            return Err(format!(
+                "two live sandboxes are named {}/{}",
+                ws_names[&ws], record.name
+            ));
+        }
+    }
+    // 4. The store and the driver agree, by id; nothing runs without a record.
+    for record in &records {
+        checks += 1;
+        let sb = decode(record)?;
+        let snap = h.world.snapshot(record.id);
+        if sb.phase() == Phase::Ready {
+            match &snap {
+                Some(s) if s.state() == pb::State::Running && s.generation == sb.generation => {}
+                other => {
+                    return Err(format!(
+                        "{} is Ready at generation {} but the driver has {other:?}",
+                        record.id, sb.generation
+                    ));
+                }
+            }
+        }
+        if sb.phase() == Phase::Stopped
+            && snap
+                .as_ref()
+                .is_some_and(|s| s.state() == pb::State::Running)
+        {
+            return Err(format!("{} is Stopped but its workload runs", record.id));
+        }
+    }
+    for running in h.world.running_ids() {
+        checks += 1;
+        if !ids.contains(&running) {
+            return Err(format!("workload {running} runs without a record (leaked)"));
+        }
+    }
+    // 5. The store's indexes agree with its records.
+    checks += 1;
+    let problems = h.store.verify_indexes().map_err(|e| e.to_string())?;
+    if !problems.is_empty() {
+        return Err(format!(
+            "the store's indexes disagree with its records: {problems:?}"
+        ));
+    }
+    drop(ledger);
+    let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
+    report.invariant_checks += checks;
+    report.unverified_calls += unverified;
+    Ok(())
+}
