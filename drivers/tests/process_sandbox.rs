@@ -527,3 +527,53 @@ async fn concurrent_calls_on_one_sandbox_never_run_two_workloads() {
     drop(driver);
     env.finish().await;
 }
+
+#[tokio::test]
+async fn create_is_idempotent_by_id_and_refuses_a_relabel() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    let first = driver
+        .create(create_req(id, "label", spec(&["sleep", "1000"]), 1))
+        .await
+        .unwrap();
+    let again = driver
+        .create(create_req(id, "label", spec(&["sleep", "1000"]), 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.instance_id, first.instance_id,
+        "a retried create started another workload"
+    );
+    let relabel = driver
+        .create(create_req(id, "other", spec(&["sleep", "1000"]), 1))
+        .await;
+    assert!(
+        matches!(relabel, Err(DriverError::FailedPrecondition(_))),
+        "{relabel:?}"
+    );
+    let bad_name = driver
+        .create(create_req(
+            Uuid::new_v4(),
+            "Not_A_Label",
+            spec(&["true"]),
+            1,
+        ))
+        .await;
+    assert!(
+        matches!(bad_name, Err(DriverError::InvalidArgument(_))),
+        "{bad_name:?}"
+    );
+    let kept = driver
+        .get(pb::GetRequest {
+            sandbox_id: id.to_string(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (kept.name.as_str(), kept.workspace.as_str()),
+        ("label", "ws")
+    );
+    drop(driver);
+    env.finish().await;
+}

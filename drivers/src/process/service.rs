@@ -44,6 +44,12 @@ impl ComputeDriver for ProcessDriver {
         let _serialised = lock.lock().await;
 
         if let Some(existing) = inner.record(id) {
+            if existing.workspace != req.workspace || existing.name != req.name {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "sandbox {id} exists as {}/{}, not {}/{}",
+                    existing.workspace, existing.name, req.workspace, req.name
+                )));
+            }
             let snapshot = inner.snapshot(&existing);
             let running = snapshot.state == pb::State::Running as i32;
             // Same generation: a retry. Only a launch that never completed is carried on.
