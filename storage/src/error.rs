@@ -12,7 +12,7 @@ use crate::record::Kind;
 /// should expect them and map them to a user-facing status. The last group (`Io`, `Corrupt`,
 /// `Schema`) are faults of the machine or of the data on disk: callers should log them and fail
 /// the operation; retrying rarely helps.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// `create` found the `(kind, workspace, name)` key or the id already taken. `existing` is
     /// the id of the record that holds it (the caller's own id when the id itself was taken).
@@ -83,6 +83,15 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether this is an answer about the request (expected, nothing was written) rather than
+    /// a fault of the machine or the data (`Io`, `Corrupt`, `Schema`).
+    pub fn is_request_error(&self) -> bool {
+        !matches!(
+            self,
+            StoreError::Io(_) | StoreError::Corrupt(_) | StoreError::Schema { .. }
+        )
+    }
+
     pub(crate) fn invalid(reason: impl Into<String>) -> Self {
         StoreError::Invalid {
             reason: reason.into(),

@@ -5,10 +5,10 @@
 //! same transaction, ordered list indexes with keyset pagination, a global revision that every
 //! write bumps, and durable acknowledgement through group commit. Only this crate knows sled.
 
+mod committer;
 mod envelope;
 mod error;
 mod fsck;
-mod group_commit;
 pub mod layout;
 mod record;
 mod schema;
@@ -17,9 +17,9 @@ mod sled_store;
 mod store;
 mod writes;
 
+pub use committer::{FlushStats, MAX_BATCH};
 pub use error::StoreError;
 pub use fsck::IndexProblem;
-pub use group_commit::FlushStats;
 pub use record::{Kind, ListQuery, NewRecord, Page, Record, Scope};
 pub use schema::{SCHEMA_VERSION, SchemaOutcome};
 pub use selector::{LabelSelector, MAX_LABEL_LEN, Requirement, validate_labels};

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use uuid::Uuid;
 
+use crate::committer::{Committer, FlushStats};
 use crate::envelope::decode_record;
 use crate::error::StoreError;
-use crate::group_commit::{FlushStats, GroupCommit};
 use crate::layout::{
     self, META_REVISION, TREE_META, TREE_NAMES, TREE_ORDER_ALL, TREE_ORDER_WS, TREE_OWNERS,
     TREE_RECORDS, TREE_WS_COUNTS, decode_id_list, decode_u64, decode_uuid, encode_cursor, name_key,
@@ -19,6 +19,7 @@ use crate::layout::{
 use crate::record::{Kind, ListQuery, NewRecord, Page, Record, Scope};
 use crate::schema::{self, SchemaOutcome};
 use crate::store::ObjectStore;
+use crate::writes::{WriteOp, WriteOutcome};
 
 /// The sled trees of one database, opened once.
 #[derive(Clone)]
@@ -34,9 +35,9 @@ pub(crate) struct Trees {
 
 pub(crate) struct Inner {
     pub(crate) trees: Trees,
-    /// Declared before `db` so the flusher thread (which holds a `Db` clone) is joined before
-    /// the last handle is dropped and sled releases its file lock.
-    pub(crate) commit: GroupCommit,
+    /// Declared before `db` so the committer thread (which holds a `Db` clone) is joined
+    /// before the last handle is dropped and sled releases its file lock.
+    pub(crate) committer: Committer,
     #[allow(dead_code)] // kept so the Db outlives every tree handle in a predictable order
     db: sled::Db,
     path: PathBuf,
@@ -84,11 +85,11 @@ impl SledStore {
             ws_counts: db.open_tree(TREE_WS_COUNTS)?,
             meta: db.open_tree(TREE_META)?,
         };
-        let commit = GroupCommit::start(db.clone())?;
+        let committer = Committer::start(db.clone(), trees.clone())?;
         Ok(SledStore {
             inner: Arc::new(Inner {
                 trees,
-                commit,
+                committer,
                 db,
                 path: path.to_path_buf(),
                 schema_outcome,
@@ -108,7 +109,7 @@ impl SledStore {
 
     /// How many writes were acknowledged and how many flushes they took.
     pub fn flush_stats(&self) -> FlushStats {
-        self.inner.commit.stats()
+        self.inner.committer.stats()
     }
 
     fn trees(&self) -> &Trees {
@@ -187,21 +188,34 @@ impl SledStore {
 #[async_trait]
 impl ObjectStore for SledStore {
     async fn create(&self, rec: NewRecord) -> Result<Record, StoreError> {
-        let stored = crate::writes::create(self.trees(), &rec)?;
-        self.inner.commit.wait_durable().await?;
-        Ok(stored)
+        match self.inner.committer.submit(WriteOp::Create(rec)).await? {
+            WriteOutcome::Written(rec) => Ok(rec),
+            WriteOutcome::Deleted(_) => {
+                Err(StoreError::Corrupt("create answered as a delete".into()))
+            }
+        }
     }
 
     async fn update(&self, rec: Record) -> Result<Record, StoreError> {
-        let stored = crate::writes::update(self.trees(), &rec)?;
-        self.inner.commit.wait_durable().await?;
-        Ok(stored)
+        match self.inner.committer.submit(WriteOp::Update(rec)).await? {
+            WriteOutcome::Written(rec) => Ok(rec),
+            WriteOutcome::Deleted(_) => {
+                Err(StoreError::Corrupt("update answered as a delete".into()))
+            }
+        }
     }
 
     async fn delete(&self, id: Uuid, expected_version: u64) -> Result<Vec<Uuid>, StoreError> {
-        let deleted = crate::writes::delete(self.trees(), id, expected_version)?;
-        self.inner.commit.wait_durable().await?;
-        Ok(deleted)
+        let op = WriteOp::Delete {
+            id,
+            expected_version,
+        };
+        match self.inner.committer.submit(op).await? {
+            WriteOutcome::Deleted(ids) => Ok(ids),
+            WriteOutcome::Written(_) => {
+                Err(StoreError::Corrupt("delete answered as a write".into()))
+            }
+        }
     }
 
     async fn get(&self, id: Uuid) -> Result<Option<Record>, StoreError> {

@@ -1,5 +1,6 @@
-//! The write transactions: create, compare-and-swap update and cascading delete. Each runs as
-//! one sled transaction over every tree it touches and bumps the global revision.
+//! The write operations: create, compare-and-swap update and cascading delete. A batch of them
+//! runs as one sled transaction over every tree (see `committer.rs` for why batches); each
+//! operation bumps the global revision and sees the writes of the operations before it.
 
 use std::collections::HashSet;
 
@@ -90,8 +91,30 @@ impl Tx<'_> {
     }
 }
 
-fn transact<A>(trees: &Trees, f: impl Fn(&Tx<'_>) -> TxResult<A>) -> Result<A, StoreError> {
-    let result = (
+/// One write, as queued for the committer.
+#[derive(Debug, Clone)]
+pub(crate) enum WriteOp {
+    Create(NewRecord),
+    Update(Record),
+    Delete { id: Uuid, expected_version: u64 },
+}
+
+/// What a successful write returns.
+#[derive(Debug, Clone)]
+pub(crate) enum WriteOutcome {
+    Written(Record),
+    Deleted(Vec<Uuid>),
+}
+
+/// Runs `ops` in order inside one sled transaction. Each operation that is refused (a request
+/// error such as `AlreadyExists` or `Conflict`) is refused before it writes anything, so it gets
+/// its own error and the others go on. A fault (`Io`, `Corrupt`) fails the whole batch and
+/// nothing is written.
+pub(crate) fn apply_batch(
+    trees: &Trees,
+    ops: &[WriteOp],
+) -> Result<Vec<Result<WriteOutcome, StoreError>>, StoreError> {
+    let results = (
         &trees.records,
         &trees.names,
         &trees.owners,
@@ -102,7 +125,7 @@ fn transact<A>(trees: &Trees, f: impl Fn(&Tx<'_>) -> TxResult<A>) -> Result<A, S
     )
         .transaction(
             |(records, names, owners, order_all, order_ws, ws_counts, meta)| {
-                f(&Tx {
+                let tx = Tx {
                     records,
                     names,
                     owners,
@@ -110,10 +133,29 @@ fn transact<A>(trees: &Trees, f: impl Fn(&Tx<'_>) -> TxResult<A>) -> Result<A, S
                     order_ws,
                     ws_counts,
                     meta,
-                })
+                };
+                let mut results = Vec::with_capacity(ops.len());
+                for op in ops {
+                    let result = match op {
+                        WriteOp::Create(rec) => create(&tx, rec).map(WriteOutcome::Written),
+                        WriteOp::Update(rec) => update(&tx, rec).map(WriteOutcome::Written),
+                        WriteOp::Delete {
+                            id,
+                            expected_version,
+                        } => delete(&tx, *id, *expected_version).map(WriteOutcome::Deleted),
+                    };
+                    match result {
+                        Ok(outcome) => results.push(Ok(outcome)),
+                        Err(ConflictableTransactionError::Abort(e)) if e.is_request_error() => {
+                            results.push(Err(e))
+                        }
+                        Err(other) => return Err(other),
+                    }
+                }
+                Ok(results)
             },
         )?;
-    Ok(result)
+    Ok(results)
 }
 
 /// Checks what can be checked without reading the store.
@@ -159,165 +201,159 @@ pub(crate) fn validate_new(rec: &NewRecord) -> Result<(), StoreError> {
     validate_labels(&rec.labels)
 }
 
-pub(crate) fn create(trees: &Trees, rec: &NewRecord) -> Result<Record, StoreError> {
-    validate_new(rec)?;
+fn create(tx: &Tx<'_>, rec: &NewRecord) -> TxResult<Record> {
+    validate_new(rec).or_else(abort)?;
     let nkey = name_key(rec.kind, rec.workspace, &rec.name);
-    transact(trees, |tx| {
-        if tx.records.get(record_key(rec.id))?.is_some() {
-            return abort(StoreError::AlreadyExists {
-                kind: rec.kind,
-                name: rec.name.clone(),
-                existing: rec.id,
-            });
+    if tx.records.get(record_key(rec.id))?.is_some() {
+        return abort(StoreError::AlreadyExists {
+            kind: rec.kind,
+            name: rec.name.clone(),
+            existing: rec.id,
+        });
+    }
+    if let Some(raw) = tx.names.get(&nkey)? {
+        let existing = decode_uuid(&raw, "name index value").or_else(abort)?;
+        return abort(StoreError::AlreadyExists {
+            kind: rec.kind,
+            name: rec.name.clone(),
+            existing,
+        });
+    }
+    if let Some(ws) = rec.workspace {
+        match tx.record(ws)? {
+            Some(w) if w.kind == Kind::Workspace => {}
+            _ => return abort(StoreError::WorkspaceNotFound { workspace: ws }),
         }
-        if let Some(raw) = tx.names.get(&nkey)? {
-            let existing = decode_uuid(&raw, "name index value").or_else(abort)?;
-            return abort(StoreError::AlreadyExists {
-                kind: rec.kind,
-                name: rec.name.clone(),
-                existing,
-            });
-        }
-        if let Some(ws) = rec.workspace {
-            match tx.record(ws)? {
-                Some(w) if w.kind == Kind::Workspace => {}
-                _ => return abort(StoreError::WorkspaceNotFound { workspace: ws }),
-            }
-        }
-        if let Some(owner) = rec.owner {
-            let Some(o) = tx.record(owner)? else {
-                return abort(StoreError::OwnerNotFound { owner });
-            };
-            if o.workspace != rec.workspace {
-                return abort(StoreError::invalid(format!(
-                    "owner {owner} is not in the same workspace as record {}",
-                    rec.id
-                )));
-            }
-            let mut owned = tx.owned(owner)?;
-            owned.push(rec.id);
-            tx.set_owned(owner, &owned)?;
-        }
-        let stored = Record::from_new(rec.clone(), tx.next_revision()?);
-        tx.records
-            .insert(&record_key(rec.id), encode_record(&stored))?;
-        tx.names.insert(nkey.as_slice(), rec.id.as_bytes())?;
-        tx.order_all
-            .insert(&order_all_key(rec.kind, rec.created_at_ms, rec.id), &[][..])?;
-        if let Some(ws) = rec.workspace {
-            tx.order_ws.insert(
-                &order_ws_key(ws, rec.kind, rec.created_at_ms, rec.id)[..],
-                &[][..],
-            )?;
-            tx.set_ws_count(ws, tx.ws_count(ws)? + 1)?;
-        }
-        Ok(stored)
-    })
-}
-
-pub(crate) fn update(trees: &Trees, rec: &Record) -> Result<Record, StoreError> {
-    validate_labels(&rec.labels)?;
-    transact(trees, |tx| {
-        let Some(stored) = tx.record(rec.id)? else {
-            return abort(StoreError::NotFound { id: rec.id });
+    }
+    if let Some(owner) = rec.owner {
+        let Some(o) = tx.record(owner)? else {
+            return abort(StoreError::OwnerNotFound { owner });
         };
-        let immutable = [
-            ("kind", stored.kind != rec.kind),
-            ("workspace", stored.workspace != rec.workspace),
-            ("name", stored.name != rec.name),
-            ("owner", stored.owner != rec.owner),
-            ("created_at_ms", stored.created_at_ms != rec.created_at_ms),
-        ];
-        if let Some((field, _)) = immutable.iter().find(|(_, changed)| *changed) {
+        if o.workspace != rec.workspace {
             return abort(StoreError::invalid(format!(
-                "update of record {} changes its {field}, which is immutable",
+                "owner {owner} is not in the same workspace as record {}",
                 rec.id
             )));
         }
-        if stored.resource_version != rec.resource_version {
-            return abort(StoreError::Conflict {
-                id: rec.id,
-                expected: rec.resource_version,
-                actual: stored.resource_version,
-            });
-        }
-        let updated = Record {
-            labels: rec.labels.clone(),
-            body: rec.body.clone(),
-            updated_at_ms: rec.updated_at_ms,
-            resource_version: tx.next_revision()?,
-            ..stored
-        };
-        tx.records
-            .insert(&record_key(rec.id), encode_record(&updated))?;
-        Ok(updated)
-    })
+        let mut owned = tx.owned(owner)?;
+        owned.push(rec.id);
+        tx.set_owned(owner, &owned)?;
+    }
+    let stored = Record::from_new(rec.clone(), tx.next_revision()?);
+    tx.records
+        .insert(&record_key(rec.id), encode_record(&stored))?;
+    tx.names.insert(nkey.as_slice(), rec.id.as_bytes())?;
+    tx.order_all
+        .insert(&order_all_key(rec.kind, rec.created_at_ms, rec.id), &[][..])?;
+    if let Some(ws) = rec.workspace {
+        tx.order_ws.insert(
+            &order_ws_key(ws, rec.kind, rec.created_at_ms, rec.id)[..],
+            &[][..],
+        )?;
+        tx.set_ws_count(ws, tx.ws_count(ws)? + 1)?;
+    }
+    Ok(stored)
 }
 
-pub(crate) fn delete(trees: &Trees, id: Uuid, expected: u64) -> Result<Vec<Uuid>, StoreError> {
-    transact(trees, |tx| {
-        let Some(root) = tx.record(id)? else {
-            return abort(StoreError::NotFound { id });
-        };
-        if root.resource_version != expected {
-            return abort(StoreError::Conflict {
-                id,
-                expected,
-                actual: root.resource_version,
+fn update(tx: &Tx<'_>, rec: &Record) -> TxResult<Record> {
+    validate_labels(&rec.labels).or_else(abort)?;
+    let Some(stored) = tx.record(rec.id)? else {
+        return abort(StoreError::NotFound { id: rec.id });
+    };
+    let immutable = [
+        ("kind", stored.kind != rec.kind),
+        ("workspace", stored.workspace != rec.workspace),
+        ("name", stored.name != rec.name),
+        ("owner", stored.owner != rec.owner),
+        ("created_at_ms", stored.created_at_ms != rec.created_at_ms),
+    ];
+    if let Some((field, _)) = immutable.iter().find(|(_, changed)| *changed) {
+        return abort(StoreError::invalid(format!(
+            "update of record {} changes its {field}, which is immutable",
+            rec.id
+        )));
+    }
+    if stored.resource_version != rec.resource_version {
+        return abort(StoreError::Conflict {
+            id: rec.id,
+            expected: rec.resource_version,
+            actual: stored.resource_version,
+        });
+    }
+    let updated = Record {
+        labels: rec.labels.clone(),
+        body: rec.body.clone(),
+        updated_at_ms: rec.updated_at_ms,
+        resource_version: tx.next_revision()?,
+        ..stored
+    };
+    tx.records
+        .insert(&record_key(rec.id), encode_record(&updated))?;
+    Ok(updated)
+}
+
+fn delete(tx: &Tx<'_>, id: Uuid, expected: u64) -> TxResult<Vec<Uuid>> {
+    let Some(root) = tx.record(id)? else {
+        return abort(StoreError::NotFound { id });
+    };
+    if root.resource_version != expected {
+        return abort(StoreError::Conflict {
+            id,
+            expected,
+            actual: root.resource_version,
+        });
+    }
+    // Breadth-first over the owner index; `seen` guards against a corrupt cycle.
+    let mut doomed = vec![root];
+    let mut seen: HashSet<Uuid> = HashSet::from([id]);
+    let mut next = 0;
+    while next < doomed.len() {
+        let owner = doomed[next].id;
+        next += 1;
+        for child in tx.owned(owner)? {
+            if !seen.insert(child) {
+                continue;
+            }
+            match tx.record(child)? {
+                Some(rec) => doomed.push(rec),
+                None => tracing::warn!(%owner, %child, "owner index lists a missing record"),
+            }
+        }
+    }
+    for ws in doomed.iter().filter(|r| r.kind == Kind::Workspace) {
+        let inside = doomed.iter().filter(|r| r.workspace == Some(ws.id)).count() as u64;
+        let remaining = tx.ws_count(ws.id)?.saturating_sub(inside);
+        if remaining > 0 {
+            return abort(StoreError::NotEmpty {
+                workspace: ws.id,
+                remaining,
             });
         }
-        // Breadth-first over the owner index; `seen` guards against a corrupt cycle.
-        let mut doomed = vec![root];
-        let mut seen: HashSet<Uuid> = HashSet::from([id]);
-        let mut next = 0;
-        while next < doomed.len() {
-            let owner = doomed[next].id;
-            next += 1;
-            for child in tx.owned(owner)? {
-                if !seen.insert(child) {
-                    continue;
-                }
-                match tx.record(child)? {
-                    Some(rec) => doomed.push(rec),
-                    None => tracing::warn!(%owner, %child, "owner index lists a missing record"),
-                }
-            }
+    }
+    for rec in &doomed {
+        tx.records.remove(&record_key(rec.id))?;
+        tx.names
+            .remove(name_key(rec.kind, rec.workspace, &rec.name))?;
+        tx.order_all
+            .remove(&order_all_key(rec.kind, rec.created_at_ms, rec.id)[..])?;
+        tx.owners.remove(&record_key(rec.id))?;
+        if let Some(ws) = rec.workspace {
+            tx.order_ws
+                .remove(&order_ws_key(ws, rec.kind, rec.created_at_ms, rec.id)[..])?;
+            tx.set_ws_count(ws, tx.ws_count(ws)?.saturating_sub(1))?;
         }
-        for ws in doomed.iter().filter(|r| r.kind == Kind::Workspace) {
-            let inside = doomed.iter().filter(|r| r.workspace == Some(ws.id)).count() as u64;
-            let remaining = tx.ws_count(ws.id)?.saturating_sub(inside);
-            if remaining > 0 {
-                return abort(StoreError::NotEmpty {
-                    workspace: ws.id,
-                    remaining,
-                });
-            }
+        if rec.kind == Kind::Workspace {
+            tx.ws_counts.remove(rec.id.as_bytes())?;
         }
-        for rec in &doomed {
-            tx.records.remove(&record_key(rec.id))?;
-            tx.names
-                .remove(name_key(rec.kind, rec.workspace, &rec.name))?;
-            tx.order_all
-                .remove(&order_all_key(rec.kind, rec.created_at_ms, rec.id)[..])?;
-            tx.owners.remove(&record_key(rec.id))?;
-            if let Some(ws) = rec.workspace {
-                tx.order_ws
-                    .remove(&order_ws_key(ws, rec.kind, rec.created_at_ms, rec.id)[..])?;
-                tx.set_ws_count(ws, tx.ws_count(ws)?.saturating_sub(1))?;
-            }
-            if rec.kind == Kind::Workspace {
-                tx.ws_counts.remove(rec.id.as_bytes())?;
-            }
-            // Detach from an owner that survives this delete.
-            if let Some(owner) = rec.owner
-                && !seen.contains(&owner)
-            {
-                let mut owned = tx.owned(owner)?;
-                owned.retain(|o| *o != rec.id);
-                tx.set_owned(owner, &owned)?;
-            }
+        // Detach from an owner that survives this delete.
+        if let Some(owner) = rec.owner
+            && !seen.contains(&owner)
+        {
+            let mut owned = tx.owned(owner)?;
+            owned.retain(|o| *o != rec.id);
+            tx.set_owned(owner, &owned)?;
         }
-        tx.next_revision()?;
-        Ok(doomed.iter().map(|r| r.id).collect())
-    })
+    }
+    tx.next_revision()?;
+    Ok(doomed.iter().map(|r| r.id).collect())
 }

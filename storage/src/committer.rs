@@ -1,0 +1,186 @@
+//! Group commit: one committer thread turns the writes of many concurrent writers into one
+//! sled transaction and one flush.
+//!
+//! A writer queues its operation and awaits (on a oneshot channel, without blocking a tokio
+//! worker) the reply. The committer thread takes every operation queued so far (up to
+//! [`MAX_BATCH`]), runs them in order inside one sled transaction, then calls `Db::flush`, and
+//! only then answers each writer. So a write is acknowledged only after a flush that began after
+//! its commit completed, and writers that arrive while a flush runs share the next one.
+//!
+//! Why the transaction is grouped too, not just the flush: in sled 0.34 every multi-tree
+//! transaction rolls the log's IO buffer twice (`pin_log`), each roll a `pwrite` plus
+//! `sync_file_range`, under sled's global concurrency lock, and `Db::flush` holds that lock
+//! (shared) for the whole fsync. Writers committing their own transactions therefore serialize
+//! on the disk: measured here, 64 such writers reached about 2,400 writes/s against 1,400 for
+//! one, with only ~25 writes per flush. One transaction per batch pays those syncs once.
+//!
+//! An operation refused by the store (`AlreadyExists`, `Conflict`, ...) is refused before it
+//! writes anything, gets its own error immediately, and does not disturb the rest of its batch;
+//! operations later in a batch see the writes of earlier ones, exactly as if they ran one by
+//! one in queue order.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use crate::error::StoreError;
+use crate::sled_store::Trees;
+use crate::writes::{WriteOp, WriteOutcome, apply_batch};
+
+/// The most operations in one transaction (bounds its memory and the latency of the first
+/// writer in it).
+pub const MAX_BATCH: usize = 512;
+
+/// Counts kept by the committer, for benchmarks and tests that check writers share flushes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlushStats {
+    /// Writes acknowledged as durable.
+    pub writes: u64,
+    /// `Db::flush` calls completed (one per batch that wrote something).
+    pub flushes: u64,
+    /// Time spent inside `Db::flush`, in microseconds.
+    pub flush_micros: u64,
+    /// Bytes `Db::flush` reported writing.
+    pub flush_bytes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    writes: AtomicU64,
+    flushes: AtomicU64,
+    flush_micros: AtomicU64,
+    flush_bytes: AtomicU64,
+}
+
+struct Request {
+    op: WriteOp,
+    reply: oneshot::Sender<Result<WriteOutcome, StoreError>>,
+}
+
+pub(crate) struct Committer {
+    /// `None` only while dropping: closing the channel tells the thread to finish and exit.
+    requests: Option<mpsc::Sender<Request>>,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<Counters>,
+}
+
+impl Committer {
+    /// Starts the committer thread. It owns a `Db` handle so that it can flush.
+    pub(crate) fn start(db: sled::Db, trees: Trees) -> Result<Committer, StoreError> {
+        let (requests, queue) = mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        let thread_counters = Arc::clone(&counters);
+        let thread = std::thread::Builder::new()
+            .name("sbx-store-committer".into())
+            .spawn(move || run(db, trees, queue, &thread_counters))
+            .map_err(|e| StoreError::Io(format!("cannot start the committer thread: {e}")))?;
+        Ok(Committer {
+            requests: Some(requests),
+            thread: Some(thread),
+            counters,
+        })
+    }
+
+    /// Queues `op` and waits until it is committed and flushed (or refused).
+    pub(crate) async fn submit(&self, op: WriteOp) -> Result<WriteOutcome, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .as_ref()
+            .ok_or_else(|| StoreError::Io("store is closing".into()))?
+            .send(Request { op, reply })
+            .map_err(|_| StoreError::Io("the committer thread has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Io("the committer thread dropped the write".into()))?
+    }
+
+    pub(crate) fn stats(&self) -> FlushStats {
+        let c = &self.counters;
+        FlushStats {
+            writes: c.writes.load(Ordering::Relaxed),
+            flushes: c.flushes.load(Ordering::Relaxed),
+            flush_micros: c.flush_micros.load(Ordering::Relaxed),
+            flush_bytes: c.flush_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.requests.take();
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the store committer thread panicked");
+        }
+    }
+}
+
+fn run(db: sled::Db, trees: Trees, queue: mpsc::Receiver<Request>, counters: &Counters) {
+    while let Ok(first) = queue.recv() {
+        let mut ops = vec![first.op];
+        let mut replies = vec![first.reply];
+        while ops.len() < MAX_BATCH {
+            let Ok(next) = queue.try_recv() else { break };
+            ops.push(next.op);
+            replies.push(next.reply);
+        }
+        let results = match apply_batch(&trees, &ops) {
+            Ok(results) => results,
+            Err(fault) => {
+                tracing::error!(error = %fault, writes = ops.len(), "write batch failed");
+                for reply in replies {
+                    let _ = reply.send(Err(fault.clone()));
+                }
+                continue;
+            }
+        };
+        // Refusals wrote nothing: answer them now. Successes wait for the flush.
+        let mut pending = Vec::new();
+        for (result, reply) in results.into_iter().zip(replies) {
+            match result {
+                Ok(outcome) => pending.push((outcome, reply)),
+                Err(refusal) => {
+                    let _ = reply.send(Err(refusal));
+                }
+            }
+        }
+        if pending.is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        let flushed = db.flush();
+        counters
+            .flush_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        counters.flushes.fetch_add(1, Ordering::Relaxed);
+        match flushed {
+            Ok(bytes) => {
+                counters
+                    .flush_bytes
+                    .fetch_add(bytes as u64, Ordering::Relaxed);
+                counters
+                    .writes
+                    .fetch_add(pending.len() as u64, Ordering::Relaxed);
+                for (outcome, reply) in pending {
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store flush failed");
+                let err = StoreError::Io(format!("flush failed, write not acknowledged: {e}"));
+                for (_, reply) in pending {
+                    let _ = reply.send(Err(err.clone()));
+                }
+            }
+        }
+    }
+    // Every handle is gone: make sure nothing committed stays unflushed.
+    if let Err(e) = db.flush() {
+        tracing::error!(error = %e, "final store flush failed");
+    }
+}
