@@ -217,6 +217,41 @@ async fn namespaces_hostname_loopback_and_pid_one() {
         visible < 10,
         "{visible} processes visible in the sandbox: {init:?}"
     );
+    // The workload holds no descriptor the driver made (its lock above all: a workload that
+    // kept it would lock every later driver out of the state). Besides stdio, only descriptors
+    // the driver itself inherited without close-on-exec may pass through (a known limit).
+    let workload_pid = driver.workload_identity(id).unwrap().pid;
+    let targets = |pid: &str| -> Vec<String> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .map(|p| p.display().to_string())
+            .collect()
+    };
+    let ours = targets("self");
+    let theirs = targets(&workload_pid.to_string());
+    let log = env
+        .state_dir
+        .path()
+        .join("sandboxes")
+        .join(id.to_string())
+        .join("workload.log");
+    let state = env.state_dir.path().display().to_string();
+    for fd in &theirs {
+        if fd.starts_with(&state) {
+            assert_eq!(
+                *fd,
+                log.display().to_string(),
+                "a driver file leaked: {theirs:?}"
+            );
+        } else {
+            assert!(
+                fd == "/dev/null" || ours.contains(fd),
+                "the workload holds {fd}: {theirs:?}"
+            );
+        }
+    }
     // The workload runs in its own session, not the driver's.
     let identity = driver.workload_identity(id).unwrap();
     let sid = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(identity.pid))).unwrap();

@@ -29,6 +29,10 @@
 //!   re-parented to the host's init, which must reap it (a container whose pid 1 does not
 //!   reap keeps it as a zombie, harmless but visible).
 //! - The log file grows without rotation.
+//! - Descriptors that the driver's process itself inherited without close-on-exec pass on to
+//!   workloads and to their `unshare` launcher (the driver's own files are all close-on-exec).
+//!   Closing them in the child needs `pre_exec`, i.e. unsafe code, which the workspace
+//!   forbids; start the gateway with only stdio open.
 
 mod cgroup;
 mod launch;
