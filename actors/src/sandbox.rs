@@ -142,14 +142,17 @@ impl Actor for SandboxActor {
                 self.after(&myself, st, outcome).await;
             }
             SandboxMsg::Observe(snapshot) => {
-                if st.retry_pending || desired(st) == DesiredState::Deleted {
+                if st.retry_pending {
                     return Ok(());
                 }
                 let obs = snapshot
                     .as_ref()
                     .map(Observed::from_snapshot)
                     .unwrap_or(Observed::Absent);
-                if plan(&current(st), &obs, false) == Step::Settled {
+                // A deletion whose attempts ran out is tried again here, once per sweep.
+                if desired(st) != DesiredState::Deleted
+                    && plan(&current(st), &obs, false) == Step::Settled
+                {
                     return Ok(());
                 }
                 // A settled Error gets one attempt per observation, not a new series.
@@ -220,6 +223,10 @@ impl Actor for SandboxActor {
                     Err(e) => Err(e),
                 };
                 let outcome = match stopped {
+                    // The workload is down, or gone: start it again from there.
+                    Ok(Observed::Absent) => {
+                        self.converge(&myself, st, Some(Observed::Absent)).await?
+                    }
                     Ok(_) => self.converge(&myself, st, Some(Observed::Stopped)).await?,
                     Err(e) => self.driver_failed(&myself, st, e).await?,
                 };

@@ -325,3 +325,49 @@ async fn a_driver_that_lost_everything_gets_its_workloads_back() {
         "a new run gets a new generation"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_the_driver_refused_is_finished_by_the_reconciler() {
+    let env = Env::new().await;
+    let gw = env.gw();
+    let a = gw
+        .create_sandbox(None, "sticky", sleep_spec())
+        .await
+        .unwrap();
+    let sel = by_id(&a);
+    wait_phase(gw, &sel, Phase::Ready, T).await;
+    env.driver.fail_all(true);
+    // Not acknowledged: the driver did not confirm.
+    assert!(matches!(
+        gw.delete_sandbox(&sel).await,
+        Err(sbx_actors::ActorError::Unavailable(_))
+    ));
+    let sel2 = sel.clone();
+    assert!(
+        eventually(T, || async {
+            gw.get_sandbox(&sel2)
+                .await
+                .is_ok_and(|s| s.phase() == Phase::Error)
+        })
+        .await,
+        "the deletion settles in Error while the driver is away"
+    );
+    let stuck = gw.get_sandbox(&sel).await.unwrap();
+    assert_eq!(stuck.desired_state(), DesiredState::Deleted);
+    // Starting it is refused: it is being deleted.
+    assert!(matches!(
+        gw.start_sandbox(&sel).await,
+        Err(sbx_actors::ActorError::FailedPrecondition(_))
+    ));
+
+    env.driver.fail_all(false);
+    gw.reconcile_now().await.unwrap();
+    assert!(
+        eventually(T, || async { gw.get_sandbox(&sel).await.is_err() }).await,
+        "the reconciler finished the deletion"
+    );
+    assert!(
+        env.world.snapshot(uuid(&a)).is_none(),
+        "the workload is gone too"
+    );
+}
