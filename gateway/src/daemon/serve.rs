@@ -58,13 +58,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
         });
     }
 
-    let config = Config {
-        reconcile_interval: args.reconcile_interval(),
-        ..Config::default()
-    };
-    let gateway =
-        Arc::new(Gateway::start(store, DriverSet::single(driver_name, driver), config).await?);
-
+    // Bound before the actors start, so that a taken port fails fast; connections wait in the
+    // backlog until the server runs, a moment later.
     let listener = TcpListener::bind(&args.listen)
         .await
         .map_err(|source| DaemonError::Bind {
@@ -75,6 +70,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
         addr: args.listen.clone(),
         source,
     })?;
+
+    let config = Config {
+        reconcile_interval: args.reconcile_interval(),
+        ..Config::default()
+    };
+    let gateway =
+        Arc::new(Gateway::start(store, DriverSet::single(driver_name, driver), config).await?);
 
     let (health, health_server) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;

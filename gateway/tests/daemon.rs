@@ -1,0 +1,201 @@
+//! sbxd as a program: its help, and the ways it refuses to start, each with a clear error and
+//! exit status 1 — without disturbing an sbxd already running.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{DataDir, SBXD, Sbxd};
+
+/// Runs sbxd to completion (at most 30 s; killed by pid after) and answers (code, stderr).
+fn run_sbxd(args: &[&str]) -> (i32, String, String) {
+    let mut child = Command::new(SBXD)
+        .args(args)
+        .env("SBX_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sbxd");
+    let began = Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            break;
+        }
+        if began.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sbxd {args:?} did not exit within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().expect("output");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn help_explains_every_flag() {
+    let (code, top, _) = run_sbxd(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(top.contains("serve"), "{top}");
+    let (code, help, _) = run_sbxd(&["serve", "--help"]);
+    assert_eq!(code, 0);
+    for flag in [
+        "--listen",
+        "--addr-file",
+        "--data-dir",
+        "--driver",
+        "--log-format",
+        "--reconcile-interval",
+        "--shutdown-grace",
+        "--process-cgroup-parent",
+        "--sim-latency-ms",
+        "--sim-fail",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+    for env in ["SBX_LISTEN", "SBX_ADDR_FILE", "SBX_DATA_DIR", "SBX_DRIVER"] {
+        assert!(help.contains(env), "{env} missing");
+    }
+    assert!(help.contains("do NOT survive") || help.contains("do not survive"));
+    assert!(help.contains("127.0.0.1:7070"));
+    let (code, _, err) = run_sbxd(&["serve", "--driver", "warp"]);
+    assert_eq!(code, 2, "a usage error: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_to_start_are_clear_and_leave_the_running_one_alone() {
+    let data = DataDir::new();
+    let d = Sbxd::start(data.path(), "sim", &[]);
+    let other = DataDir::new();
+    let other_dir = other.path().to_str().unwrap();
+
+    // The port is taken.
+    let (code, _, err) = run_sbxd(&[
+        "serve",
+        "--driver",
+        "sim",
+        "--listen",
+        &d.addr,
+        "--data-dir",
+        other_dir,
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot listen on"), "{err}");
+
+    // The data dir is in use by the running sbxd.
+    let (code, _, err) = run_sbxd(&[
+        "serve",
+        "--driver",
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot open the store"), "{err}");
+
+    // A sim fault that names no operation.
+    let (code, _, err) = run_sbxd(&[
+        "serve",
+        "--driver",
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        other_dir,
+        "--sim-fail",
+        "explode",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("explode"), "{err}");
+
+    d.assert_healthy().await;
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let data = DataDir::new();
+    let mut d = Sbxd::start(data.path(), "sim", &["--log-format", "json"]);
+    let (_, status) = d.sigterm(Duration::from_secs(10));
+    assert!(status.success());
+    let log = d.log_text();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let messages: Vec<&str> = lines
+        .iter()
+        .filter_map(|v| v["fields"]["message"].as_str())
+        .collect();
+    for wanted in ["serving", "shutting down"] {
+        assert!(messages.contains(&wanted), "{wanted:?} not in {messages:?}");
+    }
+}
+
+/// SIGTERM lets a call in flight finish: a stop that takes the (sim) driver 800 ms answers
+/// Stopped, and only then does sbxd exit, with status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_calls_in_flight() {
+    use sbx_proto::v1::{
+        CreateSandboxRequest, GetSandboxRequest, Phase, SandboxRef, SandboxSpec, StopSandboxRequest,
+    };
+    let data = DataDir::new();
+    let mut d = Sbxd::start(data.path(), "sim", &["--sim-latency-ms", "800"]);
+    let mut sb = d.sandboxes().await;
+    let created = sb
+        .create_sandbox(CreateSandboxRequest {
+            workspace: String::new(),
+            name: "slow".into(),
+            spec: Some(SandboxSpec {
+                command: vec!["sleep".into(), "1000".into()],
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let by_id = Some(SandboxRef {
+        id: created.id.clone(),
+        ..Default::default()
+    });
+    common::eventually(Duration::from_secs(30), "Ready", || {
+        let mut sb = sb.clone();
+        let by_id = by_id.clone();
+        async move {
+            let s = sb
+                .get_sandbox(GetSandboxRequest { sandbox: by_id })
+                .await
+                .ok()?
+                .into_inner();
+            (s.phase() == Phase::Ready).then_some(())
+        }
+    })
+    .await;
+    let mut stopper = sb.clone();
+    let stop = tokio::spawn(async move {
+        stopper
+            .stop_sandbox(StopSandboxRequest { sandbox: by_id })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (took, status) = tokio::task::block_in_place(|| d.sigterm(Duration::from_secs(15)));
+    assert!(status.success(), "{status:?}");
+    let stopped = tokio::time::timeout(Duration::from_secs(5), stop)
+        .await
+        .expect("the stop never answered")
+        .unwrap()
+        .expect("the stop in flight failed")
+        .into_inner();
+    assert_eq!(stopped.phase(), Phase::Stopped);
+    assert!(
+        took >= Duration::from_millis(300),
+        "sbxd exited after {took:?}, before the stop in flight could finish"
+    );
+}
