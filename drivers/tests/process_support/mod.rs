@@ -289,3 +289,43 @@ pub async fn exec(
         .expect("exec did not end within 30 s");
     result
 }
+
+/// Whether this host lets the driver apply memory and cpu limits, judged independently of the
+/// driver: v1 `memory` and `cpu` hierarchies are mounted, or the v2 cgroup of this process
+/// is the root or already delegates both controllers. Tests of limits take the strict branch
+/// here, and elsewhere check that the driver *says* the limits were not applied.
+pub fn host_can_limit_memory_and_cpu() -> bool {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let v1_has = |controller: &str| {
+        mountinfo.lines().any(|l| {
+            l.split_once(" - cgroup ").is_some_and(|(_, rest)| {
+                rest.rsplit(' ')
+                    .next()
+                    .unwrap_or("")
+                    .split(',')
+                    .any(|o| o == controller)
+            })
+        })
+    };
+    if v1_has("memory") && v1_has("cpu") {
+        return true;
+    }
+    let Some(mount) = mountinfo.lines().find_map(|l| {
+        l.contains(" - cgroup2 ")
+            .then(|| l.split(' ').nth(4).unwrap_or("").to_string())
+    }) else {
+        return false;
+    };
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return false;
+    };
+    if path == "/" {
+        return true;
+    }
+    let dir = Path::new(&mount).join(path.trim_start_matches('/'));
+    let delegated = std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+    ["memory", "cpu"]
+        .iter()
+        .all(|c| delegated.split_whitespace().any(|d| d == *c))
+}
