@@ -2,7 +2,7 @@
 //! acknowledged write; the parent SIGKILLs it at a seeded random moment, reopens the store and
 //! checks that every acknowledged write survived and that the indexes agree with the records.
 //!
-//! Rounds: 20 by default, `SBX_CRASH_ROUNDS` for more. Seeds: random unless
+//! Rounds: 40 by default, `SBX_CRASH_ROUNDS` for more. Seeds: random unless
 //! `SBX_CRASH_SEED` is set; a failing round prints its seed.
 
 mod common;
@@ -130,7 +130,12 @@ impl Model {
 fn round(path: &Path, seed: u64, model: &mut Model) -> Result<usize, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let kill_after_lines = rng.random_range(1..150usize);
-    let extra_delay = Duration::from_micros(rng.random_range(0..3_000u64));
+    // Half the rounds kill right after the Nth acknowledgement, inside the next write.
+    let extra_delay = if rng.random_bool(0.5) {
+        Duration::ZERO
+    } else {
+        Duration::from_micros(rng.random_range(0..3_000u64))
+    };
     let mut child = Command::new(WRITER)
         .arg(path)
         .arg(seed.to_string())
@@ -253,7 +258,7 @@ fn acknowledged_writes_survive_sigkill() {
     let rounds: u64 = std::env::var("SBX_CRASH_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(40);
     let base_seed: u64 = std::env::var("SBX_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
