@@ -291,9 +291,10 @@ pub async fn exec(
 }
 
 /// Whether this host lets the driver apply memory and cpu limits, judged independently of the
-/// driver: v1 `memory` and `cpu` hierarchies are mounted, or the v2 cgroup of this process
-/// is the root or already delegates both controllers. Tests of limits take the strict branch
-/// here, and elsewhere check that the driver *says* the limits were not applied.
+/// driver: v1 `memory` and `cpu` hierarchies are mounted, or this process's v2 cgroup is the
+/// machine's real root (no `cgroup.type` file; a container's namespaced root has one and, holding
+/// processes, cannot delegate) or already delegates both controllers. Tests of limits take the
+/// strict branch here, and elsewhere check that the driver *says* the limits were not applied.
 pub fn host_can_limit_memory_and_cpu() -> bool {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let v1_has = |controller: &str| {
@@ -320,7 +321,7 @@ pub fn host_can_limit_memory_and_cpu() -> bool {
     let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
         return false;
     };
-    if path == "/" {
+    if path == "/" && !Path::new(&mount).join("cgroup.type").exists() {
         return true;
     }
     let dir = Path::new(&mount).join(path.trim_start_matches('/'));
