@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 mod error;
 pub mod process;
+pub mod remote;
 pub mod sim;
 pub mod conformance;
 

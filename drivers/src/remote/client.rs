@@ -1,0 +1,214 @@
+//! The client side: [`RemoteDriver`], a [`ComputeDriver`] that forwards every call to a
+//! driver host on a Unix socket.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Response, Status};
+
+use super::status::{CallContext, status_to_driver_error};
+use crate::pb::driver_client::DriverClient;
+use crate::{ComputeDriver, DriverError, DriverStream, pb};
+
+/// A driver served by another process (`sbx-driver-host`, or `sbxd driver`) on a Unix socket.
+///
+/// The channel is lazy: making a `RemoteDriver` never fails and never waits. While no host
+/// listens, calls answer [`DriverError::Unavailable`]; once one listens again (a restarted
+/// host on the same socket), the next call reconnects by itself.
+///
+/// Every unary call carries the deadline `call_timeout` (sent to the host as `grpc-timeout`
+/// and enforced here); a call still unanswered then answers
+/// [`DriverError::DeadlineExceeded`] and its request is cancelled on the host. Opening a
+/// stream (watch, exec, logs) has the same deadline; the stream itself has none.
+#[derive(Debug, Clone)]
+pub struct RemoteDriver {
+    /// Shares one HTTP/2 connection between all calls and clones of this driver.
+    client: DriverClient<Channel>,
+    socket: PathBuf,
+    call_timeout: Duration,
+}
+
+impl RemoteDriver {
+    /// A driver talking to the host on `socket`, each call bounded by `call_timeout`.
+    /// Must be called within a Tokio runtime (the channel's worker task is spawned on it).
+    pub fn connect_lazy(socket: PathBuf, call_timeout: Duration) -> RemoteDriver {
+        let dial = socket.clone();
+        let connector = tower::service_fn(move |_: Uri| {
+            let dial = dial.clone();
+            async move { UnixStream::connect(dial).await.map(TokioIo::new) }
+        });
+        // HTTP/2 needs an authority; it is never resolved, the connector dials the socket.
+        let channel = Endpoint::from_static("http://sbx-driver.local")
+            .connect_timeout(call_timeout)
+            .connect_with_connector_lazy(connector);
+        RemoteDriver {
+            client: DriverClient::new(channel),
+            socket,
+            call_timeout,
+        }
+    }
+
+    /// The socket this driver talks to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The deadline of each call.
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
+    fn context(&self, operation: &'static str) -> CallContext {
+        CallContext {
+            operation,
+            timeout: self.call_timeout,
+        }
+    }
+
+    /// Runs one call with the deadline. The local timer also covers the time a call waits
+    /// for the channel (connecting), which tonic's own request timeout does not.
+    async fn call<Req, Resp, Fut>(
+        &self,
+        operation: &'static str,
+        message: Req,
+        send_deadline: bool,
+        call: impl FnOnce(DriverClient<Channel>, tonic::Request<Req>) -> Fut,
+    ) -> Result<Resp, DriverError>
+    where
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let mut request = tonic::Request::new(message);
+        if send_deadline {
+            request.set_timeout(self.call_timeout);
+        }
+        let ctx = self.context(operation);
+        match tokio::time::timeout(self.call_timeout, call(self.client.clone(), request)).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(status_to_driver_error(&status, ctx)),
+            Err(_) => Err(DriverError::DeadlineExceeded {
+                operation,
+                after: self.call_timeout,
+            }),
+        }
+    }
+
+    /// Maps a remote stream's items: a status from the host (or a cut connection) becomes
+    /// the driver error it stands for.
+    fn stream<T: Send + 'static>(
+        &self,
+        operation: &'static str,
+        stream: tonic::Streaming<T>,
+    ) -> DriverStream<T> {
+        let ctx = self.context(operation);
+        Box::pin(
+            stream.map(move |item| item.map_err(|status| status_to_driver_error(&status, ctx))),
+        )
+    }
+}
+
+#[async_trait]
+impl ComputeDriver for RemoteDriver {
+    async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
+        let req = pb::CapabilitiesRequest {};
+        self.call("capabilities", req, true, |mut c, r| async move {
+            c.capabilities(r).await
+        })
+        .await
+    }
+
+    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+        self.call(
+            "create",
+            req,
+            true,
+            |mut c, r| async move { c.create(r).await },
+        )
+        .await
+    }
+
+    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
+        self.call(
+            "start",
+            req,
+            true,
+            |mut c, r| async move { c.start(r).await },
+        )
+        .await
+    }
+
+    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
+        self.call("stop", req, true, |mut c, r| async move { c.stop(r).await })
+            .await
+    }
+
+    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
+        self.call(
+            "delete",
+            req,
+            true,
+            |mut c, r| async move { c.delete(r).await },
+        )
+        .await
+    }
+
+    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
+        self.call("get", req, true, |mut c, r| async move { c.get(r).await })
+            .await
+    }
+
+    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
+        let req = pb::ListRequest {};
+        let list = self
+            .call("list", req, true, |mut c, r| async move { c.list(r).await })
+            .await?;
+        Ok(list.sandboxes)
+    }
+
+    // Streams: no grpc-timeout, which would bound the whole stream, only the local timer on
+    // opening it.
+
+    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
+        let req = pb::WatchRequest {};
+        let stream = self
+            .call(
+                "watch",
+                req,
+                false,
+                |mut c, r| async move { c.watch(r).await },
+            )
+            .await?;
+        Ok(self.stream("watch", stream))
+    }
+
+    async fn exec(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        let stream = self
+            .call(
+                "exec",
+                req,
+                false,
+                |mut c, r| async move { c.exec(r).await },
+            )
+            .await?;
+        Ok(self.stream("exec", stream))
+    }
+
+    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
+        let stream = self
+            .call(
+                "logs",
+                req,
+                false,
+                |mut c, r| async move { c.logs(r).await },
+            )
+            .await?;
+        Ok(self.stream("logs", stream))
+    }
+}
