@@ -28,6 +28,12 @@
 //! - The `unshare` that launched a workload stays its parent; after the driver dies it is
 //!   re-parented to the host's init, which must reap it (a container whose pid 1 does not
 //!   reap keeps it as a zombie, harmless but visible).
+//! - cgroup v2: controllers are delegated from the driver's own cgroup. A cgroup that holds
+//!   processes (anything but the machine's real root, e.g. a container's namespaced root, or a
+//!   systemd unit's cgroup holding the gateway) cannot delegate; limits are then not applied
+//!   and every snapshot's warnings say so. Run the gateway in a cgroup that delegates (move it
+//!   into a leaf first, as container-in-container setups do). Not exercised on this machine,
+//!   whose v2 hierarchy carries no memory or cpu controller.
 //! - The log file grows without rotation.
 //! - Descriptors that the driver's process itself inherited without close-on-exec pass on to
 //!   workloads and to their `unshare` launcher (the driver's own files are all close-on-exec).
