@@ -126,6 +126,45 @@ async fn exec_timeout_is_honoured_and_leaves_nothing_running() {
     env.finish().await;
 }
 
+#[tokio::test]
+async fn dropping_an_exec_stream_ends_the_command() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    driver
+        .create(create_req(id, "dropper", spec(&["sleep", "1000"]), 1))
+        .await
+        .unwrap();
+    let req = pb::ExecRequest {
+        sandbox_id: id.to_string(),
+        command: ["sleep", "1000"].map(String::from).to_vec(),
+        ..Default::default()
+    };
+    let stream = driver.exec(req).await.unwrap();
+    let grew = wait_until(Duration::from_secs(3), || {
+        match exec_sync_count(&driver, id) {
+            n if n > 2 => Ok(n),
+            n => Err(n),
+        }
+    })
+    .await;
+    assert!(grew.is_ok(), "the exec'd sleep never showed: {grew:?}");
+    drop(stream);
+    let back = wait_until(Duration::from_secs(3), || {
+        match exec_sync_count(&driver, id) {
+            2 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
+    assert!(
+        back.is_ok(),
+        "the exec'd command outlived its stream: {back:?}"
+    );
+    drop(driver);
+    env.finish().await;
+}
+
 /// How many processes are in the sandbox's cgroup (read on the host).
 fn exec_sync_count(driver: &ProcessDriver, id: Uuid) -> usize {
     let leaf = format!("sbx-{id}");

@@ -119,9 +119,21 @@ impl ProcessDriver {
                 }
                 child.wait().await
             };
-            let outcome = match timeout {
-                Some(after) => tokio::time::timeout(after, run).await.map_err(|_| after),
-                None => Ok(run.await),
+            let timed = async {
+                match timeout {
+                    Some(after) => tokio::time::timeout(after, run).await.map_err(|_| after),
+                    None => Ok(run.await),
+                }
+            };
+            let listener = tx.clone();
+            let outcome = tokio::select! {
+                outcome = timed => outcome,
+                // The caller dropped the stream (even of a command that prints nothing).
+                () = listener.closed() => {
+                    let _ = killpg(group, Signal::SIGKILL);
+                    let _ = child.wait().await;
+                    return;
+                }
             };
             let last = match outcome {
                 Ok(Ok(status)) => Ok(pb::ExecOutput {
