@@ -240,7 +240,11 @@ impl ObjectStore for SledStore {
     }
 
     async fn list(&self, q: ListQuery) -> Result<Page, StoreError> {
-        self.list_page(&q)
+        // A long list (limit 0 over 100k records takes ~0.5 s) must not hold a tokio worker.
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.list_page(&q))
+            .await
+            .map_err(|e| StoreError::Io(format!("list task failed: {e}")))?
     }
 
     async fn owned(&self, owner: Uuid) -> Result<Vec<Uuid>, StoreError> {

@@ -324,3 +324,39 @@ async fn concurrent_writers_share_flushes() {
         "64 concurrent writes took {flushes} flushes; group commit is not grouping"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_of_one_name_have_one_winner() {
+    // The committer runs concurrent writes in one transaction: a refused write must not
+    // disturb the others in its batch, and later writes must see earlier ones.
+    let (_dir, store) = open_temp();
+    let ws = workspace(&store, "team").await;
+    let attempts: Vec<_> = (0..48)
+        .map(|i| {
+            let store = store.clone();
+            let rec = new_sandbox(ws.id, &format!("name-{}", i % 6));
+            tokio::spawn(async move { (rec.name.clone(), store.create(rec).await) })
+        })
+        .collect();
+    let mut winners = std::collections::BTreeMap::new();
+    let mut refused = Vec::new();
+    for a in attempts {
+        match a.await.unwrap() {
+            (name, Ok(rec)) => assert!(winners.insert(name, rec.id).is_none(), "two winners"),
+            (name, Err(StoreError::AlreadyExists { existing, .. })) => {
+                refused.push((name, existing))
+            }
+            (_, Err(other)) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 6);
+    assert_eq!(refused.len(), 42);
+    for (name, existing) in refused {
+        assert_eq!(
+            winners[&name], existing,
+            "refusal names the winner of {name}"
+        );
+    }
+    assert_eq!(store.current_revision().await.unwrap(), 1 + 6);
+    assert_fsck_clean(&store);
+}
