@@ -74,6 +74,13 @@ cd /sandbox 2>/dev/null || cd /
 exec "$@"
 "#;
 
+/// Closes every descriptor above stderr, then runs its arguments:
+/// `bash -c CLOSE_FDS sbx-close-fds PROGRAM ARG…`. Without it a workload would inherit the
+/// descriptors the driver's process got without close-on-exec (a socket-activated gateway's
+/// listening socket, a harness's pipes) and keep them for its whole life. bash, because `sh`
+/// (dash) cannot name descriptors above 9; closing them in Rust would need `pre_exec`, unsafe.
+const CLOSE_FDS: &str = r#"for f in /proc/$$/fd/*; do n=${f##*/}; if [ "$n" -gt 2 ]; then eval "exec $n>&-" 2>/dev/null; fi; done; exec "$@""#;
+
 /// The host programs the driver runs, found on PATH at open.
 #[derive(Debug, Clone)]
 pub struct HostTools {
@@ -81,6 +88,9 @@ pub struct HostTools {
     pub unshare: PathBuf,
     pub nsenter: PathBuf,
     pub sh: PathBuf,
+    /// Runs [`CLOSE_FDS`]; `None` where there is no bash (descriptors then pass on, and the
+    /// sandbox's warnings say so).
+    pub bash: Option<PathBuf>,
 }
 
 impl HostTools {
@@ -90,9 +100,29 @@ impl HostTools {
             unshare: find_on_path("unshare")?,
             nsenter: find_on_path("nsenter")?,
             sh: PathBuf::from("/bin/sh"),
+            bash: find_on_path("bash").ok(),
         })
     }
+
+    /// The command line that runs `program` with only stdin, stdout and stderr open.
+    fn with_closed_fds(&self, program: &Path) -> (PathBuf, Vec<std::ffi::OsString>) {
+        match &self.bash {
+            Some(bash) => (
+                bash.clone(),
+                vec![
+                    "-c".into(),
+                    CLOSE_FDS.into(),
+                    "sbx-close-fds".into(),
+                    program.into(),
+                ],
+            ),
+            None => (program.to_path_buf(), Vec::new()),
+        }
+    }
 }
+
+/// The warning a sandbox carries when inherited descriptors cannot be closed.
+pub const NO_BASH_WARNING: &str = "descriptors inherited by the driver pass on to the workload (no bash on the host to close them)";
 
 fn find_on_path(program: &str) -> Result<PathBuf, DriverError> {
     let path = std::env::var("PATH").unwrap_or_else(|_| SHIM_PATH.to_string());
@@ -142,8 +172,10 @@ pub async fn launch(
         .try_clone()
         .map_err(|e| io("making the launcher log", e))?;
 
-    let mut command = Command::new(&tools.setsid);
+    let (program, prefix) = tools.with_closed_fds(&tools.setsid);
+    let mut command = Command::new(program);
     command
+        .args(prefix)
         .arg(&tools.unshare)
         .args([
             "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--",
@@ -230,8 +262,10 @@ pub fn exec_command(
     cgroup_dirs: &[PathBuf],
     command: &[String],
 ) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(&tools.nsenter);
-    cmd.arg("-t")
+    let (program, prefix) = tools.with_closed_fds(&tools.nsenter);
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(prefix)
+        .arg("-t")
         .arg(init.pid.to_string())
         .args(["--pid", "--mount", "--uts", "--ipc", "--net", "--"])
         .arg(&tools.sh)

@@ -81,6 +81,9 @@ impl ComputeDriver for ProcessDriver {
             inner
                 .cgroups
                 .create_sandbox(&inner.opts.cgroup_parent, id, limits);
+        if inner.tools.bash.is_none() {
+            warnings.push(super::launch::NO_BASH_WARNING.to_string());
+        }
         if !spec.image.is_empty() {
             warnings.push(format!(
                 "image {:?} ignored: the process driver runs host programs on the host's root filesystem",
