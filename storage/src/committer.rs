@@ -3,9 +3,10 @@
 //!
 //! A writer queues its operation and awaits (on a oneshot channel, without blocking a tokio
 //! worker) the reply. The committer thread takes every operation queued so far (up to
-//! [`MAX_BATCH`]), runs them in order inside one sled transaction, then calls `Db::flush`, and
-//! only then answers each writer. So a write is acknowledged only after a flush that began after
-//! its commit completed, and writers that arrive while a flush runs share the next one.
+//! [`MAX_BATCH`]), runs them in order inside one sled transaction, then calls `Db::flush` and
+//! fdatasyncs the log file, and only then answers each writer. So a write is acknowledged only
+//! after a flush that began after its commit completed, and writers that arrive while a flush
+//! runs share the next one.
 //!
 //! Why the transaction is grouped too, not just the flush: in sled 0.34 every multi-tree
 //! transaction rolls the log's IO buffer twice (`pin_log`), each roll a `pwrite` plus
@@ -19,6 +20,8 @@
 //! operations later in a batch see the writes of earlier ones, exactly as if they ran one by
 //! one in queue order.
 
+use std::fs::File;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -40,9 +43,10 @@ pub const MAX_BATCH: usize = 512;
 pub struct FlushStats {
     /// Writes acknowledged as durable.
     pub writes: u64,
-    /// `Db::flush` calls completed (one per batch that wrote something).
+    /// Durable flushes completed (`Db::flush` + fdatasync; one per batch that wrote
+    /// something).
     pub flushes: u64,
-    /// Time spent inside `Db::flush`, in microseconds.
+    /// Time spent flushing, in microseconds.
     pub flush_micros: u64,
     /// Bytes `Db::flush` reported writing.
     pub flush_bytes: u64,
@@ -69,14 +73,22 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    /// Starts the committer thread. It owns a `Db` handle so that it can flush.
-    pub(crate) fn start(db: sled::Db, trees: Trees) -> Result<Committer, StoreError> {
+    /// Starts the committer thread. It owns a `Db` handle so that it can flush, and a handle
+    /// on sled's log file (`<path>/db`) so that it can fsync it.
+    pub(crate) fn start(db: sled::Db, trees: Trees, path: &Path) -> Result<Committer, StoreError> {
+        let log_path = path.join(SLED_LOG_FILE);
+        let log = File::open(&log_path).map_err(|e| {
+            StoreError::Io(format!(
+                "cannot open sled's log file {}: {e}",
+                log_path.display()
+            ))
+        })?;
         let (requests, queue) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let thread_counters = Arc::clone(&counters);
         let thread = std::thread::Builder::new()
             .name("sbx-store-committer".into())
-            .spawn(move || run(db, trees, queue, &thread_counters))
+            .spawn(move || run(db, log, trees, queue, &thread_counters))
             .map_err(|e| StoreError::Io(format!("cannot start the committer thread: {e}")))?;
         Ok(Committer {
             requests: Some(requests),
@@ -120,7 +132,20 @@ impl Drop for Committer {
     }
 }
 
-fn run(db: sled::Db, trees: Trees, queue: mpsc::Receiver<Request>, counters: &Counters) {
+/// sled 0.34 keeps its whole log in this one file inside the store directory.
+const SLED_LOG_FILE: &str = "db";
+
+/// `Db::flush` writes the log with `pwrite` + `sync_file_range`, which survives a killed
+/// process but neither flushes the device's write cache nor the file's metadata; an fdatasync
+/// of the log file afterwards makes the write survive a power loss too.
+fn flush_durably(db: &sled::Db, log: &File) -> Result<usize, String> {
+    let bytes = db.flush().map_err(|e| e.to_string())?;
+    log.sync_data()
+        .map_err(|e| format!("fdatasync of the log: {e}"))?;
+    Ok(bytes)
+}
+
+fn run(db: sled::Db, log: File, trees: Trees, queue: mpsc::Receiver<Request>, counters: &Counters) {
     while let Ok(first) = queue.recv() {
         let mut ops = vec![first.op];
         let mut replies = vec![first.reply];
@@ -153,7 +178,7 @@ fn run(db: sled::Db, trees: Trees, queue: mpsc::Receiver<Request>, counters: &Co
             continue;
         }
         let started = Instant::now();
-        let flushed = db.flush();
+        let flushed = flush_durably(&db, &log);
         counters
             .flush_micros
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -180,7 +205,7 @@ fn run(db: sled::Db, trees: Trees, queue: mpsc::Receiver<Request>, counters: &Co
         }
     }
     // Every handle is gone: make sure nothing committed stays unflushed.
-    if let Err(e) = db.flush() {
+    if let Err(e) = flush_durably(&db, &log) {
         tracing::error!(error = %e, "final store flush failed");
     }
 }

@@ -85,7 +85,7 @@ impl SledStore {
             ws_counts: db.open_tree(TREE_WS_COUNTS)?,
             meta: db.open_tree(TREE_META)?,
         };
-        let committer = Committer::start(db.clone(), trees.clone())?;
+        let committer = Committer::start(db.clone(), trees.clone(), path)?;
         Ok(SledStore {
             inner: Arc::new(Inner {
                 trees,
