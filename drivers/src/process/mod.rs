@@ -35,10 +35,10 @@
 //!   into a leaf first, as container-in-container setups do). Not exercised on this machine,
 //!   whose v2 hierarchy carries no memory or cpu controller.
 //! - The log file grows without rotation.
-//! - Descriptors that the driver's process itself inherited without close-on-exec pass on to
-//!   workloads and to their `unshare` launcher (the driver's own files are all close-on-exec).
-//!   Closing them in the child needs `pre_exec`, i.e. unsafe code, which the workspace
-//!   forbids; start the gateway with only stdio open.
+//! - Descriptors that the driver's process inherited without close-on-exec are closed by a
+//!   bash prelude before `setsid`/`nsenter` run (closing them in Rust needs `pre_exec`, unsafe
+//!   code the workspace forbids). On a host without bash they pass on to workloads, and each
+//!   sandbox's warnings say so.
 
 mod cgroup;
 mod launch;
