@@ -11,6 +11,8 @@ use sbx_drivers::remote::{DriverHostArgs, run_driver_host, termination_signal};
 /// Workloads of the process driver outlive the host: kill it (even with SIGKILL) and start a
 /// new one on the same --state-dir, and it finds every sandbox again. The sim backend keeps
 /// everything in memory: a killed sim host loses all its sandboxes.
+///
+/// Logs go to stderr; RUST_LOG sets their filter (default: info).
 #[derive(Debug, Parser)]
 #[command(name = "sbx-driver-host", version)]
 struct Cli {
