@@ -246,3 +246,42 @@ fn every_cli_command_against_sbxd() {
         "leaked workloads"
     );
 }
+
+/// `sbx sandbox logs -f` streams output written after it started.
+#[test]
+fn logs_follow_streams_new_output() {
+    let data = DataDir::new();
+    let d = Sbxd::start(data.path(), "process", &[]);
+    let ep = d.endpoint();
+    let ticker = sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "ticker",
+            "-o",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 600 ]; do echo tick-$i; i=$((i+1)); sleep 0.1; done; sleep 1000",
+        ],
+    )
+    .json();
+    let id = field(&ticker, "id").to_string();
+    let follow = CliStream::start(&ep, &["sandbox", "logs", "-f", "ticker"]);
+    let first = follow.wait_for(Duration::from_secs(10), |l| l.starts_with("tick-"));
+    let first: u32 = first["tick-".len()..].parse().unwrap();
+    // A line written at least a second after the first one seen arrives while following.
+    let later = format!("tick-{}", first + 10);
+    follow.wait_for(Duration::from_secs(20), |l| l == later);
+    drop(follow);
+    let deleted = sbx(&ep, &["sandbox", "delete", "--id", &id, "-o", "json"]).json();
+    assert_eq!(deleted["deleted"], true);
+    assert_eq!(
+        all_workload_pids(data.path()),
+        Vec::<i32>::new(),
+        "leaked workloads"
+    );
+}

@@ -317,8 +317,9 @@ async fn sigterm_is_quick_and_leaves_every_sandbox_running() {
     let end = tokio::time::timeout(Duration::from_secs(5), watch.next())
         .await
         .expect("the watch did not end");
-    if let Some(Err(status)) = &end {
-        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    match &end {
+        Some(Err(status)) => common::assert_status(status, tonic::Code::Unavailable, "UNAVAILABLE"),
+        other => panic!("the watch ended with {other:?}, not UNAVAILABLE"),
     }
     assert!(
         !data.path().join("addr").exists(),

@@ -34,9 +34,10 @@ where
             tokio::select! {
                 _ = shutdown.cancelled() => {
                     let _ = tx
-                        .send(Err(Status::unavailable(
-                            "sbxd is shutting down; retry (or resume) against the restarted gateway",
-                        )))
+                        .send(Err(actor_error_to_status(&ActorError::Unavailable(
+                            "sbxd is shutting down; retry (or resume) against the restarted gateway"
+                                .into(),
+                        ))))
                         .await;
                     return;
                 }
