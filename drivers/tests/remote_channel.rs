@@ -182,3 +182,99 @@ async fn a_hanging_driver_answers_deadline_exceeded_and_the_channel_goes_on() {
     let get_calls = world.audit().iter().filter(|e| e.op == SimOp::Get).count();
     assert_eq!(get_calls, 1, "the get reached the driver exactly once");
 }
+
+/// Sets its flag when dropped: tells that a driver call's future was abandoned.
+struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The sim, except that `stop` never answers and says when its call is abandoned.
+struct HangingStop {
+    sim: SimDriver,
+    abandoned: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl ComputeDriver for HangingStop {
+    async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
+        self.sim.capabilities().await
+    }
+    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+        self.sim.create(req).await
+    }
+    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
+        self.sim.start(req).await
+    }
+    async fn stop(&self, _: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
+        let _flag = DropFlag(self.abandoned.clone());
+        std::future::pending().await
+    }
+    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
+        self.sim.delete(req).await
+    }
+    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
+        self.sim.get(req).await
+    }
+    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
+        self.sim.list().await
+    }
+    async fn watch(&self) -> Result<sbx_drivers::DriverStream<pb::WatchEvent>, DriverError> {
+        self.sim.watch().await
+    }
+    async fn exec(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<sbx_drivers::DriverStream<pb::ExecOutput>, DriverError> {
+        self.sim.exec(req).await
+    }
+    async fn logs(
+        &self,
+        req: pb::LogsRequest,
+    ) -> Result<sbx_drivers::DriverStream<pb::LogChunk>, DriverError> {
+        self.sim.logs(req).await
+    }
+}
+
+#[tokio::test]
+async fn the_host_abandons_a_call_whose_deadline_passed() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = socket_in(&dir);
+    let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let driver = Arc::new(HangingStop {
+        sim: SimDriver::new(SimWorld::new(), SimFaults::default()),
+        abandoned: abandoned.clone(),
+    });
+    let _server = ServerTask::start(driver, &socket).await;
+    let deadline = Duration::from_millis(300);
+    let client = RemoteDriver::connect_lazy(socket, deadline);
+    let answer = client
+        .stop(pb::StopRequest {
+            sandbox_id: uuid::Uuid::new_v4().to_string(),
+            grace_period_ms: 0,
+        })
+        .await;
+    assert!(
+        matches!(
+            answer,
+            Err(DriverError::DeadlineExceeded {
+                operation: "stop",
+                ..
+            })
+        ),
+        "{answer:?}"
+    );
+    let mut seen = false;
+    for _ in 0..100 {
+        if abandoned.load(std::sync::atomic::Ordering::SeqCst) {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen, "the host still runs the call its client gave up on");
+    assert!(client.list().await.unwrap().is_empty());
+}

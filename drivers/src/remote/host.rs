@@ -75,8 +75,12 @@ pub async fn run_driver_host(
     args: DriverHostArgs,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
-    let driver = open_backend(&args)?;
-    super::serve(driver, &args.socket, shutdown).await
+    let socket = args.socket.clone();
+    // Opening the process driver may wait for a previous instance's lock: off the runtime.
+    let driver = tokio::task::spawn_blocking(move || open_backend(&args))
+        .await
+        .map_err(|e| DriverError::Internal(format!("opening the driver: {e}")))??;
+    super::serve(driver, &socket, shutdown).await
 }
 
 /// Resolves at the first SIGTERM or SIGINT. The handlers are installed by this call, so a

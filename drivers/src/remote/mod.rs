@@ -15,7 +15,9 @@
 //!
 //! Known limits: no authentication beyond the socket file's mode (0600, so the host's user
 //! only); streams have no deadline once opened; a host killed mid-stream ends the stream with
-//! `Unavailable`, and the caller reopens it.
+//! `Unavailable`, and the caller reopens it. A call sent in the instant between a host's death
+//! and the client noticing the closed connection answers `Unavailable` even if a new host
+//! already listens; the next call reconnects (callers retry `Unavailable` anyway).
 
 mod client;
 mod host;
