@@ -9,7 +9,8 @@ use crate::record::{Kind, ListQuery, NewRecord, Page, Record};
 /// A transactional object store of workspaces, sandboxes and the records they own.
 ///
 /// Every write is acknowledged only once it is durable, and bumps one global revision that
-/// becomes the written record's `resource_version`.
+/// becomes the written record's `resource_version`. Dropping the future of a write does not
+/// cancel it: once queued it may still be committed, so a caller that gave up must re-read.
 #[async_trait]
 pub trait ObjectStore: Send + Sync + 'static {
     /// Must-create. Fails `AlreadyExists { existing }` when `(kind, workspace, name)` is taken or

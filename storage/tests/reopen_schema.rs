@@ -192,3 +192,27 @@ async fn version_1_is_migrated_to_2() {
         &SchemaOutcome::Current
     );
 }
+
+#[tokio::test]
+async fn a_second_open_of_a_live_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let store = SledStore::open(&path).unwrap();
+    workspace(&store, "team").await;
+    let err = SledStore::open(&path).unwrap_err();
+    assert!(matches!(err, StoreError::Io(_)), "{err:?}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
+    drop(store);
+    // Closing releases it: the data is there on the next open.
+    let store = SledStore::open(&path).unwrap();
+    assert!(
+        store
+            .get_by_name(Kind::Workspace, None, "team")
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
