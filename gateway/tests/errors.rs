@@ -11,8 +11,8 @@ use common::{DataDir, Sbxd, assert_status, eventually, sbx};
 use futures::StreamExt;
 use sbx_proto::v1::{
     CreateSandboxRequest, CreateWorkspaceRequest, DeleteSandboxRequest, DeleteWorkspaceRequest,
-    ExecRequest, GetSandboxRequest, GetWorkspaceRequest, Phase, SandboxRef, SandboxSpec,
-    StopSandboxRequest, WatchSandboxesRequest, WorkspaceRef,
+    ExecRequest, GetSandboxRequest, GetWorkspaceRequest, ListSandboxesRequest, Phase, SandboxRef,
+    SandboxSpec, StopSandboxRequest, WatchSandboxesRequest, WorkspaceRef,
 };
 use tonic::Code;
 
@@ -218,6 +218,40 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
         .await
         .unwrap_err();
     assert_status(&err, Code::InvalidArgument, "INVALID_ARGUMENT");
+    // A page token that no list handed out.
+    let err = sb
+        .list_sandboxes(ListSandboxesRequest {
+            page_token: "not-a-cursor".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_status(&err, Code::InvalidArgument, "INVALID_ARGUMENT");
+    // Listing or watching a workspace that does not exist.
+    let err = sb
+        .list_sandboxes(ListSandboxesRequest {
+            workspace: "nowhere".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_status(&err, Code::NotFound, "WORKSPACE_NOT_FOUND");
+    let err = match sb
+        .watch_sandboxes(WatchSandboxesRequest {
+            workspace: "nowhere".into(),
+            ..Default::default()
+        })
+        .await
+    {
+        Err(status) => status,
+        Ok(stream) => stream
+            .into_inner()
+            .next()
+            .await
+            .expect("a message")
+            .expect_err("must be refused"),
+    };
+    assert_status(&err, Code::NotFound, "WORKSPACE_NOT_FOUND");
     d.assert_healthy().await;
 }
 
