@@ -357,11 +357,22 @@ async fn stop_kills_after_the_grace_period_a_workload_that_ignores_sigterm() {
     let env = TestEnv::new();
     let driver = env.open();
     let id = Uuid::new_v4();
-    let stubborn = spec(&["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"]);
+    let stubborn = spec(&[
+        "sh",
+        "-c",
+        "trap '' TERM; touch /sandbox/deaf; while true; do sleep 0.1; done",
+    ]);
     driver
         .create(create_req(id, "stubborn", stubborn, 1))
         .await
         .unwrap();
+    // Running is reported once the shim is up; wait until the workload ignores SIGTERM.
+    let deaf = driver.persistent_dir(id).join("deaf");
+    let ready = wait_until(Duration::from_secs(5), || {
+        deaf.exists().then_some(()).ok_or(())
+    })
+    .await;
+    assert!(ready.is_ok(), "the workload never set its trap");
     let init = driver.workload_identity(id).unwrap();
     let began = Instant::now();
     let stopped = driver.stop(stop_req(id, 700)).await.unwrap();
