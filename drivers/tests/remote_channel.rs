@@ -278,3 +278,44 @@ async fn the_host_abandons_a_call_whose_deadline_passed() {
     assert!(seen, "the host still runs the call its client gave up on");
     assert!(client.list().await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn many_concurrent_calls_share_one_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = socket_in(&dir);
+    let world = SimWorld::new();
+    let faults = SimFaults::default().with_latency(Duration::from_millis(50));
+    let _server = ServerTask::start(sim(&world, faults), &socket).await;
+    let client = RemoteDriver::connect_lazy(socket, Duration::from_secs(10));
+    let calls = 400;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..calls {
+        let client = client.clone();
+        tasks.spawn(async move {
+            let id = uuid::Uuid::new_v4().to_string();
+            let created = client
+                .create(pb::CreateRequest {
+                    sandbox_id: id.clone(),
+                    workspace: "ws".into(),
+                    name: format!("n{i}"),
+                    spec: Some(pb::SandboxSpec {
+                        command: vec!["sleep".into()],
+                        ..Default::default()
+                    }),
+                    generation: 1,
+                })
+                .await
+                .unwrap();
+            assert_eq!((created.sandbox_id, created.name), (id, format!("n{i}")));
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    // Each call waits 50 ms in the driver: in flight together, they take far less than
+    // 400 × 50 ms = 20 s.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "{calls} calls took {took:?}");
+    assert_eq!(client.list().await.unwrap().len(), calls);
+}

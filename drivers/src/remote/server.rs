@@ -26,6 +26,9 @@ use crate::{ComputeDriver, DriverError, DriverStream, pb};
 /// How long a shutdown lets in-flight calls finish before it cuts their connections.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
+/// How many calls one client connection may have in flight (hyper's default is 200).
+const MAX_CONCURRENT_STREAMS: u32 = 1024;
+
 /// Serves `driver` on the Unix socket `socket` until `shutdown` resolves.
 ///
 /// A stale socket file (nobody answers on it) is removed first; a socket on which another
@@ -88,7 +91,11 @@ async fn serve_connection(
     service: DriverServer<DriverService>,
     stopping: CancellationToken,
 ) {
-    let builder = auto::Builder::new(TokioExecutor::new()).http2_only();
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http2_only();
+    // Streams (watch, exec, logs follow) stay open for long; one gateway holds many at once.
+    builder
+        .http2()
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     let connection =
         builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
     tokio::pin!(connection);
