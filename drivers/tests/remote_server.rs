@@ -246,3 +246,19 @@ async fn an_aborted_server_ends_its_streams_and_releases_the_driver() {
         "{answer:?}"
     );
 }
+
+#[tokio::test]
+async fn a_socket_path_too_long_to_bind_is_an_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = dir.path().join("s".repeat(110));
+    let refused = serve_fails(&long).await;
+    assert!(
+        matches!(&refused, DriverError::InvalidArgument(m) if m.contains("too long")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing made"
+    );
+}

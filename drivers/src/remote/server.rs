@@ -160,16 +160,31 @@ async fn bind(socket: &Path) -> Result<UnixListener, DriverError> {
     placed.map(|()| listener)
 }
 
-/// A sibling of `socket` to bind first, unique to this call.
+/// The longest path a Unix socket can be bound at on Linux (`sun_path` minus its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// A sibling of `socket` to bind first, unique to this call; refuses a `socket` path (or
+/// sibling) too long to bind, naming the limit.
 fn temporary_name(socket: &Path) -> Result<PathBuf, DriverError> {
-    let name = socket.file_name().ok_or_else(|| {
-        DriverError::InvalidArgument(format!("socket path {} has no file name", socket.display()))
-    })?;
+    if socket.file_name().is_none() {
+        return Err(DriverError::InvalidArgument(format!(
+            "socket path {} has no file name",
+            socket.display()
+        )));
+    }
     let unique = uuid::Uuid::new_v4().simple().to_string();
-    let mut temporary = std::ffi::OsString::from(".");
-    temporary.push(name);
-    temporary.push(format!(".{}.tmp", &unique[..8]));
-    Ok(socket.with_file_name(temporary))
+    let temporary = socket.with_file_name(format!(".sbx-{}", &unique[..8]));
+    let longest = socket.as_os_str().len().max(temporary.as_os_str().len());
+    if longest > MAX_SOCKET_PATH {
+        return Err(DriverError::InvalidArgument(format!(
+            "socket path {} is too long: the host binds {} (and a sibling of {} bytes first); \
+             Unix sockets take at most {MAX_SOCKET_PATH} bytes",
+            socket.display(),
+            socket.as_os_str().len(),
+            temporary.as_os_str().len()
+        )));
+    }
+    Ok(temporary)
 }
 
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> DriverError {
