@@ -199,3 +199,80 @@ async fn sigterm_finishes_calls_in_flight() {
         "sbxd exited after {took:?}, before the stop in flight could finish"
     );
 }
+
+/// While sandboxes re-attach after a restart, health says NOT_SERVING and there is no address
+/// file; both change once every sandbox has re-attached. The sim driver with 1.5 s per driver
+/// call makes the re-attach window wide enough to see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_not_serving_until_every_sandbox_reattached() {
+    use sbx_proto::v1::{CreateSandboxRequest, SandboxSpec};
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let data = DataDir::new();
+    let mut d = Sbxd::start(data.path(), "sim", &[]);
+    let mut sb = d.sandboxes().await;
+    for i in 0..3 {
+        sb.create_sandbox(CreateSandboxRequest {
+            workspace: String::new(),
+            name: format!("r{i}"),
+            spec: Some(SandboxSpec {
+                command: vec!["sleep".into(), "1000".into()],
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    }
+    let (_, status) = tokio::task::block_in_place(|| d.sigterm(Duration::from_secs(10)));
+    assert!(status.success());
+
+    // A port picked here, so that health can be asked before the address file exists.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut d = Sbxd::spawn(data.path(), "sim", &listen, &["--sim-latency-ms", "1500"]);
+    let endpoint = format!("http://{listen}");
+    let began = Instant::now();
+    let mut saw_not_serving = false;
+    let serving_at = loop {
+        assert!(began.elapsed() < Duration::from_secs(60), "never SERVING");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let Ok(channel) = tonic::transport::Channel::from_shared(endpoint.clone())
+            .unwrap()
+            .connect()
+            .await
+        else {
+            continue;
+        };
+        // Read before asking: a file that existed before the answer means SERVING was set.
+        let file_before = d.addr_file_exists();
+        let answer = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await;
+        let Ok(answer) = answer else { continue };
+        match answer.into_inner().status {
+            s if s == ServingStatus::NotServing as i32 => {
+                assert!(!file_before, "address file written while NOT_SERVING");
+                saw_not_serving = true;
+            }
+            s if s == ServingStatus::Serving as i32 => break began.elapsed(),
+            other => panic!("unexpected health {other}"),
+        }
+    };
+    assert!(
+        saw_not_serving,
+        "health never said NOT_SERVING while re-attaching"
+    );
+    d.wait_serving();
+    assert_eq!(d.addr, listen);
+    assert!(d.log_text().contains("every sandbox re-attached"));
+    eprintln!("SERVING {serving_at:?} after start");
+    d.assert_healthy().await;
+}

@@ -122,13 +122,20 @@ pub struct Sbxd {
 impl Sbxd {
     /// Starts sbxd on 127.0.0.1:0 over `data` and waits for its address file.
     pub fn start(data: &Path, driver: &str, extra: &[&str]) -> Sbxd {
+        let mut d = Sbxd::spawn(data, driver, "127.0.0.1:0", extra);
+        d.wait_serving();
+        d
+    }
+
+    /// Starts sbxd on `listen` over `data` without waiting for anything.
+    pub fn spawn(data: &Path, driver: &str, listen: &str, extra: &[&str]) -> Sbxd {
         let addr_file = data.join("addr");
         let _ = std::fs::remove_file(&addr_file);
         let log = data.join(format!("sbxd-{}.log", unique()));
         let log_file = std::fs::File::create(&log).expect("log file");
-        let mut child = Command::new(SBXD)
+        let child = Command::new(SBXD)
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--driver", driver])
+            .args(["--listen", listen, "--driver", driver])
             .arg("--data-dir")
             .arg(data)
             .arg("--addr-file")
@@ -146,35 +153,41 @@ impl Sbxd {
             .stderr(log_file)
             .spawn()
             .expect("spawn sbxd");
-        let began = Instant::now();
-        let addr = loop {
-            if let Ok(text) = std::fs::read_to_string(&addr_file) {
-                assert!(text.ends_with('\n'), "partial address file {text:?}");
-                break text.trim().to_string();
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "sbxd exited with {status} before serving:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            if began.elapsed() > START_TIMEOUT {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "sbxd did not write its address file within {START_TIMEOUT:?}:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
         Sbxd {
             child,
-            addr,
+            addr: String::new(),
             data: data.to_path_buf(),
             addr_file,
             log,
         }
+    }
+
+    /// Waits for the address file (written once sbxd serves) and reads the address from it.
+    pub fn wait_serving(&mut self) {
+        let began = Instant::now();
+        self.addr = loop {
+            if let Ok(text) = std::fs::read_to_string(&self.addr_file) {
+                assert!(text.ends_with('\n'), "partial address file {text:?}");
+                break text.trim().to_string();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "sbxd exited with {status} before serving:\n{}",
+                    self.log_text()
+                );
+            }
+            if began.elapsed() > START_TIMEOUT {
+                panic!(
+                    "sbxd did not write its address file within {START_TIMEOUT:?}:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+    }
+
+    pub fn addr_file_exists(&self) -> bool {
+        self.addr_file.exists()
     }
 
     pub fn endpoint(&self) -> String {
