@@ -12,10 +12,12 @@ pub enum DriverError {
     NotFound { sandbox_id: String },
     /// The workload already runs under another runtime generation than the one requested.
     /// Expected after a gateway restart; the sandbox actor reconciles (adopts or restarts).
-    #[error(
-        "sandbox {sandbox_id} already runs under generation {running}, not {requested}"
-    )]
-    GenerationMismatch { sandbox_id: String, running: u64, requested: u64 },
+    #[error("sandbox {sandbox_id} already runs under generation {running}, not {requested}")]
+    GenerationMismatch {
+        sandbox_id: String,
+        running: u64,
+        requested: u64,
+    },
     /// The operation makes no sense in the workload's current state (exec into a stopped
     /// sandbox, for example).
     #[error("failed precondition: {0}")]
@@ -28,7 +30,10 @@ pub enum DriverError {
     Unavailable(String),
     /// The call did not answer within its deadline.
     #[error("driver call {operation} did not answer within {after:?}")]
-    DeadlineExceeded { operation: &'static str, after: Duration },
+    DeadlineExceeded {
+        operation: &'static str,
+        after: Duration,
+    },
     /// Anything else: a bug or an unexpected failure of the host.
     #[error("driver internal error: {0}")]
     Internal(String),
@@ -39,7 +44,9 @@ impl DriverError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            DriverError::Unavailable(_) | DriverError::DeadlineExceeded { .. } | DriverError::Internal(_)
+            DriverError::Unavailable(_)
+                | DriverError::DeadlineExceeded { .. }
+                | DriverError::Internal(_)
         )
     }
 }

@@ -13,11 +13,11 @@ use futures::Stream;
 pub use sbx_proto::driver as pb;
 use uuid::Uuid;
 
+pub mod conformance;
 mod error;
 pub mod process;
 pub mod remote;
 pub mod sim;
-pub mod conformance;
 
 pub use error::DriverError;
 
@@ -49,7 +49,8 @@ pub trait ComputeDriver: Send + Sync + 'static {
     async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError>;
     /// Changes the driver observes from now on (for example a workload that exits by itself).
     async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError>;
-    async fn exec(&self, req: pb::ExecRequest) -> Result<DriverStream<pb::ExecOutput>, DriverError>;
+    async fn exec(&self, req: pb::ExecRequest)
+    -> Result<DriverStream<pb::ExecOutput>, DriverError>;
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError>;
 }
 
@@ -61,9 +62,8 @@ pub fn parse_sandbox_id(id: &str) -> Result<Uuid, DriverError> {
             "sandbox_id is empty; every driver request must name its sandbox by id".into(),
         ));
     }
-    Uuid::parse_str(id).map_err(|e| {
-        DriverError::InvalidArgument(format!("sandbox_id {id:?} is not a UUID: {e}"))
-    })
+    Uuid::parse_str(id)
+        .map_err(|e| DriverError::InvalidArgument(format!("sandbox_id {id:?} is not a UUID: {e}")))
 }
 
 #[cfg(test)]

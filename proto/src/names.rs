@@ -29,7 +29,10 @@ impl std::fmt::Display for NameError {
         match self {
             NameError::Empty => write!(f, "name is empty; {NAME_RULE}"),
             NameError::TooLong { len } => {
-                write!(f, "name is {len} bytes long, over the limit of {MAX_NAME_LEN}; {NAME_RULE}")
+                write!(
+                    f,
+                    "name is {len} bytes long, over the limit of {MAX_NAME_LEN}; {NAME_RULE}"
+                )
             }
             NameError::BadCharacter { ch, index } => {
                 write!(f, "name has {ch:?} at position {index}; {NAME_RULE}")
@@ -64,7 +67,11 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
 
 /// The workspace a request means: an empty name stands for [`DEFAULT_WORKSPACE`].
 pub fn workspace_or_default(workspace: &str) -> &str {
-    if workspace.is_empty() { DEFAULT_WORKSPACE } else { workspace }
+    if workspace.is_empty() {
+        DEFAULT_WORKSPACE
+    } else {
+        workspace
+    }
 }
 
 #[cfg(test)]
