@@ -4,6 +4,24 @@
 //! `(kind, workspace, name)`, an owner index so deleting an owner deletes what it owns in the
 //! same transaction, ordered list indexes with keyset pagination, a global revision that every
 //! write bumps, and durable acknowledgement through group commit. Only this crate knows sled.
+//!
+//! Code map:
+//! - `store.rs`: the [`ObjectStore`] trait the actor layer codes against.
+//! - `record.rs`, `selector.rs`, `layout.rs`, `envelope.rs`: types, label selectors, key
+//!   encodings and the on-disk record encoding; no IO.
+//! - `sled_store.rs`: [`SledStore`]: open, reads and lists.
+//! - `writes.rs`: create / CAS update / cascading delete inside one sled transaction.
+//! - `committer.rs`: group commit: one thread runs each batch of queued writes as one
+//!   transaction, flushes and fdatasyncs, then acknowledges.
+//! - `schema.rs`: the schema version and the migrations between versions.
+//! - `fsck.rs`: [`SledStore::verify_indexes`].
+//!
+//! **Invariant:** every write goes through the committer thread; nothing else writes the trees.
+//!
+//! **Invariant:** a write is acknowledged only after a flush that began after its commit.
+//!
+//! **Invariant:** no record with a nil id, an invalid name, or a scoped kind without a
+//! (non-nil, existing) workspace is ever written.
 
 mod committer;
 mod envelope;

@@ -35,11 +35,10 @@ pub(crate) struct Trees {
 
 pub(crate) struct Inner {
     pub(crate) trees: Trees,
-    /// Declared before `db` so the committer thread (which holds a `Db` clone) is joined
-    /// before the last handle is dropped and sled releases its file lock.
+    /// Owns the only other `Db` handle; dropping it joins its thread after a final flush, so
+    /// once the last `SledStore` clone is gone sled has released its file lock and the store
+    /// can be reopened.
     pub(crate) committer: Committer,
-    #[allow(dead_code)] // kept so the Db outlives every tree handle in a predictable order
-    db: sled::Db,
     path: PathBuf,
     schema_outcome: SchemaOutcome,
 }
@@ -90,7 +89,6 @@ impl SledStore {
             inner: Arc::new(Inner {
                 trees,
                 committer,
-                db,
                 path: path.to_path_buf(),
                 schema_outcome,
             }),
