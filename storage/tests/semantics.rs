@@ -282,11 +282,13 @@ async fn invalid_records_are_never_written() {
 
 #[tokio::test]
 async fn revisions_increase_with_every_write() {
-    let (_dir, store) = open_temp();
+    let (_dir, sled) = open_temp();
+    // The actor layer holds the store as a trait object.
+    let store: std::sync::Arc<dyn ObjectStore> = std::sync::Arc::new(sled);
     assert_eq!(store.current_revision().await.unwrap(), 0);
-    let ws = workspace(&store, "team").await;
+    let ws = store.create(new_workspace("team")).await.unwrap();
     assert_eq!(ws.resource_version, 1);
-    let sb = sandbox(&store, &ws, "web").await;
+    let sb = store.create(new_sandbox(ws.id, "web")).await.unwrap();
     assert_eq!(sb.resource_version, 2);
     let updated = store.update(sb.clone()).await.unwrap();
     assert_eq!(updated.resource_version, 3);
