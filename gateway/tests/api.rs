@@ -3,8 +3,10 @@
 mod common;
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use common::{DataDir, Sbxd};
+use futures::StreamExt;
 use sbx_proto::v1::{CreateSandboxRequest, ListSandboxesRequest, SandboxSpec};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,4 +85,55 @@ async fn lists_page_through_every_sandbox_once() {
     let names: HashSet<String> = even.sandboxes.into_iter().map(|s| s.name).collect();
     assert_eq!(names, ["p0", "p2", "p4"].map(String::from).into());
     d.assert_healthy().await;
+}
+
+/// Reflection (v1) lists the sbx.v1 services and health.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_the_services() {
+    let data = DataDir::new();
+    let d = Sbxd::start(data.path(), "sim", &[]);
+    let names = reflection_services(&d.endpoint()).await;
+    for wanted in [
+        "sbx.v1.WorkspaceService",
+        "sbx.v1.SandboxService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            names.iter().any(|n| n == wanted),
+            "{wanted} not in {names:?}"
+        );
+    }
+}
+
+async fn reflection_services(endpoint: &str) -> Vec<String> {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let channel = tonic::transport::Channel::from_shared(endpoint.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client
+        .server_reflection_info(futures::stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = tokio::time::timeout(Duration::from_secs(10), responses.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    match response.message_response {
+        Some(MessageResponse::ListServicesResponse(list)) => {
+            list.service.into_iter().map(|s| s.name).collect()
+        }
+        other => panic!("unexpected reflection answer {other:?}"),
+    }
 }
