@@ -276,3 +276,54 @@ async fn health_is_not_serving_until_every_sandbox_reattached() {
     eprintln!("SERVING {serving_at:?} after start");
     d.assert_healthy().await;
 }
+
+/// A call that outlasts --shutdown-grace does not hold sbxd up: it exits 0 after the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_grace_bounds_a_slow_call() {
+    use sbx_proto::v1::{CreateSandboxRequest, SandboxSpec};
+    let data = DataDir::new();
+    let mut d = Sbxd::start(
+        data.path(),
+        "sim",
+        &["--sim-latency-ms", "8000", "--shutdown-grace", "1"],
+    );
+    let mut sb = d.sandboxes().await;
+    sb.create_sandbox(CreateSandboxRequest {
+        workspace: String::new(),
+        name: "slow".into(),
+        spec: Some(SandboxSpec {
+            command: vec!["sleep".into(), "1000".into()],
+            ..Default::default()
+        }),
+    })
+    .await
+    .unwrap();
+    // The stop waits behind the 8 s driver create in the sandbox's mailbox.
+    let mut stopper = sb.clone();
+    let stop = tokio::spawn(async move {
+        stopper
+            .stop_sandbox(sbx_proto::v1::StopSandboxRequest {
+                sandbox: Some(sbx_proto::v1::SandboxRef {
+                    name: "slow".into(),
+                    ..Default::default()
+                }),
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (took, status) = tokio::task::block_in_place(|| d.sigterm(Duration::from_secs(15)));
+    eprintln!("exited {took:?} after SIGTERM with a slow call in flight");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(6),
+        "exited after {took:?}; the grace is 1 s"
+    );
+    let answer = tokio::time::timeout(Duration::from_secs(5), stop)
+        .await
+        .expect("the cut-off call never ended")
+        .unwrap();
+    assert!(
+        answer.is_err(),
+        "the call cut off at shutdown cannot have succeeded"
+    );
+}

@@ -136,6 +136,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
                     "calls still in flight after the grace period; dropping their connections"
                 );
                 server.abort();
+                // Wait for the abort to drop the server (and its hold on the actor tree).
+                let _ = server.await;
                 Ok(())
             }
         },

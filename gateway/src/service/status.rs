@@ -114,11 +114,6 @@ fn driver_status(err: &DriverError) -> (Code, &'static str) {
     }
 }
 
-/// A status for a request that the service refuses before the actor layer sees it.
-pub fn invalid_argument(message: impl Into<String>) -> Status {
-    actor_error_to_status(&ActorError::InvalidArgument(message.into()))
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
