@@ -39,6 +39,9 @@ pub struct SweepReport {
     /// Records the drivers did not list, routed to their actors as absent.
     pub absent: usize,
     pub adopted: usize,
+    /// Workloads without a record seen for the first time: adopted only if the next sweep
+    /// still finds them (a workload whose sandbox was being deleted is gone by then).
+    pub deferred: usize,
     /// Driver records that were refused or failed, each with why.
     pub skipped: Vec<String>,
     /// Drivers whose list failed.
@@ -58,6 +61,8 @@ pub struct ReconcilerState {
     /// The tasks that forward driver watch streams; ended with the reconciler.
     watchers: Vec<JoinHandle<()>>,
     ticker: Option<JoinHandle<()>>,
+    /// Workloads the last sweep found without a record.
+    unknown: HashSet<Uuid>,
 }
 
 impl Actor for Reconciler {
@@ -84,6 +89,7 @@ impl Actor for Reconciler {
             router: Router { root: args.root },
             watchers,
             ticker,
+            unknown: HashSet::new(),
         })
     }
 
@@ -186,8 +192,9 @@ fn spawn_watcher(
     })
 }
 
-async fn sweep(st: &ReconcilerState) -> SweepReport {
+async fn sweep(st: &mut ReconcilerState) -> SweepReport {
     let mut report = SweepReport::default();
+    let mut unknown = HashSet::new();
     let timeout = st.shared.config.driver_call_timeout;
     for (name, driver) in st.shared.drivers.iter() {
         let listed = match tokio::time::timeout(timeout, driver.list()).await {
@@ -206,7 +213,7 @@ async fn sweep(st: &ReconcilerState) -> SweepReport {
         let mut seen = HashSet::new();
         for snapshot in listed {
             let id_text = snapshot.sandbox_id.clone();
-            match observe_one(st, name, snapshot).await {
+            match observe_one(st, name, driver, snapshot).await {
                 Ok(Seen::Routed(id)) => {
                     seen.insert(id);
                     report.observed += 1;
@@ -214,6 +221,10 @@ async fn sweep(st: &ReconcilerState) -> SweepReport {
                 Ok(Seen::Adopted(id)) => {
                     seen.insert(id);
                     report.adopted += 1;
+                }
+                Ok(Seen::Unknown(id)) => {
+                    unknown.insert(id);
+                    report.deferred += 1;
                 }
                 Err(e) => {
                     tracing::warn!(driver = %name, sandbox = %id_text, "skipping a driver record: {e}");
@@ -236,20 +247,52 @@ async fn sweep(st: &ReconcilerState) -> SweepReport {
                 .push(format!("{name}: listing the store: {e}")),
         }
     }
+    st.unknown = unknown;
     report
 }
 
 enum Seen {
     Routed(Uuid),
     Adopted(Uuid),
+    /// No record, first sighting: looked at again by the next sweep.
+    Unknown(Uuid),
 }
 
 /// Routes one driver record to its actor, or adopts it when the store has no record.
-async fn observe_one(st: &ReconcilerState, driver: &str, snapshot: pb::Snapshot) -> Result<Seen> {
+async fn observe_one(
+    st: &ReconcilerState,
+    driver_name: &str,
+    driver: &Arc<dyn ComputeDriver>,
+    snapshot: pb::Snapshot,
+) -> Result<Seen> {
     let id = sbx_drivers::parse_sandbox_id(&snapshot.sandbox_id)?;
     if let Some(record) = st.shared.store.get(id).await? {
         route_observation(&st.router, record, Some(snapshot)).await?;
         return Ok(Seen::Routed(id));
+    }
+    // No record. The list may be older than a deletion that finished since: adopt only what
+    // the previous sweep saw too, and what the driver, asked again by id, still runs.
+    if !st.unknown.contains(&id) {
+        return Ok(Seen::Unknown(id));
+    }
+    let timeout = st.shared.config.driver_call_timeout;
+    let request = pb::GetRequest {
+        sandbox_id: id.to_string(),
+    };
+    let snapshot = match tokio::time::timeout(timeout, driver.get(request)).await {
+        Ok(Ok(fresh)) if fresh.state() == pb::State::Running => fresh,
+        Ok(Ok(_)) | Ok(Err(sbx_drivers::DriverError::NotFound { .. })) => {
+            return Ok(Seen::Unknown(id));
+        }
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => {
+            return Err(ActorError::Unavailable(format!(
+                "get did not answer within {timeout:?}"
+            )));
+        }
+    };
+    if st.shared.store.get(id).await?.is_some() {
+        return Ok(Seen::Unknown(id));
     }
     // No record: adopt only with a valid workspace (empty means default) and name.
     let workspace = workspace_or_default(&snapshot.workspace).to_string();
@@ -276,7 +319,7 @@ async fn observe_one(st: &ReconcilerState, driver: &str, snapshot: pb::Snapshot)
             "workspace {workspace:?} is restarting"
         )));
     };
-    let driver = driver.to_string();
+    let driver = driver_name.to_string();
     ask(&sup, |reply| WorkspaceMsg::Adopt {
         driver,
         snapshot,

@@ -193,7 +193,9 @@ impl Actor for WorkspaceSupervisor {
         let (cell, failure) = match evt {
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
                 if reason.as_deref() == Some(DELETED) {
-                    if let Some(id) = st.by_actor.remove(&cell.get_id()) {
+                    if let Some(id) = st.by_actor.remove(&cell.get_id())
+                        && current_actor_is(st, id, &cell)
+                    {
                         st.children.remove(&id);
                     }
                     return Ok(());
@@ -212,6 +214,10 @@ impl Actor for WorkspaceSupervisor {
         let Some(id) = st.by_actor.remove(&cell.get_id()) else {
             return Ok(());
         };
+        if !current_actor_is(st, id, &cell) {
+            // An older incarnation: a newer actor already serves this sandbox.
+            return Ok(());
+        }
         tracing::warn!(sandbox = %id, workspace = %st.ws.workspace.name, "sandbox actor {failure}; restarting it from its record");
         self.child_down(&myself, st, id)
     }
@@ -504,6 +510,18 @@ impl WorkspaceSupervisor {
         myself.stop(Some(DELETED.to_string()));
         Ok(())
     }
+}
+
+/// Whether `cell` is the actor the registry has for sandbox `id` (a supervision event can
+/// arrive after a newer actor for the same sandbox took over, e.g. a sandbox deleted and
+/// then adopted under the same id).
+fn current_actor_is(st: &WorkspaceState, id: Uuid, cell: &ractor::ActorCell) -> bool {
+    st.children.get(&id).is_some_and(|child| {
+        child
+            .actor
+            .as_ref()
+            .is_none_or(|a| a.get_id() == cell.get_id())
+    })
 }
 
 /// Deletes one sandbox through its actor, riding out the actor's restarts.

@@ -278,6 +278,9 @@ async fn one_bad_driver_record_does_not_stop_the_sweep() {
     // And the known sandbox exits behind the gateway's back, with no watch to tell it.
     env.world.exit(uuid(&known), 0).unwrap();
 
+    // The first sweep only notes the workloads without a record; the second adopts.
+    let first = gw.reconcile_now().await.unwrap();
+    assert_eq!((first.adopted, first.deferred), (0, 3), "{first:?}");
     let report = gw.reconcile_now().await.unwrap();
     assert_eq!(report.adopted, 1, "{report:?}");
     assert_eq!(report.skipped.len(), 2, "{report:?}");
@@ -370,4 +373,44 @@ async fn a_deletion_the_driver_refused_is_finished_by_the_reconciler() {
         env.world.snapshot(uuid(&a)).is_none(),
         "the workload is gone too"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_deleted_during_a_sweep_is_not_adopted_back() {
+    let env = Env::new().await;
+    let gw = env.gw();
+    let a = gw
+        .create_sandbox(None, "short-lived", sleep_spec())
+        .await
+        .unwrap();
+    wait_phase(gw, &by_id(&a), Phase::Ready, T).await;
+    // A sweep lists the workload while its sandbox is deleted: the driver's list is older than
+    // the deletion. Simulate the worst order: the record is gone, the workload still listed.
+    let spec = pb::SandboxSpec {
+        command: vec!["sleep".into()],
+        ..Default::default()
+    };
+    let ghost = Uuid::new_v4();
+    let request = pb::CreateRequest {
+        sandbox_id: ghost.to_string(),
+        workspace: "default".into(),
+        name: "ghost".into(),
+        spec: Some(spec),
+        generation: 1,
+    };
+    env.driver.create(request).await.unwrap();
+    let first = gw.reconcile_now().await.unwrap();
+    assert_eq!(first.deferred, 1, "{first:?}");
+    // It is deleted before the next sweep.
+    env.driver
+        .delete(pb::DeleteRequest {
+            sandbox_id: ghost.to_string(),
+        })
+        .await
+        .unwrap();
+    let second = gw.reconcile_now().await.unwrap();
+    assert_eq!((second.adopted, second.deferred), (0, 0), "{second:?}");
+    assert!(gw.get_sandbox(&SandboxSelector::Id(ghost)).await.is_err());
+    assert!(env.world.snapshot(ghost).is_none(), "nothing recreated it");
+    assert!(gw.delete_sandbox(&by_id(&a)).await.unwrap());
 }
