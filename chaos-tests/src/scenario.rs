@@ -588,8 +588,16 @@ async fn unsettled(h: &Harness) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for record in records {
         let sb = decode(&record)?;
+        // Ready means the driver runs it under the recorded generation; a mismatch is only
+        // settled once the actor has reconciled it.
+        let agrees = h
+            .world
+            .snapshot(record.id)
+            .is_some_and(|s| s.state() == pb::State::Running && s.generation == sb.generation);
         let ok = match sb.desired_state() {
-            DesiredState::Running | DesiredState::Unspecified => sb.phase() == Phase::Ready,
+            DesiredState::Running | DesiredState::Unspecified => {
+                sb.phase() == Phase::Ready && agrees
+            }
             DesiredState::Stopped => {
                 matches!(sb.phase(), Phase::Stopped | Phase::Completed | Phase::Error)
                     && !(sb.phase() == Phase::Error && sb.reason.starts_with("Driver"))
