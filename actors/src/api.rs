@@ -209,32 +209,10 @@ impl Gateway {
                 "the default workspace cannot be deleted".into(),
             ));
         }
-        let deadline = tokio::time::Instant::now() + self.shared.config.request_timeout;
-        loop {
-            match self.router.workspace(ws.id()).await? {
-                Route::Actor(sup) => {
-                    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    match sup
-                        .call(
-                            |reply| WorkspaceMsg::Delete { cascade, reply },
-                            Some(remaining),
-                        )
-                        .await
-                    {
-                        Ok(CallResult::Success(r)) => return r,
-                        Ok(CallResult::Timeout) => return Err(self.timed_out("workspace", ws.id())),
-                        // The supervisor went away mid-request (restart or deletion): ask again.
-                        _ => {}
-                    }
-                }
-                Route::Restarting => {}
-                Route::Unknown => return Ok(false),
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(self.timed_out("workspace", ws.id()));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        Ok(self
+            .ask_workspace(ws.id(), |reply| WorkspaceMsg::Delete { cascade, reply })
+            .await?
+            .unwrap_or(false))
     }
 
     // ---- sandboxes -------------------------------------------------------------------------
@@ -258,34 +236,14 @@ impl Gateway {
         let ws = self
             .resolve_workspace(&WorkspaceSelector::Name(ws_name.to_string()))
             .await?;
-        let deadline = tokio::time::Instant::now() + self.shared.config.request_timeout;
-        loop {
-            match self.router.workspace(ws.id()).await? {
-                Route::Actor(sup) => {
-                    let spec = spec.clone();
-                    let name = name.to_string();
-                    match sup
-                        .call(
-                            |reply| WorkspaceMsg::CreateSandbox { name, spec, reply },
-                            Some(self.shared.config.request_timeout),
-                        )
-                        .await
-                    {
-                        Ok(CallResult::Success(r)) => return r,
-                        Ok(CallResult::Timeout) => return Err(self.timed_out("workspace", ws.id())),
-                        _ => {}
-                    }
-                }
-                Route::Restarting => {}
-                Route::Unknown => {
-                    return Err(ActorError::WorkspaceNotFound(format!("{ws_name:?}")));
-                }
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(self.timed_out("workspace", ws.id()));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let create = |reply| WorkspaceMsg::CreateSandbox {
+            name: name.to_string(),
+            spec: spec.clone(),
+            reply,
+        };
+        self.ask_workspace(ws.id(), create)
+            .await?
+            .ok_or_else(|| ActorError::WorkspaceNotFound(format!("{ws_name:?}")))
     }
 
     pub async fn get_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
@@ -581,6 +539,35 @@ impl Gateway {
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(self.timed_out("sandbox", id));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Sends a request to a workspace's supervisor and waits for its answer, riding out the
+    /// supervisor's restarts. `None` when the workspace no longer has a supervisor (deleted).
+    async fn ask_workspace<R: Send + 'static>(
+        &self,
+        ws: Uuid,
+        build: impl Fn(RpcReplyPort<Result<R>>) -> WorkspaceMsg,
+    ) -> Result<Option<R>> {
+        let deadline = tokio::time::Instant::now() + self.shared.config.request_timeout;
+        loop {
+            match self.router.workspace(ws).await? {
+                Route::Actor(sup) => {
+                    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    match sup.call(&build, Some(remaining)).await {
+                        Ok(CallResult::Success(r)) => return r.map(Some),
+                        Ok(CallResult::Timeout) => return Err(self.timed_out("workspace", ws)),
+                        // The supervisor went away mid-request (restart or deletion): ask again.
+                        Ok(CallResult::SenderError) | Err(_) => {}
+                    }
+                }
+                Route::Restarting => {}
+                Route::Unknown => return Ok(None),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(self.timed_out("workspace", ws));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -307,20 +307,54 @@ impl WorkspaceSupervisor {
         name: String,
         spec: SandboxSpec,
     ) -> Result<Sandbox> {
-        if st.ws.workspace.phase() == WorkspacePhase::Terminating {
-            return Err(ActorError::WorkspaceTerminating(
-                st.ws.workspace.name.clone(),
-            ));
-        }
-        let id = Uuid::new_v4();
-        let mut sandbox = Sandbox {
-            workspace: st.ws.workspace.name.clone(),
-            workspace_id: st.ws.id().to_string(),
+        let sandbox = Sandbox {
             name,
             spec: Some(spec),
             generation: 1,
             ..Default::default()
         };
+        self.add_sandbox(myself, st, Uuid::new_v4(), sandbox).await
+    }
+
+    async fn adopt(
+        &self,
+        myself: &ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+        driver: String,
+        snap: pb::Snapshot,
+    ) -> Result<Sandbox> {
+        let id = sbx_drivers::parse_sandbox_id(&snap.sandbox_id)?;
+        let sandbox = Sandbox {
+            name: snap.name.clone(),
+            spec: Some(SandboxSpec {
+                driver,
+                ..Default::default()
+            }),
+            generation: snap.generation,
+            reason: "Adopted".into(),
+            message: "found running in the driver without a record; adopted (its spec is unknown)"
+                .into(),
+            ..Default::default()
+        };
+        self.add_sandbox(myself, st, id, sandbox).await
+    }
+
+    /// Writes a new sandbox record (Provisioning, wanted running) in this workspace and
+    /// spawns its actor. Refused while the workspace is terminating.
+    async fn add_sandbox(
+        &self,
+        myself: &ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+        id: Uuid,
+        mut sandbox: Sandbox,
+    ) -> Result<Sandbox> {
+        if st.ws.workspace.phase() == WorkspacePhase::Terminating {
+            return Err(ActorError::WorkspaceTerminating(
+                st.ws.workspace.name.clone(),
+            ));
+        }
+        sandbox.workspace = st.ws.workspace.name.clone();
+        sandbox.workspace_id = st.ws.id().to_string();
         sandbox.set_desired_state(DesiredState::Running);
         sandbox.set_phase(Phase::Provisioning);
         let record = st
@@ -340,53 +374,6 @@ impl WorkspaceSupervisor {
                 }
                 other => other.into(),
             })?;
-        let stored = StoredSandbox::from_record(record)?;
-        st.shared
-            .events
-            .publish(EventType::Added, stored.sandbox.clone());
-        st.children.insert(
-            id,
-            Child {
-                actor: None,
-                history: RestartHistory::default(),
-            },
-        );
-        self.spawn_child(myself, st, id, false).await;
-        Ok(stored.sandbox)
-    }
-
-    async fn adopt(
-        &self,
-        myself: &ActorRef<WorkspaceMsg>,
-        st: &mut WorkspaceState,
-        driver: String,
-        snap: pb::Snapshot,
-    ) -> Result<Sandbox> {
-        if st.ws.workspace.phase() == WorkspacePhase::Terminating {
-            return Err(ActorError::WorkspaceTerminating(
-                st.ws.workspace.name.clone(),
-            ));
-        }
-        let id = sbx_drivers::parse_sandbox_id(&snap.sandbox_id)?;
-        let mut sandbox = Sandbox {
-            workspace: st.ws.workspace.name.clone(),
-            workspace_id: st.ws.id().to_string(),
-            name: snap.name.clone(),
-            spec: Some(SandboxSpec {
-                driver,
-                ..Default::default()
-            }),
-            generation: snap.generation,
-            reason: "Adopted".into(),
-            message: "found running in the driver without a record; adopted (its spec is unknown)"
-                .into(),
-            ..Default::default()
-        };
-        sandbox.set_desired_state(DesiredState::Running);
-        sandbox.set_phase(Phase::Provisioning);
-        let mut new = new_sandbox_record(id, st.ws.id(), &sandbox);
-        new.id = id;
-        let record = st.shared.store.create(new).await?;
         let stored = StoredSandbox::from_record(record)?;
         st.shared
             .events
