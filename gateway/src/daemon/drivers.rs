@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use sbx_drivers::ComputeDriver;
 use sbx_drivers::process::{ProcessDriver, ProcessDriverOptions};
+use sbx_drivers::remote::RemoteDriver;
 use sbx_drivers::sim::{SimDriver, SimFaults, SimOp, SimWorld};
 
-use super::{DaemonError, DriverKind, ServeArgs};
+use super::managed::{ManagedDriver, ManagedDriverPaths};
+use super::{DaemonError, DriverKind, DriverSpec, ServeArgs};
 
 /// The data directory: the flag, else $XDG_STATE_HOME/sbx, else ~/.local/state/sbx.
 pub fn data_dir(flag: Option<&Path>) -> Result<PathBuf, DaemonError> {
@@ -37,12 +39,67 @@ fn resolve_data_dir(
     }
 }
 
+/// The compute driver sbxd serves sandboxes on.
+pub struct OpenedDriver {
+    /// The name it is registered under in the DriverSet (each sandbox's `spec.driver`).
+    pub name: String,
+    pub driver: Arc<dyn ComputeDriver>,
+    /// The supervised driver process, in managed mode; stopped at shutdown.
+    pub managed: Option<ManagedDriver>,
+}
+
 /// Opens the driver chosen by `args`, keeping its state in `DATA/drivers/NAME`.
-pub fn open_driver(
+pub async fn open_driver(args: &ServeArgs, data_dir: &Path) -> Result<OpenedDriver, DaemonError> {
+    let name = args
+        .driver
+        .driver_name(args.driver_name.as_deref())
+        .map_err(|why| {
+            DaemonError::DriverName(args.driver_name.clone().unwrap_or_default(), why)
+        })?;
+    let (driver, managed) = match &args.driver {
+        DriverSpec::InProcess(kind) => (open_in_process(*kind, args, data_dir)?, None),
+        DriverSpec::Remote(socket) => {
+            let driver = RemoteDriver::connect_lazy(socket.clone(), args.driver_call_timeout());
+            (Arc::new(driver) as Arc<dyn ComputeDriver>, None)
+        }
+        DriverSpec::Managed(kind) => {
+            let paths = ManagedDriverPaths::new(data_dir, *kind);
+            let socket = paths.socket.clone();
+            let managed = ManagedDriver::start(paths, args.process_cgroup_parent.clone()).await?;
+            let driver = RemoteDriver::connect_lazy(socket, args.driver_call_timeout());
+            (Arc::new(driver) as Arc<dyn ComputeDriver>, Some(managed))
+        }
+    };
+    Ok(OpenedDriver {
+        name,
+        driver,
+        managed,
+    })
+}
+
+/// Waits (at most `limit`) until the driver answers a capabilities call; false when it did
+/// not. For an out-of-process driver that is still starting, so that re-attaching does not
+/// begin with a burst of UNAVAILABLE retries.
+pub async fn wait_driver_ready(driver: &dyn ComputeDriver, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        if let Ok(Ok(_)) = tokio::time::timeout(left, driver.capabilities()).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50).min(left)).await;
+    }
+}
+
+fn open_in_process(
+    kind: DriverKind,
     args: &ServeArgs,
     data_dir: &Path,
 ) -> Result<Arc<dyn ComputeDriver>, DaemonError> {
-    match args.driver {
+    match kind {
         DriverKind::Process => {
             let state_dir = data_dir.join("drivers").join("process");
             let opts = ProcessDriverOptions {

@@ -1,9 +1,12 @@
 //! `sbxd`, the gateway daemon: command line, driver and store setup, serving and shutdown.
 //!
 //! Layout: this module holds the clap types and the daemon's error; [`drivers`] opens the
-//! chosen compute driver; [`serve`] runs the gRPC server over the actor tree until a signal.
+//! chosen compute driver ([`driver_spec`] parses `--driver`, [`managed`] runs a driver as a
+//! supervised child process); [`serve`] runs the gRPC server over the actor tree until a signal.
 
+pub mod driver_spec;
 pub mod drivers;
+pub mod managed;
 pub mod serve;
 
 use std::path::PathBuf;
@@ -14,6 +17,7 @@ use sbx_actors::ActorError;
 use sbx_drivers::DriverError;
 use sbx_storage::StoreError;
 
+pub use driver_spec::DriverSpec;
 pub use serve::serve;
 
 /// Where sbxd listens when neither `--listen` nor `SBX_LISTEN` says otherwise.
@@ -29,7 +33,6 @@ pub fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(1));
         }
     };
-    let Command::Serve(args) = cli.command;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -40,7 +43,11 @@ pub fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    match runtime.block_on(serve(args)) {
+    let result = match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Driver(args) => runtime.block_on(serve::run_driver(args)),
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "sbxd failed");
@@ -73,6 +80,22 @@ pub enum Command {
     /// calls in flight finish (up to --shutdown-grace), stops the actors and closes the store
     /// — and leaves every sandbox running, to be re-attached by the next start.
     Serve(ServeArgs),
+    /// Serve one compute driver over the sbx.driver.v1 gRPC contract on a Unix socket, until
+    /// SIGTERM or SIGINT, for an `sbxd serve --driver remote:SOCKET` to use. `sbxd serve
+    /// --driver managed:BACKEND` runs this itself. Shutdown leaves every workload running; a
+    /// driver started again on the same --state-dir finds them.
+    #[command(
+        long_about = "Serve one compute driver over the sbx.driver.v1 gRPC contract on a Unix \
+            socket (mode 0600), until SIGTERM or SIGINT, for `sbxd serve --driver \
+            remote:SOCKET` to use.\n\n\
+            Example: sbxd driver --backend process --socket /run/sbx/process.sock \
+            --state-dir /var/lib/sbx/drivers/process\n\n\
+            Shutdown leaves every workload running (they live in their own sessions); a \
+            driver started again on the same --state-dir finds them. Only one process driver \
+            may use a state directory at a time. Logs go to stderr, filtered by SBX_LOG \
+            (else RUST_LOG, else \"info\")."
+    )]
+    Driver(sbx_drivers::remote::DriverHostArgs),
 }
 
 /// The compute driver sandboxes run on.
@@ -122,10 +145,37 @@ pub struct ServeArgs {
     #[arg(long, env = "SBX_DATA_DIR", value_name = "DATA")]
     pub data_dir: Option<PathBuf>,
 
-    /// The compute driver sandboxes run on. `sim` is in memory: its sandboxes do not survive
-    /// an sbxd restart (their records do).
-    #[arg(long, env = "SBX_DRIVER", value_enum, default_value_t = DriverKind::Process)]
-    pub driver: DriverKind,
+    /// The compute driver sandboxes run on: `process` or `sim` (in this process; `sim` is
+    /// in memory, its sandboxes do not survive an sbxd restart); `remote:SOCKET` (a driver
+    /// served by `sbxd driver` on that Unix socket, run by the operator); or
+    /// `managed:process` / `managed:sim` (sbxd runs `sbxd driver` itself as a supervised
+    /// child process on DATA/drivers/BACKEND.sock, restarting it when it dies).
+    #[arg(
+        long,
+        env = "SBX_DRIVER",
+        default_value = "process",
+        value_parser = driver_spec::parse_driver_spec,
+        value_name = "process|sim|remote:SOCKET|managed:process|managed:sim"
+    )]
+    pub driver: DriverSpec,
+
+    /// With `--driver remote:SOCKET` only: the name the remote driver is registered under,
+    /// which is the `spec.driver` its sandboxes are stored with. It defaults to "process", so
+    /// that sandboxes made under `--driver process` or `managed:process` keep working when
+    /// the same process state dir is served remotely, and back. (In-process and managed
+    /// drivers are always named after their backend.)
+    #[arg(long, env = "SBX_DRIVER_NAME", value_name = "NAME")]
+    pub driver_name: Option<String>,
+
+    /// Deadline of every driver call, in seconds: both the actors' deadline and the remote
+    /// driver's per-call deadline (sent to the driver as grpc-timeout).
+    #[arg(
+        long,
+        env = "SBX_DRIVER_CALL_TIMEOUT",
+        default_value_t = 30,
+        value_name = "SECS"
+    )]
+    pub driver_call_timeout: u64,
 
     /// Log line format (stderr). The filter comes from SBX_LOG, else RUST_LOG, else "info".
     #[arg(long, env = "SBX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
@@ -185,6 +235,11 @@ impl ServeArgs {
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace)
     }
+
+    /// At least one second: a zero deadline would fail every call.
+    pub fn driver_call_timeout(&self) -> Duration {
+        Duration::from_secs(self.driver_call_timeout.max(1))
+    }
 }
 
 /// Why sbxd could not start, or stopped with a failure.
@@ -217,6 +272,12 @@ pub enum DaemonError {
         /// What to try instead, when there is something.
         hint: &'static str,
     },
+    /// --driver-name was given without `--driver remote:SOCKET`, or is not a DNS-1123 label.
+    #[error("--driver-name {0:?}: {1}")]
+    DriverName(String, String),
+    /// The `sbxd driver` host failed to open its driver or to serve.
+    #[error("the driver host failed: {0}")]
+    DriverHost(#[source] DriverError),
     /// A --sim-fail entry names no driver operation.
     #[error("--sim-fail: unknown operation {0:?}; expected one of {1}")]
     UnknownSimOp(String, String),

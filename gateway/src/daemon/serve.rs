@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sbx_actors::{Config, DriverSet, Gateway};
+use sbx_drivers::ComputeDriver;
+use sbx_drivers::remote::{DriverHostArgs, run_driver_host, termination_signal};
 use sbx_storage::{ObjectStore, SledStore};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
@@ -19,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tracing_subscriber::EnvFilter;
 
-use super::{DaemonError, LogFormat, ServeArgs, drivers};
+use super::{DaemonError, DriverSpec, LogFormat, ServeArgs, drivers};
 use crate::service::{SbxService, set_health};
 
 /// How often startup logs how many sandboxes are still re-attaching.
@@ -38,10 +40,34 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
                 source,
             })?,
         );
-    let driver = drivers::open_driver(&args, &data_dir)?;
-    let driver_name = args.driver.name();
-    tracing::info!(data_dir = %data_dir.display(), driver = driver_name, "starting");
+    let opened = drivers::open_driver(&args, &data_dir).await?;
+    tracing::info!(
+        data_dir = %data_dir.display(),
+        driver = %args.driver,
+        name = %opened.name,
+        "starting"
+    );
+    let result = serve_on(args, store, &opened.name, opened.driver).await;
+    if let Some(managed) = opened.managed {
+        managed.shutdown().await;
+        tracing::info!("driver process stopped; its workloads left running");
+    }
+    result
+}
 
+/// How long startup waits for a managed driver process to answer before re-attaching.
+const MANAGED_DRIVER_READY: Duration = Duration::from_secs(30);
+/// How long startup waits for an operator's remote driver before re-attaching anyway (the
+/// actors retry, and the reconciler recovers sandboxes once it answers).
+const REMOTE_DRIVER_READY: Duration = Duration::from_secs(10);
+
+/// Serves the gateway over `driver` until a signal.
+async fn serve_on(
+    args: ServeArgs,
+    store: Arc<dyn ObjectStore>,
+    driver_name: &str,
+    driver: Arc<dyn ComputeDriver>,
+) -> Result<(), DaemonError> {
     // Signals first, so that a SIGTERM during startup is not lost (nor fatal by default).
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
@@ -71,8 +97,30 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
         source,
     })?;
 
+    let ready_limit = match &args.driver {
+        DriverSpec::InProcess(_) => None,
+        DriverSpec::Managed(_) => Some(MANAGED_DRIVER_READY),
+        DriverSpec::Remote(_) => Some(REMOTE_DRIVER_READY),
+    };
+    if let Some(limit) = ready_limit {
+        let ready = tokio::select! {
+            ready = drivers::wait_driver_ready(driver.as_ref(), limit) => ready,
+            _ = shutdown.cancelled() => false,
+        };
+        if ready {
+            tracing::info!(driver = %args.driver, "the driver answers");
+        } else {
+            tracing::warn!(
+                driver = %args.driver,
+                waited = ?limit,
+                "the driver does not answer yet; starting anyway (its sandboxes recover once it does)"
+            );
+        }
+    }
+
     let config = Config {
         reconcile_interval: args.reconcile_interval(),
+        driver_call_timeout: args.driver_call_timeout(),
         ..Config::default()
     };
     let gateway =
@@ -156,6 +204,18 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
     }
     tracing::info!(took = ?began.elapsed(), "stopped; sandboxes left running");
     result
+}
+
+/// `sbxd driver`: serves one driver on a Unix socket until SIGTERM or SIGINT.
+pub async fn run_driver(args: DriverHostArgs) -> Result<(), DaemonError> {
+    init_logging(LogFormat::Pretty);
+    let shutdown = termination_signal().map_err(DaemonError::DriverHost)?;
+    tracing::info!(backend = ?args.backend, socket = %args.socket.display(), "driver host starting");
+    run_driver_host(args, shutdown)
+        .await
+        .map_err(DaemonError::DriverHost)?;
+    tracing::info!("driver host stopped; workloads left running");
+    Ok(())
 }
 
 /// Waits until every sandbox loaded at startup has re-attached, logging progress.
