@@ -118,3 +118,66 @@ async fn remote_driver_lifecycle_outage_and_recovery() {
     let (_, status) = d.sigterm(Duration::from_secs(30));
     assert!(status.success(), "{}", d.log_text());
 }
+
+/// One data dir served in turn by `--driver process`, `--driver remote:SOCKET` and
+/// `--driver managed:process`: the sandbox (recorded under the driver name "process") is
+/// re-attached every time with the same generation and workload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_move_between_in_process_remote_and_managed() {
+    let data = DataDir::new();
+    let _managed_guard = remote_support::ManagedDriverGuard(data.path().to_path_buf());
+    let mut d = Sbxd::start(data.path(), "process", &[]);
+    let sb = d.sandboxes().await;
+    let id = create_sleeper(&sb, "mover").await;
+    let ready = settle(&sb, &id, Phase::Ready, SETTLE).await;
+    let pids = workload_pids(data.path(), &id);
+    assert_eq!(pids.len(), 1);
+    let (pid, start) = (pids[0], proc_start_time(pids[0]).unwrap());
+    drop(sb);
+    let (_, status) = d.sigterm(Duration::from_secs(30));
+    assert!(status.success());
+
+    let socket = data.path().join("mover.sock");
+    let mut host = DriverHost::start(data.path(), &socket);
+    let driver = format!("remote:{}", socket.display());
+    let mut d = Sbxd::start(data.path(), &driver, &[]);
+    let sb = d.sandboxes().await;
+    let s = get(&sb, &id).await;
+    assert_eq!(
+        (s.phase(), s.generation),
+        (Phase::Ready, ready.generation),
+        "{s:?}"
+    );
+    assert_eq!(
+        sh(&sb, &id, "echo r").await.unwrap(),
+        (0, "r\n".to_string())
+    );
+    drop(sb);
+    let (_, status) = d.sigterm(Duration::from_secs(30));
+    assert!(status.success());
+    let status = host.sigterm(Duration::from_secs(30));
+    assert!(status.success(), "{}", host.log_text());
+
+    let mut d = Sbxd::start(data.path(), "managed:process", &[]);
+    let sb = d.sandboxes().await;
+    let s = get(&sb, &id).await;
+    assert_eq!(
+        (s.phase(), s.generation),
+        (Phase::Ready, ready.generation),
+        "{s:?}"
+    );
+    assert_eq!(workload_pids(data.path(), &id), vec![pid]);
+    assert_eq!(proc_start_time(pid), Some(start), "never restarted");
+    let deleted = sb
+        .clone()
+        .delete_sandbox(DeleteSandboxRequest {
+            sandbox: by_id(&id),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(deleted.deleted);
+    assert_eq!(all_workload_pids(data.path()), Vec::<i32>::new(), "leaks");
+    let (_, status) = d.sigterm(Duration::from_secs(30));
+    assert!(status.success());
+}
