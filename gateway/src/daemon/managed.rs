@@ -166,7 +166,7 @@ impl Launcher {
 
 /// Keeps the driver running until `stop`, then stops it.
 async fn supervise(launcher: Launcher, mut child: Child, stop: CancellationToken) {
-    let mut backoff = RESTART_BACKOFF_MIN;
+    let mut backoff = RestartBackoff::default();
     let mut started = Instant::now();
     loop {
         let status = tokio::select! {
@@ -178,18 +178,15 @@ async fn supervise(launcher: Launcher, mut child: Child, stop: CancellationToken
             }
         };
         let up = started.elapsed();
-        if up >= RESTART_BACKOFF_RESET {
-            backoff = RESTART_BACKOFF_MIN;
-        }
-        tracing::warn!(status = ?status, up = ?up, restart_in = ?backoff, "driver process exited; restarting it");
+        let delay = backoff.after_exit(up);
+        tracing::warn!(status = ?status, up = ?up, restart_in = ?delay, "driver process exited; restarting it");
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(delay) => {}
             _ = stop.cancelled() => {
                 let _ = std::fs::remove_file(&launcher.paths.pid_file);
                 return;
             }
         }
-        backoff = next_backoff(backoff);
         loop {
             match launcher.spawn() {
                 Ok(next) => {
@@ -198,15 +195,43 @@ async fn supervise(launcher: Launcher, mut child: Child, stop: CancellationToken
                     break;
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, retry_in = ?backoff, "cannot restart the driver process");
+                    let delay = backoff.after_exit(Duration::ZERO);
+                    tracing::error!(error = %e, retry_in = ?delay, "cannot restart the driver process");
                     tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(delay) => {}
                         _ = stop.cancelled() => return,
                     }
-                    backoff = next_backoff(backoff);
                 }
             }
         }
+    }
+}
+
+/// The delays between restarts of a driver process.
+#[derive(Debug, Clone, Copy)]
+pub struct RestartBackoff {
+    /// The delay the next exit waits before its restart.
+    next: Duration,
+}
+
+impl Default for RestartBackoff {
+    fn default() -> Self {
+        RestartBackoff {
+            next: RESTART_BACKOFF_MIN,
+        }
+    }
+}
+
+impl RestartBackoff {
+    /// The delay before restarting a driver that exited after running for `up`: the minimum
+    /// again when it had stayed up [`RESTART_BACKOFF_RESET`], else the previous one doubled.
+    pub fn after_exit(&mut self, up: Duration) -> Duration {
+        if up >= RESTART_BACKOFF_RESET {
+            self.next = RESTART_BACKOFF_MIN;
+        }
+        let delay = self.next;
+        self.next = next_backoff(delay);
+        delay
     }
 }
 
@@ -335,6 +360,28 @@ mod tests {
         assert_eq!(seen[6], Duration::from_millis(6400));
         assert_eq!(seen[7], RESTART_BACKOFF_MAX);
         assert_eq!(*seen.last().unwrap(), RESTART_BACKOFF_MAX);
+    }
+
+    #[test]
+    fn restarts_back_off_and_reset_after_a_long_run() {
+        let mut b = RestartBackoff::default();
+        let quick = Duration::from_millis(50);
+        let delays: Vec<_> = (0..4).map(|_| b.after_exit(quick)).collect();
+        assert_eq!(
+            delays,
+            [100, 200, 400, 800].map(Duration::from_millis).to_vec()
+        );
+        for _ in 0..20 {
+            b.after_exit(quick);
+        }
+        assert_eq!(b.after_exit(quick), RESTART_BACKOFF_MAX);
+        // Up just under the reset: keeps backing off; up long enough: back to the minimum.
+        assert_eq!(
+            b.after_exit(RESTART_BACKOFF_RESET - Duration::from_millis(1)),
+            RESTART_BACKOFF_MAX
+        );
+        assert_eq!(b.after_exit(RESTART_BACKOFF_RESET), RESTART_BACKOFF_MIN);
+        assert_eq!(b.after_exit(quick), Duration::from_millis(200));
     }
 
     #[test]

@@ -40,6 +40,23 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
                 source,
             })?,
         );
+    // Signals first, so that a SIGTERM during startup is not lost (nor fatal by default,
+    // which would orphan a managed driver process).
+    let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let name = tokio::select! {
+                _ = sigterm.recv() => "SIGTERM",
+                _ = sigint.recv() => "SIGINT",
+            };
+            tracing::info!(signal = name, "shutting down");
+            shutdown.cancel();
+        });
+    }
+
     let opened = drivers::open_driver(&args, &data_dir).await?;
     tracing::info!(
         data_dir = %data_dir.display(),
@@ -47,7 +64,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
         name = %opened.name,
         "starting"
     );
-    let result = serve_on(args, store, &opened.name, opened.driver).await;
+    let result = serve_on(args, store, &opened.name, opened.driver, shutdown).await;
     if let Some(managed) = opened.managed {
         managed.shutdown().await;
         tracing::info!("driver process stopped; its workloads left running");
@@ -67,23 +84,8 @@ async fn serve_on(
     store: Arc<dyn ObjectStore>,
     driver_name: &str,
     driver: Arc<dyn ComputeDriver>,
+    shutdown: CancellationToken,
 ) -> Result<(), DaemonError> {
-    // Signals first, so that a SIGTERM during startup is not lost (nor fatal by default).
-    let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
-    let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
-    let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let name = tokio::select! {
-                _ = sigterm.recv() => "SIGTERM",
-                _ = sigint.recv() => "SIGINT",
-            };
-            tracing::info!(signal = name, "shutting down");
-            shutdown.cancel();
-        });
-    }
-
     // Bound before the actors start, so that a taken port fails fast; connections wait in the
     // backlog until the server runs, a moment later.
     let listener = TcpListener::bind(&args.listen)
