@@ -186,3 +186,41 @@ async fn new_sbxd_kills_the_stale_driver_and_takes_over() {
     assert!(status.success());
     assert!(!runs(new_pid, new_start), "the driver outlived sbxd");
 }
+
+/// After a SIGKILL of sbxd in managed mode, an sbxd with the driver in process
+/// (`--driver process`) also stops the orphaned driver (which holds the state dir's lock) and
+/// re-attaches the sandbox unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_sbxd_after_a_killed_managed_one_takes_over() {
+    let data = DataDir::new();
+    let _driver_guard = ManagedDriverGuard(data.path().to_path_buf());
+    let mut d = Sbxd::start(data.path(), MANAGED, &[]);
+    let sb = d.sandboxes().await;
+    let id = create_sleeper(&sb, "switch").await;
+    let ready = settle(&sb, &id, Phase::Ready, SETTLE).await;
+    let pid = workload_pids(data.path(), &id)[0];
+    let start = proc_start_time(pid).unwrap();
+    let (stale_pid, stale_start) = managed_driver(data.path()).expect("driver pid file");
+    d.sigkill();
+    drop(sb);
+    drop(d);
+    assert!(runs(stale_pid, stale_start), "the orphaned driver runs on");
+
+    let mut d = Sbxd::start(data.path(), "process", &[]);
+    assert!(
+        !runs(stale_pid, stale_start),
+        "the stale driver was stopped"
+    );
+    let sb = d.sandboxes().await;
+    let s = get(&sb, &id).await;
+    assert_eq!(
+        (s.phase(), s.generation),
+        (Phase::Ready, ready.generation),
+        "{s:?}"
+    );
+    assert_eq!(workload_pids(data.path(), &id), vec![pid]);
+    assert_eq!(proc_start_time(pid), Some(start));
+    delete_all(&sb, &data, std::slice::from_ref(&id)).await;
+    let (_, status) = d.sigterm(Duration::from_secs(30));
+    assert!(status.success());
+}

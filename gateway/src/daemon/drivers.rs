@@ -9,7 +9,7 @@ use sbx_drivers::process::{ProcessDriver, ProcessDriverOptions};
 use sbx_drivers::remote::RemoteDriver;
 use sbx_drivers::sim::{SimDriver, SimFaults, SimOp, SimWorld};
 
-use super::managed::{ManagedDriver, ManagedDriverPaths};
+use super::managed::{MAX_SOCKET_PATH, ManagedDriver, ManagedDriverPaths, stop_stale_driver};
 use super::{DaemonError, DriverKind, DriverSpec, ServeArgs};
 
 /// The data directory: the flag, else $XDG_STATE_HOME/sbx, else ~/.local/state/sbx.
@@ -57,14 +57,20 @@ pub async fn open_driver(args: &ServeArgs, data_dir: &Path) -> Result<OpenedDriv
             DaemonError::DriverName(args.driver_name.clone().unwrap_or_default(), why)
         })?;
     let (driver, managed) = match &args.driver {
-        DriverSpec::InProcess(kind) => (open_in_process(*kind, args, data_dir)?, None),
+        DriverSpec::InProcess(kind) => {
+            // An orphaned managed driver (its sbxd was SIGKILLed) would hold the state lock.
+            stop_stale_driver(&ManagedDriverPaths::new(data_dir, *kind)).await;
+            (open_in_process(*kind, args, data_dir)?, None)
+        }
         DriverSpec::Remote(socket) => {
+            check_socket_path(socket)?;
             let driver = RemoteDriver::connect_lazy(socket.clone(), args.driver_call_timeout());
             (Arc::new(driver) as Arc<dyn ComputeDriver>, None)
         }
         DriverSpec::Managed(kind) => {
             let paths = ManagedDriverPaths::new(data_dir, *kind);
             let socket = paths.socket.clone();
+            check_socket_path(&socket)?;
             let managed = ManagedDriver::start(paths, args.process_cgroup_parent.clone()).await?;
             let driver = RemoteDriver::connect_lazy(socket, args.driver_call_timeout());
             (Arc::new(driver) as Arc<dyn ComputeDriver>, Some(managed))
@@ -92,6 +98,18 @@ pub async fn wait_driver_ready(driver: &dyn ComputeDriver, limit: Duration) -> b
         }
         tokio::time::sleep(Duration::from_millis(50).min(left)).await;
     }
+}
+
+/// A socket path the kernel cannot bind or connect to is refused up front, clearly.
+fn check_socket_path(socket: &Path) -> Result<(), DaemonError> {
+    let len = socket.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(DaemonError::SocketPathTooLong {
+            path: socket.to_path_buf(),
+            len,
+        });
+    }
+    Ok(())
 }
 
 fn open_in_process(
@@ -161,6 +179,14 @@ mod tests {
             resolve_data_dir(None, None, None),
             Err(DaemonError::NoDataDir)
         ));
+    }
+
+    #[test]
+    fn socket_paths_longer_than_sun_path_are_refused() {
+        assert!(check_socket_path(Path::new("/run/sbx/process.sock")).is_ok());
+        let long = PathBuf::from(format!("/{}", "d".repeat(MAX_SOCKET_PATH)));
+        let err = check_socket_path(&long).unwrap_err().to_string();
+        assert!(err.contains("108") && err.contains("--data-dir"), "{err}");
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct ManagedDriverPaths {
     pub pid_file: PathBuf,
 }
 
+/// The longest Unix socket path the kernel takes (`sun_path` is 108 bytes, NUL included).
+pub const MAX_SOCKET_PATH: usize = 107;
+
 impl ManagedDriverPaths {
     pub fn new(data_dir: &Path, backend: DriverKind) -> ManagedDriverPaths {
         let drivers = data_dir.join("drivers");
@@ -92,9 +95,7 @@ impl ManagedDriver {
             path: paths.state_dir.clone(),
             source,
         })?;
-        let pid_file = paths.pid_file.clone();
-        // Polls /proc with short sleeps for a few seconds at most: off the runtime's workers.
-        let _ = tokio::task::spawn_blocking(move || kill_stale_driver(&pid_file)).await;
+        stop_stale_driver(&paths).await;
         let launcher = Launcher {
             exe,
             paths,
@@ -302,8 +303,17 @@ fn is_running(identity: &ProcessIdentity) -> bool {
     !matches!(state, Some("Z" | "X")) && read_identity(identity.pid).as_ref() == Some(identity)
 }
 
-/// Kills the driver a previous sbxd recorded, if that very process still runs. Blocks for at
-/// most about [`DRIVER_STOP_GRACE`] + 2 s.
+/// Kills the managed driver a previous sbxd recorded in `paths.pid_file`, if that very
+/// process still runs. Also used before opening the driver in process (`--driver process`),
+/// whose state-dir lock an orphaned managed driver would hold. Only call it while holding the
+/// store's lock (so no other sbxd on this data dir supervises that driver).
+pub async fn stop_stale_driver(paths: &ManagedDriverPaths) {
+    let pid_file = paths.pid_file.clone();
+    // Polls /proc with short sleeps for a few seconds at most: off the runtime's workers.
+    let _ = tokio::task::spawn_blocking(move || kill_stale_driver(&pid_file)).await;
+}
+
+/// [`stop_stale_driver`], blocking for at most about [`DRIVER_STOP_GRACE`] + 2 s.
 fn kill_stale_driver(pid_file: &Path) {
     let Ok(text) = std::fs::read_to_string(pid_file) else {
         return;

@@ -278,6 +278,13 @@ pub enum DaemonError {
     /// The `sbxd driver` host failed to open its driver or to serve.
     #[error("the driver host failed: {0}")]
     DriverHost(#[source] DriverError),
+    /// The driver's Unix socket path is too long for the kernel (a remote: socket, or a
+    /// managed driver's DATA/drivers/X.sock under a deep data dir).
+    #[error(
+        "the driver socket path {path} is {len} bytes; Unix sockets take at most 107 (108 with \
+         the NUL): use a shorter path (for managed drivers, a shorter --data-dir)"
+    )]
+    SocketPathTooLong { path: PathBuf, len: usize },
     /// A --sim-fail entry names no driver operation.
     #[error("--sim-fail: unknown operation {0:?}; expected one of {1}")]
     UnknownSimOp(String, String),
