@@ -1,36 +1,86 @@
-//! A driver decorator that remembers, for every sandbox id a driver was ever asked to create,
-//! the workspace and name the gateway sent — so a chaos check can tell, after the fact, which
-//! sandbox each destructive call really hit.
+//! A driver decorator that numbers every call it forwards and remembers, for every sandbox id
+//! a driver was asked to create, the workspace and name the gateway sent, and every stop and
+//! delete with its number — so a chaos check can tell, after the fact, which sandbox each
+//! destructive call really hit, and whether a client had asked for it by then.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use sbx_drivers::{ComputeDriver, DriverError, DriverStream, pb};
 
-/// Where a sandbox id belongs, as the gateway told the driver at create.
+/// Where a sandbox id belongs, as the gateway told the driver at its first create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
     pub workspace: String,
     pub name: String,
+    /// The number of that first create call.
+    pub created_at: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destructive {
+    Stop,
+    Delete,
+}
+
+/// One stop or delete the driver received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestructiveCall {
+    pub op: Destructive,
+    pub sandbox_id: String,
+    /// Its number in the order of all calls.
+    pub seq: u64,
+}
+
+#[derive(Default)]
+pub struct Recording {
+    /// Numbers calls; also read by clients to date their requests on the same clock.
+    pub clock: AtomicU64,
+    pub placements: Mutex<HashMap<String, Placement>>,
+    pub destructive: Mutex<Vec<DestructiveCall>>,
+}
+
+impl Recording {
+    /// The current position of the call clock.
+    pub fn now(&self) -> u64 {
+        self.clock.load(Ordering::SeqCst)
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn destructive(&self, op: Destructive, sandbox_id: &str) {
+        let seq = self.tick();
+        self.destructive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(DestructiveCall {
+                op,
+                sandbox_id: sandbox_id.to_string(),
+                seq,
+            });
+    }
 }
 
 pub struct RecordingDriver {
     inner: Arc<dyn ComputeDriver>,
-    placements: Arc<Mutex<HashMap<String, Placement>>>,
+    recording: Arc<Recording>,
 }
 
 impl RecordingDriver {
     pub fn new(inner: Arc<dyn ComputeDriver>) -> Self {
         RecordingDriver {
             inner,
-            placements: Arc::default(),
+            recording: Arc::default(),
         }
     }
 
-    /// A handle on the placements that stays usable after the driver is handed away.
-    pub fn placements(&self) -> Arc<Mutex<HashMap<String, Placement>>> {
-        Arc::clone(&self.placements)
+    /// A handle on the recording that stays usable after the driver is handed away.
+    pub fn recording(&self) -> Arc<Recording> {
+        Arc::clone(&self.recording)
     }
 }
 
@@ -40,25 +90,30 @@ impl ComputeDriver for RecordingDriver {
         self.inner.capabilities().await
     }
     async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        self.placements
+        let seq = self.recording.tick();
+        self.recording
+            .placements
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                req.sandbox_id.clone(),
-                Placement {
-                    workspace: req.workspace.clone(),
-                    name: req.name.clone(),
-                },
-            );
+            .entry(req.sandbox_id.clone())
+            .or_insert(Placement {
+                workspace: req.workspace.clone(),
+                name: req.name.clone(),
+                created_at: seq,
+            });
         self.inner.create(req).await
     }
     async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
         self.inner.start(req).await
     }
     async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
+        self.recording
+            .destructive(Destructive::Stop, &req.sandbox_id);
         self.inner.stop(req).await
     }
     async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
+        self.recording
+            .destructive(Destructive::Delete, &req.sandbox_id);
         self.inner.delete(req).await
     }
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {

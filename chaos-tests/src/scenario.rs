@@ -11,14 +11,14 @@ use std::time::Duration;
 use sbx_actors::{
     ActorError, Config, DriverSet, Gateway, RestartPolicy, SandboxSelector, WorkspaceSelector,
 };
-use sbx_drivers::sim::{SimDriver, SimFaultHandle, SimFaults, SimOp, SimWorld};
+use sbx_drivers::sim::{SimDriver, SimFaultHandle, SimFaults, SimWorld};
 use sbx_drivers::{ComputeDriver, pb};
 use sbx_proto::v1::{DesiredState, Phase, Sandbox, SandboxSpec};
 use sbx_storage::{Kind, ListQuery, ObjectStore, Scope, SledStore};
 use tokio::sync::RwLock;
 use uuid::Uuid;
 
-use crate::recording::{Placement, RecordingDriver};
+use crate::recording::{Destructive, Recording, RecordingDriver};
 use crate::rng::Rng;
 
 #[derive(Debug, Clone)]
@@ -75,12 +75,67 @@ struct Ledger {
     /// id → (workspace, name) of every acknowledged create.
     created: HashMap<Uuid, (String, String)>,
     deleted_ids: HashSet<Uuid>,
-    /// Requests that may legitimately delete a sandbox, by what they named.
-    delete_requested_ids: HashSet<Uuid>,
-    delete_requested_names: HashSet<(String, String)>,
-    delete_requested_workspaces: HashSet<String>,
-    stop_requested_ids: HashSet<Uuid>,
-    stop_requested_names: HashSet<(String, String)>,
+    /// Every stop, restart and delete a client sent, with when, on the driver's call clock.
+    requests: Vec<Request>,
+}
+
+/// A request that may legitimately make the driver stop or delete a sandbox.
+#[derive(Debug, Clone)]
+struct Request {
+    /// Delete for deletes (of a sandbox or a whole workspace); Stop for stops and restarts.
+    op: Destructive,
+    target: Target,
+    /// The driver's call clock when the request was sent and when it was answered; a request
+    /// that was not acknowledged may still take effect later (its intent is persisted), so
+    /// its `answered` is `u64::MAX`.
+    sent: u64,
+    answered: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    Id(Uuid),
+    Name(String, String),
+    Workspace(String),
+}
+
+impl Ledger {
+    /// Whether some request could have made the driver `op` sandbox `id` (placed at
+    /// `workspace/name` by a create numbered `created_at`) with the call numbered `seq`: it
+    /// named that sandbox, by id, by name or by its workspace; it was sent before the call; and
+    /// (for names) it was still unanswered when that sandbox existed.
+    fn explains(
+        &self,
+        op: Destructive,
+        id: Uuid,
+        workspace: &str,
+        name: &str,
+        created_at: u64,
+        seq: u64,
+    ) -> bool {
+        self.requests.iter().any(|r| {
+            r.op == op
+                && r.sent < seq
+                && match &r.target {
+                    Target::Id(target) => *target == id,
+                    Target::Name(ws, n) => ws == workspace && n == name && r.answered >= created_at,
+                    Target::Workspace(ws) => ws == workspace && r.answered >= created_at,
+                }
+        })
+    }
+
+    /// Whether a delete was ever asked that covers this acknowledged sandbox.
+    fn delete_asked(&self, id: Uuid, workspace: &str, name: &str) -> bool {
+        self.deleted_ids.contains(&id)
+            || self.requests.iter().any(|r| {
+                r.op == Destructive::Delete
+                    && match &r.target {
+                        Target::Id(target) => *target == id,
+                        Target::Name(ws, n) => ws == workspace && n == name,
+                        Target::Workspace(ws) => ws == workspace,
+                    }
+            })
+    }
 }
 
 struct Harness {
@@ -90,7 +145,7 @@ struct Harness {
     world: SimWorld,
     faults: SimFaultHandle,
     driver: Arc<dyn ComputeDriver>,
-    placements: Arc<Mutex<HashMap<String, Placement>>>,
+    recording: Arc<Recording>,
     ledger: Mutex<Ledger>,
     report: Mutex<ChaosReport>,
 }
@@ -138,7 +193,7 @@ async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
     let sim = SimDriver::new(world.clone(), SimFaults::seeded(cfg.seed));
     let faults = sim.faults();
     let recording = RecordingDriver::new(Arc::new(sim));
-    let placements = recording.placements();
+    let calls = recording.recording();
     let driver: Arc<dyn ComputeDriver> = Arc::new(recording);
     let gw = start_gateway(&store, &driver).await?;
     let h = Arc::new(Harness {
@@ -152,7 +207,7 @@ async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
         world,
         faults,
         driver,
-        placements,
+        recording: calls,
         ledger: Mutex::default(),
     });
     for i in 0..h.cfg.workspaces {
@@ -323,49 +378,40 @@ async fn perform(h: &Harness, op: &Op) -> Result<bool, String> {
         },
         Op::ById { kind, id } => {
             let sel = SandboxSelector::Id(*id);
-            {
-                let mut ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
-                match kind {
-                    Cmd::Delete => drop(ledger.delete_requested_ids.insert(*id)),
-                    Cmd::Stop | Cmd::Restart => drop(ledger.stop_requested_ids.insert(*id)),
-                    _ => {}
-                }
-            }
-            command(h, &gw, *kind, &sel, Some(*id)).await
+            let sent = h.recording.now();
+            let result = command(h, &gw, *kind, &sel, Some(*id)).await;
+            note_request(h, *kind, Target::Id(*id), sent, matches!(result, Ok(true)));
+            result
         }
         Op::ByName { kind, ws, name } => {
-            {
-                let mut ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
-                match kind {
-                    Cmd::Delete => drop(
-                        ledger
-                            .delete_requested_names
-                            .insert((ws.clone(), name.clone())),
-                    ),
-                    Cmd::Stop | Cmd::Restart => drop(
-                        ledger
-                            .stop_requested_names
-                            .insert((ws.clone(), name.clone())),
-                    ),
-                    _ => {}
-                }
-            }
             let sel = SandboxSelector::Name {
                 workspace: Some(ws.clone()),
                 name: name.clone(),
             };
-            command(h, &gw, *kind, &sel, None).await
+            let sent = h.recording.now();
+            let result = command(h, &gw, *kind, &sel, None).await;
+            note_request(
+                h,
+                *kind,
+                Target::Name(ws.clone(), name.clone()),
+                sent,
+                matches!(result, Ok(true)),
+            );
+            result
         }
         Op::DeleteWorkspace { ws } => {
-            h.ledger
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .delete_requested_workspaces
-                .insert(ws.clone());
-            match gw
+            let sent = h.recording.now();
+            let result = gw
                 .delete_workspace(&WorkspaceSelector::Name(ws.clone()), true)
-                .await
-            {
+                .await;
+            note_request(
+                h,
+                Cmd::Delete,
+                Target::Workspace(ws.clone()),
+                sent,
+                result.is_ok(),
+            );
+            match result {
                 Ok(_) => {
                     let _ = gw.create_workspace(ws, HashMap::new()).await;
                     Ok(true)
@@ -385,6 +431,30 @@ async fn perform(h: &Harness, op: &Op) -> Result<bool, String> {
             }
         }
     }
+}
+
+/// Records a stop, restart or delete request once it is answered (or failed).
+fn note_request(h: &Harness, kind: Cmd, target: Target, sent: u64, acknowledged: bool) {
+    let op = match kind {
+        Cmd::Delete => Destructive::Delete,
+        Cmd::Stop | Cmd::Restart => Destructive::Stop,
+        Cmd::Start | Cmd::Get => return,
+    };
+    let answered = if acknowledged {
+        h.recording.now()
+    } else {
+        u64::MAX
+    };
+    h.ledger
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .requests
+        .push(Request {
+            op,
+            target,
+            sent,
+            answered,
+        });
 }
 
 async fn command(
@@ -651,59 +721,50 @@ async fn check_invariants(h: &Harness) -> Result<(), String> {
     // 1. Every acknowledged create exists, unless a delete that could cover it was asked for.
     for (id, (ws, name)) in &ledger.created {
         checks += 1;
-        let excused = ledger.deleted_ids.contains(id)
-            || ledger.delete_requested_ids.contains(id)
-            || ledger
-                .delete_requested_names
-                .contains(&(ws.clone(), name.clone()))
-            || ledger.delete_requested_workspaces.contains(ws);
-        if !ids.contains(id) && !excused {
+        if !ids.contains(id) && !ledger.delete_asked(*id, ws, name) {
             return Err(format!(
                 "acknowledged sandbox {ws}/{name} ({id}) is gone and nobody deleted it"
             ));
         }
     }
-    // 2. Every destructive driver call hit a sandbox a client asked about.
+    // 2. Every stop and delete the driver received hit a sandbox that a client had asked, by
+    //    then, to stop or delete — by id, by its own (workspace, name), or by its workspace.
     let placements = h
+        .recording
         .placements
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
+    let calls = h
+        .recording
+        .destructive
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     let mut unverified = 0;
-    for entry in h.world.audit() {
-        if !matches!(entry.op, SimOp::Delete | SimOp::Stop) {
-            continue;
-        }
+    for call in calls {
         checks += 1;
-        let Ok(id) = Uuid::parse_str(&entry.sandbox_id) else {
+        let Ok(id) = Uuid::parse_str(&call.sandbox_id) else {
             return Err(format!(
-                "a driver call carried a malformed sandbox id: {entry:?}"
+                "a driver call carried a malformed sandbox id: {call:?}"
             ));
         };
-        let placement = placements
-            .get(&entry.sandbox_id)
-            .map(|p| (p.workspace.clone(), p.name.clone()))
-            .or_else(|| ledger.created.get(&id).cloned());
-        let Some((ws, name)) = placement else {
+        let Some(placed) = placements.get(&call.sandbox_id) else {
+            // Never created in the driver: the call could not have hit a workload.
             unverified += 1;
             continue;
         };
-        let key = (ws.clone(), name.clone());
-        let legit = match entry.op {
-            SimOp::Delete => {
-                ledger.delete_requested_ids.contains(&id)
-                    || ledger.delete_requested_names.contains(&key)
-                    || ledger.delete_requested_workspaces.contains(&ws)
-            }
-            _ => {
-                ledger.stop_requested_ids.contains(&id)
-                    || ledger.stop_requested_names.contains(&key)
-            }
-        };
-        if !legit {
+        if !ledger.explains(
+            call.op,
+            id,
+            &placed.workspace,
+            &placed.name,
+            placed.created_at,
+            call.seq,
+        ) {
             return Err(format!(
-                "the driver was asked to {:?} sandbox {ws}/{name} ({id}), which no client asked to",
-                entry.op
+                "the driver was asked to {:?} sandbox {}/{} ({id}) at call {}, and no client had asked for that",
+                call.op, placed.workspace, placed.name, call.seq
             ));
         }
     }
