@@ -1,0 +1,753 @@
+//! Process-level chaos: the real `sbxd serve --driver managed:process` on 127.0.0.1:0, tonic
+//! clients doing random lifecycle operations across workspaces that reuse the same sandbox
+//! names (workload `sleep infinity`), while a seeded injector SIGKILLs the managed driver
+//! process and SIGKILLs sbxd (starting it again on the same data dir). Then quiesce and check:
+//! acknowledged creates survive unless a delete covered them, no sandbox in a deleted
+//! workspace, names unique per workspace, every Ready sandbox has exactly one live workload and
+//! every live workload has a record; finally delete everything and check that no process,
+//! cgroup (under the run's own parent) or mount (under the data dir) is left.
+//!
+//! Needs root and `cargo build -p sbx-gateway --bin sbxd` first. CI: seeds 1 and 2. More:
+//! `SBX_CHAOS_PROCESS_ROUNDS=10`; replay one: `SBX_CHAOS_SEED=N`.
+
+mod process_support;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use process_support::{
+    Cleanup, Daemon, cgroups_under, managed_driver, mounts_under, runs, sbxd_binary,
+    workloads_by_sandbox,
+};
+use sbx_chaos_tests::rng::Rng;
+use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
+use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
+use sbx_proto::v1::{
+    CreateSandboxRequest, CreateWorkspaceRequest, DeleteSandboxRequest, DeleteWorkspaceRequest,
+    DesiredState, GetSandboxRequest, ListSandboxesRequest, ListWorkspacesRequest, Phase,
+    RestartSandboxRequest, Sandbox, SandboxRef, SandboxSpec, StartSandboxRequest,
+    StopSandboxRequest, WorkspaceRef,
+};
+use tokio::sync::RwLock;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const WORKSPACES: usize = 3;
+const NAMES: usize = 3;
+const CLIENTS: usize = 3;
+/// How long clients run (and faults are injected) per seed.
+const DURATION: Duration = Duration::from_secs(12);
+/// Bound of one client call (a driver call times out after 3 s and is retried a few times).
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+/// Bound of the wait for every sandbox to settle once faults stop.
+const QUIESCE: Duration = Duration::from_secs(60);
+
+/// What clients asked for and what was acknowledged.
+#[derive(Default)]
+struct Ledger {
+    /// id → (workspace, name) of every acknowledged create.
+    created: HashMap<String, (String, String)>,
+    deleted_ids: HashSet<String>,
+    delete_requested_ids: HashSet<String>,
+    delete_requested_names: HashSet<(String, String)>,
+    delete_requested_workspaces: HashSet<String>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Report {
+    seed: u64,
+    ops: u64,
+    acknowledged: u64,
+    /// Refusals a client of a faulty system must expect, by gRPC code.
+    refused: BTreeMap<String, u64>,
+    creates_acknowledged: u64,
+    deletes_acknowledged: u64,
+    faults: BTreeMap<&'static str, u64>,
+    checks: u64,
+    /// Sandboxes alive at the end of the fault phase (all deleted by the final clean-up).
+    sandboxes_at_end: usize,
+    duration: Duration,
+}
+
+struct Run {
+    seed: u64,
+    data: PathBuf,
+    cgroup_parent: String,
+    sbxd: PathBuf,
+    daemon: RwLock<Daemon>,
+    /// The endpoint clients use; replaced (under the write lock) when sbxd restarts.
+    endpoint: std::sync::RwLock<String>,
+    starts: Mutex<u64>,
+    ledger: Mutex<Ledger>,
+    report: Mutex<Report>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn ws_name(i: usize) -> String {
+    format!("ws-{i}")
+}
+
+fn sb_name(i: usize) -> String {
+    format!("sb-{i}")
+}
+
+fn by_id(id: &str) -> Option<SandboxRef> {
+    Some(SandboxRef {
+        id: id.into(),
+        ..Default::default()
+    })
+}
+
+fn by_name(ws: &str, name: &str) -> Option<SandboxRef> {
+    Some(SandboxRef {
+        workspace: ws.into(),
+        name: name.into(),
+        ..Default::default()
+    })
+}
+
+fn channel(endpoint: &str) -> Result<Channel, String> {
+    Ok(Channel::from_shared(endpoint.to_string())
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .connect_lazy())
+}
+
+fn clients(
+    run: &Run,
+) -> Result<
+    (
+        SandboxServiceClient<Channel>,
+        WorkspaceServiceClient<Channel>,
+    ),
+    String,
+> {
+    let endpoint = run
+        .endpoint
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let ch = channel(&endpoint)?;
+    Ok((
+        SandboxServiceClient::new(ch.clone()),
+        WorkspaceServiceClient::new(ch),
+    ))
+}
+
+fn spec() -> Option<SandboxSpec> {
+    Some(SandboxSpec {
+        command: vec!["sleep".into(), "infinity".into()],
+        ..Default::default()
+    })
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create { ws: String, name: String },
+    ById { cmd: Cmd, id: String },
+    ByName { cmd: Cmd, ws: String, name: String },
+    DeleteWorkspace { ws: String },
+    List { ws: String },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Cmd {
+    Start,
+    Stop,
+    Restart,
+    Delete,
+    Get,
+}
+
+fn pick_op(run: &Run, rng: &mut Rng) -> Op {
+    let ws = ws_name(rng.below(WORKSPACES as u64) as usize);
+    let name = sb_name(rng.below(NAMES as u64) as usize);
+    let mut known: Vec<String> = lock(&run.ledger).created.keys().cloned().collect();
+    known.sort();
+    let cmd = [Cmd::Start, Cmd::Stop, Cmd::Restart, Cmd::Delete, Cmd::Get][rng.below(5) as usize];
+    match rng.below(100) {
+        0..35 => Op::Create { ws, name },
+        35..65 if !known.is_empty() => Op::ById {
+            cmd,
+            id: known[rng.below(known.len() as u64) as usize].clone(),
+        },
+        35..88 => Op::ByName { cmd, ws, name },
+        88..91 => Op::DeleteWorkspace { ws },
+        _ => Op::List { ws },
+    }
+}
+
+/// The outcome of a call: acknowledged, or refused in a way a client of a faulty system must
+/// expect. Anything else is a violation (`Err`).
+fn judge<T>(run: &Run, result: Result<T, tonic::Status>) -> Result<Option<T>, String> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(status) => match status.code() {
+            Code::NotFound
+            | Code::AlreadyExists
+            | Code::FailedPrecondition
+            | Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Aborted
+            // A connection cut by SIGKILL of sbxd mid-call surfaces as Unknown.
+            | Code::Unknown => {
+                *lock(&run.report)
+                    .refused
+                    .entry(format!("{:?}", status.code()))
+                    .or_default() += 1;
+                Ok(None)
+            }
+            _ => Err(format!("unexpected answer: {status:?}")),
+        },
+    }
+}
+
+async fn bounded<T>(
+    fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+        Ok(r) => r.map(tonic::Response::into_inner),
+        Err(_) => Err(tonic::Status::deadline_exceeded("client-side bound")),
+    }
+}
+
+/// Performs one operation and records it; `Ok(true)` when acknowledged.
+async fn perform(run: &Run, op: &Op) -> Result<bool, String> {
+    let (mut sb, mut ws_client) = clients(run)?;
+    match op {
+        Op::Create { ws, name } => {
+            let r = bounded(sb.create_sandbox(CreateSandboxRequest {
+                workspace: ws.clone(),
+                name: name.clone(),
+                spec: spec(),
+            }))
+            .await;
+            let missing_ws = matches!(&r, Err(s) if s.code() == Code::NotFound);
+            match judge(run, r)? {
+                Some(created) => {
+                    lock(&run.ledger)
+                        .created
+                        .insert(created.id, (ws.clone(), name.clone()));
+                    lock(&run.report).creates_acknowledged += 1;
+                    Ok(true)
+                }
+                None => {
+                    if missing_ws {
+                        // A client that finds its workspace gone makes it again.
+                        let _ = bounded(ws_client.create_workspace(CreateWorkspaceRequest {
+                            name: ws.clone(),
+                            ..Default::default()
+                        }))
+                        .await;
+                    }
+                    Ok(false)
+                }
+            }
+        }
+        Op::ById { cmd, id } => {
+            if let Cmd::Delete = cmd {
+                lock(&run.ledger).delete_requested_ids.insert(id.clone());
+            }
+            command(run, &mut sb, *cmd, by_id(id), Some(id)).await
+        }
+        Op::ByName { cmd, ws, name } => {
+            if let Cmd::Delete = cmd {
+                lock(&run.ledger)
+                    .delete_requested_names
+                    .insert((ws.clone(), name.clone()));
+            }
+            command(run, &mut sb, *cmd, by_name(ws, name), None).await
+        }
+        Op::DeleteWorkspace { ws } => {
+            lock(&run.ledger)
+                .delete_requested_workspaces
+                .insert(ws.clone());
+            let r = bounded(ws_client.delete_workspace(DeleteWorkspaceRequest {
+                workspace: Some(WorkspaceRef {
+                    name: ws.clone(),
+                    ..Default::default()
+                }),
+                cascade: true,
+            }))
+            .await;
+            let ok = judge(run, r)?.is_some();
+            if ok {
+                let _ = bounded(ws_client.create_workspace(CreateWorkspaceRequest {
+                    name: ws.clone(),
+                    ..Default::default()
+                }))
+                .await;
+            }
+            Ok(ok)
+        }
+        Op::List { ws } => {
+            let r = bounded(sb.list_sandboxes(ListSandboxesRequest {
+                workspace: ws.clone(),
+                page_size: 100,
+                ..Default::default()
+            }))
+            .await;
+            match judge(run, r)? {
+                Some(page) => {
+                    let mut seen = HashSet::new();
+                    for s in &page.sandboxes {
+                        if !seen.insert(s.name.clone()) {
+                            return Err(format!("list of {ws} shows {} twice", s.name));
+                        }
+                    }
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        }
+    }
+}
+
+async fn command(
+    run: &Run,
+    sb: &mut SandboxServiceClient<Channel>,
+    cmd: Cmd,
+    sandbox: Option<SandboxRef>,
+    id: Option<&String>,
+) -> Result<bool, String> {
+    let acknowledged = match cmd {
+        Cmd::Start => judge(
+            run,
+            bounded(sb.start_sandbox(StartSandboxRequest { sandbox })).await,
+        )?
+        .is_some(),
+        Cmd::Stop => judge(
+            run,
+            bounded(sb.stop_sandbox(StopSandboxRequest { sandbox })).await,
+        )?
+        .is_some(),
+        Cmd::Restart => judge(
+            run,
+            bounded(sb.restart_sandbox(RestartSandboxRequest { sandbox })).await,
+        )?
+        .is_some(),
+        Cmd::Get => judge(
+            run,
+            bounded(sb.get_sandbox(GetSandboxRequest { sandbox })).await,
+        )?
+        .is_some(),
+        Cmd::Delete => {
+            match judge(
+                run,
+                bounded(sb.delete_sandbox(DeleteSandboxRequest { sandbox })).await,
+            )? {
+                Some(answer) => {
+                    if answer.deleted {
+                        if let Some(id) = id {
+                            lock(&run.ledger).deleted_ids.insert(id.clone());
+                        }
+                        lock(&run.report).deletes_acknowledged += 1;
+                    }
+                    true
+                }
+                None => false,
+            }
+        }
+    };
+    Ok(acknowledged)
+}
+
+/// One client: random operations until the deadline, some sent twice at once.
+async fn client(run: Arc<Run>, index: usize, until: Instant) -> Result<(), String> {
+    let mut rng = Rng::new(run.seed ^ (0xC11E_u64 << 16) ^ index as u64);
+    // Bounded in count as well as time.
+    for _ in 0..5_000 {
+        if Instant::now() >= until {
+            break;
+        }
+        let op = pick_op(&run, &mut rng);
+        let duplicate = rng.chance(0.08);
+        let ok = if duplicate {
+            let (a, b) = tokio::join!(perform(&run, &op), perform(&run, &op));
+            a? | b?
+        } else {
+            perform(&run, &op).await?
+        };
+        {
+            let mut report = lock(&run.report);
+            report.ops += if duplicate { 2 } else { 1 };
+            report.acknowledged += ok as u64;
+        }
+        if !ok {
+            // Do not spin against a restarting sbxd.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
+
+fn count_fault(run: &Run, kind: &'static str) {
+    *lock(&run.report).faults.entry(kind).or_default() += 1;
+}
+
+/// SIGKILLs sbxd and starts it again on the same data dir; clients move to the new address.
+async fn restart_sbxd(run: &Run) -> Result<(), String> {
+    let mut daemon = run.daemon.write().await;
+    daemon.sigkill();
+    let n = {
+        let mut starts = lock(&run.starts);
+        *starts += 1;
+        *starts
+    };
+    let (sbxd, data, parent) = (
+        run.sbxd.clone(),
+        run.data.clone(),
+        run.cgroup_parent.clone(),
+    );
+    let fresh = tokio::task::spawn_blocking(move || Daemon::start(&sbxd, &data, &parent, n))
+        .await
+        .map_err(|e| e.to_string())??;
+    *run.endpoint.write().unwrap_or_else(|p| p.into_inner()) = fresh.endpoint();
+    *daemon = fresh;
+    Ok(())
+}
+
+/// Faults until `until`: the first two are one of each kind (in seeded order), then seeded.
+async fn inject_faults(run: Arc<Run>, until: Instant) -> Result<(), String> {
+    let mut rng = Rng::new(run.seed ^ 0xFA17);
+    let first_kill_driver = rng.chance(0.5);
+    for i in 0..100u32 {
+        tokio::time::sleep(Duration::from_millis(1_500 + rng.below(2_000))).await;
+        if Instant::now() >= until {
+            break;
+        }
+        let kill_driver = match i {
+            0 => first_kill_driver,
+            1 => !first_kill_driver,
+            _ => rng.chance(0.5),
+        };
+        if kill_driver {
+            if let Some((pid, start)) = managed_driver(&run.data)
+                && runs(pid, start)
+            {
+                kill(Pid::from_raw(pid), Signal::SIGKILL).map_err(|e| e.to_string())?;
+                count_fault(&run, "sigkill_driver");
+            }
+        } else {
+            restart_sbxd(&run).await?;
+            count_fault(&run, "sigkill_sbxd_and_restart");
+        }
+    }
+    Ok(())
+}
+
+async fn all_sandboxes(run: &Run) -> Result<Vec<Sandbox>, String> {
+    let (mut sb, _) = clients(run)?;
+    let mut out = Vec::new();
+    let mut token = String::new();
+    for _ in 0..100 {
+        let page = bounded(sb.list_sandboxes(ListSandboxesRequest {
+            all_workspaces: true,
+            page_size: 500,
+            page_token: token.clone(),
+            ..Default::default()
+        }))
+        .await
+        .map_err(|e| format!("list sandboxes: {e:?}"))?;
+        out.extend(page.sandboxes);
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        token = page.next_page_token;
+    }
+    Err("more than 100 pages of sandboxes".into())
+}
+
+/// Sandboxes not where their desired state says (Ready with one live workload, or stopped
+/// with none), with why.
+fn unsettled(data: &Path, sandboxes: &[Sandbox]) -> Vec<String> {
+    let pids: HashMap<String, Vec<i32>> = workloads_by_sandbox(data).into_iter().collect();
+    let mut out = Vec::new();
+    for s in sandboxes {
+        let live = pids.get(&s.id).map_or(0, Vec::len);
+        let ok = match s.desired_state() {
+            DesiredState::Running | DesiredState::Unspecified => {
+                s.phase() == Phase::Ready && live == 1
+            }
+            DesiredState::Stopped => {
+                matches!(s.phase(), Phase::Stopped | Phase::Completed | Phase::Error)
+                    && !(s.phase() == Phase::Error && s.reason.starts_with("Driver"))
+                    && live == 0
+            }
+            DesiredState::Deleted => false,
+        };
+        if !ok {
+            out.push(format!(
+                "{}/{} {} desired {:?} phase {:?} ({}: {}) workloads {live}",
+                s.workspace,
+                s.name,
+                s.id,
+                s.desired_state(),
+                s.phase(),
+                s.reason,
+                s.message
+            ));
+        }
+    }
+    out
+}
+
+async fn quiesce(run: &Run) -> Result<Vec<Sandbox>, String> {
+    let deadline = Instant::now() + QUIESCE;
+    loop {
+        let last = match all_sandboxes(run).await {
+            Ok(sandboxes) => {
+                let bad = unsettled(&run.data, &sandboxes);
+                if bad.is_empty() {
+                    return Ok(sandboxes);
+                }
+                format!("{bad:#?}")
+            }
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "not settled {QUIESCE:?} after the faults stopped: {last}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn check_invariants(run: &Run, sandboxes: &[Sandbox]) -> Result<u64, String> {
+    let mut checks = 0u64;
+    let (_, mut ws_client) = clients(run)?;
+    let workspaces = bounded(ws_client.list_workspaces(ListWorkspacesRequest {
+        page_size: 1000,
+        ..Default::default()
+    }))
+    .await
+    .map_err(|e| format!("list workspaces: {e:?}"))?
+    .workspaces;
+    let ws_ids: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+    let ids: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
+    let ledger = lock(&run.ledger);
+    // 1. Every acknowledged create exists, unless a delete that could cover it was asked for.
+    for (id, (ws, name)) in &ledger.created {
+        checks += 1;
+        let excused = ledger.deleted_ids.contains(id)
+            || ledger.delete_requested_ids.contains(id)
+            || ledger
+                .delete_requested_names
+                .contains(&(ws.clone(), name.clone()))
+            || ledger.delete_requested_workspaces.contains(ws);
+        if !ids.contains(id.as_str()) && !excused {
+            return Err(format!(
+                "acknowledged sandbox {ws}/{name} ({id}) is gone and nobody deleted it"
+            ));
+        }
+    }
+    // 2. No sandbox in a deleted workspace; no two live sandboxes share (workspace, name).
+    let mut names = HashSet::new();
+    for s in sandboxes {
+        checks += 2;
+        if !ws_ids.contains(s.workspace_id.as_str()) {
+            return Err(format!(
+                "sandbox {}/{} ({}) is in a deleted workspace {}",
+                s.workspace, s.name, s.id, s.workspace_id
+            ));
+        }
+        if !names.insert((s.workspace_id.clone(), s.name.clone())) {
+            return Err(format!(
+                "two live sandboxes are named {}/{}",
+                s.workspace, s.name
+            ));
+        }
+    }
+    // 3. Ready ⇒ exactly one live workload; every live workload belongs to a record.
+    let pids: HashMap<String, Vec<i32>> = workloads_by_sandbox(&run.data).into_iter().collect();
+    for s in sandboxes {
+        checks += 1;
+        let live = pids.get(&s.id).map_or(0, Vec::len);
+        if s.phase() == Phase::Ready && live != 1 {
+            return Err(format!("{} is Ready with {live} live workloads", s.id));
+        }
+    }
+    for (id, live) in &pids {
+        checks += 1;
+        if !live.is_empty() && !ids.contains(id.as_str()) {
+            return Err(format!("workload {live:?} of {id} runs without a record"));
+        }
+    }
+    Ok(checks)
+}
+
+/// Deletes every workspace (cascade) and checks that nothing is left: no workload, no cgroup
+/// under the run's parent, no mount under the data dir; then stops sbxd and its driver.
+async fn delete_everything(run: &Run) -> Result<u64, String> {
+    let (_, mut ws_client) = clients(run)?;
+    let workspaces = bounded(ws_client.list_workspaces(ListWorkspacesRequest {
+        page_size: 1000,
+        ..Default::default()
+    }))
+    .await
+    .map_err(|e| format!("list workspaces: {e:?}"))?
+    .workspaces;
+    // The default workspace cannot be deleted; no client makes sandboxes in it.
+    for w in workspaces.into_iter().filter(|w| w.name != "default") {
+        bounded(ws_client.delete_workspace(DeleteWorkspaceRequest {
+            workspace: Some(WorkspaceRef {
+                id: w.id.clone(),
+                ..Default::default()
+            }),
+            cascade: true,
+        }))
+        .await
+        .map_err(|e| format!("delete workspace {}: {e:?}", w.name))?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let sandboxes = all_sandboxes(run).await?;
+        let workloads: Vec<_> = workloads_by_sandbox(&run.data)
+            .into_iter()
+            .filter(|(_, p)| !p.is_empty())
+            .collect();
+        let cgroups = cgroups_under(&run.cgroup_parent);
+        let mounts = mounts_under(&run.data);
+        if sandboxes.is_empty() && workloads.is_empty() && cgroups.is_empty() && mounts.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "left after deleting everything: {} sandboxes, workloads {workloads:?}, \
+                 cgroups {cgroups:?}, mounts {mounts:?}",
+                sandboxes.len()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let driver = managed_driver(&run.data);
+    let mut daemon = run.daemon.write().await;
+    if !daemon.sigterm(Duration::from_secs(20)) {
+        return Err(format!(
+            "sbxd did not exit within 20 s of SIGTERM; log {}",
+            daemon.log.display()
+        ));
+    }
+    if let Some((pid, start)) = driver {
+        let began = Instant::now();
+        while runs(pid, start) {
+            if began.elapsed() > Duration::from_secs(10) {
+                return Err(format!("the managed driver {pid} outlived sbxd's SIGTERM"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(4)
+}
+
+async fn run_seed(seed: u64) -> Result<Report, String> {
+    let began = Instant::now();
+    let sbxd = sbxd_binary()?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let data = dir.path().to_path_buf();
+    let cgroup_parent = format!(
+        "sbx-chaos-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let _cleanup = Cleanup {
+        data: data.clone(),
+        cgroup_parent: cgroup_parent.clone(),
+    };
+    let daemon = {
+        let (sbxd, data, parent) = (sbxd.clone(), data.clone(), cgroup_parent.clone());
+        tokio::task::spawn_blocking(move || Daemon::start(&sbxd, &data, &parent, 0))
+            .await
+            .map_err(|e| e.to_string())??
+    };
+    let run = Arc::new(Run {
+        seed,
+        endpoint: std::sync::RwLock::new(daemon.endpoint()),
+        daemon: RwLock::new(daemon),
+        data,
+        cgroup_parent,
+        sbxd,
+        starts: Mutex::new(0),
+        ledger: Mutex::default(),
+        report: Mutex::new(Report {
+            seed,
+            ..Default::default()
+        }),
+    });
+    let (_, mut ws_client) = clients(&run)?;
+    for i in 0..WORKSPACES {
+        bounded(ws_client.create_workspace(CreateWorkspaceRequest {
+            name: ws_name(i),
+            ..Default::default()
+        }))
+        .await
+        .map_err(|e| format!("create workspace: {e:?}"))?;
+    }
+    let until = Instant::now() + DURATION;
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|c| tokio::spawn(client(Arc::clone(&run), c, until)))
+        .collect();
+    let injector = tokio::spawn(inject_faults(Arc::clone(&run), until));
+    for t in tasks {
+        t.await.map_err(|e| format!("a client panicked: {e}"))??;
+    }
+    injector
+        .await
+        .map_err(|e| format!("the injector panicked: {e}"))??;
+
+    let settled = quiesce(&run).await?;
+    let mut checks = check_invariants(&run, &settled).await?;
+    checks += delete_everything(&run).await?;
+    let mut report = lock(&run.report).clone();
+    report.checks = checks;
+    report.sandboxes_at_end = settled.len();
+    report.duration = began.elapsed();
+    Ok(report)
+}
+
+fn seeds() -> Vec<u64> {
+    if let Some(seed) = std::env::var("SBX_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return vec![seed];
+    }
+    let rounds: u64 = std::env::var("SBX_CHAOS_PROCESS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    (1..=rounds).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_driver_and_sbxd_keep_every_invariant() {
+    for seed in seeds() {
+        let report = run_seed(seed).await.unwrap_or_else(|e| {
+            panic!("process chaos seed {seed}: {e}\nreplay with SBX_CHAOS_SEED={seed}")
+        });
+        eprintln!("process chaos seed {}: {report:?}", report.seed);
+        assert!(report.checks > 0, "seed {seed}: nothing was checked");
+        assert!(
+            report.acknowledged > 0,
+            "seed {seed}: nothing was acknowledged"
+        );
+        assert!(
+            report.creates_acknowledged > 0,
+            "seed {seed}: no create was acknowledged"
+        );
+        for kind in ["sigkill_driver", "sigkill_sbxd_and_restart"] {
+            assert!(
+                report.faults.get(kind).copied().unwrap_or(0) > 0,
+                "seed {seed}: no {kind} fault: {report:?}"
+            );
+        }
+    }
+}
