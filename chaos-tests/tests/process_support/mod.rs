@@ -3,6 +3,8 @@
 //! driver's pid file, the process driver's workload pids, cgroups and mounts. Everything this
 //! module starts is killed by pid; nothing is found by name.
 
+pub mod checks;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
