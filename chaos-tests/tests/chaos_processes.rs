@@ -20,14 +20,14 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use process_support::checks::{check_invariants, delete_everything, quiesce};
-use process_support::{Cleanup, Daemon, managed_driver, runs, sbxd_binary};
+use process_support::{Cleanup, Daemon, managed_driver, runs, sbxd_binary, workload_pids};
 use sbx_chaos_tests::rng::Rng;
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use sbx_proto::v1::{
     CreateSandboxRequest, CreateWorkspaceRequest, DeleteSandboxRequest, DeleteWorkspaceRequest,
-    GetSandboxRequest, ListSandboxesRequest, RestartSandboxRequest, SandboxRef, SandboxSpec,
-    StartSandboxRequest, StopSandboxRequest, WorkspaceRef,
+    GetSandboxRequest, ListSandboxesRequest, Phase, RestartSandboxRequest, Sandbox, SandboxRef,
+    SandboxSpec, StartSandboxRequest, StopSandboxRequest, WorkspaceRef,
 };
 use tokio::sync::RwLock;
 use tonic::Code;
@@ -67,6 +67,8 @@ struct Report {
     checks: u64,
     /// Sandboxes alive at the end of the fault phase (all deleted by the final clean-up).
     sandboxes_at_end: usize,
+    /// Of those, Ready (each checked to have exactly one live workload).
+    ready_at_end: usize,
     duration: Duration,
 }
 
@@ -441,6 +443,38 @@ async fn inject_faults(run: Arc<Run>, until: Instant) -> Result<(), String> {
     Ok(())
 }
 
+/// Once settled, SIGKILL the driver and then sbxd, start sbxd again: every Ready sandbox is
+/// Ready again on the very same workload process (re-attached, not restarted).
+async fn workloads_survive_both_kills(run: &Run, settled: &[Sandbox]) -> Result<u64, String> {
+    let before: Vec<(String, Vec<i32>)> = settled
+        .iter()
+        .filter(|s| s.phase() == Phase::Ready)
+        .map(|s| (s.id.clone(), workload_pids(&run.data, &s.id)))
+        .collect();
+    if let Some((pid, start)) = managed_driver(&run.data)
+        && runs(pid, start)
+    {
+        kill(Pid::from_raw(pid), Signal::SIGKILL).map_err(|e| e.to_string())?;
+    }
+    restart_sbxd(run).await?;
+    let after = quiesce(run).await?;
+    let mut checks = 0;
+    for (id, pids) in &before {
+        checks += 1;
+        let now = workload_pids(&run.data, id);
+        let ready = after
+            .iter()
+            .any(|s| &s.id == id && s.phase() == Phase::Ready);
+        if !ready || &now != pids {
+            return Err(format!(
+                "after SIGKILL of the driver and sbxd, {id} (workloads {pids:?}) is ready: \
+                 {ready}, workloads {now:?}"
+            ));
+        }
+    }
+    Ok(checks)
+}
+
 async fn run_seed(seed: u64) -> Result<Report, String> {
     let began = Instant::now();
     let sbxd = sbxd_binary()?;
@@ -497,10 +531,13 @@ async fn run_seed(seed: u64) -> Result<Report, String> {
 
     let settled = quiesce(&run).await?;
     let mut checks = check_invariants(&run, &settled).await?;
+    let ready_at_end = settled.iter().filter(|s| s.phase() == Phase::Ready).count();
+    checks += workloads_survive_both_kills(&run, &settled).await?;
     checks += delete_everything(&run).await?;
     let mut report = lock(&run.report).clone();
     report.checks = checks;
     report.sandboxes_at_end = settled.len();
+    report.ready_at_end = ready_at_end;
     report.duration = began.elapsed();
     Ok(report)
 }
