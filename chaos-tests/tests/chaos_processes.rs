@@ -475,8 +475,9 @@ async fn workloads_survive_both_kills(run: &Run, settled: &[Sandbox]) -> Result<
     Ok(checks)
 }
 
-async fn run_seed(seed: u64) -> Result<Report, String> {
-    let began = Instant::now();
+/// Starts sbxd on a fresh data dir and cgroup parent, with the scenario's workspaces. Drop
+/// the answer in reverse order (run, clean-up, dir): sbxd dies before the safety net runs.
+async fn start_run(seed: u64) -> Result<(tempfile::TempDir, Cleanup, Arc<Run>), String> {
     let sbxd = sbxd_binary()?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let data = dir.path().to_path_buf();
@@ -484,7 +485,7 @@ async fn run_seed(seed: u64) -> Result<Report, String> {
         "sbx-chaos-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     );
-    let _cleanup = Cleanup {
+    let cleanup = Cleanup {
         data: data.clone(),
         cgroup_parent: cgroup_parent.clone(),
     };
@@ -517,6 +518,12 @@ async fn run_seed(seed: u64) -> Result<Report, String> {
         .await
         .map_err(|e| format!("create workspace: {e:?}"))?;
     }
+    Ok((dir, cleanup, run))
+}
+
+async fn run_seed(seed: u64) -> Result<Report, String> {
+    let began = Instant::now();
+    let (_dir, _cleanup, run) = start_run(seed).await?;
     let until = Instant::now() + DURATION;
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|c| tokio::spawn(client(Arc::clone(&run), c, until)))
@@ -579,4 +586,44 @@ async fn sigkilled_driver_and_sbxd_keep_every_invariant() {
             );
         }
     }
+}
+
+/// The checks bite: against a real sandbox, a record missing from the list is an orphan
+/// workload, an acknowledged create nobody deleted must exist, and a healthy state passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checks_catch_an_orphan_workload_and_a_lost_create() {
+    let (_dir, _cleanup, run) = start_run(0).await.unwrap();
+    let (mut sb, _) = clients(&run).unwrap();
+    let created = sb
+        .create_sandbox(CreateSandboxRequest {
+            workspace: ws_name(0),
+            name: sb_name(0),
+            spec: spec(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let settled = quiesce(&run).await.unwrap();
+    assert_eq!(settled.len(), 1);
+    assert_eq!(workload_pids(&run.data, &created.id).len(), 1);
+    assert!(check_invariants(&run, &settled).await.unwrap() > 0);
+
+    // The sandbox left out of the records: its live workload is an orphan.
+    let err = check_invariants(&run, &[]).await.unwrap_err();
+    assert!(err.contains("without a record"), "{err}");
+
+    // An acknowledged create that is gone though nobody deleted it.
+    lock(&run.ledger)
+        .created
+        .insert(uuid::Uuid::new_v4().to_string(), (ws_name(1), sb_name(1)));
+    let err = check_invariants(&run, &settled).await.unwrap_err();
+    assert!(err.contains("nobody deleted it"), "{err}");
+
+    // …unless a delete of that name was asked for.
+    lock(&run.ledger)
+        .delete_requested_names
+        .insert((ws_name(1), sb_name(1)));
+    check_invariants(&run, &settled).await.unwrap();
+    assert!(delete_everything(&run).await.unwrap() > 0);
+    assert!(workload_pids(&run.data, &created.id).is_empty());
 }
