@@ -4,8 +4,11 @@
 //! process and SIGKILLs sbxd (starting it again on the same data dir). Then quiesce and check:
 //! acknowledged creates survive unless a delete covered them, no sandbox in a deleted
 //! workspace, names unique per workspace, every Ready sandbox has exactly one live workload and
-//! every live workload has a record; finally delete everything and check that no process,
-//! cgroup (under the run's own parent) or mount (under the data dir) is left.
+//! every live workload (and every process in a sandbox cgroup) has a record. Then SIGKILL
+//! the driver and sbxd once more: every Ready sandbox is Ready again on the very same
+//! workload process. Finally delete everything and check that no process, cgroup (under the
+//! run's own parent) or mount (under the data dir) is left, and that sbxd and its driver exit
+//! on SIGTERM.
 //!
 //! Needs root and `cargo build -p sbx-gateway --bin sbxd` first. CI: seeds 1 and 2. More:
 //! `SBX_CHAOS_PROCESS_ROUNDS=10`; replay one: `SBX_CHAOS_SEED=N`.
@@ -80,6 +83,7 @@ struct Run {
     daemon: RwLock<Daemon>,
     /// The endpoint clients use; replaced (under the write lock) when sbxd restarts.
     endpoint: std::sync::RwLock<String>,
+    /// How many times sbxd was started again (names each start's log file).
     starts: Mutex<u64>,
     ledger: Mutex<Ledger>,
     report: Mutex<Report>,
