@@ -51,10 +51,15 @@ const QUIESCE: Duration = Duration::from_secs(60);
 struct Ledger {
     /// id → (workspace, name) of every acknowledged create.
     created: HashMap<String, (String, String)>,
+    /// When each acknowledged create was sent: its sandbox cannot have existed before.
+    created_sent: HashMap<String, Instant>,
     deleted_ids: HashSet<String>,
     delete_requested_ids: HashSet<String>,
-    delete_requested_names: HashSet<(String, String)>,
-    delete_requested_workspaces: HashSet<String>,
+    /// Deletes by name and of whole workspaces, with when they were answered (or failed): a
+    /// request resolves its target before it answers, so it cannot touch a sandbox that was
+    /// created only after that.
+    delete_requested_names: Vec<((String, String), Instant)>,
+    delete_requested_workspaces: Vec<(String, Instant)>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -227,6 +232,7 @@ async fn perform(run: &Run, op: &Op) -> Result<bool, String> {
     let (mut sb, mut ws_client) = clients(run)?;
     match op {
         Op::Create { ws, name } => {
+            let sent = Instant::now();
             let r = bounded(sb.create_sandbox(CreateSandboxRequest {
                 workspace: ws.clone(),
                 name: name.clone(),
@@ -236,9 +242,12 @@ async fn perform(run: &Run, op: &Op) -> Result<bool, String> {
             let missing_ws = matches!(&r, Err(s) if s.code() == Code::NotFound);
             match judge(run, r)? {
                 Some(created) => {
-                    lock(&run.ledger)
+                    let mut ledger = lock(&run.ledger);
+                    ledger.created_sent.insert(created.id.clone(), sent);
+                    ledger
                         .created
                         .insert(created.id, (ws.clone(), name.clone()));
+                    drop(ledger);
                     lock(&run.report).creates_acknowledged += 1;
                     Ok(true)
                 }
@@ -262,17 +271,15 @@ async fn perform(run: &Run, op: &Op) -> Result<bool, String> {
             command(run, &mut sb, *cmd, by_id(id), Some(id)).await
         }
         Op::ByName { cmd, ws, name } => {
+            let result = command(run, &mut sb, *cmd, by_name(ws, name), None).await;
             if let Cmd::Delete = cmd {
                 lock(&run.ledger)
                     .delete_requested_names
-                    .insert((ws.clone(), name.clone()));
+                    .push(((ws.clone(), name.clone()), Instant::now()));
             }
-            command(run, &mut sb, *cmd, by_name(ws, name), None).await
+            result
         }
         Op::DeleteWorkspace { ws } => {
-            lock(&run.ledger)
-                .delete_requested_workspaces
-                .insert(ws.clone());
             let r = bounded(ws_client.delete_workspace(DeleteWorkspaceRequest {
                 workspace: Some(WorkspaceRef {
                     name: ws.clone(),
@@ -281,6 +288,9 @@ async fn perform(run: &Run, op: &Op) -> Result<bool, String> {
                 cascade: true,
             }))
             .await;
+            lock(&run.ledger)
+                .delete_requested_workspaces
+                .push((ws.clone(), Instant::now()));
             let ok = judge(run, r)?.is_some();
             if ok {
                 let _ = bounded(ws_client.create_workspace(CreateWorkspaceRequest {
@@ -617,16 +627,27 @@ async fn the_checks_catch_an_orphan_workload_and_a_lost_create() {
     assert!(err.contains("without a record"), "{err}");
 
     // An acknowledged create that is gone though nobody deleted it.
+    let lost = uuid::Uuid::new_v4().to_string();
     lock(&run.ledger)
         .created
-        .insert(uuid::Uuid::new_v4().to_string(), (ws_name(1), sb_name(1)));
+        .insert(lost.clone(), (ws_name(1), sb_name(1)));
     let err = check_invariants(&run, &settled).await.unwrap_err();
     assert!(err.contains("nobody deleted it"), "{err}");
 
-    // …unless a delete of that name was asked for.
+    // A delete of that name answered before the create was sent does not excuse it…
+    let before = Instant::now();
     lock(&run.ledger)
         .delete_requested_names
-        .insert((ws_name(1), sb_name(1)));
+        .push(((ws_name(1), sb_name(1)), before));
+    lock(&run.ledger)
+        .created_sent
+        .insert(lost.clone(), Instant::now());
+    let err = check_invariants(&run, &settled).await.unwrap_err();
+    assert!(err.contains("nobody deleted it"), "{err}");
+    // …one answered after it was sent does.
+    lock(&run.ledger)
+        .delete_requested_names
+        .push(((ws_name(1), sb_name(1)), Instant::now()));
     check_invariants(&run, &settled).await.unwrap();
     assert!(delete_everything(&run).await.unwrap() > 0);
     assert!(workload_pids(&run.data, &created.id).is_empty());

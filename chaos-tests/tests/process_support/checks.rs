@@ -108,12 +108,20 @@ pub async fn check_invariants(run: &Run, sandboxes: &[Sandbox]) -> Result<u64, S
     // 1. Every acknowledged create exists, unless a delete that could cover it was asked for.
     for (id, (ws, name)) in &ledger.created {
         checks += 1;
+        // A delete by name or of the workspace covers it only if it was answered after the
+        // create was sent (before that, this sandbox did not exist to be resolved).
+        let sent = ledger.created_sent.get(id).copied();
+        let after = |answered: &Instant| sent.is_none_or(|sent| *answered > sent);
         let excused = ledger.deleted_ids.contains(id)
             || ledger.delete_requested_ids.contains(id)
             || ledger
                 .delete_requested_names
-                .contains(&(ws.clone(), name.clone()))
-            || ledger.delete_requested_workspaces.contains(ws);
+                .iter()
+                .any(|(key, answered)| key.0 == *ws && key.1 == *name && after(answered))
+            || ledger
+                .delete_requested_workspaces
+                .iter()
+                .any(|(w, answered)| w == ws && after(answered));
         if !ids.contains(id.as_str()) && !excused {
             return Err(format!(
                 "acknowledged sandbox {ws}/{name} ({id}) is gone and nobody deleted it"
