@@ -62,10 +62,15 @@ pub struct SandboxState {
     fresh: bool,
     /// Consecutive failed driver attempts of the current step.
     attempts: u32,
-    /// A `Retry` is scheduled; observations wait for it instead of adding driver calls.
-    retry_pending: bool,
+    /// When the scheduled `Retry` is due. Observations wait for it instead of adding driver
+    /// calls — but not past its due time: a retry that never arrived must not park the
+    /// sandbox for good.
+    retry_due: Option<std::time::Instant>,
     report_attach: bool,
 }
+
+/// How long past its due time a scheduled retry may be late before observations act anyway.
+const RETRY_GRACE: Duration = Duration::from_secs(2);
 
 /// How a convergence ended.
 enum Outcome {
@@ -108,7 +113,7 @@ impl Actor for SandboxActor {
             stored,
             fresh: true,
             attempts: 0,
-            retry_pending: false,
+            retry_due: None,
             report_attach,
         })
     }
@@ -137,12 +142,15 @@ impl Actor for SandboxActor {
                 self.after(&myself, st, outcome?).await;
             }
             SandboxMsg::Retry => {
-                st.retry_pending = false;
+                st.retry_due = None;
                 let outcome = self.converge(&myself, st, None).await?;
                 self.after(&myself, st, outcome).await;
             }
             SandboxMsg::Observe(snapshot) => {
-                if st.retry_pending {
+                if st
+                    .retry_due
+                    .is_some_and(|due| std::time::Instant::now() < due + RETRY_GRACE)
+                {
                     return Ok(());
                 }
                 let obs = snapshot
@@ -473,7 +481,7 @@ impl SandboxActor {
             st.attempts, cfg.max_driver_attempts
         );
         self.persist(st).await?;
-        st.retry_pending = true;
+        st.retry_due = Some(std::time::Instant::now() + delay);
         myself.send_after(delay, || SandboxMsg::Retry);
         Ok(Outcome::Retrying(e))
     }
