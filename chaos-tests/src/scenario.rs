@@ -148,6 +148,8 @@ struct Harness {
     recording: Arc<Recording>,
     ledger: Mutex<Ledger>,
     report: Mutex<ChaosReport>,
+    /// Set when the clients are done: the injector finishes its current fault and stops.
+    stop_faults: std::sync::atomic::AtomicBool,
 }
 
 pub fn chaos_actor_config() -> Config {
@@ -209,6 +211,7 @@ async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
         driver,
         recording: calls,
         ledger: Mutex::default(),
+        stop_faults: Default::default(),
     });
     for i in 0..h.cfg.workspaces {
         gw_of(&h)
@@ -225,8 +228,14 @@ async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
     for c in clients {
         c.await.map_err(|e| format!("a client panicked: {e}"))??;
     }
-    injector.abort();
-    let _ = injector.await;
+    // Stop the injector between two faults, never in the middle of one: aborting it during a
+    // gateway restart would leave the harness holding a gateway that was shut down.
+    h.stop_faults
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(60), injector)
+        .await
+        .map_err(|_| "the fault injector did not stop".to_string())?
+        .map_err(|e| format!("the fault injector panicked: {e}"))?;
 
     quiesce(&h).await?;
     check_invariants(&h).await?;
@@ -526,7 +535,7 @@ fn check_listed_names_unique(items: &[Sandbox]) -> Result<(), String> {
     Ok(())
 }
 
-/// Injects one fault every few tens of milliseconds until aborted.
+/// Injects one fault every few tens of milliseconds until told to stop.
 async fn inject_faults(h: Arc<Harness>) {
     if !h.cfg.faults {
         return;
@@ -534,6 +543,9 @@ async fn inject_faults(h: Arc<Harness>) {
     let mut rng = Rng::new(h.cfg.seed ^ 0xFA17);
     loop {
         tokio::time::sleep(Duration::from_millis(10 + rng.below(40))).await;
+        if h.stop_faults.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let gw = gw_of(&h).await;
         let known: Vec<Uuid> = {
             let mut ids: Vec<Uuid> = h
