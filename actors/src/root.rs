@@ -18,7 +18,7 @@ use crate::reconciler::{Reconciler, ReconcilerArgs, ReconcilerMsg};
 use crate::records::{StoredWorkspace, new_workspace_record};
 use crate::route::Route;
 use crate::sandbox::DELETED;
-use crate::supervision::{RestartDecision, RestartHistory};
+use crate::supervision::{ChildEnd, RestartDecision, RestartHistory, child_end};
 use crate::workspace::{WorkspaceArgs, WorkspaceMsg, WorkspaceSupervisor};
 
 pub enum RootMsg {
@@ -154,24 +154,15 @@ impl Actor for GatewayRoot {
         evt: SupervisionEvent,
         st: &mut RootState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, what) = match evt {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                if reason.as_deref() == Some(DELETED) {
-                    if let Some(id) = st.by_actor.remove(&cell.get_id()) {
-                        st.supervisors.remove(&id);
-                    }
-                    return Ok(());
+        let (cell, what) = match child_end(evt, DELETED) {
+            Some(ChildEnd::Deleted(cell)) => {
+                if let Some(id) = st.by_actor.remove(&cell.get_id()) {
+                    st.supervisors.remove(&id);
                 }
-                (
-                    cell,
-                    format!(
-                        "terminated ({})",
-                        reason.unwrap_or_else(|| "no reason".into())
-                    ),
-                )
+                return Ok(());
             }
-            SupervisionEvent::ActorFailed(cell, err) => (cell, format!("failed: {err}")),
-            _ => return Ok(()),
+            Some(ChildEnd::Abnormal(cell, what)) => (cell, what),
+            None => return Ok(()),
         };
         if st
             .reconciler

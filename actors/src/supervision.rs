@@ -56,6 +56,37 @@ impl RestartHistory {
     }
 }
 
+/// How a supervised child ended, as its supervisor needs to know it.
+pub enum ChildEnd {
+    /// It ended because what it stood for was deleted: remove it, do not restart it.
+    Deleted(ractor::ActorCell),
+    /// Anything else (a failure, a kill, an unexpected stop), with a description for logs.
+    Abnormal(ractor::ActorCell, String),
+}
+
+/// Reads a supervision event: `None` for events that are not a child ending.
+pub fn child_end(evt: ractor::SupervisionEvent, deleted_reason: &str) -> Option<ChildEnd> {
+    match evt {
+        ractor::SupervisionEvent::ActorTerminated(cell, _, reason) => {
+            Some(if reason.as_deref() == Some(deleted_reason) {
+                ChildEnd::Deleted(cell)
+            } else {
+                ChildEnd::Abnormal(
+                    cell,
+                    format!(
+                        "terminated ({})",
+                        reason.unwrap_or_else(|| "no reason".into())
+                    ),
+                )
+            })
+        }
+        ractor::SupervisionEvent::ActorFailed(cell, err) => {
+            Some(ChildEnd::Abnormal(cell, format!("failed: {err}")))
+        }
+        _ => None,
+    }
+}
+
 /// `base * 2^n`, capped at `max`.
 pub fn backoff(base: Duration, max: Duration, n: u32) -> Duration {
     base.checked_mul(1u32.checked_shl(n.min(20)).unwrap_or(u32::MAX))

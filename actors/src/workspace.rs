@@ -21,7 +21,7 @@ use crate::error::{ActorError, Result};
 use crate::records::{StoredSandbox, StoredWorkspace, new_sandbox_record};
 use crate::route::Route;
 use crate::sandbox::{DELETED, SandboxActor, SandboxArgs, SandboxMsg};
-use crate::supervision::{RestartDecision, RestartHistory, backoff};
+use crate::supervision::{ChildEnd, RestartDecision, RestartHistory, backoff, child_end};
 
 pub enum WorkspaceMsg {
     CreateSandbox {
@@ -190,26 +190,17 @@ impl Actor for WorkspaceSupervisor {
         evt: SupervisionEvent,
         st: &mut WorkspaceState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, failure) = match evt {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                if reason.as_deref() == Some(DELETED) {
-                    if let Some(id) = st.by_actor.remove(&cell.get_id())
-                        && current_actor_is(st, id, &cell)
-                    {
-                        st.children.remove(&id);
-                    }
-                    return Ok(());
+        let (cell, failure) = match child_end(evt, DELETED) {
+            Some(ChildEnd::Deleted(cell)) => {
+                if let Some(id) = st.by_actor.remove(&cell.get_id())
+                    && current_actor_is(st, id, &cell)
+                {
+                    st.children.remove(&id);
                 }
-                (
-                    cell,
-                    format!(
-                        "terminated ({})",
-                        reason.unwrap_or_else(|| "no reason".into())
-                    ),
-                )
+                return Ok(());
             }
-            SupervisionEvent::ActorFailed(cell, err) => (cell, format!("failed: {err}")),
-            _ => return Ok(()),
+            Some(ChildEnd::Abnormal(cell, what)) => (cell, what),
+            None => return Ok(()),
         };
         let Some(id) = st.by_actor.remove(&cell.get_id()) else {
             return Ok(());
