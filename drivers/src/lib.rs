@@ -14,6 +14,7 @@ pub use sbx_proto::driver as pb;
 use uuid::Uuid;
 
 pub mod conformance;
+mod logfile;
 mod error;
 pub mod process;
 pub mod remote;

@@ -43,7 +43,7 @@
 mod cgroup;
 mod launch;
 mod observe;
-mod procfs;
+pub(crate) mod procfs;
 mod record;
 mod service;
 mod streams;

@@ -1,0 +1,82 @@
+//! A sandbox's log file, appended to by its workload (or its VM's console): the last lines of
+//! it, and what was appended since an offset. Shared by the drivers that log to a file.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+/// The largest piece read at once when following a log.
+pub(crate) const CHUNK: usize = 64 * 1024;
+/// The most of a log `tail` reads back from the end of the file.
+const TAIL_WINDOW: u64 = 8 * 1024 * 1024;
+
+/// The last `lines` lines of the log (all of it when 0, at most [`TAIL_WINDOW`] bytes), and
+/// the offset where following continues.
+pub(crate) fn read_tail(log: &Path, lines: u32) -> std::io::Result<(Vec<u8>, u64)> {
+    let mut file = match std::fs::File::open(log) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let start = len.saturating_sub(TAIL_WINDOW);
+    file.seek(SeekFrom::Start(start))?;
+    let mut data = Vec::new();
+    file.by_ref().take(len - start).read_to_end(&mut data)?;
+    let end = start + data.len() as u64;
+    Ok((tail_lines(&data, lines).to_vec(), end))
+}
+
+/// The last `lines` lines of `data` (all of it when 0). A final line without a newline counts.
+fn tail_lines(data: &[u8], lines: u32) -> &[u8] {
+    if lines == 0 {
+        return data;
+    }
+    let body = data.strip_suffix(b"\n").unwrap_or(data);
+    let mut seen = 0;
+    for (i, byte) in body.iter().enumerate().rev() {
+        if *byte == b'\n' {
+            seen += 1;
+            if seen == lines {
+                return &data[i + 1..];
+            }
+        }
+    }
+    data
+}
+
+pub(crate) fn read_from(log: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
+    let mut file = match std::fs::File::open(log) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    file.seek(SeekFrom::Start(offset))?;
+    let mut data = Vec::new();
+    file.take(4 * CHUNK as u64).read_to_end(&mut data)?;
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tail_lines;
+
+    #[test]
+    fn tails() {
+        let check = |data: &str, n: u32, want: &str| {
+            assert_eq!(
+                std::str::from_utf8(tail_lines(data.as_bytes(), n)).unwrap(),
+                want,
+                "{data:?} {n}"
+            );
+        };
+        check("a\nb\nc\n", 0, "a\nb\nc\n");
+        check("a\nb\nc\n", 1, "c\n");
+        check("a\nb\nc\n", 2, "b\nc\n");
+        check("a\nb\nc\n", 3, "a\nb\nc\n");
+        check("a\nb\nc\n", 9, "a\nb\nc\n");
+        check("a\nb\nc", 1, "c");
+        check("a\nb\nc", 2, "b\nc");
+        check("", 2, "");
+        check("\n\n", 1, "\n");
+    }
+}
