@@ -14,11 +14,12 @@ pub use sbx_proto::driver as pb;
 use uuid::Uuid;
 
 pub mod conformance;
-mod logfile;
 mod error;
+mod logfile;
 pub mod process;
 pub mod remote;
 pub mod sim;
+pub mod vm;
 
 pub use error::DriverError;
 

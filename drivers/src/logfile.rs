@@ -2,7 +2,13 @@
 //! it, and what was appended since an offset. Shared by the drivers that log to a file.
 
 use std::io::{Read, Seek, SeekFrom};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::{DriverError, DriverStream, pb};
 
 /// The largest piece read at once when following a log.
 pub(crate) const CHUNK: usize = 64 * 1024;
@@ -54,6 +60,61 @@ pub(crate) fn read_from(log: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
     let mut data = Vec::new();
     file.take(4 * CHUNK as u64).read_to_end(&mut data)?;
     Ok(data)
+}
+
+/// The log as a stream: its last `tail_lines` lines (all when 0), then, when `follow`, what
+/// is appended, polled every `interval`, until the receiver goes away or `exists` says the
+/// sandbox is gone (after a last read).
+pub(crate) fn log_stream(
+    log: PathBuf,
+    tail_lines: u32,
+    follow: bool,
+    interval: Duration,
+    exists: impl Fn() -> bool + Send + 'static,
+) -> Result<DriverStream<pb::LogChunk>, DriverError> {
+    use futures::StreamExt;
+    let (past, mut offset) = read_tail(&log, tail_lines)
+        .map_err(|e| DriverError::Internal(format!("reading the log: {e}")))?;
+    let chunks: Vec<Result<pb::LogChunk, DriverError>> = past
+        .chunks(CHUNK)
+        .map(|c| Ok(pb::LogChunk { data: c.to_vec() }))
+        .collect();
+    let past = futures::stream::iter(chunks);
+    if !follow {
+        return Ok(Box::pin(past));
+    }
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let gone = !exists();
+            match read_from(&log, offset) {
+                Ok(data) if !data.is_empty() => {
+                    offset += data.len() as u64;
+                    for piece in data.chunks(CHUNK) {
+                        let chunk = pb::LogChunk {
+                            data: piece.to_vec(),
+                        };
+                        if tx.send(Ok(chunk)).await.is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                _ if gone => return,
+                Ok(_) => {}
+                Err(e) => {
+                    let error = DriverError::Internal(format!("following the log: {e}"));
+                    let _ = tx.send(Err(error)).await;
+                    return;
+                }
+            }
+            if tx.is_closed() {
+                return;
+            }
+            tokio::time::sleep(interval).await;
+        }
+    });
+    Ok(Box::pin(past.chain(ReceiverStream::new(rx))))
 }
 
 #[cfg(test)]

@@ -41,10 +41,10 @@
 //!   sandbox's warnings say so.
 
 mod cgroup;
-mod launch;
-mod observe;
+pub(crate) mod launch;
+pub(crate) mod observe;
 pub(crate) mod procfs;
-mod record;
+pub(crate) mod record;
 mod service;
 mod streams;
 
@@ -127,7 +127,7 @@ struct Inner {
 /// How long `open` waits for a previous instance on the same state to let go.
 const INSTANCE_LOCK_WAIT: Duration = Duration::from_secs(2);
 
-fn lock_state_dir(state_dir: &Path) -> Result<Flock<File>, DriverError> {
+pub(crate) fn lock_state_dir(state_dir: &Path) -> Result<Flock<File>, DriverError> {
     let path = state_dir.join("driver.lock");
     let mut file = File::create(&path).map_err(|e| internal("opening the driver lock", e))?;
     let deadline = std::time::Instant::now() + INSTANCE_LOCK_WAIT;
@@ -149,7 +149,7 @@ fn lock_state_dir(state_dir: &Path) -> Result<Flock<File>, DriverError> {
     }
 }
 
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -17,7 +17,7 @@ use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
 
 use super::record::Desired;
 use super::{Inner, ProcessDriver, launch, procfs};
-use crate::logfile::{CHUNK, read_from, read_tail};
+use crate::logfile::{CHUNK, log_stream};
 use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
 
 type ExecItem = Result<pb::ExecOutput, DriverError>;
@@ -158,62 +158,18 @@ impl ProcessDriver {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         self.inner.require(id)?;
         let log = self.inner.paths(id).log;
-        let (past, mut offset) =
-            read_tail(&log, req.tail_lines).map_err(|e| super::internal("reading the log", e))?;
-        let chunks: Vec<Result<pb::LogChunk, DriverError>> = past
-            .chunks(CHUNK)
-            .map(|c| Ok(pb::LogChunk { data: c.to_vec() }))
-            .collect();
-        let past = futures::stream::iter(chunks);
-        if !req.follow {
-            return Ok(Box::pin(past));
-        }
-        let (tx, rx) = mpsc::channel(16);
         let weak = Arc::downgrade(&self.inner);
         let interval = self
             .inner
             .opts
             .poll_interval
             .min(Duration::from_millis(100));
-        tokio::spawn(async move {
-            loop {
-                let gone = match weak.upgrade() {
-                    Some(inner) => !sandbox_exists(&inner, id),
-                    None => true,
-                };
-                match read_from(&log, offset) {
-                    Ok(data) if !data.is_empty() => {
-                        offset += data.len() as u64;
-                        for piece in data.chunks(CHUNK) {
-                            if tx
-                                .send(Ok(pb::LogChunk {
-                                    data: piece.to_vec(),
-                                }))
-                                .await
-                                .is_err()
-                            {
-                                return;
-                            }
-                        }
-                        continue;
-                    }
-                    _ if gone => return,
-                    Ok(_) => {}
-                    Err(e) => {
-                        let _ = tx.send(Err(super::internal("following the log", e))).await;
-                        return;
-                    }
-                }
-                if tx.is_closed() {
-                    return;
-                }
-                tokio::time::sleep(interval).await;
-            }
-        });
-        Ok(Box::pin(
-            past.chain(ReceiverStream::new(rx))
-                .take_until(self.dropped()),
-        ))
+        let exists = move || {
+            weak.upgrade()
+                .is_some_and(|inner| sandbox_exists(&inner, id))
+        };
+        let stream = log_stream(log, req.tail_lines, req.follow, interval, exists)?;
+        Ok(Box::pin(stream.take_until(self.dropped())))
     }
 }
 

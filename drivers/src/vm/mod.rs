@@ -1,0 +1,616 @@
+//! `vm`: sandboxes as QEMU microVMs.
+//!
+//! Each sandbox is a `-machine microvm` guest (KVM when a probe boot under KVM works, TCG
+//! otherwise) booting the host's Debian kernel with a busybox initramfs ([`assets`]). Its pid 1
+//! is `guest/init.sh`: it mounts the sandbox's persistent disk (a raw ext4 image made with
+//! `qemu-img` and `mkfs.ext4`) at `/sandbox`, runs the sandbox's command with its output on
+//! the serial console (the sandbox's log file), serves exec requests on a virtio-serial port,
+//! and says on the console when the command is running and how it ended. QEMU runs
+//! daemonized, so the VM outlives the driver and the gateway; QMP listens on a Unix socket in
+//! the sandbox's state directory ([`record`] lists the files).
+//!
+//! **Identity.** A VM is found again after a restart of the driver through QEMU's pidfile and
+//! the process's start time (a reused pid is never taken for it), confirmed over QMP: the VM's
+//! name (`-name`) must be the sandbox id, and `query-status` must answer. Sandboxes are found
+//! by id only; the name is the guest's hostname, reported back and never matched.
+//!
+//! **Generations.** The generation marker (`generation` in the sandbox's directory) is written,
+//! durably, before each launch from the generation the gateway sent, and read back on every
+//! observation. A start that finds the VM running under another generation answers
+//! `GenerationMismatch`, so the sandbox's actor reconciles (adopts the running VM) instead of
+//! parking the sandbox in `Error`.
+//!
+//! **Stop** is the ACPI power button (QMP `system_powerdown`): the guest sends the command
+//! SIGTERM, SIGKILL after the grace period, syncs and unmounts `/sandbox`, and resets, which
+//! ends QEMU (`-no-reboot`). A guest that has not finished after the grace period plus 10 s
+//! gets QMP `quit`, then SIGKILL. **Start** boots again on the same disk; **delete** removes
+//! disk and state.
+//!
+//! Known limits:
+//! - Exec output is collected in the guest and sent when the command ends (not streamed), at
+//!   most 1 MiB per stream; the exit status is the guest shell's (128 + n after signal n).
+//!   Environment variable names must be shell identifiers.
+//! - The spec's `image` is ignored (every guest runs the busybox initramfs), with a warning.
+//! - No network device. The console log grows without rotation and also holds the kernel's
+//!   few messages (it boots `quiet`).
+//! - Under TCG a boot takes seconds and the guest's clock rate comes from the host's
+//!   `/proc/cpuinfo` (`tsc_early_khz`): microvm has no timer to calibrate against.
+
+mod assets;
+mod cpio;
+mod guest;
+mod qemu;
+mod record;
+mod service;
+mod streams;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::fcntl::Flock;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::sync::{broadcast, watch};
+use uuid::Uuid;
+
+pub use assets::AssetPaths;
+pub use qemu::Accel;
+
+use crate::process::observe::{self, RunFacts};
+use crate::process::procfs::{self, ProcessIdentity};
+use crate::process::{lock_state_dir, locked};
+use crate::{DriverError, pb};
+use assets::GuestAssets;
+use guest::RunReport;
+use record::{Desired, VmPaths, VmRecord};
+
+/// How the vm driver is set up.
+#[derive(Debug, Clone)]
+pub struct VmDriverOptions {
+    pub assets: AssetPaths,
+    /// Where the unpacked kernel and the shared initramfs are cached; default
+    /// `<state_dir>/assets`. Several drivers may share one (tests do).
+    pub asset_cache: Option<PathBuf>,
+    /// `qemu-system-x86_64`; default: found on PATH.
+    pub qemu: Option<PathBuf>,
+    pub accel: Accel,
+    /// Guest memory when the spec names none.
+    pub memory_mib: u64,
+    /// Size of a new sandbox's persistent disk.
+    pub disk_mib: u64,
+    /// How long a boot may take until the guest says its command runs.
+    pub boot_timeout: Duration,
+    /// How long a stop waits after SIGTERM (in the guest) when the request says 0.
+    pub default_grace: Duration,
+    /// How often the watch task looks for VMs that changed by themselves.
+    pub poll_interval: Duration,
+}
+
+impl Default for VmDriverOptions {
+    fn default() -> Self {
+        VmDriverOptions {
+            assets: AssetPaths::default(),
+            asset_cache: None,
+            qemu: None,
+            accel: Accel::Auto,
+            memory_mib: 256,
+            disk_mib: 256,
+            boot_timeout: Duration::from_secs(45),
+            default_grace: Duration::from_secs(5),
+            poll_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The vm driver. See the module docs.
+#[derive(Debug)]
+pub struct VmDriver {
+    inner: Arc<Inner>,
+    /// Dropped with the driver: its receivers end the watch and log streams it handed out.
+    alive: watch::Sender<()>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state_dir: PathBuf,
+    opts: VmDriverOptions,
+    qemu: PathBuf,
+    assets: GuestAssets,
+    /// KVM or TCG, decided once at open.
+    accel: Accel,
+    tsc_khz: Option<u64>,
+    records: Mutex<HashMap<Uuid, VmRecord>>,
+    /// One lock per sandbox serialises its lifecycle calls.
+    locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    /// One lock per sandbox serialises its execs (QEMU serves one agent client at a time).
+    exec_locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    exec_ids: AtomicU64,
+    /// What the console said about a finished run, by sandbox: (run id, report). A run's
+    /// report does not change once its VM is gone, so the log is read once.
+    finished: Mutex<HashMap<Uuid, (String, RunReport)>>,
+    events: broadcast::Sender<pb::WatchEvent>,
+    /// The last snapshot sent on `events` per sandbox, to send only changes.
+    last_seen: Mutex<HashMap<Uuid, pb::Snapshot>>,
+    poller_started: std::sync::atomic::AtomicBool,
+    /// An exclusive `flock` on `<state_dir>/driver.lock` (see the process driver).
+    _instance_lock: Flock<File>,
+}
+
+fn internal(what: &str, e: impl std::fmt::Display) -> DriverError {
+    DriverError::Internal(format!("{what}: {e}"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl VmDriver {
+    /// Opens the driver on `state_dir`: prepares the guest's kernel and initramfs, decides
+    /// between KVM and TCG, and finds every VM a previous instance left (see the module docs).
+    pub async fn open(state_dir: PathBuf, opts: VmDriverOptions) -> Result<Self, DriverError> {
+        let qemu = qemu::find_qemu(opts.qemu.as_deref())?;
+        for tool in ["qemu-img", "mkfs.ext4"] {
+            if qemu::find_program(tool).is_none() {
+                return Err(DriverError::Unavailable(format!(
+                    "the vm driver needs {tool} on PATH; install {}",
+                    if tool == "qemu-img" {
+                        "qemu-utils"
+                    } else {
+                        "e2fsprogs"
+                    }
+                )));
+            }
+        }
+        std::fs::create_dir_all(record::vms_dir(&state_dir))
+            .map_err(|e| internal("making the state directory", e))?;
+        let trash = record::trash_dir(&state_dir);
+        std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
+        let instance_lock = lock_state_dir(&state_dir)?;
+        let cache = opts
+            .asset_cache
+            .clone()
+            .unwrap_or_else(|| state_dir.join("assets"));
+        let asset_paths = opts.assets.clone();
+        let assets = tokio::task::spawn_blocking(move || assets::prepare(&asset_paths, &cache))
+            .await
+            .map_err(|e| internal("preparing the guest", e))??;
+        let accel = match opts.accel {
+            Accel::Auto => {
+                if qemu::kvm_boots(&qemu, &assets.kernel, &assets.initramfs, &state_dir).await {
+                    Accel::Kvm
+                } else {
+                    Accel::Tcg
+                }
+            }
+            chosen => chosen,
+        };
+        tracing::info!(?accel, kernel = %assets.kernel.display(), "vm driver ready");
+        for entry in std::fs::read_dir(&trash).into_iter().flatten().flatten() {
+            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!(path = %entry.path().display(), error = %e, "trash entry not removed");
+            }
+        }
+        let records = tokio::task::spawn_blocking({
+            let state_dir = state_dir.clone();
+            move || find_vms(&state_dir)
+        })
+        .await
+        .map_err(|e| internal("finding the vms", e))??;
+        let (events, _) = broadcast::channel(1024);
+        let (alive, _) = watch::channel(());
+        let inner = Inner {
+            state_dir,
+            opts,
+            qemu,
+            assets,
+            accel,
+            tsc_khz: qemu::host_tsc_khz(),
+            records: Mutex::new(records),
+            locks: Mutex::new(HashMap::new()),
+            exec_locks: Mutex::new(HashMap::new()),
+            exec_ids: AtomicU64::new(1),
+            finished: Mutex::new(HashMap::new()),
+            events,
+            last_seen: Mutex::new(HashMap::new()),
+            poller_started: std::sync::atomic::AtomicBool::new(false),
+            _instance_lock: instance_lock,
+        };
+        Ok(VmDriver {
+            inner: Arc::new(inner),
+            alive,
+        })
+    }
+
+    /// The accelerator guests run under (decided at open).
+    pub fn accel(&self) -> Accel {
+        self.inner.accel
+    }
+
+    /// The state directory this driver keeps its VMs in.
+    pub fn state_dir(&self) -> &Path {
+        &self.inner.state_dir
+    }
+
+    /// The directory of sandbox `id` (its disk, console log, sockets and generation marker).
+    pub fn sandbox_dir(&self, id: Uuid) -> PathBuf {
+        VmPaths::new(&self.inner.state_dir, id).dir
+    }
+
+    /// The identity of the QEMU process of sandbox `id`, if it runs.
+    pub fn vm_identity(&self, id: Uuid) -> Option<ProcessIdentity> {
+        self.inner.record(id)?.qemu.filter(procfs::is_alive)
+    }
+
+    /// Resolves when this driver instance is dropped.
+    fn dropped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut alive = self.alive.subscribe();
+        async move { while alive.changed().await.is_ok() {} }
+    }
+}
+
+/// Reads every sandbox record under `state_dir` and finds its VM again: the recorded QEMU
+/// identity if it is alive, else the process in QEMU's pidfile (a driver killed between the
+/// launch and the record's update), each confirmed over QMP to be named after the sandbox.
+/// Finishes stops that a killed driver left halfway; removes directories of creates that
+/// never wrote a record.
+fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
+    let mut records = HashMap::new();
+    for entry in std::fs::read_dir(record::vms_dir(state_dir))
+        .map_err(|e| internal("reading the state directory", e))?
+        .flatten()
+    {
+        let Some(id) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| Uuid::parse_str(n).ok())
+        else {
+            tracing::warn!(path = %entry.path().display(), "not a sandbox directory; left alone");
+            continue;
+        };
+        let paths = VmPaths::new(state_dir, id);
+        let mut rec = match record::read_record(&paths.record) {
+            Ok(rec) => rec,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // A create killed before its record was written: nothing was launched.
+                if let Err(e) = std::fs::remove_dir_all(&paths.dir) {
+                    tracing::warn!(sandbox_id = %id, error = %e, "half-created sandbox not removed");
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::error!(sandbox_id = %id, error = %e, "unreadable sandbox record; skipped");
+                continue;
+            }
+        };
+        let recorded = rec.qemu.filter(procfs::is_alive);
+        let found = recorded.or_else(|| qemu::read_identity(&paths.pidfile));
+        if let Some(identity) = found.filter(procfs::is_alive) {
+            match qemu::query(&paths.qmp_socket) {
+                Ok((name, status)) if name == id.to_string() => {
+                    tracing::info!(sandbox_id = %id, %identity, %status, "found the vm again");
+                    if rec.qemu != Some(identity) {
+                        rec.qemu = Some(identity);
+                        if let Err(e) = record::write_record(&paths, &rec) {
+                            tracing::warn!(sandbox_id = %id, error = %e, "record not updated");
+                        }
+                    }
+                }
+                Ok((name, _)) => {
+                    tracing::error!(sandbox_id = %id, %identity, %name, "the process in the pidfile is another vm; not ours");
+                    rec.qemu = None;
+                }
+                Err(e) => {
+                    // Alive with the recorded start time: it is ours, even if QMP is busy.
+                    tracing::warn!(sandbox_id = %id, %identity, error = %e, "qmp did not answer");
+                    rec.qemu = rec.qemu.or(Some(identity));
+                }
+            }
+            if rec.desired == Desired::Stopped {
+                tracing::warn!(sandbox_id = %id, "finishing an interrupted stop");
+                force_quit(&paths, identity);
+            }
+        }
+        records.insert(id, rec);
+    }
+    Ok(records)
+}
+
+/// Ends a VM at once: QMP `quit`, then SIGKILL. Does not wait.
+fn force_quit(paths: &VmPaths, identity: ProcessIdentity) {
+    if qemu::command(&paths.qmp_socket, "quit").is_err() && procfs::is_alive(&identity) {
+        let _ = kill(Pid::from_raw(identity.pid), Signal::SIGKILL);
+    }
+}
+
+impl Inner {
+    fn paths(&self, id: Uuid) -> VmPaths {
+        VmPaths::new(&self.state_dir, id)
+    }
+
+    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        locked(&self.locks).entry(id).or_default().clone()
+    }
+
+    fn exec_lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        locked(&self.exec_locks).entry(id).or_default().clone()
+    }
+
+    fn record(&self, id: Uuid) -> Option<VmRecord> {
+        locked(&self.records).get(&id).cloned()
+    }
+
+    fn require(&self, id: Uuid) -> Result<VmRecord, DriverError> {
+        self.record(id).ok_or_else(|| DriverError::NotFound {
+            sandbox_id: id.to_string(),
+        })
+    }
+
+    /// Writes the record to disk (atomically, durably), then to the cache.
+    fn save(&self, rec: &VmRecord) -> Result<(), DriverError> {
+        record::write_record(&self.paths(rec.sandbox_id), rec)
+            .map_err(|e| internal("writing the sandbox record", e))?;
+        locked(&self.records).insert(rec.sandbox_id, rec.clone());
+        Ok(())
+    }
+
+    fn is_alive(rec: &VmRecord) -> bool {
+        rec.qemu.as_ref().is_some_and(procfs::is_alive)
+    }
+
+    /// What the console says about the current run of a VM that is gone (read once per run).
+    fn finished_report(&self, rec: &VmRecord) -> RunReport {
+        if let Some((run, report)) = locked(&self.finished).get(&rec.sandbox_id)
+            && *run == rec.run_id
+        {
+            return report.clone();
+        }
+        let paths = self.paths(rec.sandbox_id);
+        let report = guest::read_report(&paths.console_log, rec.console_offset, &rec.run_id);
+        locked(&self.finished).insert(rec.sandbox_id, (rec.run_id.clone(), report.clone()));
+        report
+    }
+
+    /// What the sandbox looks like now, from its record, its generation marker, `/proc` and
+    /// (for a VM that is gone) its console.
+    fn snapshot(&self, rec: &VmRecord) -> pb::Snapshot {
+        let paths = self.paths(rec.sandbox_id);
+        let alive = Self::is_alive(rec);
+        let report = if !alive && rec.qemu.is_some() && rec.desired == Desired::Running {
+            self.finished_report(rec)
+        } else {
+            RunReport::default()
+        };
+        let mut observed = observe::observe(RunFacts {
+            desired: rec.desired,
+            init_recorded: rec.qemu.is_some(),
+            alive,
+            exit_status: report.exit,
+            oom_killed: false,
+        });
+        if let Some(why) = &report.fatal {
+            observed.reason = "GuestFailed";
+            observed.message = format!("the guest's init could not run the command: {why}");
+        } else if observed.reason == "Lost" {
+            observed.message = "the VM ended without the guest reporting an exit (QEMU was \
+                                killed, or the guest crashed)"
+                .to_string();
+        }
+        let mut warnings = rec.warnings.clone();
+        let generation = match record::read_generation(&paths) {
+            Ok(generation) => generation,
+            Err(why) => {
+                warnings.push(why);
+                0
+            }
+        };
+        let has_run = observed.state != pb::State::Stopped;
+        let started_at = (has_run && rec.launched_at_ms > 0).then(|| {
+            sbx_proto::Timestamp::from(UNIX_EPOCH + Duration::from_millis(rec.launched_at_ms))
+        });
+        pb::Snapshot {
+            sandbox_id: rec.sandbox_id.to_string(),
+            workspace: rec.workspace.clone(),
+            name: rec.name.clone(),
+            state: observed.state as i32,
+            generation,
+            instance_id: match (has_run, rec.qemu) {
+                (true, Some(identity)) => format!("qemu {identity}"),
+                _ => String::new(),
+            },
+            exit_code: observed.exit_code,
+            exit_signal: observed.exit_signal,
+            reason: observed.reason.to_string(),
+            message: observed.message,
+            warnings,
+            started_at,
+        }
+    }
+
+    /// Sends `snapshot` to watchers if it differs from the last one sent for its sandbox (and
+    /// the sandbox was not deleted meanwhile).
+    fn publish(&self, id: Uuid, snapshot: &pb::Snapshot) {
+        let mut last = locked(&self.last_seen);
+        if !locked(&self.records).contains_key(&id) {
+            return;
+        }
+        if last.get(&id) != Some(snapshot) {
+            last.insert(id, snapshot.clone());
+            let _ = self.events.send(pb::WatchEvent {
+                snapshot: Some(snapshot.clone()),
+                deleted: false,
+            });
+        }
+    }
+
+    fn publish_deleted(&self, id: Uuid, snapshot: pb::Snapshot) {
+        locked(&self.last_seen).remove(&id);
+        let _ = self.events.send(pb::WatchEvent {
+            snapshot: Some(snapshot),
+            deleted: true,
+        });
+    }
+
+    /// Boots the VM under `generation`: the marker and the record (desired running, a new run)
+    /// are durable before QEMU starts; the call returns when the guest says its command runs.
+    async fn start_run(
+        &self,
+        mut rec: VmRecord,
+        generation: u64,
+    ) -> Result<pb::Snapshot, DriverError> {
+        let id = rec.sandbox_id;
+        let paths = self.paths(id);
+        record::write_generation(&paths, generation)
+            .map_err(|e| internal("writing the generation marker", e))?;
+        rec.run_id = Uuid::new_v4().simple().to_string();
+        rec.desired = Desired::Running;
+        rec.launched_at_ms = now_ms();
+        rec.console_offset = std::fs::metadata(&paths.console_log)
+            .map(|m| m.len())
+            .unwrap_or(0);
+        rec.qemu = None;
+        self.save(&rec)?;
+
+        let mut initramfs = std::fs::read(&self.assets.initramfs)
+            .map_err(|e| internal("reading the shared initramfs", e))?;
+        initramfs.extend(assets::run_archive(
+            &guest::run_env(&rec.run_id, generation, &rec.name, self.opts.default_grace),
+            &guest::command_script(&rec.spec.env, &rec.spec.command),
+        ));
+        std::fs::write(&paths.initramfs, initramfs)
+            .map_err(|e| internal("writing the run's initramfs", e))?;
+        let launch = qemu::VmLaunch {
+            qemu: &self.qemu,
+            name: id.to_string(),
+            accel: self.accel,
+            kernel: &self.assets.kernel,
+            initramfs: &paths.initramfs,
+            disk: &paths.disk,
+            console_log: &paths.console_log,
+            qmp_socket: &paths.qmp_socket,
+            agent_socket: &paths.agent_socket,
+            pidfile: &paths.pidfile,
+            memory_mib: rec.spec.memory_mib,
+            cpus: rec.spec.cpus,
+            tsc_khz: self.tsc_khz,
+        };
+        let identity = launch.launch().await?;
+        rec.qemu = Some(identity);
+        self.save(&rec)?;
+        self.wait_booted(&rec).await?;
+        let snapshot = self.snapshot(&rec);
+        tracing::info!(sandbox_id = %id, generation, %identity, "vm booted");
+        self.publish(id, &snapshot);
+        Ok(snapshot)
+    }
+
+    /// Waits until the guest of the current run says its command runs (or already ended).
+    /// A guest that fails or does not boot in time is ended and the call fails with the end
+    /// of its console.
+    async fn wait_booted(&self, rec: &VmRecord) -> Result<(), DriverError> {
+        let paths = self.paths(rec.sandbox_id);
+        let deadline = tokio::time::Instant::now() + self.opts.boot_timeout;
+        loop {
+            let report = guest::read_report(&paths.console_log, rec.console_offset, &rec.run_id);
+            let console = || guest::console_tail(&paths.console_log, 800);
+            if let Some(why) = report.fatal {
+                self.terminate(rec, Duration::ZERO).await?;
+                return Err(DriverError::FailedPrecondition(format!(
+                    "the guest could not start the command: {why}"
+                )));
+            }
+            if report.ready {
+                return Ok(());
+            }
+            if !Self::is_alive(rec) {
+                return Err(DriverError::Internal(format!(
+                    "the vm ended while booting; its console ends with: {}",
+                    console()
+                )));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.terminate(rec, Duration::ZERO).await?;
+                return Err(DriverError::Unavailable(format!(
+                    "the vm did not boot within {:?} ({:?}); its console ends with: {}",
+                    self.opts.boot_timeout,
+                    self.accel,
+                    console()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Ends the VM: the power button, then (after `grace` + 10 s for the guest to end its
+    /// command, sync and reset) QMP `quit`, then SIGKILL. `grace` zero skips the power button.
+    /// Bounded: fails if QEMU is still alive 5 s after SIGKILL.
+    async fn terminate(&self, rec: &VmRecord, grace: Duration) -> Result<(), DriverError> {
+        let Some(identity) = rec.qemu.filter(procfs::is_alive) else {
+            return Ok(());
+        };
+        let paths = self.paths(rec.sandbox_id);
+        let qmp = paths.qmp_socket.clone();
+        let ask = |command: &'static str| {
+            let qmp = qmp.clone();
+            tokio::task::spawn_blocking(move || qemu::command(&qmp, command))
+        };
+        let wait_gone = |limit: Duration| async move {
+            let deadline = tokio::time::Instant::now() + limit;
+            while procfs::is_alive(&identity) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            !procfs::is_alive(&identity)
+        };
+        if !grace.is_zero() {
+            match ask("system_powerdown").await {
+                Ok(Ok(())) => {
+                    if wait_gone(grace + Duration::from_secs(10)).await {
+                        return Ok(());
+                    }
+                    tracing::warn!(sandbox_id = %rec.sandbox_id, ?grace, "the guest did not power off; quit");
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(sandbox_id = %rec.sandbox_id, error = %e, "system_powerdown failed; quit");
+                }
+                Err(e) => tracing::warn!(error = %e, "qmp task failed"),
+            }
+        }
+        if matches!(ask("quit").await, Ok(Ok(()))) && wait_gone(Duration::from_secs(3)).await {
+            return Ok(());
+        }
+        let _ = kill(Pid::from_raw(identity.pid), Signal::SIGKILL);
+        if wait_gone(Duration::from_secs(5)).await {
+            Ok(())
+        } else {
+            Err(DriverError::Internal(format!(
+                "the vm of sandbox {} ({identity}) is still alive after SIGKILL",
+                rec.sandbox_id
+            )))
+        }
+    }
+
+    /// Records every sandbox's current snapshot as already sent.
+    fn seed_last_seen(&self) {
+        let records: Vec<VmRecord> = locked(&self.records).values().cloned().collect();
+        let snapshots: Vec<pb::Snapshot> = records.iter().map(|r| self.snapshot(r)).collect();
+        let mut last = locked(&self.last_seen);
+        for (rec, snapshot) in records.iter().zip(snapshots) {
+            last.entry(rec.sandbox_id).or_insert(snapshot);
+        }
+    }
+
+    /// Sends every change since the last poll to watchers.
+    fn poll_once(&self) {
+        let records: Vec<VmRecord> = locked(&self.records).values().cloned().collect();
+        for rec in &records {
+            let snapshot = self.snapshot(rec);
+            self.publish(rec.sandbox_id, &snapshot);
+        }
+    }
+}

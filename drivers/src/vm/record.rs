@@ -1,0 +1,191 @@
+//! What the vm driver keeps on disk per sandbox, in `<state_dir>/vms/<id>/`:
+//! - `sandbox.json`: the record (spec, desired state, the current run and its QEMU process);
+//! - `generation`: the generation marker, written (durably) before each launch from the
+//!   generation the gateway sent, and read back on every observation;
+//! - `disk.img`: the persistent disk (raw, ext4), `/sandbox` in the guest;
+//! - `console.log`: the guest's console, appended across boots (the sandbox's log);
+//! - `qmp.sock`, `agent.sock`, `qemu.pid`, `initramfs.cpio`: the current boot's.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::process::ProcessIdentity;
+pub use crate::process::record::Desired;
+
+pub const RECORD_FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmSpec {
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub memory_mib: u64,
+    pub cpus: u32,
+    pub image: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmRecord {
+    pub format: u32,
+    pub sandbox_id: Uuid,
+    /// Reported back in snapshots, never matched.
+    pub workspace: String,
+    pub name: String,
+    pub spec: VmSpec,
+    pub desired: Desired,
+    /// The current boot: its id (in the guest's console lines), when it was launched, where
+    /// its console output begins, and QEMU's process. Empty before the first launch.
+    pub run_id: String,
+    pub launched_at_ms: u64,
+    pub console_offset: u64,
+    pub qemu: Option<ProcessIdentity>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct VmPaths {
+    pub dir: PathBuf,
+    pub record: PathBuf,
+    pub generation: PathBuf,
+    pub disk: PathBuf,
+    pub console_log: PathBuf,
+    pub qmp_socket: PathBuf,
+    pub agent_socket: PathBuf,
+    pub pidfile: PathBuf,
+    pub initramfs: PathBuf,
+}
+
+impl VmPaths {
+    pub fn new(state_dir: &Path, id: Uuid) -> VmPaths {
+        let dir = vms_dir(state_dir).join(id.to_string());
+        VmPaths {
+            record: dir.join("sandbox.json"),
+            generation: dir.join("generation"),
+            disk: dir.join("disk.img"),
+            console_log: dir.join("console.log"),
+            qmp_socket: dir.join("qmp.sock"),
+            agent_socket: dir.join("agent.sock"),
+            pidfile: dir.join("qemu.pid"),
+            initramfs: dir.join("initramfs.cpio"),
+            dir,
+        }
+    }
+}
+
+pub fn vms_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("vms")
+}
+
+pub fn trash_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("trash")
+}
+
+/// Writes `bytes` to `path` atomically and durably: temp file, fsync, rename, fsync the
+/// directory. A driver killed at any moment leaves the old content or the new.
+pub fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().ok_or_else(|| io::Error::other("no parent"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+    ));
+    {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    fs::File::open(dir)?.sync_all()
+}
+
+pub fn write_record(paths: &VmPaths, record: &VmRecord) -> io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
+    write_durably(&paths.record, &bytes)
+}
+
+pub fn read_record(path: &Path) -> io::Result<VmRecord> {
+    let record: VmRecord = serde_json::from_slice(&fs::read(path)?).map_err(io::Error::other)?;
+    if record.format != RECORD_FORMAT {
+        return Err(io::Error::other(format!(
+            "record format {} is not the supported {RECORD_FORMAT}",
+            record.format
+        )));
+    }
+    Ok(record)
+}
+
+/// The generation marker: `Err` with what is wrong when it is missing or not a number.
+pub fn read_generation(paths: &VmPaths) -> Result<u64, String> {
+    let text = fs::read_to_string(&paths.generation)
+        .map_err(|e| format!("generation marker {}: {e}", paths.generation.display()))?;
+    text.trim().parse().map_err(|_| {
+        format!(
+            "generation marker {} holds {:?}, not a number",
+            paths.generation.display(),
+            text.trim()
+        )
+    })
+}
+
+pub fn write_generation(paths: &VmPaths, generation: u64) -> io::Result<()> {
+    write_durably(&paths.generation, format!("{generation}\n").as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_and_markers_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = Uuid::new_v4();
+        let paths = VmPaths::new(dir.path(), id);
+        fs::create_dir_all(&paths.dir).unwrap();
+        let record = VmRecord {
+            format: RECORD_FORMAT,
+            sandbox_id: id,
+            workspace: "ws".into(),
+            name: "demo".into(),
+            spec: VmSpec {
+                command: vec!["sleep".into(), "1".into()],
+                env: BTreeMap::new(),
+                memory_mib: 256,
+                cpus: 1,
+                image: String::new(),
+            },
+            desired: Desired::Running,
+            run_id: "r1".into(),
+            launched_at_ms: 5,
+            console_offset: 10,
+            qemu: Some(ProcessIdentity {
+                pid: 42,
+                start_ticks: 7,
+            }),
+            warnings: vec![],
+        };
+        write_record(&paths, &record).unwrap();
+        assert_eq!(read_record(&paths.record).unwrap(), record);
+
+        assert!(
+            read_generation(&paths)
+                .unwrap_err()
+                .contains("generation marker")
+        );
+        write_generation(&paths, 12).unwrap();
+        assert_eq!(read_generation(&paths), Ok(12));
+        fs::write(&paths.generation, "twelve").unwrap();
+        assert!(
+            read_generation(&paths)
+                .unwrap_err()
+                .contains("not a number")
+        );
+
+        let mut other = record.clone();
+        other.format = 99;
+        write_record(&paths, &other).unwrap();
+        assert!(read_record(&paths.record).is_err());
+    }
+}

@@ -1,0 +1,109 @@
+//! The streaming calls of the vm driver: watch (a poller over every VM), exec (through the
+//! guest's agent) and logs (the console log file).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+
+use super::record::Desired;
+use super::service::validate_env_names;
+use super::{Inner, VmDriver, guest};
+use crate::logfile::{CHUNK, log_stream};
+use crate::process::launch::validate_command;
+use crate::process::locked;
+use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
+
+/// How long an exec may run when the request sets no timeout.
+const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(3600);
+
+impl VmDriver {
+    pub(super) fn watch_stream(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
+        let events = self.inner.events.subscribe();
+        self.start_poller();
+        let events = BroadcastStream::new(events).map(|event| {
+            event.map_err(|BroadcastStreamRecvError::Lagged(missed)| {
+                DriverError::Unavailable(format!(
+                    "vm: watch fell {missed} events behind; list again to resynchronise"
+                ))
+            })
+        });
+        Ok(Box::pin(events.take_until(self.dropped())))
+    }
+
+    /// Starts, once per driver instance, the task that polls every VM and sends changes. It
+    /// holds only a weak reference, so it ends when the driver is dropped.
+    fn start_poller(&self) {
+        if self.inner.poller_started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.inner.seed_last_seen();
+        let weak = Arc::downgrade(&self.inner);
+        let interval = self.inner.opts.poll_interval;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(inner) = weak.upgrade() else { return };
+                inner.poll_once();
+            }
+        });
+    }
+
+    pub(super) async fn exec_stream(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        validate_command("exec", &req.command, &req.env)?;
+        validate_env_names("exec", req.env.keys())?;
+        let rec = self.inner.require(id)?;
+        if rec.desired != Desired::Running || !Inner::is_alive(&rec) {
+            return Err(DriverError::FailedPrecondition(format!(
+                "sandbox {id} is not running; exec needs a running vm"
+            )));
+        }
+        let timeout = match req.timeout_seconds {
+            0 => DEFAULT_EXEC_TIMEOUT,
+            s => Duration::from_secs(u64::from(s)),
+        };
+        let lock = self.inner.exec_lock_for(id);
+        let _one_at_a_time = lock.lock().await;
+        let request_id = self.inner.exec_ids.fetch_add(1, Ordering::Relaxed);
+        let env = req.env.into_iter().collect();
+        let agent = self.inner.paths(id).agent_socket;
+        let result = guest::exec(&agent, request_id, &env, &req.command, timeout).await?;
+        let mut items: Vec<Result<pb::ExecOutput, DriverError>> = Vec::new();
+        let chunk = |c| Ok(pb::ExecOutput { chunk: Some(c) });
+        for piece in result.stdout.chunks(CHUNK) {
+            items.push(chunk(pb::exec_output::Chunk::Stdout(piece.to_vec())));
+        }
+        for piece in result.stderr.chunks(CHUNK) {
+            items.push(chunk(pb::exec_output::Chunk::Stderr(piece.to_vec())));
+        }
+        items.push(chunk(pb::exec_output::Chunk::Exit(pb::ExecExit {
+            code: result.code,
+            signal: 0,
+        })));
+        Ok(Box::pin(futures::stream::iter(items)))
+    }
+
+    pub(super) fn logs_stream(
+        &self,
+        req: pb::LogsRequest,
+    ) -> Result<DriverStream<pb::LogChunk>, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        self.inner.require(id)?;
+        let log = self.inner.paths(id).console_log;
+        let weak = Arc::downgrade(&self.inner);
+        let exists = move || {
+            weak.upgrade()
+                .is_some_and(|inner| locked(&inner.records).contains_key(&id))
+        };
+        let interval = Duration::from_millis(100);
+        let stream = log_stream(log, req.tail_lines, req.follow, interval, exists)?;
+        Ok(Box::pin(stream.take_until(self.dropped())))
+    }
+}

@@ -1,0 +1,60 @@
+//! What the vm driver's tests share: a driver on a temporary state directory, with the guest's
+//! kernel and initramfs cached once for every test (unpacking the kernel takes seconds), and
+//! the clean-up check that no VM of the test is left running.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sbx_drivers::vm::{VmDriver, VmDriverOptions};
+
+pub struct VmEnv {
+    pub state: tempfile::TempDir,
+}
+
+/// The asset cache shared by the tests of this machine.
+pub fn asset_cache() -> PathBuf {
+    std::env::temp_dir().join("sbx-vm-test-assets")
+}
+
+pub fn options() -> VmDriverOptions {
+    VmDriverOptions {
+        asset_cache: Some(asset_cache()),
+        // Boots under TCG on a loaded 2-core machine can take a while.
+        boot_timeout: Duration::from_secs(90),
+        default_grace: Duration::from_secs(2),
+        poll_interval: Duration::from_millis(200),
+        ..VmDriverOptions::default()
+    }
+}
+
+impl VmEnv {
+    pub fn new() -> VmEnv {
+        VmEnv {
+            state: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    pub async fn open(&self) -> VmDriver {
+        VmDriver::open(self.state.path().to_path_buf(), options())
+            .await
+            .unwrap_or_else(|e| {
+                panic!("the vm driver did not open (CI installs qemu-system-x86, qemu-utils, linux-image-amd64, busybox-static): {e}")
+            })
+    }
+
+    /// No QEMU process of this test's state directory is left running.
+    pub fn assert_no_vm_left(&self) {
+        let state = self.state.path().display().to_string();
+        let mut left = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains("qemu-system") && cmdline.contains(&state) {
+                left.push(format!("{:?}: {cmdline}", entry.file_name()));
+            }
+        }
+        assert!(left.is_empty(), "vms left running: {left:?}");
+    }
+}
