@@ -1,0 +1,273 @@
+//! The vm driver's own promises, beyond the conformance suite, in two boots: `/sandbox`
+//! survives a graceful stop and a new boot; the stop reaches the guest's command as SIGTERM;
+//! a VM outlives its driver and is found again, also from QEMU's pidfile alone; the generation
+//! marker is what the driver reports, and a start under another generation says so instead of
+//! rebooting; exec and logs work; delete leaves nothing. And clear errors for what is missing.
+
+mod vm_support;
+
+use futures::StreamExt;
+use sbx_drivers::vm::{AssetPaths, VmDriver, VmDriverOptions};
+use sbx_drivers::{ComputeDriver, DriverError, pb};
+use vm_support::VmEnv;
+
+const WORKLOAD: &str = "echo workload-started; echo boot >> /sandbox/boots; \
+                        trap 'echo term-seen >> /sandbox/terms; sync; exit 0' TERM; \
+                        while :; do sleep 1; done";
+
+async fn exec(driver: &VmDriver, id: &str, script: &str) -> (i32, String, String) {
+    let mut stream = driver
+        .exec(pb::ExecRequest {
+            sandbox_id: id.to_string(),
+            command: vec!["sh".into(), "-c".into(), script.into()],
+            env: [("WHO".to_string(), "it's me".to_string())].into(),
+            timeout_seconds: 30,
+        })
+        .await
+        .expect("exec");
+    let (mut out, mut err, mut code) = (Vec::new(), Vec::new(), None);
+    while let Some(item) = stream.next().await {
+        match item.expect("exec output").chunk {
+            Some(pb::exec_output::Chunk::Stdout(b)) => out.extend(b),
+            Some(pb::exec_output::Chunk::Stderr(b)) => err.extend(b),
+            Some(pb::exec_output::Chunk::Exit(e)) => code = Some(e.code),
+            None => {}
+        }
+    }
+    (
+        code.expect("an exit"),
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+async fn logs(driver: &VmDriver, id: &str) -> String {
+    let mut stream = driver
+        .logs(pb::LogsRequest {
+            sandbox_id: id.to_string(),
+            follow: false,
+            tail_lines: 0,
+        })
+        .await
+        .expect("logs");
+    let mut text = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        text.extend(chunk.expect("log chunk").data);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_data_markers_and_rediscovery() {
+    let env = VmEnv::new();
+    let driver = env.open().await;
+    let id = uuid::Uuid::new_v4();
+    let sid = id.to_string();
+    let began = std::time::Instant::now();
+    let created = driver
+        .create(pb::CreateRequest {
+            sandbox_id: sid.clone(),
+            workspace: "team-a".into(),
+            name: "demo".into(),
+            spec: Some(pb::SandboxSpec {
+                command: vec!["sh".into(), "-c".into(), WORKLOAD.into()],
+                ..Default::default()
+            }),
+            generation: 1,
+        })
+        .await
+        .expect("create");
+    eprintln!("create → running in {:?}", began.elapsed());
+    assert_eq!(created.state, pb::State::Running as i32);
+    assert_eq!(created.generation, 1);
+    let first_instance = created.instance_id.clone();
+    let qemu = driver.vm_identity(id).expect("a live qemu");
+
+    // Exec: stdout, stderr, exit code, environment, working directory /sandbox.
+    let (code, out, err) = exec(&driver, &sid, "echo \"$WHO\"; pwd; echo oops >&2; exit 3").await;
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (3, "it's me\n/sandbox\n", "oops\n")
+    );
+    let (code, out, _) = exec(&driver, &sid, "echo kept > /sandbox/data; hostname").await;
+    assert_eq!((code, out.as_str()), (0, "demo\n"));
+    assert!(logs(&driver, &sid).await.contains("workload-started"));
+
+    // The driver goes away; the VM does not. A new instance finds it: by its record…
+    drop(driver);
+    let driver = env.open().await;
+    assert_eq!(driver.vm_identity(id), Some(qemu));
+    let got = driver
+        .get(pb::GetRequest {
+            sandbox_id: sid.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (got.state, got.instance_id.as_str()),
+        (pb::State::Running as i32, first_instance.as_str())
+    );
+    // …and, when the record lost it (a driver killed between launch and record update), by
+    // QEMU's pidfile and QMP.
+    drop(driver);
+    let record_path = env.state.path().join("vms").join(&sid).join("sandbox.json");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
+    record["qemu"] = serde_json::Value::Null;
+    std::fs::write(&record_path, serde_json::to_vec(&record).unwrap()).unwrap();
+    let driver = env.open().await;
+    assert_eq!(driver.vm_identity(id), Some(qemu));
+
+    // The generation marker, changed by hand, is what the driver reports; a start under
+    // another generation is a mismatch, under the marker's a no-op: no reboot either way.
+    std::fs::write(
+        env.state.path().join("vms").join(&sid).join("generation"),
+        "77\n",
+    )
+    .unwrap();
+    let got = driver
+        .get(pb::GetRequest {
+            sandbox_id: sid.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(got.generation, 77);
+    match driver
+        .start(pb::StartRequest {
+            sandbox_id: sid.clone(),
+            generation: 2,
+        })
+        .await
+    {
+        Err(DriverError::GenerationMismatch {
+            running: 77,
+            requested: 2,
+            ..
+        }) => {}
+        other => panic!("expected a generation mismatch, got {other:?}"),
+    }
+    let same = driver
+        .start(pb::StartRequest {
+            sandbox_id: sid.clone(),
+            generation: 77,
+        })
+        .await
+        .unwrap();
+    assert_eq!(same.instance_id, first_instance);
+
+    // A graceful stop: the command gets SIGTERM (its trap writes to /sandbox), the guest
+    // syncs and powers off.
+    let stopped = driver
+        .stop(pb::StopRequest {
+            sandbox_id: sid.clone(),
+            grace_period_ms: 3000,
+        })
+        .await
+        .unwrap();
+    assert_eq!(stopped.state, pb::State::Stopped as i32);
+    assert_eq!(driver.vm_identity(id), None);
+
+    // A new boot on the same disk under a new generation: everything written is there.
+    let began = std::time::Instant::now();
+    let started = driver
+        .start(pb::StartRequest {
+            sandbox_id: sid.clone(),
+            generation: 78,
+        })
+        .await
+        .unwrap();
+    eprintln!("start → running in {:?}", began.elapsed());
+    assert_eq!(
+        (started.state, started.generation),
+        (pb::State::Running as i32, 78)
+    );
+    assert_ne!(started.instance_id, first_instance);
+    let (code, out, _) = exec(
+        &driver,
+        &sid,
+        "cat /sandbox/data /sandbox/terms /sandbox/boots",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "kept\nterm-seen\nboot\nboot\n"));
+
+    // Delete: the VM ends, its directory (disk included) goes.
+    let deleted = driver
+        .delete(pb::DeleteRequest {
+            sandbox_id: sid.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(deleted.deleted);
+    assert!(!env.state.path().join("vms").join(&sid).exists());
+    assert!(matches!(
+        driver
+            .get(pb::GetRequest {
+                sandbox_id: sid.clone()
+            })
+            .await,
+        Err(DriverError::NotFound { .. })
+    ));
+    env.assert_no_vm_left();
+}
+
+#[tokio::test]
+async fn vm_missing_pieces_are_named() {
+    let state = tempfile::tempdir().unwrap();
+    let open = |assets: AssetPaths| {
+        VmDriver::open(
+            state.path().to_path_buf(),
+            VmDriverOptions {
+                assets,
+                asset_cache: Some(vm_support::asset_cache()),
+                ..VmDriverOptions::default()
+            },
+        )
+    };
+    let err = open(AssetPaths {
+        kernel: Some("/nonexistent/vmlinuz-9".into()),
+        ..AssetPaths::default()
+    })
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/vmlinuz-9"), "{err}");
+    let err = open(AssetPaths {
+        busybox: Some("/nonexistent/busybox".into()),
+        ..AssetPaths::default()
+    })
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("busybox-static"), "{err}");
+    let err = VmDriver::open(
+        state.path().to_path_buf(),
+        VmDriverOptions {
+            qemu: Some("/nonexistent/qemu".into()),
+            ..VmDriverOptions::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/qemu"), "{err}");
+
+    // Bad requests are refused before anything boots.
+    let env = VmEnv::new();
+    let driver = env.open().await;
+    let err = driver
+        .create(pb::CreateRequest {
+            sandbox_id: uuid::Uuid::new_v4().to_string(),
+            workspace: "w".into(),
+            name: "n".into(),
+            spec: Some(pb::SandboxSpec {
+                command: vec!["true".into()],
+                env: [("NOT-AN-ID".to_string(), "x".to_string())].into(),
+                ..Default::default()
+            }),
+            generation: 1,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, DriverError::InvalidArgument(ref m) if m.contains("NOT-AN-ID")),
+        "{err}"
+    );
+    assert!(driver.list().await.unwrap().is_empty());
+}
