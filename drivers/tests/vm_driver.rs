@@ -271,3 +271,62 @@ async fn vm_missing_pieces_are_named() {
     );
     assert!(driver.list().await.unwrap().is_empty());
 }
+
+/// A boot that does not finish in time is ended and reported as such; the sandbox says its
+/// launch did not complete, and the retried create boots it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_a_boot_that_times_out_is_ended_and_retried() {
+    let env = VmEnv::new();
+    let impatient = VmDriver::open(
+        env.state.path().to_path_buf(),
+        VmDriverOptions {
+            boot_timeout: std::time::Duration::from_millis(500),
+            ..vm_support::options()
+        },
+    )
+    .await
+    .unwrap();
+    let id = uuid::Uuid::new_v4();
+    let create = pb::CreateRequest {
+        sandbox_id: id.to_string(),
+        workspace: "w".into(),
+        name: "slow".into(),
+        spec: Some(pb::SandboxSpec {
+            command: vec!["sleep".into(), "3600".into()],
+            ..Default::default()
+        }),
+        generation: 3,
+    };
+    let err = impatient.create(create.clone()).await.unwrap_err();
+    assert!(
+        matches!(err, DriverError::Unavailable(ref m) if m.contains("did not boot within")),
+        "{err}"
+    );
+    assert_eq!(impatient.vm_identity(id), None);
+    env.assert_no_vm_left();
+    let got = impatient
+        .get(pb::GetRequest {
+            sandbox_id: id.to_string(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (got.state, got.reason.as_str()),
+        (pb::State::Stopped as i32, "NotStarted")
+    );
+    drop(impatient);
+
+    let driver = env.open().await;
+    let created = driver.create(create).await.unwrap();
+    assert_eq!(
+        (created.state, created.generation),
+        (pb::State::Running as i32, 3)
+    );
+    driver
+        .delete(pb::DeleteRequest {
+            sandbox_id: id.to_string(),
+        })
+        .await
+        .unwrap();
+    env.assert_no_vm_left();
+}

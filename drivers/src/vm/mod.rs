@@ -503,7 +503,15 @@ impl Inner {
         let identity = launch.launch().await?;
         rec.qemu = Some(identity);
         self.save(&rec)?;
-        self.wait_booted(&rec).await?;
+        if let Err(e) = self.wait_booted(&rec).await {
+            // The launch did not complete: the sandbox says NotStarted, and a retried create
+            // or start boots it again. Only once its QEMU is gone: a live one stays tracked.
+            if !Self::is_alive(&rec) {
+                rec.qemu = None;
+                self.save(&rec)?;
+            }
+            return Err(e);
+        }
         let snapshot = self.snapshot(&rec);
         tracing::info!(sandbox_id = %id, generation, %identity, "vm booted");
         self.publish(id, &snapshot);
