@@ -1,13 +1,17 @@
 //! The driver host: opens one in-tree driver and serves it on a Unix socket until a
 //! termination signal. `sbx-driver-host` is a thin `main` around [`run_driver_host`]; the
 //! gateway's `sbxd driver` subcommand flattens [`DriverHostArgs`] and calls the same function.
+//! [`VmArgs`] (the vm driver's settings) is flattened into `sbxd serve` too, so that the same
+//! flags and `SBX_VM_*` variables set up an in-process, a managed and a hosted vm driver.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::process::{ProcessDriver, ProcessDriverOptions};
 use crate::sim::{SimDriver, SimFaults, SimWorld};
+use crate::vm::{Accel, AssetPaths, VmDriver, VmDriverOptions};
 use crate::{ComputeDriver, DriverError};
 
 /// Which in-tree driver a host serves.
@@ -19,6 +23,10 @@ pub enum Backend {
     /// The in-memory simulated driver. It keeps nothing on disk: killing the host loses
     /// every sandbox it knew.
     Sim,
+    /// QEMU microVMs (needs qemu-system-x86, qemu-utils, e2fsprogs, a kernel and
+    /// busybox-static); state in --state-dir. The VMs outlive the host, and a restarted host
+    /// finds every one again.
+    Vm,
 }
 
 /// The command line of a driver host.
@@ -31,42 +39,286 @@ pub struct DriverHostArgs {
     /// a socket on which another host answers is refused.
     #[arg(long)]
     pub socket: PathBuf,
-    /// Where the process driver keeps its sandboxes (required with --backend process; one
-    /// live host per directory). Unused by sim.
-    #[arg(long, required_if_eq("backend", "process"))]
+    /// Where the process or vm driver keeps its sandboxes (required with --backend process
+    /// and vm; one live host per directory). Unused by sim.
+    #[arg(long, required_if_eq_any([("backend", "process"), ("backend", "vm")]))]
     pub state_dir: Option<PathBuf>,
     /// The cgroup under which the process driver makes sandbox cgroups, relative to the
     /// host's own cgroup.
     #[arg(long, default_value = "sbx")]
     pub cgroup_parent: String,
-    /// How long the process driver's stop waits after SIGTERM before SIGKILL when a request
-    /// gives no grace period.
+    /// How long the process and vm drivers' stop waits after SIGTERM (in the vm: to the
+    /// guest's command) before SIGKILL when a request gives no grace period.
     #[arg(long, default_value_t = 5000)]
     pub default_grace_ms: u64,
-    /// How often the process driver looks for workloads that ended by themselves.
+    /// How often the process and vm drivers look for workloads that changed by themselves.
     #[arg(long, default_value_t = 250)]
     pub poll_interval_ms: u64,
+    #[command(flatten)]
+    pub vm: VmArgs,
 }
 
-/// Opens the driver `args` choose.
-pub fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver>, DriverError> {
+/// The smallest guest memory the vm flags take: a Debian kernel and the busybox initramfs
+/// do not boot in less (the vm driver raises a sandbox's own request to the same floor).
+pub const VM_MIN_MEMORY_MIB: u64 = 128;
+/// The largest guest memory the vm flags take (1 TiB): beyond it is surely a typo.
+pub const VM_MAX_MEMORY_MIB: u64 = 1024 * 1024;
+/// The smallest persistent disk: an ext4 file system with its journal needs a few MiB.
+pub const VM_MIN_DISK_MIB: u64 = 16;
+/// The largest persistent disk the flags take (16 TiB; the image is sparse).
+pub const VM_MAX_DISK_MIB: u64 = 16 * 1024 * 1024;
+/// The default of --vm-boot-timeout, in seconds (the driver's own default).
+pub const VM_DEFAULT_BOOT_TIMEOUT_SECS: u64 = 45;
+/// The longest --vm-boot-timeout, in seconds.
+pub const VM_MAX_BOOT_TIMEOUT_SECS: u64 = 3600;
+
+/// The vm driver's settings: flags of `sbxd serve` (for `--driver vm` and `managed:vm`, which
+/// passes them on to its driver process) and of `sbxd driver --backend vm`. Unused by the
+/// other drivers.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "vm driver")]
+pub struct VmArgs {
+    /// How QEMU runs guests: `kvm` (hardware virtualization through /dev/kvm), `tcg` (QEMU's
+    /// emulator: works everywhere, a boot takes seconds), or `auto`: KVM when a probe boot
+    /// under KVM works at startup, else TCG (on machines whose /dev/kvm cannot boot a stock
+    /// kernel, e.g. PVM, the probe fails fast).
+    #[arg(
+        long = "vm-accel",
+        env = "SBX_VM_ACCEL",
+        default_value = "auto",
+        value_parser = parse_vm_accel,
+        value_name = "auto|kvm|tcg"
+    )]
+    pub accel: Accel,
+
+    /// Guest memory in MiB for sandboxes whose spec asks for none (at least 128).
+    #[arg(
+        long = "vm-memory-mib",
+        env = "SBX_VM_MEMORY_MIB",
+        default_value_t = 256,
+        value_parser = parse_vm_memory_mib,
+        value_name = "MIB"
+    )]
+    pub memory_mib: u64,
+
+    /// Size in MiB of a new sandbox's persistent disk (`/sandbox` in the guest; a sparse
+    /// ext4 image, at least 16). Existing disks keep their size.
+    #[arg(
+        long = "vm-disk-mib",
+        env = "SBX_VM_DISK_MIB",
+        default_value_t = 256,
+        value_parser = parse_vm_disk_mib,
+        value_name = "MIB"
+    )]
+    pub disk_mib: u64,
+
+    /// Seconds a boot may take until the guest runs the sandbox's command; a guest that
+    /// takes longer is ended and the create or start fails (and is retried). Under TCG on a
+    /// loaded machine a boot can take tens of seconds. sbxd's default --driver-call-timeout
+    /// for the vm driver is this plus 15 s.
+    #[arg(
+        long = "vm-boot-timeout",
+        env = "SBX_VM_BOOT_TIMEOUT",
+        default_value_t = VM_DEFAULT_BOOT_TIMEOUT_SECS,
+        value_parser = parse_vm_boot_timeout,
+        value_name = "SECS"
+    )]
+    pub boot_timeout_secs: u64,
+
+    /// The guest kernel (a bzImage or an ELF vmlinux). Default: the newest /boot/vmlinuz-*
+    /// whose modules are in /lib/modules (Debian's linux-image-amd64).
+    #[arg(long = "vm-kernel", env = "SBX_VM_KERNEL", value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+
+    /// The kernel's modules directory (virtio and ext4 modules go into the initramfs).
+    /// Default: /lib/modules/VERSION of the kernel.
+    #[arg(
+        long = "vm-modules-dir",
+        env = "SBX_VM_MODULES_DIR",
+        value_name = "DIR"
+    )]
+    pub modules_dir: Option<PathBuf>,
+
+    /// A statically linked busybox, the guest's userland. Default: /bin/busybox (Debian's
+    /// busybox-static).
+    #[arg(long = "vm-busybox", env = "SBX_VM_BUSYBOX", value_name = "PATH")]
+    pub busybox: Option<PathBuf>,
+
+    /// Where the unpacked kernel and the shared initramfs are cached (made at startup,
+    /// which takes seconds the first time). Default: STATE_DIR/assets. Several drivers may
+    /// share one.
+    #[arg(
+        long = "vm-asset-cache",
+        env = "SBX_VM_ASSET_CACHE",
+        value_name = "DIR"
+    )]
+    pub asset_cache: Option<PathBuf>,
+
+    /// The QEMU binary. Default: qemu-system-x86_64 on PATH.
+    #[arg(long = "vm-qemu", env = "SBX_VM_QEMU", value_name = "PATH")]
+    pub qemu: Option<PathBuf>,
+}
+
+impl Default for VmArgs {
+    fn default() -> Self {
+        VmArgs {
+            accel: Accel::Auto,
+            memory_mib: 256,
+            disk_mib: 256,
+            boot_timeout_secs: VM_DEFAULT_BOOT_TIMEOUT_SECS,
+            kernel: None,
+            modules_dir: None,
+            busybox: None,
+            asset_cache: None,
+            qemu: None,
+        }
+    }
+}
+
+impl VmArgs {
+    pub fn boot_timeout(&self) -> Duration {
+        Duration::from_secs(self.boot_timeout_secs)
+    }
+
+    /// The driver's options: these settings, and the driver's defaults for the rest.
+    pub fn driver_options(&self) -> VmDriverOptions {
+        VmDriverOptions {
+            assets: AssetPaths {
+                kernel: self.kernel.clone(),
+                modules_dir: self.modules_dir.clone(),
+                busybox: self.busybox.clone(),
+            },
+            asset_cache: self.asset_cache.clone(),
+            qemu: self.qemu.clone(),
+            accel: self.accel,
+            memory_mib: self.memory_mib,
+            disk_mib: self.disk_mib,
+            boot_timeout: self.boot_timeout(),
+            ..VmDriverOptions::default()
+        }
+    }
+
+    /// These settings as command-line flags, for a driver process sbxd starts: parsing them
+    /// (in the same environment, which the child inherits) gives these settings back.
+    pub fn to_flags(&self) -> Vec<OsString> {
+        let mut flags: Vec<OsString> = vec![
+            "--vm-accel".into(),
+            accel_name(self.accel).into(),
+            "--vm-memory-mib".into(),
+            self.memory_mib.to_string().into(),
+            "--vm-disk-mib".into(),
+            self.disk_mib.to_string().into(),
+            "--vm-boot-timeout".into(),
+            self.boot_timeout_secs.to_string().into(),
+        ];
+        let paths = [
+            ("--vm-kernel", &self.kernel),
+            ("--vm-modules-dir", &self.modules_dir),
+            ("--vm-busybox", &self.busybox),
+            ("--vm-asset-cache", &self.asset_cache),
+            ("--vm-qemu", &self.qemu),
+        ];
+        for (flag, path) in paths {
+            if let Some(path) = path {
+                flags.push(flag.into());
+                flags.push(path.into());
+            }
+        }
+        flags
+    }
+}
+
+/// The flag value of an accelerator (what [`parse_vm_accel`] reads).
+pub fn accel_name(accel: Accel) -> &'static str {
+    match accel {
+        Accel::Auto => "auto",
+        Accel::Kvm => "kvm",
+        Accel::Tcg => "tcg",
+    }
+}
+
+/// Parses `--vm-accel` (clap's value parser).
+pub fn parse_vm_accel(text: &str) -> Result<Accel, String> {
+    text.trim().to_ascii_lowercase().parse()
+}
+
+/// A whole number of `unit` within `min..=max`, or an error that says what is expected.
+fn parse_bounded(text: &str, unit: &str, min: u64, max: u64) -> Result<u64, String> {
+    let value: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number of {unit}"))?;
+    if value < min {
+        return Err(format!("{value} {unit} is too small: at least {min}"));
+    }
+    if value > max {
+        return Err(format!("{value} {unit} is too large: at most {max}"));
+    }
+    Ok(value)
+}
+
+/// Parses `--vm-memory-mib`.
+pub fn parse_vm_memory_mib(text: &str) -> Result<u64, String> {
+    parse_bounded(text, "MiB", VM_MIN_MEMORY_MIB, VM_MAX_MEMORY_MIB)
+        .map_err(|e| format!("{e} (a guest needs {VM_MIN_MEMORY_MIB} MiB to boot)"))
+}
+
+/// Parses `--vm-disk-mib`.
+pub fn parse_vm_disk_mib(text: &str) -> Result<u64, String> {
+    parse_bounded(text, "MiB", VM_MIN_DISK_MIB, VM_MAX_DISK_MIB)
+}
+
+/// Parses `--vm-boot-timeout` (seconds, at least 1).
+pub fn parse_vm_boot_timeout(text: &str) -> Result<u64, String> {
+    parse_bounded(text, "seconds", 1, VM_MAX_BOOT_TIMEOUT_SECS)
+}
+
+/// Opens the driver `args` choose. The process driver may wait (a couple of seconds at most)
+/// for a previous instance's lock on its state dir: that wait runs off the async workers.
+pub async fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver>, DriverError> {
+    let state_dir = || {
+        args.state_dir.clone().ok_or_else(|| {
+            DriverError::InvalidArgument(format!(
+                "--backend {} needs --state-dir",
+                backend_name(args.backend)
+            ))
+        })
+    };
     match args.backend {
         Backend::Process => {
-            let state_dir = args.state_dir.clone().ok_or_else(|| {
-                DriverError::InvalidArgument("--backend process needs --state-dir".into())
-            })?;
+            let state_dir = state_dir()?;
             let opts = ProcessDriverOptions {
                 cgroup_parent: args.cgroup_parent.clone(),
                 default_grace: Duration::from_millis(args.default_grace_ms),
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
                 ..ProcessDriverOptions::default()
             };
-            Ok(Arc::new(ProcessDriver::open(state_dir, opts)?))
+            let driver = tokio::task::spawn_blocking(move || ProcessDriver::open(state_dir, opts))
+                .await
+                .map_err(|e| DriverError::Internal(format!("opening the driver: {e}")))??;
+            Ok(Arc::new(driver))
         }
         Backend::Sim => Ok(Arc::new(SimDriver::new(
             SimWorld::new(),
             SimFaults::default(),
         ))),
+        Backend::Vm => {
+            let opts = VmDriverOptions {
+                default_grace: Duration::from_millis(args.default_grace_ms),
+                poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
+                ..args.vm.driver_options()
+            };
+            Ok(Arc::new(VmDriver::open(state_dir()?, opts).await?))
+        }
+    }
+}
+
+/// The flag value of a backend.
+fn backend_name(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Process => "process",
+        Backend::Sim => "sim",
+        Backend::Vm => "vm",
     }
 }
 
@@ -75,12 +327,8 @@ pub async fn run_driver_host(
     args: DriverHostArgs,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DriverError> {
-    let socket = args.socket.clone();
-    // Opening the process driver may wait for a previous instance's lock: off the runtime.
-    let driver = tokio::task::spawn_blocking(move || open_backend(&args))
-        .await
-        .map_err(|e| DriverError::Internal(format!("opening the driver: {e}")))??;
-    super::serve(driver, &socket, shutdown).await
+    let driver = open_backend(&args).await?;
+    super::serve(driver, &args.socket, shutdown).await
 }
 
 /// Resolves at the first SIGTERM or SIGINT. The handlers are installed by this call, so a
@@ -98,4 +346,132 @@ pub fn termination_signal() -> Result<impl Future<Output = ()> + Send, DriverErr
             _ = interrupt.recv() => tracing::info!("SIGINT: shutting down"),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Host {
+        #[command(flatten)]
+        host: DriverHostArgs,
+    }
+
+    fn host(args: &[&str]) -> Result<DriverHostArgs, clap::Error> {
+        Host::try_parse_from(std::iter::once("host").chain(args.iter().copied())).map(|h| h.host)
+    }
+
+    #[test]
+    fn vm_values_parse_and_bad_ones_say_why() {
+        assert_eq!(parse_vm_accel("tcg"), Ok(Accel::Tcg));
+        assert_eq!(parse_vm_accel(" KVM "), Ok(Accel::Kvm));
+        assert_eq!(parse_vm_accel("auto"), Ok(Accel::Auto));
+        let err = parse_vm_accel("hvf").unwrap_err();
+        assert!(err.contains("hvf") && err.contains("tcg"), "{err}");
+
+        assert_eq!(parse_vm_memory_mib("128"), Ok(128));
+        assert_eq!(parse_vm_disk_mib(" 16 "), Ok(16));
+        assert_eq!(parse_vm_boot_timeout("1"), Ok(1));
+        for (parse, bad, mentions) in [
+            (
+                parse_vm_memory_mib as fn(&str) -> Result<u64, String>,
+                "127",
+                "at least 128",
+            ),
+            (parse_vm_memory_mib, "2G", "not a whole number"),
+            (parse_vm_memory_mib, "-1", "not a whole number"),
+            (parse_vm_memory_mib, "1048577", "at most 1048576"),
+            (parse_vm_disk_mib, "15", "at least 16"),
+            (parse_vm_disk_mib, "", "not a whole number"),
+            (parse_vm_boot_timeout, "0", "at least 1"),
+            (parse_vm_boot_timeout, "3601", "at most 3600"),
+            (parse_vm_boot_timeout, "1.5", "not a whole number"),
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains(mentions), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn vm_backend_needs_a_state_dir_and_takes_the_vm_flags() {
+        let err = host(&["--backend", "vm", "--socket", "/s"]).unwrap_err();
+        assert!(err.to_string().contains("--state-dir"), "{err}");
+
+        let args = host(&[
+            "--backend",
+            "vm",
+            "--socket",
+            "/s",
+            "--state-dir",
+            "/d",
+            "--vm-accel",
+            "tcg",
+            "--vm-memory-mib",
+            "512",
+            "--vm-boot-timeout",
+            "90",
+            "--vm-kernel",
+            "/k",
+        ])
+        .unwrap();
+        assert_eq!(args.backend, Backend::Vm);
+        let opts = args.vm.driver_options();
+        assert_eq!(opts.accel, Accel::Tcg);
+        assert_eq!(opts.memory_mib, 512);
+        assert_eq!(opts.disk_mib, 256);
+        assert_eq!(opts.boot_timeout, Duration::from_secs(90));
+        assert_eq!(opts.assets.kernel, Some(PathBuf::from("/k")));
+        assert_eq!(opts.assets.busybox, None);
+
+        let err = host(&[
+            "--backend",
+            "vm",
+            "--socket",
+            "/s",
+            "--state-dir",
+            "/d",
+            "--vm-memory-mib",
+            "64",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("--vm-memory-mib") && err.contains("at least 128"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn vm_flags_round_trip() {
+        let full = VmArgs {
+            accel: Accel::Kvm,
+            memory_mib: 1024,
+            disk_mib: 64,
+            boot_timeout_secs: 120,
+            kernel: Some(PathBuf::from("/boot/vmlinuz-x")),
+            modules_dir: Some(PathBuf::from("/lib/modules/x")),
+            busybox: Some(PathBuf::from("/opt/busybox")),
+            asset_cache: Some(PathBuf::from("/var/cache/sbx vm")),
+            qemu: Some(PathBuf::from("/opt/qemu")),
+        };
+        for vm in [VmArgs::default(), full] {
+            let mut args: Vec<OsString> = [
+                "host",
+                "--backend",
+                "vm",
+                "--socket",
+                "/s",
+                "--state-dir",
+                "/d",
+            ]
+            .map(OsString::from)
+            .to_vec();
+            args.extend(vm.to_flags());
+            let parsed = Host::try_parse_from(args).unwrap().host.vm;
+            assert_eq!(parsed, vm);
+        }
+    }
 }

@@ -25,5 +25,7 @@ mod server;
 pub mod status;
 
 pub use client::RemoteDriver;
-pub use host::{Backend, DriverHostArgs, open_backend, run_driver_host, termination_signal};
+pub use host::{
+    Backend, DriverHostArgs, VmArgs, open_backend, run_driver_host, termination_signal,
+};
 pub use server::{SHUTDOWN_GRACE, serve};

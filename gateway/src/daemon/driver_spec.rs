@@ -1,15 +1,15 @@
 //! The value of `sbxd serve --driver`: where the compute driver runs.
 //!
-//! - `process`, `sim`: in sbxd's own process;
+//! - `process`, `sim`, `vm`: in sbxd's own process;
 //! - `remote:SOCKET`: served by an `sbxd driver` (or `sbx-driver-host`) the operator runs;
-//! - `managed:process`, `managed:sim`: served by an `sbxd driver` that sbxd starts and
+//! - `managed:process`, `managed:sim`, `managed:vm`: served by an `sbxd driver` that sbxd starts and
 //!   supervises itself (see [`super::managed`]).
 //!
 //! Naming: the driver is registered in the actors' DriverSet under its backend's name
-//! ("process" or "sim"), which is what each sandbox's `spec.driver` records. A remote driver's
+//! ("process", "sim" or "vm"), which is what each sandbox's `spec.driver` records. A remote driver's
 //! backend is not known to sbxd, so it is named by `--driver-name`, default "process": a data
 //! dir's sandboxes keep working when sbxd switches between `process`, `managed:process` and
-//! `remote:SOCKET` over the same process state dir.
+//! `remote:SOCKET` over the same process state dir (a remote vm driver is `--driver-name vm`).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -62,13 +62,14 @@ impl fmt::Display for DriverSpec {
     }
 }
 
-const EXPECTED: &str = "expected process, sim, remote:SOCKET or managed:process|sim";
+const EXPECTED: &str = "expected process, sim, vm, remote:SOCKET or managed:process|sim|vm";
 
 /// Parses a `--driver` value (clap's value parser).
 pub fn parse_driver_spec(text: &str) -> Result<DriverSpec, String> {
     let backend = |name: &str| match name {
         "process" => Ok(DriverKind::Process),
         "sim" => Ok(DriverKind::Sim),
+        "vm" => Ok(DriverKind::Vm),
         other => Err(format!("unknown driver backend {other:?}; {EXPECTED}")),
     };
     match text.split_once(':') {
@@ -110,6 +111,14 @@ mod tests {
             parse_driver_spec("managed:sim"),
             Ok(DriverSpec::Managed(DriverKind::Sim))
         );
+        assert_eq!(
+            parse_driver_spec("vm"),
+            Ok(DriverSpec::InProcess(DriverKind::Vm))
+        );
+        assert_eq!(
+            parse_driver_spec("managed:vm"),
+            Ok(DriverSpec::Managed(DriverKind::Vm))
+        );
     }
 
     #[test]
@@ -118,7 +127,9 @@ mod tests {
             ("remote:", "socket"),
             ("remote", "\"remote\""),
             ("managed:", "backend"),
-            ("managed:vm", "\"vm\""),
+            ("managed:oci", "\"oci\""),
+            ("vm:", "\"vm\""),
+            ("VM", "\"VM\""),
             ("ssh:host", "\"ssh\""),
             ("", "\"\""),
         ] {
@@ -137,6 +148,9 @@ mod tests {
         let managed = DriverSpec::Managed(DriverKind::Sim);
         assert_eq!(managed.driver_name(None).unwrap(), "sim");
         assert!(managed.driver_name(Some("x")).is_err());
+        let vm = DriverSpec::Managed(DriverKind::Vm);
+        assert_eq!(vm.driver_name(None).unwrap(), "vm");
+        assert_eq!(remote.driver_name(Some("vm")).unwrap(), "vm");
         assert_eq!(
             DriverSpec::InProcess(DriverKind::Process)
                 .driver_name(None)
@@ -147,7 +161,14 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        for text in ["process", "sim", "remote:/a/b.sock", "managed:process"] {
+        for text in [
+            "process",
+            "sim",
+            "vm",
+            "remote:/a/b.sock",
+            "managed:process",
+            "managed:vm",
+        ] {
             assert_eq!(parse_driver_spec(text).unwrap().to_string(), text);
         }
     }

@@ -1,5 +1,6 @@
 //! Opening the data directory's store and the chosen compute driver.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use sbx_drivers::ComputeDriver;
 use sbx_drivers::process::{ProcessDriver, ProcessDriverOptions};
 use sbx_drivers::remote::RemoteDriver;
 use sbx_drivers::sim::{SimDriver, SimFaults, SimOp, SimWorld};
+use sbx_drivers::vm::VmDriver;
 
 use super::managed::{MAX_SOCKET_PATH, ManagedDriver, ManagedDriverPaths, stop_stale_driver};
 use super::{DaemonError, DriverKind, DriverSpec, ServeArgs};
@@ -60,7 +62,7 @@ pub async fn open_driver(args: &ServeArgs, data_dir: &Path) -> Result<OpenedDriv
         DriverSpec::InProcess(kind) => {
             // An orphaned managed driver (its sbxd was SIGKILLed) would hold the state lock.
             stop_stale_driver(&ManagedDriverPaths::new(data_dir, *kind)).await;
-            (open_in_process(*kind, args, data_dir)?, None)
+            (open_in_process(*kind, args, data_dir).await?, None)
         }
         DriverSpec::Remote(socket) => {
             check_socket_path(socket)?;
@@ -71,7 +73,7 @@ pub async fn open_driver(args: &ServeArgs, data_dir: &Path) -> Result<OpenedDriv
             let paths = ManagedDriverPaths::new(data_dir, *kind);
             let socket = paths.socket.clone();
             check_socket_path(&socket)?;
-            let managed = ManagedDriver::start(paths, args.process_cgroup_parent.clone()).await?;
+            let managed = ManagedDriver::start(paths, managed_host_flags(*kind, args)).await?;
             let driver = RemoteDriver::connect_lazy(socket, args.driver_call_timeout());
             (Arc::new(driver) as Arc<dyn ComputeDriver>, Some(managed))
         }
@@ -112,7 +114,20 @@ fn check_socket_path(socket: &Path) -> Result<(), DaemonError> {
     Ok(())
 }
 
-fn open_in_process(
+/// The backend's settings a managed driver process gets on its command line (after
+/// `--backend --socket --state-dir`, which the launcher adds).
+fn managed_host_flags(kind: DriverKind, args: &ServeArgs) -> Vec<OsString> {
+    let mut flags: Vec<OsString> = vec![
+        "--cgroup-parent".into(),
+        args.process_cgroup_parent.clone().into(),
+    ];
+    if kind == DriverKind::Vm {
+        flags.extend(args.vm.to_flags());
+    }
+    flags
+}
+
+async fn open_in_process(
     kind: DriverKind,
     args: &ServeArgs,
     data_dir: &Path,
@@ -130,6 +145,18 @@ fn open_in_process(
                     source,
                     hint: " (on a machine where it cannot run, use --driver sim)",
                 })?;
+            Ok(Arc::new(driver))
+        }
+        DriverKind::Vm => {
+            let state_dir = data_dir.join("drivers").join("vm");
+            let driver = VmDriver::open(state_dir, args.vm.driver_options())
+                .await
+                .map_err(|source| DaemonError::Driver {
+                    driver: "vm",
+                    source,
+                    hint: " (see sbxd serve --help for the --vm-* flags)",
+                })?;
+            tracing::info!(accel = ?driver.accel(), "the vm driver is open");
             Ok(Arc::new(driver))
         }
         DriverKind::Sim => {
@@ -187,6 +214,45 @@ mod tests {
         let long = PathBuf::from(format!("/{}", "d".repeat(MAX_SOCKET_PATH)));
         let err = check_socket_path(&long).unwrap_err().to_string();
         assert!(err.contains("108") && err.contains("--data-dir"), "{err}");
+    }
+
+    #[test]
+    fn managed_drivers_get_their_backend_settings() {
+        use clap::Parser;
+        let argv = [
+            "sbxd",
+            "serve",
+            "--driver",
+            "managed:vm",
+            "--process-cgroup-parent",
+            "cg",
+            "--vm-accel",
+            "tcg",
+            "--vm-kernel",
+            "/k",
+        ];
+        let args = match super::super::Sbxd::try_parse_from(argv).unwrap().command {
+            super::super::Command::Serve(args) => args,
+            super::super::Command::Driver(_) => unreachable!("parsed serve"),
+        };
+        let text = |flags: Vec<OsString>| -> Vec<String> {
+            flags
+                .into_iter()
+                .map(|f| f.to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(
+            text(managed_host_flags(DriverKind::Process, &args)),
+            ["--cgroup-parent", "cg"]
+        );
+        let vm = text(managed_host_flags(DriverKind::Vm, &args));
+        let joined = vm.join(" ");
+        assert!(
+            joined.starts_with("--cgroup-parent cg --vm-accel tcg ")
+                && joined.contains("--vm-boot-timeout 45")
+                && joined.ends_with("--vm-kernel /k"),
+            "{joined}"
+        );
     }
 
     #[test]

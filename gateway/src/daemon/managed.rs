@@ -1,6 +1,7 @@
-//! Managed mode (`sbxd serve --driver managed:process|sim`): sbxd runs its compute driver as a
-//! child process — its own binary, `sbxd driver --backend X --socket DATA/drivers/X.sock
-//! --state-dir DATA/drivers/X` — in its own process group, with stdout and stderr appended to
+//! Managed mode (`sbxd serve --driver managed:process|sim|vm`): sbxd runs its compute driver as
+//! a child process — its own binary, `sbxd driver --backend X --socket DATA/drivers/X.sock
+//! --state-dir DATA/drivers/X` plus the backend's settings (`--cgroup-parent`, the `--vm-*`
+//! flags) — in its own process group, with stdout and stderr appended to
 //! DATA/drivers/X.log, and talks to it over the socket like to any remote driver.
 //!
 //! Supervision: when the driver process exits, it is started again after a backoff of 100 ms
@@ -18,6 +19,7 @@
 //! time (a reused pid is never signalled). It does not wait for the orphan to exit by itself:
 //! an orphaned driver has nobody left to serve.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -46,8 +48,8 @@ pub struct ManagedDriverPaths {
     pub backend: DriverKind,
     /// DATA/drivers/X.sock: the socket the driver serves on.
     pub socket: PathBuf,
-    /// DATA/drivers/X: the process driver's state (the same as `--driver process` uses, so
-    /// sandboxes move between in-process and managed mode).
+    /// DATA/drivers/X: the driver's state (the same as `--driver X` uses, so sandboxes move
+    /// between in-process and managed mode).
     pub state_dir: PathBuf,
     /// DATA/drivers/X.log: the driver's stdout and stderr, appended.
     pub log: PathBuf,
@@ -80,10 +82,11 @@ pub struct ManagedDriver {
 
 impl ManagedDriver {
     /// Kills a stale driver recorded in the pid file, starts the driver and supervises it.
-    /// `cgroup_parent` is passed to the process driver.
+    /// `host_flags` (the backend's settings, e.g. `--cgroup-parent X`) go on every driver
+    /// process's command line.
     pub async fn start(
         paths: ManagedDriverPaths,
-        cgroup_parent: String,
+        host_flags: Vec<OsString>,
     ) -> Result<ManagedDriver, DaemonError> {
         let exe = std::env::current_exe().map_err(|source| DaemonError::Io {
             what: "cannot find sbxd's own executable",
@@ -99,7 +102,7 @@ impl ManagedDriver {
         let launcher = Launcher {
             exe,
             paths,
-            cgroup_parent,
+            host_flags,
         };
         let child = launcher.spawn()?;
         let stop = CancellationToken::new();
@@ -118,7 +121,8 @@ impl ManagedDriver {
 struct Launcher {
     exe: PathBuf,
     paths: ManagedDriverPaths,
-    cgroup_parent: String,
+    /// The backend's settings, after the backend, socket and state dir.
+    host_flags: Vec<OsString>,
 }
 
 impl Launcher {
@@ -145,8 +149,7 @@ impl Launcher {
             .arg(&self.paths.socket)
             .arg("--state-dir")
             .arg(&self.paths.state_dir)
-            .arg("--cgroup-parent")
-            .arg(&self.cgroup_parent)
+            .args(&self.host_flags)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)

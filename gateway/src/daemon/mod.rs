@@ -15,6 +15,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sbx_actors::ActorError;
 use sbx_drivers::DriverError;
+use sbx_drivers::remote::VmArgs;
 use sbx_storage::StoreError;
 
 pub use driver_spec::DriverSpec;
@@ -80,20 +81,23 @@ pub enum Command {
     /// calls in flight finish (up to --shutdown-grace), stops the actors and closes the store
     /// — and leaves every sandbox running, to be re-attached by the next start.
     Serve(ServeArgs),
-    /// Serve one compute driver over the sbx.driver.v1 gRPC contract on a Unix socket, until
-    /// SIGTERM or SIGINT, for an `sbxd serve --driver remote:SOCKET` to use. `sbxd serve
-    /// --driver managed:BACKEND` runs this itself. Shutdown leaves every workload running; a
-    /// driver started again on the same --state-dir finds them.
+    /// Serve one compute driver (process, sim or vm) over the sbx.driver.v1 gRPC contract on
+    /// a Unix socket, until SIGTERM or SIGINT, for an `sbxd serve --driver remote:SOCKET` to
+    /// use. `sbxd serve --driver managed:BACKEND` runs this itself. Shutdown leaves every
+    /// workload running; a driver started again on the same --state-dir finds them.
     #[command(
         long_about = "Serve one compute driver over the sbx.driver.v1 gRPC contract on a Unix \
             socket (mode 0600), until SIGTERM or SIGINT, for `sbxd serve --driver \
             remote:SOCKET` to use.\n\n\
             Example: sbxd driver --backend process --socket /run/sbx/process.sock \
             --state-dir /var/lib/sbx/drivers/process\n\n\
-            Shutdown leaves every workload running (they live in their own sessions); a \
-            driver started again on the same --state-dir finds them. Only one process driver \
-            may use a state directory at a time. Logs go to stderr, filtered by SBX_LOG \
-            (else RUST_LOG, else \"info\")."
+            Example: sbxd driver --backend vm --vm-accel tcg --socket /run/sbx/vm.sock \
+            --state-dir /var/lib/sbx/drivers/vm\n\n\
+            Shutdown leaves every workload running (processes live in their own sessions, \
+            QEMU runs daemonized); a driver started again on the same --state-dir finds them. \
+            Only one process or vm driver may use a state directory at a time. The --vm-* \
+            flags (and their SBX_VM_* variables) are those of `sbxd serve`. Logs go to stderr, \
+            filtered by SBX_LOG (else RUST_LOG, else \"info\")."
     )]
     Driver(sbx_drivers::remote::DriverHostArgs),
 }
@@ -107,6 +111,10 @@ pub enum DriverKind {
     /// In memory, for tests and benchmarks. Its sandboxes do NOT survive an sbxd restart:
     /// after one, the records are still in the store but their workloads are gone.
     Sim,
+    /// QEMU microVMs with a persistent disk at /sandbox (see the --vm-* flags); they outlive
+    /// sbxd and are re-attached after a restart. Needs qemu-system-x86, qemu-utils,
+    /// e2fsprogs, a kernel (linux-image-amd64) and busybox-static.
+    Vm,
 }
 
 impl DriverKind {
@@ -115,6 +123,7 @@ impl DriverKind {
         match self {
             DriverKind::Process => "process",
             DriverKind::Sim => "sim",
+            DriverKind::Vm => "vm",
         }
     }
 }
@@ -145,17 +154,18 @@ pub struct ServeArgs {
     #[arg(long, env = "SBX_DATA_DIR", value_name = "DATA")]
     pub data_dir: Option<PathBuf>,
 
-    /// The compute driver sandboxes run on: `process` or `sim` (in this process; `sim` is
-    /// in memory, its sandboxes do not survive an sbxd restart); `remote:SOCKET` (a driver
-    /// served by `sbxd driver` on that Unix socket, run by the operator); or
-    /// `managed:process` / `managed:sim` (sbxd runs `sbxd driver` itself as a supervised
-    /// child process on DATA/drivers/BACKEND.sock, restarting it when it dies).
+    /// The compute driver sandboxes run on: `process`, `sim` or `vm` (in this process;
+    /// `sim` is in memory, its sandboxes do not survive an sbxd restart; `vm` runs QEMU
+    /// microVMs, see the --vm-* flags); `remote:SOCKET` (a driver served by `sbxd driver` on
+    /// that Unix socket, run by the operator); or `managed:process|sim|vm` (sbxd runs `sbxd
+    /// driver` itself as a supervised child process on DATA/drivers/BACKEND.sock, restarting
+    /// it when it dies).
     #[arg(
         long,
         env = "SBX_DRIVER",
         default_value = "process",
         value_parser = driver_spec::parse_driver_spec,
-        value_name = "process|sim|remote:SOCKET|managed:process|managed:sim"
+        value_name = "process|sim|vm|remote:SOCKET|managed:process|sim|vm"
     )]
     pub driver: DriverSpec,
 
@@ -168,14 +178,12 @@ pub struct ServeArgs {
     pub driver_name: Option<String>,
 
     /// Deadline of every driver call, in seconds: both the actors' deadline and the remote
-    /// driver's per-call deadline (sent to the driver as grpc-timeout).
-    #[arg(
-        long,
-        env = "SBX_DRIVER_CALL_TIMEOUT",
-        default_value_t = 30,
-        value_name = "SECS"
-    )]
-    pub driver_call_timeout: u64,
+    /// driver's per-call deadline (sent to the driver as grpc-timeout). Default: 30; for the
+    /// vm driver (`vm`, `managed:vm`, or a remote driver named vm) --vm-boot-timeout + 15,
+    /// because a create or start returns only once the guest has booted. A value that does
+    /// not exceed --vm-boot-timeout makes slow boots fail and retry (sbxd warns at start).
+    #[arg(long, env = "SBX_DRIVER_CALL_TIMEOUT", value_name = "SECS")]
+    pub driver_call_timeout: Option<u64>,
 
     /// Log line format (stderr). The filter comes from SBX_LOG, else RUST_LOG, else "info".
     #[arg(long, env = "SBX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
@@ -225,7 +233,17 @@ pub struct ServeArgs {
     /// capabilities).
     #[arg(long, env = "SBX_SIM_FAIL", value_delimiter = ',', value_name = "OP,…")]
     pub sim_fail: Vec<String>,
+
+    /// The vm driver's settings (`--driver vm` and `managed:vm`, which passes them on).
+    #[command(flatten)]
+    pub vm: VmArgs,
 }
+
+/// The default driver-call deadline.
+pub const DEFAULT_DRIVER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// What the vm driver's default deadline adds to its boot timeout: making the disk before
+/// the boot, and ending a guest that did not boot in time (QMP quit, then SIGKILL) after it.
+pub const VM_CALL_MARGIN: Duration = Duration::from_secs(15);
 
 impl ServeArgs {
     pub fn reconcile_interval(&self) -> Duration {
@@ -236,9 +254,41 @@ impl ServeArgs {
         Duration::from_secs(self.shutdown_grace)
     }
 
-    /// At least one second: a zero deadline would fail every call.
+    /// The flag when given (at least one second: a zero deadline would fail every call);
+    /// else [`DEFAULT_DRIVER_CALL_TIMEOUT`], or for the vm driver the longer of that and
+    /// its boot timeout plus [`VM_CALL_MARGIN`].
     pub fn driver_call_timeout(&self) -> Duration {
-        Duration::from_secs(self.driver_call_timeout.max(1))
+        match self.driver_call_timeout {
+            Some(secs) => Duration::from_secs(secs.max(1)),
+            None if self.serves_vm() => {
+                DEFAULT_DRIVER_CALL_TIMEOUT.max(self.vm.boot_timeout() + VM_CALL_MARGIN)
+            }
+            None => DEFAULT_DRIVER_CALL_TIMEOUT,
+        }
+    }
+
+    /// Whether the driver is the vm driver: `vm`, `managed:vm`, or a remote driver named vm.
+    pub fn serves_vm(&self) -> bool {
+        match &self.driver {
+            DriverSpec::InProcess(kind) | DriverSpec::Managed(kind) => *kind == DriverKind::Vm,
+            DriverSpec::Remote(_) => self.driver_name.as_deref() == Some(DriverKind::Vm.name()),
+        }
+    }
+
+    /// A warning when the driver-call deadline cuts vm boots short (a create or start waits
+    /// for the boot, so a deadline within the boot timeout fails slow boots).
+    pub fn call_timeout_warning(&self) -> Option<String> {
+        let deadline = self.driver_call_timeout();
+        (self.serves_vm() && deadline <= self.vm.boot_timeout()).then(|| {
+            format!(
+                "--driver-call-timeout {}s does not exceed --vm-boot-timeout {}s: a slow boot \
+                 will fail the call and be retried; leave --driver-call-timeout unset for {}s",
+                deadline.as_secs(),
+                self.vm.boot_timeout_secs,
+                (DEFAULT_DRIVER_CALL_TIMEOUT.max(self.vm.boot_timeout() + VM_CALL_MARGIN))
+                    .as_secs()
+            )
+        })
     }
 }
 
@@ -307,4 +357,111 @@ pub enum DaemonError {
     /// The signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use sbx_drivers::vm::Accel;
+
+    use super::*;
+
+    /// `sbxd serve ARGS…` parsed (the SBX_* variables of the test's environment apply).
+    fn serve_args(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let argv = ["sbxd", "serve"].into_iter().chain(args.iter().copied());
+        match Sbxd::try_parse_from(argv)?.command {
+            Command::Serve(args) => Ok(args),
+            Command::Driver(_) => unreachable!("parsed serve"),
+        }
+    }
+
+    #[test]
+    fn driver_call_timeout_defaults_per_driver_and_the_flag_wins() {
+        let secs = |args: &[&str]| serve_args(args).unwrap().driver_call_timeout().as_secs();
+        assert_eq!(secs(&["--driver", "process"]), 30);
+        assert_eq!(secs(&["--driver", "sim"]), 30);
+        // The vm driver: the boot timeout (default 45 s) plus the margin, at least 30 s.
+        assert_eq!(secs(&["--driver", "vm"]), 60);
+        assert_eq!(secs(&["--driver", "managed:vm"]), 60);
+        assert_eq!(secs(&["--driver", "vm", "--vm-boot-timeout", "120"]), 135);
+        assert_eq!(secs(&["--driver", "vm", "--vm-boot-timeout", "5"]), 30);
+        assert_eq!(secs(&["--driver", "remote:/s", "--driver-name", "vm"]), 60);
+        assert_eq!(secs(&["--driver", "remote:/s"]), 30);
+        assert_eq!(
+            secs(&["--driver", "vm", "--driver-call-timeout", "100"]),
+            100
+        );
+        assert_eq!(secs(&["--driver-call-timeout", "0"]), 1);
+    }
+
+    #[test]
+    fn a_call_timeout_within_the_boot_timeout_is_warned_about() {
+        let warning = |args: &[&str]| serve_args(args).unwrap().call_timeout_warning();
+        assert_eq!(warning(&["--driver", "vm"]), None);
+        assert_eq!(
+            warning(&["--driver", "process", "--driver-call-timeout", "5"]),
+            None
+        );
+        let w = warning(&["--driver", "vm", "--driver-call-timeout", "45"]).expect("a warning");
+        assert!(w.contains("45s") && w.contains("unset for 60s"), "{w}");
+        assert!(
+            warning(&[
+                "--driver",
+                "managed:vm",
+                "--vm-boot-timeout",
+                "90",
+                "--driver-call-timeout",
+                "60"
+            ])
+            .is_some()
+        );
+    }
+
+    #[test]
+    fn serve_takes_the_vm_flags() {
+        let args = serve_args(&[
+            "--driver",
+            "vm",
+            "--vm-accel",
+            "tcg",
+            "--vm-memory-mib",
+            "384",
+            "--vm-disk-mib",
+            "32",
+            "--vm-boot-timeout",
+            "90",
+            "--vm-kernel",
+            "/boot/k",
+            "--vm-busybox",
+            "/opt/bb",
+        ])
+        .unwrap();
+        assert_eq!(args.driver, DriverSpec::InProcess(DriverKind::Vm));
+        let opts = args.vm.driver_options();
+        assert_eq!(opts.accel, Accel::Tcg);
+        assert_eq!((opts.memory_mib, opts.disk_mib), (384, 32));
+        assert_eq!(opts.boot_timeout, Duration::from_secs(90));
+        assert_eq!(opts.assets.kernel, Some(PathBuf::from("/boot/k")));
+        assert_eq!(opts.assets.busybox, Some(PathBuf::from("/opt/bb")));
+        assert_eq!(opts.assets.modules_dir, None);
+    }
+
+    #[test]
+    fn bad_vm_values_are_usage_errors_naming_the_flag() {
+        for (flag, value, mentions) in [
+            ("--vm-accel", "xen", "auto, kvm or tcg"),
+            ("--vm-memory-mib", "100", "at least 128"),
+            ("--vm-memory-mib", "lots", "not a whole number"),
+            ("--vm-disk-mib", "8", "at least 16"),
+            ("--vm-boot-timeout", "0", "at least 1"),
+            ("--vm-boot-timeout", "-5", "not a whole number"),
+        ] {
+            let err = serve_args(&["--driver", "vm", &format!("{flag}={value}")]).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{flag} {value}: a usage error");
+            let text = err.to_string();
+            assert!(
+                text.contains(flag) && text.contains(mentions),
+                "{flag} {value}: {text}"
+            );
+        }
+    }
 }

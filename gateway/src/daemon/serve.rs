@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tracing_subscriber::EnvFilter;
 
-use super::{DaemonError, DriverSpec, LogFormat, ServeArgs, drivers};
+use super::{DaemonError, DriverKind, DriverSpec, LogFormat, ServeArgs, drivers};
 use crate::service::{SbxService, set_health};
 
 /// How often startup logs how many sandboxes are still re-attaching.
@@ -57,11 +57,15 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
         });
     }
 
+    if let Some(warning) = args.call_timeout_warning() {
+        tracing::warn!("{warning}");
+    }
     let opened = drivers::open_driver(&args, &data_dir).await?;
     tracing::info!(
         data_dir = %data_dir.display(),
         driver = %args.driver,
         name = %opened.name,
+        call_timeout = ?args.driver_call_timeout(),
         "starting"
     );
     let result = serve_on(args, store, &opened.name, opened.driver, shutdown).await;
@@ -74,6 +78,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
 
 /// How long startup waits for a managed driver process to answer before re-attaching.
 const MANAGED_DRIVER_READY: Duration = Duration::from_secs(30);
+/// The same for a managed vm driver, which answers only once it has prepared the guest's
+/// kernel and initramfs (seconds, the first time) and, with `--vm-accel auto`, probed KVM
+/// with a throwaway boot (up to 20 s).
+const MANAGED_VM_DRIVER_READY: Duration = Duration::from_secs(60);
 /// How long startup waits for an operator's remote driver before re-attaching anyway (the
 /// actors retry, and the reconciler recovers sandboxes once it answers).
 const REMOTE_DRIVER_READY: Duration = Duration::from_secs(10);
@@ -101,6 +109,7 @@ async fn serve_on(
 
     let ready_limit = match &args.driver {
         DriverSpec::InProcess(_) => None,
+        DriverSpec::Managed(DriverKind::Vm) => Some(MANAGED_VM_DRIVER_READY),
         DriverSpec::Managed(_) => Some(MANAGED_DRIVER_READY),
         DriverSpec::Remote(_) => Some(REMOTE_DRIVER_READY),
     };
