@@ -6,10 +6,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use sbx_drivers::remote::{DriverHostArgs, run_driver_host, termination_signal};
 
-/// Serve a compute driver (process or sim) over gRPC on a Unix socket until SIGTERM/SIGINT.
+/// Serve a compute driver (process, vm or sim) over gRPC on a Unix socket until SIGTERM/SIGINT.
 ///
-/// Workloads of the process driver outlive the host: kill it (even with SIGKILL) and start a
-/// new one on the same --state-dir, and it finds every sandbox again. The sim backend keeps
+/// Workloads of the process and vm drivers outlive the host: kill it (even with SIGKILL) and
+/// start a new one on the same --state-dir, and it finds every sandbox again. The sim backend keeps
 /// everything in memory: a killed sim host loses all its sandboxes.
 ///
 /// Logs go to stderr; RUST_LOG sets their filter (default: info).
