@@ -172,7 +172,13 @@ impl VmDriver {
             .map_err(|e| internal("making the state directory", e))?;
         let trash = record::trash_dir(&state_dir);
         std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
-        let instance_lock = lock_state_dir(&state_dir)?;
+        // The lock waits (briefly) for a previous instance: not on an async worker thread.
+        let instance_lock = tokio::task::spawn_blocking({
+            let state_dir = state_dir.clone();
+            move || lock_state_dir(&state_dir)
+        })
+        .await
+        .map_err(|e| internal("locking the state directory", e))??;
         let cache = opts
             .asset_cache
             .clone()
