@@ -104,11 +104,11 @@ pub struct ExecResult {
     pub stderr: Vec<u8>,
 }
 
-/// Runs `command` (with `env`) in the guest through the agent socket, in `/sandbox`, killed
+/// Runs `command` (with `env`) in the guest through the agent's FIFOs, in `/sandbox`, killed
 /// after `timeout`. Output is collected in the guest and returned at the end (at most 1 MiB
-/// per stream). The caller serialises execs of one VM (QEMU serves one client at a time).
+/// per stream). The caller serialises execs of one VM (they share one channel).
 pub async fn exec(
-    agent_socket: &Path,
+    agent: &Path,
     request_id: u64,
     env: &BTreeMap<String, String>,
     command: &[String],
@@ -124,10 +124,15 @@ pub async fn exec(
     // The guest's own timeout kills the command; this bound covers a guest that never answers.
     let bound = timeout + Duration::from_secs(15);
     let answer = tokio::time::timeout(bound, async {
-        let stream = tokio::net::UnixStream::connect(agent_socket)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let (read, mut write) = stream.into_split();
+        use tokio::net::unix::pipe;
+        // Open the reading end first: the answer must find a reader. Opening the writing end
+        // fails (ENXIO) when no QEMU holds the channel, instead of waiting for one.
+        let read = pipe::OpenOptions::new()
+            .open_receiver(super::qemu::fifo(agent, "out"))
+            .map_err(|e| format!("open: {e}"))?;
+        let mut write = pipe::OpenOptions::new()
+            .open_sender(super::qemu::fifo(agent, "in"))
+            .map_err(|e| format!("open: {e}"))?;
         write
             .write_all(line.as_bytes())
             .await

@@ -58,7 +58,7 @@ use tokio::sync::{broadcast, watch};
 use uuid::Uuid;
 
 pub use assets::AssetPaths;
-pub use qemu::Accel;
+pub use qemu::{Accel, host_tsc_khz, kernel_cmdline};
 
 use crate::process::observe::{self, RunFacts};
 use crate::process::procfs::{self, ProcessIdentity};
@@ -500,7 +500,7 @@ impl Inner {
             disk: &paths.disk,
             console_log: &paths.console_log,
             qmp_socket: &paths.qmp_socket,
-            agent_socket: &paths.agent_socket,
+            agent: &paths.agent,
             pidfile: &paths.pidfile,
             memory_mib: rec.spec.memory_mib,
             cpus: rec.spec.cpus,

@@ -4,7 +4,8 @@
 //!   generation the gateway sent, and read back on every observation;
 //! - `disk.img`: the persistent disk (raw, ext4), `/sandbox` in the guest;
 //! - `console.log`: the guest's console, appended across boots (the sandbox's log);
-//! - `qmp.sock`, `agent.sock`, `qemu.pid`, `initramfs.cpio`: the current boot's.
+//! - `qmp.sock`, `agent.in` + `agent.out` (FIFOs: the exec agent's channel), `qemu.pid`,
+//!   `initramfs.cpio`: the current boot's.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -54,7 +55,10 @@ pub struct VmPaths {
     pub disk: PathBuf,
     pub console_log: PathBuf,
     pub qmp_socket: PathBuf,
-    pub agent_socket: PathBuf,
+    /// The exec agent's channel: QEMU's `pipe` chardev on `<agent>.in` (to the guest) and
+    /// `<agent>.out` (from it). FIFOs, not a socket: the guest then always sees its port
+    /// connected, and its agent blocks in `read` instead of polling.
+    pub agent: PathBuf,
     pub pidfile: PathBuf,
     pub initramfs: PathBuf,
 }
@@ -68,7 +72,7 @@ impl VmPaths {
             disk: dir.join("disk.img"),
             console_log: dir.join("console.log"),
             qmp_socket: dir.join("qmp.sock"),
-            agent_socket: dir.join("agent.sock"),
+            agent: dir.join("agent"),
             pidfile: dir.join("qemu.pid"),
             initramfs: dir.join("initramfs.cpio"),
             dir,

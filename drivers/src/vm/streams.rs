@@ -73,7 +73,7 @@ impl VmDriver {
         let _one_at_a_time = lock.lock().await;
         let request_id = self.inner.exec_ids.fetch_add(1, Ordering::Relaxed);
         let env = req.env.into_iter().collect();
-        let agent = self.inner.paths(id).agent_socket;
+        let agent = self.inner.paths(id).agent;
         let result = guest::exec(&agent, request_id, &env, &req.command, timeout).await?;
         let mut items: Vec<Result<pb::ExecOutput, DriverError>> = Vec::new();
         let chunk = |c| Ok(pb::ExecOutput { chunk: Some(c) });
