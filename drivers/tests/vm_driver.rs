@@ -330,3 +330,61 @@ async fn vm_a_boot_that_times_out_is_ended_and_retried() {
         .unwrap();
     env.assert_no_vm_left();
 }
+
+/// A caller that gives up on a create mid-boot (its deadline passed) does not cut the create
+/// short: the boot completes and is recorded, and the caller's retry finds that VM instead of
+/// booting a second one on the same disk. (The dangerous moment — QEMU launched, not yet
+/// recorded — lasts milliseconds, too short to hit on purpose here; the driver runs every
+/// lifecycle call as its own task so that no moment is dangerous. This checks the outcome.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_a_create_given_up_by_its_caller_boots_once() {
+    let env = VmEnv::new();
+    let driver = env.open().await;
+    let id = uuid::Uuid::new_v4();
+    let create = pb::CreateRequest {
+        sandbox_id: id.to_string(),
+        workspace: "w".into(),
+        name: "once".into(),
+        spec: Some(pb::SandboxSpec {
+            command: vec!["sleep".into(), "3600".into()],
+            ..Default::default()
+        }),
+        generation: 5,
+    };
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(800),
+        driver.create(create.clone()),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "a boot takes longer than 800 ms: {gave_up:?}"
+    );
+    let retried = driver.create(create).await.unwrap();
+    assert_eq!(
+        (retried.state, retried.generation),
+        (pb::State::Running as i32, 5)
+    );
+    let qemus: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (cmdline.contains("qemu-system") && cmdline.contains(&id.to_string()))
+                .then(|| e.file_name().to_string_lossy().into_owned())
+        })
+        .collect();
+    assert_eq!(qemus.len(), 1, "one QEMU for the sandbox: {qemus:?}");
+    assert_eq!(
+        driver.vm_identity(id).map(|i| i.pid.to_string()),
+        qemus.first().cloned()
+    );
+    driver
+        .delete(pb::DeleteRequest {
+            sandbox_id: id.to_string(),
+        })
+        .await
+        .unwrap();
+    env.assert_no_vm_left();
+}

@@ -1,12 +1,13 @@
 //! The driver contract for [`VmDriver`]: the lifecycle calls. Streams are in `streams.rs`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::record::{self, Desired, RECORD_FORMAT, VmRecord, VmSpec};
-use super::{VmDriver, internal, qemu};
+use super::{Inner, VmDriver, internal, qemu};
 use crate::process::launch::validate_command;
 use crate::process::locked;
 use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
@@ -110,6 +111,80 @@ impl ComputeDriver for VmDriver {
     }
 
     async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+        let ops = self.ops();
+        detach(async move { ops.create(req).await }).await
+    }
+
+    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
+        let ops = self.ops();
+        detach(async move { ops.start(req).await }).await
+    }
+
+    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
+        let ops = self.ops();
+        detach(async move { ops.stop(req).await }).await
+    }
+
+    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
+        let ops = self.ops();
+        detach(async move { ops.delete(req).await }).await
+    }
+
+    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        let rec = self.inner.require(id)?;
+        Ok(self.inner.snapshot(&rec))
+    }
+
+    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
+        let mut records: Vec<VmRecord> = locked(&self.inner.records).values().cloned().collect();
+        records.sort_by_key(|r| r.sandbox_id);
+        Ok(records.iter().map(|r| self.inner.snapshot(r)).collect())
+    }
+
+    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
+        self.watch_stream()
+    }
+
+    async fn exec(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        self.exec_stream(req).await
+    }
+
+    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
+        self.logs_stream(req)
+    }
+}
+
+/// The lifecycle calls, run by [`detach`] so that a caller giving up (a deadline, a dropped
+/// connection) cannot cut one short between launching QEMU and recording it: a VM nobody
+/// recorded would be booted a second time on the same disk.
+pub(super) struct Ops {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// Runs `op` as its own task and waits for it; if the caller stops waiting, the task still
+/// finishes (holding the sandbox's lock, so later calls for the sandbox queue behind it).
+async fn detach<T: Send + 'static>(
+    op: impl Future<Output = Result<T, DriverError>> + Send + 'static,
+) -> Result<T, DriverError> {
+    tokio::spawn(op)
+        .await
+        .map_err(|e| internal("a lifecycle call's task failed", e))?
+}
+
+impl VmDriver {
+    fn ops(&self) -> Ops {
+        Ops {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl Ops {
+    pub(super) async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         sbx_proto::names::validate_name(&req.name).map_err(|e| {
             DriverError::InvalidArgument(format!("sandbox name {:?}: {e}", req.name))
@@ -197,7 +272,7 @@ impl ComputeDriver for VmDriver {
         inner.start_run(rec, req.generation).await
     }
 
-    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
+    pub(super) async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         let inner = &self.inner;
         let lock = inner.lock_for(id);
@@ -219,7 +294,7 @@ impl ComputeDriver for VmDriver {
         inner.start_run(rec, req.generation).await
     }
 
-    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
+    pub(super) async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         let inner = &self.inner;
         let lock = inner.lock_for(id);
@@ -239,7 +314,10 @@ impl ComputeDriver for VmDriver {
         Ok(snapshot)
     }
 
-    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
+    pub(super) async fn delete(
+        &self,
+        req: pb::DeleteRequest,
+    ) -> Result<pb::DeleteResponse, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         let inner = &self.inner;
         let lock = inner.lock_for(id);
@@ -273,33 +351,6 @@ impl ComputeDriver for VmDriver {
             locks.remove(&id);
         }
         Ok(pb::DeleteResponse { deleted: true })
-    }
-
-    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let rec = self.inner.require(id)?;
-        Ok(self.inner.snapshot(&rec))
-    }
-
-    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
-        let mut records: Vec<VmRecord> = locked(&self.inner.records).values().cloned().collect();
-        records.sort_by_key(|r| r.sandbox_id);
-        Ok(records.iter().map(|r| self.inner.snapshot(r)).collect())
-    }
-
-    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        self.watch_stream()
-    }
-
-    async fn exec(
-        &self,
-        req: pb::ExecRequest,
-    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
-        self.exec_stream(req).await
-    }
-
-    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
-        self.logs_stream(req)
     }
 }
 
