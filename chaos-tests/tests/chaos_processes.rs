@@ -1,7 +1,9 @@
 //! Process-level chaos: the real `sbxd serve --driver managed:process` on 127.0.0.1:0, tonic
 //! clients doing random lifecycle operations across workspaces that reuse the same sandbox
 //! names (workload `sleep infinity`), while a seeded injector SIGKILLs the managed driver
-//! process and SIGKILLs sbxd (starting it again on the same data dir). Then quiesce and check:
+//! process and SIGKILLs sbxd (starting it again on the same data dir), at random moments and
+//! the moment a create of its own is acknowledged (that sandbox must exist after the
+//! restart). Then quiesce and check:
 //! acknowledged creates survive unless a delete covered them, no sandbox in a deleted
 //! workspace, names unique per workspace, every Ready sandbox has exactly one live workload and
 //! every live workload (and every process in a sandbox cgroup) has a record. Then SIGKILL
@@ -26,7 +28,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use process_support::checks::{check_invariants, delete_everything, quiesce};
-use process_support::client::{Ledger, bounded, client, clients, sb_name, spec, ws_name};
+use process_support::client::{
+    Ledger, PROBE_WORKSPACE, bounded, client, clients, sb_name, spec, ws_name,
+};
 use process_support::faults::{inject_faults, workloads_survive_both_kills};
 use process_support::{Cleanup, Daemon, sbxd_binary, workload_pids};
 use sbx_proto::v1::{CreateSandboxRequest, CreateWorkspaceRequest, Phase};
@@ -70,6 +74,8 @@ struct Run {
     endpoint: std::sync::RwLock<String>,
     /// How many times sbxd was started again (names each start's log file).
     starts: Mutex<u64>,
+    /// When the run began, to date a violation within it.
+    began: Instant,
     ledger: Mutex<Ledger>,
     report: Mutex<Report>,
 }
@@ -106,6 +112,7 @@ async fn start_run(seed: u64) -> Result<(tempfile::TempDir, Cleanup, Arc<Run>), 
         cgroup_parent,
         sbxd,
         starts: Mutex::new(0),
+        began: Instant::now(),
         ledger: Mutex::default(),
         report: Mutex::new(Report {
             seed,
@@ -113,9 +120,10 @@ async fn start_run(seed: u64) -> Result<(tempfile::TempDir, Cleanup, Arc<Run>), 
         }),
     });
     let (_, mut ws_client) = clients(&run)?;
-    for i in 0..WORKSPACES {
+    let names = (0..WORKSPACES).map(ws_name);
+    for name in names.chain([PROBE_WORKSPACE.to_string()]) {
         bounded(ws_client.create_workspace(CreateWorkspaceRequest {
-            name: ws_name(i),
+            name,
             ..Default::default()
         }))
         .await
@@ -241,11 +249,15 @@ async fn sigkilled_driver_and_sbxd_keep_every_invariant() {
     let mut totals = Totals::default();
     for seed in seeds(started) {
         let report = run_seed(seed).await.unwrap_or_else(|e| {
-            panic!(
-                "process chaos seed {seed}: {e}\nreplay with SBX_CHAOS_SEED={seed}\n\
-                 before it: {}",
-                totals.summary(started.elapsed())
-            )
+            let before = if totals.seeds.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "\nthe seeds before it: {}",
+                    totals.summary(started.elapsed())
+                )
+            };
+            panic!("process chaos seed {seed}: {e}\nreplay with SBX_CHAOS_SEED={seed}{before}")
         });
         eprintln!("process chaos seed {}: {report:?}", report.seed);
         assert!(report.checks > 0, "seed {seed}: nothing was checked");
@@ -257,7 +269,11 @@ async fn sigkilled_driver_and_sbxd_keep_every_invariant() {
             report.creates_acknowledged > 0,
             "seed {seed}: no create was acknowledged"
         );
-        for kind in ["sigkill_driver", "sigkill_sbxd_and_restart"] {
+        for kind in [
+            "sigkill_driver",
+            "sigkill_sbxd_and_restart",
+            "sigkill_sbxd_just_after_create_ack",
+        ] {
             assert!(
                 report.faults.get(kind).copied().unwrap_or(0) > 0,
                 "seed {seed}: no {kind} fault: {report:?}"

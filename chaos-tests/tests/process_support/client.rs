@@ -35,6 +35,10 @@ pub struct Ledger {
     pub delete_requested_workspaces: Vec<(String, Instant)>,
 }
 
+/// The workspace of the injector's probes (see `faults.rs`): no client names it, so no client
+/// deletes it or a sandbox in it by name.
+pub const PROBE_WORKSPACE: &str = "chaos-probe";
+
 pub fn ws_name(i: usize) -> String {
     format!("ws-{i}")
 }
@@ -43,7 +47,7 @@ pub fn sb_name(i: usize) -> String {
     format!("sb-{i}")
 }
 
-fn by_id(id: &str) -> Option<SandboxRef> {
+pub fn by_id(id: &str) -> Option<SandboxRef> {
     Some(SandboxRef {
         id: id.into(),
         ..Default::default()
