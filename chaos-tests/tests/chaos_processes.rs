@@ -132,14 +132,35 @@ async fn start_run(seed: u64) -> Result<(tempfile::TempDir, Cleanup, Arc<Run>), 
     Ok((dir, cleanup, run))
 }
 
+/// One seed, start to end. On a violation the data dir (store, driver state, each sbxd
+/// start's log) is kept and named in the error; sbxd and every workload are killed first.
 async fn run_seed(seed: u64) -> Result<Report, String> {
     let began = Instant::now();
-    let (_dir, _cleanup, run) = start_run(seed).await?;
+    let (dir, cleanup, run) = start_run(seed).await?;
+    let result = exercise(&run, began).await;
+    if result.is_err()
+        && let Ok(mut daemon) = run.daemon.try_write()
+    {
+        // Clients of a failed seed may still hold the run: stop sbxd now, not when they end.
+        daemon.sigkill();
+    }
+    drop(run);
+    drop(cleanup);
+    result.map_err(|e| {
+        format!(
+            "{e}\ndata dir and sbxd logs kept in {}",
+            dir.keep().display()
+        )
+    })
+}
+
+/// Clients and faults, then quiescence and every check.
+async fn exercise(run: &Arc<Run>, began: Instant) -> Result<Report, String> {
     let until = Instant::now() + DURATION;
     let tasks: Vec<_> = (0..CLIENTS)
-        .map(|c| tokio::spawn(client(Arc::clone(&run), c, until)))
+        .map(|c| tokio::spawn(client(Arc::clone(run), c, until)))
         .collect();
-    let injector = tokio::spawn(inject_faults(Arc::clone(&run), until));
+    let injector = tokio::spawn(inject_faults(Arc::clone(run), until));
     for t in tasks {
         t.await.map_err(|e| format!("a client panicked: {e}"))??;
     }
@@ -147,11 +168,11 @@ async fn run_seed(seed: u64) -> Result<Report, String> {
         .await
         .map_err(|e| format!("the injector panicked: {e}"))??;
 
-    let settled = quiesce(&run).await?;
-    let mut checks = check_invariants(&run, &settled).await?;
+    let settled = quiesce(run).await?;
+    let mut checks = check_invariants(run, &settled).await?;
     let ready_at_end = settled.iter().filter(|s| s.phase() == Phase::Ready).count();
-    checks += workloads_survive_both_kills(&run, &settled).await?;
-    checks += delete_everything(&run).await?;
+    checks += workloads_survive_both_kills(run, &settled).await?;
+    checks += delete_everything(run).await?;
     let mut report = lock(&run.report).clone();
     report.checks = checks;
     report.sandboxes_at_end = settled.len();
