@@ -2,12 +2,15 @@
 //! benchmarks for the sbx gateway.
 //!
 //! - [`scenario`]: the in-process chaos scenario and its invariant checks.
+//! - [`recording`], [`removals`]: what the driver was asked to do, and what the simulated
+//!   machine really removed.
 //!
 //! Binaries:
 //! - `sbx-actor-bench`: lifecycle throughput through the actor tree vs the bare sim driver,
 //!   startup re-attach time, and memory per idle sandbox actor (see docs/BENCHMARKS.md).
 
 pub mod recording;
+pub mod removals;
 pub mod rng;
 pub mod scenario;
 

@@ -2,7 +2,8 @@
 //! workspaces that reuse the same sandbox names, while faults are injected (actor and
 //! supervisor kills, gateway restarts, sim-driver latency, errors, hangs, lost replies, lost
 //! state and forgotten generations, workloads exiting by themselves); then quiesce and check
-//! the invariants. Everything is drawn from one seed; a failure names it.
+//! the invariants — on the records, on the driver calls and on what the simulated machine
+//! really did (see `removals.rs`). Everything is drawn from one seed; a failure names it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,7 @@ use tokio::sync::RwLock;
 use uuid::Uuid;
 
 use crate::recording::{Destructive, Recording, RecordingDriver};
+use crate::removals::{RemovalObserver, unasked_removals};
 use crate::rng::Rng;
 
 #[derive(Debug, Clone)]
@@ -66,6 +68,11 @@ pub struct ChaosReport {
     pub gateway_restarts: u64,
     /// Destructive driver calls whose target could not be placed (no record of its create).
     pub unverified_calls: u64,
+    /// Workloads the simulated machine removed, each matched to a delete naming its id.
+    pub removals_checked: u64,
+    /// Times the removal observer fell behind the world's watch buffer (removals among the
+    /// missed events went unchecked).
+    pub removal_observer_lagged: u64,
     pub invariant_checks: u64,
 }
 
@@ -146,6 +153,8 @@ struct Harness {
     faults: SimFaultHandle,
     driver: Arc<dyn ComputeDriver>,
     recording: Arc<Recording>,
+    /// What the machine really removed, to hold against the deletes the driver was asked for.
+    removals: RemovalObserver,
     ledger: Mutex<Ledger>,
     report: Mutex<ChaosReport>,
     /// Set when the clients are done: the injector finishes its current fault and stops.
@@ -192,6 +201,9 @@ async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let store = Arc::new(SledStore::open(dir.path()).map_err(|e| e.to_string())?);
     let world = SimWorld::new();
+    let removals = RemovalObserver::start(world.clone())
+        .await
+        .map_err(|e| e.to_string())?;
     let sim = SimDriver::new(world.clone(), SimFaults::seeded(cfg.seed));
     let faults = sim.faults();
     let recording = RecordingDriver::new(Arc::new(sim));
@@ -210,6 +222,7 @@ async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
         faults,
         driver,
         recording: calls,
+        removals,
         ledger: Mutex::default(),
         stop_faults: Default::default(),
     });
@@ -741,6 +754,8 @@ async fn check_invariants(h: &Harness) -> Result<(), String> {
     }
     // 2. Every stop and delete the driver received hit a sandbox that a client had asked, by
     //    then, to stop or delete — by id, by its own (workspace, name), or by its workspace.
+    // Taken before the calls: every removal observed has its delete call in the later copy.
+    let removed = h.removals.removed();
     let placements = h
         .recording
         .placements
@@ -753,6 +768,18 @@ async fn check_invariants(h: &Harness) -> Result<(), String> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
+    // 2a. The machine removed a workload only on a delete naming that very id (once per call).
+    checks += removed.len() as u64;
+    if let Some((id, times, asked)) = unasked_removals(&removed, &calls).first() {
+        let at = placements
+            .get(id)
+            .map(|p| format!("{}/{}", p.workspace, p.name))
+            .unwrap_or_default();
+        return Err(format!(
+            "the driver removed sandbox {at} ({id}) {times} times but was asked to delete that id \
+             {asked} times: a delete hit a sandbox nobody named"
+        ));
+    }
     let mut unverified = 0;
     for call in calls {
         checks += 1;
@@ -842,5 +869,7 @@ async fn check_invariants(h: &Harness) -> Result<(), String> {
     let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
     report.invariant_checks += checks;
     report.unverified_calls += unverified;
+    report.removals_checked += removed.len() as u64;
+    report.removal_observer_lagged += h.removals.lagged();
     Ok(())
 }

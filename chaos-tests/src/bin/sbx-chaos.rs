@@ -27,6 +27,9 @@ async fn main() {
     let (mut rounds, mut ops, mut acked, mut creates, mut deletes, mut restarts, mut checks) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    // Removals by the simulated machine, each matched to a delete of its id; and how often
+    // the observer of removals fell behind (removals then go unchecked).
+    let (mut removals, mut lagged) = (0u64, 0u64);
     let mut seed = first;
     while started.elapsed() < budget {
         match run(ChaosConfig::ci(seed)).await {
@@ -38,6 +41,8 @@ async fn main() {
                 deletes += report.deletes_acknowledged;
                 restarts += report.gateway_restarts;
                 checks += report.invariant_checks;
+                removals += report.removals_checked;
+                lagged += report.removal_observer_lagged;
                 for (kind, n) in report.faults {
                     *faults.entry(kind).or_default() += n;
                 }
@@ -53,6 +58,9 @@ async fn main() {
         "sbx-chaos: {rounds} rounds (seeds {first}..{}) in {:?}: {ops} operations ({acked} acknowledged; {creates} creates and {deletes} deletes acknowledged), {restarts} gateway restarts, {checks} invariant checks passed, 0 violations",
         seed - 1,
         started.elapsed()
+    );
+    println!(
+        "  driver removals matched to a delete of their id: {removals} (observer fell behind {lagged} times)"
     );
     for (kind, n) in faults {
         println!("  fault {kind}: {n}");

@@ -11,8 +11,9 @@ use sbx_proto::v1::{
     Sandbox, WorkspaceRef,
 };
 
+use super::client::{bounded, clients};
 use super::{cgroups_under, managed_driver, mounts_under, runs, workloads_by_sandbox};
-use crate::{QUIESCE, Run, bounded, clients, lock};
+use crate::{QUIESCE, Run, lock};
 
 pub async fn all_sandboxes(run: &Run) -> Result<Vec<Sandbox>, String> {
     let (mut sb, _) = clients(run)?;

@@ -4,6 +4,8 @@
 //! module starts is killed by pid; nothing is found by name.
 
 pub mod checks;
+pub mod client;
+pub mod faults;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

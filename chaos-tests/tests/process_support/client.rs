@@ -1,0 +1,344 @@
+//! The clients of a process chaos run: random lifecycle operations over gRPC across
+//! workspaces that reuse the same sandbox names (some sent twice at once), each judged
+//! (acknowledged, an expected refusal, or a violation) and written to the run's ledger.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sbx_chaos_tests::rng::Rng;
+use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
+use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
+use sbx_proto::v1::{
+    CreateSandboxRequest, CreateWorkspaceRequest, DeleteSandboxRequest, DeleteWorkspaceRequest,
+    GetSandboxRequest, ListSandboxesRequest, RestartSandboxRequest, SandboxRef, SandboxSpec,
+    StartSandboxRequest, StopSandboxRequest, WorkspaceRef,
+};
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::{CALL_TIMEOUT, NAMES, Run, WORKSPACES, lock};
+
+/// What clients asked for and what was acknowledged.
+#[derive(Default)]
+pub struct Ledger {
+    /// id → (workspace, name) of every acknowledged create.
+    pub created: HashMap<String, (String, String)>,
+    /// When each acknowledged create was sent: its sandbox cannot have existed before.
+    pub created_sent: HashMap<String, Instant>,
+    pub deleted_ids: HashSet<String>,
+    pub delete_requested_ids: HashSet<String>,
+    /// Deletes by name and of whole workspaces, with when they were answered (or failed): a
+    /// request resolves its target before it answers, so it cannot touch a sandbox that was
+    /// created only after that.
+    pub delete_requested_names: Vec<((String, String), Instant)>,
+    pub delete_requested_workspaces: Vec<(String, Instant)>,
+}
+
+/// The workspace of the injector's probes (see `faults.rs`): no client names it, so no client
+/// deletes it or a sandbox in it by name.
+pub const PROBE_WORKSPACE: &str = "chaos-probe";
+
+pub fn ws_name(i: usize) -> String {
+    format!("ws-{i}")
+}
+
+pub fn sb_name(i: usize) -> String {
+    format!("sb-{i}")
+}
+
+pub fn by_id(id: &str) -> Option<SandboxRef> {
+    Some(SandboxRef {
+        id: id.into(),
+        ..Default::default()
+    })
+}
+
+fn by_name(ws: &str, name: &str) -> Option<SandboxRef> {
+    Some(SandboxRef {
+        workspace: ws.into(),
+        name: name.into(),
+        ..Default::default()
+    })
+}
+
+fn channel(endpoint: &str) -> Result<Channel, String> {
+    Ok(Channel::from_shared(endpoint.to_string())
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .connect_lazy())
+}
+
+pub fn clients(
+    run: &Run,
+) -> Result<
+    (
+        SandboxServiceClient<Channel>,
+        WorkspaceServiceClient<Channel>,
+    ),
+    String,
+> {
+    let endpoint = run
+        .endpoint
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let ch = channel(&endpoint)?;
+    Ok((
+        SandboxServiceClient::new(ch.clone()),
+        WorkspaceServiceClient::new(ch),
+    ))
+}
+
+pub fn spec() -> Option<SandboxSpec> {
+    Some(SandboxSpec {
+        command: vec!["sleep".into(), "infinity".into()],
+        ..Default::default()
+    })
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create { ws: String, name: String },
+    ById { cmd: Cmd, id: String },
+    ByName { cmd: Cmd, ws: String, name: String },
+    DeleteWorkspace { ws: String },
+    List { ws: String },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Cmd {
+    Start,
+    Stop,
+    Restart,
+    Delete,
+    Get,
+}
+
+fn pick_op(run: &Run, rng: &mut Rng) -> Op {
+    let ws = ws_name(rng.below(WORKSPACES as u64) as usize);
+    let name = sb_name(rng.below(NAMES as u64) as usize);
+    let mut known: Vec<String> = lock(&run.ledger).created.keys().cloned().collect();
+    known.sort();
+    let cmd = [Cmd::Start, Cmd::Stop, Cmd::Restart, Cmd::Delete, Cmd::Get][rng.below(5) as usize];
+    match rng.below(100) {
+        0..35 => Op::Create { ws, name },
+        35..65 if !known.is_empty() => Op::ById {
+            cmd,
+            id: known[rng.below(known.len() as u64) as usize].clone(),
+        },
+        35..88 => Op::ByName { cmd, ws, name },
+        88..91 => Op::DeleteWorkspace { ws },
+        _ => Op::List { ws },
+    }
+}
+
+/// The outcome of a call: acknowledged, or refused in a way a client of a faulty system must
+/// expect. Anything else is a violation (`Err`).
+fn judge<T>(run: &Run, result: Result<T, tonic::Status>) -> Result<Option<T>, String> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(status) => match status.code() {
+            Code::NotFound
+            | Code::AlreadyExists
+            | Code::FailedPrecondition
+            | Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Aborted
+            // A connection cut by SIGKILL of sbxd mid-call surfaces as Unknown.
+            | Code::Unknown => {
+                *lock(&run.report)
+                    .refused
+                    .entry(format!("{:?}", status.code()))
+                    .or_default() += 1;
+                Ok(None)
+            }
+            _ => Err(format!("unexpected answer: {status:?}")),
+        },
+    }
+}
+
+pub async fn bounded<T>(
+    fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+        Ok(r) => r.map(tonic::Response::into_inner),
+        Err(_) => Err(tonic::Status::deadline_exceeded("client-side bound")),
+    }
+}
+
+/// Performs one operation and records it; `Ok(true)` when acknowledged.
+async fn perform(run: &Run, op: &Op) -> Result<bool, String> {
+    let (mut sb, mut ws_client) = clients(run)?;
+    match op {
+        Op::Create { ws, name } => {
+            let sent = Instant::now();
+            let r = bounded(sb.create_sandbox(CreateSandboxRequest {
+                workspace: ws.clone(),
+                name: name.clone(),
+                spec: spec(),
+            }))
+            .await;
+            let missing_ws = matches!(&r, Err(s) if s.code() == Code::NotFound);
+            match judge(run, r)? {
+                Some(created) => {
+                    let mut ledger = lock(&run.ledger);
+                    ledger.created_sent.insert(created.id.clone(), sent);
+                    ledger
+                        .created
+                        .insert(created.id, (ws.clone(), name.clone()));
+                    drop(ledger);
+                    lock(&run.report).creates_acknowledged += 1;
+                    Ok(true)
+                }
+                None => {
+                    if missing_ws {
+                        // A client that finds its workspace gone makes it again.
+                        let _ = bounded(ws_client.create_workspace(CreateWorkspaceRequest {
+                            name: ws.clone(),
+                            ..Default::default()
+                        }))
+                        .await;
+                    }
+                    Ok(false)
+                }
+            }
+        }
+        Op::ById { cmd, id } => {
+            if let Cmd::Delete = cmd {
+                lock(&run.ledger).delete_requested_ids.insert(id.clone());
+            }
+            command(run, &mut sb, *cmd, by_id(id), Some(id)).await
+        }
+        Op::ByName { cmd, ws, name } => {
+            let result = command(run, &mut sb, *cmd, by_name(ws, name), None).await;
+            if let Cmd::Delete = cmd {
+                lock(&run.ledger)
+                    .delete_requested_names
+                    .push(((ws.clone(), name.clone()), Instant::now()));
+            }
+            result
+        }
+        Op::DeleteWorkspace { ws } => {
+            let r = bounded(ws_client.delete_workspace(DeleteWorkspaceRequest {
+                workspace: Some(WorkspaceRef {
+                    name: ws.clone(),
+                    ..Default::default()
+                }),
+                cascade: true,
+            }))
+            .await;
+            lock(&run.ledger)
+                .delete_requested_workspaces
+                .push((ws.clone(), Instant::now()));
+            let ok = judge(run, r)?.is_some();
+            if ok {
+                let _ = bounded(ws_client.create_workspace(CreateWorkspaceRequest {
+                    name: ws.clone(),
+                    ..Default::default()
+                }))
+                .await;
+            }
+            Ok(ok)
+        }
+        Op::List { ws } => {
+            let r = bounded(sb.list_sandboxes(ListSandboxesRequest {
+                workspace: ws.clone(),
+                page_size: 100,
+                ..Default::default()
+            }))
+            .await;
+            match judge(run, r)? {
+                Some(page) => {
+                    let mut seen = HashSet::new();
+                    for s in &page.sandboxes {
+                        if !seen.insert(s.name.clone()) {
+                            return Err(format!("list of {ws} shows {} twice", s.name));
+                        }
+                    }
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        }
+    }
+}
+
+async fn command(
+    run: &Run,
+    sb: &mut SandboxServiceClient<Channel>,
+    cmd: Cmd,
+    sandbox: Option<SandboxRef>,
+    id: Option<&String>,
+) -> Result<bool, String> {
+    let acknowledged = match cmd {
+        Cmd::Start => judge(
+            run,
+            bounded(sb.start_sandbox(StartSandboxRequest { sandbox })).await,
+        )?
+        .is_some(),
+        Cmd::Stop => judge(
+            run,
+            bounded(sb.stop_sandbox(StopSandboxRequest { sandbox })).await,
+        )?
+        .is_some(),
+        Cmd::Restart => judge(
+            run,
+            bounded(sb.restart_sandbox(RestartSandboxRequest { sandbox })).await,
+        )?
+        .is_some(),
+        Cmd::Get => judge(
+            run,
+            bounded(sb.get_sandbox(GetSandboxRequest { sandbox })).await,
+        )?
+        .is_some(),
+        Cmd::Delete => {
+            match judge(
+                run,
+                bounded(sb.delete_sandbox(DeleteSandboxRequest { sandbox })).await,
+            )? {
+                Some(answer) => {
+                    if answer.deleted {
+                        if let Some(id) = id {
+                            lock(&run.ledger).deleted_ids.insert(id.clone());
+                        }
+                        lock(&run.report).deletes_acknowledged += 1;
+                    }
+                    true
+                }
+                None => false,
+            }
+        }
+    };
+    Ok(acknowledged)
+}
+
+/// One client: random operations until the deadline, some sent twice at once.
+pub async fn client(run: Arc<Run>, index: usize, until: Instant) -> Result<(), String> {
+    let mut rng = Rng::new(run.seed ^ (0xC11E_u64 << 16) ^ index as u64);
+    // Bounded in count as well as time.
+    for _ in 0..5_000 {
+        if Instant::now() >= until {
+            break;
+        }
+        let op = pick_op(&run, &mut rng);
+        let duplicate = rng.chance(0.08);
+        let ok = if duplicate {
+            let (a, b) = tokio::join!(perform(&run, &op), perform(&run, &op));
+            a? | b?
+        } else {
+            perform(&run, &op).await?
+        };
+        {
+            let mut report = lock(&run.report);
+            report.ops += if duplicate { 2 } else { 1 };
+            report.acknowledged += ok as u64;
+        }
+        if !ok {
+            // Do not spin against a restarting sbxd.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
