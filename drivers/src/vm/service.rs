@@ -339,6 +339,7 @@ impl Ops {
             .map_err(|e| internal("moving the sandbox to the trash", e))?;
         locked(&inner.records).remove(&id);
         locked(&inner.finished).remove(&id);
+        locked(&inner.exec_locks).remove(&id);
         if let Err(e) = std::fs::remove_dir_all(&trash) {
             tracing::warn!(sandbox_id = %id, error = %e, "deleted sandbox's files not all removed");
         }
