@@ -4,7 +4,8 @@
 //! otherwise) booting the host's Debian kernel with a busybox initramfs ([`assets`]). Its pid 1
 //! is `guest/init.sh`: it mounts the sandbox's persistent disk (a raw ext4 image made with
 //! `qemu-img` and `mkfs.ext4`) at `/sandbox`, runs the sandbox's command with its output on
-//! the serial console (the sandbox's log file), serves exec requests on a virtio-serial port,
+//! the serial console (the sandbox's log file), serves exec requests on a virtio-serial port
+//! (joined by QEMU to the FIFOs `agent.in`/`agent.out` in the sandbox's state directory),
 //! and says on the console when the command is running and how it ended. QEMU runs
 //! daemonized, so the VM outlives the driver and the gateway; QMP listens on a Unix socket in
 //! the sandbox's state directory ([`record`] lists the files).
