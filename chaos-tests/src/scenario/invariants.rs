@@ -1,0 +1,226 @@
+//! Quiescing the in-process scenario and checking its invariants against the ledger, the
+//! store and the simulated machine.
+
+use super::*;
+
+/// Lifts every fault and waits until each sandbox has settled where it should.
+pub(super) async fn quiesce(h: &Harness) -> Result<(), String> {
+    h.faults.set_faults(SimFaults::seeded(h.cfg.seed));
+    let gw = gw_of(h).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let _ = gw.reconcile_now().await;
+        let unsettled = unsettled(h).await?;
+        if unsettled.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "sandboxes did not settle after the faults stopped: {unsettled:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sandboxes that are not where their desired state says, with why.
+async fn unsettled(h: &Harness) -> Result<Vec<String>, String> {
+    let records = h
+        .store
+        .list(ListQuery::new(Kind::Sandbox, Scope::All, 0))
+        .await
+        .map_err(|e| e.to_string())?
+        .records;
+    let mut out = Vec::new();
+    for record in records {
+        let sb = decode(&record)?;
+        // Ready means the driver runs it under the recorded generation; a mismatch is only
+        // settled once the actor has reconciled it.
+        let agrees = h
+            .world
+            .snapshot(record.id)
+            .is_some_and(|s| s.state() == pb::State::Running && s.generation == sb.generation);
+        let ok = match sb.desired_state() {
+            DesiredState::Running | DesiredState::Unspecified => {
+                sb.phase() == Phase::Ready && agrees
+            }
+            DesiredState::Stopped => {
+                matches!(sb.phase(), Phase::Stopped | Phase::Completed | Phase::Error)
+                    && !(sb.phase() == Phase::Error && sb.reason.starts_with("Driver"))
+            }
+            DesiredState::Deleted => false,
+        };
+        if !ok {
+            out.push(format!(
+                "{}/{} {} desired {:?} phase {:?} ({}: {})",
+                sb.workspace,
+                sb.name,
+                sb.id,
+                sb.desired_state(),
+                sb.phase(),
+                sb.reason,
+                sb.message
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn decode(record: &sbx_storage::Record) -> Result<Sandbox, String> {
+    let mut sb =
+        <Sandbox as prost::Message>::decode(record.body.as_slice()).map_err(|e| e.to_string())?;
+    sb.id = record.id.to_string();
+    sb.name = record.name.clone();
+    Ok(sb)
+}
+
+pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
+    let mut checks = 0u64;
+    let records = h
+        .store
+        .list(ListQuery::new(Kind::Sandbox, Scope::All, 0))
+        .await
+        .map_err(|e| e.to_string())?
+        .records;
+    let workspaces = h
+        .store
+        .list(ListQuery::new(Kind::Workspace, Scope::All, 0))
+        .await
+        .map_err(|e| e.to_string())?
+        .records;
+    let ws_ids: HashSet<Uuid> = workspaces.iter().map(|w| w.id).collect();
+    let ws_names: HashMap<Uuid, String> =
+        workspaces.iter().map(|w| (w.id, w.name.clone())).collect();
+    let ids: HashSet<Uuid> = records.iter().map(|r| r.id).collect();
+    let ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
+
+    // 1. Every acknowledged create exists, unless a delete that could cover it was asked for.
+    for (id, (ws, name)) in &ledger.created {
+        checks += 1;
+        if !ids.contains(id) && !ledger.delete_asked(*id, ws, name) {
+            return Err(format!(
+                "acknowledged sandbox {ws}/{name} ({id}) is gone and nobody deleted it"
+            ));
+        }
+    }
+    // 2. Every stop and delete the driver received hit a sandbox that a client had asked, by
+    //    then, to stop or delete — by id, by its own (workspace, name), or by its workspace.
+    // Taken before the calls: every removal observed has its delete call in the later copy.
+    let removed = h.removals.removed();
+    let placements = h
+        .recording
+        .placements
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let calls = h
+        .recording
+        .destructive
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    // 2a. The machine removed a workload only on a delete naming that very id (once per call).
+    checks += removed.len() as u64;
+    if let Some((id, times, asked)) = unasked_removals(&removed, &calls).first() {
+        let at = placements
+            .get(id)
+            .map(|p| format!("{}/{}", p.workspace, p.name))
+            .unwrap_or_default();
+        return Err(format!(
+            "the driver removed sandbox {at} ({id}) {times} times but was asked to delete that id \
+             {asked} times: a delete hit a sandbox nobody named"
+        ));
+    }
+    let mut unverified = 0;
+    for call in calls {
+        checks += 1;
+        let Ok(id) = Uuid::parse_str(&call.sandbox_id) else {
+            return Err(format!(
+                "a driver call carried a malformed sandbox id: {call:?}"
+            ));
+        };
+        let Some(placed) = placements.get(&call.sandbox_id) else {
+            // Never created in the driver: the call could not have hit a workload.
+            unverified += 1;
+            continue;
+        };
+        if !ledger.explains(
+            call.op,
+            id,
+            &placed.workspace,
+            &placed.name,
+            placed.created_at,
+            call.seq,
+        ) {
+            return Err(format!(
+                "the driver was asked to {:?} sandbox {}/{} ({id}) at call {}, and no client had asked for that",
+                call.op, placed.workspace, placed.name, call.seq
+            ));
+        }
+    }
+    // 3. No sandbox in a deleted workspace; no two live sandboxes share (workspace, name).
+    let mut names = HashSet::new();
+    for record in &records {
+        checks += 2;
+        let ws = record
+            .workspace
+            .ok_or("a sandbox record has no workspace")?;
+        if !ws_ids.contains(&ws) {
+            return Err(format!(
+                "sandbox {} ({}) is in a deleted workspace {ws}",
+                record.name, record.id
+            ));
+        }
+        if !names.insert((ws, record.name.clone())) {
+            return Err(format!(
+                "two live sandboxes are named {}/{}",
+                ws_names[&ws], record.name
+            ));
+        }
+    }
+    // 4. The store and the driver agree, by id; nothing runs without a record.
+    for record in &records {
+        checks += 1;
+        let sb = decode(record)?;
+        let snap = h.world.snapshot(record.id);
+        if sb.phase() == Phase::Ready {
+            match &snap {
+                Some(s) if s.state() == pb::State::Running && s.generation == sb.generation => {}
+                other => {
+                    return Err(format!(
+                        "{} is Ready at generation {} but the driver has {other:?}",
+                        record.id, sb.generation
+                    ));
+                }
+            }
+        }
+        if sb.phase() == Phase::Stopped
+            && snap
+                .as_ref()
+                .is_some_and(|s| s.state() == pb::State::Running)
+        {
+            return Err(format!("{} is Stopped but its workload runs", record.id));
+        }
+    }
+    for running in h.world.running_ids() {
+        checks += 1;
+        if !ids.contains(&running) {
+            return Err(format!("workload {running} runs without a record (leaked)"));
+        }
+    }
+    // 5. The store's indexes agree with its records.
+    checks += 1;
+    let problems = h.store.verify_indexes().map_err(|e| e.to_string())?;
+    if !problems.is_empty() {
+        return Err(format!(
+            "the store's indexes disagree with its records: {problems:?}"
+        ));
+    }
+    drop(ledger);
+    let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
+    report.invariant_checks += checks;
+    report.unverified_calls += unverified;
+    report.removals_checked += removed.len() as u64;
+    report.removal_observer_lagged += h.removals.lagged();
+    Ok(())
+}
