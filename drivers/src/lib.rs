@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 pub mod conformance;
 mod error;
+mod feed;
 mod logfile;
 pub mod process;
 pub mod remote;

@@ -58,12 +58,13 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use cgroup::CgroupVersion;
 pub use procfs::ProcessIdentity;
 
+use crate::feed::{self, SnapshotFeed, Watched};
 use crate::{DriverError, pb};
 use cgroup::CgroupHost;
 use launch::HostTools;
@@ -113,11 +114,8 @@ struct Inner {
     records: Mutex<HashMap<Uuid, SandboxRecord>>,
     /// One lock per sandbox serialises its lifecycle calls (create, start, stop, delete).
     locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
-    events: broadcast::Sender<pb::WatchEvent>,
-    /// The last snapshot sent on `events` per sandbox, to send only changes.
-    last_seen: Mutex<HashMap<Uuid, pb::Snapshot>>,
-    /// Whether the background poller that feeds `events` runs.
-    poller_started: std::sync::atomic::AtomicBool,
+    /// Watch events: every change the driver makes or its poller sees.
+    feed: SnapshotFeed,
     /// An exclusive `flock` on `<state_dir>/driver.lock`: two live instances on one state
     /// would launch and kill the same workloads. Released on drop, and by the kernel when the
     /// driver's process dies.
@@ -220,7 +218,6 @@ impl ProcessDriver {
                 }
             }
         }
-        let (events, _) = broadcast::channel(1024);
         let (alive, _) = watch::channel(());
         let inner = Inner {
             state_dir,
@@ -229,9 +226,7 @@ impl ProcessDriver {
             cgroups,
             records: Mutex::new(records),
             locks: Mutex::new(HashMap::new()),
-            events,
-            last_seen: Mutex::new(HashMap::new()),
-            poller_started: std::sync::atomic::AtomicBool::new(false),
+            feed: SnapshotFeed::new(),
             _instance_lock: instance_lock,
         };
         Ok(ProcessDriver {
@@ -374,30 +369,6 @@ impl Inner {
         }
     }
 
-    /// Sends `snapshot` to watchers if it differs from the last one sent for its sandbox (and
-    /// the sandbox was not deleted meanwhile).
-    fn publish(&self, id: Uuid, snapshot: &pb::Snapshot) {
-        let mut last = locked(&self.last_seen);
-        if !locked(&self.records).contains_key(&id) {
-            return;
-        }
-        if last.get(&id) != Some(snapshot) {
-            last.insert(id, snapshot.clone());
-            let _ = self.events.send(pb::WatchEvent {
-                snapshot: Some(snapshot.clone()),
-                deleted: false,
-            });
-        }
-    }
-
-    fn publish_deleted(&self, id: Uuid, snapshot: pb::Snapshot) {
-        locked(&self.last_seen).remove(&id);
-        let _ = self.events.send(pb::WatchEvent {
-            snapshot: Some(snapshot),
-            deleted: true,
-        });
-    }
-
     /// Starts a new run of the workload under `generation`. The record (desired running, new
     /// generation, OOM baseline) is durable before the launch, so a driver killed meanwhile
     /// reopens to a sandbox that says its launch did not complete.
@@ -428,7 +399,7 @@ impl Inner {
             instance = %snapshot.instance_id,
             "workload started"
         );
-        self.publish(record.sandbox_id, &snapshot);
+        feed::publish(self, record.sandbox_id, &snapshot);
         Ok(snapshot)
     }
 
@@ -470,24 +441,22 @@ impl Inner {
             tokio::time::sleep(tick).await;
         }
     }
+}
 
-    /// Records every sandbox's current snapshot as already sent.
-    fn seed_last_seen(&self) {
-        let records: Vec<SandboxRecord> = locked(&self.records).values().cloned().collect();
-        let snapshots: Vec<pb::Snapshot> = records.iter().map(|r| self.snapshot(r)).collect();
-        let mut last = locked(&self.last_seen);
-        for (record, snapshot) in records.iter().zip(snapshots) {
-            last.entry(record.sandbox_id).or_insert(snapshot);
-        }
+impl Watched for Inner {
+    fn feed(&self) -> &SnapshotFeed {
+        &self.feed
     }
 
-    /// Sends every change since the last poll to watchers: workloads that exited by
-    /// themselves, or were changed by another call.
-    fn poll_once(&self) {
+    fn current(&self) -> Vec<(Uuid, pb::Snapshot)> {
         let records: Vec<SandboxRecord> = locked(&self.records).values().cloned().collect();
-        for record in &records {
-            let snapshot = self.snapshot(record);
-            self.publish(record.sandbox_id, &snapshot);
-        }
+        records
+            .iter()
+            .map(|r| (r.sandbox_id, self.snapshot(r)))
+            .collect()
+    }
+
+    fn exists(&self, id: Uuid) -> bool {
+        locked(&self.records).contains_key(&id)
     }
 }

@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::cgroup::Limits;
 use super::record::{self, Desired, RECORD_FORMAT, SandboxRecord, StoredSpec};
 use super::{ProcessDriver, internal};
+use crate::feed;
 use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
 
 #[async_trait]
@@ -153,7 +154,7 @@ impl ComputeDriver for ProcessDriver {
         }
         inner.terminate(&record, grace).await?;
         let snapshot = inner.snapshot(&record);
-        inner.publish(id, &snapshot);
+        feed::publish(inner.as_ref(), id, &snapshot);
         Ok(snapshot)
     }
 
@@ -182,7 +183,7 @@ impl ComputeDriver for ProcessDriver {
         if let Err(e) = std::fs::remove_dir_all(&trash) {
             tracing::warn!(sandbox_id = %id, error = %e, "deleted sandbox's files not all removed");
         }
-        inner.publish_deleted(id, last);
+        feed::publish_deleted(inner.as_ref(), id, last);
         // Forget the sandbox's lock unless another call waits on it (the map's and ours are the
         // only references): a waiter must keep serialising against later calls for this id.
         let mut locks = super::locked(&inner.locks);

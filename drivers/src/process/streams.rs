@@ -4,7 +4,6 @@
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -12,11 +11,11 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
-use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::record::Desired;
 use super::{Inner, ProcessDriver, launch, procfs};
+use crate::feed;
 use crate::logfile::{CHUNK, log_stream};
 use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
 
@@ -24,36 +23,8 @@ type ExecItem = Result<pb::ExecOutput, DriverError>;
 
 impl ProcessDriver {
     pub(super) fn watch_stream(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        let events = self.inner.events.subscribe();
-        self.start_poller();
-        let events = BroadcastStream::new(events).map(|event| {
-            event.map_err(|BroadcastStreamRecvError::Lagged(missed)| {
-                DriverError::Unavailable(format!(
-                    "process: watch fell {missed} events behind; list again to resynchronise"
-                ))
-            })
-        });
+        let events = feed::watch(&self.inner, "process", self.inner.opts.poll_interval);
         Ok(Box::pin(events.take_until(self.dropped())))
-    }
-
-    /// Starts, once per driver instance, the task that polls every sandbox and sends changes.
-    /// It holds only a weak reference, so it ends when the driver is dropped.
-    fn start_poller(&self) {
-        if self.inner.poller_started.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        // The first poll records the current state without sending it, so watchers (already
-        // subscribed) see only later changes.
-        self.inner.seed_last_seen();
-        let weak = Arc::downgrade(&self.inner);
-        let interval = self.inner.opts.poll_interval;
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(interval).await;
-                let Some(inner) = weak.upgrade() else { return };
-                inner.poll_once();
-            }
-        });
     }
 
     pub(super) fn exec_stream(

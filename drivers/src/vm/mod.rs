@@ -55,12 +55,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use nix::fcntl::Flock;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use assets::AssetPaths;
 pub use qemu::{Accel, host_tsc_khz, kernel_cmdline};
 
+use crate::feed::{self, SnapshotFeed, Watched};
 use crate::process::observe::{self, RunFacts};
 use crate::process::procfs::{self, ProcessIdentity};
 use crate::process::{lock_state_dir, locked};
@@ -141,10 +142,8 @@ struct Inner {
     /// What the console said about a finished run, by sandbox: (run id, report). A run's
     /// report does not change once its VM is gone, so the log is read once.
     finished: Mutex<HashMap<Uuid, (String, RunReport)>>,
-    events: broadcast::Sender<pb::WatchEvent>,
-    /// The last snapshot sent on `events` per sandbox, to send only changes.
-    last_seen: Mutex<HashMap<Uuid, pb::Snapshot>>,
-    poller_started: std::sync::atomic::AtomicBool,
+    /// Watch events: every change the driver makes or its poller sees.
+    feed: SnapshotFeed,
     /// An exclusive `flock` on `<state_dir>/driver.lock` (see the process driver).
     _instance_lock: Flock<File>,
 }
@@ -224,7 +223,6 @@ impl VmDriver {
             (0, _) => cpus,
             (n, _) => n,
         };
-        let (events, _) = broadcast::channel(1024);
         let (alive, _) = watch::channel(());
         let inner = Inner {
             boots: tokio::sync::Semaphore::new(slots),
@@ -239,9 +237,7 @@ impl VmDriver {
             exec_locks: Mutex::new(HashMap::new()),
             exec_ids: AtomicU64::new(1),
             finished: Mutex::new(HashMap::new()),
-            events,
-            last_seen: Mutex::new(HashMap::new()),
-            poller_started: std::sync::atomic::AtomicBool::new(false),
+            feed: SnapshotFeed::new(),
             _instance_lock: instance_lock,
         };
         Ok(VmDriver {
@@ -455,30 +451,6 @@ impl Inner {
         }
     }
 
-    /// Sends `snapshot` to watchers if it differs from the last one sent for its sandbox (and
-    /// the sandbox was not deleted meanwhile).
-    fn publish(&self, id: Uuid, snapshot: &pb::Snapshot) {
-        let mut last = locked(&self.last_seen);
-        if !locked(&self.records).contains_key(&id) {
-            return;
-        }
-        if last.get(&id) != Some(snapshot) {
-            last.insert(id, snapshot.clone());
-            let _ = self.events.send(pb::WatchEvent {
-                snapshot: Some(snapshot.clone()),
-                deleted: false,
-            });
-        }
-    }
-
-    fn publish_deleted(&self, id: Uuid, snapshot: pb::Snapshot) {
-        locked(&self.last_seen).remove(&id);
-        let _ = self.events.send(pb::WatchEvent {
-            snapshot: Some(snapshot),
-            deleted: true,
-        });
-    }
-
     /// Boots the VM under `generation`: the marker and the record (desired running, a new run)
     /// are durable before QEMU starts; the call returns when the guest says its command runs.
     async fn start_run(
@@ -546,7 +518,7 @@ impl Inner {
         }
         let snapshot = self.snapshot(&rec);
         tracing::info!(sandbox_id = %id, generation, %identity, "vm booted");
-        self.publish(id, &snapshot);
+        feed::publish(self, id, &snapshot);
         Ok(snapshot)
     }
 
@@ -634,23 +606,22 @@ impl Inner {
             )))
         }
     }
+}
 
-    /// Records every sandbox's current snapshot as already sent.
-    fn seed_last_seen(&self) {
-        let records: Vec<VmRecord> = locked(&self.records).values().cloned().collect();
-        let snapshots: Vec<pb::Snapshot> = records.iter().map(|r| self.snapshot(r)).collect();
-        let mut last = locked(&self.last_seen);
-        for (rec, snapshot) in records.iter().zip(snapshots) {
-            last.entry(rec.sandbox_id).or_insert(snapshot);
-        }
+impl Watched for Inner {
+    fn feed(&self) -> &SnapshotFeed {
+        &self.feed
     }
 
-    /// Sends every change since the last poll to watchers.
-    fn poll_once(&self) {
+    fn current(&self) -> Vec<(Uuid, pb::Snapshot)> {
         let records: Vec<VmRecord> = locked(&self.records).values().cloned().collect();
-        for rec in &records {
-            let snapshot = self.snapshot(rec);
-            self.publish(rec.sandbox_id, &snapshot);
-        }
+        records
+            .iter()
+            .map(|r| (r.sandbox_id, self.snapshot(r)))
+            .collect()
+    }
+
+    fn exists(&self, id: Uuid) -> bool {
+        locked(&self.records).contains_key(&id)
     }
 }

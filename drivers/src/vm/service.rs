@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::record::{self, Desired, RECORD_FORMAT, VmRecord, VmSpec};
 use super::{Inner, VmDriver, internal, qemu};
+use crate::feed;
 use crate::process::launch::validate_command;
 use crate::process::locked;
 use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
@@ -310,7 +311,7 @@ impl Ops {
         }
         inner.terminate(&rec, grace).await?;
         let snapshot = inner.snapshot(&rec);
-        inner.publish(id, &snapshot);
+        feed::publish(inner.as_ref(), id, &snapshot);
         Ok(snapshot)
     }
 
@@ -343,7 +344,7 @@ impl Ops {
         if let Err(e) = std::fs::remove_dir_all(&trash) {
             tracing::warn!(sandbox_id = %id, error = %e, "deleted sandbox's files not all removed");
         }
-        inner.publish_deleted(id, last);
+        feed::publish_deleted(inner.as_ref(), id, last);
         let mut locks = locked(&inner.locks);
         if locks
             .get(&id)

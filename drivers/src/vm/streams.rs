@@ -6,12 +6,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio_stream::wrappers::BroadcastStream;
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use super::record::Desired;
 use super::service::validate_env_names;
 use super::{Inner, VmDriver, guest};
+use crate::feed;
 use crate::logfile::{CHUNK, log_stream};
 use crate::process::launch::validate_command;
 use crate::process::locked;
@@ -22,34 +21,8 @@ const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl VmDriver {
     pub(super) fn watch_stream(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        let events = self.inner.events.subscribe();
-        self.start_poller();
-        let events = BroadcastStream::new(events).map(|event| {
-            event.map_err(|BroadcastStreamRecvError::Lagged(missed)| {
-                DriverError::Unavailable(format!(
-                    "vm: watch fell {missed} events behind; list again to resynchronise"
-                ))
-            })
-        });
+        let events = feed::watch(&self.inner, "vm", self.inner.opts.poll_interval);
         Ok(Box::pin(events.take_until(self.dropped())))
-    }
-
-    /// Starts, once per driver instance, the task that polls every VM and sends changes. It
-    /// holds only a weak reference, so it ends when the driver is dropped.
-    fn start_poller(&self) {
-        if self.inner.poller_started.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        self.inner.seed_last_seen();
-        let weak = Arc::downgrade(&self.inner);
-        let interval = self.inner.opts.poll_interval;
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(interval).await;
-                let Some(inner) = weak.upgrade() else { return };
-                inner.poll_once();
-            }
-        });
     }
 
     pub(super) async fn exec_stream(
