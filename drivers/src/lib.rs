@@ -14,6 +14,7 @@ pub use sbx_proto::driver as pb;
 use uuid::Uuid;
 
 pub mod conformance;
+mod contract;
 mod error;
 mod feed;
 mod logfile;

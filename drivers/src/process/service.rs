@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::cgroup::Limits;
 use super::record::{self, Desired, RECORD_FORMAT, SandboxRecord, StoredSpec};
 use super::{ProcessDriver, internal};
+use crate::contract::{self, Known};
 use crate::feed;
 use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
 
@@ -45,29 +46,25 @@ impl ComputeDriver for ProcessDriver {
         let _serialised = lock.lock().await;
 
         if let Some(existing) = inner.record(id) {
-            if existing.workspace != req.workspace || existing.name != req.name {
-                return Err(DriverError::FailedPrecondition(format!(
-                    "sandbox {id} exists as {}/{}, not {}/{}",
-                    existing.workspace, existing.name, req.workspace, req.name
-                )));
-            }
             let snapshot = inner.snapshot(&existing);
-            let running = snapshot.state == pb::State::Running as i32;
-            // Same generation: a retry. Only a launch that never completed is carried on.
-            if existing.generation == req.generation && snapshot.reason != "NotStarted" {
-                return Ok(snapshot);
-            }
-            if running && existing.desired == Desired::Running {
-                return Err(DriverError::GenerationMismatch {
-                    sandbox_id: id.to_string(),
-                    running: existing.generation,
-                    requested: req.generation,
-                });
-            }
-            // Known but not running (a create retried after an interrupted launch, or under a
-            // new generation): start it.
-            inner.terminate(&existing, Duration::ZERO).await?;
-            return inner.start_run(existing, req.generation).await;
+            let wants_running = existing.desired == Desired::Running;
+            let known = (existing.workspace.as_str(), existing.name.as_str());
+            let asked = (req.workspace.as_str(), req.name.as_str());
+            return match contract::known_create(
+                known,
+                asked,
+                req.generation,
+                snapshot,
+                wants_running,
+            )? {
+                Known::Answer(snapshot) => Ok(snapshot),
+                // Known but not running (a create retried after an interrupted launch, or
+                // under a new generation): start it.
+                Known::Launch => {
+                    inner.terminate(&existing, Duration::ZERO).await?;
+                    inner.start_run(existing, req.generation).await
+                }
+            };
         }
 
         let paths = inner.paths(id);
@@ -123,15 +120,11 @@ impl ComputeDriver for ProcessDriver {
         let _serialised = lock.lock().await;
         let record = inner.require(id)?;
         let snapshot = inner.snapshot(&record);
-        if snapshot.state == pb::State::Running as i32 && record.desired == Desired::Running {
-            if record.generation == req.generation {
-                return Ok(snapshot);
-            }
-            return Err(DriverError::GenerationMismatch {
-                sandbox_id: id.to_string(),
-                running: record.generation,
-                requested: req.generation,
-            });
+        let wants_running = record.desired == Desired::Running;
+        if let Known::Answer(snapshot) =
+            contract::known_start(snapshot, wants_running, req.generation)?
+        {
+            return Ok(snapshot);
         }
         // Whatever is left of an earlier run (a half-finished stop) goes first.
         inner.terminate(&record, Duration::ZERO).await?;

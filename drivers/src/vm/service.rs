@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::record::{self, Desired, RECORD_FORMAT, VmRecord, VmSpec};
 use super::{Inner, VmDriver, internal, qemu};
+use crate::contract::{self, Known};
 use crate::feed;
 use crate::process::launch::validate_command;
 use crate::process::locked;
@@ -198,26 +199,23 @@ impl Ops {
         let _serialised = lock.lock().await;
 
         if let Some(existing) = inner.record(id) {
-            if existing.workspace != req.workspace || existing.name != req.name {
-                return Err(DriverError::FailedPrecondition(format!(
-                    "sandbox {id} exists as {}/{}, not {}/{}",
-                    existing.workspace, existing.name, req.workspace, req.name
-                )));
-            }
             let snapshot = inner.snapshot(&existing);
-            let running = snapshot.state == pb::State::Running as i32;
-            if snapshot.generation == req.generation && snapshot.reason != "NotStarted" {
-                return Ok(snapshot);
-            }
-            if running && existing.desired == Desired::Running {
-                return Err(DriverError::GenerationMismatch {
-                    sandbox_id: id.to_string(),
-                    running: snapshot.generation,
-                    requested: req.generation,
-                });
-            }
-            inner.terminate(&existing, Duration::ZERO).await?;
-            return inner.start_run(existing, req.generation).await;
+            let wants_running = existing.desired == Desired::Running;
+            let known = (existing.workspace.as_str(), existing.name.as_str());
+            let asked = (req.workspace.as_str(), req.name.as_str());
+            return match contract::known_create(
+                known,
+                asked,
+                req.generation,
+                snapshot,
+                wants_running,
+            )? {
+                Known::Answer(snapshot) => Ok(snapshot),
+                Known::Launch => {
+                    inner.terminate(&existing, Duration::ZERO).await?;
+                    inner.start_run(existing, req.generation).await
+                }
+            };
         }
 
         let paths = inner.paths(id);
@@ -280,15 +278,11 @@ impl Ops {
         let _serialised = lock.lock().await;
         let rec = inner.require(id)?;
         let snapshot = inner.snapshot(&rec);
-        if snapshot.state == pb::State::Running as i32 && rec.desired == Desired::Running {
-            if snapshot.generation == req.generation {
-                return Ok(snapshot);
-            }
-            return Err(DriverError::GenerationMismatch {
-                sandbox_id: id.to_string(),
-                running: snapshot.generation,
-                requested: req.generation,
-            });
+        let wants_running = rec.desired == Desired::Running;
+        if let Known::Answer(snapshot) =
+            contract::known_start(snapshot, wants_running, req.generation)?
+        {
+            return Ok(snapshot);
         }
         // Whatever is left of an earlier run (a half-finished stop) goes first.
         inner.terminate(&rec, Duration::ZERO).await?;
