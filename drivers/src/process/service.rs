@@ -26,6 +26,7 @@ impl ComputeDriver for ProcessDriver {
             cpu_limit: cgroups.has_cpu(),
             memory_limit: cgroups.has_memory(),
             persistent_storage: true,
+            images: false,
             isolation: format!(
                 "pid,mount,uts,ipc,net namespaces; {}; the host's root filesystem, \
                  with a private /sandbox",

@@ -234,6 +234,7 @@ impl ComputeDriver for SimDriver {
             cpu_limit: false,
             memory_limit: false,
             persistent_storage: true,
+            images: false,
             isolation: "none: an in-memory simulation".to_string(),
         }))
     }

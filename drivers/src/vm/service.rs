@@ -100,6 +100,7 @@ impl ComputeDriver for VmDriver {
             cpu_limit: true,
             memory_limit: true,
             persistent_storage: true,
+            images: false,
             isolation: format!(
                 "QEMU microVM ({}), its own kernel ({}); a persistent ext4 disk at /sandbox; \
                  no network",
