@@ -3,6 +3,7 @@
 //! - [`v1`]: the public API (`sbx.v1`), served by the gateway.
 //! - [`driver`]: the compute driver API (`sbx.driver.v1`).
 //! - [`names`]: the naming rules for workspaces and sandboxes.
+//! - [`image_ref`]: image references, the naming rule of images.
 
 /// The public API, package `sbx.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -16,6 +17,7 @@ pub mod driver {
     tonic::include_proto!("sbx.driver.v1");
 }
 
+pub mod image_ref;
 pub mod names;
 
 /// The encoded file descriptor set of both contracts, for gRPC server reflection.
