@@ -66,7 +66,7 @@ impl SledStore {
                     ),
                 );
             }
-            if sbx_proto::names::validate_name(&rec.name).is_err() {
+            if rec.kind.validate_name(&rec.name).is_err() {
                 report(
                     "records",
                     format!("record {id} has invalid name {:?}", rec.name),

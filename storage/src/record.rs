@@ -18,11 +18,14 @@ pub enum Kind {
     /// sandbox's workspace. It dies with its owner and never re-attaches to a new sandbox of the
     /// same name.
     Setting,
+    /// An image of the image store: its name (a normalised image reference) → a manifest
+    /// digest. Global scope.
+    Image,
 }
 
 impl Kind {
     /// Every kind, in tag order.
-    pub const ALL: [Kind; 3] = [Kind::Workspace, Kind::Sandbox, Kind::Setting];
+    pub const ALL: [Kind; 4] = [Kind::Workspace, Kind::Sandbox, Kind::Setting, Kind::Image];
 
     /// The stable on-disk tag.
     pub const fn tag(self) -> u8 {
@@ -30,6 +33,7 @@ impl Kind {
             Kind::Workspace => 1,
             Kind::Sandbox => 2,
             Kind::Setting => 3,
+            Kind::Image => 4,
         }
     }
 
@@ -39,13 +43,28 @@ impl Kind {
             1 => Some(Kind::Workspace),
             2 => Some(Kind::Sandbox),
             3 => Some(Kind::Setting),
+            4 => Some(Kind::Image),
             _ => None,
         }
     }
 
     /// Whether records of this kind live inside a workspace (`workspace = Some(..)`).
     pub const fn is_scoped(self) -> bool {
-        !matches!(self, Kind::Workspace)
+        !matches!(self, Kind::Workspace | Kind::Image)
+    }
+
+    /// Checks a record name by this kind's rule: the DNS-1123 label rule
+    /// (`sbx_proto::names`) for workspaces, sandboxes and settings; a normalised image
+    /// reference without digest (`sbx_proto::image_ref`) for images.
+    pub fn validate_name(self, name: &str) -> Result<(), String> {
+        match self {
+            Kind::Image => {
+                sbx_proto::image_ref::validate_image_name(name).map_err(|e| e.to_string())
+            }
+            Kind::Workspace | Kind::Sandbox | Kind::Setting => {
+                sbx_proto::names::validate_name(name).map_err(|e| e.to_string())
+            }
+        }
     }
 }
 
@@ -55,6 +74,7 @@ impl fmt::Display for Kind {
             Kind::Workspace => "workspace",
             Kind::Sandbox => "sandbox",
             Kind::Setting => "setting",
+            Kind::Image => "image",
         })
     }
 }
@@ -152,4 +172,32 @@ pub struct Page {
     pub records: Vec<Record>,
     /// Where the next page starts; `None` when no matching record follows this page.
     pub next_cursor: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_round_trip_and_never_repeat() {
+        for kind in Kind::ALL {
+            assert_eq!(Kind::from_tag(kind.tag()), Some(kind));
+        }
+        let mut tags: Vec<u8> = Kind::ALL.iter().map(|k| k.tag()).collect();
+        tags.dedup();
+        assert_eq!(tags, vec![1, 2, 3, 4]);
+        assert_eq!(Kind::from_tag(5), None);
+    }
+
+    #[test]
+    fn each_kind_has_its_name_rule() {
+        let image = "docker.io/library/busybox:latest";
+        assert!(Kind::Image.validate_name(image).is_ok());
+        assert!(Kind::Image.validate_name("busybox").is_err());
+        for kind in [Kind::Workspace, Kind::Sandbox, Kind::Setting] {
+            assert!(kind.validate_name("busybox").is_ok(), "{kind}");
+            assert!(kind.validate_name(image).is_err(), "{kind}");
+        }
+        assert!(!Kind::Image.is_scoped());
+    }
 }

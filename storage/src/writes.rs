@@ -163,7 +163,8 @@ pub(crate) fn validate_new(rec: &NewRecord) -> Result<(), StoreError> {
     if rec.id.is_nil() {
         return Err(StoreError::invalid("record id is the nil UUID"));
     }
-    sbx_proto::names::validate_name(&rec.name)
+    rec.kind
+        .validate_name(&rec.name)
         .map_err(|e| StoreError::invalid(format!("{} name {:?}: {e}", rec.kind, rec.name)))?;
     match (rec.kind.is_scoped(), rec.workspace) {
         (true, None) => {

@@ -362,3 +362,77 @@ async fn concurrent_creates_of_one_name_have_one_winner() {
     assert_eq!(store.current_revision().await.unwrap(), 1 + 6);
     assert_fsck_clean(&store);
 }
+
+/// Images are global records named by a normalised image reference, not a DNS-1123 label;
+/// their names are unique like any other kind's, and a delete is a plain delete.
+#[tokio::test]
+async fn image_records_follow_the_image_reference_rule() {
+    let (_dir, store) = open_temp();
+    let image = |name: &str| {
+        let mut rec = new_workspace("x");
+        rec.kind = Kind::Image;
+        rec.name = name.into();
+        rec
+    };
+    let busybox = store
+        .create(image("docker.io/library/busybox:latest"))
+        .await
+        .unwrap();
+    let local = store
+        .create(image("localhost:5000/team/app:v1.2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .get_by_name(Kind::Image, None, "docker.io/library/busybox:latest")
+            .await
+            .unwrap()
+            .map(|r| r.id),
+        Some(busybox.id)
+    );
+    let err = store
+        .create(image("docker.io/library/busybox:latest"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::AlreadyExists { existing, .. } if existing == busybox.id),
+        "{err:?}"
+    );
+    // A DNS-1123 label is not an image name, nor an unnormalised reference, nor a digest.
+    for bad in [
+        "busybox",
+        "docker.io/library/busybox",
+        "docker.io/library/BusyBox:latest",
+        "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    ] {
+        let err = store.create(image(bad)).await.unwrap_err();
+        assert!(matches!(err, StoreError::Invalid { .. }), "{bad}: {err:?}");
+    }
+    // And an image name is not a workspace name.
+    let err = store
+        .create(new_workspace("docker.io/library/busybox:latest"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err:?}");
+    let mut in_ws = image("docker.io/library/alpine:3");
+    in_ws.workspace = Some(Uuid::new_v4());
+    assert!(matches!(
+        store.create(in_ws).await,
+        Err(StoreError::Invalid { .. })
+    ));
+    assert_fsck_clean(&store);
+    store
+        .delete(local.id, local.resource_version)
+        .await
+        .unwrap();
+    assert!(store.get(local.id).await.unwrap().is_none());
+    let all = store
+        .list(ListQuery::new(Kind::Image, Scope::All, 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        all.records.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![busybox.id]
+    );
+    assert_fsck_clean(&store);
+}
