@@ -14,10 +14,8 @@ pub use sbx_proto::driver as pb;
 use uuid::Uuid;
 
 pub mod conformance;
-mod contract;
 mod error;
-mod feed;
-mod logfile;
+mod host;
 pub mod process;
 pub mod remote;
 pub mod sim;

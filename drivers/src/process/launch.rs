@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use crate::DriverError;
 
-use super::procfs::ProcessIdentity;
 use super::record::{SandboxPaths, SandboxRecord};
+use crate::host::ProcessIdentity;
 
 /// Where the persistent directory appears inside a sandbox.
 pub const SANDBOX_MOUNT: &str = "/sandbox";
@@ -276,47 +276,4 @@ pub fn exec_command(
         .arg("--")
         .args(command);
     cmd
-}
-
-/// Checks a command and its environment before they reach `exec`: no empty command, no NUL
-/// bytes, no empty variable names or names with `=`.
-pub fn validate_command<'a>(
-    what: &str,
-    command: &[String],
-    env: impl IntoIterator<Item = (&'a String, &'a String)>,
-) -> Result<(), DriverError> {
-    let invalid = |why: String| Err(DriverError::InvalidArgument(format!("{what}: {why}")));
-    if command.is_empty() {
-        return invalid("the command is empty".to_string());
-    }
-    if let Some(arg) = command.iter().find(|a| a.contains('\0')) {
-        return invalid(format!("argument {arg:?} holds a NUL byte"));
-    }
-    for (key, value) in env {
-        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
-            return invalid(format!("environment variable {key:?} is not valid"));
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-
-    use super::*;
-
-    #[test]
-    fn commands_and_environments_are_checked() {
-        let cmd = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let env = |k: &str, v: &str| HashMap::from([(k.to_string(), v.to_string())]);
-        let ok =
-            |c: &[&str], e: HashMap<String, String>| validate_command("t", &cmd(c), &e).is_ok();
-        assert!(ok(&["sleep", "1"], env("A", "b=c")));
-        assert!(!ok(&[], env("A", "1")));
-        assert!(!ok(&["a\0b"], env("A", "1")));
-        assert!(!ok(&["true"], env("", "1")));
-        assert!(!ok(&["true"], env("A=B", "1")));
-        assert!(!ok(&["true"], env("A", "x\0")));
-    }
 }

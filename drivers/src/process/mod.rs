@@ -10,7 +10,7 @@
 //!
 //! Exit detection does not need the workload to be our child: a shell shim, pid 1 of the
 //! sandbox, waits for the main process and writes its status to the run directory; the driver
-//! polls for the init's disappearance (see [`launch`] and [`observe`]).
+//! polls for the init's disappearance (see [`launch`] and [`crate::host::observe`]).
 //!
 //! **Invariant:** sandboxes are found by id only (their directory is named by the id); the
 //! name is the hostname and is reported back, never matched.
@@ -42,8 +42,6 @@
 
 mod cgroup;
 pub(crate) mod launch;
-pub(crate) mod observe;
-pub(crate) mod procfs;
 pub(crate) mod record;
 mod service;
 mod streams;
@@ -51,25 +49,24 @@ mod streams;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::Flock;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::watch;
 use uuid::Uuid;
 
+pub use crate::host::ProcessIdentity;
 pub use cgroup::CgroupVersion;
-pub use procfs::ProcessIdentity;
 
-use crate::feed::{self, SnapshotFeed, Watched};
+use crate::host::feed::{self, SnapshotFeed, Watched};
+use crate::host::{Desired, Observed, RunFacts, internal, lock_state_dir, locked, observe, procfs};
 use crate::{DriverError, pb};
 use cgroup::CgroupHost;
 use launch::HostTools;
-use observe::{Observed, RunFacts};
-use record::{Desired, RunPaths, SandboxPaths, SandboxRecord};
+use record::{RunPaths, SandboxPaths, SandboxRecord};
 
 /// How the process driver is set up.
 #[derive(Debug, Clone)]
@@ -120,39 +117,6 @@ struct Inner {
     /// would launch and kill the same workloads. Released on drop, and by the kernel when the
     /// driver's process dies.
     _instance_lock: Flock<File>,
-}
-
-/// How long `open` waits for a previous instance on the same state to let go.
-const INSTANCE_LOCK_WAIT: Duration = Duration::from_secs(2);
-
-pub(crate) fn lock_state_dir(state_dir: &Path) -> Result<Flock<File>, DriverError> {
-    let path = state_dir.join("driver.lock");
-    let mut file = File::create(&path).map_err(|e| internal("opening the driver lock", e))?;
-    let deadline = std::time::Instant::now() + INSTANCE_LOCK_WAIT;
-    loop {
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => return Ok(lock),
-            Err((back, Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
-                file = back;
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err((_, Errno::EWOULDBLOCK)) => {
-                return Err(DriverError::Unavailable(format!(
-                    "another process driver instance holds {}",
-                    path.display()
-                )));
-            }
-            Err((_, e)) => return Err(internal("locking the state directory", e)),
-        }
-    }
-}
-
-pub(crate) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn internal(what: &str, e: impl std::fmt::Display) -> DriverError {
-    DriverError::Internal(format!("{what}: {e}"))
 }
 
 fn now_ms() -> u64 {

@@ -24,17 +24,11 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::cgroup::SandboxCgroups;
-use super::procfs::{self, ProcessIdentity};
+use crate::host::Desired;
+use crate::host::procfs::{self, ProcessIdentity};
 
 /// The version of [`SandboxRecord`]'s format.
 pub const RECORD_FORMAT: u32 = 1;
-
-/// What the gateway last asked of the workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Desired {
-    Running,
-    Stopped,
-}
 
 /// The spec as sent at create (the proto types have no serde).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

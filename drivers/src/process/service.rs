@@ -6,11 +6,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use uuid::Uuid;
 
+use super::ProcessDriver;
 use super::cgroup::Limits;
-use super::record::{self, Desired, RECORD_FORMAT, SandboxRecord, StoredSpec};
-use super::{ProcessDriver, internal};
-use crate::contract::{self, Known};
-use crate::feed;
+use super::record::{self, RECORD_FORMAT, SandboxRecord, StoredSpec};
+use crate::host::contract::{self, Known};
+use crate::host::{Desired, feed, internal, locked, validate_command};
 use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
 
 #[async_trait]
@@ -41,7 +41,7 @@ impl ComputeDriver for ProcessDriver {
             DriverError::InvalidArgument(format!("sandbox name {:?}: {e}", req.name))
         })?;
         let spec = req.spec.unwrap_or_default();
-        super::launch::validate_command("the spec", &spec.command, &spec.env)?;
+        validate_command("the spec", &spec.command, &spec.env)?;
         let inner = &self.inner;
         let lock = inner.lock_for(id);
         let _serialised = lock.lock().await;
@@ -173,14 +173,14 @@ impl ComputeDriver for ProcessDriver {
         let trash = record::trash_dir(&inner.state_dir).join(format!("{id}-{}", Uuid::new_v4()));
         std::fs::rename(&paths.dir, &trash)
             .map_err(|e| internal("moving the sandbox to the trash", e))?;
-        super::locked(&inner.records).remove(&id);
+        locked(&inner.records).remove(&id);
         if let Err(e) = std::fs::remove_dir_all(&trash) {
             tracing::warn!(sandbox_id = %id, error = %e, "deleted sandbox's files not all removed");
         }
         feed::publish_deleted(inner.as_ref(), id, last);
         // Forget the sandbox's lock unless another call waits on it (the map's and ours are the
         // only references): a waiter must keep serialising against later calls for this id.
-        let mut locks = super::locked(&inner.locks);
+        let mut locks = locked(&inner.locks);
         if locks
             .get(&id)
             .is_some_and(|l| std::sync::Arc::strong_count(l) <= 2)
@@ -197,10 +197,8 @@ impl ComputeDriver for ProcessDriver {
     }
 
     async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
-        let mut records: Vec<SandboxRecord> = super::locked(&self.inner.records)
-            .values()
-            .cloned()
-            .collect();
+        let mut records: Vec<SandboxRecord> =
+            locked(&self.inner.records).values().cloned().collect();
         records.sort_by_key(|r| r.sandbox_id);
         Ok(records.iter().map(|r| self.inner.snapshot(r)).collect())
     }

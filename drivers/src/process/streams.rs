@@ -13,10 +13,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::record::Desired;
-use super::{Inner, ProcessDriver, launch, procfs};
-use crate::feed;
-use crate::logfile::{CHUNK, log_stream};
+use super::{Inner, ProcessDriver, launch};
+use crate::host::logfile::{CHUNK, log_stream};
+use crate::host::{Desired, feed, internal, locked, procfs, validate_command};
 use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
 
 type ExecItem = Result<pb::ExecOutput, DriverError>;
@@ -32,7 +31,7 @@ impl ProcessDriver {
         req: pb::ExecRequest,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
-        launch::validate_command("exec", &req.command, &req.env)?;
+        validate_command("exec", &req.command, &req.env)?;
         let record = self.inner.require(id)?;
         let init = self
             .inner
@@ -60,7 +59,7 @@ impl ProcessDriver {
             .kill_on_drop(true);
         let mut child = command
             .spawn()
-            .map_err(|e| super::internal("spawning nsenter", e))?;
+            .map_err(|e| internal("spawning nsenter", e))?;
         let (Some(stdout), Some(stderr), Some(pid)) =
             (child.stdout.take(), child.stderr.take(), child.id())
         else {
@@ -107,7 +106,7 @@ impl ProcessDriver {
                         signal: status.signal().unwrap_or(0),
                     })),
                 }),
-                Ok(Err(e)) => Err(super::internal("waiting for the exec'd command", e)),
+                Ok(Err(e)) => Err(internal("waiting for the exec'd command", e)),
                 Err(after) => {
                     let _ = killpg(group, Signal::SIGKILL);
                     let _ = child.wait().await;
@@ -145,7 +144,7 @@ impl ProcessDriver {
 }
 
 fn sandbox_exists(inner: &Inner, id: uuid::Uuid) -> bool {
-    super::locked(&inner.records).contains_key(&id)
+    locked(&inner.records).contains_key(&id)
 }
 
 /// Sends what `source` yields as chunks; returns false when the receiver is gone.

@@ -61,14 +61,13 @@ use uuid::Uuid;
 pub use assets::AssetPaths;
 pub use qemu::{Accel, host_tsc_khz, kernel_cmdline};
 
-use crate::feed::{self, SnapshotFeed, Watched};
-use crate::process::observe::{self, RunFacts};
-use crate::process::procfs::{self, ProcessIdentity};
-use crate::process::{lock_state_dir, locked};
+use crate::host::feed::{self, SnapshotFeed, Watched};
+use crate::host::procfs::{self, ProcessIdentity};
+use crate::host::{Desired, RunFacts, internal, lock_state_dir, locked, observe};
 use crate::{DriverError, pb};
 use assets::GuestAssets;
 use guest::RunReport;
-use record::{Desired, VmPaths, VmRecord};
+use record::{VmPaths, VmRecord};
 
 /// How the vm driver is set up.
 #[derive(Debug, Clone)]
@@ -144,12 +143,8 @@ struct Inner {
     finished: Mutex<HashMap<Uuid, (String, RunReport)>>,
     /// Watch events: every change the driver makes or its poller sees.
     feed: SnapshotFeed,
-    /// An exclusive `flock` on `<state_dir>/driver.lock` (see the process driver).
+    /// An exclusive `flock` on `<state_dir>/driver.lock` (see `host::lock`).
     _instance_lock: Flock<File>,
-}
-
-fn internal(what: &str, e: impl std::fmt::Display) -> DriverError {
-    DriverError::Internal(format!("{what}: {e}"))
 }
 
 fn now_ms() -> u64 {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::DriverError;
-use crate::process::procfs::{self, ProcessIdentity};
+use crate::host::procfs::{self, ProcessIdentity};
 
 /// How QEMU runs guests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

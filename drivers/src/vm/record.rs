@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::process::ProcessIdentity;
-pub use crate::process::record::Desired;
+use crate::host::Desired;
+use crate::host::ProcessIdentity;
 
 pub const RECORD_FORMAT: u32 = 1;
 

@@ -6,12 +6,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::record::{self, Desired, RECORD_FORMAT, VmRecord, VmSpec};
-use super::{Inner, VmDriver, internal, qemu};
-use crate::contract::{self, Known};
-use crate::feed;
-use crate::process::launch::validate_command;
-use crate::process::locked;
+use super::record::{self, RECORD_FORMAT, VmRecord, VmSpec};
+use super::{Inner, VmDriver, qemu};
+use crate::host::contract::{self, Known};
+use crate::host::{Desired, feed, internal, locked, validate_command};
 use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
 
 /// The least memory a guest boots with.

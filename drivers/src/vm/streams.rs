@@ -7,13 +7,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use super::record::Desired;
 use super::service::validate_env_names;
 use super::{Inner, VmDriver, guest};
-use crate::feed;
-use crate::logfile::{CHUNK, log_stream};
-use crate::process::launch::validate_command;
-use crate::process::locked;
+use crate::host::logfile::{CHUNK, log_stream};
+use crate::host::{Desired, feed, locked, validate_command};
 use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
 
 /// How long an exec may run when the request sets no timeout.

@@ -1,8 +1,16 @@
-//! Deriving a sandbox's observed state from the facts on disk and in `/proc`. Pure: no IO.
+//! Deriving a sandbox's observed state from what the gateway last asked and the facts found
+//! on disk and in `/proc`. Pure: no IO.
+
+use serde::{Deserialize, Serialize};
 
 use crate::pb::State;
 
-use super::record::Desired;
+/// What the gateway last asked of the workload (kept in each sandbox's record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Desired {
+    Running,
+    Stopped,
+}
 
 /// What the driver found about the current run of one sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use uuid::Uuid;
 
-use crate::process::locked;
+use super::locked;
 use crate::{DriverError, pb};
 
 /// A driver's state, as its feed sees it.

@@ -1,0 +1,42 @@
+//! The kit of the host drivers: what every driver whose workloads run on this machine, as
+//! processes of its own, shares (today `process` and `vm`).
+//!
+//! A host driver's workloads outlive it: each is started in its own session and found again
+//! by a new driver instance from what the old one left in its state directory, by the pid
+//! *and* start time of a process. So a host driver learns about its sandboxes by looking, not
+//! by being told, and the kit holds what that takes:
+//!
+//! - [`lock`] — at most one live driver instance per state directory (an exclusive `flock` on
+//!   `<state_dir>/driver.lock`, released by the kernel when the driver's process dies), and
+//!   [`locked`], a mutex lock that survives poisoning.
+//! - [`procfs`] — a process's identity (pid + start time) and whether it still runs.
+//! - [`observe`] — the observed state of a run (running, exited with what, lost, OOM-killed)
+//!   derived from what the gateway last asked ([`Desired`]) and the facts found ([`RunFacts`]).
+//! - [`contract`] — the contract's rules for a create or start of a sandbox already known.
+//! - [`feed`] — the watch feed: changes the driver makes are published at once, a poller
+//!   started by the first watch publishes what changed by itself.
+//! - [`logfile`] — tail and follow of a sandbox's log file.
+//! - [`command`] — checks of a command and environment before they reach a launch or an exec.
+//!
+//! **Invariant:** a host driver imports what it shares with another only from here, never
+//! from that other driver.
+
+pub(crate) mod command;
+pub(crate) mod contract;
+pub(crate) mod feed;
+pub(crate) mod lock;
+pub(crate) mod logfile;
+pub(crate) mod observe;
+pub(crate) mod procfs;
+
+pub(crate) use command::validate_command;
+pub(crate) use lock::{lock_state_dir, locked};
+pub(crate) use observe::{Desired, Observed, RunFacts};
+pub use procfs::ProcessIdentity;
+
+use crate::DriverError;
+
+/// An internal error about `what`, with its cause.
+pub(crate) fn internal(what: &str, e: impl std::fmt::Display) -> DriverError {
+    DriverError::Internal(format!("{what}: {e}"))
+}
