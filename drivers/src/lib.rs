@@ -16,6 +16,7 @@ use uuid::Uuid;
 pub mod conformance;
 mod error;
 mod host;
+pub mod image;
 pub mod process;
 pub mod remote;
 pub mod sim;

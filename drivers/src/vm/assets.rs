@@ -187,7 +187,7 @@ fn check_static_busybox(path: &Path) -> Result<(), DriverError> {
 
 /// Whether a 64-bit little-endian ELF image has a `PT_INTERP` program header; `None` when
 /// `data` is not such an image.
-fn elf_interpreter(data: &[u8]) -> Option<bool> {
+pub(crate) fn elf_interpreter(data: &[u8]) -> Option<bool> {
     if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 || data[5] != 1 {
         return None;
     }
