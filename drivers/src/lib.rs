@@ -17,6 +17,7 @@ pub mod conformance;
 mod error;
 mod host;
 pub mod image;
+pub mod oci;
 pub mod process;
 pub mod remote;
 pub mod sim;

@@ -1,0 +1,705 @@
+//! `oci`: sandboxes as OCI containers from images, run by an OCI runtime (`runc` by default).
+//!
+//! Each sandbox is an OCI bundle in its own directory ([`record`] lists the files): a root
+//! filesystem that is an overlay of its image's layers (unpacked once in the gateway's image
+//! store, shared read-only) under a writable layer of its own ([`rootfs`]), a persistent
+//! volume at `/sandbox`, and a runtime config ([`bundle`]) that puts the workload behind the
+//! boundary a container user expects: a user namespace (root inside is an unprivileged uid on
+//! the host), its own pid/mount/uts/ipc/net/cgroup namespaces, the runtime-default
+//! capabilities, `no_new_privs`, a default seccomp profile ([`seccomp`]), masked and
+//! read-only `/proc` and `/sys` paths, and cpu, memory and pids limits.
+//!
+//! **Lifecycle.** A start mounts the overlay, writes the config and runs `runc run --detach`
+//! with the log file as the container's stdout and stderr (never a pipe to the driver), so
+//! the workload outlives the driver and the gateway. The container's pid 1 is a small init of
+//! ours — a static busybox shell running [`INIT_SCRIPT`], bound read-only at `/dev/.sbx` —
+//! that runs the image's (or the spec's) command, forwards SIGTERM to every process of the
+//! sandbox, reaps orphans, and writes the main process's status to the run directory (bound
+//! at `/dev/.sbx-run`). A stop sends SIGTERM to that init, SIGKILL after the grace period,
+//! then `runc delete --force` (which removes the cgroup and the runtime state) and unmounts
+//! the overlay; the writable layer and the volume stay. A delete removes them too.
+//!
+//! **Identity.** A sandbox is found again after a restart of the driver by its directory
+//! (named by its id), the runtime's own state (`runc --root <state>/runc state`), and its
+//! init's pid *and* start time, recorded after each launch (a reused pid is never taken for
+//! it). The record holds the generation the run was started with.
+//!
+//! Known limits:
+//! - Every sandbox maps to the same host uid range (`OciDriverOptions::id_map`); the image
+//!   store unpacks layers with their owners shifted into it. Two sandboxes are kept apart by
+//!   their namespaces and their own filesystems, not by distinct host uids.
+//! - The main process's status is the init shell's `$?`: an exit code of 128 + n cannot be
+//!   told from death by signal n. The workload can write its own run directory (it is the
+//!   init's), so a workload can misreport its own exit status, and only its own.
+//! - No network beyond loopback. At most ~35 image layers (one overlay mount's options).
+//! - Exec is `runc exec` per call (tens of milliseconds), without stdin or a terminal.
+
+mod bundle;
+mod cgroup;
+mod record;
+mod rootfs;
+mod runtime;
+mod seccomp;
+mod service;
+mod streams;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::fcntl::Flock;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::host::feed::{self, SnapshotFeed, Watched};
+use crate::host::observe::{self, RunFacts};
+use crate::host::procfs::{self, ProcessIdentity};
+use crate::host::{Desired, internal, lock_state_dir, locked};
+use crate::image::{IdMap, ImageStore};
+use crate::{DriverError, pb};
+use record::{OciRecord, RunPaths, SandboxPaths};
+use runtime::Runtime;
+
+pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
+
+/// The init of every oci sandbox, run by the static busybox at `/dev/.sbx/busybox` as
+/// `sh /dev/.sbx/init RUN_DIR COMMAND…` (only shell builtins: the image may have no tools).
+pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the command, passes SIGTERM on to every process of
+# the sandbox, reaps orphans, and records the command's status in the run directory.
+run="$1"; shift
+trap 'kill -TERM -1 2>/dev/null' TERM INT
+"$@" &
+child=$!
+while :; do
+  wait "$child"; st=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+printf '%s\n' "$st" > "$run/exit"
+exit "$st"
+"#;
+
+/// How the oci driver is set up.
+#[derive(Debug, Clone)]
+pub struct OciDriverOptions {
+    /// The OCI runtime binary; default `runc` on PATH.
+    pub runtime: Option<PathBuf>,
+    /// A static busybox for the sandbox init; default `/bin/busybox`, else `/usr/bin/busybox`.
+    pub busybox: Option<PathBuf>,
+    /// The cgroup (from each hierarchy's root) under which sandbox cgroups are made.
+    pub cgroup_parent: String,
+    /// The host uid/gid range sandboxes map to: must be the image store's.
+    pub id_map: IdMap,
+    /// The most processes (threads included) one sandbox may have.
+    pub pids_limit: i64,
+    /// How long a stop waits after SIGTERM before SIGKILL when the request says 0.
+    pub default_grace: Duration,
+    /// How often the watch task looks for workloads that changed by themselves.
+    pub poll_interval: Duration,
+}
+
+impl Default for OciDriverOptions {
+    fn default() -> Self {
+        OciDriverOptions {
+            runtime: None,
+            busybox: None,
+            cgroup_parent: "sbx-oci".to_string(),
+            id_map: IdMap::default(),
+            pids_limit: 1024,
+            default_grace: Duration::from_secs(5),
+            poll_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// The oci driver. See the module docs.
+#[derive(Debug)]
+pub struct OciDriver {
+    inner: Arc<Inner>,
+    /// Dropped with the driver: its receivers end the watch and log streams it handed out.
+    alive: watch::Sender<()>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state_dir: PathBuf,
+    opts: OciDriverOptions,
+    runtime: Runtime,
+    images: ImageStore,
+    /// The records on disk, cached; every write goes to disk first.
+    records: Mutex<HashMap<Uuid, OciRecord>>,
+    /// One lock per sandbox serialises its lifecycle calls.
+    locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    feed: SnapshotFeed,
+    /// The exclusive lock on `<state_dir>/driver.lock`.
+    _instance_lock: Flock<File>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl OciDriver {
+    /// Opens the driver on `state_dir`, reading images from `images`, and finds every sandbox
+    /// a previous instance left there. Finishes what a killed instance left half done: empties
+    /// the trash, removes creates that never wrote a record, ends interrupted stops, and
+    /// deletes runtime containers that no record owns.
+    pub async fn open(
+        state_dir: PathBuf,
+        images: ImageStore,
+        opts: OciDriverOptions,
+    ) -> Result<Self, DriverError> {
+        if images.idmap() != opts.id_map {
+            return Err(DriverError::InvalidArgument(format!(
+                "the image store's id map {:?} is not the driver's {:?}",
+                images.idmap(),
+                opts.id_map
+            )));
+        }
+        let runtime = Runtime::find(opts.runtime.as_deref(), record::runtime_root(&state_dir))?;
+        let busybox = find_busybox(opts.busybox.as_deref())?;
+        check_walkable(&state_dir)?;
+        for dir in [
+            state_dir.clone(),
+            record::sandboxes_dir(&state_dir),
+            record::init_dir(&state_dir),
+        ] {
+            record::make_walkable_dir(&dir)
+                .map_err(|e| internal(&format!("making {}", dir.display()), e))?;
+        }
+        for dir in [record::trash_dir(&state_dir), runtime.root.clone()] {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| internal(&format!("making {}", dir.display()), e))?;
+        }
+        let instance_lock = lock_state_dir(&state_dir)?;
+        install_init(&record::init_dir(&state_dir), &busybox)?;
+        empty_trash(&record::trash_dir(&state_dir));
+
+        let mut records = HashMap::new();
+        let sandboxes = record::sandboxes_dir(&state_dir);
+        for entry in std::fs::read_dir(&sandboxes)
+            .map_err(|e| internal("reading the state directory", e))?
+            .flatten()
+        {
+            let Some(id) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| Uuid::parse_str(n).ok())
+            else {
+                tracing::warn!(path = %entry.path().display(), "not a sandbox directory; left alone");
+                continue;
+            };
+            let paths = SandboxPaths::new(&state_dir, id);
+            match record::read_record(&paths.record) {
+                Ok(record) => {
+                    if record.desired == Desired::Stopped {
+                        finish_interrupted_stop(&runtime, &paths, &record).await;
+                    }
+                    records.insert(id, record);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    // A create killed before its record was written: nothing was launched.
+                    let _ = rootfs::unmount(&paths.rootfs);
+                    if let Err(e) = std::fs::remove_dir_all(&paths.dir) {
+                        tracing::warn!(sandbox_id = %id, error = %e, "half-created sandbox not removed");
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(sandbox_id = %id, error = %e, "unreadable sandbox record; skipped")
+                }
+            }
+        }
+        match runtime.list().await {
+            Ok(containers) => {
+                for c in containers {
+                    let owned = Uuid::parse_str(&c.id).is_ok_and(|id| records.contains_key(&id));
+                    if !owned {
+                        tracing::warn!(container = %c.id, status = %c.status, "a runtime container without a sandbox record; deleting it");
+                        if let Err(e) = runtime.delete(&c.id).await {
+                            tracing::warn!(container = %c.id, error = %e, "not deleted");
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "the runtime's containers could not be listed"),
+        }
+        let (alive, _) = watch::channel(());
+        let inner = Inner {
+            state_dir,
+            opts,
+            runtime,
+            images,
+            records: Mutex::new(records),
+            locks: Mutex::new(HashMap::new()),
+            feed: SnapshotFeed::new(),
+            _instance_lock: instance_lock,
+        };
+        Ok(OciDriver {
+            inner: Arc::new(inner),
+            alive,
+        })
+    }
+
+    /// The state directory this driver keeps its sandboxes in.
+    pub fn state_dir(&self) -> &Path {
+        &self.inner.state_dir
+    }
+
+    /// The persistent volume of sandbox `id` on the host (`/sandbox` inside it).
+    pub fn volume_dir(&self, id: Uuid) -> PathBuf {
+        SandboxPaths::new(&self.inner.state_dir, id).volume
+    }
+
+    /// The writable layer of sandbox `id`'s root filesystem on the host.
+    pub fn upper_dir(&self, id: Uuid) -> PathBuf {
+        SandboxPaths::new(&self.inner.state_dir, id).upper
+    }
+
+    /// The identity of the running init of sandbox `id`, if it runs.
+    pub fn workload_identity(&self, id: Uuid) -> Option<ProcessIdentity> {
+        let record = self.inner.record(id)?;
+        self.inner
+            .run_paths(&record)
+            .read_init()
+            .filter(procfs::is_alive)
+    }
+
+    /// The cgroup directories that exist for sandboxes under `cgroup_parent`, in every
+    /// hierarchy (for leak checks).
+    pub fn cgroup_leftovers(cgroup_parent: &str) -> Vec<PathBuf> {
+        cgroup::children_of(cgroup_parent)
+    }
+
+    /// Resolves when this driver instance is dropped.
+    fn dropped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut alive = self.alive.subscribe();
+        async move { while alive.changed().await.is_ok() {} }
+    }
+}
+
+/// The static busybox the sandbox init runs on.
+fn find_busybox(flag: Option<&Path>) -> Result<PathBuf, DriverError> {
+    let candidates: Vec<PathBuf> = match flag {
+        Some(path) => vec![path.to_path_buf()],
+        None => vec!["/bin/busybox".into(), "/usr/bin/busybox".into()],
+    };
+    for path in &candidates {
+        let Ok(bytes) = std::fs::read(path) else {
+            continue;
+        };
+        return if is_static_elf(&bytes) {
+            Ok(path.clone())
+        } else {
+            Err(DriverError::Unavailable(format!(
+                "{} is not a static executable; the oci driver's sandbox init needs a static \
+                 busybox (on Debian: apt-get install busybox-static)",
+                path.display()
+            )))
+        };
+    }
+    Err(DriverError::Unavailable(format!(
+        "the oci driver needs a static busybox for its sandbox init, at {} (on Debian: \
+         apt-get install busybox-static)",
+        candidates
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" or ")
+    )))
+}
+
+/// Whether `bytes` are a 64-bit little-endian ELF executable without an interpreter (no
+/// `PT_INTERP` program header): it runs in any root filesystem.
+pub(crate) fn is_static_elf(bytes: &[u8]) -> bool {
+    let u16_at = |at: usize| {
+        bytes
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u32_at = |at: usize| {
+        bytes
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |at: usize| {
+        bytes
+            .get(at..at + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+    };
+    if bytes.get(..4) != Some(b"\x7fELF") || bytes.get(4) != Some(&2) || bytes.get(5) != Some(&1) {
+        return false;
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return false;
+    };
+    const PT_INTERP: u32 = 3;
+    (0..usize::from(phnum)).all(|i| {
+        let at = usize::try_from(phoff).unwrap_or(usize::MAX) + i * usize::from(phentsize);
+        u32_at(at).is_some_and(|typ| typ != PT_INTERP)
+    })
+}
+
+/// The state dir's ancestors must let the sandboxes' host uid walk through them: the
+/// runtime's container init, already in the user namespace, walks to the rootfs.
+fn check_walkable(state_dir: &Path) -> Result<(), DriverError> {
+    let mut dir = state_dir.parent();
+    while let Some(d) = dir {
+        if let Ok(meta) = std::fs::metadata(d)
+            && meta.permissions().mode() & 0o001 == 0
+        {
+            return Err(DriverError::Unavailable(format!(
+                "the oci driver's state dir {} is under {}, which other users cannot \
+                 enter (mode {:o}); a sandbox's container init runs as an unprivileged \
+                 host uid and must walk to its root filesystem: use a data dir outside it \
+                 (e.g. /var/lib/sbx) or chmod o+x {}",
+                state_dir.display(),
+                d.display(),
+                meta.permissions().mode() & 0o7777,
+                d.display()
+            )));
+        }
+        dir = d.parent();
+    }
+    Ok(())
+}
+
+/// Puts the init (busybox and script) in place, replacing an outdated copy.
+fn install_init(dir: &Path, busybox: &Path) -> Result<(), DriverError> {
+    let io = |what: &str, e: std::io::Error| internal(&format!("{what} in {}", dir.display()), e);
+    let wanted = std::fs::read(busybox).map_err(|e| io("reading busybox", e))?;
+    let target = dir.join("busybox");
+    if std::fs::read(&target).ok().as_deref() != Some(&wanted[..]) {
+        let tmp = dir.join(".busybox.tmp");
+        std::fs::write(&tmp, &wanted).map_err(|e| io("copying busybox", e))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| io("making busybox executable", e))?;
+        std::fs::rename(&tmp, &target).map_err(|e| io("installing busybox", e))?;
+    }
+    let script = dir.join("init");
+    if std::fs::read_to_string(&script).ok().as_deref() != Some(INIT_SCRIPT) {
+        let tmp = dir.join(".init.tmp");
+        std::fs::write(&tmp, INIT_SCRIPT).map_err(|e| io("writing the init", e))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| io("writing the init", e))?;
+        std::fs::rename(&tmp, &script).map_err(|e| io("installing the init", e))?;
+    }
+    Ok(())
+}
+
+fn empty_trash(trash: &Path) {
+    for entry in std::fs::read_dir(trash).into_iter().flatten().flatten() {
+        let _ = rootfs::unmount(&entry.path().join("bundle").join("rootfs"));
+        if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+            tracing::warn!(path = %entry.path().display(), error = %e, "trash entry not removed");
+        }
+    }
+}
+
+/// Ends, without grace, a workload whose stop a killed driver left unfinished.
+async fn finish_interrupted_stop(runtime: &Runtime, paths: &SandboxPaths, record: &OciRecord) {
+    if let Some(init) = paths
+        .run(&record.run_id)
+        .read_init()
+        .filter(procfs::is_alive)
+    {
+        tracing::warn!(sandbox_id = %record.sandbox_id, %init, "finishing an interrupted stop");
+        let _ = kill(Pid::from_raw(init.pid), Signal::SIGKILL);
+    }
+    if let Err(e) = runtime.delete(&record.sandbox_id.to_string()).await {
+        tracing::warn!(sandbox_id = %record.sandbox_id, error = %e, "runtime container not deleted");
+    }
+    let _ = rootfs::unmount(&paths.rootfs);
+}
+
+impl Inner {
+    fn paths(&self, id: Uuid) -> SandboxPaths {
+        SandboxPaths::new(&self.state_dir, id)
+    }
+
+    fn run_paths(&self, record: &OciRecord) -> RunPaths {
+        self.paths(record.sandbox_id).run(&record.run_id)
+    }
+
+    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        locked(&self.locks).entry(id).or_default().clone()
+    }
+
+    fn record(&self, id: Uuid) -> Option<OciRecord> {
+        locked(&self.records).get(&id).cloned()
+    }
+
+    fn require(&self, id: Uuid) -> Result<OciRecord, DriverError> {
+        self.record(id).ok_or_else(|| DriverError::NotFound {
+            sandbox_id: id.to_string(),
+        })
+    }
+
+    /// Writes the record to disk (atomically), then to the cache.
+    fn save(&self, record: &OciRecord) -> Result<(), DriverError> {
+        let paths = self.paths(record.sandbox_id);
+        record::write_record(&paths, record)
+            .map_err(|e| internal("writing the sandbox record", e))?;
+        locked(&self.records).insert(record.sandbox_id, record.clone());
+        Ok(())
+    }
+
+    /// What the sandbox looks like now, from its record, its run files and `/proc`.
+    fn snapshot(&self, record: &OciRecord) -> pb::Snapshot {
+        let paths = self.run_paths(record);
+        let init = paths.read_init();
+        let alive = init.as_ref().is_some_and(procfs::is_alive);
+        let exit_status = if alive { None } else { paths.read_exit() };
+        let oom_killed = !alive
+            && record.desired == Desired::Running
+            && init.is_some()
+            && cgroup::oom_kills(&record.cgroup_path) > 0;
+        let observed = observe::observe(RunFacts {
+            desired: record.desired,
+            init_recorded: init.is_some(),
+            alive,
+            exit_status,
+            oom_killed,
+        });
+        let has_run = observed.state != pb::State::Stopped;
+        let started_at = (has_run && record.launched_at_ms > 0).then(|| {
+            sbx_proto::Timestamp::from(UNIX_EPOCH + Duration::from_millis(record.launched_at_ms))
+        });
+        pb::Snapshot {
+            sandbox_id: record.sandbox_id.to_string(),
+            workspace: record.workspace.clone(),
+            name: record.name.clone(),
+            state: observed.state as i32,
+            generation: record.generation,
+            instance_id: if has_run {
+                init.map(|i| i.to_string()).unwrap_or_default()
+            } else {
+                String::new()
+            },
+            exit_code: observed.exit_code,
+            exit_signal: observed.exit_signal,
+            reason: observed.reason.to_string(),
+            message: observed.message,
+            warnings: record.warnings.clone(),
+            started_at,
+        }
+    }
+
+    /// Starts a new run under `generation`: the record (desired running, new generation, new
+    /// run id) is durable before the launch, so a driver killed meanwhile reopens to a
+    /// sandbox that says its launch did not complete.
+    async fn start_run(
+        &self,
+        mut record: OciRecord,
+        generation: u64,
+    ) -> Result<pb::Snapshot, DriverError> {
+        let id = record.sandbox_id;
+        let paths = self.paths(id);
+        paths
+            .remove_runs()
+            .map_err(|e| internal("removing earlier run directories", e))?;
+        record.run_id = Uuid::new_v4().simple().to_string();
+        record.generation = generation;
+        record.desired = Desired::Running;
+        record.launched_at_ms = now_ms();
+        self.save(&record)?;
+        if let Err(e) = self.launch(&record, &paths).await {
+            let _ = self.runtime.delete(&id.to_string()).await;
+            let _ = rootfs::unmount(&paths.rootfs);
+            return Err(e);
+        }
+        let snapshot = self.snapshot(&record);
+        tracing::info!(
+            sandbox_id = %id,
+            generation,
+            instance = %snapshot.instance_id,
+            "workload started"
+        );
+        feed::publish(self, id, &snapshot);
+        Ok(snapshot)
+    }
+
+    /// Mounts the root filesystem, writes the runtime config and runs the container; records
+    /// the init's identity.
+    async fn launch(&self, record: &OciRecord, paths: &SandboxPaths) -> Result<(), DriverError> {
+        let id = record.sandbox_id.to_string();
+        let run = paths.run(&record.run_id);
+        let io = |what: &str, e: std::io::Error| internal(what, e);
+        std::fs::create_dir_all(&run.dir).map_err(|e| io("making the run directory", e))?;
+        // A container of an earlier run (stopped by itself) still holds the id.
+        self.runtime
+            .delete(&id)
+            .await
+            .map_err(|e| DriverError::Internal(format!("clearing the earlier container: {e}")))?;
+        rootfs::mount_overlay(
+            &record.image.layers,
+            &paths.upper,
+            &paths.work,
+            &paths.rootfs,
+        )
+        .map_err(DriverError::Internal)?;
+        let user = rootfs::resolve_user(&record.image.user, &paths.rootfs)
+            .map_err(|e| DriverError::InvalidArgument(format!("the image's user: {e}")))?;
+        // The init (running as the image's user) writes the main process's status here.
+        let owner = self.opts.id_map.host_uid + user.uid;
+        let group = self.opts.id_map.host_gid + user.gid;
+        nix::unistd::chown(
+            &run.dir,
+            Some(nix::unistd::Uid::from_raw(owner)),
+            Some(nix::unistd::Gid::from_raw(group)),
+        )
+        .map_err(|e| internal("handing the run directory to the sandbox", e))?;
+        std::fs::set_permissions(&run.dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| io("setting the run directory's mode", e))?;
+        let init_dir = record::init_dir(&self.state_dir);
+        let mut args = vec![
+            format!("{INIT_MOUNT}/busybox"),
+            "sh".to_string(),
+            format!("{INIT_MOUNT}/init"),
+            bundle::RUN_MOUNT.to_string(),
+        ];
+        args.extend(record.image.args.iter().cloned());
+        let spec = bundle::runtime_config(&bundle::RunSpec {
+            hostname: &record.name,
+            args,
+            env: record.image.env.clone(),
+            cwd: &record.image.cwd,
+            user,
+            id_map: self.opts.id_map,
+            cgroup_path: &record.cgroup_path,
+            cpu_millis: record.cpu_millis,
+            memory_bytes: record.memory_bytes,
+            pids_limit: self.opts.pids_limit,
+            volume: &paths.volume,
+            init_dir: &init_dir,
+            run_dir: &run.dir,
+        });
+        let config = serde_json::to_vec_pretty(&spec)
+            .map_err(|e| internal("encoding the runtime config", e))?;
+        std::fs::write(paths.bundle.join("config.json"), config)
+            .map_err(|e| io("writing the runtime config", e))?;
+        let log_start = std::fs::metadata(&paths.log).map(|m| m.len()).unwrap_or(0);
+        if let Err(e) = self
+            .runtime
+            .run_detached(&id, &paths.bundle, &run.pid_file(), &paths.log)
+            .await
+        {
+            return Err(DriverError::Internal(format!(
+                "the container did not start: {e}: {}",
+                log_since(&paths.log, log_start)
+            )));
+        }
+        let pid: i32 = std::fs::read_to_string(run.pid_file())
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .ok_or_else(|| DriverError::Internal("the runtime wrote no pid file".to_string()))?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_err(|e| internal("reading the container init's identity", e))?;
+        let line = format!("{}\n", stat.trim_end());
+        std::fs::write(run.init(), line).map_err(|e| io("recording the init", e))?;
+        Ok(())
+    }
+
+    /// Ends the workload: SIGTERM to its init (which passes it on), SIGKILL after `grace`,
+    /// then `runc delete --force` and the overlay unmounted. Bounded.
+    async fn terminate(&self, record: &OciRecord, grace: Duration) -> Result<(), DriverError> {
+        let paths = self.run_paths(record);
+        let tick = Duration::from_millis(10);
+        if let Some(init) = paths.read_init().filter(procfs::is_alive) {
+            let pid = Pid::from_raw(init.pid);
+            let _ = kill(pid, Signal::SIGTERM);
+            let deadline = tokio::time::Instant::now() + grace;
+            while procfs::is_alive(&init) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(tick).await;
+            }
+            if procfs::is_alive(&init) {
+                tracing::warn!(sandbox_id = %record.sandbox_id, ?grace, "SIGTERM not heeded; SIGKILL");
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while procfs::is_alive(&init) {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(DriverError::Internal(format!(
+                        "sandbox {}'s init {init} still runs after SIGKILL",
+                        record.sandbox_id
+                    )));
+                }
+                tokio::time::sleep(tick).await;
+            }
+        }
+        self.runtime
+            .delete(&record.sandbox_id.to_string())
+            .await
+            .map_err(|e| DriverError::Internal(format!("deleting the container: {e}")))?;
+        rootfs::unmount(&self.paths(record.sandbox_id).rootfs).map_err(DriverError::Internal)
+    }
+}
+
+fn log_since(log: &Path, offset: u64) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let start = usize::try_from(offset).unwrap_or(0).min(text.len());
+    let tail = String::from_utf8_lossy(&text[start..]).trim().to_string();
+    if tail.is_empty() {
+        "no output".to_string()
+    } else {
+        tail
+    }
+}
+
+impl Watched for Inner {
+    fn feed(&self) -> &SnapshotFeed {
+        &self.feed
+    }
+
+    fn current(&self) -> Vec<(Uuid, pb::Snapshot)> {
+        let records: Vec<OciRecord> = locked(&self.records).values().cloned().collect();
+        records
+            .iter()
+            .map(|r| (r.sandbox_id, self.snapshot(r)))
+            .collect()
+    }
+
+    fn exists(&self, id: Uuid) -> bool {
+        locked(&self.records).contains_key(&id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_and_dynamic_executables_are_told_apart() {
+        // This test's own binary is dynamically linked (it has an interpreter).
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert!(!is_static_elf(&me));
+        assert!(!is_static_elf(b"#!/bin/sh\n"));
+        assert!(!is_static_elf(b""));
+        if let Ok(busybox) = std::fs::read("/bin/busybox") {
+            // Debian's busybox-static is static; its dynamic busybox is not.
+            let dynamic = busybox.windows(12).any(|w| w == b"ld-linux-x86");
+            assert_eq!(is_static_elf(&busybox), !dynamic);
+        }
+    }
+
+    #[test]
+    fn a_state_dir_under_a_closed_directory_is_refused_with_the_way_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let closed = tmp.path().join("closed");
+        std::fs::create_dir(&closed).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let err = check_walkable(&closed.join("oci")).unwrap_err().to_string();
+        assert!(err.contains("chmod o+x") && err.contains("closed"), "{err}");
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        check_walkable(&closed.join("oci")).unwrap();
+    }
+}

@@ -1,0 +1,269 @@
+//! A sandbox's root filesystem: an overlay of its image's layers (read-only, shared by every
+//! sandbox of the image) under a writable layer of its own, mounted on the host at the
+//! bundle's `rootfs/` while the workload runs. The writable layer is kept until delete, so
+//! every change to the root filesystem survives stop, start, restart and driver restarts.
+//!
+//! Also: who the image's `User` is, read from the sandbox's own `/etc/passwd` and
+//! `/etc/group`, opened inside the rootfs (`openat2` with `RESOLVE_IN_ROOT`: a symlink in
+//! the image cannot point the driver at a host file).
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::stat::Mode;
+
+use super::bundle::ProcessUser;
+
+/// The overlay's mount options for these layers (lowest first) and writable dirs.
+pub fn overlay_options(layers: &[PathBuf], upper: &Path, work: &Path) -> String {
+    // overlayfs lists lower dirs highest first.
+    let lower: Vec<String> = layers
+        .iter()
+        .rev()
+        .map(|l| escape(&l.to_string_lossy()))
+        .collect();
+    format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.join(":"),
+        escape(&upper.to_string_lossy()),
+        escape(&work.to_string_lossy())
+    )
+}
+
+/// Escapes the characters that separate overlay options and lower dirs.
+fn escape(path: &str) -> String {
+    path.replace('\\', "\\\\")
+        .replace(':', "\\:")
+        .replace(',', "\\,")
+}
+
+/// The longest mount data the kernel takes (one page).
+const MAX_OPTIONS: usize = 4095;
+
+/// Mounts the overlay at `rootfs` unless something is mounted there already.
+pub fn mount_overlay(
+    layers: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    rootfs: &Path,
+) -> Result<(), String> {
+    if is_mount_point(rootfs) {
+        return Ok(());
+    }
+    if layers.is_empty() {
+        return Err("the image has no layers".to_string());
+    }
+    let options = overlay_options(layers, upper, work);
+    if options.len() > MAX_OPTIONS {
+        return Err(format!(
+            "the image has too many layers for one overlay mount ({} layers, {} bytes of \
+             options; the kernel takes {MAX_OPTIONS})",
+            layers.len(),
+            options.len()
+        ));
+    }
+    mount(
+        Some("overlay"),
+        rootfs,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(options.as_str()),
+    )
+    .map_err(|e| format!("mounting the root filesystem at {}: {e}", rootfs.display()))
+}
+
+/// Unmounts `rootfs` if it is mounted (lazily: a process that still holds it keeps its view
+/// until it lets go, nothing is left in the mount table).
+pub fn unmount(rootfs: &Path) -> Result<(), String> {
+    if !is_mount_point(rootfs) {
+        return Ok(());
+    }
+    umount2(rootfs, MntFlags::MNT_DETACH)
+        .map_err(|e| format!("unmounting {}: {e}", rootfs.display()))
+}
+
+/// Whether `path` is a mount point in this process's mount namespace.
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let wanted = path.to_string_lossy();
+    table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .any(|mount_point| unescape_mountinfo(mount_point) == wanted)
+}
+
+/// Mount points in mountinfo escape space, tab, newline and backslash as octal.
+fn unescape_mountinfo(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let bytes = field.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && let Ok(code) = u8::from_str_radix(&field[i + 1..i + 4], 8)
+        {
+            out.push(code as char);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i] as char);
+        i += 1;
+    }
+    out
+}
+
+/// Reads a small file of the rootfs, resolved inside it (symlinks cannot leave it).
+fn read_in_root(rootfs: &Path, path: &str) -> Option<String> {
+    let root = File::open(rootfs).ok()?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+        .mode(Mode::empty())
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let fd = openat2(&root, path, how).ok()?;
+    let mut text = String::new();
+    File::from(fd)
+        .take(4 << 20)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
+}
+
+/// Resolves an image's `User` (`""`, `uid`, `uid:gid`, `name`, `name:group`, …) against the
+/// rootfs's `/etc/passwd` and `/etc/group`. A numeric uid without a gid takes the passwd
+/// entry's group when there is one, else 0. A name that is not there is an error naming it.
+pub fn resolve_user(user: &str, rootfs: &Path) -> Result<ProcessUser, String> {
+    let passwd = || read_in_root(rootfs, "/etc/passwd").unwrap_or_default();
+    let group = || read_in_root(rootfs, "/etc/group").unwrap_or_default();
+    resolve_user_in(user, passwd, group)
+}
+
+/// [`resolve_user`] on file contents, for tests.
+fn resolve_user_in(
+    user: &str,
+    passwd: impl FnOnce() -> String,
+    group: impl FnOnce() -> String,
+) -> Result<ProcessUser, String> {
+    if user.is_empty() {
+        return Ok(ProcessUser::default());
+    }
+    let (who, grp) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let passwd = passwd();
+    // name:x:uid:gid:...
+    let entry = passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        let (name, uid, gid) = (
+            f.first()?,
+            f.get(2)?.parse::<u32>().ok()?,
+            f.get(3)?.parse::<u32>().ok()?,
+        );
+        (*name == who || who.parse::<u32>() == Ok(uid)).then_some((name.to_string(), uid, gid))
+    });
+    let uid = match who.parse::<u32>() {
+        Ok(uid) => uid,
+        Err(_) => match &entry {
+            Some((_, uid, _)) => *uid,
+            None => return Err(format!("user {who:?} is not in the image's /etc/passwd")),
+        },
+    };
+    let groups = group();
+    let gid = match grp {
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => groups
+                .lines()
+                .find_map(|line| {
+                    let f: Vec<&str> = line.split(':').collect();
+                    (f.first() == Some(&g)).then(|| f.get(2)?.parse::<u32>().ok())?
+                })
+                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
+        },
+        None => entry.as_ref().map(|(_, _, gid)| *gid).unwrap_or(0),
+    };
+    // Supplementary groups: those that list the user's name.
+    let additional_gids = match &entry {
+        Some((name, _, _)) => groups
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split(':').collect();
+                let members = f.get(3)?;
+                let gid = f.get(2)?.parse::<u32>().ok()?;
+                (members.split(',').any(|m| m == name) && gid != 0).then_some(gid)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    Ok(ProcessUser {
+        uid,
+        gid,
+        additional_gids,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n";
+    const GROUP: &str = "root:x:0:\nstaff:x:50:app\napps:x:1001:\n";
+
+    fn check(user: &str) -> Result<ProcessUser, String> {
+        resolve_user_in(user, || PASSWD.to_string(), || GROUP.to_string())
+    }
+
+    #[test]
+    fn users_resolve_by_number_and_name() {
+        let user = |uid, gid, extra: &[u32]| ProcessUser {
+            uid,
+            gid,
+            additional_gids: extra.to_vec(),
+        };
+        assert_eq!(check("").unwrap(), user(0, 0, &[]));
+        assert_eq!(check("app").unwrap(), user(1000, 1001, &[50]));
+        assert_eq!(check("1000").unwrap(), user(1000, 1001, &[50]));
+        assert_eq!(check("1000:7").unwrap(), user(1000, 7, &[50]));
+        assert_eq!(check("app:staff").unwrap(), user(1000, 50, &[50]));
+        assert_eq!(check("4242").unwrap(), user(4242, 0, &[]));
+        assert!(check("nobody-here").unwrap_err().contains("nobody-here"));
+        assert!(check("app:nogroup").unwrap_err().contains("nogroup"));
+    }
+
+    #[test]
+    fn overlay_options_list_the_highest_layer_first_and_escape() {
+        let layers = vec![PathBuf::from("/l/1"), PathBuf::from("/l/a:b")];
+        assert_eq!(
+            overlay_options(&layers, Path::new("/u"), Path::new("/w,x")),
+            "lowerdir=/l/a\\:b:/l/1,upperdir=/u,workdir=/w\\,x"
+        );
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_read() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        assert!(is_mount_point(Path::new("/proc")));
+        assert!(!is_mount_point(Path::new("/proc/self")));
+    }
+
+    #[test]
+    fn files_are_read_inside_the_root_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(tmp.path().join("secret"), "host file").unwrap();
+        // An absolute symlink in the image resolves inside the root, not on the host.
+        std::os::unix::fs::symlink(tmp.path().join("secret"), root.join("etc/passwd")).unwrap();
+        assert_eq!(read_in_root(&root, "/etc/passwd"), None);
+        std::os::unix::fs::symlink("../../secret", root.join("etc/group")).unwrap();
+        assert_eq!(read_in_root(&root, "/etc/group"), None);
+        std::fs::write(root.join("etc/hosts"), "inside").unwrap();
+        assert_eq!(read_in_root(&root, "/etc/hosts").as_deref(), Some("inside"));
+    }
+}

@@ -1,0 +1,379 @@
+//! The driver contract for [`OciDriver`]: the lifecycle calls. Streams (watch, exec, logs)
+//! are in `streams.rs`.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nix::unistd::{Gid, Uid, chown};
+use uuid::Uuid;
+
+use super::record::{self, ImageRun, OciRecord, RECORD_FORMAT};
+use super::{Inner, OciDriver};
+use crate::host::contract::{self, Known};
+use crate::host::{Desired, feed, internal, locked, validate_command};
+use crate::image::{ImageError, ImageInfo};
+use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
+
+/// The PATH a workload gets when its image sets none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+#[async_trait]
+impl ComputeDriver for OciDriver {
+    async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
+        Ok(pb::CapabilitiesResponse {
+            driver: "oci".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            exec: true,
+            logs: true,
+            watch: true,
+            cpu_limit: true,
+            memory_limit: true,
+            persistent_storage: true,
+            images: true,
+            isolation: format!(
+                "OCI container ({}): user namespace (root = host uid {}), pid/mount/uts/ipc/\
+                 net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \
+                 /proc and /sys, cpu/memory/pids limits; overlay root filesystem from the image",
+                self.inner.runtime.binary.display(),
+                self.inner.opts.id_map.host_uid
+            ),
+        })
+    }
+
+    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        sbx_proto::names::validate_name(&req.name).map_err(|e| {
+            DriverError::InvalidArgument(format!("sandbox name {:?}: {e}", req.name))
+        })?;
+        let spec = req.spec.unwrap_or_default();
+        let inner = &self.inner;
+        let image = inner.image(&spec.image)?;
+        let run = image_run(&image, &spec, &req.name, inner.images.layer_dirs(&image));
+        let env_pairs: Vec<(String, String)> = run
+            .env
+            .iter()
+            .map(|kv| match kv.split_once('=') {
+                Some((k, v)) => (k.to_string(), v.to_string()),
+                None => (kv.clone(), String::new()),
+            })
+            .collect();
+        validate_command("the spec", &run.args, env_pairs.iter().map(|(k, v)| (k, v))).map_err(
+            |e| match run.args.is_empty() {
+                true => DriverError::InvalidArgument(format!(
+                    "the spec has no command and image {} has no Entrypoint or Cmd: give a command",
+                    spec.image
+                )),
+                false => e,
+            },
+        )?;
+        let lock = inner.lock_for(id);
+        let _serialised = lock.lock().await;
+
+        if let Some(existing) = inner.record(id) {
+            let snapshot = inner.snapshot(&existing);
+            let wants_running = existing.desired == Desired::Running;
+            let known = (existing.workspace.as_str(), existing.name.as_str());
+            let asked = (req.workspace.as_str(), req.name.as_str());
+            return match contract::known_create(
+                known,
+                asked,
+                req.generation,
+                snapshot,
+                wants_running,
+            )? {
+                Known::Answer(snapshot) => Ok(snapshot),
+                Known::Launch => {
+                    inner.terminate(&existing, Duration::ZERO).await?;
+                    inner.start_run(existing, req.generation).await
+                }
+            };
+        }
+
+        let paths = inner.paths(id);
+        inner.make_sandbox_dirs(&paths)?;
+        let resources = spec.resources.unwrap_or_default();
+        let record = OciRecord {
+            format: RECORD_FORMAT,
+            sandbox_id: id,
+            workspace: req.workspace,
+            name: req.name,
+            image: run,
+            cpu_millis: resources.cpu_millis,
+            memory_bytes: resources.memory_bytes,
+            generation: req.generation,
+            desired: Desired::Running,
+            launched_at_ms: 0,
+            run_id: String::new(),
+            cgroup_path: format!("/{}/{id}", inner.opts.cgroup_parent.trim_matches('/')),
+            warnings: Vec::new(),
+            spec_env: spec.env.into_iter().collect::<BTreeMap<_, _>>(),
+        };
+        // start_run writes the record first; a driver killed before that leaves a directory
+        // without a record, which open() removes.
+        inner.start_run(record, req.generation).await
+    }
+
+    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        let inner = &self.inner;
+        let lock = inner.lock_for(id);
+        let _serialised = lock.lock().await;
+        let record = inner.require(id)?;
+        let snapshot = inner.snapshot(&record);
+        let wants_running = record.desired == Desired::Running;
+        if let Known::Answer(snapshot) =
+            contract::known_start(snapshot, wants_running, req.generation)?
+        {
+            return Ok(snapshot);
+        }
+        inner.terminate(&record, Duration::ZERO).await?;
+        inner.start_run(record, req.generation).await
+    }
+
+    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        let inner = &self.inner;
+        let lock = inner.lock_for(id);
+        let _serialised = lock.lock().await;
+        let mut record = inner.require(id)?;
+        let grace = match req.grace_period_ms {
+            0 => inner.opts.default_grace,
+            ms => Duration::from_millis(u64::from(ms)),
+        };
+        if record.desired != Desired::Stopped {
+            record.desired = Desired::Stopped;
+            inner.save(&record)?;
+        }
+        inner.terminate(&record, grace).await?;
+        let snapshot = inner.snapshot(&record);
+        feed::publish(inner.as_ref(), id, &snapshot);
+        Ok(snapshot)
+    }
+
+    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        let inner = &self.inner;
+        let lock = inner.lock_for(id);
+        let _serialised = lock.lock().await;
+        let Some(mut record) = inner.record(id) else {
+            return Ok(pb::DeleteResponse { deleted: false });
+        };
+        if record.desired != Desired::Stopped {
+            record.desired = Desired::Stopped;
+            inner.save(&record)?;
+        }
+        inner.terminate(&record, inner.opts.default_grace).await?;
+        let last = inner.snapshot(&record);
+        let paths = inner.paths(id);
+        // Rename first: a driver killed during the removal leaves trash (emptied at open).
+        let trash = record::trash_dir(&inner.state_dir).join(format!("{id}-{}", Uuid::new_v4()));
+        std::fs::rename(&paths.dir, &trash)
+            .map_err(|e| internal("moving the sandbox to the trash", e))?;
+        locked(&inner.records).remove(&id);
+        if let Err(e) = std::fs::remove_dir_all(&trash) {
+            tracing::warn!(sandbox_id = %id, error = %e, "deleted sandbox's files not all removed");
+        }
+        feed::publish_deleted(inner.as_ref(), id, last);
+        let mut locks = locked(&inner.locks);
+        if locks
+            .get(&id)
+            .is_some_and(|l| std::sync::Arc::strong_count(l) <= 2)
+        {
+            locks.remove(&id);
+        }
+        Ok(pb::DeleteResponse { deleted: true })
+    }
+
+    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        let record = self.inner.require(id)?;
+        Ok(self.inner.snapshot(&record))
+    }
+
+    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
+        let mut records: Vec<OciRecord> = locked(&self.inner.records).values().cloned().collect();
+        records.sort_by_key(|r| r.sandbox_id);
+        Ok(records.iter().map(|r| self.inner.snapshot(r)).collect())
+    }
+
+    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
+        self.watch_stream()
+    }
+
+    async fn exec(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        self.exec_stream(req).await
+    }
+
+    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
+        self.logs_stream(req)
+    }
+}
+
+impl Inner {
+    /// The image a create names: its manifest digest must be in the store.
+    fn image(&self, digest: &str) -> Result<ImageInfo, DriverError> {
+        if digest.is_empty() {
+            return Err(DriverError::InvalidArgument(
+                "the oci driver runs images: the spec's image must be the manifest digest of \
+                 an image in the gateway's image store"
+                    .to_string(),
+            ));
+        }
+        self.images.get(digest).map_err(|e| match e {
+            ImageError::NotFound { .. } => DriverError::InvalidArgument(format!(
+                "image {digest} is not in the image store at {}",
+                self.images.root().display()
+            )),
+            other => DriverError::InvalidArgument(format!("image {digest}: {other}")),
+        })
+    }
+
+    /// The sandbox's directories: walkable to the rootfs, the writable layer and the volume
+    /// owned by the sandbox's root (its host uid), the overlay's work dir private.
+    fn make_sandbox_dirs(&self, paths: &record::SandboxPaths) -> Result<(), DriverError> {
+        let io = |what: &str, e: std::io::Error| internal(what, e);
+        for dir in [&paths.dir, &paths.bundle, &paths.rootfs] {
+            record::make_walkable_dir(dir).map_err(|e| io("making the sandbox directory", e))?;
+        }
+        let uid = Some(Uid::from_raw(self.opts.id_map.host_uid));
+        let gid = Some(Gid::from_raw(self.opts.id_map.host_gid));
+        for dir in [&paths.upper, &paths.volume] {
+            std::fs::create_dir_all(dir).map_err(|e| io("making the sandbox directory", e))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| io("setting a sandbox directory's mode", e))?;
+            chown(dir, uid, gid).map_err(|e| internal("handing a directory to the sandbox", e))?;
+        }
+        std::fs::create_dir_all(&paths.work).map_err(|e| io("making the overlay work dir", e))?;
+        Ok(())
+    }
+}
+
+/// What the sandbox runs, from the image's config and the spec: the spec's command (else
+/// Entrypoint + Cmd), the image's Env with the spec's variables replacing same-named ones (a
+/// default PATH when neither sets one, and HOSTNAME), WorkingDir (else `/`), User.
+fn image_run(
+    image: &ImageInfo,
+    spec: &pb::SandboxSpec,
+    hostname: &str,
+    layers: Vec<std::path::PathBuf>,
+) -> ImageRun {
+    let args = if spec.command.is_empty() {
+        image
+            .config
+            .entrypoint
+            .iter()
+            .chain(&image.config.cmd)
+            .cloned()
+            .collect()
+    } else {
+        spec.command.clone()
+    };
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut set = |key: &str, value: &str| match env.iter_mut().find(|(k, _)| k == key) {
+        Some(slot) => slot.1 = value.to_string(),
+        None => env.push((key.to_string(), value.to_string())),
+    };
+    set("PATH", DEFAULT_PATH);
+    set("HOSTNAME", hostname);
+    for kv in &image.config.env {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        set(k, v);
+    }
+    let mut spec_env: Vec<(&String, &String)> = spec.env.iter().collect();
+    spec_env.sort();
+    for (k, v) in spec_env {
+        set(k, v);
+    }
+    ImageRun {
+        digest: image.digest.clone(),
+        layers,
+        args,
+        env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        cwd: if image.config.working_dir.is_empty() {
+            "/".to_string()
+        } else {
+            image.config.working_dir.clone()
+        },
+        user: image.config.user.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::image::ImageConfig;
+
+    fn image(entrypoint: &[&str], cmd: &[&str], env: &[&str], workdir: &str) -> ImageInfo {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        ImageInfo {
+            digest: "sha256:aa".into(),
+            config_digest: "sha256:bb".into(),
+            config: ImageConfig {
+                env: strings(env),
+                entrypoint: strings(entrypoint),
+                cmd: strings(cmd),
+                working_dir: workdir.into(),
+                user: "app".into(),
+                labels: Default::default(),
+            },
+            layers: Vec::new(),
+            size: 0,
+            os: "linux".into(),
+            architecture: "amd64".into(),
+        }
+    }
+
+    fn spec(command: &[&str], env: &[(&str, &str)]) -> pb::SandboxSpec {
+        pb::SandboxSpec {
+            command: command.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_image_config_is_honoured_and_the_spec_wins() {
+        let img = image(
+            &["/entry"],
+            &["a", "b"],
+            &["PATH=/opt/bin", "LANG=C"],
+            "/work",
+        );
+        let run = image_run(
+            &img,
+            &spec(&[], &[("LANG", "en"), ("X", "1")]),
+            "web",
+            vec![],
+        );
+        assert_eq!(run.args, ["/entry", "a", "b"]);
+        assert_eq!(run.env, ["PATH=/opt/bin", "HOSTNAME=web", "LANG=en", "X=1"]);
+        assert_eq!((run.cwd.as_str(), run.user.as_str()), ("/work", "app"));
+        let run = image_run(&img, &spec(&["sh", "-c", "x"], &[]), "web", vec![]);
+        assert_eq!(run.args, ["sh", "-c", "x"], "a spec command replaces both");
+    }
+
+    #[test]
+    fn defaults_when_the_image_says_nothing() {
+        let img = image(&[], &[], &[], "");
+        let run = image_run(&img, &spec(&[], &[]), "web", vec![]);
+        assert!(run.args.is_empty());
+        assert_eq!(run.env[0], format!("PATH={DEFAULT_PATH}"));
+        assert_eq!(run.cwd, "/");
+        // The daemon's own environment never leaks in.
+        assert!(
+            !run.env
+                .iter()
+                .any(|kv| kv.starts_with("CARGO") || kv.starts_with("HOME="))
+        );
+    }
+}

@@ -1,0 +1,208 @@
+//! The streaming calls of the oci driver: watch (a poller over every sandbox), exec (`runc
+//! exec` of a process with the workload's environment, user, capabilities and seccomp) and
+//! logs (tail and follow of the log file).
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use uuid::Uuid;
+
+use super::record::OciRecord;
+use super::{OciDriver, bundle, rootfs};
+use crate::host::logfile::{CHUNK, log_stream};
+use crate::host::{Desired, feed, internal, locked, procfs, validate_command};
+use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
+
+type ExecItem = Result<pb::ExecOutput, DriverError>;
+
+impl OciDriver {
+    pub(super) fn watch_stream(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
+        let events = feed::watch(&self.inner, "oci", self.inner.opts.poll_interval);
+        Ok(Box::pin(events.take_until(self.dropped())))
+    }
+
+    pub(super) async fn exec_stream(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        validate_command("exec", &req.command, &req.env)?;
+        let record = self.inner.require(id)?;
+        let run = self.inner.run_paths(&record);
+        let running = record.desired == Desired::Running
+            && run.read_init().is_some_and(|i| procfs::is_alive(&i));
+        if !running {
+            return Err(DriverError::FailedPrecondition(format!(
+                "sandbox {id} is not running; exec needs a running workload"
+            )));
+        }
+        let paths = self.inner.paths(id);
+        let user = rootfs::resolve_user(&record.image.user, &paths.rootfs)
+            .map_err(|e| DriverError::FailedPrecondition(format!("the image's user: {e}")))?;
+        let process = bundle::process(
+            req.command.clone(),
+            exec_env(&record, &req.env),
+            &record.image.cwd,
+            &user,
+        );
+        let tag = Uuid::new_v4().simple().to_string();
+        let process_file = run.dir.join(format!("exec-{tag}.json"));
+        let pid_file = run.dir.join(format!("exec-{tag}.pid"));
+        let json = serde_json::to_vec(&process).map_err(|e| internal("encoding the exec", e))?;
+        std::fs::write(&process_file, json).map_err(|e| internal("writing the exec", e))?;
+        let mut command =
+            self.inner
+                .runtime
+                .exec_command(&id.to_string(), &process_file, &pid_file);
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let spawned = command.spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                let _ = std::fs::remove_file(&process_file);
+                return Err(internal("spawning the runtime's exec", e));
+            }
+        };
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(DriverError::Internal(
+                "the runtime's exec started without its pipes".to_string(),
+            ));
+        };
+        let timeout =
+            (req.timeout_seconds > 0).then(|| Duration::from_secs(u64::from(req.timeout_seconds)));
+        // Kills the exec'd process itself: the runtime cannot pass SIGKILL on.
+        let end_process = {
+            let pid_file = pid_file.clone();
+            move || {
+                if let Some(pid) = std::fs::read_to_string(&pid_file)
+                    .ok()
+                    .and_then(|t| t.trim().parse::<i32>().ok())
+                {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+            }
+        };
+        let (tx, rx) = mpsc::channel::<ExecItem>(64);
+        tokio::spawn(async move {
+            let run = async {
+                let out = pump(stdout, tx.clone(), pb::exec_output::Chunk::Stdout);
+                let err = pump(stderr, tx.clone(), pb::exec_output::Chunk::Stderr);
+                let (out_open, err_open) = tokio::join!(out, err);
+                if !(out_open && err_open) {
+                    end_process();
+                }
+                child.wait().await
+            };
+            let timed = async {
+                match timeout {
+                    Some(after) => tokio::time::timeout(after, run).await.map_err(|_| after),
+                    None => Ok(run.await),
+                }
+            };
+            let listener = tx.clone();
+            let outcome = tokio::select! {
+                outcome = timed => outcome,
+                () = listener.closed() => Err(Duration::ZERO),
+            };
+            let last = match outcome {
+                Ok(Ok(status)) => Some(Ok(exit_of(status))),
+                Ok(Err(e)) => Some(Err(internal("waiting for the exec'd command", e))),
+                Err(after) => {
+                    end_process();
+                    (!after.is_zero()).then_some(Err(DriverError::DeadlineExceeded {
+                        operation: "exec",
+                        after,
+                    }))
+                }
+            };
+            let _ = std::fs::remove_file(&process_file);
+            let _ = std::fs::remove_file(&pid_file);
+            if let Some(last) = last {
+                let _ = tx.send(last).await;
+            }
+        });
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+
+    pub(super) fn logs_stream(
+        &self,
+        req: pb::LogsRequest,
+    ) -> Result<DriverStream<pb::LogChunk>, DriverError> {
+        let id = parse_sandbox_id(&req.sandbox_id)?;
+        self.inner.require(id)?;
+        let log = self.inner.paths(id).log;
+        let weak = Arc::downgrade(&self.inner);
+        let interval = self
+            .inner
+            .opts
+            .poll_interval
+            .min(Duration::from_millis(100));
+        let exists = move || {
+            weak.upgrade()
+                .is_some_and(|inner| locked(&inner.records).contains_key(&id))
+        };
+        let stream = log_stream(log, req.tail_lines, req.follow, interval, exists)?;
+        Ok(Box::pin(stream.take_until(self.dropped())))
+    }
+}
+
+/// The exec's environment: the workload's, with the request's variables replacing
+/// same-named ones.
+fn exec_env(record: &OciRecord, extra: &std::collections::HashMap<String, String>) -> Vec<String> {
+    let mut env: Vec<String> = record
+        .image
+        .env
+        .iter()
+        .filter(|kv| {
+            let key = kv.split_once('=').map_or(kv.as_str(), |(k, _)| k);
+            !extra.contains_key(key)
+        })
+        .cloned()
+        .collect();
+    let mut extra: Vec<(&String, &String)> = extra.iter().collect();
+    extra.sort();
+    env.extend(extra.into_iter().map(|(k, v)| format!("{k}={v}")));
+    env
+}
+
+/// The runtime exits with the exec'd process's status (128 + n after signal n).
+fn exit_of(status: std::process::ExitStatus) -> pb::ExecOutput {
+    let (code, signal) = match (status.code(), status.signal()) {
+        (Some(code), _) => (code, 0),
+        (None, Some(signal)) => (-1, signal),
+        (None, None) => (-1, 0),
+    };
+    pb::ExecOutput {
+        chunk: Some(pb::exec_output::Chunk::Exit(pb::ExecExit { code, signal })),
+    }
+}
+
+/// Sends what `source` yields as chunks; returns false when the receiver is gone.
+async fn pump(
+    mut source: impl AsyncRead + Unpin,
+    tx: mpsc::Sender<ExecItem>,
+    wrap: fn(Vec<u8>) -> pb::exec_output::Chunk,
+) -> bool {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        match source.read(&mut buf).await {
+            Ok(0) | Err(_) => return true,
+            Ok(n) => {
+                let item = Ok(pb::ExecOutput {
+                    chunk: Some(wrap(buf[..n].to_vec())),
+                });
+                if tx.send(item).await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
