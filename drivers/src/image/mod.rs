@@ -57,6 +57,7 @@
 
 mod busybox;
 mod error;
+pub mod fixtures;
 mod import;
 mod pull;
 mod spec;

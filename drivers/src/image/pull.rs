@@ -59,7 +59,7 @@ fn is_loopback(registry: &str) -> bool {
 }
 
 /// Parses `reference` by the project's image reference rule and gives oci-client's form of it.
-fn parse_reference(reference: &str) -> Result<Reference, ImageError> {
+pub(crate) fn parse_reference(reference: &str) -> Result<Reference, ImageError> {
     let r = sbx_proto::image_ref::parse(reference).map_err(|e| ImageError::InvalidReference {
         reference: reference.to_string(),
         why: e.reason,

@@ -1,0 +1,200 @@
+//! Builders of image archives for tests (this crate's and its integration tests): layer tars
+//! with any entry (hostile ones too), OCI image layouts and `docker save` archives, written the
+//! way their tools write them.
+
+use std::io::Write;
+use std::path::Path;
+
+use flate2::Compression as Level;
+use serde_json::json;
+
+use super::spec;
+
+/// One tar entry, with its path and link target as raw bytes (so `..` and absolute paths can
+/// be written, which `tar::Builder` refuses).
+#[derive(Debug, Clone)]
+pub struct TarEntry {
+    pub path: Vec<u8>,
+    pub kind: tar::EntryType,
+    pub data: Vec<u8>,
+    pub link: Vec<u8>,
+    pub mode: u32,
+    pub uid: u64,
+    pub gid: u64,
+    pub mtime: u64,
+}
+
+impl TarEntry {
+    fn new(path: &str, kind: tar::EntryType, mode: u32) -> Self {
+        TarEntry {
+            path: path.as_bytes().to_vec(),
+            kind,
+            data: Vec::new(),
+            link: Vec::new(),
+            mode,
+            uid: 0,
+            gid: 0,
+            mtime: 1_700_000_000,
+        }
+    }
+
+    pub fn file(path: &str, data: &[u8]) -> Self {
+        TarEntry {
+            data: data.to_vec(),
+            ..Self::new(path, tar::EntryType::Regular, 0o644)
+        }
+    }
+
+    pub fn dir(path: &str) -> Self {
+        Self::new(path, tar::EntryType::Directory, 0o755)
+    }
+
+    pub fn symlink(path: &str, target: &str) -> Self {
+        TarEntry {
+            link: target.as_bytes().to_vec(),
+            ..Self::new(path, tar::EntryType::Symlink, 0o777)
+        }
+    }
+
+    pub fn hardlink(path: &str, target: &str) -> Self {
+        TarEntry {
+            link: target.as_bytes().to_vec(),
+            ..Self::new(path, tar::EntryType::Link, 0o644)
+        }
+    }
+
+    pub fn special(path: &str, kind: tar::EntryType) -> Self {
+        Self::new(path, kind, 0o644)
+    }
+
+    pub fn owner(mut self, uid: u64, gid: u64) -> Self {
+        (self.uid, self.gid) = (uid, gid);
+        self
+    }
+
+    pub fn mode(mut self, mode: u32) -> Self {
+        self.mode = mode;
+        self
+    }
+}
+
+/// A tar of these entries, in this order.
+pub fn tar_bytes(entries: &[TarEntry]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut h = tar::Header::new_gnu();
+        {
+            let gnu = h.as_gnu_mut().expect("a GNU header");
+            gnu.name[..e.path.len()].copy_from_slice(&e.path);
+            gnu.linkname[..e.link.len()].copy_from_slice(&e.link);
+        }
+        h.set_entry_type(e.kind);
+        h.set_mode(e.mode);
+        h.set_uid(e.uid);
+        h.set_gid(e.gid);
+        h.set_mtime(e.mtime);
+        h.set_size(e.data.len() as u64);
+        h.set_cksum();
+        b.append(&h, &e.data[..]).expect("append to a Vec");
+    }
+    b.into_inner().expect("finish a Vec")
+}
+
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), Level::default());
+    e.write_all(bytes).expect("gzip to a Vec");
+    e.finish().expect("gzip to a Vec")
+}
+
+pub fn zstd(bytes: &[u8]) -> Vec<u8> {
+    zstd::stream::encode_all(bytes, 3).expect("zstd to a Vec")
+}
+
+pub fn sha256(bytes: &[u8]) -> String {
+    spec::sha256_digest(bytes)
+}
+
+/// The image config of these uncompressed layers, with this `Cmd`.
+pub fn config_json(layer_tars: &[Vec<u8>], cmd: &[&str]) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": { "Env": [spec::DEFAULT_PATH], "Cmd": cmd, "Labels": { "fixture": "yes" } },
+        "rootfs": { "type": "layers", "diff_ids": layer_tars.iter().map(|t| sha256(t)).collect::<Vec<_>>() },
+    }))
+    .expect("encode a config")
+}
+
+/// Writes an OCI image layout at `dir` holding one image of these layers (gzip-compressed
+/// blobs), named `ref_name` in index.json. Returns the manifest digest.
+pub fn write_oci_layout(dir: &Path, layer_tars: &[Vec<u8>], ref_name: &str) -> String {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).expect("create blobs/");
+    let put = |bytes: &[u8]| {
+        let digest = sha256(bytes);
+        std::fs::write(blobs.join(&digest["sha256:".len()..]), bytes).expect("write a blob");
+        (digest, bytes.len())
+    };
+    let config = config_json(layer_tars, &["sh"]);
+    let (config_digest, config_size) = put(&config);
+    let layers: Vec<_> = layer_tars
+        .iter()
+        .map(|t| {
+            let (digest, size) = put(&gzip(t));
+            json!({ "mediaType": spec::LAYER_GZIP, "digest": digest, "size": size })
+        })
+        .collect();
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": spec::OCI_MANIFEST,
+        "config": { "mediaType": spec::OCI_CONFIG, "digest": config_digest, "size": config_size },
+        "layers": layers,
+    }))
+    .expect("encode a manifest");
+    let (manifest_digest, manifest_size) = put(&manifest);
+    let index = json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": spec::OCI_MANIFEST,
+            "digest": manifest_digest,
+            "size": manifest_size,
+            "annotations": { spec::REF_NAME: ref_name },
+        }],
+    });
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&index).expect("encode index"),
+    )
+    .expect("write index.json");
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
+        .expect("write oci-layout");
+    manifest_digest
+}
+
+/// A `docker save` archive (Docker before 25: `manifest.json`, `<id>.json`, `<id>/layer.tar`)
+/// of one image of these (uncompressed) layers, tagged `tag`.
+pub fn docker_archive(layer_tars: &[Vec<u8>], tag: &str) -> Vec<u8> {
+    let config = config_json(layer_tars, &["sh"]);
+    let config_name = format!("{}.json", &sha256(&config)["sha256:".len()..]);
+    let mut files: Vec<(String, Vec<u8>)> = vec![(config_name.clone(), config)];
+    let mut layer_paths = Vec::new();
+    for (i, t) in layer_tars.iter().enumerate() {
+        let path = format!("{:064x}/layer.tar", i + 1);
+        files.push((path.clone(), t.clone()));
+        layer_paths.push(path);
+    }
+    let manifest = json!([{ "Config": config_name, "RepoTags": [tag], "Layers": layer_paths }]);
+    files.push((
+        "manifest.json".into(),
+        serde_json::to_vec(&manifest).expect("encode"),
+    ));
+    let entries: Vec<TarEntry> = files.iter().map(|(p, d)| TarEntry::file(p, d)).collect();
+    tar_bytes(&entries)
+}
+
+/// A tar of the directory tree at `dir` (as `tar -C dir -cf - .` writes it).
+pub fn tar_dir(dir: &Path) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_dir_all(".", dir).expect("tar a directory");
+    b.into_inner().expect("finish a Vec")
+}
