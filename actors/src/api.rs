@@ -5,14 +5,16 @@
 //! deterministically (never resolved by choosing one).
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
+use sbx_drivers::image::{PullOptions, PullProgress};
 use sbx_drivers::{DriverStream, pb};
 use sbx_proto::names::DEFAULT_WORKSPACE;
-use sbx_proto::v1::{EventType, Phase, Sandbox, SandboxEvent, SandboxSpec, Workspace};
+use sbx_proto::v1::{EventType, Image, Phase, Sandbox, SandboxEvent, SandboxSpec, Workspace};
 use sbx_storage::{Kind, LabelSelector, ListQuery, ObjectStore, Scope};
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio::task::JoinHandle;
@@ -22,6 +24,7 @@ use uuid::Uuid;
 use crate::config::{Config, DriverSet, Shared};
 use crate::error::{ActorError, Result};
 use crate::events::EventHub;
+use crate::images::{ImageSelector, Images, StoredImage};
 use crate::lease::LeaseTable;
 use crate::reconciler::{ReconcilerMsg, SweepReport};
 use crate::records::{StoredSandbox, StoredWorkspace};
@@ -43,6 +46,8 @@ pub struct Gateway {
     /// Taken by the first shutdown.
     root_task: std::sync::Mutex<Option<JoinHandle<()>>>,
     router: Router,
+    /// Image records, the image store and the lock between image deletes and sandbox creates.
+    images: Images,
 }
 
 /// A page of a list.
@@ -72,6 +77,8 @@ impl Gateway {
         config: Config,
     ) -> Result<Gateway> {
         let horizon = store.current_revision().await?;
+        let images = Images::new(Arc::clone(&store), &config);
+        images.probe_drivers(&drivers).await;
         let shared = Arc::new(Shared {
             events: EventHub::new(config.event_history, horizon),
             attach_permits: Semaphore::new(config.attach_concurrency.max(1)),
@@ -91,6 +98,7 @@ impl Gateway {
             shared,
             root,
             root_task: std::sync::Mutex::new(Some(root_task)),
+            images,
         })
     }
 
@@ -226,11 +234,26 @@ impl Gateway {
         mut spec: SandboxSpec,
     ) -> Result<Sandbox> {
         validate::name("sandbox", name)?;
-        validate::spec(&spec)?;
-        self.shared.drivers.get(&spec.driver)?;
+        // Output only: the pin is the gateway's to set.
+        spec.image_digest.clear();
+        let driver = Arc::clone(self.shared.drivers.get(&spec.driver)?);
         if spec.driver.is_empty() {
             spec.driver = self.shared.drivers.default_name().to_string();
         }
+        // Held until the sandbox record is written, so that the pinned image outlives the
+        // race with an image delete.
+        let mut _pin = None;
+        let mut image = None;
+        if self
+            .images
+            .driver_has_images(&spec.driver, driver.as_ref())
+            .await?
+        {
+            let (guard, default) = self.images.pin(&mut spec).await?;
+            _pin = Some(guard);
+            image = Some(default);
+        }
+        validate::spec(&spec, image.as_ref())?;
         let ws_name = workspace.unwrap_or(DEFAULT_WORKSPACE);
         validate::name("workspace", ws_name)?;
         let ws = self
@@ -450,6 +473,71 @@ impl Gateway {
                 tail_lines,
             })
             .await?)
+    }
+
+    // ---- images ----------------------------------------------------------------------------
+
+    /// Pulls an image and records it under its normalised name (re-tagging an existing record).
+    pub async fn pull_image(
+        &self,
+        reference: &str,
+        options: &PullOptions,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> Result<Image> {
+        self.images.pull(reference, options, progress).await
+    }
+
+    /// Imports an image file; `name` (name:tag) overrides the names the archive carries.
+    pub async fn import_image(&self, path: &Path, name: Option<&str>) -> Result<Vec<Image>> {
+        self.images.import(path, name).await
+    }
+
+    /// Records the built-in busybox image under `name` unless a record of it exists
+    /// (`None` then).
+    pub async fn ensure_busybox_image(&self, busybox: &Path, name: &str) -> Result<Option<Image>> {
+        self.images.ensure_busybox(busybox, name).await
+    }
+
+    /// Where an import upload is spooled, and the largest upload accepted.
+    pub fn image_spool(&self) -> Result<(PathBuf, u64)> {
+        self.images.spool()
+    }
+
+    /// Whether the named driver (empty: the default) runs sandboxes from images.
+    pub async fn driver_has_images(&self, driver: &str) -> Result<bool> {
+        let d = Arc::clone(self.shared.drivers.get(driver)?);
+        let name = if driver.is_empty() {
+            self.shared.drivers.default_name()
+        } else {
+            driver
+        };
+        self.images.driver_has_images(name, d.as_ref()).await
+    }
+
+    pub async fn get_image(&self, sel: &ImageSelector) -> Result<Image> {
+        self.images.get(sel).await
+    }
+
+    /// Image records in creation order, a page at a time.
+    pub async fn list_images(&self, page_size: u32, page_token: &str) -> Result<Listed<Image>> {
+        let page = self
+            .list_page(Kind::Image, Scope::All, "", page_size, page_token)
+            .await?;
+        let items = page
+            .records
+            .into_iter()
+            .map(|r| StoredImage::from_record(r).map(|s| s.image))
+            .collect::<Result<_>>()?;
+        Ok(Listed {
+            items,
+            next_page_token: page.next_cursor.unwrap_or_default(),
+        })
+    }
+
+    /// Deletes an image record, refused while a sandbox pins its digest. False for an id with
+    /// no record.
+    pub async fn delete_image(&self, sel: &ImageSelector) -> Result<bool> {
+        self.images.delete(sel).await
     }
 
     // ---- for tests and operators -----------------------------------------------------------

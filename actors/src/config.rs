@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sbx_drivers::ComputeDriver;
+use sbx_drivers::image::ImageStore;
 use sbx_storage::ObjectStore;
 use tokio::sync::Semaphore;
 
@@ -13,6 +14,9 @@ use crate::events::EventHub;
 use crate::lease::LeaseTable;
 use crate::startup::StartupTracker;
 use crate::supervision::RestartPolicy;
+
+/// The built-in default image: busybox, built by sbxd from the host's static busybox.
+pub const DEFAULT_IMAGE: &str = "sbx.local/busybox:latest";
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -42,6 +46,13 @@ pub struct Config {
     pub event_history: usize,
     /// Grace period asked of drivers on stop (0: the driver's default).
     pub stop_grace: Duration,
+    /// The image store (content) that drivers with the `images` capability run from. `None`:
+    /// image calls and creates on such drivers answer `FailedPrecondition`.
+    pub image_store: Option<ImageStore>,
+    /// The image (a name) a sandbox on a driver with images runs when its spec names none.
+    pub default_image: String,
+    /// The largest file an image import accepts, in bytes.
+    pub max_image_import_bytes: u64,
 }
 
 impl Default for Config {
@@ -59,6 +70,9 @@ impl Default for Config {
             lease_wait: Duration::from_secs(5),
             event_history: 10_000,
             stop_grace: Duration::ZERO,
+            image_store: None,
+            default_image: DEFAULT_IMAGE.to_string(),
+            max_image_import_bytes: 8 << 30,
         }
     }
 }

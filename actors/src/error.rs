@@ -1,4 +1,5 @@
 use sbx_drivers::DriverError;
+use sbx_drivers::image::ImageError;
 use sbx_proto::names::NameError;
 use sbx_storage::StoreError;
 
@@ -63,6 +64,27 @@ pub enum ActorError {
         "resource version {requested} is too old (history starts after {oldest}); list again and watch from the list's version"
     )]
     ResourceVersionTooOld { requested: u64, oldest: u64 },
+    /// An image reference that breaks the reference rule (`sbx_proto::image_ref`).
+    #[error("{0}")]
+    InvalidImageReference(String),
+    /// No image record with this id, name or digest.
+    #[error("image {0} not found")]
+    ImageNotFound(String),
+    /// Deleting an image whose digest sandboxes pin; `users` are `workspace/name`, sorted.
+    #[error(
+        "image {image} ({digest}) is in use by {} sandbox(es): {}; delete them first",
+        users.len(),
+        users.join(", ")
+    )]
+    ImageInUse {
+        image: String,
+        digest: String,
+        users: Vec<String>,
+    },
+    /// The image store or a registry refused or failed; `kind` says how, `message` names the
+    /// image.
+    #[error("{message}")]
+    Image { kind: ImageFailure, message: String },
     /// A driver error that the caller should see as it is (exec into a stopped sandbox…).
     #[error(transparent)]
     Driver(#[from] DriverError),
@@ -77,6 +99,49 @@ pub enum ActorError {
 impl From<StoreError> for ActorError {
     fn from(e: StoreError) -> Self {
         ActorError::Store(e.to_string())
+    }
+}
+
+/// How an image operation failed (the gateway maps each to a status code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFailure {
+    /// The registry could not be reached or answered with a server error.
+    RegistryUnavailable,
+    /// The registry refused the credentials, or wants some.
+    RegistryUnauthorized,
+    /// The image has no manifest for this platform (linux/amd64).
+    Platform,
+    /// The content is unsafe, malformed or does not match its digest; never stored.
+    BadContent,
+    /// An argument the image store cannot use (a rootfs tar without a name, a dynamic busybox,
+    /// an import over the size limit).
+    InvalidArgument,
+    /// The image store's own files failed (IO, a read-only or mismatched store).
+    Store,
+}
+
+impl From<ImageError> for ActorError {
+    fn from(e: ImageError) -> Self {
+        let message = e.to_string();
+        let kind = match e {
+            ImageError::InvalidReference { .. } => {
+                return ActorError::InvalidImageReference(message);
+            }
+            ImageError::NotFound { image, why } => {
+                return ActorError::ImageNotFound(format!("{image} ({why})"));
+            }
+            ImageError::Unavailable { .. } => ImageFailure::RegistryUnavailable,
+            ImageError::Unauthorized { .. } => ImageFailure::RegistryUnauthorized,
+            ImageError::Platform { .. } => ImageFailure::Platform,
+            ImageError::DigestMismatch { .. }
+            | ImageError::Malformed { .. }
+            | ImageError::UnsafeLayer { .. } => ImageFailure::BadContent,
+            ImageError::InvalidArgument { .. } => ImageFailure::InvalidArgument,
+            ImageError::IdMapMismatch { .. }
+            | ImageError::ReadOnly { .. }
+            | ImageError::Io { .. } => ImageFailure::Store,
+        };
+        ActorError::Image { kind, message }
     }
 }
 

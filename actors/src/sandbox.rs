@@ -587,7 +587,12 @@ fn create_request(st: &SandboxState) -> pb::CreateRequest {
                 cpu_millis: resources.cpu_millis,
                 memory_bytes: resources.memory_bytes,
             }),
-            image: spec.image,
+            // A driver with images is given the digest pinned at create, never the name.
+            image: if spec.image_digest.is_empty() {
+                spec.image
+            } else {
+                spec.image_digest
+            },
         }),
         generation: sb.generation,
     }

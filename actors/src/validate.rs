@@ -97,10 +97,28 @@ pub fn labels(labels: &HashMap<String, String>) -> Result<()> {
     sbx_storage::validate_labels(&map).map_err(|e| ActorError::InvalidArgument(e.to_string()))
 }
 
-pub fn spec(spec: &SandboxSpec) -> Result<()> {
-    if spec.command.is_empty() || spec.command[0].is_empty() {
+/// Checks a sandbox spec. `image_default` names the resolved image when it has an
+/// Entrypoint or Cmd of its own: the command may then be empty (the driver runs the image's
+/// default). `image` is the resolved image without one (for the error message).
+pub fn spec(spec: &SandboxSpec, image: Option<&ImageDefault>) -> Result<()> {
+    if spec.command.is_empty() {
+        match image {
+            Some(ImageDefault { runs: true, .. }) => {}
+            Some(ImageDefault { name, runs: false }) => {
+                return Err(ActorError::InvalidArgument(format!(
+                    "the sandbox command is empty and image {name} has no Entrypoint or Cmd; give the argv of its main process"
+                )));
+            }
+            None => {
+                return Err(ActorError::InvalidArgument(
+                    "the sandbox command is empty; give the argv of its main process".into(),
+                ));
+            }
+        }
+    } else if spec.command[0].is_empty() {
         return Err(ActorError::InvalidArgument(
-            "the sandbox command is empty; give the argv of its main process".into(),
+            "the sandbox command starts with an empty argument; give the argv of its main process"
+                .into(),
         ));
     }
     if spec.command.len() > MAX_ARGS {
@@ -139,6 +157,15 @@ pub fn spec(spec: &SandboxSpec) -> Result<()> {
         }
     }
     labels(&spec.labels)
+}
+
+/// The image a sandbox create resolved, as far as the command check cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageDefault {
+    /// The image's name and digest, for messages.
+    pub name: String,
+    /// Whether its Entrypoint + Cmd is non-empty.
+    pub runs: bool,
 }
 
 #[cfg(test)]
@@ -202,22 +229,50 @@ mod tests {
             command: vec!["sleep".into(), "1".into()],
             ..Default::default()
         };
-        assert!(spec(&ok).is_ok());
-        assert!(spec(&SandboxSpec::default()).is_err());
+        assert!(spec(&ok, None).is_ok());
+        assert!(spec(&SandboxSpec::default(), None).is_err());
         assert!(
-            spec(&SandboxSpec {
-                command: vec![String::new()],
-                ..Default::default()
-            })
+            spec(
+                &SandboxSpec {
+                    command: vec![String::new()],
+                    ..Default::default()
+                },
+                None
+            )
             .is_err()
         );
         let mut bad_env = ok.clone();
         bad_env.env.insert("A=B".into(), "x".into());
-        assert!(spec(&bad_env).is_err());
+        assert!(spec(&bad_env, None).is_err());
         let mut many_labels = ok.clone();
         for i in 0..=MAX_MAP_ENTRIES {
             many_labels.labels.insert(format!("k{i}"), "v".into());
         }
-        assert!(spec(&many_labels).is_err());
+        assert!(spec(&many_labels, None).is_err());
+    }
+
+    #[test]
+    fn an_empty_command_runs_the_image_default_only_when_it_has_one() {
+        let empty = SandboxSpec::default();
+        let runs = ImageDefault {
+            name: "docker.io/library/busybox:latest".into(),
+            runs: true,
+        };
+        assert!(spec(&empty, Some(&runs)).is_ok());
+        let silent = ImageDefault {
+            name: "sbx.local/rootfs:latest".into(),
+            runs: false,
+        };
+        let err = spec(&empty, Some(&silent)).unwrap_err().to_string();
+        assert!(err.contains("sbx.local/rootfs:latest"), "{err}");
+        assert!(err.contains("give the argv"), "{err}");
+        let err = spec(&empty, None).unwrap_err().to_string();
+        assert!(err.contains("give the argv"), "{err}");
+        // A given command is checked the same with or without an image.
+        let blank_first = SandboxSpec {
+            command: vec![String::new()],
+            ..Default::default()
+        };
+        assert!(spec(&blank_first, Some(&runs)).is_err());
     }
 }

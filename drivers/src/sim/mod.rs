@@ -50,6 +50,9 @@ pub const SELF_EXIT_DELAY: Duration = Duration::from_millis(10);
 pub struct SimDriver {
     world: SimWorld,
     faults: SimFaultHandle,
+    /// Whether capabilities report `images` (the gateway then resolves and pins an image for
+    /// every sandbox; the sim records the spec it got, see [`SimWorld::spec`]).
+    images: bool,
     /// Dropped with the driver: its receivers end the streams this instance handed out.
     alive: watch::Sender<()>,
 }
@@ -60,8 +63,15 @@ impl SimDriver {
         SimDriver {
             world,
             faults: SimFaultHandle::new(faults),
+            images: false,
             alive,
         }
+    }
+
+    /// Makes capabilities report `images` (a driver that runs sandboxes from images).
+    pub fn with_images(mut self, images: bool) -> Self {
+        self.images = images;
+        self
     }
 
     /// The world this driver acts on.
@@ -234,7 +244,7 @@ impl ComputeDriver for SimDriver {
             cpu_limit: false,
             memory_limit: false,
             persistent_storage: true,
-            images: false,
+            images: self.images,
             isolation: "none: an in-memory simulation".to_string(),
         }))
     }

@@ -244,6 +244,12 @@ impl SimWorld {
     }
 
     /// A copy of one sandbox's `/sandbox` files (path → contents), or `None` when unknown.
+    /// The spec the last create of `id` carried (for a driver with images, `image` is the
+    /// digest the gateway pinned).
+    pub fn spec(&self, id: Uuid) -> Option<pb::SandboxSpec> {
+        self.lock().workloads.get(&id).map(|w| w.spec.clone())
+    }
+
     pub fn files(&self, id: Uuid) -> Option<BTreeMap<String, String>> {
         self.lock().workloads.get(&id).map(|w| w.files.clone())
     }

@@ -410,3 +410,17 @@ async fn a_scheduled_exit_cannot_end_a_later_run() {
         (pb::State::Exited, 2, 3)
     );
 }
+
+#[tokio::test]
+async fn the_images_option_is_reported_and_the_spec_kept() {
+    assert!(!driver().capabilities().await.unwrap().images);
+    let d = SimDriver::new(SimWorld::new(), SimFaults::default()).with_images(true);
+    assert!(d.capabilities().await.unwrap().images);
+    let id = Uuid::new_v4();
+    let mut req = create_req(id, "alpha", "img", 1);
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    req.spec.as_mut().unwrap().image = digest.clone();
+    d.create(req).await.unwrap();
+    assert_eq!(d.world().spec(id).map(|s| s.image), Some(digest));
+    assert_eq!(d.world().spec(Uuid::new_v4()), None);
+}
