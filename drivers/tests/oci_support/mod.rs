@@ -20,6 +20,8 @@ pub struct TestEnv {
     pub images: ImageStore,
     pub image: ImageInfo,
     pub cgroup_parent: String,
+    /// The driver's pids limit, when a test wants its own.
+    pub pids_limit: Option<i64>,
     finished: bool,
 }
 
@@ -68,6 +70,7 @@ impl TestEnv {
             images,
             image,
             cgroup_parent: format!("sbx-test-{}", Uuid::new_v4().simple()),
+            pids_limit: None,
             finished: false,
         }
     }
@@ -81,6 +84,7 @@ impl TestEnv {
             cgroup_parent: self.cgroup_parent.clone(),
             default_grace: Duration::from_secs(2),
             poll_interval: Duration::from_millis(50),
+            pids_limit: self.pids_limit.unwrap_or(1024),
             ..OciDriverOptions::default()
         }
     }
@@ -156,6 +160,14 @@ pub fn mounts_under(dir: &Path) -> Vec<String> {
         .filter(|m| m.starts_with(&needle))
         .map(str::to_string)
         .collect()
+}
+
+/// The number of processes in sandbox `id`'s pids cgroup (v1 or v2), if it has one.
+pub fn pids_current(parent: &str, id: Uuid) -> Option<u64> {
+    ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"]
+        .iter()
+        .find_map(|root| std::fs::read_to_string(format!("{root}/{parent}/{id}/pids.current")).ok())
+        .and_then(|t| t.trim().parse().ok())
 }
 
 /// Removes the (empty) parent cgroup the runtime made in each hierarchy.
