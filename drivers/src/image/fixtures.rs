@@ -128,6 +128,16 @@ pub fn config_json(layer_tars: &[Vec<u8>], cmd: &[&str]) -> Vec<u8> {
 /// Writes an OCI image layout at `dir` holding one image of these layers (gzip-compressed
 /// blobs), named `ref_name` in index.json. Returns the manifest digest.
 pub fn write_oci_layout(dir: &Path, layer_tars: &[Vec<u8>], ref_name: &str) -> String {
+    write_layout(dir, layer_tars, ref_name, true)
+}
+
+/// [`write_oci_layout`] with uncompressed layer blobs (which `skopeo copy` compresses in the
+/// format it is told, where it keeps compressed ones as they are).
+pub fn write_oci_layout_uncompressed(dir: &Path, layer_tars: &[Vec<u8>], ref_name: &str) -> String {
+    write_layout(dir, layer_tars, ref_name, false)
+}
+
+fn write_layout(dir: &Path, layer_tars: &[Vec<u8>], ref_name: &str, gzipped: bool) -> String {
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).expect("create blobs/");
     let put = |bytes: &[u8]| {
@@ -140,8 +150,12 @@ pub fn write_oci_layout(dir: &Path, layer_tars: &[Vec<u8>], ref_name: &str) -> S
     let layers: Vec<_> = layer_tars
         .iter()
         .map(|t| {
-            let (digest, size) = put(&gzip(t));
-            json!({ "mediaType": spec::LAYER_GZIP, "digest": digest, "size": size })
+            let (media, (digest, size)) = if gzipped {
+                (spec::LAYER_GZIP, put(&gzip(t)))
+            } else {
+                (spec::LAYER_TAR, put(t))
+            };
+            json!({ "mediaType": media, "digest": digest, "size": size })
         })
         .collect();
     let manifest = serde_json::to_vec(&json!({

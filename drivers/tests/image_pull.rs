@@ -1,0 +1,253 @@
+//! `ImageStore::pull` against a real registry: Debian's `docker-registry` (distribution 2.8) on
+//! 127.0.0.1, filled with `skopeo copy` from an OCI layout this test writes, once with gzip
+//! layers and once recompressed to zstd. Needs the Debian packages `docker-registry` and
+//! `skopeo`; without them the test prints why and passes.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sbx_drivers::image::fixtures::{self, TarEntry};
+use sbx_drivers::image::{IdMap, ImageError, ImageStore, PullOptions, PullProgress};
+
+/// Ends the registry (by its pid, through its `Child`) however the test ends.
+struct Registry {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_registry(dir: &Path) -> Registry {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let storage = dir.join("storage");
+    std::fs::create_dir_all(&storage).unwrap();
+    let config = dir.join("config.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+            storage.display()
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("registry.log")).unwrap();
+    let child = Command::new("docker-registry")
+        .arg("serve")
+        .arg(&config)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let registry = Registry { child, addr };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(&registry.addr).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "docker-registry did not listen on {} within 20 s: {}",
+            registry.addr,
+            std::fs::read_to_string(dir.join("registry.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    registry
+}
+
+fn skopeo_push(layout: &Path, dest: &str, extra: &[&str]) {
+    let out = Command::new("skopeo")
+        .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
+        .args(extra)
+        .arg(format!("oci:{}:v1", layout.display()))
+        .arg(format!("docker://{dest}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "skopeo copy to {dest}: {out:?}");
+}
+
+fn layer() -> Vec<u8> {
+    // Big enough (3 MiB, little of it compressible) for more than one progress report.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..3u32 << 20)
+        .map(|_| {
+            // xorshift64: incompressible enough.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    fixtures::tar_bytes(&[
+        TarEntry::dir("etc/"),
+        TarEntry::file("etc/marker", b"pulled from the registry\n"),
+        TarEntry::file("var/noise", &noise),
+    ])
+}
+
+async fn pull(
+    store: &ImageStore,
+    reference: &str,
+) -> (
+    Result<sbx_drivers::image::ImageInfo, ImageError>,
+    Vec<PullProgress>,
+) {
+    let events = Mutex::new(Vec::new());
+    let result = store
+        .pull(reference, &PullOptions::default(), &|p| {
+            events.lock().unwrap().push(p)
+        })
+        .await;
+    (result, events.into_inner().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_from_a_local_registry() {
+    if !have("docker-registry") || !have("skopeo") {
+        println!(
+            "SKIP pull_from_a_local_registry: install the Debian packages docker-registry and skopeo"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let registry = start_registry(dir.path());
+    let layout = dir.path().join("layout");
+    let tar = layer();
+    fixtures::write_oci_layout(&layout, std::slice::from_ref(&tar), "v1");
+    let gzip_ref = format!("{}/sbx/marker:gzip", registry.addr);
+    let zstd_ref = format!("{}/sbx/marker:zstd", registry.addr);
+    skopeo_push(&layout, &gzip_ref, &[]);
+    let plain_layout = dir.path().join("layout-plain");
+    fixtures::write_oci_layout_uncompressed(&plain_layout, std::slice::from_ref(&tar), "v1");
+    skopeo_push(
+        &plain_layout,
+        &zstd_ref,
+        &["--dest-compress-format", "zstd"],
+    );
+
+    // gzip: downloaded, reported, unpacked with shifted owners.
+    let store = ImageStore::open(dir.path().join("images"), IdMap::default()).unwrap();
+    let (info, events) = pull(&store, &gzip_ref).await;
+    let info = info.unwrap();
+    assert_eq!(info.layers.len(), 1);
+    assert!(
+        info.layers[0].media_type.contains("gzip"),
+        "{:?}",
+        info.layers[0]
+    );
+    assert_eq!(info.layers[0].diff_id, fixtures::sha256(&tar));
+    assert_eq!(info.config.cmd, vec!["sh"]);
+    let top = store.layer_dirs(&info).pop().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(top.join("etc/marker")).unwrap(),
+        "pulled from the registry\n"
+    );
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(top.join("etc/marker")).unwrap().uid(),
+        200_000
+    );
+    assert!(
+        matches!(&events[0], PullProgress::Resolved { digest, layers: 1, total_bytes } if *digest == info.digest && *total_bytes == info.size),
+        "{events:?}"
+    );
+    let downloads: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            PullProgress::Layer { done, total, .. } => {
+                assert_eq!(*total, info.layers[0].size);
+                Some(*done)
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(
+        downloads.len() >= 2,
+        "a 3 MiB layer reports more than once: {events:?}"
+    );
+    assert!(downloads.windows(2).all(|w| w[0] < w[1]), "{downloads:?}");
+    assert_eq!(downloads.last(), Some(&info.layers[0].size));
+    assert!(
+        matches!(events.last(), Some(PullProgress::LayerUnpacked { .. })),
+        "{events:?}"
+    );
+    assert_eq!(store.get(&info.digest).unwrap(), info);
+
+    // Again: nothing is downloaded; by digest: the same image.
+    let (again, events) = pull(&store, &gzip_ref).await;
+    assert_eq!(again.unwrap(), info);
+    assert!(
+        matches!(
+            events.as_slice(),
+            [
+                PullProgress::Resolved { .. },
+                PullProgress::LayerCached { .. }
+            ]
+        ),
+        "{events:?}"
+    );
+    let by_digest = format!("{}/sbx/marker@{}", registry.addr, info.digest);
+    assert_eq!(
+        pull(&store, &by_digest).await.0.unwrap().digest,
+        info.digest
+    );
+
+    // zstd, into a fresh store (the same uncompressed layer would be cached here).
+    let store2 = ImageStore::open(dir.path().join("images-zstd"), IdMap::default()).unwrap();
+    let (zinfo, _) = pull(&store2, &zstd_ref).await;
+    let zinfo = zinfo.unwrap();
+    assert!(
+        zinfo.layers[0].media_type.contains("zstd"),
+        "{:?}",
+        zinfo.layers[0]
+    );
+    assert_eq!(zinfo.layers[0].diff_id, info.layers[0].diff_id);
+    let top = store2.layer_dirs(&zinfo).pop().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(top.join("etc/marker")).unwrap(),
+        "pulled from the registry\n"
+    );
+
+    // A tag the registry does not have.
+    let missing = format!("{}/sbx/marker:nope", registry.addr);
+    let err = pull(&store, &missing).await.0.unwrap_err();
+    assert!(matches!(err, ImageError::NotFound { .. }), "{err}");
+    assert!(err.to_string().contains("sbx/marker:nope"), "{err}");
+
+    // A port nobody listens on.
+    let nobody = format!("127.0.0.1:{}/sbx/marker:gzip", free_port());
+    let err = pull(&store, &nobody).await.0.unwrap_err();
+    assert!(matches!(err, ImageError::Unavailable { .. }), "{err}");
+    assert!(
+        err.to_string().contains(nobody.split('/').next().unwrap()),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(store.root().join("tmp")).unwrap().count(),
+        0,
+        "no pull leaves tmp/ files"
+    );
+    drop(registry);
+}
