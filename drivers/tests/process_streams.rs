@@ -237,13 +237,12 @@ async fn logs_tail_and_follow_the_workload_output() {
         "-c",
         "for i in 1 2 3 4 5; do echo line$i; done; echo oops >&2; read _ < /sandbox/go; echo after",
     ]);
-    // The workload blocks on a FIFO in its persistent dir until the test opens it.
+    // The workload blocks on a FIFO in its persistent dir until the test opens it. Root inside
+    // is host uid 200000 (the default id map), so the FIFO is handed to it.
     std::fs::create_dir_all(driver.persistent_dir(id)).unwrap();
-    nix::unistd::mkfifo(
-        &driver.persistent_dir(id).join("go"),
-        nix::sys::stat::Mode::from_bits_truncate(0o600),
-    )
-    .unwrap();
+    let fifo = driver.persistent_dir(id).join("go");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    std::os::unix::fs::chown(&fifo, Some(200_000), Some(200_000)).unwrap();
     driver
         .create(create_req(id, "talker", talker, 1))
         .await

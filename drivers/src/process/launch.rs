@@ -4,11 +4,17 @@
 //! `setsid unshare --pid --fork --mount --uts --ipc --net -- /bin/sh -c SHIM …`:
 //! a new session (so it outlives the driver), new namespaces, and a small shell *shim* as pid 1
 //! of the new pid namespace. The shim joins the sandbox's cgroups, sets the hostname, brings
-//! up `lo`, mounts a fresh `/proc` and binds the persistent directory at `/sandbox`, records its
-//! own identity (host pid and start time, read from the host's `/proc` before the new one is
-//! mounted), then runs the main process, forwards SIGTERM to every process of the namespace,
-//! waits for the main process and writes its status to `run/exit`. When the shim ends, the
-//! kernel kills whatever is left in the namespace.
+//! up `lo`, mounts a fresh `/proc` and binds the persistent directory at `/sandbox`, hides the
+//! driver's state directory and the other hidden paths under an empty read-only tmpfs each,
+//! records its own identity (host pid and start time, read from the host's `/proc` before the
+//! new one is mounted), then runs the main process in its user namespace (see [`super::userns`]),
+//! forwards SIGTERM to every process of the namespace, waits for the main process and writes its
+//! status to `run/exit`. When the shim ends, the kernel kills whatever is left in the namespace.
+//!
+//! The shim keeps the run directory as its working directory while it hides the state
+//! directory: the hiding mount covers the path, not a directory already entered, so the shim
+//! still writes `init` and `exit` there (by relative paths) and holds no extra descriptor. The
+//! workload, a stranger to host root's processes, cannot follow the shim's `/proc/1/cwd`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,8 +22,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::DriverError;
+use crate::image::IdMap;
 
 use super::record::{SandboxPaths, SandboxRecord};
+use super::userns::Jail;
 use crate::host::ProcessIdentity;
 
 /// Where the persistent directory appears inside a sandbox.
@@ -26,15 +34,35 @@ pub const SANDBOX_MOUNT: &str = "/sandbox";
 /// The PATH the shim's own tools are looked up in (the workload gets the spec's PATH back).
 const SHIM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// The shim: `sh -c SHIM sbx-shim RUN_DIR PERSIST_DIR HOSTNAME LOG CGROUP_DIR… -- COMMAND…`.
-/// Exit status 125 means the sandbox could not be set up (the reason is in the log). The shim
-/// sends its output and the workload's to LOG itself; what `unshare` says (for example when the
-/// shim is SIGKILLed) goes to the run's `launcher.log`, not into the workload's log.
-/// `init` and `exit` are written by one `printf` each (no `mv`: one exec less per launch); a
-/// reader takes them only once they end with their newline, so a half-written file is never
-/// read as a shorter number.
-const SHIM: &str = r#"
-run="$1"; persist="$2"; host="$3"; log="$4"; shift 4
+/// The shell function both the shim and the exec wrapper end with: `jail COMMAND…` runs COMMAND
+/// in a new user namespace mapped by `$uidmap`/`$gidmap`, as uid 0 there without capabilities
+/// (see [`super::userns`]), with `$userpath` back as its PATH (the helpers `unshare` runs,
+/// `newuidmap` and `newgidmap`, are looked up in the shim's). It `exec`s: no process is added.
+macro_rules! jail_fn {
+    () => {
+        r#"
+jail() {
+  exec "$unshare" --user --map-users="$uidmap" --map-groups="$gidmap" --setuid 0 --setgid 0 -- \
+    "$setpriv" --no-new-privs --bounding-set=-all --inh-caps=-all --ambient-caps=-all -- \
+    /bin/sh -c 'PATH=$1; shift; exec "$@"' sbx-jail "$userpath" "$@"
+}
+"#
+    };
+}
+
+/// The shim: `sh -c SHIM sbx-shim RUN_DIR PERSIST_DIR HOSTNAME LOG UNSHARE SETPRIV UID_MAP
+/// GID_MAP CGROUP_DIR… -- HIDDEN_PATH… -- COMMAND…`. Exit status 125 means the sandbox could not
+/// be set up (the reason is in the log). The shim sends its output and the workload's to LOG
+/// itself; what `unshare` says (for example when the shim is SIGKILLed) goes to the run's
+/// `launcher.log`, not into the workload's log. `init` and `exit` are written by one `printf`
+/// each (no `mv`: one exec less per launch); a reader takes them only once they end with their
+/// newline, so a half-written file is never read as a shorter number. A hidden path that is a
+/// directory gets an empty read-only tmpfs, any other file `/dev/null`; a missing one nothing.
+const SHIM: &str = concat!(
+    jail_fn!(),
+    r#"
+run="$1"; persist="$2"; host="$3"; log="$4"; unshare="$5"; setpriv="$6"; uidmap="$7"; gidmap="$8"
+shift 8
 exec >>"$log" 2>&1 || exit 125
 userpath="${PATH-}"; PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
@@ -48,31 +76,48 @@ ip link set dev lo up 2>/dev/null || echo "loopback not brought up in the sandbo
 mount -t proc proc /proc || { echo "sbx: cannot mount /proc" >&2; exit 125; }
 [ -d /sandbox ] || mkdir -p /sandbox || { echo "sbx: cannot make /sandbox" >&2; exit 125; }
 mount --bind "$persist" /sandbox || { echo "sbx: cannot bind $persist at /sandbox" >&2; exit 125; }
-cd /sandbox || exit 125
-printf '%s\n' "$stat" > "$run/init" || exit 125
+cd "$run" || exit 125
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
+  if [ -d "$1" ]; then
+    mount -t tmpfs -o ro,nosuid,nodev,noexec,mode=0555,size=4k sbx-hidden "$1"
+  elif [ -e "$1" ]; then
+    mount --bind /dev/null "$1"
+  fi || { echo "sbx: cannot hide $1" >&2; exit 125; }
+  shift
+done
+shift
+printf '%s
+' "$stat" > init || exit 125
 trap 'kill -TERM -1 2>/dev/null' TERM
-PATH="$userpath"
-"$@" &
+(cd /sandbox || exit 125; jail "$@") &
 child=$!
 while :; do
   wait "$child"; st=$?
   kill -0 "$child" 2>/dev/null || break
 done
-printf '%s\n' "$st" > "$run/exit"
+printf '%s
+' "$st" > exit
 exit "$st"
-"#;
+"#
+);
 
 /// The exec wrapper, run by `nsenter` inside the sandbox's namespaces:
-/// `sh -c EXEC sbx-exec CGROUP_DIR… -- COMMAND…`. It joins the sandbox's cgroups first.
-const EXEC: &str = r#"
+/// `sh -c EXEC sbx-exec UNSHARE SETPRIV UID_MAP GID_MAP CGROUP_DIR… -- COMMAND…`. It joins the
+/// sandbox's cgroups first, then runs the command in a user namespace like the workload's.
+const EXEC: &str = concat!(
+    jail_fn!(),
+    r#"
+unshare="$1"; setpriv="$2"; uidmap="$3"; gidmap="$4"; shift 4
+userpath="${PATH-}"; PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
   echo 0 > "$1/cgroup.procs" || { echo "sbx: cannot join cgroup $1" >&2; exit 126; }
   shift
 done
 shift
 cd /sandbox 2>/dev/null || cd /
-exec "$@"
-"#;
+jail "$@"
+"#
+);
 
 /// Closes every descriptor above stderr, then runs its arguments:
 /// `bash -c CLOSE_FDS sbx-close-fds PROGRAM ARG…`. Without it a workload would inherit the
@@ -88,19 +133,35 @@ pub struct HostTools {
     pub unshare: PathBuf,
     pub nsenter: PathBuf,
     pub sh: PathBuf,
+    /// What the workload and exec'd commands run under.
+    pub jail: Jail,
     /// Runs [`CLOSE_FDS`]; `None` where there is no bash (descriptors then pass on, and the
     /// sandbox's warnings say so).
     pub bash: Option<PathBuf>,
 }
 
 impl HostTools {
-    pub fn find() -> Result<HostTools, DriverError> {
+    /// Finds the programs and checks what the workloads' user namespace needs (see
+    /// [`super::userns::check`]).
+    pub fn find(id_map: &IdMap) -> Result<HostTools, DriverError> {
+        super::userns::check(
+            id_map,
+            |p| find_on_path(p).ok(),
+            Path::new("/etc/subuid"),
+            Path::new("/etc/subgid"),
+        )?;
+        let unshare = find_on_path("unshare")?;
         Ok(HostTools {
             setsid: find_on_path("setsid")?,
-            unshare: find_on_path("unshare")?,
             nsenter: find_on_path("nsenter")?,
             sh: PathBuf::from("/bin/sh"),
             bash: find_on_path("bash").ok(),
+            jail: Jail {
+                unshare: unshare.clone(),
+                setpriv: find_on_path("setpriv")?,
+                id_map: *id_map,
+            },
+            unshare,
         })
     }
 
@@ -159,12 +220,13 @@ pub async fn launch(
     tools: &HostTools,
     paths: &SandboxPaths,
     record: &SandboxRecord,
+    hidden: &[PathBuf],
     timeout: Duration,
 ) -> Result<ProcessIdentity, DriverError> {
     let io = |what: &str, e: std::io::Error| DriverError::Internal(format!("{what}: {e}"));
     let run = paths.run(&record.run_id);
     fs::create_dir_all(&run.dir).map_err(|e| io("making the run directory", e))?;
-    fs::create_dir_all(&paths.root).map_err(|e| io("making the persistent directory", e))?;
+    make_persistent_dir(&paths.root, &tools.jail.id_map)?;
     let log_start = fs::metadata(&paths.log).map(|m| m.len()).unwrap_or(0);
     let launcher_log = run.dir.join("launcher.log");
     let launcher = fs::File::create(&launcher_log).map_err(|e| io("making the launcher log", e))?;
@@ -188,7 +250,10 @@ pub async fn launch(
         .arg(&paths.root)
         .arg(&record.name)
         .arg(&paths.log)
+        .args(tools.jail.shell_args())
         .args(&record.cgroups.dirs)
+        .arg("--")
+        .args(hidden)
         .arg("--")
         .args(&record.spec.command)
         .env_clear()
@@ -227,6 +292,26 @@ pub async fn launch(
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// Makes the persistent directory (`/sandbox` inside) if it is missing, owned by the id map's
+/// root (host uid BASE) so that root inside can write it. A directory owned by another id of
+/// the map (the workload chowned it) is left as it is; one owned by an id outside the map (made
+/// before workloads ran in a user namespace) is handed over.
+pub fn make_persistent_dir(root: &Path, id_map: &IdMap) -> Result<(), DriverError> {
+    use std::os::unix::fs::MetadataExt;
+    let failed = |what: &str, e: std::io::Error| {
+        DriverError::Internal(format!("{what} {}: {e}", root.display()))
+    };
+    fs::create_dir_all(root).map_err(|e| failed("making the persistent directory", e))?;
+    let meta = fs::metadata(root).map_err(|e| failed("reading the persistent directory", e))?;
+    let in_map =
+        |id: u32, base: u32| id >= base && u64::from(id) < u64::from(base) + u64::from(id_map.size);
+    if !(in_map(meta.uid(), id_map.host_uid) && in_map(meta.gid(), id_map.host_gid)) {
+        std::os::unix::fs::chown(root, Some(id_map.host_uid), Some(id_map.host_gid))
+            .map_err(|e| failed("handing over the persistent directory", e))?;
+    }
+    Ok(())
 }
 
 /// The `unshare` parent is the driver's child until it ends; a small thread waits for it so it
@@ -272,6 +357,7 @@ pub fn exec_command(
         .arg("-c")
         .arg(EXEC)
         .arg("sbx-exec")
+        .args(tools.jail.shell_args())
         .args(cgroup_dirs)
         .arg("--")
         .args(command);

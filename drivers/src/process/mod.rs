@@ -1,8 +1,15 @@
-//! `process`: sandboxes as namespaced process trees on this machine.
+//! `process`: sandboxes as namespaced process trees on this machine, for trusted work (light:
+//! no image, no VM; see the known limits for what a workload still shares with the host).
 //!
 //! Each sandbox's workload runs in its own pid, mount, uts, ipc and net namespaces (hostname =
 //! sandbox name, only `lo`, up), in its own cgroup carrying the spec's cpu and memory limits
-//! (v1 or v2, whichever the host has), with a persistent directory bound at `/sandbox`. It is
+//! (v1 or v2, whichever the host has), with a persistent directory bound at `/sandbox`. It runs
+//! as uid 0 of a user namespace of its own that is host uid 200000 outside (the id map,
+//! [`ProcessDriverOptions::id_map`]), with no capabilities and `no_new_privs`; that user
+//! namespace owns none of the other namespaces, so root inside can change none of them (see
+//! `userns.rs`). The driver's state directory and [`ProcessDriverOptions::hidden_paths`] are
+//! hidden under an empty read-only tmpfs each, so one sandbox cannot read another's files or
+//! the gateway's store. It is
 //! started in its own session with its output going to a log file, so it outlives the driver
 //! and the gateway; everything a restarted driver needs is in `<state_dir>/sandboxes/<id>/`
 //! (see [`record`]). A workload is identified by its init's pid *and* start time, so a reused
@@ -18,11 +25,30 @@
 //! **Invariant:** at most one live driver instance per state directory (an exclusive `flock`
 //! on `<state_dir>/driver.lock`, released by the kernel if the driver process dies).
 //!
+//! Needs: root; util-linux (`unshare`, `nsenter`, `setsid`, `setpriv`), `ip` (iproute2), the
+//! setuid helpers `newuidmap`/`newgidmap` (Debian: `uidmap`) and a `root:200000:65536` line in
+//! `/etc/subuid` and in `/etc/subgid` (for the default map). `open` checks them and says what
+//! to install or add.
+//!
+//! Tried as an attacker from inside (`drivers/tests/process_boundary.rs`), a workload cannot
+//! read `/etc/shadow` or a file in `/root`, write `/root`, a sysctl or any `cgroup.procs`,
+//! unmount `/proc` (nor anything else: every mount is host root's), `nsenter` another network
+//! namespace, change its hostname, or see the state directory; it has no capability
+//! (`CapEff` 0), and files it writes to `/sandbox` are owned by host uid 200000.
+//!
 //! Known limits (say them, do not hide them):
-//! - Not a security boundary. The workload runs as root with the host's root filesystem (no
-//!   image: the spec's `image` is ignored with a warning), no user namespace and no dropped
-//!   capabilities; the namespaces and cgroups isolate names, pids, the network and resources.
-//!   `/sandbox` is made on the host's root, empty, as a mount point if it is missing.
+//! - A light boundary, for trusted work; the kernel is the host's, with no seccomp filter. The
+//!   workload sees the host's root filesystem (no image: the spec's `image` is ignored with a
+//!   warning) as an unprivileged stranger (host uid 200000) sees it, minus the hidden paths: it
+//!   reads what is world-readable (`/etc`, `/usr`, other users' readable files, `/proc/sys`,
+//!   `/sys`), writes what is world-writable — and `/tmp`, `/var/tmp` and `/dev/shm` are the
+//!   host's, shared with the host and every other sandbox — and can connect to any Unix socket
+//!   on the filesystem that lets others in. Host uids 200000..265535 are the sandboxes' (all of
+//!   them share the one map): a file another sandbox left world-readable in a shared place is
+//!   readable, and host users in that range are the sandboxes' roots.
+//! - `/sandbox` is made on the host's root, empty, as a mount point if it is missing. A host
+//!   file put into a persistent directory must be owned by the map (uid 200000) or be
+//!   world-accessible for the workload to use it.
 //! - The shim sees the main process's status as a shell does: an exit code of 128 + n cannot
 //!   be told from death by signal n (both are reported as signal n).
 //! - The `unshare` that launched a workload stays its parent; after the driver dies it is
@@ -45,6 +71,7 @@ pub(crate) mod launch;
 pub(crate) mod record;
 mod service;
 mod streams;
+mod userns;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -59,6 +86,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use crate::host::ProcessIdentity;
+use crate::image::IdMap;
 pub use cgroup::CgroupVersion;
 
 use crate::host::feed::{self, SnapshotFeed, Watched};
@@ -80,6 +108,14 @@ pub struct ProcessDriverOptions {
     pub poll_interval: Duration,
     /// How long a launch may take until the sandbox's init reports.
     pub launch_timeout: Duration,
+    /// The host ids a workload's uid and gid 0.. are (see `userns.rs`); the image store's
+    /// default, 200000..265535, unless set. `/etc/subuid` and `/etc/subgid` must grant it to
+    /// root.
+    pub id_map: IdMap,
+    /// Paths hidden from every workload besides the driver's state directory, each under an
+    /// empty read-only tmpfs (sbxd puts its data directory here). Absolute; a missing one is
+    /// skipped.
+    pub hidden_paths: Vec<PathBuf>,
 }
 
 impl Default for ProcessDriverOptions {
@@ -89,6 +125,8 @@ impl Default for ProcessDriverOptions {
             default_grace: Duration::from_secs(5),
             poll_interval: Duration::from_millis(250),
             launch_timeout: Duration::from_secs(10),
+            id_map: IdMap::default(),
+            hidden_paths: Vec::new(),
         }
     }
 }
@@ -107,6 +145,9 @@ struct Inner {
     opts: ProcessDriverOptions,
     tools: HostTools,
     cgroups: CgroupHost,
+    /// What the shim hides from the workload: the state directory (canonical), then
+    /// `opts.hidden_paths`.
+    hidden: Vec<PathBuf>,
     /// The records on disk, cached; every write goes to disk first.
     records: Mutex<HashMap<Uuid, SandboxRecord>>,
     /// One lock per sandbox serialises its lifecycle calls (create, start, stop, delete).
@@ -131,7 +172,7 @@ impl ProcessDriver {
     /// Finishes what a killed instance left half done: empties the trash, removes directories
     /// of creates that never wrote a record, and kills workloads whose stop was interrupted.
     pub fn open(state_dir: PathBuf, opts: ProcessDriverOptions) -> Result<Self, DriverError> {
-        let tools = HostTools::find()?;
+        let tools = HostTools::find(&opts.id_map)?;
         let cgroups = CgroupHost::detect();
         let sandboxes = record::sandboxes_dir(&state_dir);
         let trash = record::trash_dir(&state_dir);
@@ -139,6 +180,7 @@ impl ProcessDriver {
             .map_err(|e| internal("making the state directory", e))?;
         std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
         let instance_lock = lock_state_dir(&state_dir)?;
+        let hidden = hidden_paths(&state_dir, &opts.hidden_paths)?;
         for entry in std::fs::read_dir(&trash)
             .map_err(|e| internal("reading the trash", e))?
             .flatten()
@@ -188,6 +230,7 @@ impl ProcessDriver {
             opts,
             tools,
             cgroups,
+            hidden,
             records: Mutex::new(records),
             locks: Mutex::new(HashMap::new()),
             feed: SnapshotFeed::new(),
@@ -241,6 +284,24 @@ impl ProcessDriver {
         let mut alive = self.alive.subscribe();
         async move { while alive.changed().await.is_ok() {} }
     }
+}
+
+/// The paths every workload's shim hides: the state directory and `extra`, canonical where
+/// they exist (so a symlinked path hides what it points to). Relative paths and `/` are refused.
+fn hidden_paths(state_dir: &Path, extra: &[PathBuf]) -> Result<Vec<PathBuf>, DriverError> {
+    std::iter::once(state_dir)
+        .chain(extra.iter().map(PathBuf::as_path))
+        .map(|path| {
+            let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+            if !path.is_absolute() || path == Path::new("/") {
+                return Err(DriverError::InvalidArgument(format!(
+                    "hidden path {}: it must be absolute and not /",
+                    path.display()
+                )));
+            }
+            Ok(path)
+        })
+        .collect()
 }
 
 /// Kills, without grace, a workload whose stop a killed driver left unfinished.
@@ -351,7 +412,14 @@ impl Inner {
         record.launched_at_ms = now_ms();
         record.oom_kills_at_launch = record.cgroups.oom_kills();
         self.save(&record)?;
-        if let Err(e) = launch::launch(&self.tools, &paths, &record, self.opts.launch_timeout).await
+        if let Err(e) = launch::launch(
+            &self.tools,
+            &paths,
+            &record,
+            &self.hidden,
+            self.opts.launch_timeout,
+        )
+        .await
         {
             record.cgroups.kill_all();
             return Err(e);

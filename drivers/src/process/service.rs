@@ -28,8 +28,10 @@ impl ComputeDriver for ProcessDriver {
             persistent_storage: true,
             images: false,
             isolation: format!(
-                "pid,mount,uts,ipc,net namespaces; {}; the host's root filesystem, \
-                 with a private /sandbox",
+                "pid,mount,uts,ipc,net namespaces; uid 0 of a user namespace = host uid {}, \
+                 no capabilities; {}; the host's root filesystem as that uid sees it, with a \
+                 private /sandbox and the driver's state hidden",
+                self.inner.tools.jail.id_map.host_uid,
                 cgroups.describe()
             ),
         })
@@ -69,8 +71,7 @@ impl ComputeDriver for ProcessDriver {
         }
 
         let paths = inner.paths(id);
-        std::fs::create_dir_all(&paths.root)
-            .map_err(|e| internal("making the sandbox directory", e))?;
+        super::launch::make_persistent_dir(&paths.root, &inner.tools.jail.id_map)?;
         let resources = spec.resources.unwrap_or_default();
         let limits = Limits {
             cpu_millis: resources.cpu_millis,

@@ -74,6 +74,7 @@ impl TestEnv {
             default_grace: Duration::from_secs(2),
             poll_interval: Duration::from_millis(50),
             launch_timeout: Duration::from_secs(10),
+            ..ProcessDriverOptions::default()
         }
     }
 

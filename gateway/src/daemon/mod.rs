@@ -105,8 +105,11 @@ pub enum Command {
 /// The compute driver sandboxes run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DriverKind {
-    /// Namespaced, cgrouped process trees on this machine; they outlive sbxd and are
-    /// re-attached after a restart. Needs root (or the equivalent capabilities).
+    /// Namespaced, cgrouped process trees on this machine, for trusted work: root inside is
+    /// host uid 200000 in a user namespace, with no capabilities, and sees the host's
+    /// filesystem as that uid does (minus the driver's state). They outlive sbxd and are
+    /// re-attached after a restart. Needs root, `uidmap` and `root:200000:65536` in
+    /// /etc/subuid and /etc/subgid.
     Process,
     /// In memory, for tests and benchmarks. Its sandboxes do NOT survive an sbxd restart:
     /// after one, the records are still in the store but their workloads are gone.
@@ -155,6 +158,7 @@ pub struct ServeArgs {
     pub data_dir: Option<PathBuf>,
 
     /// The compute driver sandboxes run on: `process`, `sim` or `vm` (in this process;
+    /// `process` runs host programs as an unprivileged uid in namespaces, for trusted work;
     /// `sim` is in memory, its sandboxes do not survive an sbxd restart; `vm` runs QEMU
     /// microVMs, see the --vm-* flags); `remote:SOCKET` (a driver served by `sbxd driver` on
     /// that Unix socket, run by the operator); or `managed:process|sim|vm` (sbxd runs `sbxd
