@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::image::ImageStore;
+use crate::oci::{OciDriver, OciDriverOptions};
 use crate::process::{ProcessDriver, ProcessDriverOptions};
 use crate::sim::{SimDriver, SimFaults, SimWorld};
 use crate::vm::{Accel, AssetPaths, VmDriver, VmDriverOptions};
@@ -17,6 +19,10 @@ use crate::{ComputeDriver, DriverError};
 /// Which in-tree driver a host serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
+    /// OCI containers from images, run by runc (needs root, runc and busybox-static); state
+    /// in --state-dir, images read from --image-store (the gateway's). The containers outlive
+    /// the host, and a restarted host finds every one again.
+    Oci,
     /// Namespaced process trees on this machine (needs root); state in --state-dir, so a
     /// restarted host finds every workload again.
     Process,
@@ -39,10 +45,14 @@ pub struct DriverHostArgs {
     /// a socket on which another host answers is refused.
     #[arg(long)]
     pub socket: PathBuf,
-    /// Where the process or vm driver keeps its sandboxes (required with --backend process
-    /// and vm; one live host per directory). Unused by sim.
-    #[arg(long, required_if_eq_any([("backend", "process"), ("backend", "vm")]))]
+    /// Where the oci, process or vm driver keeps its sandboxes (required with those
+    /// backends; one live host per directory). Unused by sim.
+    #[arg(long, required_if_eq_any([("backend", "oci"), ("backend", "process"), ("backend", "vm")]))]
     pub state_dir: Option<PathBuf>,
+    /// The gateway's image store (DATA/images), read by the oci driver (required with
+    /// --backend oci).
+    #[arg(long, required_if_eq("backend", "oci"), value_name = "DIR")]
+    pub image_store: Option<PathBuf>,
     /// The cgroup under which the process driver makes sandbox cgroups, relative to the
     /// host's own cgroup.
     #[arg(long, default_value = "sbx")]
@@ -56,6 +66,95 @@ pub struct DriverHostArgs {
     pub poll_interval_ms: u64,
     #[command(flatten)]
     pub vm: VmArgs,
+    #[command(flatten)]
+    pub oci: OciArgs,
+}
+
+/// The oci driver's settings: flags of `sbxd serve` (for `--driver oci` and `managed:oci`,
+/// which passes them on to its driver process) and of `sbxd driver --backend oci`. Unused by
+/// the other drivers.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "oci driver")]
+pub struct OciArgs {
+    /// The OCI runtime that runs the containers: a path, or a name looked up on PATH (runc
+    /// by default; crun and other runtimes with runc's command line work too).
+    #[arg(
+        long = "oci-runtime",
+        env = "SBX_OCI_RUNTIME",
+        default_value = "runc",
+        value_name = "PATH"
+    )]
+    pub runtime: PathBuf,
+
+    /// The most processes (threads included) one sandbox may run at once: a fork bomb stops
+    /// there.
+    #[arg(
+        long = "oci-pids-limit",
+        env = "SBX_OCI_PIDS_LIMIT",
+        default_value_t = 1024,
+        value_parser = parse_pids_limit,
+        value_name = "N"
+    )]
+    pub pids_limit: i64,
+
+    /// The static busybox the sandbox init runs on (bound read-only into every sandbox at
+    /// /dev/.sbx). Default: /bin/busybox, else /usr/bin/busybox (Debian's busybox-static).
+    #[arg(long = "oci-busybox", env = "SBX_OCI_BUSYBOX", value_name = "PATH")]
+    pub busybox: Option<PathBuf>,
+
+    /// The cgroup (from each hierarchy's root) under which sandbox cgroups are made.
+    #[arg(
+        long = "oci-cgroup-parent",
+        env = "SBX_OCI_CGROUP_PARENT",
+        default_value = "sbx-oci",
+        value_name = "PATH"
+    )]
+    pub cgroup_parent: String,
+}
+
+impl Default for OciArgs {
+    fn default() -> Self {
+        let opts = OciDriverOptions::default();
+        OciArgs {
+            runtime: PathBuf::from("runc"),
+            pids_limit: opts.pids_limit,
+            busybox: None,
+            cgroup_parent: opts.cgroup_parent,
+        }
+    }
+}
+
+impl OciArgs {
+    pub fn driver_options(&self) -> OciDriverOptions {
+        OciDriverOptions {
+            runtime: Some(self.runtime.clone()),
+            busybox: self.busybox.clone(),
+            cgroup_parent: self.cgroup_parent.clone(),
+            pids_limit: self.pids_limit,
+            ..OciDriverOptions::default()
+        }
+    }
+
+    pub fn to_flags(&self) -> Vec<OsString> {
+        let mut flags: Vec<OsString> = vec![
+            "--oci-runtime".into(),
+            self.runtime.clone().into(),
+            "--oci-pids-limit".into(),
+            self.pids_limit.to_string().into(),
+            "--oci-cgroup-parent".into(),
+            self.cgroup_parent.clone().into(),
+        ];
+        if let Some(busybox) = &self.busybox {
+            flags.push("--oci-busybox".into());
+            flags.push(busybox.into());
+        }
+        flags
+    }
+}
+
+/// A pids limit: at least 16 (the init, a shell and a few commands), at most 4 Mi.
+pub fn parse_pids_limit(text: &str) -> Result<i64, String> {
+    parse_bounded(text, "processes", 16, 4 << 20).map(|n| n as i64)
 }
 
 /// The smallest guest memory the vm flags take: a Debian kernel and the busybox initramfs
@@ -285,6 +384,20 @@ pub async fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver
         })
     };
     match args.backend {
+        Backend::Oci => {
+            let store = args.image_store.clone().ok_or_else(|| {
+                DriverError::InvalidArgument("--backend oci needs --image-store".to_string())
+            })?;
+            let images = ImageStore::open_read_only(store)
+                .map_err(|e| DriverError::Unavailable(format!("the image store: {e}")))?;
+            let opts = OciDriverOptions {
+                default_grace: Duration::from_millis(args.default_grace_ms),
+                poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
+                id_map: images.idmap(),
+                ..args.oci.driver_options()
+            };
+            Ok(Arc::new(OciDriver::open(state_dir()?, images, opts).await?))
+        }
         Backend::Process => {
             let state_dir = state_dir()?;
             let opts = ProcessDriverOptions {
@@ -316,6 +429,7 @@ pub async fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver
 /// The flag value of a backend.
 fn backend_name(backend: Backend) -> &'static str {
     match backend {
+        Backend::Oci => "oci",
         Backend::Process => "process",
         Backend::Sim => "sim",
         Backend::Vm => "vm",

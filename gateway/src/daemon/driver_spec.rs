@@ -1,12 +1,12 @@
 //! The value of `sbxd serve --driver`: where the compute driver runs.
 //!
-//! - `process`, `sim`, `vm`: in sbxd's own process;
+//! - `oci`, `process`, `sim`, `vm`: in sbxd's own process;
 //! - `remote:SOCKET`: served by an `sbxd driver` (or `sbx-driver-host`) the operator runs;
-//! - `managed:process`, `managed:sim`, `managed:vm`: served by an `sbxd driver` that sbxd starts and
+//! - `managed:oci`, `managed:process`, `managed:sim`, `managed:vm`: served by an `sbxd driver` that sbxd starts and
 //!   supervises itself (see [`super::managed`]).
 //!
 //! Naming: the driver is registered in the actors' DriverSet under its backend's name
-//! ("process", "sim" or "vm"), which is what each sandbox's `spec.driver` records. A remote driver's
+//! ("oci", "process", "sim" or "vm"), which is what each sandbox's `spec.driver` records. A remote driver's
 //! backend is not known to sbxd, so it is named by `--driver-name`, default "process": a data
 //! dir's sandboxes keep working when sbxd switches between `process`, `managed:process` and
 //! `remote:SOCKET` over the same process state dir (a remote vm driver is `--driver-name vm`).
@@ -62,11 +62,13 @@ impl fmt::Display for DriverSpec {
     }
 }
 
-const EXPECTED: &str = "expected process, sim, vm, remote:SOCKET or managed:process|sim|vm";
+const EXPECTED: &str =
+    "expected oci, process, sim, vm, remote:SOCKET or managed:oci|process|sim|vm";
 
 /// Parses a `--driver` value (clap's value parser).
 pub fn parse_driver_spec(text: &str) -> Result<DriverSpec, String> {
     let backend = |name: &str| match name {
+        "oci" => Ok(DriverKind::Oci),
         "process" => Ok(DriverKind::Process),
         "sim" => Ok(DriverKind::Sim),
         "vm" => Ok(DriverKind::Vm),
@@ -119,6 +121,14 @@ mod tests {
             parse_driver_spec("managed:vm"),
             Ok(DriverSpec::Managed(DriverKind::Vm))
         );
+        assert_eq!(
+            parse_driver_spec("oci"),
+            Ok(DriverSpec::InProcess(DriverKind::Oci))
+        );
+        assert_eq!(
+            parse_driver_spec("managed:oci"),
+            Ok(DriverSpec::Managed(DriverKind::Oci))
+        );
     }
 
     #[test]
@@ -127,7 +137,7 @@ mod tests {
             ("remote:", "socket"),
             ("remote", "\"remote\""),
             ("managed:", "backend"),
-            ("managed:oci", "\"oci\""),
+            ("managed:docker", "\"docker\""),
             ("vm:", "\"vm\""),
             ("VM", "\"VM\""),
             ("ssh:host", "\"ssh\""),
@@ -168,6 +178,8 @@ mod tests {
             "remote:/a/b.sock",
             "managed:process",
             "managed:vm",
+            "oci",
+            "managed:oci",
         ] {
             assert_eq!(parse_driver_spec(text).unwrap().to_string(), text);
         }

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sbx_drivers::ComputeDriver;
+use sbx_drivers::image::ImageStore;
+use sbx_drivers::oci::OciDriver;
 use sbx_drivers::process::{ProcessDriver, ProcessDriverOptions};
 use sbx_drivers::remote::RemoteDriver;
 use sbx_drivers::sim::{SimDriver, SimFaults, SimOp, SimWorld};
@@ -14,10 +16,16 @@ use sbx_drivers::vm::VmDriver;
 use super::managed::{MAX_SOCKET_PATH, ManagedDriver, ManagedDriverPaths, stop_stale_driver};
 use super::{DaemonError, DriverKind, DriverSpec, ServeArgs};
 
-/// The data directory: the flag, else $XDG_STATE_HOME/sbx, else ~/.local/state/sbx.
+/// Where root's state lives by default (the oci driver's sandboxes must walk through the
+/// data dir's parents, which /root does not let them).
+pub const ROOT_DATA_DIR: &str = "/var/lib/sbx";
+
+/// The data directory: the flag, else /var/lib/sbx for root, else $XDG_STATE_HOME/sbx, else
+/// ~/.local/state/sbx.
 pub fn data_dir(flag: Option<&Path>) -> Result<PathBuf, DaemonError> {
     resolve_data_dir(
         flag,
+        nix::unistd::geteuid().is_root(),
         std::env::var_os("XDG_STATE_HOME").map(PathBuf::from),
         std::env::var_os("HOME").map(PathBuf::from),
     )
@@ -26,11 +34,15 @@ pub fn data_dir(flag: Option<&Path>) -> Result<PathBuf, DaemonError> {
 /// [`data_dir`] without the environment, for tests. Empty variables count as unset.
 fn resolve_data_dir(
     flag: Option<&Path>,
+    root: bool,
     xdg_state_home: Option<PathBuf>,
     home: Option<PathBuf>,
 ) -> Result<PathBuf, DaemonError> {
     if let Some(dir) = flag {
         return Ok(dir.to_path_buf());
+    }
+    if root {
+        return Ok(PathBuf::from(ROOT_DATA_DIR));
     }
     if let Some(xdg) = xdg_state_home.filter(|p| !p.as_os_str().is_empty()) {
         return Ok(xdg.join("sbx"));
@@ -50,8 +62,13 @@ pub struct OpenedDriver {
     pub managed: Option<ManagedDriver>,
 }
 
-/// Opens the driver chosen by `args`, keeping its state in `DATA/drivers/NAME`.
-pub async fn open_driver(args: &ServeArgs, data_dir: &Path) -> Result<OpenedDriver, DaemonError> {
+/// Opens the driver chosen by `args`, keeping its state in `DATA/drivers/NAME`; an oci
+/// driver runs images from `images`.
+pub async fn open_driver(
+    args: &ServeArgs,
+    data_dir: &Path,
+    images: &ImageStore,
+) -> Result<OpenedDriver, DaemonError> {
     let name = args
         .driver
         .driver_name(args.driver_name.as_deref())
@@ -62,7 +79,7 @@ pub async fn open_driver(args: &ServeArgs, data_dir: &Path) -> Result<OpenedDriv
         DriverSpec::InProcess(kind) => {
             // An orphaned managed driver (its sbxd was SIGKILLed) would hold the state lock.
             stop_stale_driver(&ManagedDriverPaths::new(data_dir, *kind)).await;
-            (open_in_process(*kind, args, data_dir).await?, None)
+            (open_in_process(*kind, args, data_dir, images).await?, None)
         }
         DriverSpec::Remote(socket) => {
             check_socket_path(socket)?;
@@ -73,7 +90,8 @@ pub async fn open_driver(args: &ServeArgs, data_dir: &Path) -> Result<OpenedDriv
             let paths = ManagedDriverPaths::new(data_dir, *kind);
             let socket = paths.socket.clone();
             check_socket_path(&socket)?;
-            let managed = ManagedDriver::start(paths, managed_host_flags(*kind, args)).await?;
+            let flags = managed_host_flags(*kind, args, images);
+            let managed = ManagedDriver::start(paths, flags).await?;
             let driver = RemoteDriver::connect_lazy(socket, args.driver_call_timeout());
             (Arc::new(driver) as Arc<dyn ComputeDriver>, Some(managed))
         }
@@ -116,13 +134,19 @@ fn check_socket_path(socket: &Path) -> Result<(), DaemonError> {
 
 /// The backend's settings a managed driver process gets on its command line (after
 /// `--backend --socket --state-dir`, which the launcher adds).
-fn managed_host_flags(kind: DriverKind, args: &ServeArgs) -> Vec<OsString> {
+fn managed_host_flags(kind: DriverKind, args: &ServeArgs, images: &ImageStore) -> Vec<OsString> {
     let mut flags: Vec<OsString> = vec![
         "--cgroup-parent".into(),
         args.process_cgroup_parent.clone().into(),
     ];
-    if kind == DriverKind::Vm {
-        flags.extend(args.vm.to_flags());
+    match kind {
+        DriverKind::Vm => flags.extend(args.vm.to_flags()),
+        DriverKind::Oci => {
+            flags.push("--image-store".into());
+            flags.push(images.root().into());
+            flags.extend(args.oci.to_flags());
+        }
+        DriverKind::Process | DriverKind::Sim => {}
     }
     flags
 }
@@ -131,8 +155,25 @@ async fn open_in_process(
     kind: DriverKind,
     args: &ServeArgs,
     data_dir: &Path,
+    images: &ImageStore,
 ) -> Result<Arc<dyn ComputeDriver>, DaemonError> {
     match kind {
+        DriverKind::Oci => {
+            let state_dir = data_dir.join("drivers").join("oci");
+            let opts = sbx_drivers::oci::OciDriverOptions {
+                id_map: images.idmap(),
+                ..args.oci.driver_options()
+            };
+            let driver = OciDriver::open(state_dir, images.clone(), opts)
+                .await
+                .map_err(|source| DaemonError::Driver {
+                    driver: "oci",
+                    source,
+                    hint: " (see sbxd serve --help for the --oci-* flags; --driver process runs \
+                           without runc, for trusted work)",
+                })?;
+            Ok(Arc::new(driver))
+        }
         DriverKind::Process => {
             let state_dir = data_dir.join("drivers").join("process");
             let opts = ProcessDriverOptions {
@@ -191,19 +232,23 @@ mod tests {
         let xdg = Some(PathBuf::from("/xdg"));
         let home = Some(PathBuf::from("/home/u"));
         assert_eq!(
-            resolve_data_dir(Some(&flag), xdg.clone(), home.clone()).unwrap(),
+            resolve_data_dir(Some(&flag), true, xdg.clone(), home.clone()).unwrap(),
             flag
         );
         assert_eq!(
-            resolve_data_dir(None, xdg, home.clone()).unwrap(),
+            resolve_data_dir(None, true, xdg.clone(), home.clone()).unwrap(),
+            PathBuf::from(ROOT_DATA_DIR)
+        );
+        assert_eq!(
+            resolve_data_dir(None, false, xdg, home.clone()).unwrap(),
             PathBuf::from("/xdg/sbx")
         );
         assert_eq!(
-            resolve_data_dir(None, Some(PathBuf::new()), home.clone()).unwrap(),
+            resolve_data_dir(None, false, Some(PathBuf::new()), home.clone()).unwrap(),
             PathBuf::from("/home/u/.local/state/sbx")
         );
         assert!(matches!(
-            resolve_data_dir(None, None, None),
+            resolve_data_dir(None, false, None, None),
             Err(DaemonError::NoDataDir)
         ));
     }
@@ -241,11 +286,20 @@ mod tests {
                 .map(|f| f.to_string_lossy().into_owned())
                 .collect()
         };
+        let tmp = tempfile::tempdir().unwrap();
+        let images = ImageStore::open(tmp.path().join("images"), Default::default()).unwrap();
         assert_eq!(
-            text(managed_host_flags(DriverKind::Process, &args)),
+            text(managed_host_flags(DriverKind::Process, &args, &images)),
             ["--cgroup-parent", "cg"]
         );
-        let vm = text(managed_host_flags(DriverKind::Vm, &args));
+        let oci = text(managed_host_flags(DriverKind::Oci, &args, &images)).join(" ");
+        assert!(
+            oci.contains(&format!("--image-store {}", images.root().display()))
+                && oci.contains("--oci-runtime runc")
+                && oci.contains("--oci-pids-limit 1024"),
+            "{oci}"
+        );
+        let vm = text(managed_host_flags(DriverKind::Vm, &args, &images));
         let joined = vm.join(" ");
         assert!(
             joined.starts_with("--cgroup-parent cg --vm-accel tcg ")

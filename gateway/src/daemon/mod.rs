@@ -15,7 +15,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sbx_actors::ActorError;
 use sbx_drivers::DriverError;
-use sbx_drivers::remote::VmArgs;
+use sbx_drivers::remote::{OciArgs, VmArgs};
 use sbx_storage::StoreError;
 
 pub use driver_spec::DriverSpec;
@@ -105,6 +105,11 @@ pub enum Command {
 /// The compute driver sandboxes run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DriverKind {
+    /// OCI containers from images, run by runc, behind a user namespace (root inside is an
+    /// unprivileged uid on the host), seccomp, dropped capabilities and cpu/memory/pids
+    /// limits, with an overlay root filesystem that persists; they outlive sbxd and are
+    /// re-attached after a restart. The default. Needs root, runc and busybox-static.
+    Oci,
     /// Namespaced, cgrouped process trees on this machine, for trusted work: root inside is
     /// host uid 200000 in a user namespace, with no capabilities, and sees the host's
     /// filesystem as that uid does (minus the driver's state). They outlive sbxd and are
@@ -124,6 +129,7 @@ impl DriverKind {
     /// The name the driver is registered under (the `spec.driver` of its sandboxes).
     pub fn name(self) -> &'static str {
         match self {
+            DriverKind::Oci => "oci",
             DriverKind::Process => "process",
             DriverKind::Sim => "sim",
             DriverKind::Vm => "vm",
@@ -152,24 +158,27 @@ pub struct ServeArgs {
     #[arg(long, env = "SBX_ADDR_FILE", value_name = "PATH")]
     pub addr_file: Option<PathBuf>,
 
-    /// Where state lives: the store in DATA/store, driver state in DATA/drivers/NAME.
-    /// Default: $XDG_STATE_HOME/sbx, else ~/.local/state/sbx.
+    /// Where state lives: the store in DATA/store, images in DATA/images, driver state in
+    /// DATA/drivers/NAME. Default: /var/lib/sbx when run as root, else $XDG_STATE_HOME/sbx,
+    /// else ~/.local/state/sbx. (The oci driver's sandboxes must be able to walk through
+    /// DATA's parents: /root, mode 0700, would not do.)
     #[arg(long, env = "SBX_DATA_DIR", value_name = "DATA")]
     pub data_dir: Option<PathBuf>,
 
-    /// The compute driver sandboxes run on: `process`, `sim` or `vm` (in this process;
-    /// `process` runs host programs as an unprivileged uid in namespaces, for trusted work;
-    /// `sim` is in memory, its sandboxes do not survive an sbxd restart; `vm` runs QEMU
-    /// microVMs, see the --vm-* flags); `remote:SOCKET` (a driver served by `sbxd driver` on
-    /// that Unix socket, run by the operator); or `managed:process|sim|vm` (sbxd runs `sbxd
-    /// driver` itself as a supervised child process on DATA/drivers/BACKEND.sock, restarting
-    /// it when it dies).
+    /// The compute driver sandboxes run on: `oci` (the default: OCI containers from images,
+    /// run by runc behind a user namespace, seccomp and cgroup limits; see the --oci-* flags),
+    /// `process` (host programs as an unprivileged uid in namespaces, on the host's
+    /// filesystem, for trusted work), `sim` or `vm` (in this process; `sim` is in memory, its
+    /// sandboxes do not survive an sbxd restart; `vm` runs QEMU microVMs, see the --vm-*
+    /// flags); `remote:SOCKET` (a driver served by `sbxd driver` on that Unix socket, run by
+    /// the operator); or `managed:oci|process|sim|vm` (sbxd runs `sbxd driver` itself as a
+    /// supervised child process on DATA/drivers/BACKEND.sock, restarting it when it dies).
     #[arg(
         long,
         env = "SBX_DRIVER",
-        default_value = "process",
+        default_value = "oci",
         value_parser = driver_spec::parse_driver_spec,
-        value_name = "process|sim|vm|remote:SOCKET|managed:process|sim|vm"
+        value_name = "oci|process|sim|vm|remote:SOCKET|managed:oci|process|sim|vm"
     )]
     pub driver: DriverSpec,
 
@@ -241,6 +250,10 @@ pub struct ServeArgs {
     /// The vm driver's settings (`--driver vm` and `managed:vm`, which passes them on).
     #[command(flatten)]
     pub vm: VmArgs,
+
+    /// The oci driver's settings (`--driver oci` and `managed:oci`, which passes them on).
+    #[command(flatten)]
+    pub oci: OciArgs,
 }
 
 /// The default driver-call deadline.
@@ -316,6 +329,14 @@ pub enum DaemonError {
         path: PathBuf,
         #[source]
         source: StoreError,
+    },
+    /// The image store (DATA/images) could not be opened (unwritable, or made with another
+    /// id map).
+    #[error("cannot open the image store in {path}: {source}")]
+    Images {
+        path: PathBuf,
+        #[source]
+        source: sbx_drivers::image::ImageError,
     },
     /// The compute driver could not be opened on this machine.
     #[error("cannot open the {driver} driver: {source}{hint}")]

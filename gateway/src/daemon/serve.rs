@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use sbx_actors::{Config, DriverSet, Gateway};
 use sbx_drivers::ComputeDriver;
+use sbx_drivers::image::{IdMap, ImageStore};
 use sbx_drivers::remote::{DriverHostArgs, run_driver_host, termination_signal};
 use sbx_storage::{ObjectStore, SledStore};
 use tokio::net::TcpListener;
@@ -32,7 +33,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
     init_logging(args.log_format);
     let data_dir = drivers::data_dir(args.data_dir.as_deref())?;
     create_dir(&data_dir)?;
+    let images = open_images(&data_dir)?;
     let store_path = data_dir.join("store");
+    create_private_dir(&store_path)?;
     let store: Arc<dyn ObjectStore> =
         Arc::new(
             SledStore::open(&store_path).map_err(|source| DaemonError::Store {
@@ -60,7 +63,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
     if let Some(warning) = args.call_timeout_warning() {
         tracing::warn!("{warning}");
     }
-    let opened = drivers::open_driver(&args, &data_dir).await?;
+    let opened = drivers::open_driver(&args, &data_dir, &images).await?;
     tracing::info!(
         data_dir = %data_dir.display(),
         driver = %args.driver,
@@ -68,7 +71,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
         call_timeout = ?args.driver_call_timeout(),
         "starting"
     );
-    let result = serve_on(args, store, &opened.name, opened.driver, shutdown).await;
+    let result = serve_on(args, store, images, &opened.name, opened.driver, shutdown).await;
     if let Some(managed) = opened.managed {
         managed.shutdown().await;
         tracing::info!("driver process stopped; its workloads left running");
@@ -90,6 +93,7 @@ const REMOTE_DRIVER_READY: Duration = Duration::from_secs(10);
 async fn serve_on(
     args: ServeArgs,
     store: Arc<dyn ObjectStore>,
+    images: ImageStore,
     driver_name: &str,
     driver: Arc<dyn ComputeDriver>,
     shutdown: CancellationToken,
@@ -132,6 +136,7 @@ async fn serve_on(
     let config = Config {
         reconcile_interval: args.reconcile_interval(),
         driver_call_timeout: args.driver_call_timeout(),
+        image_store: Some(images),
         ..Config::default()
     };
     let gateway =
@@ -277,12 +282,37 @@ fn init_logging(format: LogFormat) {
     };
 }
 
+/// Makes the data directory, mode 0711: the oci driver's sandboxes (an unprivileged host uid)
+/// walk through it to their root filesystems; nobody but its owner can list it, and what it
+/// holds is private on its own (the store 0700, the image store 0700).
 fn create_dir(dir: &Path) -> Result<(), DaemonError> {
-    std::fs::create_dir_all(dir).map_err(|source| DaemonError::Io {
-        what: "cannot create the data directory",
-        path: dir.to_path_buf(),
-        source,
-    })
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)))
+        .map_err(|source| DaemonError::Io {
+            what: "cannot create the data directory",
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// Makes `dir` readable by its owner only.
+fn create_private_dir(dir: &Path) -> Result<(), DaemonError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|source| DaemonError::Io {
+            what: "cannot create the directory",
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// The image store, DATA/images: the content of every image the gateway has.
+fn open_images(data_dir: &Path) -> Result<ImageStore, DaemonError> {
+    let path = data_dir.join("images");
+    ImageStore::open(path.clone(), IdMap::default())
+        .map_err(|source| DaemonError::Images { path, source })
 }
 
 /// Writes `addr` and a newline to `path` so that no reader ever sees a partial line: the text
