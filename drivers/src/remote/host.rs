@@ -49,6 +49,10 @@ pub struct DriverHostArgs {
     /// backends; one live host per directory). Unused by sim.
     #[arg(long, required_if_eq_any([("backend", "oci"), ("backend", "process"), ("backend", "vm")]))]
     pub state_dir: Option<PathBuf>,
+    /// A path the process driver hides from its workloads (under an empty read-only tmpfs),
+    /// besides its own state dir; repeat for more. sbxd passes its data dir.
+    #[arg(long = "hide", value_name = "PATH")]
+    pub hidden_paths: Vec<PathBuf>,
     /// The gateway's image store (DATA/images), read by the oci driver (required with
     /// --backend oci).
     #[arg(long, required_if_eq("backend", "oci"), value_name = "DIR")]
@@ -79,6 +83,7 @@ pub struct OciArgs {
     /// The OCI runtime that runs the containers: a path, or a name looked up on PATH (runc
     /// by default; crun and other runtimes with runc's command line work too).
     #[arg(
+        id = "oci_runtime",
         long = "oci-runtime",
         env = "SBX_OCI_RUNTIME",
         default_value = "runc",
@@ -89,6 +94,7 @@ pub struct OciArgs {
     /// The most processes (threads included) one sandbox may run at once: a fork bomb stops
     /// there.
     #[arg(
+        id = "oci_pids_limit",
         long = "oci-pids-limit",
         env = "SBX_OCI_PIDS_LIMIT",
         default_value_t = 1024,
@@ -99,11 +105,17 @@ pub struct OciArgs {
 
     /// The static busybox the sandbox init runs on (bound read-only into every sandbox at
     /// /dev/.sbx). Default: /bin/busybox, else /usr/bin/busybox (Debian's busybox-static).
-    #[arg(long = "oci-busybox", env = "SBX_OCI_BUSYBOX", value_name = "PATH")]
+    #[arg(
+        id = "oci_busybox",
+        long = "oci-busybox",
+        env = "SBX_OCI_BUSYBOX",
+        value_name = "PATH"
+    )]
     pub busybox: Option<PathBuf>,
 
     /// The cgroup (from each hierarchy's root) under which sandbox cgroups are made.
     #[arg(
+        id = "oci_cgroup_parent",
         long = "oci-cgroup-parent",
         env = "SBX_OCI_CGROUP_PARENT",
         default_value = "sbx-oci",
@@ -402,6 +414,7 @@ pub async fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver
             let state_dir = state_dir()?;
             let opts = ProcessDriverOptions {
                 cgroup_parent: args.cgroup_parent.clone(),
+                hidden_paths: args.hidden_paths.clone(),
                 default_grace: Duration::from_millis(args.default_grace_ms),
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
                 ..ProcessDriverOptions::default()
@@ -476,6 +489,52 @@ mod tests {
 
     fn host(args: &[&str]) -> Result<DriverHostArgs, clap::Error> {
         Host::try_parse_from(std::iter::once("host").chain(args.iter().copied())).map(|h| h.host)
+    }
+
+    #[test]
+    fn oci_backend_flags_parse_and_need_an_image_store() {
+        use clap::CommandFactory;
+        Host::command().debug_assert();
+        let args = host(&[
+            "--backend",
+            "oci",
+            "--socket",
+            "/s",
+            "--state-dir",
+            "/d",
+            "--image-store",
+            "/i",
+            "--oci-runtime",
+            "crun",
+            "--oci-pids-limit",
+            "64",
+            "--hide",
+            "/data",
+        ])
+        .unwrap();
+        assert_eq!(args.image_store, Some(PathBuf::from("/i")));
+        assert_eq!(args.hidden_paths, [PathBuf::from("/data")]);
+        let opts = args.oci.driver_options();
+        assert_eq!(opts.runtime, Some(PathBuf::from("crun")));
+        assert_eq!(opts.pids_limit, 64);
+        // What sbxd passes a managed driver parses back to the same settings.
+        let mut flags: Vec<String> = ["--backend", "oci", "--socket", "/s", "--state-dir", "/d"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        flags.extend(["--image-store".into(), "/i".into()]);
+        flags.extend(
+            args.oci
+                .to_flags()
+                .iter()
+                .map(|f| f.to_string_lossy().into_owned()),
+        );
+        let again = host(&flags.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+        assert_eq!(again.oci, args.oci);
+        let err = host(&["--backend", "oci", "--socket", "/s", "--state-dir", "/d"]).unwrap_err();
+        assert!(err.to_string().contains("--image-store"), "{err}");
+        let err = parse_pids_limit("3").unwrap_err();
+        assert!(err.contains("at least 16"), "{err}");
     }
 
     #[test]
