@@ -82,7 +82,7 @@ async fn exec_streams_stdout_stderr_and_the_exit_last() {
     assert_eq!(
         killed.exit,
         Some(pb::ExecExit {
-            code: 0,
+            code: -1,
             signal: 15
         }),
         "{killed:?}"

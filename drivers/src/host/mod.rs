@@ -16,6 +16,9 @@
 //! - [`feed`] — the watch feed: changes the driver makes are published at once, a poller
 //!   started by the first watch publishes what changed by itself.
 //! - [`logfile`] — tail and follow of a sandbox's log file.
+//! - [`exec`] — an exec helper's piped output as the contract's stream, bounded, ended when
+//!   the caller goes away or its timeout passes.
+//! - [`elf`] — whether a program is statically linked (a static busybox runs anywhere).
 //! - [`command`] — checks of a command and environment before they reach a launch or an exec.
 //!
 //! **Invariant:** a host driver imports what it shares with another only from here, never
@@ -23,6 +26,8 @@
 
 pub(crate) mod command;
 pub(crate) mod contract;
+pub(crate) mod elf;
+pub(crate) mod exec;
 pub(crate) mod feed;
 pub(crate) mod lock;
 pub(crate) mod logfile;

@@ -46,7 +46,7 @@ impl ImageStore {
             image: image.clone(),
             why: format!("cannot read busybox ({e}); install Debian's busybox-static"),
         })?;
-        match crate::vm::elf_interpreter(&binary) {
+        match crate::host::elf::elf_interpreter(&binary) {
             Some(false) => {}
             Some(true) => {
                 return Err(ImageError::InvalidArgument {

@@ -56,6 +56,7 @@ use nix::unistd::Pid;
 use tokio::sync::watch;
 use uuid::Uuid;
 
+use crate::host::elf::elf_interpreter;
 use crate::host::feed::{self, SnapshotFeed, Watched};
 use crate::host::observe::{self, RunFacts};
 use crate::host::procfs::{self, ProcessIdentity};
@@ -294,7 +295,7 @@ fn find_busybox(flag: Option<&Path>) -> Result<PathBuf, DriverError> {
         let Ok(bytes) = std::fs::read(path) else {
             continue;
         };
-        return if is_static_elf(&bytes) {
+        return if elf_interpreter(&bytes) == Some(false) {
             Ok(path.clone())
         } else {
             Err(DriverError::Unavailable(format!(
@@ -313,39 +314,6 @@ fn find_busybox(flag: Option<&Path>) -> Result<PathBuf, DriverError> {
             .collect::<Vec<_>>()
             .join(" or ")
     )))
-}
-
-/// Whether `bytes` are a 64-bit little-endian ELF executable without an interpreter (no
-/// `PT_INTERP` program header): it runs in any root filesystem.
-pub(crate) fn is_static_elf(bytes: &[u8]) -> bool {
-    let u16_at = |at: usize| {
-        bytes
-            .get(at..at + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-    };
-    let u32_at = |at: usize| {
-        bytes
-            .get(at..at + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let u64_at = |at: usize| {
-        bytes
-            .get(at..at + 8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map(u64::from_le_bytes)
-    };
-    if bytes.get(..4) != Some(b"\x7fELF") || bytes.get(4) != Some(&2) || bytes.get(5) != Some(&1) {
-        return false;
-    }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
-    else {
-        return false;
-    };
-    const PT_INTERP: u32 = 3;
-    (0..usize::from(phnum)).all(|i| {
-        let at = usize::try_from(phoff).unwrap_or(usize::MAX) + i * usize::from(phentsize);
-        u32_at(at).is_some_and(|typ| typ != PT_INTERP)
-    })
 }
 
 /// The state dir's ancestors must let the sandboxes' host uid walk through them: the
@@ -675,20 +643,6 @@ impl Watched for Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn static_and_dynamic_executables_are_told_apart() {
-        // This test's own binary is dynamically linked (it has an interpreter).
-        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-        assert!(!is_static_elf(&me));
-        assert!(!is_static_elf(b"#!/bin/sh\n"));
-        assert!(!is_static_elf(b""));
-        if let Ok(busybox) = std::fs::read("/bin/busybox") {
-            // Debian's busybox-static is static; its dynamic busybox is not.
-            let dynamic = busybox.windows(12).any(|w| w == b"ld-linux-x86");
-            assert_eq!(is_static_elf(&busybox), !dynamic);
-        }
-    }
 
     #[test]
     fn a_state_dir_under_a_closed_directory_is_refused_with_the_way_out() {

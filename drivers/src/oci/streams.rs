@@ -2,7 +2,6 @@
 //! exec` of a process with the workload's environment, user, capabilities and seccomp) and
 //! logs (tail and follow of the log file).
 
-use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,18 +9,14 @@ use std::time::Duration;
 use futures::StreamExt;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use uuid::Uuid;
 
 use super::record::OciRecord;
 use super::{OciDriver, bundle, rootfs};
-use crate::host::logfile::{CHUNK, log_stream};
+use crate::host::exec;
+use crate::host::logfile::log_stream;
 use crate::host::{Desired, feed, internal, locked, procfs, validate_command};
 use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
-
-type ExecItem = Result<pb::ExecOutput, DriverError>;
 
 impl OciDriver {
     pub(super) fn watch_stream(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
@@ -63,23 +58,17 @@ impl OciDriver {
                 .runtime
                 .exec_command(&id.to_string(), &process_file, &pid_file);
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let spawned = command.spawn();
-        let mut child = match spawned {
+        let child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
                 let _ = std::fs::remove_file(&process_file);
                 return Err(internal("spawning the runtime's exec", e));
             }
         };
-        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-            return Err(DriverError::Internal(
-                "the runtime's exec started without its pipes".to_string(),
-            ));
-        };
         let timeout =
             (req.timeout_seconds > 0).then(|| Duration::from_secs(u64::from(req.timeout_seconds)));
         // Kills the exec'd process itself: the runtime cannot pass SIGKILL on.
-        let end_process = {
+        let end = {
             let pid_file = pid_file.clone();
             move || {
                 if let Some(pid) = std::fs::read_to_string(&pid_file)
@@ -90,46 +79,11 @@ impl OciDriver {
                 }
             }
         };
-        let (tx, rx) = mpsc::channel::<ExecItem>(64);
-        tokio::spawn(async move {
-            let run = async {
-                let out = pump(stdout, tx.clone(), pb::exec_output::Chunk::Stdout);
-                let err = pump(stderr, tx.clone(), pb::exec_output::Chunk::Stderr);
-                let (out_open, err_open) = tokio::join!(out, err);
-                if !(out_open && err_open) {
-                    end_process();
-                }
-                child.wait().await
-            };
-            let timed = async {
-                match timeout {
-                    Some(after) => tokio::time::timeout(after, run).await.map_err(|_| after),
-                    None => Ok(run.await),
-                }
-            };
-            let listener = tx.clone();
-            let outcome = tokio::select! {
-                outcome = timed => outcome,
-                () = listener.closed() => Err(Duration::ZERO),
-            };
-            let last = match outcome {
-                Ok(Ok(status)) => Some(Ok(exit_of(status))),
-                Ok(Err(e)) => Some(Err(internal("waiting for the exec'd command", e))),
-                Err(after) => {
-                    end_process();
-                    (!after.is_zero()).then_some(Err(DriverError::DeadlineExceeded {
-                        operation: "exec",
-                        after,
-                    }))
-                }
-            };
+        let finished = move || {
             let _ = std::fs::remove_file(&process_file);
             let _ = std::fs::remove_file(&pid_file);
-            if let Some(last) = last {
-                let _ = tx.send(last).await;
-            }
-        });
-        Ok(Box::pin(ReceiverStream::new(rx)))
+        };
+        exec::stream_output(child, timeout, end, finished)
     }
 
     pub(super) fn logs_stream(
@@ -171,38 +125,4 @@ fn exec_env(record: &OciRecord, extra: &std::collections::HashMap<String, String
     extra.sort();
     env.extend(extra.into_iter().map(|(k, v)| format!("{k}={v}")));
     env
-}
-
-/// The runtime exits with the exec'd process's status (128 + n after signal n).
-fn exit_of(status: std::process::ExitStatus) -> pb::ExecOutput {
-    let (code, signal) = match (status.code(), status.signal()) {
-        (Some(code), _) => (code, 0),
-        (None, Some(signal)) => (-1, signal),
-        (None, None) => (-1, 0),
-    };
-    pb::ExecOutput {
-        chunk: Some(pb::exec_output::Chunk::Exit(pb::ExecExit { code, signal })),
-    }
-}
-
-/// Sends what `source` yields as chunks; returns false when the receiver is gone.
-async fn pump(
-    mut source: impl AsyncRead + Unpin,
-    tx: mpsc::Sender<ExecItem>,
-    wrap: fn(Vec<u8>) -> pb::exec_output::Chunk,
-) -> bool {
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        match source.read(&mut buf).await {
-            Ok(0) | Err(_) => return true,
-            Ok(n) => {
-                let item = Ok(pb::ExecOutput {
-                    chunk: Some(wrap(buf[..n].to_vec())),
-                });
-                if tx.send(item).await.is_err() {
-                    return false;
-                }
-            }
-        }
-    }
 }

@@ -172,7 +172,7 @@ fn check_static_busybox(path: &Path) -> Result<(), DriverError> {
             path.display()
         ))
     })?;
-    match elf_interpreter(&data) {
+    match crate::host::elf::elf_interpreter(&data) {
         Some(false) => Ok(()),
         Some(true) => Err(missing(format!(
             "{} is dynamically linked; install busybox-static",
@@ -183,26 +183,6 @@ fn check_static_busybox(path: &Path) -> Result<(), DriverError> {
             path.display()
         ))),
     }
-}
-
-/// Whether a 64-bit little-endian ELF image has a `PT_INTERP` program header; `None` when
-/// `data` is not such an image.
-pub(crate) fn elf_interpreter(data: &[u8]) -> Option<bool> {
-    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 || data[5] != 1 {
-        return None;
-    }
-    let u16_at = |o: usize| Some(u16::from_le_bytes(data.get(o..o + 2)?.try_into().ok()?));
-    let u32_at = |o: usize| Some(u32::from_le_bytes(data.get(o..o + 4)?.try_into().ok()?));
-    let u64_at = |o: usize| Some(u64::from_le_bytes(data.get(o..o + 8)?.try_into().ok()?));
-    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
-    let phentsize = usize::from(u16_at(0x36)?);
-    let phnum = usize::from(u16_at(0x38)?);
-    for i in 0..phnum {
-        if u32_at(phoff + i * phentsize)? == 3 {
-            return Some(true);
-        }
-    }
-    Some(false)
 }
 
 fn is_elf(path: &Path) -> bool {
@@ -463,9 +443,6 @@ mod tests {
     #[test]
     fn static_and_dynamic_programs_are_told_apart() {
         // The test binary itself is dynamically linked (it has a PT_INTERP).
-        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-        assert_eq!(elf_interpreter(&me), Some(true));
-        assert_eq!(elf_interpreter(b"#!/bin/sh\n"), None);
         let err = check_static_busybox(&std::env::current_exe().unwrap())
             .unwrap_err()
             .to_string();

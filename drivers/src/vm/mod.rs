@@ -59,7 +59,6 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use assets::AssetPaths;
-pub(crate) use assets::elf_interpreter;
 pub use qemu::{Accel, host_tsc_khz, kernel_cmdline};
 
 use crate::host::feed::{self, SnapshotFeed, Watched};
