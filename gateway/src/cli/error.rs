@@ -19,6 +19,21 @@ pub enum CliError {
         source: NameError,
     },
 
+    /// An image reference given on the command line breaks the reference rule.
+    #[error("{source}")]
+    InvalidImageReference {
+        #[source]
+        source: sbx_proto::image_ref::ImageRefError,
+    },
+
+    /// The file or directory to import cannot be read (or a directory cannot be tarred).
+    #[error("cannot read {path}: {cause}")]
+    ImportSource { path: String, cause: String },
+
+    /// A pull stream ended without the image the contract promises as its last message.
+    #[error("the pull of {reference} ended without an image")]
+    PullWithoutImage { reference: String },
+
     /// A `--memory` SIZE is not a whole number with an optional known unit suffix.
     #[error(
         "invalid size {input:?}: expected a whole number of bytes, optionally followed by \

@@ -3,9 +3,11 @@
 //! Layout: this module holds the clap argument types; [`request`] turns them into protobuf
 //! requests (pure); [`run`] dials the gateway and dispatches; [`output`] renders protobuf
 //! objects as tables, JSON or YAML (pure); [`size`] parses `--memory`; [`wait`] waits for a new
-//! sandbox to become Ready; [`stream`] passes exec/logs/watch streams through.
+//! sandbox to become Ready; [`stream`] passes exec/logs/watch streams through; [`image`] runs
+//! the image commands (pull with progress, import of a file or an OCI layout directory).
 
 pub mod error;
+pub mod image;
 pub mod output;
 pub mod request;
 pub mod run;
@@ -76,6 +78,9 @@ pub enum Command {
     /// Create, inspect, control, exec into, tail and watch sandboxes.
     #[command(subcommand, visible_alias = "sb")]
     Sandbox(SandboxCommand),
+    /// Pull, import, inspect, list and delete images (what sandboxes on image drivers run).
+    #[command(subcommand, visible_alias = "img")]
+    Image(ImageCommand),
 }
 
 /// How a command prints the objects it gets back.
@@ -269,7 +274,8 @@ pub struct SandboxCreateArgs {
     /// 1000). Default: no limit.
     #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
     pub memory: Option<u64>,
-    /// An image or root filesystem reference, for drivers that use one.
+    /// The image to run, for drivers with images: a name (busybox, name:tag), name@sha256:…
+    /// or sha256:… (default: the gateway's default image). The gateway pins its digest.
     #[arg(long, value_name = "REF")]
     pub image: Option<String>,
     /// The compute driver to run the sandbox on (default: the gateway's default driver).
@@ -281,8 +287,9 @@ pub struct SandboxCreateArgs {
     /// How long to wait for Ready before giving up (the sandbox is left as it is).
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub timeout: u64,
-    /// The workload's command and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The workload's command and its arguments, after `--` (may be left out on a driver with
+    /// images when the image has an Entrypoint or Cmd: the image's default then runs).
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
     #[command(flatten)]
     pub output: OutputArgs,
@@ -348,6 +355,93 @@ pub struct SandboxWatchArgs {
     /// Resume after this resource version (0: first an ADDED event for every current sandbox).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub resource_version: u64,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Images
+
+/// `sbx image …`
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Pull an image from its registry, showing the bytes of each layer on stderr.
+    Pull(ImagePullArgs),
+    /// Import an image from a file (OCI layout tar, docker save tar, rootfs tar) or an OCI
+    /// layout directory.
+    Import(ImageImportArgs),
+    /// List images (every page).
+    #[command(visible_alias = "ls")]
+    List(ImageListArgs),
+    /// Show one image, by reference (name:tag, name@sha256:…, sha256:…) or by --id.
+    Get(ImageTargetArgs),
+    /// Delete an image. Refused while a sandbox pins its digest.
+    #[command(visible_alias = "rm")]
+    Delete(ImageTargetArgs),
+}
+
+/// A clap value parser: an image reference by the gateway's rule (`sbx_proto::image_ref`),
+/// or a bare `sha256:…` digest.
+pub fn parse_image_reference(input: &str) -> Result<String, CliError> {
+    if !sbx_proto::image_ref::is_digest(input) {
+        sbx_proto::image_ref::parse(input)
+            .map_err(|source| CliError::InvalidImageReference { source })?;
+    }
+    Ok(input.to_string())
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ImagePullArgs {
+    /// What to pull: [registry/]name[:tag][@sha256:…] (default registry docker.io, tag latest).
+    #[arg(value_parser = parse_image_reference)]
+    pub reference: String,
+    /// Plain HTTP to the registry (loopback registries get it anyway).
+    #[arg(long)]
+    pub insecure: bool,
+    /// The registry user (with --password-stdin).
+    #[arg(long, value_name = "USER", requires = "password_stdin")]
+    pub username: Option<String>,
+    /// Read the registry password from stdin (one line).
+    #[arg(long, requires = "username")]
+    pub password_stdin: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ImageImportArgs {
+    /// The file (streamed as it is) or OCI layout directory (tarred, then streamed).
+    #[arg(value_name = "FILE|DIR")]
+    pub path: std::path::PathBuf,
+    /// The name to record the image under, NAME:TAG (default: the names the archive carries).
+    #[arg(long, value_name = "NAME:TAG", value_parser = parse_image_reference)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ImageListArgs {
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// Names one image: exactly one of REF or `--id`.
+#[derive(Debug, Clone, Args)]
+#[group(id = "image_target", required = true, multiple = false)]
+pub struct ImageTarget {
+    /// The image: name[:tag], name@sha256:… or sha256:….
+    #[arg(value_parser = parse_image_reference)]
+    pub reference: Option<String>,
+    /// The image's UUID (authoritative).
+    #[arg(long, value_name = "UUID")]
+    pub id: Option<Uuid>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ImageTargetArgs {
+    #[command(flatten)]
+    pub target: ImageTarget,
     #[command(flatten)]
     pub output: OutputArgs,
 }

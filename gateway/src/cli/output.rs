@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use sbx_proto::Timestamp;
 use sbx_proto::v1::{
-    DesiredState, EventType, Phase, Sandbox, SandboxEvent, Workspace, WorkspacePhase,
+    DesiredState, EventType, Image, Phase, Sandbox, SandboxEvent, Workspace, WorkspacePhase,
 };
 use serde::Serialize;
 
@@ -33,6 +33,8 @@ pub struct SandboxView {
     pub command: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub image: String,
+    /// The manifest digest the gateway pinned at create (drivers with images).
+    pub image_digest: String,
     pub driver: String,
     pub cpu_millis: u32,
     pub memory_bytes: u64,
@@ -137,6 +139,7 @@ pub fn sandbox_view(sandbox: &Sandbox) -> SandboxView {
         command: spec.command,
         env: sorted(&spec.env),
         image: spec.image,
+        image_digest: spec.image_digest,
         driver: spec.driver,
         cpu_millis: resources.cpu_millis,
         memory_bytes: resources.memory_bytes,
@@ -268,13 +271,22 @@ pub fn render_structured<T: Serialize>(
     }
 }
 
+/// One sandbox: in table mode the list's columns and, when the sandbox runs an image, an
+/// `IMAGE` line with the reference and the pinned digest.
 pub fn render_sandbox(
     format: OutputFormat,
     sandbox: &Sandbox,
     now: SystemTime,
 ) -> Result<String, CliError> {
     match format {
-        OutputFormat::Table => Ok(sandbox_table(std::slice::from_ref(sandbox), now)),
+        OutputFormat::Table => {
+            let mut out = sandbox_table(std::slice::from_ref(sandbox), now);
+            let spec = sandbox.spec.clone().unwrap_or_default();
+            if !spec.image_digest.is_empty() {
+                out.push_str(&format!("IMAGE: {} ({})\n", spec.image, spec.image_digest));
+            }
+            Ok(out)
+        }
         _ => render_structured(format, &sandbox_view(sandbox)),
     }
 }
@@ -329,6 +341,124 @@ pub fn render_deleted(format: OutputFormat, deleted: bool, what: &str) -> Result
         OutputFormat::Table if deleted => Ok(format!("{what} deleted\n")),
         OutputFormat::Table => Ok(format!("{what} not found; nothing deleted\n")),
         _ => render_structured(format, &DeletedView { deleted }),
+    }
+}
+
+/// What `sbx image get -o json|yaml` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageView {
+    pub id: String,
+    pub name: String,
+    pub digest: String,
+    pub size: u64,
+    pub os: String,
+    pub architecture: String,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    pub env: Vec<String>,
+    pub working_dir: String,
+    pub user: String,
+    pub layers: Vec<ImageLayerView>,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
+    pub resource_version: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageLayerView {
+    pub digest: String,
+    pub size: u64,
+}
+
+pub fn image_view(image: &Image) -> ImageView {
+    let config = image.config.clone().unwrap_or_default();
+    ImageView {
+        id: image.id.clone(),
+        name: image.name.clone(),
+        digest: image.digest.clone(),
+        size: image.size,
+        os: image.os.clone(),
+        architecture: image.architecture.clone(),
+        entrypoint: config.entrypoint,
+        cmd: config.cmd,
+        env: config.env,
+        working_dir: config.working_dir,
+        user: config.user,
+        layers: image
+            .layers
+            .iter()
+            .map(|l| ImageLayerView {
+                digest: l.digest.clone(),
+                size: l.size,
+            })
+            .collect(),
+        created_at: rfc3339(image.created_at.as_ref()),
+        updated_at: rfc3339(image.updated_at.as_ref()),
+        resource_version: image.resource_version,
+    }
+}
+
+/// Bytes for humans, in powers of 1024: `512B`, `1.5KiB`, `4.2MiB`, `1.0GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes}B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1}{}", UNITS[unit])
+}
+
+/// `sha256:` and the first 12 hex digits, as image tables show a digest.
+pub fn short_digest(digest: &str) -> String {
+    match digest.strip_prefix("sha256:") {
+        Some(hex) => format!("sha256:{}", &hex[..hex.len().min(12)]),
+        None => digest.to_string(),
+    }
+}
+
+pub const IMAGE_COLUMNS: &[&str] = &["NAME", "DIGEST", "SIZE", "ID", "AGE"];
+
+pub fn image_table(images: &[Image], now: SystemTime) -> String {
+    let rows: Vec<Vec<String>> = images
+        .iter()
+        .map(|i| {
+            vec![
+                i.name.clone(),
+                short_digest(&i.digest),
+                human_bytes(i.size),
+                i.id.clone(),
+                age(now, i.created_at.as_ref()),
+            ]
+        })
+        .collect();
+    render_table(IMAGE_COLUMNS, &rows)
+}
+
+pub fn render_images(
+    format: OutputFormat,
+    images: &[Image],
+    now: SystemTime,
+) -> Result<String, CliError> {
+    match format {
+        OutputFormat::Table if images.is_empty() => Ok(String::new()),
+        OutputFormat::Table => Ok(image_table(images, now)),
+        _ => render_structured(format, &images.iter().map(image_view).collect::<Vec<_>>()),
+    }
+}
+
+pub fn render_image(
+    format: OutputFormat,
+    image: &Image,
+    now: SystemTime,
+) -> Result<String, CliError> {
+    match format {
+        OutputFormat::Table => Ok(image_table(std::slice::from_ref(image), now)),
+        _ => render_structured(format, &image_view(image)),
     }
 }
 

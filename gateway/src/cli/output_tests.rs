@@ -35,6 +35,7 @@ fn sandbox(name: &str, phase: Phase) -> Sandbox {
             }),
             driver: "process".into(),
             image: String::new(),
+            image_digest: String::new(),
         }),
         desired_state: DesiredState::Running as i32,
         phase: phase as i32,
@@ -127,6 +128,7 @@ fn sandbox_json_has_the_documented_fields() {
             "command": ["sleep", "60"],
             "env": {"A": "1", "B": "2"},
             "image": "",
+            "image_digest": "",
             "driver": "process",
             "cpu_millis": 250,
             "memory_bytes": 67108864,
@@ -276,4 +278,136 @@ fn missing_spec_and_timestamps_render() {
         "WORKSPACE   NAME   ID   PHASE         REASON   GEN   AGE\n\
          -           bare        Unspecified   -        0     -\n",
     );
+}
+
+fn image() -> Image {
+    Image {
+        id: "img-1".into(),
+        name: "docker.io/library/busybox:latest".into(),
+        digest: format!("sha256:{}", "ab".repeat(32)),
+        config: Some(sbx_proto::v1::ImageConfig {
+            cmd: vec!["sh".into()],
+            env: vec!["PATH=/bin".into()],
+            ..Default::default()
+        }),
+        layers: vec![sbx_proto::v1::ImageLayer {
+            digest: format!("sha256:{}", "cd".repeat(32)),
+            size: 1536,
+        }],
+        size: 1536,
+        os: "linux".into(),
+        architecture: "amd64".into(),
+        created_at: at(T0),
+        updated_at: at(T0),
+        resource_version: 9,
+    }
+}
+
+#[test]
+fn images_render_as_a_table_and_as_data() {
+    check(
+        render_images(OutputFormat::Table, &[image()], now_plus(90)).unwrap(),
+        "NAME                               DIGEST                SIZE     ID      AGE\n\
+         docker.io/library/busybox:latest   sha256:abababababab   1.5KiB   img-1   90s\n",
+    );
+    assert_eq!(
+        render_images(OutputFormat::Table, &[], now_plus(0)).unwrap(),
+        ""
+    );
+    let value: serde_json::Value =
+        serde_json::from_str(&render_image(OutputFormat::Json, &image(), now_plus(0)).unwrap())
+            .unwrap();
+    assert_eq!(value["cmd"], json!(["sh"]));
+    assert_eq!(value["layers"][0]["size"], 1536);
+    assert_eq!(value["digest"], image().digest.as_str());
+    assert_eq!(value["created_at"], "2026-11-29T10:00:00Z");
+    let yaml = render_image(OutputFormat::Yaml, &image(), now_plus(0)).unwrap();
+    assert!(
+        yaml.contains("name: docker.io/library/busybox:latest"),
+        "{yaml}"
+    );
+}
+
+#[test]
+fn sizes_and_digests_read_short() {
+    assert_eq!(human_bytes(0), "0B");
+    assert_eq!(human_bytes(1023), "1023B");
+    assert_eq!(human_bytes(1024), "1.0KiB");
+    assert_eq!(human_bytes(5 << 20), "5.0MiB");
+    assert_eq!(human_bytes(3 << 30), "3.0GiB");
+    assert_eq!(
+        short_digest("sha256:0123456789abcdef"),
+        "sha256:0123456789ab"
+    );
+    assert_eq!(short_digest("sha256:01"), "sha256:01");
+    assert_eq!(short_digest("other"), "other");
+}
+
+#[test]
+fn a_sandbox_shows_its_image_and_pinned_digest() {
+    let mut sb = sandbox("web", Phase::Ready);
+    let digest = format!("sha256:{}", "ef".repeat(32));
+    let spec = sb.spec.as_mut().unwrap();
+    spec.image = "busybox".into();
+    spec.image_digest = digest.clone();
+    let table = render_sandbox(OutputFormat::Table, &sb, now_plus(5)).unwrap();
+    assert!(
+        table.ends_with(&format!("IMAGE: busybox ({digest})\n")),
+        "{table}"
+    );
+    let value: serde_json::Value =
+        serde_json::from_str(&render_sandbox(OutputFormat::Json, &sb, now_plus(5)).unwrap())
+            .unwrap();
+    assert_eq!(value["image_digest"], digest.as_str());
+    // Without a pin, the table is the list's.
+    let plain = render_sandbox(
+        OutputFormat::Table,
+        &sandbox("db", Phase::Ready),
+        now_plus(5),
+    );
+    assert!(!plain.unwrap().contains("IMAGE"));
+}
+
+#[test]
+fn pull_progress_lines_skip_partial_byte_counts() {
+    use crate::cli::image::progress_line;
+    use sbx_proto::v1::pull_progress::Event;
+    use sbx_proto::v1::{PullLayerBytes, PullLayerDone, PullProgress, PullResolved};
+    let p = |event| PullProgress { event: Some(event) };
+    let layer = format!("sha256:{}", "12".repeat(32));
+    assert_eq!(
+        progress_line(&p(Event::Resolved(PullResolved {
+            digest: "sha256:m".into(),
+            layers: 2,
+            total_bytes: 2048,
+        }))),
+        Some("resolved sha256:m: 2 layer(s), 2.0KiB".into())
+    );
+    let bytes = |done| {
+        p(Event::Layer(PullLayerBytes {
+            digest: layer.clone(),
+            done,
+            total: 4096,
+        }))
+    };
+    assert_eq!(progress_line(&bytes(1024)), None);
+    assert_eq!(
+        progress_line(&bytes(4096)),
+        Some("layer sha256:121212121212: fetched 4.0KiB".into())
+    );
+    assert_eq!(
+        progress_line(&p(Event::Cached(PullLayerDone {
+            digest: layer.clone(),
+            size: 10,
+        }))),
+        Some("layer sha256:121212121212: already present (10B)".into())
+    );
+    assert_eq!(
+        progress_line(&p(Event::Unpacked(PullLayerDone {
+            digest: layer.clone(),
+            size: 0,
+        }))),
+        Some("layer sha256:121212121212: unpacked".into())
+    );
+    assert_eq!(progress_line(&PullProgress { event: None }), None);
 }

@@ -4,15 +4,15 @@ use std::collections::HashMap;
 
 use rand::RngExt;
 use sbx_proto::v1::{
-    CreateSandboxRequest, CreateWorkspaceRequest, DeleteWorkspaceRequest, ExecRequest,
-    ListSandboxesRequest, ListWorkspacesRequest, LogsRequest, Resources, SandboxRef, SandboxSpec,
-    WatchSandboxesRequest, WorkspaceRef,
+    CreateSandboxRequest, CreateWorkspaceRequest, DeleteWorkspaceRequest, ExecRequest, ImageRef,
+    ListSandboxesRequest, ListWorkspacesRequest, LogsRequest, PullImageRequest, Resources,
+    SandboxRef, SandboxSpec, WatchSandboxesRequest, WorkspaceRef,
 };
 
 use super::{
-    CliError, SandboxCreateArgs, SandboxExecArgs, SandboxListArgs, SandboxLogsArgs, SandboxTarget,
-    SandboxWatchArgs, WorkspaceCreateArgs, WorkspaceDeleteArgs, WorkspaceListArgs, WorkspaceScope,
-    WorkspaceTarget,
+    CliError, ImagePullArgs, ImageTarget, SandboxCreateArgs, SandboxExecArgs, SandboxListArgs,
+    SandboxLogsArgs, SandboxTarget, SandboxWatchArgs, WorkspaceCreateArgs, WorkspaceDeleteArgs,
+    WorkspaceListArgs, WorkspaceScope, WorkspaceTarget,
 };
 
 /// Prefix of generated sandbox names.
@@ -151,6 +151,7 @@ pub fn create_sandbox_request(
             resources,
             driver: args.driver.clone().unwrap_or_default(),
             image: args.image.clone().unwrap_or_default(),
+            image_digest: String::new(),
         }),
     })
 }
@@ -188,6 +189,39 @@ pub fn watch_request(args: &SandboxWatchArgs) -> WatchSandboxesRequest {
         all_workspaces: args.all_workspaces,
         label_selector: args.selector.clone().unwrap_or_default(),
         resource_version: args.resource_version,
+    }
+}
+
+/// Names an image: by id when `--id` was given, else by reference.
+pub fn image_ref(target: &ImageTarget) -> ImageRef {
+    match target.id {
+        Some(id) => ImageRef {
+            id: id.to_string(),
+            reference: String::new(),
+        },
+        None => ImageRef {
+            id: String::new(),
+            reference: target.reference.clone().unwrap_or_default(),
+        },
+    }
+}
+
+/// `image "busybox"` or `image with id …`, for messages.
+pub fn describe_image_ref(r: &ImageRef) -> String {
+    if r.id.is_empty() {
+        format!("image {:?}", r.reference)
+    } else {
+        format!("image with id {}", r.id)
+    }
+}
+
+/// The pull request; `password` is what --password-stdin read (None without it).
+pub fn pull_image_request(args: &ImagePullArgs, password: Option<String>) -> PullImageRequest {
+    PullImageRequest {
+        reference: args.reference.clone(),
+        insecure: args.insecure,
+        username: args.username.clone().unwrap_or_default(),
+        password: password.unwrap_or_default(),
     }
 }
 

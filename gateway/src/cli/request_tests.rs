@@ -6,12 +6,12 @@ use std::collections::{HashMap, HashSet};
 use clap::Parser;
 use rand::SeedableRng;
 use sbx_proto::v1::{
-    CreateSandboxRequest, ExecRequest, LogsRequest, Resources, SandboxRef, SandboxSpec,
-    WatchSandboxesRequest, WorkspaceRef,
+    CreateSandboxRequest, ExecRequest, LogsRequest, PullImageRequest, Resources, SandboxRef,
+    SandboxSpec, WatchSandboxesRequest, WorkspaceRef,
 };
 
 use super::*;
-use crate::cli::{Cli, Command, OutputFormat, SandboxCommand, WorkspaceCommand};
+use crate::cli::{Cli, Command, ImageCommand, OutputFormat, SandboxCommand, WorkspaceCommand};
 
 const ID: &str = "0192a6f4-3c1e-7d2a-9f00-1234567890ab";
 
@@ -92,6 +92,7 @@ fn sandbox_create_builds_the_request() {
                 }),
                 driver: "oci".into(),
                 image: "alpine".into(),
+                image_digest: String::new(),
             }),
         },
     );
@@ -173,7 +174,20 @@ fn usage_errors() {
         &["sandbox", "create", "--env", "=v", "--", "x"],
         "KEY=VALUE",
     );
-    check_usage_error(&["sandbox", "create"], "CMD");
+    check_usage_error(&["image", "get", "Bad Ref"], "\"Bad Ref\"");
+    check_usage_error(
+        &["image", "pull", "busybox", "--username", "u"],
+        "--password-stdin",
+    );
+    check_usage_error(
+        &["image", "rm", "busybox", "--id", ID],
+        "cannot be used with",
+    );
+    check_usage_error(
+        &["image", "import", "f.tar", "--name", "x@sha256:1"],
+        "x@sha256:1",
+    );
+    check_usage_error(&["image", "get"], "required");
     check_usage_error(&["sandbox", "create", "sleep", "1"], "unexpected argument");
     check_usage_error(&["sandbox", "get"], "required");
     check_usage_error(
@@ -424,4 +438,69 @@ fn references_read_well_in_messages() {
         }),
         "workspace \"a\""
     );
+}
+
+fn image(argv: &[&str]) -> ImageCommand {
+    let mut full = vec!["image"];
+    full.extend_from_slice(argv);
+    match parse(&full).command {
+        Command::Image(cmd) => cmd,
+        other => panic!("argv {argv:?} parsed as {other:?}"),
+    }
+}
+
+#[test]
+fn image_commands_build_their_requests() {
+    let ImageCommand::Pull(args) = image(&[
+        "pull",
+        "localhost:5000/app:v1",
+        "--insecure",
+        "--username",
+        "me",
+        "--password-stdin",
+    ]) else {
+        panic!("not pull");
+    };
+    assert_eq!(
+        pull_image_request(&args, Some("secret".into())),
+        PullImageRequest {
+            reference: "localhost:5000/app:v1".into(),
+            insecure: true,
+            username: "me".into(),
+            password: "secret".into(),
+        }
+    );
+    let ImageCommand::Pull(args) = image(&["pull", "busybox"]) else {
+        panic!("not pull");
+    };
+    assert_eq!(pull_image_request(&args, None).username, "");
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let ImageCommand::Get(args) = image(&["get", &digest, "-o", "json"]) else {
+        panic!("not get");
+    };
+    assert_eq!(image_ref(&args.target).reference, digest);
+    assert_eq!(args.output.format, OutputFormat::Json);
+    let ImageCommand::Delete(args) = image(&["rm", "--id", ID]) else {
+        panic!("not delete");
+    };
+    let by_id = image_ref(&args.target);
+    assert_eq!((by_id.id.as_str(), by_id.reference.as_str()), (ID, ""));
+    assert_eq!(describe_image_ref(&by_id), format!("image with id {ID}"));
+    let ImageCommand::Import(args) = image(&["import", "dir/", "--name", "app:v1"]) else {
+        panic!("not import");
+    };
+    assert_eq!(args.name.as_deref(), Some("app:v1"));
+    assert_eq!(args.path, std::path::PathBuf::from("dir/"));
+}
+
+#[test]
+fn a_create_may_leave_the_command_to_the_image() {
+    let SandboxCommand::Create(args) = sandbox(&["create", "--image", "busybox"]) else {
+        panic!("not create");
+    };
+    let req = create_sandbox_request(&args, "sbx-generated".into()).unwrap();
+    let spec = req.spec.unwrap();
+    assert!(spec.command.is_empty());
+    assert_eq!(spec.image, "busybox");
+    assert_eq!(spec.image_digest, "", "the pin is the gateway's to set");
 }

@@ -78,6 +78,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
     match cli.command {
         Command::Workspace(cmd) => run_workspace(&cli.endpoint, cmd).await,
         Command::Sandbox(cmd) => run_sandbox(&cli.endpoint, cmd).await,
+        Command::Image(cmd) => super::image::run_image(&cli.endpoint, cmd).await,
     }
 }
 
@@ -110,7 +111,7 @@ pub async fn connect(raw_endpoint: &str) -> Result<Channel, CliError> {
 }
 
 /// Writes `text` to stdout and flushes.
-fn print(text: &str) -> Result<(), CliError> {
+pub(crate) fn print(text: &str) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
     out.flush()?;
@@ -119,7 +120,7 @@ fn print(text: &str) -> Result<(), CliError> {
 
 /// Prints a rendered list; an empty table becomes a note on stderr, as kubectl does, so stdout
 /// stays empty.
-fn print_list(rendered: &str, empty_note: &str) -> Result<(), CliError> {
+pub(crate) fn print_list(rendered: &str, empty_note: &str) -> Result<(), CliError> {
     if rendered.is_empty() {
         eprintln!("{empty_note}");
         Ok(())

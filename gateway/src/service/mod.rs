@@ -1,4 +1,4 @@
-//! The tonic service of sbxd: `sbx.v1` WorkspaceService and SandboxService over the actor API
+//! The tonic service of sbxd: `sbx.v1` WorkspaceService, SandboxService and ImageService over the actor API
 //! ([`sbx_actors::Gateway`]), plus gRPC health and reflection.
 //!
 //! The handlers are thin: they turn a request into an actor-API call and its answer (or its
@@ -7,6 +7,7 @@
 //! forwarded by a task that ends them with `UNAVAILABLE` when sbxd shuts down, so that a
 //! client following a stream never holds shutdown up.
 
+mod images;
 mod sandboxes;
 pub mod status;
 mod streams;
@@ -15,6 +16,7 @@ mod workspaces;
 use std::sync::Arc;
 
 use sbx_actors::Gateway;
+use sbx_proto::v1::image_service_server::ImageServiceServer;
 use sbx_proto::v1::sandbox_service_server::SandboxServiceServer;
 use sbx_proto::v1::workspace_service_server::WorkspaceServiceServer;
 use tokio_util::sync::CancellationToken;
@@ -44,15 +46,21 @@ impl SbxService {
     pub fn sandbox_server(&self) -> SandboxServiceServer<SbxService> {
         SandboxServiceServer::new(self.clone())
     }
+
+    pub fn image_server(&self) -> ImageServiceServer<SbxService> {
+        // An import chunk is at most 4 MiB (the CLI sends 1 MiB); the default limit is 4 MiB.
+        ImageServiceServer::new(self.clone()).max_decoding_message_size(8 << 20)
+    }
 }
 
 /// The service names the health service reports on, besides "" (the whole server).
-pub const HEALTH_SERVICES: [&str; 2] = [
+pub const HEALTH_SERVICES: [&str; 3] = [
     sbx_proto::v1::workspace_service_server::SERVICE_NAME,
     sbx_proto::v1::sandbox_service_server::SERVICE_NAME,
+    sbx_proto::v1::image_service_server::SERVICE_NAME,
 ];
 
-/// Sets the health of "" and of both `sbx.v1` services at once.
+/// Sets the health of "" and of every `sbx.v1` service at once.
 pub async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
     reporter.set_service_status("", status).await;
     for name in HEALTH_SERVICES {

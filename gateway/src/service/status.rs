@@ -14,12 +14,18 @@
 //! | `UNIMPLEMENTED` | `UNIMPLEMENTED` |
 //! | `UNAVAILABLE` | `UNAVAILABLE` |
 //! | `RESOURCE_VERSION_TOO_OLD` | `OUT_OF_RANGE` |
+//! | `IMAGE_NOT_FOUND` | `NOT_FOUND` |
+//! | `IMAGE_IN_USE` | `FAILED_PRECONDITION` (metadata `users`: the sandboxes, workspace/name) |
+//! | `IMAGE_REFERENCE_INVALID`, `IMAGE_INVALID` (unsafe, malformed or mismatched content), `IMAGE_INVALID_ARGUMENT`, `IMAGE_PLATFORM` | `INVALID_ARGUMENT` |
+//! | `REGISTRY_UNAVAILABLE` | `UNAVAILABLE` |
+//! | `REGISTRY_UNAUTHORIZED` | `PERMISSION_DENIED` |
+//! | `IMAGE_STORE` (the image store's own files failed) | `INTERNAL` |
 //! | `DRIVER_*` | the driver error's own kind (see [`driver_status`]) |
 //! | `INTERNAL` (a store failure or a bug) | `INTERNAL` |
 
 use std::collections::HashMap;
 
-use sbx_actors::ActorError;
+use sbx_actors::{ActorError, ImageFailure};
 use sbx_drivers::DriverError;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -78,6 +84,29 @@ pub fn actor_error_to_status(err: &ActorError) -> Status {
             metadata.insert("oldest".to_string(), oldest.to_string());
             (Code::OutOfRange, "RESOURCE_VERSION_TOO_OLD")
         }
+        ActorError::InvalidImageReference(_) => (Code::InvalidArgument, "IMAGE_REFERENCE_INVALID"),
+        ActorError::ImageNotFound(what) => {
+            metadata.insert("image".to_string(), what.clone());
+            (Code::NotFound, "IMAGE_NOT_FOUND")
+        }
+        ActorError::ImageInUse {
+            image,
+            digest,
+            users,
+        } => {
+            metadata.insert("image".to_string(), image.clone());
+            metadata.insert("digest".to_string(), digest.clone());
+            metadata.insert("users".to_string(), users.join(","));
+            (Code::FailedPrecondition, "IMAGE_IN_USE")
+        }
+        ActorError::Image { kind, .. } => match kind {
+            ImageFailure::RegistryUnavailable => (Code::Unavailable, "REGISTRY_UNAVAILABLE"),
+            ImageFailure::RegistryUnauthorized => (Code::PermissionDenied, "REGISTRY_UNAUTHORIZED"),
+            ImageFailure::Platform => (Code::InvalidArgument, "IMAGE_PLATFORM"),
+            ImageFailure::BadContent => (Code::InvalidArgument, "IMAGE_INVALID"),
+            ImageFailure::InvalidArgument => (Code::InvalidArgument, "IMAGE_INVALID_ARGUMENT"),
+            ImageFailure::Store => (Code::Internal, "IMAGE_STORE"),
+        },
         ActorError::Driver(driver) => {
             let (code, reason) = driver_status(driver);
             if let DriverError::NotFound { sandbox_id }
@@ -246,7 +275,64 @@ mod tests {
                 "INTERNAL",
                 "bug",
             ),
+            (
+                ActorError::InvalidImageReference("image reference \"Bad Ref\" is invalid".into()),
+                Code::InvalidArgument,
+                "IMAGE_REFERENCE_INVALID",
+                "Bad Ref",
+            ),
+            (
+                ActorError::ImageNotFound("\"docker.io/library/nope:1\"".into()),
+                Code::NotFound,
+                "IMAGE_NOT_FOUND",
+                "nope:1",
+            ),
+            (
+                ActorError::ImageInUse {
+                    image: "docker.io/library/app:v1".into(),
+                    digest: "sha256:ab".into(),
+                    users: vec!["default/web".into(), "team/api".into()],
+                },
+                Code::FailedPrecondition,
+                "IMAGE_IN_USE",
+                "default/web, team/api",
+            ),
         ];
+        let image = |kind| ActorError::Image {
+            kind,
+            message: "image docker.io/library/app:v1: why".into(),
+        };
+        let image_cases = [
+            (
+                ImageFailure::RegistryUnavailable,
+                Code::Unavailable,
+                "REGISTRY_UNAVAILABLE",
+            ),
+            (
+                ImageFailure::RegistryUnauthorized,
+                Code::PermissionDenied,
+                "REGISTRY_UNAUTHORIZED",
+            ),
+            (
+                ImageFailure::Platform,
+                Code::InvalidArgument,
+                "IMAGE_PLATFORM",
+            ),
+            (
+                ImageFailure::BadContent,
+                Code::InvalidArgument,
+                "IMAGE_INVALID",
+            ),
+            (
+                ImageFailure::InvalidArgument,
+                Code::InvalidArgument,
+                "IMAGE_INVALID_ARGUMENT",
+            ),
+            (ImageFailure::Store, Code::Internal, "IMAGE_STORE"),
+        ];
+        for (kind, code, reason) in image_cases {
+            check(image(kind), code, reason, "docker.io/library/app:v1");
+        }
         for (err, code, reason, part) in cases {
             check(err, code, reason, part);
         }

@@ -1,0 +1,287 @@
+//! `sbx image …`: pull with per-layer progress on stderr, import of a file or an OCI layout
+//! directory, list, get, delete.
+//!
+//! Progress: on a terminal, one indicatif bar per layer (bytes done of total); otherwise
+//! plain lines, one when the manifest is resolved and one per layer when it is fetched,
+//! found cached or unpacked, so a log stays short. An import streams the file in
+//! [`CHUNK`]-byte messages (a directory is first tarred into a temp file, which is removed
+//! afterwards).
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Read};
+use std::path::Path;
+use std::time::SystemTime;
+
+use sbx_proto::v1::image_service_client::ImageServiceClient;
+use sbx_proto::v1::{
+    DeleteImageRequest, GetImageRequest, ImportImageHeader, ImportImageRequest, ListImagesRequest,
+    PullProgress, import_image_request, pull_image_response, pull_progress,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::output::{human_bytes, render_deleted, render_image, render_images, short_digest};
+use super::request::{self, describe_image_ref, image_ref};
+use super::run::{connect, print, print_list};
+use super::{CliError, ImageCommand, ImageImportArgs, ImagePullArgs};
+
+/// Bytes per import message (the gateway accepts messages up to 8 MiB).
+pub const CHUNK: usize = 1 << 20;
+
+pub async fn run_image(endpoint: &str, cmd: ImageCommand) -> Result<u8, CliError> {
+    match cmd {
+        ImageCommand::Pull(args) => pull(endpoint, &args).await?,
+        ImageCommand::Import(args) => import(endpoint, &args).await?,
+        ImageCommand::List(args) => {
+            let client = ImageServiceClient::new(connect(endpoint).await?);
+            let images = super::run::collect_pages(|token| {
+                let mut client = client.clone();
+                async move {
+                    let page = client
+                        .list_images(ListImagesRequest {
+                            page_size: 0,
+                            page_token: token,
+                        })
+                        .await?
+                        .into_inner();
+                    Ok((page.images, page.next_page_token))
+                }
+            })
+            .await?;
+            let rendered = render_images(args.output.format, &images, SystemTime::now())?;
+            print_list(&rendered, "No images found.")?;
+        }
+        ImageCommand::Get(args) => {
+            let mut client = ImageServiceClient::new(connect(endpoint).await?);
+            let image = client
+                .get_image(GetImageRequest {
+                    image: Some(image_ref(&args.target)),
+                })
+                .await?
+                .into_inner();
+            print(&render_image(
+                args.output.format,
+                &image,
+                SystemTime::now(),
+            )?)?;
+        }
+        ImageCommand::Delete(args) => {
+            let reference = image_ref(&args.target);
+            let what = describe_image_ref(&reference);
+            let mut client = ImageServiceClient::new(connect(endpoint).await?);
+            let deleted = client
+                .delete_image(DeleteImageRequest {
+                    image: Some(reference),
+                })
+                .await?
+                .into_inner()
+                .deleted;
+            print(&render_deleted(args.output.format, deleted, &what)?)?;
+        }
+    }
+    Ok(0)
+}
+
+async fn pull(endpoint: &str, args: &ImagePullArgs) -> Result<(), CliError> {
+    let password = if args.password_stdin {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        Some(line.trim_end_matches(['\r', '\n']).to_string())
+    } else {
+        None
+    };
+    let req = request::pull_image_request(args, password);
+    let mut client = ImageServiceClient::new(connect(endpoint).await?);
+    let mut stream = client.pull_image(req).await?.into_inner();
+    let mut shown = Progress::for_stderr();
+    while let Some(msg) = stream.message().await? {
+        match msg.message {
+            Some(pull_image_response::Message::Progress(p)) => shown.show(&p),
+            Some(pull_image_response::Message::Image(image)) => {
+                shown.finish();
+                print(&render_image(
+                    args.output.format,
+                    &image,
+                    SystemTime::now(),
+                )?)?;
+                return Ok(());
+            }
+            None => {}
+        }
+    }
+    shown.finish();
+    Err(CliError::PullWithoutImage {
+        reference: args.reference.clone(),
+    })
+}
+
+/// One plain progress line for an event, or `None` for byte counts that are not the end of a
+/// layer (they would flood a log).
+pub fn progress_line(p: &PullProgress) -> Option<String> {
+    use pull_progress::Event;
+    match p.event.as_ref()? {
+        Event::Resolved(r) => Some(format!(
+            "resolved {}: {} layer(s), {}",
+            r.digest,
+            r.layers,
+            human_bytes(r.total_bytes)
+        )),
+        Event::Layer(l) if l.done >= l.total => Some(format!(
+            "layer {}: fetched {}",
+            short_digest(&l.digest),
+            human_bytes(l.total)
+        )),
+        Event::Layer(_) => None,
+        Event::Cached(l) => Some(format!(
+            "layer {}: already present ({})",
+            short_digest(&l.digest),
+            human_bytes(l.size)
+        )),
+        Event::Unpacked(l) => Some(format!("layer {}: unpacked", short_digest(&l.digest))),
+    }
+}
+
+/// How pull progress reaches stderr: bars on a terminal, lines elsewhere.
+enum Progress {
+    Bars {
+        multi: indicatif::MultiProgress,
+        bars: HashMap<String, indicatif::ProgressBar>,
+    },
+    Lines,
+}
+
+impl Progress {
+    fn for_stderr() -> Progress {
+        if std::io::stderr().is_terminal() {
+            Progress::Bars {
+                multi: indicatif::MultiProgress::new(),
+                bars: HashMap::new(),
+            }
+        } else {
+            Progress::Lines
+        }
+    }
+
+    fn show(&mut self, p: &PullProgress) {
+        use pull_progress::Event;
+        match self {
+            Progress::Lines => {
+                if let Some(line) = progress_line(p) {
+                    eprintln!("{line}");
+                }
+            }
+            Progress::Bars { multi, bars } => {
+                let (digest, done, total, message) = match p.event.as_ref() {
+                    Some(Event::Layer(l)) => (&l.digest, l.done, l.total, None),
+                    Some(Event::Cached(l)) => (&l.digest, l.size, l.size, Some("cached")),
+                    Some(Event::Unpacked(l)) => (&l.digest, 0, 0, Some("unpacked")),
+                    Some(Event::Resolved(_)) | None => {
+                        if let Some(line) = progress_line(p) {
+                            let _ = multi.println(line);
+                        }
+                        return;
+                    }
+                };
+                let bar = bars.entry(digest.clone()).or_insert_with(|| {
+                    let bar = multi.add(indicatif::ProgressBar::new(total));
+                    if let Ok(style) = indicatif::ProgressStyle::with_template(
+                        "{prefix} [{bar:30}] {bytes}/{total_bytes} {msg}",
+                    ) {
+                        bar.set_style(style);
+                    }
+                    bar.set_prefix(short_digest(digest));
+                    bar
+                });
+                if total > 0 {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                }
+                if let Some(message) = message {
+                    bar.set_message(message);
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Progress::Bars { bars, .. } = self {
+            for bar in bars.values() {
+                bar.finish();
+            }
+        }
+    }
+}
+
+async fn import(endpoint: &str, args: &ImageImportArgs) -> Result<(), CliError> {
+    let shown = args.path.display().to_string();
+    let source_error = |cause: String| CliError::ImportSource {
+        path: shown.clone(),
+        cause,
+    };
+    let meta = std::fs::metadata(&args.path).map_err(|e| source_error(e.to_string()))?;
+    // A directory (an OCI layout) is tarred into a temp file that lives until the upload ends.
+    let tarred = if meta.is_dir() {
+        Some(tar_directory(&args.path).map_err(|e| source_error(format!("tarring it: {e}")))?)
+    } else {
+        None
+    };
+    let file_path = tarred
+        .as_ref()
+        .map(|t| t.path().to_path_buf())
+        .unwrap_or_else(|| args.path.clone());
+    let mut file = std::fs::File::open(&file_path).map_err(|e| source_error(e.to_string()))?;
+    let (tx, rx) = mpsc::channel(4);
+    let header = ImportImageRequest {
+        part: Some(import_image_request::Part::Header(ImportImageHeader {
+            name: args.name.clone().unwrap_or_default(),
+        })),
+    };
+    tx.send(header)
+        .await
+        .map_err(|_| source_error("the upload ended early".into()))?;
+    let reader = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            let msg = ImportImageRequest {
+                part: Some(import_image_request::Part::Chunk(buf[..n].to_vec())),
+            };
+            if tx.blocking_send(msg).is_err() {
+                // The call ended (the gateway refused): its status says why.
+                return Ok(());
+            }
+        }
+    });
+    let mut client = ImageServiceClient::new(connect(endpoint).await?);
+    let answer = client.import_image(ReceiverStream::new(rx)).await;
+    let read = reader
+        .await
+        .map_err(|e| source_error(format!("reader task: {e}")))?;
+    let images = answer?.into_inner().images;
+    read.map_err(|e| source_error(e.to_string()))?;
+    drop(tarred);
+    let rendered = render_images(args.output.format, &images, SystemTime::now())?;
+    print_list(&rendered, "No images imported.")
+}
+
+/// Tars `dir`'s contents (paths relative to it, symlinks kept as links) into a temp file.
+pub fn tar_directory(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    let file = tempfile::NamedTempFile::new()?;
+    let mut builder = tar::Builder::new(file.reopen()?);
+    builder.follow_symlinks(false);
+    // Entry by entry, so that the names are `index.json`, `blobs/…` (no `./` prefix).
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if entry.file_type()?.is_dir() {
+            builder.append_dir_all(&name, entry.path())?;
+        } else {
+            builder.append_path_with_name(entry.path(), &name)?;
+        }
+    }
+    builder.into_inner()?.sync_all()?;
+    Ok(file)
+}

@@ -1,0 +1,260 @@
+//! Images through the real sbxd (`--driver sim --sim-images`) and the real `sbx` binary:
+//! the built-in default image made at start from the host's static busybox; import of an OCI
+//! layout directory and of a rootfs tar; list, get (by name, by digest), rm; rm refused while a
+//! sandbox pins the image, naming it as workspace/name; a bad reference is INVALID_ARGUMENT;
+//! an unknown image at create is NOT_FOUND.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{DataDir, Sbxd, assert_status, sbx};
+use sbx_proto::v1::image_service_client::ImageServiceClient;
+use sbx_proto::v1::{CreateSandboxRequest, GetImageRequest, ImageRef, SandboxSpec};
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// A tar of one file `etc/NAME` holding `content`.
+fn one_file_tar(name: &str, content: &str) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(content.len() as u64);
+    header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_entry_type(tar::EntryType::Regular);
+    builder
+        .append_data(&mut header, format!("etc/{name}"), content.as_bytes())
+        .unwrap();
+    builder.into_inner().unwrap()
+}
+
+/// Writes an OCI image layout with one single-layer image (config Cmd `["/bin/true"]`) to
+/// `dir`; answers the manifest digest.
+fn write_oci_layout(dir: &Path) -> String {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |bytes: &[u8]| {
+        let digest = sha256(bytes);
+        std::fs::write(blobs.join(&digest[7..]), bytes).unwrap();
+        digest
+    };
+    let layer = one_file_tar("layout", "from an OCI layout");
+    let layer_digest = put(&layer);
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Cmd": ["/bin/true"], "Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [sha256(&layer)]},
+    });
+    let config = serde_json::to_vec(&config).unwrap();
+    let config_digest = put(&config);
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer.len()}],
+    });
+    let manifest = serde_json::to_vec(&manifest).unwrap();
+    let manifest_digest = put(&manifest);
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest, "size": manifest.len()}],
+    });
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    manifest_digest
+}
+
+fn names(list: &Value) -> Vec<String> {
+    let mut names: Vec<String> = list
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_through_sbxd_and_the_cli() {
+    let data = DataDir::new();
+    let d = Sbxd::start(data.path(), "sim", &["--sim-images"]);
+    let ep = d.endpoint();
+    let ep = ep.as_str();
+
+    // The built-in default image was made at start from the host's static busybox.
+    let list = sbx(ep, &["image", "list", "-o", "json"]).json();
+    assert_eq!(names(&list), vec!["sbx.local/busybox:latest"], "{list}");
+    let busybox_digest = list[0]["digest"].as_str().unwrap().to_string();
+
+    // An OCI layout directory (tarred by the CLI) and a rootfs tar (streamed as is).
+    let layout = data.path().join("layout");
+    let layout_digest = write_oci_layout(&layout);
+    let imported = sbx(
+        ep,
+        &[
+            "image",
+            "import",
+            layout.to_str().unwrap(),
+            "--name",
+            "layout:v1",
+            "-o",
+            "json",
+        ],
+    )
+    .json();
+    assert_eq!(
+        imported[0]["name"], "docker.io/library/layout:v1",
+        "{imported}"
+    );
+    assert_eq!(imported[0]["digest"], layout_digest.as_str());
+    assert_eq!(imported[0]["cmd"][0], "/bin/true");
+    let rootfs: PathBuf = data.path().join("rootfs.tar");
+    std::fs::write(&rootfs, one_file_tar("rootfs", "from a rootfs tar")).unwrap();
+    let imported = sbx(
+        ep,
+        &[
+            "image",
+            "import",
+            rootfs.to_str().unwrap(),
+            "--name",
+            "localhost/rootfs:1",
+            "-o",
+            "json",
+        ],
+    )
+    .json();
+    let rootfs_digest = imported[0]["digest"].as_str().unwrap().to_string();
+    assert!(rootfs_digest.starts_with("sha256:"), "{imported}");
+
+    let list = sbx(ep, &["image", "ls", "-o", "json"]).json();
+    assert_eq!(
+        names(&list),
+        vec![
+            "docker.io/library/layout:v1",
+            "localhost/rootfs:1",
+            "sbx.local/busybox:latest"
+        ]
+    );
+    let table = sbx(ep, &["image", "list"]);
+    assert!(
+        table.ok().contains("NAME") && table.stdout.contains("localhost/rootfs:1"),
+        "{table:?}"
+    );
+    let yaml = sbx(ep, &["image", "get", "layout:v1", "-o", "yaml"]);
+    assert!(
+        yaml.ok().contains(&format!("digest: {layout_digest}")),
+        "{yaml:?}"
+    );
+    let by_digest = sbx(ep, &["image", "get", &rootfs_digest, "-o", "json"]).json();
+    assert_eq!(by_digest["name"], "localhost/rootfs:1");
+
+    // Sandboxes: one pins the rootfs image; one without an image or a command runs the
+    // default (busybox's Cmd is sh).
+    let pinned = sbx(
+        ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "web",
+            "--image",
+            "localhost/rootfs:1",
+            "-o",
+            "json",
+            "--",
+            "sleep",
+            "60",
+        ],
+    )
+    .json();
+    assert_eq!(pinned["image_digest"], rootfs_digest.as_str(), "{pinned}");
+    let shown = sbx(ep, &["sandbox", "get", "web"]);
+    assert!(
+        shown
+            .ok()
+            .contains(&format!("IMAGE: localhost/rootfs:1 ({rootfs_digest})")),
+        "{shown:?}"
+    );
+    let defaulted = sbx(ep, &["sandbox", "create", "-n", "plain", "-o", "json"]).json();
+    assert_eq!(
+        defaulted["image"], "sbx.local/busybox:latest",
+        "{defaulted}"
+    );
+    assert_eq!(defaulted["image_digest"], busybox_digest.as_str());
+
+    // rm is refused while a sandbox pins the image, naming it; the image stays.
+    let refused = sbx(ep, &["image", "rm", "localhost/rootfs:1"]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(
+        refused.stderr.contains("IMAGE_IN_USE") && refused.stderr.contains("default/web"),
+        "{refused:?}"
+    );
+    sbx(ep, &["image", "get", "localhost/rootfs:1"]).ok();
+
+    // An unused image goes; asking for it again is NOT_FOUND.
+    let removed = sbx(ep, &["image", "rm", "layout:v1"]);
+    assert!(removed.ok().contains("deleted"), "{removed:?}");
+    let gone = sbx(ep, &["image", "get", "layout:v1"]);
+    assert!(
+        gone.code == 1 && gone.stderr.contains("IMAGE_NOT_FOUND"),
+        "{gone:?}"
+    );
+    // Once the sandbox is gone, so can its image be.
+    sbx(ep, &["sandbox", "rm", "web"]).ok();
+    sbx(ep, &["image", "rm", "localhost/rootfs:1"]).ok();
+
+    // Through the API: a bad reference is INVALID_ARGUMENT; an unknown image at create is
+    // NOT_FOUND naming it (the CLI refuses a bad reference itself, with usage status 2).
+    let mut images = ImageServiceClient::new(d.channel().await);
+    let err = images
+        .get_image(GetImageRequest {
+            image: Some(ImageRef {
+                id: String::new(),
+                reference: "Bad Ref".into(),
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_status(
+        &err,
+        tonic::Code::InvalidArgument,
+        "IMAGE_REFERENCE_INVALID",
+    );
+    assert!(err.message().contains("Bad Ref"), "{err:?}");
+    assert_eq!(sbx(ep, &["image", "get", "Bad Ref"]).code, 2);
+    let err = d
+        .sandboxes()
+        .await
+        .create_sandbox(CreateSandboxRequest {
+            workspace: String::new(),
+            name: "ghost".into(),
+            spec: Some(SandboxSpec {
+                image: "nope:1".into(),
+                command: vec!["sleep".into()],
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_status(&err, tonic::Code::NotFound, "IMAGE_NOT_FOUND");
+    assert!(
+        err.message().contains("docker.io/library/nope:1"),
+        "{err:?}"
+    );
+    let cli = sbx(
+        ep,
+        &["sandbox", "create", "--image", "nope:1", "--", "sleep"],
+    );
+    assert!(
+        cli.code == 1 && cli.stderr.contains("IMAGE_NOT_FOUND"),
+        "{cli:?}"
+    );
+}
