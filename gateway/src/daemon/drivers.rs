@@ -206,7 +206,9 @@ async fn open_in_process(
             for op in &args.sim_fail {
                 faults = faults.with_error_rate_for(parse_sim_op(op)?, 1.0);
             }
-            Ok(Arc::new(SimDriver::new(SimWorld::new(), faults)))
+            Ok(Arc::new(
+                SimDriver::new(SimWorld::new(), faults).with_images(args.images.sim_images),
+            ))
         }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod driver_spec;
 pub mod drivers;
+pub mod images;
 pub mod managed;
 pub mod serve;
 
@@ -254,6 +255,10 @@ pub struct ServeArgs {
     /// The oci driver's settings (`--driver oci` and `managed:oci`, which passes them on).
     #[command(flatten)]
     pub oci: OciArgs,
+
+    /// The image flags: the default image and how the built-in one is made.
+    #[command(flatten)]
+    pub images: images::ImageArgs,
 }
 
 /// The default driver-call deadline.
@@ -363,6 +368,9 @@ pub enum DaemonError {
     /// A --sim-fail entry names no driver operation.
     #[error("--sim-fail: unknown operation {0:?}; expected one of {1}")]
     UnknownSimOp(String, String),
+    /// The built-in default image could not be made (no static busybox).
+    #[error(transparent)]
+    DefaultImage(#[from] images::BusyboxError),
     /// The actor tree did not start.
     #[error("the actor runtime did not start: {0}")]
     Actors(#[from] ActorError),

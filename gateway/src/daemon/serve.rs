@@ -137,10 +137,13 @@ async fn serve_on(
         reconcile_interval: args.reconcile_interval(),
         driver_call_timeout: args.driver_call_timeout(),
         image_store: Some(images),
+        default_image: args.images.default_image.clone(),
+        max_image_import_bytes: args.images.max_import_mib << 20,
         ..Config::default()
     };
     let gateway =
         Arc::new(Gateway::start(store, DriverSet::single(driver_name, driver), config).await?);
+    super::images::ensure_default_image(&gateway, &args.images).await?;
 
     let (health, health_server) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
@@ -160,7 +163,8 @@ async fn serve_on(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service.workspace_server())
-        .add_service(service.sandbox_server());
+        .add_service(service.sandbox_server())
+        .add_service(service.image_server());
     drop(service);
     let stop_accepting = shutdown.clone();
     let mut server = tokio::spawn(
