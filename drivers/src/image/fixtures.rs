@@ -212,3 +212,98 @@ pub fn tar_dir(dir: &Path) -> Vec<u8> {
     b.append_dir_all(".", dir).expect("tar a directory");
     b.into_inner().expect("finish a Vec")
 }
+
+/// Debian's `docker-registry` (distribution 2.8) serving on 127.0.0.1 at a free port, with its
+/// storage in a temp dir, for pull tests; filled with [`LocalRegistry::push`] (skopeo). Ended,
+/// by its pid, when dropped.
+#[derive(Debug)]
+pub struct LocalRegistry {
+    child: std::process::Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+}
+
+impl Drop for LocalRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `program` is on PATH.
+pub fn have(program: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl LocalRegistry {
+    /// Whether the tools are here: `docker-registry` and `skopeo`. Under CI (`CI` set) their
+    /// absence is a failure, not a skip: CI installs them.
+    pub fn available(test: &str) -> bool {
+        let there = have("docker-registry") && have("skopeo");
+        if !there {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{test}: CI must install the Debian packages docker-registry and skopeo"
+            );
+            println!("SKIP {test}: install the Debian packages docker-registry and skopeo");
+        }
+        there
+    }
+
+    /// Starts a registry keeping its files under `dir`; waits (at most 20 s) until it listens.
+    pub fn start(dir: &Path) -> LocalRegistry {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let storage = dir.join("storage");
+        std::fs::create_dir_all(&storage).expect("registry storage");
+        let config = dir.join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+                storage.display()
+            ),
+        )
+        .expect("registry config");
+        let log = std::fs::File::create(dir.join("registry.log")).expect("registry log");
+        let child = std::process::Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(log.try_clone().expect("registry log"))
+            .stderr(log)
+            .spawn()
+            .expect("docker-registry starts");
+        let registry = LocalRegistry { child, addr };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(&registry.addr).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "docker-registry did not listen on {} within 20 s: {}",
+                registry.addr,
+                std::fs::read_to_string(dir.join("registry.log")).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        registry
+    }
+
+    /// `skopeo copy` of the OCI layout at `layout` (tag `v1`) to `dest` (`ADDR/NAME:TAG`),
+    /// with `extra` skopeo flags.
+    pub fn push(&self, layout: &Path, dest: &str, extra: &[&str]) {
+        let out = std::process::Command::new("skopeo")
+            .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
+            .args(extra)
+            .arg(format!("oci:{}:v1", layout.display()))
+            .arg(format!("docker://{dest}"))
+            .output()
+            .expect("skopeo runs");
+        assert!(out.status.success(), "skopeo copy to {dest}: {out:?}");
+    }
+}
