@@ -90,7 +90,7 @@ pub async fn open_driver(
             let paths = ManagedDriverPaths::new(data_dir, *kind);
             let socket = paths.socket.clone();
             check_socket_path(&socket)?;
-            let flags = managed_host_flags(*kind, args, images);
+            let flags = managed_host_flags(*kind, args, data_dir, images);
             let managed = ManagedDriver::start(paths, flags).await?;
             let driver = RemoteDriver::connect_lazy(socket, args.driver_call_timeout());
             (Arc::new(driver) as Arc<dyn ComputeDriver>, Some(managed))
@@ -134,7 +134,12 @@ fn check_socket_path(socket: &Path) -> Result<(), DaemonError> {
 
 /// The backend's settings a managed driver process gets on its command line (after
 /// `--backend --socket --state-dir`, which the launcher adds).
-fn managed_host_flags(kind: DriverKind, args: &ServeArgs, images: &ImageStore) -> Vec<OsString> {
+fn managed_host_flags(
+    kind: DriverKind,
+    args: &ServeArgs,
+    data_dir: &Path,
+    images: &ImageStore,
+) -> Vec<OsString> {
     let mut flags: Vec<OsString> = vec![
         "--cgroup-parent".into(),
         args.process_cgroup_parent.clone().into(),
@@ -146,7 +151,11 @@ fn managed_host_flags(kind: DriverKind, args: &ServeArgs, images: &ImageStore) -
             flags.push(images.root().into());
             flags.extend(args.oci.to_flags());
         }
-        DriverKind::Process | DriverKind::Sim => {}
+        DriverKind::Process => {
+            flags.push("--hide".into());
+            flags.push(data_dir.into());
+        }
+        DriverKind::Sim => {}
     }
     flags
 }
@@ -178,6 +187,9 @@ async fn open_in_process(
             let state_dir = data_dir.join("drivers").join("process");
             let opts = ProcessDriverOptions {
                 cgroup_parent: args.process_cgroup_parent.clone(),
+                // The store, the images and the other drivers' sandboxes are none of its
+                // workloads' business.
+                hidden_paths: vec![data_dir.to_path_buf()],
                 ..ProcessDriverOptions::default()
             };
             let driver =
@@ -291,17 +303,33 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let images = ImageStore::open(tmp.path().join("images"), Default::default()).unwrap();
         assert_eq!(
-            text(managed_host_flags(DriverKind::Process, &args, &images)),
-            ["--cgroup-parent", "cg"]
+            text(managed_host_flags(
+                DriverKind::Process,
+                &args,
+                Path::new("/d"),
+                &images
+            )),
+            ["--cgroup-parent", "cg", "--hide", "/d"]
         );
-        let oci = text(managed_host_flags(DriverKind::Oci, &args, &images)).join(" ");
+        let oci = text(managed_host_flags(
+            DriverKind::Oci,
+            &args,
+            Path::new("/d"),
+            &images,
+        ))
+        .join(" ");
         assert!(
             oci.contains(&format!("--image-store {}", images.root().display()))
                 && oci.contains("--oci-runtime runc")
                 && oci.contains("--oci-pids-limit 1024"),
             "{oci}"
         );
-        let vm = text(managed_host_flags(DriverKind::Vm, &args, &images));
+        let vm = text(managed_host_flags(
+            DriverKind::Vm,
+            &args,
+            Path::new("/d"),
+            &images,
+        ));
         let joined = vm.join(" ");
         assert!(
             joined.starts_with("--cgroup-parent cg --vm-accel tcg ")
