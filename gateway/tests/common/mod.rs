@@ -55,7 +55,50 @@ impl Drop for DataDir {
             eprintln!("killing leaked workload {pid}");
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
+        // The oci driver's containers, and their root filesystems' mounts.
+        let runc_root = self.path().join("drivers/oci/runc");
+        if runc_root.exists() {
+            for id in oci_containers(self.path()) {
+                eprintln!("deleting leaked container {id}");
+                let _ = Command::new("runc")
+                    .arg("--root")
+                    .arg(&runc_root)
+                    .args(["delete", "--force", &id])
+                    .status();
+            }
+        }
+        for mount in mounts_under(self.path()) {
+            let _ = nix::mount::umount2(Path::new(&mount), nix::mount::MntFlags::MNT_DETACH);
+        }
     }
+}
+
+/// The oci driver's runtime containers under data dir `data` (their ids).
+pub fn oci_containers(data: &Path) -> Vec<String> {
+    let out = Command::new("runc")
+        .arg("--root")
+        .arg(data.join("drivers/oci/runc"))
+        .args(["list", "-q"])
+        .output();
+    match out {
+        Ok(out) => String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Mount points under `dir`, from this process's mount table.
+pub fn mounts_under(dir: &Path) -> Vec<String> {
+    let needle = dir.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&needle))
+        .map(str::to_string)
+        .collect()
 }
 
 /// The live init pids of the process driver's workloads of sandbox `id` (normally zero or
@@ -133,9 +176,16 @@ impl Sbxd {
         let _ = std::fs::remove_file(&addr_file);
         let log = data.join(format!("sbxd-{}.log", unique()));
         let log_file = std::fs::File::create(&log).expect("log file");
+        // An empty driver leaves --driver out: sbxd's default (oci).
+        let driver_flag: &[&str] = if driver.is_empty() {
+            &[]
+        } else {
+            &["--driver", driver]
+        };
         let child = Command::new(SBXD)
             .arg("serve")
-            .args(["--listen", listen, "--driver", driver])
+            .args(["--listen", listen])
+            .args(driver_flag)
             .arg("--data-dir")
             .arg(data)
             .arg("--addr-file")
