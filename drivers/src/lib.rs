@@ -24,6 +24,7 @@ pub mod sim;
 pub mod vm;
 
 pub use error::DriverError;
+pub use host::elf::{BUSYBOX_PATHS, find_static_busybox};
 
 /// A stream of results from a driver (watch events, exec output, log chunks).
 pub type DriverStream<T> = Pin<Box<dyn Stream<Item = Result<T, DriverError>> + Send + 'static>>;

@@ -56,7 +56,6 @@ use nix::unistd::Pid;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::host::elf::elf_interpreter;
 use crate::host::feed::{self, SnapshotFeed, Watched};
 use crate::host::observe::{self, RunFacts};
 use crate::host::procfs::{self, ProcessIdentity};
@@ -165,7 +164,12 @@ impl OciDriver {
             )));
         }
         let runtime = Runtime::find(opts.runtime.as_deref(), record::runtime_root(&state_dir))?;
-        let busybox = find_busybox(opts.busybox.as_deref())?;
+        let busybox = crate::find_static_busybox(opts.busybox.as_deref(), &crate::BUSYBOX_PATHS)
+            .map_err(|why| {
+                DriverError::Unavailable(format!(
+                    "the oci driver's sandbox init needs a static busybox: {why}"
+                ))
+            })?;
         check_walkable(&state_dir)?;
         for dir in [
             state_dir.clone(),
@@ -283,37 +287,6 @@ impl OciDriver {
         let mut alive = self.alive.subscribe();
         async move { while alive.changed().await.is_ok() {} }
     }
-}
-
-/// The static busybox the sandbox init runs on.
-fn find_busybox(flag: Option<&Path>) -> Result<PathBuf, DriverError> {
-    let candidates: Vec<PathBuf> = match flag {
-        Some(path) => vec![path.to_path_buf()],
-        None => vec!["/bin/busybox".into(), "/usr/bin/busybox".into()],
-    };
-    for path in &candidates {
-        let Ok(bytes) = std::fs::read(path) else {
-            continue;
-        };
-        return if elf_interpreter(&bytes) == Some(false) {
-            Ok(path.clone())
-        } else {
-            Err(DriverError::Unavailable(format!(
-                "{} is not a static executable; the oci driver's sandbox init needs a static \
-                 busybox (on Debian: apt-get install busybox-static)",
-                path.display()
-            )))
-        };
-    }
-    Err(DriverError::Unavailable(format!(
-        "the oci driver needs a static busybox for its sandbox init, at {} (on Debian: \
-         apt-get install busybox-static)",
-        candidates
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" or ")
-    )))
 }
 
 /// The state dir's ancestors must let the sandboxes' host uid walk through them: the

@@ -166,23 +166,9 @@ fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
 
 /// A statically linked ELF has no program interpreter (`PT_INTERP`).
 fn check_static_busybox(path: &Path) -> Result<(), DriverError> {
-    let data = std::fs::read(path).map_err(|e| {
-        missing(format!(
-            "no busybox at {} ({e}); install busybox-static",
-            path.display()
-        ))
-    })?;
-    match crate::host::elf::elf_interpreter(&data) {
-        Some(false) => Ok(()),
-        Some(true) => Err(missing(format!(
-            "{} is dynamically linked; install busybox-static",
-            path.display()
-        ))),
-        None => Err(missing(format!(
-            "{} is not a 64-bit ELF program; install busybox-static",
-            path.display()
-        ))),
-    }
+    crate::find_static_busybox(Some(path), &[])
+        .map(|_| ())
+        .map_err(missing)
 }
 
 fn is_elf(path: &Path) -> bool {
