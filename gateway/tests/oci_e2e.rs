@@ -427,3 +427,149 @@ async fn images_pulled_from_a_registry_and_imported_in_every_form_run() {
     );
     sbx(&ep, &["image", "rm", "local/rootfs:v1"]).ok();
 }
+
+/// Entries of `dir` (recursively), as paths relative to it.
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            found.push(p.strip_prefix(dir).unwrap().display().to_string());
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_images_are_refused_clearly_and_leave_nothing_behind() {
+    if !LocalRegistry::available("bad_images_are_refused_clearly_and_leave_nothing_behind") {
+        return;
+    }
+    let w = World::new();
+    let d = w.start(&[]);
+    let ep = d.endpoint();
+    let work = tempfile::tempdir().unwrap();
+    let images_dir = w.data.path().join("images");
+    let before = files_under(&images_dir);
+    let refused = |args: &[&str], code: &str, names: &str| {
+        let run = sbx(&ep, args);
+        assert_ne!(run.code, 0, "{args:?} succeeded: {run:?}");
+        assert!(
+            run.stderr.contains(code) && run.stderr.contains(names),
+            "{args:?}: expected {code} naming {names}: {run:?}"
+        );
+    };
+
+    // A registry nobody listens on, a tag it does not have, a reference that is not one.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = format!("127.0.0.1:{port}/sbx-test/none:v1");
+    refused(&["image", "pull", &dead], "REGISTRY_UNAVAILABLE", &dead);
+    let registry = LocalRegistry::start(&work.path().join("registry"));
+    let missing = format!("{}/sbx-test/missing:v1", registry.addr);
+    refused(
+        &["image", "pull", &missing],
+        "IMAGE_NOT_FOUND",
+        "sbx-test/missing",
+    );
+    // (The CLI refuses a malformed reference itself, as a usage error.)
+    refused(
+        &["image", "pull", "Not A Reference"],
+        "is invalid",
+        "Not A Reference",
+    );
+
+    // A layout with only an arm64 image: nothing for this machine.
+    let arm = work.path().join("arm64");
+    fixtures::write_oci_layout(&arm, &[runnable_layer("arm\n")], "v1");
+    let index_path = arm.join("index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    index["manifests"][0]["platform"] = serde_json::json!({"os": "linux", "architecture": "arm64"});
+    std::fs::write(&index_path, serde_json::to_vec(&index).unwrap()).unwrap();
+    let arm_path = arm.display().to_string();
+    refused(
+        &["image", "import", &arm_path, "--name", "local/arm:v1"],
+        "IMAGE_PLATFORM",
+        "arm64",
+    );
+
+    // A rootfs tar whose layer tries to write outside itself.
+    let hostile = work.path().join("hostile.tar");
+    std::fs::write(
+        &hostile,
+        fixtures::tar_bytes(&[
+            TarEntry::file("etc/ok", b"fine"),
+            TarEntry::file("../../../escaped-by-sbx-test", b"out"),
+        ]),
+    )
+    .unwrap();
+    let hostile_path = hostile.display().to_string();
+    refused(
+        &[
+            "image",
+            "import",
+            &hostile_path,
+            "--name",
+            "local/hostile:v1",
+        ],
+        "IMAGE_INVALID",
+        "..",
+    );
+
+    // An unknown image at create: refused, and no sandbox is made.
+    refused(
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "ghost",
+            "--image",
+            "local/nothing:v1",
+            "--",
+            "true",
+        ],
+        "IMAGE_NOT_FOUND",
+        "local/nothing:v1",
+    );
+    let listed = sbx(&ep, &["sandbox", "list", "-o", "json"]).json();
+    assert_eq!(listed.as_array().expect("a list").len(), 0, "{listed}");
+
+    // Nothing half-made: the image store holds what it held, and only the built-in image.
+    let names: Vec<String> = sbx(&ep, &["image", "list", "-o", "json"])
+        .json()
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["sbx.local/busybox:latest"]);
+    let after = files_under(&images_dir);
+    let new: Vec<&String> = after.iter().filter(|f| !before.contains(f)).collect();
+    assert!(
+        new.iter()
+            .all(|f| !f.starts_with("layers/") && !f.starts_with("tmp/")),
+        "the refused images left {new:?}"
+    );
+    assert!(
+        files_under(w.data.path())
+            .iter()
+            .all(|f| !f.contains("escaped-by-sbx-test")),
+        "the hostile layer wrote outside itself"
+    );
+    assert!(
+        !w.data
+            .path()
+            .parent()
+            .unwrap()
+            .join("escaped-by-sbx-test")
+            .exists()
+    );
+}

@@ -35,7 +35,8 @@ pub enum ImageError {
         why: String,
     },
 
-    /// An image index with no `linux/amd64` manifest.
+    /// An image index with no `linux/amd64` manifest, or an image (its descriptor's platform
+    /// or its config) made for another os or architecture.
     #[error("image {image} has no linux/amd64 manifest (it has: {available})")]
     Platform { image: String, available: String },
 

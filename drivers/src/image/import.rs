@@ -246,6 +246,9 @@ impl ImageStore {
                 format!("image indexes nest deeper than {MAX_INDEX_DEPTH}"),
             ));
         }
+        if let Some(p) = &desc.platform {
+            spec::runnable_here(image, &p.os, &p.architecture)?;
+        }
         let bytes = read_verified_blob(image, src, &desc.digest)?;
         let manifest = match spec::parse_document(image, &bytes)? {
             Document::Index(index) => {
@@ -257,6 +260,7 @@ impl ImageStore {
         let config_bytes = read_verified_blob(image, src, &manifest.config.digest)?;
         self.store_bytes(image, &config_bytes, Some(&manifest.config.digest))?;
         let config = spec::parse_config(image, &config_bytes)?;
+        spec::runnable_here(image, &config.os, &config.architecture)?;
         if config.rootfs.diff_ids.len() != manifest.layers.len() {
             return Err(ImageError::malformed(
                 image,
@@ -298,6 +302,7 @@ impl ImageStore {
         for entry in entries {
             let config_bytes = read_source_json(image, tar, &entry.config)?;
             let config = spec::parse_config(image, &config_bytes)?;
+            spec::runnable_here(image, &config.os, &config.architecture)?;
             if config.rootfs.diff_ids.len() != entry.layers.len() {
                 return Err(ImageError::malformed(
                     image,

@@ -164,6 +164,7 @@ impl ImageStore {
             .map_err(fail)?;
         self.store_bytes(&image, &config_bytes, Some(&manifest.config.digest))?;
         let config = spec::parse_config(&image, &config_bytes)?;
+        spec::runnable_here(&image, &config.os, &config.architecture)?;
         if config.rootfs.diff_ids.len() != manifest.layers.len() {
             return Err(ImageError::malformed(
                 &image,

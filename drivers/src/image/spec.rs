@@ -171,6 +171,26 @@ pub(crate) fn parse_config(image: &str, bytes: &[u8]) -> Result<ConfigFile, Imag
         .map_err(|e| ImageError::malformed(image, format!("bad image config: {e}")))
 }
 
+/// Refuses an image made for another machine: a config (or a descriptor's platform) that names
+/// an os other than linux or an architecture other than amd64. Empty fields say nothing.
+pub(crate) fn runnable_here(image: &str, os: &str, architecture: &str) -> Result<(), ImageError> {
+    if matches!(os, "" | "linux") && matches!(architecture, "" | "amd64") {
+        return Ok(());
+    }
+    Err(ImageError::Platform {
+        image: image.to_string(),
+        available: format!("{}/{}", or_unspecified(os), or_unspecified(architecture)),
+    })
+}
+
+fn or_unspecified(field: &str) -> &str {
+    if field.is_empty() {
+        "unspecified"
+    } else {
+        field
+    }
+}
+
 /// The entry of an index for linux/amd64, or its only entry when it has one without a
 /// platform.
 pub(crate) fn choose_platform<'a>(
@@ -186,7 +206,10 @@ pub(crate) fn choose_platform<'a>(
         return Ok(d);
     }
     if let [only] = index.manifests.as_slice()
-        && only.platform.is_none()
+        && only
+            .platform
+            .as_ref()
+            .is_none_or(|p| runnable_here(image, &p.os, &p.architecture).is_ok())
     {
         return Ok(only);
     }
@@ -288,5 +311,37 @@ impl Compression {
             Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(r)),
             Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(r)?),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_for_other_machines_are_refused_naming_what_they_are_for() {
+        assert!(runnable_here("i", "linux", "amd64").is_ok());
+        assert!(runnable_here("i", "", "").is_ok());
+        for (os, arch, named) in [
+            ("linux", "arm64", "linux/arm64"),
+            ("windows", "amd64", "windows/amd64"),
+            ("", "s390x", "unspecified/s390x"),
+        ] {
+            let err = runnable_here("img", os, arch).unwrap_err().to_string();
+            assert!(err.contains(named) && err.contains("img"), "{err}");
+        }
+        // An index whose only entry is for arm64 has nothing for this machine.
+        let index: Index = serde_json::from_value(serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [{
+                "mediaType": OCI_MANIFEST,
+                "digest": "sha256:00",
+                "size": 1,
+                "platform": {"os": "linux", "architecture": "arm64"},
+            }],
+        }))
+        .unwrap();
+        let err = choose_platform("img", &index).unwrap_err().to_string();
+        assert!(err.contains("linux/arm64"), "{err}");
     }
 }
