@@ -1,5 +1,5 @@
 //! The driver contract's rules for a create or start that finds the sandbox already known,
-//! shared by the drivers that keep records (process, vm). Pure: the drivers observe, this
+//! shared by the drivers that keep records (oci, process, vm). Pure: the drivers observe, this
 //! decides.
 
 use crate::{DriverError, pb};

@@ -1,7 +1,7 @@
-//! The watch feed of a driver that learns about its sandboxes by looking (process, vm): every
-//! change it makes is published at once, and a poller started by the first watch publishes
-//! what changed by itself (a workload that exited). Only changes are sent: the last snapshot
-//! sent per sandbox is kept.
+//! The watch feed of a driver that learns about its sandboxes by looking (oci, process, vm):
+//! every change it makes is published at once, and a poller started by the first watch
+//! publishes what changed by itself (a workload that exited). Only changes are sent: the last
+//! snapshot sent per sandbox is kept.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -50,6 +50,19 @@ fn tail_lines(data: &[u8], lines: u32) -> &[u8] {
     data
 }
 
+/// What was appended to the log since `offset`, trimmed ("no output" when nothing was): what
+/// a failed launch said.
+pub(crate) fn log_since(log: &Path, offset: u64) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let start = usize::try_from(offset).unwrap_or(0).min(text.len());
+    let tail = String::from_utf8_lossy(&text[start..]).trim().to_string();
+    if tail.is_empty() {
+        "no output".to_string()
+    } else {
+        tail
+    }
+}
+
 pub(crate) fn read_from(log: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
     let mut file = match std::fs::File::open(log) {
         Ok(file) => file,
@@ -119,7 +132,17 @@ pub(crate) fn log_stream(
 
 #[cfg(test)]
 mod tests {
-    use super::tail_lines;
+    use super::{log_since, tail_lines};
+
+    #[test]
+    fn what_a_log_said_since_an_offset() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("workload.log");
+        assert_eq!(log_since(&log, 0), "no output");
+        std::fs::write(&log, "old\n  boom: no such file \n").unwrap();
+        assert_eq!(log_since(&log, 4), "boom: no such file");
+        assert_eq!(log_since(&log, 4000), "no output");
+    }
 
     #[test]
     fn tails() {

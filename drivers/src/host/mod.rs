@@ -1,11 +1,20 @@
 //! The kit of the host drivers: what every driver whose workloads run on this machine, as
-//! processes of its own, shares (today `process` and `vm`).
+//! processes of its own, shares (`oci`, `process` and `vm`).
 //!
 //! A host driver's workloads outlive it: each is started in its own session and found again
 //! by a new driver instance from what the old one left in its state directory, by the pid
 //! *and* start time of a process. So a host driver learns about its sandboxes by looking, not
 //! by being told, and the kit holds what that takes:
 //!
+//! - [`records`] — each sandbox's record, `<root>/<id>/sandbox.json`, written atomically with
+//!   its format version and read back refusing another; found again at open (half-made
+//!   creates removed, the trash emptied), deletes through the trash, and `RecordCache`: the
+//!   records in memory, written through, with one lifecycle lock per sandbox.
+//! - [`lifecycle`] — the contract's calls every host driver answers alike (create of a known
+//!   sandbox, start, stop, delete, get, list, watch, logs), over [`HostDriver`], the trait
+//!   with what each does its own way (start a run, end it, see it).
+//! - [`run`] — the run directory of a workload whose init is a host process (oci, process):
+//!   `run-<id>/init` and `exit`, read only when complete, and the signals that end the init.
 //! - [`lock`] — at most one live driver instance per state directory (an exclusive `flock` on
 //!   `<state_dir>/driver.lock`, released by the kernel when the driver's process dies), and
 //!   [`locked`], a mutex lock that survives poisoning.
@@ -29,19 +38,34 @@ pub(crate) mod contract;
 pub(crate) mod elf;
 pub(crate) mod exec;
 pub(crate) mod feed;
+pub(crate) mod lifecycle;
 pub(crate) mod lock;
 pub(crate) mod logfile;
 pub(crate) mod observe;
 pub(crate) mod procfs;
+pub(crate) mod records;
+pub(crate) mod run;
 
 pub(crate) use command::validate_command;
+pub(crate) use lifecycle::{Alive, HostDriver};
 pub(crate) use lock::{lock_state_dir, locked};
 pub(crate) use observe::{Desired, Observed, RunFacts};
 pub use procfs::ProcessIdentity;
+pub(crate) use run::RunDir;
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::DriverError;
 
 /// An internal error about `what`, with its cause.
 pub(crate) fn internal(what: &str, e: impl std::fmt::Display) -> DriverError {
     DriverError::Internal(format!("{what}: {e}"))
+}
+
+/// Wall-clock time now, milliseconds since the Unix epoch (0 for a clock before it).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

@@ -1,9 +1,12 @@
 //! Deriving a sandbox's observed state from what the gateway last asked and the facts found
-//! on disk and in `/proc`. Pure: no IO.
+//! on disk and in `/proc`, and the snapshot that reports it. Pure: no IO.
+
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::pb::State;
+use super::records::HostRecord;
+use crate::pb::{self, State};
 
 /// What the gateway last asked of the workload (kept in each sandbox's record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,6 +47,42 @@ impl Observed {
             exit_signal: 0,
             reason: "",
             message: String::new(),
+        }
+    }
+
+    /// Whether the workload has run under the current generation (any state but stopped):
+    /// then a snapshot shows its instance and when it was launched.
+    pub fn has_run(&self) -> bool {
+        self.state != State::Stopped
+    }
+
+    /// The snapshot of `record`'s sandbox in this state, under `generation`, with `instance`
+    /// (the workload's process) shown only when it has run.
+    pub(crate) fn into_snapshot(
+        self,
+        record: &impl HostRecord,
+        generation: u64,
+        instance: Option<String>,
+        warnings: Vec<String>,
+    ) -> pb::Snapshot {
+        let has_run = self.has_run();
+        let launched_at_ms = record.launched_at_ms();
+        let started_at = (has_run && launched_at_ms > 0).then(|| {
+            sbx_proto::Timestamp::from(UNIX_EPOCH + Duration::from_millis(launched_at_ms))
+        });
+        pb::Snapshot {
+            sandbox_id: record.sandbox_id().to_string(),
+            workspace: record.workspace().to_string(),
+            name: record.name().to_string(),
+            state: self.state as i32,
+            generation,
+            instance_id: instance.filter(|_| has_run).unwrap_or_default(),
+            exit_code: self.exit_code,
+            exit_signal: self.exit_signal,
+            reason: self.reason.to_string(),
+            message: self.message,
+            warnings,
+            started_at,
         }
     }
 }

@@ -27,6 +27,7 @@ use crate::image::IdMap;
 use super::record::{SandboxPaths, SandboxRecord};
 use super::userns::Jail;
 use crate::host::ProcessIdentity;
+use crate::host::logfile::log_since;
 
 /// Where the persistent directory appears inside a sandbox.
 pub const SANDBOX_MOUNT: &str = "/sandbox";
@@ -325,17 +326,6 @@ fn reap_in_background(mut child: Child) {
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "no reaper thread; the launcher will be a zombie until the driver exits");
-    }
-}
-
-fn log_since(log: &Path, offset: u64) -> String {
-    let text = fs::read(log).unwrap_or_default();
-    let start = usize::try_from(offset).unwrap_or(0).min(text.len());
-    let tail = String::from_utf8_lossy(&text[start..]).trim().to_string();
-    if tail.is_empty() {
-        "no output".to_string()
-    } else {
-        tail
     }
 }
 

@@ -73,28 +73,30 @@ mod service;
 mod streams;
 mod userns;
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use nix::fcntl::Flock;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use crate::host::ProcessIdentity;
 use crate::image::IdMap;
 pub use cgroup::CgroupVersion;
 
-use crate::host::feed::{self, SnapshotFeed, Watched};
-use crate::host::{Desired, Observed, RunFacts, internal, lock_state_dir, locked, observe, procfs};
+use crate::host::feed::{self, SnapshotFeed};
+use crate::host::records::{self, RecordCache};
+use crate::host::{
+    Alive, Desired, HostDriver, Observed, RunDir, RunFacts, internal, lock_state_dir, now_ms,
+    observe, procfs,
+};
 use crate::{DriverError, pb};
 use cgroup::CgroupHost;
 use launch::HostTools;
-use record::{RunPaths, SandboxPaths, SandboxRecord};
+use record::{SandboxPaths, SandboxRecord};
 
 /// How the process driver is set up.
 #[derive(Debug, Clone)]
@@ -135,8 +137,8 @@ impl Default for ProcessDriverOptions {
 #[derive(Debug)]
 pub struct ProcessDriver {
     inner: Arc<Inner>,
-    /// Dropped with the driver: its receivers end the watch and log streams it handed out.
-    alive: watch::Sender<()>,
+    /// Dropped with the driver: ends the watch and log streams it handed out.
+    alive: Alive,
 }
 
 #[derive(Debug)]
@@ -148,23 +150,15 @@ struct Inner {
     /// What the shim hides from the workload: the state directory (canonical), then
     /// `opts.hidden_paths`.
     hidden: Vec<PathBuf>,
-    /// The records on disk, cached; every write goes to disk first.
-    records: Mutex<HashMap<Uuid, SandboxRecord>>,
-    /// One lock per sandbox serialises its lifecycle calls (create, start, stop, delete).
-    locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    /// The records on disk, cached, with one lock per sandbox that serialises its lifecycle
+    /// calls (create, start, stop, delete).
+    records: RecordCache<SandboxRecord>,
     /// Watch events: every change the driver makes or its poller sees.
     feed: SnapshotFeed,
     /// An exclusive `flock` on `<state_dir>/driver.lock`: two live instances on one state
     /// would launch and kill the same workloads. Released on drop, and by the kernel when the
     /// driver's process dies.
     _instance_lock: Flock<File>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl ProcessDriver {
@@ -174,71 +168,38 @@ impl ProcessDriver {
     pub fn open(state_dir: PathBuf, opts: ProcessDriverOptions) -> Result<Self, DriverError> {
         let tools = HostTools::find(&opts.id_map)?;
         let cgroups = CgroupHost::detect();
-        let sandboxes = record::sandboxes_dir(&state_dir);
-        let trash = record::trash_dir(&state_dir);
+        let sandboxes = records::sandboxes_dir(&state_dir);
+        let trash = records::trash_dir(&state_dir);
         std::fs::create_dir_all(&sandboxes)
             .map_err(|e| internal("making the state directory", e))?;
         std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
         let instance_lock = lock_state_dir(&state_dir)?;
         let hidden = hidden_paths(&state_dir, &opts.hidden_paths)?;
-        for entry in std::fs::read_dir(&trash)
-            .map_err(|e| internal("reading the trash", e))?
-            .flatten()
-        {
-            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
-                tracing::warn!(path = %entry.path().display(), error = %e, "trash entry not removed");
+        records::empty_trash(&trash, |_| {})?;
+        let found = records::find_records::<SandboxRecord>(&sandboxes, |id, _| {
+            // No workload was launched, but its cgroups may have been made.
+            for dir in cgroups.parent_dirs(&opts.cgroup_parent) {
+                let _ = std::fs::remove_dir(dir.join(cgroup::leaf_name(id)));
+            }
+        })?;
+        for record in found.values() {
+            if record.desired == Desired::Stopped {
+                finish_interrupted_stop(&SandboxPaths::new(&state_dir, record.sandbox_id), record);
             }
         }
-        let mut records = HashMap::new();
-        for entry in std::fs::read_dir(&sandboxes)
-            .map_err(|e| internal("reading the state directory", e))?
-            .flatten()
-        {
-            let Some(id) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| Uuid::parse_str(n).ok())
-            else {
-                tracing::warn!(path = %entry.path().display(), "not a sandbox directory; left alone");
-                continue;
-            };
-            let paths = SandboxPaths::new(&state_dir, id);
-            match record::read_record(&paths.record) {
-                Ok(record) => {
-                    if record.desired == Desired::Stopped {
-                        finish_interrupted_stop(&paths, &record);
-                    }
-                    records.insert(id, record);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    // A create killed before its record was written: no workload was launched.
-                    for dir in cgroups.parent_dirs(&opts.cgroup_parent) {
-                        let _ = std::fs::remove_dir(dir.join(cgroup::leaf_name(id)));
-                    }
-                    if let Err(e) = std::fs::remove_dir_all(&paths.dir) {
-                        tracing::warn!(sandbox_id = %id, error = %e, "half-created sandbox not removed");
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(sandbox_id = %id, error = %e, "unreadable sandbox record; skipped")
-                }
-            }
-        }
-        let (alive, _) = watch::channel(());
         let inner = Inner {
             state_dir,
             opts,
             tools,
             cgroups,
             hidden,
-            records: Mutex::new(records),
-            locks: Mutex::new(HashMap::new()),
+            records: RecordCache::new(sandboxes, trash, found),
             feed: SnapshotFeed::new(),
             _instance_lock: instance_lock,
         };
         Ok(ProcessDriver {
             inner: Arc::new(inner),
-            alive,
+            alive: Alive::new(),
         })
     }
 
@@ -272,17 +233,8 @@ impl ProcessDriver {
 
     /// The identity of the running init of sandbox `id`, if it runs.
     pub fn workload_identity(&self, id: Uuid) -> Option<ProcessIdentity> {
-        let record = self.inner.record(id)?;
-        self.inner
-            .run_paths(&record)
-            .read_init()
-            .filter(procfs::is_alive)
-    }
-
-    /// Resolves when this driver instance is dropped.
-    fn dropped(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut alive = self.alive.subscribe();
-        async move { while alive.changed().await.is_ok() {} }
+        let record = self.inner.records.get(id)?;
+        self.inner.run_paths(&record).live_init()
     }
 }
 
@@ -306,14 +258,9 @@ fn hidden_paths(state_dir: &Path, extra: &[PathBuf]) -> Result<Vec<PathBuf>, Dri
 
 /// Kills, without grace, a workload whose stop a killed driver left unfinished.
 fn finish_interrupted_stop(paths: &SandboxPaths, record: &SandboxRecord) {
-    if let Some(init) = paths
+    paths
         .run(&record.run_id)
-        .read_init()
-        .filter(procfs::is_alive)
-    {
-        tracing::warn!(sandbox_id = %record.sandbox_id, %init, "finishing an interrupted stop");
-        let _ = kill(Pid::from_raw(init.pid), Signal::SIGKILL);
-    }
+        .finish_interrupted_stop(record.sandbox_id);
     record.cgroups.kill_all();
 }
 
@@ -322,31 +269,33 @@ impl Inner {
         SandboxPaths::new(&self.state_dir, id)
     }
 
-    fn run_paths(&self, record: &SandboxRecord) -> RunPaths {
+    fn run_paths(&self, record: &SandboxRecord) -> RunDir {
         self.paths(record.sandbox_id).run(&record.run_id)
     }
+}
 
-    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
-        locked(&self.locks).entry(id).or_default().clone()
+impl HostDriver for Inner {
+    type Record = SandboxRecord;
+    const NAME: &'static str = "process";
+
+    fn records(&self) -> &RecordCache<SandboxRecord> {
+        &self.records
     }
 
-    fn record(&self, id: Uuid) -> Option<SandboxRecord> {
-        locked(&self.records).get(&id).cloned()
+    fn feed(&self) -> &SnapshotFeed {
+        &self.feed
     }
 
-    fn require(&self, id: Uuid) -> Result<SandboxRecord, DriverError> {
-        self.record(id).ok_or_else(|| DriverError::NotFound {
-            sandbox_id: id.to_string(),
-        })
+    fn default_grace(&self) -> Duration {
+        self.opts.default_grace
     }
 
-    /// Writes the record to disk (atomically), then to the cache.
-    fn save(&self, record: &SandboxRecord) -> Result<(), DriverError> {
-        let paths = self.paths(record.sandbox_id);
-        record::write_record(&paths, record)
-            .map_err(|e| internal("writing the sandbox record", e))?;
-        locked(&self.records).insert(record.sandbox_id, record.clone());
-        Ok(())
+    fn poll_interval(&self) -> Duration {
+        self.opts.poll_interval
+    }
+
+    fn log_file(&self, id: Uuid) -> PathBuf {
+        self.paths(id).log
     }
 
     /// What the sandbox looks like now, from its record, its run files and `/proc`.
@@ -366,32 +315,12 @@ impl Inner {
             exit_status,
             oom_killed,
         });
-        let has_run = observed.state != pb::State::Stopped;
         let mut warnings = record.warnings.clone();
-        if has_run {
-            warnings.extend(paths.read_warnings());
+        if observed.has_run() {
+            warnings.extend(record::read_warnings(&paths));
         }
-        let started_at = (has_run && record.launched_at_ms > 0).then(|| {
-            sbx_proto::Timestamp::from(UNIX_EPOCH + Duration::from_millis(record.launched_at_ms))
-        });
-        pb::Snapshot {
-            sandbox_id: record.sandbox_id.to_string(),
-            workspace: record.workspace.clone(),
-            name: record.name.clone(),
-            state: observed.state as i32,
-            generation: record.generation,
-            instance_id: if has_run {
-                init.map(|i| i.to_string()).unwrap_or_default()
-            } else {
-                String::new()
-            },
-            exit_code: observed.exit_code,
-            exit_signal: observed.exit_signal,
-            reason: observed.reason.to_string(),
-            message: observed.message,
-            warnings,
-            started_at,
-        }
+        let instance = init.map(|i| i.to_string());
+        observed.into_snapshot(record, record.generation, instance, warnings)
     }
 
     /// Starts a new run of the workload under `generation`. The record (desired running, new
@@ -403,15 +332,14 @@ impl Inner {
         generation: u64,
     ) -> Result<pb::Snapshot, DriverError> {
         let paths = self.paths(record.sandbox_id);
-        paths
-            .remove_runs()
+        crate::host::run::remove_runs(&paths.dir)
             .map_err(|e| internal("removing earlier run directories", e))?;
         record.run_id = Uuid::new_v4().simple().to_string();
         record.generation = generation;
         record.desired = Desired::Running;
         record.launched_at_ms = now_ms();
         record.oom_kills_at_launch = record.cgroups.oom_kills();
-        self.save(&record)?;
+        self.records.save(&record)?;
         if let Err(e) = launch::launch(
             &self.tools,
             &paths,
@@ -441,18 +369,7 @@ impl Inner {
     async fn terminate(&self, record: &SandboxRecord, grace: Duration) -> Result<(), DriverError> {
         let paths = self.run_paths(record);
         let tick = Duration::from_millis(10);
-        if let Some(init) = paths.read_init().filter(procfs::is_alive) {
-            let pid = Pid::from_raw(init.pid);
-            let _ = kill(pid, Signal::SIGTERM);
-            let deadline = tokio::time::Instant::now() + grace;
-            while procfs::is_alive(&init) && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(tick).await;
-            }
-            if procfs::is_alive(&init) {
-                tracing::warn!(sandbox_id = %record.sandbox_id, ?grace, "SIGTERM not heeded; SIGKILL");
-                let _ = kill(pid, Signal::SIGKILL);
-            }
-        }
+        paths.signal_init(record.sandbox_id, grace).await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let init_gone = !paths.read_init().is_some_and(|i| procfs::is_alive(&i));
@@ -466,29 +383,15 @@ impl Inner {
                     record.cgroups.pids()
                 )));
             }
-            if let Some(init) = paths.read_init().filter(procfs::is_alive) {
+            if let Some(init) = paths.live_init() {
                 let _ = kill(Pid::from_raw(init.pid), Signal::SIGKILL);
             }
             record.cgroups.kill_all();
             tokio::time::sleep(tick).await;
         }
     }
-}
 
-impl Watched for Inner {
-    fn feed(&self) -> &SnapshotFeed {
-        &self.feed
-    }
-
-    fn current(&self) -> Vec<(Uuid, pb::Snapshot)> {
-        let records: Vec<SandboxRecord> = locked(&self.records).values().cloned().collect();
-        records
-            .iter()
-            .map(|r| (r.sandbox_id, self.snapshot(r)))
-            .collect()
-    }
-
-    fn exists(&self, id: Uuid) -> bool {
-        locked(&self.records).contains_key(&id)
+    async fn before_removal(&self, record: &SandboxRecord) -> Result<(), DriverError> {
+        service::remove_cgroups(record).await
     }
 }

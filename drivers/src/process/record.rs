@@ -10,22 +10,23 @@
 //! <state_dir>/trash/                                sandboxes being deleted
 //! ```
 //!
-//! A run directory belongs to one launch of the workload, named by a fresh id recorded before
-//! the launch; earlier ones are removed first. So an exit status from an earlier run is never
-//! read as the current one, and a shim from an abandoned launch (a driver killed mid-launch,
-//! then a retry) finds its directory gone and ends before starting anything.
+//! The record is read and written by the kit (`host::records`: atomic writes, the format
+//! check, the trash). A run directory belongs to one launch of the workload, named by a fresh
+//! id recorded before the launch; earlier ones are removed first (`host::run`). So an exit
+//! status from an earlier run is never read as the current one, and a shim from an abandoned
+//! launch (a driver killed mid-launch, then a retry) finds its directory gone and ends before
+//! starting anything.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::cgroup::SandboxCgroups;
-use crate::host::Desired;
-use crate::host::procfs::{self, ProcessIdentity};
+use crate::host::records::{self, HostRecord};
+use crate::host::{Desired, RunDir};
 
 /// The version of [`SandboxRecord`]'s format.
 pub const RECORD_FORMAT: u32 = 1;
@@ -65,26 +66,43 @@ pub struct SandboxRecord {
     pub warnings: Vec<String>,
 }
 
+impl HostRecord for SandboxRecord {
+    const FORMAT: u32 = RECORD_FORMAT;
+    fn format(&self) -> u32 {
+        self.format
+    }
+    fn sandbox_id(&self) -> Uuid {
+        self.sandbox_id
+    }
+    fn workspace(&self) -> &str {
+        &self.workspace
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn desired(&self) -> Desired {
+        self.desired
+    }
+    fn set_desired(&mut self, desired: Desired) {
+        self.desired = desired;
+    }
+    fn launched_at_ms(&self) -> u64 {
+        self.launched_at_ms
+    }
+}
+
 /// The paths of one sandbox's state.
 #[derive(Debug, Clone)]
 pub struct SandboxPaths {
     pub dir: PathBuf,
-    pub record: PathBuf,
     pub root: PathBuf,
     pub log: PathBuf,
 }
 
-/// The files of one run of the workload.
-#[derive(Debug, Clone)]
-pub struct RunPaths {
-    pub dir: PathBuf,
-}
-
 impl SandboxPaths {
     pub fn new(state_dir: &Path, id: Uuid) -> SandboxPaths {
-        let dir = sandboxes_dir(state_dir).join(id.to_string());
+        let dir = records::sandboxes_dir(state_dir).join(id.to_string());
         SandboxPaths {
-            record: dir.join("sandbox.json"),
             root: dir.join("root"),
             log: dir.join("workload.log"),
             dir,
@@ -92,103 +110,40 @@ impl SandboxPaths {
     }
 
     /// The run directory named `run_id` (see the module docs).
-    pub fn run(&self, run_id: &str) -> RunPaths {
-        RunPaths {
-            dir: self.dir.join(format!("run-{run_id}")),
-        }
-    }
-
-    /// Removes every run directory.
-    pub fn remove_runs(&self) -> io::Result<()> {
-        for entry in fs::read_dir(&self.dir)?.flatten() {
-            if entry.file_name().to_string_lossy().starts_with("run-") {
-                fs::remove_dir_all(entry.path())?;
-            }
-        }
-        Ok(())
+    pub fn run(&self, run_id: &str) -> RunDir {
+        RunDir::new(&self.dir, run_id)
     }
 }
 
-impl RunPaths {
-    pub fn init(&self) -> PathBuf {
-        self.dir.join("init")
-    }
-
-    pub fn exit(&self) -> PathBuf {
-        self.dir.join("exit")
-    }
-
-    pub fn warnings(&self) -> PathBuf {
-        self.dir.join("warnings")
-    }
-
-    /// The identity of the current run's init (the shim), as it recorded it.
-    pub fn read_init(&self) -> Option<ProcessIdentity> {
-        let line = complete_line(&self.init())?;
-        procfs::parse_stat_line(&line).map(|s| s.identity)
-    }
-
-    /// The wait status of the current run's main process, once the shim has written it.
-    pub fn read_exit(&self) -> Option<i32> {
-        complete_line(&self.exit())?.trim().parse().ok()
-    }
-
-    /// The shim's warnings for the current run.
-    pub fn read_warnings(&self) -> Vec<String> {
-        fs::read_to_string(self.warnings())
-            .map(|t| {
-                t.lines()
-                    .filter(|l| !l.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
+/// What the shim could not set up for the run, a line each.
+pub fn warnings_file(run: &RunDir) -> PathBuf {
+    run.dir.join("warnings")
 }
 
-/// The file's text if it is a complete line (written to its final newline), else `None`.
-fn complete_line(path: &Path) -> Option<String> {
-    let text = fs::read_to_string(path).ok()?;
-    text.ends_with('\n').then_some(text)
-}
-
-pub fn sandboxes_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("sandboxes")
-}
-
-pub fn trash_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("trash")
-}
-
-/// Writes `record` atomically: temp file, fsync, rename over the record, fsync the directory.
-/// A driver killed at any moment leaves either the old record or the new one.
-pub fn write_record(paths: &SandboxPaths, record: &SandboxRecord) -> io::Result<()> {
-    let bytes = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
-    let tmp = paths.dir.join(".sandbox.json.tmp");
-    {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-    }
-    fs::rename(&tmp, &paths.record)?;
-    fs::File::open(&paths.dir)?.sync_all()
-}
-
-pub fn read_record(path: &Path) -> io::Result<SandboxRecord> {
-    let bytes = fs::read(path)?;
-    let record: SandboxRecord = serde_json::from_slice(&bytes).map_err(io::Error::other)?;
-    if record.format != RECORD_FORMAT {
-        return Err(io::Error::other(format!(
-            "record format {} is not the supported {RECORD_FORMAT}",
-            record.format
-        )));
-    }
-    Ok(record)
+/// The shim's warnings for the run.
+pub fn read_warnings(run: &RunDir) -> Vec<String> {
+    fs::read_to_string(warnings_file(run))
+        .map(|t| {
+            t.lines()
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::records::{read_json_with_format, record_file, write_json_atomically};
+
+    fn write_record(paths: &SandboxPaths, record: &SandboxRecord) -> std::io::Result<()> {
+        write_json_atomically(&record_file(&paths.dir), record)
+    }
+
+    fn read_record(paths: &SandboxPaths) -> std::io::Result<SandboxRecord> {
+        read_json_with_format(&record_file(&paths.dir))
+    }
 
     fn sample(id: Uuid) -> SandboxRecord {
         SandboxRecord {
@@ -214,74 +169,26 @@ mod tests {
     }
 
     #[test]
-    fn records_round_trip_and_overwrite_atomically() {
+    fn records_round_trip_and_unknown_formats_are_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let id = Uuid::new_v4();
         let paths = SandboxPaths::new(tmp.path(), id);
         fs::create_dir_all(&paths.dir).unwrap();
         let mut record = sample(id);
         write_record(&paths, &record).unwrap();
-        assert_eq!(read_record(&paths.record).unwrap(), record);
-        record.generation = 8;
-        record.desired = Desired::Stopped;
-        write_record(&paths, &record).unwrap();
-        assert_eq!(read_record(&paths.record).unwrap(), record);
-        assert!(!paths.dir.join(".sandbox.json.tmp").exists());
-    }
-
-    #[test]
-    fn unknown_formats_are_refused() {
-        let tmp = tempfile::tempdir().unwrap();
-        let id = Uuid::new_v4();
-        let paths = SandboxPaths::new(tmp.path(), id);
-        fs::create_dir_all(&paths.dir).unwrap();
-        let mut record = sample(id);
+        assert_eq!(read_record(&paths).unwrap(), record);
         record.format = 99;
         write_record(&paths, &record).unwrap();
-        assert!(read_record(&paths.record).is_err());
-        fs::write(&paths.record, b"{not json").unwrap();
-        assert!(read_record(&paths.record).is_err());
+        assert!(read_record(&paths).is_err());
     }
 
     #[test]
-    fn run_files_are_read_back() {
+    fn the_shims_warnings_are_read_back() {
         let tmp = tempfile::tempdir().unwrap();
-        let sandbox = SandboxPaths::new(tmp.path(), Uuid::new_v4());
-        let old = sandbox.run("old");
-        fs::create_dir_all(&old.dir).unwrap();
-        let paths = sandbox.run("r1");
-        fs::create_dir_all(&paths.dir).unwrap();
-        assert_eq!(paths.read_init(), None);
-        assert_eq!(paths.read_exit(), None);
-        fs::write(
-            paths.init(),
-            "42 (sh) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 555 0 0\n",
-        )
-        .unwrap();
-        fs::write(paths.exit(), "137\n").unwrap();
-        fs::write(paths.warnings(), "a\n\nb\n").unwrap();
-        assert_eq!(
-            paths.read_init(),
-            Some(ProcessIdentity {
-                pid: 42,
-                start_ticks: 555
-            })
-        );
-        assert_eq!(paths.read_exit(), Some(137));
-        assert_eq!(
-            paths.read_warnings(),
-            vec!["a".to_string(), "b".to_string()]
-        );
-        assert_eq!(old.read_exit(), None, "runs do not share files");
-        // Half-written files (no final newline yet) are not read.
-        fs::write(paths.exit(), "13").unwrap();
-        fs::write(
-            paths.init(),
-            "42 (sh) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 55",
-        )
-        .unwrap();
-        assert_eq!((paths.read_init(), paths.read_exit()), (None, None));
-        sandbox.remove_runs().unwrap();
-        assert!(!old.dir.exists() && !paths.dir.exists() && sandbox.dir.exists());
+        let run = SandboxPaths::new(tmp.path(), Uuid::new_v4()).run("r1");
+        fs::create_dir_all(&run.dir).unwrap();
+        assert!(read_warnings(&run).is_empty());
+        fs::write(warnings_file(&run), "a\n\nb\n").unwrap();
+        assert_eq!(read_warnings(&run), vec!["a".to_string(), "b".to_string()]);
     }
 }

@@ -4,14 +4,12 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use uuid::Uuid;
 
 use super::ProcessDriver;
 use super::cgroup::Limits;
-use super::record::{self, RECORD_FORMAT, SandboxRecord, StoredSpec};
-use crate::host::contract::{self, Known};
-use crate::host::{Desired, feed, internal, locked, validate_command};
-use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
+use super::record::{RECORD_FORMAT, SandboxRecord, StoredSpec};
+use crate::host::{Desired, HostDriver, internal, lifecycle, validate_command};
+use crate::{ComputeDriver, DriverError, DriverStream, pb};
 
 #[async_trait]
 impl ComputeDriver for ProcessDriver {
@@ -38,36 +36,14 @@ impl ComputeDriver for ProcessDriver {
     }
 
     async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        sbx_proto::names::validate_name(&req.name).map_err(|e| {
-            DriverError::InvalidArgument(format!("sandbox name {:?}: {e}", req.name))
-        })?;
+        let id = lifecycle::create_id(&req)?;
         let spec = req.spec.unwrap_or_default();
         validate_command("the spec", &spec.command, &spec.env)?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-
-        if let Some(existing) = inner.record(id) {
-            let snapshot = inner.snapshot(&existing);
-            let wants_running = existing.desired == Desired::Running;
-            let known = (existing.workspace.as_str(), existing.name.as_str());
+        let inner = self.inner.as_ref();
+        let _serialised = inner.records.lock(id).await;
+        if let Some(existing) = inner.records.get(id) {
             let asked = (req.workspace.as_str(), req.name.as_str());
-            return match contract::known_create(
-                known,
-                asked,
-                req.generation,
-                snapshot,
-                wants_running,
-            )? {
-                Known::Answer(snapshot) => Ok(snapshot),
-                // Known but not running (a create retried after an interrupted launch, or
-                // under a new generation): start it.
-                Known::Launch => {
-                    inner.terminate(&existing, Duration::ZERO).await?;
-                    inner.start_run(existing, req.generation).await
-                }
-            };
+            return lifecycle::create_known(inner, existing, asked, req.generation).await;
         }
 
         let paths = inner.paths(id);
@@ -116,96 +92,27 @@ impl ComputeDriver for ProcessDriver {
     }
 
     async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-        let record = inner.require(id)?;
-        let snapshot = inner.snapshot(&record);
-        let wants_running = record.desired == Desired::Running;
-        if let Known::Answer(snapshot) =
-            contract::known_start(snapshot, wants_running, req.generation)?
-        {
-            return Ok(snapshot);
-        }
-        // Whatever is left of an earlier run (a half-finished stop) goes first.
-        inner.terminate(&record, Duration::ZERO).await?;
-        inner.start_run(record, req.generation).await
+        lifecycle::start(self.inner.as_ref(), req).await
     }
 
     async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-        let mut record = inner.require(id)?;
-        let grace = match req.grace_period_ms {
-            0 => inner.opts.default_grace,
-            ms => Duration::from_millis(u64::from(ms)),
-        };
-        if record.desired != Desired::Stopped {
-            record.desired = Desired::Stopped;
-            inner.save(&record)?;
-        }
-        inner.terminate(&record, grace).await?;
-        let snapshot = inner.snapshot(&record);
-        feed::publish(inner.as_ref(), id, &snapshot);
-        Ok(snapshot)
+        lifecycle::stop(self.inner.as_ref(), req).await
     }
 
     async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-        let Some(mut record) = inner.record(id) else {
-            return Ok(pb::DeleteResponse { deleted: false });
-        };
-        if record.desired != Desired::Stopped {
-            record.desired = Desired::Stopped;
-            inner.save(&record)?;
-        }
-        inner.terminate(&record, inner.opts.default_grace).await?;
-        let last = inner.snapshot(&record);
-        remove_cgroups(&record).await?;
-        let paths = inner.paths(id);
-        // Rename first: a driver killed during the removal leaves trash (emptied at open), not a
-        // half-deleted sandbox.
-        let trash = record::trash_dir(&inner.state_dir).join(format!("{id}-{}", Uuid::new_v4()));
-        std::fs::rename(&paths.dir, &trash)
-            .map_err(|e| internal("moving the sandbox to the trash", e))?;
-        locked(&inner.records).remove(&id);
-        if let Err(e) = std::fs::remove_dir_all(&trash) {
-            tracing::warn!(sandbox_id = %id, error = %e, "deleted sandbox's files not all removed");
-        }
-        feed::publish_deleted(inner.as_ref(), id, last);
-        // Forget the sandbox's lock unless another call waits on it (the map's and ours are the
-        // only references): a waiter must keep serialising against later calls for this id.
-        let mut locks = locked(&inner.locks);
-        if locks
-            .get(&id)
-            .is_some_and(|l| std::sync::Arc::strong_count(l) <= 2)
-        {
-            locks.remove(&id);
-        }
-        Ok(pb::DeleteResponse { deleted: true })
+        lifecycle::delete(self.inner.as_ref(), req).await
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let record = self.inner.require(id)?;
-        Ok(self.inner.snapshot(&record))
+        lifecycle::get(self.inner.as_ref(), &req)
     }
 
     async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
-        let mut records: Vec<SandboxRecord> =
-            locked(&self.inner.records).values().cloned().collect();
-        records.sort_by_key(|r| r.sandbox_id);
-        Ok(records.iter().map(|r| self.inner.snapshot(r)).collect())
+        Ok(lifecycle::list(self.inner.as_ref()))
     }
 
     async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        self.watch_stream()
+        Ok(lifecycle::watch(&self.inner, &self.alive))
     }
 
     async fn exec(
@@ -216,12 +123,13 @@ impl ComputeDriver for ProcessDriver {
     }
 
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
-        self.logs_stream(req)
+        lifecycle::logs(&self.inner, &req, &self.alive)
     }
 }
 
-/// Removes the sandbox's cgroups, killing stragglers; bounded to 5 s.
-async fn remove_cgroups(record: &SandboxRecord) -> Result<(), DriverError> {
+/// Removes the sandbox's cgroups (before a delete removes its directory), killing
+/// stragglers; bounded to 5 s.
+pub(super) async fn remove_cgroups(record: &SandboxRecord) -> Result<(), DriverError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         match record.cgroups.remove() {
