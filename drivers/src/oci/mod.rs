@@ -43,26 +43,24 @@ mod seccomp;
 mod service;
 mod streams;
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use nix::fcntl::Flock;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::host::feed::{self, SnapshotFeed, Watched};
+use crate::host::feed::{self, SnapshotFeed};
+use crate::host::logfile::log_since;
 use crate::host::observe::{self, RunFacts};
 use crate::host::procfs::{self, ProcessIdentity};
-use crate::host::{Desired, internal, lock_state_dir, locked};
+use crate::host::records::{self, RecordCache};
+use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms};
 use crate::image::{IdMap, ImageStore};
 use crate::{DriverError, pb};
-use record::{OciRecord, RunPaths, SandboxPaths};
+use record::{OciRecord, SandboxPaths};
 use runtime::Runtime;
 
 pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
@@ -120,8 +118,8 @@ impl Default for OciDriverOptions {
 #[derive(Debug)]
 pub struct OciDriver {
     inner: Arc<Inner>,
-    /// Dropped with the driver: its receivers end the watch and log streams it handed out.
-    alive: watch::Sender<()>,
+    /// Dropped with the driver: ends the watch and log streams it handed out.
+    alive: Alive,
 }
 
 #[derive(Debug)]
@@ -130,20 +128,12 @@ struct Inner {
     opts: OciDriverOptions,
     runtime: Runtime,
     images: ImageStore,
-    /// The records on disk, cached; every write goes to disk first.
-    records: Mutex<HashMap<Uuid, OciRecord>>,
-    /// One lock per sandbox serialises its lifecycle calls.
-    locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    /// The records on disk, cached, with one lock per sandbox that serialises its lifecycle
+    /// calls.
+    records: RecordCache<OciRecord>,
     feed: SnapshotFeed,
     /// The exclusive lock on `<state_dir>/driver.lock`.
     _instance_lock: Flock<File>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl OciDriver {
@@ -173,58 +163,36 @@ impl OciDriver {
         check_walkable(&state_dir)?;
         for dir in [
             state_dir.clone(),
-            record::sandboxes_dir(&state_dir),
+            records::sandboxes_dir(&state_dir),
             record::init_dir(&state_dir),
         ] {
             record::make_walkable_dir(&dir)
                 .map_err(|e| internal(&format!("making {}", dir.display()), e))?;
         }
-        for dir in [record::trash_dir(&state_dir), runtime.root.clone()] {
+        for dir in [records::trash_dir(&state_dir), runtime.root.clone()] {
             std::fs::create_dir_all(&dir)
                 .map_err(|e| internal(&format!("making {}", dir.display()), e))?;
         }
         let instance_lock = lock_state_dir(&state_dir)?;
         install_init(&record::init_dir(&state_dir), &busybox)?;
-        empty_trash(&record::trash_dir(&state_dir));
-
-        let mut records = HashMap::new();
-        let sandboxes = record::sandboxes_dir(&state_dir);
-        for entry in std::fs::read_dir(&sandboxes)
-            .map_err(|e| internal("reading the state directory", e))?
-            .flatten()
-        {
-            let Some(id) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| Uuid::parse_str(n).ok())
-            else {
-                tracing::warn!(path = %entry.path().display(), "not a sandbox directory; left alone");
-                continue;
-            };
-            let paths = SandboxPaths::new(&state_dir, id);
-            match record::read_record(&paths.record) {
-                Ok(record) => {
-                    if record.desired == Desired::Stopped {
-                        finish_interrupted_stop(&runtime, &paths, &record).await;
-                    }
-                    records.insert(id, record);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    // A create killed before its record was written: nothing was launched.
-                    let _ = rootfs::unmount(&paths.rootfs);
-                    if let Err(e) = std::fs::remove_dir_all(&paths.dir) {
-                        tracing::warn!(sandbox_id = %id, error = %e, "half-created sandbox not removed");
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(sandbox_id = %id, error = %e, "unreadable sandbox record; skipped")
-                }
+        // A root filesystem may still be mounted in the trash, or in a half-made sandbox.
+        let unmount_rootfs = |dir: &Path| {
+            let _ = rootfs::unmount(&SandboxPaths::of_dir(dir.to_path_buf()).rootfs);
+        };
+        let trash = records::trash_dir(&state_dir);
+        records::empty_trash(&trash, unmount_rootfs)?;
+        let sandboxes = records::sandboxes_dir(&state_dir);
+        let found = records::find_records::<OciRecord>(&sandboxes, |_, dir| unmount_rootfs(dir))?;
+        for record in found.values() {
+            if record.desired == Desired::Stopped {
+                let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
+                finish_interrupted_stop(&runtime, &paths, record).await;
             }
         }
         match runtime.list().await {
             Ok(containers) => {
                 for c in containers {
-                    let owned = Uuid::parse_str(&c.id).is_ok_and(|id| records.contains_key(&id));
+                    let owned = Uuid::parse_str(&c.id).is_ok_and(|id| found.contains_key(&id));
                     if !owned {
                         tracing::warn!(container = %c.id, status = %c.status, "a runtime container without a sandbox record; deleting it");
                         if let Err(e) = runtime.delete(&c.id).await {
@@ -235,20 +203,18 @@ impl OciDriver {
             }
             Err(e) => tracing::warn!(error = %e, "the runtime's containers could not be listed"),
         }
-        let (alive, _) = watch::channel(());
         let inner = Inner {
             state_dir,
             opts,
             runtime,
             images,
-            records: Mutex::new(records),
-            locks: Mutex::new(HashMap::new()),
+            records: RecordCache::new(sandboxes, trash, found),
             feed: SnapshotFeed::new(),
             _instance_lock: instance_lock,
         };
         Ok(OciDriver {
             inner: Arc::new(inner),
-            alive,
+            alive: Alive::new(),
         })
     }
 
@@ -269,23 +235,14 @@ impl OciDriver {
 
     /// The identity of the running init of sandbox `id`, if it runs.
     pub fn workload_identity(&self, id: Uuid) -> Option<ProcessIdentity> {
-        let record = self.inner.record(id)?;
-        self.inner
-            .run_paths(&record)
-            .read_init()
-            .filter(procfs::is_alive)
+        let record = self.inner.records.get(id)?;
+        self.inner.run_paths(&record).live_init()
     }
 
     /// The cgroup directories that exist for sandboxes under `cgroup_parent`, in every
     /// hierarchy (for leak checks).
     pub fn cgroup_leftovers(cgroup_parent: &str) -> Vec<PathBuf> {
         cgroup::children_of(cgroup_parent)
-    }
-
-    /// Resolves when this driver instance is dropped.
-    fn dropped(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut alive = self.alive.subscribe();
-        async move { while alive.changed().await.is_ok() {} }
     }
 }
 
@@ -336,25 +293,11 @@ fn install_init(dir: &Path, busybox: &Path) -> Result<(), DriverError> {
     Ok(())
 }
 
-fn empty_trash(trash: &Path) {
-    for entry in std::fs::read_dir(trash).into_iter().flatten().flatten() {
-        let _ = rootfs::unmount(&entry.path().join("bundle").join("rootfs"));
-        if let Err(e) = std::fs::remove_dir_all(entry.path()) {
-            tracing::warn!(path = %entry.path().display(), error = %e, "trash entry not removed");
-        }
-    }
-}
-
 /// Ends, without grace, a workload whose stop a killed driver left unfinished.
 async fn finish_interrupted_stop(runtime: &Runtime, paths: &SandboxPaths, record: &OciRecord) {
-    if let Some(init) = paths
+    paths
         .run(&record.run_id)
-        .read_init()
-        .filter(procfs::is_alive)
-    {
-        tracing::warn!(sandbox_id = %record.sandbox_id, %init, "finishing an interrupted stop");
-        let _ = kill(Pid::from_raw(init.pid), Signal::SIGKILL);
-    }
+        .finish_interrupted_stop(record.sandbox_id);
     if let Err(e) = runtime.delete(&record.sandbox_id.to_string()).await {
         tracing::warn!(sandbox_id = %record.sandbox_id, error = %e, "runtime container not deleted");
     }
@@ -366,31 +309,33 @@ impl Inner {
         SandboxPaths::new(&self.state_dir, id)
     }
 
-    fn run_paths(&self, record: &OciRecord) -> RunPaths {
+    fn run_paths(&self, record: &OciRecord) -> RunDir {
         self.paths(record.sandbox_id).run(&record.run_id)
     }
+}
 
-    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
-        locked(&self.locks).entry(id).or_default().clone()
+impl HostDriver for Inner {
+    type Record = OciRecord;
+    const NAME: &'static str = "oci";
+
+    fn records(&self) -> &RecordCache<OciRecord> {
+        &self.records
     }
 
-    fn record(&self, id: Uuid) -> Option<OciRecord> {
-        locked(&self.records).get(&id).cloned()
+    fn feed(&self) -> &SnapshotFeed {
+        &self.feed
     }
 
-    fn require(&self, id: Uuid) -> Result<OciRecord, DriverError> {
-        self.record(id).ok_or_else(|| DriverError::NotFound {
-            sandbox_id: id.to_string(),
-        })
+    fn default_grace(&self) -> Duration {
+        self.opts.default_grace
     }
 
-    /// Writes the record to disk (atomically), then to the cache.
-    fn save(&self, record: &OciRecord) -> Result<(), DriverError> {
-        let paths = self.paths(record.sandbox_id);
-        record::write_record(&paths, record)
-            .map_err(|e| internal("writing the sandbox record", e))?;
-        locked(&self.records).insert(record.sandbox_id, record.clone());
-        Ok(())
+    fn poll_interval(&self) -> Duration {
+        self.opts.poll_interval
+    }
+
+    fn log_file(&self, id: Uuid) -> PathBuf {
+        self.paths(id).log
     }
 
     /// What the sandbox looks like now, from its record, its run files and `/proc`.
@@ -410,28 +355,8 @@ impl Inner {
             exit_status,
             oom_killed,
         });
-        let has_run = observed.state != pb::State::Stopped;
-        let started_at = (has_run && record.launched_at_ms > 0).then(|| {
-            sbx_proto::Timestamp::from(UNIX_EPOCH + Duration::from_millis(record.launched_at_ms))
-        });
-        pb::Snapshot {
-            sandbox_id: record.sandbox_id.to_string(),
-            workspace: record.workspace.clone(),
-            name: record.name.clone(),
-            state: observed.state as i32,
-            generation: record.generation,
-            instance_id: if has_run {
-                init.map(|i| i.to_string()).unwrap_or_default()
-            } else {
-                String::new()
-            },
-            exit_code: observed.exit_code,
-            exit_signal: observed.exit_signal,
-            reason: observed.reason.to_string(),
-            message: observed.message,
-            warnings: record.warnings.clone(),
-            started_at,
-        }
+        let instance = init.map(|i| i.to_string());
+        observed.into_snapshot(record, record.generation, instance, record.warnings.clone())
     }
 
     /// Starts a new run under `generation`: the record (desired running, new generation, new
@@ -444,14 +369,13 @@ impl Inner {
     ) -> Result<pb::Snapshot, DriverError> {
         let id = record.sandbox_id;
         let paths = self.paths(id);
-        paths
-            .remove_runs()
+        crate::host::run::remove_runs(&paths.dir)
             .map_err(|e| internal("removing earlier run directories", e))?;
         record.run_id = Uuid::new_v4().simple().to_string();
         record.generation = generation;
         record.desired = Desired::Running;
         record.launched_at_ms = now_ms();
-        self.save(&record)?;
+        self.records.save(&record)?;
         if let Err(e) = self.launch(&record, &paths).await {
             let _ = self.runtime.delete(&id.to_string()).await;
             let _ = rootfs::unmount(&paths.rootfs);
@@ -468,6 +392,31 @@ impl Inner {
         Ok(snapshot)
     }
 
+    /// Ends the workload: SIGTERM to its init (which passes it on), SIGKILL after `grace`,
+    /// then `runc delete --force` and the overlay unmounted. Bounded.
+    async fn terminate(&self, record: &OciRecord, grace: Duration) -> Result<(), DriverError> {
+        let paths = self.run_paths(record);
+        if let Some(init) = paths.signal_init(record.sandbox_id, grace).await {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while procfs::is_alive(&init) {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(DriverError::Internal(format!(
+                        "sandbox {}'s init {init} still runs after SIGKILL",
+                        record.sandbox_id
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        self.runtime
+            .delete(&record.sandbox_id.to_string())
+            .await
+            .map_err(|e| DriverError::Internal(format!("deleting the container: {e}")))?;
+        rootfs::unmount(&self.paths(record.sandbox_id).rootfs).map_err(DriverError::Internal)
+    }
+}
+
+impl Inner {
     /// Mounts the root filesystem, writes the runtime config and runs the container; records
     /// the init's identity.
     async fn launch(&self, record: &OciRecord, paths: &SandboxPaths) -> Result<(), DriverError> {
@@ -530,7 +479,7 @@ impl Inner {
         let log_start = std::fs::metadata(&paths.log).map(|m| m.len()).unwrap_or(0);
         if let Err(e) = self
             .runtime
-            .run_detached(&id, &paths.bundle, &run.pid_file(), &paths.log)
+            .run_detached(&id, &paths.bundle, &record::pid_file(&run), &paths.log)
             .await
         {
             return Err(DriverError::Internal(format!(
@@ -538,7 +487,7 @@ impl Inner {
                 log_since(&paths.log, log_start)
             )));
         }
-        let pid: i32 = std::fs::read_to_string(run.pid_file())
+        let pid: i32 = std::fs::read_to_string(record::pid_file(&run))
             .ok()
             .and_then(|t| t.trim().parse().ok())
             .ok_or_else(|| DriverError::Internal("the runtime wrote no pid file".to_string()))?;
@@ -547,69 +496,6 @@ impl Inner {
         let line = format!("{}\n", stat.trim_end());
         std::fs::write(run.init(), line).map_err(|e| io("recording the init", e))?;
         Ok(())
-    }
-
-    /// Ends the workload: SIGTERM to its init (which passes it on), SIGKILL after `grace`,
-    /// then `runc delete --force` and the overlay unmounted. Bounded.
-    async fn terminate(&self, record: &OciRecord, grace: Duration) -> Result<(), DriverError> {
-        let paths = self.run_paths(record);
-        let tick = Duration::from_millis(10);
-        if let Some(init) = paths.read_init().filter(procfs::is_alive) {
-            let pid = Pid::from_raw(init.pid);
-            let _ = kill(pid, Signal::SIGTERM);
-            let deadline = tokio::time::Instant::now() + grace;
-            while procfs::is_alive(&init) && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(tick).await;
-            }
-            if procfs::is_alive(&init) {
-                tracing::warn!(sandbox_id = %record.sandbox_id, ?grace, "SIGTERM not heeded; SIGKILL");
-                let _ = kill(pid, Signal::SIGKILL);
-            }
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while procfs::is_alive(&init) {
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(DriverError::Internal(format!(
-                        "sandbox {}'s init {init} still runs after SIGKILL",
-                        record.sandbox_id
-                    )));
-                }
-                tokio::time::sleep(tick).await;
-            }
-        }
-        self.runtime
-            .delete(&record.sandbox_id.to_string())
-            .await
-            .map_err(|e| DriverError::Internal(format!("deleting the container: {e}")))?;
-        rootfs::unmount(&self.paths(record.sandbox_id).rootfs).map_err(DriverError::Internal)
-    }
-}
-
-fn log_since(log: &Path, offset: u64) -> String {
-    let text = std::fs::read(log).unwrap_or_default();
-    let start = usize::try_from(offset).unwrap_or(0).min(text.len());
-    let tail = String::from_utf8_lossy(&text[start..]).trim().to_string();
-    if tail.is_empty() {
-        "no output".to_string()
-    } else {
-        tail
-    }
-}
-
-impl Watched for Inner {
-    fn feed(&self) -> &SnapshotFeed {
-        &self.feed
-    }
-
-    fn current(&self) -> Vec<(Uuid, pb::Snapshot)> {
-        let records: Vec<OciRecord> = locked(&self.records).values().cloned().collect();
-        records
-            .iter()
-            .map(|r| (r.sandbox_id, self.snapshot(r)))
-            .collect()
-    }
-
-    fn exists(&self, id: Uuid) -> bool {
-        locked(&self.records).contains_key(&id)
     }
 }
 

@@ -19,21 +19,24 @@
 //! <state_dir>/trash/                            sandboxes being deleted
 //! ```
 //!
+//! The record is read and written by the kit (`host::records`: atomic writes, the format
+//! check, the trash), and so are the run directory's `init` and `exit` (`host::run`).
+//!
 //! Every directory on the way to a rootfs is mode 0711: the runtime's container init runs as
 //! the sandbox's unprivileged host uid and must be able to walk to the rootfs and to the
 //! sources of its bind mounts, but not list what is beside them.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::host::Desired;
-use crate::host::procfs::{self, ProcessIdentity};
+use crate::host::records::{self, HostRecord};
+use crate::host::{Desired, RunDir};
 
 /// The version of [`OciRecord`]'s format.
 pub const RECORD_FORMAT: u32 = 1;
@@ -82,11 +85,35 @@ pub struct OciRecord {
     pub spec_env: BTreeMap<String, String>,
 }
 
+impl HostRecord for OciRecord {
+    const FORMAT: u32 = RECORD_FORMAT;
+    fn format(&self) -> u32 {
+        self.format
+    }
+    fn sandbox_id(&self) -> Uuid {
+        self.sandbox_id
+    }
+    fn workspace(&self) -> &str {
+        &self.workspace
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn desired(&self) -> Desired {
+        self.desired
+    }
+    fn set_desired(&mut self, desired: Desired) {
+        self.desired = desired;
+    }
+    fn launched_at_ms(&self) -> u64 {
+        self.launched_at_ms
+    }
+}
+
 /// The paths of one sandbox's state.
 #[derive(Debug, Clone)]
 pub struct SandboxPaths {
     pub dir: PathBuf,
-    pub record: PathBuf,
     pub bundle: PathBuf,
     pub rootfs: PathBuf,
     pub upper: PathBuf,
@@ -95,18 +122,15 @@ pub struct SandboxPaths {
     pub log: PathBuf,
 }
 
-/// The files of one run of the workload.
-#[derive(Debug, Clone)]
-pub struct RunPaths {
-    pub dir: PathBuf,
-}
-
 impl SandboxPaths {
     pub fn new(state_dir: &Path, id: Uuid) -> SandboxPaths {
-        let dir = sandboxes_dir(state_dir).join(id.to_string());
+        Self::of_dir(records::sandboxes_dir(state_dir).join(id.to_string()))
+    }
+
+    /// The paths of the sandbox whose directory is `dir` (also one in the trash).
+    pub fn of_dir(dir: PathBuf) -> SandboxPaths {
         let bundle = dir.join("bundle");
         SandboxPaths {
-            record: dir.join("sandbox.json"),
             rootfs: bundle.join("rootfs"),
             bundle,
             upper: dir.join("upper"),
@@ -117,60 +141,14 @@ impl SandboxPaths {
         }
     }
 
-    pub fn run(&self, run_id: &str) -> RunPaths {
-        RunPaths {
-            dir: self.dir.join(format!("run-{run_id}")),
-        }
-    }
-
-    /// Removes every run directory.
-    pub fn remove_runs(&self) -> io::Result<()> {
-        for entry in fs::read_dir(&self.dir)?.flatten() {
-            if entry.file_name().to_string_lossy().starts_with("run-") {
-                fs::remove_dir_all(entry.path())?;
-            }
-        }
-        Ok(())
+    pub fn run(&self, run_id: &str) -> RunDir {
+        RunDir::new(&self.dir, run_id)
     }
 }
 
-impl RunPaths {
-    pub fn init(&self) -> PathBuf {
-        self.dir.join("init")
-    }
-
-    pub fn exit(&self) -> PathBuf {
-        self.dir.join("exit")
-    }
-
-    pub fn pid_file(&self) -> PathBuf {
-        self.dir.join("pid")
-    }
-
-    /// The identity of the run's container init, as the driver recorded it after the launch.
-    pub fn read_init(&self) -> Option<ProcessIdentity> {
-        let line = complete_line(&self.init())?;
-        procfs::parse_stat_line(&line).map(|s| s.identity)
-    }
-
-    /// The wait status of the main process, once the init has written it.
-    pub fn read_exit(&self) -> Option<i32> {
-        complete_line(&self.exit())?.trim().parse().ok()
-    }
-}
-
-/// The file's text if it is a complete line (written to its final newline), else `None`.
-fn complete_line(path: &Path) -> Option<String> {
-    let text = fs::read_to_string(path).ok()?;
-    text.ends_with('\n').then_some(text)
-}
-
-pub fn sandboxes_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("sandboxes")
-}
-
-pub fn trash_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("trash")
+/// Where the runtime writes the pid of the run's container init.
+pub fn pid_file(run: &RunDir) -> PathBuf {
+    run.dir.join("pid")
 }
 
 pub fn runtime_root(state_dir: &Path) -> PathBuf {
@@ -188,34 +166,18 @@ pub fn make_walkable_dir(dir: &Path) -> io::Result<()> {
     fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
 }
 
-/// Writes `record` atomically: temp file, fsync, rename over the record, fsync the directory.
-pub fn write_record(paths: &SandboxPaths, record: &OciRecord) -> io::Result<()> {
-    let bytes = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
-    let tmp = paths.dir.join(".sandbox.json.tmp");
-    {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-    }
-    fs::rename(&tmp, &paths.record)?;
-    fs::File::open(&paths.dir)?.sync_all()
-}
-
-pub fn read_record(path: &Path) -> io::Result<OciRecord> {
-    let bytes = fs::read(path)?;
-    let record: OciRecord = serde_json::from_slice(&bytes).map_err(io::Error::other)?;
-    if record.format != RECORD_FORMAT {
-        return Err(io::Error::other(format!(
-            "record format {} is not the supported {RECORD_FORMAT}",
-            record.format
-        )));
-    }
-    Ok(record)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::records::{read_json_with_format, record_file, write_json_atomically};
+
+    fn write_record(paths: &SandboxPaths, record: &OciRecord) -> std::io::Result<()> {
+        write_json_atomically(&record_file(&paths.dir), record)
+    }
+
+    fn read_record(paths: &SandboxPaths) -> std::io::Result<OciRecord> {
+        read_json_with_format(&record_file(&paths.dir))
+    }
 
     #[test]
     fn records_round_trip_and_bad_ones_are_refused() {
@@ -247,11 +209,9 @@ mod tests {
             spec_env: BTreeMap::new(),
         };
         write_record(&paths, &record).unwrap();
-        assert_eq!(read_record(&paths.record).unwrap(), record);
+        assert_eq!(read_record(&paths).unwrap(), record);
         record.format = 9;
         write_record(&paths, &record).unwrap();
-        assert!(read_record(&paths.record).is_err());
-        fs::write(&paths.record, b"{").unwrap();
-        assert!(read_record(&paths.record).is_err());
+        assert!(read_record(&paths).is_err());
     }
 }

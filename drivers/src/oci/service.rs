@@ -3,18 +3,15 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use nix::unistd::{Gid, Uid, chown};
-use uuid::Uuid;
 
 use super::record::{self, ImageRun, OciRecord, RECORD_FORMAT};
 use super::{Inner, OciDriver};
-use crate::host::contract::{self, Known};
-use crate::host::{Desired, feed, internal, locked, validate_command};
+use crate::host::{Desired, HostDriver, internal, lifecycle, validate_command};
 use crate::image::{ImageError, ImageInfo};
-use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
+use crate::{ComputeDriver, DriverError, DriverStream, pb};
 
 /// The PATH a workload gets when its image sets none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -43,12 +40,9 @@ impl ComputeDriver for OciDriver {
     }
 
     async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        sbx_proto::names::validate_name(&req.name).map_err(|e| {
-            DriverError::InvalidArgument(format!("sandbox name {:?}: {e}", req.name))
-        })?;
+        let id = lifecycle::create_id(&req)?;
         let spec = req.spec.unwrap_or_default();
-        let inner = &self.inner;
+        let inner = self.inner.as_ref();
         let image = inner.image(&spec.image)?;
         let run = image_run(&image, &spec, &req.name, inner.images.layer_dirs(&image));
         let env_pairs: Vec<(String, String)> = run
@@ -68,27 +62,10 @@ impl ComputeDriver for OciDriver {
                 false => e,
             },
         )?;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-
-        if let Some(existing) = inner.record(id) {
-            let snapshot = inner.snapshot(&existing);
-            let wants_running = existing.desired == Desired::Running;
-            let known = (existing.workspace.as_str(), existing.name.as_str());
+        let _serialised = inner.records.lock(id).await;
+        if let Some(existing) = inner.records.get(id) {
             let asked = (req.workspace.as_str(), req.name.as_str());
-            return match contract::known_create(
-                known,
-                asked,
-                req.generation,
-                snapshot,
-                wants_running,
-            )? {
-                Known::Answer(snapshot) => Ok(snapshot),
-                Known::Launch => {
-                    inner.terminate(&existing, Duration::ZERO).await?;
-                    inner.start_run(existing, req.generation).await
-                }
-            };
+            return lifecycle::create_known(inner, existing, asked, req.generation).await;
         }
 
         let paths = inner.paths(id);
@@ -116,90 +93,27 @@ impl ComputeDriver for OciDriver {
     }
 
     async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-        let record = inner.require(id)?;
-        let snapshot = inner.snapshot(&record);
-        let wants_running = record.desired == Desired::Running;
-        if let Known::Answer(snapshot) =
-            contract::known_start(snapshot, wants_running, req.generation)?
-        {
-            return Ok(snapshot);
-        }
-        inner.terminate(&record, Duration::ZERO).await?;
-        inner.start_run(record, req.generation).await
+        lifecycle::start(self.inner.as_ref(), req).await
     }
 
     async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-        let mut record = inner.require(id)?;
-        let grace = match req.grace_period_ms {
-            0 => inner.opts.default_grace,
-            ms => Duration::from_millis(u64::from(ms)),
-        };
-        if record.desired != Desired::Stopped {
-            record.desired = Desired::Stopped;
-            inner.save(&record)?;
-        }
-        inner.terminate(&record, grace).await?;
-        let snapshot = inner.snapshot(&record);
-        feed::publish(inner.as_ref(), id, &snapshot);
-        Ok(snapshot)
+        lifecycle::stop(self.inner.as_ref(), req).await
     }
 
     async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-        let Some(mut record) = inner.record(id) else {
-            return Ok(pb::DeleteResponse { deleted: false });
-        };
-        if record.desired != Desired::Stopped {
-            record.desired = Desired::Stopped;
-            inner.save(&record)?;
-        }
-        inner.terminate(&record, inner.opts.default_grace).await?;
-        let last = inner.snapshot(&record);
-        let paths = inner.paths(id);
-        // Rename first: a driver killed during the removal leaves trash (emptied at open).
-        let trash = record::trash_dir(&inner.state_dir).join(format!("{id}-{}", Uuid::new_v4()));
-        std::fs::rename(&paths.dir, &trash)
-            .map_err(|e| internal("moving the sandbox to the trash", e))?;
-        locked(&inner.records).remove(&id);
-        if let Err(e) = std::fs::remove_dir_all(&trash) {
-            tracing::warn!(sandbox_id = %id, error = %e, "deleted sandbox's files not all removed");
-        }
-        feed::publish_deleted(inner.as_ref(), id, last);
-        let mut locks = locked(&inner.locks);
-        if locks
-            .get(&id)
-            .is_some_and(|l| std::sync::Arc::strong_count(l) <= 2)
-        {
-            locks.remove(&id);
-        }
-        Ok(pb::DeleteResponse { deleted: true })
+        lifecycle::delete(self.inner.as_ref(), req).await
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let record = self.inner.require(id)?;
-        Ok(self.inner.snapshot(&record))
+        lifecycle::get(self.inner.as_ref(), &req)
     }
 
     async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
-        let mut records: Vec<OciRecord> = locked(&self.inner.records).values().cloned().collect();
-        records.sort_by_key(|r| r.sandbox_id);
-        Ok(records.iter().map(|r| self.inner.snapshot(r)).collect())
+        Ok(lifecycle::list(self.inner.as_ref()))
     }
 
     async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        self.watch_stream()
+        Ok(lifecycle::watch(&self.inner, &self.alive))
     }
 
     async fn exec(
@@ -210,7 +124,7 @@ impl ComputeDriver for OciDriver {
     }
 
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
-        self.logs_stream(req)
+        lifecycle::logs(&self.inner, &req, &self.alive)
     }
 }
 

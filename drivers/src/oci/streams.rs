@@ -1,12 +1,9 @@
-//! The streaming calls of the oci driver: watch (a poller over every sandbox), exec (`runc
-//! exec` of a process with the workload's environment, user, capabilities and seccomp) and
-//! logs (tail and follow of the log file).
+//! The exec of the oci driver: `runc exec` of a process with the workload's environment,
+//! user, capabilities and seccomp. (Watch and logs are the kit's, `host::lifecycle`.)
 
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use uuid::Uuid;
@@ -14,26 +11,19 @@ use uuid::Uuid;
 use super::record::OciRecord;
 use super::{OciDriver, bundle, rootfs};
 use crate::host::exec;
-use crate::host::logfile::log_stream;
-use crate::host::{Desired, feed, internal, locked, procfs, validate_command};
+use crate::host::{Desired, internal, validate_command};
 use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
 
 impl OciDriver {
-    pub(super) fn watch_stream(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        let events = feed::watch(&self.inner, "oci", self.inner.opts.poll_interval);
-        Ok(Box::pin(events.take_until(self.dropped())))
-    }
-
     pub(super) async fn exec_stream(
         &self,
         req: pb::ExecRequest,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         validate_command("exec", &req.command, &req.env)?;
-        let record = self.inner.require(id)?;
+        let record = self.inner.records.require(id)?;
         let run = self.inner.run_paths(&record);
-        let running = record.desired == Desired::Running
-            && run.read_init().is_some_and(|i| procfs::is_alive(&i));
+        let running = record.desired == Desired::Running && run.live_init().is_some();
         if !running {
             return Err(DriverError::FailedPrecondition(format!(
                 "sandbox {id} is not running; exec needs a running workload"
@@ -84,27 +74,6 @@ impl OciDriver {
             let _ = std::fs::remove_file(&pid_file);
         };
         exec::stream_output(child, timeout, end, finished)
-    }
-
-    pub(super) fn logs_stream(
-        &self,
-        req: pb::LogsRequest,
-    ) -> Result<DriverStream<pb::LogChunk>, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        self.inner.require(id)?;
-        let log = self.inner.paths(id).log;
-        let weak = Arc::downgrade(&self.inner);
-        let interval = self
-            .inner
-            .opts
-            .poll_interval
-            .min(Duration::from_millis(100));
-        let exists = move || {
-            weak.upgrade()
-                .is_some_and(|inner| locked(&inner.records).contains_key(&id))
-        };
-        let stream = log_stream(log, req.tail_lines, req.follow, interval, exists)?;
-        Ok(Box::pin(stream.take_until(self.dropped())))
     }
 }
 
