@@ -70,34 +70,64 @@ pub enum CliError {
         message: String,
     },
 
-    /// While waiting for Ready, the sandbox was stopped or deleted by someone else, so it will
-    /// never become Ready on its own.
-    #[error("sandbox {name:?} will not become Ready: it is {phase} (desired state {desired})")]
+    /// While waiting, someone else changed the sandbox's desired state (stopped, started or
+    /// deleted it), so it will never reach the goal on its own.
+    #[error("sandbox {name:?} will not become {goal}: it is {phase} (desired state {desired})")]
     SandboxAbandoned {
         name: String,
+        goal: &'static str,
         phase: String,
         desired: String,
     },
 
-    /// The sandbox was not Ready within `--timeout`. It is left as it is, not deleted.
+    /// While waiting for Ready or Stopped, the sandbox was deleted.
+    #[error("sandbox {name:?} (id {id}) was deleted while waiting for it to become {goal}")]
+    SandboxGone {
+        name: String,
+        id: String,
+        goal: &'static str,
+    },
+
+    /// The sandbox did not reach the goal within `--timeout`. It is left as it is.
     #[error(
-        "sandbox {name:?} not Ready after {}s (last phase {phase}); it was left as it is — \
+        "sandbox {name:?} not {goal} after {}s (last phase {phase}); it was left as it is — \
          see `sbx sandbox get --id {id}`",
         timeout.as_secs()
     )]
     WaitTimeout {
         name: String,
         id: String,
+        goal: &'static str,
         phase: String,
         timeout: Duration,
     },
 
+    /// `sbx wait --for serving` gave up: the gateway did not answer SERVING in time.
+    #[error("{what} not serving after {}s: {last}", timeout.as_secs())]
+    NotServing {
+        what: String,
+        timeout: Duration,
+        last: String,
+    },
+
+    /// An `--addr-file` exists but cannot be read.
+    #[error("cannot read the address file {path}: {cause}")]
+    AddrFile { path: String, cause: String },
+
+    /// `sbx wait` was given a combination it cannot wait on.
+    #[error("{0}")]
+    WaitUsage(String),
+
     /// The user pressed Ctrl-C while the CLI waited for Ready. The sandbox is left as it is.
     #[error(
-        "interrupted while waiting for sandbox {name:?} to become Ready; it was left as it is — \
-         see `sbx sandbox get --id {id}`"
+        "interrupted while waiting for sandbox {name:?} to become {goal}; it was left as it is \
+         — see `sbx sandbox get --id {id}`"
     )]
-    Interrupted { name: String, id: String },
+    Interrupted {
+        name: String,
+        id: String,
+        goal: &'static str,
+    },
 
     /// CreateSandbox answered a sandbox without an id. The CLI then cannot follow the sandbox
     /// safely (a name may come to mean another sandbox), so it stops; a gateway bug.

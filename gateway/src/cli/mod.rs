@@ -2,9 +2,10 @@
 //!
 //! Layout: this module holds the clap argument types; [`request`] turns them into protobuf
 //! requests (pure); [`run`] dials the gateway and dispatches; [`output`] renders protobuf
-//! objects as tables, JSON or YAML (pure); [`size`] parses `--memory`; [`wait`] waits for a new
-//! sandbox to become Ready; [`stream`] passes exec/logs/watch streams through; [`image`] runs
-//! the image commands (pull with progress, import of a file or an OCI layout directory).
+//! objects as tables, JSON or YAML (pure); [`size`] parses `--memory`; [`wait`] waits for a
+//! sandbox to become Ready, Stopped or deleted, and for the gateway to serve; [`stream`] passes
+//! exec/logs/watch streams through; [`image`] runs the image commands (pull with progress,
+//! import of a file or an OCI layout directory).
 
 pub mod error;
 pub mod image;
@@ -81,6 +82,61 @@ pub enum Command {
     /// Pull, import, inspect, list and delete images (what sandboxes on image drivers run).
     #[command(subcommand, visible_alias = "img")]
     Image(ImageCommand),
+    /// Wait until the gateway serves (`--for serving`) or a sandbox is Ready, Stopped or
+    /// deleted (`--for ready|stopped|deleted NAME`).
+    Wait(WaitArgs),
+}
+
+/// What `sbx wait` waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WaitCondition {
+    /// The gateway's health service answers SERVING (every sandbox re-attached).
+    Serving,
+    /// The sandbox is Ready (or Completed), and stays Ready for --settle.
+    Ready,
+    /// The sandbox runs no workload: Stopped, Completed or Error.
+    Stopped,
+    /// The sandbox is gone.
+    Deleted,
+}
+
+/// `sbx wait`.
+#[derive(Debug, Clone, Args)]
+#[command(
+    long_about = "Wait until the gateway serves, or until a sandbox reaches a state.\n\n\
+        `sbx wait --for serving` tries the health service of --endpoint (SBX_ENDPOINT) until it \
+        answers SERVING; with --addr-file it reads the address from that file (as `sbxd serve \
+        --addr-file` writes it) on every try, and prints it: \
+        `SBX_ENDPOINT=$(sbx wait --for serving --addr-file F)`.\n\n\
+        `sbx wait --for ready|stopped|deleted NAME` follows the sandbox on the gateway's watch \
+        stream and returns the moment it gets there (printing it, except for deleted); it \
+        fails when the sandbox cannot get there by itself (Error while waiting for ready, \
+        deleted while waiting for ready or stopped)."
+)]
+pub struct WaitArgs {
+    /// The condition.
+    #[arg(long = "for", value_enum, value_name = "CONDITION")]
+    pub condition: WaitCondition,
+    /// With --for serving: where sbxd writes its address (`sbxd serve --addr-file`).
+    #[arg(long, value_name = "PATH")]
+    pub addr_file: Option<std::path::PathBuf>,
+    /// The workspace of the sandbox named (default: "default").
+    #[arg(short = 'w', long, value_name = "WORKSPACE", value_parser = parse_name, conflicts_with = "id")]
+    pub workspace: Option<String>,
+    /// The sandbox's name (not with --for serving).
+    #[arg(value_parser = parse_name, conflicts_with = "id")]
+    pub name: Option<String>,
+    /// The sandbox's UUID (authoritative).
+    #[arg(long, value_name = "UUID")]
+    pub id: Option<Uuid>,
+    /// How long to wait before giving up.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub timeout: u64,
+    /// With --for ready: how long the sandbox must stay Ready, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub settle: u64,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// How a command prints the objects it gets back.
@@ -197,18 +253,22 @@ pub struct WorkspaceDeleteArgs {
 #[derive(Debug, Subcommand)]
 pub enum SandboxCommand {
     /// Create a sandbox running CMD ARGS… and (unless --detach) wait until it is Ready.
+    #[command(long_about = CREATE_ABOUT)]
     Create(SandboxCreateArgs),
     /// Show one sandbox.
     Get(SandboxTargetArgs),
     /// List sandboxes of one workspace or of all (every page).
     #[command(visible_alias = "ls")]
     List(SandboxListArgs),
-    /// Stop a sandbox's workload (its files are kept). Stopping a stopped sandbox does nothing.
-    Stop(SandboxTargetArgs),
-    /// Start a stopped sandbox (also recovers one in Error). Starting a running one does nothing.
-    Start(SandboxTargetArgs),
-    /// Restart a sandbox's workload under a new generation (files are kept).
-    Restart(SandboxTargetArgs),
+    /// Stop a sandbox's workload (its files are kept) and wait until it is Stopped. Stopping a
+    /// stopped sandbox does nothing.
+    Stop(SandboxActionArgs),
+    /// Start a stopped sandbox (also recovers one in Error) and wait until it is Ready.
+    /// Starting a running one does nothing.
+    Start(SandboxActionArgs),
+    /// Restart a sandbox's workload under a new generation (files are kept) and wait until it
+    /// is Ready.
+    Restart(SandboxActionArgs),
     /// Delete a sandbox and its files. Deleting an absent sandbox succeeds with deleted=false.
     #[command(visible_alias = "rm")]
     Delete(SandboxTargetArgs),
@@ -253,14 +313,44 @@ pub struct SandboxTargetArgs {
     pub output: OutputArgs,
 }
 
+/// A stop, start or restart, which waits (unless --detach) for the state it asks for.
+#[derive(Debug, Clone, Args)]
+pub struct SandboxActionArgs {
+    #[command(flatten)]
+    pub target: SandboxTargetArgs,
+    /// Print the gateway's answer at once, without waiting.
+    #[arg(short = 'd', long)]
+    pub detach: bool,
+    /// How long to wait before giving up (the sandbox is left as it is).
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub timeout: u64,
+}
+
+/// The long help of `sbx sandbox create`: what the wait promises.
+const CREATE_ABOUT: &str = "Create a sandbox running CMD ARGS… and (unless --detach) wait \
+    until it is Ready.\n\n\
+    `sbx sandbox create NAME -- CMD ARGS…` (`-n NAME` works too). The wait follows the \
+    gateway's watch stream. What Ready promises, when create exits 0 and prints phase Ready: \
+    the driver started the main process, the sandbox then stayed Ready for --settle \
+    (default 500 ms), and the gateway's record, read just before printing, still said Ready. \
+    A main process that ends within that time is reported as what it is: exit 0 makes the \
+    sandbox Completed (printed, exit 0); a non-zero exit or a signal makes it Error, and \
+    create fails (exit 1) with the reason and status, e.g. `sandbox \"web\" failed: \
+    ExitedNonZero: main process exited with status 3`. Ready does not promise the process \
+    keeps running afterwards (drivers notice an exit within about 250 ms; see `sbx sandbox \
+    get`, `sbx wait`). --settle 0 answers the moment the gateway says Ready.";
+
 #[derive(Debug, Clone, Args)]
 pub struct SandboxCreateArgs {
     /// The workspace to create the sandbox in (default: "default").
     #[arg(short = 'w', long, value_name = "WORKSPACE", value_parser = parse_name)]
     pub workspace: Option<String>,
     /// The sandbox's name, unique in its workspace (default: "sbx-" + 8 random characters).
-    #[arg(short = 'n', long, value_parser = parse_name)]
+    #[arg(value_name = "NAME", value_parser = parse_name, conflicts_with = "name_flag")]
     pub name: Option<String>,
+    /// The sandbox's name, as an option (the same as NAME).
+    #[arg(short = 'n', long = "name", id = "name_flag", value_name = "NAME", value_parser = parse_name)]
+    pub name_flag: Option<String>,
     /// A label to set, KEY=VALUE; repeatable.
     #[arg(short = 'l', long = "label", value_name = "KEY=VALUE", value_parser = parse_key_value)]
     pub labels: Vec<(String, String)>,
@@ -287,6 +377,10 @@ pub struct SandboxCreateArgs {
     /// How long to wait for Ready before giving up (the sandbox is left as it is).
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub timeout: u64,
+    /// How long the sandbox must stay Ready before create reports it, in milliseconds (a
+    /// main process that ends within it is reported as Completed or as the failure).
+    #[arg(long, value_name = "MS", default_value_t = wait::DEFAULT_SETTLE.as_millis() as u64)]
+    pub settle: u64,
     /// The workload's command and its arguments, after `--` (may be left out on a driver with
     /// images when the image has an Entrypoint or Cmd: the image's default then runs).
     #[arg(last = true, value_name = "CMD")]

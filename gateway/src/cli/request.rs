@@ -143,7 +143,11 @@ pub fn create_sandbox_request(
     });
     Ok(CreateSandboxRequest {
         workspace: args.workspace.clone().unwrap_or_default(),
-        name: args.name.clone().unwrap_or(generated_name),
+        name: args
+            .name
+            .clone()
+            .or_else(|| args.name_flag.clone())
+            .unwrap_or(generated_name),
         spec: Some(SandboxSpec {
             command: args.command.clone(),
             env: key_value_map("--env", &args.env)?,

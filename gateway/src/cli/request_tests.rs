@@ -145,6 +145,31 @@ fn sandbox_create_options() {
 }
 
 #[test]
+fn sandbox_create_takes_the_name_positionally_or_with_n() {
+    for argv in [
+        &["create", "web", "--", "true"][..],
+        &["create", "-n", "web", "--", "true"],
+        &["create", "--name", "web", "--", "true"],
+    ] {
+        let SandboxCommand::Create(args) = sandbox(argv) else {
+            panic!("not create");
+        };
+        let req = create_sandbox_request(&args, "generated".into()).unwrap();
+        assert_eq!(req.name, "web", "argv {argv:?}");
+        assert_eq!(req.spec.unwrap().command, ["true"], "argv {argv:?}");
+        assert_eq!(args.settle, 500, "the default settle");
+    }
+    check_usage_error(
+        &["sandbox", "create", "web", "-n", "db", "--", "true"],
+        "cannot be used with",
+    );
+    check_usage_error(
+        &["sandbox", "create", "Web", "--", "true"],
+        sbx_proto::names::NAME_RULE,
+    );
+}
+
+#[test]
 fn sandbox_create_refuses_duplicate_keys() {
     let SandboxCommand::Create(args) = sandbox(&["create", "-l", "a=1", "-l", "a=2", "--", "x"])
     else {
@@ -253,11 +278,10 @@ fn sandbox_refs_by_name_and_by_id() {
     ];
     for (argv, expected) in cases {
         let args = match sandbox(argv) {
-            SandboxCommand::Get(a)
-            | SandboxCommand::Stop(a)
-            | SandboxCommand::Start(a)
-            | SandboxCommand::Restart(a)
-            | SandboxCommand::Delete(a) => a,
+            SandboxCommand::Get(a) | SandboxCommand::Delete(a) => a,
+            SandboxCommand::Stop(a) | SandboxCommand::Start(a) | SandboxCommand::Restart(a) => {
+                a.target
+            }
             other => panic!("argv {argv:?} parsed as {other:?}"),
         };
         assert_eq!(

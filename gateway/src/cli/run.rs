@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime};
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use sbx_proto::v1::{
-    DeleteSandboxRequest, GetSandboxRequest, GetWorkspaceRequest, RestartSandboxRequest,
-    SandboxRef, StartSandboxRequest, StopSandboxRequest,
+    DeleteSandboxRequest, GetSandboxRequest, GetWorkspaceRequest, RestartSandboxRequest, Sandbox,
+    StartSandboxRequest, StopSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -21,10 +21,12 @@ use super::output::{
     render_deleted, render_sandbox, render_sandboxes, render_workspace, render_workspaces,
 };
 use super::request::{self, describe_sandbox_ref, describe_workspace_ref, sandbox_ref};
-use super::wait::{POLL_INTERVAL, progress_for_stderr, wait_until_ready};
+use super::wait::{
+    Goal, Observation, WaitOptions, WatchSource, progress_for_stderr, wait_for, wait_serving,
+};
 use super::{
-    Cli, CliError, Command, SandboxCommand, SandboxCreateArgs, SandboxTargetArgs, WorkspaceCommand,
-    stream,
+    Cli, CliError, Command, SandboxActionArgs, SandboxCommand, SandboxCreateArgs,
+    SandboxTargetArgs, WaitArgs, WaitCondition, WorkspaceCommand, stream,
 };
 
 /// How long to wait for the TCP + HTTP/2 connection to the gateway.
@@ -79,6 +81,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Workspace(cmd) => run_workspace(&cli.endpoint, cmd).await,
         Command::Sandbox(cmd) => run_sandbox(&cli.endpoint, cmd).await,
         Command::Image(cmd) => super::image::run_image(&cli.endpoint, cmd).await,
+        Command::Wait(args) => run_wait(&cli.endpoint, &args).await,
     }
 }
 
@@ -208,7 +211,7 @@ async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliE
 async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError> {
     match cmd {
         SandboxCommand::Create(args) => create_sandbox(endpoint, &args).await,
-        SandboxCommand::Get(args) => lifecycle(endpoint, &args, Lifecycle::Get).await,
+        SandboxCommand::Get(args) => get_sandbox(endpoint, &args).await,
         SandboxCommand::Stop(args) => lifecycle(endpoint, &args, Lifecycle::Stop).await,
         SandboxCommand::Start(args) => lifecycle(endpoint, &args, Lifecycle::Start).await,
         SandboxCommand::Restart(args) => lifecycle(endpoint, &args, Lifecycle::Restart).await,
@@ -266,24 +269,44 @@ async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError
     }
 }
 
-/// The unary calls that name one sandbox and answer it.
+async fn get_sandbox(endpoint: &str, args: &SandboxTargetArgs) -> Result<u8, CliError> {
+    let sandbox = Some(sandbox_ref(&args.scope, &args.target));
+    let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+    let answer = client.get_sandbox(GetSandboxRequest { sandbox }).await?;
+    print(&render_sandbox(
+        args.output.format,
+        &answer.into_inner(),
+        SystemTime::now(),
+    )?)?;
+    Ok(0)
+}
+
+/// The calls that change what a sandbox should be doing, and then wait for it.
 #[derive(Debug, Clone, Copy)]
 enum Lifecycle {
-    Get,
     Stop,
     Start,
     Restart,
 }
 
+impl Lifecycle {
+    fn goal(self) -> Goal {
+        match self {
+            Lifecycle::Stop => Goal::Stopped,
+            Lifecycle::Start | Lifecycle::Restart => Goal::Ready,
+        }
+    }
+}
+
 async fn lifecycle(
     endpoint: &str,
-    args: &SandboxTargetArgs,
+    args: &SandboxActionArgs,
     call: Lifecycle,
 ) -> Result<u8, CliError> {
-    let sandbox = Some(sandbox_ref(&args.scope, &args.target));
+    let target = &args.target;
+    let sandbox = Some(sandbox_ref(&target.scope, &target.target));
     let mut client = SandboxServiceClient::new(connect(endpoint).await?);
     let answer = match call {
-        Lifecycle::Get => client.get_sandbox(GetSandboxRequest { sandbox }).await?,
         Lifecycle::Stop => client.stop_sandbox(StopSandboxRequest { sandbox }).await?,
         Lifecycle::Start => {
             client
@@ -295,13 +318,73 @@ async fn lifecycle(
                 .restart_sandbox(RestartSandboxRequest { sandbox })
                 .await?
         }
+    }
+    .into_inner();
+    let sandbox = if args.detach {
+        answer
+    } else {
+        let options = WaitOptions {
+            timeout: Duration::from_secs(args.timeout),
+            settle: Duration::ZERO,
+        };
+        present(follow(&client, answer, call.goal(), options).await?)?
     };
     print(&render_sandbox(
-        args.output.format,
-        &answer.into_inner(),
+        target.output.format,
+        &sandbox,
         SystemTime::now(),
     )?)?;
     Ok(0)
+}
+
+/// Waits for `goal` from `answer` (the gateway's answer to the call that started the wait)
+/// on, following the sandbox by id on the watch stream, with progress on stderr; Ctrl-C ends
+/// the wait and leaves the sandbox as it is.
+async fn follow(
+    client: &SandboxServiceClient<Channel>,
+    answer: Sandbox,
+    goal: Goal,
+    options: WaitOptions,
+) -> Result<Observation, CliError> {
+    // Followed by id only: the id is the identity; the name could meanwhile mean another
+    // sandbox (deleted and re-created by someone else).
+    if answer.id.is_empty() {
+        return Err(CliError::CreatedWithoutId { name: answer.name });
+    }
+    let interrupted = CliError::Interrupted {
+        name: answer.name.clone(),
+        id: answer.id.clone(),
+        goal: goal.name(),
+    };
+    let mut source = WatchSource::new(client.clone(), &answer);
+    let mut progress = progress_for_stderr();
+    let waited = tokio::select! {
+        waited = wait_for(
+            goal,
+            Observation::Present(answer),
+            &mut source,
+            options,
+            progress.as_mut(),
+        ) => waited,
+        // If the handler cannot be installed, wait on without it.
+        Ok(()) = tokio::signal::ctrl_c() => Err(interrupted),
+    };
+    // Clears the spinner however the wait ended (an interrupted wait never reached its own
+    // finish call); finishing twice is harmless.
+    progress.finish();
+    waited
+}
+
+/// The sandbox a finished wait for Ready or Stopped saw (such a wait fails when it is gone).
+fn present(observation: Observation) -> Result<Sandbox, CliError> {
+    match observation {
+        Observation::Present(sandbox) => Ok(sandbox),
+        Observation::Gone { name, id } => Err(CliError::SandboxGone {
+            name,
+            id,
+            goal: "Ready",
+        }),
+    }
 }
 
 async fn create_sandbox(endpoint: &str, args: &SandboxCreateArgs) -> Result<u8, CliError> {
@@ -312,48 +395,88 @@ async fn create_sandbox(endpoint: &str, args: &SandboxCreateArgs) -> Result<u8, 
     let sandbox = if args.detach {
         created
     } else {
-        // Re-read by id only: the id is the identity; the name could meanwhile mean another
-        // sandbox (deleted and re-created by someone else).
-        if created.id.is_empty() {
-            return Err(CliError::CreatedWithoutId { name: created.name });
-        }
-        let reference = SandboxRef {
-            id: created.id.clone(),
-            workspace: String::new(),
-            name: String::new(),
+        let options = WaitOptions {
+            timeout: Duration::from_secs(args.timeout),
+            settle: Duration::from_millis(args.settle),
         };
-        let interrupted = CliError::Interrupted {
-            name: created.name.clone(),
-            id: created.id.clone(),
-        };
-        let mut progress = progress_for_stderr();
-        let waited = tokio::select! {
-            waited = wait_until_ready(
-                created,
-                || {
-                    let mut client = client.clone();
-                    let req = GetSandboxRequest {
-                        sandbox: Some(reference.clone()),
-                    };
-                    async move { Ok(client.get_sandbox(req).await?.into_inner()) }
-                },
-                Duration::from_secs(args.timeout),
-                POLL_INTERVAL,
-                progress.as_mut(),
-            ) => waited,
-            // If the handler cannot be installed, wait on without it.
-            Ok(()) = tokio::signal::ctrl_c() => Err(interrupted),
-        };
-        // Clears the spinner however the wait ended (an interrupted wait never reached its own
-        // finish call); finishing twice is harmless.
-        progress.finish();
-        waited?
+        present(follow(&client, created, Goal::Ready, options).await?)?
     };
     print(&render_sandbox(
         args.output.format,
         &sandbox,
         SystemTime::now(),
     )?)?;
+    Ok(0)
+}
+
+/// `sbx wait`: for the gateway to serve, or for a sandbox to reach a state.
+async fn run_wait(endpoint: &str, args: &WaitArgs) -> Result<u8, CliError> {
+    let timeout = Duration::from_secs(args.timeout);
+    let named = args.name.is_some() || args.id.is_some();
+    let goal = match args.condition {
+        WaitCondition::Serving => {
+            if named || args.workspace.is_some() {
+                return Err(CliError::WaitUsage(
+                    "--for serving waits for the gateway; it takes no sandbox".to_string(),
+                ));
+            }
+            let serving = wait_serving(endpoint, args.addr_file.as_deref(), timeout).await?;
+            print(&format!("{serving}\n"))?;
+            return Ok(0);
+        }
+        WaitCondition::Ready => Goal::Ready,
+        WaitCondition::Stopped => Goal::Stopped,
+        WaitCondition::Deleted => Goal::Deleted,
+    };
+    if !named {
+        return Err(CliError::WaitUsage(format!(
+            "--for {} needs the sandbox: NAME (with -w WORKSPACE) or --id UUID",
+            goal.name().to_lowercase()
+        )));
+    }
+    if args.addr_file.is_some() {
+        return Err(CliError::WaitUsage(
+            "--addr-file goes with --for serving only".to_string(),
+        ));
+    }
+    let reference = match &args.id {
+        Some(id) => sbx_proto::v1::SandboxRef {
+            id: id.to_string(),
+            workspace: String::new(),
+            name: String::new(),
+        },
+        None => sbx_proto::v1::SandboxRef {
+            id: String::new(),
+            workspace: args.workspace.clone().unwrap_or_default(),
+            name: args.name.clone().unwrap_or_default(),
+        },
+    };
+    let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+    let found = client
+        .get_sandbox(GetSandboxRequest {
+            sandbox: Some(reference),
+        })
+        .await;
+    let sandbox = match found {
+        Ok(answer) => answer.into_inner(),
+        // Already gone is what --for deleted waits for.
+        Err(status) if status.code() == tonic::Code::NotFound && goal == Goal::Deleted => {
+            return Ok(0);
+        }
+        Err(status) => return Err(status.into()),
+    };
+    let options = WaitOptions {
+        timeout,
+        settle: Duration::from_millis(args.settle),
+    };
+    match follow(&client, sandbox, goal, options).await? {
+        Observation::Present(sandbox) => print(&render_sandbox(
+            args.output.format,
+            &sandbox,
+            SystemTime::now(),
+        )?)?,
+        Observation::Gone { .. } => {}
+    }
     Ok(0)
 }
 
@@ -433,6 +556,7 @@ mod tests {
         let interrupted = CliError::Interrupted {
             name: "web".into(),
             id: "id-1".into(),
+            goal: "Ready",
         };
         let (code, message) = outcome(Err(interrupted));
         assert_eq!(code, 130);

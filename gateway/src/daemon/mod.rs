@@ -268,6 +268,42 @@ pub const DEFAULT_DRIVER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub const VM_CALL_MARGIN: Duration = Duration::from_secs(15);
 
 impl ServeArgs {
+    /// Makes every path flag absolute against the current directory, once at start: the data
+    /// dir, the address file, the busyboxes, the vm's kernel and modules, an `--oci-runtime`
+    /// given as a path (a bare name is looked up in PATH) and a `remote:` socket. A relative
+    /// path used to reach runc and the driver hosts as it was, resolved against whatever
+    /// directory they ran in; `sbxd serve --data-dir data` then failed to start sandboxes.
+    pub fn make_paths_absolute(&mut self) -> Result<(), DaemonError> {
+        let mut paths: Vec<&mut PathBuf> = [
+            &mut self.data_dir,
+            &mut self.addr_file,
+            &mut self.images.image_busybox,
+            &mut self.oci.busybox,
+            &mut self.vm.kernel,
+            &mut self.vm.modules_dir,
+            &mut self.vm.busybox,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if self.oci.runtime.components().count() > 1 {
+            paths.push(&mut self.oci.runtime);
+        }
+        if let DriverSpec::Remote(socket) = &mut self.driver {
+            paths.push(socket);
+        }
+        for path in paths {
+            if path.is_relative() {
+                *path = std::path::absolute(&*path).map_err(|source| DaemonError::Io {
+                    what: "cannot make this path absolute:",
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn reconcile_interval(&self) -> Duration {
         Duration::from_secs(self.reconcile_interval)
     }
@@ -447,6 +483,44 @@ mod tests {
             ])
             .is_some()
         );
+    }
+
+    #[test]
+    fn every_path_flag_is_made_absolute() {
+        let mut args = serve_args(&[
+            "--data-dir",
+            "data",
+            "--addr-file",
+            "run/addr",
+            "--busybox",
+            "bb",
+            "--oci-busybox",
+            "./obb",
+            "--oci-runtime",
+            "bin/crun",
+            "--vm-kernel",
+            "k",
+            "--vm-busybox",
+            "/abs/vbb",
+            "--driver",
+            "remote:sock/d.sock",
+        ])
+        .unwrap();
+        args.make_paths_absolute().unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(args.data_dir, Some(cwd.join("data")));
+        assert_eq!(args.addr_file, Some(cwd.join("run/addr")));
+        assert_eq!(args.images.image_busybox, Some(cwd.join("bb")));
+        assert_eq!(args.oci.busybox, Some(cwd.join("obb")));
+        assert_eq!(args.oci.runtime, cwd.join("bin/crun"));
+        assert_eq!(args.vm.kernel, Some(cwd.join("k")));
+        assert_eq!(args.vm.busybox, Some(PathBuf::from("/abs/vbb")));
+        assert_eq!(args.driver, DriverSpec::Remote(cwd.join("sock/d.sock")));
+        // A bare runtime name stays a name, for PATH.
+        let mut args = serve_args(&["--data-dir", "/var/lib/x"]).unwrap();
+        args.make_paths_absolute().unwrap();
+        assert_eq!(args.oci.runtime, PathBuf::from("runc"));
+        assert_eq!(args.data_dir, Some(PathBuf::from("/var/lib/x")));
     }
 
     #[test]

@@ -29,8 +29,14 @@ use crate::service::{SbxService, set_health};
 const ATTACH_PROGRESS_EVERY: Duration = Duration::from_secs(3);
 
 /// Runs sbxd until SIGTERM or SIGINT.
-pub async fn serve(args: ServeArgs) -> Result<(), DaemonError> {
+pub async fn serve(mut args: ServeArgs) -> Result<(), DaemonError> {
     init_logging(args.log_format);
+    args.make_paths_absolute()?;
+    // An address file left by an sbxd that was killed names a gateway that is gone: removed
+    // before anything else, so that only this start's address is ever read from it.
+    if let Some(path) = &args.addr_file {
+        remove_stale_addr_file(path)?;
+    }
     let data_dir = drivers::data_dir(args.data_dir.as_deref())?;
     create_dir(&data_dir)?;
     let images = open_images(&data_dir)?;
@@ -333,6 +339,22 @@ pub fn write_addr_file(path: &Path, addr: &str) -> Result<(), DaemonError> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Removes `path` if it exists (a missing file is fine).
+fn remove_stale_addr_file(path: &Path) -> Result<(), DaemonError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {
+            tracing::info!(path = %path.display(), "removed a stale address file");
+            Ok(())
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DaemonError::Io {
+            what: "cannot remove the stale address file",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 fn temp_path(path: &Path) -> PathBuf {
