@@ -10,8 +10,11 @@
 //!   -d` of an equivalent bundle — the config.json the driver wrote for a sandbox (new id,
 //!   volume, run dir and cgroup) over a fresh overlay of the same image layers — on a runc root
 //!   of its own, until runc returns and its pid file is read; SBX_BENCH_OCI_ROUNDS rounds
-//!   (default 30), the two sides interleaved (alternating which goes first), as a ratio of
-//!   p50s. The overlay mount of the bare side is timed apart (it is in neither column);
+//!   (default 30), as a ratio of p50s. Interleaved with them, each side first in turn: the oci
+//!   driver alone in this process (`OciDriver::create`, which answers once the workload runs)
+//!   and, as a control, the same path through a second sbxd on the sim driver, which does no
+//!   work. The through-sbxd time is split at the create's answer and at the driver's
+//!   "workload started" log line. The bare overlay mount is timed apart (in no other row);
 //! - SBX_BENCH_OCI_CONCURRENT (default 50) sandboxes created at once until all are Ready;
 //! - `sbx image pull` of a SBX_BENCH_PULL_MIB (default 100) MiB image of incompressible
 //!   layers from a registry on 127.0.0.1 vs `skopeo copy` of the same image to an `oci:`
@@ -26,15 +29,18 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{DataDir, Sbxd, mounts_under, oci_containers, proc_start_time, sbx};
 use futures::StreamExt;
 use sbx_drivers::image::fixtures::{self, LocalRegistry, TarEntry};
-use sbx_drivers::oci::OciDriver;
+use sbx_drivers::image::{IdMap, ImageStore};
+use sbx_drivers::oci::{OciDriver, OciDriverOptions};
+use sbx_drivers::{ComputeDriver, pb};
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::{
     CreateSandboxRequest, DeleteSandboxRequest, ListSandboxesRequest, Phase, Sandbox, SandboxEvent,
@@ -47,6 +53,8 @@ use tonic::transport::Channel;
 const CGROUP_PARENT: &str = "sbx-bench-oci";
 /// The cgroup parent of the bare runc containers.
 const BARE_CGROUP_PARENT: &str = "sbx-bench-oci-bare";
+/// The cgroup parent of the sandboxes of the in-process driver.
+const DIRECT_CGROUP_PARENT: &str = "sbx-bench-oci-direct";
 /// The sandboxes' host uid and gid (the driver's default id map).
 const HOST_ID: u32 = 200_000;
 
@@ -167,7 +175,8 @@ async fn delete_all(sb: &Client, ids: Vec<String>) -> Duration {
 }
 
 /// Asserts that nothing of the sandboxes made under `data` is left: no runtime container, no
-/// mount, no cgroup under `cgroup_parent`.
+/// mount, no cgroup under `cgroup_parent`; then removes that (empty) parent the runtime made
+/// in each hierarchy.
 fn assert_nothing_left(data: &Path, cgroup_parent: &str) {
     let containers = oci_containers(data);
     assert!(containers.is_empty(), "containers left: {containers:?}");
@@ -175,6 +184,13 @@ fn assert_nothing_left(data: &Path, cgroup_parent: &str) {
     assert!(mounts.is_empty(), "mounts left: {mounts:?}");
     let cgroups = OciDriver::cgroup_leftovers(cgroup_parent);
     assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = std::fs::remove_dir(hierarchy.path().join(cgroup_parent));
+    }
 }
 
 /// A watch of every sandbox, from the current list on.
@@ -202,12 +218,24 @@ async fn create(sb: &Client, name: &str) -> Sandbox {
         .into_inner()
 }
 
+/// One create through sbxd, timed.
+struct Created {
+    id: String,
+    /// The wall-clock time the create was sent (to place the driver's log lines).
+    sent_at: SystemTime,
+    /// Sent → the create answered (the record durable, the actor spawned).
+    answered: Duration,
+    /// Sent → the watch says Ready.
+    ready: Duration,
+}
+
 /// CreateSandbox, then the watch (opened before the create) until the sandbox is Ready.
-/// Answers its id and the time from the create call to the Ready event.
-async fn create_until_ready(sb: &Client, name: &str) -> (String, Duration) {
+async fn create_until_ready(sb: &Client, name: &str) -> Created {
     let mut watch = watch_all(sb).await;
+    let sent_at = SystemTime::now();
     let started = Instant::now();
     let created = create(sb, name).await;
+    let answered = started.elapsed();
     loop {
         let ev = tokio::time::timeout(Duration::from_secs(30), watch.next())
             .await
@@ -218,10 +246,59 @@ async fn create_until_ready(sb: &Client, name: &str) -> (String, Duration) {
         if s.id == created.id {
             assert_ne!(s.phase(), Phase::Error, "sandbox {name}: {s:?}");
             if s.phase() == Phase::Ready {
-                return (created.id, started.elapsed());
+                return Created {
+                    id: created.id,
+                    sent_at,
+                    answered,
+                    ready: started.elapsed(),
+                };
             }
         }
     }
+}
+
+/// Seconds since the Unix epoch of an RFC 3339 UTC timestamp as sbxd's JSON log writes it
+/// (`2026-12-01T09:15:41.304023Z`).
+fn log_time(stamp: &str) -> Option<f64> {
+    let (date, time) = stamp.strip_suffix('Z')?.split_once('T')?;
+    let mut ymd = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, d) = (ymd.next()??, ymd.next()??, ymd.next()??);
+    let mut hms = time.split(':');
+    let (h, min, sec): (i64, i64, f64) = (
+        hms.next()?.parse().ok()?,
+        hms.next()?.parse().ok()?,
+        hms.next()?.parse().ok()?,
+    );
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    Some((days * 86_400 + h * 3600 + min * 60) as f64 + sec)
+}
+
+/// When the oci driver logged "workload started" (its launch done: runc returned, the init
+/// recorded), by sandbox id, from sbxd's JSON log.
+fn workload_started_times(log: &Path) -> HashMap<String, f64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", log.display()))
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|v| v["fields"]["message"] == "workload started")
+        .filter_map(|v| {
+            Some((
+                v["fields"]["sandbox_id"].as_str()?.to_string(),
+                log_time(v["timestamp"].as_str()?)?,
+            ))
+        })
+        .collect()
+}
+
+fn unix_secs(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_secs_f64()
 }
 
 /// What a bare run copies from a sandbox the driver made: its runtime config and the image
@@ -403,68 +480,178 @@ impl Bare<'_> {
     }
 }
 
+/// The oci driver alone, in this process: its own state dir and image store (holding the
+/// same built-in busybox image sbxd makes) under `dir`, whose `drivers/oci/runc` is its
+/// runc root (the `DataDir` guard cleans it).
+struct Direct {
+    driver: OciDriver,
+    image: String,
+}
+
+impl Direct {
+    async fn open(dir: &Path) -> Direct {
+        let images = ImageStore::open(dir.join("images"), IdMap::default())
+            .unwrap_or_else(|e| panic!("image store in {}: {e}", dir.display()));
+        let busybox = sbx_drivers::find_static_busybox(None, &sbx_drivers::BUSYBOX_PATHS)
+            .expect("a static busybox");
+        let image = images
+            .import_busybox(&busybox, "sbx.local/busybox:latest")
+            .expect("the busybox image")
+            .digest;
+        let opts = OciDriverOptions {
+            cgroup_parent: DIRECT_CGROUP_PARENT.to_string(),
+            ..OciDriverOptions::default()
+        };
+        let driver = OciDriver::open(dir.join("drivers/oci"), images, opts)
+            .await
+            .unwrap_or_else(|e| panic!("the oci driver in {}: {e}", dir.display()));
+        Direct { driver, image }
+    }
+
+    /// `create` (answered once the workload runs) → RUNNING; then `delete`.
+    async fn create_and_delete(&self, n: usize) -> Duration {
+        let id = uuid::Uuid::new_v4().to_string();
+        let began = Instant::now();
+        let snapshot = self
+            .driver
+            .create(pb::CreateRequest {
+                sandbox_id: id.clone(),
+                workspace: "default".into(),
+                name: format!("d{n}"),
+                spec: Some(pb::SandboxSpec {
+                    command: spec().command,
+                    image: self.image.clone(),
+                    ..Default::default()
+                }),
+                generation: 1,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("in-process create d{n}: {e}"));
+        let took = began.elapsed();
+        assert_eq!(snapshot.state(), pb::State::Running, "{snapshot:?}");
+        let deleted = self
+            .driver
+            .delete(pb::DeleteRequest { sandbox_id: id })
+            .await
+            .unwrap_or_else(|e| panic!("in-process delete d{n}: {e}"));
+        assert!(deleted.deleted, "d{n} not deleted");
+        took
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run as root with --release -- --ignored"]
 async fn create_to_ready_through_sbxd_vs_bare_runc() {
     let rounds = env_usize("SBX_BENCH_OCI_ROUNDS", 30);
     let data = DataDir::new();
-    let bare_dir = DataDir::new();
-    std::fs::set_permissions(bare_dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let (bare_dir, direct_dir) = (DataDir::new(), DataDir::new());
+    for dir in [&bare_dir, &direct_dir] {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    }
     let d = start_sbxd(&data);
     let sb = d.sandboxes().await;
+    // The control: the same path through sbxd over the sim driver, which does no work.
+    let sim_data = DataDir::new();
+    let sim = Sbxd::start(sim_data.path(), "sim", &["--log-format", "json"]);
+    let sim_sb = sim.sandboxes().await;
 
     // A first sandbox warms the path up and lends the bare side its config and layers.
-    let (template_id, first) = create_until_ready(&sb, "template").await;
-    let template = Template::of(data.path(), &template_id);
-    delete_all(&sb, vec![template_id]).await;
+    let first = create_until_ready(&sb, "template").await;
+    let template = Template::of(data.path(), &first.id);
+    delete_all(&sb, vec![first.id.clone()]).await;
     let bare = Bare {
         bare: bare_dir.path(),
         template: &template,
     };
 
-    let (mut through, mut bare_run, mut bare_mount) = (Vec::new(), Vec::new(), Vec::new());
+    let direct = Direct::open(direct_dir.path()).await;
+
+    let (mut through, mut bare_run, mut bare_mount, mut in_process, mut sim_ready) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..rounds {
-        let mut one_through = async || {
-            let (id, took) = create_until_ready(&sb, &format!("b{i}")).await;
-            through.push(took);
-            delete_all(&sb, vec![id]).await;
-        };
-        if i % 2 == 0 {
-            let b = bare.run(i);
-            bare_run.push(b.run);
-            bare_mount.push(b.mount);
-            one_through().await;
-        } else {
-            one_through().await;
-            let b = bare.run(i);
-            bare_run.push(b.run);
-            bare_mount.push(b.mount);
+        // Each side goes first, second, third and fourth in turn.
+        for side in 0..4 {
+            match (side + i) % 4 {
+                3 => {
+                    let created = create_until_ready(&sim_sb, &format!("s{i}")).await;
+                    delete_all(&sim_sb, vec![created.id.clone()]).await;
+                    sim_ready.push(created.ready);
+                }
+                0 => {
+                    let b = bare.run(i);
+                    bare_run.push(b.run);
+                    bare_mount.push(b.mount);
+                }
+                1 => {
+                    let created = create_until_ready(&sb, &format!("b{i}")).await;
+                    delete_all(&sb, vec![created.id.clone()]).await;
+                    through.push(created);
+                }
+                _ => in_process.push(direct.create_and_delete(i).await),
+            }
         }
     }
-    let ratio = ms(stats(&mut through).0) / ms(stats(&mut bare_run).0);
+    // Where the time through sbxd goes: the driver's "workload started" line splits it.
+    let started = workload_started_times(&d.log);
+    let mut to_ready: Vec<Duration> = through.iter().map(|c| c.ready).collect();
+    let mut answered: Vec<Duration> = through.iter().map(|c| c.answered).collect();
+    let (mut to_launched, mut launched_to_ready) = (Vec::new(), Vec::new());
+    for c in &through {
+        let at = *started
+            .get(&c.id)
+            .unwrap_or_else(|| panic!("no \"workload started\" line for {} in sbxd's log", c.id));
+        let launched = Duration::from_secs_f64((at - unix_secs(c.sent_at)).max(0.0));
+        to_launched.push(launched);
+        launched_to_ready.push(c.ready.saturating_sub(launched));
+    }
+    let ratio = ms(stats(&mut to_ready).0) / ms(stats(&mut bare_run).0);
+    let driver_ratio = ms(stats(&mut in_process).0) / ms(stats(&mut bare_run).0);
     println!(
         "\ncreate→Ready, oci driver, {rounds} rounds interleaved (first create, not counted: {:.1} ms)\n\n\
-         | path | p50 ms | p90 ms | max ms |\n|---|---|---|---|\n{}\n{}\n{}\n\n\
-         ratio through sbxd / bare runc (p50): {ratio:.2}x\n",
-        ms(first),
+         | path | p50 ms | p90 ms | max ms |\n|---|---|---|---|\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n\n\
+         ratio through sbxd / bare runc (p50): {ratio:.2}x; the driver alone / bare runc: {driver_ratio:.2}x\n",
+        ms(first.ready),
         row(
             "through sbxd: CreateSandbox → watch says Ready",
-            &mut through
+            &mut to_ready
+        ),
+        row(
+            "the oci driver alone, in process: `OciDriver::create` → RUNNING",
+            &mut in_process
         ),
         row(
             "bare `runc run -d` of the same bundle → pid file read",
             &mut bare_run
         ),
         row(
+            "control: through sbxd on the sim driver (no work) → watch says Ready",
+            &mut sim_ready
+        ),
+        row(
             "(bare overlay mount, before the run; in neither row)",
             &mut bare_mount
         ),
+        row(
+            "through sbxd, part: CreateSandbox → answered",
+            &mut answered
+        ),
+        row(
+            "through sbxd, part: CreateSandbox → the driver logs \"workload started\"",
+            &mut to_launched
+        ),
+        row(
+            "through sbxd, part: \"workload started\" → watch says Ready",
+            &mut launched_to_ready
+        ),
     );
 
-    let mut d = d;
+    let (mut d, mut sim) = (d, sim);
+    sim.sigterm(Duration::from_secs(30));
     d.sigterm(Duration::from_secs(30));
     assert_nothing_left(data.path(), CGROUP_PARENT);
     assert_nothing_left(bare_dir.path(), BARE_CGROUP_PARENT);
+    drop(direct);
+    assert_nothing_left(direct_dir.path(), DIRECT_CGROUP_PARENT);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,13 +662,13 @@ async fn concurrent_creates_until_all_ready() {
     let mut d = start_sbxd(&data);
     let sb = d.sandboxes().await;
     // Warm-up, as in the latency benchmark: the first create pays for cold caches.
-    let (warm, _) = create_until_ready(&sb, "warm").await;
-    delete_all(&sb, vec![warm]).await;
+    let warm = create_until_ready(&sb, "warm").await;
+    delete_all(&sb, vec![warm.id]).await;
 
     // One watch sees every sandbox's Ready; each create notes when it was sent.
     let mut watch = watch_all(&sb).await;
     let watcher = tokio::spawn(async move {
-        let mut ready = std::collections::HashMap::new();
+        let mut ready = HashMap::new();
         let deadline = Instant::now() + Duration::from_secs(300);
         while ready.len() < n {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -601,6 +788,29 @@ fn untar_layers(layout: &Path, into: &Path) -> Duration {
     began.elapsed()
 }
 
+/// Asserts that the image store under `data` holds every noise layer unpacked (the file
+/// whole, owned by the sandboxes' root): the pull did not stop at the download.
+fn assert_unpacked(data: &Path, layers: usize, size: usize) {
+    use std::os::unix::fs::MetadataExt;
+    let root = data.join("images/layers/sha256");
+    let dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", root.display()))
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    for i in 0..layers {
+        let found = dirs
+            .iter()
+            .find_map(|d| std::fs::metadata(d.join(format!("data/noise-{i}"))).ok())
+            .unwrap_or_else(|| panic!("layer {i} is not unpacked under {}", root.display()));
+        assert_eq!(
+            (found.len(), found.uid()),
+            (size as u64, HOST_ID),
+            "layer {i}'s file"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run as root with --release -- --ignored"]
 async fn image_pull_vs_skopeo_copy() {
@@ -651,6 +861,7 @@ async fn image_pull_vs_skopeo_copy() {
             Some(layers),
             "{pulled}"
         );
+        assert_unpacked(data.path(), layers, (mib << 20) / layers);
         d.sigterm(Duration::from_secs(30));
         drop(d);
         drop(data);
