@@ -914,6 +914,18 @@ fn meminfo_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The memory charged to cgroup `parent` and everything under it (cgroup v1's
+/// `memory.usage_in_bytes`, hierarchical, or v2's `memory.current`), in bytes; 0 if neither.
+fn cgroup_memory_bytes(parent: &str) -> u64 {
+    [
+        format!("/sys/fs/cgroup/memory/{parent}/memory.usage_in_bytes"),
+        format!("/sys/fs/cgroup/{parent}/memory.current"),
+    ]
+    .iter()
+    .find_map(|path| std::fs::read_to_string(path).ok()?.trim().parse().ok())
+    .unwrap_or(0)
+}
+
 /// The resident set of process `pid`, in KiB.
 fn rss_kib(pid: i32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -976,6 +988,7 @@ async fn reattach_running_sandboxes_after_sigkill() {
     let before = wait_all_ready(&sb, n, Duration::from_secs(600)).await;
     let created_in = began.elapsed();
     let used_mib = available_before.saturating_sub(meminfo_kib("MemAvailable")) as f64 / 1024.0;
+    let charged_mib = cgroup_memory_bytes(CGROUP_PARENT) as f64 / f64::from(1 << 20);
     let rss_full = rss_kib(d.pid());
     let inits: Vec<(String, u64, Init)> = before
         .iter()
@@ -1016,11 +1029,13 @@ async fn reattach_running_sandboxes_after_sigkill() {
          | new sbxd spawned → all {n} listed Ready | {:.0} ms |\n\
          | same generation, same init (pid + start time) | {n} of {n} |\n\
          | (for scale) creating the {n}, 8 at a time, until all Ready | {:.1} s |\n\
-         | host memory taken by the {n} running (MemAvailable before − after) | {used_mib:.0} MiB ({:.2} MiB each) |\n\
+         | memory charged to the {n} sandboxes' cgroups | {charged_mib:.0} MiB ({:.2} MiB each) |\n\
+         | host memory taken meanwhile (MemAvailable before − after; other work on the machine counts too) | {used_mib:.0} MiB ({:.2} MiB each) |\n\
          | sbxd resident: before the creates / with {n} / after the re-attach | {:.1} / {:.1} / {:.1} MiB |\n",
         ms(serving),
         ms(all_ready),
         created_in.as_secs_f64(),
+        charged_mib / n as f64,
         used_mib / n as f64,
         rss_before as f64 / 1024.0,
         rss_full as f64 / 1024.0,
