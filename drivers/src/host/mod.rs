@@ -49,7 +49,7 @@ pub(crate) mod run;
 pub(crate) use command::validate_command;
 pub(crate) use lifecycle::{Alive, HostDriver};
 pub(crate) use lock::{lock_state_dir, locked};
-pub(crate) use observe::{Desired, Observed, RunFacts};
+pub(crate) use observe::{Desired, RunFacts};
 pub use procfs::ProcessIdentity;
 pub(crate) use run::RunDir;
 

@@ -53,6 +53,40 @@ pub(crate) trait HostRecord:
     fn launched_at_ms(&self) -> u64;
 }
 
+/// Implements [`HostRecord`] for a record struct with the fields `format: u32`,
+/// `sandbox_id: Uuid`, `workspace` and `name: String`, `desired: Desired` and
+/// `launched_at_ms: u64` (every host driver's record has them), whose format version is
+/// `$format`.
+macro_rules! host_record {
+    ($record:ty, $format:expr) => {
+        impl $crate::host::records::HostRecord for $record {
+            const FORMAT: u32 = $format;
+            fn format(&self) -> u32 {
+                self.format
+            }
+            fn sandbox_id(&self) -> ::uuid::Uuid {
+                self.sandbox_id
+            }
+            fn workspace(&self) -> &str {
+                &self.workspace
+            }
+            fn name(&self) -> &str {
+                &self.name
+            }
+            fn desired(&self) -> $crate::host::Desired {
+                self.desired
+            }
+            fn set_desired(&mut self, desired: $crate::host::Desired) {
+                self.desired = desired;
+            }
+            fn launched_at_ms(&self) -> u64 {
+                self.launched_at_ms
+            }
+        }
+    };
+}
+pub(crate) use host_record;
+
 /// `<state_dir>/sandboxes`: where the oci and process drivers keep their sandboxes.
 pub(crate) fn sandboxes_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("sandboxes")
@@ -184,6 +218,11 @@ impl SandboxLocks {
             locks.remove(&id);
         }
     }
+
+    /// Forgets `id`'s lock (a waiter keeps its own).
+    pub(crate) fn remove(&self, id: Uuid) {
+        locked(&self.0).remove(&id);
+    }
 }
 
 /// A host driver's records: the directories under `root`, each record cached in memory.
@@ -285,39 +324,22 @@ mod tests {
     struct Sample {
         format: u32,
         sandbox_id: Uuid,
+        workspace: String,
+        name: String,
         desired: Desired,
+        launched_at_ms: u64,
     }
 
-    impl HostRecord for Sample {
-        const FORMAT: u32 = 1;
-        fn format(&self) -> u32 {
-            self.format
-        }
-        fn sandbox_id(&self) -> Uuid {
-            self.sandbox_id
-        }
-        fn workspace(&self) -> &str {
-            "ws"
-        }
-        fn name(&self) -> &str {
-            "name"
-        }
-        fn desired(&self) -> Desired {
-            self.desired
-        }
-        fn set_desired(&mut self, desired: Desired) {
-            self.desired = desired;
-        }
-        fn launched_at_ms(&self) -> u64 {
-            0
-        }
-    }
+    host_record!(Sample, 1);
 
     fn sample() -> Sample {
         Sample {
             format: Sample::FORMAT,
             sandbox_id: Uuid::new_v4(),
+            workspace: "ws".into(),
+            name: "web".into(),
             desired: Desired::Running,
+            launched_at_ms: 0,
         }
     }
 

@@ -17,6 +17,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use uuid::Uuid;
 
+use super::observe::{Desired, RunFacts};
 use super::procfs::{self, ProcessIdentity};
 
 /// The files of one run of the workload.
@@ -50,6 +51,31 @@ impl RunDir {
     /// The wait status of the run's main process, once the init has written it.
     pub(crate) fn read_exit(&self) -> Option<i32> {
         complete_line(&self.exit())?.trim().parse().ok()
+    }
+
+    /// What an observation of the run needs to know, with the run's init as recorded.
+    /// `oom_kills_rose` (whether the memory cgroup's OOM-kill counter rose during the run) is
+    /// asked only of a run meant to be running whose recorded init is gone: in any other case
+    /// the observation does not depend on it.
+    pub(crate) fn facts(
+        &self,
+        desired: Desired,
+        oom_kills_rose: impl FnOnce() -> bool,
+    ) -> (RunFacts, Option<ProcessIdentity>) {
+        let init = self.read_init();
+        let alive = init.as_ref().is_some_and(procfs::is_alive);
+        // Read after the liveness check: the init writes the status before it ends.
+        let exit_status = if alive { None } else { self.read_exit() };
+        let oom_killed =
+            !alive && desired == Desired::Running && init.is_some() && oom_kills_rose();
+        let facts = RunFacts {
+            desired,
+            init_recorded: init.is_some(),
+            alive,
+            exit_status,
+            oom_killed,
+        };
+        (facts, init)
     }
 
     /// The run's init, if it still runs.

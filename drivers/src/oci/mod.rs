@@ -54,7 +54,7 @@ use uuid::Uuid;
 
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::logfile::log_since;
-use crate::host::observe::{self, RunFacts};
+use crate::host::observe;
 use crate::host::procfs::{self, ProcessIdentity};
 use crate::host::records::{self, RecordCache};
 use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms};
@@ -340,21 +340,10 @@ impl HostDriver for Inner {
 
     /// What the sandbox looks like now, from its record, its run files and `/proc`.
     fn snapshot(&self, record: &OciRecord) -> pb::Snapshot {
-        let paths = self.run_paths(record);
-        let init = paths.read_init();
-        let alive = init.as_ref().is_some_and(procfs::is_alive);
-        let exit_status = if alive { None } else { paths.read_exit() };
-        let oom_killed = !alive
-            && record.desired == Desired::Running
-            && init.is_some()
-            && cgroup::oom_kills(&record.cgroup_path) > 0;
-        let observed = observe::observe(RunFacts {
-            desired: record.desired,
-            init_recorded: init.is_some(),
-            alive,
-            exit_status,
-            oom_killed,
+        let (facts, init) = self.run_paths(record).facts(record.desired, || {
+            cgroup::oom_kills(&record.cgroup_path) > 0
         });
+        let observed = observe::observe(facts);
         let instance = init.map(|i| i.to_string());
         observed.into_snapshot(record, record.generation, instance, record.warnings.clone())
     }

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::host::records::{self, HostRecord};
+use crate::host::records::{self, host_record};
 use crate::host::{Desired, RunDir};
 
 /// The version of [`OciRecord`]'s format.
@@ -85,30 +85,7 @@ pub struct OciRecord {
     pub spec_env: BTreeMap<String, String>,
 }
 
-impl HostRecord for OciRecord {
-    const FORMAT: u32 = RECORD_FORMAT;
-    fn format(&self) -> u32 {
-        self.format
-    }
-    fn sandbox_id(&self) -> Uuid {
-        self.sandbox_id
-    }
-    fn workspace(&self) -> &str {
-        &self.workspace
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn desired(&self) -> Desired {
-        self.desired
-    }
-    fn set_desired(&mut self, desired: Desired) {
-        self.desired = desired;
-    }
-    fn launched_at_ms(&self) -> u64 {
-        self.launched_at_ms
-    }
-}
+host_record!(OciRecord, RECORD_FORMAT);
 
 /// The paths of one sandbox's state.
 #[derive(Debug, Clone)]

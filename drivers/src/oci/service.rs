@@ -1,5 +1,6 @@
-//! The driver contract for [`OciDriver`]: the lifecycle calls. Streams (watch, exec, logs)
-//! are in `streams.rs`.
+//! The driver contract for [`OciDriver`]: capabilities and create (the image resolved into
+//! what the sandbox runs). Start, stop, delete, a create of a known sandbox and the reads
+//! (get, list, watch, logs) are the host kit's (`host::lifecycle`); exec is in `streams.rs`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

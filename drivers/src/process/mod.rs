@@ -90,8 +90,7 @@ pub use cgroup::CgroupVersion;
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::records::{self, RecordCache};
 use crate::host::{
-    Alive, Desired, HostDriver, Observed, RunDir, RunFacts, internal, lock_state_dir, now_ms,
-    observe, procfs,
+    Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms, observe, procfs,
 };
 use crate::{DriverError, pb};
 use cgroup::CgroupHost;
@@ -301,20 +300,10 @@ impl HostDriver for Inner {
     /// What the sandbox looks like now, from its record, its run files and `/proc`.
     fn snapshot(&self, record: &SandboxRecord) -> pb::Snapshot {
         let paths = self.run_paths(record);
-        let init = paths.read_init();
-        let alive = init.as_ref().is_some_and(procfs::is_alive);
-        // Read after the liveness check: the shim writes the status before it ends.
-        let exit_status = if alive { None } else { paths.read_exit() };
-        let oom_killed = !alive
-            && record.desired == Desired::Running
-            && record.cgroups.oom_kills() > record.oom_kills_at_launch;
-        let observed: Observed = observe::observe(RunFacts {
-            desired: record.desired,
-            init_recorded: init.is_some(),
-            alive,
-            exit_status,
-            oom_killed,
+        let (facts, init) = paths.facts(record.desired, || {
+            record.cgroups.oom_kills() > record.oom_kills_at_launch
         });
+        let observed = observe::observe(facts);
         let mut warnings = record.warnings.clone();
         if observed.has_run() {
             warnings.extend(record::read_warnings(&paths));

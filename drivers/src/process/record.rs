@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::cgroup::SandboxCgroups;
-use crate::host::records::{self, HostRecord};
+use crate::host::records::{self, host_record};
 use crate::host::{Desired, RunDir};
 
 /// The version of [`SandboxRecord`]'s format.
@@ -66,30 +66,7 @@ pub struct SandboxRecord {
     pub warnings: Vec<String>,
 }
 
-impl HostRecord for SandboxRecord {
-    const FORMAT: u32 = RECORD_FORMAT;
-    fn format(&self) -> u32 {
-        self.format
-    }
-    fn sandbox_id(&self) -> Uuid {
-        self.sandbox_id
-    }
-    fn workspace(&self) -> &str {
-        &self.workspace
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn desired(&self) -> Desired {
-        self.desired
-    }
-    fn set_desired(&mut self, desired: Desired) {
-        self.desired = desired;
-    }
-    fn launched_at_ms(&self) -> u64 {
-        self.launched_at_ms
-    }
-}
+host_record!(SandboxRecord, RECORD_FORMAT);
 
 /// The paths of one sandbox's state.
 #[derive(Debug, Clone)]

@@ -1,5 +1,7 @@
-//! The driver contract for [`ProcessDriver`]: the lifecycle calls. Streams (watch, exec, logs)
-//! are in `streams.rs`.
+//! The driver contract for [`ProcessDriver`]: capabilities and create (the cgroups made, the
+//! record written). Start, stop, delete (which removes the cgroups here), a create of a known
+//! sandbox and the reads (get, list, watch, logs) are the host kit's (`host::lifecycle`); exec
+//! is in `streams.rs`.
 
 use std::time::Duration;
 

@@ -50,20 +50,22 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use nix::fcntl::Flock;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use assets::AssetPaths;
 pub use qemu::{Accel, host_tsc_khz, kernel_cmdline};
 
-use crate::host::feed::{self, SnapshotFeed, Watched};
+use crate::host::feed::{self, SnapshotFeed};
 use crate::host::procfs::{self, ProcessIdentity};
-use crate::host::{Desired, RunFacts, internal, lock_state_dir, locked, observe};
+use crate::host::records::{self, RecordCache, SandboxLocks};
+use crate::host::{
+    Alive, Desired, HostDriver, RunFacts, internal, lock_state_dir, locked, now_ms, observe,
+};
 use crate::{DriverError, pb};
 use assets::GuestAssets;
 use guest::RunReport;
@@ -117,8 +119,8 @@ impl Default for VmDriverOptions {
 #[derive(Debug)]
 pub struct VmDriver {
     inner: Arc<Inner>,
-    /// Dropped with the driver: its receivers end the watch and log streams it handed out.
-    alive: watch::Sender<()>,
+    /// Dropped with the driver: ends the watch and log streams it handed out.
+    alive: Alive,
 }
 
 #[derive(Debug)]
@@ -132,11 +134,11 @@ struct Inner {
     tsc_khz: Option<u64>,
     /// Boot slots (see [`VmDriverOptions::max_parallel_boots`]).
     boots: tokio::sync::Semaphore,
-    records: Mutex<HashMap<Uuid, VmRecord>>,
-    /// One lock per sandbox serialises its lifecycle calls.
-    locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    /// The records on disk, cached, with one lock per sandbox that serialises its lifecycle
+    /// calls.
+    records: RecordCache<VmRecord>,
     /// One lock per sandbox serialises its execs (QEMU serves one agent client at a time).
-    exec_locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    exec_locks: SandboxLocks,
     exec_ids: AtomicU64,
     /// What the console said about a finished run, by sandbox: (run id, report). A run's
     /// report does not change once its VM is gone, so the log is read once.
@@ -145,13 +147,6 @@ struct Inner {
     feed: SnapshotFeed,
     /// An exclusive `flock` on `<state_dir>/driver.lock` (see `host::lock`).
     _instance_lock: Flock<File>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl VmDriver {
@@ -171,9 +166,9 @@ impl VmDriver {
                 )));
             }
         }
-        std::fs::create_dir_all(record::vms_dir(&state_dir))
-            .map_err(|e| internal("making the state directory", e))?;
-        let trash = record::trash_dir(&state_dir);
+        let vms = record::vms_dir(&state_dir);
+        std::fs::create_dir_all(&vms).map_err(|e| internal("making the state directory", e))?;
+        let trash = records::trash_dir(&state_dir);
         std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
         // The lock waits (briefly) for a previous instance: not on an async worker thread.
         let instance_lock = tokio::task::spawn_blocking({
@@ -201,12 +196,8 @@ impl VmDriver {
             chosen => chosen,
         };
         tracing::info!(?accel, kernel = %assets.kernel.display(), "vm driver ready");
-        for entry in std::fs::read_dir(&trash).into_iter().flatten().flatten() {
-            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
-                tracing::warn!(path = %entry.path().display(), error = %e, "trash entry not removed");
-            }
-        }
-        let records = tokio::task::spawn_blocking({
+        records::empty_trash(&trash, |_| {})?;
+        let found = tokio::task::spawn_blocking({
             let state_dir = state_dir.clone();
             move || find_vms(&state_dir)
         })
@@ -218,7 +209,6 @@ impl VmDriver {
             (0, _) => cpus,
             (n, _) => n,
         };
-        let (alive, _) = watch::channel(());
         let inner = Inner {
             boots: tokio::sync::Semaphore::new(slots),
             state_dir,
@@ -227,9 +217,8 @@ impl VmDriver {
             assets,
             accel,
             tsc_khz: qemu::host_tsc_khz(),
-            records: Mutex::new(records),
-            locks: Mutex::new(HashMap::new()),
-            exec_locks: Mutex::new(HashMap::new()),
+            records: RecordCache::new(vms, trash, found),
+            exec_locks: SandboxLocks::default(),
             exec_ids: AtomicU64::new(1),
             finished: Mutex::new(HashMap::new()),
             feed: SnapshotFeed::new(),
@@ -237,7 +226,7 @@ impl VmDriver {
         };
         Ok(VmDriver {
             inner: Arc::new(inner),
-            alive,
+            alive: Alive::new(),
         })
     }
 
@@ -258,13 +247,7 @@ impl VmDriver {
 
     /// The identity of the QEMU process of sandbox `id`, if it runs.
     pub fn vm_identity(&self, id: Uuid) -> Option<ProcessIdentity> {
-        self.inner.record(id)?.qemu.filter(procfs::is_alive)
-    }
-
-    /// Resolves when this driver instance is dropped.
-    fn dropped(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut alive = self.alive.subscribe();
-        async move { while alive.changed().await.is_ok() {} }
+        self.inner.records.get(id)?.qemu.filter(procfs::is_alive)
     }
 }
 
@@ -274,34 +257,9 @@ impl VmDriver {
 /// Finishes stops that a killed driver left halfway; removes directories of creates that
 /// never wrote a record.
 fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
-    let mut records = HashMap::new();
-    for entry in std::fs::read_dir(record::vms_dir(state_dir))
-        .map_err(|e| internal("reading the state directory", e))?
-        .flatten()
-    {
-        let Some(id) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| Uuid::parse_str(n).ok())
-        else {
-            tracing::warn!(path = %entry.path().display(), "not a sandbox directory; left alone");
-            continue;
-        };
+    let mut records = records::find_records::<VmRecord>(&record::vms_dir(state_dir), |_, _| {})?;
+    for (&id, rec) in records.iter_mut() {
         let paths = VmPaths::new(state_dir, id);
-        let mut rec = match record::read_record(&paths.record) {
-            Ok(rec) => rec,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // A create killed before its record was written: nothing was launched.
-                if let Err(e) = std::fs::remove_dir_all(&paths.dir) {
-                    tracing::warn!(sandbox_id = %id, error = %e, "half-created sandbox not removed");
-                }
-                continue;
-            }
-            Err(e) => {
-                tracing::error!(sandbox_id = %id, error = %e, "unreadable sandbox record; skipped");
-                continue;
-            }
-        };
         let recorded = rec.qemu.filter(procfs::is_alive);
         let found = recorded.or_else(|| qemu::read_identity(&paths.pidfile));
         if let Some(identity) = found.filter(procfs::is_alive) {
@@ -310,7 +268,8 @@ fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
                     tracing::info!(sandbox_id = %id, %identity, %status, "found the vm again");
                     if rec.qemu != Some(identity) {
                         rec.qemu = Some(identity);
-                        if let Err(e) = record::write_record(&paths, &rec) {
+                        let file = records::record_file(&paths.dir);
+                        if let Err(e) = records::write_json_atomically(&file, rec) {
                             tracing::warn!(sandbox_id = %id, error = %e, "record not updated");
                         }
                     }
@@ -330,7 +289,6 @@ fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
                 force_quit(&paths, identity);
             }
         }
-        records.insert(id, rec);
     }
     Ok(records)
 }
@@ -345,32 +303,6 @@ fn force_quit(paths: &VmPaths, identity: ProcessIdentity) {
 impl Inner {
     fn paths(&self, id: Uuid) -> VmPaths {
         VmPaths::new(&self.state_dir, id)
-    }
-
-    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
-        locked(&self.locks).entry(id).or_default().clone()
-    }
-
-    fn exec_lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
-        locked(&self.exec_locks).entry(id).or_default().clone()
-    }
-
-    fn record(&self, id: Uuid) -> Option<VmRecord> {
-        locked(&self.records).get(&id).cloned()
-    }
-
-    fn require(&self, id: Uuid) -> Result<VmRecord, DriverError> {
-        self.record(id).ok_or_else(|| DriverError::NotFound {
-            sandbox_id: id.to_string(),
-        })
-    }
-
-    /// Writes the record to disk (atomically, durably), then to the cache.
-    fn save(&self, rec: &VmRecord) -> Result<(), DriverError> {
-        record::write_record(&self.paths(rec.sandbox_id), rec)
-            .map_err(|e| internal("writing the sandbox record", e))?;
-        locked(&self.records).insert(rec.sandbox_id, rec.clone());
-        Ok(())
     }
 
     fn is_alive(rec: &VmRecord) -> bool {
@@ -388,133 +320,6 @@ impl Inner {
         let report = guest::read_report(&paths.console_log, rec.console_offset, &rec.run_id);
         locked(&self.finished).insert(rec.sandbox_id, (rec.run_id.clone(), report.clone()));
         report
-    }
-
-    /// What the sandbox looks like now, from its record, its generation marker, `/proc` and
-    /// (for a VM that is gone) its console.
-    fn snapshot(&self, rec: &VmRecord) -> pb::Snapshot {
-        let paths = self.paths(rec.sandbox_id);
-        let alive = Self::is_alive(rec);
-        let report = if !alive && rec.qemu.is_some() && rec.desired == Desired::Running {
-            self.finished_report(rec)
-        } else {
-            RunReport::default()
-        };
-        let mut observed = observe::observe(RunFacts {
-            desired: rec.desired,
-            init_recorded: rec.qemu.is_some(),
-            alive,
-            exit_status: report.exit,
-            oom_killed: false,
-        });
-        if let Some(why) = &report.fatal {
-            observed.reason = "GuestFailed";
-            observed.message = format!("the guest's init could not run the command: {why}");
-        } else if observed.reason == "Lost" {
-            observed.message = "the VM ended without the guest reporting an exit (QEMU was \
-                                killed, or the guest crashed)"
-                .to_string();
-        }
-        let mut warnings = rec.warnings.clone();
-        let generation = match record::read_generation(&paths) {
-            Ok(generation) => generation,
-            Err(why) => {
-                warnings.push(why);
-                0
-            }
-        };
-        let has_run = observed.state != pb::State::Stopped;
-        let started_at = (has_run && rec.launched_at_ms > 0).then(|| {
-            sbx_proto::Timestamp::from(UNIX_EPOCH + Duration::from_millis(rec.launched_at_ms))
-        });
-        pb::Snapshot {
-            sandbox_id: rec.sandbox_id.to_string(),
-            workspace: rec.workspace.clone(),
-            name: rec.name.clone(),
-            state: observed.state as i32,
-            generation,
-            instance_id: match (has_run, rec.qemu) {
-                (true, Some(identity)) => format!("qemu {identity}"),
-                _ => String::new(),
-            },
-            exit_code: observed.exit_code,
-            exit_signal: observed.exit_signal,
-            reason: observed.reason.to_string(),
-            message: observed.message,
-            warnings,
-            started_at,
-        }
-    }
-
-    /// Boots the VM under `generation`: the marker and the record (desired running, a new run)
-    /// are durable before QEMU starts; the call returns when the guest says its command runs.
-    async fn start_run(
-        &self,
-        mut rec: VmRecord,
-        generation: u64,
-    ) -> Result<pb::Snapshot, DriverError> {
-        let id = rec.sandbox_id;
-        let paths = self.paths(id);
-        record::write_generation(&paths, generation)
-            .map_err(|e| internal("writing the generation marker", e))?;
-        rec.run_id = Uuid::new_v4().simple().to_string();
-        rec.desired = Desired::Running;
-        rec.launched_at_ms = now_ms();
-        rec.console_offset = std::fs::metadata(&paths.console_log)
-            .map(|m| m.len())
-            .unwrap_or(0);
-        rec.qemu = None;
-        self.save(&rec)?;
-
-        let mut initramfs = std::fs::read(&self.assets.initramfs)
-            .map_err(|e| internal("reading the shared initramfs", e))?;
-        initramfs.extend(assets::run_archive(
-            &guest::run_env(&rec.run_id, generation, &rec.name, self.opts.default_grace),
-            &guest::command_script(&rec.spec.env, &rec.spec.command),
-        ));
-        std::fs::write(&paths.initramfs, initramfs)
-            .map_err(|e| internal("writing the run's initramfs", e))?;
-        let _slot = match self.boots.try_acquire() {
-            Ok(slot) => slot,
-            Err(_) => {
-                tracing::info!(sandbox_id = %id, "waiting for a boot slot");
-                self.boots
-                    .acquire()
-                    .await
-                    .map_err(|e| internal("waiting for a boot slot", e))?
-            }
-        };
-        let launch = qemu::VmLaunch {
-            qemu: &self.qemu,
-            name: id.to_string(),
-            accel: self.accel,
-            kernel: &self.assets.kernel,
-            initramfs: &paths.initramfs,
-            disk: &paths.disk,
-            console_log: &paths.console_log,
-            qmp_socket: &paths.qmp_socket,
-            agent: &paths.agent,
-            pidfile: &paths.pidfile,
-            memory_mib: rec.spec.memory_mib,
-            cpus: rec.spec.cpus,
-            tsc_khz: self.tsc_khz,
-        };
-        let identity = launch.launch().await?;
-        rec.qemu = Some(identity);
-        self.save(&rec)?;
-        if let Err(e) = self.wait_booted(&rec).await {
-            // The launch did not complete: the sandbox says NotStarted, and a retried create
-            // or start boots it again. Only once its QEMU is gone: a live one stays tracked.
-            if !Self::is_alive(&rec) {
-                rec.qemu = None;
-                self.save(&rec)?;
-            }
-            return Err(e);
-        }
-        let snapshot = self.snapshot(&rec);
-        tracing::info!(sandbox_id = %id, generation, %identity, "vm booted");
-        feed::publish(self, id, &snapshot);
-        Ok(snapshot)
     }
 
     /// Waits until the guest of the current run says its command runs (or already ended).
@@ -552,6 +357,154 @@ impl Inner {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+impl HostDriver for Inner {
+    type Record = VmRecord;
+    const NAME: &'static str = "vm";
+
+    fn records(&self) -> &RecordCache<VmRecord> {
+        &self.records
+    }
+
+    fn feed(&self) -> &SnapshotFeed {
+        &self.feed
+    }
+
+    fn default_grace(&self) -> Duration {
+        self.opts.default_grace
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.opts.poll_interval
+    }
+
+    /// The console (the guest's kernel and the command write to it).
+    fn log_file(&self, id: Uuid) -> PathBuf {
+        self.paths(id).console_log
+    }
+
+    fn log_poll_interval(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+
+    /// Nothing to keep: the disk goes too, so no graceful power-off.
+    fn delete_grace(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn forget(&self, id: Uuid) {
+        locked(&self.finished).remove(&id);
+        self.exec_locks.remove(id);
+    }
+
+    /// What the sandbox looks like now, from its record, its generation marker, `/proc` and
+    /// (for a VM that is gone) its console.
+    fn snapshot(&self, rec: &VmRecord) -> pb::Snapshot {
+        let paths = self.paths(rec.sandbox_id);
+        let alive = Self::is_alive(rec);
+        let report = if !alive && rec.qemu.is_some() && rec.desired == Desired::Running {
+            self.finished_report(rec)
+        } else {
+            RunReport::default()
+        };
+        let mut observed = observe::observe(RunFacts {
+            desired: rec.desired,
+            init_recorded: rec.qemu.is_some(),
+            alive,
+            exit_status: report.exit,
+            oom_killed: false,
+        });
+        if let Some(why) = &report.fatal {
+            observed.reason = "GuestFailed";
+            observed.message = format!("the guest's init could not run the command: {why}");
+        } else if observed.reason == "Lost" {
+            observed.message = "the VM ended without the guest reporting an exit (QEMU was \
+                                killed, or the guest crashed)"
+                .to_string();
+        }
+        let mut warnings = rec.warnings.clone();
+        let generation = match record::read_generation(&paths) {
+            Ok(generation) => generation,
+            Err(why) => {
+                warnings.push(why);
+                0
+            }
+        };
+        let instance = rec.qemu.map(|identity| format!("qemu {identity}"));
+        observed.into_snapshot(rec, generation, instance, warnings)
+    }
+
+    /// Boots the VM under `generation`: the marker and the record (desired running, a new run)
+    /// are durable before QEMU starts; the call returns when the guest says its command runs.
+    async fn start_run(
+        &self,
+        mut rec: VmRecord,
+        generation: u64,
+    ) -> Result<pb::Snapshot, DriverError> {
+        let id = rec.sandbox_id;
+        let paths = self.paths(id);
+        record::write_generation(&paths, generation)
+            .map_err(|e| internal("writing the generation marker", e))?;
+        rec.run_id = Uuid::new_v4().simple().to_string();
+        rec.desired = Desired::Running;
+        rec.launched_at_ms = now_ms();
+        rec.console_offset = std::fs::metadata(&paths.console_log)
+            .map(|m| m.len())
+            .unwrap_or(0);
+        rec.qemu = None;
+        self.records.save(&rec)?;
+
+        let mut initramfs = std::fs::read(&self.assets.initramfs)
+            .map_err(|e| internal("reading the shared initramfs", e))?;
+        initramfs.extend(assets::run_archive(
+            &guest::run_env(&rec.run_id, generation, &rec.name, self.opts.default_grace),
+            &guest::command_script(&rec.spec.env, &rec.spec.command),
+        ));
+        std::fs::write(&paths.initramfs, initramfs)
+            .map_err(|e| internal("writing the run's initramfs", e))?;
+        let _slot = match self.boots.try_acquire() {
+            Ok(slot) => slot,
+            Err(_) => {
+                tracing::info!(sandbox_id = %id, "waiting for a boot slot");
+                self.boots
+                    .acquire()
+                    .await
+                    .map_err(|e| internal("waiting for a boot slot", e))?
+            }
+        };
+        let launch = qemu::VmLaunch {
+            qemu: &self.qemu,
+            name: id.to_string(),
+            accel: self.accel,
+            kernel: &self.assets.kernel,
+            initramfs: &paths.initramfs,
+            disk: &paths.disk,
+            console_log: &paths.console_log,
+            qmp_socket: &paths.qmp_socket,
+            agent: &paths.agent,
+            pidfile: &paths.pidfile,
+            memory_mib: rec.spec.memory_mib,
+            cpus: rec.spec.cpus,
+            tsc_khz: self.tsc_khz,
+        };
+        let identity = launch.launch().await?;
+        rec.qemu = Some(identity);
+        self.records.save(&rec)?;
+        if let Err(e) = self.wait_booted(&rec).await {
+            // The launch did not complete: the sandbox says NotStarted, and a retried create
+            // or start boots it again. Only once its QEMU is gone: a live one stays tracked.
+            if !Self::is_alive(&rec) {
+                rec.qemu = None;
+                self.records.save(&rec)?;
+            }
+            return Err(e);
+        }
+        let snapshot = self.snapshot(&rec);
+        tracing::info!(sandbox_id = %id, generation, %identity, "vm booted");
+        feed::publish(self, id, &snapshot);
+        Ok(snapshot)
     }
 
     /// Ends the VM: the power button, then (after `grace` + 10 s for the guest to end its
@@ -600,23 +553,5 @@ impl Inner {
                 rec.sandbox_id
             )))
         }
-    }
-}
-
-impl Watched for Inner {
-    fn feed(&self) -> &SnapshotFeed {
-        &self.feed
-    }
-
-    fn current(&self) -> Vec<(Uuid, pb::Snapshot)> {
-        let records: Vec<VmRecord> = locked(&self.records).values().cloned().collect();
-        records
-            .iter()
-            .map(|r| (r.sandbox_id, self.snapshot(r)))
-            .collect()
-    }
-
-    fn exists(&self, id: Uuid) -> bool {
-        locked(&self.records).contains_key(&id)
     }
 }

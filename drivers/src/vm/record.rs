@@ -6,17 +6,20 @@
 //! - `console.log`: the guest's console, appended across boots (the sandbox's log);
 //! - `qmp.sock`, `agent.in` + `agent.out` (FIFOs: the exec agent's channel), `qemu.pid`,
 //!   `initramfs.cpio`: the current boot's.
+//!
+//! The record and the marker are written atomically by the kit (`host::records`, which also
+//! checks the record's format and deletes through `<state_dir>/trash/`).
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::host::Desired;
-use crate::host::ProcessIdentity;
+use crate::host::records::{host_record, write_atomically};
+use crate::host::{Desired, ProcessIdentity};
 
 pub const RECORD_FORMAT: u32 = 1;
 
@@ -47,10 +50,11 @@ pub struct VmRecord {
     pub warnings: Vec<String>,
 }
 
+host_record!(VmRecord, RECORD_FORMAT);
+
 #[derive(Debug, Clone)]
 pub struct VmPaths {
     pub dir: PathBuf,
-    pub record: PathBuf,
     pub generation: PathBuf,
     pub disk: PathBuf,
     pub console_log: PathBuf,
@@ -67,7 +71,6 @@ impl VmPaths {
     pub fn new(state_dir: &Path, id: Uuid) -> VmPaths {
         let dir = vms_dir(state_dir).join(id.to_string());
         VmPaths {
-            record: dir.join("sandbox.json"),
             generation: dir.join("generation"),
             disk: dir.join("disk.img"),
             console_log: dir.join("console.log"),
@@ -84,43 +87,6 @@ pub fn vms_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("vms")
 }
 
-pub fn trash_dir(state_dir: &Path) -> PathBuf {
-    state_dir.join("trash")
-}
-
-/// Writes `bytes` to `path` atomically and durably: temp file, fsync, rename, fsync the
-/// directory. A driver killed at any moment leaves the old content or the new.
-pub fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path.parent().ok_or_else(|| io::Error::other("no parent"))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
-    ));
-    {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    fs::File::open(dir)?.sync_all()
-}
-
-pub fn write_record(paths: &VmPaths, record: &VmRecord) -> io::Result<()> {
-    let bytes = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
-    write_durably(&paths.record, &bytes)
-}
-
-pub fn read_record(path: &Path) -> io::Result<VmRecord> {
-    let record: VmRecord = serde_json::from_slice(&fs::read(path)?).map_err(io::Error::other)?;
-    if record.format != RECORD_FORMAT {
-        return Err(io::Error::other(format!(
-            "record format {} is not the supported {RECORD_FORMAT}",
-            record.format
-        )));
-    }
-    Ok(record)
-}
-
 /// The generation marker: `Err` with what is wrong when it is missing or not a number.
 pub fn read_generation(paths: &VmPaths) -> Result<u64, String> {
     let text = fs::read_to_string(&paths.generation)
@@ -135,12 +101,21 @@ pub fn read_generation(paths: &VmPaths) -> Result<u64, String> {
 }
 
 pub fn write_generation(paths: &VmPaths, generation: u64) -> io::Result<()> {
-    write_durably(&paths.generation, format!("{generation}\n").as_bytes())
+    write_atomically(&paths.generation, format!("{generation}\n").as_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::records::{read_json_with_format, record_file, write_json_atomically};
+
+    fn write_record(paths: &VmPaths, record: &VmRecord) -> io::Result<()> {
+        write_json_atomically(&record_file(&paths.dir), record)
+    }
+
+    fn read_record(paths: &VmPaths) -> io::Result<VmRecord> {
+        read_json_with_format(&record_file(&paths.dir))
+    }
 
     #[test]
     fn records_and_markers_round_trip() {
@@ -171,7 +146,7 @@ mod tests {
             warnings: vec![],
         };
         write_record(&paths, &record).unwrap();
-        assert_eq!(read_record(&paths.record).unwrap(), record);
+        assert_eq!(read_record(&paths).unwrap(), record);
 
         assert!(
             read_generation(&paths)
@@ -190,6 +165,6 @@ mod tests {
         let mut other = record.clone();
         other.format = 99;
         write_record(&paths, &other).unwrap();
-        assert!(read_record(&paths.record).is_err());
+        assert!(read_record(&paths).is_err());
     }
 }

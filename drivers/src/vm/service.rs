@@ -1,16 +1,16 @@
-//! The driver contract for [`VmDriver`]: the lifecycle calls. Streams are in `streams.rs`.
+//! The driver contract for [`VmDriver`]: capabilities and create (the disk made). Every
+//! lifecycle call runs as its own task ([`Ops`]); start, stop, delete, a create of a known
+//! sandbox and the reads (get, list, watch, logs) are the host kit's (`host::lifecycle`); exec
+//! is in `streams.rs`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use uuid::Uuid;
 
-use super::record::{self, RECORD_FORMAT, VmRecord, VmSpec};
+use super::record::{RECORD_FORMAT, VmRecord, VmSpec};
 use super::{Inner, VmDriver, qemu};
-use crate::host::contract::{self, Known};
-use crate::host::{Desired, feed, internal, locked, validate_command};
-use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
+use crate::host::{Desired, HostDriver, internal, lifecycle, validate_command};
+use crate::{ComputeDriver, DriverError, DriverStream, pb};
 
 /// The least memory a guest boots with.
 const MIN_MEMORY_MIB: u64 = 128;
@@ -118,33 +118,29 @@ impl ComputeDriver for VmDriver {
 
     async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
         let ops = self.ops();
-        detach(async move { ops.start(req).await }).await
+        detach(async move { lifecycle::start(ops.inner.as_ref(), req).await }).await
     }
 
     async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
         let ops = self.ops();
-        detach(async move { ops.stop(req).await }).await
+        detach(async move { lifecycle::stop(ops.inner.as_ref(), req).await }).await
     }
 
     async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
         let ops = self.ops();
-        detach(async move { ops.delete(req).await }).await
+        detach(async move { lifecycle::delete(ops.inner.as_ref(), req).await }).await
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let rec = self.inner.require(id)?;
-        Ok(self.inner.snapshot(&rec))
+        lifecycle::get(self.inner.as_ref(), &req)
     }
 
     async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
-        let mut records: Vec<VmRecord> = locked(&self.inner.records).values().cloned().collect();
-        records.sort_by_key(|r| r.sandbox_id);
-        Ok(records.iter().map(|r| self.inner.snapshot(r)).collect())
+        Ok(lifecycle::list(self.inner.as_ref()))
     }
 
     async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        self.watch_stream()
+        Ok(lifecycle::watch(&self.inner, &self.alive))
     }
 
     async fn exec(
@@ -155,13 +151,14 @@ impl ComputeDriver for VmDriver {
     }
 
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
-        self.logs_stream(req)
+        lifecycle::logs(&self.inner, &req, &self.alive)
     }
 }
 
-/// The lifecycle calls, run by [`detach`] so that a caller giving up (a deadline, a dropped
-/// connection) cannot cut one short between launching QEMU and recording it: a VM nobody
-/// recorded would be booted a second time on the same disk.
+/// The lifecycle calls' hold on the driver, moved into the task [`detach`] runs them as, so
+/// that a caller giving up (a deadline, a dropped connection) cannot cut one short between
+/// launching QEMU and recording it: a VM nobody recorded would be booted a second time on the
+/// same disk.
 pub(super) struct Ops {
     pub(super) inner: Arc<Inner>,
 }
@@ -186,35 +183,15 @@ impl VmDriver {
 
 impl Ops {
     pub(super) async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        sbx_proto::names::validate_name(&req.name).map_err(|e| {
-            DriverError::InvalidArgument(format!("sandbox name {:?}: {e}", req.name))
-        })?;
+        let id = lifecycle::create_id(&req)?;
         let spec = req.spec.unwrap_or_default();
         validate_command("the spec", &spec.command, &spec.env)?;
         validate_env_names("the spec", spec.env.keys())?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-
-        if let Some(existing) = inner.record(id) {
-            let snapshot = inner.snapshot(&existing);
-            let wants_running = existing.desired == Desired::Running;
-            let known = (existing.workspace.as_str(), existing.name.as_str());
+        let inner = self.inner.as_ref();
+        let _serialised = inner.records.lock(id).await;
+        if let Some(existing) = inner.records.get(id) {
             let asked = (req.workspace.as_str(), req.name.as_str());
-            return match contract::known_create(
-                known,
-                asked,
-                req.generation,
-                snapshot,
-                wants_running,
-            )? {
-                Known::Answer(snapshot) => Ok(snapshot),
-                Known::Launch => {
-                    inner.terminate(&existing, Duration::ZERO).await?;
-                    inner.start_run(existing, req.generation).await
-                }
-            };
+            return lifecycle::create_known(inner, existing, asked, req.generation).await;
         }
 
         let paths = inner.paths(id);
@@ -268,84 +245,6 @@ impl Ops {
             warnings,
         };
         inner.start_run(rec, req.generation).await
-    }
-
-    pub(super) async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-        let rec = inner.require(id)?;
-        let snapshot = inner.snapshot(&rec);
-        let wants_running = rec.desired == Desired::Running;
-        if let Known::Answer(snapshot) =
-            contract::known_start(snapshot, wants_running, req.generation)?
-        {
-            return Ok(snapshot);
-        }
-        // Whatever is left of an earlier run (a half-finished stop) goes first.
-        inner.terminate(&rec, Duration::ZERO).await?;
-        inner.start_run(rec, req.generation).await
-    }
-
-    pub(super) async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-        let mut rec = inner.require(id)?;
-        let grace = match req.grace_period_ms {
-            0 => inner.opts.default_grace,
-            ms => Duration::from_millis(u64::from(ms)),
-        };
-        if rec.desired != Desired::Stopped {
-            rec.desired = Desired::Stopped;
-            inner.save(&rec)?;
-        }
-        inner.terminate(&rec, grace).await?;
-        let snapshot = inner.snapshot(&rec);
-        feed::publish(inner.as_ref(), id, &snapshot);
-        Ok(snapshot)
-    }
-
-    pub(super) async fn delete(
-        &self,
-        req: pb::DeleteRequest,
-    ) -> Result<pb::DeleteResponse, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        let inner = &self.inner;
-        let lock = inner.lock_for(id);
-        let _serialised = lock.lock().await;
-        let Some(mut rec) = inner.record(id) else {
-            return Ok(pb::DeleteResponse { deleted: false });
-        };
-        if rec.desired != Desired::Stopped {
-            rec.desired = Desired::Stopped;
-            inner.save(&rec)?;
-        }
-        // Nothing to keep: the disk goes too, so no graceful power-off.
-        inner.terminate(&rec, Duration::ZERO).await?;
-        let last = inner.snapshot(&rec);
-        let paths = inner.paths(id);
-        // Rename first: a driver killed during the removal leaves trash (emptied at open).
-        let trash = record::trash_dir(&inner.state_dir).join(format!("{id}-{}", Uuid::new_v4()));
-        std::fs::rename(&paths.dir, &trash)
-            .map_err(|e| internal("moving the sandbox to the trash", e))?;
-        locked(&inner.records).remove(&id);
-        locked(&inner.finished).remove(&id);
-        locked(&inner.exec_locks).remove(&id);
-        if let Err(e) = std::fs::remove_dir_all(&trash) {
-            tracing::warn!(sandbox_id = %id, error = %e, "deleted sandbox's files not all removed");
-        }
-        feed::publish_deleted(inner.as_ref(), id, last);
-        let mut locks = locked(&inner.locks);
-        if locks
-            .get(&id)
-            .is_some_and(|l| std::sync::Arc::strong_count(l) <= 2)
-        {
-            locks.remove(&id);
-        }
-        Ok(pb::DeleteResponse { deleted: true })
     }
 }
 

@@ -1,27 +1,20 @@
-//! The streaming calls of the vm driver: watch (a poller over every VM), exec (through the
-//! guest's agent) and logs (the console log file).
+//! The exec of the vm driver, through the guest's agent. (Watch and logs, of the console log
+//! file, are the kit's, `host::lifecycle`.)
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::StreamExt;
-
 use super::service::validate_env_names;
 use super::{Inner, VmDriver, guest};
-use crate::host::logfile::{CHUNK, log_stream};
-use crate::host::{Desired, feed, locked, validate_command};
+use crate::host::Desired;
+use crate::host::logfile::CHUNK;
+use crate::host::validate_command;
 use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
 
 /// How long an exec may run when the request sets no timeout.
 const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl VmDriver {
-    pub(super) fn watch_stream(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        let events = feed::watch(&self.inner, "vm", self.inner.opts.poll_interval);
-        Ok(Box::pin(events.take_until(self.dropped())))
-    }
-
     pub(super) async fn exec_stream(
         &self,
         req: pb::ExecRequest,
@@ -29,7 +22,7 @@ impl VmDriver {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         validate_command("exec", &req.command, &req.env)?;
         validate_env_names("exec", req.env.keys())?;
-        let rec = self.inner.require(id)?;
+        let rec = self.inner.records.require(id)?;
         if rec.desired != Desired::Running || !Inner::is_alive(&rec) {
             return Err(DriverError::FailedPrecondition(format!(
                 "sandbox {id} is not running; exec needs a running vm"
@@ -39,8 +32,7 @@ impl VmDriver {
             0 => DEFAULT_EXEC_TIMEOUT,
             s => Duration::from_secs(u64::from(s)),
         };
-        let lock = self.inner.exec_lock_for(id);
-        let _one_at_a_time = lock.lock().await;
+        let _one_at_a_time = self.inner.exec_locks.lock(id).await;
         let request_id = self.inner.exec_ids.fetch_add(1, Ordering::Relaxed);
         let env = req.env.into_iter().collect();
         let agent = self.inner.paths(id).agent;
@@ -58,22 +50,5 @@ impl VmDriver {
             signal: 0,
         })));
         Ok(Box::pin(futures::stream::iter(items)))
-    }
-
-    pub(super) fn logs_stream(
-        &self,
-        req: pb::LogsRequest,
-    ) -> Result<DriverStream<pb::LogChunk>, DriverError> {
-        let id = parse_sandbox_id(&req.sandbox_id)?;
-        self.inner.require(id)?;
-        let log = self.inner.paths(id).console_log;
-        let weak = Arc::downgrade(&self.inner);
-        let exists = move || {
-            weak.upgrade()
-                .is_some_and(|inner| locked(&inner.records).contains_key(&id))
-        };
-        let interval = Duration::from_millis(100);
-        let stream = log_stream(log, req.tail_lines, req.follow, interval, exists)?;
-        Ok(Box::pin(stream.take_until(self.dropped())))
     }
 }
