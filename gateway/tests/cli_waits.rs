@@ -100,12 +100,12 @@ fn create_returns_when_the_gateway_has_it_ready() {
         cli_ms.push(cli.as_secs_f64() * 1000.0);
         gateway_ms.push(gateway.as_secs_f64() * 1000.0);
     }
-    // The default --settle holds Ready for 500 ms more.
+    // --settle 500 holds Ready for 500 ms more.
     let began = Instant::now();
     let v = sbx(
         &ep,
         &[
-            "sandbox", "create", "settled", "-o", "json", "--", "sleep", "1000",
+            "sandbox", "create", "settled", "--settle", "500", "-o", "json", "--", "sleep", "1000",
         ],
     )
     .json();
@@ -119,7 +119,7 @@ fn create_returns_when_the_gateway_has_it_ready() {
     let (cli, gateway) = (median(&mut cli_ms), median(&mut gateway_ms));
     eprintln!(
         "create→Ready over 8 creates, median: sbx (process start to exit) {cli:.1} ms, \
-         gateway (created_at→updated_at of Ready) {gateway:.1} ms; with the default settle \
+         gateway (created_at→updated_at of Ready) {gateway:.1} ms; with --settle 500 \
          {:.1} ms; all sbx: {cli_ms:.1?}; all gateway: {gateway_ms:.1?}",
         settled.as_secs_f64() * 1000.0
     );
@@ -143,7 +143,10 @@ fn create_tells_the_truth_about_the_main_process() {
 
     let failed = sbx(
         &ep,
-        &["sandbox", "create", "bad", "--", "sh", "-c", "exit 3"],
+        // --settle: the oci driver notices an exit within 250 ms.
+        &[
+            "sandbox", "create", "bad", "--settle", "500", "--", "sh", "-c", "exit 3",
+        ],
     );
     assert_eq!(failed.code, 1, "{failed:?}");
     // The reason is the driver's (oci: "Error"), the message the gateway's with the status.
@@ -172,6 +175,8 @@ fn create_tells_the_truth_about_the_main_process() {
             "create",
             "-n",
             "killed",
+            "--settle",
+            "500",
             "--",
             "sh",
             "-c",
@@ -186,7 +191,9 @@ fn create_tells_the_truth_about_the_main_process() {
 
     let done = sbx(
         &ep,
-        &["sandbox", "create", "done", "-o", "json", "--", "true"],
+        &[
+            "sandbox", "create", "done", "--settle", "500", "-o", "json", "--", "true",
+        ],
     )
     .json();
     assert_eq!(field(&done, "phase"), "Completed", "never Ready: {done}");

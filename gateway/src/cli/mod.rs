@@ -332,13 +332,14 @@ const CREATE_ABOUT: &str = "Create a sandbox running CMD ARGS… and (unless --d
     `sbx sandbox create NAME -- CMD ARGS…` (`-n NAME` works too). The wait follows the \
     gateway's watch stream. What Ready promises, when create exits 0 and prints phase Ready: \
     the driver started the main process, the sandbox then stayed Ready for --settle \
-    (default 500 ms), and the gateway's record, read just before printing, still said Ready. \
-    A main process that ends within that time is reported as what it is: exit 0 makes the \
+    (default 0: create answers the moment the gateway records Ready), and the gateway's \
+    record, read just before printing, still said Ready. A main process that ends within the \
+    wait (or the settle window) is reported as what it is: exit 0 makes the \
     sandbox Completed (printed, exit 0); a non-zero exit or a signal makes it Error, and \
     create fails (exit 1) with the reason and status, e.g. `sandbox \"web\" failed: \
     ExitedNonZero: main process exited with status 3`. Ready does not promise the process \
     keeps running afterwards (drivers notice an exit within about 250 ms; see `sbx sandbox \
-    get`, `sbx wait`). --settle 0 answers the moment the gateway says Ready.";
+    get`, `sbx wait`); --settle 500 also catches a main process that fails at once.";
 
 #[derive(Debug, Clone, Args)]
 pub struct SandboxCreateArgs {

@@ -157,7 +157,7 @@ fn sandbox_create_takes_the_name_positionally_or_with_n() {
         let req = create_sandbox_request(&args, "generated".into()).unwrap();
         assert_eq!(req.name, "web", "argv {argv:?}");
         assert_eq!(req.spec.unwrap().command, ["true"], "argv {argv:?}");
-        assert_eq!(args.settle, 500, "the default settle");
+        assert_eq!(args.settle, 0, "no settle by default");
     }
     check_usage_error(
         &["sandbox", "create", "web", "-n", "db", "--", "true"],

@@ -11,12 +11,12 @@
 //! there. The decision per observation is the pure [`wait_step`].
 //!
 //! What "Ready" promises: the driver started the main process, the gateway had not seen it
-//! end when the wait finished, the sandbox stayed Ready for `--settle` (default
+//! end when the wait finished, the sandbox stayed Ready for `--settle` (default none:
 //! [`DEFAULT_SETTLE`]), and a `GetSandbox` by id read just before answering still says Ready.
-//! A main process that ends within that window is reported as what it is: Completed (exit 0)
-//! or the failure, with its reason and exit status. Drivers notice an exit by polling (the oci
-//! driver every 250 ms), so a process that dies after the window is not covered; `--settle 0`
-//! returns the moment the gateway says Ready.
+//! A main process that ends within the wait (or the settle window) is reported as what it is:
+//! Completed (exit 0) or the failure, with its reason and exit status. Drivers notice an exit
+//! by polling (the oci driver every 250 ms), so a process that dies just after Ready is seen
+//! by `sbx sandbox get` a moment later; `--settle 500` waits that out.
 //!
 //! Waiting for the gateway ([`wait_serving`]) polls its `grpc.health.v1` service every
 //! [`SERVING_POLL`], at the endpoint or at the address an `--addr-file` names (re-read on
@@ -42,9 +42,11 @@ use tonic_health::pb::health_client::HealthClient;
 use super::CliError;
 use super::output::{desired_state_name, phase_name};
 
-/// How long a Ready sandbox must stay Ready before `create` reports it (`--settle`): twice
-/// the oci driver's 250 ms exit poll, so a main process that fails at once is caught.
-pub const DEFAULT_SETTLE: Duration = Duration::from_millis(500);
+/// How long a Ready sandbox must stay Ready before `create` reports it (`--settle`): none by
+/// default, so create answers the moment the gateway records Ready (the CLI is as fast as the
+/// gateway). `--settle 500` (twice the oci driver's 250 ms exit poll) also catches a main
+/// process that fails at once.
+pub const DEFAULT_SETTLE: Duration = Duration::ZERO;
 
 /// How often [`wait_serving`] tries the gateway's health service.
 pub const SERVING_POLL: Duration = Duration::from_millis(25);
