@@ -17,7 +17,6 @@ use sbx_drivers::remote::{DriverHostArgs, run_driver_host, termination_signal};
 use sbx_storage::{ObjectStore, SledStore};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tracing_subscriber::EnvFilter;
@@ -173,11 +172,14 @@ async fn serve_on(
         .add_service(service.image_server());
     drop(service);
     let stop_accepting = shutdown.clone();
-    let mut server = tokio::spawn(
-        router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+    // TCP_NODELAY on every accepted connection: without it a small HTTP/2 frame written while
+    // an earlier one is unacknowledged waits for the client's delayed ACK (40 ms on Linux), a
+    // floor under every answer (docs/BENCHMARKS.md, oci create→Ready).
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let mut server =
+        tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
             stop_accepting.cancelled().await
-        }),
-    );
+        }));
     tracing::info!(%bound, "listening; re-attaching sandboxes");
 
     let attached = tokio::select! {
