@@ -497,7 +497,12 @@ impl Images {
         }
         let keep: Vec<String> = pinned.into_iter().collect();
         match tokio::task::spawn_blocking(move || content.remove_unreferenced(&keep)).await {
-            Ok(Ok(report)) => tracing::debug!(?report, "image store collected"),
+            Ok(Ok(report)) => tracing::debug!(
+                blobs = report.blobs_removed,
+                layers = report.layers_removed,
+                bytes = report.bytes_freed,
+                "image store collected"
+            ),
             Ok(Err(e)) => tracing::warn!("image store garbage collection after a delete: {e}"),
             Err(e) => tracing::warn!("image store garbage collection task: {e}"),
         }

@@ -112,9 +112,22 @@ impl Actor for Reconciler {
             ReconcilerMsg::Sweep(reply) => {
                 let report = sweep(st).await;
                 if !report.skipped.is_empty() || !report.driver_errors.is_empty() {
-                    tracing::warn!(?report, "reconciler sweep had problems");
+                    tracing::warn!(
+                        observed = report.observed,
+                        absent = report.absent,
+                        adopted = report.adopted,
+                        skipped = %report.skipped.join("; "),
+                        driver_errors = %report.driver_errors.join("; "),
+                        "reconciler sweep had problems"
+                    );
                 } else {
-                    tracing::debug!(?report, "reconciler sweep");
+                    tracing::debug!(
+                        observed = report.observed,
+                        absent = report.absent,
+                        adopted = report.adopted,
+                        deferred = report.deferred,
+                        "reconciler sweep"
+                    );
                 }
                 if let Some(reply) = reply {
                     let _ = reply.send(report);

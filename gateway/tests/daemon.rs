@@ -119,6 +119,19 @@ async fn refusals_to_start_are_clear_and_leave_the_running_one_alone() {
     d.assert_healthy().await;
 }
 
+/// A log that is not a terminal (here a file, as under systemd or `2>sbxd.log`) carries no
+/// ANSI colour: not one ESC byte, and the level reads as plain text.
+#[test]
+fn logs_to_a_file_have_no_colour() {
+    let data = DataDir::new();
+    let mut d = Sbxd::start(data.path(), "sim", &[]);
+    let (_, status) = d.sigterm(Duration::from_secs(10));
+    assert!(status.success());
+    let log = d.log_text();
+    assert!(log.contains(" INFO "), "no plain INFO level in:\n{log}");
+    assert!(!log.contains('\u{1b}'), "an ESC byte in the log:\n{log:?}");
+}
+
 #[test]
 fn json_logs_are_one_object_per_line() {
     let data = DataDir::new();

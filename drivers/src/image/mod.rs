@@ -390,7 +390,13 @@ impl ImageStore {
                 }
             }
         }
-        tracing::info!(store = %shown, ?report, "removed unreferenced image content");
+        tracing::info!(
+            store = %shown,
+            blobs = report.blobs_removed,
+            layers = report.layers_removed,
+            bytes = report.bytes_freed,
+            "removed unreferenced image content"
+        );
         Ok(report)
     }
 

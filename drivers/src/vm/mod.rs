@@ -195,7 +195,7 @@ impl VmDriver {
             }
             chosen => chosen,
         };
-        tracing::info!(?accel, kernel = %assets.kernel.display(), "vm driver ready");
+        tracing::info!(%accel, kernel = %assets.kernel.display(), "vm driver ready");
         records::empty_trash(&trash, |_| {})?;
         let found = tokio::task::spawn_blocking({
             let state_dir = state_dir.clone();

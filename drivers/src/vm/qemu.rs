@@ -22,6 +22,17 @@ pub enum Accel {
     Tcg,
 }
 
+/// The name `--vm-accel` takes ("kvm"), for logs and messages.
+impl std::fmt::Display for Accel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Accel::Auto => "auto",
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        })
+    }
+}
+
 impl std::str::FromStr for Accel {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

@@ -209,7 +209,7 @@ async fn open_in_process(
                     source,
                     hint: " (see sbxd serve --help for the --vm-* flags)",
                 })?;
-            tracing::info!(accel = ?driver.accel(), "the vm driver is open");
+            tracing::info!(accel = %driver.accel(), "the vm driver is open");
             Ok(Arc::new(driver))
         }
         DriverKind::Sim => {

@@ -183,7 +183,11 @@ async fn supervise(launcher: Launcher, mut child: Child, stop: CancellationToken
         };
         let up = started.elapsed();
         let delay = backoff.after_exit(up);
-        tracing::warn!(status = ?status, up = ?up, restart_in = ?delay, "driver process exited; restarting it");
+        let status = match status {
+            Ok(status) => status.to_string(),
+            Err(e) => format!("not known ({e})"),
+        };
+        tracing::warn!(%status, up = ?up, restart_in = ?delay, "driver process exited; restarting it");
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = stop.cancelled() => {

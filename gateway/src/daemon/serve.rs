@@ -6,6 +6,7 @@
 //! NOT_SERVING, stop accepting, end open streams, let calls in flight finish within the
 //! grace period, stop the actors (sandboxes keep running), close the store.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -238,7 +239,11 @@ async fn serve_on(
 pub async fn run_driver(args: DriverHostArgs) -> Result<(), DaemonError> {
     init_logging(LogFormat::Pretty);
     let shutdown = termination_signal().map_err(DaemonError::DriverHost)?;
-    tracing::info!(backend = ?args.backend, socket = %args.socket.display(), "driver host starting");
+    // The backend by its command-line name ("oci"), not its Rust variant ("Oci").
+    let backend = clap::ValueEnum::to_possible_value(&args.backend)
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default();
+    tracing::info!(%backend, socket = %args.socket.display(), "driver host starting");
     run_driver_host(args, shutdown)
         .await
         .map_err(DaemonError::DriverHost)?;
@@ -284,8 +289,11 @@ fn init_logging(format: LogFormat) {
         eprintln!("warning: bad log filter {filter:?} ({e}); using \"info\"");
         EnvFilter::new("info")
     });
+    // Colour only for a person at a terminal: a log file, journald or a pipe would keep the
+    // escape sequences as noise around every level and field name.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     // A second initialisation (only possible in tests) keeps the first subscriber.
     let _ = match format {
