@@ -7,7 +7,8 @@ use tonic_types::StatusExt;
 
 /// Everything that makes an `sbx` command fail. Each is printed as one line,
 /// `error: <message>`, and the CLI exits with status 1 — except the argument-parsing variants
-/// ([`CliError::InvalidName`], [`CliError::InvalidSize`], [`CliError::InvalidKeyValue`]), which
+/// ([`CliError::InvalidName`], [`CliError::InvalidSize`], [`CliError::InvalidCpu`],
+/// [`CliError::InvalidKeyValue`]), which
 /// clap reports as usage errors with status 2.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -34,12 +35,20 @@ pub enum CliError {
     #[error("the pull of {reference} ended without an image")]
     PullWithoutImage { reference: String },
 
-    /// A `--memory` SIZE is not a whole number with an optional known unit suffix.
+    /// A `--memory` SIZE is not a number with an optional known unit suffix. The message
+    /// leaves the input out: clap prints it beside the flag (`invalid value '12Q' for
+    /// '--memory <SIZE>': …`).
     #[error(
-        "invalid size {input:?}: expected a whole number of bytes, optionally followed by \
-         Ki, Mi, Gi, Ti (powers of 1024) or K, M, G, T (powers of 1000), e.g. 64Mi, 1Gi, 500M"
+        "expected bytes, or a number with a unit: Ki, Mi, Gi, Ti (powers of 1024) or K, M, G, \
+         T (powers of 1000), e.g. 512Mi, 1.5Gi, 1G"
     )]
     InvalidSize { input: String },
+
+    /// A `--cpu` quantity is neither cores (at most 3 decimals) nor whole millicores with `m`.
+    #[error(
+        "expected cores (2, 0.5, at most 3 decimals) or millicores (500m), up to 4294967 cores"
+    )]
+    InvalidCpu { input: String },
 
     /// A `--label`/`--env` argument is not `KEY=VALUE` with a non-empty key.
     #[error("expected KEY=VALUE with a non-empty KEY, got {input:?}")]

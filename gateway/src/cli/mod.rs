@@ -2,7 +2,7 @@
 //!
 //! Layout: this module holds the clap argument types; [`request`] turns them into protobuf
 //! requests (pure); [`run`] dials the gateway and dispatches; [`output`] renders protobuf
-//! objects as tables, JSON or YAML (pure); [`size`] parses `--memory`; [`wait`] waits for a
+//! objects as tables, JSON or YAML (pure); [`size`] parses `--cpu` and `--memory`; [`wait`] waits for a
 //! sandbox to become Ready, Stopped or deleted, and for the gateway to serve; [`stream`] passes
 //! exec/logs/watch streams through; [`image`] runs the image commands (pull with progress,
 //! import of a file or an OCI layout directory).
@@ -358,11 +358,11 @@ pub struct SandboxCreateArgs {
     /// An environment variable of the workload, KEY=VALUE; repeatable.
     #[arg(short = 'e', long = "env", value_name = "KEY=VALUE", value_parser = parse_key_value)]
     pub env: Vec<(String, String)>,
-    /// CPU limit in thousandths of a core (1000 = one core; default: no limit).
-    #[arg(long, value_name = "MILLIS")]
+    /// CPU limit: cores (2, 0.5) or millicores (500m). Default: no limit.
+    #[arg(long, value_name = "CPU", value_parser = size::parse_cpu)]
     pub cpu: Option<u32>,
-    /// Memory limit: bytes, or with a unit: 64Mi, 1Gi (powers of 1024), 500M, 1G (powers of
-    /// 1000). Default: no limit.
+    /// Memory limit: bytes, or with a unit: 512Mi, 1.5Gi (powers of 1024), 500M, 1G (powers
+    /// of 1000). Default: no limit.
     #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
     pub memory: Option<u64>,
     /// The image to run, for drivers with images: a name (busybox, name:tag), name@sha256:…

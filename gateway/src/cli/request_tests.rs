@@ -76,8 +76,8 @@ fn sandbox_create_builds_the_request() {
     check_create(
         &[
             "create", "-w", "team-a", "--name", "web", "--label", "app=web", "-l", "tier=1",
-            "--env", "A=1", "-e", "B=x=y", "--cpu", "500", "--memory", "64Mi", "--image", "alpine",
-            "--driver", "oci", "--", "sh", "-c", "echo hi",
+            "--env", "A=1", "-e", "B=x=y", "--cpu", "500m", "--memory", "64Mi", "--image",
+            "alpine", "--driver", "oci", "--", "sh", "-c", "echo hi",
         ],
         CreateSandboxRequest {
             workspace: "team-a".into(),
@@ -124,6 +124,33 @@ fn sandbox_create_builds_the_request() {
             }),
         },
     );
+}
+
+/// `--cpu` in cores or millicores and `--memory` with units reach the request as millicores
+/// and bytes.
+#[test]
+fn resource_quantities_as_people_write_them() {
+    for (cpu, memory, millis, bytes) in [
+        ("0.5", "512Mi", 500, 512u64 << 20),
+        ("500m", "1G", 500, 1_000_000_000),
+        ("2", "4096", 2000, 4096),
+        ("1.25", "1.5Gi", 1250, 3 << 29),
+    ] {
+        let argv = ["create", "--cpu", cpu, "--memory", memory, "--", "true"];
+        let SandboxCommand::Create(args) = sandbox(&argv) else {
+            panic!("argv {argv:?} is not sandbox create");
+        };
+        let req = create_sandbox_request(&args, "sbx-generated".to_string()).unwrap();
+        let resources = req.spec.and_then(|s| s.resources);
+        assert_eq!(
+            resources,
+            Some(Resources {
+                cpu_millis: millis,
+                memory_bytes: bytes,
+            }),
+            "--cpu {cpu} --memory {memory}"
+        );
+    }
 }
 
 #[test]
@@ -188,8 +215,12 @@ fn usage_errors() {
     check_usage_error(&["sandbox", "get", "web-"], rule);
     check_usage_error(&["workspace", "create", ""], rule);
     check_usage_error(
-        &["sandbox", "create", "--memory", "1.5Gi", "--", "x"],
-        "64Mi",
+        &["sandbox", "create", "--memory", "12Q", "--", "x"],
+        "invalid value '12Q' for '--memory <SIZE>': expected bytes",
+    );
+    check_usage_error(
+        &["sandbox", "create", "--cpu", "0.0005", "--", "x"],
+        "invalid value '0.0005' for '--cpu <CPU>': expected cores",
     );
     check_usage_error(
         &["sandbox", "create", "--label", "novalue", "--", "x"],

@@ -1,9 +1,19 @@
-//! Parsing of `--memory` SIZE arguments: `64Mi`, `1Gi`, `500M`, `1G`, plain bytes.
+//! Resource quantities as people write them (the Kubernetes spellings), turned into what the
+//! API carries: `--cpu` in thousandths of a core (`cpu_millis`), `--memory` in bytes.
+//!
+//! - CPU: cores as a decimal (`2`, `0.5`, `1.25`; at most 3 decimals, since the API counts
+//!   millicores) or millicores with `m` (`500m`). `0` means no limit.
+//! - Memory: a decimal number with an optional unit: Ki, Mi, Gi, Ti (powers of 1024) or K/k, M,
+//!   G, T (powers of 1000); no unit means bytes. A fraction of a byte is rounded up, as
+//!   Kubernetes does (`0.1Ki` = 103 bytes). `0` means no limit.
+//!
+//! The parsers are clap value parsers: clap prints the value given beside the flag
+//! (`invalid value '12Q' for '--memory <SIZE>': …`), so the messages here say only what is
+//! accepted.
 
 use super::error::CliError;
 
-/// The accepted unit suffixes and their multipliers. Binary (Ki…) before decimal (K…) does not
-/// matter for correctness since we match the whole suffix, but it reads in the order of the help.
+/// The memory unit suffixes and their multipliers, in the order the help lists them.
 const UNITS: &[(&str, u64)] = &[
     ("", 1),
     ("Ki", 1 << 10),
@@ -17,52 +27,110 @@ const UNITS: &[(&str, u64)] = &[
     ("T", 1_000_000_000_000),
 ];
 
-/// Parses a memory size into bytes. A whole number, optionally followed by one unit suffix
-/// (Ki, Mi, Gi, Ti = powers of 1024; K/k, M, G, T = powers of 1000). `0` means no limit.
+/// A non-negative decimal `123` or `1.25` as (digits without the point, decimals), e.g.
+/// `1.25` → (125, 2). `None` for anything else (signs, exponents, blanks, `.5`, `5.`), or more
+/// than 18 decimals.
+fn parse_decimal(text: &str) -> Option<(u128, u32)> {
+    let (whole, fraction) = match text.split_once('.') {
+        Some((whole, fraction)) if !fraction.is_empty() => (whole, fraction),
+        Some(_) => return None,
+        None => (text, ""),
+    };
+    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !all_digits(whole) || !all_digits(fraction) || fraction.len() > 18 {
+        return None;
+    }
+    let digits: u128 = format!("{whole}{fraction}").parse().ok()?;
+    Some((digits, fraction.len() as u32))
+}
+
+/// Splits `input` where its number ends (the first byte that is neither a digit nor `.`).
+fn split_number(input: &str) -> (&str, &str) {
+    let end = input
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(input.len());
+    input.split_at(end)
+}
+
+/// Parses a memory size into bytes (see the module doc).
 pub fn parse_size(input: &str) -> Result<u64, CliError> {
     let invalid = || CliError::InvalidSize {
         input: input.to_string(),
     };
-    let digits_end = input
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(input.len());
-    let (digits, suffix) = input.split_at(digits_end);
-    if digits.is_empty() {
-        return Err(invalid());
-    }
+    let (number, suffix) = split_number(input);
     let multiplier = UNITS
         .iter()
         .find(|(unit, _)| *unit == suffix)
-        .map(|(_, m)| *m)
+        .map(|(_, m)| u128::from(*m))
         .ok_or_else(invalid)?;
-    let number: u64 = digits.parse().map_err(|_| invalid())?;
-    number.checked_mul(multiplier).ok_or_else(invalid)
+    let (digits, decimals) = parse_decimal(number).ok_or_else(invalid)?;
+    let scale = 10u128.pow(decimals);
+    let bytes = digits
+        .checked_mul(multiplier)
+        .ok_or_else(invalid)?
+        .div_ceil(scale);
+    u64::try_from(bytes).map_err(|_| invalid())
+}
+
+/// Parses a CPU quantity into millicores (see the module doc).
+pub fn parse_cpu(input: &str) -> Result<u32, CliError> {
+    let invalid = || CliError::InvalidCpu {
+        input: input.to_string(),
+    };
+    let (number, suffix) = split_number(input);
+    let (digits, decimals) = parse_decimal(number).ok_or_else(invalid)?;
+    let millis = match suffix {
+        "m" if decimals == 0 => digits,
+        "" if decimals <= 3 => digits * 10u128.pow(3 - decimals),
+        _ => return Err(invalid()),
+    };
+    u32::try_from(millis).map_err(|_| invalid())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn check(input: &str, expected: Option<u64>) {
-        match (parse_size(input), expected) {
+    /// `parse(input)` is `expected`, or (for `None`) an error about `input` whose text
+    /// contains `hint`.
+    fn check_with<T: PartialEq + std::fmt::Debug>(
+        parse: fn(&str) -> Result<T, CliError>,
+        hint: &str,
+        input: &str,
+        expected: Option<T>,
+    ) {
+        match (parse(input), expected) {
             (Ok(got), Some(want)) => assert_eq!(got, want, "input {input:?}"),
             (Err(err), None) => {
                 assert!(
-                    matches!(&err, CliError::InvalidSize { input: i } if i == input),
+                    matches!(&err, CliError::InvalidSize { input: i } | CliError::InvalidCpu { input: i } if i == input),
                     "input {input:?}: {err:?}"
                 );
-                assert!(err.to_string().contains("64Mi"), "{err}");
+                assert!(err.to_string().contains(hint), "{err}");
             }
             (got, want) => panic!("input {input:?}: got {got:?}, want {want:?}"),
         }
     }
 
+    fn check(input: &str, expected: Option<u64>) {
+        check_with(parse_size, "512Mi", input, expected);
+    }
+
+    fn check_cpu(input: &str, expected: Option<u32>) {
+        check_with(parse_cpu, "500m", input, expected);
+    }
+
     #[test]
     fn sizes() {
         check("64Mi", Some(64 * 1024 * 1024));
+        check("512Mi", Some(512 << 20));
         check("1Gi", Some(1 << 30));
+        check("1.5Gi", Some(3 << 29));
+        check("0.5Ki", Some(512));
+        check("0.1Ki", Some(103));
         check("500M", Some(500_000_000));
         check("1G", Some(1_000_000_000));
+        check("2.5G", Some(2_500_000_000));
         check("4096", Some(4096));
         check("0", Some(0));
         check("2Ki", Some(2048));
@@ -71,13 +139,41 @@ mod tests {
         check("18446744073709551615", Some(u64::MAX));
         check("", None);
         check("Mi", None);
-        check("1.5Gi", None);
+        check(".5Gi", None);
+        check("5.Gi", None);
+        check("1.2.3", None);
+        check("12Q", None);
         check("64MB", None);
         check("64mi", None);
+        check("64m", None);
         check("-1", None);
         check(" 64Mi", None);
         check("64 Mi", None);
+        check("1e9", None);
         check("18446744073709551616", None);
         check("17179869184Gi", None);
+    }
+
+    #[test]
+    fn cpus() {
+        check_cpu("2", Some(2000));
+        check_cpu("0.5", Some(500));
+        check_cpu("1.25", Some(1250));
+        check_cpu("0.001", Some(1));
+        check_cpu("500m", Some(500));
+        check_cpu("1500m", Some(1500));
+        check_cpu("0", Some(0));
+        check_cpu("0m", Some(0));
+        check_cpu("4294967295m", Some(u32::MAX));
+        check_cpu("4294967296m", None);
+        check_cpu("4294968", None);
+        check_cpu("0.0005", None);
+        check_cpu("1.5m", None);
+        check_cpu("", None);
+        check_cpu("m", None);
+        check_cpu("-1", None);
+        check_cpu("2 cores", None);
+        check_cpu("2c", None);
+        check_cpu("500M", None);
     }
 }
