@@ -5,10 +5,12 @@
 //! objects as tables, JSON or YAML (pure); [`size`] parses `--cpu` and `--memory`; [`wait`] waits for a
 //! sandbox to become Ready, Stopped or deleted, and for the gateway to serve; [`stream`] passes
 //! exec/logs/watch streams through; [`image`] runs the image commands (pull with progress,
-//! import of a file or an OCI layout directory).
+//! import of a file or an OCI layout directory); [`meta`] prints `sbx version` and `sbx
+//! completion`.
 
 pub mod error;
 pub mod image;
+pub mod meta;
 pub mod output;
 pub mod request;
 pub mod run;
@@ -85,6 +87,28 @@ pub enum Command {
     /// Wait until the gateway serves (`--for serving`) or a sandbox is Ready, Stopped or
     /// deleted (`--for ready|stopped|deleted NAME`).
     Wait(WaitArgs),
+    /// Print the client's version, and whether the gateway at --endpoint answers (its version
+    /// and default driver are not reported by the API, and the output says so). Exits 0 also
+    /// when the gateway is down.
+    Version(VersionArgs),
+    /// Print a shell completion script: `source <(sbx completion bash)`, `sbx completion zsh >
+    /// "${fpath[1]}/_sbx"`, `sbx completion fish > ~/.config/fish/completions/sbx.fish`.
+    Completion(CompletionArgs),
+}
+
+/// `sbx version`.
+#[derive(Debug, Clone, Args)]
+pub struct VersionArgs {
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `sbx completion`.
+#[derive(Debug, Clone, Args)]
+pub struct CompletionArgs {
+    /// The shell to write the script for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// What `sbx wait` waits for.

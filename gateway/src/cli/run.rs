@@ -82,6 +82,8 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Sandbox(cmd) => run_sandbox(&cli.endpoint, cmd).await,
         Command::Image(cmd) => super::image::run_image(&cli.endpoint, cmd).await,
         Command::Wait(args) => run_wait(&cli.endpoint, &args).await,
+        Command::Version(args) => super::meta::run_version(&cli.endpoint, &args).await,
+        Command::Completion(args) => super::meta::run_completion(&args),
     }
 }
 

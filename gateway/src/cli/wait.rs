@@ -552,7 +552,7 @@ pub async fn wait_serving(
 }
 
 /// One health check of the whole server (service ""): Ok when SERVING.
-async fn health(target: &str) -> Result<(), String> {
+pub(crate) async fn health(target: &str) -> Result<(), String> {
     let endpoint = super::run::normalize_endpoint(target);
     let check = async {
         let channel = tonic::transport::Endpoint::from_shared(endpoint)
