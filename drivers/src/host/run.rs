@@ -6,7 +6,10 @@
 //! It holds `init`, the `/proc/<pid>/stat` line of the run's init (the driver's record of
 //! which process it is: pid *and* start time), and `exit`, the main process's wait status as
 //! the init saw it (the shell's `$?`). Each is read only once it is a complete line (up to its
-//! final newline), so a half-written file reads as not there yet.
+//! final newline), so a half-written file reads as not there yet. When the main command is
+//! not found (checked by the init before it runs it), the init writes its name to
+//! `not-found` and `127` to `exit`: the Error then says `command not found: NAME`, not what
+//! a wrapper or the runtime would have said.
 
 use std::fs;
 use std::io;
@@ -17,7 +20,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use uuid::Uuid;
 
-use super::observe::{Desired, RunFacts};
+use super::observe::{self, Desired, Observed, RunFacts};
 use super::procfs::{self, ProcessIdentity};
 
 /// The files of one run of the workload.
@@ -51,6 +54,31 @@ impl RunDir {
     /// The wait status of the run's main process, once the init has written it.
     pub(crate) fn read_exit(&self) -> Option<i32> {
         complete_line(&self.exit())?.trim().parse().ok()
+    }
+
+    /// The main command the init did not find, if it wrote one.
+    pub(crate) fn read_not_found(&self) -> Option<String> {
+        let line = complete_line(&self.dir.join("not-found"))?;
+        Some(line.trim_end_matches('\n').to_string())
+    }
+
+    /// The run observed: [`observe::observe`] of its [`RunDir::facts`], and a status 127
+    /// with a `not-found` file told as the command not found (by name).
+    pub(crate) fn observe(
+        &self,
+        desired: Desired,
+        oom_kills_rose: impl FnOnce() -> bool,
+    ) -> (Observed, Option<ProcessIdentity>) {
+        let (facts, init) = self.facts(desired, oom_kills_rose);
+        let mut observed = observe::observe(facts);
+        if observed.reason == "Error"
+            && observed.exit_code == 127
+            && let Some(command) = self.read_not_found()
+        {
+            observed.message =
+                format!("command not found: {command} (the main process exited with code 127)");
+        }
+        (observed, init)
     }
 
     /// What an observation of the run needs to know, with the run's init as recorded.

@@ -54,7 +54,6 @@ use uuid::Uuid;
 
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::logfile::log_since;
-use crate::host::observe;
 use crate::host::procfs::{self, ProcessIdentity};
 use crate::host::records::{self, RecordCache};
 use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms};
@@ -70,6 +69,12 @@ pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
 pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the command, passes SIGTERM on to every process of
 # the sandbox, reaps orphans, and records the command's status in the run directory.
 run="$1"; shift
+if ! command -v "$1" >/dev/null 2>&1; then
+  echo "command not found: $1" >&2
+  printf '%s\n' "$1" > "$run/not-found"
+  printf '127\n' > "$run/exit"
+  exit 127
+fi
 trap 'kill -TERM -1 2>/dev/null' TERM INT
 "$@" &
 child=$!
@@ -80,6 +85,12 @@ done
 printf '%s\n' "$st" > "$run/exit"
 exit "$st"
 "#;
+
+/// What an exec runs, by the sandbox's busybox, as `sh -c EXEC_SCRIPT sbx-exec COMMAND…`: a
+/// command that is not found answers 127 and `command not found: NAME`, where `runc exec`
+/// alone would exit 255 with its own message about `exec failed: unable to start container
+/// process`. Otherwise it `exec`s: no process is added.
+pub const EXEC_SCRIPT: &str = r#"command -v "$1" >/dev/null 2>&1 || { echo "command not found: $1" >&2; exit 127; }; exec "$@""#;
 
 /// How the oci driver is set up.
 #[derive(Debug, Clone)]
@@ -340,10 +351,9 @@ impl HostDriver for Inner {
 
     /// What the sandbox looks like now, from its record, its run files and `/proc`.
     fn snapshot(&self, record: &OciRecord) -> pb::Snapshot {
-        let (facts, init) = self.run_paths(record).facts(record.desired, || {
+        let (observed, init) = self.run_paths(record).observe(record.desired, || {
             cgroup::oom_kills(&record.cgroup_path) > 0
         });
-        let observed = observe::observe(facts);
         let instance = init.map(|i| i.to_string());
         observed.into_snapshot(record, record.generation, instance, record.warnings.clone())
     }

@@ -1,5 +1,6 @@
 //! The exec of the oci driver: `runc exec` of a process with the workload's environment,
-//! user, capabilities and seccomp. (Watch and logs are the kit's, `host::lifecycle`.)
+//! user, capabilities and seccomp, started by the sandbox's busybox running
+//! [`super::EXEC_SCRIPT`] (a command not found: 127 and `command not found: NAME`). (Watch and logs are the kit's, `host::lifecycle`.)
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use nix::unistd::Pid;
 use uuid::Uuid;
 
 use super::record::OciRecord;
-use super::{OciDriver, bundle, rootfs};
+use super::{EXEC_SCRIPT, INIT_MOUNT, OciDriver, bundle, rootfs};
 use crate::host::exec;
 use crate::host::{Desired, internal, validate_command};
 use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
@@ -32,12 +33,17 @@ impl OciDriver {
         let paths = self.inner.paths(id);
         let user = rootfs::resolve_user(&record.image.user, &paths.rootfs)
             .map_err(|e| DriverError::FailedPrecondition(format!("the image's user: {e}")))?;
-        let process = bundle::process(
-            req.command.clone(),
-            exec_env(&record, &req.env),
-            &record.image.cwd,
-            &user,
-        );
+        // Through the sandbox's busybox (see EXEC_SCRIPT), so that a missing command is told
+        // by name with 127, as a shell would.
+        let mut args = vec![
+            format!("{INIT_MOUNT}/busybox"),
+            "sh".to_string(),
+            "-c".to_string(),
+            EXEC_SCRIPT.to_string(),
+            "sbx-exec".to_string(),
+        ];
+        args.extend(req.command.iter().cloned());
+        let process = bundle::process(args, exec_env(&record, &req.env), &record.image.cwd, &user);
         let tag = Uuid::new_v4().simple().to_string();
         let process_file = run.dir.join(format!("exec-{tag}.json"));
         let pid_file = run.dir.join(format!("exec-{tag}.pid"));

@@ -39,13 +39,17 @@ const SHIM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin
 /// in a new user namespace mapped by `$uidmap`/`$gidmap`, as uid 0 there without capabilities
 /// (see [`super::userns`]), with `$userpath` back as its PATH (the helpers `unshare` runs,
 /// `newuidmap` and `newgidmap`, are looked up in the shim's). It `exec`s: no process is added.
+/// A COMMAND not found on that PATH answers 127 and `command not found: COMMAND`, the
+/// user's name for it, never the wrappers' (`sbx-jail: 1: exec: …: not found`).
 macro_rules! jail_fn {
     () => {
         r#"
 jail() {
   exec "$unshare" --user --map-users="$uidmap" --map-groups="$gidmap" --setuid 0 --setgid 0 -- \
     "$setpriv" --no-new-privs --bounding-set=-all --inh-caps=-all --ambient-caps=-all -- \
-    /bin/sh -c 'PATH=$1; shift; exec "$@"' sbx-jail "$userpath" "$@"
+    /bin/sh -c 'PATH=$1; shift
+      command -v "$1" >/dev/null 2>&1 || { echo "command not found: $1" >&2; exit 127; }
+      exec "$@"' sbx-jail "$userpath" "$@"
 }
 "#
     };
@@ -57,7 +61,9 @@ jail() {
 /// itself; what `unshare` says (for example when the shim is SIGKILLed) goes to the run's
 /// `launcher.log`, not into the workload's log. `init` and `exit` are written by one `printf`
 /// each (no `mv`: one exec less per launch); a reader takes them only once they end with their
-/// newline, so a half-written file is never read as a shorter number. A hidden path that is a
+/// newline, so a half-written file is never read as a shorter number. A main command not found
+/// (looked up as the workload would, from `/sandbox` on its PATH) is recorded in `not-found`
+/// with status 127 (see [`crate::host::run`]). A hidden path that is a
 /// directory gets an empty read-only tmpfs, any other file `/dev/null`; a missing one nothing.
 const SHIM: &str = concat!(
     jail_fn!(),
@@ -89,6 +95,12 @@ done
 shift
 printf '%s
 ' "$stat" > init || exit 125
+if ! (cd /sandbox && PATH="$userpath" && command -v "$1") >/dev/null 2>&1; then
+  echo "command not found: $1" >&2
+  printf '%s
+' "$1" > not-found; printf '127
+' > exit; exit 127
+fi
 trap 'kill -TERM -1 2>/dev/null' TERM
 (cd /sandbox || exit 125; jail "$@") &
 child=$!

@@ -89,9 +89,7 @@ pub use cgroup::CgroupVersion;
 
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::records::{self, RecordCache};
-use crate::host::{
-    Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms, observe, procfs,
-};
+use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms, procfs};
 use crate::{DriverError, pb};
 use cgroup::CgroupHost;
 use launch::HostTools;
@@ -300,10 +298,9 @@ impl HostDriver for Inner {
     /// What the sandbox looks like now, from its record, its run files and `/proc`.
     fn snapshot(&self, record: &SandboxRecord) -> pb::Snapshot {
         let paths = self.run_paths(record);
-        let (facts, init) = paths.facts(record.desired, || {
+        let (observed, init) = paths.observe(record.desired, || {
             record.cgroups.oom_kills() > record.oom_kills_at_launch
         });
-        let observed = observe::observe(facts);
         let mut warnings = record.warnings.clone();
         if observed.has_run() {
             warnings.extend(record::read_warnings(&paths));
