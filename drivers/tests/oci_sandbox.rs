@@ -7,51 +7,9 @@ mod oci_support;
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
-use oci_support::{TestEnv, exec};
-use sbx_drivers::oci::OciDriver;
+use oci_support::{TestEnv, create, exec, wait_for};
 use sbx_drivers::{ComputeDriver, pb};
 use uuid::Uuid;
-
-async fn create(
-    driver: &OciDriver,
-    env: &TestEnv,
-    name: &str,
-    spec: pb::SandboxSpec,
-) -> (Uuid, pb::Snapshot) {
-    let id = Uuid::new_v4();
-    let snapshot = driver
-        .create(pb::CreateRequest {
-            sandbox_id: id.to_string(),
-            workspace: "ws".into(),
-            name: name.into(),
-            spec: Some(spec),
-            generation: 1,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("create {name} in {}: {e}", env.state_dir().display()));
-    (id, snapshot)
-}
-
-/// Waits (bounded) until the sandbox is in `state`.
-async fn wait_for(driver: &OciDriver, id: Uuid, state: pb::State) -> pb::Snapshot {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let s = driver
-            .get(pb::GetRequest {
-                sandbox_id: id.to_string(),
-            })
-            .await
-            .unwrap();
-        if s.state == state as i32 {
-            return s;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "sandbox {id} not {state:?} in time: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test]
 async fn root_inside_is_an_unprivileged_host_uid_behind_the_boundary() {

@@ -208,3 +208,45 @@ pub async fn exec(driver: &dyn ComputeDriver, id: &str, command: &[&str]) -> (i3
         String::from_utf8_lossy(&err).into_owned(),
     )
 }
+
+/// Creates sandbox `name` from `spec` under a new id.
+pub async fn create(
+    driver: &OciDriver,
+    env: &TestEnv,
+    name: &str,
+    spec: pb::SandboxSpec,
+) -> (Uuid, pb::Snapshot) {
+    let id = Uuid::new_v4();
+    let snapshot = driver
+        .create(pb::CreateRequest {
+            sandbox_id: id.to_string(),
+            workspace: "ws".into(),
+            name: name.into(),
+            spec: Some(spec),
+            generation: 1,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("create {name} in {}: {e}", env.state_dir().display()));
+    (id, snapshot)
+}
+
+/// Waits (bounded) until the sandbox is in `state`.
+pub async fn wait_for(driver: &OciDriver, id: Uuid, state: pb::State) -> pb::Snapshot {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = driver
+            .get(pb::GetRequest {
+                sandbox_id: id.to_string(),
+            })
+            .await
+            .unwrap();
+        if s.state == state as i32 {
+            return s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sandbox {id} not {state:?} in time: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
