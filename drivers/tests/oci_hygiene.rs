@@ -34,3 +34,29 @@ async fn a_command_not_found_is_told_by_its_name() {
     drop(driver);
     env.finish().await;
 }
+
+/// Inside, `/etc/hostname` names the sandbox, as `hostname` does (the image's file would name
+/// the machine it was built on), and the environment is the fixed base plus the spec's.
+#[tokio::test]
+async fn hostname_file_and_environment_are_the_sandboxes() {
+    let env = TestEnv::new();
+    let driver = env.open().await;
+    let (id, _) = create(&driver, &env, "named-box", env.spec(&["sleep", "3600"])).await;
+    let sid = id.to_string();
+    let (_, file, _) = exec(&driver, &sid, &["cat", "/etc/hostname"]).await;
+    let (_, name, _) = exec(&driver, &sid, &["hostname"]).await;
+    assert_eq!(
+        (file.as_str(), name.as_str()),
+        ("named-box\n", "named-box\n")
+    );
+    let (_, shown, _) = exec(&driver, &sid, &["env"]).await;
+    let mut keys: Vec<&str> = shown
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        .filter(|k| !["PWD", "OLDPWD", "SHLVL", "_"].contains(k))
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["HOME", "HOSTNAME", "PATH"], "{shown}");
+    drop(driver);
+    env.finish().await;
+}

@@ -57,3 +57,67 @@ async fn a_command_not_found_is_told_by_its_name() {
     drop(driver);
     env.finish().await;
 }
+
+/// Inside, the workload sees a fixed environment (none of the driver's variables, a default
+/// PATH, the spec's own) and, in `ps`, its own command as the child of pid 1 — pid 1 itself
+/// a short command line naming the shim's file, not the shim's script.
+#[tokio::test]
+async fn the_workload_sees_its_own_environment_and_command() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    let mut with_env = spec(&["sleep", "1000"]);
+    with_env.env.insert("MINE".into(), "1".into());
+    driver
+        .create(create_req(id, "clean", with_env, 1))
+        .await
+        .unwrap();
+    let shown = exec(&driver, id, &["env"], 0).await;
+    let mut keys: Vec<&str> = shown
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        .filter(|k| !["PWD", "OLDPWD", "SHLVL", "_"].contains(k))
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        ["HOME", "HOSTNAME", "MINE", "PATH", "SBX_SANDBOX_ID"],
+        "{shown:?}"
+    );
+    assert!(
+        shown
+            .stdout
+            .lines()
+            .any(|l| l == "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        "{shown:?}"
+    );
+
+    let ps = exec(&driver, id, &["ps", "-e", "-o", "pid=,ppid=,args="], 0).await;
+    let rows: Vec<(u32, u32, String)> = ps
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let pid = it.next()?.parse().ok()?;
+            let ppid = it.next()?.parse().ok()?;
+            Some((pid, ppid, it.collect::<Vec<_>>().join(" ")))
+        })
+        .collect();
+    let init = rows
+        .iter()
+        .find(|r| r.0 == 1)
+        .unwrap_or_else(|| panic!("pid 1 not listed: {ps:?}"));
+    assert!(
+        init.2.starts_with("/bin/sh /") && init.2.contains("/sbx-shim "),
+        "pid 1 is not the shim's file: {:?}",
+        init.2
+    );
+    assert!(!init.2.contains("jail()"), "{:?}", init.2);
+    assert!(
+        rows.iter().any(|r| r.1 == 1 && r.2 == "sleep 1000"),
+        "the workload is not pid 1's child as itself: {rows:?}"
+    );
+    drop(driver);
+    env.finish().await;
+}

@@ -234,7 +234,7 @@ async fn namespaces_hostname_loopback_and_pid_one() {
         0,
     )
     .await;
-    assert!(init.stdout.contains(" sbx-shim "), "{init:?}");
+    assert!(init.stdout.contains("/sbx-shim "), "{init:?}");
     let visible: u32 = init
         .stdout
         .lines()
@@ -259,7 +259,13 @@ async fn namespaces_hostname_loopback_and_pid_one() {
             .map(|p| p.display().to_string())
             .collect()
     };
-    let theirs = targets(&workload_pid.to_string());
+    // The shim (pid 1) also reads its own script, `<state>/sbx-shim`, through a descriptor
+    // the shell keeps close-on-exec: no process it starts gets it.
+    let shim = env.state_dir.path().join("sbx-shim").display().to_string();
+    let theirs: Vec<String> = targets(&workload_pid.to_string())
+        .into_iter()
+        .filter(|fd| *fd != shim)
+        .collect();
     let log = env
         .state_dir
         .path()
@@ -273,6 +279,15 @@ async fn namespaces_hostname_loopback_and_pid_one() {
             "{theirs:?}"
         );
     }
+    // The main process (the init's child) holds only its stdio: not the shim's script.
+    let children =
+        std::fs::read_to_string(format!("/proc/{workload_pid}/task/{workload_pid}/children"))
+            .unwrap();
+    let main_pid = children
+        .split_whitespace()
+        .next()
+        .expect("the init has a child");
+    assert_eq!(targets(main_pid).len(), 3, "{:?}", targets(main_pid));
     // The same for the launcher that stays the init's parent, and for an exec'd command.
     let stat = std::fs::read_to_string(format!("/proc/{workload_pid}/stat")).unwrap();
     let launcher = stat

@@ -24,6 +24,8 @@ use crate::image::IdMap;
 
 /// Where the sandbox init (a static busybox and its script) appears inside.
 pub const INIT_MOUNT: &str = "/dev/.sbx";
+/// The file of the run directory bound at `/etc/hostname` (the sandbox's name and a newline).
+pub const HOSTNAME_FILE: &str = "hostname";
 /// Where the run directory (the init writes the main process's status there) appears inside.
 pub const RUN_MOUNT: &str = "/dev/.sbx-run";
 /// Where the persistent volume appears inside.
@@ -197,6 +199,13 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
         bind(VOLUME_MOUNT, run.volume, &["rw", "nosuid", "nodev"]),
         bind(INIT_MOUNT, run.init_dir, &["ro", "nosuid", "nodev"]),
         bind(RUN_MOUNT, run.run_dir, &["rw", "nosuid", "nodev", "noexec"]),
+        // `cat /etc/hostname` agrees with `hostname`: the image's file (if any) would name
+        // the machine it was built on. Read-only: the name is the sandbox's, set at create.
+        bind(
+            "/etc/hostname",
+            &run.run_dir.join(HOSTNAME_FILE),
+            &["ro", "nosuid", "nodev", "noexec"],
+        ),
     ];
     let id_mapping = |host: u32| {
         vec![

@@ -15,7 +15,9 @@
 //! ours — a static busybox shell running [`INIT_SCRIPT`], bound read-only at `/dev/.sbx` —
 //! that runs the image's (or the spec's) command, forwards SIGTERM to every process of the
 //! sandbox, reaps orphans, and writes the main process's status to the run directory (bound
-//! at `/dev/.sbx-run`). A stop sends SIGTERM to that init, SIGKILL after the grace period,
+//! at `/dev/.sbx-run`; its `hostname` file, the sandbox's name, is bound read-only at
+//! `/etc/hostname`). A main command or an exec'd one that is not found is told as `command not
+//! found: NAME` with 127 ([`INIT_SCRIPT`], [`EXEC_SCRIPT`]), never in runc's words. A stop sends SIGTERM to that init, SIGKILL after the grace period,
 //! then `runc delete --force` (which removes the cgroup and the runtime state) and unmounts
 //! the overlay; the writable layer and the volume stay. A delete removes them too.
 //!
@@ -446,6 +448,11 @@ impl Inner {
         .map_err(|e| internal("handing the run directory to the sandbox", e))?;
         std::fs::set_permissions(&run.dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| io("setting the run directory's mode", e))?;
+        std::fs::write(
+            run.dir.join(bundle::HOSTNAME_FILE),
+            format!("{}\n", record.name),
+        )
+        .map_err(|e| io("writing the sandbox's hostname file", e))?;
         let init_dir = record::init_dir(&self.state_dir);
         let mut args = vec![
             format!("{INIT_MOUNT}/busybox"),

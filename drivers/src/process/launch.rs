@@ -1,7 +1,7 @@
 //! Starting a workload in its own namespaces, and the command lines of `exec`.
 //!
 //! A workload is launched as
-//! `setsid unshare --pid --fork --mount --uts --ipc --net -- /bin/sh -c SHIM …`:
+//! `setsid unshare --pid --fork --mount --uts --ipc --net -- /bin/sh <state>/sbx-shim …`:
 //! a new session (so it outlives the driver), new namespaces, and a small shell *shim* as pid 1
 //! of the new pid namespace. The shim joins the sandbox's cgroups, sets the hostname, brings
 //! up `lo`, mounts a fresh `/proc` and binds the persistent directory at `/sandbox`, hides the
@@ -32,7 +32,7 @@ use crate::host::logfile::log_since;
 /// Where the persistent directory appears inside a sandbox.
 pub const SANDBOX_MOUNT: &str = "/sandbox";
 
-/// The PATH the shim's own tools are looked up in (the workload gets the spec's PATH back).
+/// The PATH the shim's own tools are looked up in, and the workload's unless its spec sets one.
 const SHIM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The shell function both the shim and the exec wrapper end with: `jail COMMAND…` runs COMMAND
@@ -55,7 +55,7 @@ jail() {
     };
 }
 
-/// The shim: `sh -c SHIM sbx-shim RUN_DIR PERSIST_DIR HOSTNAME LOG UNSHARE SETPRIV UID_MAP
+/// The shim: `sh SHIM_FILE RUN_DIR PERSIST_DIR HOSTNAME LOG UNSHARE SETPRIV UID_MAP
 /// GID_MAP CGROUP_DIR… -- HIDDEN_PATH… -- COMMAND…`. Exit status 125 means the sandbox could not
 /// be set up (the reason is in the log). The shim sends its output and the workload's to LOG
 /// itself; what `unshare` says (for example when the shim is SIGKILLed) goes to the run's
@@ -146,6 +146,9 @@ pub struct HostTools {
     pub unshare: PathBuf,
     pub nsenter: PathBuf,
     pub sh: PathBuf,
+    /// [`SHIM`], installed as `<state_dir>/sbx-shim`: pid 1 runs `sh <that file> …`, so `ps`
+    /// inside shows a file name where a `sh -c` would show the whole 1.5 KB script.
+    pub shim: PathBuf,
     /// What the workload and exec'd commands run under.
     pub jail: Jail,
     /// Runs [`CLOSE_FDS`]; `None` where there is no bash (descriptors then pass on, and the
@@ -156,7 +159,7 @@ pub struct HostTools {
 impl HostTools {
     /// Finds the programs and checks what the workloads' user namespace needs (see
     /// [`super::userns::check`]).
-    pub fn find(id_map: &IdMap) -> Result<HostTools, DriverError> {
+    pub fn find(id_map: &IdMap, state_dir: &Path) -> Result<HostTools, DriverError> {
         super::userns::check(
             id_map,
             |p| find_on_path(p).ok(),
@@ -168,6 +171,7 @@ impl HostTools {
             setsid: find_on_path("setsid")?,
             nsenter: find_on_path("nsenter")?,
             sh: PathBuf::from("/bin/sh"),
+            shim: install_shim(state_dir)?,
             bash: find_on_path("bash").ok(),
             jail: Jail {
                 unshare: unshare.clone(),
@@ -195,6 +199,21 @@ impl HostTools {
     }
 }
 
+/// Writes [`SHIM`] to `<state_dir>/sbx-shim` unless it is there already (by a rename, so a
+/// shim starting meanwhile reads a whole file). Mode 0644: only `sh` reads it.
+fn install_shim(state_dir: &Path) -> Result<PathBuf, DriverError> {
+    let target = state_dir.join("sbx-shim");
+    if fs::read_to_string(&target).ok().as_deref() != Some(SHIM) {
+        let tmp = state_dir.join(".sbx-shim.tmp");
+        fs::write(&tmp, SHIM)
+            .and_then(|()| fs::rename(&tmp, &target))
+            .map_err(|e| {
+                DriverError::Internal(format!("installing the shim {}: {e}", target.display()))
+            })?;
+    }
+    Ok(target)
+}
+
 /// The warning a sandbox carries when inherited descriptors cannot be closed.
 pub const NO_BASH_WARNING: &str = "descriptors inherited by the driver pass on to the workload (no bash on the host to close them)";
 
@@ -211,13 +230,12 @@ fn find_on_path(program: &str) -> Result<PathBuf, DriverError> {
         })
 }
 
-/// The environment of a workload: a fixed base, then the spec's variables.
+/// The environment of a workload (and of an exec, which adds the request's): a fixed base —
+/// PATH (the Debian default for root, never the daemon's), HOME=/sandbox, HOSTNAME and
+/// SBX_SANDBOX_ID — then the spec's variables. Nothing of the driver's own environment.
 pub fn workload_env(record: &SandboxRecord) -> Vec<(String, String)> {
     let mut env = vec![
-        (
-            "PATH".to_string(),
-            std::env::var("PATH").unwrap_or_else(|_| SHIM_PATH.to_string()),
-        ),
+        ("PATH".to_string(), SHIM_PATH.to_string()),
         ("HOME".to_string(), SANDBOX_MOUNT.to_string()),
         ("HOSTNAME".to_string(), record.name.clone()),
         ("SBX_SANDBOX_ID".to_string(), record.sandbox_id.to_string()),
@@ -256,9 +274,7 @@ pub async fn launch(
             "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--",
         ])
         .arg(&tools.sh)
-        .arg("-c")
-        .arg(SHIM)
-        .arg("sbx-shim")
+        .arg(&tools.shim)
         .arg(&run.dir)
         .arg(&paths.root)
         .arg(&record.name)

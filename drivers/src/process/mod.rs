@@ -19,6 +19,12 @@
 //! sandbox, waits for the main process and writes its status to the run directory; the driver
 //! polls for the init's disappearance (see [`launch`] and [`crate::host::observe`]).
 //!
+//! What the workload gets is its own, not the driver's: the environment is a fixed base (see
+//! [`launch::workload_env`]: a default PATH, HOME, HOSTNAME, SBX_SANDBOX_ID) plus the spec's;
+//! `ps` inside shows pid 1 as `/bin/sh <state>/sbx-shim …` and the main process as its child,
+//! under its own command line; a command not found is told as `command not found: NAME` with
+//! 127, never by the wrappers' names.
+//!
 //! **Invariant:** sandboxes are found by id only (their directory is named by the id); the
 //! name is the hostname and is reported back, never matched.
 //!
@@ -49,6 +55,9 @@
 //! - `/sandbox` is made on the host's root, empty, as a mount point if it is missing. A host
 //!   file put into a persistent directory must be owned by the map (uid 200000) or be
 //!   world-accessible for the workload to use it.
+//! - `/etc` is the host's, so `/etc/hostname` names the host while `hostname` names the
+//!   sandbox (a per-sandbox file would need a mount over the host's `/etc/hostname` in every
+//!   sandbox's mount namespace; not done).
 //! - The shim sees the main process's status as a shell does: an exit code of 128 + n cannot
 //!   be told from death by signal n (both are reported as signal n).
 //! - The `unshare` that launched a workload stays its parent; after the driver dies it is
@@ -163,7 +172,6 @@ impl ProcessDriver {
     /// Finishes what a killed instance left half done: empties the trash, removes directories
     /// of creates that never wrote a record, and kills workloads whose stop was interrupted.
     pub fn open(state_dir: PathBuf, opts: ProcessDriverOptions) -> Result<Self, DriverError> {
-        let tools = HostTools::find(&opts.id_map)?;
         let cgroups = CgroupHost::detect();
         let sandboxes = records::sandboxes_dir(&state_dir);
         let trash = records::trash_dir(&state_dir);
@@ -171,6 +179,7 @@ impl ProcessDriver {
             .map_err(|e| internal("making the state directory", e))?;
         std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
         let instance_lock = lock_state_dir(&state_dir)?;
+        let tools = HostTools::find(&opts.id_map, &state_dir)?;
         let hidden = hidden_paths(&state_dir, &opts.hidden_paths)?;
         records::empty_trash(&trash, |_| {})?;
         let found = records::find_records::<SandboxRecord>(&sandboxes, |id, _| {
