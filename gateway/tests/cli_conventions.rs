@@ -105,3 +105,67 @@ fn completion_scripts() {
     assert_eq!(refused.code, 2, "{refused:?}");
     assert!(refused.stderr.contains("'tcsh'"), "{refused:?}");
 }
+
+/// `-o wide`, `-o name`, `--no-headers`, and `delete -o json` with the id.
+#[test]
+fn output_formats_for_scripts_and_humans() {
+    let data = DataDir::new();
+    let d = Sbxd::start(data.path(), "sim", &[]);
+    let ep = d.endpoint();
+    for name in ["web", "db"] {
+        sbx(
+            &ep,
+            &[
+                "sandbox",
+                "create",
+                name,
+                "-l",
+                "tier=back",
+                "-d",
+                "--",
+                "sleep",
+                "60",
+            ],
+        )
+        .ok();
+    }
+    let names = sbx(&ep, &["sandbox", "list", "-o", "name"]);
+    let mut lines: Vec<&str> = names.ok().lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["sandbox/db", "sandbox/web"], "{names:?}");
+
+    let wide = sbx(&ep, &["sandbox", "get", "web", "-o", "wide"]);
+    let text = wide.ok();
+    let header = text.lines().next().unwrap_or_default();
+    for column in ["NAME", "PHASE", "GEN", "AGE", "DRIVER", "IMAGE", "LABELS"] {
+        assert!(header.contains(column), "{wide:?}");
+    }
+    assert!(
+        text.contains("sim") && text.contains("tier=back"),
+        "{wide:?}"
+    );
+
+    let bare = sbx(&ep, &["sandbox", "list", "--no-headers"]);
+    assert_eq!(bare.ok().lines().count(), 2, "{bare:?}");
+    assert!(!bare.stdout.contains("NAME"), "{bare:?}");
+
+    let id = sbx(&ep, &["sandbox", "get", "web", "-o", "json"]).json()["id"].clone();
+    let deleted = sbx(&ep, &["sandbox", "delete", "web", "-o", "json"]).json();
+    assert_eq!(deleted["deleted"], true, "{deleted}");
+    assert_eq!(deleted["id"], id, "{deleted}");
+    // As the help says: an absent name is an error, an absent id is deleted=false.
+    let by_name = sbx(&ep, &["sandbox", "delete", "web", "-o", "json"]);
+    assert_eq!(by_name.code, 1, "{by_name:?}");
+    assert!(by_name.stderr.contains("SANDBOX_NOT_FOUND"), "{by_name:?}");
+    let id_text = id.as_str().unwrap_or_default();
+    let again = sbx(&ep, &["sandbox", "delete", "--id", id_text, "-o", "json"]).json();
+    assert_eq!(again["deleted"], false, "{again}");
+    assert_eq!(again["id"], serde_json::Value::Null, "{again}");
+    let help = sbx(&ep, &["sandbox", "delete", "--help"]);
+    assert!(
+        help.ok().contains("fails with SANDBOX_NOT_FOUND"),
+        "{help:?}"
+    );
+    let by_name = sbx(&ep, &["sandbox", "delete", "db", "-o", "name"]);
+    assert_eq!(by_name.ok(), "sandbox/db\n", "{by_name:?}");
+}

@@ -20,7 +20,9 @@ use sbx_proto::v1::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::output::{human_bytes, render_deleted, render_image, render_images, short_digest};
+use super::output::{
+    DeletedView, human_bytes, render_deleted, render_image, render_images, short_digest,
+};
 use super::request::{self, describe_image_ref, image_ref};
 use super::run::{connect, print, print_list};
 use super::{CliError, ImageCommand, ImageImportArgs, ImagePullArgs};
@@ -48,7 +50,7 @@ pub async fn run_image(endpoint: &str, cmd: ImageCommand) -> Result<u8, CliError
                 }
             })
             .await?;
-            let rendered = render_images(args.output.format, &images, SystemTime::now())?;
+            let rendered = render_images(&args.output, &images, SystemTime::now())?;
             print_list(&rendered, "No images found.")?;
         }
         ImageCommand::Get(args) => {
@@ -59,11 +61,7 @@ pub async fn run_image(endpoint: &str, cmd: ImageCommand) -> Result<u8, CliError
                 })
                 .await?
                 .into_inner();
-            print(&render_image(
-                args.output.format,
-                &image,
-                SystemTime::now(),
-            )?)?;
+            print(&render_image(&args.output, &image, SystemTime::now())?)?;
         }
         ImageCommand::Delete(args) => {
             let reference = image_ref(&args.target);
@@ -76,7 +74,17 @@ pub async fn run_image(endpoint: &str, cmd: ImageCommand) -> Result<u8, CliError
                 .await?
                 .into_inner()
                 .deleted;
-            print(&render_deleted(args.output.format, deleted, &what)?)?;
+            let view = DeletedView {
+                deleted,
+                id: args.target.id.map(|id| id.to_string()),
+            };
+            let name = args.target.reference.clone().unwrap_or_default();
+            print(&render_deleted(
+                &args.output,
+                &view,
+                &what,
+                &format!("image/{name}"),
+            )?)?;
         }
     }
     Ok(0)
@@ -99,11 +107,7 @@ async fn pull(endpoint: &str, args: &ImagePullArgs) -> Result<(), CliError> {
             Some(pull_image_response::Message::Progress(p)) => shown.show(&p),
             Some(pull_image_response::Message::Image(image)) => {
                 shown.finish();
-                print(&render_image(
-                    args.output.format,
-                    &image,
-                    SystemTime::now(),
-                )?)?;
+                print(&render_image(&args.output, &image, SystemTime::now())?)?;
                 return Ok(());
             }
             None => {}
@@ -263,7 +267,7 @@ async fn import(endpoint: &str, args: &ImageImportArgs) -> Result<(), CliError> 
     let images = answer?.into_inner().images;
     read.map_err(|e| source_error(e.to_string()))?;
     drop(tarred);
-    let rendered = render_images(args.output.format, &images, SystemTime::now())?;
+    let rendered = render_images(&args.output, &images, SystemTime::now())?;
     print_list(&rendered, "No images imported.")
 }
 

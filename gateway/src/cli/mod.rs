@@ -168,6 +168,11 @@ pub struct WaitArgs {
 pub enum OutputFormat {
     /// Aligned columns for humans.
     Table,
+    /// The table with more columns: driver, image and labels of a sandbox, labels of a
+    /// workspace.
+    Wide,
+    /// `KIND/NAME` per line (`sandbox/web`), as kubectl prints it, for scripts.
+    Name,
     /// JSON: one object for one resource, an array for a list, one object per line for watch.
     Json,
     /// YAML, with the same structure as JSON.
@@ -180,6 +185,9 @@ pub struct OutputArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table)]
     pub format: OutputFormat,
+    /// Leave out the table's header line (-o table and -o wide).
+    #[arg(long)]
+    pub no_headers: bool,
 }
 
 /// A clap value parser: a DNS-1123 label, checked with the same rule (and rule text) the
@@ -214,6 +222,8 @@ pub enum WorkspaceCommand {
     #[command(visible_alias = "ls")]
     List(WorkspaceListArgs),
     /// Delete a workspace, by name or by --id. Refused while it has sandboxes, unless --cascade.
+    /// A NAME that does not exist fails with WORKSPACE_NOT_FOUND (exit 1); an --id that does
+    /// not exist succeeds with deleted=false.
     #[command(visible_alias = "rm")]
     Delete(WorkspaceDeleteArgs),
 }
@@ -293,7 +303,8 @@ pub enum SandboxCommand {
     /// Restart a sandbox's workload under a new generation (files are kept) and wait until it
     /// is Ready.
     Restart(SandboxActionArgs),
-    /// Delete a sandbox and its files. Deleting an absent sandbox succeeds with deleted=false.
+    /// Delete a sandbox and its files. A NAME that does not exist fails with SANDBOX_NOT_FOUND
+    /// (exit 1); an --id that does not exist succeeds with deleted=false (nothing to delete).
     #[command(visible_alias = "rm")]
     Delete(SandboxTargetArgs),
     /// Run a command inside a sandbox; its output is passed through and its exit code becomes

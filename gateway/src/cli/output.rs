@@ -10,7 +10,7 @@ use sbx_proto::v1::{
 };
 use serde::Serialize;
 
-use super::{CliError, OutputFormat};
+use super::{CliError, OutputArgs, OutputFormat};
 
 /// A sandbox as printed in JSON and YAML: flat, with enums as CamelCase words and timestamps as
 /// RFC 3339 strings, so scripts need not know protobuf conventions.
@@ -59,12 +59,6 @@ pub struct SandboxEventView {
     pub event_type: String,
     pub resource_version: u64,
     pub sandbox: Option<SandboxView>,
-}
-
-/// The answer of a delete, in JSON and YAML.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct DeletedView {
-    pub deleted: bool,
 }
 
 /// `PHASE_READY` with prefix `PHASE_` → `Ready`; `EVENT_TYPE_ADDED` → `Added`.
@@ -184,32 +178,105 @@ pub fn age(now: SystemTime, created: Option<&Timestamp>) -> String {
     }
 }
 
-/// Columns padded to their widest cell, separated by three spaces; the last column is not
-/// padded, so lines carry no trailing blanks. Each line ends with a newline.
-pub fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+/// Columns padded to their widest cell (by display width, so wide and combining Unicode
+/// characters line up), separated by three spaces, drawn by comfy-table without borders; lines
+/// carry no trailing blanks and each ends with a newline. Without `headers` (`--no-headers`)
+/// only the rows are drawn.
+pub fn render_table(headers: &[&str], rows: &[Vec<String>], style: Style) -> String {
+    use comfy_table::{ContentArrangement, Table, presets};
+    let mut table = Table::new();
+    table
+        .load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled);
+    if style.headers {
+        table.set_header(headers.iter().copied());
+    }
     for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
+        table.add_row(row.iter().map(String::as_str));
+    }
+    let last = headers.len().saturating_sub(1);
+    for (i, column) in table.column_iter_mut().enumerate() {
+        column.set_padding((0, if i == last { 0 } else { 3 }));
     }
     let mut out = String::new();
-    let header_row: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
-    for row in std::iter::once(&header_row).chain(rows) {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            if i + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                let pad = widths[i].saturating_sub(cell.chars().count());
-                line.push_str(cell);
-                line.push_str(&" ".repeat(pad + 3));
-            }
+    if style.headers || !rows.is_empty() {
+        for line in table.lines() {
+            out.push_str(line.trim_end());
+            out.push('\n');
         }
-        out.push_str(line.trim_end());
-        out.push('\n');
     }
     out
+}
+
+/// How a command prints: the `-o` format and whether tables have their header line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Style {
+    pub format: OutputFormat,
+    /// False with `--no-headers`.
+    pub headers: bool,
+}
+
+impl From<OutputFormat> for Style {
+    fn from(format: OutputFormat) -> Style {
+        Style {
+            format,
+            headers: true,
+        }
+    }
+}
+
+impl From<&OutputArgs> for Style {
+    fn from(args: &OutputArgs) -> Style {
+        Style {
+            format: args.format,
+            headers: !args.no_headers,
+        }
+    }
+}
+
+/// At most `max` characters of `text`, the last one `…` when cut.
+pub fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// How many characters of an Error sandbox's message the REASON column shows (the whole one
+/// is in `sbx sandbox get -o yaml`).
+pub const MESSAGE_WIDTH: usize = 60;
+
+/// The REASON cell: the reason, and for a sandbox in Error its message (truncated to
+/// [`MESSAGE_WIDTH`]), since the reason alone often only repeats the phase; `-` when empty.
+pub fn reason_cell(sandbox: &Sandbox) -> String {
+    let phase = phase_name(sandbox.phase);
+    let reason = if sandbox.reason.eq_ignore_ascii_case(&phase) {
+        ""
+    } else {
+        sandbox.reason.as_str()
+    };
+    let text = if sandbox.phase == Phase::Error as i32 && !sandbox.message.is_empty() {
+        if reason.is_empty() {
+            sandbox.message.clone()
+        } else {
+            format!("{reason}: {}", sandbox.message)
+        }
+    } else {
+        reason.to_string()
+    };
+    dash_if_empty(&truncate(&text, MESSAGE_WIDTH))
+}
+
+/// Labels as `k=v,k2=v2`, sorted; `-` when none.
+fn labels_cell(labels: &HashMap<String, String>) -> String {
+    let joined = sorted(labels)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    dash_if_empty(&joined)
 }
 
 fn dash_if_empty(text: &str) -> String {
@@ -221,39 +288,80 @@ fn dash_if_empty(text: &str) -> String {
 }
 
 pub const SANDBOX_COLUMNS: &[&str] = &["WORKSPACE", "NAME", "ID", "PHASE", "REASON", "GEN", "AGE"];
+/// `-o wide` adds these after [`SANDBOX_COLUMNS`].
+pub const SANDBOX_WIDE_COLUMNS: &[&str] = &["DRIVER", "IMAGE", "LABELS"];
 pub const WORKSPACE_COLUMNS: &[&str] = &["NAME", "ID", "PHASE", "AGE"];
+/// `-o wide` adds these after [`WORKSPACE_COLUMNS`].
+pub const WORKSPACE_WIDE_COLUMNS: &[&str] = &["LABELS"];
 
-pub fn sandbox_table(sandboxes: &[Sandbox], now: SystemTime) -> String {
+/// The header of a table, with the wide columns when `style` is wide.
+fn columns(style: Style, base: &[&'static str], wide: &[&'static str]) -> Vec<&'static str> {
+    let mut all = base.to_vec();
+    if style.format == OutputFormat::Wide {
+        all.extend_from_slice(wide);
+    }
+    all
+}
+
+pub fn sandbox_table(sandboxes: &[Sandbox], now: SystemTime, style: Style) -> String {
+    let wide = style.format == OutputFormat::Wide;
     let rows: Vec<Vec<String>> = sandboxes
         .iter()
         .map(|s| {
-            vec![
+            let mut row = vec![
                 dash_if_empty(&s.workspace),
                 s.name.clone(),
                 s.id.clone(),
                 phase_name(s.phase),
-                dash_if_empty(&s.reason),
+                reason_cell(s),
                 s.generation.to_string(),
                 age(now, s.created_at.as_ref()),
-            ]
+            ];
+            if wide {
+                let spec = s.spec.clone().unwrap_or_default();
+                row.push(dash_if_empty(&spec.driver));
+                row.push(dash_if_empty(&spec.image));
+                row.push(labels_cell(&spec.labels));
+            }
+            row
         })
         .collect();
-    render_table(SANDBOX_COLUMNS, &rows)
+    render_table(
+        &columns(style, SANDBOX_COLUMNS, SANDBOX_WIDE_COLUMNS),
+        &rows,
+        style,
+    )
 }
 
-pub fn workspace_table(workspaces: &[Workspace], now: SystemTime) -> String {
+pub fn workspace_table(workspaces: &[Workspace], now: SystemTime, style: Style) -> String {
     let rows: Vec<Vec<String>> = workspaces
         .iter()
         .map(|w| {
-            vec![
+            let mut row = vec![
                 w.name.clone(),
                 w.id.clone(),
                 workspace_phase_name(w.phase),
                 age(now, w.created_at.as_ref()),
-            ]
+            ];
+            if style.format == OutputFormat::Wide {
+                row.push(labels_cell(&w.labels));
+            }
+            row
         })
         .collect();
-    render_table(WORKSPACE_COLUMNS, &rows)
+    render_table(
+        &columns(style, WORKSPACE_COLUMNS, WORKSPACE_WIDE_COLUMNS),
+        &rows,
+        style,
+    )
+}
+
+/// `-o name`: `KIND/NAME` per line, as kubectl prints it.
+fn name_lines<'a>(kind: &str, names: impl IntoIterator<Item = &'a str>) -> String {
+    names
+        .into_iter()
+        .map(|name| format!("{kind}/{name}\n"))
+        .collect()
 }
 
 /// JSON (pretty, with a final newline) or YAML of any view.
@@ -262,9 +370,11 @@ pub fn render_structured<T: Serialize>(
     value: &T,
 ) -> Result<String, CliError> {
     match format {
-        OutputFormat::Json | OutputFormat::Table => serde_json::to_string_pretty(value)
-            .map(|s| s + "\n")
-            .map_err(|e| CliError::Render(e.to_string())),
+        OutputFormat::Json | OutputFormat::Table | OutputFormat::Wide | OutputFormat::Name => {
+            serde_json::to_string_pretty(value)
+                .map(|s| s + "\n")
+                .map_err(|e| CliError::Render(e.to_string()))
+        }
         OutputFormat::Yaml => {
             serde_yaml::to_string(value).map_err(|e| CliError::Render(e.to_string()))
         }
@@ -274,73 +384,121 @@ pub fn render_structured<T: Serialize>(
 /// One sandbox: in table mode the list's columns and, when the sandbox runs an image, an
 /// `IMAGE` line with the reference and the pinned digest.
 pub fn render_sandbox(
-    format: OutputFormat,
+    style: impl Into<Style>,
     sandbox: &Sandbox,
     now: SystemTime,
 ) -> Result<String, CliError> {
-    match format {
-        OutputFormat::Table => {
-            let mut out = sandbox_table(std::slice::from_ref(sandbox), now);
+    let style = style.into();
+    match style.format {
+        OutputFormat::Table | OutputFormat::Wide => {
+            let mut out = sandbox_table(std::slice::from_ref(sandbox), now, style);
             let spec = sandbox.spec.clone().unwrap_or_default();
-            if !spec.image_digest.is_empty() {
+            if !spec.image_digest.is_empty() && style.headers {
                 out.push_str(&format!("IMAGE: {} ({})\n", spec.image, spec.image_digest));
             }
             Ok(out)
         }
-        _ => render_structured(format, &sandbox_view(sandbox)),
+        OutputFormat::Name => render_sandboxes(style, std::slice::from_ref(sandbox), now),
+        OutputFormat::Json | OutputFormat::Yaml => {
+            render_structured(style.format, &sandbox_view(sandbox))
+        }
     }
 }
 
-/// A list: a table (empty string when there are no rows, so the caller can say so), or a JSON
-/// array / YAML sequence (`[]` when empty).
+/// A list: a table (empty string when there are no rows, so the caller can say so),
+/// `sandbox/NAME` lines, or a JSON array / YAML sequence (`[]` when empty).
 pub fn render_sandboxes(
-    format: OutputFormat,
+    style: impl Into<Style>,
     sandboxes: &[Sandbox],
     now: SystemTime,
 ) -> Result<String, CliError> {
-    match format {
-        OutputFormat::Table if sandboxes.is_empty() => Ok(String::new()),
-        OutputFormat::Table => Ok(sandbox_table(sandboxes, now)),
-        _ => render_structured(
-            format,
-            &sandboxes.iter().map(sandbox_view).collect::<Vec<_>>(),
-        ),
-    }
+    let style = style.into();
+    render_list(
+        style,
+        sandboxes,
+        ("sandbox", |s| &s.name),
+        |rows| sandbox_table(rows, now, style),
+        sandbox_view,
+    )
 }
 
 pub fn render_workspace(
-    format: OutputFormat,
+    style: impl Into<Style>,
     workspace: &Workspace,
     now: SystemTime,
 ) -> Result<String, CliError> {
-    match format {
-        OutputFormat::Table => Ok(workspace_table(std::slice::from_ref(workspace), now)),
-        _ => render_structured(format, &workspace_view(workspace)),
+    let style = style.into();
+    match style.format {
+        OutputFormat::Json | OutputFormat::Yaml => {
+            render_structured(style.format, &workspace_view(workspace))
+        }
+        _ => render_workspaces(style, std::slice::from_ref(workspace), now),
     }
 }
 
 pub fn render_workspaces(
-    format: OutputFormat,
+    style: impl Into<Style>,
     workspaces: &[Workspace],
     now: SystemTime,
 ) -> Result<String, CliError> {
-    match format {
-        OutputFormat::Table if workspaces.is_empty() => Ok(String::new()),
-        OutputFormat::Table => Ok(workspace_table(workspaces, now)),
-        _ => render_structured(
-            format,
-            &workspaces.iter().map(workspace_view).collect::<Vec<_>>(),
-        ),
+    let style = style.into();
+    render_list(
+        style,
+        workspaces,
+        ("workspace", |w| &w.name),
+        |rows| workspace_table(rows, now, style),
+        workspace_view,
+    )
+}
+
+/// A list in `style`: `table(items)` (an empty string when there are no items, so the caller
+/// can say so), `KIND/NAME` lines by `name`, or a JSON array / YAML sequence of `view`s.
+fn render_list<T, V: Serialize>(
+    style: Style,
+    items: &[T],
+    (kind, name): (&str, fn(&T) -> &str),
+    table: impl Fn(&[T]) -> String,
+    view: fn(&T) -> V,
+) -> Result<String, CliError> {
+    match style.format {
+        OutputFormat::Table | OutputFormat::Wide if items.is_empty() => Ok(String::new()),
+        OutputFormat::Table | OutputFormat::Wide => Ok(table(items)),
+        OutputFormat::Name => Ok(name_lines(kind, items.iter().map(name))),
+        OutputFormat::Json | OutputFormat::Yaml => {
+            render_structured(style.format, &items.iter().map(view).collect::<Vec<_>>())
+        }
     }
 }
 
-/// The answer of a delete: `{"deleted": …}`, or in table mode a sentence about `what`
-/// (e.g. `sandbox "web" in workspace "default"`).
-pub fn render_deleted(format: OutputFormat, deleted: bool, what: &str) -> Result<String, CliError> {
-    match format {
-        OutputFormat::Table if deleted => Ok(format!("{what} deleted\n")),
-        OutputFormat::Table => Ok(format!("{what} not found; nothing deleted\n")),
-        _ => render_structured(format, &DeletedView { deleted }),
+/// The answer of a delete, in JSON and YAML.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeletedView {
+    pub deleted: bool,
+    /// The id of what was deleted: given with --id, or looked up by name just before the
+    /// delete; `None` when nothing was found.
+    pub id: Option<String>,
+}
+
+/// The answer of a delete: `{"deleted": …, "id": …}`, `KIND/NAME` with `-o name` (nothing
+/// when nothing was deleted), or in table mode a sentence about `what` (e.g. `sandbox "web"
+/// in workspace "default"`).
+pub fn render_deleted(
+    style: impl Into<Style>,
+    deleted: &DeletedView,
+    what: &str,
+    kind_name: &str,
+) -> Result<String, CliError> {
+    let style = style.into();
+    match style.format {
+        OutputFormat::Table | OutputFormat::Wide if deleted.deleted => {
+            Ok(format!("{what} deleted\n"))
+        }
+        OutputFormat::Table | OutputFormat::Wide => {
+            Ok(format!("{what} not found; nothing deleted\n"))
+        }
+        OutputFormat::Name if deleted.deleted => Ok(format!("{kind_name}\n")),
+        OutputFormat::Name => Ok(String::new()),
+        _ => render_structured(style.format, deleted),
     }
 }
 
@@ -423,7 +581,7 @@ pub fn short_digest(digest: &str) -> String {
 
 pub const IMAGE_COLUMNS: &[&str] = &["NAME", "DIGEST", "SIZE", "ID", "AGE"];
 
-pub fn image_table(images: &[Image], now: SystemTime) -> String {
+pub fn image_table(images: &[Image], now: SystemTime, style: Style) -> String {
     let rows: Vec<Vec<String>> = images
         .iter()
         .map(|i| {
@@ -436,29 +594,43 @@ pub fn image_table(images: &[Image], now: SystemTime) -> String {
             ]
         })
         .collect();
-    render_table(IMAGE_COLUMNS, &rows)
+    render_table(IMAGE_COLUMNS, &rows, style)
 }
 
+/// Images: a table (`-o wide` shows the same columns), `image/NAME` lines (the digest for an
+/// image without a name), or JSON / YAML.
 pub fn render_images(
-    format: OutputFormat,
+    style: impl Into<Style>,
     images: &[Image],
     now: SystemTime,
 ) -> Result<String, CliError> {
-    match format {
-        OutputFormat::Table if images.is_empty() => Ok(String::new()),
-        OutputFormat::Table => Ok(image_table(images, now)),
-        _ => render_structured(format, &images.iter().map(image_view).collect::<Vec<_>>()),
-    }
+    let style = style.into();
+    render_list(
+        style,
+        images,
+        ("image", |i| {
+            if i.name.is_empty() {
+                &i.digest
+            } else {
+                &i.name
+            }
+        }),
+        |rows| image_table(rows, now, style),
+        image_view,
+    )
 }
 
 pub fn render_image(
-    format: OutputFormat,
+    style: impl Into<Style>,
     image: &Image,
     now: SystemTime,
 ) -> Result<String, CliError> {
-    match format {
-        OutputFormat::Table => Ok(image_table(std::slice::from_ref(image), now)),
-        _ => render_structured(format, &image_view(image)),
+    let style = style.into();
+    match style.format {
+        OutputFormat::Json | OutputFormat::Yaml => {
+            render_structured(style.format, &image_view(image))
+        }
+        _ => render_images(style, std::slice::from_ref(image), now),
     }
 }
 
@@ -481,7 +653,11 @@ pub fn render_event(
     all_workspaces: bool,
 ) -> Result<String, CliError> {
     match format {
-        OutputFormat::Table => {
+        OutputFormat::Name => Ok(name_lines(
+            "sandbox",
+            event.sandbox.as_ref().map(|s| s.name.as_str()),
+        )),
+        OutputFormat::Table | OutputFormat::Wide => {
             let (name, phase, generation) = match &event.sandbox {
                 Some(s) if all_workspaces => (
                     format!("{}/{}", s.workspace, s.name),

@@ -177,7 +177,11 @@ fn sandbox_table_is_aligned() {
     failing.reason = "ExitedNonZero".into();
     failing.generation = 12;
     check(
-        sandbox_table(&[sandbox("web", Phase::Ready), failing], now_plus(90)),
+        sandbox_table(
+            &[sandbox("web", Phase::Ready), failing],
+            now_plus(90),
+            OutputFormat::Table.into(),
+        ),
         "\
 WORKSPACE   NAME                 ID                      PHASE   REASON          GEN   AGE
 default     web                  id-web                  Ready   -               3     90s
@@ -216,22 +220,88 @@ fn workspace_outputs() {
 
 #[test]
 fn deletes() {
+    let deleted = DeletedView {
+        deleted: true,
+        id: Some("id-web".into()),
+    };
+    let absent = DeletedView {
+        deleted: false,
+        id: None,
+    };
+    let render = |format: OutputFormat, view: &DeletedView| {
+        render_deleted(format, view, "sandbox \"web\"", "sandbox/web").unwrap()
+    };
     check(
-        render_deleted(OutputFormat::Json, true, "x").unwrap(),
-        "{\n  \"deleted\": true\n}\n",
+        render(OutputFormat::Json, &deleted),
+        "{\n  \"deleted\": true,\n  \"id\": \"id-web\"\n}\n",
     );
     check(
-        render_deleted(OutputFormat::Yaml, false, "x").unwrap(),
-        "deleted: false\n",
+        render(OutputFormat::Yaml, &absent),
+        "deleted: false\nid: null\n",
     );
     check(
-        render_deleted(OutputFormat::Table, true, "sandbox \"web\"").unwrap(),
+        render(OutputFormat::Table, &deleted),
         "sandbox \"web\" deleted\n",
     );
     check(
-        render_deleted(OutputFormat::Table, false, "sandbox \"web\"").unwrap(),
+        render(OutputFormat::Table, &absent),
         "sandbox \"web\" not found; nothing deleted\n",
     );
+    check(render(OutputFormat::Name, &deleted), "sandbox/web\n");
+    check(render(OutputFormat::Name, &absent), "");
+}
+
+/// `-o wide` adds driver, image and labels; `-o name` is `sandbox/NAME` per line;
+/// `--no-headers` leaves the header out; an Error sandbox shows its message (truncated), not
+/// a reason that repeats the phase.
+#[test]
+fn wide_name_no_headers_and_error_messages() {
+    let mut failing = sandbox("bad", Phase::Error);
+    failing.reason = "Error".into();
+    failing.message =
+        "main process exited with status 3 after writing a very long line to stderr".into();
+    let mut imaged = sandbox("web", Phase::Ready);
+    if let Some(spec) = imaged.spec.as_mut() {
+        spec.image = "busybox".into();
+        spec.labels.insert("tier".into(), "front".into());
+    }
+    let both = [imaged, failing];
+    let wide = Style {
+        format: OutputFormat::Wide,
+        headers: true,
+    };
+    check(
+        render_sandboxes(wide, &both, now_plus(90)).unwrap(),
+        "\
+WORKSPACE   NAME   ID       PHASE   REASON                                                         GEN   AGE   DRIVER    IMAGE     LABELS
+default     web    id-web   Ready   -                                                              3     90s   process   busybox   app=web,tier=front
+default     bad    id-bad   Error   main process exited with status 3 after writing a very long…   3     90s   process   -         app=web
+",
+    );
+    check(
+        render_sandboxes(OutputFormat::Name, &both, now_plus(0)).unwrap(),
+        "sandbox/web\nsandbox/bad\n",
+    );
+    let bare = Style {
+        format: OutputFormat::Table,
+        headers: false,
+    };
+    let rows = render_sandboxes(bare, &both[..1], now_plus(90)).unwrap();
+    check(rows, "default   web   id-web   Ready   -   3   90s\n");
+}
+
+/// Cells with wide (CJK) and combining characters are aligned by display width.
+#[test]
+fn unicode_cells_line_up() {
+    let table = render_table(
+        &["A", "B"],
+        &[
+            vec!["日本".into(), "x".into()],
+            vec!["e\u{301}".into(), "y".into()],
+        ],
+        OutputFormat::Table.into(),
+    );
+    check(table, "A      B\n日本   x\ne\u{301}      y\n");
 }
 
 #[test]
@@ -274,7 +344,7 @@ fn missing_spec_and_timestamps_render() {
     assert_eq!(view.created_at, None);
     assert!(view.command.is_empty());
     check(
-        sandbox_table(&[bare], now_plus(0)),
+        sandbox_table(&[bare], now_plus(0), OutputFormat::Table.into()),
         "WORKSPACE   NAME   ID   PHASE         REASON   GEN   AGE\n\
          -           bare        Unspecified   -        0     -\n",
     );

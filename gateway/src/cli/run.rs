@@ -18,7 +18,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::error::error_chain;
 use super::output::{
-    render_deleted, render_sandbox, render_sandboxes, render_workspace, render_workspaces,
+    DeletedView, render_deleted, render_sandbox, render_sandboxes, render_workspace,
+    render_workspaces,
 };
 use super::request::{self, describe_sandbox_ref, describe_workspace_ref, sandbox_ref};
 use super::wait::{
@@ -157,6 +158,36 @@ where
     }
 }
 
+/// The object a get found, `None` when it answered NOT_FOUND; other errors stay errors.
+fn found_or_absent<T>(
+    answer: Result<tonic::Response<T>, tonic::Status>,
+) -> Result<Option<T>, CliError> {
+    match answer {
+        Ok(answer) => Ok(Some(answer.into_inner())),
+        Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
+        Err(status) => Err(status.into()),
+    }
+}
+
+/// Prints a delete's answer; `found` is the (id, name) looked up just before it.
+fn print_deleted(
+    output: &super::OutputArgs,
+    deleted: bool,
+    found: Option<(String, String)>,
+    what: &str,
+    kind: &str,
+) -> Result<(), CliError> {
+    let (id, name) = found.unzip();
+    let view = DeletedView { deleted, id };
+    let name = name.unwrap_or_default();
+    print(&render_deleted(
+        output,
+        &view,
+        what,
+        &format!("{kind}/{name}"),
+    )?)
+}
+
 async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliError> {
     match cmd {
         WorkspaceCommand::Create(args) => {
@@ -164,7 +195,7 @@ async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliE
             let mut client = WorkspaceServiceClient::new(connect(endpoint).await?);
             let workspace = client.create_workspace(req).await?.into_inner();
             print(&render_workspace(
-                args.output.format,
+                &args.output,
                 &workspace,
                 SystemTime::now(),
             )?)?;
@@ -176,7 +207,7 @@ async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliE
             let mut client = WorkspaceServiceClient::new(connect(endpoint).await?);
             let workspace = client.get_workspace(req).await?.into_inner();
             print(&render_workspace(
-                args.output.format,
+                &args.output,
                 &workspace,
                 SystemTime::now(),
             )?)?;
@@ -192,7 +223,7 @@ async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliE
                 }
             })
             .await?;
-            let rendered = render_workspaces(args.output.format, &workspaces, SystemTime::now())?;
+            let rendered = render_workspaces(&args.output, &workspaces, SystemTime::now())?;
             print_list(&rendered, "No workspaces found.")?;
         }
         WorkspaceCommand::Delete(args) => {
@@ -203,8 +234,17 @@ async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliE
                 .map(describe_workspace_ref)
                 .unwrap_or_default();
             let mut client = WorkspaceServiceClient::new(connect(endpoint).await?);
+            // Looked up first so that -o json|yaml|name can say what was deleted.
+            let found = found_or_absent(
+                client
+                    .get_workspace(GetWorkspaceRequest {
+                        workspace: req.workspace.clone(),
+                    })
+                    .await,
+            )?;
             let deleted = client.delete_workspace(req).await?.into_inner().deleted;
-            print(&render_deleted(args.output.format, deleted, &what)?)?;
+            let found = found.map(|w| (w.id, w.name));
+            print_deleted(&args.output, deleted, found, &what, "workspace")?;
         }
     }
     Ok(0)
@@ -221,11 +261,20 @@ async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError
             let reference = sandbox_ref(&args.scope, &args.target);
             let what = describe_sandbox_ref(&reference);
             let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            // Looked up first so that -o json|yaml|name can say what was deleted.
+            let found = found_or_absent(
+                client
+                    .get_sandbox(GetSandboxRequest {
+                        sandbox: Some(reference.clone()),
+                    })
+                    .await,
+            )?;
             let req = DeleteSandboxRequest {
                 sandbox: Some(reference),
             };
             let deleted = client.delete_sandbox(req).await?.into_inner().deleted;
-            print(&render_deleted(args.output.format, deleted, &what)?)?;
+            let found = found.map(|s| (s.id, s.name));
+            print_deleted(&args.output, deleted, found, &what, "sandbox")?;
             Ok(0)
         }
         SandboxCommand::List(args) => {
@@ -239,7 +288,7 @@ async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError
                 }
             })
             .await?;
-            let rendered = render_sandboxes(args.output.format, &sandboxes, SystemTime::now())?;
+            let rendered = render_sandboxes(&args.output, &sandboxes, SystemTime::now())?;
             let note = if args.all_workspaces {
                 "No sandboxes found in any workspace.".to_string()
             } else {
@@ -266,7 +315,7 @@ async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError
         SandboxCommand::Watch(args) => {
             let req = request::watch_request(&args);
             let mut client = SandboxServiceClient::new(connect(endpoint).await?);
-            stream::watch(&mut client, req, args.output.format).await
+            stream::watch(&mut client, req, (&args.output).into()).await
         }
     }
 }
@@ -276,7 +325,7 @@ async fn get_sandbox(endpoint: &str, args: &SandboxTargetArgs) -> Result<u8, Cli
     let mut client = SandboxServiceClient::new(connect(endpoint).await?);
     let answer = client.get_sandbox(GetSandboxRequest { sandbox }).await?;
     print(&render_sandbox(
-        args.output.format,
+        &args.output,
         &answer.into_inner(),
         SystemTime::now(),
     )?)?;
@@ -332,7 +381,7 @@ async fn lifecycle(
         present(follow(&client, answer, call.goal(), options).await?)?
     };
     print(&render_sandbox(
-        target.output.format,
+        &target.output,
         &sandbox,
         SystemTime::now(),
     )?)?;
@@ -403,11 +452,7 @@ async fn create_sandbox(endpoint: &str, args: &SandboxCreateArgs) -> Result<u8, 
         };
         present(follow(&client, created, Goal::Ready, options).await?)?
     };
-    print(&render_sandbox(
-        args.output.format,
-        &sandbox,
-        SystemTime::now(),
-    )?)?;
+    print(&render_sandbox(&args.output, &sandbox, SystemTime::now())?)?;
     Ok(0)
 }
 
@@ -472,11 +517,9 @@ async fn run_wait(endpoint: &str, args: &WaitArgs) -> Result<u8, CliError> {
         settle: Duration::from_millis(args.settle),
     };
     match follow(&client, sandbox, goal, options).await? {
-        Observation::Present(sandbox) => print(&render_sandbox(
-            args.output.format,
-            &sandbox,
-            SystemTime::now(),
-        )?)?,
+        Observation::Present(sandbox) => {
+            print(&render_sandbox(&args.output, &sandbox, SystemTime::now())?)?
+        }
         Observation::Gone { .. } => {}
     }
     Ok(0)

@@ -7,7 +7,7 @@ use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::{ExecExit, ExecOutput, ExecRequest, LogsRequest, WatchSandboxesRequest};
 use tonic::transport::Channel;
 
-use super::output::{render_event, watch_header};
+use super::output::{Style, render_event, watch_header};
 use super::{CliError, OutputFormat};
 
 /// The CLI's exit code for a finished exec: killed by signal N → 128+N; else the command's
@@ -82,12 +82,13 @@ pub async fn logs(
 pub async fn watch(
     client: &mut SandboxServiceClient<Channel>,
     request: WatchSandboxesRequest,
-    format: OutputFormat,
+    style: Style,
 ) -> Result<u8, CliError> {
+    let format = style.format;
     let all_workspaces = request.all_workspaces;
     let mut stream = client.watch_sandboxes(request).await?.into_inner();
     let mut out = std::io::stdout().lock();
-    if format == OutputFormat::Table {
+    if matches!(format, OutputFormat::Table | OutputFormat::Wide) && style.headers {
         out.write_all(watch_header().as_bytes())?;
         out.flush()?;
     }
