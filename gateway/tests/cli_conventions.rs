@@ -169,3 +169,75 @@ fn output_formats_for_scripts_and_humans() {
     let by_name = sbx(&ep, &["sandbox", "delete", "db", "-o", "name"]);
     assert_eq!(by_name.ok(), "sandbox/db\n", "{by_name:?}");
 }
+
+/// Usage errors with SBX_ENDPOINT set do not write `--endpoint` into the usage line; a
+/// refused workspace delete names `--cascade`; a failed sandbox's reason and message are said
+/// once, on create and in the table.
+#[test]
+fn errors_say_one_thing_once() {
+    let data = DataDir::new();
+    let d = Sbxd::start(data.path(), "sim", &[]);
+    let ep = d.endpoint();
+    let id = "6d1f7bd8-3a31-4b8f-a4a8-7c5c6d1b2b2b";
+    for argv in [
+        &["sandbox", "get"][..],
+        &["sandbox", "get", "web", "--id", id],
+        &["wait"],
+    ] {
+        let usage = sbx(&ep, argv);
+        assert_eq!(usage.code, 2, "{argv:?}: {usage:?}");
+        assert!(usage.stderr.contains("Usage: sbx "), "{argv:?}: {usage:?}");
+        assert!(!usage.stderr.contains("--endpoint"), "{argv:?}: {usage:?}");
+    }
+    // The environment still picks the gateway, and the flag still wins over it.
+    sbx(&ep, &["workspace", "create", "team"]).ok();
+    let flag_wins = sbx(
+        "http://127.0.0.1:1",
+        &["--endpoint", &ep, "workspace", "get", "team"],
+    );
+    assert!(flag_wins.ok().contains("team"), "{flag_wins:?}");
+
+    sbx(
+        &ep,
+        &[
+            "sandbox", "create", "-w", "team", "a", "-d", "--", "sleep", "60",
+        ],
+    )
+    .ok();
+    let refused = sbx(&ep, &["workspace", "delete", "team"]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(
+        refused.stderr.contains("WORKSPACE_NOT_EMPTY")
+            && refused.stderr.contains("sbx workspace delete --cascade"),
+        "{refused:?}"
+    );
+    sbx(&ep, &["workspace", "delete", "team", "--cascade"]).ok();
+
+    // The process driver words the exit itself too ("the main process exited with code 3"),
+    // which the gateway appended to its own words for the same exit.
+    let pdata = DataDir::new();
+    let p = Sbxd::start(pdata.path(), "process", &[]);
+    let ep = p.endpoint();
+    let failed = sbx(
+        &ep,
+        &[
+            "sandbox", "create", "bad", "--settle", "2000", "--", "sh", "-c", "exit 3",
+        ],
+    );
+    assert_eq!(failed.code, 1, "{failed:?}");
+    let line = failed.stderr.lines().last().unwrap_or_default();
+    assert!(
+        line.starts_with("error: sandbox \"bad\" failed: "),
+        "{failed:?}"
+    );
+    assert_eq!(line.matches("exited").count(), 1, "said twice: {line}");
+    assert!(!line.contains("failed: Error"), "said twice: {line}");
+    let table = sbx(&ep, &["sandbox", "get", "bad"]);
+    let row = table.ok().lines().nth(1).unwrap_or_default().to_string();
+    assert!(
+        row.contains("Error") && row.contains("status 3"),
+        "{table:?}"
+    );
+    assert_eq!(row.matches("exited").count(), 1, "said twice: {row}");
+    sbx(&ep, &["sandbox", "delete", "bad"]).ok();
+}

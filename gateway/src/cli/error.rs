@@ -72,7 +72,7 @@ pub enum CliError {
     Rpc(#[from] tonic::Status),
 
     /// While waiting for Ready, the sandbox entered phase Error.
-    #[error("sandbox {name:?} failed: {reason}: {message}")]
+    #[error("sandbox {name:?} failed: {}", failure(reason, message))]
     SandboxFailed {
         name: String,
         reason: String,
@@ -180,10 +180,62 @@ pub fn describe_status(status: &tonic::Status) -> String {
     } else {
         status.message().to_string()
     };
+    let message = say_once(&message);
     match status.get_details_error_info() {
+        Some(info) if info.reason == "WORKSPACE_NOT_EMPTY" => {
+            format!("{}: {}", info.reason, name_the_cascade_flag(&message))
+        }
         Some(info) if !info.reason.is_empty() => format!("{}: {message}", info.reason),
         _ => message,
     }
+}
+
+/// The gateway says "delete with cascade"; the CLI's way to do that is a flag, so the message
+/// names it.
+fn name_the_cascade_flag(message: &str) -> String {
+    const FLAG: &str = "`sbx workspace delete --cascade`";
+    if message.contains("delete with cascade") {
+        message.replace("delete with cascade", &format!("use {FLAG}"))
+    } else if message.contains("--cascade") {
+        message.to_string()
+    } else {
+        format!("{message} (delete its sandboxes first, or use {FLAG})")
+    }
+}
+
+/// Why a sandbox failed, in one phrase: the reason (left out when it is only the phase's name,
+/// "Error", which "failed" already says) and the message, each part said once.
+fn failure(reason: &str, message: &str) -> String {
+    let text = match (reason, message) {
+        (r, m) if r.is_empty() || r.eq_ignore_ascii_case("error") => m.to_string(),
+        (r, "") => r.to_string(),
+        (r, m) => format!("{r}: {m}"),
+    };
+    say_once(&text)
+}
+
+/// `text` with each `: `-separated part said once: a part that only restates an earlier one
+/// is dropped. Layers of the gateway each prefix what they pass on, which made lines like
+/// `failed precondition: failed precondition: …` and `main process exited with status 3: the
+/// main process exited with code 3`. Restating means: equal after lower-casing, dropping a
+/// leading "the " and reading "code" as "status".
+pub fn say_once(text: &str) -> String {
+    fn gist(part: &str) -> String {
+        let lower = part.trim().to_lowercase();
+        let bare = lower.strip_prefix("the ").unwrap_or(&lower);
+        bare.replace(" code ", " status ")
+    }
+    let mut kept: Vec<&str> = Vec::new();
+    let mut gists: Vec<String> = Vec::new();
+    for part in text.split(": ") {
+        let g = gist(part);
+        if !g.is_empty() && gists.contains(&g) {
+            continue;
+        }
+        gists.push(g);
+        kept.push(part);
+    }
+    kept.join(": ")
 }
 
 /// A cause with its whole source chain, `outer: inner: innermost`, skipping repeats (tonic's
@@ -232,6 +284,77 @@ mod tests {
         check(
             tonic::Status::new(Code::Unavailable, ""),
             "The service is currently unavailable",
+        );
+    }
+
+    #[test]
+    fn each_thing_is_said_once() {
+        assert_eq!(
+            say_once("main process exited with status 3: the main process exited with code 3"),
+            "main process exited with status 3"
+        );
+        assert_eq!(
+            say_once("failed precondition: failed precondition: image busybox is in use"),
+            "failed precondition: image busybox is in use"
+        );
+        // Different statuses, and parts that merely share words, are kept.
+        assert_eq!(
+            say_once("main process exited with status 3: the main process exited with code 4"),
+            "main process exited with status 3: the main process exited with code 4"
+        );
+        assert_eq!(say_once("a: b: c"), "a: b: c");
+        let failed = CliError::SandboxFailed {
+            name: "web".into(),
+            reason: "ExitedNonZero".into(),
+            message: "main process exited with status 3: the main process exited with code 3"
+                .into(),
+        };
+        assert_eq!(
+            failed.to_string(),
+            "sandbox \"web\" failed: ExitedNonZero: main process exited with status 3"
+        );
+        let failed = CliError::SandboxFailed {
+            name: "web".into(),
+            reason: "Error".into(),
+            message: "main process exited with status 3".into(),
+        };
+        assert_eq!(
+            failed.to_string(),
+            "sandbox \"web\" failed: main process exited with status 3"
+        );
+        check(
+            tonic::Status::new(
+                Code::FailedPrecondition,
+                "failed precondition: failed precondition: x",
+            ),
+            "failed precondition: x",
+        );
+    }
+
+    #[test]
+    fn workspace_not_empty_names_the_cascade_flag() {
+        let status = |message: &str| {
+            tonic::Status::with_error_details(
+                Code::FailedPrecondition,
+                message,
+                ErrorDetails::with_error_info(
+                    "WORKSPACE_NOT_EMPTY",
+                    "sbx.v1",
+                    std::collections::HashMap::new(),
+                ),
+            )
+        };
+        check(
+            status(
+                "workspace \"a\" still has 2 sandbox(es); delete them first or delete with cascade",
+            ),
+            "WORKSPACE_NOT_EMPTY: workspace \"a\" still has 2 sandbox(es); delete them first or \
+             use `sbx workspace delete --cascade`",
+        );
+        check(
+            status("workspace \"a\" is not empty"),
+            "WORKSPACE_NOT_EMPTY: workspace \"a\" is not empty (delete its sandboxes first, or \
+             use `sbx workspace delete --cascade`)",
         );
     }
 

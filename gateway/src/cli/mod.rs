@@ -57,19 +57,39 @@ fn clamp_exit(code: i32) -> u8 {
         `--id`, the id is authoritative: the gateway acts on that object or on nothing."
 )]
 pub struct Cli {
-    /// The gateway's gRPC address (a bare host:port means http://host:port).
-    #[arg(
-        long,
-        env = "SBX_ENDPOINT",
-        hide_env_values = true,
-        default_value = DEFAULT_ENDPOINT,
-        global = true,
-        value_name = "URL"
-    )]
-    pub endpoint: String,
+    /// The gateway's gRPC address (a bare host:port means http://host:port) [env:
+    /// SBX_ENDPOINT] [default: http://127.0.0.1:7070].
+    //
+    // SBX_ENDPOINT is read by [`Cli::endpoint`], not by clap: an arg clap fills from the
+    // environment counts as given, and clap then writes `--endpoint <URL>` into every usage
+    // line of a usage error, as if it were required.
+    #[arg(long, global = true, value_name = "URL")]
+    pub endpoint: Option<String>,
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Where to dial: `--endpoint`, else `SBX_ENDPOINT`, else [`DEFAULT_ENDPOINT`] (an empty
+    /// value counts as unset).
+    pub fn endpoint(&self) -> String {
+        resolve_endpoint(
+            self.endpoint.as_deref(),
+            std::env::var("SBX_ENDPOINT").ok().as_deref(),
+        )
+    }
+}
+
+/// The pure part of [`Cli::endpoint`].
+pub fn resolve_endpoint(flag: Option<&str>, env: Option<&str>) -> String {
+    [flag, env]
+        .into_iter()
+        .flatten()
+        .map(str::trim)
+        .find(|value| !value.is_empty())
+        .unwrap_or(DEFAULT_ENDPOINT)
+        .to_string()
 }
 
 /// The top-level command groups.
@@ -372,7 +392,7 @@ const CREATE_ABOUT: &str = "Create a sandbox running CMD ARGS… and (unless --d
     wait (or the settle window) is reported as what it is: exit 0 makes the \
     sandbox Completed (printed, exit 0); a non-zero exit or a signal makes it Error, and \
     create fails (exit 1) with the reason and status, e.g. `sandbox \"web\" failed: \
-    ExitedNonZero: main process exited with status 3`. Ready does not promise the process \
+    main process exited with status 3`. Ready does not promise the process \
     keeps running afterwards (drivers notice an exit within about 250 ms; see `sbx sandbox \
     get`, `sbx wait`); --settle 500 also catches a main process that fails at once.";
 

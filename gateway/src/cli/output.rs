@@ -266,7 +266,7 @@ pub fn reason_cell(sandbox: &Sandbox) -> String {
     } else {
         reason.to_string()
     };
-    dash_if_empty(&truncate(&text, MESSAGE_WIDTH))
+    dash_if_empty(&truncate(&super::error::say_once(&text), MESSAGE_WIDTH))
 }
 
 /// Labels as `k=v,k2=v2`, sorted; `-` when none.

@@ -443,18 +443,18 @@ fn list_exec_logs_watch_requests() {
 }
 
 #[test]
-fn endpoint_flag_and_default() {
-    // SBX_ENDPOINT is not set in the test environment by anything we run.
-    if std::env::var_os("SBX_ENDPOINT").is_none() {
-        assert_eq!(
-            parse(&["sandbox", "get", "x"]).endpoint,
-            crate::cli::DEFAULT_ENDPOINT
-        );
-    }
+fn endpoint_flag_env_and_default() {
+    use crate::cli::{DEFAULT_ENDPOINT, resolve_endpoint};
     let cli = parse(&["sandbox", "get", "x", "--endpoint", "http://10.0.0.1:9"]);
-    assert_eq!(cli.endpoint, "http://10.0.0.1:9");
+    assert_eq!(cli.endpoint.as_deref(), Some("http://10.0.0.1:9"));
     let cli = parse(&["--endpoint", "h:1", "workspace", "ls"]);
-    assert_eq!(cli.endpoint, "h:1");
+    assert_eq!(cli.endpoint.as_deref(), Some("h:1"));
+    assert_eq!(parse(&["sandbox", "get", "x"]).endpoint, None);
+    assert_eq!(resolve_endpoint(Some("a:1"), Some("b:2")), "a:1");
+    assert_eq!(resolve_endpoint(None, Some("b:2")), "b:2");
+    assert_eq!(resolve_endpoint(None, Some("")), DEFAULT_ENDPOINT);
+    assert_eq!(resolve_endpoint(Some(" "), None), DEFAULT_ENDPOINT);
+    assert_eq!(resolve_endpoint(None, None), DEFAULT_ENDPOINT);
 }
 
 #[test]

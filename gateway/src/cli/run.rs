@@ -78,12 +78,13 @@ pub fn outcome(result: Result<u8, CliError>) -> (u8, Option<String>) {
 
 /// Runs one command; `Ok` carries the exit code (0, or a remote command's for exec).
 pub async fn run(cli: Cli) -> Result<u8, CliError> {
+    let endpoint = cli.endpoint();
     match cli.command {
-        Command::Workspace(cmd) => run_workspace(&cli.endpoint, cmd).await,
-        Command::Sandbox(cmd) => run_sandbox(&cli.endpoint, cmd).await,
-        Command::Image(cmd) => super::image::run_image(&cli.endpoint, cmd).await,
-        Command::Wait(args) => run_wait(&cli.endpoint, &args).await,
-        Command::Version(args) => super::meta::run_version(&cli.endpoint, &args).await,
+        Command::Workspace(cmd) => run_workspace(&endpoint, cmd).await,
+        Command::Sandbox(cmd) => run_sandbox(&endpoint, cmd).await,
+        Command::Image(cmd) => super::image::run_image(&endpoint, cmd).await,
+        Command::Wait(args) => run_wait(&endpoint, &args).await,
+        Command::Version(args) => super::meta::run_version(&endpoint, &args).await,
         Command::Completion(args) => super::meta::run_completion(&args),
     }
 }
