@@ -209,7 +209,11 @@ async fn images_through_sbxd_and_the_cli() {
     );
     // Once the sandbox is gone, so can its image be.
     sbx(ep, &["sandbox", "rm", "web"]).ok();
-    sbx(ep, &["image", "rm", "localhost/rootfs:1"]).ok();
+    let rootfs_id =
+        sbx(ep, &["image", "get", "localhost/rootfs:1", "-o", "json"]).json()["id"].clone();
+    let removed = sbx(ep, &["image", "rm", "localhost/rootfs:1", "-o", "json"]).json();
+    assert_eq!(removed["deleted"], true, "{removed}");
+    assert_eq!(removed["id"], rootfs_id, "{removed}");
 
     // Through the API: a bad reference is INVALID_ARGUMENT; an unknown image at create is
     // NOT_FOUND naming it (the CLI refuses a bad reference itself, with usage status 2).

@@ -20,11 +20,9 @@ use sbx_proto::v1::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::output::{
-    DeletedView, human_bytes, render_deleted, render_image, render_images, short_digest,
-};
+use super::output::{human_bytes, render_image, render_images, short_digest};
 use super::request::{self, describe_image_ref, image_ref};
-use super::run::{connect, print, print_list};
+use super::run::{connect, found_or_absent, print, print_deleted, print_list};
 use super::{CliError, ImageCommand, ImageImportArgs, ImagePullArgs};
 
 /// Bytes per import message (the gateway accepts messages up to 8 MiB).
@@ -67,6 +65,14 @@ pub async fn run_image(endpoint: &str, cmd: ImageCommand) -> Result<u8, CliError
             let reference = image_ref(&args.target);
             let what = describe_image_ref(&reference);
             let mut client = ImageServiceClient::new(connect(endpoint).await?);
+            // Looked up first so that -o json|yaml|name can say what was deleted.
+            let found = found_or_absent(
+                client
+                    .get_image(GetImageRequest {
+                        image: Some(reference.clone()),
+                    })
+                    .await,
+            )?;
             let deleted = client
                 .delete_image(DeleteImageRequest {
                     image: Some(reference),
@@ -74,17 +80,11 @@ pub async fn run_image(endpoint: &str, cmd: ImageCommand) -> Result<u8, CliError
                 .await?
                 .into_inner()
                 .deleted;
-            let view = DeletedView {
-                deleted,
-                id: args.target.id.map(|id| id.to_string()),
-            };
-            let name = args.target.reference.clone().unwrap_or_default();
-            print(&render_deleted(
-                &args.output,
-                &view,
-                &what,
-                &format!("image/{name}"),
-            )?)?;
+            let found = found.map(|i| {
+                let name = if i.name.is_empty() { i.digest } else { i.name };
+                (i.id, name)
+            });
+            print_deleted(&args.output, deleted, found, &what, "image")?;
         }
     }
     Ok(0)

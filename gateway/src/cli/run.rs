@@ -160,7 +160,7 @@ where
 }
 
 /// The object a get found, `None` when it answered NOT_FOUND; other errors stay errors.
-fn found_or_absent<T>(
+pub(crate) fn found_or_absent<T>(
     answer: Result<tonic::Response<T>, tonic::Status>,
 ) -> Result<Option<T>, CliError> {
     match answer {
@@ -171,7 +171,7 @@ fn found_or_absent<T>(
 }
 
 /// Prints a delete's answer; `found` is the (id, name) looked up just before it.
-fn print_deleted(
+pub(crate) fn print_deleted(
     output: &super::OutputArgs,
     deleted: bool,
     found: Option<(String, String)>,
