@@ -22,7 +22,7 @@
 //! the overlay; the writable layer and the volume stay. A delete removes them too.
 //!
 //! **Identity.** A sandbox is found again after a restart of the driver by its directory
-//! (named by its id), the runtime's own state (`runc --root <state>/runc state`), and its
+//! (named by its id), the runtime's own state (`runc --root <state>/runc list`, at open), and its
 //! init's pid *and* start time, recorded after each launch (a reused pid is never taken for
 //! it). The record holds the generation the run was started with.
 //!
@@ -57,7 +57,7 @@ use uuid::Uuid;
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::logfile::log_since;
 use crate::host::procfs::{self, ProcessIdentity};
-use crate::host::records::{self, RecordCache};
+use crate::host::records::{self, RecordCache, write_atomically};
 use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms};
 use crate::image::{IdMap, ImageStore};
 use crate::{DriverError, pb};
@@ -286,22 +286,17 @@ fn check_walkable(state_dir: &Path) -> Result<(), DriverError> {
 /// Puts the init (busybox and script) in place, replacing an outdated copy.
 fn install_init(dir: &Path, busybox: &Path) -> Result<(), DriverError> {
     let io = |what: &str, e: std::io::Error| internal(&format!("{what} in {}", dir.display()), e);
-    let wanted = std::fs::read(busybox).map_err(|e| io("reading busybox", e))?;
-    let target = dir.join("busybox");
-    if std::fs::read(&target).ok().as_deref() != Some(&wanted[..]) {
-        let tmp = dir.join(".busybox.tmp");
-        std::fs::write(&tmp, &wanted).map_err(|e| io("copying busybox", e))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| io("making busybox executable", e))?;
-        std::fs::rename(&tmp, &target).map_err(|e| io("installing busybox", e))?;
-    }
-    let script = dir.join("init");
-    if std::fs::read_to_string(&script).ok().as_deref() != Some(INIT_SCRIPT) {
-        let tmp = dir.join(".init.tmp");
-        std::fs::write(&tmp, INIT_SCRIPT).map_err(|e| io("writing the init", e))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
-            .map_err(|e| io("writing the init", e))?;
-        std::fs::rename(&tmp, &script).map_err(|e| io("installing the init", e))?;
+    let busybox = std::fs::read(busybox).map_err(|e| io("reading busybox", e))?;
+    for (name, bytes, mode) in [
+        ("busybox", &busybox[..], 0o755),
+        ("init", INIT_SCRIPT.as_bytes(), 0o644),
+    ] {
+        let path = dir.join(name);
+        if std::fs::read(&path).ok().as_deref() != Some(bytes) {
+            write_atomically(&path, bytes).map_err(|e| io("installing the init", e))?;
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| io("setting the init's mode", e))?;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //!
 //! Only the calls that need the runtime go through it: `run -d` (create and start, detached,
 //! the container's stdio being the files the driver hands it), `delete --force` (kill what is
-//! left, remove the cgroup and the runtime state), `state` and `list` (re-discovery), and
+//! left, remove the cgroup and the runtime state), `list` (re-discovery at open), and
 //! `exec`. Signals to the container's init go straight to its pid, after its identity (pid and
 //! start time) is checked: cheaper than a runtime call, and just as safe.
 
@@ -22,7 +22,7 @@ pub struct Runtime {
     pub root: PathBuf,
 }
 
-/// What `runc state` and `runc list` say about one container.
+/// What `runc list` says about one container.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct ContainerState {
     pub id: String,
@@ -143,18 +143,6 @@ impl Runtime {
             .await
         {
             Ok(_) | Err(RuntimeError::NoSuchContainer) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// `state`: `None` when the runtime does not know the container.
-    #[allow(dead_code)]
-    pub async fn state(&self, id: &str) -> Result<Option<ContainerState>, RuntimeError> {
-        match self.call(&["state".as_ref(), id.as_ref()]).await {
-            Ok(out) => serde_json::from_slice(&out)
-                .map(Some)
-                .map_err(|e| RuntimeError::Failed(format!("unreadable state of {id}: {e}"))),
-            Err(RuntimeError::NoSuchContainer) => Ok(None),
             Err(e) => Err(e),
         }
     }
