@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use process_support::TestEnv;
-use sbx_drivers::conformance::{self, DriverHarness};
+use sbx_drivers::conformance::DriverHarness;
 use sbx_drivers::{ComputeDriver, pb};
 
 struct ProcessHarness {
@@ -43,34 +43,9 @@ impl DriverHarness for ProcessHarness {
     }
 }
 
-macro_rules! conformance_tests {
-    ($($check:ident),* $(,)?) => {$(
-        #[tokio::test]
-        async fn $check() {
-            let h = ProcessHarness { env: TestEnv::new() };
-            conformance::$check(&h).await;
-            h.env.finish().await;
-        }
-    )*};
-}
-
-conformance_tests!(
-    same_name_in_two_workspaces,
-    empty_and_malformed_ids_are_invalid,
-    idempotent_stop_start_delete,
-    generation_round_trip_and_mismatch,
-    workloads_survive_driver_restart,
-    list_round_trips_workspace_and_name,
-    exec_returns_stdout_and_exit_code,
-    self_exit_shows_exited_with_code,
-    watch_reports_self_exit,
-);
-
-#[tokio::test]
-async fn run_all_on_one_shared_state() {
-    let h = ProcessHarness {
-        env: TestEnv::new(),
-    };
-    conformance::run_all(&h).await;
-    h.env.finish().await;
+sbx_drivers::conformance_suite! {
+    #[tokio::test]
+    harness: ProcessHarness { env: TestEnv::new() },
+    after_each: |h| h.env.finish().await,
+    run_all_test: run_all_on_one_shared_state,
 }

@@ -102,26 +102,10 @@ impl DriverHarness for SimHarness {
     }
 }
 
-macro_rules! conformance_tests {
-    ($($check:ident),* $(,)?) => {$(
-        #[tokio::test]
-        async fn $check() {
-            conformance::$check(&SimHarness::new()).await;
-        }
-    )*};
+sbx_drivers::conformance_suite! {
+    #[tokio::test]
+    harness: SimHarness::new(),
 }
-
-conformance_tests!(
-    same_name_in_two_workspaces,
-    empty_and_malformed_ids_are_invalid,
-    idempotent_stop_start_delete,
-    generation_round_trip_and_mismatch,
-    workloads_survive_driver_restart,
-    list_round_trips_workspace_and_name,
-    exec_returns_stdout_and_exit_code,
-    self_exit_shows_exited_with_code,
-    watch_reports_self_exit,
-);
 
 #[tokio::test]
 async fn run_all_passes_on_one_shared_world_and_leaves_it_empty() {

@@ -9,12 +9,16 @@
 //!
 //! # Using it for a driver
 //!
-//! Implement [`DriverHarness`] in the driver's integration test, then either call [`run_all`]
-//! or — better, so that each check passes or fails on its own — one `#[tokio::test]` per check
-//! function, each on a fresh harness:
+//! Implement [`DriverHarness`] in the driver's integration test, then invoke
+//! [`conformance_suite!`](crate::conformance_suite): it makes one `#[tokio::test]` per check,
+//! each on a fresh harness (so that each check passes or fails on its own, and can be run
+//! alone by name), and optionally one that runs [`run_all`] on one shared harness. The list
+//! of checks is written once, in that macro; [`run_all`] runs the same list, so a new check
+//! runs against every driver. Where every check costs seconds (the vm driver boots a VM for
+//! each sandbox), call [`run_all`] alone instead.
 //!
 //! ```ignore
-//! use sbx_drivers::conformance::{self, DriverHarness};
+//! use sbx_drivers::conformance::DriverHarness;
 //!
 //! struct ProcessHarness { state_dir: tempfile::TempDir }
 //!
@@ -29,9 +33,13 @@
 //!     // the driver's commands differ (the sim's harness uses its built-in `exit N`).
 //! }
 //!
-//! #[tokio::test]
-//! async fn same_name_in_two_workspaces() {
-//!     conformance::same_name_in_two_workspaces(&ProcessHarness::new()).await;
+//! sbx_drivers::conformance_suite! {
+//!     #[tokio::test]
+//!     harness: ProcessHarness::new(),
+//!     // Optional: after each check passed, with the harness (e.g. a leak check).
+//!     after_each: |h| h.finish().await,
+//!     // Optional: a test that runs `run_all` on one harness, then `after_each`.
+//!     run_all_test: run_all_on_one_shared_state,
 //! }
 //! ```
 //!
@@ -113,23 +121,87 @@ pub trait DriverHarness: Send + Sync {
     }
 }
 
-/// Runs every check, one after the other, on the same harness; panics at the first failure.
+/// Runs every check of [`conformance_suite!`](crate::conformance_suite)'s list, one after the
+/// other, on the same harness; panics at the first failure.
 pub async fn run_all(h: &dyn DriverHarness) {
-    macro_rules! run {
-        ($($check:ident),* $(,)?) => {$(
-            eprintln!("conformance: {}", stringify!($check));
-            $check(h).await;
-        )*};
-    }
-    run!(
-        same_name_in_two_workspaces,
-        empty_and_malformed_ids_are_invalid,
-        idempotent_stop_start_delete,
-        generation_round_trip_and_mismatch,
-        workloads_survive_driver_restart,
-        list_round_trips_workspace_and_name,
-        exec_returns_stdout_and_exit_code,
-        self_exit_shows_exited_with_code,
-        watch_reports_self_exit,
-    );
+    crate::conformance_suite!(@with_checks run_all h);
+}
+
+/// The conformance suite as tests: one test per check, each on a fresh harness, plus
+/// optionally one that runs [`run_all`] on a single harness.
+///
+/// This macro holds THE list of checks; [`run_all`] runs the same list. A new check is added
+/// here, once, and every driver's test file runs it.
+///
+/// ```ignore
+/// sbx_drivers::conformance_suite! {
+///     // The attributes of every generated test (at least the test attribute itself).
+///     #[tokio::test]
+///     // How to build a fresh harness; evaluated once per test.
+///     harness: ProcessHarness { env: TestEnv::new() },
+///     // Optional: run after the check passed, with the harness (here: the leak check).
+///     after_each: |h| h.env.finish().await,
+///     // Optional: the name of a test that runs `run_all` on one harness, then `after_each`.
+///     run_all_test: run_all_on_one_shared_state,
+/// }
+/// ```
+///
+/// Each test is named after its check (`same_name_in_two_workspaces`, ...), so
+/// `cargo nextest run --test conformance_process same_name_in_two_workspaces` runs one check.
+#[macro_export]
+macro_rules! conformance_suite {
+    // THE list of checks, in the order `run_all` runs them. Add a new check here, once.
+    (@with_checks $($then:tt)*) => {
+        $crate::conformance_suite! {
+            @$($then)* [
+                same_name_in_two_workspaces,
+                empty_and_malformed_ids_are_invalid,
+                idempotent_stop_start_delete,
+                generation_round_trip_and_mismatch,
+                workloads_survive_driver_restart,
+                list_round_trips_workspace_and_name,
+                exec_returns_stdout_and_exit_code,
+                self_exit_shows_exited_with_code,
+                watch_reports_self_exit,
+            ]
+        }
+    };
+    (@run_all $h:ident [$($check:ident),* $(,)?]) => {$(
+        eprintln!("conformance: {}", stringify!($check));
+        $crate::conformance::$check($h).await;
+    )*};
+    // One test per check; `$attrs` and `$after` are `{ ... }` groups, passed whole.
+    (@tests $attrs:tt $make:expr, $h:ident $after:tt [$($check:ident),* $(,)?]) => {$(
+        $crate::conformance_suite! { @test $attrs $make, $h $after $check $check }
+    )*};
+    // A test named `$name` that runs `$run` (a check, or `run_all`) on a fresh harness.
+    (@test { $(#[$attr:meta])* } $make:expr, $h:ident { $($after:tt)* } $name:ident $run:ident) => {
+        $(#[$attr])*
+        async fn $name() {
+            let $h = $make;
+            $crate::conformance::$run(&$h).await;
+            $($after)*
+        }
+    };
+    (@suite $attrs:tt $make:expr, $h:ident $after:tt $($run_all_test:ident)?) => {
+        $crate::conformance_suite! { @with_checks tests $attrs $make, $h $after }
+        $($crate::conformance_suite! { @test $attrs $make, $h $after $run_all_test run_all })?
+    };
+    (
+        $(#[$attr:meta])*
+        harness: $make:expr,
+        after_each: |$h:ident| $after:expr
+        $(, run_all_test: $run_all_test:ident)? $(,)?
+    ) => {
+        $crate::conformance_suite! {
+            @suite { $(#[$attr])* } $make, $h { $after; } $($run_all_test)?
+        }
+    };
+    (
+        $(#[$attr:meta])*
+        harness: $make:expr
+        $(, run_all_test: $run_all_test:ident)? $(,)?
+    ) => {
+        $crate::conformance_suite! { @suite { $(#[$attr])* } $make, h { } $($run_all_test)? }
+    };
 }
