@@ -12,7 +12,7 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use sbx_drivers::image::{PullOptions, PullProgress};
-use sbx_drivers::{DriverStream, pb};
+use sbx_drivers::{DriverStream, ExecInputStream, pb};
 use sbx_proto::names::DEFAULT_WORKSPACE;
 use sbx_proto::v1::{EventType, Image, Phase, Sandbox, SandboxEvent, SandboxSpec, Workspace};
 use sbx_storage::{Kind, LabelSelector, ListQuery, ObjectStore, Scope};
@@ -38,6 +38,21 @@ use crate::workspace::WorkspaceMsg;
 /// The largest page a list returns, whatever was asked.
 pub const MAX_PAGE_SIZE: u32 = 1000;
 const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// What an exec asks for beyond its command (see `sbx.v1.ExecRequest`).
+#[derive(Debug, Clone, Default)]
+pub struct ExecOptions {
+    /// Set on top of the sandbox's own environment.
+    pub env: HashMap<String, String>,
+    /// 0: no timeout.
+    pub timeout_seconds: u32,
+    /// An absolute path inside the sandbox; empty: the sandbox's own working directory.
+    pub workdir: String,
+    /// The caller sends stdin.
+    pub stdin: bool,
+    /// Run on a terminal of this size and type.
+    pub tty: Option<pb::Tty>,
+}
 
 /// A running actor tree over a store and a set of drivers.
 pub struct Gateway {
@@ -433,7 +448,7 @@ impl Gateway {
         Ok(ReceiverStream::new(rx))
     }
 
-    /// Runs a command inside a Ready sandbox.
+    /// Runs a command inside a Ready sandbox, with no input.
     pub async fn exec(
         &self,
         sel: &SandboxSelector,
@@ -441,10 +456,35 @@ impl Gateway {
         env: HashMap<String, String>,
         timeout_seconds: u32,
     ) -> Result<DriverStream<pb::ExecOutput>> {
+        let opts = ExecOptions {
+            env,
+            timeout_seconds,
+            ..ExecOptions::default()
+        };
+        self.exec_io(sel, command, opts, sbx_drivers::no_exec_input())
+            .await
+    }
+
+    /// Runs a command inside a Ready sandbox with `input` (stdin, terminal sizes, signals) as
+    /// the caller sends it. A request for stdin or a terminal from a driver that has neither
+    /// is UNIMPLEMENTED, said before anything runs.
+    pub async fn exec_io(
+        &self,
+        sel: &SandboxSelector,
+        command: Vec<String>,
+        opts: ExecOptions,
+        input: ExecInputStream,
+    ) -> Result<DriverStream<pb::ExecOutput>> {
         if command.is_empty() || command[0].is_empty() {
             return Err(ActorError::InvalidArgument(
                 "the exec command is empty".into(),
             ));
+        }
+        if !opts.workdir.is_empty() && !opts.workdir.starts_with('/') {
+            return Err(ActorError::InvalidArgument(format!(
+                "the exec working directory {:?} is not an absolute path",
+                opts.workdir
+            )));
         }
         let sb = self.resolve_sandbox(sel).await?;
         require_ready(&sb.sandbox, "exec into")?;
@@ -452,10 +492,13 @@ impl Gateway {
         let request = pb::ExecRequest {
             sandbox_id: sb.id().to_string(),
             command,
-            env,
-            timeout_seconds,
+            env: opts.env,
+            timeout_seconds: opts.timeout_seconds,
+            workdir: opts.workdir,
+            stdin: opts.stdin,
+            tty: opts.tty,
         };
-        Ok(driver.exec(request).await?)
+        Ok(driver.exec_io(request, input).await?)
     }
 
     pub async fn logs(

@@ -28,7 +28,7 @@ pub mod supervision;
 pub mod validate;
 mod workspace;
 
-pub use api::{Gateway, Listed, MAX_PAGE_SIZE, SandboxFilter};
+pub use api::{ExecOptions, Gateway, Listed, MAX_PAGE_SIZE, SandboxFilter};
 pub use config::{Config, DEFAULT_IMAGE, DriverSet};
 pub use error::{ActorError, ImageFailure, Result};
 pub use images::{ImageSelector, record_name as image_record_name};

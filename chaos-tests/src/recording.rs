@@ -125,11 +125,12 @@ impl ComputeDriver for RecordingDriver {
     async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
         self.inner.watch().await
     }
-    async fn exec(
+    async fn exec_io(
         &self,
         req: pb::ExecRequest,
+        input: sbx_drivers::ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
-        self.inner.exec(req).await
+        self.inner.exec_io(req, input).await
     }
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
         self.inner.logs(req).await

@@ -29,6 +29,15 @@ pub use host::elf::{BUSYBOX_PATHS, find_static_busybox};
 /// A stream of results from a driver (watch events, exec output, log chunks).
 pub type DriverStream<T> = Pin<Box<dyn Stream<Item = Result<T, DriverError>> + Send + 'static>>;
 
+/// What a caller sends to an exec after its request: stdin, its end, terminal sizes, signals
+/// (never another `start`). Its end is the end of stdin.
+pub type ExecInputStream = Pin<Box<dyn Stream<Item = pb::ExecInput> + Send + 'static>>;
+
+/// An input stream with nothing in it (an exec without stdin).
+pub fn no_exec_input() -> ExecInputStream {
+    Box::pin(futures::stream::empty())
+}
+
 /// A compute driver: something that runs sandbox workloads.
 ///
 /// Every method that names a sandbox takes its id as sent on the wire (a string), and answers
@@ -54,9 +63,38 @@ pub trait ComputeDriver: Send + Sync + 'static {
     async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError>;
     /// Changes the driver observes from now on (for example a workload that exits by itself).
     async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError>;
-    async fn exec(&self, req: pb::ExecRequest)
-    -> Result<DriverStream<pb::ExecOutput>, DriverError>;
+    /// Runs a command in a running sandbox, with `input` (stdin, resizes, signals) as the
+    /// caller sends it. A driver without the `exec_stdin`/`exec_tty` capability answers
+    /// [`DriverError::Unimplemented`] to a request that asks for stdin or a terminal.
+    async fn exec_io(
+        &self,
+        req: pb::ExecRequest,
+        input: ExecInputStream,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError>;
+    /// [`ComputeDriver::exec_io`] with no input.
+    async fn exec(
+        &self,
+        req: pb::ExecRequest,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        self.exec_io(req, no_exec_input()).await
+    }
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError>;
+}
+
+/// For a driver whose exec has no stdin, terminal or working directory: a request that asks
+/// for one is [`DriverError::Unimplemented`], said plainly (never silently dropped input).
+pub(crate) fn exec_without_io(driver: &str, req: &pb::ExecRequest) -> Result<(), DriverError> {
+    let wanted = [
+        (req.stdin, "stdin"),
+        (req.tty.is_some(), "a terminal"),
+        (!req.workdir.is_empty(), "a working directory"),
+    ];
+    match wanted.iter().find(|(asked, _)| *asked) {
+        Some((_, what)) => Err(DriverError::Unimplemented(format!(
+            "exec with {what}: the {driver} driver's exec has none"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Parses the sandbox id of a driver request: empty or malformed ids are

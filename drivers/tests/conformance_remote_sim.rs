@@ -174,7 +174,11 @@ impl ComputeDriver for ErrorDriver {
     async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
         Err(self.fail())
     }
-    async fn exec(&self, _: pb::ExecRequest) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+    async fn exec_io(
+        &self,
+        _: pb::ExecRequest,
+        _: sbx_drivers::ExecInputStream,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let chunk = pb::ExecOutput {
             chunk: Some(pb::exec_output::Chunk::Stdout(b"partial".to_vec())),
         };

@@ -199,12 +199,13 @@ impl ComputeDriver for BrokenDriver {
         self.sim.watch().await
     }
 
-    async fn exec(
+    async fn exec_io(
         &self,
         req: pb::ExecRequest,
+        input: sbx_drivers::ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         use futures::StreamExt;
-        let stream = self.sim.exec(req).await?;
+        let stream = self.sim.exec_io(req, input).await?;
         if self.bug != Bug::ExecAlwaysZero {
             return Ok(stream);
         }

@@ -359,7 +359,13 @@ async fn the_state_directory_and_the_hidden_paths_are_empty_inside() {
 /// the permissions) keeps a sandbox out.
 fn open_up(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
-    let mode = if dir.is_dir() { 0o755 } else { 0o644 };
+    // Executables (the driver's agent) keep their execute bits.
+    let was = std::fs::metadata(dir).map(|m| m.mode()).unwrap_or(0);
+    let mode = if dir.is_dir() {
+        0o755
+    } else {
+        0o644 | (was & 0o111)
+    };
     let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode));
     if dir.is_dir() {
         for entry in std::fs::read_dir(dir).unwrap().flatten() {

@@ -298,11 +298,17 @@ async fn namespaces_hostname_loopback_and_pid_one() {
         .nth(1)
         .unwrap()
         .to_string();
-    assert_eq!(
-        targets(&launcher).len(),
-        3,
-        "the launcher's: {:?}",
-        targets(&launcher)
+    // …and the exec agent's listening socket, which it passes on (util-linux `unshare` closes
+    // nothing); an agent that ended is told by the missing greeting, not by a refused connect.
+    let launcher_fds = targets(&launcher);
+    assert_eq!(launcher_fds.len(), 4, "the launcher's: {launcher_fds:?}");
+    assert!(
+        launcher_fds
+            .iter()
+            .filter(|t| t.starts_with("socket:"))
+            .count()
+            == 1,
+        "the launcher's: {launcher_fds:?}"
     );
     let exec_fds = exec(&driver, id, &["ls", "/proc/self/fd"], 0).await;
     // ls's own directory descriptor is the fourth.
@@ -564,17 +570,18 @@ fn processes_in(driver: &sbx_drivers::process::ProcessDriver, id: Uuid) -> usize
         .unwrap_or(0)
 }
 
-/// The shim and its `sleep`, and nothing else (the shim forks the `sleep` just after it reports).
-async fn assert_two_processes(driver: &sbx_drivers::process::ProcessDriver, id: Uuid) {
+/// The shim, its exec agent and its `sleep`, and nothing else (the shim forks the agent and
+/// the `sleep` just after it reports).
+async fn assert_one_workload(driver: &sbx_drivers::process::ProcessDriver, id: Uuid) {
     let count = wait_until(Duration::from_secs(3), || match processes_in(driver, id) {
-        2 => Ok(2),
+        3 => Ok(3),
         n => Err(n),
     })
     .await;
-    assert_eq!(count, Ok(2), "processes in the sandbox's cgroup");
-    // Stays two: no second workload shows up late.
+    assert_eq!(count, Ok(3), "processes in the sandbox's cgroup");
+    // Stays three: no second workload shows up late.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(processes_in(driver, id), 2);
+    assert_eq!(processes_in(driver, id), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -597,7 +604,7 @@ async fn concurrent_calls_on_one_sandbox_never_run_two_workloads() {
         instances.insert(c.await.unwrap().unwrap().instance_id);
     }
     assert_eq!(instances.len(), 1, "{instances:?}");
-    assert_two_processes(&driver, id).await;
+    assert_one_workload(&driver, id).await;
     // Stops and starts racing each other.
     let calls: Vec<_> = (0..8u64)
         .map(|i| {
@@ -624,7 +631,7 @@ async fn concurrent_calls_on_one_sandbox_never_run_two_workloads() {
         (started.state, started.generation),
         (pb::State::Running as i32, 100)
     );
-    assert_two_processes(&driver, id).await;
+    assert_one_workload(&driver, id).await;
     drop(driver);
     env.finish().await;
 }

@@ -33,6 +33,7 @@ async fn exec_streams_stdout_stderr_and_the_exit_last() {
         .to_vec(),
         env: [("EXTRA".to_string(), "x".to_string())].into(),
         timeout_seconds: 10,
+        ..Default::default()
     };
     let items: Vec<_> = tokio::time::timeout(
         Duration::from_secs(30),
@@ -112,10 +113,10 @@ async fn exec_timeout_is_honoured_and_leaves_nothing_running() {
         took >= Duration::from_secs(1) && took < Duration::from_secs(5),
         "{took:?}"
     );
-    // Only the workload's own processes (shim and sleep) remain in the sandbox.
+    // Only the workload's own processes (shim, exec agent and sleep) remain in the sandbox.
     let left = wait_until(Duration::from_secs(3), || {
         let ps = exec_sync_count(&driver, id);
-        if ps == 2 { Ok(ps) } else { Err(ps) }
+        if ps == WORKLOAD { Ok(ps) } else { Err(ps) }
     })
     .await;
     assert!(
@@ -143,7 +144,7 @@ async fn dropping_an_exec_stream_ends_the_command() {
     let stream = driver.exec(req).await.unwrap();
     let grew = wait_until(Duration::from_secs(3), || {
         match exec_sync_count(&driver, id) {
-            n if n > 2 => Ok(n),
+            n if n > WORKLOAD => Ok(n),
             n => Err(n),
         }
     })
@@ -152,7 +153,7 @@ async fn dropping_an_exec_stream_ends_the_command() {
     drop(stream);
     let back = wait_until(Duration::from_secs(3), || {
         match exec_sync_count(&driver, id) {
-            2 => Ok(()),
+            WORKLOAD => Ok(()),
             n => Err(n),
         }
     })
@@ -164,6 +165,9 @@ async fn dropping_an_exec_stream_ends_the_command() {
     drop(driver);
     env.finish().await;
 }
+
+/// The processes of an idle sandbox: the shim, its exec agent and the main `sleep`.
+const WORKLOAD: usize = 3;
 
 /// How many processes are in the sandbox's cgroup (read on the host).
 fn exec_sync_count(driver: &ProcessDriver, id: Uuid) -> usize {

@@ -225,11 +225,12 @@ impl ComputeDriver for HangingStop {
     async fn watch(&self) -> Result<sbx_drivers::DriverStream<pb::WatchEvent>, DriverError> {
         self.sim.watch().await
     }
-    async fn exec(
+    async fn exec_io(
         &self,
         req: pb::ExecRequest,
+        input: sbx_drivers::ExecInputStream,
     ) -> Result<sbx_drivers::DriverStream<pb::ExecOutput>, DriverError> {
-        self.sim.exec(req).await
+        self.sim.exec_io(req, input).await
     }
     async fn logs(
         &self,

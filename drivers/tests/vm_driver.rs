@@ -22,6 +22,7 @@ async fn exec(driver: &VmDriver, id: &str, script: &str) -> (i32, String, String
             command: vec!["sh".into(), "-c".into(), script.into()],
             env: [("WHO".to_string(), "it's me".to_string())].into(),
             timeout_seconds: 30,
+            ..Default::default()
         })
         .await
         .expect("exec");

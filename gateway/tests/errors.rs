@@ -361,22 +361,28 @@ async fn state_errors_get_their_reasons() {
         .into_inner();
     assert_eq!(stopped.phase(), Phase::Stopped);
     let err = sb
-        .exec(ExecRequest {
-            sandbox: by_id(&ids[0]),
-            command: vec!["echo".into(), "hi".into()],
-            ..Default::default()
-        })
+        .exec(
+            ExecRequest {
+                sandbox: by_id(&ids[0]),
+                command: vec!["echo".into(), "hi".into()],
+                ..Default::default()
+            }
+            .alone(),
+        )
         .await
         .unwrap_err();
     assert_status(&err, Code::FailedPrecondition, "FAILED_PRECONDITION");
     assert!(err.message().contains("twin"), "{err:?}");
     // An empty exec command.
     let err = sb
-        .exec(ExecRequest {
-            sandbox: by_id(&ids[1]),
-            command: vec![],
-            ..Default::default()
-        })
+        .exec(
+            ExecRequest {
+                sandbox: by_id(&ids[1]),
+                command: vec![],
+                ..Default::default()
+            }
+            .alone(),
+        )
         .await
         .unwrap_err();
     assert_status(&err, Code::InvalidArgument, "INVALID_ARGUMENT");

@@ -74,11 +74,14 @@ async fn driver_errors_and_terminating_workspaces() {
 
     // DRIVER_UNAVAILABLE: the driver refuses exec.
     let err = match probe
-        .exec(ExecRequest {
-            sandbox: by_id(&first.id),
-            command: vec!["echo".into(), "hi".into()],
-            ..Default::default()
-        })
+        .exec(
+            ExecRequest {
+                sandbox: by_id(&first.id),
+                command: vec!["echo".into(), "hi".into()],
+                ..Default::default()
+            }
+            .alone(),
+        )
         .await
     {
         Err(status) => status,

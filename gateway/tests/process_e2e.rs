@@ -51,12 +51,15 @@ async fn settle(sb: &SandboxServiceClient<Channel>, id: &str, phase: Phase) -> S
 async fn sh(sb: &SandboxServiceClient<Channel>, id: &str, script: &str) -> (i32, String) {
     let mut stream = sb
         .clone()
-        .exec(ExecRequest {
-            sandbox: by_id(id),
-            command: vec!["sh".into(), "-c".into(), script.into()],
-            timeout_seconds: 30,
-            ..Default::default()
-        })
+        .exec(
+            ExecRequest {
+                sandbox: by_id(id),
+                command: vec!["sh".into(), "-c".into(), script.into()],
+                timeout_seconds: 30,
+                ..Default::default()
+            }
+            .alone(),
+        )
         .await
         .unwrap()
         .into_inner();

@@ -85,11 +85,14 @@ async fn delete_workspace(d: &Sbxd) {
 
 async fn exec_echo(sb: &mut SandboxServiceClient<Channel>, id: &str) -> String {
     let mut stream = sb
-        .exec(ExecRequest {
-            sandbox: by_id(id),
-            command: vec!["echo".into(), "alive".into()],
-            ..Default::default()
-        })
+        .exec(
+            ExecRequest {
+                sandbox: by_id(id),
+                command: vec!["echo".into(), "alive".into()],
+                ..Default::default()
+            }
+            .alone(),
+        )
         .await
         .unwrap()
         .into_inner();

@@ -11,6 +11,16 @@ pub mod v1 {
     tonic::include_proto!("sbx.v1");
 }
 
+impl v1::ExecRequest {
+    /// The input stream of an exec that sends nothing but its request (no stdin): what a
+    /// client passes to `Exec` for a command that needs only its arguments.
+    pub fn alone(self) -> tonic::codegen::tokio_stream::Once<v1::ExecInput> {
+        tonic::codegen::tokio_stream::once(v1::ExecInput {
+            input: Some(v1::exec_input::Input::Start(self)),
+        })
+    }
+}
+
 /// The compute driver API, package `sbx.driver.v1`.
 #[allow(clippy::all, missing_docs)]
 pub mod driver {

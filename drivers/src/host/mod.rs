@@ -33,10 +33,10 @@
 //! **Invariant:** a host driver imports what it shares with another only from here, never
 //! from that other driver.
 
+pub(crate) mod agent;
 pub(crate) mod command;
 pub(crate) mod contract;
 pub(crate) mod elf;
-pub(crate) mod exec;
 pub(crate) mod feed;
 pub(crate) mod lifecycle;
 pub(crate) mod lock;

@@ -17,7 +17,7 @@
 //! sandbox, reaps orphans, and writes the main process's status to the run directory (bound
 //! at `/dev/.sbx-run`; its `hostname` file, the sandbox's name, is bound read-only at
 //! `/etc/hostname`). A main command or an exec'd one that is not found is told as `command not
-//! found: NAME` with 127 ([`INIT_SCRIPT`], [`EXEC_SCRIPT`]), never in runc's words. A stop sends SIGTERM to that init, SIGKILL after the grace period,
+//! found: NAME` with 127, never in runc's words. A stop sends SIGTERM to that init, SIGKILL after the grace period,
 //! then `runc delete --force` (which removes the cgroup and the runtime state) and unmounts
 //! the overlay; the writable layer and the volume stay. A delete removes them too.
 //!
@@ -34,7 +34,13 @@
 //!   told from death by signal n. The workload can write its own run directory (it is the
 //!   init's), so a workload can misreport its own exit status, and only its own.
 //! - No network beyond loopback. At most ~35 image layers (one overlay mount's options).
-//! - Exec is `runc exec` per call (tens of milliseconds), without stdin or a terminal.
+//!
+//! **Exec.** The init also starts `sbx-agent` ([`crate::host::agent`]) on a listening socket the
+//! driver binds in the sandbox's directory before each launch and hands to runc as fd 3
+//! (`--preserve-fds 1`). An exec is one connection to it: the command is the agent's child,
+//! so it runs inside everything the workload runs inside (namespaces, cgroup, seccomp,
+//! capabilities, user) by inheritance, with stdin, a terminal, resizes and signals, in about
+//! a millisecond where `runc exec` took tens.
 
 mod bundle;
 mod cgroup;
@@ -78,8 +84,12 @@ if ! command -v "$1" >/dev/null 2>&1; then
   exit 127
 fi
 trap 'kill -TERM -1 2>/dev/null' TERM INT
-"$@" &
+# The exec agent, on the listening socket the driver handed over as fd 3, which only the
+# agent keeps: if it ends, a connection is refused rather than left waiting.
+"$@" 3<&- &
 child=$!
+/dev/.sbx/sbx-agent serve 2>>"$run/agent.log" &
+exec 3<&-
 while :; do
   wait "$child"; st=$?
   kill -0 "$child" 2>/dev/null || break
@@ -87,12 +97,6 @@ done
 printf '%s\n' "$st" > "$run/exit"
 exit "$st"
 "#;
-
-/// What an exec runs, by the sandbox's busybox, as `sh -c EXEC_SCRIPT sbx-exec COMMAND…`: a
-/// command that is not found answers 127 and `command not found: NAME`, where `runc exec`
-/// alone would exit 255 with its own message about `exec failed: unable to start container
-/// process`. Otherwise it `exec`s: no process is added.
-pub const EXEC_SCRIPT: &str = r#"command -v "$1" >/dev/null 2>&1 || { echo "command not found: $1" >&2; exit 127; }; exec "$@""#;
 
 /// How the oci driver is set up.
 #[derive(Debug, Clone)]
@@ -290,6 +294,7 @@ fn install_init(dir: &Path, busybox: &Path) -> Result<(), DriverError> {
     for (name, bytes, mode) in [
         ("busybox", &busybox[..], 0o755),
         ("init", INIT_SCRIPT.as_bytes(), 0o644),
+        ("sbx-agent", crate::host::agent::BINARY, 0o755),
     ] {
         let path = dir.join(name);
         if std::fs::read(&path).ok().as_deref() != Some(bytes) {
@@ -476,9 +481,16 @@ impl Inner {
         std::fs::write(paths.bundle.join("config.json"), config)
             .map_err(|e| io("writing the runtime config", e))?;
         let log_start = std::fs::metadata(&paths.log).map(|m| m.len()).unwrap_or(0);
+        let agent = crate::host::agent::Listener::bind(&paths.dir)?;
         if let Err(e) = self
             .runtime
-            .run_detached(&id, &paths.bundle, &record::pid_file(&run), &paths.log)
+            .run_detached(
+                &id,
+                &paths.bundle,
+                &record::pid_file(&run),
+                &paths.log,
+                agent.fd,
+            )
             .await
         {
             return Err(DriverError::Internal(format!(

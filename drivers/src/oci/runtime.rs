@@ -3,8 +3,8 @@
 //!
 //! Only the calls that need the runtime go through it: `run -d` (create and start, detached,
 //! the container's stdio being the files the driver hands it), `delete --force` (kill what is
-//! left, remove the cgroup and the runtime state), `list` (re-discovery at open), and
-//! `exec`. Signals to the container's init go straight to its pid, after its identity (pid and
+//! left, remove the cgroup and the runtime state) and `list` (re-discovery at open); exec goes
+//! through the sandbox's agent, not the runtime. Signals to the container's init go straight to its pid, after its identity (pid and
 //! start time) is checked: cheaper than a runtime call, and just as safe.
 
 use std::path::{Path, PathBuf};
@@ -95,14 +95,17 @@ impl Runtime {
     }
 
     /// `run -d`: creates and starts container `id` from `bundle`, with `log` as its stdout and
-    /// stderr and no stdin; the init's pid goes to `pid_file`.
+    /// stderr, no stdin, and `extra_fd` as the init's fd 3 (`--preserve-fds 1`); the init's pid
+    /// goes to `pid_file`.
     pub async fn run_detached(
         &self,
         id: &str,
         bundle: &Path,
         pid_file: &Path,
         log: &Path,
+        extra_fd: std::os::fd::OwnedFd,
     ) -> Result<(), RuntimeError> {
+        use command_fds::{CommandFdExt, FdMapping};
         let open_log = || {
             std::fs::OpenOptions::new()
                 .create(true)
@@ -113,6 +116,8 @@ impl Runtime {
         let mut cmd = self.command();
         cmd.arg("run")
             .arg("--detach")
+            .arg("--preserve-fds")
+            .arg("1")
             .arg("--bundle")
             .arg(bundle)
             .arg("--pid-file")
@@ -120,6 +125,11 @@ impl Runtime {
             .arg(id)
             .stdout(open_log()?)
             .stderr(open_log()?);
+        cmd.fd_mappings(vec![FdMapping {
+            parent_fd: extra_fd,
+            child_fd: 3,
+        }])
+        .map_err(|e| RuntimeError::Failed(format!("handing the agent's socket over: {e}")))?;
         let status = tokio::time::timeout(CALL_TIMEOUT, cmd.status())
             .await
             .map_err(|_| {
@@ -157,24 +167,6 @@ impl Runtime {
         }
         serde_json::from_slice(&out)
             .map_err(|e| RuntimeError::Failed(format!("unreadable container list: {e}")))
-    }
-
-    /// The `exec` command line: runs the process described by `process_json` in container
-    /// `id`, its pid written to `pid_file`. The caller sets stdio and spawns it.
-    pub fn exec_command(
-        &self,
-        id: &str,
-        process_json: &Path,
-        pid_file: &Path,
-    ) -> tokio::process::Command {
-        let mut cmd = self.command();
-        cmd.arg("exec")
-            .arg("--process")
-            .arg(process_json)
-            .arg("--pid-file")
-            .arg(pid_file)
-            .arg(id);
-        cmd
     }
 }
 

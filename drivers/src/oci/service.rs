@@ -12,7 +12,7 @@ use super::record::{self, ImageRun, OciRecord, RECORD_FORMAT};
 use super::{Inner, OciDriver};
 use crate::host::{Desired, HostDriver, internal, lifecycle, validate_command};
 use crate::image::{ImageError, ImageInfo};
-use crate::{ComputeDriver, DriverError, DriverStream, pb};
+use crate::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
 
 /// The PATH a workload gets when its image sets none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -30,6 +30,8 @@ impl ComputeDriver for OciDriver {
             memory_limit: true,
             persistent_storage: true,
             images: true,
+            exec_stdin: true,
+            exec_tty: true,
             isolation: format!(
                 "OCI container ({}): user namespace (root = host uid {}), pid/mount/uts/ipc/\
                  net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \
@@ -117,11 +119,12 @@ impl ComputeDriver for OciDriver {
         Ok(lifecycle::watch(&self.inner, &self.alive))
     }
 
-    async fn exec(
+    async fn exec_io(
         &self,
         req: pb::ExecRequest,
+        input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
-        self.exec_stream(req).await
+        self.exec_stream(req, input).await
     }
 
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {

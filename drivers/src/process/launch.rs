@@ -19,6 +19,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+use command_fds::CommandFdExt;
 use std::time::Duration;
 
 use crate::DriverError;
@@ -55,8 +57,11 @@ jail() {
     };
 }
 
-/// The shim: `sh SHIM_FILE RUN_DIR PERSIST_DIR HOSTNAME LOG UNSHARE SETPRIV UID_MAP
-/// GID_MAP CGROUP_DIR… -- HIDDEN_PATH… -- COMMAND…`. Exit status 125 means the sandbox could not
+/// The shim: `sh SHIM_FILE RUN_DIR PERSIST_DIR HOSTNAME LOG AGENT UNSHARE SETPRIV UID_MAP
+/// GID_MAP CGROUP_DIR… -- HIDDEN_PATH… -- COMMAND…`, with the exec agent's listening socket
+/// as fd 3. The agent (`sbx-agent`, see [`crate::host::agent`]) is opened as fd 4 before the
+/// driver's state is hidden and run as `/proc/self/fd/4`, in the workload's kind of user
+/// namespace, from `/sandbox`; the main process gets neither descriptor. Exit status 125 means the sandbox could not
 /// be set up (the reason is in the log). The shim sends its output and the workload's to LOG
 /// itself; what `unshare` says (for example when the shim is SIGKILLed) goes to the run's
 /// `launcher.log`, not into the workload's log. `init` and `exit` are written by one `printf`
@@ -68,8 +73,8 @@ jail() {
 const SHIM: &str = concat!(
     jail_fn!(),
     r#"
-run="$1"; persist="$2"; host="$3"; log="$4"; unshare="$5"; setpriv="$6"; uidmap="$7"; gidmap="$8"
-shift 8
+run="$1"; persist="$2"; host="$3"; log="$4"; agent="$5"; unshare="$6"; setpriv="$7"; uidmap="$8"; gidmap="$9"
+shift 9
 exec >>"$log" 2>&1 || exit 125
 userpath="${PATH-}"; PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
@@ -84,6 +89,7 @@ mount -t proc proc /proc || { echo "sbx: cannot mount /proc" >&2; exit 125; }
 [ -d /sandbox ] || mkdir -p /sandbox || { echo "sbx: cannot make /sandbox" >&2; exit 125; }
 mount --bind "$persist" /sandbox || { echo "sbx: cannot bind $persist at /sandbox" >&2; exit 125; }
 cd "$run" || exit 125
+exec 4<"$agent" || { echo "sbx: cannot open the exec agent $agent" >&2; exit 125; }
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
   if [ -d "$1" ]; then
     mount -t tmpfs -o ro,nosuid,nodev,noexec,mode=0555,size=4k sbx-hidden "$1"
@@ -102,8 +108,10 @@ if ! (cd /sandbox && PATH="$userpath" && command -v "$1") >/dev/null 2>&1; then
 ' > exit; exit 127
 fi
 trap 'kill -TERM -1 2>/dev/null' TERM
-(cd /sandbox || exit 125; jail "$@") &
+(cd /sandbox || exit 125; jail "$@") 3<&- 4<&- &
 child=$!
+(exec 2>>agent.log; cd /sandbox || exit 125; jail /proc/self/fd/4 serve) &
+exec 3<&- 4<&-
 while :; do
   wait "$child"; st=$?
   kill -0 "$child" 2>/dev/null || break
@@ -114,41 +122,25 @@ exit "$st"
 "#
 );
 
-/// The exec wrapper, run by `nsenter` inside the sandbox's namespaces:
-/// `sh -c EXEC sbx-exec UNSHARE SETPRIV UID_MAP GID_MAP CGROUP_DIR… -- COMMAND…`. It joins the
-/// sandbox's cgroups first, then runs the command in a user namespace like the workload's.
-const EXEC: &str = concat!(
-    jail_fn!(),
-    r#"
-unshare="$1"; setpriv="$2"; uidmap="$3"; gidmap="$4"; shift 4
-userpath="${PATH-}"; PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
-  echo 0 > "$1/cgroup.procs" || { echo "sbx: cannot join cgroup $1" >&2; exit 126; }
-  shift
-done
-shift
-cd /sandbox 2>/dev/null || cd /
-jail "$@"
-"#
-);
-
-/// Closes every descriptor above stderr, then runs its arguments:
+/// Closes every descriptor above 3, then runs its arguments (3 is the exec agent's socket,
+/// mapped there by the launch over whatever the driver had as 3):
 /// `bash -c CLOSE_FDS sbx-close-fds PROGRAM ARG…`. Without it a workload would inherit the
 /// descriptors the driver's process got without close-on-exec (a socket-activated gateway's
 /// listening socket, a harness's pipes) and keep them for its whole life. bash, because `sh`
 /// (dash) cannot name descriptors above 9; closing them in Rust would need `pre_exec`, unsafe.
-const CLOSE_FDS: &str = r#"for f in /proc/$$/fd/*; do n=${f##*/}; if [ "$n" -gt 2 ]; then eval "exec $n>&-" 2>/dev/null; fi; done; exec "$@""#;
+const CLOSE_FDS: &str = r#"for f in /proc/$$/fd/*; do n=${f##*/}; if [ "$n" -gt 3 ]; then eval "exec $n>&-" 2>/dev/null; fi; done; exec "$@""#;
 
 /// The host programs the driver runs, found on PATH at open.
 #[derive(Debug, Clone)]
 pub struct HostTools {
     pub setsid: PathBuf,
     pub unshare: PathBuf,
-    pub nsenter: PathBuf,
     pub sh: PathBuf,
     /// [`SHIM`], installed as `<state_dir>/sbx-shim`: pid 1 runs `sh <that file> …`, so `ps`
     /// inside shows a file name where a `sh -c` would show the whole 1.5 KB script.
     pub shim: PathBuf,
+    /// The exec agent, `<state_dir>/sbx-agent`.
+    pub agent: PathBuf,
     /// What the workload and exec'd commands run under.
     pub jail: Jail,
     /// Runs [`CLOSE_FDS`]; `None` where there is no bash (descriptors then pass on, and the
@@ -169,9 +161,9 @@ impl HostTools {
         let unshare = find_on_path("unshare")?;
         Ok(HostTools {
             setsid: find_on_path("setsid")?,
-            nsenter: find_on_path("nsenter")?,
             sh: PathBuf::from("/bin/sh"),
             shim: install_shim(state_dir)?,
+            agent: crate::host::agent::install(state_dir)?,
             bash: find_on_path("bash").ok(),
             jail: Jail {
                 unshare: unshare.clone(),
@@ -279,6 +271,7 @@ pub async fn launch(
         .arg(&paths.root)
         .arg(&record.name)
         .arg(&paths.log)
+        .arg(&tools.agent)
         .args(tools.jail.shell_args())
         .args(&record.cgroups.dirs)
         .arg("--")
@@ -291,6 +284,13 @@ pub async fn launch(
         .stdin(Stdio::null())
         .stdout(launcher)
         .stderr(launcher_err);
+    let agent = crate::host::agent::Listener::bind(&paths.dir)?;
+    command
+        .fd_mappings(vec![command_fds::FdMapping {
+            parent_fd: agent.fd,
+            child_fd: 3,
+        }])
+        .map_err(|e| DriverError::Internal(format!("handing the agent's socket over: {e}")))?;
     let mut child = command
         .spawn()
         .map_err(|e| io("spawning setsid/unshare", e))?;
@@ -355,29 +355,4 @@ fn reap_in_background(mut child: Child) {
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "no reaper thread; the launcher will be a zombie until the driver exits");
     }
-}
-
-/// The `nsenter` command line that runs `command` inside the namespaces and cgroups of the
-/// workload whose init is `init`.
-pub fn exec_command(
-    tools: &HostTools,
-    init: &ProcessIdentity,
-    cgroup_dirs: &[PathBuf],
-    command: &[String],
-) -> tokio::process::Command {
-    let (program, prefix) = tools.with_closed_fds(&tools.nsenter);
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(prefix)
-        .arg("-t")
-        .arg(init.pid.to_string())
-        .args(["--pid", "--mount", "--uts", "--ipc", "--net", "--"])
-        .arg(&tools.sh)
-        .arg("-c")
-        .arg(EXEC)
-        .arg("sbx-exec")
-        .args(tools.jail.shell_args())
-        .args(cgroup_dirs)
-        .arg("--")
-        .args(command);
-    cmd
 }

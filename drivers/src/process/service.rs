@@ -11,7 +11,7 @@ use super::ProcessDriver;
 use super::cgroup::Limits;
 use super::record::{RECORD_FORMAT, SandboxRecord, StoredSpec};
 use crate::host::{Desired, HostDriver, internal, lifecycle, validate_command};
-use crate::{ComputeDriver, DriverError, DriverStream, pb};
+use crate::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
 
 #[async_trait]
 impl ComputeDriver for ProcessDriver {
@@ -27,6 +27,8 @@ impl ComputeDriver for ProcessDriver {
             memory_limit: cgroups.has_memory(),
             persistent_storage: true,
             images: false,
+            exec_stdin: true,
+            exec_tty: true,
             isolation: format!(
                 "pid,mount,uts,ipc,net namespaces; uid 0 of a user namespace = host uid {}, \
                  no capabilities; {}; the host's root filesystem as that uid sees it, with a \
@@ -117,11 +119,12 @@ impl ComputeDriver for ProcessDriver {
         Ok(lifecycle::watch(&self.inner, &self.alive))
     }
 
-    async fn exec(
+    async fn exec_io(
         &self,
         req: pb::ExecRequest,
+        input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
-        self.exec_stream(req)
+        self.exec_stream(req, input).await
     }
 
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {

@@ -185,18 +185,46 @@ impl ComputeDriver for RemoteDriver {
         Ok(self.stream("watch", stream))
     }
 
-    async fn exec(
+    async fn exec_io(
         &self,
         req: pb::ExecRequest,
+        input: crate::ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
-        let stream = self
-            .call(
-                "exec",
-                req,
-                false,
-                |mut c, r| async move { c.exec(r).await },
-            )
-            .await?;
+        // The request as the first input message, then the caller's input; its end is the
+        // end of stdin (a half-close, not a cancel).
+        let start = pb::ExecInput {
+            input: Some(pb::exec_input::Input::Start(req)),
+        };
+        // Through a channel: tonic's client-streaming future is `Send` only for a `Sync`
+        // stream, which a boxed input is not.
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut all = futures::stream::iter([start]).chain(input);
+            loop {
+                let message = tokio::select! {
+                    message = all.next() => message,
+                    // The call is over: the rest of the input has nowhere to go.
+                    () = tx.closed() => return,
+                };
+                let Some(message) = message else { return };
+                if tx.send(message).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let messages = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let ctx = self.context("exec");
+        let mut client = self.client.clone();
+        let stream = match tokio::time::timeout(self.call_timeout, client.exec(messages)).await {
+            Ok(Ok(response)) => response.into_inner(),
+            Ok(Err(status)) => return Err(status_to_driver_error(&status, ctx)),
+            Err(_) => {
+                return Err(DriverError::DeadlineExceeded {
+                    operation: "exec",
+                    after: self.call_timeout,
+                });
+            }
+        };
         Ok(self.stream("exec", stream))
     }
 

@@ -272,9 +272,10 @@ impl Driver for DriverService {
 
     async fn exec(
         &self,
-        r: Request<pb::ExecRequest>,
+        r: Request<tonic::Streaming<pb::ExecInput>>,
     ) -> Result<Response<Self::ExecStream>, Status> {
-        forward(self.driver.exec(r.into_inner()).await)
+        let (req, input) = split_exec_input(r.into_inner()).await?;
+        forward(self.driver.exec_io(req, input).await)
     }
 
     type LogsStream = StatusStream<pb::LogChunk>;
@@ -285,4 +286,26 @@ impl Driver for DriverService {
     ) -> Result<Response<Self::LogsStream>, Status> {
         forward(self.driver.logs(r.into_inner()).await)
     }
+}
+
+/// An exec's input stream split into its request (the first message, which must be `start`)
+/// and the rest. A broken input stream ends the rest (the caller is gone; its output stream
+/// goes with it, which ends the command).
+pub async fn split_exec_input(
+    mut stream: tonic::Streaming<pb::ExecInput>,
+) -> Result<(pb::ExecRequest, crate::ExecInputStream), Status> {
+    use futures::StreamExt;
+    use pb::exec_input::Input;
+    let first = stream
+        .message()
+        .await?
+        .ok_or_else(|| Status::invalid_argument("the exec stream ended before its request"))?;
+    let Some(Input::Start(req)) = first.input else {
+        return Err(Status::invalid_argument(
+            "the first message of an exec stream must be its request (start)",
+        ));
+    };
+    let rest = stream.take_while(|item| std::future::ready(item.is_ok()));
+    let rest = rest.filter_map(|item| std::future::ready(item.ok()));
+    Ok((req, Box::pin(rest)))
 }

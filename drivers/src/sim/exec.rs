@@ -2,7 +2,8 @@
 //!
 //! - `echo ARGS…` writes the arguments joined by spaces and a newline to stdout, exit 0;
 //! - `exit [N]` exits N (0 when absent);
-//! - `cat FILE` writes the file's contents to stdout;
+//! - `cat FILE` writes the file's contents to stdout; `cat` alone, with stdin, writes back
+//!   what it reads until stdin ends, then exits 0 ([`cat_stdin`]);
 //! - `write FILE TEXT…` stores TEXT (the arguments joined by spaces, no newline added) in FILE;
 //! - anything else writes `sim: unknown command: NAME` to stderr and exits 127.
 //!
@@ -10,6 +11,34 @@
 //! since `/sandbox` is the only storage that persists.
 
 use std::collections::BTreeMap;
+
+use futures::StreamExt;
+
+use crate::{DriverError, DriverStream, ExecInputStream, pb};
+
+/// `cat` on stdin: each stdin chunk back as stdout, in order; the exit (0) once stdin ends
+/// (its close, or the end of the input stream). Signal 9 or 15 ends it as killed by it.
+pub(crate) fn cat_stdin(input: ExecInputStream) -> DriverStream<pb::ExecOutput> {
+    use pb::exec_input::Input;
+    use pb::exec_output::Chunk;
+    let out = |chunk| Ok::<_, DriverError>(pb::ExecOutput { chunk: Some(chunk) });
+    let stream = futures::stream::unfold(Some(input), move |state| async move {
+        let mut input = state?;
+        loop {
+            let exit = |signal| {
+                let code = if signal == 0 { 0 } else { -1 };
+                Some((out(Chunk::Exit(pb::ExecExit { code, signal })), None))
+            };
+            match input.next().await.and_then(|m| m.input) {
+                Some(Input::Stdin(bytes)) => return Some((out(Chunk::Stdout(bytes)), Some(input))),
+                Some(Input::CloseStdin(true)) | None => return exit(0),
+                Some(Input::Signal(n @ (9 | 15))) => return exit(n),
+                Some(_) => {}
+            }
+        }
+    });
+    Box::pin(stream)
+}
 
 /// What a built-in command produced.
 #[derive(Debug, Clone, PartialEq, Eq)]

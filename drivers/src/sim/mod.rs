@@ -159,12 +159,33 @@ impl SimDriver {
         Box::pin(events.take_until(self.dropped()))
     }
 
-    fn exec_now(&self, req: pb::ExecRequest) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+    fn exec_now(
+        &self,
+        req: pb::ExecRequest,
+        input: crate::ExecInputStream,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         if req.command.is_empty() {
             return Err(DriverError::InvalidArgument(
                 "exec command is empty".to_string(),
             ));
+        }
+        if req.tty.is_some() {
+            return Err(DriverError::Unimplemented(
+                "exec with a terminal: the sim driver's exec has none".to_string(),
+            ));
+        }
+        if !req.workdir.is_empty() && req.workdir != "/sandbox" {
+            return Err(DriverError::InvalidArgument(format!(
+                "the working directory {}: the sim has only /sandbox",
+                req.workdir
+            )));
+        }
+        if req.stdin && req.command == ["cat"] {
+            // The one built-in that reads stdin: it writes back what it reads, until its end.
+            // `echo` has no effect: it only checks that the sandbox exists and runs.
+            self.world.exec(id, &["echo".to_string()])?;
+            return Ok(exec::cat_stdin(input));
         }
         let result = self.world.exec(id, &req.command)?;
         use pb::exec_output::Chunk;
@@ -245,6 +266,8 @@ impl ComputeDriver for SimDriver {
             memory_limit: false,
             persistent_storage: true,
             images: self.images,
+            exec_stdin: true,
+            exec_tty: false,
             isolation: "none: an in-memory simulation".to_string(),
         }))
     }
@@ -289,12 +312,13 @@ impl ComputeDriver for SimDriver {
         admission.answer(Ok(self.watch_now()))
     }
 
-    async fn exec(
+    async fn exec_io(
         &self,
         req: pb::ExecRequest,
+        input: crate::ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let admission = self.admit(SimOp::Exec, &req.sandbox_id, None).await?;
-        admission.answer(self.exec_now(req))
+        admission.answer(self.exec_now(req, input))
     }
 
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {

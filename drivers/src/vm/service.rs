@@ -99,6 +99,8 @@ impl ComputeDriver for VmDriver {
             memory_limit: true,
             persistent_storage: true,
             images: false,
+            exec_stdin: false,
+            exec_tty: false,
             isolation: format!(
                 "QEMU microVM ({}), its own kernel ({}); a persistent ext4 disk at /sandbox; \
                  no network",
@@ -143,10 +145,14 @@ impl ComputeDriver for VmDriver {
         Ok(lifecycle::watch(&self.inner, &self.alive))
     }
 
-    async fn exec(
+    async fn exec_io(
         &self,
         req: pb::ExecRequest,
+        _input: crate::ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        // The guest agent's line protocol carries a command and its output, not stdin or a
+        // terminal (the capabilities say so).
+        crate::exec_without_io("vm", &req)?;
         self.exec_stream(req).await
     }
 

@@ -265,6 +265,7 @@ pub async fn exec(
         command: command.iter().map(|s| s.to_string()).collect(),
         env: Default::default(),
         timeout_seconds,
+        ..Default::default()
     };
     let mut stream = driver.exec(req).await.unwrap();
     let mut result = ExecResult::default();

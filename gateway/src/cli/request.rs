@@ -176,6 +176,7 @@ pub fn exec_request(args: &SandboxExecArgs) -> Result<ExecRequest, CliError> {
         command: args.command.clone(),
         env: key_value_map("--env", &args.env)?,
         timeout_seconds: args.timeout,
+        ..Default::default()
     })
 }
 

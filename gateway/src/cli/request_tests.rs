@@ -401,6 +401,7 @@ fn list_exec_logs_watch_requests() {
             command: strings(&["sh", "-c", "exit 3"]),
             env: map(&[("X", "1")]),
             timeout_seconds: 9,
+            ..Default::default()
         }
     );
 

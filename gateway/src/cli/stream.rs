@@ -2,9 +2,12 @@
 
 use std::io::Write;
 
+use sbx_proto::v1::exec_input::Input;
 use sbx_proto::v1::exec_output::Chunk;
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
-use sbx_proto::v1::{ExecExit, ExecOutput, ExecRequest, LogsRequest, WatchSandboxesRequest};
+use sbx_proto::v1::{
+    ExecExit, ExecInput, ExecOutput, ExecRequest, LogsRequest, WatchSandboxesRequest,
+};
 use tonic::transport::Channel;
 
 use super::output::{Style, render_event, watch_header};
@@ -52,7 +55,10 @@ pub async fn exec(
     client: &mut SandboxServiceClient<Channel>,
     request: ExecRequest,
 ) -> Result<u8, CliError> {
-    let mut stream = client.exec(request).await?.into_inner();
+    let start = ExecInput {
+        input: Some(Input::Start(request)),
+    };
+    let mut stream = client.exec(tokio_stream::once(start)).await?.into_inner();
     let mut out = std::io::stdout().lock();
     let mut err = std::io::stderr().lock();
     while let Some(message) = stream.message().await? {

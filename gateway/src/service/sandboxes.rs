@@ -1,10 +1,10 @@
 //! `sbx.v1.SandboxService` over the actor API.
 
 use futures::StreamExt;
-use sbx_actors::{SandboxFilter, SandboxSelector};
+use sbx_actors::{ExecOptions, SandboxFilter, SandboxSelector};
 use sbx_proto::v1::sandbox_service_server::SandboxService;
 use sbx_proto::v1::{
-    CreateSandboxRequest, DeleteSandboxRequest, DeleteSandboxResponse, ExecOutput, ExecRequest,
+    CreateSandboxRequest, DeleteSandboxRequest, DeleteSandboxResponse, ExecInput, ExecOutput,
     GetSandboxRequest, ListSandboxesRequest, ListSandboxesResponse, LogChunk, LogsRequest,
     RestartSandboxRequest, Sandbox, SandboxEvent, SandboxRef, StartSandboxRequest,
     StopSandboxRequest, WatchSandboxesRequest,
@@ -144,19 +144,33 @@ impl SandboxService for SbxService {
 
     async fn exec(
         &self,
-        request: Request<ExecRequest>,
+        request: Request<tonic::Streaming<ExecInput>>,
     ) -> Result<Response<Self::ExecStream>, Status> {
-        let req = request.into_inner();
+        let mut messages = request.into_inner();
+        let req = streams::exec_start(&mut messages).await?;
         let sel = selector(req.sandbox)?;
+        let (input, refused) = streams::exec_input(messages, req.tty.is_some());
+        let opts = ExecOptions {
+            env: req.env,
+            timeout_seconds: req.timeout_seconds,
+            workdir: req.workdir,
+            stdin: req.stdin,
+            tty: req.tty.map(|t| sbx_drivers::pb::Tty {
+                rows: t.rows,
+                cols: t.cols,
+                term: t.term,
+            }),
+        };
         let output = self
             .gateway
-            .exec(&sel, req.command, req.env, req.timeout_seconds)
+            .exec_io(&sel, req.command, opts, input)
             .await
             .map_err(|e| actor_error_to_status(&e))?;
         let output = output.map(|r| {
             r.map(streams::exec_output)
                 .map_err(streams::driver_stream_error)
         });
+        let output = streams::until_refused(output, refused);
         Ok(Response::new(forward(output, self.shutdown.clone())))
     }
 

@@ -7,7 +7,7 @@ use futures::{Stream, StreamExt};
 use sbx_actors::ActorError;
 use sbx_drivers::{DriverError, pb};
 use sbx_proto::v1;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -60,6 +60,104 @@ where
 /// A driver error inside a stream, as the client sees it.
 pub fn driver_stream_error(err: DriverError) -> Status {
     actor_error_to_status(&ActorError::Driver(err))
+}
+
+/// The first message of an exec's input stream, which must be its request.
+pub async fn exec_start(
+    messages: &mut tonic::Streaming<v1::ExecInput>,
+) -> Result<v1::ExecRequest, Status> {
+    match messages.message().await? {
+        Some(v1::ExecInput {
+            input: Some(v1::exec_input::Input::Start(req)),
+        }) => Ok(req),
+        Some(_) => Err(Status::invalid_argument(
+            "the first message of an exec stream must be its request (start), not input",
+        )),
+        None => Err(Status::invalid_argument(
+            "the exec stream ended before its request (start)",
+        )),
+    }
+}
+
+/// The rest of an exec's input, as the driver takes it. Input that makes no sense — a second
+/// request, a resize without a terminal, a signal number that is none — ends the input, and
+/// `refused` then says why (the exec ends with that INVALID_ARGUMENT; see [`until_refused`]).
+/// A broken client stream ends the input (the client is gone; its output goes with it).
+pub fn exec_input(
+    messages: tonic::Streaming<v1::ExecInput>,
+    tty: bool,
+) -> (sbx_drivers::ExecInputStream, oneshot::Receiver<Status>) {
+    use pb::exec_input::Input as Out;
+    use v1::exec_input::Input as In;
+    let (refuse, refused) = oneshot::channel();
+    let input = futures::stream::unfold(
+        (messages, Some(refuse)),
+        move |(mut messages, mut refuse)| async move {
+            loop {
+                let message = messages.message().await.ok().flatten()?;
+                let converted = match message.input {
+                    Some(In::Stdin(bytes)) => Ok(Out::Stdin(bytes)),
+                    Some(In::CloseStdin(close)) => Ok(Out::CloseStdin(close)),
+                    Some(In::Resize(size)) if tty => Ok(Out::Resize(pb::TerminalSize {
+                        rows: size.rows,
+                        cols: size.cols,
+                    })),
+                    Some(In::Resize(_)) => Err("a resize for an exec without a terminal (tty)"),
+                    Some(In::Signal(n)) if (1..=64).contains(&n) => Ok(Out::Signal(n)),
+                    Some(In::Signal(_)) => Err("a signal number outside 1..=64"),
+                    Some(In::Start(_)) => Err("a second request (start) in one exec stream"),
+                    None => continue,
+                };
+                match converted {
+                    Ok(input) => {
+                        let item = pb::ExecInput { input: Some(input) };
+                        return Some((item, (messages, refuse)));
+                    }
+                    Err(why) => {
+                        if let Some(refuse) = refuse.take() {
+                            let _ = refuse.send(Status::invalid_argument(format!(
+                                "exec input refused: {why}"
+                            )));
+                        }
+                        return None;
+                    }
+                }
+            }
+        },
+    );
+    (Box::pin(input), refused)
+}
+
+/// `output` until it ends, or until `refused` says the client's input was refused: then that
+/// error, last.
+pub fn until_refused<S>(
+    output: S,
+    refused: oneshot::Receiver<Status>,
+) -> impl Stream<Item = Result<v1::ExecOutput, Status>> + Send + 'static
+where
+    S: Stream<Item = Result<v1::ExecOutput, Status>> + Send + 'static,
+{
+    let state = (Box::pin(output), Some(refused));
+    futures::stream::unfold(Some(state), |state| async move {
+        let (mut output, mut refused) = state?;
+        loop {
+            let Some(waiting) = refused.as_mut() else {
+                let item = output.next().await?;
+                return Some((item, Some((output, refused))));
+            };
+            tokio::select! {
+                item = output.next() => {
+                    let item = item?;
+                    return Some((item, Some((output, refused))));
+                }
+                said = waiting => match said {
+                    Ok(status) => return Some((Err(status), None)),
+                    // The input ended without a refusal: only the output is left.
+                    Err(_) => refused = None,
+                },
+            }
+        }
+    })
 }
 
 pub fn exec_output(out: pb::ExecOutput) -> v1::ExecOutput {

@@ -74,12 +74,15 @@ pub async fn sh(
 ) -> Result<(i32, String), tonic::Status> {
     let mut stream = sb
         .clone()
-        .exec(ExecRequest {
-            sandbox: by_id(id),
-            command: vec!["sh".into(), "-c".into(), script.into()],
-            timeout_seconds: 30,
-            ..Default::default()
-        })
+        .exec(
+            ExecRequest {
+                sandbox: by_id(id),
+                command: vec!["sh".into(), "-c".into(), script.into()],
+                timeout_seconds: 30,
+                ..Default::default()
+            }
+            .alone(),
+        )
         .await?
         .into_inner();
     let (mut out, mut code) = (Vec::new(), None);

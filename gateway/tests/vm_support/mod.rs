@@ -209,12 +209,15 @@ pub async fn sh(
 ) -> (i32, String, String) {
     let mut stream = sb
         .clone()
-        .exec(ExecRequest {
-            sandbox: by_id(id),
-            command: vec!["sh".into(), "-c".into(), script.into()],
-            timeout_seconds: 60,
-            ..Default::default()
-        })
+        .exec(
+            ExecRequest {
+                sandbox: by_id(id),
+                command: vec!["sh".into(), "-c".into(), script.into()],
+                timeout_seconds: 60,
+                ..Default::default()
+            }
+            .alone(),
+        )
         .await
         .unwrap_or_else(|e| panic!("exec {script:?} in {id}: {e:?}"))
         .into_inner();

@@ -1,0 +1,18 @@
+//! `sbx-agent`: a small program of ours inside every `oci` and `process` sandbox, started by
+//! the sandbox's init next to the main process, serving exec — with stdin, a terminal,
+//! resizes and signals — over a Unix socket whose listening end the driver made and handed
+//! to the sandbox (so the socket's path is in the driver's state, out of the workload's
+//! reach, and the workload cannot put another socket or a symlink in its place).
+//!
+//! Why an agent rather than a helper per call (`runc exec`, `nsenter`): a helper re-enters
+//! the sandbox from outside for every exec — tens of milliseconds of runtime start-up, and
+//! one more way for an exec'd process to end up less confined than the workload. The agent
+//! is already inside; an exec is one connection and one fork, and its command inherits the
+//! workload's confinement whole.
+//!
+//! The library holds the wire format ([`wire`]), shared with the driver's client, and the
+//! server ([`server`]). The binary is built static by the drivers crate's build script, so it
+//! runs in any image, with or without a libc.
+
+pub mod server;
+pub mod wire;

@@ -1,0 +1,78 @@
+//! `sbx-agent serve`: serves exec on the listening Unix socket inherited as fd 3.
+//! See the library's docs.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::process::ExitCode;
+
+/// The descriptor the driver hands the listening socket on.
+const LISTEN_FD: i32 = 3;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("serve") => {}
+        Some("--help" | "-h") | None => {
+            println!(
+                "usage: sbx-agent serve\n\nServes exec on the listening Unix socket inherited \
+                 as fd {LISTEN_FD}. Started by a sandbox's init; not a command for people."
+            );
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => {
+            eprintln!("sbx-agent: unknown command {other:?} (try --help)");
+            return ExitCode::from(2);
+        }
+    }
+    mark_inherited_close_on_exec();
+    let Some(listener) = inherited_listener() else {
+        eprintln!("sbx-agent: fd {LISTEN_FD} is not a listening Unix socket");
+        return ExitCode::from(2);
+    };
+    match sbx_agent::server::serve(listener) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sbx-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The listening socket on fd 3, after checking it is one; marked close-on-exec, so no exec'd
+/// command inherits it.
+#[allow(unsafe_code)]
+fn inherited_listener() -> Option<UnixListener> {
+    use rustix::fs::FileType;
+    use rustix::io::FdFlags;
+    // SAFETY: descriptor 3 is handed to this process by its parent for this purpose; nothing
+    // else in the agent opens or closes it, and it is checked to be an open socket before
+    // it is owned.
+    let borrowed = unsafe { rustix::fd::BorrowedFd::borrow_raw(LISTEN_FD) };
+    let stat = rustix::fs::fstat(borrowed).ok()?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
+        return None;
+    }
+    rustix::io::fcntl_setfd(borrowed, FdFlags::CLOEXEC).ok()?;
+    // SAFETY: as above; from here the descriptor is owned by the listener alone.
+    let owned = unsafe { OwnedFd::from_raw_fd(LISTEN_FD) };
+    Some(UnixListener::from(owned))
+}
+
+/// Marks every descriptor above 3 that the agent inherited (the process driver's shim hands
+/// it the agent binary as 4) close-on-exec, so no exec'd command inherits it.
+#[allow(unsafe_code)]
+fn mark_inherited_close_on_exec() {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > LISTEN_FD)
+        .collect();
+    for fd in fds {
+        // SAFETY: only the descriptor's flags change; it stays open and unowned. One that
+        // was the directory listing's own (closed by now) answers EBADF, which is ignored.
+        let borrowed = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+        let _ = rustix::io::fcntl_setfd(borrowed, rustix::io::FdFlags::CLOEXEC);
+    }
+}

@@ -1,0 +1,471 @@
+//! The agent's server: one thread per connection, one exec per connection.
+//!
+//! The exec'd command is a child of the agent, so it is inside everything the agent is
+//! inside — the sandbox's namespaces, cgroups, seccomp filter, capabilities and
+//! `no_new_privs` — by inheritance, not by re-entering them as a helper from outside would.
+//! Its environment is the agent's (the sandbox's base environment) with the request's on top;
+//! its working directory the agent's unless the request names one.
+//!
+//! Per exec, threads (not an event loop: a handful per exec, blocking IO, and the kernel's
+//! socket and pipe buffers as the only buffers):
+//! - the connection's thread reads the client's frames: stdin goes to the command (a write
+//!   that blocks because the command does not read blocks the client, through the socket);
+//!   a resize sets the pty's size (the kernel then sends SIGWINCH); a signal goes to the
+//!   command's process group; the connection closing before the exit ends the command
+//!   (SIGKILL to its process group).
+//! - one thread per output (stdout and stderr, or the pty) sends what the command writes.
+//! - one thread waits for the command, lets the output drain (until its end, or at most
+//!   [`DRAIN_AFTER_EXIT`] when something the command left behind holds it open), and sends
+//!   the exit last.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal, kill_process_group};
+
+use crate::wire::{ExecRequest, Failure, Frame, MAX_PAYLOAD};
+
+/// How long output may still come after the command exited, from processes it left behind
+/// holding its stdout: the exit is sent after that, as `docker exec` does.
+pub const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
+
+/// Serves connections on `listener` for ever (each on its own thread).
+pub fn serve(listener: UnixListener) -> io::Result<()> {
+    loop {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                thread::spawn(move || {
+                    if let Err(e) = handle(conn) {
+                        eprintln!("sbx-agent: a connection ended in error: {e}");
+                    }
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                eprintln!("sbx-agent: accept failed: {e}");
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// The sending half of a connection, shared by the output threads; once the last frame
+/// (exit or error) is sent nothing else is.
+struct Sender {
+    conn: Mutex<Option<UnixStream>>,
+}
+
+impl Sender {
+    fn send(&self, frame: &Frame) -> io::Result<()> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_mut() {
+            Some(conn) => frame.write_to(conn),
+            None => Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "exec already over",
+            )),
+        }
+    }
+
+    /// Sends the last frame and closes the connection (both ways, which also ends the
+    /// connection's reading thread).
+    fn finish(&self, frame: &Frame) {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut conn) = guard.take() {
+            let _ = frame.write_to(&mut conn);
+            let _ = conn.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn handle(mut conn: UnixStream) -> io::Result<()> {
+    Frame::Hello(env!("CARGO_PKG_VERSION").to_string()).write_to(&mut conn)?;
+    let mut reader = conn.try_clone()?;
+    let sender = Arc::new(Sender {
+        conn: Mutex::new(Some(conn)),
+    });
+    let req = match Frame::read_from(&mut reader) {
+        Ok(Some(Frame::Exec(req))) => req,
+        Ok(Some(other)) => {
+            sender.finish(&invalid(format!(
+                "the first frame must be a request, not {other:?}"
+            )));
+            return Ok(());
+        }
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            sender.finish(&invalid(format!("an unreadable request: {e}")));
+            return Ok(());
+        }
+    };
+    exec(req, reader, sender)
+}
+
+fn invalid(message: String) -> Frame {
+    Frame::Error {
+        failure: Failure::Invalid,
+        message,
+    }
+}
+
+fn internal(message: String) -> Frame {
+    Frame::Error {
+        failure: Failure::Internal,
+        message,
+    }
+}
+
+/// What the command writes to and reads from.
+enum Stdio3 {
+    Pipes,
+    Pty { master: File },
+}
+
+fn exec(req: ExecRequest, mut reader: UnixStream, sender: Arc<Sender>) -> io::Result<()> {
+    let Some(program) = req.argv.first() else {
+        sender.finish(&invalid("the command is empty".into()));
+        return Ok(());
+    };
+    let program = OsString::from_vec(program.clone());
+    let workdir = PathBuf::from(OsString::from_vec(req.workdir.clone()));
+    if !req.workdir.is_empty() && !workdir.is_dir() {
+        let why = match std::fs::metadata(&workdir) {
+            Ok(_) => "is not a directory".to_string(),
+            Err(e) => format!("cannot be entered: {e}"),
+        };
+        sender.finish(&invalid(format!(
+            "the working directory {} {why}",
+            workdir.display()
+        )));
+        return Ok(());
+    }
+    let path_var = req
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == b"PATH")
+        .map(|(_, v)| OsString::from_vec(v.clone()))
+        .or_else(|| std::env::var_os("PATH"))
+        .unwrap_or_default();
+    let base = if req.workdir.is_empty() {
+        std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"))
+    } else {
+        workdir.clone()
+    };
+    let Some(resolved) = find_program(&program, &path_var, &base) else {
+        // The user's name for the command, never a wrapper's.
+        let name = String::from_utf8_lossy(program.as_bytes()).into_owned();
+        let _ = sender.send(&Frame::Stderr(
+            format!("command not found: {name}\n").into_bytes(),
+        ));
+        sender.finish(&Frame::Exit {
+            code: 127,
+            signal: 0,
+        });
+        return Ok(());
+    };
+    let mut cmd = Command::new(&resolved);
+    cmd.arg0(&program);
+    cmd.args(req.argv[1..].iter().map(|a| OsString::from_vec(a.clone())));
+    for (k, v) in &req.env {
+        cmd.env(OsString::from_vec(k.clone()), OsString::from_vec(v.clone()));
+    }
+    if !req.workdir.is_empty() {
+        cmd.current_dir(&workdir);
+    }
+    let (mut child, io) = match spawn(&mut cmd, &req) {
+        Ok(started) => started,
+        Err(e) => {
+            let name = String::from_utf8_lossy(program.as_bytes()).into_owned();
+            match e.kind() {
+                io::ErrorKind::PermissionDenied => {
+                    let _ = sender.send(&Frame::Stderr(
+                        format!("permission denied: {name}\n").into_bytes(),
+                    ));
+                    sender.finish(&Frame::Exit {
+                        code: 126,
+                        signal: 0,
+                    });
+                }
+                _ => sender.finish(&internal(format!("{name} could not be started: {e}"))),
+            }
+            return Ok(());
+        }
+    };
+    let pgid = Pid::from_child(&child);
+    let mut outputs = Vec::new();
+    let mut pty = None;
+    let stdin_sink: Option<Box<dyn Write + Send>> = match io {
+        Stdio3::Pipes => {
+            if let Some(out) = child.stdout.take() {
+                outputs.push(pump(out, sender.clone(), Frame::Stdout));
+            }
+            if let Some(err) = child.stderr.take() {
+                outputs.push(pump(err, sender.clone(), Frame::Stderr));
+            }
+            child
+                .stdin
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Write + Send>)
+        }
+        Stdio3::Pty { master } => {
+            outputs.push(pump(master.try_clone()?, sender.clone(), Frame::Stdout));
+            pty = Some(master.try_clone()?);
+            Some(Box::new(master))
+        }
+    };
+    let waiter = {
+        let sender = sender.clone();
+        thread::spawn(move || wait_and_finish(&mut child, outputs, &sender))
+    };
+    read_client(&mut reader, stdin_sink, pgid, pty.as_ref());
+    // The client is gone or the exec is over. If the command still runs, nobody listens:
+    // end it (its whole process group).
+    if !waiter.is_finished() {
+        let _ = kill_process_group(pgid, Signal::KILL);
+    }
+    let _ = waiter.join();
+    Ok(())
+}
+
+/// Starts the command with pipes, or on a new pty as its controlling terminal.
+fn spawn(cmd: &mut Command, req: &ExecRequest) -> io::Result<(Child, Stdio3)> {
+    match &req.tty {
+        None => {
+            cmd.stdin(if req.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, so a signal or a kill reaches what it starts too.
+            .process_group(0);
+            Ok((cmd.spawn()?, Stdio3::Pipes))
+        }
+        Some(tty) => {
+            let (master, slave) = open_pty(tty.rows, tty.cols)?;
+            let term = if tty.term.is_empty() {
+                "xterm"
+            } else {
+                &tty.term
+            };
+            cmd.env("TERM", term)
+                .stdin(Stdio::from(slave.try_clone()?))
+                .stdout(Stdio::from(slave.try_clone()?))
+                .stderr(Stdio::from(slave));
+            set_controlling_terminal(cmd);
+            let child = cmd.spawn()?;
+            // The command's copies of the slave are its own now; ours are closed (they were
+            // moved into `cmd`, dropped with its stdio at the end of `spawn`), so the master
+            // reads end-of-file once the command and its children close theirs.
+            Ok((
+                child,
+                Stdio3::Pty {
+                    master: File::from(master),
+                },
+            ))
+        }
+    }
+}
+
+/// In the child, between fork and exec: a new session, with the pty (already its stdin) as
+/// its controlling terminal. Only async-signal-safe system calls run there.
+#[allow(unsafe_code)]
+fn set_controlling_terminal(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only makes two system
+    // calls (setsid, ioctl TIOCSCTTY on fd 0), both async-signal-safe; it allocates nothing
+    // and touches no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::setsid()?;
+            rustix::process::ioctl_tiocsctty(rustix::stdio::stdin())?;
+            Ok(())
+        });
+    }
+}
+
+fn open_pty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::fs::{Mode, OFlags};
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let name = ptsname(&master, Vec::new())?;
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    resize(&master, rows, cols)?;
+    Ok((master, slave))
+}
+
+fn resize(pty: impl AsFd, rows: u16, cols: u16) -> io::Result<()> {
+    let size = rustix::termios::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    rustix::termios::tcsetwinsize(pty, size)?;
+    Ok(())
+}
+
+/// Reads the client's frames until the connection ends or the exec is over.
+fn read_client(
+    reader: &mut UnixStream,
+    mut stdin: Option<Box<dyn Write + Send>>,
+    pgid: Pid,
+    pty: Option<&File>,
+) {
+    loop {
+        let frame = match Frame::read_from(reader) {
+            Ok(Some(frame)) => frame,
+            Ok(None) | Err(_) => return,
+        };
+        match frame {
+            Frame::Stdin(bytes) => {
+                if let Some(sink) = stdin.as_mut()
+                    && sink.write_all(&bytes).is_err()
+                {
+                    // The command closed its stdin (or exited): later input has nowhere to
+                    // go, as with a pipe.
+                    stdin = None;
+                }
+            }
+            Frame::CloseStdin => {
+                if pty.is_some() {
+                    // A terminal has no end of its own: type the end-of-file character (^D),
+                    // as a user at a terminal would.
+                    if let Some(sink) = stdin.as_mut() {
+                        let _ = sink.write_all(&[0x04]);
+                    }
+                } else {
+                    stdin = None;
+                }
+            }
+            Frame::Resize { rows, cols } => {
+                // Without a terminal there is nothing to resize: the driver refuses that
+                // before it gets here.
+                if let Some(pty) = pty {
+                    let _ = resize(pty, rows, cols);
+                }
+            }
+            Frame::Signal(n) => {
+                if let Some(sig) = Signal::from_named_raw(n) {
+                    let _ = kill_process_group(pgid, sig);
+                }
+            }
+            // Frames only the agent sends, or a second request: ignored.
+            _ => {}
+        }
+    }
+}
+
+/// Sends what `from` yields, in chunks, until its end (or the connection's).
+fn pump(
+    mut from: impl Read + Send + 'static,
+    sender: Arc<Sender>,
+    frame: fn(Vec<u8>) -> Frame,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let mut buf = vec![0u8; MAX_PAYLOAD];
+        loop {
+            match from.read(&mut buf) {
+                // A pty's master answers EIO once no process holds its slave: its end.
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if sender.send(&frame(buf[..n].to_vec())).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    })
+}
+
+fn wait_and_finish(child: &mut Child, outputs: Vec<thread::JoinHandle<()>>, sender: &Sender) {
+    let status = match child.wait() {
+        Ok(status) => status,
+        Err(e) => {
+            sender.finish(&internal(format!("waiting for the command: {e}")));
+            return;
+        }
+    };
+    let deadline = std::time::Instant::now() + DRAIN_AFTER_EXIT;
+    for out in outputs {
+        while !out.is_finished() && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let last = match status.signal() {
+        Some(signal) => Frame::Exit { code: -1, signal },
+        None => Frame::Exit {
+            code: status.code().unwrap_or(-1),
+            signal: 0,
+        },
+    };
+    sender.finish(&last);
+}
+
+/// Finds `program` as a shell would: a name with a `/` as it is (relative to `base`), any
+/// other on `path`; only an executable file counts.
+pub fn find_program(
+    program: &std::ffi::OsStr,
+    path: &std::ffi::OsStr,
+    base: &Path,
+) -> Option<PathBuf> {
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.as_bytes().contains(&b'/') {
+        let p = base.join(program);
+        return executable(&p).then_some(p);
+    }
+    if program.is_empty() {
+        return None;
+    }
+    path.as_bytes()
+        .split(|&b| b == b':')
+        .map(|dir| {
+            if dir.is_empty() {
+                base.to_path_buf()
+            } else {
+                base.join(std::ffi::OsStr::from_bytes(dir))
+            }
+        })
+        .map(|dir| dir.join(program))
+        .find(|p| executable(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_are_found_as_a_shell_finds_them() {
+        let sh = find_program(
+            "sh".as_ref(),
+            "/nonexistent:/bin:/usr/bin".as_ref(),
+            "/".as_ref(),
+        );
+        assert!(sh.is_some());
+        assert!(find_program("no-such-cmd-xyz".as_ref(), "/bin".as_ref(), "/".as_ref()).is_none());
+        assert!(find_program("/bin/sh".as_ref(), "".as_ref(), "/".as_ref()).is_some());
+        // A file that is not executable is not a command.
+        assert!(find_program("/etc/passwd".as_ref(), "".as_ref(), "/".as_ref()).is_none());
+        assert!(find_program("".as_ref(), "/bin".as_ref(), "/".as_ref()).is_none());
+    }
+}
