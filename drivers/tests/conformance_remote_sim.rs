@@ -111,6 +111,14 @@ impl DriverHarness for RemoteSimHarness {
         vec!["exit".into(), code.to_string()]
     }
 
+    fn runs_processes(&self) -> bool {
+        false
+    }
+
+    fn command_not_found_stderr(&self, name: &str) -> Option<String> {
+        Some(format!("sim: unknown command: {name}"))
+    }
+
     fn exiting_spec(&self, code: i32) -> Option<pb::SandboxSpec> {
         Some(pb::SandboxSpec {
             command: vec!["exit".into(), code.to_string()],

@@ -5,7 +5,9 @@
 //! malformed ids, idempotent stop / start / delete, the generation round-trip and
 //! `GenerationMismatch`, workloads that survive a crash of the driver instance and are found
 //! again by a new one, workspace and name round-tripped by list, exec, and workloads that end
-//! by themselves (state EXITED with their exit code, and a watch event saying so).
+//! by themselves (state EXITED with their exit code, and a watch event saying so), and the
+//! bidirectional exec (stdin, terminals and their size, signals, the working directory and
+//! environment, a command not found, a dropped output stream; see `exec.rs`).
 //!
 //! # Using it for a driver
 //!
@@ -28,9 +30,11 @@
 //!     async fn kill(&self, driver: Arc<dyn ComputeDriver>) { drop(driver) /* or SIGKILL */ }
 //!     fn long_running_spec(&self) -> pb::SandboxSpec { /* sleep 3600 */ }
 //!     fn settle_timeout(&self) -> Duration { Duration::from_secs(10) }
-//!     // exec_echo, exec_exit, exiting_spec and call_timeout have defaults for real drivers
-//!     // (`echo TEXT`, `sh -c 'exit N'`, `sh -c 'sleep 0.2; exit N'`); override them where
-//!     // the driver's commands differ (the sim's harness uses its built-in `exit N`).
+//!     // exec_echo, exec_exit, exec_cat, exiting_spec and call_timeout have defaults for real
+//!     // drivers (`echo TEXT`, `sh -c 'exit N'`, `cat`, `sh -c 'sleep 0.2; exit N'`); override
+//!     // them where the driver's commands differ (the sim's harness uses its built-in
+//!     // `exit N`), and runs_processes, exec_workdir and command_not_found_stderr where the
+//!     // driver's exec is not a real process with a working directory.
 //! }
 //!
 //! sbx_drivers::conformance_suite! {
@@ -55,6 +59,7 @@
 //! nothing; they filter list results by the ids they created, so a harness may share driver
 //! state between checks.
 
+mod exec;
 mod identity;
 mod lifecycle;
 mod session;
@@ -66,6 +71,12 @@ use async_trait::async_trait;
 
 use crate::{ComputeDriver, pb};
 
+pub use exec::{
+    exec_command_not_found_is_127, exec_dropped_stream_ends_the_command,
+    exec_refuses_what_the_driver_lacks, exec_signal_reaches_the_command, exec_stdin_round_trips,
+    exec_tty_gives_a_terminal_of_the_asked_size, exec_without_stdin_sees_end_of_file,
+    exec_workdir_and_env,
+};
 pub use identity::{
     empty_and_malformed_ids_are_invalid, list_round_trips_workspace_and_name,
     same_name_in_two_workspaces, workloads_survive_driver_restart,
@@ -105,6 +116,31 @@ pub trait DriverHarness: Send + Sync {
     /// A command that exits with `code`.
     fn exec_exit(&self, code: i32) -> Vec<String> {
         vec!["sh".to_string(), "-c".to_string(), format!("exit {code}")]
+    }
+
+    /// A command that writes its stdin back to stdout until stdin ends, then exits 0; with
+    /// an empty stdin it writes nothing and exits 0 at once.
+    fn exec_cat(&self) -> Vec<String> {
+        vec!["cat".to_string()]
+    }
+
+    /// Whether exec runs real processes in a POSIX userland (`sh`, `sleep`, `kill`, `pwd`,
+    /// `tty`, `stty` on its PATH). `false` (the sim: only its built-ins) skips the checks and
+    /// parts that need them, saying so.
+    fn runs_processes(&self) -> bool {
+        true
+    }
+
+    /// Whether exec takes a working directory (`ExecRequest.workdir`). `false` (the vm):
+    /// the driver must answer `Unimplemented` to one instead.
+    fn exec_workdir(&self) -> bool {
+        true
+    }
+
+    /// What stderr of an exec of the missing command `name` contains. `None`: only that it
+    /// names the command (a driver whose exec is a shell script says it in the shell's words).
+    fn command_not_found_stderr(&self, name: &str) -> Option<String> {
+        Some(format!("command not found: {name}"))
     }
 
     /// A spec whose main process ends by itself soon after it starts, with `code`; `None`
@@ -161,6 +197,14 @@ macro_rules! conformance_suite {
                 workloads_survive_driver_restart,
                 list_round_trips_workspace_and_name,
                 exec_returns_stdout_and_exit_code,
+                exec_stdin_round_trips,
+                exec_without_stdin_sees_end_of_file,
+                exec_tty_gives_a_terminal_of_the_asked_size,
+                exec_signal_reaches_the_command,
+                exec_workdir_and_env,
+                exec_command_not_found_is_127,
+                exec_dropped_stream_ends_the_command,
+                exec_refuses_what_the_driver_lacks,
                 self_exit_shows_exited_with_code,
                 watch_reports_self_exit,
             ]

@@ -3,7 +3,8 @@
 //! - `echo ARGS…` writes the arguments joined by spaces and a newline to stdout, exit 0;
 //! - `exit [N]` exits N (0 when absent);
 //! - `cat FILE` writes the file's contents to stdout; `cat` alone, with stdin, writes back
-//!   what it reads until stdin ends, then exits 0 ([`cat_stdin`]);
+//!   what it reads until stdin ends, then exits 0 ([`cat_stdin`]); without stdin (empty, as
+//!   `/dev/null` for real drivers) it writes nothing and exits 0;
 //! - `write FILE TEXT…` stores TEXT (the arguments joined by spaces, no newline added) in FILE;
 //! - anything else writes `sim: unknown command: NAME` to stderr and exits 127.
 //!
@@ -118,6 +119,7 @@ pub(crate) fn run_builtin(argv: &[String], files: &mut BTreeMap<String, String>)
                     }
                 },
             },
+            [] => ExecResult::ok(Vec::new()),
             _ => ExecResult::failed(2, "usage: cat FILE"),
         },
         "write" => match args {
@@ -165,6 +167,8 @@ mod tests {
         check(&mut files, &["echo", "hello"], "hello\n", "", 0);
         check(&mut files, &["echo", "a", "b"], "a b\n", "", 0);
         check(&mut files, &["echo"], "\n", "", 0);
+        // `cat` without stdin reads an empty one.
+        check(&mut files, &["cat"], "", "", 0);
         check(&mut files, &["exit", "3"], "", "", 3);
         check(&mut files, &["exit"], "", "", 0);
         check(
