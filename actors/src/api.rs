@@ -501,6 +501,63 @@ impl Gateway {
         Ok(driver.exec_io(request, input).await?)
     }
 
+    /// A path of a Ready sandbox as a tar stream.
+    pub async fn copy_from(
+        &self,
+        sel: &SandboxSelector,
+        path: String,
+    ) -> Result<DriverStream<pb::CopyChunk>> {
+        let path = copy_path(path)?;
+        let sb = self.resolve_sandbox(sel).await?;
+        require_ready(&sb.sandbox, "copy from")?;
+        let driver = self.driver_of(&sb)?;
+        let req = pb::CopyFromRequest {
+            sandbox_id: sb.id().to_string(),
+            path,
+        };
+        Ok(driver.copy_from(req).await?)
+    }
+
+    /// Unpacks the tar `data` in a Ready sandbox at `path`.
+    pub async fn copy_to(
+        &self,
+        sel: &SandboxSelector,
+        path: String,
+        data: sbx_drivers::ByteStream,
+    ) -> Result<pb::CopyToResponse> {
+        let path = copy_path(path)?;
+        let sb = self.resolve_sandbox(sel).await?;
+        require_ready(&sb.sandbox, "copy into")?;
+        let driver = self.driver_of(&sb)?;
+        let req = pb::CopyToStart {
+            sandbox_id: sb.id().to_string(),
+            path,
+        };
+        Ok(driver.copy_to(req, data).await?)
+    }
+
+    /// A TCP connection to `port` on a Ready sandbox's loopback.
+    pub async fn port_forward(
+        &self,
+        sel: &SandboxSelector,
+        port: u32,
+        input: sbx_drivers::ForwardInputStream,
+    ) -> Result<DriverStream<pb::PortForwardOutput>> {
+        if port == 0 || port > u32::from(u16::MAX) {
+            return Err(ActorError::InvalidArgument(format!(
+                "port {port} is not a TCP port (1-65535)"
+            )));
+        }
+        let sb = self.resolve_sandbox(sel).await?;
+        require_ready(&sb.sandbox, "forward a port of")?;
+        let driver = self.driver_of(&sb)?;
+        let req = pb::PortForwardStart {
+            sandbox_id: sb.id().to_string(),
+            port,
+        };
+        Ok(driver.port_forward(req, input).await?)
+    }
+
     pub async fn logs(
         &self,
         sel: &SandboxSelector,
@@ -893,4 +950,15 @@ fn require_ready(sb: &Sandbox, what: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A path for a copy: absolute, without NUL, at most 4096 bytes.
+fn copy_path(path: String) -> Result<String> {
+    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
+        return Err(ActorError::InvalidArgument(format!(
+            "the sandbox path {:?} is not an absolute path (at most 4096 bytes, no NUL)",
+            path.chars().take(100).collect::<String>()
+        )));
+    }
+    Ok(path)
 }

@@ -14,5 +14,6 @@
 //! server ([`server`]). The binary is built static by the drivers crate's build script, so it
 //! runs in any image, with or without a libc.
 
+pub mod archive;
 pub mod server;
 pub mod wire;

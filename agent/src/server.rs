@@ -97,6 +97,18 @@ fn handle(mut conn: UnixStream) -> io::Result<()> {
     });
     let req = match Frame::read_from(&mut reader) {
         Ok(Some(Frame::Exec(req))) => req,
+        Ok(Some(Frame::Forward { port })) => {
+            forward(port, reader, &sender);
+            return Ok(());
+        }
+        Ok(Some(Frame::CopyOut { path })) => {
+            copy_out(&PathBuf::from(OsString::from_vec(path)), &sender);
+            return Ok(());
+        }
+        Ok(Some(Frame::CopyIn { path })) => {
+            copy_in(&PathBuf::from(OsString::from_vec(path)), reader, &sender);
+            return Ok(());
+        }
         Ok(Some(other)) => {
             sender.finish(&invalid(format!(
                 "the first frame must be a request, not {other:?}"
@@ -110,6 +122,173 @@ fn handle(mut conn: UnixStream) -> io::Result<()> {
         }
     };
     exec(req, reader, sender)
+}
+
+/// The stdin frames of a connection as a byte stream, ending at close-stdin. A connection
+/// that ends before it is an error: the data was cut short.
+struct FrameReader {
+    conn: UnixStream,
+    pending: Vec<u8>,
+    at: usize,
+    done: bool,
+}
+
+impl Read for FrameReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.at == self.pending.len() {
+            if self.done {
+                return Ok(0);
+            }
+            match Frame::read_from(&mut self.conn)? {
+                Some(Frame::Stdin(bytes)) => {
+                    self.pending = bytes;
+                    self.at = 0;
+                }
+                Some(Frame::CloseStdin) => self.done = true,
+                Some(_) => {}
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the client went away before the end of the data",
+                    ));
+                }
+            }
+        }
+        let n = buf.len().min(self.pending.len() - self.at);
+        buf[..n].copy_from_slice(&self.pending[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// Bytes written, sent as stdout frames of at most [`MAX_PAYLOAD`].
+struct FrameWriter<'a> {
+    sender: &'a Sender,
+    buf: Vec<u8>,
+}
+
+impl Write for FrameWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(MAX_PAYLOAD - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == MAX_PAYLOAD {
+            self.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.sender
+                .send(&Frame::Stdout(std::mem::take(&mut self.buf)))?;
+        }
+        Ok(())
+    }
+}
+
+/// The failure frame for an IO error on `path`: a missing or unusable path is the caller's.
+fn path_error(path: &Path, e: &io::Error) -> Frame {
+    let message = format!("{}: {e}", path.display());
+    match e.kind() {
+        io::ErrorKind::NotFound
+        | io::ErrorKind::PermissionDenied
+        | io::ErrorKind::InvalidInput
+        | io::ErrorKind::NotADirectory
+        | io::ErrorKind::IsADirectory
+        | io::ErrorKind::AlreadyExists => invalid(message),
+        _ => internal(message),
+    }
+}
+
+/// Sends `path` as a tar ([`crate::archive::pack`]), then an exit 0.
+fn copy_out(path: &Path, sender: &Sender) {
+    let mut out = FrameWriter {
+        sender,
+        buf: Vec::with_capacity(MAX_PAYLOAD),
+    };
+    match crate::archive::pack(path, &mut out).and_then(|()| out.flush()) {
+        Ok(()) => sender.finish(&Frame::Exit { code: 0, signal: 0 }),
+        Err(e) => sender.finish(&path_error(path, &e)),
+    }
+}
+
+/// Unpacks the tar the client sends at `path` ([`crate::archive::unpack`]), then an exit 0.
+fn copy_in(path: &Path, conn: UnixStream, sender: &Sender) {
+    let input = FrameReader {
+        conn,
+        pending: Vec::new(),
+        at: 0,
+        done: false,
+    };
+    match crate::archive::unpack(input, path) {
+        Ok(_) => sender.finish(&Frame::Exit { code: 0, signal: 0 }),
+        Err(e) => sender.finish(&path_error(path, &e)),
+    }
+}
+
+/// How long connecting to a forwarded port may take.
+const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Carries bytes between the client and `127.0.0.1:port` inside the sandbox, each direction
+/// half-closed on its own, until the client closes the connection.
+fn forward(port: u16, mut conn: UnixStream, sender: &Arc<Sender>) {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let tcp = match std::net::TcpStream::connect_timeout(&addr, FORWARD_CONNECT_TIMEOUT) {
+        Ok(tcp) => tcp,
+        Err(e) => {
+            sender.finish(&invalid(format!(
+                "nothing accepts connections on {addr} in the sandbox ({e})"
+            )));
+            return;
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    // Connected: said with a second greeting, so the client can tell a port that answers
+    // from one that refuses before any byte flows.
+    if sender.send(&Frame::Hello("connected".into())).is_err() {
+        return;
+    }
+    let Ok(mut from_port) = tcp.try_clone() else {
+        sender.finish(&internal("duplicating the forwarded connection".into()));
+        return;
+    };
+    let back = {
+        let sender = sender.clone();
+        thread::spawn(move || {
+            let mut buf = vec![0u8; MAX_PAYLOAD];
+            loop {
+                match from_port.read(&mut buf) {
+                    Ok(0) | Err(_) => {
+                        let _ = sender.send(&Frame::Eof);
+                        return;
+                    }
+                    Ok(n) => {
+                        if sender.send(&Frame::Stdout(buf[..n].to_vec())).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let mut to_port = tcp;
+    loop {
+        match Frame::read_from(&mut conn) {
+            Ok(Some(Frame::Stdin(bytes))) => {
+                if to_port.write_all(&bytes).is_err() {
+                    let _ = to_port.shutdown(std::net::Shutdown::Write);
+                }
+            }
+            Ok(Some(Frame::CloseStdin)) => {
+                let _ = to_port.shutdown(std::net::Shutdown::Write);
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let _ = to_port.shutdown(std::net::Shutdown::Both);
+    let _ = back.join();
+    sender.finish(&Frame::Eof);
 }
 
 fn invalid(message: String) -> Frame {

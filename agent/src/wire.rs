@@ -33,6 +33,15 @@ pub const MAX_REQUEST: usize = 4 * 1024 * 1024;
 pub enum Kind {
     /// Client → agent, first frame: an [`ExecRequest`].
     Exec = 1,
+    /// Client → agent, first frame: connect to a TCP port on the sandbox's loopback and carry
+    /// bytes (stdin frames out, stdout frames back; close-stdin is a half-close; [`Kind::Eof`]
+    /// the other side's).
+    Forward = 6,
+    /// Client → agent, first frame: unpack the tar that follows (as stdin frames, then
+    /// close-stdin) at a path; the agent answers an exit (0) or an error.
+    CopyIn = 7,
+    /// Client → agent, first frame: send a path as a tar (stdout frames), then an exit (0).
+    CopyOut = 8,
     /// Client → agent: bytes for the command's stdin (or the terminal).
     Stdin = 2,
     /// Client → agent: no more stdin (the pipe is closed; on a terminal, an end-of-file
@@ -42,7 +51,8 @@ pub enum Kind {
     Resize = 4,
     /// Client → agent: a signal for the command's process group, an `i32`.
     Signal = 5,
-    /// Agent → client, first: the agent's version (UTF-8), sent on accept.
+    /// Agent → client, first: the agent's version (UTF-8), sent on accept; after a
+    /// [`Kind::Forward`], a second one says the port accepted the connection.
     Hello = 10,
     /// Agent → client: output of the command's stdout (or of the terminal).
     Stdout = 11,
@@ -52,6 +62,8 @@ pub enum Kind {
     Exit = 13,
     /// Agent → client, last: the command did not run; a [`Failure`] byte and a message.
     Error = 14,
+    /// Agent → client: no more bytes will come from the forwarded port (its half-close).
+    Eof = 15,
 }
 
 impl Kind {
@@ -62,6 +74,10 @@ impl Kind {
             3 => Kind::CloseStdin,
             4 => Kind::Resize,
             5 => Kind::Signal,
+            6 => Kind::Forward,
+            7 => Kind::CopyIn,
+            8 => Kind::CopyOut,
+            15 => Kind::Eof,
             10 => Kind::Hello,
             11 => Kind::Stdout,
             12 => Kind::Stderr,
@@ -109,6 +125,10 @@ pub struct ExecRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     Exec(ExecRequest),
+    Forward { port: u16 },
+    CopyIn { path: Vec<u8> },
+    CopyOut { path: Vec<u8> },
+    Eof,
     Stdin(Vec<u8>),
     CloseStdin,
     Resize { rows: u16, cols: u16 },
@@ -188,6 +208,16 @@ impl<'a> Payload<'a> {
     }
 }
 
+fn check_version(version: u8) -> io::Result<()> {
+    if version == VERSION {
+        Ok(())
+    } else {
+        Err(bad(format!(
+            "request version {version}; this agent speaks version {VERSION}"
+        )))
+    }
+}
+
 impl ExecRequest {
     fn encode(&self, out: &mut Vec<u8>) {
         out.push(VERSION);
@@ -214,12 +244,7 @@ impl ExecRequest {
     }
 
     fn decode(p: &mut Payload<'_>) -> io::Result<ExecRequest> {
-        let version = p.u8()?;
-        if version != VERSION {
-            return Err(bad(format!(
-                "request version {version}; this agent speaks version {VERSION}"
-            )));
-        }
+        check_version(p.u8()?)?;
         let argv = (0..p.count()?)
             .map(|_| p.bytes())
             .collect::<io::Result<_>>()?;
@@ -255,6 +280,22 @@ impl Frame {
                 req.encode(&mut payload);
                 Kind::Exec
             }
+            Frame::Forward { port } => {
+                payload.push(VERSION);
+                payload.extend_from_slice(&port.to_be_bytes());
+                Kind::Forward
+            }
+            Frame::CopyIn { path } => {
+                payload.push(VERSION);
+                put_bytes(&mut payload, path);
+                Kind::CopyIn
+            }
+            Frame::CopyOut { path } => {
+                payload.push(VERSION);
+                put_bytes(&mut payload, path);
+                Kind::CopyOut
+            }
+            Frame::Eof => Kind::Eof,
             Frame::Stdin(b) => {
                 payload.extend_from_slice(b);
                 Kind::Stdin
@@ -305,7 +346,7 @@ impl Frame {
         let kind = Kind::from_byte(header[0])
             .ok_or_else(|| bad(format!("unknown frame kind {}", header[0])))?;
         let len = u32::from_be_bytes(header[1..].try_into().expect("4 bytes")) as usize;
-        let max = if kind == Kind::Exec {
+        let max = if matches!(kind, Kind::Exec | Kind::CopyIn | Kind::CopyOut) {
             MAX_REQUEST
         } else {
             MAX_PAYLOAD
@@ -323,6 +364,19 @@ impl Frame {
         let mut p = Payload(payload);
         let frame = match kind {
             Kind::Exec => Frame::Exec(ExecRequest::decode(&mut p)?),
+            Kind::Forward => {
+                check_version(p.u8()?)?;
+                Frame::Forward { port: p.u16()? }
+            }
+            Kind::CopyIn => {
+                check_version(p.u8()?)?;
+                Frame::CopyIn { path: p.bytes()? }
+            }
+            Kind::CopyOut => {
+                check_version(p.u8()?)?;
+                Frame::CopyOut { path: p.bytes()? }
+            }
+            Kind::Eof => Frame::Eof,
             Kind::Stdin => Frame::Stdin(p.take(payload.len())?.to_vec()),
             Kind::CloseStdin => Frame::CloseStdin,
             Kind::Resize => Frame::Resize {
@@ -404,6 +458,14 @@ mod tests {
             }),
         }));
         round_trip(Frame::Exec(ExecRequest::default()));
+        round_trip(Frame::Forward { port: 8080 });
+        round_trip(Frame::CopyIn {
+            path: b"/sandbox/in".to_vec(),
+        });
+        round_trip(Frame::CopyOut {
+            path: b"/etc".to_vec(),
+        });
+        round_trip(Frame::Eof);
         round_trip(Frame::Stdin(vec![0; 1000]));
         round_trip(Frame::CloseStdin);
         round_trip(Frame::Resize {

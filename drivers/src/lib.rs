@@ -33,6 +33,12 @@ pub type DriverStream<T> = Pin<Box<dyn Stream<Item = Result<T, DriverError>> + S
 /// (never another `start`). Its end is the end of stdin.
 pub type ExecInputStream = Pin<Box<dyn Stream<Item = pb::ExecInput> + Send + 'static>>;
 
+/// The bytes of a tar a caller sends to [`ComputeDriver::copy_to`], in order.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Vec<u8>> + Send + 'static>>;
+
+/// What a caller sends on a forwarded connection after its start: data and its half-close.
+pub type ForwardInputStream = Pin<Box<dyn Stream<Item = pb::PortForwardInput> + Send + 'static>>;
+
 /// An input stream with nothing in it (an exec without stdin).
 pub fn no_exec_input() -> ExecInputStream {
     Box::pin(futures::stream::empty())
@@ -79,6 +85,42 @@ pub trait ComputeDriver: Send + Sync + 'static {
         self.exec_io(req, no_exec_input()).await
     }
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError>;
+
+    /// A path of a running sandbox as a tar stream (the `copy` capability).
+    async fn copy_from(
+        &self,
+        req: pb::CopyFromRequest,
+    ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        let _ = req;
+        Err(DriverError::Unimplemented(
+            "copying files: this driver cannot".into(),
+        ))
+    }
+
+    /// Unpacks the tar `data` in a running sandbox at `req.path` (the `copy` capability).
+    async fn copy_to(
+        &self,
+        req: pb::CopyToStart,
+        data: ByteStream,
+    ) -> Result<pb::CopyToResponse, DriverError> {
+        let _ = (req, data);
+        Err(DriverError::Unimplemented(
+            "copying files: this driver cannot".into(),
+        ))
+    }
+
+    /// A TCP connection to `req.port` on a running sandbox's loopback (the `port_forward`
+    /// capability). Dropping the output stream closes the connection.
+    async fn port_forward(
+        &self,
+        req: pb::PortForwardStart,
+        input: ForwardInputStream,
+    ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
+        let _ = (req, input);
+        Err(DriverError::Unimplemented(
+            "port forwarding: this driver cannot".into(),
+        ))
+    }
 }
 
 /// For a driver whose exec has no stdin, terminal or working directory: a request that asks

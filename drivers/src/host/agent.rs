@@ -88,20 +88,13 @@ impl Listener {
     }
 }
 
-/// Runs `req` through the agent listening in `sandbox_dir`, with `input` as the caller sends
-/// it. The stream ends with the exit; it ends the command (the agent kills its process group)
-/// when the caller drops it, or when `req.timeout_seconds` pass (then `DeadlineExceeded`).
-pub(crate) async fn exec(
-    sandbox_dir: &Path,
-    sandbox: &str,
-    req: pb::ExecRequest,
-    input: ExecInputStream,
-) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+/// Connects to the agent listening in `sandbox_dir` and takes its greeting.
+async fn connect(sandbox_dir: &Path, sandbox: &str) -> Result<UnixStream, DriverError> {
     let unavailable = |why: String| {
         let said = agent_said(sandbox_dir);
         DriverError::Unavailable(format!(
-            "sandbox {sandbox}'s exec agent does not answer ({why}){said}; a sandbox started \
-             by an older sbx has none: restart it"
+            "sandbox {sandbox}'s agent does not answer ({why}){said}; a sandbox started by an \
+             older sbx has none: restart it"
         ))
     };
     let (_dir, path) = short_path(sandbox_dir).map_err(|e| unavailable(e.to_string()))?;
@@ -113,18 +106,209 @@ pub(crate) async fn exec(
     // The agent greets on accept; a socket still listening (held by a launcher) with no agent
     // behind it greets no one.
     match tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut conn)).await {
-        Ok(Ok(Some(Frame::Hello(_)))) => {}
-        Ok(Ok(other)) => return Err(unavailable(format!("it sent {other:?} first"))),
-        Ok(Err(e)) => return Err(unavailable(e.to_string())),
-        Err(_) => {
-            return Err(unavailable(format!(
-                "no greeting within {CONNECT_TIMEOUT:?}"
+        Ok(Ok(Some(Frame::Hello(_)))) => Ok(conn),
+        Ok(Ok(other)) => Err(unavailable(format!("it sent {other:?} first"))),
+        Ok(Err(e)) => Err(unavailable(e.to_string())),
+        Err(_) => Err(unavailable(format!(
+            "no greeting within {CONNECT_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// The error an agent's error frame stands for.
+fn agent_error(failure: Failure, message: String) -> DriverError {
+    match failure {
+        Failure::Invalid => DriverError::InvalidArgument(message),
+        Failure::Internal => DriverError::Internal(format!("the sandbox's agent: {message}")),
+    }
+}
+
+/// Sends the first frame of an operation.
+async fn send(conn: &mut UnixStream, frame: &Frame) -> Result<(), DriverError> {
+    conn.write_all(&frame.encode())
+        .await
+        .map_err(|e| internal("writing to the sandbox's agent", e))
+}
+
+/// `path` of the sandbox as a tar stream. An unreadable path is the call's error, before
+/// any byte.
+pub(crate) async fn copy_from(
+    sandbox_dir: &Path,
+    sandbox: &str,
+    path: &str,
+) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+    let mut conn = connect(sandbox_dir, sandbox).await?;
+    send(
+        &mut conn,
+        &Frame::CopyOut {
+            path: path.as_bytes().to_vec(),
+        },
+    )
+    .await?;
+    let first = read_frame(&mut conn)
+        .await
+        .map_err(|e| internal("reading from the sandbox's agent", e))?;
+    let first = match first {
+        Some(Frame::Error { failure, message }) => return Err(agent_error(failure, message)),
+        other => other,
+    };
+    let (tx, rx) = mpsc::channel::<Result<pb::CopyChunk, DriverError>>(16);
+    tokio::spawn(async move {
+        let mut next = Ok(first);
+        loop {
+            let item = match next {
+                Ok(Some(Frame::Stdout(data))) => Ok(pb::CopyChunk { data }),
+                Ok(Some(Frame::Exit { .. })) => return,
+                Ok(Some(Frame::Error { failure, message })) => Err(agent_error(failure, message)),
+                Ok(Some(other)) => Err(DriverError::Internal(format!(
+                    "the sandbox's agent sent an unexpected {other:?}"
+                ))),
+                Ok(None) => Err(DriverError::Internal(
+                    "the sandbox's agent ended the copy before its end".into(),
+                )),
+                Err(e) => Err(internal("reading from the sandbox's agent", e)),
+            };
+            let last = item.is_err();
+            if tx.send(item).await.is_err() || last {
+                return;
+            }
+            next = read_frame(&mut conn).await;
+        }
+    });
+    Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+/// Unpacks the tar `data` in the sandbox at `path`; answers once the agent has unpacked all
+/// of it (or refused it).
+pub(crate) async fn copy_to(
+    sandbox_dir: &Path,
+    sandbox: &str,
+    path: &str,
+    mut data: crate::ByteStream,
+) -> Result<pb::CopyToResponse, DriverError> {
+    let mut conn = connect(sandbox_dir, sandbox).await?;
+    send(
+        &mut conn,
+        &Frame::CopyIn {
+            path: path.as_bytes().to_vec(),
+        },
+    )
+    .await?;
+    let (mut rd, mut wr) = conn.into_split();
+    let upload = async {
+        while let Some(bytes) = data.next().await {
+            for chunk in bytes.chunks(wire::MAX_PAYLOAD) {
+                if wr
+                    .write_all(&Frame::Stdin(chunk.to_vec()).encode())
+                    .await
+                    .is_err()
+                {
+                    // The agent stopped reading: its answer says why.
+                    return std::future::pending().await;
+                }
+            }
+        }
+        let _ = wr.write_all(&Frame::CloseStdin.encode()).await;
+        std::future::pending::<()>().await
+    };
+    let answer = async {
+        match read_frame(&mut rd).await {
+            Ok(Some(Frame::Exit { .. })) => Ok(pb::CopyToResponse {}),
+            Ok(Some(Frame::Error { failure, message })) => Err(agent_error(failure, message)),
+            Ok(other) => Err(DriverError::Internal(format!(
+                "the sandbox's agent answered the copy with {other:?}"
+            ))),
+            Err(e) => Err(internal("reading from the sandbox's agent", e)),
+        }
+    };
+    tokio::select! {
+        answer = answer => answer,
+        () = upload => unreachable!("the upload never ends by itself"),
+    }
+}
+
+/// A connection to `port` on the sandbox's loopback. The stream carries the port's bytes and
+/// then `closed`; it ends once both directions are closed (or the caller drops it, which
+/// closes the connection).
+pub(crate) async fn port_forward(
+    sandbox_dir: &Path,
+    sandbox: &str,
+    port: u16,
+    mut input: crate::ForwardInputStream,
+) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
+    use pb::port_forward_input::Input;
+    use pb::port_forward_output::Output;
+    let mut conn = connect(sandbox_dir, sandbox).await?;
+    send(&mut conn, &Frame::Forward { port }).await?;
+    match read_frame(&mut conn).await {
+        Ok(Some(Frame::Hello(_))) => {}
+        Ok(Some(Frame::Error { message, .. })) => {
+            return Err(DriverError::FailedPrecondition(message));
+        }
+        Ok(other) => {
+            return Err(DriverError::Internal(format!(
+                "the sandbox's agent answered the forward with {other:?}"
             )));
         }
+        Err(e) => return Err(internal("reading from the sandbox's agent", e)),
     }
+    let (mut rd, mut wr) = conn.into_split();
+    let (tx, rx) = mpsc::channel::<Result<pb::PortForwardOutput, DriverError>>(16);
+    tokio::spawn(async move {
+        let to_port = async {
+            while let Some(msg) = input.next().await {
+                let frame = match msg.input {
+                    Some(Input::Data(bytes)) => bytes
+                        .chunks(wire::MAX_PAYLOAD)
+                        .map(|c| Frame::Stdin(c.to_vec()).encode())
+                        .collect::<Vec<_>>()
+                        .concat(),
+                    Some(Input::CloseWrite(true)) => Frame::CloseStdin.encode(),
+                    _ => continue,
+                };
+                if wr.write_all(&frame).await.is_err() {
+                    return;
+                }
+            }
+            let _ = wr.write_all(&Frame::CloseStdin.encode()).await;
+        };
+        let from_port = async {
+            loop {
+                let out = match read_frame(&mut rd).await {
+                    Ok(Some(Frame::Stdout(data))) => Output::Data(data),
+                    Ok(Some(Frame::Eof)) => Output::Closed(true),
+                    _ => return,
+                };
+                let closed = matches!(out, Output::Closed(_));
+                let msg = pb::PortForwardOutput { output: Some(out) };
+                if tx.send(Ok(msg)).await.is_err() || closed {
+                    return;
+                }
+            }
+        };
+        // Both directions end on their own; the connection closes when both have (or when
+        // the caller goes away).
+        tokio::select! {
+            _ = async { tokio::join!(to_port, from_port) } => {}
+            () = tx.closed() => {}
+        }
+    });
+    Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+/// Runs `req` through the agent listening in `sandbox_dir`, with `input` as the caller sends
+/// it. The stream ends with the exit; it ends the command (the agent kills its process group)
+/// when the caller drops it, or when `req.timeout_seconds` pass (then `DeadlineExceeded`).
+pub(crate) async fn exec(
+    sandbox_dir: &Path,
+    sandbox: &str,
+    req: pb::ExecRequest,
+    input: ExecInputStream,
+) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+    let mut conn = connect(sandbox_dir, sandbox).await?;
+    let tty = req.tty.is_some();
     let timeout =
         (req.timeout_seconds > 0).then(|| Duration::from_secs(u64::from(req.timeout_seconds)));
-    let tty = req.tty.is_some();
     let request = Frame::Exec(wire::ExecRequest {
         argv: req.command.iter().map(|a| a.clone().into_bytes()).collect(),
         env: sorted_env(&req.env),
@@ -138,7 +322,7 @@ pub(crate) async fn exec(
     });
     conn.write_all(&request.encode())
         .await
-        .map_err(|e| unavailable(e.to_string()))?;
+        .map_err(|e| internal("sending the exec to the agent", e))?;
     let (mut rd, mut wr) = conn.into_split();
     let (tx, rx) = mpsc::channel::<Result<pb::ExecOutput, DriverError>>(64);
     let wants_stdin = req.stdin;
@@ -266,16 +450,7 @@ fn output_item(frame: Frame) -> (Option<Result<pb::ExecOutput, DriverError>>, bo
         Frame::Stdout(b) => (chunk(Chunk::Stdout(b)), false),
         Frame::Stderr(b) => (chunk(Chunk::Stderr(b)), false),
         Frame::Exit { code, signal } => (chunk(Chunk::Exit(pb::ExecExit { code, signal })), true),
-        Frame::Error {
-            failure: Failure::Invalid,
-            message,
-        } => (Some(Err(DriverError::InvalidArgument(message))), true),
-        Frame::Error { message, .. } => (
-            Some(Err(DriverError::Internal(format!(
-                "the exec agent: {message}"
-            )))),
-            true,
-        ),
+        Frame::Error { failure, message } => (Some(Err(agent_error(failure, message))), true),
         other => (
             Some(Err(DriverError::Internal(format!(
                 "the exec agent sent an unexpected {other:?}"

@@ -32,6 +32,8 @@ impl ComputeDriver for OciDriver {
             images: true,
             exec_stdin: true,
             exec_tty: true,
+            copy: true,
+            port_forward: true,
             isolation: format!(
                 "OCI container ({}): user namespace (root = host uid {}), pid/mount/uts/ipc/\
                  net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \
@@ -129,6 +131,29 @@ impl ComputeDriver for OciDriver {
 
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
         lifecycle::logs(&self.inner, &req, &self.alive)
+    }
+
+    async fn copy_from(
+        &self,
+        req: pb::CopyFromRequest,
+    ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        self.copy_from_sandbox(req).await
+    }
+
+    async fn copy_to(
+        &self,
+        req: pb::CopyToStart,
+        data: crate::ByteStream,
+    ) -> Result<pb::CopyToResponse, DriverError> {
+        self.copy_to_sandbox(req, data).await
+    }
+
+    async fn port_forward(
+        &self,
+        req: pb::PortForwardStart,
+        input: crate::ForwardInputStream,
+    ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
+        self.forward_port(req, input).await
     }
 }
 

@@ -29,6 +29,8 @@ impl ComputeDriver for ProcessDriver {
             images: false,
             exec_stdin: true,
             exec_tty: true,
+            copy: true,
+            port_forward: true,
             isolation: format!(
                 "pid,mount,uts,ipc,net namespaces; uid 0 of a user namespace = host uid {}, \
                  no capabilities; {}; the host's root filesystem as that uid sees it, with a \
@@ -129,6 +131,29 @@ impl ComputeDriver for ProcessDriver {
 
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
         lifecycle::logs(&self.inner, &req, &self.alive)
+    }
+
+    async fn copy_from(
+        &self,
+        req: pb::CopyFromRequest,
+    ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        self.copy_from_sandbox(req).await
+    }
+
+    async fn copy_to(
+        &self,
+        req: pb::CopyToStart,
+        data: crate::ByteStream,
+    ) -> Result<pb::CopyToResponse, DriverError> {
+        self.copy_to_sandbox(req, data).await
+    }
+
+    async fn port_forward(
+        &self,
+        req: pb::PortForwardStart,
+        input: crate::ForwardInputStream,
+    ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
+        self.forward_port(req, input).await
     }
 }
 

@@ -195,24 +195,7 @@ impl ComputeDriver for RemoteDriver {
         let start = pb::ExecInput {
             input: Some(pb::exec_input::Input::Start(req)),
         };
-        // Through a channel: tonic's client-streaming future is `Send` only for a `Sync`
-        // stream, which a boxed input is not.
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
-        tokio::spawn(async move {
-            let mut all = futures::stream::iter([start]).chain(input);
-            loop {
-                let message = tokio::select! {
-                    message = all.next() => message,
-                    // The call is over: the rest of the input has nowhere to go.
-                    () = tx.closed() => return,
-                };
-                let Some(message) = message else { return };
-                if tx.send(message).await.is_err() {
-                    return;
-                }
-            }
-        });
-        let messages = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let messages = sync_stream(futures::stream::iter([start]).chain(input));
         let ctx = self.context("exec");
         let mut client = self.client.clone();
         let stream = match tokio::time::timeout(self.call_timeout, client.exec(messages)).await {
@@ -239,4 +222,86 @@ impl ComputeDriver for RemoteDriver {
             .await?;
         Ok(self.stream("logs", stream))
     }
+
+    async fn copy_from(
+        &self,
+        req: pb::CopyFromRequest,
+    ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        let stream = self
+            .call("copy_from", req, false, |mut c, r| async move {
+                c.copy_from(r).await
+            })
+            .await?;
+        Ok(self.stream("copy_from", stream))
+    }
+
+    async fn copy_to(
+        &self,
+        req: pb::CopyToStart,
+        data: crate::ByteStream,
+    ) -> Result<pb::CopyToResponse, DriverError> {
+        use pb::copy_to_input::Input;
+        let start = pb::CopyToInput {
+            input: Some(Input::Start(req)),
+        };
+        let data = data.map(|bytes| pb::CopyToInput {
+            input: Some(Input::Data(bytes)),
+        });
+        let messages = sync_stream(futures::stream::iter([start]).chain(data));
+        // No local timer: the upload takes as long as the caller's data does.
+        let mut client = self.client.clone();
+        client
+            .copy_to(messages)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| status_to_driver_error(&status, self.context("copy_to")))
+    }
+
+    async fn port_forward(
+        &self,
+        req: pb::PortForwardStart,
+        input: crate::ForwardInputStream,
+    ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
+        let start = pb::PortForwardInput {
+            input: Some(pb::port_forward_input::Input::Start(req)),
+        };
+        let messages = sync_stream(futures::stream::iter([start]).chain(input));
+        let ctx = self.context("port_forward");
+        let mut client = self.client.clone();
+        let stream =
+            match tokio::time::timeout(self.call_timeout, client.port_forward(messages)).await {
+                Ok(Ok(response)) => response.into_inner(),
+                Ok(Err(status)) => return Err(status_to_driver_error(&status, ctx)),
+                Err(_) => {
+                    return Err(DriverError::DeadlineExceeded {
+                        operation: "port_forward",
+                        after: self.call_timeout,
+                    });
+                }
+            };
+        Ok(self.stream("port_forward", stream))
+    }
+}
+
+/// `stream` through a bounded channel: tonic's client-streaming futures are `Send` only for a
+/// `Sync` stream, which a boxed one is not. The forwarding task ends with the call (when the
+/// receiver is dropped) or with the stream.
+fn sync_stream<T: Send + 'static>(
+    stream: impl futures::Stream<Item = T> + Send + 'static,
+) -> tokio_stream::wrappers::ReceiverStream<T> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let message = tokio::select! {
+                message = stream.next() => message,
+                () = tx.closed() => return,
+            };
+            let Some(message) = message else { return };
+            if tx.send(message).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }

@@ -278,6 +278,61 @@ impl Driver for DriverService {
         forward(self.driver.exec_io(req, input).await)
     }
 
+    type CopyFromStream = StatusStream<pb::CopyChunk>;
+
+    async fn copy_from(
+        &self,
+        r: Request<pb::CopyFromRequest>,
+    ) -> Result<Response<Self::CopyFromStream>, Status> {
+        forward(self.driver.copy_from(r.into_inner()).await)
+    }
+
+    async fn copy_to(
+        &self,
+        r: Request<tonic::Streaming<pb::CopyToInput>>,
+    ) -> Result<Response<pb::CopyToResponse>, Status> {
+        use futures::StreamExt;
+        use pb::copy_to_input::Input;
+        let mut stream = r.into_inner();
+        let Some(Input::Start(start)) = first_message(&mut stream, "copy").await?.input else {
+            return Err(Status::invalid_argument(
+                "the first message of a copy stream must be its start",
+            ));
+        };
+        let data = stream
+            .take_while(|item| std::future::ready(item.is_ok()))
+            .filter_map(|item| {
+                std::future::ready(match item {
+                    Ok(pb::CopyToInput {
+                        input: Some(Input::Data(bytes)),
+                    }) => Some(bytes),
+                    _ => None,
+                })
+            });
+        answer(self.driver.copy_to(start, Box::pin(data)).await)
+    }
+
+    type PortForwardStream = StatusStream<pb::PortForwardOutput>;
+
+    async fn port_forward(
+        &self,
+        r: Request<tonic::Streaming<pb::PortForwardInput>>,
+    ) -> Result<Response<Self::PortForwardStream>, Status> {
+        use futures::StreamExt;
+        use pb::port_forward_input::Input;
+        let mut stream = r.into_inner();
+        let Some(Input::Start(start)) = first_message(&mut stream, "port-forward").await?.input
+        else {
+            return Err(Status::invalid_argument(
+                "the first message of a port-forward stream must be its start",
+            ));
+        };
+        let rest = stream
+            .take_while(|item| std::future::ready(item.is_ok()))
+            .filter_map(|item| std::future::ready(item.ok()));
+        forward(self.driver.port_forward(start, Box::pin(rest)).await)
+    }
+
     type LogsStream = StatusStream<pb::LogChunk>;
 
     async fn logs(
@@ -286,6 +341,13 @@ impl Driver for DriverService {
     ) -> Result<Response<Self::LogsStream>, Status> {
         forward(self.driver.logs(r.into_inner()).await)
     }
+}
+
+/// The first message of a client stream; its absence is INVALID_ARGUMENT.
+async fn first_message<T>(stream: &mut tonic::Streaming<T>, what: &str) -> Result<T, Status> {
+    stream.message().await?.ok_or_else(|| {
+        Status::invalid_argument(format!("the {what} stream ended before its start"))
+    })
 }
 
 /// An exec's input stream split into its request (the first message, which must be `start`)

@@ -268,6 +268,8 @@ impl ComputeDriver for SimDriver {
             images: self.images,
             exec_stdin: true,
             exec_tty: false,
+            copy: false,
+            port_forward: false,
             isolation: "none: an in-memory simulation".to_string(),
         }))
     }

@@ -101,6 +101,8 @@ impl ComputeDriver for VmDriver {
             images: false,
             exec_stdin: false,
             exec_tty: false,
+            copy: false,
+            port_forward: false,
             isolation: format!(
                 "QEMU microVM ({}), its own kernel ({}); a persistent ext4 disk at /sandbox; \
                  no network",

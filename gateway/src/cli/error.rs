@@ -123,6 +123,22 @@ pub enum CliError {
     #[error("cannot read the address file {path}: {cause}")]
     AddrFile { path: String, cause: String },
 
+    /// `sbx sandbox cp` or `port-forward` was asked for something it cannot do. Exit
+    /// status 2, as for other usage errors.
+    #[error("{0}")]
+    Usage(String),
+
+    /// A local path of a copy cannot be read or written.
+    #[error("{}: {source}", path.display())]
+    LocalPath {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+
+    /// Something inside the CLI broke (a helper thread that panicked).
+    #[error("internal error: {0}")]
+    Internal(String),
+
     /// `sbx wait` was given a combination it cannot wait on.
     #[error("{0}")]
     WaitUsage(String),

@@ -9,6 +9,8 @@
 //! completion`.
 
 pub mod error;
+pub mod files;
+pub mod forward;
 pub mod image;
 pub mod meta;
 pub mod output;
@@ -330,6 +332,14 @@ pub enum SandboxCommand {
     /// Run a command inside a sandbox; its output is passed through and its exit code becomes
     /// sbx's exit code (killed by signal N: 128+N).
     Exec(SandboxExecArgs),
+    /// Copy files or a directory tree between here and a sandbox, as `docker cp` does: one
+    /// side is NAME:/path. Into DST when it is an existing directory, else as DST; modes,
+    /// times and symlinks are kept. The sandbox must be Ready.
+    Cp(SandboxCpArgs),
+    /// Forward local TCP ports to ports on a sandbox's loopback, as `kubectl port-forward`
+    /// does; runs until interrupted (Ctrl-C).
+    #[command(name = "port-forward")]
+    PortForward(SandboxPortForwardArgs),
     /// Print a sandbox's workload output, optionally following it.
     Logs(SandboxLogsArgs),
     /// Stream sandbox changes, one line (or JSON object) per event, until interrupted.
@@ -475,6 +485,33 @@ pub struct SandboxExecArgs {
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SandboxCpArgs {
+    /// The workspace of the sandbox named in NAME:/path (default: "default").
+    #[arg(short = 'w', long, value_name = "WORKSPACE", value_parser = parse_name)]
+    pub workspace: Option<String>,
+    /// What to copy: a local path, or NAME:/path (absolute) in a sandbox.
+    #[arg(value_name = "SRC", value_parser = files::parse_location)]
+    pub src: files::Location,
+    /// Where to: a local path, or NAME:/path in a sandbox (the other side of SRC).
+    #[arg(value_name = "DST", value_parser = files::parse_location)]
+    pub dst: files::Location,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SandboxPortForwardArgs {
+    /// The workspace of the sandbox (default: "default").
+    #[arg(short = 'w', long, value_name = "WORKSPACE", value_parser = parse_name)]
+    pub workspace: Option<String>,
+    /// The sandbox's name.
+    #[arg(value_parser = parse_name)]
+    pub name: String,
+    /// [LOCAL_ADDR:]LOCAL_PORT:REMOTE_PORT, repeatable. LOCAL_ADDR defaults to 127.0.0.1
+    /// (loopback only); LOCAL_PORT 0 picks a free port (printed); a lone PORT is both.
+    #[arg(required = true, value_name = "PORTS", value_parser = forward::parse_port_spec)]
+    pub ports: Vec<forward::PortSpec>,
 }
 
 #[derive(Debug, Clone, Args)]

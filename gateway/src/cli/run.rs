@@ -69,6 +69,7 @@ pub fn outcome(result: Result<u8, CliError>) -> (u8, Option<String>) {
         Err(CliError::Io(err)) if err.kind() == std::io::ErrorKind::BrokenPipe => {
             (BROKEN_PIPE_EXIT, None)
         }
+        Err(err @ CliError::Usage(_)) => (2, Some(format!("error: {err}"))),
         Err(err @ CliError::Interrupted { .. }) => {
             (INTERRUPTED_EXIT, Some(format!("error: {err}")))
         }
@@ -307,6 +308,19 @@ async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError
             let req = request::exec_request(&args)?;
             let mut client = SandboxServiceClient::new(connect(endpoint).await?);
             stream::exec(&mut client, req).await
+        }
+        SandboxCommand::Cp(args) => {
+            let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            super::files::copy(&mut client, args.workspace, args.src, args.dst).await
+        }
+        SandboxCommand::PortForward(args) => {
+            let client = SandboxServiceClient::new(connect(endpoint).await?);
+            let sandbox = sbx_proto::v1::SandboxRef {
+                id: String::new(),
+                workspace: args.workspace.unwrap_or_default(),
+                name: args.name,
+            };
+            super::forward::run(client, sandbox, args.ports).await
         }
         SandboxCommand::Logs(args) => {
             let req = request::logs_request(&args);

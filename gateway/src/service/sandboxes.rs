@@ -2,6 +2,7 @@
 
 use futures::StreamExt;
 use sbx_actors::{ExecOptions, SandboxFilter, SandboxSelector};
+use sbx_proto::v1;
 use sbx_proto::v1::sandbox_service_server::SandboxService;
 use sbx_proto::v1::{
     CreateSandboxRequest, DeleteSandboxRequest, DeleteSandboxResponse, ExecInput, ExecOutput,
@@ -171,6 +172,113 @@ impl SandboxService for SbxService {
                 .map_err(streams::driver_stream_error)
         });
         let output = streams::until_refused(output, refused);
+        Ok(Response::new(forward(output, self.shutdown.clone())))
+    }
+
+    type CopyFromSandboxStream = ResponseStream<v1::CopyChunk>;
+
+    async fn copy_from_sandbox(
+        &self,
+        request: Request<v1::CopyFromSandboxRequest>,
+    ) -> Result<Response<Self::CopyFromSandboxStream>, Status> {
+        let req = request.into_inner();
+        let sel = selector(req.sandbox)?;
+        let chunks = self
+            .gateway
+            .copy_from(&sel, req.path)
+            .await
+            .map_err(|e| actor_error_to_status(&e))?;
+        let chunks = chunks.map(|r| {
+            r.map(|c| v1::CopyChunk { data: c.data })
+                .map_err(streams::driver_stream_error)
+        });
+        Ok(Response::new(forward(chunks, self.shutdown.clone())))
+    }
+
+    async fn copy_to_sandbox(
+        &self,
+        request: Request<tonic::Streaming<v1::CopyToSandboxInput>>,
+    ) -> Result<Response<v1::CopyToSandboxResponse>, Status> {
+        use v1::copy_to_sandbox_input::Input;
+        let mut messages = request.into_inner();
+        let start = match messages.message().await? {
+            Some(v1::CopyToSandboxInput {
+                input: Some(Input::Start(start)),
+            }) => start,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message of a copy must be its start (sandbox and path)",
+                ));
+            }
+        };
+        let sel = selector(start.sandbox)?;
+        let data = messages
+            .take_while(|m| std::future::ready(m.is_ok()))
+            .filter_map(|m| {
+                std::future::ready(match m {
+                    Ok(v1::CopyToSandboxInput {
+                        input: Some(Input::Data(bytes)),
+                    }) => Some(bytes),
+                    _ => None,
+                })
+            });
+        self.gateway
+            .copy_to(&sel, start.path, Box::pin(data))
+            .await
+            .map(|_| Response::new(v1::CopyToSandboxResponse {}))
+            .map_err(|e| actor_error_to_status(&e))
+    }
+
+    type PortForwardStream = ResponseStream<v1::PortForwardOutput>;
+
+    async fn port_forward(
+        &self,
+        request: Request<tonic::Streaming<v1::PortForwardInput>>,
+    ) -> Result<Response<Self::PortForwardStream>, Status> {
+        use sbx_drivers::pb::port_forward_input::Input as Out;
+        use v1::port_forward_input::Input as In;
+        let mut messages = request.into_inner();
+        let start = match messages.message().await? {
+            Some(v1::PortForwardInput {
+                input: Some(In::Start(start)),
+            }) => start,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message of a port-forward must be its start (sandbox and port)",
+                ));
+            }
+        };
+        let sel = selector(start.sandbox)?;
+        let input = messages
+            .take_while(|m| std::future::ready(m.is_ok()))
+            .filter_map(|m| {
+                let input = match m.ok().and_then(|m| m.input) {
+                    Some(In::Data(bytes)) => Some(Out::Data(bytes)),
+                    Some(In::CloseWrite(close)) => Some(Out::CloseWrite(close)),
+                    _ => None,
+                };
+                std::future::ready(
+                    input.map(|input| sbx_drivers::pb::PortForwardInput { input: Some(input) }),
+                )
+            });
+        let output = self
+            .gateway
+            .port_forward(&sel, start.port, Box::pin(input))
+            .await
+            .map_err(|e| actor_error_to_status(&e))?;
+        let output = output.map(|r| {
+            r.map(|o| {
+                use sbx_drivers::pb::port_forward_output::Output as From;
+                use v1::port_forward_output::Output as To;
+                v1::PortForwardOutput {
+                    output: o.output.map(|o| match o {
+                        From::Data(d) => To::Data(d),
+                        From::Closed(c) => To::Closed(c),
+                    }),
+                }
+            })
+            .map_err(streams::driver_stream_error)
+        });
         Ok(Response::new(forward(output, self.shutdown.clone())))
     }
 

@@ -1,0 +1,260 @@
+//! `sbx sandbox cp`: files and directory trees into and out of a sandbox, as a tar stream
+//! over gRPC (`CopyToSandbox`, `CopyFromSandbox`), named as `docker cp` names them: into DEST
+//! when it is an existing directory, else as DEST.
+//!
+//! Constant memory both ways: the local side packs or unpacks on a blocking thread
+//! ([`sbx_agent::archive`], the same code as inside the sandbox) connected to the gRPC
+//! stream by a bounded channel of 64 KiB chunks. A download refuses entries that would leave
+//! the local destination (`..`, absolute paths, paths through symlinks), so a hostile
+//! sandbox cannot write outside it.
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use futures::StreamExt;
+use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
+use sbx_proto::v1::{
+    CopyFromSandboxRequest, CopyToSandboxInput, CopyToSandboxStart, SandboxRef,
+    copy_to_sandbox_input,
+};
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+use super::CliError;
+
+/// The chunk size of the local side of a copy.
+const CHUNK: usize = 64 * 1024;
+
+/// One side of a `cp`: a local path or `NAME:PATH` in a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    Local(PathBuf),
+    Sandbox { name: String, path: String },
+}
+
+/// Parses a `cp` argument: `NAME:/path` is in a sandbox (the name as sandbox names are
+/// written), anything else is local (`./a:b` is the local file `a:b`).
+pub fn parse_location(arg: &str) -> Result<Location, CliError> {
+    if let Some((name, path)) = arg.split_once(':')
+        && !name.contains('/')
+        && !name.is_empty()
+    {
+        sbx_proto::names::validate_name(name).map_err(|source| CliError::InvalidName { source })?;
+        if !path.starts_with('/') {
+            return Err(CliError::Usage(format!(
+                "{arg}: the path in the sandbox must be absolute ({name}:/{path})"
+            )));
+        }
+        return Ok(Location::Sandbox {
+            name: name.to_string(),
+            path: path.to_string(),
+        });
+    }
+    Ok(Location::Local(PathBuf::from(arg)))
+}
+
+/// Copies `src` to `dst` (exactly one of them in a sandbox of `workspace`).
+pub async fn copy(
+    client: &mut SandboxServiceClient<Channel>,
+    workspace: Option<String>,
+    src: Location,
+    dst: Location,
+) -> Result<u8, CliError> {
+    let sandbox = |name: String| SandboxRef {
+        id: String::new(),
+        workspace: workspace.clone().unwrap_or_default(),
+        name,
+    };
+    match (src, dst) {
+        (Location::Local(from), Location::Sandbox { name, path }) => {
+            upload(client, sandbox(name), &from, path).await
+        }
+        (Location::Sandbox { name, path }, Location::Local(to)) => {
+            download(client, sandbox(name), path, &to).await
+        }
+        (Location::Local(_), Location::Local(_)) => Err(CliError::Usage(
+            "one side of a copy must be in a sandbox (NAME:/path)".into(),
+        )),
+        (Location::Sandbox { .. }, Location::Sandbox { .. }) => Err(CliError::Usage(
+            "copying from one sandbox to another is not supported: copy through a local path"
+                .into(),
+        )),
+    }
+}
+
+/// Bytes written, sent as chunks down a bounded channel (the blocking side of an upload).
+struct ChannelWriter {
+    tx: mpsc::Sender<Vec<u8>>,
+    buf: Vec<u8>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == CHUNK {
+            self.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK));
+            self.tx
+                .blocking_send(chunk)
+                .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the copy was ended"))?;
+        }
+        Ok(())
+    }
+}
+
+async fn upload(
+    client: &mut SandboxServiceClient<Channel>,
+    sandbox: SandboxRef,
+    from: &Path,
+    path: String,
+) -> Result<u8, CliError> {
+    std::fs::symlink_metadata(from).map_err(|e| CliError::LocalPath {
+        path: from.to_path_buf(),
+        source: e,
+    })?;
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
+    let packing = {
+        let from = from.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let mut out = ChannelWriter {
+                tx,
+                buf: Vec::with_capacity(CHUNK),
+            };
+            sbx_agent::archive::pack(&from, &mut out).and_then(|()| out.flush())
+        })
+    };
+    let start = CopyToSandboxInput {
+        input: Some(copy_to_sandbox_input::Input::Start(CopyToSandboxStart {
+            sandbox: Some(sandbox),
+            path,
+        })),
+    };
+    let data = tokio_stream::wrappers::ReceiverStream::new(rx).map(|chunk| CopyToSandboxInput {
+        input: Some(copy_to_sandbox_input::Input::Data(chunk)),
+    });
+    let messages = futures::stream::iter([start]).chain(data);
+    let answer = client.copy_to_sandbox(messages).await;
+    let packed = packing
+        .await
+        .map_err(|e| CliError::Internal(format!("the packing thread failed: {e}")))?;
+    answer?;
+    packed.map_err(|e| CliError::LocalPath {
+        path: from.to_path_buf(),
+        source: e,
+    })?;
+    Ok(0)
+}
+
+/// Chunks received from a bounded channel, as a byte stream (the blocking side of a
+/// download).
+struct ChannelReader {
+    rx: mpsc::Receiver<Vec<u8>>,
+    pending: Vec<u8>,
+    at: usize,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.at == self.pending.len() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => {
+                    self.pending = chunk;
+                    self.at = 0;
+                }
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.pending.len() - self.at);
+        buf[..n].copy_from_slice(&self.pending[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+async fn download(
+    client: &mut SandboxServiceClient<Channel>,
+    sandbox: SandboxRef,
+    path: String,
+    to: &Path,
+) -> Result<u8, CliError> {
+    let mut stream = client
+        .copy_from_sandbox(CopyFromSandboxRequest {
+            sandbox: Some(sandbox),
+            path,
+        })
+        .await?
+        .into_inner();
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
+    let unpacking = {
+        let to = to.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let input = ChannelReader {
+                rx,
+                pending: Vec::new(),
+                at: 0,
+            };
+            sbx_agent::archive::unpack(input, &to)
+        })
+    };
+    let mut failed = None;
+    loop {
+        match stream.message().await {
+            Ok(Some(chunk)) => {
+                if tx.send(chunk.data).await.is_err() {
+                    // The unpacking stopped (it refused an entry): its error says why.
+                    break;
+                }
+            }
+            Ok(None) => break,
+            Err(status) => {
+                failed = Some(status);
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let unpacked = unpacking
+        .await
+        .map_err(|e| CliError::Internal(format!("the unpacking thread failed: {e}")))?;
+    if let Some(status) = failed {
+        return Err(CliError::Rpc(status));
+    }
+    unpacked.map_err(|e| CliError::LocalPath {
+        path: to.to_path_buf(),
+        source: e,
+    })?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse_as_docker_cp_reads_them() {
+        assert_eq!(
+            parse_location("box:/sandbox/x").unwrap(),
+            Location::Sandbox {
+                name: "box".into(),
+                path: "/sandbox/x".into()
+            }
+        );
+        assert_eq!(
+            parse_location("./a:b").unwrap(),
+            Location::Local(PathBuf::from("./a:b"))
+        );
+        assert_eq!(
+            parse_location("/tmp/x").unwrap(),
+            Location::Local(PathBuf::from("/tmp/x"))
+        );
+        assert!(parse_location("box:relative").is_err());
+        assert!(parse_location("Bad_Name:/x").is_err());
+    }
+}
