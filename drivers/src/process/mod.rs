@@ -31,7 +31,7 @@
 //! **Invariant:** at most one live driver instance per state directory (an exclusive `flock`
 //! on `<state_dir>/driver.lock`, released by the kernel if the driver process dies).
 //!
-//! Needs: root; util-linux (`unshare`, `nsenter`, `setsid`, `setpriv`), `ip` (iproute2), the
+//! Needs: root; util-linux (`unshare`, `setsid`, `setpriv`), `ip` (iproute2), the
 //! setuid helpers `newuidmap`/`newgidmap` (Debian: `uidmap`) and a `root:200000:65536` line in
 //! `/etc/subuid` and in `/etc/subgid` (for the default map). `open` checks them and says what
 //! to install or add.
@@ -71,9 +71,15 @@
 //!   whose v2 hierarchy carries no memory or cpu controller.
 //! - The log file grows without rotation.
 //! - Descriptors that the driver's process inherited without close-on-exec are closed by a
-//!   bash prelude before `setsid`/`nsenter` run (closing them in Rust needs `pre_exec`, unsafe
-//!   code the workspace forbids). On a host without bash they pass on to workloads, and each
-//!   sandbox's warnings say so.
+//!   bash prelude before `setsid` runs (closing them in Rust needs `pre_exec`, unsafe code the
+//!   workspace forbids). On a host without bash they pass on to workloads, and each sandbox's
+//!   warnings say so.
+//! - Exec, copy and port-forward go through the sandbox's `sbx-agent` (see
+//!   [`crate::host::agent`]), which runs as the workload's kind of user (uid 0 of its own user
+//!   namespace, host uid 200000): an exec'd command, a copied file and a forwarded connection
+//!   can do what the workload can, nothing more. The `unshare` that launched the sandbox keeps
+//!   the agent's listening socket open (it passes descriptors on); an agent that died is told
+//!   by its missing greeting, not by a refused connection.
 
 mod cgroup;
 pub(crate) mod launch;
