@@ -9,7 +9,8 @@ use tonic_types::StatusExt;
 /// `error: <message>`, and the CLI exits with status 1 — except the argument-parsing variants
 /// ([`CliError::InvalidName`], [`CliError::InvalidSize`], [`CliError::InvalidCpu`],
 /// [`CliError::InvalidKeyValue`]), which
-/// clap reports as usage errors with status 2.
+/// clap reports as usage errors with status 2, and those whose doc names their status
+/// ([`CliError::NotATerminal`] 2, [`CliError::ExecTimedOut`] 124, 130 for interrupts).
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     /// A workspace or sandbox name given on the command line breaks the DNS-1123 label rule.
@@ -174,6 +175,38 @@ pub enum CliError {
     /// went away mid-stream, or it is buggy).
     #[error("exec stream ended without an exit status")]
     ExecWithoutExit,
+
+    /// `sbx sandbox exec -t` with a stdin that is not a terminal (a pipe, a file, /dev/null):
+    /// there is no terminal to make raw or to take the size of. Exit status 2, as a usage
+    /// error, as `docker exec -t` does.
+    #[error(
+        "the input device is not a TTY: -t needs sbx's stdin to be a terminal; drop -t (and \
+         keep -i to pipe stdin to the command)"
+    )]
+    NotATerminal,
+
+    /// Something local an exec needs could not be set up: raw mode on the terminal for -it,
+    /// the signal handlers, the thread that reads stdin for -i.
+    #[error("cannot {what}: {cause}")]
+    ExecSetup {
+        what: &'static str,
+        cause: std::io::Error,
+    },
+
+    /// Three interrupts and still no exit from the gateway: sbx stops waiting. The command
+    /// was sent SIGKILL on the second one, so it is most likely gone. Exit status 130.
+    #[error("interrupted three times; stopped waiting for the command's exit status")]
+    ExecAbandoned,
+
+    /// The command ran longer than `--timeout` and was killed. Exit status 124, as
+    /// `timeout(1)` does.
+    #[error("the command timed out after {seconds} s")]
+    ExecTimedOut { seconds: u32 },
+
+    /// The exec stream failed after it had started: the command's exit status is unknown
+    /// (the command was ended with the stream).
+    #[error("the exec stream broke before the command's exit status arrived: {}", describe_status(.0))]
+    ExecBroken(tonic::Status),
 
     /// The gateway kept answering with the same page token, which would loop for ever.
     #[error("the gateway returned page token {token:?} twice; giving up listing")]
@@ -371,6 +404,23 @@ mod tests {
             status("workspace \"a\" is not empty"),
             "WORKSPACE_NOT_EMPTY: workspace \"a\" is not empty (delete its sandboxes first, or \
              use `sbx workspace delete --cascade`)",
+        );
+    }
+
+    #[test]
+    fn exec_errors_say_what_happened_and_what_to_do() {
+        assert_eq!(
+            CliError::ExecTimedOut { seconds: 7 }.to_string(),
+            "the command timed out after 7 s"
+        );
+        let not_a_tty = CliError::NotATerminal.to_string();
+        assert!(
+            not_a_tty.contains("not a TTY") && not_a_tty.contains("drop -t"),
+            "{not_a_tty}"
+        );
+        assert_eq!(
+            CliError::ExecBroken(tonic::Status::unavailable("connection reset")).to_string(),
+            "the exec stream broke before the command's exit status arrived: connection reset"
         );
     }
 

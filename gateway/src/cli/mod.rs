@@ -18,6 +18,7 @@ pub mod request;
 pub mod run;
 pub mod size;
 pub mod stream;
+pub mod terminal;
 pub mod wait;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -470,13 +471,39 @@ pub struct SandboxListArgs {
     pub output: OutputArgs,
 }
 
+/// `sbx sandbox exec`: as `docker exec` / `kubectl exec`, stdin only with -i, a terminal only
+/// with -t.
 #[derive(Debug, Clone, Args)]
+#[command(after_help = "\
+Examples:
+  sbx sandbox exec web -- ls -l /sandbox        run a command, print its output
+  sbx sandbox exec -it web -- sh                an interactive shell on a terminal
+  tar c dir | sbx sandbox exec -i web -- tar x  pipe input to the command
+
+Without -i the command's stdin is empty (/dev/null) and sbx reads none of its own. Without -t,
+Ctrl-C (SIGINT) and SIGTERM are sent to the command's process group and sbx waits for it to
+end; a second Ctrl-C sends SIGKILL. With -it, Ctrl-C is typed into the remote terminal.
+
+Exit status: the command's; 128+N when a signal N killed it; 124 when --timeout ended it;
+127 when the command is not found; 1 when sbx itself failed; 2 for a usage error.")]
 pub struct SandboxExecArgs {
     #[command(flatten)]
     pub scope: WorkspaceScope,
     #[command(flatten)]
     pub target: SandboxTarget,
-    /// Kill the command after this many seconds (0: no timeout).
+    /// Pass sbx's stdin to the command (read as it comes, until its end). Without it the
+    /// command's stdin is empty.
+    #[arg(short = 'i', long = "stdin")]
+    pub stdin: bool,
+    /// Run the command on a terminal (a pty inside, with this terminal's size and TERM; output
+    /// comes as one stream). With -i, this terminal goes raw so keys reach the command as typed.
+    /// sbx's stdin must be a terminal.
+    #[arg(short = 't', long = "tty")]
+    pub tty: bool,
+    /// The command's working directory inside the sandbox (default: the sandbox's own).
+    #[arg(long, value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// Kill the command after this many seconds (0: no timeout); sbx then exits with 124.
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     pub timeout: u32,
     /// An environment variable for the command, KEY=VALUE; repeatable.

@@ -6,7 +6,7 @@ use rand::RngExt;
 use sbx_proto::v1::{
     CreateSandboxRequest, CreateWorkspaceRequest, DeleteWorkspaceRequest, ExecRequest, ImageRef,
     ListSandboxesRequest, ListWorkspacesRequest, LogsRequest, PullImageRequest, Resources,
-    SandboxRef, SandboxSpec, WatchSandboxesRequest, WorkspaceRef,
+    SandboxRef, SandboxSpec, Tty, WatchSandboxesRequest, WorkspaceRef,
 };
 
 use super::{
@@ -170,13 +170,17 @@ pub fn list_sandboxes_request(args: &SandboxListArgs, page_token: &str) -> ListS
     }
 }
 
-pub fn exec_request(args: &SandboxExecArgs) -> Result<ExecRequest, CliError> {
+/// The exec's start message. `tty` is what `-t` found out about the local terminal (its size
+/// and TERM; None without -t): reading it is IO, so the caller does it.
+pub fn exec_request(args: &SandboxExecArgs, tty: Option<Tty>) -> Result<ExecRequest, CliError> {
     Ok(ExecRequest {
         sandbox: Some(sandbox_ref(&args.scope, &args.target)),
         command: args.command.clone(),
         env: key_value_map("--env", &args.env)?,
         timeout_seconds: args.timeout,
-        ..Default::default()
+        workdir: args.workdir.clone().unwrap_or_default(),
+        stdin: args.stdin,
+        tty,
     })
 }
 

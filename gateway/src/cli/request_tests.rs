@@ -7,7 +7,7 @@ use clap::Parser;
 use rand::SeedableRng;
 use sbx_proto::v1::{
     CreateSandboxRequest, ExecRequest, LogsRequest, PullImageRequest, Resources, SandboxRef,
-    SandboxSpec, WatchSandboxesRequest, WorkspaceRef,
+    SandboxSpec, Tty, WatchSandboxesRequest, WorkspaceRef,
 };
 
 use super::*;
@@ -391,7 +391,7 @@ fn list_exec_logs_watch_requests() {
         panic!("not exec");
     };
     assert_eq!(
-        exec_request(&args).unwrap(),
+        exec_request(&args, None).unwrap(),
         ExecRequest {
             sandbox: Some(SandboxRef {
                 id: String::new(),
@@ -404,6 +404,37 @@ fn list_exec_logs_watch_requests() {
             ..Default::default()
         }
     );
+
+    // -i, -t (combined, as with docker) and --workdir; the terminal is what the caller read.
+    let SandboxCommand::Exec(args) =
+        sandbox(&["exec", "-it", "--workdir", "/tmp", "web", "--", "sh"])
+    else {
+        panic!("not exec");
+    };
+    let tty = Tty {
+        rows: 33,
+        cols: 77,
+        term: "vt100".into(),
+    };
+    let req = exec_request(&args, Some(tty.clone())).unwrap();
+    assert!(req.stdin);
+    assert_eq!(req.tty, Some(tty));
+    assert_eq!(req.workdir, "/tmp");
+    assert_eq!(req.command, strings(&["sh"]));
+    // Without -i no stdin is sent, without -t no terminal, without --workdir the sandbox's own.
+    let SandboxCommand::Exec(args) = sandbox(&["exec", "web", "--", "cat"]) else {
+        panic!("not exec");
+    };
+    assert!(!args.tty);
+    let req = exec_request(&args, None).unwrap();
+    assert!(!req.stdin);
+    assert_eq!(req.tty, None);
+    assert_eq!(req.workdir, "");
+    let SandboxCommand::Exec(args) = sandbox(&["exec", "--stdin", "--tty", "web", "--", "x"])
+    else {
+        panic!("not exec");
+    };
+    assert!(args.stdin && args.tty);
 
     let SandboxCommand::Logs(args) = sandbox(&["logs", "-f", "--tail", "10", "--id", ID]) else {
         panic!("not logs");

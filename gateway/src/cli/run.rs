@@ -40,6 +40,9 @@ const BROKEN_PIPE_EXIT: u8 = 141;
 /// The conventional exit status after SIGINT (128 + 2), for a Ctrl-C while waiting for Ready.
 const INTERRUPTED_EXIT: u8 = 130;
 
+/// The exit status of a command killed by `--timeout`, as timeout(1) has it.
+const TIMED_OUT_EXIT: u8 = 124;
+
 /// Runs the command on a fresh single-threaded runtime, prints any error as one
 /// `error: …` line on stderr, and returns the process exit code.
 pub fn run_to_exit_code(cli: Cli) -> u8 {
@@ -69,8 +72,11 @@ pub fn outcome(result: Result<u8, CliError>) -> (u8, Option<String>) {
         Err(CliError::Io(err)) if err.kind() == std::io::ErrorKind::BrokenPipe => {
             (BROKEN_PIPE_EXIT, None)
         }
-        Err(err @ CliError::Usage(_)) => (2, Some(format!("error: {err}"))),
-        Err(err @ CliError::Interrupted { .. }) => {
+        Err(err @ (CliError::Usage(_) | CliError::NotATerminal)) => {
+            (2, Some(format!("error: {err}")))
+        }
+        Err(err @ CliError::ExecTimedOut { .. }) => (TIMED_OUT_EXIT, Some(format!("error: {err}"))),
+        Err(err @ (CliError::Interrupted { .. } | CliError::ExecAbandoned)) => {
             (INTERRUPTED_EXIT, Some(format!("error: {err}")))
         }
         Err(err) => (1, Some(format!("error: {err}"))),
@@ -305,7 +311,14 @@ async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError
             Ok(0)
         }
         SandboxCommand::Exec(args) => {
-            let req = request::exec_request(&args)?;
+            // -t needs a terminal to take the size and keystrokes from.
+            if args.tty && !super::terminal::stdin_is_terminal() {
+                return Err(CliError::NotATerminal);
+            }
+            let tty = args
+                .tty
+                .then(|| super::terminal::tty_request(std::env::var("TERM").ok()));
+            let req = request::exec_request(&args, tty)?;
             let mut client = SandboxServiceClient::new(connect(endpoint).await?);
             stream::exec(&mut client, req).await
         }

@@ -1,6 +1,7 @@
-//! Passing server streams through: exec output, logs, watch events.
+//! Passing server streams through: exec (both ways), logs, watch events.
 
-use std::io::Write;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
 use sbx_proto::v1::exec_input::Input;
 use sbx_proto::v1::exec_output::Chunk;
@@ -8,9 +9,15 @@ use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::{
     ExecExit, ExecInput, ExecOutput, ExecRequest, LogsRequest, WatchSandboxesRequest,
 };
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::transport::Channel;
+use tonic_types::StatusExt;
 
 use super::output::{Style, render_event, watch_header};
+use super::terminal::{self, RawMode};
 use super::{CliError, OutputFormat};
 
 /// The CLI's exit code for a finished exec: killed by signal N → 128+N; else the command's
@@ -50,23 +57,188 @@ pub fn pass_exec_output(
     }
 }
 
-/// Runs the exec and returns the exit code the CLI should end with.
+/// Runs the exec and returns the exit code the CLI should end with. What is sent besides the
+/// start follows from `request`: stdin read from sbx's own when `request.stdin` (-i), the local
+/// terminal made raw when that and `request.tty` (-it), window-size changes with a tty, and the
+/// signals that would end sbx forwarded (see [`Interrupts`]).
 pub async fn exec(
     client: &mut SandboxServiceClient<Channel>,
     request: ExecRequest,
 ) -> Result<u8, CliError> {
+    let began = Instant::now();
+    let timeout = request.timeout_seconds;
+    let tty = request.tty.is_some();
+    let interactive = request.stdin;
+    // Handlers first: from here on SIGINT/SIGTERM/SIGHUP no longer end sbx by themselves, so
+    // they cannot leave a raw terminal behind.
+    let mut interrupts = Interrupts::new()?;
+    let mut resizes = if tty {
+        Some(signal(SignalKind::window_change()).map_err(setup("handle SIGWINCH"))?)
+    } else {
+        None
+    };
+    // Lives until this function returns, so the terminal is restored before any error is
+    // printed by the caller.
+    let _raw = if tty && interactive {
+        Some(RawMode::enter().map_err(setup("put the terminal on stdin into raw mode"))?)
+    } else {
+        None
+    };
+    let stdin = if interactive {
+        spawn_stdin_reader()?
+    } else {
+        // Nothing to read: the command's stdin is /dev/null and the stream sends no stdin.
+        mpsc::channel(1).1
+    };
+    let (control, control_rx) = mpsc::unbounded_channel::<ExecInput>();
     let start = ExecInput {
         input: Some(Input::Start(request)),
     };
-    let mut stream = client.exec(tokio_stream::once(start)).await?.into_inner();
+    // Signals and resizes have their own channel so they are never stuck behind stdin chunks
+    // the gateway is not taking yet.
+    let outgoing = tokio_stream::once(start)
+        .chain(UnboundedReceiverStream::new(control_rx).merge(ReceiverStream::new(stdin)));
+    let failed = |status: tonic::Status| exec_failure(status, timeout, began.elapsed());
+    let mut stream = client.exec(outgoing).await.map_err(failed)?.into_inner();
     let mut out = std::io::stdout().lock();
     let mut err = std::io::stderr().lock();
-    while let Some(message) = stream.message().await? {
-        if let Some(code) = pass_exec_output(message, &mut out, &mut err)? {
-            return Ok(code);
+    loop {
+        tokio::select! {
+            message = stream.message() => match message.map_err(failed)? {
+                Some(message) => {
+                    if let Some(code) = pass_exec_output(message, &mut out, &mut err)? {
+                        return Ok(code);
+                    }
+                }
+                None => return Err(CliError::ExecWithoutExit),
+            },
+            number = interrupts.next() => {
+                let number = number.ok_or(CliError::ExecAbandoned)?;
+                // The gateway gone is seen on the output side; nothing to do here.
+                let _ = control.send(ExecInput { input: Some(Input::Signal(number)) });
+            }
+            Some(()) = next_resize(&mut resizes) => {
+                if let Some(size) = terminal::stdin_size() {
+                    let _ = control.send(ExecInput { input: Some(Input::Resize(size)) });
+                }
+            }
         }
     }
-    Err(CliError::ExecWithoutExit)
+}
+
+/// Bytes read from stdin per message (and per read): 32 KiB.
+const STDIN_CHUNK: usize = 32 * 1024;
+/// Chunks waiting for the gateway before the reader stops reading: with [`STDIN_CHUNK`],
+/// at most 4 × 32 KiB = 128 KiB of stdin is held, whatever its size (the gRPC stream's own
+/// flow-control window comes on top).
+const STDIN_CHUNKS_IN_FLIGHT: usize = 4;
+
+/// Reads stdin on a thread of its own (a blocking read cannot be cancelled; the thread is
+/// simply left behind when the command ends first, so sbx never waits for more input) and
+/// passes it on as it comes: stdin chunks through a bounded channel (back-pressure: the read
+/// waits while the gateway is not taking), then close_stdin at its end. A read error (a
+/// terminal hung up: EIO) counts as the end.
+fn spawn_stdin_reader() -> Result<mpsc::Receiver<ExecInput>, CliError> {
+    let (tx, rx) = mpsc::channel(STDIN_CHUNKS_IN_FLIGHT);
+    std::thread::Builder::new()
+        .name("sbx-stdin".into())
+        .spawn(move || {
+            let mut stdin = std::io::stdin();
+            let mut buf = vec![0u8; STDIN_CHUNK];
+            loop {
+                let n = match stdin.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                let chunk = ExecInput {
+                    input: Some(Input::Stdin(buf[..n].to_vec())),
+                };
+                if tx.blocking_send(chunk).is_err() {
+                    // The exec is over.
+                    return;
+                }
+            }
+            let _ = tx.blocking_send(ExecInput {
+                input: Some(Input::CloseStdin(true)),
+            });
+        })
+        .map_err(setup("start the thread that reads stdin"))?;
+    Ok(rx)
+}
+
+/// The next window-size change, or never when there is no terminal.
+async fn next_resize(resizes: &mut Option<Signal>) -> Option<()> {
+    match resizes {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The signals that would end sbx — SIGINT (Ctrl-C without -t), SIGTERM, SIGHUP — turned into
+/// what to send the command: the first one as itself, the second SIGKILL (as kubectl and
+/// docker users press Ctrl-C again when a command ignores the first), and on the third sbx
+/// stops waiting.
+struct Interrupts {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+    seen: u32,
+}
+
+impl Interrupts {
+    fn new() -> Result<Interrupts, CliError> {
+        let handle = |kind, what| signal(kind).map_err(setup(what));
+        Ok(Interrupts {
+            int: handle(SignalKind::interrupt(), "handle SIGINT")?,
+            term: handle(SignalKind::terminate(), "handle SIGTERM")?,
+            hup: handle(SignalKind::hangup(), "handle SIGHUP")?,
+            seen: 0,
+        })
+    }
+
+    /// The signal number to send for the next interrupt, or None when it is time to give up.
+    async fn next(&mut self) -> Option<i32> {
+        let number = tokio::select! {
+            _ = self.int.recv() => 2,
+            _ = self.term.recv() => 15,
+            _ = self.hup.recv() => 1,
+        };
+        self.seen += 1;
+        escalate(self.seen, number)
+    }
+}
+
+/// What the `seen`-th interrupt (1-based) of signal `number` sends: itself, then 9, then None.
+fn escalate(seen: u32, number: i32) -> Option<i32> {
+    match seen {
+        1 => Some(number),
+        2 => Some(9),
+        _ => None,
+    }
+}
+
+/// The error for a failed exec call or stream. DEADLINE_EXCEEDED once `--timeout` has passed
+/// is the command's timeout (a driver deadline is reported with the same code, but cannot
+/// come after the full timeout has run: it is reported as the gateway said). A status without
+/// the gateway's ErrorInfo is the transport's (connection reset, sbxd gone): the stream broke.
+fn exec_failure(status: tonic::Status, timeout: u32, elapsed: Duration) -> CliError {
+    if status.code() == tonic::Code::DeadlineExceeded
+        && timeout > 0
+        && elapsed >= Duration::from_secs(u64::from(timeout))
+    {
+        CliError::ExecTimedOut { seconds: timeout }
+    } else if status.get_details_error_info().is_none() {
+        CliError::ExecBroken(status)
+    } else {
+        CliError::Rpc(status)
+    }
+}
+
+/// Maps a local setup failure to [`CliError::ExecSetup`] saying what failed.
+fn setup(what: &'static str) -> impl Fn(std::io::Error) -> CliError {
+    move |cause| CliError::ExecSetup { what, cause }
 }
 
 /// Copies the workload's output to stdout until the stream ends (never, with `follow`, until
@@ -137,6 +309,49 @@ mod tests {
         check(-1, 2, 130);
         check(-1, 0, 1);
         check(-1, 200, 255);
+    }
+
+    #[test]
+    fn interrupts_escalate_to_sigkill_then_give_up() {
+        assert_eq!(escalate(1, 2), Some(2));
+        assert_eq!(escalate(1, 15), Some(15));
+        assert_eq!(escalate(2, 2), Some(9));
+        assert_eq!(escalate(3, 2), None);
+    }
+
+    #[test]
+    fn a_deadline_after_the_timeout_is_the_commands_timeout() {
+        let deadline = || {
+            tonic::Status::with_error_details(
+                tonic::Code::DeadlineExceeded,
+                "exec did not finish within 2s",
+                tonic_types::ErrorDetails::with_error_info(
+                    "DRIVER_DEADLINE_EXCEEDED",
+                    "sbx.dev",
+                    std::collections::HashMap::new(),
+                ),
+            )
+        };
+        let after = Duration::from_millis(2_100);
+        assert!(matches!(
+            exec_failure(deadline(), 2, after),
+            CliError::ExecTimedOut { seconds: 2 }
+        ));
+        // Before the timeout has run, or without one, it is a deadline of the gateway's.
+        let early = Duration::from_millis(500);
+        assert!(matches!(
+            exec_failure(deadline(), 2, early),
+            CliError::Rpc(_)
+        ));
+        assert!(matches!(
+            exec_failure(deadline(), 0, after),
+            CliError::Rpc(_)
+        ));
+        // A status the gateway did not make (no ErrorInfo) is the connection's.
+        assert!(matches!(
+            exec_failure(tonic::Status::unavailable("connection reset"), 2, early),
+            CliError::ExecBroken(_)
+        ));
     }
 
     #[test]
