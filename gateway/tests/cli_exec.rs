@@ -8,6 +8,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use common::{CliRun, DataDir, SBX, Sbxd, mounts_under, oci_containers, sbx, uniq
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rustix::termios::{LocalModes, Winsize, tcgetattr, tcsetwinsize};
+use sbx_drivers::oci::OciDriver;
 use sha2::{Digest, Sha256};
 
 /// How long a command that should end at once may take.
@@ -25,6 +27,7 @@ const QUICK: Duration = Duration::from_secs(20);
 struct World {
     sbxd: Sbxd,
     data: DataDir,
+    cgroup_parent: String,
 }
 
 impl World {
@@ -32,7 +35,11 @@ impl World {
         let data = DataDir::new();
         let cgroup_parent = format!("sbx-gateway-tests-exec-{}", unique());
         let sbxd = Sbxd::start(data.path(), "", &["--oci-cgroup-parent", &cgroup_parent]);
-        let w = World { sbxd, data };
+        let w = World {
+            sbxd,
+            data,
+            cgroup_parent,
+        };
         let created = w.sbx(&["sandbox", "create", "-n", "box", "--", "sleep", "3600"]);
         assert_eq!(created.code, 0, "{created:?}");
         w
@@ -81,6 +88,17 @@ impl World {
             oci_containers(data)
         );
         assert!(mounts_under(data).is_empty(), "{:?}", mounts_under(data));
+        let cgroups = OciDriver::cgroup_leftovers(&self.cgroup_parent);
+        assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
+        // The (empty) parent itself, in every hierarchy it was made in.
+        for entry in std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = std::fs::remove_dir(entry.path().join(&self.cgroup_parent));
+        }
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(&self.cgroup_parent));
     }
 }
 
