@@ -94,6 +94,27 @@ async fn vm_data_markers_and_rediscovery() {
     assert_eq!((code, out.as_str()), (0, "demo\n"));
     assert!(logs(&driver, &sid).await.contains("workload-started"));
 
+    // Loopback is up: a server started by one exec answers another exec on 127.0.0.1.
+    let (code, _, err) = exec(
+        &driver,
+        &sid,
+        "mkdir -p /tmp/www && echo served-from-loopback > /tmp/www/index.html && \
+         busybox httpd -p 127.0.0.1:8080 -h /tmp/www",
+    )
+    .await;
+    assert_eq!(code, 0, "httpd did not start: {err}");
+    let (code, out, err) = exec(&driver, &sid, "wget -q -O - http://127.0.0.1:8080/").await;
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "served-from-loopback\n"),
+        "wget through the guest's loopback: {err}"
+    );
+    let began = std::time::Instant::now();
+    for _ in 0..5 {
+        assert_eq!(exec(&driver, &sid, "true").await.0, 0);
+    }
+    eprintln!("exec round trip (true): {:?}", began.elapsed() / 5);
+
     // The driver goes away; the VM does not. A new instance finds it: by its record…
     drop(driver);
     let driver = env.open().await;

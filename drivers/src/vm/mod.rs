@@ -32,7 +32,8 @@
 //!   most 1 MiB per stream; the exit status is the guest shell's (128 + n after signal n).
 //!   Environment variable names must be shell identifiers.
 //! - The spec's `image` is ignored (every guest runs the busybox initramfs), with a warning.
-//! - No network device. The console log grows without rotation and also holds the kernel's
+//! - No network device: only the loopback, which the init brings up (a server in the guest
+//!   answers its other processes and execs on 127.0.0.1). The console log grows without rotation and also holds the kernel's
 //!   few messages (it boots `quiet`).
 //! - Under TCG a boot takes seconds and the guest's clock rate comes from the host's
 //!   `/proc/cpuinfo` (`tsc_early_khz`): microvm has no timer to calibrate against.

@@ -32,6 +32,8 @@ while read -r module; do
   if [ "$module" = virtio_mmio ]; then insmod "/lib/modules/$module.ko" $mmio; else insmod "/lib/modules/$module.ko"; fi
 done < /etc/sbx/modules
 hostname "$SBX_HOSTNAME"
+# Loopback: a server inside the sandbox is reachable from its other processes (and execs).
+ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
 
 waited=0
 until [ -b /dev/vda ]; do
