@@ -16,4 +16,5 @@
 
 pub mod archive;
 pub mod server;
+pub mod signals;
 pub mod wire;

@@ -11,11 +11,19 @@ const LISTEN_FD: i32 = 3;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("serve") => {}
+        Some("serve") => sbx_agent::signals::reset(),
+        Some("run") => {
+            let (message, code) = sbx_agent::signals::run(&args[1..]);
+            eprintln!("{message}");
+            return ExitCode::from(code);
+        }
         Some("--help" | "-h") | None => {
             println!(
-                "usage: sbx-agent serve\n\nServes exec on the listening Unix socket inherited \
-                 as fd {LISTEN_FD}. Started by a sandbox's init; not a command for people."
+                "usage: sbx-agent serve | sbx-agent run CMD [ARGS…]\n\nserve: serves exec, \
+                 copy and port-forward on the listening Unix socket inherited as fd {LISTEN_FD}.\n\
+                 run: becomes CMD with every signal at its default action (a shell's \
+                 background job starts with SIGINT ignored).\nStarted by a sandbox's init; \
+                 not a command for people."
             );
             return ExitCode::SUCCESS;
         }
@@ -24,7 +32,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    mark_inherited_close_on_exec();
+    // The process driver's shim hands the agent binary over as fd 4: no exec'd command gets it.
+    sbx_agent::signals::close_on_exec_above(LISTEN_FD);
     let Some(listener) = inherited_listener() else {
         eprintln!("sbx-agent: fd {LISTEN_FD} is not a listening Unix socket");
         return ExitCode::from(2);
@@ -56,23 +65,4 @@ fn inherited_listener() -> Option<UnixListener> {
     // SAFETY: as above; from here the descriptor is owned by the listener alone.
     let owned = unsafe { OwnedFd::from_raw_fd(LISTEN_FD) };
     Some(UnixListener::from(owned))
-}
-
-/// Marks every descriptor above 3 that the agent inherited (the process driver's shim hands
-/// it the agent binary as 4) close-on-exec, so no exec'd command inherits it.
-#[allow(unsafe_code)]
-fn mark_inherited_close_on_exec() {
-    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
-    let fds: Vec<i32> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|&fd| fd > LISTEN_FD)
-        .collect();
-    for fd in fds {
-        // SAFETY: only the descriptor's flags change; it stays open and unowned. One that
-        // was the directory listing's own (closed by now) answers EBADF, which is ignored.
-        let borrowed = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-        let _ = rustix::io::fcntl_setfd(borrowed, rustix::io::FdFlags::CLOEXEC);
-    }
 }

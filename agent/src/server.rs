@@ -446,9 +446,12 @@ fn spawn(cmd: &mut Command, req: &ExecRequest) -> io::Result<(Child, Stdio3)> {
                 .stderr(Stdio::from(slave));
             set_controlling_terminal(cmd);
             let child = cmd.spawn()?;
-            // The command's copies of the slave are its own now; ours are closed (they were
-            // moved into `cmd`, dropped with its stdio at the end of `spawn`), so the master
-            // reads end-of-file once the command and its children close theirs.
+            // The command's copies of the slave are its own now; ours (held by `cmd`, which
+            // outlives this call) are closed here, so the master reads end-of-file once the
+            // command and its children close theirs — not only after the drain deadline.
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
             Ok((
                 child,
                 Stdio3::Pty {

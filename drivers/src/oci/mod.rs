@@ -77,16 +77,20 @@ pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
 pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the command, passes SIGTERM on to every process of
 # the sandbox, reaps orphans, and records the command's status in the run directory.
 run="$1"; shift
-if ! command -v "$1" >/dev/null 2>&1; then
+# A program only (a path): a shell builtin or function is not a command a container runs.
+case "$(command -v "$1" 2>/dev/null)" in */*) found=1 ;; *) found="" ;; esac
+if [ -z "$found" ]; then
   echo "command not found: $1" >&2
   printf '%s\n' "$1" > "$run/not-found"
   printf '127\n' > "$run/exit"
   exit 127
 fi
 trap 'kill -TERM -1 2>/dev/null' TERM INT
-# The exec agent, on the listening socket the driver handed over as fd 3, which only the
-# agent keeps: if it ends, a connection is refused rather than left waiting.
-"$@" 3<&- &
+# The main process through `sbx-agent run`, which puts back the SIGINT and SIGQUIT this
+# shell's `&` ignores; then the exec agent, on the listening socket the driver handed over as
+# fd 3, which only the agent keeps: if it ends, a connection is refused rather than left
+# waiting.
+/dev/.sbx/sbx-agent run "$@" 3<&- &
 child=$!
 /dev/.sbx/sbx-agent serve 2>>"$run/agent.log" &
 exec 3<&-

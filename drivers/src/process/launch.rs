@@ -61,7 +61,8 @@ jail() {
 /// GID_MAP CGROUP_DIR… -- HIDDEN_PATH… -- COMMAND…`, with the exec agent's listening socket
 /// as fd 3. The agent (`sbx-agent`, see [`crate::host::agent`]) is opened as fd 4 before the
 /// driver's state is hidden and run as `/proc/self/fd/4`, in the workload's kind of user
-/// namespace, from `/sandbox`; the main process gets neither descriptor. Exit status 125 means the sandbox could not
+/// namespace, from `/sandbox`; the main process runs through `sbx-agent run` (which puts back
+/// the SIGINT and SIGQUIT a shell's `&` ignores, and passes on no descriptor but stdio). Exit status 125 means the sandbox could not
 /// be set up (the reason is in the log). The shim sends its output and the workload's to LOG
 /// itself; what `unshare` says (for example when the shim is SIGKILLed) goes to the run's
 /// `launcher.log`, not into the workload's log. `init` and `exit` are written by one `printf`
@@ -101,14 +102,15 @@ done
 shift
 printf '%s
 ' "$stat" > init || exit 125
-if ! (cd /sandbox && PATH="$userpath" && command -v "$1") >/dev/null 2>&1; then
+case "$(cd /sandbox && PATH="$userpath" && command -v "$1" 2>/dev/null)" in */*) found=1 ;; *) found="" ;; esac
+if [ -z "$found" ]; then
   echo "command not found: $1" >&2
   printf '%s
 ' "$1" > not-found; printf '127
 ' > exit; exit 127
 fi
 trap 'kill -TERM -1 2>/dev/null' TERM
-(cd /sandbox || exit 125; jail "$@") 3<&- 4<&- &
+(cd /sandbox || exit 125; jail /proc/self/fd/4 run "$@") 3<&- &
 child=$!
 (exec 2>>agent.log; cd /sandbox || exit 125; jail /proc/self/fd/4 serve) &
 exec 3<&- 4<&-

@@ -1,0 +1,63 @@
+//! Signal dispositions for what the agent starts.
+//!
+//! A non-interactive shell starts a background command (`cmd &`) with SIGINT and SIGQUIT
+//! ignored, and an ignored signal stays ignored across exec: the sandbox's init starts both
+//! the main process and the agent that way, so without this a Ctrl-C (SIGINT) sent to an
+//! exec'd command or to the main process would do nothing. [`reset`] puts every ignored signal
+//! back to its default and unblocks all; the agent does it at start (its commands inherit
+//! that), and `sbx-agent run CMD…` does it before it becomes the main process.
+
+use std::os::unix::process::CommandExt;
+
+/// Every signal the process ignores goes back to its default action; none stays blocked.
+#[allow(unsafe_code)]
+pub fn reset() {
+    use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
+    for sig in Signal::iterator() {
+        if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
+            continue;
+        }
+        // SAFETY: SIG_DFL installs no handler (no code of ours runs on delivery); the
+        // process has no handlers of its own to lose (an exec cleared them, and the agent
+        // installs none), and this runs before any thread is started.
+        let _ = unsafe { nix::sys::signal::signal(sig, SigHandler::SigDfl) };
+    }
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+}
+
+/// Marks every descriptor above `fd` close-on-exec, so a command started next inherits none
+/// of what this process was handed (the process driver's shim passes the agent binary as 4).
+#[allow(unsafe_code)]
+pub fn close_on_exec_above(fd: i32) {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&n| n > fd)
+        .collect();
+    for n in fds {
+        // SAFETY: only the descriptor's flags change; it stays open and unowned. The
+        // directory listing's own descriptor is closed by now and answers EBADF, ignored.
+        let borrowed = unsafe { rustix::fd::BorrowedFd::borrow_raw(n) };
+        let _ = rustix::io::fcntl_setfd(borrowed, rustix::io::FdFlags::CLOEXEC);
+    }
+}
+
+/// `sbx-agent run CMD ARGS…`: [`reset`], no descriptor but stdio passed on, then becomes CMD
+/// (looked up on PATH). Returns only
+/// when CMD cannot be run: the message and the shell's exit status for it (127 not found,
+/// 126 not executable).
+pub fn run(args: &[String]) -> (String, u8) {
+    let Some((cmd, rest)) = args.split_first() else {
+        return ("usage: sbx-agent run CMD [ARGS…]".to_string(), 2);
+    };
+    reset();
+    close_on_exec_above(2);
+    let err = std::process::Command::new(cmd).args(rest).exec();
+    match err.kind() {
+        std::io::ErrorKind::NotFound => (format!("command not found: {cmd}"), 127),
+        std::io::ErrorKind::PermissionDenied => (format!("permission denied: {cmd}"), 126),
+        _ => (format!("{cmd}: {err}"), 126),
+    }
+}
