@@ -12,6 +12,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("serve") => sbx_agent::signals::reset(),
+        Some("which") => {
+            let found = args.get(1).is_some_and(|c| sbx_agent::signals::which(c));
+            return if found { ExitCode::SUCCESS } else { ExitCode::from(1) };
+        }
         Some("run") => {
             let (message, code) = sbx_agent::signals::run(&args[1..]);
             eprintln!("{message}");

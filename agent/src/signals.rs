@@ -44,6 +44,14 @@ pub fn close_on_exec_above(fd: i32) {
     }
 }
 
+/// `sbx-agent which CMD`: whether [`run`] would find CMD (a program on PATH, or a path with a
+/// `/`, executable), with the same lookup as the agent's exec.
+pub fn which(cmd: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    crate::server::find_program(cmd.as_ref(), &path, &cwd).is_some()
+}
+
 /// `sbx-agent run CMD ARGS…`: [`reset`], no descriptor but stdio passed on, then becomes CMD
 /// (looked up on PATH). Returns only
 /// when CMD cannot be run: the message and the shell's exit status for it (127 not found,

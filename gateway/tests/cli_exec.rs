@@ -396,8 +396,6 @@ fn sigterm_is_forwarded_and_a_second_interrupt_kills() {
 }
 
 #[test]
-#[ignore = "the agent starts commands with SIGINT ignored (inherited from the `&` that starts \
-            it in the oci init and the process shim), so SIGINT forwarded cannot end them"]
 fn ctrl_c_ends_the_remote_command() {
     let w = World::new();
     // Without -t: sbx catches SIGINT and sends it on; the command dies of it (128+2).

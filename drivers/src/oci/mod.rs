@@ -77,9 +77,9 @@ pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
 pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the command, passes SIGTERM on to every process of
 # the sandbox, reaps orphans, and records the command's status in the run directory.
 run="$1"; shift
-# A program only (a path): a shell builtin or function is not a command a container runs.
-case "$(command -v "$1" 2>/dev/null)" in */*) found=1 ;; *) found="" ;; esac
-if [ -z "$found" ]; then
+# Looked up as `sbx-agent run` will run it (a program on PATH, not one of this busybox's
+# applets or a shell builtin, which `command -v` would also find).
+if ! /dev/.sbx/sbx-agent which "$1"; then
   echo "command not found: $1" >&2
   printf '%s\n' "$1" > "$run/not-found"
   printf '127\n' > "$run/exit"

@@ -102,8 +102,7 @@ done
 shift
 printf '%s
 ' "$stat" > init || exit 125
-case "$(cd /sandbox && PATH="$userpath" && command -v "$1" 2>/dev/null)" in */*) found=1 ;; *) found="" ;; esac
-if [ -z "$found" ]; then
+if ! (cd /sandbox && PATH="$userpath" && command -v "$1") >/dev/null 2>&1; then
   echo "command not found: $1" >&2
   printf '%s
 ' "$1" > not-found; printf '127
