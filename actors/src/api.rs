@@ -448,6 +448,28 @@ impl Gateway {
         Ok(ReceiverStream::new(rx))
     }
 
+    /// The default driver's name and every driver's capabilities (each asked with a 2 s
+    /// deadline; one that does not answer carries the error instead).
+    pub async fn drivers_info(
+        &self,
+    ) -> (
+        String,
+        Vec<(String, std::result::Result<pb::CapabilitiesResponse, String>)>,
+    ) {
+        let mut out = Vec::new();
+        for (name, driver) in self.shared.drivers.iter() {
+            let caps = match tokio::time::timeout(Duration::from_secs(2), driver.capabilities())
+                .await
+            {
+                Ok(Ok(caps)) => Ok(caps),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no answer within 2 s".to_string()),
+            };
+            out.push((name.clone(), caps));
+        }
+        (self.shared.drivers.default_name().to_string(), out)
+    }
+
     /// Runs a command inside a Ready sandbox, with no input.
     pub async fn exec(
         &self,

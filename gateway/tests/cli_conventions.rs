@@ -51,8 +51,8 @@ fn resource_quantities_as_people_write_them() {
     assert_eq!(names.as_array().map(Vec::len), Some(3), "{names}");
 }
 
-/// `sbx version` names the client's version, says whether the gateway answers and what it
-/// does not report, and exits 0 with a gateway down too.
+/// `sbx version` names the client's version and the gateway's, its default driver and its
+/// drivers' features, and exits 0 with a gateway down too.
 #[test]
 fn version_with_and_without_a_gateway() {
     let data = DataDir::new();
@@ -63,9 +63,17 @@ fn version_with_and_without_a_gateway() {
     let text = up.ok();
     assert!(text.starts_with(&client), "{up:?}");
     assert!(text.contains(&format!("Server: {ep} (serving)")), "{up:?}");
-    assert!(text.contains("Server Version: not reported"), "{up:?}");
+    assert!(
+        text.contains(&format!("Server Version: {}\n", env!("CARGO_PKG_VERSION"))),
+        "{up:?}"
+    );
+    assert!(text.contains("Default Driver: sim\n"), "{up:?}");
+    // The sim models stdin (its `cat`), nothing else of the data plane.
+    assert!(text.contains("Driver sim: sim (exec with stdin); "), "{up:?}");
     let json = sbx(&ep, &["version", "-o", "json"]).json();
     assert_eq!(json["server"]["reachable"], true, "{json}");
+    assert_eq!(json["server"]["default_driver"], "sim", "{json}");
+    assert_eq!(json["server"]["drivers"][0]["features"][0], "stdin", "{json}");
 
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let down_ep = format!("http://{}", closed.local_addr().unwrap());

@@ -1,9 +1,9 @@
 //! `sbx version` and `sbx completion`: what the CLI says about itself.
 //!
-//! The sbx.v1 API has no call that reports the gateway's version or its default driver, so
-//! `sbx version` says what it can learn, whether the gateway answers its health service
-//! (within about 2 s), and says in so many words that the rest is not reported, rather than
-//! guessing.
+//! `sbx version` prints the client's version, then asks the gateway (health, then
+//! `GatewayService.GetGatewayInfo`, within about 2 s each) for its version, its default
+//! driver and what each driver can do. A gateway that does not answer is said to be
+//! unreachable, with why; the command still exits 0 with the client's version.
 
 use std::io::Write;
 
@@ -31,20 +31,78 @@ pub struct ServerVersion {
     pub reachable: bool,
     /// Why the gateway is not reachable (empty when it is).
     pub error: String,
-    /// The gateway's version; `None`: the API does not report it.
+    /// The gateway's version; `None`: not known (unreachable, or an older gateway).
     pub version: Option<String>,
-    /// The gateway's default driver; `None`: the API does not report it.
+    /// The gateway's default driver; `None`: not known.
     pub default_driver: Option<String>,
+    /// Every driver of the gateway and what it can do.
+    pub drivers: Vec<DriverView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DriverView {
+    pub name: String,
+    pub kind: String,
+    pub isolation: String,
+    /// What exec and its neighbours can do on it: "stdin", "tty", "cp", "port-forward",
+    /// "images".
+    pub features: Vec<String>,
+    /// Why its capabilities are unknown, or empty.
+    pub error: String,
+}
+
+impl DriverView {
+    fn from_info(d: sbx_proto::v1::DriverInfo) -> DriverView {
+        let features = [
+            (d.exec_stdin, "stdin"),
+            (d.exec_tty, "tty"),
+            (d.copy, "cp"),
+            (d.port_forward, "port-forward"),
+            (d.images, "images"),
+        ]
+        .iter()
+        .filter(|(has, _)| *has)
+        .map(|(_, name)| name.to_string())
+        .collect();
+        DriverView {
+            name: d.name,
+            kind: d.kind,
+            isolation: d.isolation,
+            features,
+            error: d.error,
+        }
+    }
 }
 
 /// The client's version, the version of this crate (the workspace version).
 pub const CLIENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// What the gateway at `endpoint` told us: `health` is the outcome of one health check.
-pub fn version_view(endpoint: &str, health: Result<(), String>) -> VersionView {
-    let (reachable, error) = match health {
+/// What the gateway at `endpoint` told us: `health` is the outcome of one health check,
+/// `info` its answer to GetGatewayInfo (an error from an older gateway leaves the server's
+/// fields unknown, and says so).
+pub fn version_view(
+    endpoint: &str,
+    health: Result<(), String>,
+    info: Option<Result<sbx_proto::v1::GatewayInfo, String>>,
+) -> VersionView {
+    let (reachable, mut error) = match health {
         Ok(()) => (true, String::new()),
         Err(cause) => (false, cause),
+    };
+    let (version, default_driver, drivers) = match info {
+        Some(Ok(info)) => (
+            Some(info.version),
+            Some(info.default_driver),
+            info.drivers
+                .into_iter()
+                .map(DriverView::from_info)
+                .collect(),
+        ),
+        Some(Err(why)) => {
+            error = why;
+            (None, None, Vec::new())
+        }
+        None => (None, None, Vec::new()),
     };
     VersionView {
         client: ClientVersion {
@@ -54,8 +112,9 @@ pub fn version_view(endpoint: &str, health: Result<(), String>) -> VersionView {
             endpoint: endpoint.to_string(),
             reachable,
             error,
-            version: None,
-            default_driver: None,
+            version,
+            default_driver,
+            drivers,
         },
     }
 }
@@ -64,18 +123,35 @@ pub fn version_view(endpoint: &str, health: Result<(), String>) -> VersionView {
 pub fn render_version(format: OutputFormat, view: &VersionView) -> Result<String, CliError> {
     if !matches!(format, OutputFormat::Json | OutputFormat::Yaml) {
         let server = &view.server;
-        let not_reported = "not reported by the gateway (the sbx.v1 API has no version call)";
+        let unknown = format!("not reported by the gateway ({})", server.error);
         let mut out = format!("Client Version: {}\n", view.client.version);
         if server.reachable {
             out.push_str(&format!("Server: {} (serving)\n", server.endpoint));
             out.push_str(&format!(
                 "Server Version: {}\n",
-                server.version.as_deref().unwrap_or(not_reported)
+                server.version.as_deref().unwrap_or(&unknown)
             ));
             out.push_str(&format!(
                 "Default Driver: {}\n",
-                server.default_driver.as_deref().unwrap_or(not_reported)
+                server.default_driver.as_deref().unwrap_or(&unknown)
             ));
+            for d in &server.drivers {
+                if d.error.is_empty() {
+                    out.push_str(&format!(
+                        "Driver {}: {} ({}); {}\n",
+                        d.name,
+                        d.kind,
+                        if d.features.is_empty() {
+                            "exec only".to_string()
+                        } else {
+                            format!("exec with {}", d.features.join(", "))
+                        },
+                        d.isolation
+                    ));
+                } else {
+                    out.push_str(&format!("Driver {}: unknown ({})\n", d.name, d.error));
+                }
+            }
         } else {
             out.push_str(&format!(
                 "Server: not reachable at {}: {}\n",
@@ -91,11 +167,38 @@ pub fn render_version(format: OutputFormat, view: &VersionView) -> Result<String
 pub async fn run_version(endpoint: &str, args: &VersionArgs) -> Result<u8, CliError> {
     let normalized = super::run::normalize_endpoint(endpoint);
     let health = super::wait::health(&normalized).await;
+    let info = match health {
+        Ok(()) => Some(gateway_info(&normalized).await),
+        Err(_) => None,
+    };
     super::run::print(&render_version(
         args.output.format,
-        &version_view(&normalized, health),
+        &version_view(&normalized, health, info),
     )?)?;
     Ok(0)
+}
+
+/// GetGatewayInfo, within about 2 s.
+async fn gateway_info(endpoint: &str) -> Result<sbx_proto::v1::GatewayInfo, String> {
+    use sbx_proto::v1::gateway_service_client::GatewayServiceClient;
+    let call = async {
+        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        GatewayServiceClient::new(channel)
+            .get_gateway_info(sbx_proto::v1::GetGatewayInfoRequest {})
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| match s.code() {
+                tonic::Code::Unimplemented => "an older gateway without GetGatewayInfo".into(),
+                _ => s.message().to_string(),
+            })
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(2), call)
+        .await
+        .unwrap_or_else(|_| Err("no answer within 2 s".into()))
 }
 
 /// `sbx completion SHELL`: the shell's completion script on stdout.
@@ -113,22 +216,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn version_says_what_the_gateway_does_not_report() {
+    fn version_says_what_the_gateway_reports_and_what_it_does_not() {
+        let info = sbx_proto::v1::GatewayInfo {
+            version: "9.9.9".into(),
+            default_driver: "oci".into(),
+            drivers: vec![
+                sbx_proto::v1::DriverInfo {
+                    name: "oci".into(),
+                    kind: "oci".into(),
+                    isolation: "OCI container".into(),
+                    exec_stdin: true,
+                    exec_tty: true,
+                    copy: true,
+                    port_forward: true,
+                    images: true,
+                    ..Default::default()
+                },
+                sbx_proto::v1::DriverInfo {
+                    name: "slow".into(),
+                    error: "no answer within 2 s".into(),
+                    ..Default::default()
+                },
+            ],
+        };
         let text = render_version(
             OutputFormat::Table,
-            &version_view("http://127.0.0.1:1", Ok(())),
+            &version_view("http://127.0.0.1:1", Ok(()), Some(Ok(info))),
         )
         .unwrap();
         assert_eq!(
             text,
             format!(
                 "Client Version: {CLIENT_VERSION}\nServer: http://127.0.0.1:1 (serving)\n\
-                 Server Version: not reported by the gateway (the sbx.v1 API has no version \
-                 call)\nDefault Driver: not reported by the gateway (the sbx.v1 API has no \
-                 version call)\n"
+                 Server Version: 9.9.9\nDefault Driver: oci\nDriver oci: oci (exec with stdin, \
+                 tty, cp, port-forward, images); OCI container\nDriver slow: unknown (no \
+                 answer within 2 s)\n"
             )
         );
-        let down = version_view("http://127.0.0.1:1", Err("connection refused".into()));
+        let old = version_view(
+            "http://127.0.0.1:1",
+            Ok(()),
+            Some(Err("an older gateway without GetGatewayInfo".into())),
+        );
+        let text = render_version(OutputFormat::Table, &old).unwrap();
+        assert!(
+            text.contains("Server Version: not reported by the gateway (an older gateway"),
+            "{text}"
+        );
+        let down = version_view("http://127.0.0.1:1", Err("connection refused".into()), None);
         let text = render_version(OutputFormat::Table, &down).unwrap();
         assert!(
             text.ends_with("Server: not reachable at http://127.0.0.1:1: connection refused\n"),

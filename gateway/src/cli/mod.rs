@@ -110,9 +110,9 @@ pub enum Command {
     /// Wait until the gateway serves (`--for serving`) or a sandbox is Ready, Stopped or
     /// deleted (`--for ready|stopped|deleted NAME`).
     Wait(WaitArgs),
-    /// Print the client's version, and whether the gateway at --endpoint answers (its version
-    /// and default driver are not reported by the API, and the output says so). Exits 0 also
-    /// when the gateway is down.
+    /// Print the client's version, and the gateway's at --endpoint: its version, its default
+    /// driver and what each of its drivers can do (stdin, tty, cp, port-forward, images).
+    /// Exits 0 also when the gateway is down (and says so).
     Version(VersionArgs),
     /// Print a shell completion script: `source <(sbx completion bash)`, `sbx completion zsh >
     /// "${fpath[1]}/_sbx"`, `sbx completion fish > ~/.config/fish/completions/sbx.fish`.

@@ -168,6 +168,7 @@ async fn serve_on(
         .add_service(health_server)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
+        .add_service(service.gateway_server())
         .add_service(service.workspace_server())
         .add_service(service.sandbox_server())
         .add_service(service.image_server());

@@ -1,4 +1,4 @@
-//! The tonic service of sbxd: `sbx.v1` WorkspaceService, SandboxService and ImageService over the actor API
+//! The tonic service of sbxd: `sbx.v1` GatewayService, WorkspaceService, SandboxService and ImageService over the actor API
 //! ([`sbx_actors::Gateway`]), plus gRPC health and reflection.
 //!
 //! The handlers are thin: they turn a request into an actor-API call and its answer (or its
@@ -8,6 +8,7 @@
 //! client following a stream never holds shutdown up.
 
 mod images;
+mod info;
 mod sandboxes;
 pub mod status;
 mod streams;
@@ -16,6 +17,7 @@ mod workspaces;
 use std::sync::Arc;
 
 use sbx_actors::Gateway;
+use sbx_proto::v1::gateway_service_server::GatewayServiceServer;
 use sbx_proto::v1::image_service_server::ImageServiceServer;
 use sbx_proto::v1::sandbox_service_server::SandboxServiceServer;
 use sbx_proto::v1::workspace_service_server::WorkspaceServiceServer;
@@ -47,6 +49,10 @@ impl SbxService {
         SandboxServiceServer::new(self.clone())
     }
 
+    pub fn gateway_server(&self) -> GatewayServiceServer<SbxService> {
+        GatewayServiceServer::new(self.clone())
+    }
+
     pub fn image_server(&self) -> ImageServiceServer<SbxService> {
         // An import chunk is at most 4 MiB (the CLI sends 1 MiB); the default limit is 4 MiB.
         ImageServiceServer::new(self.clone()).max_decoding_message_size(8 << 20)
@@ -54,7 +60,8 @@ impl SbxService {
 }
 
 /// The service names the health service reports on, besides "" (the whole server).
-pub const HEALTH_SERVICES: [&str; 3] = [
+pub const HEALTH_SERVICES: [&str; 4] = [
+    sbx_proto::v1::gateway_service_server::SERVICE_NAME,
     sbx_proto::v1::workspace_service_server::SERVICE_NAME,
     sbx_proto::v1::sandbox_service_server::SERVICE_NAME,
     sbx_proto::v1::image_service_server::SERVICE_NAME,
