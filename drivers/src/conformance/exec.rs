@@ -210,8 +210,14 @@ fn real_processes(s: &Session<'_>, part: &str) -> bool {
 fn stdin_chunks() -> Vec<Vec<u8>> {
     let all_bytes: Vec<u8> = (0..=255u8).rev().chain(0..=255u8).collect();
     let text = b"a line of text\n".to_vec();
+    vec![all_bytes, text, noise(BIG_CHUNK)]
+}
+
+/// `len` bytes of a pattern that is not periodic in the agent's 64 KiB frames: a byte lost,
+/// doubled or reordered at a frame's edge shows.
+pub(super) fn noise(len: usize) -> Vec<u8> {
     let mut x: u32 = 0x9e37_79b9;
-    let big = (0..BIG_CHUNK)
+    (0..len)
         .map(|_| {
             // xorshift32: cheap, deterministic, every byte value.
             x ^= x << 13;
@@ -219,12 +225,11 @@ fn stdin_chunks() -> Vec<Vec<u8>> {
             x ^= x << 5;
             x.to_le_bytes()[0]
         })
-        .collect();
-    vec![all_bytes, text, big]
+        .collect()
 }
 
 /// The first index where `got` and `want` differ, for a failure message about 200 KiB.
-fn first_difference(got: &[u8], want: &[u8]) -> String {
+pub(super) fn first_difference(got: &[u8], want: &[u8]) -> String {
     match got.iter().zip(want).position(|(a, b)| a != b) {
         Some(i) => format!(
             "they first differ at byte {i} (got {:#04x}, want {:#04x})",

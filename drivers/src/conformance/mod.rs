@@ -7,7 +7,9 @@
 //! again by a new one, workspace and name round-tripped by list, exec, and workloads that end
 //! by themselves (state EXITED with their exit code, and a watch event saying so), and the
 //! bidirectional exec (stdin, terminals and their size, signals, the working directory and
-//! environment, a command not found, a dropped output stream; see `exec.rs`).
+//! environment, a command not found, a dropped output stream; see `exec.rs`), and copying
+//! files and forwarding ports (a tree there and back, escapes refused, 100 KiB through a
+//! forwarded connection, a closed port; see `files.rs`).
 //!
 //! # Using it for a driver
 //!
@@ -34,7 +36,8 @@
 //!     // drivers (`echo TEXT`, `sh -c 'exit N'`, `cat`, `sh -c 'sleep 0.2; exit N'`); override
 //!     // them where the driver's commands differ (the sim's harness uses its built-in
 //!     // `exit N`), and runs_processes, exec_workdir and command_not_found_stderr where the
-//!     // driver's exec is not a real process with a working directory.
+//!     // driver's exec is not a real process with a working directory; echo_server has a
+//!     // busybox default where runs_processes is true.
 //! }
 //!
 //! sbx_drivers::conformance_suite! {
@@ -52,14 +55,16 @@
 //! the panic goes on — and on success it also checks that the deletes worked (get answers
 //! `NotFound`). Every driver call has a deadline ([`DriverHarness::call_timeout`]), so a
 //! driver that does not answer fails the check instead of hanging it. A check that needs a
-//! capability the driver does not report (exec, watch) or a spec the harness cannot give
-//! ([`DriverHarness::exiting_spec`] returning `None`) prints that it skips and returns.
+//! capability the driver does not report (exec, watch, copy, port_forward) or something the
+//! harness cannot give ([`DriverHarness::exiting_spec`] or [`DriverHarness::echo_server`]
+//! returning `None`) prints that it skips and returns.
 //!
 //! Checks never match sandboxes by name, except to prove that a request with a bad id made
 //! nothing; they filter list results by the ids they created, so a harness may share driver
 //! state between checks.
 
 mod exec;
+mod files;
 mod identity;
 mod lifecycle;
 mod session;
@@ -76,6 +81,10 @@ pub use exec::{
     exec_refuses_what_the_driver_lacks, exec_signal_reaches_the_command, exec_stdin_round_trips,
     exec_tty_gives_a_terminal_of_the_asked_size, exec_without_stdin_sees_end_of_file,
     exec_workdir_and_env,
+};
+pub use files::{
+    copy_refuses_escapes_and_missing_paths, copy_round_trips_a_tree,
+    port_forward_carries_bytes_both_ways, port_forward_to_a_closed_port_fails,
 };
 pub use identity::{
     empty_and_malformed_ids_are_invalid, list_round_trips_workspace_and_name,
@@ -143,6 +152,19 @@ pub trait DriverHarness: Send + Sync {
         Some(format!("command not found: {name}"))
     }
 
+    /// A command that listens on TCP `port` of the sandbox's loopback and writes back what
+    /// each connection sends until that connection's write side closes, then closes it; run
+    /// as an exec that the check holds open. `None` skips the check that needs one. The
+    /// default, where [`runs_processes`](Self::runs_processes), is busybox's `nc -ll -e cat`
+    /// (the oci busybox image has it; for the process driver, the host's busybox-static).
+    fn echo_server(&self, port: u16) -> Option<Vec<String>> {
+        self.runs_processes().then(|| {
+            ["busybox", "nc", "-ll", "-p", &port.to_string(), "-e", "cat"]
+                .map(String::from)
+                .to_vec()
+        })
+    }
+
     /// A spec whose main process ends by itself soon after it starts, with `code`; `None`
     /// skips the checks that need one.
     fn exiting_spec(&self, code: i32) -> Option<pb::SandboxSpec> {
@@ -205,6 +227,10 @@ macro_rules! conformance_suite {
                 exec_command_not_found_is_127,
                 exec_dropped_stream_ends_the_command,
                 exec_refuses_what_the_driver_lacks,
+                copy_round_trips_a_tree,
+                copy_refuses_escapes_and_missing_paths,
+                port_forward_carries_bytes_both_ways,
+                port_forward_to_a_closed_port_fails,
                 self_exit_shows_exited_with_code,
                 watch_reports_self_exit,
             ]
