@@ -115,6 +115,17 @@ pub fn unpack(input: impl Read, dest: &Path) -> io::Result<u64> {
             }
         }
         let target = root.join(&rel);
+        // A directory over a symlink would be entered through it by the entries after it
+        // (tar itself refuses it, as "File exists"): say why.
+        if entry.header().entry_type().is_dir()
+            && std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink())
+        {
+            return Err(refused(format!(
+                "refusing the archive entry {}: {} is a symlink",
+                path.display(),
+                target.display()
+            )));
+        }
         if entry.header().entry_type().is_dir() {
             dirs.push((target.clone(), entry.header().mtime().unwrap_or(0)));
         }
@@ -234,5 +245,9 @@ mod tests {
         let planted = hostile(&[("planted/y", tar::EntryType::Regular, "escaped")]);
         assert!(unpack(&planted[..], &dest).is_err());
         assert!(!outside.join("y").exists());
+        // Nor is a directory entry unpacked over it.
+        let over = hostile(&[("planted", tar::EntryType::Directory, "")]);
+        let err = unpack(&over[..], &dest).unwrap_err();
+        assert!(err.to_string().contains("is a symlink"), "{err}");
     }
 }

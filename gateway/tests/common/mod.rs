@@ -474,3 +474,42 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Waits at most `limit` for `child` to exit; kills it (by pid) and panics after.
+pub fn wait_bounded(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let began = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if began.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Asserts that the oci driver under `data` left nothing behind once its sandboxes are
+/// deleted: no container, mount, cgroup under `cgroup_parent` or sandbox directory; then
+/// removes the (empty) cgroup parent from every hierarchy.
+pub fn assert_oci_left_nothing(data: &Path, cgroup_parent: &str) {
+    let containers = oci_containers(data);
+    assert!(containers.is_empty(), "containers left: {containers:?}");
+    let mounts = mounts_under(data);
+    assert!(mounts.is_empty(), "mounts left: {mounts:?}");
+    let cgroups = sbx_drivers::oci::OciDriver::cgroup_leftovers(cgroup_parent);
+    assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
+    let left = std::fs::read_dir(data.join("drivers/oci/sandboxes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "sandbox directories left");
+    for entry in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = std::fs::remove_dir(entry.path().join(cgroup_parent));
+    }
+}
