@@ -129,10 +129,22 @@ pub fn exit_change(exit: &Exit) -> PhaseChange {
     } else {
         exit.reason.clone()
     };
-    let message = if exit.message.is_empty() {
+    // The driver's words, without what they only restate: the host drivers say "the main
+    // process exited with code N" (alone, or after what they add) for the same exit.
+    let mut extra = exit.message.clone();
+    for restated in [
+        format!("the main process exited with code {}", exit.code),
+        format!("the main process was killed by signal {}", exit.signal),
+    ] {
+        extra = extra.replace(&format!(" ({restated})"), "");
+        if extra.trim() == restated {
+            extra.clear();
+        }
+    }
+    let message = if extra.trim().is_empty() {
         message
     } else {
-        format!("{message}: {}", exit.message)
+        format!("{message}: {extra}")
     };
     PhaseChange {
         phase,
@@ -527,5 +539,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_exit_is_told_once_with_what_the_driver_adds() {
+        let with = |code: i32, signal: i32, message: &str| {
+            exit_change(&Exit {
+                generation: 1,
+                code,
+                signal,
+                reason: String::new(),
+                message: message.to_string(),
+            })
+            .message
+        };
+        assert_eq!(
+            with(3, 0, "the main process exited with code 3"),
+            "main process exited with status 3"
+        );
+        assert_eq!(
+            with(
+                127,
+                0,
+                "command not found: nosuch (the main process exited with code 127)"
+            ),
+            "main process exited with status 127: command not found: nosuch"
+        );
+        assert_eq!(
+            with(-1, 9, "the main process was killed by signal 9"),
+            "main process was killed by signal 9"
+        );
+        // What only the driver knows stays; a different code is not a restatement.
+        assert_eq!(
+            with(3, 0, "the main process exited with code 4"),
+            "main process exited with status 3: the main process exited with code 4"
+        );
+        assert_eq!(
+            with(1, 0, "disk full"),
+            "main process exited with status 1: disk full"
+        );
+        assert_eq!(with(2, 0, ""), "main process exited with status 2");
     }
 }
