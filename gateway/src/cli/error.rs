@@ -234,7 +234,7 @@ pub fn describe_status(status: &tonic::Status) -> String {
         Some(info) if info.reason == "WORKSPACE_NOT_EMPTY" => {
             format!("{}: {}", info.reason, name_the_cascade_flag(&message))
         }
-        Some(info) if !info.reason.is_empty() => format!("{}: {message}", info.reason),
+        Some(info) if !info.reason.is_empty() => say_once(&format!("{}: {message}", info.reason)),
         _ => message,
     }
 }
@@ -267,11 +267,13 @@ fn failure(reason: &str, message: &str) -> String {
 /// is dropped. Layers of the gateway each prefix what they pass on, which made lines like
 /// `failed precondition: failed precondition: …` and `main process exited with status 3: the
 /// main process exited with code 3`. Restating means: equal after lower-casing, dropping a
-/// leading "the " and reading "code" as "status".
+/// leading "the " (or "driver "), reading "code" as "status", and a reason's underscores as
+/// spaces — so `DRIVER_FAILED_PRECONDITION: failed precondition: …` says it once too.
 pub fn say_once(text: &str) -> String {
     fn gist(part: &str) -> String {
-        let lower = part.trim().to_lowercase();
+        let lower = part.trim().to_lowercase().replace('_', " ");
         let bare = lower.strip_prefix("the ").unwrap_or(&lower);
+        let bare = bare.strip_prefix("driver ").unwrap_or(bare);
         bare.replace(" code ", " status ")
     }
     let mut kept: Vec<&str> = Vec::new();
@@ -352,6 +354,14 @@ mod tests {
             "main process exited with status 3: the main process exited with code 4"
         );
         assert_eq!(say_once("a: b: c"), "a: b: c");
+        assert_eq!(
+            say_once("DRIVER_FAILED_PRECONDITION: failed precondition: sandbox x is not running"),
+            "DRIVER_FAILED_PRECONDITION: sandbox x is not running"
+        );
+        assert_eq!(
+            say_once("DRIVER_UNAVAILABLE: driver unavailable: no agent"),
+            "DRIVER_UNAVAILABLE: no agent"
+        );
         let failed = CliError::SandboxFailed {
             name: "web".into(),
             reason: "ExitedNonZero".into(),
