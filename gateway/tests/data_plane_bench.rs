@@ -71,11 +71,12 @@ fn sbx_bin() -> &'static str {
 async fn with_box(driver: &str) -> (DataDir, Sbxd, String) {
     let data = DataDir::new();
     std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    let flag = match driver {
-        "oci" => "--oci-cgroup-parent",
-        _ => "--process-cgroup-parent",
+    // The harness gives the process driver a cgroup parent of its own already.
+    let extra: &[&str] = match driver {
+        "oci" => &["--oci-cgroup-parent", CGROUP_PARENT],
+        _ => &[],
     };
-    let d = Sbxd::start(data.path(), driver, &[flag, CGROUP_PARENT]);
+    let d = Sbxd::start(data.path(), driver, extra);
     sbx(
         &d.endpoint(),
         &["sandbox", "create", "box", "--", "sleep", "1000000"],
