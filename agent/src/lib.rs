@@ -15,6 +15,7 @@
 //! runs in any image, with or without a libc.
 
 pub mod archive;
+pub mod log;
 pub mod server;
 pub mod signals;
 pub mod wire;

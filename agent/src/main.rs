@@ -16,6 +16,16 @@ fn main() -> ExitCode {
             let found = args.get(1).is_some_and(|c| sbx_agent::signals::which(c));
             return if found { ExitCode::SUCCESS } else { ExitCode::from(1) };
         }
+        Some("log") => {
+            // The logger of one of the main process's streams: see the library's `log` module.
+            return match sbx_agent::log::run(&args[1..]) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(message) => {
+                    eprintln!("sbx-agent log: {message}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Some("run") => {
             let (message, code) = sbx_agent::signals::run(&args[1..]);
             eprintln!("{message}");
