@@ -249,6 +249,7 @@ impl Gateway {
         mut spec: SandboxSpec,
     ) -> Result<Sandbox> {
         validate::name("sandbox", name)?;
+        validate::spec_bounds(&spec)?;
         // Output only: the pin is the gateway's to set.
         spec.image_digest.clear();
         let driver = Arc::clone(self.shared.drivers.get(&spec.driver)?);
@@ -497,17 +498,7 @@ impl Gateway {
         opts: ExecOptions,
         input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>> {
-        if command.is_empty() || command[0].is_empty() {
-            return Err(ActorError::InvalidArgument(
-                "the exec command is empty".into(),
-            ));
-        }
-        if !opts.workdir.is_empty() && !opts.workdir.starts_with('/') {
-            return Err(ActorError::InvalidArgument(format!(
-                "the exec working directory {:?} is not an absolute path",
-                opts.workdir
-            )));
-        }
+        validate::exec(&command, &opts.env, &opts.workdir)?;
         let sb = self.resolve_sandbox(sel).await?;
         require_ready(&sb.sandbox, "exec into")?;
         let driver = self.driver_of(&sb)?;
@@ -936,6 +927,7 @@ impl Gateway {
             0 => DEFAULT_PAGE_SIZE,
             n => n.min(MAX_PAGE_SIZE),
         } as usize;
+        validate::page_token(page_token)?;
         let cursor = (!page_token.is_empty()).then(|| page_token.to_string());
         let q = ListQuery {
             kind,
@@ -952,8 +944,7 @@ impl Gateway {
 }
 
 fn parse_selector(text: &str) -> Result<LabelSelector> {
-    text.parse::<LabelSelector>()
-        .map_err(|e| ActorError::InvalidArgument(format!("label selector {text:?}: {e}")))
+    validate::selector(text)
 }
 
 fn not_found_id(id: Uuid) -> ActorError {

@@ -25,6 +25,7 @@ mod route;
 mod sandbox;
 mod startup;
 pub mod supervision;
+pub mod limits;
 pub mod validate;
 mod workspace;
 

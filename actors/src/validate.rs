@@ -1,18 +1,17 @@
-//! Checks of what a request asks for, before any actor sees it. Pure functions.
+//! Checks of what a request asks for, before any actor sees it. Pure functions, called once
+//! at the actor API's entry points; the bounds are the table in [`crate::limits`], and every
+//! error quotes at most a short escaped prefix of the value it refuses ([`limits::quote`]).
 
 use std::collections::HashMap;
 
+use prost::Message;
 use sbx_proto::names::validate_name;
 use sbx_proto::v1::{SandboxRef, SandboxSpec, WorkspaceRef};
+use sbx_storage::LabelSelector;
 use uuid::Uuid;
 
 use crate::error::{ActorError, Result};
-
-/// The most labels or environment variables one object may carry.
-pub const MAX_MAP_ENTRIES: usize = 64;
-/// The longest argv, in arguments, and the longest single argument or env value, in bytes.
-pub const MAX_ARGS: usize = 1024;
-pub const MAX_VALUE_LEN: usize = 32 * 1024;
+use crate::limits::{self, quote};
 
 /// How a request names a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,16 +33,21 @@ pub enum WorkspaceSelector {
 }
 
 pub fn parse_id(what: &str, id: &str) -> Result<Uuid> {
-    Uuid::parse_str(id)
-        .map_err(|_| ActorError::InvalidArgument(format!("{what} id {id:?} is not a UUID")))
+    Uuid::parse_str(id).map_err(|_| invalid(format!("{what} id {} is not a UUID", quote(id))))
 }
 
+/// Checks a workspace or sandbox name. The error keeps at most a short prefix of the name
+/// (its length is in the rule's words, e.g. "name is 5000 bytes long").
 pub fn name(what: &'static str, name: &str) -> Result<()> {
     validate_name(name).map_err(|error| ActorError::InvalidName {
         what,
-        name: name.to_string(),
+        name: limits::prefix(name),
         error,
     })
+}
+
+fn invalid(message: String) -> ActorError {
+    ActorError::InvalidArgument(message)
 }
 
 impl SandboxSelector {
@@ -85,21 +89,146 @@ impl WorkspaceSelector {
     }
 }
 
-/// Checks a label map: at most [`MAX_MAP_ENTRIES`], keys and values by the store's rules.
+/// Checks a label map: at most [`limits::MAX_LABELS`], keys and values at most
+/// [`limits::MAX_LABEL_BYTES`] and by the store's rules.
 pub fn labels(labels: &HashMap<String, String>) -> Result<()> {
-    if labels.len() > MAX_MAP_ENTRIES {
-        return Err(ActorError::InvalidArgument(format!(
-            "{} labels given; at most {MAX_MAP_ENTRIES} are allowed",
-            labels.len()
+    if labels.len() > limits::MAX_LABELS {
+        return Err(invalid(format!(
+            "{} labels given; at most {} are allowed",
+            labels.len(),
+            limits::MAX_LABELS
         )));
     }
+    for (key, value) in labels {
+        for (what, text) in [("key", key), ("value", value)] {
+            if text.len() > limits::MAX_LABEL_BYTES {
+                return Err(invalid(format!(
+                    "label {what} {} is over the limit of {} bytes",
+                    quote(text),
+                    limits::MAX_LABEL_BYTES
+                )));
+            }
+        }
+    }
+    // Every key and value is short now, so the store's message quoting one is short too.
     let map = labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    sbx_storage::validate_labels(&map).map_err(|e| ActorError::InvalidArgument(e.to_string()))
+    sbx_storage::validate_labels(&map).map_err(|e| invalid(e.to_string()))
+}
+
+/// Checks an argv (a spec's command or an exec's) against the argv bounds: at most
+/// [`limits::MAX_ARGS`] arguments of at most [`limits::MAX_ARG_BYTES`] each, at most
+/// [`limits::MAX_ARGV_BYTES`] in all, none holding a NUL byte (`execve` could not pass it).
+pub fn argv(what: &str, argv: &[String]) -> Result<()> {
+    if argv.len() > limits::MAX_ARGS {
+        return Err(invalid(format!(
+            "{what} has {} arguments; at most {} are allowed",
+            argv.len(),
+            limits::MAX_ARGS
+        )));
+    }
+    let total: usize = argv.iter().map(|a| a.len() + 1).sum();
+    if total > limits::MAX_ARGV_BYTES {
+        return Err(invalid(format!(
+            "{what} is {total} bytes (its arguments and their NULs); at most {} are allowed",
+            limits::MAX_ARGV_BYTES
+        )));
+    }
+    if let Some((i, arg)) = argv
+        .iter()
+        .enumerate()
+        .find(|(_, a)| a.len() > limits::MAX_ARG_BYTES)
+    {
+        return Err(invalid(format!(
+            "argument {i} of {what}, {}, is over the limit of {} bytes",
+            quote(arg),
+            limits::MAX_ARG_BYTES
+        )));
+    }
+    if let Some((i, arg)) = argv.iter().enumerate().find(|(_, a)| a.contains('\0')) {
+        return Err(invalid(format!(
+            "argument {i} of {what} holds a NUL byte: {}",
+            quote(arg)
+        )));
+    }
+    Ok(())
+}
+
+/// Checks an environment (a spec's or an exec's): at most [`limits::MAX_ENV_VARS`]
+/// variables, values at most [`limits::MAX_ENV_VALUE_BYTES`], at most
+/// [`limits::MAX_ENV_BYTES`] in all; names non-empty without `=` or NUL, values without NUL.
+pub fn env(what: &str, env: &HashMap<String, String>) -> Result<()> {
+    if env.len() > limits::MAX_ENV_VARS {
+        return Err(invalid(format!(
+            "{what} has {} environment variables; at most {} are allowed",
+            env.len(),
+            limits::MAX_ENV_VARS
+        )));
+    }
+    let total: usize = env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    if total > limits::MAX_ENV_BYTES {
+        return Err(invalid(format!(
+            "the environment of {what} is {total} bytes (NAME=value and a NUL each); at most {} are allowed",
+            limits::MAX_ENV_BYTES
+        )));
+    }
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(invalid(format!(
+                "environment variable name {} of {what} is invalid: names are non-empty, without '=' or NUL",
+                quote(k)
+            )));
+        }
+        if v.contains('\0') || v.len() > limits::MAX_ENV_VALUE_BYTES {
+            return Err(invalid(format!(
+                "environment variable {} of {what} is invalid: its value is {} bytes (at most {}) or holds a NUL byte",
+                quote(k),
+                v.len(),
+                limits::MAX_ENV_VALUE_BYTES
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks every bound of a sandbox spec that does not depend on its image: its command,
+/// environment, labels, image reference and resources (each check a linear scan that stops
+/// at its bound, and each saying which field is over), then its size as a whole
+/// ([`limits::MAX_SPEC_BYTES`]). Called first at create.
+pub fn spec_bounds(spec: &SandboxSpec) -> Result<()> {
+    argv("the sandbox command", &spec.command)?;
+    env("the sandbox", &spec.env)?;
+    labels(&spec.labels)?;
+    if spec.image.len() > limits::MAX_IMAGE_REF_BYTES {
+        return Err(invalid(format!(
+            "the image reference {} is over the limit of {} bytes",
+            quote(&spec.image),
+            limits::MAX_IMAGE_REF_BYTES
+        )));
+    }
+    if let Some(r) = &spec.resources
+        && r.memory_bytes != 0
+        && r.memory_bytes < limits::MIN_MEMORY_BYTES
+    {
+        return Err(invalid(format!(
+            "the memory limit {} bytes is below the smallest a sandbox can start with, {} bytes (4 MiB); give at least that, or 0 for no limit",
+            r.memory_bytes,
+            limits::MIN_MEMORY_BYTES
+        )));
+    }
+    let size = spec.encoded_len();
+    if size > limits::MAX_SPEC_BYTES {
+        return Err(invalid(format!(
+            "the sandbox spec is {size} bytes encoded; at most {} are allowed",
+            limits::MAX_SPEC_BYTES
+        )));
+    }
+    Ok(())
 }
 
 /// Checks a sandbox spec. `image_default` names the resolved image when it has an
 /// Entrypoint or Cmd of its own: the command may then be empty (the driver runs the image's
-/// default). `image` is the resolved image without one (for the error message).
+/// default). `image` is the resolved image without one (for the error message). The bounds
+/// are [`spec_bounds`]'s, checked before the image is resolved.
 pub fn spec(spec: &SandboxSpec, image: Option<&ImageDefault>) -> Result<()> {
     if spec.command.is_empty() {
         match image {
@@ -121,42 +250,70 @@ pub fn spec(spec: &SandboxSpec, image: Option<&ImageDefault>) -> Result<()> {
                 .into(),
         ));
     }
-    if spec.command.len() > MAX_ARGS {
-        return Err(ActorError::InvalidArgument(format!(
-            "the command has {} arguments; at most {MAX_ARGS}",
-            spec.command.len()
-        )));
+    Ok(())
+}
+
+/// Checks an exec: a non-empty command within the argv bounds, an environment within the
+/// environment bounds, and a working directory that is empty or an absolute path of at most
+/// [`limits::MAX_PATH_BYTES`] without NUL. The same bounds as a spec's, so an exec never ends
+/// in E2BIG.
+pub fn exec(command: &[String], env_vars: &HashMap<String, String>, workdir: &str) -> Result<()> {
+    if command.is_empty() || command[0].is_empty() {
+        return Err(invalid("the exec command is empty".into()));
     }
-    if let Some(arg) = spec
-        .command
-        .iter()
-        .find(|a| a.len() > MAX_VALUE_LEN || a.contains('\0'))
+    argv("the exec command", command)?;
+    env("the exec", env_vars)?;
+    if !workdir.is_empty()
+        && (!workdir.starts_with('/')
+            || workdir.contains('\0')
+            || workdir.len() > limits::MAX_PATH_BYTES)
     {
-        return Err(ActorError::InvalidArgument(format!(
-            "a command argument is over {MAX_VALUE_LEN} bytes or holds a NUL byte (it starts {:?})",
-            arg.chars().take(20).collect::<String>()
+        return Err(invalid(format!(
+            "the exec working directory {} is not an absolute path (at most {} bytes, no NUL)",
+            quote(workdir),
+            limits::MAX_PATH_BYTES
         )));
     }
-    if spec.env.len() > MAX_MAP_ENTRIES * 4 {
-        return Err(ActorError::InvalidArgument(format!(
-            "{} environment variables; at most {}",
-            spec.env.len(),
-            MAX_MAP_ENTRIES * 4
+    Ok(())
+}
+
+/// Parses a label selector after checking its bounds: at most [`limits::MAX_SELECTOR_BYTES`]
+/// and [`limits::MAX_SELECTOR_TERMS`] terms, so parsing and matching stay cheap.
+pub fn selector(text: &str) -> Result<LabelSelector> {
+    if text.len() > limits::MAX_SELECTOR_BYTES {
+        return Err(invalid(format!(
+            "label selector {} is over the limit of {} bytes",
+            quote(text),
+            limits::MAX_SELECTOR_BYTES
         )));
     }
-    for (k, v) in &spec.env {
-        if k.is_empty()
-            || k.contains('=')
-            || k.contains('\0')
-            || v.contains('\0')
-            || v.len() > MAX_VALUE_LEN
-        {
-            return Err(ActorError::InvalidArgument(format!(
-                "environment variable {k:?} is invalid: names are non-empty without '=' or NUL, values at most {MAX_VALUE_LEN} bytes without NUL"
-            )));
-        }
+    let terms = text.split(',').count();
+    if terms > limits::MAX_SELECTOR_TERMS {
+        return Err(invalid(format!(
+            "label selector {} has {terms} terms; at most {} are allowed",
+            quote(text),
+            limits::MAX_SELECTOR_TERMS
+        )));
     }
-    labels(&spec.labels)
+    text.parse::<LabelSelector>().map_err(|e| {
+        invalid(format!(
+            "label selector {}: {}",
+            quote(text),
+            limits::truncate(&e.to_string(), 256)
+        ))
+    })
+}
+
+/// Checks a list's page token: at most [`limits::MAX_PAGE_TOKEN_BYTES`].
+pub fn page_token(token: &str) -> Result<()> {
+    if token.len() > limits::MAX_PAGE_TOKEN_BYTES {
+        return Err(invalid(format!(
+            "page token {} is over the limit of {} bytes",
+            quote(token),
+            limits::MAX_PAGE_TOKEN_BYTES
+        )));
+    }
+    Ok(())
 }
 
 /// The image a sandbox create resolved, as far as the command check cares.
@@ -243,12 +400,130 @@ mod tests {
         );
         let mut bad_env = ok.clone();
         bad_env.env.insert("A=B".into(), "x".into());
-        assert!(spec(&bad_env, None).is_err());
+        assert!(spec_bounds(&bad_env).is_err());
         let mut many_labels = ok.clone();
-        for i in 0..=MAX_MAP_ENTRIES {
+        for i in 0..=limits::MAX_LABELS {
             many_labels.labels.insert(format!("k{i}"), "v".into());
         }
-        assert!(spec(&many_labels, None).is_err());
+        assert!(spec_bounds(&many_labels).is_err());
+    }
+
+    fn refused(result: Result<impl std::fmt::Debug>) -> String {
+        match result {
+            Err(e @ (ActorError::InvalidArgument(_) | ActorError::InvalidName { .. })) => {
+                let text = e.to_string();
+                assert!(text.len() < 600, "{} bytes: {text}", text.len());
+                text
+            }
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_bound_is_refused_with_a_short_message() {
+        let base = SandboxSpec {
+            command: vec!["sleep".into(), "1".into()],
+            ..Default::default()
+        };
+        let with = |f: &dyn Fn(&mut SandboxSpec)| {
+            let mut s = base.clone();
+            f(&mut s);
+            spec_bounds(&s)
+        };
+        // Argv: count, total bytes, one argument, NUL.
+        assert!(with(&|s| s.command = vec!["x".into(); limits::MAX_ARGS]).is_ok());
+        let e = refused(with(&|s| {
+            s.command = vec!["x".into(); limits::MAX_ARGS + 1]
+        }));
+        assert!(e.contains("4097 arguments"), "{e}");
+        let e = refused(with(&|s| s.command = vec!["y".repeat(1023); 300]));
+        assert!(e.contains("307200 bytes"), "{e}");
+        let e = refused(with(&|s| {
+            s.command = vec!["z".repeat(limits::MAX_ARG_BYTES + 1)]
+        }));
+        assert!(
+            e.contains("argument 0") && e.contains("(32769 bytes)"),
+            "{e}"
+        );
+        refused(with(&|s| s.command = vec!["a\0b".into()]));
+        // Environment: count, total, value, names.
+        refused(with(&|s| {
+            s.env = (0..=limits::MAX_ENV_VARS)
+                .map(|i| (format!("V{i}"), String::new()))
+                .collect()
+        }));
+        refused(with(&|s| {
+            s.env = (0..8)
+                .map(|i| (format!("V{i}"), "v".repeat(20_000)))
+                .collect()
+        }));
+        refused(with(&|s| {
+            s.env = HashMap::from([(String::new(), "v".into())])
+        }));
+        // Labels: a 3 MB value is refused quoting 64 characters of it.
+        let e = refused(with(&|s| {
+            s.labels = HashMap::from([("k".into(), "v".repeat(3 << 20))])
+        }));
+        assert!(
+            e.contains(&format!("(\"{}\"… ({} bytes)", "v".repeat(64), 3 << 20)[1..]),
+            "{e}"
+        );
+        // The spec as a whole.
+        let e = refused(with(&|s| {
+            // Each part inside its own bound, the whole over MAX_SPEC_BYTES.
+            s.command = vec!["c".repeat(32_000); 4];
+            s.env = (0..4)
+                .map(|i| (format!("V{i}"), "e".repeat(32_000)))
+                .collect();
+            s.image = "i".repeat(1000);
+            s.labels = (0..limits::MAX_LABELS)
+                .map(|i| (format!("{i:a>63}"), "v".repeat(63)))
+                .collect();
+        }));
+        assert!(e.contains("the sandbox spec is"), "{e}");
+        refused(with(&|s| {
+            s.image = "i".repeat(limits::MAX_IMAGE_REF_BYTES + 1)
+        }));
+        // Memory: a minimum, 0 meaning no limit.
+        let mem = |bytes| {
+            with(&|s| {
+                s.resources = Some(sbx_proto::v1::Resources {
+                    memory_bytes: bytes,
+                    ..Default::default()
+                })
+            })
+        };
+        assert!(mem(0).is_ok() && mem(limits::MIN_MEMORY_BYTES).is_ok());
+        let e = refused(mem(1));
+        assert!(e.contains("memory limit 1 bytes"), "{e}");
+        // Names keep a prefix only.
+        let e = refused(name("sandbox", &"a".repeat(5000)));
+        assert!(e.contains("5000 bytes long"), "{e}");
+        refused(parse_id("sandbox", &"u".repeat(1 << 20)));
+        // Exec: the same bounds, and the working directory.
+        let env = HashMap::new();
+        refused(exec(&vec!["x".to_string(); 5000], &env, ""));
+        refused(exec(&["a\0".to_string()], &env, ""));
+        refused(exec(
+            &["true".to_string()],
+            &HashMap::from([("A=B".into(), String::new())]),
+            "",
+        ));
+        refused(exec(&["true".to_string()], &env, "relative"));
+        refused(exec(
+            &["true".to_string()],
+            &env,
+            &format!("/{}", "d".repeat(5000)),
+        ));
+        assert!(exec(&["true".to_string()], &env, "/sandbox").is_ok());
+        // Selectors: bytes, terms, syntax.
+        assert!(selector("a=b,!c").is_ok());
+        let e = refused(selector(&"a=b,".repeat(1 << 18)));
+        assert!(e.contains("1048576 bytes"), "{e}");
+        let e = refused(selector(&vec!["a"; 65].join(",")));
+        assert!(e.contains("65 terms"), "{e}");
+        refused(selector("a=b=c"));
+        refused(page_token(&"t".repeat(2000)));
     }
 
     #[test]
