@@ -23,6 +23,7 @@ use tonic_health::ServingStatus;
 use tracing_subscriber::EnvFilter;
 
 use super::{DaemonError, DriverKind, DriverSpec, LogFormat, ServeArgs, drivers};
+use crate::service::status::ErrorInfoLayer;
 use crate::service::{SbxService, set_health};
 
 /// How often startup logs how many sandboxes are still re-attaching.
@@ -164,7 +165,9 @@ async fn serve_on(
         .build_v1alpha()
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     let service = SbxService::new(Arc::clone(&gateway), shutdown.clone());
+    // Every error answered carries an ErrorInfo and stays bounded, tonic's own included.
     let router = tonic::transport::Server::builder()
+        .layer(ErrorInfoLayer)
         .add_service(health_server)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

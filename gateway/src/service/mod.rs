@@ -17,6 +17,7 @@ mod workspaces;
 use std::sync::Arc;
 
 use sbx_actors::Gateway;
+use sbx_actors::limits::{MAX_IMAGE_MESSAGE_BYTES, MAX_MESSAGE_BYTES};
 use sbx_proto::v1::gateway_service_server::GatewayServiceServer;
 use sbx_proto::v1::image_service_server::ImageServiceServer;
 use sbx_proto::v1::sandbox_service_server::SandboxServiceServer;
@@ -41,21 +42,24 @@ impl SbxService {
         SbxService { gateway, shutdown }
     }
 
+    // The decode limits are the table's (`sbx_actors::limits`); a message over one is
+    // RESOURCE_EXHAUSTED with reason REQUEST_TOO_LARGE (`status::ErrorInfoLayer`).
+
     pub fn workspace_server(&self) -> WorkspaceServiceServer<SbxService> {
-        WorkspaceServiceServer::new(self.clone())
+        WorkspaceServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     pub fn sandbox_server(&self) -> SandboxServiceServer<SbxService> {
-        SandboxServiceServer::new(self.clone())
+        SandboxServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     pub fn gateway_server(&self) -> GatewayServiceServer<SbxService> {
-        GatewayServiceServer::new(self.clone())
+        GatewayServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     pub fn image_server(&self) -> ImageServiceServer<SbxService> {
-        // An import chunk is at most 4 MiB (the CLI sends 1 MiB); the default limit is 4 MiB.
-        ImageServiceServer::new(self.clone()).max_decoding_message_size(8 << 20)
+        // An import chunk is at most 4 MiB (the CLI sends 1 MiB), plus its framing.
+        ImageServiceServer::new(self.clone()).max_decoding_message_size(MAX_IMAGE_MESSAGE_BYTES)
     }
 }
 

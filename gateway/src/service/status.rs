@@ -22,11 +22,30 @@
 //! | `IMAGE_STORE` (the image store's own files failed) | `INTERNAL` |
 //! | `DRIVER_*` | the driver error's own kind (see [`driver_status`]) |
 //! | `INTERNAL` (a store failure or a bug) | `INTERNAL` |
+//! | `REQUEST_TOO_LARGE` (a message over the service's decode limit) | `RESOURCE_EXHAUSTED` |
+//! | `MALFORMED_REQUEST` (a message that does not decode) | `INVALID_ARGUMENT` (`INTERNAL` for a framing error, as gRPC requires) |
+//! | the code's name (`UNIMPLEMENTED`, `NOT_FOUND`…) for any other status that came without one | its code |
+//!
+//! Bounded whatever builds it: a message is cut to [`MAX_ERROR_MESSAGE_BYTES`] and an
+//! ErrorInfo metadata value to [`MAX_ERROR_METADATA_VALUE_BYTES`], so no error can echo a
+//! megabyte of input into headers (a stock gRPC client refuses more than 16 KiB of them, and
+//! the reason is then lost). [`ErrorInfoLayer`] wraps the whole server: a status that tonic
+//! made itself before any handler ran (a message over the decode limit, one that does not
+//! decode, an unknown method) or that a handler made without a detail gets its ErrorInfo
+//! there, and any status over the bounds is cut there — in the headers of a trailers-only
+//! answer and in the trailers of a stream alike.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use sbx_actors::limits::{MAX_ERROR_MESSAGE_BYTES, MAX_ERROR_METADATA_VALUE_BYTES, truncate};
 use sbx_actors::{ActorError, ImageFailure};
 use sbx_drivers::DriverError;
+use tonic::codegen::http::{self, HeaderMap};
+use tonic::codegen::{Bytes, Service};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -118,11 +137,233 @@ pub fn actor_error_to_status(err: &ActorError) -> Status {
         }
         ActorError::Store(_) | ActorError::Internal(_) => (Code::Internal, "INTERNAL"),
     };
+    bounded_status(code, &err.to_string(), reason, metadata)
+}
+
+/// A status with an ErrorInfo of `reason`, its message cut to [`MAX_ERROR_MESSAGE_BYTES`]
+/// and each metadata value to [`MAX_ERROR_METADATA_VALUE_BYTES`]. Every status sbxd makes
+/// is made here.
+pub fn bounded_status(
+    code: Code,
+    message: &str,
+    reason: &str,
+    metadata: HashMap<String, String>,
+) -> Status {
+    let metadata: HashMap<String, String> = metadata
+        .into_iter()
+        .map(|(k, v)| {
+            let v = truncate(&v, MAX_ERROR_METADATA_VALUE_BYTES).into_owned();
+            (truncate(&k, MAX_ERROR_METADATA_VALUE_BYTES).into_owned(), v)
+        })
+        .collect();
     Status::with_error_details(
         code,
-        err.to_string(),
+        truncate(message, MAX_ERROR_MESSAGE_BYTES),
         ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata),
     )
+}
+
+/// The reason of a status that came without one: its code's name.
+fn code_reason(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// `status` as sbxd sends it, or `None` when it already is: with an ErrorInfo (tonic's own
+/// errors get `REQUEST_TOO_LARGE` or `MALFORMED_REQUEST`, others their code's name) and
+/// within the bounds. `method` is the request's path, for an unknown method's message.
+pub fn with_error_info(status: &Status, method: &str) -> Option<Status> {
+    if status.code() == Code::Ok {
+        return None;
+    }
+    let message = status.message();
+    let info = status.get_details_error_info();
+    if let Some(info) = &info {
+        let within = message.len() <= MAX_ERROR_MESSAGE_BYTES
+            && info
+                .metadata
+                .iter()
+                .all(|(k, v)| k.len().max(v.len()) <= MAX_ERROR_METADATA_VALUE_BYTES);
+        if within {
+            return None;
+        }
+        return Some(bounded_status(
+            status.code(),
+            message,
+            &info.reason,
+            info.metadata.clone(),
+        ));
+    }
+    let mut metadata = HashMap::from([("method".to_string(), method.to_string())]);
+    let (code, reason, text) = if message.starts_with("Error, decoded message length too large") {
+        // tonic says OUT_OF_RANGE; gRPC's own servers say RESOURCE_EXHAUSTED.
+        (
+            Code::ResourceExhausted,
+            "REQUEST_TOO_LARGE",
+            format!("the request to {method} is too large: {message}"),
+        )
+    } else if status.code() == Code::Internal
+        && message.starts_with("failed to decode Protobuf message")
+    {
+        (
+            Code::InvalidArgument,
+            "MALFORMED_REQUEST",
+            format!("the request to {method} does not decode: {message}"),
+        )
+    } else if status.code() == Code::Internal && message.starts_with("protocol error") {
+        (Code::Internal, "MALFORMED_REQUEST", message.to_string())
+    } else if status.code() == Code::Unimplemented && message.is_empty() {
+        (
+            Code::Unimplemented,
+            "UNIMPLEMENTED",
+            format!("sbxd has no method {method}"),
+        )
+    } else {
+        (
+            status.code(),
+            code_reason(status.code()),
+            message.to_string(),
+        )
+    };
+    if reason == "REQUEST_TOO_LARGE" {
+        metadata.insert("limit".to_string(), decode_limit(message));
+    }
+    Some(bounded_status(code, &text, reason, metadata))
+}
+
+/// The limit tonic's size error names ("… the limit is: N bytes"), or "".
+fn decode_limit(message: &str) -> String {
+    message
+        .rsplit_once("the limit is: ")
+        .map(|(_, rest)| rest.trim_end_matches(" bytes").to_string())
+        .unwrap_or_default()
+}
+
+/// Rewrites the status in `headers` (a trailers-only answer's headers, or a stream's
+/// trailers) as [`with_error_info`] says; headers without a status are left alone.
+fn fix_status_headers(headers: &mut HeaderMap, method: &str) {
+    if !headers.contains_key("grpc-status") {
+        return;
+    }
+    let Some(status) = Status::from_header_map(headers) else {
+        return;
+    };
+    let Some(fixed) = with_error_info(&status, method) else {
+        return;
+    };
+    let mut written = HeaderMap::new();
+    if fixed.add_header(&mut written).is_err() {
+        return;
+    }
+    for name in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
+        headers.remove(name);
+    }
+    headers.extend(written);
+}
+
+/// A tower layer around the whole gRPC server: every error status it answers carries an
+/// ErrorInfo and stays within the bounds, including the ones tonic makes before a handler
+/// runs (see the module docs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ErrorInfoLayer;
+
+impl<S> tower::Layer<S> for ErrorInfoLayer {
+    type Service = ErrorInfoService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ErrorInfoService { inner }
+    }
+}
+
+/// The service [`ErrorInfoLayer`] makes.
+#[derive(Debug, Clone)]
+pub struct ErrorInfoService<S> {
+    inner: S,
+}
+
+impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for ErrorInfoService<S>
+where
+    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<tonic::codegen::StdError>,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let method = truncate(req.uri().path(), 200).into_owned();
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let (mut parts, body) = answer.await?.into_parts();
+            fix_status_headers(&mut parts.headers, &method);
+            let body = StatusTrailers {
+                inner: tonic::body::Body::new(body),
+                method,
+            };
+            Ok(http::Response::from_parts(
+                parts,
+                tonic::body::Body::new(body),
+            ))
+        })
+    }
+}
+
+/// A response body whose trailers (a stream's final status) are rewritten like headers.
+struct StatusTrailers {
+    inner: tonic::body::Body,
+    method: String,
+}
+
+impl HttpBody for StatusTrailers {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            Some(Ok(mut frame)) => {
+                if let Some(trailers) = frame.trailers_mut() {
+                    fix_status_headers(trailers, &this.method);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            other => Poll::Ready(other),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The code and reason of a driver error passed through to the client.
@@ -336,6 +577,119 @@ mod tests {
         for (err, code, reason, part) in cases {
             check(err, code, reason, part);
         }
+    }
+
+    /// The bytes a status takes in headers: grpc-message (percent-encoded) and
+    /// grpc-status-details-bin (base64), as tonic writes them.
+    fn header_bytes(status: &Status) -> usize {
+        let mut headers = HeaderMap::new();
+        status.add_header(&mut headers).unwrap();
+        headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len())
+            .sum()
+    }
+
+    #[test]
+    fn huge_inputs_make_small_errors() {
+        let name = "a".repeat(5000);
+        let err = ActorError::InvalidName {
+            what: "sandbox",
+            name: name.clone(),
+            error: validate_name(&name).unwrap_err(),
+        };
+        let status = actor_error_to_status(&err);
+        assert!(status.message().len() <= MAX_ERROR_MESSAGE_BYTES);
+        let info = status.get_details_error_info().unwrap();
+        assert_eq!(info.reason, "INVALID_NAME");
+        assert!(info.metadata["name"].len() <= MAX_ERROR_METADATA_VALUE_BYTES);
+        let err = ActorError::InvalidArgument("x".repeat(4 << 20));
+        let status = actor_error_to_status(&err);
+        assert!(header_bytes(&status) < 4096, "{}", header_bytes(&status));
+        // A status someone else built over the bounds is cut by the layer's rewrite.
+        let fat = Status::with_error_details(
+            Code::NotFound,
+            "m".repeat(1 << 20),
+            ErrorDetails::with_error_info(
+                "X",
+                ERROR_DOMAIN,
+                HashMap::from([("k".to_string(), "v".repeat(1 << 20))]),
+            ),
+        );
+        let fixed = with_error_info(&fat, "/m").expect("rewritten");
+        assert_eq!(fixed.code(), Code::NotFound);
+        assert_eq!(fixed.get_details_error_info().unwrap().reason, "X");
+        assert!(header_bytes(&fixed) < 4096, "{}", header_bytes(&fixed));
+        // Within the bounds and with an ErrorInfo: left alone.
+        assert!(with_error_info(&status, "/m").is_none());
+        assert!(with_error_info(&Status::ok(""), "/m").is_none());
+    }
+
+    #[test]
+    fn tonic_errors_get_an_error_info() {
+        let method = "/sbx.v1.SandboxService/CreateSandbox";
+        let check = |status: Status, code: Code, reason: &str, part: &str| {
+            let fixed = with_error_info(&status, method).expect("rewritten");
+            assert_eq!(fixed.code(), code, "{fixed:?}");
+            let info = fixed.get_details_error_info().expect("an ErrorInfo");
+            assert_eq!(info.reason, reason);
+            assert_eq!(info.domain, ERROR_DOMAIN);
+            assert_eq!(info.metadata["method"], method);
+            assert!(fixed.message().contains(part), "{:?}", fixed.message());
+            info
+        };
+        let info = check(
+            Status::out_of_range(
+                "Error, decoded message length too large: found 5000000 bytes, the limit is: 4194304 bytes",
+            ),
+            Code::ResourceExhausted,
+            "REQUEST_TOO_LARGE",
+            "5000000 bytes",
+        );
+        assert_eq!(info.metadata["limit"], "4194304");
+        check(
+            Status::internal("failed to decode Protobuf message: invalid wire type value: 7"),
+            Code::InvalidArgument,
+            "MALFORMED_REQUEST",
+            "does not decode",
+        );
+        check(
+            Status::internal("protocol error: received message with invalid compression flag: 9"),
+            Code::Internal,
+            "MALFORMED_REQUEST",
+            "compression flag",
+        );
+        check(
+            Status::new(Code::Unimplemented, ""),
+            Code::Unimplemented,
+            "UNIMPLEMENTED",
+            method,
+        );
+        check(
+            Status::not_found("service not registered"),
+            Code::NotFound,
+            "NOT_FOUND",
+            "not registered",
+        );
+        // In headers, as a trailers-only answer carries it: rewritten in place, bounded.
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", "application/grpc".parse().unwrap());
+        Status::invalid_argument("q".repeat(1 << 20))
+            .add_header(&mut headers)
+            .unwrap();
+        fix_status_headers(&mut headers, method);
+        let status = Status::from_header_map(&headers).unwrap();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(
+            status.get_details_error_info().unwrap().reason,
+            "INVALID_ARGUMENT"
+        );
+        assert!(headers.contains_key("content-type"));
+        let total: usize = headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len())
+            .sum();
+        assert!(total < 4096, "{total} bytes of headers");
     }
 
     #[test]
