@@ -48,6 +48,7 @@ async fn logs(driver: &VmDriver, id: &str) -> String {
             sandbox_id: id.to_string(),
             follow: false,
             tail_lines: 0,
+            ..Default::default()
         })
         .await
         .expect("logs");

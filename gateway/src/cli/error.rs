@@ -51,6 +51,10 @@ pub enum CliError {
     )]
     InvalidCpu { input: String },
 
+    /// A `--timeout` is not a duration.
+    #[error("expected seconds (30) or a duration (30s, 2m, 1h, 1m30s), up to 10 days")]
+    InvalidDuration { input: String },
+
     /// A `--label`/`--env` argument is not `KEY=VALUE` with a non-empty key.
     #[error("expected KEY=VALUE with a non-empty KEY, got {input:?}")]
     InvalidKeyValue { input: String },

@@ -176,8 +176,8 @@ pub struct WaitArgs {
     /// The sandbox's UUID (authoritative).
     #[arg(long, value_name = "UUID")]
     pub id: Option<Uuid>,
-    /// How long to wait before giving up.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    /// How long to wait before giving up: seconds, or 30s, 2m, 1h.
+    #[arg(long, value_name = "DURATION", default_value_t = 60, value_parser = size::parse_secs)]
     pub timeout: u64,
     /// With --for ready: how long the sandbox must stay Ready, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 0)]
@@ -387,8 +387,9 @@ pub struct SandboxActionArgs {
     /// Print the gateway's answer at once, without waiting.
     #[arg(short = 'd', long)]
     pub detach: bool,
-    /// How long to wait before giving up (the sandbox is left as it is).
-    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    /// How long to wait before giving up (the sandbox is left as it is): seconds, or 30s,
+    /// 2m, 1h.
+    #[arg(long, value_name = "DURATION", default_value_t = 120, value_parser = size::parse_secs)]
     pub timeout: u64,
 }
 
@@ -441,8 +442,9 @@ pub struct SandboxCreateArgs {
     /// Print the sandbox as soon as it is created, without waiting for Ready.
     #[arg(short = 'd', long)]
     pub detach: bool,
-    /// How long to wait for Ready before giving up (the sandbox is left as it is).
-    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    /// How long to wait for Ready before giving up (the sandbox is left as it is): seconds,
+    /// or 30s, 2m, 1h.
+    #[arg(long, value_name = "DURATION", default_value_t = 120, value_parser = size::parse_secs)]
     pub timeout: u64,
     /// How long the sandbox must stay Ready before create reports it, in milliseconds (a
     /// main process that ends within it is reported as Completed or as the failure).
@@ -503,8 +505,9 @@ pub struct SandboxExecArgs {
     /// The command's working directory inside the sandbox (default: the sandbox's own).
     #[arg(long, value_name = "DIR")]
     pub workdir: Option<String>,
-    /// Kill the command after this many seconds (0: no timeout); sbx then exits with 124.
-    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    /// Kill the command after this long (seconds, or 30s, 2m, 1h; 0: no timeout); sbx then
+    /// exits with 124.
+    #[arg(long, value_name = "DURATION", default_value_t = 0, value_parser = size::parse_secs_u32)]
     pub timeout: u32,
     /// An environment variable for the command, KEY=VALUE; repeatable.
     #[arg(short = 'e', long = "env", value_name = "KEY=VALUE", value_parser = parse_key_value)]

@@ -7,6 +7,9 @@
 //!   G, T (powers of 1000); no unit means bytes. A fraction of a byte is rounded up, as
 //!   Kubernetes does (`0.1Ki` = 103 bytes). `0` means no limit.
 //!
+//! - Durations (`--timeout`): seconds as a bare number (`30`) or with a unit, as `kubectl`
+//!   and `timeout(1)` write them: `30s`, `2m`, `1h`, combined `1m30s`.
+//!
 //! The parsers are clap value parsers: clap prints the value given beside the flag
 //! (`invalid value '12Q' for '--memory <SIZE>': …`), so the messages here say only what is
 //! accepted.
@@ -175,5 +178,81 @@ mod tests {
         check_cpu("2 cores", None);
         check_cpu("2c", None);
         check_cpu("500M", None);
+    }
+}
+
+/// A duration in whole seconds: `30` (seconds), `30s`, `2m`, `1h`, or a combination
+/// (`1h2m3s`); at most 10 days.
+pub fn parse_secs(input: &str) -> Result<u64, CliError> {
+    let bad = || CliError::InvalidDuration {
+        input: input.to_string(),
+    };
+    let text = input.trim();
+    if text.is_empty() {
+        return Err(bad());
+    }
+    if let Ok(secs) = text.parse::<u64>() {
+        return (secs <= MAX_SECS).then_some(secs).ok_or_else(bad);
+    }
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    let mut last_unit = u64::MAX;
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return Err(bad()),
+        };
+        // Each unit once, largest first (`1m30s`, not `30s1m`).
+        if digits.is_empty() || unit >= last_unit {
+            return Err(bad());
+        }
+        last_unit = unit;
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        total = total
+            .checked_add(n.checked_mul(unit).ok_or_else(bad)?)
+            .ok_or_else(bad)?;
+        digits.clear();
+    }
+    if !digits.is_empty() || total > MAX_SECS {
+        return Err(bad());
+    }
+    Ok(total)
+}
+
+/// [`parse_secs`] for a flag the API carries as 32 bits.
+pub fn parse_secs_u32(input: &str) -> Result<u32, CliError> {
+    parse_secs(input).map(|s| s as u32)
+}
+
+/// The longest duration a `--timeout` takes: 10 days.
+const MAX_SECS: u64 = 10 * 24 * 3600;
+
+#[cfg(test)]
+mod duration_tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_as_people_write_them() {
+        for (input, secs) in [
+            ("30", 30),
+            ("0", 0),
+            ("30s", 30),
+            ("2m", 120),
+            ("1h", 3600),
+            ("1m30s", 90),
+            ("1h2m3s", 3723),
+        ] {
+            assert_eq!(parse_secs(input).unwrap(), secs, "{input}");
+        }
+        for bad in ["", "s", "1x", "30s1m", "1m1m", "-1", "1.5s", "999999999h", "10d"] {
+            assert!(parse_secs(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_secs_u32("2m").unwrap(), 120);
     }
 }
