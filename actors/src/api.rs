@@ -455,17 +455,19 @@ impl Gateway {
         &self,
     ) -> (
         String,
-        Vec<(String, std::result::Result<pb::CapabilitiesResponse, String>)>,
+        Vec<(
+            String,
+            std::result::Result<pb::CapabilitiesResponse, String>,
+        )>,
     ) {
         let mut out = Vec::new();
         for (name, driver) in self.shared.drivers.iter() {
-            let caps = match tokio::time::timeout(Duration::from_secs(2), driver.capabilities())
-                .await
-            {
-                Ok(Ok(caps)) => Ok(caps),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("no answer within 2 s".to_string()),
-            };
+            let caps =
+                match tokio::time::timeout(Duration::from_secs(2), driver.capabilities()).await {
+                    Ok(Ok(caps)) => Ok(caps),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("no answer within 2 s".to_string()),
+                };
             out.push((name.clone(), caps));
         }
         (self.shared.drivers.default_name().to_string(), out)
@@ -571,21 +573,20 @@ impl Gateway {
         Ok(driver.port_forward(req, input).await?)
     }
 
+    /// The sandbox's log as `req` asks (follow, tail, timestamps, since); its `sandbox_id`
+    /// is set here, to the sandbox `sel` names.
     pub async fn logs(
         &self,
         sel: &SandboxSelector,
-        follow: bool,
-        tail_lines: u32,
+        req: pb::LogsRequest,
     ) -> Result<DriverStream<pb::LogChunk>> {
         let sb = self.resolve_sandbox(sel).await?;
         let driver = self.driver_of(&sb)?;
-        Ok(driver
-            .logs(pb::LogsRequest {
-                sandbox_id: sb.id().to_string(),
-                follow,
-                tail_lines,
-            })
-            .await?)
+        let req = pb::LogsRequest {
+            sandbox_id: sb.id().to_string(),
+            ..req
+        };
+        Ok(driver.logs(req).await?)
     }
 
     // ---- images ----------------------------------------------------------------------------

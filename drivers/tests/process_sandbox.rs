@@ -279,15 +279,44 @@ async fn namespaces_hostname_loopback_and_pid_one() {
             "{theirs:?}"
         );
     }
-    // The main process (the init's child) holds only its stdio: not the shim's script.
+    // The main process (the init's child after its two loggers) holds only its stdio, not
+    // the shim's script: stdin /dev/null, stdout and stderr the FIFOs to their loggers in the
+    // run directory (the loggers hold the log).
     let children =
         std::fs::read_to_string(format!("/proc/{workload_pid}/task/{workload_pid}/children"))
             .unwrap();
+    let children: Vec<&str> = children.split_whitespace().collect();
     let main_pid = children
-        .split_whitespace()
-        .next()
-        .expect("the init has a child");
+        .get(2)
+        .expect("the init has its loggers and a main process");
+    let fd = |pid: &str, n: u32| {
+        std::fs::read_link(format!("/proc/{pid}/fd/{n}"))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    };
     assert_eq!(targets(main_pid).len(), 3, "{:?}", targets(main_pid));
+    assert_eq!(fd(main_pid, 0), "/dev/null");
+    let run_dir = std::fs::read_dir(log.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("run-"))
+        .expect("a run directory");
+    for (n, name) in [(1, "stdout.fifo"), (2, "stderr.fifo")] {
+        assert_eq!(fd(main_pid, n), run_dir.join(name).display().to_string());
+        let kind = std::fs::metadata(run_dir.join(name)).unwrap().file_type();
+        assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind), "{name}");
+    }
+    // Each logger: its FIFO read, the log appended to.
+    for (logger, name) in children[..2].iter().zip(["stdout.fifo", "stderr.fifo"]) {
+        let cmdline = std::fs::read_to_string(format!("/proc/{logger}/cmdline")).unwrap();
+        assert!(
+            cmdline.contains(&format!("log\0{}", &name[..6])),
+            "{cmdline:?}"
+        );
+        assert_eq!(fd(logger, 1), log.display().to_string(), "{cmdline:?}");
+        assert!(targets(logger).contains(&run_dir.join(name).display().to_string()));
+    }
     // The same for the launcher that stays the init's parent, and for an exec'd command.
     let stat = std::fs::read_to_string(format!("/proc/{workload_pid}/stat")).unwrap();
     let launcher = stat
@@ -570,18 +599,18 @@ fn processes_in(driver: &sbx_drivers::process::ProcessDriver, id: Uuid) -> usize
         .unwrap_or(0)
 }
 
-/// The shim, its exec agent and its `sleep`, and nothing else (the shim forks the agent and
-/// the `sleep` just after it reports).
+/// The shim, its two loggers (stdout's and stderr's), its exec agent and its `sleep`, and
+/// nothing else (the shim forks them just after it reports).
 async fn assert_one_workload(driver: &sbx_drivers::process::ProcessDriver, id: Uuid) {
     let count = wait_until(Duration::from_secs(3), || match processes_in(driver, id) {
-        3 => Ok(3),
+        5 => Ok(5),
         n => Err(n),
     })
     .await;
-    assert_eq!(count, Ok(3), "processes in the sandbox's cgroup");
-    // Stays three: no second workload shows up late.
+    assert_eq!(count, Ok(5), "processes in the sandbox's cgroup");
+    // Stays five: no second workload shows up late.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(processes_in(driver, id), 3);
+    assert_eq!(processes_in(driver, id), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

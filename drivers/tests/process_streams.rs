@@ -113,7 +113,7 @@ async fn exec_timeout_is_honoured_and_leaves_nothing_running() {
         took >= Duration::from_secs(1) && took < Duration::from_secs(5),
         "{took:?}"
     );
-    // Only the workload's own processes (shim, exec agent and sleep) remain in the sandbox.
+    // Only the workload's own processes (shim, loggers, exec agent and sleep) remain.
     let left = wait_until(Duration::from_secs(3), || {
         let ps = exec_sync_count(&driver, id);
         if ps == WORKLOAD { Ok(ps) } else { Err(ps) }
@@ -166,8 +166,9 @@ async fn dropping_an_exec_stream_ends_the_command() {
     env.finish().await;
 }
 
-/// The processes of an idle sandbox: the shim, its exec agent and the main `sleep`.
-const WORKLOAD: usize = 3;
+/// The processes of an idle sandbox: the shim, its two loggers (stdout's and stderr's), its
+/// exec agent and the main `sleep`.
+const WORKLOAD: usize = 5;
 
 /// How many processes are in the sandbox's cgroup (read on the host).
 fn exec_sync_count(driver: &ProcessDriver, id: Uuid) -> usize {
@@ -220,6 +221,7 @@ async fn collect_logs(driver: &ProcessDriver, id: Uuid, tail_lines: u32) -> Stri
         sandbox_id: id.to_string(),
         follow: false,
         tail_lines,
+        ..Default::default()
     };
     let chunks: Vec<_> = tokio::time::timeout(
         Duration::from_secs(10),
@@ -239,8 +241,10 @@ async fn logs_tail_and_follow_the_workload_output() {
     let talker = spec(&[
         "sh",
         "-c",
-        "for i in 1 2 3 4 5; do echo line$i; done; echo oops >&2; read _ < /sandbox/go; echo after",
+        "for i in 1 2 3 4 5; do echo line$i; done; sleep 0.3; echo oops >&2; read _ < /sandbox/go; echo after",
     ]);
+    // stdout and stderr have a logger each, writing to the log independently: the sleep
+    // keeps their lines in the order the test asserts.
     // The workload blocks on a FIFO in its persistent dir until the test opens it. Root inside
     // is host uid 200000 (the default id map), so the FIFO is handed to it.
     std::fs::create_dir_all(driver.persistent_dir(id)).unwrap();
@@ -278,6 +282,7 @@ async fn logs_tail_and_follow_the_workload_output() {
         sandbox_id: id.to_string(),
         follow: true,
         tail_lines: 1,
+        ..Default::default()
     };
     let mut follow = driver.logs(req).await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(5), follow.next())

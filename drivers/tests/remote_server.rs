@@ -211,6 +211,7 @@ async fn an_aborted_server_ends_its_streams_and_releases_the_driver() {
             sandbox_id: uuid::Uuid::new_v4().to_string(),
             follow: true,
             tail_lines: 0,
+            ..Default::default()
         })
         .await;
     assert!(

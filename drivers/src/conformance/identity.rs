@@ -121,6 +121,7 @@ async fn invalid_ids_body(s: &mut Session<'_>) {
             sandbox_id: bad.to_string(),
             follow: false,
             tail_lines: 0,
+            ..Default::default()
         };
         expect_invalid(
             "logs",

@@ -20,7 +20,7 @@ use uuid::Uuid;
 use super::Desired;
 use super::contract::{self, Known};
 use super::feed::{self, SnapshotFeed, Watched};
-use super::logfile::log_stream;
+use super::logfile::{LogQuery, log_stream};
 use super::records::{HostRecord, RecordCache};
 use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
 
@@ -238,8 +238,9 @@ pub(crate) fn watch<D: HostDriver>(driver: &Arc<D>, alive: &Alive) -> DriverStre
     Box::pin(events.take_until(alive.dropped()))
 }
 
-/// The sandbox's log: its last lines, then (when following) what is appended, until the
-/// sandbox is deleted or the driver dropped.
+/// The sandbox's log: its last lines (from `since`), then (when following) what is appended,
+/// until the sandbox is deleted or the driver dropped; each chunk with its stream and time
+/// (see [`super::logfile`]).
 pub(crate) fn logs<D: HostDriver>(
     driver: &Arc<D>,
     req: &pb::LogsRequest,
@@ -251,8 +252,7 @@ pub(crate) fn logs<D: HostDriver>(
     let exists = move || weak.upgrade().is_some_and(|d| d.records().contains(id));
     let stream = log_stream(
         driver.log_file(id),
-        req.tail_lines,
-        req.follow,
+        LogQuery::from(req),
         driver.log_poll_interval(),
         exists,
     )?;

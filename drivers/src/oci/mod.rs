@@ -85,18 +85,33 @@ if ! /dev/.sbx/sbx-agent which "$1"; then
   printf '127\n' > "$run/exit"
   exit 127
 fi
+# The main process's stdout and stderr each go through a FIFO to a logger (`sbx-agent log`),
+# which appends them to the log (this shell's stdout) as timestamped records of their stream.
+# A logger opens its FIFO once it is ready for signals, and the main process's open of it
+# waits for that. The loggers ignore SIGTERM: they outlive the main process.
+/dev/.sbx/busybox mkfifo "$run/stdout.fifo" "$run/stderr.fifo" || exit 125
+/dev/.sbx/sbx-agent log stdout "$run/stdout.fifo" 3<&- &
+out=$!
+/dev/.sbx/sbx-agent log stderr "$run/stderr.fifo" 3<&- &
+err=$!
 trap 'kill -TERM -1 2>/dev/null' TERM INT
 # The main process through `sbx-agent run`, which puts back the SIGINT and SIGQUIT this
 # shell's `&` ignores; then the exec agent, on the listening socket the driver handed over as
 # fd 3, which only the agent keeps: if it ends, a connection is refused rather than left
 # waiting.
-/dev/.sbx/sbx-agent run "$@" 3<&- &
+/dev/.sbx/sbx-agent run "$@" 3<&- >"$run/stdout.fifo" 2>"$run/stderr.fifo" &
 child=$!
 /dev/.sbx/sbx-agent serve 2>>"$run/agent.log" &
 exec 3<&-
 while :; do
   wait "$child"; st=$?
   kill -0 "$child" 2>/dev/null || break
+done
+# The main process is gone (a process it left may still hold a FIFO): each logger writes
+# what is left in its FIFO and ends, before the status is told.
+kill -USR1 "$out" "$err" 2>/dev/null
+for p in "$out" "$err"; do
+  while kill -0 "$p" 2>/dev/null; do wait "$p"; done
 done
 printf '%s\n' "$st" > "$run/exit"
 exit "$st"

@@ -108,14 +108,23 @@ if ! (cd /sandbox && PATH="$userpath" && command -v "$1") >/dev/null 2>&1; then
 ' "$1" > not-found; printf '127
 ' > exit; exit 127
 fi
+mkfifo stdout.fifo stderr.fifo || { echo "sbx: cannot make the log FIFOs" >&2; exit 125; }
+/proc/self/fd/4 log stdout stdout.fifo 3<&- &
+out=$!
+/proc/self/fd/4 log stderr stderr.fifo 3<&- &
+err=$!
 trap 'kill -TERM -1 2>/dev/null' TERM
-(cd /sandbox || exit 125; jail /proc/self/fd/4 run "$@") 3<&- &
+(cd /sandbox || exit 125; jail /proc/self/fd/4 run "$@") 3<&- >stdout.fifo 2>stderr.fifo &
 child=$!
 (exec 2>>agent.log; cd /sandbox || exit 125; jail /proc/self/fd/4 serve) &
 exec 3<&- 4<&-
 while :; do
   wait "$child"; st=$?
   kill -0 "$child" 2>/dev/null || break
+done
+kill -USR1 "$out" "$err" 2>/dev/null
+for p in "$out" "$err"; do
+  while kill -0 "$p" 2>/dev/null; do wait "$p"; done
 done
 printf '%s
 ' "$st" > exit

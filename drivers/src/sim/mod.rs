@@ -38,9 +38,10 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 pub use faults::{SimFaultHandle, SimFaults, SimOp};
 pub use world::{AuditEntry, SimWorld};
 
+use crate::host::logfile::{Entry, LogQuery, tail_entries};
 use crate::{ComputeDriver, DriverError, DriverStream, parse_sandbox_id, pb};
 use faults::FaultOutcome;
-use world::{LogEvent, SelfExit};
+use world::{LogEvent, LogLine, SelfExit};
 
 /// How long after its start a workload whose spec is `exit N` ends by itself.
 pub const SELF_EXIT_DELAY: Duration = Duration::from_millis(10);
@@ -208,12 +209,21 @@ impl SimDriver {
 
     fn logs_now(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
-        let tail = usize::try_from(req.tail_lines).unwrap_or(usize::MAX);
-        let (lines, follower) = self.world.logs(id, tail, req.follow)?;
-        let chunk = |line: String| pb::LogChunk {
-            data: format!("{line}\n").into_bytes(),
+        let query = LogQuery::from(&req);
+        let (lines, follower) = self.world.logs(id, req.follow)?;
+        let entry = |line: LogLine| Entry {
+            time: Some(line.time),
+            stream: pb::LogStream::Stdout,
+            data: format!("{}\n", line.text).into_bytes(),
+            ends_line: true,
         };
-        let past = futures::stream::iter(lines.into_iter().map(move |line| Ok(chunk(line))));
+        let admitted: Vec<Entry> = lines
+            .into_iter()
+            .map(entry)
+            .filter(|e| query.admits(e))
+            .collect();
+        let past = query.chunks(tail_entries(&admitted, req.tail_lines).to_vec());
+        let past = futures::stream::iter(past.into_iter().map(Ok));
         let Some(follower) = follower else {
             return Ok(Box::pin(past));
         };
@@ -231,7 +241,15 @@ impl SimDriver {
             })
             // `None`: the sandbox is gone, the log ends.
             .take_while(|event| std::future::ready(!matches!(event, Ok(None))))
-            .map(move |event| event.map(|line| chunk(line.unwrap_or_default())))
+            .filter_map(move |event| {
+                std::future::ready(match event {
+                    Ok(line) => query
+                        .chunks(line.map(entry).into_iter().collect())
+                        .pop()
+                        .map(Ok),
+                    Err(e) => Some(Err(e)),
+                })
+            })
             .take_until(self.dropped());
         Ok(Box::pin(past.chain(future)))
     }

@@ -31,7 +31,15 @@ pub struct AuditEntry {
 pub(crate) struct LogEvent {
     pub(crate) sandbox_id: Uuid,
     /// `None`: the sandbox was deleted or lost; followers stop.
-    pub(crate) line: Option<String>,
+    pub(crate) line: Option<LogLine>,
+}
+
+/// A line of a sim sandbox's log (stdout, as the sim has no other stream) and when it was
+/// appended.
+#[derive(Debug, Clone)]
+pub(crate) struct LogLine {
+    pub(crate) time: sbx_proto::Timestamp,
+    pub(crate) text: String,
 }
 
 /// A workload whose spec says `exit N`: it ends by itself shortly after it starts. The driver
@@ -57,7 +65,7 @@ struct SimWorkload {
     started_at: Option<sbx_proto::Timestamp>,
     /// Lines the sim appends ("started generation N", "stopped", "exited with code N").
     /// Exec output is not logged.
-    logs: Vec<String>,
+    logs: Vec<LogLine>,
     /// The sandbox's `/sandbox` directory, path → contents. Survives stop and start; removed
     /// by delete and by `crash_lose_all`.
     files: BTreeMap<String, String>,
@@ -167,7 +175,11 @@ impl SimWorld {
         });
     }
 
-    fn append_log(&self, id: Uuid, workload: &mut SimWorkload, line: String) {
+    fn append_log(&self, id: Uuid, workload: &mut SimWorkload, text: String) {
+        let line = LogLine {
+            time: sbx_proto::Timestamp::from(SystemTime::now()),
+            text,
+        };
         workload.logs.push(line.clone());
         let _ = self.shared.log_tx.send(LogEvent {
             sandbox_id: id,
@@ -442,14 +454,13 @@ impl SimWorld {
         Ok(run_builtin(argv, &mut workload.files))
     }
 
-    /// The sandbox's log lines (the last `tail` when `tail > 0`) and, when `follow`, a
-    /// subscription taken under the same lock, so no line falls between the two.
+    /// The sandbox's log lines and, when `follow`, a subscription taken under the same lock,
+    /// so no line falls between the two.
     pub(crate) fn logs(
         &self,
         id: Uuid,
-        tail: usize,
         follow: bool,
-    ) -> Result<(Vec<String>, Option<broadcast::Receiver<LogEvent>>), DriverError> {
+    ) -> Result<(Vec<LogLine>, Option<broadcast::Receiver<LogEvent>>), DriverError> {
         let state = self.lock();
         let workload = state
             .workloads
@@ -457,12 +468,7 @@ impl SimWorld {
             .ok_or_else(|| DriverError::NotFound {
                 sandbox_id: id.to_string(),
             })?;
-        let skip = if tail > 0 {
-            workload.logs.len().saturating_sub(tail)
-        } else {
-            0
-        };
-        let lines = workload.logs[skip..].to_vec();
+        let lines = workload.logs.clone();
         let follower = follow.then(|| self.shared.log_tx.subscribe());
         Ok((lines, follower))
     }

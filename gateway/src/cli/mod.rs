@@ -341,7 +341,8 @@ pub enum SandboxCommand {
     /// does; runs until interrupted (Ctrl-C).
     #[command(name = "port-forward")]
     PortForward(SandboxPortForwardArgs),
-    /// Print a sandbox's workload output, optionally following it.
+    /// Print a sandbox's workload output, its stdout to stdout and its stderr to stderr,
+    /// optionally with times, from a time, or following it.
     Logs(SandboxLogsArgs),
     /// Stream sandbox changes, one line (or JSON object) per event, until interrupted.
     Watch(SandboxWatchArgs),
@@ -553,9 +554,20 @@ pub struct SandboxLogsArgs {
     /// Keep streaming new output until interrupted.
     #[arg(short = 'f', long)]
     pub follow: bool,
-    /// Only the last N lines of the existing output (default: all).
+    /// Only the last N lines of the existing output, stdout's and stderr's together (default:
+    /// all).
     #[arg(long, value_name = "N")]
     pub tail: Option<u32>,
+    /// Begin each line with the time it was logged (RFC 3339, UTC) and a space. A line the
+    /// log has no time for gets none: a sandbox init's own words, a vm's console, the output
+    /// of a sandbox started before the log had times.
+    #[arg(short = 't', long)]
+    pub timestamps: bool,
+    /// Only output logged since WHEN: a duration ago (30s, 10m, 2h, 1d, 1h30m) or an RFC 3339
+    /// time (2026-03-01T10:00:00Z, 2026-03-01T11:00:00+01:00). Lines the log has no time for
+    /// are then left out.
+    #[arg(long, value_name = "WHEN", value_parser = request::parse_since)]
+    pub since: Option<request::Since>,
 }
 
 #[derive(Debug, Clone, Args)]

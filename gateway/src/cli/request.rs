@@ -1,8 +1,10 @@
 //! From parsed arguments to protobuf requests. Pure functions: no IO, no gRPC.
 
 use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::RngExt;
+use sbx_proto::Timestamp;
 use sbx_proto::v1::{
     CreateSandboxRequest, CreateWorkspaceRequest, DeleteWorkspaceRequest, ExecRequest, ImageRef,
     ListSandboxesRequest, ListWorkspacesRequest, LogsRequest, PullImageRequest, Resources,
@@ -185,11 +187,74 @@ pub fn exec_request(args: &SandboxExecArgs, tty: Option<Tty>) -> Result<ExecRequ
 }
 
 pub fn logs_request(args: &SandboxLogsArgs) -> LogsRequest {
+    logs_request_at(args, SystemTime::now())
+}
+
+/// [`logs_request`] with `--since DURATION` counted back from `now`.
+pub fn logs_request_at(args: &SandboxLogsArgs, now: SystemTime) -> LogsRequest {
     LogsRequest {
         sandbox: Some(sandbox_ref(&args.scope, &args.target)),
         follow: args.follow,
         tail_lines: args.tail.unwrap_or(0),
+        timestamps: args.timestamps,
+        since: args.since.map(|since| since.at(now)),
     }
+}
+
+/// `sbx sandbox logs --since`: a time, or how long ago.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Since {
+    Ago(Duration),
+    At(Timestamp),
+}
+
+impl Since {
+    /// The time it names, `now` being now (a duration longer ago than 1970 is 1970).
+    pub fn at(self, now: SystemTime) -> Timestamp {
+        match self {
+            Since::At(time) => time,
+            Since::Ago(ago) => Timestamp::from(now.checked_sub(ago).unwrap_or(UNIX_EPOCH)),
+        }
+    }
+}
+
+/// Parses `--since`: a duration ago (`30s`, `10m`, `2h`, `1d`, `1h30m`) or an RFC 3339 time.
+pub fn parse_since(text: &str) -> Result<Since, String> {
+    let refused = || {
+        format!(
+            "{text:?} is neither a duration ago (30s, 10m, 2h, 1d, 1h30m: whole numbers with s, \
+             m, h or d) nor an RFC 3339 time (2026-03-01T10:00:00Z)"
+        )
+    };
+    if let Ok(time) = text.parse::<Timestamp>() {
+        return Ok(Since::At(time));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err(refused());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(refused)?;
+        let (number, after) = rest.split_at(digits);
+        let mut units = after.chars();
+        let seconds: u64 = match units.next() {
+            Some('s') => 1,
+            Some('m') => 60,
+            Some('h') => 3600,
+            Some('d') => 86_400,
+            _ => return Err(refused()),
+        };
+        let number: u64 = number.parse().map_err(|_| refused())?;
+        let part = number.checked_mul(seconds).ok_or_else(refused)?;
+        total = total
+            .checked_add(Duration::from_secs(part))
+            .ok_or_else(refused)?;
+        rest = units.as_str();
+    }
+    Ok(Since::Ago(total))
 }
 
 pub fn watch_request(args: &SandboxWatchArgs) -> WatchSandboxesRequest {

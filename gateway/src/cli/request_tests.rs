@@ -449,8 +449,50 @@ fn list_exec_logs_watch_requests() {
             }),
             follow: true,
             tail_lines: 10,
+            timestamps: false,
+            since: None,
         }
     );
+    // --since: a duration counts back from now; a time is taken as it is.
+    let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_772_359_200);
+    let since = |when: &str| {
+        let SandboxCommand::Logs(args) = sandbox(&["logs", "-t", "--since", when, "box"]) else {
+            panic!("not logs");
+        };
+        let req = logs_request_at(&args, now);
+        assert!(req.timestamps);
+        let since = req.since.expect("since");
+        (since.seconds, since.nanos)
+    };
+    assert_eq!(since("10m"), (1_772_359_200 - 600, 0));
+    assert_eq!(since("1h30m"), (1_772_359_200 - 5400, 0));
+    assert_eq!(since("2d"), (1_772_359_200 - 2 * 86_400, 0));
+    assert_eq!(since("0s"), (1_772_359_200, 0));
+    assert_eq!(
+        since("2026-03-01T09:00:00.5Z"),
+        (1_772_355_600, 500_000_000)
+    );
+    assert_eq!(since("2026-03-01T10:00:00+01:00"), (1_772_355_600, 0));
+    for bad in [
+        "",
+        "10",
+        "m",
+        "10x",
+        "-5m",
+        "1.5h",
+        "yesterday",
+        "2026-13-01T00:00:00Z",
+    ] {
+        let err = parse_since(bad).unwrap_err();
+        assert!(
+            err.contains("duration ago") && err.contains("RFC 3339"),
+            "{bad:?}: {err}"
+        );
+    }
+    let err =
+        Cli::try_parse_from(["sbx", "sandbox", "logs", "--since", "soon", "box"]).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    assert!(err.to_string().contains("neither a duration ago"), "{err}");
 
     let SandboxCommand::Watch(args) = sandbox(&[
         "watch",

@@ -7,7 +7,8 @@ use sbx_proto::v1::exec_input::Input;
 use sbx_proto::v1::exec_output::Chunk;
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::{
-    ExecExit, ExecInput, ExecOutput, ExecRequest, LogsRequest, WatchSandboxesRequest,
+    ExecExit, ExecInput, ExecOutput, ExecRequest, LogChunk, LogStream, LogsRequest,
+    WatchSandboxesRequest,
 };
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
@@ -241,19 +242,62 @@ fn setup(what: &'static str) -> impl Fn(std::io::Error) -> CliError {
     move |cause| CliError::ExecSetup { what, cause }
 }
 
-/// Copies the workload's output to stdout until the stream ends (never, with `follow`, until
-/// interrupted or the sandbox goes away).
+/// Copies the workload's stdout to stdout and its stderr to stderr until the stream ends
+/// (never, with `follow`, until interrupted or the sandbox goes away); with `timestamps`,
+/// each line begins with its time.
 pub async fn logs(
     client: &mut SandboxServiceClient<Channel>,
     request: LogsRequest,
 ) -> Result<u8, CliError> {
+    let mut printer = LogPrinter::new(request.timestamps);
     let mut stream = client.logs(request).await?.into_inner();
-    let mut out = std::io::stdout().lock();
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
     while let Some(chunk) = stream.message().await? {
-        out.write_all(&chunk.data)?;
-        out.flush()?;
+        let (sink, bytes) = printer.print(&chunk);
+        let sink: &mut dyn Write = match sink {
+            LogStream::Stderr => &mut err,
+            LogStream::Stdout => &mut out,
+        };
+        sink.write_all(&bytes)?;
+        sink.flush()?;
     }
     Ok(0)
+}
+
+/// What `sbx sandbox logs` prints of each chunk, and where.
+#[derive(Debug)]
+pub struct LogPrinter {
+    timestamps: bool,
+    /// Per stream (stdout, stderr): the last chunk ended its line.
+    at_line_start: [bool; 2],
+}
+
+impl LogPrinter {
+    pub fn new(timestamps: bool) -> LogPrinter {
+        LogPrinter {
+            timestamps,
+            at_line_start: [true, true],
+        }
+    }
+
+    /// The stream `chunk` goes to and its bytes, its time first when timestamps are asked
+    /// for and it begins a line (a chunk with none gets none).
+    pub fn print(&mut self, chunk: &LogChunk) -> (LogStream, Vec<u8>) {
+        let stream = LogStream::try_from(chunk.stream).unwrap_or(LogStream::Stdout);
+        let start = &mut self.at_line_start[usize::from(stream == LogStream::Stderr)];
+        let mut bytes = Vec::with_capacity(chunk.data.len() + 32);
+        if self.timestamps
+            && *start
+            && let Some(time) = &chunk.time
+        {
+            bytes.extend_from_slice(format!("{time} ").as_bytes());
+        }
+        bytes.extend_from_slice(&chunk.data);
+        if !chunk.data.is_empty() {
+            *start = chunk.data.ends_with(b"\n");
+        }
+        (stream, bytes)
+    }
 }
 
 /// Prints one line (table, JSON) or document (YAML) per event until the stream ends.

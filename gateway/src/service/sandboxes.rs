@@ -290,9 +290,16 @@ impl SandboxService for SbxService {
     ) -> Result<Response<Self::LogsStream>, Status> {
         let req = request.into_inner();
         let sel = selector(req.sandbox)?;
+        let driver_req = sbx_drivers::pb::LogsRequest {
+            sandbox_id: String::new(),
+            follow: req.follow,
+            tail_lines: req.tail_lines,
+            timestamps: req.timestamps,
+            since: req.since,
+        };
         let chunks = self
             .gateway
-            .logs(&sel, req.follow, req.tail_lines)
+            .logs(&sel, driver_req)
             .await
             .map_err(|e| actor_error_to_status(&e))?;
         let chunks = chunks.map(|r| {

@@ -176,7 +176,15 @@ pub fn exec_output(out: pb::ExecOutput) -> v1::ExecOutput {
 }
 
 pub fn log_chunk(chunk: pb::LogChunk) -> v1::LogChunk {
-    v1::LogChunk { data: chunk.data }
+    let stream = match pb::LogStream::try_from(chunk.stream) {
+        Ok(pb::LogStream::Stderr) => v1::LogStream::Stderr,
+        Ok(pb::LogStream::Stdout) | Err(_) => v1::LogStream::Stdout,
+    };
+    v1::LogChunk {
+        data: chunk.data,
+        stream: stream as i32,
+        time: chunk.time,
+    }
 }
 
 #[cfg(test)]
@@ -213,13 +221,22 @@ mod tests {
         for (input, expected) in cases {
             assert_eq!(exec_output(pb::ExecOutput { chunk: input }).chunk, expected);
         }
+        let time = Some(sbx_proto::Timestamp {
+            seconds: 1_772_359_200,
+            nanos: 5,
+        });
+        let chunk = |stream: pb::LogStream| pb::LogChunk {
+            data: b"x".to_vec(),
+            stream: stream as i32,
+            time,
+        };
+        let err = log_chunk(chunk(pb::LogStream::Stderr));
         assert_eq!(
-            log_chunk(pb::LogChunk {
-                data: b"x".to_vec()
-            })
-            .data,
-            b"x"
+            (err.data.as_slice(), err.stream, err.time),
+            (&b"x"[..], v1::LogStream::Stderr as i32, time)
         );
+        let out = log_chunk(chunk(pb::LogStream::Stdout));
+        assert_eq!(out.stream, v1::LogStream::Stdout as i32);
     }
 
     #[tokio::test]

@@ -272,6 +272,7 @@ async fn logs_follow_sees_new_lines_and_ends_on_delete() {
         sandbox_id: id.to_string(),
         follow: true,
         tail_lines: 0,
+        ..Default::default()
     };
     let mut follow = d.logs(req).await.unwrap();
     d.stop(stop_req(id)).await.unwrap();

@@ -84,6 +84,7 @@ async fn log_lines(driver: &SimDriver, id: Uuid, tail: u32) -> Vec<String> {
         sandbox_id: id.to_string(),
         follow: false,
         tail_lines: tail,
+        ..Default::default()
     };
     let chunks: Vec<_> = driver.logs(req).await.unwrap().collect().await;
     let text: String = chunks
