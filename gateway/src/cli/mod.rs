@@ -563,9 +563,9 @@ pub struct SandboxLogsArgs {
     /// of a sandbox started before the log had times.
     #[arg(short = 't', long)]
     pub timestamps: bool,
-    /// Only output logged since WHEN: a duration ago (30s, 10m, 2h, 1d, 1h30m) or an RFC 3339
-    /// time (2026-03-01T10:00:00Z, 2026-03-01T11:00:00+01:00). Lines the log has no time for
-    /// are then left out.
+    /// Only output logged since WHEN: a duration ago (30s, 10m, 2h, 1h30m; at most 10 days)
+    /// or an RFC 3339 time (2026-03-01T10:00:00Z, 2026-03-01T11:00:00+01:00). Lines the log
+    /// has no time for are then left out.
     #[arg(long, value_name = "WHEN", value_parser = request::parse_since)]
     pub since: Option<request::Since>,
 }

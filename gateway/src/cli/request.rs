@@ -218,43 +218,20 @@ impl Since {
     }
 }
 
-/// Parses `--since`: a duration ago (`30s`, `10m`, `2h`, `1d`, `1h30m`) or an RFC 3339 time.
+/// Parses `--since`: a duration ago as `--timeout` takes one ([`super::size::parse_secs`]:
+/// `30s`, `10m`, `2h`, `1h30m`, at most 10 days) or an RFC 3339 time.
 pub fn parse_since(text: &str) -> Result<Since, String> {
-    let refused = || {
-        format!(
-            "{text:?} is neither a duration ago (30s, 10m, 2h, 1d, 1h30m: whole numbers with s, \
-             m, h or d) nor an RFC 3339 time (2026-03-01T10:00:00Z)"
-        )
-    };
     if let Ok(time) = text.parse::<Timestamp>() {
         return Ok(Since::At(time));
     }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return Err(refused());
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .ok_or_else(refused)?;
-        let (number, after) = rest.split_at(digits);
-        let mut units = after.chars();
-        let seconds: u64 = match units.next() {
-            Some('s') => 1,
-            Some('m') => 60,
-            Some('h') => 3600,
-            Some('d') => 86_400,
-            _ => return Err(refused()),
-        };
-        let number: u64 = number.parse().map_err(|_| refused())?;
-        let part = number.checked_mul(seconds).ok_or_else(refused)?;
-        total = total
-            .checked_add(Duration::from_secs(part))
-            .ok_or_else(refused)?;
-        rest = units.as_str();
-    }
-    Ok(Since::Ago(total))
+    super::size::parse_secs(text)
+        .map(|secs| Since::Ago(Duration::from_secs(secs)))
+        .map_err(|_| {
+            format!(
+                "{text:?} is neither a duration ago (30s, 10m, 2h, 1h30m; at most 10 days) nor \
+                 an RFC 3339 time (2026-03-01T10:00:00Z)"
+            )
+        })
 }
 
 pub fn watch_request(args: &SandboxWatchArgs) -> WatchSandboxesRequest {
