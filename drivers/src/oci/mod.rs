@@ -13,7 +13,10 @@
 //! with the log file as the container's stdout and stderr (never a pipe to the driver), so
 //! the workload outlives the driver and the gateway. The container's pid 1 is a small init of
 //! ours — a static busybox shell running [`INIT_SCRIPT`], bound read-only at `/dev/.sbx` —
-//! that runs the image's (or the spec's) command, forwards SIGTERM to every process of the
+//! that runs the image's (or the spec's) command with its stdout and stderr on a FIFO each in
+//! the run directory, read by one `sbx-agent log` per stream, which appends them to the log as
+//! timestamped records of their stream (see `host::logfile`; the init's own words stay
+//! plain lines), forwards SIGTERM to every process of the
 //! sandbox, reaps orphans, and writes the main process's status to the run directory (bound
 //! at `/dev/.sbx-run`; its `hostname` file, the sandbox's name, is bound read-only at
 //! `/etc/hostname`). A main command or an exec'd one that is not found is told as `command not

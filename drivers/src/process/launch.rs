@@ -63,8 +63,13 @@ jail() {
 /// driver's state is hidden and run as `/proc/self/fd/4`, in the workload's kind of user
 /// namespace, from `/sandbox`; the main process runs through `sbx-agent run` (which puts back
 /// the SIGINT and SIGQUIT a shell's `&` ignores, and passes on no descriptor but stdio). Exit status 125 means the sandbox could not
-/// be set up (the reason is in the log). The shim sends its output and the workload's to LOG
-/// itself; what `unshare` says (for example when the shim is SIGKILLed) goes to the run's
+/// be set up (the reason is in the log). The shim sends its own output to LOG; the main
+/// process's stdout and stderr go to a FIFO each in the run directory (`stdout.fifo`,
+/// `stderr.fifo`), read by one `sbx-agent log` per stream (run as the shim is, not jailed),
+/// which appends them to LOG as timestamped records of their stream (see
+/// `host::logfile`); once the main process has exited the shim has them drain
+/// (SIGUSR1) and waits for them before it writes `exit`. What `unshare` says (for example
+/// when the shim is SIGKILLed) goes to the run's
 /// `launcher.log`, not into the workload's log. `init` and `exit` are written by one `printf`
 /// each (no `mv`: one exec less per launch); a reader takes them only once they end with their
 /// newline, so a half-written file is never read as a shorter number. A main command not found
