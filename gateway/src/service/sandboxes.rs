@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::SbxService;
 use super::status::actor_error_to_status;
-use super::streams::{self, ResponseStream, forward};
+use super::streams::{self, ResponseStream, forward, invalid_input};
 
 /// The selector of a request's sandbox reference (a missing reference is an empty one, which
 /// the selector refuses with INVALID_ARGUMENT).
@@ -206,7 +206,7 @@ impl SandboxService for SbxService {
                 input: Some(Input::Start(start)),
             }) => start,
             _ => {
-                return Err(Status::invalid_argument(
+                return Err(invalid_input(
                     "the first message of a copy must be its start (sandbox and path)",
                 ));
             }
@@ -243,7 +243,7 @@ impl SandboxService for SbxService {
                 input: Some(In::Start(start)),
             }) => start,
             _ => {
-                return Err(Status::invalid_argument(
+                return Err(invalid_input(
                     "the first message of a port-forward must be its start (sandbox and port)",
                 ));
             }

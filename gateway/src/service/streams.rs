@@ -62,6 +62,12 @@ pub fn driver_stream_error(err: DriverError) -> Status {
     actor_error_to_status(&ActorError::Driver(err))
 }
 
+/// An INVALID_ARGUMENT for a client stream that broke the stream's rules, with its
+/// ErrorInfo (reason INVALID_ARGUMENT) like every other refusal.
+pub fn invalid_input(message: impl Into<String>) -> Status {
+    actor_error_to_status(&ActorError::InvalidArgument(message.into()))
+}
+
 /// The first message of an exec's input stream, which must be its request.
 pub async fn exec_start(
     messages: &mut tonic::Streaming<v1::ExecInput>,
@@ -70,18 +76,19 @@ pub async fn exec_start(
         Some(v1::ExecInput {
             input: Some(v1::exec_input::Input::Start(req)),
         }) => Ok(req),
-        Some(_) => Err(Status::invalid_argument(
+        Some(_) => Err(invalid_input(
             "the first message of an exec stream must be its request (start), not input",
         )),
-        None => Err(Status::invalid_argument(
+        None => Err(invalid_input(
             "the exec stream ended before its request (start)",
         )),
     }
 }
 
 /// The rest of an exec's input, as the driver takes it. Input that makes no sense — a second
-/// request, a resize without a terminal, a signal number that is none — ends the input, and
-/// `refused` then says why (the exec ends with that INVALID_ARGUMENT; see [`until_refused`]).
+/// request, a resize without a terminal, a signal number that is none — stops the input (it
+/// is not taken for the end of stdin), and `refused` then says why: the exec ends with that
+/// INVALID_ARGUMENT (see [`until_refused`]), which ends the command.
 /// A broken client stream ends the input (the client is gone; its output goes with it).
 pub fn exec_input(
     messages: tonic::Streaming<v1::ExecInput>,
@@ -115,11 +122,13 @@ pub fn exec_input(
                     }
                     Err(why) => {
                         if let Some(refuse) = refuse.take() {
-                            let _ = refuse.send(Status::invalid_argument(format!(
-                                "exec input refused: {why}"
-                            )));
+                            let _ =
+                                refuse.send(invalid_input(format!("exec input refused: {why}")));
                         }
-                        return None;
+                        // Not an end of stdin (a command could then exit cleanly before
+                        // the refusal is seen): the input stays open until the refusal ends
+                        // the exec, and with it the command.
+                        return std::future::pending().await;
                     }
                 }
             }
@@ -146,15 +155,17 @@ where
                 return Some((item, Some((output, refused))));
             };
             tokio::select! {
-                item = output.next() => {
-                    let item = item?;
-                    return Some((item, Some((output, refused))));
-                }
+                // A refusal first: output already on its way does not hide it.
+                biased;
                 said = waiting => match said {
                     Ok(status) => return Some((Err(status), None)),
                     // The input ended without a refusal: only the output is left.
                     Err(_) => refused = None,
                 },
+                item = output.next() => {
+                    let item = item?;
+                    return Some((item, Some((output, refused))));
+                }
             }
         }
     })
