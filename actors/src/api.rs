@@ -362,6 +362,17 @@ impl Gateway {
     ) -> Result<ReceiverStream<Result<SandboxEvent>>> {
         let scope = self.scope(filter).await?;
         let selector = parse_selector(&filter.label_selector)?;
+        // Every version a client was given was committed first: one beyond the store's is
+        // none the gateway gave out, and a watch from it would wait for ever in silence.
+        if resource_version > 0 {
+            let newest = self.shared.store.current_revision().await?;
+            if resource_version > newest {
+                return Err(ActorError::ResourceVersionInFuture {
+                    requested: resource_version,
+                    newest,
+                });
+            }
+        }
         let sub = self.shared.events.subscribe(resource_version)?;
         let mut initial = Vec::new();
         let mut floor: HashMap<String, u64> = HashMap::new();

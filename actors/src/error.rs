@@ -64,6 +64,11 @@ pub enum ActorError {
         "resource version {requested} is too old (history starts after {oldest}); list again and watch from the list's version"
     )]
     ResourceVersionTooOld { requested: u64, oldest: u64 },
+    /// A watch from a resource version the store has not reached: it would never deliver.
+    #[error(
+        "resource version {requested} is newer than the gateway's newest ({newest}); watch from a version a list or an object gave you, or 0"
+    )]
+    ResourceVersionInFuture { requested: u64, newest: u64 },
     /// An image reference that breaks the reference rule (`sbx_proto::image_ref`).
     #[error("{0}")]
     InvalidImageReference(String),

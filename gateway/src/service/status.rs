@@ -98,6 +98,11 @@ pub fn actor_error_to_status(err: &ActorError) -> Status {
         ActorError::FailedPrecondition(_) => (Code::FailedPrecondition, "FAILED_PRECONDITION"),
         ActorError::Unimplemented(_) => (Code::Unimplemented, "UNIMPLEMENTED"),
         ActorError::Unavailable(_) => (Code::Unavailable, "UNAVAILABLE"),
+        ActorError::ResourceVersionInFuture { requested, newest } => {
+            metadata.insert("requested".to_string(), requested.to_string());
+            metadata.insert("newest".to_string(), newest.to_string());
+            (Code::OutOfRange, "RESOURCE_VERSION_IN_FUTURE")
+        }
         ActorError::ResourceVersionTooOld { requested, oldest } => {
             metadata.insert("requested".to_string(), requested.to_string());
             metadata.insert("oldest".to_string(), oldest.to_string());
