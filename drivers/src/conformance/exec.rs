@@ -709,3 +709,52 @@ async fn refuses_body(s: &mut Session<'_>) {
         );
     }
 }
+
+/// What `execve` could not take is refused before anything runs, as `InvalidArgument`: an
+/// argument holding a NUL byte, an environment variable named with `=` or named by nothing.
+/// Every driver refuses them alike (the host drivers and the sim through one check,
+/// `host::validate_command`), so a client sees the same answer whichever runs its sandbox.
+pub async fn exec_refuses_bad_argv_and_env(h: &dyn DriverHarness) {
+    run_check(h, "exec_refuses_bad_argv_and_env", |s| {
+        Box::pin(bad_argv_body(s))
+    })
+    .await;
+}
+
+async fn bad_argv_body(s: &mut Session<'_>) {
+    let check = s.check();
+    if needs(s, Needs::Exec).await.is_none() {
+        return;
+    }
+    let id = s.create_running("alpha", "demo", 1).await.sandbox_id;
+    let mut nul = s.h.exec_echo("hello");
+    nul.push("a\0b".to_string());
+    let cases: Vec<(&str, pb::ExecRequest)> = vec![
+        ("a NUL byte in an argument", request(&id, nul)),
+        ("'=' in an environment variable's name", {
+            let mut r = request(&id, s.h.exec_echo("hello"));
+            r.env.insert("A=B".to_string(), "1".to_string());
+            r
+        }),
+        ("an empty environment variable name", {
+            let mut r = request(&id, s.h.exec_echo("hello"));
+            r.env.insert(String::new(), "1".to_string());
+            r
+        }),
+    ];
+    for (what, req) in cases {
+        let answer = try_run(s, req, no_exec_input()).await;
+        assert!(
+            matches!(answer, Err(DriverError::InvalidArgument(_))),
+            "[{check}] an exec with {what} must be InvalidArgument, got {answer:?}"
+        );
+    }
+    // The same sandbox still runs a good exec.
+    let ran = run(s, request(&id, s.h.exec_echo("still")), no_exec_input()).await;
+    assert_eq!(
+        ran.exit.as_ref().map(|e| e.code),
+        Some(0),
+        "[{check}] a good exec after the refused ones exits 0 (stdout {:?})",
+        ran.stdout_text()
+    );
+}

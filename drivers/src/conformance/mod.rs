@@ -78,7 +78,8 @@ use crate::{ComputeDriver, pb};
 
 pub use exec::{
     exec_command_not_found_is_127, exec_dropped_stream_ends_the_command,
-    exec_refuses_what_the_driver_lacks, exec_signal_reaches_the_command, exec_stdin_round_trips,
+    exec_refuses_bad_argv_and_env, exec_refuses_what_the_driver_lacks,
+    exec_signal_reaches_the_command, exec_stdin_round_trips,
     exec_tty_gives_a_terminal_of_the_asked_size, exec_without_stdin_sees_end_of_file,
     exec_workdir_and_env,
 };
@@ -227,6 +228,7 @@ macro_rules! conformance_suite {
                 exec_command_not_found_is_127,
                 exec_dropped_stream_ends_the_command,
                 exec_refuses_what_the_driver_lacks,
+                exec_refuses_bad_argv_and_env,
                 copy_round_trips_a_tree,
                 copy_refuses_escapes_and_missing_paths,
                 port_forward_carries_bytes_both_ways,

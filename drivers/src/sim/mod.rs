@@ -166,11 +166,8 @@ impl SimDriver {
         input: crate::ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
-        if req.command.is_empty() {
-            return Err(DriverError::InvalidArgument(
-                "exec command is empty".to_string(),
-            ));
-        }
+        // What the host drivers refuse (empty, NUL in an argument, '=' in a name), refused alike.
+        crate::host::validate_command("exec", &req.command, &req.env)?;
         if req.tty.is_some() {
             return Err(DriverError::Unimplemented(
                 "exec with a terminal: the sim driver's exec has none".to_string(),
