@@ -10,12 +10,14 @@
 //! is already inside; an exec is one connection and one fork, and its command inherits the
 //! workload's confinement whole.
 //!
-//! The library holds the wire format ([`wire`]), shared with the driver's client, and the
-//! server ([`server`]). The binary is built static by the drivers crate's build script, so it
-//! runs in any image, with or without a libc.
+//! The library holds the wire format ([`wire`]), shared with the driver's client, the
+//! server ([`server`]), and its form for a `vm` guest, where exec comes over a virtio-serial
+//! port instead of a socket ([`port`]). The binary is built static by the drivers crate's
+//! build script, so it runs in any image, with or without a libc.
 
 pub mod archive;
 pub mod log;
+pub mod port;
 pub mod server;
 pub mod signals;
 pub mod wire;

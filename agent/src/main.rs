@@ -1,5 +1,5 @@
-//! `sbx-agent serve`: serves exec on the listening Unix socket inherited as fd 3.
-//! See the library's docs.
+//! `sbx-agent serve`: serves exec on the listening Unix socket inherited as fd 3;
+//! `sbx-agent serve-port PATH`: on a `vm` guest's virtio-serial port. See the library's docs.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
@@ -10,6 +10,9 @@ const LISTEN_FD: i32 = 3;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("serve-port") {
+        return serve_port(args.get(1).map(String::as_str));
+    }
     match args.first().map(String::as_str) {
         Some("serve") => sbx_agent::signals::reset(),
         Some("which") => {
@@ -56,6 +59,24 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sbx-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sbx-agent serve-port PATH`: serves exec on the virtio-serial port at PATH (a `vm`
+/// guest's `sbx.exec`), one exec at a time; see the library's `port` module.
+fn serve_port(path: Option<&str>) -> ExitCode {
+    let Some(path) = path else {
+        eprintln!("usage: sbx-agent serve-port PATH (a virtio-serial port, /dev/vportNpM)");
+        return ExitCode::from(2);
+    };
+    // The guest's init starts it as a background job, with SIGINT ignored.
+    sbx_agent::signals::reset();
+    match sbx_agent::port::serve(std::path::Path::new(path)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sbx-agent: the exec port {path}: {e}");
             ExitCode::FAILURE
         }
     }

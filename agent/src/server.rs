@@ -60,13 +60,32 @@ pub fn serve(listener: UnixListener) -> io::Result<()> {
     }
 }
 
+/// Where an exec's frames go: a connection (closed both ways after the last frame), or one
+/// exec's turn on a virtio port ([`crate::port`], which stays open for the next).
+pub(crate) trait Conn: Write + Send {
+    /// After the last frame.
+    fn close(&mut self) {}
+}
+
+impl Conn for UnixStream {
+    fn close(&mut self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 /// The sending half of a connection, shared by the output threads; once the last frame
 /// (exit or error) is sent nothing else is.
-struct Sender {
-    conn: Mutex<Option<UnixStream>>,
+pub(crate) struct Sender {
+    conn: Mutex<Option<Box<dyn Conn>>>,
 }
 
 impl Sender {
+    pub(crate) fn new(conn: impl Conn + 'static) -> Arc<Sender> {
+        Arc::new(Sender {
+            conn: Mutex::new(Some(Box::new(conn))),
+        })
+    }
+
     fn send(&self, frame: &Frame) -> io::Result<()> {
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         match guard.as_mut() {
@@ -80,11 +99,11 @@ impl Sender {
 
     /// Sends the last frame and closes the connection (both ways, which also ends the
     /// connection's reading thread).
-    fn finish(&self, frame: &Frame) {
+    pub(crate) fn finish(&self, frame: &Frame) {
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(mut conn) = guard.take() {
             let _ = frame.write_to(&mut conn);
-            let _ = conn.shutdown(std::net::Shutdown::Both);
+            conn.close();
         }
     }
 }
@@ -92,9 +111,7 @@ impl Sender {
 fn handle(mut conn: UnixStream) -> io::Result<()> {
     Frame::Hello(env!("CARGO_PKG_VERSION").to_string()).write_to(&mut conn)?;
     let mut reader = conn.try_clone()?;
-    let sender = Arc::new(Sender {
-        conn: Mutex::new(Some(conn)),
-    });
+    let sender = Sender::new(conn);
     let req = match Frame::read_from(&mut reader) {
         Ok(Some(Frame::Exec(req))) => req,
         Ok(Some(Frame::Forward { port })) => {
@@ -298,7 +315,7 @@ fn invalid(message: String) -> Frame {
     }
 }
 
-fn internal(message: String) -> Frame {
+pub(crate) fn internal(message: String) -> Frame {
     Frame::Error {
         failure: Failure::Internal,
         message,
@@ -312,9 +329,89 @@ enum Stdio3 {
 }
 
 fn exec(req: ExecRequest, mut reader: UnixStream, sender: Arc<Sender>) -> io::Result<()> {
+    let Some(mut running) = start(&req, &sender)? else {
+        return Ok(());
+    };
+    while let Ok(Some(frame)) = Frame::read_from(&mut reader) {
+        running.apply(frame);
+    }
+    // The client is gone or the exec is over. If the command still runs, nobody listens:
+    // end it (its whole process group).
+    running.end();
+    Ok(())
+}
+
+/// A command started by [`start`]: what the client's frames reach, and the thread that
+/// sends its exit.
+pub(crate) struct Running {
+    pgid: Pid,
+    stdin: Option<Box<dyn Write + Send>>,
+    pty: Option<File>,
+    waiter: thread::JoinHandle<()>,
+}
+
+impl Running {
+    /// Whether the exit (or an error) has been sent.
+    pub(crate) fn is_over(&self) -> bool {
+        self.waiter.is_finished()
+    }
+
+    /// Sends the command's process group SIGKILL unless it is over, and waits for its exit
+    /// to be sent.
+    pub(crate) fn end(self) {
+        if !self.waiter.is_finished() {
+            let _ = kill_process_group(self.pgid, Signal::KILL);
+        }
+        let _ = self.waiter.join();
+    }
+
+    /// Does what one of the client's frames asks.
+    pub(crate) fn apply(&mut self, frame: Frame) {
+        match frame {
+            Frame::Stdin(bytes) => {
+                if let Some(sink) = self.stdin.as_mut()
+                    && sink.write_all(&bytes).is_err()
+                {
+                    // The command closed its stdin (or exited): later input has nowhere to
+                    // go, as with a pipe.
+                    self.stdin = None;
+                }
+            }
+            Frame::CloseStdin => {
+                if self.pty.is_some() {
+                    // A terminal has no end of its own: type the end-of-file character (^D),
+                    // as a user at a terminal would.
+                    if let Some(sink) = self.stdin.as_mut() {
+                        let _ = sink.write_all(&[0x04]);
+                    }
+                } else {
+                    self.stdin = None;
+                }
+            }
+            Frame::Resize { rows, cols } => {
+                // Without a terminal there is nothing to resize: the driver refuses that
+                // before it gets here.
+                if let Some(pty) = &self.pty {
+                    let _ = resize(pty, rows, cols);
+                }
+            }
+            Frame::Signal(n) => {
+                if let Some(sig) = Signal::from_named_raw(n) {
+                    let _ = kill_process_group(self.pgid, sig);
+                }
+            }
+            // Frames only the agent sends, or a second request: ignored.
+            _ => {}
+        }
+    }
+}
+
+/// Starts `req`'s command, its output sent through `sender` and its exit last; `None` when
+/// it did not start (the exit, 126 or 127, or the error is sent then).
+pub(crate) fn start(req: &ExecRequest, sender: &Arc<Sender>) -> io::Result<Option<Running>> {
     let Some(program) = req.argv.first() else {
         sender.finish(&invalid("the command is empty".into()));
-        return Ok(());
+        return Ok(None);
     };
     let program = OsString::from_vec(program.clone());
     let workdir = PathBuf::from(OsString::from_vec(req.workdir.clone()));
@@ -327,7 +424,7 @@ fn exec(req: ExecRequest, mut reader: UnixStream, sender: Arc<Sender>) -> io::Re
             "the working directory {} {why}",
             workdir.display()
         )));
-        return Ok(());
+        return Ok(None);
     }
     let path_var = req
         .env
@@ -352,7 +449,7 @@ fn exec(req: ExecRequest, mut reader: UnixStream, sender: Arc<Sender>) -> io::Re
             code: 127,
             signal: 0,
         });
-        return Ok(());
+        return Ok(None);
     };
     let mut cmd = Command::new(&resolved);
     cmd.arg0(&program);
@@ -363,7 +460,7 @@ fn exec(req: ExecRequest, mut reader: UnixStream, sender: Arc<Sender>) -> io::Re
     if !req.workdir.is_empty() {
         cmd.current_dir(&workdir);
     }
-    let (mut child, io) = match spawn(&mut cmd, &req) {
+    let (mut child, io) = match spawn(&mut cmd, req) {
         Ok(started) => started,
         Err(e) => {
             let name = String::from_utf8_lossy(program.as_bytes()).into_owned();
@@ -379,7 +476,7 @@ fn exec(req: ExecRequest, mut reader: UnixStream, sender: Arc<Sender>) -> io::Re
                 }
                 _ => sender.finish(&internal(format!("{name} could not be started: {e}"))),
             }
-            return Ok(());
+            return Ok(None);
         }
     };
     let pgid = Pid::from_child(&child);
@@ -408,14 +505,12 @@ fn exec(req: ExecRequest, mut reader: UnixStream, sender: Arc<Sender>) -> io::Re
         let sender = sender.clone();
         thread::spawn(move || wait_and_finish(&mut child, outputs, &sender))
     };
-    read_client(&mut reader, stdin_sink, pgid, pty.as_ref());
-    // The client is gone or the exec is over. If the command still runs, nobody listens:
-    // end it (its whole process group).
-    if !waiter.is_finished() {
-        let _ = kill_process_group(pgid, Signal::KILL);
-    }
-    let _ = waiter.join();
-    Ok(())
+    Ok(Some(Running {
+        pgid,
+        stdin: stdin_sink,
+        pty,
+        waiter,
+    }))
 }
 
 /// Starts the command with pipes, or on a new pty as its controlling terminal.
@@ -503,57 +598,6 @@ fn resize(pty: impl AsFd, rows: u16, cols: u16) -> io::Result<()> {
     };
     rustix::termios::tcsetwinsize(pty, size)?;
     Ok(())
-}
-
-/// Reads the client's frames until the connection ends or the exec is over.
-fn read_client(
-    reader: &mut UnixStream,
-    mut stdin: Option<Box<dyn Write + Send>>,
-    pgid: Pid,
-    pty: Option<&File>,
-) {
-    loop {
-        let frame = match Frame::read_from(reader) {
-            Ok(Some(frame)) => frame,
-            Ok(None) | Err(_) => return,
-        };
-        match frame {
-            Frame::Stdin(bytes) => {
-                if let Some(sink) = stdin.as_mut()
-                    && sink.write_all(&bytes).is_err()
-                {
-                    // The command closed its stdin (or exited): later input has nowhere to
-                    // go, as with a pipe.
-                    stdin = None;
-                }
-            }
-            Frame::CloseStdin => {
-                if pty.is_some() {
-                    // A terminal has no end of its own: type the end-of-file character (^D),
-                    // as a user at a terminal would.
-                    if let Some(sink) = stdin.as_mut() {
-                        let _ = sink.write_all(&[0x04]);
-                    }
-                } else {
-                    stdin = None;
-                }
-            }
-            Frame::Resize { rows, cols } => {
-                // Without a terminal there is nothing to resize: the driver refuses that
-                // before it gets here.
-                if let Some(pty) = pty {
-                    let _ = resize(pty, rows, cols);
-                }
-            }
-            Frame::Signal(n) => {
-                if let Some(sig) = Signal::from_named_raw(n) {
-                    let _ = kill_process_group(pgid, sig);
-                }
-            }
-            // Frames only the agent sends, or a second request: ignored.
-            _ => {}
-        }
-    }
 }
 
 /// Sends what `from` yields, in chunks, until its end (or the connection's).

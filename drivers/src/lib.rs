@@ -123,22 +123,6 @@ pub trait ComputeDriver: Send + Sync + 'static {
     }
 }
 
-/// For a driver whose exec has no stdin, terminal or working directory: a request that asks
-/// for one is [`DriverError::Unimplemented`], said plainly (never silently dropped input).
-pub(crate) fn exec_without_io(driver: &str, req: &pb::ExecRequest) -> Result<(), DriverError> {
-    let wanted = [
-        (req.stdin, "stdin"),
-        (req.tty.is_some(), "a terminal"),
-        (!req.workdir.is_empty(), "a working directory"),
-    ];
-    match wanted.iter().find(|(asked, _)| *asked) {
-        Some((_, what)) => Err(DriverError::Unimplemented(format!(
-            "exec with {what}: the {driver} driver's exec has none"
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// Parses the sandbox id of a driver request: empty or malformed ids are
 /// [`DriverError::InvalidArgument`].
 pub fn parse_sandbox_id(id: &str) -> Result<Uuid, DriverError> {

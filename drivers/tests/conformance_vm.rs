@@ -42,17 +42,6 @@ impl DriverHarness for VmHarness {
     fn call_timeout(&self) -> Duration {
         Duration::from_secs(120)
     }
-
-    /// The guest agent runs each exec in /sandbox (the vm answers Unimplemented to another).
-    fn exec_workdir(&self) -> bool {
-        false
-    }
-
-    /// The guest runs an exec as a shell script (`exec COMMAND`): busybox sh says "not found"
-    /// in its own words.
-    fn command_not_found_stderr(&self, _name: &str) -> Option<String> {
-        None
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

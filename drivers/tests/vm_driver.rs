@@ -2,20 +2,45 @@
 //! survives a graceful stop and a new boot; the stop reaches the guest's command as SIGTERM;
 //! a VM outlives its driver and is found again, also from QEMU's pidfile alone; the generation
 //! marker is what the driver reports, and a start under another generation says so instead of
-//! rebooting; exec and logs work; delete leaves nothing. And clear errors for what is missing.
+//! rebooting; exec and logs work, the guest's loopback is up, exec output is streamed (the
+//! first line of `echo; sleep 3; echo` seconds before the exit) and not capped (3 MiB whole);
+//! delete leaves nothing. And clear errors for what is missing.
 
 mod vm_support;
+
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use sbx_drivers::vm::{AssetPaths, VmDriver, VmDriverOptions};
 use sbx_drivers::{ComputeDriver, DriverError, pb};
+use sha2::{Digest, Sha256};
 use vm_support::VmEnv;
 
 const WORKLOAD: &str = "echo workload-started; echo boot >> /sandbox/boots; \
                         trap 'echo term-seen >> /sandbox/terms; sync; exit 0' TERM; \
                         while :; do sleep 1; done";
 
+/// What one exec gave: its exit code, stdout and stderr, when the first stdout came and
+/// when the exit did (from the call).
+struct Ran {
+    code: i32,
+    out: Vec<u8>,
+    err: Vec<u8>,
+    first_out: Option<Duration>,
+    took: Duration,
+}
+
 async fn exec(driver: &VmDriver, id: &str, script: &str) -> (i32, String, String) {
+    let ran = run(driver, id, script).await;
+    (
+        ran.code,
+        String::from_utf8_lossy(&ran.out).into_owned(),
+        String::from_utf8_lossy(&ran.err).into_owned(),
+    )
+}
+
+async fn run(driver: &VmDriver, id: &str, script: &str) -> Ran {
+    let began = Instant::now();
     let mut stream = driver
         .exec(pb::ExecRequest {
             sandbox_id: id.to_string(),
@@ -26,20 +51,25 @@ async fn exec(driver: &VmDriver, id: &str, script: &str) -> (i32, String, String
         })
         .await
         .expect("exec");
-    let (mut out, mut err, mut code) = (Vec::new(), Vec::new(), None);
+    let (mut out, mut err, mut code, mut first_out) = (Vec::new(), Vec::new(), None, None);
     while let Some(item) = stream.next().await {
         match item.expect("exec output").chunk {
-            Some(pb::exec_output::Chunk::Stdout(b)) => out.extend(b),
+            Some(pb::exec_output::Chunk::Stdout(b)) => {
+                first_out.get_or_insert(began.elapsed());
+                out.extend(b)
+            }
             Some(pb::exec_output::Chunk::Stderr(b)) => err.extend(b),
             Some(pb::exec_output::Chunk::Exit(e)) => code = Some(e.code),
             None => {}
         }
     }
-    (
-        code.expect("an exit"),
-        String::from_utf8_lossy(&out).into_owned(),
-        String::from_utf8_lossy(&err).into_owned(),
-    )
+    Ran {
+        code: code.expect("an exit"),
+        out,
+        err,
+        first_out,
+        took: began.elapsed(),
+    }
 }
 
 async fn logs(driver: &VmDriver, id: &str) -> String {
@@ -115,6 +145,40 @@ async fn vm_data_markers_and_rediscovery() {
         assert_eq!(exec(&driver, &sid, "true").await.0, 0);
     }
     eprintln!("exec round trip (true): {:?}", began.elapsed() / 5);
+
+    // Output comes as it is written: the first line long before the exit, 3 s later.
+    let ran = run(&driver, &sid, "echo first; sleep 3; echo second").await;
+    let first = ran.first_out.expect("stdout");
+    assert_eq!((ran.code, ran.out.as_slice()), (0, &b"first\nsecond\n"[..]));
+    assert!(
+        ran.took >= Duration::from_secs(3) && first + Duration::from_millis(2500) <= ran.took,
+        "the first line came {first:?} after the call, the exit {:?}: not streamed",
+        ran.took
+    );
+    // No cap: 3 MiB of random bytes arrive whole (length and sha256 against the guest's).
+    let (code, sum, err) = exec(
+        &driver,
+        &sid,
+        "head -c 3145728 /dev/urandom > /tmp/big && sha256sum /tmp/big",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let ran = run(&driver, &sid, "cat /tmp/big").await;
+    assert_eq!((ran.code, ran.out.len()), (0, 3 << 20));
+    let got: String = Sha256::digest(&ran.out)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        sum.split_whitespace().next(),
+        Some(got.as_str()),
+        "3 MiB through exec differ from the guest's file"
+    );
+    eprintln!(
+        "3 MiB of exec output in {:?} ({:.1} MiB/s)",
+        ran.took,
+        3.0 / ran.took.as_secs_f64()
+    );
 
     // The driver goes away; the VM does not. A new instance finds it: by its record…
     drop(driver);

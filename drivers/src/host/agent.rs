@@ -9,7 +9,9 @@
 //!   and the driver never connects to a path the sandbox controls.
 //! - [`exec`] is one connection per exec: the request, then the caller's input as frames one
 //!   way and the output as frames the other, with the kernel's socket buffer as the only
-//!   buffer between the agent and the output stream's bounded channel.
+//!   buffer between the agent and the output stream's bounded channel. The mapping between
+//!   frames and the contract's messages is [`exec_over`], over any byte stream: the `vm`
+//!   driver runs it over a virtio-serial port.
 //!
 //! Socket paths go through `/proc/self/fd/<dir>/agent.sock`, so a state directory deeper than
 //! a socket address's 108 bytes still works.
@@ -305,7 +307,42 @@ pub(crate) async fn exec(
     req: pb::ExecRequest,
     input: ExecInputStream,
 ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
-    let mut conn = connect(sandbox_dir, sandbox).await?;
+    let (rd, wr) = connect(sandbox_dir, sandbox).await?.into_split();
+    // Dropping both halves closes the connection: if the command still runs, the agent ends
+    // it.
+    exec_over(rd, wr, req, input, |_, _, _| async {}).await
+}
+
+/// How an exec over [`exec_over`] ended, for its `then`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExecEnd {
+    /// The agent sent the exit or an error: the stream is at a frame's end, nothing runs.
+    Over,
+    /// The caller went away, or the timeout passed: the command may still run.
+    Abandoned,
+    /// The stream broke (closed, or an unreadable frame).
+    Broken,
+}
+
+/// Runs `req` through an agent on the other end of `rd`/`wr` (greeted already), with
+/// `input` as the caller sends it; the frame <-> message mapping of every transport. The
+/// stream ends with the exit. When the exchange is over — the exit, the caller dropping the
+/// stream, `req.timeout_seconds` passing (then `DeadlineExceeded`) — `then` gets both halves
+/// back and how it ended (a socket is dropped, so the agent ends the command; a virtio port
+/// must be told).
+pub(crate) async fn exec_over<R, W, F, Fut>(
+    mut rd: R,
+    mut wr: W,
+    req: pb::ExecRequest,
+    input: ExecInputStream,
+    then: F,
+) -> Result<DriverStream<pb::ExecOutput>, DriverError>
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: FnOnce(R, W, ExecEnd) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
     let tty = req.tty.is_some();
     let timeout =
         (req.timeout_seconds > 0).then(|| Duration::from_secs(u64::from(req.timeout_seconds)));
@@ -320,10 +357,9 @@ pub(crate) async fn exec(
             term: t.term.clone(),
         }),
     });
-    conn.write_all(&request.encode())
+    wr.write_all(&request.encode())
         .await
         .map_err(|e| internal("sending the exec to the agent", e))?;
-    let (mut rd, mut wr) = conn.into_split();
     let (tx, rx) = mpsc::channel::<Result<pb::ExecOutput, DriverError>>(64);
     let wants_stdin = req.stdin;
     tokio::spawn(async move {
@@ -351,44 +387,52 @@ pub(crate) async fn exec(
                         if let Some(item) = item
                             && tx.send(item).await.is_err()
                         {
-                            return None;
+                            return (None, ExecEnd::Abandoned);
                         }
                         if last {
-                            return None;
+                            return (None, ExecEnd::Over);
                         }
                     }
                     Ok(None) => {
-                        return Some(DriverError::Internal(
-                            "the exec agent closed the connection before the command's exit"
-                                .to_string(),
-                        ));
+                        return (
+                            Some(DriverError::Internal(
+                                "the exec agent closed the connection before the command's exit"
+                                    .to_string(),
+                            )),
+                            ExecEnd::Broken,
+                        );
                     }
-                    Err(e) => return Some(internal("reading from the exec agent", e)),
+                    Err(e) => {
+                        return (
+                            Some(internal("reading from the exec agent", e)),
+                            ExecEnd::Broken,
+                        );
+                    }
                 }
             }
         };
         let timed = async {
             match timeout {
-                Some(after) => tokio::time::timeout(after, relay_output)
-                    .await
-                    .unwrap_or(Some(DriverError::DeadlineExceeded {
+                Some(after) => tokio::time::timeout(after, relay_output).await.unwrap_or((
+                    Some(DriverError::DeadlineExceeded {
                         operation: "exec",
                         after,
-                    })),
+                    }),
+                    ExecEnd::Abandoned,
+                )),
                 None => relay_output.await,
             }
         };
-        let outcome = tokio::select! {
+        let (outcome, end) = tokio::select! {
             outcome = timed => outcome,
-            () = send_input => None,
+            () = send_input => (None, ExecEnd::Abandoned),
             // The caller dropped the stream (even of a command that prints nothing).
-            () = tx.closed() => None,
+            () = tx.closed() => (None, ExecEnd::Abandoned),
         };
         if let Some(err) = outcome {
             let _ = tx.send(Err(err)).await;
         }
-        // Dropping both halves here closes the connection: if the command still runs, the
-        // agent ends it.
+        then(rd, wr, end).await;
     });
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
@@ -460,7 +504,9 @@ fn output_item(frame: Frame) -> (Option<Result<pb::ExecOutput, DriverError>>, bo
     }
 }
 
-async fn read_frame(rd: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Option<Frame>> {
+pub(crate) async fn read_frame(
+    rd: &mut (impl AsyncReadExt + Unpin),
+) -> std::io::Result<Option<Frame>> {
     let mut header = [0u8; 5];
     match rd.read_exact(&mut header[..1]).await {
         Ok(_) => {}

@@ -218,11 +218,6 @@ impl SandboxLocks {
             locks.remove(&id);
         }
     }
-
-    /// Forgets `id`'s lock (a waiter keeps its own).
-    pub(crate) fn remove(&self, id: Uuid) {
-        locked(&self.0).remove(&id);
-    }
 }
 
 /// A host driver's records: the directories under `root`, each record cached in memory.

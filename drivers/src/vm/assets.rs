@@ -2,7 +2,8 @@
 //! `vmlinux` when possible so QEMU boots it directly (PVH) instead of decompressing a bzImage
 //! under emulation, and a shared initramfs holding a static busybox (`busybox-static`), the
 //! kernel modules the guest needs (virtio-mmio, virtio-blk, ext4, virtio-console, the ACPI power
-//! button) and the guest init ([`INIT`]). Both are prepared once per kernel/busybox/init and
+//! button), the guest init ([`INIT`]) and `sbx-agent` (the static binary the oci and process
+//! drivers run too; in the guest it serves exec on a virtio-serial port). Both are prepared once per kernel/busybox/init and
 //! cached under the driver's state directory. A missing piece is an error that names the
 //! Debian package to install.
 
@@ -83,6 +84,7 @@ pub fn prepare(paths: &AssetPaths, cache_dir: &Path) -> Result<GuestAssets, Driv
     }
     modules.hash(&mut hasher);
     INIT.hash(&mut hasher);
+    crate::host::agent::BINARY.hash(&mut hasher);
     let dir = cache_dir.join(format!("{version}-{:016x}", hasher.finish()));
     std::fs::create_dir_all(&dir).map_err(|e| io_error("making", &dir, e))?;
 
@@ -268,6 +270,7 @@ fn build_initramfs(
     let busybox_bytes = std::fs::read(busybox).map_err(|e| io_error("reading", busybox, e))?;
     archive.file("bin/busybox", 0o755, &busybox_bytes);
     archive.file("init", 0o755, INIT.as_bytes());
+    archive.file("bin/sbx-agent", 0o755, crate::host::agent::BINARY);
     let mut list = String::new();
     for module in modules {
         let path = modules_dir.join(module);

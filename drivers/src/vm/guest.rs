@@ -1,18 +1,11 @@
 //! The host's side of the guest init's conventions: the per-run files it reads
 //! (`/etc/sbx/run.env`, `/etc/sbx/command`), the lines it writes on the console
-//! (`sbx-guest: <run id> ready | exit <code> | fatal <why>`), and the exec agent's line protocol
-//! on the `sbx.agent` virtio port (see `guest/init.sh`).
+//! (`sbx-guest: <run id> ready | exit <code> | fatal <why>`). (Exec is the guest's
+//! `sbx-agent`, on its own virtio port: `streams.rs`.)
 
-use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::time::Duration;
-
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
-use crate::DriverError;
 
 /// Quotes `s` for a POSIX shell: in single quotes, each `'` as `'\''`.
 pub fn shell_quote(s: &str) -> String {
@@ -95,86 +88,10 @@ pub fn console_tail(console_log: &Path, max: u64) -> String {
     String::from_utf8_lossy(&text).trim().to_string()
 }
 
-/// The outcome of one exec through the agent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecResult {
-    /// The exit status as the guest's shell saw it (137 after the timeout's SIGKILL).
-    pub code: i32,
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-}
-
-/// Runs `command` (with `env`) in the guest through the agent's FIFOs, in `/sandbox`, killed
-/// after `timeout`. Output is collected in the guest and returned at the end (at most 1 MiB
-/// per stream). The caller serialises execs of one VM (they share one channel).
-pub async fn exec(
-    agent: &Path,
-    request_id: u64,
-    env: &BTreeMap<String, String>,
-    command: &[String],
-    timeout: Duration,
-) -> Result<ExecResult, DriverError> {
-    let script = command_script(env, command);
-    let line = format!(
-        "exec {request_id} {} {}\n",
-        timeout.as_secs().max(1),
-        STANDARD.encode(script)
-    );
-    let unavailable = |e: String| DriverError::Unavailable(format!("the vm's exec agent: {e}"));
-    // The guest's own timeout kills the command; this bound covers a guest that never answers.
-    let bound = timeout + Duration::from_secs(15);
-    let answer = tokio::time::timeout(bound, async {
-        use tokio::net::unix::pipe;
-        // Open the reading end first: the answer must find a reader. Opening the writing end
-        // fails (ENXIO) when no QEMU holds the channel, instead of waiting for one.
-        let read = pipe::OpenOptions::new()
-            .open_receiver(super::qemu::fifo(agent, "out"))
-            .map_err(|e| format!("open: {e}"))?;
-        let mut write = pipe::OpenOptions::new()
-            .open_sender(super::qemu::fifo(agent, "in"))
-            .map_err(|e| format!("open: {e}"))?;
-        write
-            .write_all(line.as_bytes())
-            .await
-            .map_err(|e| format!("send: {e}"))?;
-        let mut lines = BufReader::new(read).lines();
-        let want = format!("result {request_id} ");
-        loop {
-            match lines.next_line().await {
-                Ok(Some(l)) if l.starts_with(&want) => return Ok(l),
-                // An answer to an earlier, abandoned request: not ours.
-                Ok(Some(_)) => continue,
-                Ok(None) => return Err("the agent closed the connection".to_string()),
-                Err(e) => return Err(format!("read: {e}")),
-            }
-        }
-    })
-    .await
-    .map_err(|_| unavailable(format!("no answer within {bound:?}")))?
-    .map_err(unavailable)?;
-    parse_result(&answer).ok_or_else(|| unavailable(format!("malformed answer {answer:?}")))
-}
-
-/// `result <id> <code> <base64 stdout> <base64 stderr>` (empty outputs may leave the fields
-/// empty or out).
-fn parse_result(line: &str) -> Option<ExecResult> {
-    let mut fields = line.split(' ');
-    if fields.next()? != "result" {
-        return None;
-    }
-    let _id = fields.next()?;
-    let code = fields.next()?.parse().ok()?;
-    let stdout = STANDARD.decode(fields.next().unwrap_or_default()).ok()?;
-    let stderr = STANDARD.decode(fields.next().unwrap_or_default()).ok()?;
-    Some(ExecResult {
-        code,
-        stdout,
-        stderr,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
@@ -225,28 +142,5 @@ mod tests {
             read_report(&dir.path().join("none"), 0, "r2"),
             RunReport::default()
         );
-    }
-
-    #[test]
-    fn results_parse() {
-        let line = format!(
-            "result 7 3 {} {}",
-            STANDARD.encode("out\n"),
-            STANDARD.encode("err\n")
-        );
-        assert_eq!(
-            parse_result(&line),
-            Some(ExecResult {
-                code: 3,
-                stdout: b"out\n".to_vec(),
-                stderr: b"err\n".to_vec()
-            })
-        );
-        assert_eq!(
-            parse_result("result 7 0  ").map(|r| (r.code, r.stdout.len())),
-            Some((0, 0))
-        );
-        assert_eq!(parse_result("result 7 x"), None);
-        assert_eq!(parse_result("pong 7 r1"), None);
     }
 }

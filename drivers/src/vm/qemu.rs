@@ -57,8 +57,11 @@ pub struct VmLaunch<'a> {
     pub disk: &'a Path,
     pub console_log: &'a Path,
     pub qmp_socket: &'a Path,
-    /// The agent channel's base path: FIFOs `<agent>.in` and `<agent>.out`.
+    /// The control channel's base path (ping, stop): FIFOs `<agent>.in` and `<agent>.out`.
     pub agent: &'a Path,
+    /// The exec channels' base path (the guest's `sbx-agent`s): channel `k` is the port
+    /// `sbx.exec.<k>` on `<exec>-<k>.in` and `<exec>-<k>.out` ([`exec_channel`]).
+    pub exec: &'a Path,
     pub pidfile: &'a Path,
     pub memory_mib: u64,
     pub cpus: u32,
@@ -86,7 +89,7 @@ impl VmLaunch<'_> {
             _ => ("tcg", "max"),
         };
         let p = |p: &Path| p.display().to_string();
-        let args = [
+        let mut args = vec![
             "-name".to_string(),
             self.name.clone(),
             "-machine".into(),
@@ -131,9 +134,17 @@ impl VmLaunch<'_> {
             format!("unix:{},server=on,wait=off", p(self.qmp_socket)),
             "-pidfile".into(),
             p(self.pidfile),
-            "-daemonize".into(),
         ];
-        args.to_vec()
+        for k in 0..EXEC_CHANNELS {
+            args.extend([
+                "-chardev".into(),
+                format!("pipe,id=exec{k},path={}", p(&exec_channel(self.exec, k))),
+                "-device".into(),
+                format!("virtserialport,chardev=exec{k},name=sbx.exec.{k}"),
+            ]);
+        }
+        args.push("-daemonize".into());
+        args
     }
 
     /// Starts QEMU daemonized (in its own session, stdio on /dev/null) and returns the
@@ -141,7 +152,9 @@ impl VmLaunch<'_> {
     pub async fn launch(&self) -> Result<ProcessIdentity, DriverError> {
         let _ = std::fs::remove_file(self.pidfile);
         let _ = std::fs::remove_file(self.qmp_socket);
-        for end in [fifo(self.agent, "in"), fifo(self.agent, "out")] {
+        let bases = std::iter::once(self.agent.to_path_buf())
+            .chain((0..EXEC_CHANNELS).map(|k| exec_channel(self.exec, k)));
+        for end in bases.flat_map(|base| [fifo(&base, "in"), fifo(&base, "out")]) {
             let _ = std::fs::remove_file(&end);
             nix::unistd::mkfifo(&end, nix::sys::stat::Mode::from_bits_truncate(0o600))
                 .map_err(|e| DriverError::Internal(format!("mkfifo {}: {e}", end.display())))?;
@@ -173,9 +186,20 @@ impl VmLaunch<'_> {
     }
 }
 
-/// One end of the agent channel: `<agent>.in` or `<agent>.out`.
-pub fn fifo(agent: &Path, end: &str) -> PathBuf {
-    let mut path = agent.as_os_str().to_owned();
+/// How many execs a VM runs at once: each has a virtio port of its own (`sbx.exec.<k>`), served
+/// by its own `sbx-agent` in the guest; more wait for one to be free.
+pub const EXEC_CHANNELS: usize = 4;
+
+/// The base path of exec channel `k`: `<exec>-<k>`.
+pub fn exec_channel(exec: &Path, k: usize) -> PathBuf {
+    let mut path = exec.as_os_str().to_owned();
+    path.push(format!("-{k}"));
+    PathBuf::from(path)
+}
+
+/// One end of a channel: `<base>.in` (to the guest) or `<base>.out` (from it).
+pub fn fifo(base: &Path, end: &str) -> PathBuf {
+    let mut path = base.as_os_str().to_owned();
     path.push(".");
     path.push(end);
     PathBuf::from(path)
@@ -370,6 +394,7 @@ mod tests {
             console_log: p,
             qmp_socket: Path::new("/state/qmp.sock"),
             agent: p,
+            exec: Path::new("/state/exec"),
             pidfile: p,
             memory_mib: 256,
             cpus: 1,
@@ -388,6 +413,13 @@ mod tests {
         assert!(args.contains("file=/state/disk.img,format=raw"), "{args}");
         assert!(
             args.contains("unix:/state/qmp.sock,server=on,wait=off"),
+            "{args}"
+        );
+        assert!(
+            args.contains(
+                "-chardev pipe,id=exec3,path=/state/exec-3 -device \
+                 virtserialport,chardev=exec3,name=sbx.exec.3"
+            ),
             "{args}"
         );
         assert!(args.ends_with("-daemonize"), "{args}");

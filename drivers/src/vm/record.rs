@@ -4,7 +4,8 @@
 //!   generation the gateway sent, and read back on every observation;
 //! - `disk.img`: the persistent disk (raw, ext4), `/sandbox` in the guest;
 //! - `console.log`: the guest's console, appended across boots (the sandbox's log);
-//! - `qmp.sock`, `agent.in` + `agent.out` (FIFOs: the exec agent's channel), `qemu.pid`,
+//! - `qmp.sock`, `agent.in` + `agent.out` (FIFOs: the init's control channel), `exec-<k>.in` +
+//!   `exec-<k>.out` (FIFOs: the exec channels of the guest's `sbx-agent`s), `qemu.pid`,
 //!   `initramfs.cpio`: the current boot's.
 //!
 //! The record and the marker are written atomically by the kit (`host::records`, which also
@@ -63,6 +64,9 @@ pub struct VmPaths {
     /// `<agent>.out` (from it). FIFOs, not a socket: the guest then always sees its port
     /// connected, and its agent blocks in `read` instead of polling.
     pub agent: PathBuf,
+    /// The exec channels, the same way: `<exec>-<k>.in` and `<exec>-<k>.out`, joined to the
+    /// port `sbx.exec.<k>` that a `sbx-agent serve-port` in the guest serves.
+    pub exec: PathBuf,
     pub pidfile: PathBuf,
     pub initramfs: PathBuf,
 }
@@ -76,6 +80,7 @@ impl VmPaths {
             console_log: dir.join("console.log"),
             qmp_socket: dir.join("qmp.sock"),
             agent: dir.join("agent"),
+            exec: dir.join("exec"),
             pidfile: dir.join("qemu.pid"),
             initramfs: dir.join("initramfs.cpio"),
             dir,

@@ -99,8 +99,8 @@ impl ComputeDriver for VmDriver {
             memory_limit: true,
             persistent_storage: true,
             images: false,
-            exec_stdin: false,
-            exec_tty: false,
+            exec_stdin: true,
+            exec_tty: true,
             copy: false,
             port_forward: false,
             isolation: format!(
@@ -150,12 +150,9 @@ impl ComputeDriver for VmDriver {
     async fn exec_io(
         &self,
         req: pb::ExecRequest,
-        _input: crate::ExecInputStream,
+        input: crate::ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
-        // The guest agent's line protocol carries a command and its output, not stdin or a
-        // terminal (the capabilities say so).
-        crate::exec_without_io("vm", &req)?;
-        self.exec_stream(req).await
+        self.exec_stream(req, input).await
     }
 
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {

@@ -1,54 +1,214 @@
-//! The exec of the vm driver, through the guest's agent. (Watch and logs, of the console log
-//! file, are the kit's, `host::lifecycle`.)
+//! The exec of the vm driver, through `sbx-agent serve-port` in the guest (the agent crate's
+//! `port` module) on the virtio ports `sbx.exec.<k>`, which QEMU joins to FIFOs in the
+//! sandbox's directory. (Watch and logs, of the console log file, are the
+//! kit's, `host::lifecycle`.)
+//!
+//! A port is one stream for the VM's life, so execs take turns on it; a VM has
+//! [`qemu::EXEC_CHANNELS`] ports (`sbx.exec.<k>`, FIFOs `exec-<k>.in`/`.out`), each with its own
+//! agent, so that many run at once and more wait for a free one ([`ExecChannels`]). A
+//! turn opens the FIFOs, greets the agent with a token of its own and skips what it reads up
+//! to the echo (output of an earlier turn that nobody read), then runs the exec with the
+//! same frame <-> message mapping as the socket drivers (`host::agent::exec_over`): output
+//! reaches the caller as the command writes it, with no cap, and stdin, a terminal, resizes
+//! and signals reach the command. A turn whose caller went away (or whose timeout passed)
+//! sends SIGKILL to the command's process group and waits for its exit before the next turn;
+//! an agent's greeting also ends whatever an earlier, vanished turn left running.
 
+use std::collections::HashMap;
+use std::io::Cursor;
+use std::path::Path;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::service::validate_env_names;
-use super::{Inner, VmDriver, guest};
-use crate::host::Desired;
-use crate::host::logfile::CHUNK;
-use crate::host::validate_command;
-use crate::{DriverError, DriverStream, parse_sandbox_id, pb};
+use sbx_agent::wire::{Frame, MAX_PAYLOAD};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use uuid::Uuid;
 
-/// How long an exec may run when the request sets no timeout.
-const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(3600);
+use super::{Inner, VmDriver, qemu};
+use crate::host::agent::{ExecEnd, exec_over, read_frame};
+use crate::host::{Desired, locked, validate_command};
+use crate::{DriverError, DriverStream, ExecInputStream, parse_sandbox_id, pb};
+
+/// How long the agent may take to echo a turn's greeting (it answers at once when idle; an
+/// earlier turn's command is ended first, which takes up to the agent's 0.5 s drain).
+const GREETING_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long an abandoned turn waits for the command's exit after SIGKILL.
+const ABANDON_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Each VM's exec channels ([`qemu::EXEC_CHANNELS`]), each a lock (one turn at a time)
+/// around whether its stream is known to be in step, at a frame's end with nothing running.
+#[derive(Debug, Default)]
+pub(super) struct ExecChannels(Mutex<HashMap<Uuid, Vec<Arc<tokio::sync::Mutex<Channel>>>>>);
+
+#[derive(Debug, Default)]
+pub(super) struct Channel {
+    /// Which of the VM's channels (`exec-<k>`).
+    k: usize,
+    /// The run (boot) whose stream the last turn left in step; any other run, or none: the
+    /// next turn first writes zeros, so a frame an earlier writer left half-written ends.
+    in_step: Option<String>,
+}
+
+impl ExecChannels {
+    /// A free channel of VM `id`, or (all busy) the turn after channel `next % N`'s.
+    async fn turn(&self, id: Uuid, next: u64) -> tokio::sync::OwnedMutexGuard<Channel> {
+        let channels = locked(&self.0)
+            .entry(id)
+            .or_insert_with(|| {
+                (0..qemu::EXEC_CHANNELS)
+                    .map(|k| Arc::new(tokio::sync::Mutex::new(Channel { k, in_step: None })))
+                    .collect()
+            })
+            .clone();
+        for channel in &channels {
+            if let Ok(turn) = channel.clone().try_lock_owned() {
+                return turn;
+            }
+        }
+        let k = usize::try_from(next).unwrap_or(0) % channels.len();
+        channels[k].clone().lock_owned().await
+    }
+
+    pub(super) fn remove(&self, id: Uuid) {
+        locked(&self.0).remove(&id);
+    }
+}
 
 impl VmDriver {
     pub(super) async fn exec_stream(
         &self,
         req: pb::ExecRequest,
+        input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         validate_command("exec", &req.command, &req.env)?;
-        validate_env_names("exec", req.env.keys())?;
         let rec = self.inner.records.require(id)?;
         if rec.desired != Desired::Running || !Inner::is_alive(&rec) {
             return Err(DriverError::FailedPrecondition(format!(
                 "sandbox {id} is not running; exec needs a running vm"
             )));
         }
-        let timeout = match req.timeout_seconds {
-            0 => DEFAULT_EXEC_TIMEOUT,
-            s => Duration::from_secs(u64::from(s)),
-        };
-        let _one_at_a_time = self.inner.exec_locks.lock(id).await;
-        let request_id = self.inner.exec_ids.fetch_add(1, Ordering::Relaxed);
-        let env = req.env.into_iter().collect();
-        let agent = self.inner.paths(id).agent;
-        let result = guest::exec(&agent, request_id, &env, &req.command, timeout).await?;
-        let mut items: Vec<Result<pb::ExecOutput, DriverError>> = Vec::new();
-        let chunk = |c| Ok(pb::ExecOutput { chunk: Some(c) });
-        for piece in result.stdout.chunks(CHUNK) {
-            items.push(chunk(pb::exec_output::Chunk::Stdout(piece.to_vec())));
+        let n = self.inner.exec_ids.fetch_add(1, Ordering::Relaxed);
+        let mut turn = self.inner.exec_channels.turn(id, n).await;
+        let in_step = turn.in_step.take().as_deref() == Some(rec.run_id.as_str());
+        let token = format!("{}-{n}", rec.run_id);
+        let exec = qemu::exec_channel(&self.inner.paths(id).exec, turn.k);
+        let (rd, wr) = greet(&exec, &token, !in_step).await.map_err(|why| {
+            DriverError::Unavailable(format!("sandbox {id}'s exec agent in the vm: {why}"))
+        })?;
+        let run_id = rec.run_id;
+        exec_over(rd, wr, req, input, move |mut rd, mut wr, end| async move {
+            let in_step = match end {
+                ExecEnd::Over => true,
+                ExecEnd::Abandoned => abandon(&mut rd, &mut wr).await,
+                ExecEnd::Broken => false,
+            };
+            if in_step {
+                turn.in_step = Some(run_id);
+            }
+        })
+        .await
+    }
+}
+
+/// Opens the exec channel's FIFOs and begins a turn: (zeros if `pad`, then) a greeting with
+/// `token`, and everything read up to its echo skipped. Returns the stream from just after
+/// the echo, and the writing end.
+async fn greet(
+    exec: &Path,
+    token: &str,
+    pad: bool,
+) -> Result<(impl AsyncRead + Unpin + Send + 'static, pipe::Sender), String> {
+    // The reading end first: the agent's answer must find a reader. Opening the writing end
+    // fails (ENXIO) when no QEMU holds the channel, instead of waiting for one.
+    let mut rd = pipe::OpenOptions::new()
+        .open_receiver(qemu::fifo(exec, "out"))
+        .map_err(|e| format!("opening {}: {e}", qemu::fifo(exec, "out").display()))?;
+    let mut wr = pipe::OpenOptions::new()
+        .open_sender(qemu::fifo(exec, "in"))
+        .map_err(|e| format!("opening {}: {e}", qemu::fifo(exec, "in").display()))?;
+    let hello = Frame::Hello(token.to_string()).encode();
+    let send = async {
+        if pad {
+            // Completes a frame an earlier writer left cut (at most a full output-sized one);
+            // the agent skips the rest, zero being no frame's kind.
+            wr.write_all(&vec![0u8; MAX_PAYLOAD + 5]).await?;
         }
-        for piece in result.stderr.chunks(CHUNK) {
-            items.push(chunk(pb::exec_output::Chunk::Stderr(piece.to_vec())));
+        wr.write_all(&hello).await
+    };
+    let echo = async {
+        let mut seen: Vec<u8> = Vec::new();
+        let mut buf = vec![0u8; MAX_PAYLOAD];
+        loop {
+            let n = rd.read(&mut buf).await?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the channel closed",
+                ));
+            }
+            seen.extend_from_slice(&buf[..n]);
+            if let Some(at) = find(&seen, &hello) {
+                return Ok(seen.split_off(at + hello.len()));
+            }
+            // Keep only what may be the start of the echo.
+            let keep = seen.len().min(hello.len() - 1);
+            seen.drain(..seen.len() - keep);
         }
-        items.push(chunk(pb::exec_output::Chunk::Exit(pb::ExecExit {
-            code: result.code,
-            signal: 0,
-        })));
-        Ok(Box::pin(futures::stream::iter(items)))
+    };
+    let after = tokio::time::timeout(GREETING_TIMEOUT, async {
+        tokio::try_join!(send, echo).map(|((), after)| after)
+    })
+    .await
+    .map_err(|_| {
+        format!(
+            "no answer within {GREETING_TIMEOUT:?} (the guest may be starting or stopping, or a \
+             command that does not read its stdin holds the agent)"
+        )
+    })?
+    .map_err(|e| e.to_string())?;
+    Ok((Cursor::new(after).chain(rd), wr))
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Ends an abandoned turn: SIGKILL to the command's process group, then its frames skipped
+/// up to the exit. Whether the exit came (the stream is in step again).
+async fn abandon(rd: &mut (impl AsyncRead + Unpin), wr: &mut pipe::Sender) -> bool {
+    if wr.write_all(&Frame::Signal(9).encode()).await.is_err() {
+        return false;
+    }
+    let drain = async {
+        loop {
+            match read_frame(rd).await {
+                Ok(Some(Frame::Exit { .. } | Frame::Error { .. })) => return true,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return false,
+            }
+        }
+    };
+    tokio::time::timeout(ABANDON_TIMEOUT, drain)
+        .await
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_echo_is_found_across_reads() {
+        let hello = Frame::Hello("r1-7".into()).encode();
+        let mut stream = Frame::Stdout(b"stale output".to_vec()).encode();
+        stream.extend(Frame::Hello("r1-6".into()).encode());
+        let at = stream.len();
+        stream.extend(&hello);
+        assert_eq!(find(&stream, &hello), Some(at));
+        assert_eq!(find(&stream[..stream.len() - 1], &hello), None);
     }
 }

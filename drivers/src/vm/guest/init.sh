@@ -4,9 +4,10 @@
 #   /etc/sbx/run.env   SBX_RUN_ID, SBX_GENERATION, SBX_HOSTNAME, SBX_GRACE (shell assignments)
 #   /etc/sbx/command   the sandbox's command (env exports + exec of the quoted argv)
 # It loads the modules listed in /etc/sbx/modules (in order), mounts the persistent disk
-# (/dev/vda, ext4) at /sandbox, starts the exec agent on the virtio port named sbx.agent,
-# runs the command with its output on the console, and reports on the console, each on its own
-# line:  "sbx-guest: <run id> ready"  and  "sbx-guest: <run id> exit <code>".
+# (/dev/vda, ext4) at /sandbox, starts sbx-agent (exec: streamed output, stdin, a pty) on the
+# virtio port named sbx.exec and answers ping/stop on the one named sbx.agent, runs the command
+# with its output on the console, and reports on the console, each on its own line:
+# "sbx-guest: <run id> ready"  and  "sbx-guest: <run id> exit <code>".
 # A stop (the ACPI power button, or "stop" on the agent port) sends the command SIGTERM, then
 # SIGKILL after SBX_GRACE seconds. When the command has ended, /sandbox is synced and unmounted
 # and the VM resets (QEMU runs with -no-reboot, so it exits).
@@ -16,6 +17,8 @@ mkdir -p /proc /sys /dev
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+mkdir -p /dev/pts
+mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
 mkdir -p /tmp /run /sandbox
 mount -t tmpfs tmp /tmp
 . /etc/sbx/run.env
@@ -58,31 +61,38 @@ trap on_stop TERM
   until [ -c /dev/input/event0 ]; do waited=$((waited + 1)); [ "$waited" -le 100 ] || exit 0; sleep 0.1; done
   head -c 24 /dev/input/event0 > /dev/null && kill -TERM 1 ) &
 
-# The exec agent. Requests, one per line: "exec <id> <timeout s> <base64 script>",
-# "ping <id>", "stop". Answers: "result <id> <code> <base64 stdout> <base64 stderr>",
-# "pong <id> <run id>". One request at a time; output is capped at 1 MiB per stream.
-agent_port() {
-  for p in /sys/class/virtio-ports/*; do
-    [ "$(cat "$p/name" 2>/dev/null)" = sbx.agent ] && { echo "/dev/${p##*/}"; return; }
-  done
-}
-( port=""
+# The device of the virtio port named $1, once it shows (at most 10 s).
+port_named() {
   waited=0
-  while [ -z "$port" ]; do
-    port=$(agent_port); waited=$((waited + 1)); [ "$waited" -le 100 ] || exit 0; [ -n "$port" ] || sleep 0.1
+  while [ "$waited" -le 100 ]; do
+    for p in /sys/class/virtio-ports/*; do
+      [ "$(cat "$p/name" 2>/dev/null)" = "$1" ] && { echo "/dev/${p##*/}"; return 0; }
+    done
+    waited=$((waited + 1)); sleep 0.1
   done
+  return 1
+}
+
+# Exec: one sbx-agent per port sbx.exec.<k>, each serving one exec at a time, in /sandbox
+# unless told otherwise.
+if port_named sbx.exec.0 > /dev/null; then
+  for p in /sys/class/virtio-ports/*; do
+    case "$(cat "$p/name" 2>/dev/null)" in
+      sbx.exec.*) ( cd /sandbox && exec /bin/sbx-agent serve-port "/dev/${p##*/}" < /dev/null > /dev/ttyS0 2>&1 ) & ;;
+    esac
+  done
+else
+  say "no exec port"
+fi
+
+# Control, one line each: "ping <id>" (answered "pong <id> <run id>"), "stop".
+( port=$(port_named sbx.agent) || exit 0
   exec 3<> "$port"
   while :; do
-    if ! read -r verb id arg1 arg2 <&3; then sleep 0.1; continue; fi
+    if ! read -r verb id _ <&3; then sleep 0.1; continue; fi
     case "$verb" in
       ping) echo "pong $id $SBX_RUN_ID" >&3 ;;
       stop) kill -TERM 1 ;;
-      exec)
-        echo "$arg2" | base64 -d > /tmp/exec.sh 2>/dev/null
-        (cd /sandbox && timeout -s KILL "$arg1" sh /tmp/exec.sh < /dev/null > /tmp/exec.out 2> /tmp/exec.err)
-        code=$?
-        echo "result $id $code $(head -c 1048576 /tmp/exec.out | base64 -w 0) $(head -c 1048576 /tmp/exec.err | base64 -w 0)" >&3
-        rm -f /tmp/exec.sh /tmp/exec.out /tmp/exec.err ;;
     esac
   done ) &
 
