@@ -97,7 +97,9 @@ fi
   done ) &
 
 cd /sandbox
-setsid sh /etc/sbx/command < /dev/null > /dev/ttyS0 2>&1 &
+# Through `sbx-agent run`: a background job of this shell starts with SIGINT and SIGQUIT
+# ignored, which the command would keep.
+setsid /bin/sbx-agent run sh /etc/sbx/command < /dev/null > /dev/ttyS0 2>&1 &
 child=$!
 say "ready"
 while :; do
