@@ -18,6 +18,7 @@ mod events;
 mod images;
 mod lease;
 pub mod lifecycle;
+pub mod limits;
 mod reconciler;
 mod records;
 mod root;
@@ -25,7 +26,6 @@ mod route;
 mod sandbox;
 mod startup;
 pub mod supervision;
-pub mod limits;
 pub mod validate;
 mod workspace;
 

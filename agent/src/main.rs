@@ -17,7 +17,11 @@ fn main() -> ExitCode {
         Some("serve") => sbx_agent::signals::reset(),
         Some("which") => {
             let found = args.get(1).is_some_and(|c| sbx_agent::signals::which(c));
-            return if found { ExitCode::SUCCESS } else { ExitCode::from(1) };
+            return if found {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            };
         }
         Some("log") => {
             // The logger of one of the main process's streams: see the library's `log` module.

@@ -69,11 +69,17 @@ fn version_with_and_without_a_gateway() {
     );
     assert!(text.contains("Default Driver: sim\n"), "{up:?}");
     // The sim models stdin (its `cat`), nothing else of the data plane.
-    assert!(text.contains("Driver sim: sim (exec with stdin); "), "{up:?}");
+    assert!(
+        text.contains("Driver sim: sim (exec with stdin); "),
+        "{up:?}"
+    );
     let json = sbx(&ep, &["version", "-o", "json"]).json();
     assert_eq!(json["server"]["reachable"], true, "{json}");
     assert_eq!(json["server"]["default_driver"], "sim", "{json}");
-    assert_eq!(json["server"]["drivers"][0]["features"][0], "stdin", "{json}");
+    assert_eq!(
+        json["server"]["drivers"][0]["features"][0], "stdin",
+        "{json}"
+    );
 
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let down_ep = format!("http://{}", closed.local_addr().unwrap());

@@ -250,7 +250,17 @@ mod duration_tests {
         ] {
             assert_eq!(parse_secs(input).unwrap(), secs, "{input}");
         }
-        for bad in ["", "s", "1x", "30s1m", "1m1m", "-1", "1.5s", "999999999h", "10d"] {
+        for bad in [
+            "",
+            "s",
+            "1x",
+            "30s1m",
+            "1m1m",
+            "-1",
+            "1.5s",
+            "999999999h",
+            "10d",
+        ] {
             assert!(parse_secs(bad).is_err(), "{bad}");
         }
         assert_eq!(parse_secs_u32("2m").unwrap(), 120);
