@@ -16,7 +16,8 @@ fn resource_quantities_as_people_write_them() {
     for (name, cpu, memory, millis, bytes) in [
         ("half", "0.5", "512Mi", 500, 512u64 << 20),
         ("milli", "500m", "1G", 500, 1_000_000_000),
-        ("two", "2", "4096", 2000, 4096),
+        // A bare number is bytes (at least the 4 MiB a sandbox can start with).
+        ("two", "2", "8388608", 2000, 8 << 20),
     ] {
         let created = sbx(
             &ep,
@@ -46,6 +47,14 @@ fn resource_quantities_as_people_write_them() {
         );
         assert!(refused.stdout.is_empty(), "{refused:?}");
     }
+    // A memory limit below what a process can start with is the gateway's refusal, saying the
+    // smallest it takes.
+    let small = sbx(&ep, &["sandbox", "create", "tiny", "--memory", "4096", "--", "true"]);
+    assert_eq!(small.code, 1, "{small:?}");
+    assert!(
+        small.stderr.contains("INVALID_ARGUMENT") && small.stderr.contains("4 MiB"),
+        "{small:?}"
+    );
     // Nothing was created by the refused commands.
     let names = sbx(&ep, &["sandbox", "list", "-o", "json"]).json();
     assert_eq!(names.as_array().map(Vec::len), Some(3), "{names}");
