@@ -49,7 +49,12 @@ fn resource_quantities_as_people_write_them() {
     }
     // A memory limit below what a process can start with is the gateway's refusal, saying the
     // smallest it takes.
-    let small = sbx(&ep, &["sandbox", "create", "tiny", "--memory", "4096", "--", "true"]);
+    let small = sbx(
+        &ep,
+        &[
+            "sandbox", "create", "tiny", "--memory", "4096", "--", "true",
+        ],
+    );
     assert_eq!(small.code, 1, "{small:?}");
     assert!(
         small.stderr.contains("INVALID_ARGUMENT") && small.stderr.contains("4 MiB"),
