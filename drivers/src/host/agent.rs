@@ -136,14 +136,13 @@ async fn send(conn: &mut UnixStream, frame: &Frame) -> Result<(), DriverError> {
 /// any byte.
 pub(crate) async fn copy_from(
     sandbox_dir: &Path,
-    sandbox: &str,
-    path: &str,
+    req: &pb::CopyFromRequest,
 ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
-    let mut conn = connect(sandbox_dir, sandbox).await?;
+    let mut conn = connect(sandbox_dir, &req.sandbox_id).await?;
     send(
         &mut conn,
         &Frame::CopyOut {
-            path: path.as_bytes().to_vec(),
+            path: req.path.as_bytes().to_vec(),
         },
     )
     .await?;
@@ -184,15 +183,14 @@ pub(crate) async fn copy_from(
 /// of it (or refused it).
 pub(crate) async fn copy_to(
     sandbox_dir: &Path,
-    sandbox: &str,
-    path: &str,
+    req: &pb::CopyToStart,
     mut data: crate::ByteStream,
 ) -> Result<pb::CopyToResponse, DriverError> {
-    let mut conn = connect(sandbox_dir, sandbox).await?;
+    let mut conn = connect(sandbox_dir, &req.sandbox_id).await?;
     send(
         &mut conn,
         &Frame::CopyIn {
-            path: path.as_bytes().to_vec(),
+            path: req.path.as_bytes().to_vec(),
         },
     )
     .await?;
@@ -234,13 +232,18 @@ pub(crate) async fn copy_to(
 /// closes the connection).
 pub(crate) async fn port_forward(
     sandbox_dir: &Path,
-    sandbox: &str,
-    port: u16,
+    req: &pb::PortForwardStart,
     mut input: crate::ForwardInputStream,
 ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
     use pb::port_forward_input::Input;
     use pb::port_forward_output::Output;
-    let mut conn = connect(sandbox_dir, sandbox).await?;
+    let port = u16::try_from(req.port)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| {
+            DriverError::InvalidArgument(format!("port {} is not a TCP port", req.port))
+        })?;
+    let mut conn = connect(sandbox_dir, &req.sandbox_id).await?;
     send(&mut conn, &Frame::Forward { port }).await?;
     match read_frame(&mut conn).await {
         Ok(Some(Frame::Hello(_))) => {}

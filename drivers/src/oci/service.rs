@@ -10,7 +10,7 @@ use nix::unistd::{Gid, Uid, chown};
 
 use super::record::{self, ImageRun, OciRecord, RECORD_FORMAT};
 use super::{Inner, OciDriver};
-use crate::host::{Desired, HostDriver, internal, lifecycle, validate_command};
+use crate::host::{Desired, HostDriver, agent, internal, lifecycle, validate_command};
 use crate::image::{ImageError, ImageInfo};
 use crate::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
 
@@ -137,7 +137,8 @@ impl ComputeDriver for OciDriver {
         &self,
         req: pb::CopyFromRequest,
     ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
-        self.copy_from_sandbox(req).await
+        let dir = self.running_dir(&req.sandbox_id, "copying files")?;
+        agent::copy_from(&dir, &req).await
     }
 
     async fn copy_to(
@@ -145,7 +146,8 @@ impl ComputeDriver for OciDriver {
         req: pb::CopyToStart,
         data: crate::ByteStream,
     ) -> Result<pb::CopyToResponse, DriverError> {
-        self.copy_to_sandbox(req, data).await
+        let dir = self.running_dir(&req.sandbox_id, "copying files")?;
+        agent::copy_to(&dir, &req, data).await
     }
 
     async fn port_forward(
@@ -153,7 +155,8 @@ impl ComputeDriver for OciDriver {
         req: pb::PortForwardStart,
         input: crate::ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
-        self.forward_port(req, input).await
+        let dir = self.running_dir(&req.sandbox_id, "port forwarding")?;
+        agent::port_forward(&dir, &req, input).await
     }
 }
 

@@ -21,7 +21,11 @@ impl OciDriver {
 
     /// The directory of running sandbox `sandbox_id` (where its agent listens), or why there
     /// is none: `what` (exec, copy, port forwarding) needs a running workload.
-    fn running_dir(&self, sandbox_id: &str, what: &str) -> Result<std::path::PathBuf, DriverError> {
+    pub(super) fn running_dir(
+        &self,
+        sandbox_id: &str,
+        what: &str,
+    ) -> Result<std::path::PathBuf, DriverError> {
         let id = parse_sandbox_id(sandbox_id)?;
         let record = self.inner.records.require(id)?;
         let run = self.inner.run_paths(&record);
@@ -32,37 +36,5 @@ impl OciDriver {
             )));
         }
         Ok(self.inner.paths(id).dir)
-    }
-
-    pub(super) async fn copy_from_sandbox(
-        &self,
-        req: pb::CopyFromRequest,
-    ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
-        let dir = self.running_dir(&req.sandbox_id, "copying files")?;
-        agent::copy_from(&dir, &req.sandbox_id, &req.path).await
-    }
-
-    pub(super) async fn copy_to_sandbox(
-        &self,
-        req: pb::CopyToStart,
-        data: crate::ByteStream,
-    ) -> Result<pb::CopyToResponse, DriverError> {
-        let dir = self.running_dir(&req.sandbox_id, "copying files")?;
-        agent::copy_to(&dir, &req.sandbox_id, &req.path, data).await
-    }
-
-    pub(super) async fn forward_port(
-        &self,
-        req: pb::PortForwardStart,
-        input: crate::ForwardInputStream,
-    ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
-        let port = u16::try_from(req.port)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| {
-                DriverError::InvalidArgument(format!("port {} is not a TCP port", req.port))
-            })?;
-        let dir = self.running_dir(&req.sandbox_id, "port forwarding")?;
-        agent::port_forward(&dir, &req.sandbox_id, port, input).await
     }
 }
