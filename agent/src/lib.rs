@@ -12,7 +12,8 @@
 //!
 //! The library holds the wire format ([`wire`]), shared with the driver's client, the
 //! server ([`server`]), and its form for a `vm` guest, where exec comes over a virtio-serial
-//! port instead of a socket ([`port`]). The binary is built static by the drivers crate's
+//! port instead of a socket ([`port`]) and copy and port-forward are commands run through
+//! that exec ([`tools`]). The binary is built static by the drivers crate's
 //! build script, so it runs in any image, with or without a libc.
 
 pub mod archive;
@@ -20,4 +21,5 @@ pub mod log;
 pub mod port;
 pub mod server;
 pub mod signals;
+pub mod tools;
 pub mod wire;

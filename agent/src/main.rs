@@ -1,5 +1,7 @@
 //! `sbx-agent serve`: serves exec on the listening Unix socket inherited as fd 3;
-//! `sbx-agent serve-port PATH`: on a `vm` guest's virtio-serial port. See the library's docs.
+//! `sbx-agent serve-port PATH`: on a `vm` guest's virtio-serial port; `sbx-agent pack`,
+//! `unpack` and `connect`: copy and port-forward as commands, which the `vm` driver runs
+//! through exec (the library's `tools` module). See the library's docs.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
@@ -14,6 +16,9 @@ fn main() -> ExitCode {
         return serve_port(args.get(1).map(String::as_str));
     }
     match args.first().map(String::as_str) {
+        Some(tool @ ("pack" | "unpack" | "connect")) => {
+            return sbx_agent::tools::main(tool, &args[1..]);
+        }
         Some("serve") => sbx_agent::signals::reset(),
         Some("which") => {
             let found = args.get(1).is_some_and(|c| sbx_agent::signals::which(c));
@@ -40,11 +45,20 @@ fn main() -> ExitCode {
         }
         Some("--help" | "-h") | None => {
             println!(
-                "usage: sbx-agent serve | sbx-agent run CMD [ARGS…]\n\nserve: serves exec, \
-                 copy and port-forward on the listening Unix socket inherited as fd {LISTEN_FD}.\n\
+                "usage: sbx-agent serve | serve-port PATH | run CMD [ARGS…] | pack PATH | \
+                 unpack DEST | connect PORT\n\n\
+                 serve: serves exec, copy and port-forward on the listening Unix socket \
+                 inherited as fd {LISTEN_FD}.\n\
+                 serve-port: serves exec on a vm guest's virtio-serial port, one at a time.\n\
                  run: becomes CMD with every signal at its default action (a shell's \
-                 background job starts with SIGINT ignored).\nStarted by a sandbox's init; \
-                 not a command for people."
+                 background job starts with SIGINT ignored).\n\
+                 pack: writes the tar of PATH to stdout (rooted at PATH's name).\n\
+                 unpack: reads a tar from stdin into DEST (entries that leave DEST refused).\n\
+                 connect: carries stdin to 127.0.0.1:PORT and the connection to stdout; \
+                 says \"connected\" and \"closed N\" on stderr.\n\
+                 Exit status of pack, unpack and connect: 0 done, 1 internal, 2 usage, \
+                 3 the caller's path or archive, 4 nothing listens on PORT.\n\
+                 Started by a sandbox's init or its driver; not a command for people."
             );
             return ExitCode::SUCCESS;
         }

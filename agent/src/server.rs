@@ -206,15 +206,25 @@ impl Write for FrameWriter<'_> {
 /// The failure frame for an IO error on `path`: a missing or unusable path is the caller's.
 fn path_error(path: &Path, e: &io::Error) -> Frame {
     let message = format!("{}: {e}", path.display());
-    match e.kind() {
-        io::ErrorKind::NotFound
-        | io::ErrorKind::PermissionDenied
-        | io::ErrorKind::InvalidInput
-        | io::ErrorKind::NotADirectory
-        | io::ErrorKind::IsADirectory
-        | io::ErrorKind::AlreadyExists => invalid(message),
-        _ => internal(message),
+    if callers_fault(e) {
+        invalid(message)
+    } else {
+        internal(message)
     }
+}
+
+/// Whether an IO error of a copy is the caller's: a missing or unusable path, or an archive
+/// entry refused ([`crate::archive::unpack`] says `InvalidInput`).
+pub(crate) fn callers_fault(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound
+            | io::ErrorKind::PermissionDenied
+            | io::ErrorKind::InvalidInput
+            | io::ErrorKind::NotADirectory
+            | io::ErrorKind::IsADirectory
+            | io::ErrorKind::AlreadyExists
+    )
 }
 
 /// Sends `path` as a tar ([`crate::archive::pack`]), then an exit 0.
@@ -244,7 +254,7 @@ fn copy_in(path: &Path, conn: UnixStream, sender: &Sender) {
 }
 
 /// How long connecting to a forwarded port may take.
-const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Carries bytes between the client and `127.0.0.1:port` inside the sandbox, each direction
 /// half-closed on its own, until the client closes the connection.
