@@ -7,7 +7,9 @@
 //! - `pack PATH` writes the tar of PATH to stdout ([`crate::archive::pack`], named the way
 //!   `docker cp` names it). An unreadable PATH fails before any byte is written.
 //! - `unpack DEST` reads a tar from stdin into DEST ([`crate::archive::unpack`]: an entry that
-//!   would leave DEST is refused).
+//!   would leave DEST is refused), and reads stdin to its end also after a failure: the
+//!   agent writing it runs with SIGPIPE at its default action, so a command that exits
+//!   with input still coming would end that agent.
 //! - `connect PORT` connects to `127.0.0.1:PORT` (at most [`CONNECT_TIMEOUT`]) and carries
 //!   stdin to the connection and the connection to stdout. The end of stdin half-closes the
 //!   connection (`shutdown(Write)`); the connection's end is said on stderr; the command
@@ -86,7 +88,14 @@ pub fn main(command: &str, args: &[String]) -> ExitCode {
             Path::new(path),
             BufWriter::with_capacity(MAX_PAYLOAD, io::stdout().lock()),
         ),
-        ("unpack", [dest]) => unpack(io::stdin().lock(), Path::new(dest)).map(|_| ()),
+        ("unpack", [dest]) => {
+            let mut stdin = io::stdin().lock();
+            let unpacked = unpack(&mut stdin, Path::new(dest)).map(|_| ());
+            // Read to the end whatever happened (a refused entry, the tar's trailing zeros):
+            // the agent that writes our stdin dies of SIGPIPE if we exit before it is done.
+            let _ = io::copy(&mut stdin, &mut io::sink());
+            unpacked
+        }
         ("connect", [port]) => match port.parse::<u16>() {
             Ok(port) if port > 0 => connect(port, io::stdin(), io::stdout(), io::stderr()),
             _ => Err(ToolError {

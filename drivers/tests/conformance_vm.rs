@@ -1,8 +1,7 @@
 //! The driver conformance suite against the vm driver (QEMU microVMs; needs qemu-system-x86,
-//! qemu-utils, linux-image-amd64 and busybox-static, which `.ci/run` installs). Every check
-//! runs on one shared state directory, one after the other, to keep the number of boots
-//! (seconds each under TCG) small; then no VM may be left. `kill` drops the driver instance;
-//! the VMs, daemonized, outlive it and the next instance finds them again.
+//! qemu-utils, linux-image-amd64 and busybox-static, which `.ci/run` installs). One test per
+//! check, each on its own state directory; after each, no VM may be left. `kill` drops the
+//! driver instance; the VMs, daemonized, outlive it and the next instance finds them again.
 
 mod vm_support;
 
@@ -10,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sbx_drivers::conformance::{self, DriverHarness};
+use sbx_drivers::conformance::DriverHarness;
 use sbx_drivers::{ComputeDriver, pb};
 use vm_support::VmEnv;
 
@@ -44,14 +43,12 @@ impl DriverHarness for VmHarness {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn vm_driver_passes_the_conformance_suite() {
-    let h = VmHarness { env: VmEnv::new() };
-    let started = std::time::Instant::now();
-    conformance::run_all(&h).await;
-    eprintln!(
-        "vm conformance: every check passed in {:?}",
-        started.elapsed()
-    );
-    h.env.assert_no_vm_left();
+// One test per check, each on its own state directory, so a check can be run alone by name
+// (`cargo nextest run -p sbx-drivers --test conformance_vm copy_`); nextest runs them one
+// after the other (the `vm` test group). Each check boots its own VMs either way: a shared
+// state saved only the driver's open, which with the asset cache is milliseconds.
+sbx_drivers::conformance_suite! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    harness: VmHarness { env: VmEnv::new() },
+    after_each: |h| h.env.assert_no_vm_left(),
 }

@@ -55,6 +55,7 @@
 
 mod assets;
 mod cpio;
+mod files;
 mod guest;
 mod qemu;
 mod record;

@@ -1,7 +1,7 @@
 //! The driver contract for [`VmDriver`]: capabilities and create (the disk made). Every
 //! lifecycle call runs as its own task ([`Ops`]); start, stop, delete, a create of a known
 //! sandbox and the reads (get, list, watch, logs) are the host kit's (`host::lifecycle`); exec
-//! is in `streams.rs`.
+//! is in `streams.rs`, copy and port-forward (through exec) in `files.rs`.
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::record::{RECORD_FORMAT, VmRecord, VmSpec};
 use super::{Inner, VmDriver, qemu};
-use crate::host::{Desired, HostDriver, internal, lifecycle, validate_command};
+use crate::host::{Desired, internal, lifecycle, validate_command};
 use crate::{ComputeDriver, DriverError, DriverStream, pb};
 
 /// The least memory a guest boots with.
@@ -101,8 +101,9 @@ impl ComputeDriver for VmDriver {
             images: false,
             exec_stdin: true,
             exec_tty: true,
-            copy: false,
-            port_forward: false,
+            copy: true,
+            port_forward: true,
+            copy_when_stopped: false,
             isolation: format!(
                 "QEMU microVM ({}), its own kernel ({}); a persistent ext4 disk at /sandbox; \
                  no network",
@@ -157,6 +158,29 @@ impl ComputeDriver for VmDriver {
 
     async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
         lifecycle::logs(&self.inner, &req, &self.alive)
+    }
+
+    async fn copy_from(
+        &self,
+        req: pb::CopyFromRequest,
+    ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        self.copy_from_vm(req).await
+    }
+
+    async fn copy_to(
+        &self,
+        req: pb::CopyToStart,
+        data: crate::ByteStream,
+    ) -> Result<pb::CopyToResponse, DriverError> {
+        self.copy_to_vm(req, data).await
+    }
+
+    async fn port_forward(
+        &self,
+        req: pb::PortForwardStart,
+        input: crate::ForwardInputStream,
+    ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
+        self.port_forward_vm(req, input).await
     }
 }
 
@@ -249,7 +273,7 @@ impl Ops {
             qemu: None,
             warnings,
         };
-        inner.start_run(rec, req.generation).await
+        lifecycle::first_run(inner, rec, req.generation, req.stopped).await
     }
 }
 

@@ -39,9 +39,18 @@ const GREETING_TIMEOUT: Duration = Duration::from_secs(15);
 const ABANDON_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Each VM's exec channels ([`qemu::EXEC_CHANNELS`]), each a lock (one turn at a time)
-/// around whether its stream is known to be in step, at a frame's end with nothing running.
+/// around whether its stream is known to be in step, at a frame's end with nothing running;
+/// and as many permits, taken first, in order: a turn that finds every channel busy waits
+/// for the first one freed (not for one chosen beforehand, which a forwarded connection may
+/// hold for hours).
 #[derive(Debug, Default)]
-pub(super) struct ExecChannels(Mutex<HashMap<Uuid, Vec<Arc<tokio::sync::Mutex<Channel>>>>>);
+pub(super) struct ExecChannels(Mutex<HashMap<Uuid, Arc<VmChannels>>>);
+
+#[derive(Debug)]
+struct VmChannels {
+    free: Arc<tokio::sync::Semaphore>,
+    channels: Vec<Arc<tokio::sync::Mutex<Channel>>>,
+}
 
 #[derive(Debug, Default)]
 pub(super) struct Channel {
@@ -52,24 +61,56 @@ pub(super) struct Channel {
     in_step: Option<String>,
 }
 
+/// One turn's hold on a channel; the permit goes back after the channel's lock.
+pub(super) struct Turn {
+    channel: tokio::sync::OwnedMutexGuard<Channel>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl std::ops::Deref for Turn {
+    type Target = Channel;
+    fn deref(&self) -> &Channel {
+        &self.channel
+    }
+}
+
+impl std::ops::DerefMut for Turn {
+    fn deref_mut(&mut self) -> &mut Channel {
+        &mut self.channel
+    }
+}
+
 impl ExecChannels {
-    /// A free channel of VM `id`, or (all busy) the turn after channel `next % N`'s.
-    async fn turn(&self, id: Uuid, next: u64) -> tokio::sync::OwnedMutexGuard<Channel> {
-        let channels = locked(&self.0)
+    /// A free channel of VM `id`, waiting (in turn) for one when all are busy.
+    async fn turn(&self, id: Uuid) -> Turn {
+        let vm = locked(&self.0)
             .entry(id)
             .or_insert_with(|| {
-                (0..qemu::EXEC_CHANNELS)
-                    .map(|k| Arc::new(tokio::sync::Mutex::new(Channel { k, in_step: None })))
-                    .collect()
+                Arc::new(VmChannels {
+                    free: Arc::new(tokio::sync::Semaphore::new(qemu::EXEC_CHANNELS)),
+                    channels: (0..qemu::EXEC_CHANNELS)
+                        .map(|k| Arc::new(tokio::sync::Mutex::new(Channel { k, in_step: None })))
+                        .collect(),
+                })
             })
             .clone();
-        for channel in &channels {
-            if let Ok(turn) = channel.clone().try_lock_owned() {
-                return turn;
+        let permit = vm
+            .free
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        // A permit means a channel is free: every other holder of one holds at most one
+        // channel, and gives the channel back before the permit.
+        for channel in &vm.channels {
+            if let Ok(channel) = channel.clone().try_lock_owned() {
+                return Turn {
+                    channel,
+                    _permit: permit,
+                };
             }
         }
-        let k = usize::try_from(next).unwrap_or(0) % channels.len();
-        channels[k].clone().lock_owned().await
+        unreachable!("{} permits for as many channels", qemu::EXEC_CHANNELS)
     }
 
     pub(super) fn remove(&self, id: Uuid) {
@@ -83,16 +124,27 @@ impl VmDriver {
         req: pb::ExecRequest,
         input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        self.exec_for("exec", req, input).await
+    }
+
+    /// [`exec_stream`](Self::exec_stream) on behalf of `what` (`exec`, `copying files`,
+    /// `port forwarding`), the name a sandbox that is not running is refused with.
+    pub(super) async fn exec_for(
+        &self,
+        what: &str,
+        req: pb::ExecRequest,
+        input: ExecInputStream,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         validate_command("exec", &req.command, &req.env)?;
         let rec = self.inner.records.require(id)?;
         if rec.desired != Desired::Running || !Inner::is_alive(&rec) {
             return Err(DriverError::FailedPrecondition(format!(
-                "sandbox {id} is not running; exec needs a running vm"
+                "sandbox {id} is not running; {what} needs a running vm"
             )));
         }
         let n = self.inner.exec_ids.fetch_add(1, Ordering::Relaxed);
-        let mut turn = self.inner.exec_channels.turn(id, n).await;
+        let mut turn = self.inner.exec_channels.turn(id).await;
         let in_step = turn.in_step.take().as_deref() == Some(rec.run_id.as_str());
         let token = format!("{}-{n}", rec.run_id);
         let exec = qemu::exec_channel(&self.inner.paths(id).exec, turn.k);
