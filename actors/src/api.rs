@@ -246,7 +246,20 @@ impl Gateway {
         &self,
         workspace: Option<&str>,
         name: &str,
+        spec: SandboxSpec,
+    ) -> Result<Sandbox> {
+        self.create_sandbox_as(workspace, name, spec, false).await
+    }
+
+    /// Creates a sandbox, started unless `stopped`: a sandbox created stopped is made in its
+    /// driver (its files exist, for a copy before the first start) and stays Stopped until
+    /// started.
+    pub async fn create_sandbox_as(
+        &self,
+        workspace: Option<&str>,
+        name: &str,
         mut spec: SandboxSpec,
+        stopped: bool,
     ) -> Result<Sandbox> {
         validate::name("sandbox", name)?;
         validate::spec_bounds(&spec)?;
@@ -278,6 +291,7 @@ impl Gateway {
         let create = |reply| WorkspaceMsg::CreateSandbox {
             name: name.to_string(),
             spec: spec.clone(),
+            stopped,
             reply,
         };
         self.ask_workspace(ws.id(), create)
@@ -535,7 +549,7 @@ impl Gateway {
     ) -> Result<DriverStream<pb::CopyChunk>> {
         let path = copy_path(path)?;
         let sb = self.resolve_sandbox(sel).await?;
-        require_ready(&sb.sandbox, "copy from")?;
+        require_settled(&sb.sandbox, "copy from")?;
         let driver = self.driver_of(&sb)?;
         let req = pb::CopyFromRequest {
             sandbox_id: sb.id().to_string(),
@@ -544,7 +558,8 @@ impl Gateway {
         Ok(driver.copy_from(req).await?)
     }
 
-    /// Unpacks the tar `data` in a Ready sandbox at `path`.
+    /// Unpacks the tar `data` in a sandbox at `path` (Ready, or stopped where its driver
+    /// can copy then).
     pub async fn copy_to(
         &self,
         sel: &SandboxSelector,
@@ -553,7 +568,7 @@ impl Gateway {
     ) -> Result<pb::CopyToResponse> {
         let path = copy_path(path)?;
         let sb = self.resolve_sandbox(sel).await?;
-        require_ready(&sb.sandbox, "copy into")?;
+        require_settled(&sb.sandbox, "copy into")?;
         let driver = self.driver_of(&sb)?;
         let req = pb::CopyToStart {
             sandbox_id: sb.id().to_string(),
@@ -975,6 +990,20 @@ fn require_ready(sb: &Sandbox, what: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A copy goes to the running workload's agent, or, where the driver can
+/// (`copy_when_stopped`), to the files of a sandbox that does not run: Ready, or settled
+/// without a workload (Stopped, Completed, Error). A sandbox on its way between the two is
+/// refused: its files are about to change hands.
+fn require_settled(sb: &Sandbox, what: &str) -> Result<()> {
+    match sb.phase() {
+        Phase::Ready | Phase::Stopped | Phase::Completed | Phase::Error => Ok(()),
+        phase => Err(ActorError::FailedPrecondition(format!(
+            "cannot {what} sandbox {:?}: it is {phase:?}; wait until it is Ready or Stopped",
+            sb.name
+        ))),
+    }
 }
 
 /// A path for a copy: absolute, without NUL, at most 4096 bytes.

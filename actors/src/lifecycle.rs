@@ -74,6 +74,10 @@ pub enum Step {
     Record(PhaseChange),
     /// Persist `generation` (the intent), then create the workload under it.
     Create { generation: u64 },
+    /// Persist `generation`, then make the sandbox in the driver without starting it (a
+    /// sandbox created stopped, or stopped before its driver had made it): its files exist
+    /// for a copy before the first start.
+    Prepare { generation: u64 },
     /// Persist `generation` (the intent), then start the workload under it.
     Start { generation: u64 },
     /// Persist Stopping, then stop the workload.
@@ -177,6 +181,10 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
                     Step::Record(exit_change(exit))
                 }
             }
+            // Never made in the driver: made now, not started.
+            Observed::Absent if cur.phase == Phase::Provisioning => Step::Prepare {
+                generation: next_generation(cur),
+            },
             // An Error here came from a failed step (an exit would still be observed as
             // Exited): the driver now says the workload is down, which is what was wanted.
             Observed::Absent | Observed::Stopped => {
@@ -492,6 +500,38 @@ mod tests {
             change.message.contains("signal 9") && change.message.contains("64 MiB"),
             "{}",
             change.message
+        );
+    }
+
+    #[test]
+    fn a_sandbox_wanted_stopped_is_made_in_the_driver_once_and_not_started() {
+        // Created stopped (or stopped before the driver made it): made, not started.
+        check(
+            cur(D::Stopped, P::Provisioning, 1),
+            Observed::Absent,
+            false,
+            Step::Prepare { generation: 1 },
+        );
+        // Made: recorded Stopped, never started.
+        check(
+            cur(D::Stopped, P::Provisioning, 1),
+            Observed::Stopped,
+            false,
+            record(P::Stopped, "", ""),
+        );
+        // A stopped sandbox the driver lost is not made again until it is started.
+        check(
+            cur(D::Stopped, P::Stopped, 2),
+            Observed::Absent,
+            false,
+            Step::Settled,
+        );
+        // The first start of a sandbox made stopped takes a new generation.
+        check(
+            cur(D::Running, P::Stopped, 1),
+            Observed::Stopped,
+            false,
+            Step::Start { generation: 2 },
         );
     }
 

@@ -358,6 +358,18 @@ impl SandboxActor {
                         Err(e) => return self.driver_failed(myself, st, e).await,
                     }
                 }
+                Step::Prepare { generation } => {
+                    st.stored.sandbox.generation = generation;
+                    self.persist_if_changed(st).await?;
+                    let request = pb::CreateRequest {
+                        stopped: true,
+                        ..create_request(st)
+                    };
+                    match with_deadline(st, "create", driver.create(request)).await {
+                        Ok(snapshot) => next = Some(Observed::from_snapshot(&snapshot)),
+                        Err(e) => return self.driver_failed(myself, st, e).await,
+                    }
+                }
                 Step::Start { generation } => {
                     st.stored.sandbox.generation = generation;
                     set_phase(st, Phase::Starting, "", "");
@@ -595,6 +607,7 @@ fn create_request(st: &SandboxState) -> pb::CreateRequest {
             },
         }),
         generation: sb.generation,
+        stopped: false,
     }
 }
 

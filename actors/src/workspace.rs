@@ -27,6 +27,8 @@ pub enum WorkspaceMsg {
     CreateSandbox {
         name: String,
         spec: SandboxSpec,
+        /// Made in the driver but not started.
+        stopped: bool,
         reply: RpcReplyPort<Result<Sandbox>>,
     },
     Route {
@@ -145,8 +147,13 @@ impl Actor for WorkspaceSupervisor {
         st: &mut WorkspaceState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            WorkspaceMsg::CreateSandbox { name, spec, reply } => {
-                let result = self.create_sandbox(&myself, st, name, spec).await;
+            WorkspaceMsg::CreateSandbox {
+                name,
+                spec,
+                stopped,
+                reply,
+            } => {
+                let result = self.create_sandbox(&myself, st, name, spec, stopped).await;
                 let _ = reply.send(result);
             }
             WorkspaceMsg::Route { id, reply } => {
@@ -297,13 +304,19 @@ impl WorkspaceSupervisor {
         st: &mut WorkspaceState,
         name: String,
         spec: SandboxSpec,
+        stopped: bool,
     ) -> Result<Sandbox> {
-        let sandbox = Sandbox {
+        let mut sandbox = Sandbox {
             name,
             spec: Some(spec),
             generation: 1,
             ..Default::default()
         };
+        sandbox.set_desired_state(if stopped {
+            DesiredState::Stopped
+        } else {
+            DesiredState::Running
+        });
         self.add_sandbox(myself, st, Uuid::new_v4(), sandbox).await
     }
 
@@ -330,8 +343,8 @@ impl WorkspaceSupervisor {
         self.add_sandbox(myself, st, id, sandbox).await
     }
 
-    /// Writes a new sandbox record (Provisioning, wanted running) in this workspace and
-    /// spawns its actor. Refused while the workspace is terminating.
+    /// Writes a new sandbox record (Provisioning; wanted running unless `sandbox` says
+    /// stopped) in this workspace and spawns its actor. Refused while the workspace is terminating.
     async fn add_sandbox(
         &self,
         myself: &ActorRef<WorkspaceMsg>,
@@ -346,7 +359,9 @@ impl WorkspaceSupervisor {
         }
         sandbox.workspace = st.ws.workspace.name.clone();
         sandbox.workspace_id = st.ws.id().to_string();
-        sandbox.set_desired_state(DesiredState::Running);
+        if sandbox.desired_state() != DesiredState::Stopped {
+            sandbox.set_desired_state(DesiredState::Running);
+        }
         sandbox.set_phase(Phase::Provisioning);
         let record = st
             .shared

@@ -272,6 +272,7 @@ async fn one_bad_driver_record_does_not_stop_the_sweep() {
             name: name.into(),
             spec: Some(spec.clone()),
             generation: 9,
+            stopped: false,
         };
         env.driver.create(request).await.unwrap();
     }
@@ -397,6 +398,7 @@ async fn a_workload_deleted_during_a_sweep_is_not_adopted_back() {
         name: "ghost".into(),
         spec: Some(spec),
         generation: 1,
+        stopped: false,
     };
     env.driver.create(request).await.unwrap();
     let first = gw.reconcile_now().await.unwrap();

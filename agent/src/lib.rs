@@ -13,11 +13,13 @@
 //! The library holds the wire format ([`wire`]), shared with the driver's client, the
 //! server ([`server`]), and its form for a `vm` guest, where exec comes over a virtio-serial
 //! port instead of a socket ([`port`]) and copy and port-forward are commands run through
-//! that exec ([`tools`]). The binary is built static by the drivers crate's
+//! that exec ([`tools`]). A stopped sandbox's files are copied by the agent on the host,
+//! confined to them ([`offline`]). The binary is built static by the drivers crate's
 //! build script, so it runs in any image, with or without a libc.
 
 pub mod archive;
 pub mod log;
+pub mod offline;
 pub mod port;
 pub mod server;
 pub mod signals;

@@ -38,6 +38,16 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Some("offline") => {
+            // One copy of a stopped sandbox's files, on the host: see the library's `offline`.
+            return match sbx_agent::offline::run(&args[1..]) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(message) => {
+                    eprintln!("sbx-agent offline: {message}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Some("run") => {
             let (message, code) = sbx_agent::signals::run(&args[1..]);
             eprintln!("{message}");

@@ -141,6 +141,29 @@ fn handle(mut conn: UnixStream) -> io::Result<()> {
     exec(req, reader, sender)
 }
 
+/// Serves one copy (in or out) on `conn`, the only requests an offline agent takes
+/// ([`crate::offline`]): a stopped sandbox runs nothing, so exec and port-forward are refused.
+pub fn serve_copy(mut conn: UnixStream) -> io::Result<()> {
+    Frame::Hello(env!("CARGO_PKG_VERSION").to_string()).write_to(&mut conn)?;
+    let reader = conn.try_clone()?;
+    let mut first = conn.try_clone()?;
+    let sender = Sender::new(conn);
+    match Frame::read_from(&mut first) {
+        Ok(Some(Frame::CopyOut { path })) => {
+            copy_out(&PathBuf::from(OsString::from_vec(path)), &sender)
+        }
+        Ok(Some(Frame::CopyIn { path })) => {
+            copy_in(&PathBuf::from(OsString::from_vec(path)), reader, &sender)
+        }
+        Ok(Some(other)) => sender.finish(&invalid(format!(
+            "the sandbox is not running: only a copy can be served, not {other:?}"
+        ))),
+        Ok(None) => {}
+        Err(e) => sender.finish(&invalid(format!("an unreadable request: {e}"))),
+    }
+    Ok(())
+}
+
 /// The stdin frames of a connection as a byte stream, ending at close-stdin. A connection
 /// that ends before it is an error: the data was cut short.
 struct FrameReader {

@@ -153,6 +153,7 @@ mod tests {
                     name: format!("sb-{i}"),
                     generation: 1,
                     spec: Some(pb::SandboxSpec::default()),
+                    stopped: false,
                 })
                 .await
                 .unwrap();

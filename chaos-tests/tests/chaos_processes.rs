@@ -317,6 +317,7 @@ async fn the_checks_catch_an_orphan_workload_and_a_lost_create() {
             workspace: ws_name(0),
             name: sb_name(0),
             spec: spec(),
+            stopped: false,
         })
         .await
         .unwrap()

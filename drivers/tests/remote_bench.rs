@@ -86,6 +86,7 @@ async fn remote_call_overhead_against_in_process() {
             ..Default::default()
         }),
         generation: 1,
+        stopped: false,
     };
     local.create(create).await.unwrap();
 

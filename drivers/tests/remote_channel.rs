@@ -115,6 +115,7 @@ async fn a_client_without_a_server_answers_unavailable_in_time_then_reconnects()
                 ..Default::default()
             }),
             generation: 1,
+            stopped: false,
         })
         .await
         .unwrap();
@@ -305,6 +306,7 @@ async fn many_concurrent_calls_share_one_channel() {
                         ..Default::default()
                     }),
                     generation: 1,
+                    stopped: false,
                 })
                 .await
                 .unwrap();

@@ -123,6 +123,7 @@ fn long_running(name: &str) -> pb::CreateRequest {
             ..Default::default()
         }),
         generation: 1,
+        stopped: false,
     }
 }
 

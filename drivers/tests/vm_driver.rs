@@ -106,6 +106,7 @@ async fn vm_data_markers_and_rediscovery() {
                 ..Default::default()
             }),
             generation: 1,
+            stopped: false,
         })
         .await
         .expect("create");
@@ -349,6 +350,7 @@ async fn vm_missing_pieces_are_named() {
                 ..Default::default()
             }),
             generation: 1,
+            stopped: false,
         })
         .await
         .unwrap_err();
@@ -383,6 +385,7 @@ async fn vm_a_boot_that_times_out_is_ended_and_retried() {
             ..Default::default()
         }),
         generation: 3,
+        stopped: false,
     };
     let err = impatient.create(create.clone()).await.unwrap_err();
     assert!(
@@ -437,6 +440,7 @@ async fn vm_a_create_given_up_by_its_caller_boots_once() {
             ..Default::default()
         }),
         generation: 5,
+        stopped: false,
     };
     let gave_up = tokio::time::timeout(
         std::time::Duration::from_millis(800),

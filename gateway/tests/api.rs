@@ -29,6 +29,7 @@ async fn lists_page_through_every_sandbox_once() {
                 workspace: String::new(),
                 name: format!("p{i}"),
                 spec: Some(spec),
+                stopped: false,
             })
             .await
             .unwrap()

@@ -50,6 +50,7 @@ async fn get_sandbox_latency_over_grpc() {
             workspace: String::new(),
             name: "target".into(),
             spec: Some(spec()),
+            stopped: false,
         })
         .await
         .unwrap()
@@ -158,6 +159,7 @@ async fn through_sbxd() -> Duration {
                     workspace: String::new(),
                     name: format!("b{i}"),
                     spec: Some(spec()),
+                    stopped: false,
                 })
                 .await
                 .unwrap()

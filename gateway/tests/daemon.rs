@@ -170,6 +170,7 @@ async fn sigterm_finishes_calls_in_flight() {
                 command: vec!["sleep".into(), "1000".into()],
                 ..Default::default()
             }),
+            stopped: false,
         })
         .await
         .unwrap()
@@ -234,6 +235,7 @@ async fn health_is_not_serving_until_every_sandbox_reattached() {
                 command: vec!["sleep".into(), "1000".into()],
                 ..Default::default()
             }),
+            stopped: false,
         })
         .await
         .unwrap();
@@ -308,6 +310,7 @@ async fn shutdown_grace_bounds_a_slow_call() {
             command: vec!["sleep".into(), "1000".into()],
             ..Default::default()
         }),
+        stopped: false,
     })
     .await
     .unwrap();

@@ -73,6 +73,7 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
                 workspace: String::new(),
                 name: bad.into(),
                 spec: Some(spec()),
+                stopped: false,
             })
             .await
             .unwrap_err();
@@ -95,6 +96,7 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
             workspace: "nowhere".into(),
             name: "x".into(),
             spec: Some(spec()),
+            stopped: false,
         })
         .await
         .unwrap_err();
@@ -175,6 +177,7 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
             workspace: String::new(),
             name: "labelled".into(),
             spec: Some(labelled),
+            stopped: false,
         })
         .await
         .unwrap_err();
@@ -194,6 +197,7 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
                 workspace: String::new(),
                 name: "bad-spec".into(),
                 spec: Some(bad),
+                stopped: false,
             })
             .await
             .unwrap_err();
@@ -204,6 +208,7 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
             workspace: String::new(),
             name: "no-spec".into(),
             spec: None,
+            stopped: false,
         })
         .await
         .unwrap_err();
@@ -288,6 +293,7 @@ async fn state_errors_get_their_reasons() {
                 workspace: workspace.into(),
                 name: "twin".into(),
                 spec: Some(spec()),
+                stopped: false,
             })
             .await
             .unwrap()
@@ -299,6 +305,7 @@ async fn state_errors_get_their_reasons() {
             workspace: "alpha".into(),
             name: "twin".into(),
             spec: Some(spec()),
+            stopped: false,
         })
         .await
         .unwrap_err();

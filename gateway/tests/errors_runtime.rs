@@ -50,6 +50,7 @@ async fn driver_errors_and_terminating_workspaces() {
             workspace: "doomed".into(),
             name: "first".into(),
             spec: Some(spec()),
+            stopped: false,
         })
         .await
         .unwrap()
@@ -120,6 +121,7 @@ async fn driver_errors_and_terminating_workspaces() {
                     workspace: "doomed".into(),
                     name: format!("late-{}", common::unique()),
                     spec: Some(spec()),
+                    stopped: false,
                 })
                 .await
             {
@@ -161,6 +163,7 @@ async fn a_watch_from_before_a_restart_is_out_of_range() {
             workspace: String::new(),
             name: "kept".into(),
             spec: Some(spec()),
+            stopped: false,
         })
         .await
         .unwrap()

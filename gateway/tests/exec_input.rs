@@ -69,6 +69,7 @@ async fn exec_input_that_breaks_the_rules_is_refused_with_its_reason() {
             command: vec!["sleep".into(), "1000".into()],
             ..Default::default()
         }),
+        stopped: false,
     })
     .await
     .unwrap();

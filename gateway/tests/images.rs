@@ -245,6 +245,7 @@ async fn images_through_sbxd_and_the_cli() {
                 command: vec!["sleep".into()],
                 ..Default::default()
             }),
+            stopped: false,
         })
         .await
         .unwrap_err();

@@ -91,6 +91,7 @@ async fn huge_inputs_get_their_reason_in_small_errors() {
             workspace: String::new(),
             name: long_name.clone(),
             spec: Some(spec()),
+            stopped: false,
         })
         .await
         .unwrap_err();
@@ -151,6 +152,7 @@ async fn huge_inputs_get_their_reason_in_small_errors() {
             workspace: String::new(),
             name: "labelled".into(),
             spec: Some(labelled),
+            stopped: false,
         })
         .await
         .unwrap_err();
@@ -185,6 +187,7 @@ async fn huge_inputs_get_their_reason_in_small_errors() {
             workspace: String::new(),
             name: "tiny".into(),
             spec: Some(tiny),
+            stopped: false,
         })
         .await
         .unwrap_err();
@@ -204,6 +207,7 @@ async fn huge_inputs_get_their_reason_in_small_errors() {
             workspace: String::new(),
             name: "huge".into(),
             spec: Some(huge),
+            stopped: false,
         })
         .await
         .unwrap_err();
@@ -250,6 +254,7 @@ async fn argv_past_the_bounds_is_refused_at_create_and_at_exec() {
                     command: command.clone(),
                     ..Default::default()
                 }),
+                stopped: false,
             })
             .await
             .unwrap_err();
@@ -266,6 +271,7 @@ async fn argv_past_the_bounds_is_refused_at_create_and_at_exec() {
             workspace: String::new(),
             name: "target".into(),
             spec: Some(spec()),
+            stopped: false,
         })
         .await
         .unwrap()

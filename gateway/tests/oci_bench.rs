@@ -212,6 +212,7 @@ async fn create(sb: &Client, name: &str) -> Sandbox {
             workspace: String::new(),
             name: name.to_string(),
             spec: Some(spec()),
+            stopped: false,
         })
         .await
         .unwrap_or_else(|e| panic!("create sandbox {name}: {e}"))
@@ -524,6 +525,7 @@ impl Direct {
                     ..Default::default()
                 }),
                 generation: 1,
+                stopped: false,
             })
             .await
             .unwrap_or_else(|e| panic!("in-process create d{n}: {e}"));

@@ -117,6 +117,7 @@ async fn create_to_ready_through_sbxd_vs_bare_unshare() {
                 workspace: String::new(),
                 name: format!("b{i}"),
                 spec: Some(spec()),
+                stopped: false,
             })
             .await
             .unwrap()
@@ -174,6 +175,7 @@ async fn reattach_running_sandboxes_after_sigkill() {
                         workspace: String::new(),
                         name,
                         spec: Some(spec()),
+                        stopped: false,
                     })
                     .await
                     .unwrap();

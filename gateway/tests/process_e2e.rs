@@ -107,6 +107,7 @@ async fn files_and_workload_survive_sigkill_stop_and_start_and_delete_leaves_not
                 command: vec!["sleep".into(), "infinity".into()],
                 ..Default::default()
             }),
+            stopped: false,
         })
         .await
         .unwrap()

@@ -42,6 +42,7 @@ async fn create(
         workspace: WS.into(),
         name: name.into(),
         spec: Some(spec()),
+        stopped: false,
     })
     .await
     .map(|r| r.into_inner())

@@ -191,6 +191,7 @@ async fn vm_create_to_ready_through_sbxd_vs_bare_qemu() {
                 workspace: String::new(),
                 name: format!("b{i}"),
                 spec: Some(spec()),
+                stopped: false,
             })
             .await
             .unwrap()
@@ -261,6 +262,7 @@ async fn vm_reattach_running_vms_after_sigkill() {
                         workspace: String::new(),
                         name,
                         spec: Some(spec()),
+                        stopped: false,
                     })
                     .await
                     .unwrap();

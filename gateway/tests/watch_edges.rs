@@ -35,6 +35,7 @@ async fn a_watch_from_the_future_is_out_of_range_and_from_the_newest_is_fine() {
                 command: vec!["sleep".into(), "1000".into()],
                 ..Default::default()
             }),
+            stopped: false,
         })
         .await
         .unwrap()

@@ -72,6 +72,7 @@ async fn lifecycle_ratio(ops: usize, concurrency: usize) {
                 ..Default::default()
             }),
             generation: 1,
+            stopped: false,
         };
         driver.create(request).await.unwrap();
     }

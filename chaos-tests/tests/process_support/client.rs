@@ -178,6 +178,7 @@ async fn perform(run: &Run, op: &Op) -> Result<bool, String> {
                 workspace: ws.clone(),
                 name: name.clone(),
                 spec: spec(),
+                stopped: false,
             }))
             .await;
             let missing_ws = matches!(&r, Err(s) if s.code() == Code::NotFound);

@@ -109,6 +109,7 @@ async fn kill_sbxd_just_after_create_ack(run: &Run, n: usize) -> Result<bool, St
         workspace: PROBE_WORKSPACE.into(),
         name: name.clone(),
         spec: spec(),
+        stopped: false,
     }))
     .await
     {

@@ -411,7 +411,8 @@ async fn round_trip(s: &Session<'_>, id: &str, dest: &str) {
 /// What a copy must refuse: an archive entry `../NAME` or `/tmp/NAME` unpacked into an
 /// existing directory is `InvalidArgument`, and writes nothing (copying `NAME` out again is
 /// the error of a missing path); copy_from a missing path is `InvalidArgument` naming it;
-/// either copy on a stopped sandbox is `FailedPrecondition`. Needs `copy`.
+/// either copy on a stopped sandbox is `FailedPrecondition` unless the driver has
+/// `copy_when_stopped`. Needs `copy`.
 pub async fn copy_refuses_escapes_and_missing_paths(h: &dyn DriverHarness) {
     run_check(h, "copy_refuses_escapes_and_missing_paths", |s| {
         Box::pin(refuses_body(s))
@@ -437,6 +438,10 @@ async fn refuses_body(s: &mut Session<'_>) {
     .await;
 
     s.stop(&id).await;
+    if s.capabilities().await.copy_when_stopped {
+        // Copies of a stopped sandbox: copy_reaches_a_stopped_sandboxs_files.
+        return;
+    }
     let local = tempfile::tempdir().unwrap_or_else(|e| panic!("[{check}] a temp dir: {e}"));
     let tar = pack(check, local.path());
     let to = try_copy_to(s, &id, &dest, &tar).await;
@@ -481,6 +486,127 @@ async fn refuses(s: &Session<'_>, id: &str, dest: &str, dotdot: &str, absolute: 
 }
 
 /// An input stream the check writes to while the connection is open.
+/// A sandbox created `stopped` is Stopped and runs nothing until a start; with
+/// `copy_when_stopped`, a file copied in before the first start is there when the workload
+/// runs, and is copied out again after a stop; a symlink the workload left pointing at a host
+/// directory leads a stopped copy nowhere outside the sandbox (the host directory stays
+/// empty). Without `copy_when_stopped`, copy_to a stopped sandbox is `FailedPrecondition`.
+pub async fn copy_reaches_a_stopped_sandboxs_files(h: &dyn DriverHarness) {
+    run_check(h, "copy_reaches_a_stopped_sandboxs_files", |s| {
+        Box::pin(stopped_body(s))
+    })
+    .await;
+}
+
+async fn stopped_body(s: &mut Session<'_>) {
+    let check = s.check();
+    let mut req = s.create_request("alpha", "made", s.h.long_running_spec(), 1);
+    req.stopped = true;
+    let id = req.sandbox_id.clone();
+    let made = s.create(req).await;
+    assert_eq!(
+        made.state,
+        pb::State::Stopped as i32,
+        "[{check}] a create with stopped must answer a Stopped sandbox, got {made:?}"
+    );
+    sleep(Duration::from_millis(300)).await;
+    let still = s.get(&id).await;
+    assert_eq!(
+        still.state,
+        pb::State::Stopped as i32,
+        "[{check}] a sandbox created stopped must not start by itself, got {still:?}"
+    );
+    let caps = s.capabilities().await;
+    if !caps.copy {
+        eprintln!("conformance: {check}: the copies skip: the driver reports no copy");
+        s.start(&id, 2).await;
+        s.wait_for_state(&id, pb::State::Running).await;
+        return;
+    }
+    let local = tempfile::tempdir().unwrap_or_else(|e| panic!("[{check}] a temp dir: {e}"));
+    let up = local.path().join("up");
+    std::fs::create_dir(&up).unwrap_or_else(|e| panic!("[{check}] making {}: {e}", up.display()));
+    std::fs::write(up.join("f"), "before the first start\n")
+        .unwrap_or_else(|e| panic!("[{check}] writing a file: {e}"));
+    std::fs::set_permissions(up.join("f"), std::fs::Permissions::from_mode(0o640))
+        .unwrap_or_else(|e| panic!("[{check}] chmod: {e}"));
+    let tar = pack(check, &up);
+    let copied = try_copy_to(s, &id, "/sandbox", &tar).await;
+    if !caps.copy_when_stopped {
+        assert!(
+            matches!(copied, Err(DriverError::FailedPrecondition(_))),
+            "[{check}] copy_to a stopped sandbox without copy_when_stopped must be \
+             FailedPrecondition, got {copied:?}"
+        );
+        return;
+    }
+    copied.unwrap_or_else(|e| panic!("[{check}] copy_to /sandbox of a sandbox made stopped: {e}"));
+    s.start(&id, 2).await;
+    s.wait_for_state(&id, pb::State::Running).await;
+    let host_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("[{check}] a temp dir: {e}"));
+    if caps.exec && s.h.runs_processes() {
+        let cat = s
+            .exec(&id, vec!["cat".into(), "/sandbox/up/f".into()])
+            .await;
+        assert_eq!(
+            (cat.exit_code, cat.stdout.as_str()),
+            (Some(0), "before the first start\n"),
+            "[{check}] the file copied in before the first start, read by the workload: {cat:?}"
+        );
+        let ln = s
+            .exec(
+                &id,
+                vec![
+                    "ln".into(),
+                    "-s".into(),
+                    host_dir.path().display().to_string(),
+                    "/sandbox/esc".into(),
+                ],
+            )
+            .await;
+        assert_eq!(
+            ln.exit_code,
+            Some(0),
+            "[{check}] planting a symlink: {ln:?}"
+        );
+    }
+    s.stop(&id).await;
+    let back = try_copy_from(s, &id, "/sandbox/up/f")
+        .await
+        .unwrap_or_else(|e| panic!("[{check}] copy_from /sandbox/up/f after a stop: {e}"));
+    let out = local.path().join("back");
+    std::fs::create_dir(&out).unwrap_or_else(|e| panic!("[{check}] making {}: {e}", out.display()));
+    sbx_agent::archive::unpack(&back[..], &out)
+        .unwrap_or_else(|e| panic!("[{check}] unpacking what copy_from answered: {e}"));
+    let f = out.join("f");
+    assert_eq!(
+        std::fs::read_to_string(&f).ok().as_deref(),
+        Some("before the first start\n"),
+        "[{check}] copy_from a stopped sandbox"
+    );
+    let mode = std::fs::metadata(&f).map(|m| m.permissions().mode() & 0o7777);
+    assert_eq!(
+        mode.ok(),
+        Some(0o640),
+        "[{check}] the mode copied in and out"
+    );
+    // Through the planted symlink: whatever the copy answers, nothing reaches the host.
+    let payload = pack(check, &up);
+    for dest in ["/sandbox/esc", "/sandbox/esc/up"] {
+        let answer = try_copy_to(s, &id, dest, &payload).await;
+        eprintln!("conformance: {check}: copy_to {dest} through the planted symlink: {answer:?}");
+        let on_host: Vec<_> = std::fs::read_dir(host_dir.path())
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.file_name())).collect())
+            .unwrap_or_default();
+        assert!(
+            on_host.is_empty(),
+            "[{check}] copy_to {dest} of a stopped sandbox, through a symlink to the host's {}, \
+             wrote {on_host:?} there (the copy answered {answer:?})",
+            host_dir.path().display()
+        );
+    }
+}
+
 fn forward_input() -> (
     mpsc::UnboundedSender<pb::PortForwardInput>,
     crate::ForwardInputStream,

@@ -104,6 +104,7 @@ async fn invalid_ids_body(s: &mut Session<'_>) {
             name: PROBE_NAME.to_string(),
             spec: Some(s.h.long_running_spec()),
             generation: 1,
+            stopped: false,
         };
         expect_invalid(
             "create",

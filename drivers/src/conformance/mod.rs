@@ -84,8 +84,9 @@ pub use exec::{
     exec_workdir_and_env,
 };
 pub use files::{
-    copy_refuses_escapes_and_missing_paths, copy_round_trips_a_tree,
-    port_forward_carries_bytes_both_ways, port_forward_to_a_closed_port_fails,
+    copy_reaches_a_stopped_sandboxs_files, copy_refuses_escapes_and_missing_paths,
+    copy_round_trips_a_tree, port_forward_carries_bytes_both_ways,
+    port_forward_to_a_closed_port_fails,
 };
 pub use identity::{
     empty_and_malformed_ids_are_invalid, list_round_trips_workspace_and_name,
@@ -231,6 +232,7 @@ macro_rules! conformance_suite {
                 exec_refuses_bad_argv_and_env,
                 copy_round_trips_a_tree,
                 copy_refuses_escapes_and_missing_paths,
+                copy_reaches_a_stopped_sandboxs_files,
                 port_forward_carries_bytes_both_ways,
                 port_forward_to_a_closed_port_fails,
                 self_exit_shows_exited_with_code,

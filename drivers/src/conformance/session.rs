@@ -82,6 +82,7 @@ impl<'h> Session<'h> {
             name: name.to_string(),
             spec: Some(spec),
             generation,
+            stopped: false,
         }
     }
 

@@ -138,7 +138,17 @@ pub(crate) async fn copy_from(
     sandbox_dir: &Path,
     req: &pb::CopyFromRequest,
 ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
-    let mut conn = connect(sandbox_dir, &req.sandbox_id).await?;
+    let conn = connect(sandbox_dir, &req.sandbox_id).await?;
+    copy_from_over(conn, (), req).await
+}
+
+/// [`copy_from`] over a greeted connection; `keep` is held until the stream ends (an offline
+/// agent's process).
+async fn copy_from_over(
+    mut conn: UnixStream,
+    keep: impl Send + 'static,
+    req: &pb::CopyFromRequest,
+) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
     send(
         &mut conn,
         &Frame::CopyOut {
@@ -155,6 +165,7 @@ pub(crate) async fn copy_from(
     };
     let (tx, rx) = mpsc::channel::<Result<pb::CopyChunk, DriverError>>(16);
     tokio::spawn(async move {
+        let _keep = keep;
         let mut next = Ok(first);
         loop {
             let item = match next {
@@ -184,9 +195,18 @@ pub(crate) async fn copy_from(
 pub(crate) async fn copy_to(
     sandbox_dir: &Path,
     req: &pb::CopyToStart,
+    data: crate::ByteStream,
+) -> Result<pb::CopyToResponse, DriverError> {
+    let conn = connect(sandbox_dir, &req.sandbox_id).await?;
+    copy_to_over(conn, req, data).await
+}
+
+/// [`copy_to`] over a greeted connection.
+async fn copy_to_over(
+    mut conn: UnixStream,
+    req: &pb::CopyToStart,
     mut data: crate::ByteStream,
 ) -> Result<pb::CopyToResponse, DriverError> {
-    let mut conn = connect(sandbox_dir, &req.sandbox_id).await?;
     send(
         &mut conn,
         &Frame::CopyIn {
@@ -224,6 +244,144 @@ pub(crate) async fn copy_to(
     tokio::select! {
         answer = answer => answer,
         () = upload => unreachable!("the upload never ends by itself"),
+    }
+}
+
+/// Where and as whom a stopped sandbox's files are copied: `sbx-agent offline`, started here
+/// (host root) with one end of a socket pair as fd 3, mounts the sandbox's root filesystem
+/// (`overlay`, or an empty tmpfs) at `mountpoint` and its persistent directory (`sandbox`)
+/// at `/sandbox` in a mount namespace of its own, `chroot`s there and becomes `uid`/`gid`
+/// (the sandbox's root on the host) before it reads the request.
+#[derive(Debug, Clone)]
+pub(crate) struct Offline {
+    /// The agent binary on the host ([`install`]).
+    pub agent: PathBuf,
+    /// The overlay's mount options (an oci sandbox's image layers under its writable
+    /// layer); none for a process sandbox, whose root filesystem is the host's.
+    pub overlay: Option<String>,
+    /// The persistent directory, `/sandbox` inside.
+    pub sandbox: PathBuf,
+    /// An empty directory of the driver's, only mounted on in the agent's namespace.
+    pub mountpoint: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// How long an offline agent may take to greet (it mounts and `chroot`s first).
+const OFFLINE_START_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Offline {
+    /// Starts the agent and takes its greeting. Its process is killed when the returned
+    /// child is dropped.
+    async fn start(&self) -> Result<(UnixStream, tokio::process::Child), DriverError> {
+        use command_fds::{CommandFdExt, FdMapping};
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| internal("making a socket pair for the copy", e))?;
+        std::fs::create_dir_all(&self.mountpoint)
+            .map_err(|e| internal(&format!("making {}", self.mountpoint.display()), e))?;
+        let mut cmd = tokio::process::Command::new(&self.agent);
+        cmd.arg("offline");
+        if let Some(options) = &self.overlay {
+            cmd.arg("--overlay").arg(options);
+        }
+        cmd.arg("--bind")
+            .arg(&self.sandbox)
+            .arg("--uid")
+            .arg(self.uid.to_string())
+            .arg("--gid")
+            .arg(self.gid.to_string())
+            .arg(&self.mountpoint)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        cmd.fd_mappings(vec![FdMapping {
+            parent_fd: OwnedFd::from(theirs),
+            child_fd: 3,
+        }])
+        .map_err(|e| DriverError::Internal(format!("handing the copy's socket over: {e}")))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| internal(&format!("starting {}", self.agent.display()), e))?;
+        ours.set_nonblocking(true)
+            .map_err(|e| internal("the copy's socket", e))?;
+        let mut conn = UnixStream::from_std(ours).map_err(|e| internal("the copy's socket", e))?;
+        let greeting = tokio::time::timeout(OFFLINE_START_TIMEOUT, read_frame(&mut conn)).await;
+        if let Ok(Ok(Some(Frame::Hello(_)))) = greeting {
+            return Ok((conn, child));
+        }
+        // No greeting: the agent said why on stderr, or it hangs (then it is killed).
+        let _ = child.start_kill();
+        let mut said = String::new();
+        if let Some(mut stderr) = child.stderr.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), stderr.read_to_string(&mut said))
+                .await;
+        }
+        let _ = child.wait().await;
+        Err(DriverError::Internal(format!(
+            "the agent copying the stopped sandbox's files did not start: {}",
+            match said.trim() {
+                "" => format!("{greeting:?}"),
+                said => said.to_string(),
+            }
+        )))
+    }
+
+    /// [`copy_from`] of a stopped sandbox; `keep` is held until the stream ends.
+    async fn copy_from(
+        &self,
+        req: &pb::CopyFromRequest,
+        keep: impl Send + 'static,
+    ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        let (conn, child) = self.start().await?;
+        copy_from_over(conn, (child, keep), req).await
+    }
+
+    /// [`copy_to`] of a stopped sandbox; the agent has ended when it answers.
+    async fn copy_to(
+        &self,
+        req: &pb::CopyToStart,
+        data: crate::ByteStream,
+    ) -> Result<pb::CopyToResponse, DriverError> {
+        let (conn, mut child) = self.start().await?;
+        let answer = copy_to_over(conn, req, data).await;
+        if answer.is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        }
+        answer
+    }
+}
+
+/// Where a copy of a sandbox goes: the agent of its running workload, or, when none runs,
+/// an [`Offline`] agent on the host, with the sandbox's lock held for the whole copy so that
+/// no run begins (and mounts the same writable layer) meanwhile: a start waits for the copy.
+#[derive(Debug)]
+pub(crate) enum CopyVia {
+    /// The running agent's sandbox directory.
+    Running(PathBuf),
+    Stopped(Offline, tokio::sync::OwnedMutexGuard<()>),
+}
+
+impl CopyVia {
+    pub(crate) async fn copy_from(
+        self,
+        req: &pb::CopyFromRequest,
+    ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        match self {
+            CopyVia::Running(dir) => copy_from(&dir, req).await,
+            CopyVia::Stopped(offline, lock) => offline.copy_from(req, lock).await,
+        }
+    }
+
+    pub(crate) async fn copy_to(
+        self,
+        req: &pb::CopyToStart,
+        data: crate::ByteStream,
+    ) -> Result<pb::CopyToResponse, DriverError> {
+        match self {
+            CopyVia::Running(dir) => copy_to(&dir, req, data).await,
+            CopyVia::Stopped(offline, _lock) => offline.copy_to(req, data).await,
+        }
     }
 }
 

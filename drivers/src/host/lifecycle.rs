@@ -145,6 +145,26 @@ pub(crate) async fn create_known<D: HostDriver>(
     }
 }
 
+/// The first run of a sandbox just made (its record not yet written): launched under
+/// `generation`, or, for a create that asks for the sandbox `stopped`, none: the record is
+/// written wanting stopped and its snapshot (Stopped) published, so that the sandbox's files
+/// exist before its first start.
+pub(crate) async fn first_run<D: HostDriver>(
+    driver: &D,
+    mut record: D::Record,
+    generation: u64,
+    stopped: bool,
+) -> Result<pb::Snapshot, DriverError> {
+    if !stopped {
+        return driver.start_run(record, generation).await;
+    }
+    record.set_desired(Desired::Stopped);
+    driver.records().save(&record)?;
+    let snapshot = driver.snapshot(&record);
+    feed::publish(driver, record.sandbox_id(), &snapshot);
+    Ok(snapshot)
+}
+
 pub(crate) async fn start<D: HostDriver>(
     driver: &D,
     req: pb::StartRequest,

@@ -10,7 +10,7 @@ use nix::unistd::{Gid, Uid, chown};
 
 use super::record::{self, ImageRun, OciRecord, RECORD_FORMAT};
 use super::{Inner, OciDriver};
-use crate::host::{Desired, HostDriver, agent, internal, lifecycle, validate_command};
+use crate::host::{Desired, agent, internal, lifecycle, validate_command};
 use crate::image::{ImageError, ImageInfo};
 use crate::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
 
@@ -34,6 +34,7 @@ impl ComputeDriver for OciDriver {
             exec_tty: true,
             copy: true,
             port_forward: true,
+            copy_when_stopped: true,
             isolation: format!(
                 "OCI container ({}): user namespace (root = host uid {}), pid/mount/uts/ipc/\
                  net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \
@@ -94,7 +95,7 @@ impl ComputeDriver for OciDriver {
         };
         // start_run writes the record first; a driver killed before that leaves a directory
         // without a record, which open() removes.
-        inner.start_run(record, req.generation).await
+        lifecycle::first_run(inner, record, req.generation, req.stopped).await
     }
 
     async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
@@ -137,8 +138,7 @@ impl ComputeDriver for OciDriver {
         &self,
         req: pb::CopyFromRequest,
     ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
-        let dir = self.running_dir(&req.sandbox_id, "copying files")?;
-        agent::copy_from(&dir, &req).await
+        self.copy_via(&req.sandbox_id).await?.copy_from(&req).await
     }
 
     async fn copy_to(
@@ -146,8 +146,10 @@ impl ComputeDriver for OciDriver {
         req: pb::CopyToStart,
         data: crate::ByteStream,
     ) -> Result<pb::CopyToResponse, DriverError> {
-        let dir = self.running_dir(&req.sandbox_id, "copying files")?;
-        agent::copy_to(&dir, &req, data).await
+        self.copy_via(&req.sandbox_id)
+            .await?
+            .copy_to(&req, data)
+            .await
     }
 
     async fn port_forward(

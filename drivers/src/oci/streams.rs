@@ -3,7 +3,8 @@
 //! cgroup, seccomp filter, capabilities, user, environment and working directory, with the
 //! request's variables on top. (Watch and logs are the kit's, `host::lifecycle`.)
 
-use super::OciDriver;
+use super::{OciDriver, record, rootfs};
+use crate::host::agent::{CopyVia, Offline};
 use crate::host::{Desired, agent, validate_command};
 use crate::{DriverError, DriverStream, ExecInputStream, parse_sandbox_id, pb};
 
@@ -36,5 +37,31 @@ impl OciDriver {
             )));
         }
         Ok(self.inner.paths(id).dir)
+    }
+
+    /// Where a copy of sandbox `sandbox_id` goes: its running agent, or (it does not run)
+    /// the agent on the host, over the sandbox's overlay and volume, as the sandbox's root.
+    pub(super) async fn copy_via(&self, sandbox_id: &str) -> Result<CopyVia, DriverError> {
+        let id = parse_sandbox_id(sandbox_id)?;
+        let inner = &self.inner;
+        let lock = inner.records.lock(id).await;
+        let record = inner.records.require(id)?;
+        let paths = inner.paths(id);
+        if record.desired == Desired::Running && inner.run_paths(&record).live_init().is_some() {
+            return Ok(CopyVia::Running(paths.dir));
+        }
+        let offline = Offline {
+            agent: record::init_dir(&inner.state_dir).join("sbx-agent"),
+            overlay: Some(rootfs::overlay_options(
+                &record.image.layers,
+                &paths.upper,
+                &paths.work,
+            )),
+            sandbox: paths.volume,
+            mountpoint: paths.dir.join("offline-root"),
+            uid: inner.opts.id_map.host_uid,
+            gid: inner.opts.id_map.host_gid,
+        };
+        Ok(CopyVia::Stopped(offline, lock))
     }
 }

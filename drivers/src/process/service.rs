@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use super::ProcessDriver;
 use super::cgroup::Limits;
 use super::record::{RECORD_FORMAT, SandboxRecord, StoredSpec};
-use crate::host::{Desired, HostDriver, agent, internal, lifecycle, validate_command};
+use crate::host::{Desired, agent, internal, lifecycle, validate_command};
 use crate::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
 
 #[async_trait]
@@ -31,6 +31,7 @@ impl ComputeDriver for ProcessDriver {
             exec_tty: true,
             copy: true,
             port_forward: true,
+            copy_when_stopped: true,
             isolation: format!(
                 "pid,mount,uts,ipc,net namespaces; uid 0 of a user namespace = host uid {}, \
                  no capabilities; {}; the host's root filesystem as that uid sees it, with a \
@@ -94,7 +95,7 @@ impl ComputeDriver for ProcessDriver {
         };
         // start_run writes the record (once: each durable write costs two fsyncs). A driver
         // killed before that leaves a directory without a record, which open() removes.
-        inner.start_run(record, req.generation).await
+        lifecycle::first_run(inner, record, req.generation, req.stopped).await
     }
 
     async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
@@ -137,8 +138,10 @@ impl ComputeDriver for ProcessDriver {
         &self,
         req: pb::CopyFromRequest,
     ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
-        let dir = self.running_dir(&req.sandbox_id, "copying files")?;
-        agent::copy_from(&dir, &req).await
+        self.copy_via(&req.sandbox_id, &req.path)
+            .await?
+            .copy_from(&req)
+            .await
     }
 
     async fn copy_to(
@@ -146,8 +149,10 @@ impl ComputeDriver for ProcessDriver {
         req: pb::CopyToStart,
         data: crate::ByteStream,
     ) -> Result<pb::CopyToResponse, DriverError> {
-        let dir = self.running_dir(&req.sandbox_id, "copying files")?;
-        agent::copy_to(&dir, &req, data).await
+        self.copy_via(&req.sandbox_id, &req.path)
+            .await?
+            .copy_to(&req, data)
+            .await
     }
 
     async fn port_forward(

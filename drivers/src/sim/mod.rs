@@ -285,6 +285,7 @@ impl ComputeDriver for SimDriver {
             exec_tty: false,
             copy: false,
             port_forward: false,
+            copy_when_stopped: false,
             isolation: "none: an in-memory simulation".to_string(),
         }))
     }

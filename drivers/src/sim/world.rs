@@ -347,6 +347,12 @@ impl SimWorld {
                 requested: req.generation,
             });
         }
+        if req.stopped {
+            // Made, not started: Stopped under the create's generation.
+            workload.generation = req.generation;
+            self.emit(id, workload);
+            return Ok((workload.snapshot(id), None));
+        }
         let self_exit = self.run(id, workload, req.generation, seq);
         Ok((workload.snapshot(id), self_exit))
     }

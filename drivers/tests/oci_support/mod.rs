@@ -224,6 +224,7 @@ pub async fn create(
             name: name.into(),
             spec: Some(spec),
             generation: 1,
+            stopped: false,
         })
         .await
         .unwrap_or_else(|e| panic!("create {name} in {}: {e}", env.state_dir().display()));

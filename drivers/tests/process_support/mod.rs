@@ -226,6 +226,7 @@ pub fn create_req(
         name: name.to_string(),
         spec: Some(spec),
         generation,
+        stopped: false,
     }
 }
 

@@ -53,6 +53,32 @@ pub fn parse_location(arg: &str) -> Result<Location, CliError> {
     Ok(Location::Local(PathBuf::from(arg)))
 }
 
+/// What `sbx sandbox create --upload LOCAL[:DEST]` copies in before the first start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    pub local: PathBuf,
+    pub dest: String,
+}
+
+/// Where an upload goes when `--upload` names no destination.
+pub const DEFAULT_UPLOAD_DEST: &str = "/sandbox";
+
+/// Parses `--upload LOCAL[:DEST]`: DEST is what follows the last `:/` (an absolute path in
+/// the sandbox), so a local name with a colon elsewhere (`./a:b`) stays whole.
+pub fn parse_upload(arg: &str) -> Result<Upload, String> {
+    let (local, dest) = match arg.rfind(":/") {
+        Some(at) => (&arg[..at], &arg[at + 1..]),
+        None => (arg, DEFAULT_UPLOAD_DEST),
+    };
+    if local.is_empty() {
+        return Err(format!("{arg:?}: no local path before the ':'"));
+    }
+    Ok(Upload {
+        local: PathBuf::from(local),
+        dest: dest.to_string(),
+    })
+}
+
 /// Copies `src` to `dst` (exactly one of them in a sandbox of `workspace`).
 pub async fn copy(
     client: &mut SandboxServiceClient<Channel>,
@@ -109,7 +135,8 @@ impl Write for ChannelWriter {
     }
 }
 
-async fn upload(
+/// Copies local `from` into `sandbox` at `path`.
+pub async fn upload(
     client: &mut SandboxServiceClient<Channel>,
     sandbox: SandboxRef,
     from: &Path,
@@ -256,5 +283,18 @@ mod tests {
         );
         assert!(parse_location("box:relative").is_err());
         assert!(parse_location("Bad_Name:/x").is_err());
+    }
+
+    #[test]
+    fn uploads_split_at_the_last_colon_before_an_absolute_path() {
+        let up = |local: &str, dest: &str| Upload {
+            local: PathBuf::from(local),
+            dest: dest.to_string(),
+        };
+        assert_eq!(parse_upload("./app"), Ok(up("./app", "/sandbox")));
+        assert_eq!(parse_upload("app:/srv/app"), Ok(up("app", "/srv/app")));
+        assert_eq!(parse_upload("./a:b"), Ok(up("./a:b", "/sandbox")));
+        assert_eq!(parse_upload("a:b:/x"), Ok(up("a:b", "/x")));
+        assert!(parse_upload(":/x").is_err());
     }
 }

@@ -44,8 +44,8 @@ pub struct DriverView {
     pub name: String,
     pub kind: String,
     pub isolation: String,
-    /// What exec and its neighbours can do on it: "stdin", "tty", "cp", "port-forward",
-    /// "images".
+    /// What exec and its neighbours can do on it: "stdin", "tty", "cp", "cp-when-stopped",
+    /// "port-forward", "images".
     pub features: Vec<String>,
     /// Why its capabilities are unknown, or empty.
     pub error: String,
@@ -57,6 +57,7 @@ impl DriverView {
             (d.exec_stdin, "stdin"),
             (d.exec_tty, "tty"),
             (d.copy, "cp"),
+            (d.copy_when_stopped, "cp-when-stopped"),
             (d.port_forward, "port-forward"),
             (d.images, "images"),
         ]
@@ -179,7 +180,7 @@ pub async fn run_version(endpoint: &str, args: &VersionArgs) -> Result<u8, CliEr
 }
 
 /// GetGatewayInfo, within about 2 s.
-async fn gateway_info(endpoint: &str) -> Result<sbx_proto::v1::GatewayInfo, String> {
+pub(crate) async fn gateway_info(endpoint: &str) -> Result<sbx_proto::v1::GatewayInfo, String> {
     use sbx_proto::v1::gateway_service_client::GatewayServiceClient;
     let call = async {
         let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())

@@ -440,6 +440,16 @@ pub struct SandboxCreateArgs {
     /// The compute driver to run the sandbox on (default: the gateway's default driver).
     #[arg(long, value_name = "DRIVER")]
     pub driver: Option<String>,
+    /// Create the sandbox without starting its workload: it is Stopped until `sbx sandbox
+    /// start` (its files are there, for `sbx sandbox cp`, on drivers that copy while stopped).
+    #[arg(long)]
+    pub stopped: bool,
+    /// Copy a local file or directory into the sandbox before its workload first starts:
+    /// LOCAL or LOCAL:DEST, named as `sbx sandbox cp LOCAL NAME:DEST` names it (DEST defaults
+    /// to /sandbox: a directory `app` lands at /sandbox/app). Repeatable; needs a driver that
+    /// copies while stopped (`sbx version` lists it as cp-when-stopped).
+    #[arg(long = "upload", value_name = "LOCAL[:DEST]", value_parser = files::parse_upload)]
+    pub uploads: Vec<files::Upload>,
     /// Print the sandbox as soon as it is created, without waiting for Ready.
     #[arg(short = 'd', long)]
     pub detach: bool,

@@ -159,6 +159,7 @@ pub fn create_sandbox_request(
             image: args.image.clone().unwrap_or_default(),
             image_digest: String::new(),
         }),
+        stopped: args.stopped || !args.uploads.is_empty(),
     })
 }
 

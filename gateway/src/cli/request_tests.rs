@@ -94,6 +94,7 @@ fn sandbox_create_builds_the_request() {
                 image: "alpine".into(),
                 image_digest: String::new(),
             }),
+            stopped: false,
         },
     );
     // Defaults: empty workspace (the gateway's "default"), the generated name, no resources.
@@ -106,6 +107,7 @@ fn sandbox_create_builds_the_request() {
                 command: strings(&["sleep", "60"]),
                 ..SandboxSpec::default()
             }),
+            stopped: false,
         },
     );
     // Memory alone still sends resources, with cpu 0 (no limit).
@@ -122,6 +124,7 @@ fn sandbox_create_builds_the_request() {
                 }),
                 ..SandboxSpec::default()
             }),
+            stopped: false,
         },
     );
 }

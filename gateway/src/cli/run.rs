@@ -12,7 +12,7 @@ use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use sbx_proto::v1::{
     DeleteSandboxRequest, GetSandboxRequest, GetWorkspaceRequest, RestartSandboxRequest, Sandbox,
-    StartSandboxRequest, StopSandboxRequest,
+    SandboxRef, StartSandboxRequest, StopSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -27,7 +27,7 @@ use super::wait::{
 };
 use super::{
     Cli, CliError, Command, SandboxActionArgs, SandboxCommand, SandboxCreateArgs,
-    SandboxTargetArgs, WaitArgs, WaitCondition, WorkspaceCommand, stream,
+    SandboxTargetArgs, WaitArgs, WaitCondition, WorkspaceCommand, files, stream,
 };
 
 /// How long to wait for the TCP + HTTP/2 connection to the gateway.
@@ -469,19 +469,103 @@ fn present(observation: Observation) -> Result<Sandbox, CliError> {
 async fn create_sandbox(endpoint: &str, args: &SandboxCreateArgs) -> Result<u8, CliError> {
     let generated = request::generate_sandbox_name(&mut rand::rng());
     let req = request::create_sandbox_request(args, generated)?;
+    if !args.uploads.is_empty() {
+        check_uploads(endpoint, args).await?;
+    }
     let mut client = SandboxServiceClient::new(connect(endpoint).await?);
     let created = client.create_sandbox(req).await?.into_inner();
-    let sandbox = if args.detach {
-        created
+    let options = WaitOptions {
+        timeout: Duration::from_secs(args.timeout),
+        settle: Duration::from_millis(args.settle),
+    };
+    let sandbox = if args.uploads.is_empty() {
+        if args.detach {
+            created
+        } else {
+            let goal = if args.stopped {
+                Goal::Stopped
+            } else {
+                Goal::Ready
+            };
+            present(follow(&client, created, goal, options).await?)?
+        }
     } else {
-        let options = WaitOptions {
-            timeout: Duration::from_secs(args.timeout),
-            settle: Duration::from_millis(args.settle),
+        // Made (Stopped) first, then filled, then started.
+        let made = present(follow(&client, created, Goal::Stopped, options).await?)?;
+        let this = SandboxRef {
+            id: made.id.clone(),
+            workspace: String::new(),
+            name: String::new(),
         };
-        present(follow(&client, created, Goal::Ready, options).await?)?
+        for upload in &args.uploads {
+            let copied = files::upload(
+                &mut client,
+                this.clone(),
+                &upload.local,
+                upload.dest.clone(),
+            )
+            .await;
+            if let Err(e) = copied {
+                eprintln!(
+                    "sbx: uploading {} to {}:{} failed; sandbox {:?} (id {}) was created and \
+                     left Stopped: copy again with `sbx sandbox cp` and start it, or delete it",
+                    upload.local.display(),
+                    made.name,
+                    upload.dest,
+                    made.name,
+                    made.id
+                );
+                return Err(e);
+            }
+        }
+        if args.stopped {
+            made
+        } else {
+            let started = client
+                .start_sandbox(StartSandboxRequest {
+                    sandbox: Some(this),
+                })
+                .await?
+                .into_inner();
+            if args.detach {
+                started
+            } else {
+                present(follow(&client, started, Goal::Ready, options).await?)?
+            }
+        }
     };
     print(&render_sandbox(&args.output, &sandbox, SystemTime::now())?)?;
     Ok(0)
+}
+
+/// Before anything is created: every `--upload`'s local path exists, and the sandbox's
+/// driver can copy into a sandbox that has not started.
+async fn check_uploads(endpoint: &str, args: &SandboxCreateArgs) -> Result<(), CliError> {
+    for upload in &args.uploads {
+        std::fs::symlink_metadata(&upload.local).map_err(|e| CliError::LocalPath {
+            path: upload.local.clone(),
+            source: e,
+        })?;
+        if !upload.dest.starts_with('/') {
+            return Err(CliError::Usage(format!(
+                "--upload {}:{}: the destination must be an absolute path in the sandbox",
+                upload.local.display(),
+                upload.dest
+            )));
+        }
+    }
+    // An older gateway that cannot say is left to answer the copy itself.
+    let Ok(info) = super::meta::gateway_info(endpoint).await else {
+        return Ok(());
+    };
+    let driver = args.driver.clone().unwrap_or(info.default_driver);
+    match info.drivers.iter().find(|d| d.name == driver) {
+        Some(d) if d.error.is_empty() && !d.copy_when_stopped => Err(CliError::Usage(format!(
+            "--upload: driver {driver:?} cannot copy files into a sandbox before it starts; \
+             create the sandbox, then copy with `sbx sandbox cp` once it is Ready"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// `sbx wait`: for the gateway to serve, or for a sandbox to reach a state.

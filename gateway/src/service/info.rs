@@ -25,6 +25,7 @@ impl GatewayService for SbxService {
                     exec_tty: c.exec_tty,
                     copy: c.copy,
                     port_forward: c.port_forward,
+                    copy_when_stopped: c.copy_when_stopped,
                     images: c.images,
                     error: String::new(),
                 },

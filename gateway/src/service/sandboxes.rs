@@ -40,7 +40,12 @@ impl SandboxService for SbxService {
         let req = request.into_inner();
         let workspace = (!req.workspace.is_empty()).then_some(req.workspace.as_str());
         self.gateway
-            .create_sandbox(workspace, &req.name, req.spec.unwrap_or_default())
+            .create_sandbox_as(
+                workspace,
+                &req.name,
+                req.spec.unwrap_or_default(),
+                req.stopped,
+            )
             .await
             .map(Response::new)
             .map_err(|e| actor_error_to_status(&e))

@@ -58,6 +58,7 @@ pub async fn create_sleeper(sb: &SandboxServiceClient<Channel>, prefix: &str) ->
                 command: vec!["sleep".into(), "infinity".into()],
                 ..Default::default()
             }),
+            stopped: false,
         })
         .await
         .unwrap()

@@ -291,6 +291,7 @@ pub async fn create_vm(
                 command: vec!["sh".into(), "-c".into(), COMMAND.into()],
                 ..Default::default()
             }),
+            stopped: false,
         })
         .await
         .expect("create sandbox")

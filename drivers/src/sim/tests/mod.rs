@@ -19,6 +19,7 @@ fn create_req(id: Uuid, workspace: &str, name: &str, generation: u64) -> pb::Cre
             ..Default::default()
         }),
         generation,
+        stopped: false,
     }
 }
 
