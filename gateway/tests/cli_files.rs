@@ -594,20 +594,97 @@ fn copy_errors_name_the_path_and_the_state() {
     assert_eq!(gone.code, 1, "{gone:?}");
     assert!(gone.stderr.contains("nobox"), "{gone:?}");
 
-    // A stopped sandbox: refused both ways, saying it is not Ready.
+    // A stopped sandbox: its files are copied on the host, both ways (the oci driver copies
+    // while stopped), and the workload finds them when it runs again.
     w.sbx(&["sandbox", "stop", "box"]).ok();
+    std::fs::write(&file, "copied while stopped\n").unwrap();
     let stopped_up = w.cp(file.to_str().unwrap(), "box:/tmp/f");
-    let stopped_down = w.cp("box:/etc/hostname", w.local("h").to_str().unwrap());
-    for run in [&stopped_up, &stopped_down] {
-        eprintln!("cp with the sandbox stopped: {}", run.stderr.trim());
-        assert_eq!(run.code, 1, "{run:?}");
-        assert!(run.stderr.contains("box"), "{run:?}");
-        assert!(
-            run.stderr.contains("FAILED_PRECONDITION") && run.stderr.contains("Stopped, not Ready"),
-            "{run:?}"
-        );
-    }
+    assert_eq!(stopped_up.code, 0, "{stopped_up:?}");
+    let stopped_down = w.cp("box:/tmp/f", w.local("h").to_str().unwrap());
+    assert_eq!(stopped_down.code, 0, "{stopped_down:?}");
+    assert_eq!(
+        std::fs::read_to_string(w.local("h")).unwrap(),
+        "copied while stopped\n"
+    );
+    let missing_stopped = w.cp("box:/no/such/file", w.local("y").to_str().unwrap());
+    assert_eq!(missing_stopped.code, 1, "{missing_stopped:?}");
+    assert!(
+        missing_stopped.stderr.contains("/no/such/file"),
+        "{missing_stopped:?}"
+    );
+    assert_eq!(common::oci_containers(w.data.path()), Vec::<String>::new());
     w.sbx(&["sandbox", "start", "box"]).ok();
+    assert_eq!(w.sh("cat /tmp/f").ok(), "copied while stopped\n");
+    w.finish();
+}
+
+/// `sbx sandbox create --upload LOCAL:DEST`: the tree is in the sandbox before its workload
+/// first starts (the main command checks for it, and fails without it), with its modes and
+/// symlinks; `--stopped` makes a sandbox that runs nothing until started; a missing local
+/// path is refused before anything is created.
+#[test]
+fn create_upload_fills_the_sandbox_before_its_first_start() {
+    let w = World::new();
+    let app = w.local("app");
+    std::fs::create_dir(&app).unwrap();
+    std::fs::write(app.join("run.sh"), "#!/bin/sh\necho uploaded\n").unwrap();
+    std::fs::set_permissions(app.join("run.sh"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::os::unix::fs::symlink("run.sh", app.join("link")).unwrap();
+    let upload = format!("{}:/sandbox/app", app.display());
+    let created = w.sbx(&[
+        "sandbox",
+        "create",
+        "-n",
+        "up",
+        "--upload",
+        &upload,
+        "-o",
+        "json",
+        "--",
+        "sh",
+        "-c",
+        "test -x /sandbox/app/run.sh || exit 3; exec sleep 3600",
+    ]);
+    assert_eq!(created.json()["phase"], "Ready", "{created:?}");
+    let inside = w.sbx(&[
+        "sandbox",
+        "exec",
+        "up",
+        "--",
+        "sh",
+        "-c",
+        "stat -c '%a %U' /sandbox/app/run.sh; readlink /sandbox/app/link; /sandbox/app/run.sh",
+    ]);
+    assert_eq!(inside.ok(), "750 root\nrun.sh\nuploaded\n");
+    w.sbx(&["sandbox", "delete", "up"]).ok();
+
+    // --stopped: Stopped, with no container, until started.
+    let stopped = w.sbx(&[
+        "sandbox",
+        "create",
+        "-n",
+        "later",
+        "--stopped",
+        "-o",
+        "json",
+        "--",
+        "sleep",
+        "3600",
+    ]);
+    assert_eq!(stopped.json()["phase"], "Stopped", "{stopped:?}");
+    assert_eq!(oci_containers(w.data.path()).len(), 1, "only box runs");
+    w.sbx(&["sandbox", "delete", "later"]).ok();
+
+    // A local path that does not exist: refused, nothing created.
+    let missing = w.local("nothing-here");
+    let arg = format!("{}:/sandbox/x", missing.display());
+    let refused = w.sbx(&[
+        "sandbox", "create", "-n", "never", "--upload", &arg, "--", "true",
+    ]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stderr.contains("nothing-here"), "{refused:?}");
+    let get = w.sbx(&["sandbox", "get", "never"]);
+    assert_ne!(get.code, 0, "a refused upload created the sandbox: {get:?}");
     w.finish();
 }
 
