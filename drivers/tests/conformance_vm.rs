@@ -52,3 +52,118 @@ sbx_drivers::conformance_suite! {
     harness: VmHarness { env: VmEnv::new() },
     after_each: |h| h.env.assert_no_vm_left(),
 }
+
+/// More forwarded connections at once than the VM has exec channels (each holds one for its
+/// life, [`sbx_drivers::vm::EXEC_CHANNELS`]): every one carries its bytes there and back;
+/// those beyond the channels wait for one instead of failing. Prints the boot's time (it
+/// grows with the number of channels) and the connections'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_forwards_more_connections_than_exec_channels() {
+    use futures::StreamExt;
+    use pb::port_forward_input::Input;
+    use pb::port_forward_output::Output;
+
+    const CONNECTIONS: usize = 20;
+    const PORT: u32 = 7777;
+    let h = VmHarness { env: VmEnv::new() };
+    let driver = h.open().await;
+    let began = std::time::Instant::now();
+    let created = driver
+        .create(pb::CreateRequest {
+            sandbox_id: uuid::Uuid::new_v4().to_string(),
+            workspace: "alpha".into(),
+            name: "forwards".into(),
+            generation: 1,
+            spec: Some(h.long_running_spec()),
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    eprintln!(
+        "create → running in {:?} ({} exec channels)",
+        began.elapsed(),
+        sbx_drivers::vm::EXEC_CHANNELS
+    );
+    let id = created.sandbox_id;
+    let server = driver
+        .exec(pb::ExecRequest {
+            sandbox_id: id.clone(),
+            command: h.echo_server(PORT as u16).expect("an echo server"),
+            ..Default::default()
+        })
+        .await
+        .expect("exec of the echo server");
+    // Until the server listens: FailedPrecondition.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_tx, rx) = futures::channel::mpsc::unbounded::<pb::PortForwardInput>();
+        let req = pb::PortForwardStart {
+            sandbox_id: id.clone(),
+            port: PORT,
+        };
+        match driver.port_forward(req, Box::pin(rx)).await {
+            Ok(_) => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the echo server never listened: {e}"),
+        }
+    }
+    let began = std::time::Instant::now();
+    let one = |k: usize| {
+        let driver = driver.clone();
+        let id = id.clone();
+        async move {
+            let sent: Vec<u8> = (0..10_000).map(|i| ((i * 7 + k) % 251) as u8).collect();
+            let (tx, rx) = futures::channel::mpsc::unbounded();
+            let req = pb::PortForwardStart {
+                sandbox_id: id,
+                port: PORT,
+            };
+            let mut out = driver
+                .port_forward(req, Box::pin(rx))
+                .await
+                .map_err(|e| format!("connection {k}: {e}"))?;
+            for input in [Input::Data(sent.clone()), Input::CloseWrite(true)] {
+                let _ = tx.unbounded_send(pb::PortForwardInput { input: Some(input) });
+            }
+            let mut back = Vec::new();
+            loop {
+                match out.next().await {
+                    Some(Ok(pb::PortForwardOutput {
+                        output: Some(Output::Data(b)),
+                    })) => back.extend(b),
+                    Some(Ok(pb::PortForwardOutput {
+                        output: Some(Output::Closed(true)),
+                    })) => break,
+                    other => return Err(format!("connection {k}: {other:?}")),
+                }
+            }
+            if back != sent {
+                return Err(format!(
+                    "connection {k}: {} bytes came back of {} sent, or others",
+                    back.len(),
+                    sent.len()
+                ));
+            }
+            Ok(())
+        }
+    };
+    let all = futures::future::join_all((0..CONNECTIONS).map(one));
+    let results = tokio::time::timeout(Duration::from_secs(120), all)
+        .await
+        .expect("20 forwarded connections within 120 s");
+    let failed: Vec<_> = results.into_iter().filter_map(Result::err).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    eprintln!(
+        "{CONNECTIONS} connections of 10 KB there and back in {:?}",
+        began.elapsed()
+    );
+    drop(server);
+    driver
+        .delete(pb::DeleteRequest { sandbox_id: id })
+        .await
+        .expect("delete");
+    h.env.assert_no_vm_left();
+}

@@ -29,10 +29,12 @@ pub fn command_script<'a>(
 /// `/etc/sbx/run.env`: what this run of the guest is.
 pub fn run_env(run_id: &str, generation: u64, hostname: &str, grace: Duration) -> String {
     format!(
-        "SBX_RUN_ID={}\nSBX_GENERATION={generation}\nSBX_HOSTNAME={}\nSBX_GRACE={}\n",
+        "SBX_RUN_ID={}\nSBX_GENERATION={generation}\nSBX_HOSTNAME={}\nSBX_GRACE={}\n\
+         SBX_EXEC_CHANNELS={}\n",
         shell_quote(run_id),
         shell_quote(hostname),
-        grace.as_secs().max(1)
+        grace.as_secs().max(1),
+        super::qemu::EXEC_CHANNELS
     )
 }
 

@@ -5,7 +5,8 @@
 //!
 //! A port is one stream for the VM's life, so execs take turns on it; a VM has
 //! [`qemu::EXEC_CHANNELS`] ports (`sbx.exec.<k>`, FIFOs `exec-<k>.in`/`.out`), each with its own
-//! agent, so that many run at once and more wait for a free one ([`ExecChannels`]). A
+//! agent, so that many run at once and more wait for the first one freed ([`ExecChannels`]);
+//! copy and port-forward run through the same turns (`files.rs`). A
 //! turn opens the FIFOs, greets the agent with a token of its own and skips what it reads up
 //! to the echo (output of an earlier turn that nobody read), then runs the exec with the
 //! same frame <-> message mapping as the socket drivers (`host::agent::exec_over`): output

@@ -1,11 +1,13 @@
 #!/bin/busybox sh
 # sbx guest init: pid 1 of every vm sandbox. Built into the shared initramfs; the per-run
 # files come in a second archive appended to it at each launch:
-#   /etc/sbx/run.env   SBX_RUN_ID, SBX_GENERATION, SBX_HOSTNAME, SBX_GRACE (shell assignments)
+#   /etc/sbx/run.env   SBX_RUN_ID, SBX_GENERATION, SBX_HOSTNAME, SBX_GRACE, SBX_EXEC_CHANNELS
+#                      (shell assignments)
 #   /etc/sbx/command   the sandbox's command (env exports + exec of the quoted argv)
 # It loads the modules listed in /etc/sbx/modules (in order), mounts the persistent disk
-# (/dev/vda, ext4) at /sandbox, starts sbx-agent (exec: streamed output, stdin, a pty) on the
-# virtio port named sbx.exec and answers ping/stop on the one named sbx.agent, runs the command
+# (/dev/vda, ext4) at /sandbox, starts sbx-agent (exec: streamed output, stdin, a pty; copy
+# and port-forward as commands run through exec) on each virtio port named sbx.exec.<k> and
+# answers ping/stop on the one named sbx.agent, runs the command
 # with its output on the console, and reports on the console, each on its own line:
 # "sbx-guest: <run id> ready"  and  "sbx-guest: <run id> exit <code>".
 # A stop (the ACPI power button, or "stop" on the agent port) sends the command SIGTERM, then
@@ -74,8 +76,8 @@ port_named() {
 }
 
 # Exec: one sbx-agent per port sbx.exec.<k>, each serving one exec at a time, in /sandbox
-# unless told otherwise.
-if port_named sbx.exec.0 > /dev/null; then
+# unless told otherwise. The ports show one after the other: wait for the last.
+if port_named "sbx.exec.$((SBX_EXEC_CHANNELS - 1))" > /dev/null; then
   for p in /sys/class/virtio-ports/*; do
     case "$(cat "$p/name" 2>/dev/null)" in
       sbx.exec.*) ( cd /sandbox && exec /bin/sbx-agent serve-port "/dev/${p##*/}" < /dev/null > /dev/ttyS0 2>&1 ) & ;;
