@@ -19,7 +19,10 @@ fn main() -> ExitCode {
         Some(tool @ ("pack" | "unpack" | "connect")) => {
             return sbx_agent::tools::main(tool, &args[1..]);
         }
-        Some("serve") => sbx_agent::signals::reset(),
+        Some("serve") => {
+            sbx_agent::signals::reset();
+            sbx_agent::signals::ignore_broken_pipe();
+        }
         Some("which") => {
             let found = args.get(1).is_some_and(|c| sbx_agent::signals::which(c));
             return if found {
@@ -28,25 +31,12 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             };
         }
-        Some("log") => {
-            // The logger of one of the main process's streams: see the library's `log` module.
-            return match sbx_agent::log::run(&args[1..]) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(message) => {
-                    eprintln!("sbx-agent log: {message}");
-                    ExitCode::from(2)
-                }
-            };
-        }
+        // The logger of one of the main process's streams: see the library's `log` module.
+        Some("log") => return outcome("log", sbx_agent::log::run(&args[1..])),
+        // One copy of a stopped sandbox's files, on the host: see the library's `offline`.
         Some("offline") => {
-            // One copy of a stopped sandbox's files, on the host: see the library's `offline`.
-            return match sbx_agent::offline::run(&args[1..]) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(message) => {
-                    eprintln!("sbx-agent offline: {message}");
-                    ExitCode::from(2)
-                }
-            };
+            sbx_agent::signals::ignore_broken_pipe();
+            return outcome("offline", sbx_agent::offline::run(&args[1..]));
         }
         Some("run") => {
             let (message, code) = sbx_agent::signals::run(&args[1..]);
@@ -56,7 +46,7 @@ fn main() -> ExitCode {
         Some("--help" | "-h") | None => {
             println!(
                 "usage: sbx-agent serve | serve-port PATH | run CMD [ARGS…] | pack PATH | \
-                 unpack DEST | connect PORT\n\n\
+                 unpack DEST | connect PORT | offline …\n\n\
                  serve: serves exec, copy and port-forward on the listening Unix socket \
                  inherited as fd {LISTEN_FD}.\n\
                  serve-port: serves exec on a vm guest's virtio-serial port, one at a time.\n\
@@ -68,7 +58,10 @@ fn main() -> ExitCode {
                  says \"connected\" and \"closed N\" on stderr.\n\
                  Exit status of pack, unpack and connect: 0 done, 1 internal, 2 usage, \
                  3 the caller's path or archive, 4 nothing listens on PORT.\n\
-                 Started by a sandbox's init or its driver; not a command for people."
+                 offline: one copy of a stopped sandbox's files, on the host, confined to \
+                 them ({}).\n\
+                 Started by a sandbox's init or its driver; not a command for people.",
+                sbx_agent::offline::USAGE
             );
             return ExitCode::SUCCESS;
         }
@@ -92,6 +85,17 @@ fn main() -> ExitCode {
     }
 }
 
+/// A command's result as the exit status: 0, or 2 with its message on stderr.
+fn outcome(command: &str, result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("sbx-agent {command}: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// `sbx-agent serve-port PATH`: serves exec on the virtio-serial port at PATH (a `vm`
 /// guest's `sbx.exec`), one exec at a time; see the library's `port` module.
 fn serve_port(path: Option<&str>) -> ExitCode {
@@ -101,6 +105,7 @@ fn serve_port(path: Option<&str>) -> ExitCode {
     };
     // The guest's init starts it as a background job, with SIGINT ignored.
     sbx_agent::signals::reset();
+    sbx_agent::signals::ignore_broken_pipe();
     match sbx_agent::port::serve(std::path::Path::new(path)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

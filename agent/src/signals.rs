@@ -25,6 +25,17 @@ pub fn reset() {
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
 }
 
+/// The agent's own SIGPIPE is ignored: a write to the stdin of a command that has exited
+/// (or to a client gone) is an `EPIPE` error for that one exec, not the end of the agent and
+/// of every exec after it. Its commands still start with SIGPIPE at its default: the standard
+/// library's `Command` puts it back in the child before the exec.
+#[allow(unsafe_code)]
+pub fn ignore_broken_pipe() {
+    use nix::sys::signal::{SigHandler, Signal};
+    // SAFETY: SIG_IGN installs no handler; called at start, before any thread.
+    let _ = unsafe { nix::sys::signal::signal(Signal::SIGPIPE, SigHandler::SigIgn) };
+}
+
 /// Marks every descriptor above `fd` close-on-exec, so a command started next inherits none
 /// of what this process was handed (the process driver's shim passes the agent binary as 4).
 #[allow(unsafe_code)]

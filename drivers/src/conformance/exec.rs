@@ -281,14 +281,14 @@ async fn stdin_body(s: &mut Session<'_>) {
     );
 
     // Stdin closed by a message rather than by the end of the input stream, which stays open.
-    let (tx, input) = input_channel();
+    let (tx, open_input) = input_channel();
     let req = pb::ExecRequest {
         stdin: true,
         ..request(&id, s.h.exec_cat())
     };
     send(s, &tx, Input::Stdin(b"closed by a message\n".to_vec()));
     send(s, &tx, Input::CloseStdin(true));
-    let ran = run(s, req, input).await;
+    let ran = run(s, req, open_input).await;
     drop(tx);
     assert_eq!(
         (ran.stdout_text().as_str(), ran.exit()),
@@ -296,6 +296,36 @@ async fn stdin_body(s: &mut Session<'_>) {
         "[{check}] cat after close_stdin (with the input stream still open) must end with \
          what was sent and exit 0 (stderr {:?})",
         ran.stderr_text()
+    );
+
+    // Stdin for a command that exits without reading it: the exit, and exec still works
+    // (writing to the gone command's stdin must not take down what serves exec).
+    let unread: Vec<pb::ExecInput> = (0..16)
+        .map(|_| input(Input::Stdin(vec![b'x'; 64 * 1024])))
+        .collect();
+    let req = pb::ExecRequest {
+        stdin: true,
+        ..request(&id, s.h.exec_exit(3))
+    };
+    let ran = run(s, req, Box::pin(futures::stream::iter(unread))).await;
+    assert_eq!(
+        ran.exit(),
+        Some((3, 0)),
+        "[{check}] a command that exits 3 without reading its 1 MiB of stdin must end with \
+         exit 3 (stderr {:?})",
+        ran.stderr_text()
+    );
+    let after = run(
+        s,
+        request(&id, s.h.exec_echo("still serving")),
+        no_exec_input(),
+    )
+    .await;
+    assert_eq!(
+        (after.stdout_text().trim(), after.exit()),
+        ("still serving", Some((0, 0))),
+        "[{check}] an exec after stdin went to a command that had exited (stderr {:?})",
+        after.stderr_text()
     );
 }
 

@@ -531,7 +531,9 @@ where
             while let Some(msg) = input.next().await {
                 for frame in input_frames(msg, tty) {
                     if wr.write_all(&frame.encode()).await.is_err() {
-                        return;
+                        // The agent closed the connection (after the command's exit, which
+                        // input can outlast): what it sent says how the exec ended.
+                        return std::future::pending().await;
                     }
                 }
             }
@@ -586,7 +588,7 @@ where
         };
         let (outcome, end) = tokio::select! {
             outcome = timed => outcome,
-            () = send_input => (None, ExecEnd::Abandoned),
+            () = send_input => unreachable!("sending the input never ends by itself"),
             // The caller dropped the stream (even of a command that prints nothing).
             () = tx.closed() => (None, ExecEnd::Abandoned),
         };
