@@ -175,6 +175,45 @@ struct Inner {
     _instance_lock: Flock<File>,
 }
 
+/// `Accel::Auto` decided: KVM if a throwaway VM boots under it ([`qemu::kvm_boots`], up to
+/// 20 s where `/dev/kvm` exists but hangs). The answer is kept in the asset cache for this
+/// kernel and this boot of the host (`/proc/sys/kernel/random/boot_id`), so that a restarted
+/// driver — every restart of sbxd — does not probe again.
+async fn probed_accel(
+    qemu: &std::path::Path,
+    assets: &assets::GuestAssets,
+    cache: &std::path::Path,
+    scratch: &std::path::Path,
+) -> Accel {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let kept = (!boot.trim().is_empty()).then(|| {
+        cache.join(format!(
+            "accel-{}-{}",
+            assets.kernel_version.replace('/', "_"),
+            boot.trim()
+        ))
+    });
+    if let Some(kept) = &kept {
+        match std::fs::read_to_string(kept).as_deref().map(str::trim) {
+            Ok("kvm") => return Accel::Kvm,
+            Ok("tcg") => return Accel::Tcg,
+            _ => {}
+        }
+    }
+    let accel = if qemu::kvm_boots(qemu, &assets.kernel, &assets.initramfs, scratch).await {
+        Accel::Kvm
+    } else {
+        Accel::Tcg
+    };
+    if let Some(kept) = &kept {
+        let word = if accel == Accel::Kvm { "kvm" } else { "tcg" };
+        if let Err(e) = records::write_atomically(kept, word.as_bytes()) {
+            tracing::warn!(path = %kept.display(), error = %e, "the accelerator probe's answer not kept");
+        }
+    }
+    accel
+}
+
 impl VmDriver {
     /// Opens the driver on `state_dir`: prepares the guest's kernel and initramfs, decides
     /// between KVM and TCG, and finds every VM a previous instance left (see the module docs).
@@ -208,17 +247,13 @@ impl VmDriver {
             .clone()
             .unwrap_or_else(|| state_dir.join("assets"));
         let asset_paths = opts.assets.clone();
-        let assets = tokio::task::spawn_blocking(move || assets::prepare(&asset_paths, &cache))
-            .await
-            .map_err(|e| internal("preparing the guest", e))??;
+        let prepare_in = cache.clone();
+        let assets =
+            tokio::task::spawn_blocking(move || assets::prepare(&asset_paths, &prepare_in))
+                .await
+                .map_err(|e| internal("preparing the guest", e))??;
         let accel = match opts.accel {
-            Accel::Auto => {
-                if qemu::kvm_boots(&qemu, &assets.kernel, &assets.initramfs, &state_dir).await {
-                    Accel::Kvm
-                } else {
-                    Accel::Tcg
-                }
-            }
+            Accel::Auto => probed_accel(&qemu, &assets, &cache, &state_dir).await,
             chosen => chosen,
         };
         tracing::info!(%accel, kernel = %assets.kernel.display(), "vm driver ready");
@@ -580,5 +615,47 @@ impl HostDriver for Inner {
                 rec.sandbox_id
             )))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_probes_answer_is_kept_for_this_kernel_and_boot() {
+        let cache = tempfile::tempdir().unwrap();
+        let assets = assets::GuestAssets {
+            kernel: cache.path().join("no-kernel"),
+            compressed_kernel: false,
+            initramfs: cache.path().join("no-initramfs"),
+            kernel_version: "6.1.0-test".into(),
+        };
+        // No QEMU at this path: the probe fails, TCG, and the answer is kept.
+        let no_qemu = cache.path().join("no-qemu");
+        assert_eq!(
+            probed_accel(&no_qemu, &assets, cache.path(), cache.path()).await,
+            Accel::Tcg
+        );
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+        let kept = cache
+            .path()
+            .join(format!("accel-6.1.0-test-{}", boot.trim()));
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), "tcg");
+        // A kept answer is taken as it is, without probing.
+        std::fs::write(&kept, "kvm").unwrap();
+        assert_eq!(
+            probed_accel(&no_qemu, &assets, cache.path(), cache.path()).await,
+            Accel::Kvm
+        );
+        // Another kernel is probed anew.
+        let other = assets::GuestAssets {
+            kernel_version: "6.2.0-test".into(),
+            ..assets
+        };
+        assert_eq!(
+            probed_accel(&no_qemu, &other, cache.path(), cache.path()).await,
+            Accel::Tcg
+        );
     }
 }
