@@ -18,6 +18,7 @@
 //! build script, so it runs in any image, with or without a libc.
 
 pub mod archive;
+pub mod feed;
 pub mod log;
 pub mod offline;
 pub mod port;

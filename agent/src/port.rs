@@ -67,7 +67,8 @@ pub fn serve(path: &Path) -> io::Result<()> {
             }
             other => {
                 if let Some(current) = running.as_mut() {
-                    current.apply(other);
+                    // A port has no hang-up to see: a client that gives up sends SIGKILL.
+                    current.apply(other, &|| false);
                 }
             }
         }

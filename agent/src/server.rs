@@ -8,8 +8,10 @@
 //!
 //! Per exec, threads (not an event loop: a handful per exec, blocking IO, and the kernel's
 //! socket and pipe buffers as the only buffers):
-//! - the connection's thread reads the client's frames: stdin goes to the command (a write
-//!   that blocks because the command does not read blocks the client, through the socket);
+//! - the connection's thread reads the client's frames: stdin goes to the command through a
+//!   bounded queue and a writer thread of its own ([`crate::feed`]: a command that does not
+//!   read holds up to 4 MiB, then the client is back-pressured through the socket, and a
+//!   signal or a hang-up behind the stdin still gets through);
 //!   a resize sets the pty's size (the kernel then sends SIGWINCH); a signal goes to the
 //!   command's process group; the connection closing before the exit ends the command
 //!   (SIGKILL to its process group).
@@ -34,6 +36,7 @@ use std::time::Duration;
 
 use rustix::process::{Pid, Signal, kill_process_group};
 
+use crate::feed::StdinFeed;
 use crate::wire::{ExecRequest, Failure, Frame, MAX_PAYLOAD};
 
 /// How long output may still come after the command exited, from processes it left behind
@@ -365,8 +368,12 @@ fn exec(req: ExecRequest, mut reader: UnixStream, sender: Arc<Sender>) -> io::Re
     let Some(mut running) = start(&req, &sender)? else {
         return Ok(());
     };
+    let watched = reader.try_clone()?;
+    let gone = client_gone(&watched);
     while let Ok(Some(frame)) = Frame::read_from(&mut reader) {
-        running.apply(frame);
+        if !running.apply(frame, &gone) {
+            break;
+        }
     }
     // The client is gone or the exec is over. If the command still runs, nobody listens:
     // end it (its whole process group).
@@ -374,11 +381,28 @@ fn exec(req: ExecRequest, mut reader: UnixStream, sender: Arc<Sender>) -> io::Re
     Ok(())
 }
 
+/// Whether the client of `conn` is gone: the driver never shuts its writing half while an
+/// exec runs, so a hang-up is a caller that went away.
+fn client_gone(conn: &UnixStream) -> impl Fn() -> bool + '_ {
+    use rustix::event::{PollFd, PollFlags, poll};
+    move || {
+        let mut fds = [PollFd::new(conn, PollFlags::RDHUP)];
+        let now = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+            && fds[0]
+                .revents()
+                .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
+    }
+}
+
 /// A command started by [`start`]: what the client's frames reach, and the thread that
 /// sends its exit.
 pub(crate) struct Running {
     pgid: Pid,
-    stdin: Option<Box<dyn Write + Send>>,
+    stdin: Option<StdinFeed>,
     pty: Option<File>,
     waiter: thread::JoinHandle<()>,
 }
@@ -398,27 +422,24 @@ impl Running {
         let _ = self.waiter.join();
     }
 
-    /// Does what one of the client's frames asks.
-    pub(crate) fn apply(&mut self, frame: Frame) {
+    /// Does what one of the client's frames asks; `false` when the client turned out to be
+    /// gone (asked through `gone` while stdin waits for room: [`crate::feed`]).
+    pub(crate) fn apply(&mut self, frame: Frame, gone: &dyn Fn() -> bool) -> bool {
         match frame {
             Frame::Stdin(bytes) => {
-                if let Some(sink) = self.stdin.as_mut()
-                    && sink.write_all(&bytes).is_err()
-                {
-                    // The command closed its stdin (or exited): later input has nowhere to
-                    // go, as with a pipe.
-                    self.stdin = None;
+                if let Some(feed) = &self.stdin {
+                    return feed.push(bytes, gone);
                 }
             }
             Frame::CloseStdin => {
                 if self.pty.is_some() {
                     // A terminal has no end of its own: type the end-of-file character (^D),
                     // as a user at a terminal would.
-                    if let Some(sink) = self.stdin.as_mut() {
-                        let _ = sink.write_all(&[0x04]);
+                    if let Some(feed) = &self.stdin {
+                        return feed.push(vec![0x04], gone);
                     }
-                } else {
-                    self.stdin = None;
+                } else if let Some(feed) = self.stdin.take() {
+                    feed.close();
                 }
             }
             Frame::Resize { rows, cols } => {
@@ -436,6 +457,7 @@ impl Running {
             // Frames only the agent sends, or a second request: ignored.
             _ => {}
         }
+        true
     }
 }
 
@@ -540,7 +562,7 @@ pub(crate) fn start(req: &ExecRequest, sender: &Arc<Sender>) -> io::Result<Optio
     };
     Ok(Some(Running {
         pgid,
-        stdin: stdin_sink,
+        stdin: stdin_sink.map(StdinFeed::new),
         pty,
         waiter,
     }))

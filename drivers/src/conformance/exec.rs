@@ -432,8 +432,8 @@ async fn tty_body(s: &mut Session<'_>) {
 }
 
 /// A signal sent as input reaches the running command: SIGTERM ends `cat` waiting on its
-/// stdin, and `sleep 100` without stdin, and the exit says so (code -1, signal 15) within
-/// 5 s. Needs `exec_stdin` (a driver without exec input has no way to send a signal).
+/// stdin, `sleep 100` without stdin, and `sleep 100` sent 2 MiB of stdin it never reads
+/// ahead of the signal, and the exit says so (code -1, signal 15) within 5 s. Needs `exec_stdin` (a driver without exec input has no way to send a signal).
 pub async fn exec_signal_reaches_the_command(h: &dyn DriverHarness) {
     run_check(h, "exec_signal_reaches_the_command", |s| {
         Box::pin(signal_body(s))
@@ -454,6 +454,23 @@ async fn signal_body(s: &mut Session<'_>) {
     if real_processes(s, "`sleep 100` without stdin") {
         let sleep = request(&id, argv(&["sleep", "100"]));
         signal_ends(s, sleep, "sleep 100 without stdin").await;
+        // Behind 2 MiB of stdin that the command never reads: the signal is not stuck
+        // behind what the command's pipe cannot take.
+        let unread = pb::ExecRequest {
+            stdin: true,
+            ..request(&id, argv(&["sleep", "100"]))
+        };
+        signal_ends(s, unread, "sleep 100 with 2 MiB of unread stdin").await;
+    }
+}
+
+/// Stdin a command does not read, sent ahead of a signal or a drop: more than a pipe holds,
+/// less than the agent keeps for it (`sbx_agent::feed::MAX_QUEUED`).
+const UNREAD_STDIN: usize = 2 * 1024 * 1024;
+
+fn send_unread_stdin(s: &Session<'_>, tx: &mpsc::UnboundedSender<pb::ExecInput>) {
+    for _ in 0..UNREAD_STDIN / (64 * 1024) {
+        send(s, tx, Input::Stdin(vec![b'u'; 64 * 1024]));
     }
 }
 
@@ -462,14 +479,16 @@ async fn signal_body(s: &mut Session<'_>) {
 async fn signal_ends(s: &Session<'_>, req: pb::ExecRequest, what: &str) {
     let check = s.check();
     let (tx, input) = input_channel();
-    if req.stdin {
+    // cat writes its stdin back; anything else is given stdin it never reads.
+    let echoes = req.stdin && req.command == s.h.exec_cat();
+    if echoes {
         // Some output first, so the signal is sent to a command known to run.
         send(s, &tx, Input::Stdin(b"ready\n".to_vec()));
     }
     let mut stream = start(s, req.clone(), input)
         .await
         .unwrap_or_else(|e| panic!("[{check}] {what}: exec failed: {e}"));
-    if req.stdin {
+    if echoes {
         let first = timeout(s.h.call_timeout(), stream.next()).await;
         assert!(
             matches!(
@@ -483,6 +502,9 @@ async fn signal_ends(s: &Session<'_>, req: pb::ExecRequest, what: &str) {
     } else {
         // Nothing to read from it: give the command a moment to start.
         sleep(Duration::from_millis(300)).await;
+    }
+    if req.stdin && !echoes {
+        send_unread_stdin(s, &tx);
     }
     send(s, &tx, Input::Signal(15));
     let sent = Instant::now();
@@ -607,7 +629,8 @@ async fn not_found_body(s: &mut Session<'_>) {
 }
 
 /// A caller that drops the output stream ends the command and what it started: the shell
-/// and its background `sleep 100` are gone (`kill -0` fails) within 5 s. Needs `exec_stdin`
+/// and its background `sleep 100` are gone (`kill -0` fails) within 5 s, though 2 MiB of
+/// stdin the shell never reads went ahead of the drop. Needs `exec_stdin`
 /// (a driver without it answers only after the command ended) and real processes.
 pub async fn exec_dropped_stream_ends_the_command(h: &dyn DriverHarness) {
     run_check(h, "exec_dropped_stream_ends_the_command", |s| {
@@ -623,7 +646,10 @@ async fn dropped_body(s: &mut Session<'_>) {
     }
     let id = s.create_running("alpha", "demo", 1).await.sandbox_id;
     let (tx, input) = input_channel();
-    let req = request(&id, argv(&["sh", "-c", "sleep 100 & echo $$ $!; wait"]));
+    let req = pb::ExecRequest {
+        stdin: true,
+        ..request(&id, argv(&["sh", "-c", "sleep 100 & echo $$ $!; wait"]))
+    };
     let mut stream = start(s, req, input)
         .await
         .unwrap_or_else(|e| panic!("[{check}] exec of sh with a background sleep failed: {e}"));
@@ -669,6 +695,9 @@ async fn dropped_body(s: &mut Session<'_>) {
         );
     }
 
+    // Stdin the shell never reads, ahead of the drop: the drop is not stuck behind it.
+    send_unread_stdin(s, &tx);
+    sleep(Duration::from_millis(200)).await;
     drop(stream);
     drop(tx);
     let dropped = Instant::now();
