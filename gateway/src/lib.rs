@@ -4,3 +4,4 @@
 pub mod cli;
 pub mod daemon;
 pub mod service;
+pub mod tls;

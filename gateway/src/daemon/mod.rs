@@ -4,6 +4,7 @@
 //! chosen compute driver ([`driver_spec`] parses `--driver`, [`managed`] runs a driver as a
 //! supervised child process); [`serve`] runs the gRPC server over the actor tree until a signal.
 
+pub mod certs;
 pub mod driver_spec;
 pub mod drivers;
 pub mod images;
