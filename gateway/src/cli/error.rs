@@ -72,6 +72,33 @@ pub enum CliError {
     #[error("cannot reach sbxd at {endpoint}: {cause}")]
     Unreachable { endpoint: String, cause: String },
 
+    /// A token (from `source_name`: `--token`, `SBX_TOKEN`, a context) cannot be sent. The
+    /// message never holds the token.
+    #[error("the token from {source_name} cannot be used: {why}")]
+    InvalidToken { source_name: String, why: String },
+
+    /// The TLS settings of an https endpoint are incomplete or unusable (the message names
+    /// the file).
+    #[error("TLS: {0}")]
+    Tls(String),
+
+    /// The config file (`sbx config`, contexts) cannot be read, parsed or written; `cause`
+    /// says which line when it does not parse.
+    #[error("config file {}: {cause}", path.display())]
+    Config {
+        path: std::path::PathBuf,
+        cause: String,
+    },
+
+    /// A context named (`--context`, `current-context`, `sbx config use-context`) is not in
+    /// the config file; `known` lists the ones that are.
+    #[error("no context {name:?} in {}: {}", path.display(), known_contexts(known))]
+    NoSuchContext {
+        name: String,
+        path: std::path::PathBuf,
+        known: Vec<String>,
+    },
+
     /// The gateway answered an RPC with a non-OK status.
     #[error("{}", describe_status(.0))]
     Rpc(#[from] tonic::Status),
@@ -225,8 +252,23 @@ pub enum CliError {
     Io(#[from] std::io::Error),
 }
 
+/// What to do about UNAUTHENTICATED: the ways to give the CLI a credential.
+pub const CREDENTIAL_HINT: &str = "pass --token or set SBX_TOKEN, or save one: `sbx config \
+    set-context NAME --endpoint URL --token … --use`";
+
+/// The contexts there are, for [`CliError::NoSuchContext`].
+fn known_contexts(known: &[String]) -> String {
+    if known.is_empty() {
+        "it has none (create one with `sbx config set-context NAME --endpoint URL …`)".to_string()
+    } else {
+        format!("the contexts there are {}", known.join(", "))
+    }
+}
+
 /// One line for a failed RPC: `REASON: message` when the status carries a
 /// `google.rpc.ErrorInfo`, else the message (or the code's description when it is empty).
+/// UNAUTHENTICATED adds how to give a credential ([`CREDENTIAL_HINT`]); PERMISSION_DENIED
+/// says so before the gateway's message (which names the workspace and the role needed).
 pub fn describe_status(status: &tonic::Status) -> String {
     let message = if status.message().is_empty() {
         status.code().description().to_string()
@@ -234,11 +276,19 @@ pub fn describe_status(status: &tonic::Status) -> String {
         status.message().to_string()
     };
     let message = say_once(&message);
-    match status.get_details_error_info() {
+    let message = match status.get_details_error_info() {
         Some(info) if info.reason == "WORKSPACE_NOT_EMPTY" => {
             format!("{}: {}", info.reason, name_the_cascade_flag(&message))
         }
         Some(info) if !info.reason.is_empty() => say_once(&format!("{}: {message}", info.reason)),
+        _ => message,
+    };
+    match status.code() {
+        tonic::Code::Unauthenticated => {
+            let message = say_once(&format!("unauthenticated: {message}"));
+            format!("{message} ({CREDENTIAL_HINT})")
+        }
+        tonic::Code::PermissionDenied => say_once(&format!("permission denied: {message}")),
         _ => message,
     }
 }
@@ -339,6 +389,43 @@ mod tests {
         check(
             tonic::Status::new(Code::Unavailable, ""),
             "The service is currently unavailable",
+        );
+    }
+
+    #[test]
+    fn credential_errors_say_what_to_do() {
+        let text = CliError::Rpc(tonic::Status::unauthenticated("no credential")).to_string();
+        assert_eq!(
+            text,
+            format!("unauthenticated: no credential ({CREDENTIAL_HINT})")
+        );
+        assert!(
+            text.contains("--token") && text.contains("SBX_TOKEN"),
+            "{text}"
+        );
+        assert!(text.contains("sbx config set-context"), "{text}");
+        let text = CliError::Rpc(tonic::Status::unauthenticated("")).to_string();
+        assert!(text.starts_with("unauthenticated: "), "{text}");
+        check(
+            tonic::Status::permission_denied(
+                "role viewer in workspace \"prod\" cannot create sandboxes (needs editor)",
+            ),
+            "permission denied: role viewer in workspace \"prod\" cannot create sandboxes \
+             (needs editor)",
+        );
+        // A message that says it already is not repeated.
+        check(
+            tonic::Status::permission_denied("permission denied: needs admin"),
+            "permission denied: needs admin",
+        );
+        let none = CliError::NoSuchContext {
+            name: "prod".into(),
+            path: "/c.toml".into(),
+            known: vec!["dev".into(), "lab".into()],
+        };
+        assert_eq!(
+            none.to_string(),
+            "no context \"prod\" in /c.toml: the contexts there are dev, lab"
         );
     }
 

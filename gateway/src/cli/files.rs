@@ -11,6 +11,7 @@
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
+use super::connect::Channel;
 use futures::StreamExt;
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::{
@@ -18,7 +19,6 @@ use sbx_proto::v1::{
     copy_to_sandbox_input,
 };
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 
 use super::CliError;
 

@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 
+use super::connect::Channel;
 use futures::StreamExt;
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::{
@@ -13,7 +14,6 @@ use sbx_proto::v1::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tonic::transport::Channel;
 
 use super::CliError;
 

@@ -20,6 +20,7 @@ use sbx_proto::v1::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::connect::Target;
 use super::output::{human_bytes, render_image, render_images, short_digest};
 use super::request::{self, describe_image_ref, image_ref};
 use super::run::{connect, found_or_absent, print, print_deleted, print_list};
@@ -28,12 +29,12 @@ use super::{CliError, ImageCommand, ImageImportArgs, ImagePullArgs};
 /// Bytes per import message (the gateway accepts messages up to 8 MiB).
 pub const CHUNK: usize = 1 << 20;
 
-pub async fn run_image(endpoint: &str, cmd: ImageCommand) -> Result<u8, CliError> {
+pub async fn run_image(target: &Target, cmd: ImageCommand) -> Result<u8, CliError> {
     match cmd {
-        ImageCommand::Pull(args) => pull(endpoint, &args).await?,
-        ImageCommand::Import(args) => import(endpoint, &args).await?,
+        ImageCommand::Pull(args) => pull(target, &args).await?,
+        ImageCommand::Import(args) => import(target, &args).await?,
         ImageCommand::List(args) => {
-            let client = ImageServiceClient::new(connect(endpoint).await?);
+            let client = ImageServiceClient::new(connect(target).await?);
             let images = super::run::collect_pages(|token| {
                 let mut client = client.clone();
                 async move {
@@ -52,7 +53,7 @@ pub async fn run_image(endpoint: &str, cmd: ImageCommand) -> Result<u8, CliError
             print_list(&rendered, "No images found.")?;
         }
         ImageCommand::Get(args) => {
-            let mut client = ImageServiceClient::new(connect(endpoint).await?);
+            let mut client = ImageServiceClient::new(connect(target).await?);
             let image = client
                 .get_image(GetImageRequest {
                     image: Some(image_ref(&args.target)),
@@ -64,7 +65,7 @@ pub async fn run_image(endpoint: &str, cmd: ImageCommand) -> Result<u8, CliError
         ImageCommand::Delete(args) => {
             let reference = image_ref(&args.target);
             let what = describe_image_ref(&reference);
-            let mut client = ImageServiceClient::new(connect(endpoint).await?);
+            let mut client = ImageServiceClient::new(connect(target).await?);
             // Looked up first so that -o json|yaml|name can say what was deleted.
             let found = found_or_absent(
                 client
@@ -90,7 +91,7 @@ pub async fn run_image(endpoint: &str, cmd: ImageCommand) -> Result<u8, CliError
     Ok(0)
 }
 
-async fn pull(endpoint: &str, args: &ImagePullArgs) -> Result<(), CliError> {
+async fn pull(target: &Target, args: &ImagePullArgs) -> Result<(), CliError> {
     let password = if args.password_stdin {
         let mut line = String::new();
         std::io::stdin().read_line(&mut line)?;
@@ -99,7 +100,7 @@ async fn pull(endpoint: &str, args: &ImagePullArgs) -> Result<(), CliError> {
         None
     };
     let req = request::pull_image_request(args, password);
-    let mut client = ImageServiceClient::new(connect(endpoint).await?);
+    let mut client = ImageServiceClient::new(connect(target).await?);
     let mut stream = client.pull_image(req).await?.into_inner();
     let mut shown = Progress::for_stderr();
     while let Some(msg) = stream.message().await? {
@@ -216,7 +217,7 @@ impl Progress {
     }
 }
 
-async fn import(endpoint: &str, args: &ImageImportArgs) -> Result<(), CliError> {
+async fn import(target: &Target, args: &ImageImportArgs) -> Result<(), CliError> {
     let shown = args.path.display().to_string();
     let source_error = |cause: String| CliError::ImportSource {
         path: shown.clone(),
@@ -259,7 +260,7 @@ async fn import(endpoint: &str, args: &ImageImportArgs) -> Result<(), CliError> 
             }
         }
     });
-    let mut client = ImageServiceClient::new(connect(endpoint).await?);
+    let mut client = ImageServiceClient::new(connect(target).await?);
     let answer = client.import_image(ReceiverStream::new(rx)).await;
     let read = reader
         .await

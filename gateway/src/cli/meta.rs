@@ -10,6 +10,7 @@ use std::io::Write;
 use clap::CommandFactory;
 use serde::Serialize;
 
+use super::connect::Target;
 use super::output::render_structured;
 use super::{Cli, CliError, CompletionArgs, OutputFormat, VersionArgs};
 
@@ -164,28 +165,27 @@ pub fn render_version(format: OutputFormat, view: &VersionView) -> Result<String
     render_structured(format, view)
 }
 
-/// `sbx version`: always exits 0 with the client's version, also when no gateway answers.
-pub async fn run_version(endpoint: &str, args: &VersionArgs) -> Result<u8, CliError> {
-    let normalized = super::run::normalize_endpoint(endpoint);
-    let health = super::wait::health(&normalized).await;
+/// `sbx version`: always exits 0 with the client's version, also when no gateway answers
+/// (or it refuses the credential: that is said as the server's error).
+pub async fn run_version(target: &Target, args: &VersionArgs) -> Result<u8, CliError> {
+    let health = super::wait::health(target).await;
     let info = match health {
-        Ok(()) => Some(gateway_info(&normalized).await),
+        Ok(()) => Some(gateway_info(target).await),
         Err(_) => None,
     };
+    let health = health.map_err(|e| e.to_string());
     super::run::print(&render_version(
         args.output.format,
-        &version_view(&normalized, health, info),
+        &version_view(&target.endpoint(), health, info),
     )?)?;
     Ok(0)
 }
 
 /// GetGatewayInfo, within about 2 s.
-pub(crate) async fn gateway_info(endpoint: &str) -> Result<sbx_proto::v1::GatewayInfo, String> {
+pub(crate) async fn gateway_info(target: &Target) -> Result<sbx_proto::v1::GatewayInfo, String> {
     use sbx_proto::v1::gateway_service_client::GatewayServiceClient;
     let call = async {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| e.to_string())?
-            .connect()
+        let channel = super::connect::connect(target)
             .await
             .map_err(|e| e.to_string())?;
         GatewayServiceClient::new(channel)
@@ -194,7 +194,7 @@ pub(crate) async fn gateway_info(endpoint: &str) -> Result<sbx_proto::v1::Gatewa
             .map(tonic::Response::into_inner)
             .map_err(|s| match s.code() {
                 tonic::Code::Unimplemented => "an older gateway without GetGatewayInfo".into(),
-                _ => s.message().to_string(),
+                _ => super::error::describe_status(&s),
             })
     };
     tokio::time::timeout(std::time::Duration::from_secs(2), call)

@@ -1,13 +1,17 @@
 //! `sbx`, the command-line client of the sbx gateway (the `sbx.v1` gRPC API).
 //!
 //! Layout: this module holds the clap argument types; [`request`] turns them into protobuf
-//! requests (pure); [`run`] dials the gateway and dispatches; [`output`] renders protobuf
+//! requests (pure); [`connect`] parses endpoints and dials the gateway with the credential;
+//! [`config`] keeps the contexts (`sbx config`) and decides where a call goes; [`run`]
+//! dispatches; [`output`] renders protobuf
 //! objects as tables, JSON or YAML (pure); [`size`] parses `--cpu` and `--memory`; [`wait`] waits for a
 //! sandbox to become Ready, Stopped or deleted, and for the gateway to serve; [`stream`] passes
 //! exec/logs/watch streams through; [`image`] runs the image commands (pull with progress,
 //! import of a file or an OCI layout directory); [`meta`] prints `sbx version` and `sbx
 //! completion`.
 
+pub mod config;
+pub mod connect;
 pub mod error;
 pub mod files;
 pub mod forward;
@@ -25,9 +29,6 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use uuid::Uuid;
 
 pub use error::CliError;
-
-/// Where the CLI dials when neither `--endpoint` nor `SBX_ENDPOINT` says otherwise.
-pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7070";
 
 /// Parses the process arguments, runs the command and returns the process exit code: 0 on
 /// success, 1 on any error (printed as one `error: …` line), 2 on a usage error, and for
@@ -57,43 +58,67 @@ fn clamp_exit(code: i32) -> u8 {
     long_about = "Command-line client of the sbx sandbox gateway (sbxd).\n\n\
         Sandboxes are isolated, stateful workloads grouped into workspaces. Every object has a \
         UUID assigned by the gateway; names are labels for humans. Where a command takes \
-        `--id`, the id is authoritative: the gateway acts on that object or on nothing."
+        `--id`, the id is authoritative: the gateway acts on that object or on nothing.",
+    after_long_help = SETTINGS_HELP
 )]
 pub struct Cli {
-    /// The gateway's gRPC address (a bare host:port means http://host:port) [env:
-    /// SBX_ENDPOINT] [default: http://127.0.0.1:7070].
+    /// The gateway: unix:///PATH (sbxd's socket), http://HOST:PORT, https://HOST:PORT, or
+    /// HOST:PORT (http; https when TLS settings are given). Default: sbxd's socket,
+    /// unix://<data dir>/sbxd.sock, where the data dir is /var/lib/sbx for root, else
+    /// $XDG_STATE_HOME/sbx, else ~/.local/state/sbx. Overrides SBX_ENDPOINT, which overrides
+    /// the context's endpoint.
     //
-    // SBX_ENDPOINT is read by [`Cli::endpoint`], not by clap: an arg clap fills from the
-    // environment counts as given, and clap then writes `--endpoint <URL>` into every usage
-    // line of a usage error, as if it were required.
+    // SBX_ENDPOINT and SBX_TOKEN are read by [`Cli::given`], not by clap: an arg clap fills
+    // from the environment counts as given, and clap then writes `--endpoint <URL>` into every
+    // usage line of a usage error, as if it were required (and would show a token's value as
+    // the env default in --help).
     #[arg(long, global = true, value_name = "URL")]
     pub endpoint: Option<String>,
+
+    /// The bearer token sent on every call (`authorization: Bearer …`). Overrides SBX_TOKEN,
+    /// which overrides the context's token. Not needed on sbxd's own Unix socket as the user
+    /// who runs sbxd. Prefer SBX_TOKEN or a context: a flag is visible in `ps`.
+    #[arg(long, global = true, value_name = "TOKEN", value_parser = connect::Token::parse)]
+    pub token: Option<connect::Token>,
+
+    /// The context to use from the config file (`sbx config`), instead of its
+    /// current-context.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
+
+    /// TLS: the CA certificate (PEM) that signed the gateway's certificate (`sbxd certs
+    /// init` makes one); without it, the system's trusted roots. Overrides the context's.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub tls_ca: Option<std::path::PathBuf>,
+
+    /// TLS: a client certificate (PEM) to present, with --tls-key. Overrides the context's.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// TLS: the client certificate's private key (PEM). Overrides the context's.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub tls_key: Option<std::path::PathBuf>,
+
+    /// TLS: the name the gateway's certificate must carry (default: the endpoint's host).
+    /// Overrides the context's.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
 
     #[command(subcommand)]
     pub command: Command,
 }
 
-impl Cli {
-    /// Where to dial: `--endpoint`, else `SBX_ENDPOINT`, else [`DEFAULT_ENDPOINT`] (an empty
-    /// value counts as unset).
-    pub fn endpoint(&self) -> String {
-        resolve_endpoint(
-            self.endpoint.as_deref(),
-            std::env::var("SBX_ENDPOINT").ok().as_deref(),
-        )
-    }
-}
+/// The end of `sbx --help`: where settings come from.
+const SETTINGS_HELP: &str = "\
+Settings: each of endpoint, token and TLS comes from its flag, else the environment
+(SBX_ENDPOINT, SBX_TOKEN), else the context (--context NAME, else the config file's
+current-context; see `sbx config --help`), else the default (sbxd's Unix socket, no token).
+The config file is $SBX_CONFIG, else $XDG_CONFIG_HOME/sbx/config.toml, else
+~/.config/sbx/config.toml.
 
-/// The pure part of [`Cli::endpoint`].
-pub fn resolve_endpoint(flag: Option<&str>, env: Option<&str>) -> String {
-    [flag, env]
-        .into_iter()
-        .flatten()
-        .map(str::trim)
-        .find(|value| !value.is_empty())
-        .unwrap_or(DEFAULT_ENDPOINT)
-        .to_string()
-}
+An UNAUTHENTICATED answer means the gateway wants a credential: pass --token or set
+SBX_TOKEN, or save one in a context (`sbx config set-context NAME --endpoint URL --token …
+--use`).";
 
 /// The top-level command groups.
 #[derive(Debug, Subcommand)]
@@ -114,9 +139,70 @@ pub enum Command {
     /// driver and what each of its drivers can do (stdin, tty, cp, port-forward, images).
     /// Exits 0 also when the gateway is down (and says so).
     Version(VersionArgs),
+    /// Keep gateways and their credentials as named contexts in the config file, and pick
+    /// the current one (as kubeconfig does).
+    #[command(subcommand, long_about = CONFIG_ABOUT)]
+    Config(ConfigCommand),
     /// Print a shell completion script: `source <(sbx completion bash)`, `sbx completion zsh >
     /// "${fpath[1]}/_sbx"`, `sbx completion fish > ~/.config/fish/completions/sbx.fish`.
     Completion(CompletionArgs),
+}
+
+/// The long help of `sbx config`.
+const CONFIG_ABOUT: &str = "Keep gateways and their credentials as named contexts.\n\n\
+    The config file is $SBX_CONFIG, else $XDG_CONFIG_HOME/sbx/config.toml, else \
+    ~/.config/sbx/config.toml. It holds tokens, so sbx writes it mode 0600, atomically (a \
+    temp file renamed over it). A context has an endpoint, a token and TLS settings (tls-ca, \
+    tls-cert, tls-key, tls-server-name), each optional; a call uses the context named by \
+    --context, else the current-context, for what its flags and SBX_ENDPOINT/SBX_TOKEN leave \
+    unsaid.\n\n\
+    Example:\n  sbx config set-context lab --endpoint https://lab:7070 --token-file tok \
+    --tls-ca ca.pem --use\n  sbx config get-contexts\n  sbx --context local sandbox ls";
+
+/// `sbx config …`
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Create or update a context with the settings given (--endpoint, --token or
+    /// --token-file, --tls-ca, --tls-cert, --tls-key, --tls-server-name); settings not given
+    /// are kept, an empty value ("") removes one. SBX_ENDPOINT and SBX_TOKEN are not saved.
+    #[command(name = "set-context")]
+    SetContext(SetContextArgs),
+    /// Make NAME the current context.
+    #[command(name = "use-context")]
+    UseContext {
+        /// The context.
+        name: String,
+    },
+    /// List the contexts: which is current, their endpoints, whether a token is saved (never
+    /// the token) and which TLS settings are.
+    #[command(name = "get-contexts")]
+    GetContexts {
+        /// Leave out the header line.
+        #[arg(long)]
+        no_headers: bool,
+    },
+    /// Print the name of the current context.
+    #[command(name = "current-context")]
+    CurrentContext,
+    /// Delete a context (and unset current-context when it was the current one).
+    #[command(name = "delete-context")]
+    DeleteContext {
+        /// The context.
+        name: String,
+    },
+}
+
+/// `sbx config set-context`.
+#[derive(Debug, Clone, Args)]
+pub struct SetContextArgs {
+    /// The context's name (letters, digits, '-', '_', '.', '@').
+    pub name: String,
+    /// Read the token from this file (its first and only line), instead of --token.
+    #[arg(long, value_name = "FILE", conflicts_with = "token")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// Also make it the current context.
+    #[arg(long = "use")]
+    pub use_it: bool,
 }
 
 /// `sbx version`.
@@ -151,9 +237,10 @@ pub enum WaitCondition {
 #[derive(Debug, Clone, Args)]
 #[command(
     long_about = "Wait until the gateway serves, or until a sandbox reaches a state.\n\n\
-        `sbx wait --for serving` tries the health service of --endpoint (SBX_ENDPOINT) until it \
-        answers SERVING; with --addr-file it reads the address from that file (as `sbxd serve \
-        --addr-file` writes it) on every try, and prints it: \
+        `sbx wait --for serving` tries the health service of the gateway (--endpoint, \
+        SBX_ENDPOINT, the context, or sbxd's default socket) until it answers SERVING; with \
+        --addr-file it reads the address from that file (as `sbxd serve --addr-file` writes \
+        it: unix:///PATH or HOST:PORT) on every try, and prints it: \
         `SBX_ENDPOINT=$(sbx wait --for serving --addr-file F)`.\n\n\
         `sbx wait --for ready|stopped|deleted NAME` follows the sandbox on the gateway's watch \
         stream and returns the moment it gets there (printing it, except for deleted); it \

@@ -521,17 +521,33 @@ fn list_exec_logs_watch_requests() {
 
 #[test]
 fn endpoint_flag_env_and_default() {
-    use crate::cli::{DEFAULT_ENDPOINT, resolve_endpoint};
+    use crate::cli::config::{Given, resolve};
     let cli = parse(&["sandbox", "get", "x", "--endpoint", "http://10.0.0.1:9"]);
     assert_eq!(cli.endpoint.as_deref(), Some("http://10.0.0.1:9"));
     let cli = parse(&["--endpoint", "h:1", "workspace", "ls"]);
     assert_eq!(cli.endpoint.as_deref(), Some("h:1"));
     assert_eq!(parse(&["sandbox", "get", "x"]).endpoint, None);
-    assert_eq!(resolve_endpoint(Some("a:1"), Some("b:2")), "a:1");
-    assert_eq!(resolve_endpoint(None, Some("b:2")), "b:2");
-    assert_eq!(resolve_endpoint(None, Some("")), DEFAULT_ENDPOINT);
-    assert_eq!(resolve_endpoint(Some(" "), None), DEFAULT_ENDPOINT);
-    assert_eq!(resolve_endpoint(None, None), DEFAULT_ENDPOINT);
+    let endpoint = |flag: Option<&str>, env: Option<&str>| {
+        let given = Given {
+            endpoint_flag: flag.map(String::from),
+            endpoint_env: env.map(String::from),
+            ..Given::default()
+        };
+        resolve(&given, None, std::path::Path::new("/"), || {
+            Ok("unix:///default/sbxd.sock".to_string())
+        })
+        .unwrap()
+        .endpoint()
+    };
+    assert_eq!(endpoint(Some("a:1"), Some("b:2")), "http://a:1");
+    assert_eq!(endpoint(None, Some("b:2")), "http://b:2");
+    assert_eq!(endpoint(None, Some("")), "unix:///default/sbxd.sock");
+    assert_eq!(endpoint(Some(" "), None), "unix:///default/sbxd.sock");
+    assert_eq!(endpoint(None, None), "unix:///default/sbxd.sock");
+    // The default is sbxd's socket in its default data dir.
+    let default = crate::cli::config::default_endpoint().unwrap();
+    let dir = crate::daemon::drivers::data_dir(None).unwrap();
+    assert_eq!(default, format!("unix://{}/sbxd.sock", dir.display()));
 }
 
 #[test]

@@ -14,9 +14,9 @@ use sbx_proto::v1::{
     DeleteSandboxRequest, GetSandboxRequest, GetWorkspaceRequest, RestartSandboxRequest, Sandbox,
     SandboxRef, StartSandboxRequest, StopSandboxRequest,
 };
-use tonic::transport::{Channel, Endpoint};
 
-use super::error::error_chain;
+pub use super::connect::connect;
+use super::connect::{Channel, Target};
 use super::output::{
     DeletedView, render_deleted, render_sandbox, render_sandboxes, render_workspace,
     render_workspaces,
@@ -29,9 +29,6 @@ use super::{
     Cli, CliError, Command, SandboxActionArgs, SandboxCommand, SandboxCreateArgs,
     SandboxTargetArgs, WaitArgs, WaitCondition, WorkspaceCommand, files, stream,
 };
-
-/// How long to wait for the TCP + HTTP/2 connection to the gateway.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The exit status of a process killed by SIGPIPE, used when stdout is closed under us
 /// (`sbx sandbox watch | head -1`): quiet, as other Unix tools are.
@@ -85,43 +82,17 @@ pub fn outcome(result: Result<u8, CliError>) -> (u8, Option<String>) {
 
 /// Runs one command; `Ok` carries the exit code (0, or a remote command's for exec).
 pub async fn run(cli: Cli) -> Result<u8, CliError> {
-    let endpoint = cli.endpoint();
+    let flags = cli.flags();
+    let target = || flags.target();
     match cli.command {
-        Command::Workspace(cmd) => run_workspace(&endpoint, cmd).await,
-        Command::Sandbox(cmd) => run_sandbox(&endpoint, cmd).await,
-        Command::Image(cmd) => super::image::run_image(&endpoint, cmd).await,
-        Command::Wait(args) => run_wait(&endpoint, &args).await,
-        Command::Version(args) => super::meta::run_version(&endpoint, &args).await,
+        Command::Workspace(cmd) => run_workspace(&target()?, cmd).await,
+        Command::Sandbox(cmd) => run_sandbox(&target()?, cmd).await,
+        Command::Image(cmd) => super::image::run_image(&target()?, cmd).await,
+        Command::Wait(args) => run_wait(&target()?, &args).await,
+        Command::Version(args) => super::meta::run_version(&target()?, &args).await,
+        Command::Config(cmd) => super::config::run_config(&flags, &cmd),
         Command::Completion(args) => super::meta::run_completion(&args),
     }
-}
-
-/// `host:port` without a scheme means plain-text `http://host:port`; an empty value (an empty
-/// `SBX_ENDPOINT`) means the default.
-pub fn normalize_endpoint(raw: &str) -> String {
-    let raw = raw.trim();
-    if raw.is_empty() {
-        super::DEFAULT_ENDPOINT.to_string()
-    } else if raw.contains("://") {
-        raw.to_string()
-    } else {
-        format!("http://{raw}")
-    }
-}
-
-/// Connects to the gateway now (not lazily), so an unreachable gateway is reported as such.
-pub async fn connect(raw_endpoint: &str) -> Result<Channel, CliError> {
-    let endpoint = normalize_endpoint(raw_endpoint);
-    let dialer = Endpoint::from_shared(endpoint.clone())
-        .map_err(|err| CliError::InvalidEndpoint {
-            endpoint: endpoint.clone(),
-            cause: error_chain(&err),
-        })?
-        .connect_timeout(CONNECT_TIMEOUT);
-    dialer.connect().await.map_err(|err| CliError::Unreachable {
-        endpoint,
-        cause: error_chain(&err),
-    })
 }
 
 /// Writes `text` to stdout and flushes.
@@ -196,11 +167,11 @@ pub(crate) fn print_deleted(
     )?)
 }
 
-async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliError> {
+async fn run_workspace(target: &Target, cmd: WorkspaceCommand) -> Result<u8, CliError> {
     match cmd {
         WorkspaceCommand::Create(args) => {
             let req = request::create_workspace_request(&args)?;
-            let mut client = WorkspaceServiceClient::new(connect(endpoint).await?);
+            let mut client = WorkspaceServiceClient::new(connect(target).await?);
             let workspace = client.create_workspace(req).await?.into_inner();
             print(&render_workspace(
                 &args.output,
@@ -212,7 +183,7 @@ async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliE
             let req = GetWorkspaceRequest {
                 workspace: Some(request::workspace_ref(&args.target)),
             };
-            let mut client = WorkspaceServiceClient::new(connect(endpoint).await?);
+            let mut client = WorkspaceServiceClient::new(connect(target).await?);
             let workspace = client.get_workspace(req).await?.into_inner();
             print(&render_workspace(
                 &args.output,
@@ -221,7 +192,7 @@ async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliE
             )?)?;
         }
         WorkspaceCommand::List(args) => {
-            let client = WorkspaceServiceClient::new(connect(endpoint).await?);
+            let client = WorkspaceServiceClient::new(connect(target).await?);
             let workspaces = collect_pages(|token| {
                 let mut client = client.clone();
                 let req = request::list_workspaces_request(&args, &token);
@@ -241,7 +212,7 @@ async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliE
                 .as_ref()
                 .map(describe_workspace_ref)
                 .unwrap_or_default();
-            let mut client = WorkspaceServiceClient::new(connect(endpoint).await?);
+            let mut client = WorkspaceServiceClient::new(connect(target).await?);
             // Looked up first so that -o json|yaml|name can say what was deleted.
             let found = found_or_absent(
                 client
@@ -258,17 +229,17 @@ async fn run_workspace(endpoint: &str, cmd: WorkspaceCommand) -> Result<u8, CliE
     Ok(0)
 }
 
-async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError> {
+async fn run_sandbox(target: &Target, cmd: SandboxCommand) -> Result<u8, CliError> {
     match cmd {
-        SandboxCommand::Create(args) => create_sandbox(endpoint, &args).await,
-        SandboxCommand::Get(args) => get_sandbox(endpoint, &args).await,
-        SandboxCommand::Stop(args) => lifecycle(endpoint, &args, Lifecycle::Stop).await,
-        SandboxCommand::Start(args) => lifecycle(endpoint, &args, Lifecycle::Start).await,
-        SandboxCommand::Restart(args) => lifecycle(endpoint, &args, Lifecycle::Restart).await,
+        SandboxCommand::Create(args) => create_sandbox(target, &args).await,
+        SandboxCommand::Get(args) => get_sandbox(target, &args).await,
+        SandboxCommand::Stop(args) => lifecycle(target, &args, Lifecycle::Stop).await,
+        SandboxCommand::Start(args) => lifecycle(target, &args, Lifecycle::Start).await,
+        SandboxCommand::Restart(args) => lifecycle(target, &args, Lifecycle::Restart).await,
         SandboxCommand::Delete(args) => {
             let reference = sandbox_ref(&args.scope, &args.target);
             let what = describe_sandbox_ref(&reference);
-            let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            let mut client = SandboxServiceClient::new(connect(target).await?);
             // Looked up first so that -o json|yaml|name can say what was deleted.
             let found = found_or_absent(
                 client
@@ -286,7 +257,7 @@ async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError
             Ok(0)
         }
         SandboxCommand::List(args) => {
-            let client = SandboxServiceClient::new(connect(endpoint).await?);
+            let client = SandboxServiceClient::new(connect(target).await?);
             let sandboxes = collect_pages(|token| {
                 let mut client = client.clone();
                 let req = request::list_sandboxes_request(&args, &token);
@@ -319,15 +290,15 @@ async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError
                 .tty
                 .then(|| super::terminal::tty_request(std::env::var("TERM").ok()));
             let req = request::exec_request(&args, tty)?;
-            let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            let mut client = SandboxServiceClient::new(connect(target).await?);
             stream::exec(&mut client, req).await
         }
         SandboxCommand::Cp(args) => {
-            let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            let mut client = SandboxServiceClient::new(connect(target).await?);
             super::files::copy(&mut client, args.workspace, args.src, args.dst).await
         }
         SandboxCommand::PortForward(args) => {
-            let client = SandboxServiceClient::new(connect(endpoint).await?);
+            let client = SandboxServiceClient::new(connect(target).await?);
             let sandbox = sbx_proto::v1::SandboxRef {
                 id: String::new(),
                 workspace: args.workspace.unwrap_or_default(),
@@ -337,20 +308,20 @@ async fn run_sandbox(endpoint: &str, cmd: SandboxCommand) -> Result<u8, CliError
         }
         SandboxCommand::Logs(args) => {
             let req = request::logs_request(&args);
-            let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            let mut client = SandboxServiceClient::new(connect(target).await?);
             stream::logs(&mut client, req).await
         }
         SandboxCommand::Watch(args) => {
             let req = request::watch_request(&args);
-            let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+            let mut client = SandboxServiceClient::new(connect(target).await?);
             stream::watch(&mut client, req, (&args.output).into()).await
         }
     }
 }
 
-async fn get_sandbox(endpoint: &str, args: &SandboxTargetArgs) -> Result<u8, CliError> {
+async fn get_sandbox(target: &Target, args: &SandboxTargetArgs) -> Result<u8, CliError> {
     let sandbox = Some(sandbox_ref(&args.scope, &args.target));
-    let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+    let mut client = SandboxServiceClient::new(connect(target).await?);
     let answer = client.get_sandbox(GetSandboxRequest { sandbox }).await?;
     print(&render_sandbox(
         &args.output,
@@ -378,13 +349,13 @@ impl Lifecycle {
 }
 
 async fn lifecycle(
-    endpoint: &str,
+    gateway: &Target,
     args: &SandboxActionArgs,
     call: Lifecycle,
 ) -> Result<u8, CliError> {
     let target = &args.target;
     let sandbox = Some(sandbox_ref(&target.scope, &target.target));
-    let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+    let mut client = SandboxServiceClient::new(connect(gateway).await?);
     let answer = match call {
         Lifecycle::Stop => client.stop_sandbox(StopSandboxRequest { sandbox }).await?,
         Lifecycle::Start => {
@@ -466,13 +437,13 @@ fn present(observation: Observation) -> Result<Sandbox, CliError> {
     }
 }
 
-async fn create_sandbox(endpoint: &str, args: &SandboxCreateArgs) -> Result<u8, CliError> {
+async fn create_sandbox(target: &Target, args: &SandboxCreateArgs) -> Result<u8, CliError> {
     let generated = request::generate_sandbox_name(&mut rand::rng());
     let req = request::create_sandbox_request(args, generated)?;
     if !args.uploads.is_empty() {
-        check_uploads(endpoint, args).await?;
+        check_uploads(target, args).await?;
     }
-    let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+    let mut client = SandboxServiceClient::new(connect(target).await?);
     let created = client.create_sandbox(req).await?.into_inner();
     let options = WaitOptions {
         timeout: Duration::from_secs(args.timeout),
@@ -540,7 +511,7 @@ async fn create_sandbox(endpoint: &str, args: &SandboxCreateArgs) -> Result<u8, 
 
 /// Before anything is created: every `--upload`'s local path exists, and the sandbox's
 /// driver can copy into a sandbox that has not started.
-async fn check_uploads(endpoint: &str, args: &SandboxCreateArgs) -> Result<(), CliError> {
+async fn check_uploads(target: &Target, args: &SandboxCreateArgs) -> Result<(), CliError> {
     for upload in &args.uploads {
         std::fs::symlink_metadata(&upload.local).map_err(|e| CliError::LocalPath {
             path: upload.local.clone(),
@@ -555,7 +526,7 @@ async fn check_uploads(endpoint: &str, args: &SandboxCreateArgs) -> Result<(), C
         }
     }
     // An older gateway that cannot say is left to answer the copy itself.
-    let Ok(info) = super::meta::gateway_info(endpoint).await else {
+    let Ok(info) = super::meta::gateway_info(target).await else {
         return Ok(());
     };
     let driver = args.driver.clone().unwrap_or(info.default_driver);
@@ -569,7 +540,7 @@ async fn check_uploads(endpoint: &str, args: &SandboxCreateArgs) -> Result<(), C
 }
 
 /// `sbx wait`: for the gateway to serve, or for a sandbox to reach a state.
-async fn run_wait(endpoint: &str, args: &WaitArgs) -> Result<u8, CliError> {
+async fn run_wait(target: &Target, args: &WaitArgs) -> Result<u8, CliError> {
     let timeout = Duration::from_secs(args.timeout);
     let named = args.name.is_some() || args.id.is_some();
     let goal = match args.condition {
@@ -579,7 +550,7 @@ async fn run_wait(endpoint: &str, args: &WaitArgs) -> Result<u8, CliError> {
                     "--for serving waits for the gateway; it takes no sandbox".to_string(),
                 ));
             }
-            let serving = wait_serving(endpoint, args.addr_file.as_deref(), timeout).await?;
+            let serving = wait_serving(target, args.addr_file.as_deref(), timeout).await?;
             print(&format!("{serving}\n"))?;
             return Ok(0);
         }
@@ -610,7 +581,7 @@ async fn run_wait(endpoint: &str, args: &WaitArgs) -> Result<u8, CliError> {
             name: args.name.clone().unwrap_or_default(),
         },
     };
-    let mut client = SandboxServiceClient::new(connect(endpoint).await?);
+    let mut client = SandboxServiceClient::new(connect(target).await?);
     let found = client
         .get_sandbox(GetSandboxRequest {
             sandbox: Some(reference),
@@ -642,18 +613,6 @@ mod tests {
     use std::collections::VecDeque;
 
     use super::*;
-
-    #[test]
-    fn endpoints_without_scheme_are_http() {
-        assert_eq!(
-            normalize_endpoint("127.0.0.1:7070"),
-            "http://127.0.0.1:7070"
-        );
-        assert_eq!(normalize_endpoint("http://h:1"), "http://h:1");
-        assert_eq!(normalize_endpoint("https://h:1"), "https://h:1");
-        assert_eq!(normalize_endpoint(""), crate::cli::DEFAULT_ENDPOINT);
-        assert_eq!(normalize_endpoint(" h:2 "), "http://h:2");
-    }
 
     /// Serves `pages` as (items, next token) and records the tokens asked for.
     async fn paginate(pages: Vec<(Vec<u32>, &str)>) -> (Result<Vec<u32>, CliError>, Vec<String>) {
@@ -697,7 +656,8 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        let err = connect(&format!("127.0.0.1:{port}")).await.unwrap_err();
+        let target = Target::plain(&format!("127.0.0.1:{port}")).unwrap();
+        let err = connect(&target).await.unwrap_err();
         let text = err.to_string();
         let prefix = format!("cannot reach sbxd at http://127.0.0.1:{port}: ");
         assert!(text.starts_with(&prefix), "{text}");
@@ -749,7 +709,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_malformed_endpoint_is_refused() {
-        let err = connect("http://bad host:1").await.unwrap_err();
+        let err = connect(&Target::plain("http://bad host:1").unwrap())
+            .await
+            .unwrap_err();
         assert!(matches!(err, CliError::InvalidEndpoint { .. }), "{err:?}");
     }
 }

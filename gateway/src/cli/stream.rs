@@ -3,6 +3,7 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
+use super::connect::Channel;
 use sbx_proto::v1::exec_input::Input;
 use sbx_proto::v1::exec_output::Chunk;
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
@@ -14,7 +15,6 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
-use tonic::transport::Channel;
 use tonic_types::StatusExt;
 
 use super::output::{Style, render_event, watch_header};

@@ -28,13 +28,13 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::Duration;
 
+use super::connect::{Channel, Target};
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::{
     DesiredState, EventType, GetSandboxRequest, Phase, Sandbox, SandboxEvent, SandboxRef,
     WatchSandboxesRequest,
 };
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -498,20 +498,22 @@ fn timed_out(
     }
 }
 
-/// Waits until the gateway's health service answers SERVING — at `endpoint`, or, with
-/// `addr_file`, at the host:port in that file once it holds a whole line — and answers where
-/// it serves (the file's host:port, or `endpoint`).
+/// Waits until the gateway's health service answers SERVING — at `target`, or, with
+/// `addr_file`, at the address in that file (`unix:///path` or `host:port`, with the
+/// target's credentials) once it holds a whole line — and answers where it serves (the
+/// file's address, or the target's endpoint). A gateway that refuses the credential
+/// (UNAUTHENTICATED, PERMISSION_DENIED) ends the wait at once: asking again will not help.
 pub async fn wait_serving(
-    endpoint: &str,
+    target: &Target,
     addr_file: Option<&Path>,
     timeout: Duration,
 ) -> Result<String, CliError> {
     let deadline = Instant::now() + timeout;
     loop {
-        let (target, last) = match addr_file {
+        let (try_at, last) = match addr_file {
             Some(path) => match std::fs::read_to_string(path) {
                 Ok(text) if text.ends_with('\n') && !text.trim().is_empty() => {
-                    (Some(text.trim().to_string()), String::new())
+                    (Some(target.at(text.trim())?), String::new())
                 }
                 Ok(text) => (
                     None,
@@ -527,12 +529,13 @@ pub async fn wait_serving(
                     });
                 }
             },
-            None => (Some(endpoint.to_string()), String::new()),
+            None => (Some(target.clone()), String::new()),
         };
-        let last = match target {
-            Some(target) => match health(&target).await {
-                Ok(()) => return Ok(target),
-                Err(cause) => format!("{target}: {cause}"),
+        let last = match try_at {
+            Some(try_at) => match health(&try_at).await {
+                Ok(()) => return Ok(try_at.endpoint()),
+                Err(Unhealthy::Refused(status)) => return Err(CliError::Rpc(status)),
+                Err(cause) => format!("{}: {cause}", try_at.endpoint()),
             },
             None => last,
         };
@@ -541,7 +544,7 @@ pub async fn wait_serving(
             return Err(CliError::NotServing {
                 what: match addr_file {
                     Some(path) => format!("the address in {}", path.display()),
-                    None => super::run::normalize_endpoint(endpoint),
+                    None => target.endpoint(),
                 },
                 timeout,
                 last,
@@ -551,34 +554,58 @@ pub async fn wait_serving(
     }
 }
 
+/// Why a health check did not say SERVING.
+#[derive(Debug)]
+pub(crate) enum Unhealthy {
+    /// The gateway refused the credential: UNAUTHENTICATED or PERMISSION_DENIED.
+    Refused(tonic::Status),
+    /// Not reachable, not serving yet, or no answer in time.
+    Down(String),
+}
+
+impl std::fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unhealthy::Refused(status) => f.write_str(&super::error::describe_status(status)),
+            Unhealthy::Down(cause) => f.write_str(cause),
+        }
+    }
+}
+
 /// One health check of the whole server (service ""): Ok when SERVING.
-pub(crate) async fn health(target: &str) -> Result<(), String> {
-    let endpoint = super::run::normalize_endpoint(target);
+pub(crate) async fn health(target: &Target) -> Result<(), Unhealthy> {
     let check = async {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint)
-            .map_err(|e| super::error::error_chain(&e))?
-            .connect_timeout(HEALTH_TRY_TIMEOUT)
-            .connect()
+        let channel = super::connect::connect(target)
             .await
-            .map_err(|e| super::error::error_chain(&e))?;
+            .map_err(|err| match err {
+                CliError::Unreachable { cause, .. } => Unhealthy::Down(cause),
+                other => Unhealthy::Down(other.to_string()),
+            })?;
         let answer = HealthClient::new(channel)
             .check(HealthCheckRequest {
                 service: String::new(),
             })
             .await
-            .map_err(|status| super::error::describe_status(&status))?;
+            .map_err(|status| match status.code() {
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                    Unhealthy::Refused(status)
+                }
+                _ => Unhealthy::Down(super::error::describe_status(&status)),
+            })?;
         match ServingStatus::try_from(answer.into_inner().status) {
             Ok(ServingStatus::Serving) => Ok(()),
-            Ok(other) => Err(format!("health {}", other.as_str_name())),
-            Err(_) => Err("health answered an unknown status".to_string()),
+            Ok(other) => Err(Unhealthy::Down(format!("health {}", other.as_str_name()))),
+            Err(_) => Err(Unhealthy::Down(
+                "health answered an unknown status".to_string(),
+            )),
         }
     };
     match tokio::time::timeout(HEALTH_TRY_TIMEOUT, check).await {
         Ok(result) => result,
-        Err(_) => Err(format!(
+        Err(_) => Err(Unhealthy::Down(format!(
             "no health answer within {}s",
             HEALTH_TRY_TIMEOUT.as_secs()
-        )),
+        ))),
     }
 }
 
