@@ -450,6 +450,23 @@ async fn certs_init_adds_clients_to_an_existing_ca() {
     );
     assert_eq!(std::fs::read(p(&pki, "ca.pem")).unwrap(), ca_before);
     assert_eq!(std::fs::read(p(&pki, "server.pem")).unwrap(), server_before);
+    let described = certs::describe(&written);
+    assert!(
+        described.contains(&format!(
+            "sbx --tls-ca {} --tls-cert {} --tls-key {}",
+            p(&pki, "ca.pem").display(),
+            written[0].display(),
+            written[1].display()
+        )),
+        "{described}"
+    );
+    assert!(!described.contains("sbxd serve"), "{described}");
+    // Longer than the CA (3650 days from its making): refused, nothing written.
+    let mut long = args(&[], &["erin"]);
+    long.days = 4000;
+    let err = certs::init(&long, pki.path()).unwrap_err();
+    assert!(matches!(err, CertsError::CaExpires { .. }), "{err:?}");
+    assert!(!p(&pki, "client-erin.pem").exists());
     // Again: carol's files exist now.
     let err = certs::init(&args(&[], &["carol"]), pki.path()).unwrap_err();
     assert!(matches!(err, CertsError::Exists { .. }), "{err:?}");
@@ -466,7 +483,7 @@ async fn certs_init_adds_clients_to_an_existing_ca() {
 #[test]
 fn certs_init_checks_names_and_the_ca() {
     let dir = tempfile::tempdir().unwrap();
-    for bad in ["-x", "a b", "", "x/y", "..", &"n".repeat(65)] {
+    for bad in ["-x", "a b", "", "x/y", "..", "x-key", &"n".repeat(65)] {
         let err = certs::init(&args(&[], &[bad]), dir.path()).unwrap_err();
         assert!(
             matches!(err, CertsError::BadClientName { .. }),

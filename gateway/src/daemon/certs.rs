@@ -68,7 +68,7 @@ pub struct CertsInitArgs {
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_DAYS)))]
     pub days: u32,
 
-    /// Overwrite files that exist already.
+    /// Overwrite files that exist already (with --client only, the CA in DIR still signs).
     #[arg(long)]
     pub force: bool,
 
@@ -107,7 +107,7 @@ pub enum CertsError {
     #[error("refusing to overwrite {} (pass --force to replace them)", list(paths))]
     Exists { paths: Vec<PathBuf> },
     #[error(
-        "{} is there but {} is not: cannot sign client certificates without both (remove the other, or pass --name to make a new CA)",
+        "{} is there but {} is not: cannot sign client certificates without both (restore it, or make a new CA: --name NAME... --force)",
         present.display(), missing.display()
     )]
     IncompleteCa { present: PathBuf, missing: PathBuf },
@@ -231,69 +231,63 @@ pub fn init(args: &CertsInitArgs, dir: &Path) -> Result<Vec<PathBuf>, CertsError
     write_all(dir, files)
 }
 
-/// What each file is for and the flags that use them, for the command to print.
+/// What each file is for and the flags that use them, for the command to print: one line per
+/// path, then the sbxd and sbx flags for the server and each client certificate written.
 pub fn describe(paths: &[PathBuf]) -> String {
-    let mut out = String::new();
-    let name_of = |p: &PathBuf| {
+    let file_name = |p: &Path| {
         p.file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default()
     };
-    let find = |file: &str| paths.iter().find(|p| name_of(p) == file);
+    let mut files = String::new();
+    let mut commands = String::new();
     for path in paths {
-        let file = name_of(path);
-        let what = match file.as_str() {
-            "ca.pem" => "the CA certificate: clients trust it (sbx --tls-ca), sbxd checks client certificates against it (--tls-client-ca)".to_owned(),
-            "ca-key.pem" => "the CA's private key: signs more client certificates (sbxd certs init --client NAME); keep it off the servers if you can".to_owned(),
-            "server.pem" => "the server certificate (sbxd --tls-cert)".to_owned(),
-            "server-key.pem" => "the server's private key (sbxd --tls-key)".to_owned(),
-            f if f.ends_with("-key.pem") => format!(
-                "the private key of {} (sbx --tls-key)",
-                f.trim_end_matches("-key.pem").replacen('-', " ", 1)
+        let file = file_name(path);
+        let sibling = |name: &str| path.with_file_name(name).display().to_string();
+        let client = file
+            .strip_prefix("client-")
+            .and_then(|f| f.strip_suffix(".pem"));
+        let what = match (file.as_str(), client) {
+            ("ca.pem", _) => "the CA certificate: sbx trusts it (--tls-ca), sbxd checks client \
+                certificates against it (--tls-client-ca)"
+                .to_owned(),
+            ("ca-key.pem", _) => "the CA's private key: it signs more client certificates \
+                (sbxd certs init --client NAME); keep it secret, and off the server if you can"
+                .to_owned(),
+            ("server.pem", _) => {
+                let _ = writeln!(
+                    commands,
+                    "sbxd serve --tls-cert {} --tls-key {} --tls-client-ca {}",
+                    path.display(),
+                    sibling("server-key.pem"),
+                    sibling("ca.pem"),
+                );
+                "the server's certificate (sbxd --tls-cert)".to_owned()
+            }
+            ("server-key.pem", _) => "the server's private key (sbxd --tls-key)".to_owned(),
+            (_, Some(name)) if name.ends_with("-key") => format!(
+                "the private key of client {} (sbx --tls-key)",
+                name.trim_end_matches("-key")
             ),
-            f => format!(
-                "a client certificate, CN {} (sbx --tls-cert)",
-                f.trim_start_matches("client-").trim_end_matches(".pem")
-            ),
+            (_, Some(name)) => {
+                let _ = writeln!(
+                    commands,
+                    "sbx --tls-ca {} --tls-cert {} --tls-key {}",
+                    sibling("ca.pem"),
+                    path.display(),
+                    sibling(&format!("client-{name}-key.pem")),
+                );
+                format!("the certificate of client {name}, its identity on sbxd (sbx --tls-cert)")
+            }
+            _ => "not made by sbxd certs init".to_owned(),
         };
-        let _ = writeln!(out, "{}: {what}", path.display());
+        let _ = writeln!(files, "{}: {what}", path.display());
     }
-    let ca = paths
-        .first()
-        .and_then(|p| p.parent())
-        .map(|d| d.join("ca.pem"));
-    if let (Some(cert), Some(key)) = (find("server.pem"), find("server-key.pem")) {
-        let _ = writeln!(
-            out,
-            "\nsbxd serve --tls-cert {} --tls-key {}{}",
-            cert.display(),
-            key.display(),
-            ca.as_ref()
-                .map(|ca| format!(" --tls-client-ca {}", ca.display()))
-                .unwrap_or_default()
-        );
+    if commands.is_empty() {
+        files
+    } else {
+        format!("{files}\n{commands}")
     }
-    for path in paths {
-        let file = name_of(path);
-        if file.starts_with("client-") && !file.ends_with("-key.pem") {
-            let key = path.with_file_name(format!("{}-key.pem", file.trim_end_matches(".pem")));
-            let _ = writeln!(
-                out,
-                "{}sbx --tls-ca {} --tls-cert {} --tls-key {}",
-                if out.contains("\nsbx ") || out.contains("\nsbxd ") {
-                    ""
-                } else {
-                    "\n"
-                },
-                ca.as_ref()
-                    .map(|c| c.display().to_string())
-                    .unwrap_or_default(),
-                path.display(),
-                key.display()
-            );
-        }
-    }
-    out
 }
 
 /// Days as a duration.
@@ -427,6 +421,11 @@ fn client_names(names: &[String]) -> Result<Vec<String>, CertsError> {
         }
         if name.starts_with(['.', '-']) {
             return Err(bad("it starts with '.' or '-'"));
+        }
+        if name.ends_with("-key") {
+            return Err(bad(
+                "it ends with '-key' (client-NAME.pem would pass for a key)",
+            ));
         }
         if !name
             .chars()
