@@ -21,6 +21,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{PemObject, SectionKind};
@@ -28,6 +29,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::sign::CertifiedKey;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+/// How long the server waits for a client's TLS handshake. tonic runs handshakes concurrently
+/// but, without a limit, keeps a connection that never completes one (and its task) forever;
+/// a handshake takes one or two round trips, milliseconds on any network a CLI is used over.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What went wrong making a TLS configuration; each names the file (or name) it is about.
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +87,7 @@ pub enum TlsError {
 }
 
 /// The server's configuration: its certificate chain `cert` and private key `key` (PEM
-/// files). With `client_ca`, mutual TLS: every client must present a certificate signed by
+/// files), handshakes bounded by [`HANDSHAKE_TIMEOUT`]. With `client_ca`, mutual TLS: every client must present a certificate signed by
 /// that CA (PEM, one or more certificates), or the handshake fails.
 pub fn server_config(
     cert: &Path,
@@ -90,7 +96,9 @@ pub fn server_config(
 ) -> Result<ServerTlsConfig, TlsError> {
     let provider = crypto_provider();
     let (cert_pem, key_pem) = checked_identity(cert, key, "TLS certificate", "TLS key", &provider)?;
-    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
+    let mut config = ServerTlsConfig::new()
+        .identity(Identity::from_pem(cert_pem, key_pem))
+        .timeout(HANDSHAKE_TIMEOUT);
     if let Some(ca) = client_ca {
         let ca_pem = read_pem(ca, "client CA")?;
         certificates(ca, "client CA", &ca_pem)?;
