@@ -42,6 +42,8 @@ impl Daemon {
                 .args(args)
                 .current_dir(cwd)
                 .env("SBX_LOG", "info")
+                // Plain TCP on loopback, as the tests' clients dial it.
+                .env("SBX_AUTH", "none")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)

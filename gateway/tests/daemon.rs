@@ -13,6 +13,8 @@ fn run_sbxd(args: &[&str]) -> (i32, String, String) {
     let mut child = Command::new(SBXD)
         .args(args)
         .env("SBX_LOG", "warn")
+        // Plain TCP on loopback, as the tests' clients dial it (`--auth` overrides).
+        .env("SBX_AUTH", "none")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -1,6 +1,6 @@
 //! The README's "A 60-second tour", run as pasted: the ```sh block after that heading is
 //! extracted from README.md, only what a test must change is rewritten (its data dir and
-//! address file under a temp dir, `--listen 127.0.0.1:0`, PATH to the binaries this test was
+//! address file under a temp dir (sbxd serves on its Unix socket there), PATH to the binaries this test was
 //! built with; the `cargo build` line is left out: cargo built them), and it runs under
 //! `bash -euo pipefail` on the default driver (oci: needs root, runc, busybox-static) within
 //! [`TOUR_LIMIT`]. The script runs in its own process group, which is killed whole however
@@ -47,7 +47,7 @@ fn sh_block_after(text: &str, heading: &str) -> String {
 }
 
 /// Rewrites the tour for the test: drops `cargo build`, points PATH at `bin_dir`, moves the
-/// data dir and address file under `tmp`, listens on a free port. Panics when the tour no
+/// data dir and address file under `tmp` (sbxd's Unix socket is in the data dir). Panics when the tour no
 /// longer has what is rewritten (so a changed tour is looked at, not run half-rewritten).
 fn rewrite(tour: &str, bin_dir: &Path, tmp: &Path) -> String {
     let mut lines = Vec::new();
@@ -75,8 +75,7 @@ fn rewrite(tour: &str, bin_dir: &Path, tmp: &Path) -> String {
             "/tmp/sbx-tour.addr",
             &tmp.join("addr").display().to_string(),
         )
-        .replace("/tmp/sbx-tour", &tmp.join("data").display().to_string())
-        .replace("sbxd serve ", "sbxd serve --listen 127.0.0.1:0 ");
+        .replace("/tmp/sbx-tour", &tmp.join("data").display().to_string());
     assert!(!script.contains("/tmp/sbx-tour"), "{script}");
     script
 }
@@ -164,7 +163,7 @@ fn the_rewrite_touches_only_what_a_test_must() {
     assert_eq!(
         script,
         "export PATH=/b:$PATH\n\
-         sbxd serve --listen 127.0.0.1:0 --data-dir /t/data --addr-file /t/addr &\n\
+         sbxd serve --data-dir /t/data --addr-file /t/addr &\n\
          sbx workspace create demo\n"
     );
 }

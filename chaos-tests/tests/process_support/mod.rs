@@ -62,6 +62,8 @@ impl Daemon {
             .arg(&addr_file)
             .args(["--process-cgroup-parent", cgroup_parent])
             .args(["--reconcile-interval", "1", "--driver-call-timeout", "3"])
+            // Plain TCP on loopback, as the chaos clients dial it.
+            .args(["--auth", "none"])
             .env("SBX_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -292,7 +292,7 @@ mod tests {
         ];
         let args = match super::super::Sbxd::try_parse_from(argv).unwrap().command {
             super::super::Command::Serve(args) => args,
-            super::super::Command::Driver(_) => unreachable!("parsed serve"),
+            _ => unreachable!("parsed serve"),
         };
         let text = |flags: Vec<OsString>| -> Vec<String> {
             flags

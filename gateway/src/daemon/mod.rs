@@ -4,6 +4,7 @@
 //! chosen compute driver ([`driver_spec`] parses `--driver`, [`managed`] runs a driver as a
 //! supervised child process); [`serve`] runs the gRPC server over the actor tree until a signal.
 
+pub mod access;
 pub mod certs;
 pub mod driver_spec;
 pub mod drivers;
@@ -23,8 +24,8 @@ use sbx_storage::StoreError;
 pub use driver_spec::DriverSpec;
 pub use serve::serve;
 
-/// Where sbxd listens when neither `--listen` nor `SBX_LISTEN` says otherwise.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+/// The Unix socket sbxd listens on, in its data directory, unless `--socket` says otherwise.
+pub const SOCKET_NAME: &str = "sbxd.sock";
 
 /// Parses the arguments, runs the command, and returns the exit code: 0 after a clean
 /// shutdown, 1 when sbxd could not start or failed while serving, 2 on a usage error.
@@ -49,6 +50,8 @@ pub fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Driver(args) => runtime.block_on(serve::run_driver(args)),
+        Command::Token(command) => return access::run_token(command),
+        Command::Certs(command) => return access::run_certs(command),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -78,6 +81,8 @@ pub struct Sbxd {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per process: boxing `serve`'s many flags would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve the gateway until SIGTERM or SIGINT. Shutdown stops accepting calls, lets the
     /// calls in flight finish (up to --shutdown-grace), stops the actors and closes the store
@@ -102,6 +107,14 @@ pub enum Command {
             filtered by SBX_LOG (else RUST_LOG, else \"info\")."
     )]
     Driver(sbx_drivers::remote::DriverHostArgs),
+    /// Identities and their bearer tokens: create (prints the token, once), list (no
+    /// secrets), revoke (effective at the next call, and open streams end within a second).
+    /// Works while sbxd runs on the same data dir: the identities are a file of their own.
+    #[command(subcommand)]
+    Token(access::TokenCommand),
+    /// Certificates for TLS and mutual TLS, for operators without a PKI of their own.
+    #[command(subcommand)]
+    Certs(access::CertsCommand),
 }
 
 /// The compute driver sandboxes run on.
@@ -139,6 +152,15 @@ impl DriverKind {
     }
 }
 
+/// `--auth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuthMode {
+    /// Every call needs a credential.
+    Token,
+    /// No credential needed (Unix socket or loopback only).
+    None,
+}
+
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -150,13 +172,50 @@ pub enum LogFormat {
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// The address to serve gRPC on, host:port. Port 0 picks a free port (see --addr-file).
-    #[arg(long, env = "SBX_LISTEN", default_value = DEFAULT_LISTEN, value_name = "HOST:PORT")]
-    pub listen: String,
+    /// Serve gRPC on TCP at host:port instead of the Unix socket. Port 0 picks a free port
+    /// (see --addr-file). An address that is not loopback needs TLS (--tls-cert, --tls-key).
+    #[arg(long, env = "SBX_LISTEN", value_name = "HOST:PORT")]
+    pub listen: Option<String>,
 
-    /// Once serving (every sandbox re-attached, health SERVING), write the bound host:port and
-    /// a newline to this file, atomically (written beside it, then renamed). Removed on a
-    /// clean shutdown.
+    /// The Unix socket to serve on when there is no --listen (mode 0600, or 0660 with
+    /// --socket-group). Default: DATA/sbxd.sock. The uid sbxd runs as is a gateway-wide admin
+    /// there; other callers need a token.
+    #[arg(long, env = "SBX_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+
+    /// Also let this group connect to the Unix socket (mode 0660). Its members still need a
+    /// token.
+    #[arg(long, env = "SBX_SOCKET_GROUP", value_name = "GROUP")]
+    pub socket_group: Option<String>,
+
+    /// Who may call: `token` (the default: a bearer token or a client certificate of an
+    /// identity made with `sbxd token create`, or the socket's owner), or `none` (every caller
+    /// is a gateway-wide admin; accepted on the Unix socket or a loopback address only, for
+    /// scripts and tests, with a warning).
+    #[arg(long, env = "SBX_AUTH", value_enum, default_value_t = AuthMode::Token)]
+    pub auth: AuthMode,
+
+    /// TLS: the server's certificate chain (PEM), with --tls-key. `sbxd certs init` makes one.
+    #[arg(long, env = "SBX_TLS_CERT", value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// TLS: the server certificate's private key (PEM).
+    #[arg(long, env = "SBX_TLS_KEY", value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Mutual TLS: require client certificates signed by this CA (PEM); a certificate's
+    /// subject common name is the caller's identity (`sbxd token create --cert-only`).
+    #[arg(
+        long,
+        env = "SBX_TLS_CLIENT_CA",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Once serving (every sandbox re-attached, health SERVING), write where to dial — the
+    /// bound host:port, or unix://PATH for the socket — and a newline to this file,
+    /// atomically (written beside it, then renamed). Removed on a clean shutdown.
     #[arg(long, env = "SBX_ADDR_FILE", value_name = "PATH")]
     pub addr_file: Option<PathBuf>,
 
@@ -278,6 +337,10 @@ impl ServeArgs {
         let mut paths: Vec<&mut PathBuf> = [
             &mut self.data_dir,
             &mut self.addr_file,
+            &mut self.socket,
+            &mut self.tls_cert,
+            &mut self.tls_key,
+            &mut self.tls_client_ca,
             &mut self.images.image_busybox,
             &mut self.oci.busybox,
             &mut self.vm.kernel,
@@ -418,6 +481,10 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    /// The listener's security: TLS off a loopback address, `--auth none` off loopback, TLS
+    /// files that do not load, the identities file unreadable.
+    #[error("{0}")]
+    Security(String),
     /// The reflection service could not be built from the descriptor sets (a build bug).
     #[error("cannot build the reflection service: {0}")]
     Reflection(String),
@@ -440,7 +507,7 @@ mod tests {
         let argv = ["sbxd", "serve"].into_iter().chain(args.iter().copied());
         match Sbxd::try_parse_from(argv)?.command {
             Command::Serve(args) => Ok(args),
-            Command::Driver(_) => unreachable!("parsed serve"),
+            _ => unreachable!("parsed serve"),
         }
     }
 

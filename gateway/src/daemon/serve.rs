@@ -78,7 +78,16 @@ pub async fn serve(mut args: ServeArgs) -> Result<(), DaemonError> {
         call_timeout = ?args.driver_call_timeout(),
         "starting"
     );
-    let result = serve_on(args, store, images, &opened.name, opened.driver, shutdown).await;
+    let result = serve_on(
+        args,
+        &data_dir,
+        store,
+        images,
+        &opened.name,
+        opened.driver,
+        shutdown,
+    )
+    .await;
     if let Some(managed) = opened.managed {
         managed.shutdown().await;
         tracing::info!("driver process stopped; its workloads left running");
@@ -96,9 +105,132 @@ const MANAGED_VM_DRIVER_READY: Duration = Duration::from_secs(60);
 /// actors retry, and the reconciler recovers sandboxes once it answers).
 const REMOTE_DRIVER_READY: Duration = Duration::from_secs(10);
 
+/// Where sbxd listens.
+enum Listener {
+    Tcp(TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// Checks what `--listen`, `--auth` and the TLS flags ask for together, binds, and says
+/// where clients dial (host:port, or unix://PATH).
+async fn bind(args: &ServeArgs, data_dir: &Path) -> Result<(Listener, String), DaemonError> {
+    let refuse = |why: String| Err(DaemonError::Security(why));
+    let Some(addr) = &args.listen else {
+        if args.tls_cert.is_some() {
+            return refuse(
+                "--tls-cert needs --listen: the Unix socket is local, its callers are known by \
+                 their uid"
+                    .to_string(),
+            );
+        }
+        let path = args
+            .socket
+            .clone()
+            .unwrap_or_else(|| data_dir.join(super::SOCKET_NAME));
+        let listener = bind_socket(&path, args.socket_group.as_deref())?;
+        return Ok((
+            Listener::Unix(listener),
+            format!("unix://{}", path.display()),
+        ));
+    };
+    if args.socket.is_some() || args.socket_group.is_some() {
+        return refuse("--socket and --socket-group go without --listen".to_string());
+    }
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| DaemonError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| DaemonError::Bind {
+        addr: addr.clone(),
+        source,
+    })?;
+    if !bound.ip().is_loopback() {
+        if args.tls_cert.is_none() {
+            return refuse(format!(
+                "--listen {addr} is not a loopback address, so it needs TLS: --tls-cert and \
+                 --tls-key (`sbxd certs init` makes them)"
+            ));
+        }
+        if args.auth == super::AuthMode::None {
+            return refuse(format!(
+                "--auth none is accepted on the Unix socket or a loopback address only, not on \
+                 {addr}"
+            ));
+        }
+    }
+    Ok((Listener::Tcp(listener), bound.to_string()))
+}
+
+/// Binds the Unix socket at `path`, mode 0600 (0660 for `group`), made under a temporary
+/// name in a private directory and renamed into place, so that it is never connectable
+/// with wider permissions. A socket left by an sbxd that died is replaced (this sbxd holds
+/// the store's lock: no other serves this data dir).
+fn bind_socket(path: &Path, group: Option<&str>) -> Result<tokio::net::UnixListener, DaemonError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let io = |what: &'static str, at: &Path| {
+        let at = at.to_path_buf();
+        move |source| DaemonError::Io {
+            what,
+            path: at,
+            source,
+        }
+    };
+    let len = path.as_os_str().len();
+    if len > 107 {
+        return Err(DaemonError::SocketPathTooLong {
+            path: path.to_path_buf(),
+            len,
+        });
+    }
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let private = parent.join(".sbxd-socket");
+    std::fs::create_dir_all(&private).map_err(io("cannot create", &private))?;
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))
+        .map_err(io("cannot set the mode of", &private))?;
+    let fresh = private.join("sbxd.sock");
+    let _ = std::fs::remove_file(&fresh);
+    let listener = tokio::net::UnixListener::bind(&fresh).map_err(|source| DaemonError::Bind {
+        addr: fresh.display().to_string(),
+        source,
+    })?;
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(mode))
+        .map_err(io("cannot set the mode of", &fresh))?;
+    if let Some(group) = group {
+        let gid = nix::unistd::Group::from_name(group)
+            .ok()
+            .flatten()
+            .ok_or_else(|| DaemonError::Security(format!("--socket-group {group}: no such group")))?
+            .gid;
+        nix::unistd::chown(&fresh, None, Some(gid)).map_err(|e| DaemonError::Io {
+            what: "cannot give the socket to its group:",
+            path: fresh.clone(),
+            source: e.into(),
+        })?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(io("cannot remove the old socket", path))?
+        }
+        Ok(_) => {
+            return Err(DaemonError::Security(format!(
+                "{} exists and is not a socket; not replacing it",
+                path.display()
+            )));
+        }
+        Err(_) => {}
+    }
+    std::fs::rename(&fresh, path).map_err(io("cannot put the socket at", path))?;
+    Ok(listener)
+}
+
 /// Serves the gateway over `driver` until a signal.
+#[allow(clippy::too_many_arguments)]
 async fn serve_on(
     args: ServeArgs,
+    data_dir: &Path,
     store: Arc<dyn ObjectStore>,
     images: ImageStore,
     driver_name: &str,
@@ -107,16 +239,28 @@ async fn serve_on(
 ) -> Result<(), DaemonError> {
     // Bound before the actors start, so that a taken port fails fast; connections wait in the
     // backlog until the server runs, a moment later.
-    let listener = TcpListener::bind(&args.listen)
-        .await
-        .map_err(|source| DaemonError::Bind {
-            addr: args.listen.clone(),
-            source,
-        })?;
-    let bound = listener.local_addr().map_err(|source| DaemonError::Bind {
-        addr: args.listen.clone(),
-        source,
-    })?;
+    let (listener, bound) = bind(&args, data_dir).await?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            crate::tls::server_config(cert, key, args.tls_client_ca.as_deref())
+                .map_err(|e| DaemonError::Security(e.to_string()))?,
+        ),
+        _ => None,
+    };
+    let identities = crate::auth::Identities::open(data_dir)
+        .map_err(|e| DaemonError::Security(format!("the identities: {e}")))?;
+    if args.auth == super::AuthMode::None {
+        tracing::warn!(
+            listen = %bound,
+            "--auth none: every caller is a gateway-wide admin (for scripts and tests on this \
+             machine only)"
+        );
+    }
+    let auth = Arc::new(crate::auth::Authenticator {
+        identities,
+        none: args.auth == super::AuthMode::None,
+        owner_uid: nix::unistd::geteuid().as_raw(),
+    });
 
     let ready_limit = match &args.driver {
         DriverSpec::InProcess(_) => None,
@@ -166,8 +310,15 @@ async fn serve_on(
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     let service = SbxService::new(Arc::clone(&gateway), shutdown.clone());
     // Every error answered carries an ErrorInfo and stays bounded, tonic's own included.
-    let router = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| DaemonError::Security(format!("the TLS configuration: {e}")))?;
+    }
+    let router = builder
         .layer(ErrorInfoLayer)
+        .layer(crate::auth::AuthLayer(auth))
         .add_service(health_server)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -180,11 +331,18 @@ async fn serve_on(
     // TCP_NODELAY on every accepted connection: without it a small HTTP/2 frame written while
     // an earlier one is unacknowledged waits for the client's delayed ACK (40 ms on Linux), a
     // floor under every answer (docs/BENCHMARKS.md, oci create→Ready).
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let mut server =
-        tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
-            stop_accepting.cancelled().await
-        }));
+    let stopped = async move { stop_accepting.cancelled().await };
+    let mut server = match listener {
+        Listener::Tcp(listener) => {
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+        Listener::Unix(listener) => {
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+    };
     tracing::info!(%bound, "listening; re-attaching sandboxes");
 
     let attached = tokio::select! {
@@ -194,7 +352,7 @@ async fn serve_on(
     if attached {
         set_health(&health, ServingStatus::Serving).await;
         if let Some(path) = &args.addr_file {
-            write_addr_file(path, &bound.to_string())?;
+            write_addr_file(path, &bound)?;
         }
         tracing::info!(%bound, driver = driver_name, "serving");
     }

@@ -7,6 +7,7 @@
 //! forwarded by a task that ends them with `UNAVAILABLE` when sbxd shuts down, so that a
 //! client following a stream never holds shutdown up.
 
+mod access;
 mod images;
 mod info;
 mod sandboxes;

@@ -13,13 +13,28 @@ use sbx_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::SbxService;
+use super::access::{audit, error_for};
 use super::status::actor_error_to_status;
 use super::streams::{self, ResponseStream, forward, invalid_input};
+use crate::auth::{self, Role};
 
 /// The selector of a request's sandbox reference (a missing reference is an empty one, which
 /// the selector refuses with INVALID_ARGUMENT).
 fn selector(r: Option<SandboxRef>) -> Result<SandboxSelector, Status> {
     SandboxSelector::from_ref(&r.unwrap_or_default()).map_err(|e| actor_error_to_status(&e))
+}
+
+/// A selector in the audit log: the id, or workspace/name.
+fn describe(sel: &SandboxSelector) -> String {
+    match sel {
+        SandboxSelector::Id(id) => id.to_string(),
+        SandboxSelector::Name { workspace, name } => format!(
+            "{}/{name}",
+            workspace
+                .as_deref()
+                .unwrap_or(sbx_proto::names::DEFAULT_WORKSPACE)
+        ),
+    }
 }
 
 /// The filter of a list or a watch: an empty workspace means "default".
@@ -37,9 +52,15 @@ impl SandboxService for SbxService {
         &self,
         request: Request<CreateSandboxRequest>,
     ) -> Result<Response<Sandbox>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
         let workspace = (!req.workspace.is_empty()).then_some(req.workspace.as_str());
-        self.gateway
+        caller.require(
+            workspace.unwrap_or(sbx_proto::names::DEFAULT_WORKSPACE),
+            Role::Editor,
+        )?;
+        let created = self
+            .gateway
             .create_sandbox_as(
                 workspace,
                 &req.name,
@@ -47,35 +68,45 @@ impl SandboxService for SbxService {
                 req.stopped,
             )
             .await
-            .map(Response::new)
-            .map_err(|e| actor_error_to_status(&e))
+            .map_err(|e| error_for(&caller, e))?;
+        audit(&caller, "create sandbox", &created.id);
+        Ok(Response::new(created))
     }
 
     async fn get_sandbox(
         &self,
         request: Request<GetSandboxRequest>,
     ) -> Result<Response<Sandbox>, Status> {
+        let caller = auth::caller(&request)?;
         let sel = selector(request.into_inner().sandbox)?;
-        self.gateway
+        self.sandbox_access(&caller, &sel, Role::Viewer).await?;
+        let sandbox = self
+            .gateway
             .get_sandbox(&sel)
             .await
-            .map(Response::new)
-            .map_err(|e| actor_error_to_status(&e))
+            .map_err(|e| error_for(&caller, e))?;
+        Ok(Response::new(sandbox))
     }
 
     async fn list_sandboxes(
         &self,
         request: Request<ListSandboxesRequest>,
     ) -> Result<Response<ListSandboxesResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
+        Self::list_access(&caller, &req.workspace, req.all_workspaces)?;
         let filter = filter(req.workspace, req.all_workspaces, req.label_selector);
         let page = self
             .gateway
             .list_sandboxes(&filter, req.page_size, &req.page_token)
             .await
-            .map_err(|e| actor_error_to_status(&e))?;
+            .map_err(|e| error_for(&caller, e))?;
         Ok(Response::new(ListSandboxesResponse {
-            sandboxes: page.items,
+            sandboxes: page
+                .items
+                .into_iter()
+                .filter(|sb| caller.sees(&sb.workspace))
+                .collect(),
             next_page_token: page.next_page_token,
         }))
     }
@@ -84,48 +115,63 @@ impl SandboxService for SbxService {
         &self,
         request: Request<StartSandboxRequest>,
     ) -> Result<Response<Sandbox>, Status> {
+        let caller = auth::caller(&request)?;
         let sel = selector(request.into_inner().sandbox)?;
-        self.gateway
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        let sandbox = self
+            .gateway
             .start_sandbox(&sel)
             .await
-            .map(Response::new)
-            .map_err(|e| actor_error_to_status(&e))
+            .map_err(|e| error_for(&caller, e))?;
+        audit(&caller, "start sandbox", &sandbox.id);
+        Ok(Response::new(sandbox))
     }
 
     async fn stop_sandbox(
         &self,
         request: Request<StopSandboxRequest>,
     ) -> Result<Response<Sandbox>, Status> {
+        let caller = auth::caller(&request)?;
         let sel = selector(request.into_inner().sandbox)?;
-        self.gateway
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        let sandbox = self
+            .gateway
             .stop_sandbox(&sel)
             .await
-            .map(Response::new)
-            .map_err(|e| actor_error_to_status(&e))
+            .map_err(|e| error_for(&caller, e))?;
+        audit(&caller, "stop sandbox", &sandbox.id);
+        Ok(Response::new(sandbox))
     }
 
     async fn restart_sandbox(
         &self,
         request: Request<RestartSandboxRequest>,
     ) -> Result<Response<Sandbox>, Status> {
+        let caller = auth::caller(&request)?;
         let sel = selector(request.into_inner().sandbox)?;
-        self.gateway
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        let sandbox = self
+            .gateway
             .restart_sandbox(&sel)
             .await
-            .map(Response::new)
-            .map_err(|e| actor_error_to_status(&e))
+            .map_err(|e| error_for(&caller, e))?;
+        audit(&caller, "restart sandbox", &sandbox.id);
+        Ok(Response::new(sandbox))
     }
 
     async fn delete_sandbox(
         &self,
         request: Request<DeleteSandboxRequest>,
     ) -> Result<Response<DeleteSandboxResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let sel = selector(request.into_inner().sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        audit(&caller, "delete sandbox", &describe(&sel));
         let deleted = self
             .gateway
             .delete_sandbox(&sel)
             .await
-            .map_err(|e| actor_error_to_status(&e))?;
+            .map_err(|e| error_for(&caller, e))?;
         Ok(Response::new(DeleteSandboxResponse { deleted }))
     }
 
@@ -135,14 +181,28 @@ impl SandboxService for SbxService {
         &self,
         request: Request<WatchSandboxesRequest>,
     ) -> Result<Response<Self::WatchSandboxesStream>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
+        Self::list_access(&caller, &req.workspace, req.all_workspaces)?;
         let filter = filter(req.workspace, req.all_workspaces, req.label_selector);
         let events = self
             .gateway
             .watch(&filter, req.resource_version)
             .await
-            .map_err(|e| actor_error_to_status(&e))?;
-        let events = events.map(|r| r.map_err(|e| actor_error_to_status(&e)));
+            .map_err(|e| error_for(&caller, e))?;
+        let seen = caller.clone();
+        let events = events
+            .filter(move |r| {
+                std::future::ready(match r {
+                    Ok(event) => event
+                        .sandbox
+                        .as_ref()
+                        .is_none_or(|sb| seen.sees(&sb.workspace)),
+                    Err(_) => true,
+                })
+            })
+            .map(|r| r.map_err(|e| actor_error_to_status(&e)));
+        let events = caller.until_revoked(events);
         Ok(Response::new(forward(events, self.shutdown.clone())))
     }
 
@@ -152,9 +212,12 @@ impl SandboxService for SbxService {
         &self,
         request: Request<tonic::Streaming<ExecInput>>,
     ) -> Result<Response<Self::ExecStream>, Status> {
+        let caller = auth::caller(&request)?;
         let mut messages = request.into_inner();
         let req = streams::exec_start(&mut messages).await?;
         let sel = selector(req.sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        audit(&caller, "exec", &describe(&sel));
         let (input, refused) = streams::exec_input(messages, req.tty.is_some());
         let opts = ExecOptions {
             env: req.env,
@@ -171,12 +234,12 @@ impl SandboxService for SbxService {
             .gateway
             .exec_io(&sel, req.command, opts, input)
             .await
-            .map_err(|e| actor_error_to_status(&e))?;
+            .map_err(|e| error_for(&caller, e))?;
         let output = output.map(|r| {
             r.map(streams::exec_output)
                 .map_err(streams::driver_stream_error)
         });
-        let output = streams::until_refused(output, refused);
+        let output = caller.until_revoked(streams::until_refused(output, refused));
         Ok(Response::new(forward(output, self.shutdown.clone())))
     }
 
@@ -186,17 +249,21 @@ impl SandboxService for SbxService {
         &self,
         request: Request<v1::CopyFromSandboxRequest>,
     ) -> Result<Response<Self::CopyFromSandboxStream>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
         let sel = selector(req.sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        audit(&caller, "copy from sandbox", &describe(&sel));
         let chunks = self
             .gateway
             .copy_from(&sel, req.path)
             .await
-            .map_err(|e| actor_error_to_status(&e))?;
+            .map_err(|e| error_for(&caller, e))?;
         let chunks = chunks.map(|r| {
             r.map(|c| v1::CopyChunk { data: c.data })
                 .map_err(streams::driver_stream_error)
         });
+        let chunks = caller.until_revoked(chunks);
         Ok(Response::new(forward(chunks, self.shutdown.clone())))
     }
 
@@ -205,6 +272,7 @@ impl SandboxService for SbxService {
         request: Request<tonic::Streaming<v1::CopyToSandboxInput>>,
     ) -> Result<Response<v1::CopyToSandboxResponse>, Status> {
         use v1::copy_to_sandbox_input::Input;
+        let caller = auth::caller(&request)?;
         let mut messages = request.into_inner();
         let start = match messages.message().await? {
             Some(v1::CopyToSandboxInput {
@@ -217,6 +285,8 @@ impl SandboxService for SbxService {
             }
         };
         let sel = selector(start.sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        audit(&caller, "copy into sandbox", &describe(&sel));
         let data = messages
             .take_while(|m| std::future::ready(m.is_ok()))
             .filter_map(|m| {
@@ -231,7 +301,7 @@ impl SandboxService for SbxService {
             .copy_to(&sel, start.path, Box::pin(data))
             .await
             .map(|_| Response::new(v1::CopyToSandboxResponse {}))
-            .map_err(|e| actor_error_to_status(&e))
+            .map_err(|e| error_for(&caller, e))
     }
 
     type PortForwardStream = ResponseStream<v1::PortForwardOutput>;
@@ -242,6 +312,7 @@ impl SandboxService for SbxService {
     ) -> Result<Response<Self::PortForwardStream>, Status> {
         use sbx_drivers::pb::port_forward_input::Input as Out;
         use v1::port_forward_input::Input as In;
+        let caller = auth::caller(&request)?;
         let mut messages = request.into_inner();
         let start = match messages.message().await? {
             Some(v1::PortForwardInput {
@@ -254,6 +325,8 @@ impl SandboxService for SbxService {
             }
         };
         let sel = selector(start.sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        audit(&caller, "port-forward", &describe(&sel));
         let input = messages
             .take_while(|m| std::future::ready(m.is_ok()))
             .filter_map(|m| {
@@ -270,7 +343,7 @@ impl SandboxService for SbxService {
             .gateway
             .port_forward(&sel, start.port, Box::pin(input))
             .await
-            .map_err(|e| actor_error_to_status(&e))?;
+            .map_err(|e| error_for(&caller, e))?;
         let output = output.map(|r| {
             r.map(|o| {
                 use sbx_drivers::pb::port_forward_output::Output as From;
@@ -284,6 +357,7 @@ impl SandboxService for SbxService {
             })
             .map_err(streams::driver_stream_error)
         });
+        let output = caller.until_revoked(output);
         Ok(Response::new(forward(output, self.shutdown.clone())))
     }
 
@@ -293,8 +367,10 @@ impl SandboxService for SbxService {
         &self,
         request: Request<LogsRequest>,
     ) -> Result<Response<Self::LogsStream>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
         let sel = selector(req.sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Viewer).await?;
         let driver_req = sbx_drivers::pb::LogsRequest {
             sandbox_id: String::new(),
             follow: req.follow,
@@ -306,11 +382,12 @@ impl SandboxService for SbxService {
             .gateway
             .logs(&sel, driver_req)
             .await
-            .map_err(|e| actor_error_to_status(&e))?;
+            .map_err(|e| error_for(&caller, e))?;
         let chunks = chunks.map(|r| {
             r.map(streams::log_chunk)
                 .map_err(streams::driver_stream_error)
         });
+        let chunks = caller.until_revoked(chunks);
         Ok(Response::new(forward(chunks, self.shutdown.clone())))
     }
 }

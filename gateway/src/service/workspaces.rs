@@ -9,7 +9,9 @@ use sbx_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::SbxService;
+use super::access::{audit, error_for};
 use super::status::actor_error_to_status;
+use crate::auth::{self, Role};
 
 #[tonic::async_trait]
 impl WorkspaceService for SbxService {
@@ -17,40 +19,51 @@ impl WorkspaceService for SbxService {
         &self,
         request: Request<CreateWorkspaceRequest>,
     ) -> Result<Response<Workspace>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
-        self.gateway
+        caller.require(&req.name, Role::Admin)?;
+        let created = self
+            .gateway
             .create_workspace(&req.name, req.labels)
             .await
-            .map(Response::new)
-            .map_err(|e| actor_error_to_status(&e))
+            .map_err(|e| error_for(&caller, e))?;
+        audit(&caller, "create workspace", &created.id);
+        Ok(Response::new(created))
     }
 
     async fn get_workspace(
         &self,
         request: Request<GetWorkspaceRequest>,
     ) -> Result<Response<Workspace>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
         let sel = WorkspaceSelector::from_ref(&req.workspace.unwrap_or_default())
             .map_err(|e| actor_error_to_status(&e))?;
+        self.workspace_access(&caller, &sel, Role::Viewer).await?;
         self.gateway
             .get_workspace(&sel)
             .await
             .map(Response::new)
-            .map_err(|e| actor_error_to_status(&e))
+            .map_err(|e| error_for(&caller, e))
     }
 
     async fn list_workspaces(
         &self,
         request: Request<ListWorkspacesRequest>,
     ) -> Result<Response<ListWorkspacesResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
         let page = self
             .gateway
             .list_workspaces(&req.label_selector, req.page_size, &req.page_token)
             .await
-            .map_err(|e| actor_error_to_status(&e))?;
+            .map_err(|e| error_for(&caller, e))?;
         Ok(Response::new(ListWorkspacesResponse {
-            workspaces: page.items,
+            workspaces: page
+                .items
+                .into_iter()
+                .filter(|ws| caller.sees(&ws.name))
+                .collect(),
             next_page_token: page.next_page_token,
         }))
     }
@@ -59,14 +72,17 @@ impl WorkspaceService for SbxService {
         &self,
         request: Request<DeleteWorkspaceRequest>,
     ) -> Result<Response<DeleteWorkspaceResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
         let sel = WorkspaceSelector::from_ref(&req.workspace.unwrap_or_default())
             .map_err(|e| actor_error_to_status(&e))?;
+        self.workspace_access(&caller, &sel, Role::Admin).await?;
+        audit(&caller, "delete workspace", &format!("{sel:?}"));
         let deleted = self
             .gateway
             .delete_workspace(&sel, req.cascade)
             .await
-            .map_err(|e| actor_error_to_status(&e))?;
+            .map_err(|e| error_for(&caller, e))?;
         Ok(Response::new(DeleteWorkspaceResponse { deleted }))
     }
 }

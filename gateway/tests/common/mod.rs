@@ -198,6 +198,9 @@ impl Sbxd {
             })
             .args(extra)
             .env("SBX_LOG", "info")
+            // Plain TCP on loopback for the tests' clients, unless the test says how to
+            // authenticate (`--auth token`: gateway/tests/auth.rs).
+            .env("SBX_AUTH", "none")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)

@@ -1,0 +1,224 @@
+//! `sbxd token …` and `sbxd certs …`: the operator's side of authentication ([`crate::auth`]).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, UNIX_EPOCH};
+
+use clap::{Args, Subcommand};
+
+use crate::auth::Role;
+use crate::auth::tokens::{self, NewIdentity};
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Make an identity and print its bearer token (alone, on the last line; it is shown
+    /// only this once: the gateway keeps its hash).
+    Create(TokenCreateArgs),
+    /// The identities: name, role, workspaces, expiry (never a secret).
+    List(DataDirArg),
+    /// Remove an identity: its token and its certificate stop working at the next call,
+    /// and its open streams end within a second.
+    Revoke(TokenRevokeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DataDirArg {
+    /// The data directory of the gateway (default as for `sbxd serve`).
+    #[arg(long, env = "SBX_DATA_DIR", value_name = "DATA")]
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenCreateArgs {
+    /// The identity's name (a DNS-1123 label); also the subject common name of its client
+    /// certificate, if it has one.
+    #[arg(long, value_name = "NAME")]
+    pub name: String,
+    /// A workspace the role holds in; repeat for several. None: every workspace (a
+    /// gateway-wide grant, which images need).
+    #[arg(long = "workspace", short = 'w', value_name = "WORKSPACE")]
+    pub workspaces: Vec<String>,
+    /// viewer (read), editor (also change sandboxes, exec, cp, port-forward) or admin (also
+    /// create and delete the workspaces).
+    #[arg(long, value_enum)]
+    pub role: Role,
+    /// How long the identity lives: seconds, or 30s, 15m, 24h, 7d. Default: until revoked.
+    #[arg(long, value_name = "DURATION", value_parser = parse_ttl)]
+    pub ttl: Option<Duration>,
+    /// No token: the identity is for a client certificate (mutual TLS) with this name only.
+    #[arg(long)]
+    pub cert_only: bool,
+    #[command(flatten)]
+    pub data: DataDirArg,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenRevokeArgs {
+    /// The identity to remove.
+    pub name: String,
+    #[command(flatten)]
+    pub data: DataDirArg,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CertsCommand {
+    /// Make a CA, a server certificate and client certificates (PEM) in DIR.
+    Init(Box<super::certs::CertsInitArgs>),
+}
+
+/// `--ttl`: seconds, or a number with s, m, h or d.
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (30s, 15m, 24h, 7d)"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        "d" => n.saturating_mul(86_400),
+        _ => return Err(format!("{text:?}: the unit must be s, m, h or d")),
+    };
+    if secs == 0 {
+        return Err("a ttl of 0 would expire at once".to_string());
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+fn data_dir(arg: &DataDirArg) -> Result<PathBuf, String> {
+    super::drivers::data_dir(arg.data_dir.as_deref()).map_err(|e| e.to_string())
+}
+
+fn finish(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn time(ms: u64) -> String {
+    if ms == 0 {
+        return "never".to_string();
+    }
+    let nanos = sbx_agent::log::rfc3339_nanos(UNIX_EPOCH + Duration::from_millis(ms));
+    // To the second: "2026-12-01T15:04:05.123456789Z" -> "2026-12-01T15:04:05Z".
+    match nanos.split_once('.') {
+        Some((secs, _)) => format!("{secs}Z"),
+        None => nanos,
+    }
+}
+
+pub fn run_token(command: TokenCommand) -> ExitCode {
+    finish(match command {
+        TokenCommand::Create(args) => (|| {
+            let data = data_dir(&args.data)?;
+            let new = NewIdentity {
+                name: args.name.clone(),
+                role: args.role,
+                workspaces: args.workspaces.iter().cloned().collect::<BTreeSet<_>>(),
+                ttl: args.ttl,
+                with_token: !args.cert_only,
+            };
+            let token = tokens::create(&data, &new).map_err(|e| e.to_string())?;
+            let scope = if new.workspaces.is_empty() {
+                "every workspace".to_string()
+            } else {
+                new.workspaces.iter().cloned().collect::<Vec<_>>().join(",")
+            };
+            eprintln!(
+                "identity {} made: {} in {scope}{}",
+                new.name,
+                new.role,
+                match new.ttl {
+                    Some(ttl) => format!(", for {}s", ttl.as_secs()),
+                    None => String::new(),
+                }
+            );
+            match token {
+                Some(token) => {
+                    eprintln!("its token (shown only now; give it as SBX_TOKEN or --token):");
+                    println!("{token}");
+                }
+                None => eprintln!(
+                    "no token: a client certificate with common name {} is its credential \
+                     (sbxd certs init --client {})",
+                    new.name, new.name
+                ),
+            }
+            Ok(())
+        })(),
+        TokenCommand::List(args) => (|| {
+            let data = data_dir(&args)?;
+            let identities = tokens::list(&data).map_err(|e| e.to_string())?;
+            println!("NAME\tROLE\tWORKSPACES\tCREDENTIAL\tEXPIRES");
+            let now = tokens::now_ms();
+            for id in identities {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}{}",
+                    id.name,
+                    id.role,
+                    id.scope(),
+                    if id.token_sha256.is_empty() {
+                        "certificate"
+                    } else {
+                        "token"
+                    },
+                    time(id.expires_at_ms),
+                    if id.expired(now) { " (expired)" } else { "" }
+                );
+            }
+            Ok(())
+        })(),
+        TokenCommand::Revoke(args) => (|| {
+            let data = data_dir(&args.data)?;
+            let gone = tokens::revoke(&data, &args.name).map_err(|e| e.to_string())?;
+            eprintln!(
+                "identity {} revoked ({} in {})",
+                gone.name,
+                gone.role,
+                gone.scope()
+            );
+            Ok(())
+        })(),
+    })
+}
+
+pub fn run_certs(command: CertsCommand) -> ExitCode {
+    finish(match command {
+        CertsCommand::Init(args) => (|| {
+            let dir = match &args.dir {
+                Some(dir) => dir.clone(),
+                None => super::drivers::data_dir(args.data_dir.as_deref())
+                    .map_err(|e| e.to_string())?
+                    .join("tls"),
+            };
+            let written = super::certs::init(&args, &dir).map_err(|e| e.to_string())?;
+            println!("{}", super::certs::describe(&written));
+            Ok(())
+        })(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_are_read_as_people_write_them() {
+        assert_eq!(parse_ttl("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_ttl("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_ttl("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_ttl("7d"), Ok(Duration::from_secs(604_800)));
+        for bad in ["", "0", "1w", "h", "-1s"] {
+            assert!(parse_ttl(bad).is_err(), "{bad}");
+        }
+    }
+}

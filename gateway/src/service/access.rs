@@ -1,0 +1,127 @@
+//! The handlers' half of authorization ([`crate::auth`]): the workspace a call is about,
+//! checked against the caller before the call acts.
+//!
+//! By name, the workspace is in the request: a caller without the role there is refused
+//! (`PERMISSION_DENIED`) before anything is looked up, so the answer is the same whether the
+//! object exists or not. By id, the object is looked up first: one in a workspace the caller
+//! may not see is `NOT_FOUND`, word for word what an id nobody has gets. Not-found answers
+//! lose their hint (where else a name exists) unless the caller sees every workspace.
+
+use sbx_actors::{ActorError, SandboxSelector, WorkspaceSelector};
+use sbx_proto::names::DEFAULT_WORKSPACE;
+use tonic::Status;
+
+use super::SbxService;
+use super::status::actor_error_to_status;
+use crate::auth::{Caller, Role};
+
+/// The gRPC status of an actor error, as this caller may see it.
+pub fn error_for(caller: &Caller, e: ActorError) -> Status {
+    let e = match e {
+        ActorError::SandboxNotFound { what, .. } if caller.workspaces.is_some() => {
+            ActorError::SandboxNotFound {
+                what,
+                hint: String::new(),
+            }
+        }
+        e => e,
+    };
+    actor_error_to_status(&e)
+}
+
+/// The audit line of an allowed call that names its object (the layer logs the outcome).
+pub fn audit(caller: &Caller, action: &str, object: &str) {
+    tracing::info!(
+        target: "sbx::audit",
+        who = %caller.name,
+        proof = %caller.proof,
+        action,
+        object,
+        "allowed"
+    );
+}
+
+/// What an id the caller may not see answers: the same as an id nobody has.
+fn unseen_sandbox(id: uuid::Uuid) -> Status {
+    actor_error_to_status(&ActorError::SandboxNotFound {
+        what: format!("with id {id}"),
+        hint: String::new(),
+    })
+}
+
+impl SbxService {
+    /// Whether `caller` holds `role` where the sandbox `sel` names is.
+    pub(super) async fn sandbox_access(
+        &self,
+        caller: &Caller,
+        sel: &SandboxSelector,
+        role: Role,
+    ) -> Result<(), Status> {
+        match sel {
+            SandboxSelector::Name { workspace, .. } => {
+                caller.require(workspace.as_deref().unwrap_or(DEFAULT_WORKSPACE), role)
+            }
+            SandboxSelector::Id(id) => {
+                if caller.workspaces.is_none() && caller.role >= role {
+                    return Ok(());
+                }
+                let sandbox = match self.gateway.get_sandbox(sel).await {
+                    Ok(sandbox) => sandbox,
+                    Err(ActorError::SandboxNotFound { .. }) => return Err(unseen_sandbox(*id)),
+                    Err(e) => return Err(error_for(caller, e)),
+                };
+                if !caller.sees(&sandbox.workspace) {
+                    return Err(unseen_sandbox(*id));
+                }
+                caller.require(&sandbox.workspace, role)
+            }
+        }
+    }
+
+    /// Whether `caller` holds `role` in the workspace `sel` names.
+    pub(super) async fn workspace_access(
+        &self,
+        caller: &Caller,
+        sel: &WorkspaceSelector,
+        role: Role,
+    ) -> Result<(), Status> {
+        match sel {
+            WorkspaceSelector::Name(name) => caller.require(name, role),
+            WorkspaceSelector::Id(id) => {
+                if caller.workspaces.is_none() && caller.role >= role {
+                    return Ok(());
+                }
+                let unseen = || {
+                    actor_error_to_status(&ActorError::WorkspaceNotFound(format!("with id {id}")))
+                };
+                let workspace = match self.gateway.get_workspace(sel).await {
+                    Ok(workspace) => workspace,
+                    Err(ActorError::WorkspaceNotFound(_)) => return Err(unseen()),
+                    Err(e) => return Err(error_for(caller, e)),
+                };
+                if !caller.sees(&workspace.name) {
+                    return Err(unseen());
+                }
+                caller.require(&workspace.name, role)
+            }
+        }
+    }
+
+    /// A list or watch of one workspace needs viewer there; across workspaces it is filtered
+    /// ([`Caller::sees`]) instead.
+    pub(super) fn list_access(
+        caller: &Caller,
+        workspace: &str,
+        all_workspaces: bool,
+    ) -> Result<(), Status> {
+        if all_workspaces {
+            return Ok(());
+        }
+        let workspace = if workspace.is_empty() {
+            DEFAULT_WORKSPACE
+        } else {
+            workspace
+        };
+        caller.require(workspace, Role::Viewer)
+    }
+}
