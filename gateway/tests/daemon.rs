@@ -65,7 +65,32 @@ fn help_explains_every_flag() {
         assert!(help.contains(env), "{env} missing");
     }
     assert!(help.contains("do NOT survive") || help.contains("do not survive"));
-    assert!(help.contains("127.0.0.1:7070"));
+    // The secure default and its escape hatches are explained.
+    for said in [
+        "sbxd.sock",
+        "--auth",
+        "none",
+        "--tls-cert",
+        "--tls-client-ca",
+    ] {
+        assert!(help.contains(said), "{said} missing from:\n{help}");
+    }
+    let (code, token_help, _) = run_sbxd(&["token", "create", "--help"]);
+    assert_eq!(code, 0);
+    for said in [
+        "--role",
+        "--workspace",
+        "--ttl",
+        "--cert-only",
+        "viewer",
+        "editor",
+        "admin",
+    ] {
+        assert!(
+            token_help.contains(said),
+            "{said} missing from:\n{token_help}"
+        );
+    }
     let (code, _, err) = run_sbxd(&["serve", "--driver", "warp"]);
     assert_eq!(code, 2, "a usage error: {err}");
 }

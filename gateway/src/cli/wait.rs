@@ -510,9 +510,12 @@ pub async fn wait_serving(
 ) -> Result<String, CliError> {
     let deadline = Instant::now() + timeout;
     loop {
+        // What the file says, printed as it says it (sbxd writes host:port or unix://PATH).
+        let mut written = None;
         let (try_at, last) = match addr_file {
             Some(path) => match std::fs::read_to_string(path) {
                 Ok(text) if text.ends_with('\n') && !text.trim().is_empty() => {
+                    written = Some(text.trim().to_string());
                     (Some(target.at(text.trim())?), String::new())
                 }
                 Ok(text) => (
@@ -533,7 +536,7 @@ pub async fn wait_serving(
         };
         let last = match try_at {
             Some(try_at) => match health(&try_at).await {
-                Ok(()) => return Ok(try_at.endpoint()),
+                Ok(()) => return Ok(written.unwrap_or_else(|| try_at.endpoint())),
                 Err(Unhealthy::Refused(status)) => return Err(CliError::Rpc(status)),
                 Err(cause) => format!("{}: {cause}", try_at.endpoint()),
             },
