@@ -170,7 +170,9 @@ impl Sbxd {
         d
     }
 
-    /// Starts sbxd on `listen` over `data` without waiting for anything.
+    /// Starts sbxd on `listen` over `data` without waiting for anything; an empty `listen`
+    /// leaves `--listen` out: sbxd then serves on its Unix socket, DATA/sbxd.sock (the
+    /// address file says `unix://PATH`, which [`Sbxd::endpoint`] does not dial).
     pub fn spawn(data: &Path, driver: &str, listen: &str, extra: &[&str]) -> Sbxd {
         let addr_file = data.join("addr");
         let _ = std::fs::remove_file(&addr_file);
@@ -182,9 +184,14 @@ impl Sbxd {
         } else {
             &["--driver", driver]
         };
+        let listen_flag: &[&str] = if listen.is_empty() {
+            &[]
+        } else {
+            &["--listen", listen]
+        };
         let child = Command::new(SBXD)
             .arg("serve")
-            .args(["--listen", listen])
+            .args(listen_flag)
             .args(driver_flag)
             .arg("--data-dir")
             .arg(data)
@@ -357,14 +364,21 @@ impl CliRun {
 
 /// Runs the `sbx` CLI against `endpoint` (bounded by [`CLI_TIMEOUT`]; killed by pid after).
 pub fn sbx(endpoint: &str, args: &[&str]) -> CliRun {
-    let mut child = Command::new(SBX)
-        .args(args)
-        .env("SBX_ENDPOINT", endpoint)
+    run_bounded(
+        Command::new(SBX).args(args).env("SBX_ENDPOINT", endpoint),
+        &format!("sbx {args:?}"),
+    )
+}
+
+/// Runs `command` (stdin empty, output captured) to its end, bounded by [`CLI_TIMEOUT`]
+/// (killed by pid after); `what` names it in the panic.
+pub fn run_bounded(command: &mut Command, what: &str) -> CliRun {
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn sbx");
+        .unwrap_or_else(|e| panic!("cannot spawn {what}: {e}"));
     let stdout = child.stdout.take().expect("stdout");
     let stderr = child.stderr.take().expect("stderr");
     let out = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap_or_default());
@@ -377,7 +391,7 @@ pub fn sbx(endpoint: &str, args: &[&str]) -> CliRun {
         if began.elapsed() > CLI_TIMEOUT {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("sbx {args:?} did not finish within {CLI_TIMEOUT:?}");
+            panic!("{what} did not finish within {CLI_TIMEOUT:?}");
         }
         std::thread::sleep(Duration::from_millis(5));
     };
@@ -397,12 +411,20 @@ pub struct CliStream {
 
 impl CliStream {
     pub fn start(endpoint: &str, args: &[&str]) -> CliStream {
-        let mut child = Command::new(SBX)
+        let mut command = Command::new(SBX);
+        command
             .args(args)
             .env("SBX_ENDPOINT", endpoint)
+            .stderr(Stdio::null());
+        CliStream::spawn(command)
+    }
+
+    /// Spawns `command` with stdin empty and stdout read line by line; its stderr is left as
+    /// `command` says.
+    pub fn spawn(mut command: Command) -> CliStream {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
             .spawn()
             .expect("spawn sbx");
         let stdout = child.stdout.take().expect("stdout");
@@ -415,6 +437,11 @@ impl CliStream {
             }
         });
         CliStream { child, lines }
+    }
+
+    /// Waits at most `limit` for the command to exit (killed by pid and a panic after).
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        wait_bounded(&mut self.child, limit, "sbx")
     }
 
     /// The next line, waiting at most `limit`.
