@@ -122,6 +122,9 @@ pub fn need(path: &str) -> Option<(Need, bool)> {
         ("sbx.v1.ImageService", "ListImages") => (Gateway(Viewer), false),
         ("sbx.v1.ImageService", "GetImage") => (Gateway(Viewer), false),
         ("sbx.v1.ImageService", "DeleteImage") => (Gateway(Admin), true),
+        ("sbx.v1.IdentityService", "CreateIdentity") => (Gateway(Admin), true),
+        ("sbx.v1.IdentityService", "ListIdentities") => (Gateway(Admin), false),
+        ("sbx.v1.IdentityService", "RevokeIdentity") => (Gateway(Admin), true),
         _ => return None,
     };
     Some(declared)

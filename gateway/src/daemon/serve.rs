@@ -308,7 +308,7 @@ async fn serve_on(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
-    let service = SbxService::new(Arc::clone(&gateway), shutdown.clone());
+    let service = SbxService::new(Arc::clone(&gateway), shutdown.clone()).with_identities(data_dir);
     // Every error answered carries an ErrorInfo and stays bounded, tonic's own included.
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
@@ -325,7 +325,8 @@ async fn serve_on(
         .add_service(service.gateway_server())
         .add_service(service.workspace_server())
         .add_service(service.sandbox_server())
-        .add_service(service.image_server());
+        .add_service(service.image_server())
+        .add_service(service.identity_server());
     drop(service);
     let stop_accepting = shutdown.clone();
     // TCP_NODELAY on every accepted connection: without it a small HTTP/2 frame written while

@@ -8,6 +8,7 @@
 //! client following a stream never holds shutdown up.
 
 mod access;
+mod identities;
 mod images;
 mod info;
 mod sandboxes;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use sbx_actors::Gateway;
 use sbx_actors::limits::{MAX_IMAGE_MESSAGE_BYTES, MAX_MESSAGE_BYTES};
 use sbx_proto::v1::gateway_service_server::GatewayServiceServer;
+use sbx_proto::v1::identity_service_server::IdentityServiceServer;
 use sbx_proto::v1::image_service_server::ImageServiceServer;
 use sbx_proto::v1::sandbox_service_server::SandboxServiceServer;
 use sbx_proto::v1::workspace_service_server::WorkspaceServiceServer;
@@ -33,6 +35,8 @@ pub use status::{ERROR_DOMAIN, actor_error_to_status};
 #[derive(Clone)]
 pub struct SbxService {
     gateway: Arc<Gateway>,
+    /// Where the identities live (IdentityService), when the gateway keeps them.
+    data_dir: Option<std::path::PathBuf>,
     /// Cancelled when sbxd begins to shut down: every open stream then ends with UNAVAILABLE,
     /// so that graceful shutdown does not wait for clients that follow a stream for ever.
     shutdown: CancellationToken,
@@ -40,7 +44,21 @@ pub struct SbxService {
 
 impl SbxService {
     pub fn new(gateway: Arc<Gateway>, shutdown: CancellationToken) -> Self {
-        SbxService { gateway, shutdown }
+        SbxService {
+            gateway,
+            data_dir: None,
+            shutdown,
+        }
+    }
+
+    /// Serves IdentityService over the identities of data dir `dir`.
+    pub fn with_identities(mut self, dir: &std::path::Path) -> Self {
+        self.data_dir = Some(dir.to_path_buf());
+        self
+    }
+
+    pub fn identity_server(&self) -> IdentityServiceServer<SbxService> {
+        IdentityServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     // The decode limits are the table's (`sbx_actors::limits`); a message over one is
@@ -65,11 +83,12 @@ impl SbxService {
 }
 
 /// The service names the health service reports on, besides "" (the whole server).
-pub const HEALTH_SERVICES: [&str; 4] = [
+pub const HEALTH_SERVICES: [&str; 5] = [
     sbx_proto::v1::gateway_service_server::SERVICE_NAME,
     sbx_proto::v1::workspace_service_server::SERVICE_NAME,
     sbx_proto::v1::sandbox_service_server::SERVICE_NAME,
     sbx_proto::v1::image_service_server::SERVICE_NAME,
+    sbx_proto::v1::identity_service_server::SERVICE_NAME,
 ];
 
 /// Sets the health of "" and of every `sbx.v1` service at once.
