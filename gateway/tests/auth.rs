@@ -685,11 +685,13 @@ async fn client_certificates_name_identities() {
     assert_eq!(other.code, 1, "{other:?}");
     assert!(other.stdout.is_empty(), "{other:?}");
     eprintln!("another CA's client certificate: {}", other.stderr.trim());
+    assert!(other.stderr.contains("client CA"), "no hint: {other:?}");
     // No certificate at all: the same.
     let none = with(&x, None, &[], &list);
     assert_eq!(none.code, 1, "{none:?}");
     assert!(none.stdout.is_empty(), "{none:?}");
     eprintln!("no client certificate: {}", none.stderr.trim());
+    assert!(none.stderr.contains("client CA"), "no hint: {none:?}");
     // Bob's certificate is good, but bob is no identity.
     let bob = with(&x, Some((&x, "bob")), &[], &list);
     assert_refused(&bob, "unauthenticated");

@@ -289,8 +289,31 @@ pub fn describe_status(status: &tonic::Status) -> String {
             format!("{message} ({CREDENTIAL_HINT})")
         }
         tonic::Code::PermissionDenied => say_once(&format!("permission denied: {message}")),
+        // With TLS 1.3 a gateway that refuses the client's certificate does so after the
+        // handshake seemed to succeed: the first call sees only the connection go.
+        tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled
+            if crate::cli::connect::dialed_tls() && dropped_connection(status) =>
+        {
+            format!(
+                "{message} (the gateway closed the TLS connection: is the client certificate \
+                 (--tls-cert) one signed by its client CA, and is there one if it asks for it?)"
+            )
+        }
         _ => message,
     }
+}
+
+/// Whether a status is the transport's: the connection went, nobody answered.
+fn dropped_connection(status: &tonic::Status) -> bool {
+    let text = status.message().to_ascii_lowercase();
+    [
+        "transport error",
+        "connection",
+        "operation was canceled",
+        "broken pipe",
+    ]
+    .iter()
+    .any(|said| text.contains(said))
 }
 
 /// The gateway says "delete with cascade"; the CLI's way to do that is a flag, so the message
