@@ -34,7 +34,7 @@ use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use sbx_proto::v1::{
     CreateSandboxRequest, CreateWorkspaceRequest, DeleteSandboxRequest, GetSandboxRequest,
-    SandboxRef,
+    SandboxRef, StopSandboxRequest,
 };
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::AsciiMetadataValue;
@@ -432,6 +432,38 @@ async fn roles_and_workspaces_bound_what_a_caller_sees_and_does() {
         &sbx_as(&ep, &editor, &["sandbox", "get", "--id", &sb_id]),
         "not found",
     );
+    // Every other verb on B's sandbox, by name: refused before it acts.
+    let local = data.path().join("local-file");
+    std::fs::write(&local, "x").expect("a local file");
+    let local = local.to_str().expect("a path").to_string();
+    for verb in [
+        &["sandbox", "start", "-w", "b", "sb"][..],
+        &["sandbox", "stop", "-w", "b", "sb"],
+        &["sandbox", "restart", "-w", "b", "sb"],
+        &["sandbox", "delete", "-w", "b", "sb"],
+        &["sandbox", "logs", "-w", "b", "sb"],
+        &["sandbox", "exec", "-w", "b", "sb", "--", "true"],
+        &["sandbox", "cp", "-w", "b", "sb:/sandbox/x", "/dev/null"],
+        &["sandbox", "cp", "-w", "b", &local, "sb:/sandbox/x"],
+    ] {
+        let answer = sbx_as(&ep, &editor, verb);
+        assert_refused(&answer, "permission denied");
+        assert!(answer.stderr.contains("\"b\""), "{verb:?}: {answer:?}");
+    }
+    let err = as_editor
+        .stop_sandbox(StopSandboxRequest {
+            sandbox: Some(by_id(&sb_id)),
+        })
+        .await
+        .expect_err("the editor of A stops nothing in B");
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    let still = sbx_as(
+        &ep,
+        &admin,
+        &["sandbox", "get", "-w", "b", "sb", "-o", "json"],
+    )
+    .json();
+    assert_eq!(still["phase"], "Ready", "B's sandbox was touched: {still}");
     // An editor changes sandboxes in A, not the workspace itself.
     sbx_as(
         &ep,
