@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod certs;
+pub mod connections;
 pub mod driver_spec;
 pub mod drivers;
 pub mod images;
@@ -212,6 +213,25 @@ pub struct ServeArgs {
         requires = "tls_cert"
     )]
     pub tls_client_ca: Option<PathBuf>,
+
+    /// The most connections open at once (TCP or socket); past it new ones are closed at
+    /// once. Default: the descriptor limit less 256 kept for the store and the driver
+    /// (768 under the usual 1,024), at most 4,096.
+    #[arg(long, env = "SBX_MAX_CONNECTIONS", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: Option<u32>,
+
+    /// Seconds a new connection has to send the HTTP/2 connection preface before it is
+    /// closed.
+    #[arg(long, env = "SBX_HANDSHAKE_TIMEOUT", default_value_t = 10, value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub handshake_timeout: u64,
+
+    /// Seconds an HTTP/2 connection may be quiet before sbxd pings it; one that does not
+    /// answer within as long again is closed.
+    #[arg(long, env = "SBX_KEEPALIVE", default_value_t = 30, value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub keepalive: u64,
 
     /// Once serving (every sandbox re-attached, health SERVING), write where to dial — the
     /// bound host:port, or unix://PATH for the socket — and a newline to this file,

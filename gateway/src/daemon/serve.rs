@@ -310,7 +310,11 @@ async fn serve_on(
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     let service = SbxService::new(Arc::clone(&gateway), shutdown.clone()).with_identities(data_dir);
     // Every error answered carries an ErrorInfo and stays bounded, tonic's own included.
-    let mut builder = tonic::transport::Server::builder();
+    let keepalive = Duration::from_secs(args.keepalive);
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(keepalive))
+        .http2_keepalive_timeout(Some(keepalive))
+        .tcp_keepalive(Some(keepalive));
     if let Some(tls) = tls {
         builder = builder
             .tls_config(tls)
@@ -333,14 +337,29 @@ async fn serve_on(
     // an earlier one is unacknowledged waits for the client's delayed ACK (40 ms on Linux), a
     // floor under every answer (docs/BENCHMARKS.md, oci create→Ready).
     let stopped = async move { stop_accepting.cancelled().await };
+    let limits = super::connections::Limits {
+        max_connections: args
+            .max_connections
+            .map(|n| n as usize)
+            .unwrap_or_else(super::connections::default_max_connections),
+        handshake_timeout: Duration::from_secs(args.handshake_timeout),
+    };
+    tracing::info!(
+        max_connections = limits.max_connections,
+        handshake_timeout = ?limits.handshake_timeout,
+        keepalive = ?keepalive,
+        "connection limits"
+    );
     let mut server = match listener {
         Listener::Tcp(listener) => {
             let incoming =
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let incoming = super::connections::bounded(incoming, limits);
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
         Listener::Unix(listener) => {
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            let incoming = super::connections::bounded(incoming, limits);
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
     };
