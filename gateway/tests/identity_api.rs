@@ -152,4 +152,30 @@ async fn an_admin_makes_and_revokes_identities_over_the_api() {
         .await
         .expect_err("revoked twice");
     assert_eq!(unknown.code(), Code::NotFound);
+
+    // The same through `sbx identity`.
+    let ep = d.endpoint();
+    let made = common::sbx(
+        &ep,
+        &[
+            "--token", &root, "identity", "create", "ci", "--role", "editor", "-w", "default",
+        ],
+    );
+    let token = made.ok().lines().last().expect("the token").to_string();
+    assert!(token.starts_with("sbx_"), "{made:?}");
+    assert_eq!(list_default(&channel, &token).await, Ok(0));
+    let listed = common::sbx(&ep, &["--token", &root, "identity", "list"]);
+    assert!(
+        listed.ok().contains("ci\teditor\tdefault\ttoken\tnever"),
+        "{listed:?}"
+    );
+    assert!(!listed.stdout.contains(&token[4..]));
+    let refused = common::sbx(&ep, &["--token", &token, "identity", "list"]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stderr.contains("permission denied"), "{refused:?}");
+    common::sbx(&ep, &["--token", &root, "identity", "revoke", "ci"]).ok();
+    assert_eq!(
+        list_default(&channel, &token).await,
+        Err(Code::Unauthenticated)
+    );
 }

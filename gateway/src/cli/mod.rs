@@ -15,6 +15,7 @@ pub mod connect;
 pub mod error;
 pub mod files;
 pub mod forward;
+pub mod identity;
 pub mod image;
 pub mod meta;
 pub mod output;
@@ -132,6 +133,10 @@ pub enum Command {
     /// Pull, import, inspect, list and delete images (what sandboxes on image drivers run).
     #[command(subcommand, visible_alias = "img")]
     Image(ImageCommand),
+    /// Make, list and revoke identities and their tokens (a gateway-wide admin's; on the
+    /// gateway's host `sbxd token` does the same without a connection).
+    #[command(subcommand, visible_alias = "id")]
+    Identity(identity::IdentityCommand),
     /// Wait until the gateway serves (`--for serving`) or a sandbox is Ready, Stopped or
     /// deleted (`--for ready|stopped|deleted NAME`).
     Wait(WaitArgs),

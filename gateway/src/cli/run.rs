@@ -88,6 +88,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Workspace(cmd) => run_workspace(&target()?, cmd).await,
         Command::Sandbox(cmd) => run_sandbox(&target()?, cmd).await,
         Command::Image(cmd) => super::image::run_image(&target()?, cmd).await,
+        Command::Identity(cmd) => super::identity::run_identity(&target()?, cmd).await,
         Command::Wait(args) => run_wait(&target()?, &args).await,
         Command::Version(args) => super::meta::run_version(&target()?, &args).await,
         Command::Config(cmd) => super::config::run_config(&flags, &cmd),
