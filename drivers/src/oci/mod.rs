@@ -79,6 +79,10 @@ pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
 /// `sh /dev/.sbx/init RUN_DIR COMMAND…` (only shell builtins: the image may have no tools).
 pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the command, passes SIGTERM on to every process of
 # the sandbox, reaps orphans, and records the command's status in the run directory.
+# A stop that comes before the main process runs is remembered (pid 1 of a namespace drops a
+# signal it has no trap for) and passed on once it does.
+term=
+trap 'term=1' TERM INT
 run="$1"; shift
 # Looked up as `sbx-agent run` will run it (a program on PATH, not one of this busybox's
 # applets or a shell builtin, which `command -v` would also find).
@@ -97,13 +101,14 @@ fi
 out=$!
 /dev/.sbx/sbx-agent log stderr "$run/stderr.fifo" 3<&- &
 err=$!
-trap 'kill -TERM -1 2>/dev/null' TERM INT
 # The main process through `sbx-agent run`, which puts back the SIGINT and SIGQUIT this
 # shell's `&` ignores; then the exec agent, on the listening socket the driver handed over as
 # fd 3, which only the agent keeps: if it ends, a connection is refused rather than left
 # waiting.
 /dev/.sbx/sbx-agent run "$@" 3<&- >"$run/stdout.fifo" 2>"$run/stderr.fifo" &
 child=$!
+trap 'kill -TERM -1 2>/dev/null' TERM INT
+[ -z "$term" ] || kill -TERM -1 2>/dev/null
 /dev/.sbx/sbx-agent serve 2>>"$run/agent.log" &
 exec 3<&-
 while :; do

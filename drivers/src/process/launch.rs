@@ -105,6 +105,10 @@ while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
   shift
 done
 shift
+# A stop may come as soon as `init` says the launch is done: a TERM before the main process
+# runs is remembered (pid 1 of a namespace would drop it without a trap) and passed on then.
+term=
+trap 'term=1' TERM
 printf '%s
 ' "$stat" > init || exit 125
 if ! (cd /sandbox && PATH="$userpath" && command -v "$1") >/dev/null 2>&1; then
@@ -118,9 +122,10 @@ mkfifo stdout.fifo stderr.fifo || { echo "sbx: cannot make the log FIFOs" >&2; e
 out=$!
 /proc/self/fd/4 log stderr stderr.fifo 3<&- &
 err=$!
-trap 'kill -TERM -1 2>/dev/null' TERM
 (cd /sandbox || exit 125; jail /proc/self/fd/4 run "$@") 3<&- >stdout.fifo 2>stderr.fifo &
 child=$!
+trap 'kill -TERM -1 2>/dev/null' TERM
+[ -z "$term" ] || kill -TERM -1 2>/dev/null
 (exec 2>>agent.log; cd /sandbox || exit 125; jail /proc/self/fd/4 serve) &
 exec 3<&- 4<&-
 while :; do
