@@ -76,6 +76,7 @@ impl Committer {
     /// Starts the committer thread. It owns a `Db` handle so that it can flush, and a handle
     /// on sled's log file (`<path>/db`) so that it can fsync it.
     pub(crate) fn start(db: sled::Db, trees: Trees, path: &Path) -> Result<Committer, StoreError> {
+        let mark = HighWater::open(path)?;
         let log_path = path.join(SLED_LOG_FILE);
         let log = File::open(&log_path).map_err(|e| {
             StoreError::Io(format!(
@@ -88,7 +89,7 @@ impl Committer {
         let thread_counters = Arc::clone(&counters);
         let thread = std::thread::Builder::new()
             .name("sbx-store-committer".into())
-            .spawn(move || run(db, log, trees, queue, &thread_counters))
+            .spawn(move || run(db, log, trees, queue, &thread_counters, &mark))
             .map_err(|e| StoreError::Io(format!("cannot start the committer thread: {e}")))?;
         Ok(Committer {
             requests: Some(requests),
@@ -145,7 +146,105 @@ fn flush_durably(db: &sled::Db, log: &File) -> Result<usize, String> {
     Ok(bytes)
 }
 
-fn run(db: sled::Db, log: File, trees: Trees, queue: mpsc::Receiver<Request>, counters: &Counters) {
+/// The store's high-water mark: the revision of the last acknowledged commit, in a file
+/// beside the store (`<store>.high-water`), so that a store that lost acknowledged writes
+/// (truncated, damaged, an old copy put back) is told apart from a healthy one at open
+/// ([`crate::SledStore::check_integrity`]).
+///
+/// It is written (`pwrite`, no fsync) after every durable flush, so it never says more than
+/// the store holds durably: after a crash the mark may be older than the store, never newer.
+/// The final flush at close syncs it. A store whose revision is below its mark lost data.
+pub(crate) struct HighWater {
+    file: File,
+    /// What the file says: the mark only ever rises here (a store opened and closed without
+    /// commits, after a refused start, must not lower the mark to what it lost).
+    at: AtomicU64,
+}
+
+/// Where the high-water mark of the store at `store` is.
+pub fn high_water_path(store: &Path) -> std::path::PathBuf {
+    let mut name = store.as_os_str().to_owned();
+    name.push(".high-water");
+    std::path::PathBuf::from(name)
+}
+
+/// The mark's value, if there is one: a decimal revision.
+pub fn read_high_water(store: &Path) -> Result<Option<u64>, StoreError> {
+    let path = high_water_path(store);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let digits = text.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+            if digits.is_empty() {
+                // Made at the first open, before any commit.
+                return Ok(None);
+            }
+            digits.parse::<u64>().map(Some).map_err(|_| {
+                StoreError::Corrupt(format!("{} holds no revision: {text:?}", path.display()))
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::Io(format!("{}: {e}", path.display()))),
+    }
+}
+
+impl HighWater {
+    pub(crate) fn open(store: &Path) -> Result<HighWater, StoreError> {
+        let path = high_water_path(store);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| StoreError::Io(format!("cannot open {}: {e}", path.display())))?;
+        let at = read_high_water(store)?.unwrap_or(0);
+        Ok(HighWater {
+            file,
+            at: AtomicU64::new(at),
+        })
+    }
+
+    /// Raises the mark to `revision` (never lowers it); `sync` makes it durable.
+    pub(crate) fn set(&self, revision: u64, sync: bool) -> std::io::Result<()> {
+        if revision > self.at.load(Ordering::Relaxed) {
+            self.write(revision)?;
+        }
+        if sync {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    /// Sets the mark to `revision`, lower or not (an operator's acceptance of a loss).
+    pub(crate) fn reset(&self, revision: u64) -> std::io::Result<()> {
+        self.write(revision)?;
+        self.file.sync_data()
+    }
+
+    /// Fixed width, so a write never leaves a longer old value's tail.
+    fn write(&self, revision: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file
+            .write_all_at(format!("{revision:020}\n").as_bytes(), 0)?;
+        self.at.store(revision, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// The store's revision as its meta tree says.
+fn revision_of(trees: &Trees) -> Option<u64> {
+    let raw = trees.meta.get(crate::layout::META_REVISION).ok()??;
+    crate::layout::decode_u64(&raw, "stored revision").ok()
+}
+
+fn run(
+    db: sled::Db,
+    log: File,
+    trees: Trees,
+    queue: mpsc::Receiver<Request>,
+    counters: &Counters,
+    mark: &HighWater,
+) {
     while let Ok(first) = queue.recv() {
         let mut ops = vec![first.op];
         let mut replies = vec![first.reply];
@@ -191,6 +290,11 @@ fn run(db: sled::Db, log: File, trees: Trees, queue: mpsc::Receiver<Request>, co
                 counters
                     .writes
                     .fetch_add(pending.len() as u64, Ordering::Relaxed);
+                if let Some(revision) = revision_of(&trees)
+                    && let Err(e) = mark.set(revision, false)
+                {
+                    tracing::error!(error = %e, "the store's high-water mark was not written");
+                }
                 for (outcome, reply) in pending {
                     let _ = reply.send(Ok(outcome));
                 }
@@ -205,7 +309,14 @@ fn run(db: sled::Db, log: File, trees: Trees, queue: mpsc::Receiver<Request>, co
         }
     }
     // Every handle is gone: make sure nothing committed stays unflushed.
-    if let Err(e) = flush_durably(&db, &log) {
-        tracing::error!(error = %e, "final store flush failed");
+    match flush_durably(&db, &log) {
+        Ok(_) => {
+            if let Some(revision) = revision_of(&trees)
+                && let Err(e) = mark.set(revision, true)
+            {
+                tracing::error!(error = %e, "the store's high-water mark was not written");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "final store flush failed"),
     }
 }

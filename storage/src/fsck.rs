@@ -332,3 +332,69 @@ mod tests {
         .await;
     }
 }
+
+/// What [`SledStore::check_integrity`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntegrityReport {
+    /// The store's revision: the last commit it holds.
+    pub revision: u64,
+    /// The last commit acknowledged, as the mark beside the store says (`None`: no mark, a
+    /// store made before marks or never written).
+    pub high_water: Option<u64>,
+    /// Records and indexes that disagree ([`SledStore::verify_indexes`]).
+    pub problems: Vec<IndexProblem>,
+}
+
+impl IntegrityReport {
+    /// Whether acknowledged commits are missing: the store is older than its mark.
+    pub fn lost_commits(&self) -> bool {
+        self.high_water.is_some_and(|mark| mark > self.revision)
+    }
+
+    pub fn healthy(&self) -> bool {
+        !self.lost_commits() && self.problems.is_empty()
+    }
+
+    /// What is wrong, in a few lines (empty when healthy).
+    pub fn describe(&self) -> String {
+        let mut lines = Vec::new();
+        if let Some(mark) = self.high_water.filter(|_| self.lost_commits()) {
+            lines.push(format!(
+                "the store holds commits up to revision {}, but revision {mark} was acknowledged: \
+                 {} acknowledged commit(s) are missing (the store was truncated, damaged or \
+                 replaced by an older copy)",
+                self.revision,
+                mark - self.revision
+            ));
+        }
+        for problem in self.problems.iter().take(20) {
+            lines.push(problem.to_string());
+        }
+        if self.problems.len() > 20 {
+            lines.push(format!(
+                "… and {} more index problems",
+                self.problems.len() - 20
+            ));
+        }
+        lines.join("\n")
+    }
+}
+
+impl SledStore {
+    /// The store against its high-water mark and its own indexes. Run it before serving.
+    pub fn check_integrity(&self) -> Result<IntegrityReport, StoreError> {
+        Ok(IntegrityReport {
+            revision: self.revision()?,
+            high_water: crate::committer::read_high_water(self.path())?,
+            problems: self.verify_indexes()?,
+        })
+    }
+
+    /// Takes the store as it is from now on: its mark is set to its revision (after an
+    /// operator chose to accept a loss, or restored a backup on purpose).
+    pub fn accept_as_is(&self) -> Result<(), StoreError> {
+        let mark = crate::committer::HighWater::open(self.path())?;
+        mark.reset(self.revision()?)
+            .map_err(|e| StoreError::Io(format!("writing the high-water mark: {e}")))
+    }
+}

@@ -36,8 +36,9 @@ mod store;
 mod writes;
 
 pub use committer::{FlushStats, MAX_BATCH};
+pub use committer::{high_water_path, read_high_water};
 pub use error::StoreError;
-pub use fsck::IndexProblem;
+pub use fsck::{IndexProblem, IntegrityReport};
 pub use record::{Kind, ListQuery, NewRecord, Page, Record, Scope};
 pub use schema::{SCHEMA_VERSION, SchemaOutcome};
 pub use selector::{LabelSelector, MAX_LABEL_LEN, Requirement, validate_labels};

@@ -67,6 +67,54 @@ pub enum CertsCommand {
     Init(Box<super::certs::CertsInitArgs>),
 }
 
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Check the store: its revision against the high-water mark of acknowledged commits, and
+    /// its indexes against its records. Exit 0 when healthy, 1 when damaged (what is wrong on
+    /// stderr), 2 when it cannot be opened (sbxd running on it, for one).
+    Check(DataDirArg),
+}
+
+pub fn run_store(command: StoreCommand) -> ExitCode {
+    match command {
+        StoreCommand::Check(args) => {
+            let data = match data_dir(&args) {
+                Ok(data) => data,
+                Err(message) => return finish(Err(message)),
+            };
+            let path = data.join("store");
+            let began = std::time::Instant::now();
+            let report = sbx_storage::SledStore::open(&path).and_then(|s| s.check_integrity());
+            match report {
+                Err(e) => {
+                    eprintln!("error: cannot check the store in {}: {e}", path.display());
+                    ExitCode::from(2)
+                }
+                Ok(report) => {
+                    println!(
+                        "store {}: revision {}, high-water mark {}, {} index problem(s), checked \
+                         in {:?}",
+                        path.display(),
+                        report.revision,
+                        report
+                            .high_water
+                            .map(|m| m.to_string())
+                            .unwrap_or_else(|| "none".into()),
+                        report.problems.len(),
+                        began.elapsed()
+                    );
+                    if report.healthy() {
+                        ExitCode::SUCCESS
+                    } else {
+                        eprintln!("{}", report.describe());
+                        ExitCode::from(1)
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `--ttl`: seconds, or a number with s, m, h or d.
 fn parse_ttl(text: &str) -> Result<Duration, String> {
     let text = text.trim();

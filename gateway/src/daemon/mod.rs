@@ -53,6 +53,7 @@ pub fn main() -> std::process::ExitCode {
         Command::Driver(args) => runtime.block_on(serve::run_driver(args)),
         Command::Token(command) => return access::run_token(command),
         Command::Certs(command) => return access::run_certs(command),
+        Command::Store(command) => return access::run_store(command),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -116,6 +117,10 @@ pub enum Command {
     /// Certificates for TLS and mutual TLS, for operators without a PKI of their own.
     #[command(subcommand)]
     Certs(access::CertsCommand),
+    /// The store: check it against its high-water mark and its indexes (while sbxd is not
+    /// running on it).
+    #[command(subcommand)]
+    Store(access::StoreCommand),
 }
 
 /// The compute driver sandboxes run on.
@@ -213,6 +218,11 @@ pub struct ServeArgs {
         requires = "tls_cert"
     )]
     pub tls_client_ca: Option<PathBuf>,
+
+    /// Serve a store that lost acknowledged commits or whose indexes disagree (see `sbxd store
+    /// check`): what it lost is gone; the loss is logged and the store taken as it is.
+    #[arg(long, env = "SBX_ACCEPT_STORE_LOSS")]
+    pub accept_store_loss: bool,
 
     /// The most connections open at once (TCP or socket); past it new ones are closed at
     /// once. Default: the descriptor limit less 256 kept for the store and the driver
@@ -501,6 +511,14 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    /// The store lost acknowledged commits or its indexes disagree with its records.
+    #[error(
+        "the store in {path} is damaged; sbxd does not serve it:\n{report}\n\
+         `sbxd store check --data-dir DATA` says the same without starting; put back a copy \
+         of DATA/store and DATA/store.high-water taken while sbxd was stopped, or start with \
+         --accept-store-loss to serve what is left"
+    )]
+    StoreDamaged { path: PathBuf, report: String },
     /// The listener's security: TLS off a loopback address, `--auth none` off loopback, TLS
     /// files that do not load, the identities file unreadable.
     #[error("{0}")]

@@ -43,13 +43,12 @@ pub async fn serve(mut args: ServeArgs) -> Result<(), DaemonError> {
     let images = open_images(&data_dir)?;
     let store_path = data_dir.join("store");
     create_private_dir(&store_path)?;
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(
-            SledStore::open(&store_path).map_err(|source| DaemonError::Store {
-                path: store_path.clone(),
-                source,
-            })?,
-        );
+    let sled = SledStore::open(&store_path).map_err(|source| DaemonError::Store {
+        path: store_path.clone(),
+        source,
+    })?;
+    check_store(&sled, &store_path, args.accept_store_loss)?;
+    let store: Arc<dyn ObjectStore> = Arc::new(sled);
     // Signals first, so that a SIGTERM during startup is not lost (nor fatal by default,
     // which would orphan a managed driver process).
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
@@ -93,6 +92,43 @@ pub async fn serve(mut args: ServeArgs) -> Result<(), DaemonError> {
         tracing::info!("driver process stopped; its workloads left running");
     }
     result
+}
+
+/// Refuses a store that lost acknowledged commits or whose indexes disagree with its
+/// records — unless the operator said to take it as it is (`--accept-store-loss`), which is
+/// logged and moves the high-water mark to what the store holds.
+fn check_store(store: &SledStore, path: &Path, accept: bool) -> Result<(), DaemonError> {
+    let began = Instant::now();
+    let report = store
+        .check_integrity()
+        .map_err(|source| DaemonError::Store {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    tracing::info!(
+        revision = report.revision,
+        high_water = ?report.high_water,
+        took = ?began.elapsed(),
+        "store checked"
+    );
+    if report.healthy() {
+        return Ok(());
+    }
+    if !accept {
+        return Err(DaemonError::StoreDamaged {
+            path: path.to_path_buf(),
+            report: report.describe(),
+        });
+    }
+    tracing::error!(
+        store = %path.display(),
+        report = %report.describe(),
+        "serving a damaged store, as --accept-store-loss asks; what it lost is gone"
+    );
+    store.accept_as_is().map_err(|source| DaemonError::Store {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// How long startup waits for a managed driver process to answer before re-attaching.
