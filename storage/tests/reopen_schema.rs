@@ -8,6 +8,17 @@ use sbx_storage::{
     Kind, ListQuery, ObjectStore, SCHEMA_VERSION, SchemaOutcome, Scope, SledStore, StoreError,
 };
 
+/// The store's sled opened directly, without sled's background flusher: a flusher thread
+/// can hold the directory's lock for a moment after the handle is dropped, and the store's
+/// own open right after would find it taken.
+fn raw_open(path: &std::path::Path) -> sled::Db {
+    sled::Config::new()
+        .path(path)
+        .flush_every_ms(None)
+        .open()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn reopen_keeps_data_indexes_and_revision() {
     let dir = tempfile::tempdir().unwrap();
@@ -62,7 +73,7 @@ async fn reopen_keeps_data_indexes_and_revision() {
 
 /// Sets the raw schema version of a closed store.
 fn set_raw_version(path: &std::path::Path, raw: &[u8]) {
-    let db = sled::open(path).unwrap();
+    let db = raw_open(path);
     db.open_tree(TREE_META)
         .unwrap()
         .insert(META_SCHEMA_VERSION, raw)
@@ -71,7 +82,7 @@ fn set_raw_version(path: &std::path::Path, raw: &[u8]) {
 }
 
 fn raw_version(path: &std::path::Path) -> Option<Vec<u8>> {
-    let db = sled::open(path).unwrap();
+    let db = raw_open(path);
     let meta = db.open_tree(TREE_META).unwrap();
     meta.get(META_SCHEMA_VERSION).unwrap().map(|v| v.to_vec())
 }
@@ -127,7 +138,7 @@ async fn data_without_a_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     {
-        let db = sled::open(&path).unwrap();
+        let db = raw_open(&path);
         db.open_tree("records").unwrap().insert(b"x", b"y").unwrap();
         db.flush().unwrap();
     }
@@ -159,7 +170,7 @@ async fn version_1_is_migrated_to_2() {
     };
     // Turn it into a version-1 layout: no per-workspace order index, no counts.
     {
-        let db = sled::open(&path).unwrap();
+        let db = raw_open(&path);
         assert!(db.drop_tree(TREE_ORDER_WS).unwrap());
         assert!(db.drop_tree(TREE_WS_COUNTS).unwrap());
         db.open_tree(TREE_META)
