@@ -172,6 +172,9 @@ impl Actor for SandboxActor {
                 self.after(&myself, st, outcome).await;
             }
             SandboxMsg::Start(reply) => {
+                if caller_gone(&reply, st, "start") {
+                    return Ok(());
+                }
                 if let Err(e) = refuse_if_deleting(st, "start") {
                     let _ = reply.send(Err(e));
                     return Ok(());
@@ -192,6 +195,9 @@ impl Actor for SandboxActor {
                 self.after(&myself, st, outcome).await;
             }
             SandboxMsg::Stop(reply) => {
+                if caller_gone(&reply, st, "stop") {
+                    return Ok(());
+                }
                 if let Err(e) = refuse_if_deleting(st, "stop") {
                     let _ = reply.send(Err(e));
                     return Ok(());
@@ -213,6 +219,9 @@ impl Actor for SandboxActor {
                 self.after(&myself, st, outcome).await;
             }
             SandboxMsg::Restart(reply) => {
+                if caller_gone(&reply, st, "restart") {
+                    return Ok(());
+                }
                 if let Err(e) = refuse_if_deleting(st, "restart") {
                     let _ = reply.send(Err(e));
                     return Ok(());
@@ -582,6 +591,23 @@ impl SandboxActor {
             .publish(EventType::Deleted, st.stored.sandbox.clone());
         Ok(())
     }
+}
+
+/// Whether the caller of a lifecycle command gave up (its call was cancelled, or timed out)
+/// while the command waited its turn in the mailbox: then it is not carried out. A client
+/// that gave up does not know whether it happened, so not doing it is a truthful outcome —
+/// and a command acted on long after its caller left (a restart after the caller went on
+/// believing the sandbox Ready) is not.
+fn caller_gone<T>(reply: &ractor::RpcReplyPort<T>, st: &SandboxState, what: &str) -> bool {
+    if !reply.is_closed() {
+        return false;
+    }
+    tracing::info!(
+        sandbox_id = %st.stored.id(),
+        command = what,
+        "the caller gave up before its turn; not carried out"
+    );
+    true
 }
 
 fn create_request(st: &SandboxState) -> pb::CreateRequest {

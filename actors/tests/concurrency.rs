@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use sbx_actors::{ActorError, SandboxFilter, WorkspaceSelector};
+use sbx_proto::v1::Phase;
 use sbx_storage::{Kind, ListQuery, Scope};
 use tokio::sync::Barrier;
 use uuid::Uuid;
@@ -279,4 +280,47 @@ async fn terminating_workspace_refuses_creates_and_non_cascade_delete_refuses_wh
             .await,
         Err(ActorError::FailedPrecondition(_))
     ));
+}
+
+/// A lifecycle command whose caller gave up while it waited its turn (behind a slow stop in
+/// the sandbox's mailbox) is not carried out: the restart the caller abandoned does not
+/// start the sandbox after the stop, long after the caller went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_abandoned_before_its_turn_is_not_carried_out() {
+    let env = Env::new().await;
+    let gw = env.gw();
+    let sb = gw
+        .create_sandbox(None, "patient", sleep_spec())
+        .await
+        .unwrap();
+    wait_phase(gw, &by_id(&sb), Phase::Ready, Duration::from_secs(10)).await;
+    let generation = gw.get_sandbox(&by_id(&sb)).await.unwrap().generation;
+    // Every driver call now takes 300 ms: the stop holds the mailbox that long.
+    env.driver.set_faults(
+        sbx_drivers::sim::SimFaults::seeded(7).with_latency(Duration::from_millis(300)),
+    );
+    let sel = by_id(&sb);
+    let stop = gw.stop_sandbox(&sel);
+    let abandoned = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Queued behind the stop, then given up on.
+        tokio::time::timeout(Duration::from_millis(50), gw.restart_sandbox(&sel)).await
+    };
+    let (stopped, abandoned) = tokio::join!(stop, abandoned);
+    stopped.unwrap();
+    assert!(
+        abandoned.is_err(),
+        "the restart was meant to be given up on"
+    );
+    env.driver
+        .set_faults(sbx_drivers::sim::SimFaults::default());
+    // Long enough for an abandoned restart to have run, had it run.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let now = gw.get_sandbox(&by_id(&sb)).await.unwrap();
+    assert_eq!(
+        (now.phase(), now.generation),
+        (Phase::Stopped, generation),
+        "the abandoned restart was carried out: {now:?}"
+    );
+    assert!(env.world.running_ids().is_empty());
 }
