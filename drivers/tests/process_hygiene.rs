@@ -93,17 +93,28 @@ async fn the_workload_sees_its_own_environment_and_command() {
         "{shown:?}"
     );
 
-    let ps = exec(&driver, id, &["ps", "-e", "-o", "pid=,ppid=,args="], 0).await;
-    let rows: Vec<(u32, u32, String)> = ps
-        .stdout
-        .lines()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            let pid = it.next()?.parse().ok()?;
-            let ppid = it.next()?.parse().ok()?;
-            Some((pid, ppid, it.collect::<Vec<_>>().join(" ")))
-        })
-        .collect();
+    // Running is reported once the shim is up; the main process may still be on its way
+    // through the jail (unshare, setpriv, the lookup) to its own exec: look again for a while.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (ps, rows) = loop {
+        let ps = exec(&driver, id, &["ps", "-e", "-o", "pid=,ppid=,args="], 0).await;
+        let rows: Vec<(u32, u32, String)> = ps
+            .stdout
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let pid = it.next()?.parse().ok()?;
+                let ppid = it.next()?.parse().ok()?;
+                Some((pid, ppid, it.collect::<Vec<_>>().join(" ")))
+            })
+            .collect();
+        if rows.iter().any(|r| r.1 == 1 && r.2 == "sleep 1000")
+            || std::time::Instant::now() >= deadline
+        {
+            break (ps, rows);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
     let init = rows
         .iter()
         .find(|r| r.0 == 1)
