@@ -385,6 +385,14 @@ impl CopyVia {
     }
 }
 
+/// The TCP port a forward names (1–65535), or `InvalidArgument`.
+pub(crate) fn forward_port(req: &pb::PortForwardStart) -> Result<u16, DriverError> {
+    u16::try_from(req.port)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| DriverError::InvalidArgument(format!("port {} is not a TCP port", req.port)))
+}
+
 /// A connection to `port` on the sandbox's loopback. The stream carries the port's bytes and
 /// then `closed`; it ends once both directions are closed (or the caller drops it, which
 /// closes the connection).
@@ -395,12 +403,7 @@ pub(crate) async fn port_forward(
 ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
     use pb::port_forward_input::Input;
     use pb::port_forward_output::Output;
-    let port = u16::try_from(req.port)
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| {
-            DriverError::InvalidArgument(format!("port {} is not a TCP port", req.port))
-        })?;
+    let port = forward_port(req)?;
     let mut conn = connect(sandbox_dir, &req.sandbox_id).await?;
     send(&mut conn, &Frame::Forward { port }).await?;
     match read_frame(&mut conn).await {

@@ -20,6 +20,11 @@ impl OciDriver {
         agent::exec(&dir, &sandbox, req, input).await
     }
 
+    /// Whether the sandbox's workload runs, and is meant to (its agent answers then).
+    fn runs(&self, record: &record::OciRecord) -> bool {
+        record.desired == Desired::Running && self.inner.run_paths(record).live_init().is_some()
+    }
+
     /// The directory of running sandbox `sandbox_id` (where its agent listens), or why there
     /// is none: `what` (exec, copy, port forwarding) needs a running workload.
     pub(super) fn running_dir(
@@ -29,9 +34,7 @@ impl OciDriver {
     ) -> Result<std::path::PathBuf, DriverError> {
         let id = parse_sandbox_id(sandbox_id)?;
         let record = self.inner.records.require(id)?;
-        let run = self.inner.run_paths(&record);
-        let running = record.desired == Desired::Running && run.live_init().is_some();
-        if !running {
+        if !self.runs(&record) {
             return Err(DriverError::FailedPrecondition(format!(
                 "sandbox {id} is not running; {what} needs a running workload"
             )));
@@ -47,7 +50,7 @@ impl OciDriver {
         let lock = inner.records.lock(id).await;
         let record = inner.records.require(id)?;
         let paths = inner.paths(id);
-        if record.desired == Desired::Running && inner.run_paths(&record).live_init().is_some() {
+        if self.runs(&record) {
             return Ok(CopyVia::Running(paths.dir));
         }
         let offline = Offline {

@@ -6,7 +6,7 @@
 
 use super::ProcessDriver;
 use super::launch::SANDBOX_MOUNT;
-use super::record::SandboxPaths;
+use super::record::{SandboxPaths, SandboxRecord};
 use crate::host::agent::{CopyVia, Offline};
 use crate::host::{Desired, agent, validate_command};
 use crate::{DriverError, DriverStream, ExecInputStream, parse_sandbox_id, pb};
@@ -23,6 +23,11 @@ impl ProcessDriver {
         agent::exec(&dir, &sandbox, req, input).await
     }
 
+    /// Whether the sandbox's workload runs, and is meant to (its agent answers then).
+    fn runs(&self, record: &SandboxRecord) -> bool {
+        record.desired == Desired::Running && self.inner.run_paths(record).live_init().is_some()
+    }
+
     /// The directory of running sandbox `sandbox_id` (where its agent listens), or why there
     /// is none: `what` (exec, copy, port forwarding) needs a running workload.
     pub(super) fn running_dir(
@@ -32,9 +37,7 @@ impl ProcessDriver {
     ) -> Result<std::path::PathBuf, DriverError> {
         let id = parse_sandbox_id(sandbox_id)?;
         let record = self.inner.records.require(id)?;
-        let running = record.desired == Desired::Running
-            && self.inner.run_paths(&record).live_init().is_some();
-        if !running {
+        if !self.runs(&record) {
             return Err(DriverError::FailedPrecondition(format!(
                 "sandbox {id} is not running; {what} needs a running workload"
             )));
@@ -55,7 +58,7 @@ impl ProcessDriver {
         let lock = inner.records.lock(id).await;
         let record = inner.records.require(id)?;
         let paths = SandboxPaths::new(&inner.state_dir, id);
-        if record.desired == Desired::Running && inner.run_paths(&record).live_init().is_some() {
+        if self.runs(&record) {
             return Ok(CopyVia::Running(paths.dir));
         }
         let lexical = std::path::Path::new(path);

@@ -228,12 +228,7 @@ impl VmDriver {
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
         use pb::exec_input::Input as ExecIn;
         use pb::port_forward_input::Input;
-        let port = u16::try_from(req.port)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| {
-                DriverError::InvalidArgument(format!("port {} is not a TCP port", req.port))
-            })?;
+        let port = crate::host::agent::forward_port(&req)?;
         let input = input.filter_map(|msg| async move {
             let input = match msg.input? {
                 Input::Data(bytes) => ExecIn::Stdin(bytes),
