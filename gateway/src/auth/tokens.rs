@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -261,7 +261,7 @@ pub struct Identities {
 struct Cached {
     /// (size, mtime) of the file last read; `None` before the first read or when absent.
     seen: Option<(u64, SystemTime)>,
-    identities: Vec<StoredIdentity>,
+    identities: Arc<[StoredIdentity]>,
 }
 
 impl Identities {
@@ -274,15 +274,15 @@ impl Identities {
         Ok(this)
     }
 
-    /// The identities as the file says now.
-    fn current(&self) -> Result<Vec<StoredIdentity>, TokenError> {
+    /// The identities as the file says now (shared: a call copies none of them).
+    fn current(&self) -> Result<Arc<[StoredIdentity]>, TokenError> {
         let path = file_path(&self.data);
         let stamp = std::fs::metadata(&path)
             .ok()
             .and_then(|m| Some((m.len(), m.modified().ok()?)));
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if stamp != cache.seen || stamp.is_none() {
-            cache.identities = read(&self.data)?.identities;
+            cache.identities = read(&self.data)?.identities.into();
             cache.seen = stamp;
         }
         Ok(cache.identities.clone())
@@ -298,14 +298,14 @@ impl Identities {
     pub fn by_token_hash(&self, presented: &str) -> Result<Option<StoredIdentity>, TokenError> {
         let now = now_ms();
         let mut found = None;
-        for identity in self.current()? {
+        for identity in self.current()?.iter() {
             let same: bool = identity
                 .token_sha256
                 .as_bytes()
                 .ct_eq(presented.as_bytes())
                 .into();
             if same && !identity.token_sha256.is_empty() && !identity.expired(now) {
-                found = Some(identity);
+                found = Some(identity.clone());
             }
         }
         Ok(found)
@@ -316,8 +316,9 @@ impl Identities {
         let now = now_ms();
         Ok(self
             .current()?
-            .into_iter()
-            .find(|i| i.name == name && !i.expired(now)))
+            .iter()
+            .find(|i| i.name == name && !i.expired(now))
+            .cloned())
     }
 }
 
