@@ -9,7 +9,7 @@
 mod common;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{DataDir, SBXD, Sbxd};
 use sbx_proto::v1::{CreateSandboxRequest, ListSandboxesRequest, SandboxSpec};
@@ -17,57 +17,30 @@ use sbx_proto::v1::{CreateSandboxRequest, ListSandboxesRequest, SandboxSpec};
 const SANDBOXES: usize = 200;
 
 fn store_check(data: &std::path::Path) -> (i32, String, String) {
-    let out = Command::new(SBXD)
-        .args(["store", "check", "--data-dir"])
-        .arg(data)
-        .output()
-        .expect("sbxd store check");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut cmd = Command::new(SBXD);
+    cmd.args(["store", "check", "--data-dir"]).arg(data);
+    let run = common::run_bounded(&mut cmd, "sbxd store check");
+    (run.code, run.stdout, run.stderr)
 }
 
-/// `sbxd serve` on `data` that must fail: its exit code and stderr.
+/// `sbxd serve` on `data` that must fail: its exit code and stderr (a served store would
+/// keep it running, and `run_bounded` fails the test then).
 fn refused_start(data: &std::path::Path) -> (i32, String) {
-    let mut child = Command::new(SBXD)
-        .args([
-            "serve",
-            "--driver",
-            "sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--auth",
-            "none",
-        ])
-        .arg("--data-dir")
-        .arg(data)
-        .env("SBX_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn sbxd");
-    let began = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            let mut err = String::new();
-            use std::io::Read;
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            return (status.code().unwrap_or(-1), err);
-        }
-        if began.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("sbxd served a damaged store (still running after 30 s)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut cmd = Command::new(SBXD);
+    cmd.args([
+        "serve",
+        "--driver",
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--auth",
+        "none",
+    ])
+    .arg("--data-dir")
+    .arg(data)
+    .env("SBX_LOG", "warn");
+    let run = common::run_bounded(&mut cmd, "sbxd serve on a damaged store");
+    (run.code, run.stderr)
 }
 
 async fn count(d: &Sbxd) -> usize {
