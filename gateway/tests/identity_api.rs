@@ -1,7 +1,8 @@
 //! `sbx.v1.IdentityService` through the real sbxd (`--auth token`): a gateway-wide admin
 //! makes an identity over the API and gets its token once; the token works at once for what
 //! its role allows; a workspace-scoped admin may not make identities; a revoke over the API
-//! stops the token at the next call; bad input is INVALID_ARGUMENT or ALREADY_EXISTS.
+//! stops the token at the next call; bad input is INVALID_ARGUMENT or ALREADY_EXISTS; each
+//! change and each refusal is an `sbx::audit` line naming who, with no token in the log.
 
 mod common;
 
@@ -142,6 +143,7 @@ async fn an_admin_makes_and_revokes_identities_over_the_api() {
         list_default(&channel, &made.token).await,
         Err(Code::Unauthenticated)
     );
+    let reader_token = made.token.clone();
     let unknown = ids
         .revoke_identity(with_token(
             RevokeIdentityRequest {
@@ -178,4 +180,43 @@ async fn an_admin_makes_and_revokes_identities_over_the_api() {
         list_default(&channel, &token).await,
         Err(Code::Unauthenticated)
     );
+
+    // Audited: who made and revoked what, the outcome, the refusals; never a token.
+    let log = d.log_text();
+    let audit: Vec<&str> = log.lines().filter(|l| l.contains("sbx::audit")).collect();
+    let has = |needles: &[&str]| audit.iter().any(|l| needles.iter().all(|n| l.contains(n)));
+    assert!(
+        has(&[
+            "who=root",
+            "action=\"create identity\"",
+            "object=\"reader\""
+        ]),
+        "{audit:#?}"
+    );
+    assert!(
+        has(&[
+            "who=root",
+            "method=/sbx.v1.IdentityService/RevokeIdentity",
+            "outcome=Ok"
+        ]),
+        "{audit:#?}"
+    );
+    assert!(
+        has(&[
+            "method=/sbx.v1.IdentityService/ListIdentities",
+            "outcome=Unauthenticated"
+        ]),
+        "{audit:#?}"
+    );
+    assert!(
+        has(&[
+            "who=reader",
+            "method=/sbx.v1.IdentityService/ListIdentities",
+            "outcome=PermissionDenied"
+        ]),
+        "{audit:#?}"
+    );
+    for secret in [&root, &team_admin, &reader_token, &token] {
+        assert!(!log.contains(&secret[4..]), "a token is in the log");
+    }
 }
