@@ -52,7 +52,8 @@ impl Env {
 
     pub async fn with(config: Config, faults: SimFaults) -> Env {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn ObjectStore> = Arc::new(SledStore::open(dir.path()).unwrap());
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(SledStore::open(&dir.path().join("store")).unwrap());
         let world = SimWorld::new();
         let driver = Arc::new(SimDriver::new(world.clone(), faults));
         let gw = Gateway::start(

@@ -111,7 +111,7 @@ async fn lifecycle_ratio(ops: usize, concurrency: usize) {
 
     // Through the actor tree, on a durable store.
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ObjectStore> = Arc::new(SledStore::open(dir.path()).unwrap());
+    let store: Arc<dyn ObjectStore> = Arc::new(SledStore::open(&dir.path().join("store")).unwrap());
     let world = SimWorld::new();
     let driver = Arc::new(SimDriver::new(world, SimFaults::default()));
     let gw = Gateway::start(store, DriverSet::single("sim", driver), config())
@@ -165,7 +165,8 @@ async fn startup(n: usize, concurrency: usize) {
     let dir = tempfile::tempdir().unwrap();
     let world = SimWorld::new();
     {
-        let store: Arc<dyn ObjectStore> = Arc::new(SledStore::open(dir.path()).unwrap());
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(SledStore::open(&dir.path().join("store")).unwrap());
         let driver = Arc::new(SimDriver::new(world.clone(), SimFaults::default()));
         let gw = Arc::new(
             Gateway::start(
@@ -206,7 +207,7 @@ async fn startup(n: usize, concurrency: usize) {
         }
     }
 
-    let store: Arc<dyn ObjectStore> = Arc::new(SledStore::open(dir.path()).unwrap());
+    let store: Arc<dyn ObjectStore> = Arc::new(SledStore::open(&dir.path().join("store")).unwrap());
     let listed = store
         .list(ListQuery::new(Kind::Sandbox, Scope::All, 0))
         .await

@@ -205,7 +205,7 @@ pub async fn run(cfg: ChaosConfig) -> Result<ChaosReport, String> {
 
 async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let store = Arc::new(SledStore::open(dir.path()).map_err(|e| e.to_string())?);
+    let store = Arc::new(SledStore::open(&dir.path().join("store")).map_err(|e| e.to_string())?);
     let world = SimWorld::new();
     let removals = RemovalObserver::start(world.clone())
         .await
