@@ -14,7 +14,7 @@ use tonic::Code;
 
 use super::checks::quiesce;
 use super::client::{PROBE_WORKSPACE, bounded, by_id, clients, spec};
-use super::{Daemon, managed_driver, runs, workload_pids};
+use super::{Daemon, history, managed_driver, runs, workload_pids};
 use crate::{Run, lock};
 
 pub fn count_fault(run: &Run, kind: &'static str) {
@@ -181,7 +181,8 @@ pub async fn workloads_survive_both_kills(run: &Run, settled: &[Sandbox]) -> Res
         if !ready || &now != pids {
             return Err(format!(
                 "after SIGKILL of the driver and sbxd, {id} (workloads {pids:?}) is ready: \
-                 {ready}, workloads {now:?}"
+                 {ready}, workloads {now:?}\n{}",
+                history(&run.data, id)
             ));
         }
     }

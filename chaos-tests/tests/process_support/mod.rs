@@ -64,7 +64,9 @@ impl Daemon {
             .args(["--reconcile-interval", "1", "--driver-call-timeout", "3"])
             // Plain TCP on loopback, as the chaos clients dial it.
             .args(["--auth", "none"])
-            .env("SBX_LOG", "info")
+            // The sandbox actors' plans (each observation and the step it chose) explain a
+            // violation after the fact: `history` quotes them.
+            .env("SBX_LOG", "info,sbx_actors::sandbox=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
@@ -181,6 +183,72 @@ pub fn workload_pids(data: &Path, id: &str) -> Vec<i32> {
     }
     pids
 }
+
+/// What a violation about sandbox `id` needs explained, for its message: the process
+/// driver's record of it (generation, desired state, run) and its run directories, then the
+/// last [`HISTORY_LINES`] lines of every sbxd start's log and of the driver's log that name it.
+pub fn history(data: &Path, id: &str) -> String {
+    let dir = data.join("drivers/process/sandboxes").join(id);
+    let mut out = String::new();
+    match std::fs::read_to_string(dir.join("sandbox.json")) {
+        Ok(text) => {
+            let fields: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| {
+                    [
+                        "\"generation\"",
+                        "\"desired\"",
+                        "\"run_id\"",
+                        "\"launched_at_ms\"",
+                    ]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+                })
+                .collect();
+            out.push_str(&format!("driver record: {}\n", fields.join(" ")));
+        }
+        Err(e) => out.push_str(&format!("driver record: {e}\n")),
+    }
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with("run-") {
+                let init = std::fs::read_to_string(entry.path().join("init")).unwrap_or_default();
+                let pid = parse_stat(&init).map(|(pid, start)| (pid, runs(pid, start)));
+                out.push_str(&format!("{name}: init (pid, alive) {pid:?}\n"));
+            }
+        }
+    }
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(data)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    logs.sort();
+    logs.push(data.join("drivers/process.log"));
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(id)).collect();
+        let from = lines.len().saturating_sub(HISTORY_LINES);
+        out.push_str(&format!(
+            "{} ({} lines name it):\n",
+            log.file_name().unwrap_or_default().to_string_lossy(),
+            lines.len()
+        ));
+        for line in &lines[from..] {
+            out.push_str("  ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// How many of the last log lines naming a sandbox [`history`] quotes, per log.
+const HISTORY_LINES: usize = 25;
 
 /// Every sandbox id with driver state under DATA, with its live workload pids.
 pub fn workloads_by_sandbox(data: &Path) -> Vec<(String, Vec<i32>)> {

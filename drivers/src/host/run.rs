@@ -120,6 +120,7 @@ impl RunDir {
         grace: Duration,
     ) -> Option<ProcessIdentity> {
         let init = self.live_init()?;
+        tracing::info!(%sandbox_id, %init, ?grace, "ending the workload");
         let pid = Pid::from_raw(init.pid);
         let _ = kill(pid, Signal::SIGTERM);
         let deadline = tokio::time::Instant::now() + grace;
