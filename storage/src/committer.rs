@@ -134,7 +134,7 @@ impl Drop for Committer {
 }
 
 /// sled 0.34 keeps its whole log in this one file inside the store directory.
-const SLED_LOG_FILE: &str = "db";
+pub(crate) const SLED_LOG_FILE: &str = "db";
 
 /// `Db::flush` writes the log with `pwrite` + `sync_file_range`, which survives a killed
 /// process but neither flushes the device's write cache nor the file's metadata; an fdatasync

@@ -14,7 +14,8 @@
 //! - `committer.rs`: group commit: one thread runs each batch of queued writes as one
 //!   transaction, flushes and fdatasyncs, then acknowledges.
 //! - `schema.rs`: the schema version and the migrations between versions.
-//! - `fsck.rs`: [`SledStore::verify_indexes`].
+//! - `fsck.rs`: [`SledStore::verify_indexes`], the integrity check against the high-water mark.
+//! - `backup.rs`: [`backup_store`] / [`restore_store`]: the store as one checked file, and back.
 //!
 //! **Invariant:** every write goes through the committer thread; nothing else writes the trees.
 //!
@@ -23,6 +24,7 @@
 //! **Invariant:** no record with a nil id, an invalid name, or a scoped kind without a
 //! (non-nil, existing) workspace is ever written.
 
+mod backup;
 mod committer;
 mod envelope;
 mod error;
@@ -35,6 +37,10 @@ mod sled_store;
 mod store;
 mod writes;
 
+pub use backup::{
+    BACKUP_FORMAT_VERSION, BackupError, BackupSummary, Restored, backup_store, restore_store,
+    verify_backup,
+};
 pub use committer::{FlushStats, MAX_BATCH};
 pub use committer::{high_water_path, read_high_water};
 pub use error::StoreError;

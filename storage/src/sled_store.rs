@@ -35,6 +35,9 @@ pub(crate) struct Trees {
 
 pub(crate) struct Inner {
     pub(crate) trees: Trees,
+    /// The database itself, for what spans every tree (a backup); dropped before the
+    /// committer, so the committer's handle is still the last one.
+    pub(crate) db: sled::Db,
     /// Owns the only other `Db` handle; dropping it joins its thread after a final flush, so
     /// once the last `SledStore` clone is gone sled has released its file lock and the store
     /// can be reopened.
@@ -88,6 +91,7 @@ impl SledStore {
         Ok(SledStore {
             inner: Arc::new(Inner {
                 trees,
+                db,
                 committer,
                 path: path.to_path_buf(),
                 schema_outcome,
