@@ -16,14 +16,14 @@ use sbx_drivers::{DriverStream, ExecInputStream, pb};
 use sbx_proto::names::DEFAULT_WORKSPACE;
 use sbx_proto::v1::{EventType, Image, Phase, Sandbox, SandboxEvent, SandboxSpec, Workspace};
 use sbx_storage::{Kind, LabelSelector, ListQuery, ObjectStore, Scope};
-use tokio::sync::{Semaphore, broadcast, mpsc};
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use uuid::Uuid;
 
 use crate::config::{Config, DriverSet, Shared};
 use crate::error::{ActorError, Result};
-use crate::events::EventHub;
+use crate::events::{EventHub, HistoryBounds, LiveError};
 use crate::images::{ImageSelector, Images, StoredImage};
 use crate::lease::LeaseTable;
 use crate::reconciler::{ReconcilerMsg, SweepReport};
@@ -37,6 +37,10 @@ use crate::workspace::WorkspaceMsg;
 
 /// The largest page a list returns, whatever was asked.
 pub const MAX_PAGE_SIZE: u32 = 1000;
+
+/// Events a watch holds on their way to its client, at most: its own copies (the history's
+/// are shared), so with 256 KiB specs 16 are 4 MiB per watch that does not read.
+const WATCH_BUFFER: usize = 16;
 const DEFAULT_PAGE_SIZE: u32 = 100;
 
 /// What an exec asks for beyond its command (see `sbx.v1.ExecRequest`).
@@ -95,7 +99,13 @@ impl Gateway {
         let images = Images::new(Arc::clone(&store), &config);
         images.probe_drivers(&drivers).await;
         let shared = Arc::new(Shared {
-            events: EventHub::new(config.event_history, horizon),
+            events: EventHub::new(
+                HistoryBounds {
+                    max_events: config.event_history,
+                    max_bytes: config.event_history_bytes,
+                },
+                horizon,
+            ),
             attach_permits: Semaphore::new(config.attach_concurrency.max(1)),
             store,
             drivers,
@@ -432,7 +442,7 @@ impl Gateway {
                 && ev.resource_version > resource_version
                 && floor.get(&sb.id).is_none_or(|rv| ev.resource_version > *rv)
         };
-        let (tx, rx) = mpsc::channel(256);
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         tokio::spawn(async move {
             for ev in initial {
                 if tx.send(Ok(ev)).await.is_err() {
@@ -440,33 +450,29 @@ impl Gateway {
                 }
             }
             let mut last = resource_version;
-            for ev in sub.backlog.into_iter().filter(&wanted) {
-                last = last.max(ev.resource_version);
-                if tx.send(Ok(ev)).await.is_err() {
-                    return;
-                }
-            }
-            let mut live = sub.live;
+            let mut sub = sub;
             loop {
                 tokio::select! {
                     _ = tx.closed() => return,
-                    received = live.recv() => match received {
+                    received = sub.recv() => match received {
                         Ok(ev) => {
                             if !wanted(&ev) {
                                 continue;
                             }
                             last = last.max(ev.resource_version);
-                            if tx.send(Ok(ev)).await.is_err() {
+                            // The history's copy is shared; this watcher's is made only for
+                            // an event it sends.
+                            if tx.send(Ok(SandboxEvent::clone(&ev))).await.is_err() {
                                 return;
                             }
                         }
-                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                        Err(LiveError::FellBehind { .. }) => {
                             let _ = tx.send(Err(ActorError::Unavailable(format!(
                                 "the watch fell behind; resume from resource version {last}"
                             )))).await;
                             return;
                         }
-                        Err(broadcast::error::RecvError::Closed) => return,
+                        Err(LiveError::Closed) => return,
                     }
                 }
             }

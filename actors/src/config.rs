@@ -42,8 +42,12 @@ pub struct Config {
     pub request_timeout: Duration,
     /// How long a restarted sandbox actor waits for the previous one's lease.
     pub lease_wait: Duration,
-    /// Sandbox events kept for watch resumption.
+    /// Sandbox events kept for watch resumption (and as the live buffer: a watcher further
+    /// behind than the history ends with "fell behind"), at most.
     pub event_history: usize,
+    /// Bytes of sandbox events kept, at most: each event's encoding plus
+    /// `events::EVENT_OVERHEAD` (the oldest are evicted while either bound is passed).
+    pub event_history_bytes: usize,
     /// Grace period asked of drivers on stop (0: the driver's default).
     pub stop_grace: Duration,
     /// The image store (content) that drivers with the `images` capability run from. `None`:
@@ -69,6 +73,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(120),
             lease_wait: Duration::from_secs(5),
             event_history: 10_000,
+            event_history_bytes: 64 << 20,
             stop_grace: Duration::ZERO,
             image_store: None,
             default_image: DEFAULT_IMAGE.to_string(),
