@@ -73,10 +73,61 @@ pub enum StoreCommand {
     /// its indexes against its records. Exit 0 when healthy, 1 when damaged (what is wrong on
     /// stderr), 2 when it cannot be opened (sbxd running on it, for one).
     Check(DataDirArg),
+    /// Write a copy of the whole store to FILE (while sbxd is not running on it).
+    #[command(long_about = BACKUP_HELP,
+              mut_arg("force", |a| a.help("Replace FILE if it exists")))]
+    Backup(BackupArgs),
+    /// Put a backup made by `sbxd store backup` in place of the store (while sbxd is not
+    /// running on it).
+    #[command(long_about = RESTORE_HELP,
+              mut_arg("force", |a| a.help("Restore over the store in the data dir: it is moved \
+                  to DATA/store.before-restore-<unix time>, never deleted")))]
+    Restore(BackupArgs),
+}
+
+const BACKUP_HELP: &str = "Write a copy of the whole store to FILE: every record and index \
+    of DATA/store, with its revision and its high-water mark, in one file that says what it \
+    holds (a versioned header, the record count, a SHA-256 checksum of all of it).\n\n\
+    When: while the store is whole — before an upgrade, on a schedule, before anything risky \
+    — so that a store sbxd later refuses at startup (`sbxd store check` says why) can be put \
+    back with `sbxd store restore` instead of served with what it lost \
+    (--accept-store-loss).\n\n\
+    sbxd must be stopped: the backup takes the store's lock, so it is consistent, and is \
+    refused (exit 2) while sbxd runs on the data dir. The file is written as FILE.tmp, \
+    fsynced and renamed, so FILE is never a half file; an existing FILE is replaced only with \
+    --force. It never changes the store.";
+
+const RESTORE_HELP: &str = "Put the store saved in FILE (by `sbxd store backup`) in place of \
+    DATA/store, so that `sbxd serve` starts on it and serves exactly what was backed up.\n\n\
+    When: sbxd refused its store at startup (lost commits, a cut log, broken indexes) and \
+    there is a backup taken before; or to move a gateway's store to another machine.\n\n\
+    FILE is checked first (header, format version, length, checksum, counts): a truncated or \
+    altered file is refused and nothing changes. A data dir that already holds a store is \
+    refused unless --force; then that store is moved to DATA/store.before-restore-<unix \
+    time> (its high-water mark beside it) — it is never deleted. The backup is imported \
+    beside the store and renamed into place only when complete; the high-water mark is set \
+    to the backup's revision and the result is checked. Commits made after the backup are \
+    not in it: sandboxes created since have no record in the restored store (workloads of \
+    theirs still on a driver are left to the reconciler, as for any record lost). Refused \
+    (exit 2) while sbxd runs on the data dir.";
+
+/// The arguments of `store backup` and `store restore`; what `--force` does is told per
+/// command (`mut_arg` on each).
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// The backup file.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub data: DataDirArg,
 }
 
 pub fn run_store(command: StoreCommand) -> ExitCode {
     match command {
+        StoreCommand::Backup(args) => super::backup::backup(&args),
+        StoreCommand::Restore(args) => super::backup::restore(&args),
         StoreCommand::Check(args) => {
             let data = match data_dir(&args) {
                 Ok(data) => data,
@@ -138,7 +189,7 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
-fn data_dir(arg: &DataDirArg) -> Result<PathBuf, String> {
+pub(super) fn data_dir(arg: &DataDirArg) -> Result<PathBuf, String> {
     super::drivers::data_dir(arg.data_dir.as_deref()).map_err(|e| e.to_string())
 }
 

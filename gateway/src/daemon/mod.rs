@@ -5,6 +5,7 @@
 //! supervised child process); [`serve`] runs the gRPC server over the actor tree until a signal.
 
 pub mod access;
+mod backup;
 pub mod certs;
 pub mod connections;
 pub mod driver_spec;
@@ -117,8 +118,8 @@ pub enum Command {
     /// Certificates for TLS and mutual TLS, for operators without a PKI of their own.
     #[command(subcommand)]
     Certs(access::CertsCommand),
-    /// The store: check it against its high-water mark and its indexes (while sbxd is not
-    /// running on it).
+    /// The store: check it against its high-water mark and its indexes, back it up to a file,
+    /// restore it from one (while sbxd is not running on it).
     #[command(subcommand)]
     Store(access::StoreCommand),
 }
@@ -514,9 +515,10 @@ pub enum DaemonError {
     /// The store lost acknowledged commits or its indexes disagree with its records.
     #[error(
         "the store in {path} is damaged; sbxd does not serve it:\n{report}\n\
-         `sbxd store check --data-dir DATA` says the same without starting; put back a copy \
-         of DATA/store and DATA/store.high-water taken while sbxd was stopped, or start with \
-         --accept-store-loss to serve what is left"
+         `sbxd store check --data-dir DATA` says the same without starting; restore a \
+         backup (`sbxd store restore --force FILE`, which keeps this store aside), put back a \
+         copy of DATA/store and DATA/store.high-water taken while sbxd was stopped, or start \
+         with --accept-store-loss to serve what is left"
     )]
     StoreDamaged { path: PathBuf, report: String },
     /// The listener's security: TLS off a loopback address, `--auth none` off loopback, TLS
