@@ -39,8 +39,9 @@ use crate::workspace::WorkspaceMsg;
 pub const MAX_PAGE_SIZE: u32 = 1000;
 
 /// Events a watch holds on their way to its client, at most: its own copies (the history's
-/// are shared), so with 256 KiB specs 16 are 4 MiB per watch that does not read.
-const WATCH_BUFFER: usize = 16;
+/// are shared), so with 256 KiB specs 4 are 1 MiB per watch that does not read. The hub
+/// never waits for a watcher, so a deeper buffer would only pipeline, not unblock.
+const WATCH_BUFFER: usize = 4;
 const DEFAULT_PAGE_SIZE: u32 = 100;
 
 /// What an exec asks for beyond its command (see `sbx.v1.ExecRequest`).

@@ -304,6 +304,21 @@ pub struct ServeArgs {
     )]
     pub reconcile_interval: u64,
 
+    /// The watch history, in events: what a watch can resume from (an older resource
+    /// version is OUT_OF_RANGE: list again), and how far a watch may fall behind before it
+    /// ends with UNAVAILABLE "the watch fell behind". The oldest events go first once this or
+    /// --watch-history-mib is passed.
+    #[arg(long, env = "SBX_WATCH_HISTORY_EVENTS", default_value_t = 10_000, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub watch_history_events: u32,
+
+    /// The watch history, in MiB of events (each counted as its protobuf encoding plus 1 KiB;
+    /// one sandbox's spec may be 256 KiB): bounds sbxd's memory for it whatever the specs.
+    /// At least 1, so that the largest event fits.
+    #[arg(long, env = "SBX_WATCH_HISTORY_MIB", default_value_t = 64, value_name = "MIB",
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub watch_history_mib: u32,
+
     /// Seconds that calls in flight may take to finish after SIGTERM/SIGINT before their
     /// connections are dropped. Open watch/logs/exec streams end at once with UNAVAILABLE.
     #[arg(

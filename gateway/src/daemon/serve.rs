@@ -326,6 +326,8 @@ async fn serve_on(
         image_store: Some(images),
         default_image: args.images.default_image.clone(),
         max_image_import_bytes: args.images.max_import_mib << 20,
+        event_history: args.watch_history_events as usize,
+        event_history_bytes: (args.watch_history_mib as usize) << 20,
         ..Config::default()
     };
     let gateway =

@@ -203,7 +203,11 @@ impl SandboxService for SbxService {
             })
             .map(|r| r.map_err(|e| actor_error_to_status(&e)));
         let events = caller.until_revoked(events);
-        Ok(Response::new(forward(events, self.shutdown.clone())))
+        Ok(Response::new(streams::forward_buffered(
+            events,
+            self.shutdown.clone(),
+            streams::WATCH_STREAM_BUFFER,
+        )))
     }
 
     type ExecStream = ResponseStream<ExecOutput>;

@@ -19,6 +19,10 @@ pub type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send
 
 /// Messages buffered between the source and the client; the source waits when it is full.
 const STREAM_BUFFER: usize = 64;
+/// The same for a watch, whose every message carries a whole sandbox (a spec may be 256 KiB):
+/// the event hub holds each event once already, so a deeper buffer here would only hold
+/// copies — 64 of them were 15 MiB per watch that does not read.
+pub const WATCH_STREAM_BUFFER: usize = 4;
 
 /// Forwards `source` to the client until it ends, the client goes away, or `shutdown` is
 /// cancelled — then the client gets one last `UNAVAILABLE` saying sbxd is shutting down.
@@ -27,7 +31,20 @@ where
     T: Send + 'static,
     S: Stream<Item = Result<T, Status>> + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    forward_buffered(source, shutdown, STREAM_BUFFER)
+}
+
+/// [`forward`] with at most `buffer` messages between the source and the client.
+pub fn forward_buffered<T, S>(
+    source: S,
+    shutdown: CancellationToken,
+    buffer: usize,
+) -> ResponseStream<T>
+where
+    T: Send + 'static,
+    S: Stream<Item = Result<T, Status>> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(buffer);
     tokio::spawn(async move {
         let mut source = Box::pin(source);
         loop {
