@@ -1,11 +1,12 @@
 //! `sbxd store backup` and `sbxd store restore` through the real sbxd (sim driver, black box).
 //! A round trip: workspaces and sandboxes made, sbxd stopped, a backup, then the store moved
-//! on (a sandbox deleted, one created) and cut to half, which sbxd refuses; the restore is
-//! refused without --force and leaves the cut store as it was, and with --force keeps it aside
-//! and puts the backup in place, after which sbxd starts without --accept-store-loss and
-//! serves exactly the backed-up objects (ids, names, specs, resource versions). Also: a
-//! truncated and an altered backup refused without a store written, an existing backup file
-//! not replaced without --force, and both commands refused (exit 2) while sbxd runs.
+//! on (a sandbox deleted, one created) and its log cut to nothing, which sbxd refuses; the
+//! restore is refused without --force and leaves the cut store as it was, and with --force
+//! keeps it aside and puts the backup in place, after which sbxd starts without
+//! --accept-store-loss and serves exactly the backed-up objects (ids, names, specs, resource
+//! versions). Also: a truncated and an altered backup refused without a store written, an
+//! existing backup file not replaced without --force, and both commands refused (exit 2)
+//! while sbxd runs.
 
 mod common;
 
