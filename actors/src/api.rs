@@ -1017,8 +1017,8 @@ fn require_settled(sb: &Sandbox, what: &str) -> Result<()> {
 fn copy_path(path: String) -> Result<String> {
     if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
         return Err(ActorError::InvalidArgument(format!(
-            "the sandbox path {:?} is not an absolute path (at most 4096 bytes, no NUL)",
-            path.chars().take(100).collect::<String>()
+            "the sandbox path {} is not an absolute path (at most 4096 bytes, no NUL)",
+            crate::limits::quote(&path)
         )));
     }
     Ok(path)

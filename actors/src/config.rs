@@ -112,7 +112,8 @@ impl DriverSet {
         let name = if name.is_empty() { &self.default } else { name };
         self.drivers.get(name).ok_or_else(|| {
             ActorError::InvalidArgument(format!(
-                "unknown driver {name:?}; this gateway has {:?}",
+                "unknown driver {}; this gateway has {:?}",
+                crate::limits::quote(name),
                 self.drivers.keys().collect::<Vec<_>>()
             ))
         })

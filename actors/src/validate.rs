@@ -296,10 +296,18 @@ pub fn selector(text: &str) -> Result<LabelSelector> {
         )));
     }
     text.parse::<LabelSelector>().map_err(|e| {
+        // The store's message quotes the whole selector and the bad term in full (up to
+        // 4 KiB each): each of them is quoted short here instead, as every error quotes.
+        let mut reason = e.to_string();
+        for part in std::iter::once(text).chain(text.split(',').map(str::trim)) {
+            if part.chars().nth(limits::ERROR_QUOTE_CHARS).is_some() {
+                reason = reason.replace(&format!("{part:?}"), &quote(part));
+            }
+        }
         invalid(format!(
             "label selector {}: {}",
             quote(text),
-            limits::truncate(&e.to_string(), 256)
+            limits::truncate(&reason, 256)
         ))
     })
 }

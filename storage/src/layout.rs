@@ -119,7 +119,15 @@ pub fn encode_cursor(kind: Kind, created_at_ms: u64, id: Uuid) -> String {
 
 /// Decodes a cursor made by [`encode_cursor`] for a list of `kind`; anything else is `Invalid`.
 pub fn decode_cursor(cursor: &str, kind: Kind) -> Result<(u64, Uuid), StoreError> {
-    let bad = |why: &str| StoreError::invalid(format!("malformed list cursor {cursor:?}: {why}"));
+    let bad = |why: &str| {
+        // Quoted no longer than a real cursor (the prefix and 50 hex digits): a page token may
+        // be 1 KiB of anything, and an error stays short.
+        let shown = match cursor.char_indices().nth(CURSOR_PREFIX.len() + 50) {
+            None => format!("{cursor:?}"),
+            Some((cut, _)) => format!("{:?}… ({} bytes)", &cursor[..cut], cursor.len()),
+        };
+        StoreError::invalid(format!("malformed list cursor {shown}: {why}"))
+    };
     let hex = cursor
         .strip_prefix(CURSOR_PREFIX)
         .ok_or_else(|| bad("unknown format"))?;
