@@ -21,7 +21,7 @@
 //!   never says "panicked".
 //!
 //! Profiles: 256 cases per property by default (the CI profile: the whole file takes about
-//! 30 s on 2 cores in a debug build); `SBX_FUZZ_CASES=N` runs N per property (e.g. 20000 for a
+//! 20 s on 2 cores in a debug build); `SBX_FUZZ_CASES=N` runs N per property (e.g. 20000 for a
 //! long run, with `--no-capture` to see the counts). A failing case is shrunk and saved to
 //! `gateway/tests/fuzz.proptest-regressions`, which every run replays first.
 
