@@ -21,8 +21,9 @@
 //!   never says "panicked".
 //!
 //! Profiles: 256 cases per property by default (the CI profile: the whole file takes about
-//! 20 s on 2 cores in a debug build); `SBX_FUZZ_CASES=N` runs N per property (e.g. 20000 for a
-//! long run, with `--no-capture` to see the counts). A failing case is shrunk and saved to
+//! 20 s on 2 cores in a debug build); `SBX_FUZZ_CASES=N` runs N per property (3,000 take about
+//! 2 minutes; past 5 minutes a test needs nextest's `--profile soak`, which never kills it;
+//! `--no-capture` shows the answers by method and code). A failing case is shrunk and saved to
 //! `gateway/tests/fuzz.proptest-regressions`, which every run replays first.
 
 mod common;
