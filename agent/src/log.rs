@@ -21,7 +21,8 @@
 //!
 //! Its life: it opens the FIFO only after it has blocked SIGTERM, SIGINT and SIGUSR1, and the
 //! main process's own open of the FIFO waits for that one, so no signal finds a logger not yet
-//! ready. The init's stop sends SIGTERM to every process of the sandbox: the logger ignores it
+//! ready. Its own open does not wait for the main process's (a main process a stop ended
+//! before it opened its end must not leave the logger, and so the init, waiting for ever). The init's stop sends SIGTERM to every process of the sandbox: the logger ignores it
 //! and keeps reading until the main process is gone. It ends at the end of its input (every
 //! writer closed), or on SIGUSR1, which the init sends once the main process has exited (a
 //! background process the main started may hold the FIFO open for ever): then it reads what is
@@ -193,12 +194,28 @@ pub fn run(args: &[String]) -> Result<(), String> {
     drain_mask.add(Signal::SIGUSR1);
     let signals = SignalFd::with_flags(&drain_mask, SfdFlags::SFD_CLOEXEC)
         .map_err(|e| format!("a signalfd for SIGUSR1: {e}"))?;
-    let input = File::open(Path::new(fifo)).map_err(|e| format!("opening {fifo}: {e}"))?;
+    let input = open_fifo(Path::new(fifo)).map_err(|e| format!("opening {fifo}: {e}"))?;
     let output = std::io::stdout();
     pump(stream, &input, &signals, &mut |records| {
         write_whole(output.as_fd(), records)
     });
     Ok(())
+}
+
+/// The read end of `fifo`, opened without waiting for a writer. A blocking open would wait
+/// for the main process's open of its end, with SIGUSR1 blocked: a main process that never
+/// opens it (a stop's SIGTERM ends it first) would leave the logger waiting in `open` for
+/// ever, the init waiting for the logger, and the stop waiting out its whole grace period.
+/// Reads wait (the flag is cleared once open) and come only after [`pump`]'s `poll`, which
+/// reports nothing for a FIFO no writer has opened yet: no end is read before a writer came.
+fn open_fifo(fifo: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let input = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(fifo)?;
+    rustix::fs::fcntl_setfl(&input, rustix::fs::OFlags::empty())?;
+    Ok(input)
 }
 
 /// Reads `input` into records written by `write` until its end, or until `signals` is
@@ -485,6 +502,48 @@ mod tests {
         assert!(lines[0].ends_with(" stderr F first"), "{text:?}");
         assert!(lines[1].ends_with(" stderr P second, unended"), "{text:?}");
         drop(writer);
+    }
+
+    #[test]
+    fn a_logger_opens_before_its_writer_and_waits_for_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("out");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // No writer: a blocking open would not return (and with SIGUSR1 blocked, nothing
+        // would end the wait).
+        let (opened, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = opened.send(open_fifo(&path).map_err(|e| e.to_string()));
+        });
+        let input = match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(Ok(input)) => input,
+            other => panic!("the read end of a FIFO without a writer did not open: {other:?}"),
+        };
+        let mut mask = SigSet::empty();
+        mask.add(Signal::SIGUSR2);
+        let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut written = Vec::new();
+            pump(Stream::Stdout, &input, &signals, &mut |r| {
+                written.extend_from_slice(r)
+            });
+            let _ = done.send(String::from_utf8_lossy(&written).to_string());
+        });
+        // A FIFO no writer has opened yet is not at its end: the logger waits…
+        assert!(
+            finished.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the logger took a FIFO without a writer for its end"
+        );
+        // …records what the writer sends once it comes, and ends when it closes.
+        {
+            use std::io::Write;
+            let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            w.write_all(b"late\n").unwrap();
+        }
+        let text = finished.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(text.ends_with(" stdout F late\n"), "{text:?}");
     }
 
     #[test]

@@ -402,6 +402,40 @@ async fn exit_codes_signals_and_watch_events() {
     env.finish().await;
 }
 
+/// A stop sent the moment a create answers ends a workload that heeds SIGTERM at once, not
+/// after its grace period: the TERM reaches a main process still being forked (which drops
+/// what its parent's trap caught) through the init's `stopping` mark, and a logger the TERM
+/// ended before it was ready leaves no open of its FIFO waiting. Before, 3 of 25 such stops
+/// here waited out the whole 5 s.
+#[tokio::test]
+async fn a_stop_right_after_the_create_ends_a_polite_workload_at_once() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    for round in 0..20 {
+        let id = Uuid::new_v4();
+        driver
+            .create(create_req(
+                id,
+                &format!("hasty-{round}"),
+                spec(&["sleep", "1000"]),
+                1,
+            ))
+            .await
+            .unwrap();
+        let began = Instant::now();
+        let stopped = driver.stop(stop_req(id, 5000)).await.unwrap();
+        let took = began.elapsed();
+        assert_eq!(stopped.state, pb::State::Stopped as i32);
+        assert!(
+            took < Duration::from_secs(3),
+            "round {round}: the stop took {took:?}: SIGTERM did not reach the workload"
+        );
+        assert!(driver.workload_identity(id).is_none());
+    }
+    drop(driver);
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn stop_kills_after_the_grace_period_a_workload_that_ignores_sigterm() {
     let env = TestEnv::new();

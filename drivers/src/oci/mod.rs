@@ -79,11 +79,13 @@ pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
 /// `sh /dev/.sbx/init RUN_DIR COMMAND…` (only shell builtins: the image may have no tools).
 pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the command, passes SIGTERM on to every process of
 # the sandbox, reaps orphans, and records the command's status in the run directory.
-# A stop that comes before the main process runs is remembered (pid 1 of a namespace drops a
-# signal it has no trap for) and passed on once it does.
-term=
-trap 'term=1' TERM INT
+# A stop's TERM (which pid 1 of a namespace would drop without a trap) is passed on to every
+# process of the sandbox, and marked in `stopping` first: a TERM can miss the main process, one
+# that comes before it is forked or while it is (a forked shell drops what its parent's trap
+# caught). Its shell looks at the mark once its signals are its own, before it opens the FIFOs
+# (a logger a TERM ended before it blocked signals would leave that open waiting for ever).
 run="$1"; shift
+trap ': > "$run/stopping"; kill -TERM -1 2>/dev/null' TERM INT
 # Looked up as `sbx-agent run` will run it (a program on PATH, not one of this busybox's
 # applets or a shell builtin, which `command -v` would also find).
 if ! /dev/.sbx/sbx-agent which "$1"; then
@@ -105,10 +107,12 @@ err=$!
 # shell's `&` ignores; then the exec agent, on the listening socket the driver handed over as
 # fd 3, which only the agent keeps: if it ends, a connection is refused rather than left
 # waiting.
-/dev/.sbx/sbx-agent run "$@" 3<&- >"$run/stdout.fifo" 2>"$run/stderr.fifo" &
+(
+  [ ! -e "$run/stopping" ] || exit 143
+  exec >"$run/stdout.fifo" 2>"$run/stderr.fifo"
+  exec /dev/.sbx/sbx-agent run "$@"
+) 3<&- &
 child=$!
-trap 'kill -TERM -1 2>/dev/null' TERM INT
-[ -z "$term" ] || kill -TERM -1 2>/dev/null
 /dev/.sbx/sbx-agent serve 2>>"$run/agent.log" &
 exec 3<&-
 while :; do

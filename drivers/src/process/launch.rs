@@ -105,10 +105,14 @@ while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
   shift
 done
 shift
-# A stop may come as soon as `init` says the launch is done: a TERM before the main process
-# runs is remembered (pid 1 of a namespace would drop it without a trap) and passed on then.
-term=
-trap 'term=1' TERM
+# A stop may come as soon as `init` says the launch is done. Its TERM (which pid 1 of a
+# namespace would drop without a trap) is passed on to every process of the sandbox; and it
+# is marked in `stopping` first, because a TERM can miss the main process: one that comes
+# before it is forked, or while it is being forked (a forked shell drops what its parent's
+# trap caught). Its shell looks at the mark once its signals are its own, before anything runs:
+# before it opens the FIFOs too (a logger a TERM ended before it blocked signals would leave
+# that open waiting for ever; past the mark, the TERM ends the open).
+trap ': > stopping; kill -TERM -1 2>/dev/null' TERM
 printf '%s
 ' "$stat" > init || exit 125
 if ! (cd /sandbox && PATH="$userpath" && command -v "$1") >/dev/null 2>&1; then
@@ -122,10 +126,13 @@ mkfifo stdout.fifo stderr.fifo || { echo "sbx: cannot make the log FIFOs" >&2; e
 out=$!
 /proc/self/fd/4 log stderr stderr.fifo 3<&- &
 err=$!
-(cd /sandbox || exit 125; jail /proc/self/fd/4 run "$@") 3<&- >stdout.fifo 2>stderr.fifo &
+(
+  [ ! -e stopping ] || exit 143
+  exec >stdout.fifo 2>stderr.fifo
+  cd /sandbox || exit 125
+  jail /proc/self/fd/4 run "$@"
+) 3<&- &
 child=$!
-trap 'kill -TERM -1 2>/dev/null' TERM
-[ -z "$term" ] || kill -TERM -1 2>/dev/null
 (exec 2>>agent.log; cd /sandbox || exit 125; jail /proc/self/fd/4 serve) &
 exec 3<&- 4<&-
 while :; do
