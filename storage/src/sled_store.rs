@@ -66,17 +66,32 @@ impl SledStore {
     /// schema version. Fails with `Schema` for a newer or unknown version, `Io` if the
     /// directory cannot be used or another process holds it open.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(path)
             // Durability comes from the group-commit flusher, never from a timer.
-            .flush_every_ms(None)
-            .open()
-            .map_err(|e| match StoreError::from(e) {
-                StoreError::Io(msg) => {
-                    StoreError::Io(format!("cannot open store at {}: {msg}", path.display()))
-                }
-                other => other,
+            .flush_every_ms(None);
+        // sled 0.34 can panic while it recovers a damaged log ("tried to serialize
+        // Uninitialized", seen on a 100,000-record store whose log was cut to half): that is
+        // a corrupt store, said so, not a crash of whoever opened it.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open()))
+            .map_err(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                StoreError::Corrupt(format!(
+                    "sled failed while recovering the log of the store at {} ({what}): the log \
+                     is damaged",
+                    path.display()
+                ))
             })?;
+        let db = opened.map_err(|e| match StoreError::from(e) {
+            StoreError::Io(msg) => {
+                StoreError::Io(format!("cannot open store at {}: {msg}", path.display()))
+            }
+            other => other,
+        })?;
         let schema_outcome = schema::prepare(&db, path)?;
         let trees = Trees {
             records: db.open_tree(TREE_RECORDS)?,
