@@ -436,6 +436,59 @@ async fn a_stop_right_after_the_create_ends_a_polite_workload_at_once() {
     env.finish().await;
 }
 
+/// A stop whose caller gives up before the grace period ends (a gateway's driver-call deadline
+/// shorter than the grace) still ends, with its SIGKILL, a workload that ignores SIGTERM: the
+/// call finishes without its caller. Before, every retry was cut off the same way and the
+/// workload never stopped.
+#[tokio::test]
+async fn a_stop_whose_caller_gives_up_still_kills_a_workload_that_ignores_sigterm() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    let stubborn = spec(&[
+        "sh",
+        "-c",
+        "trap '' TERM; touch /sandbox/deaf; while true; do sleep 0.1; done",
+    ]);
+    driver
+        .create(create_req(id, "stubborn", stubborn, 1))
+        .await
+        .unwrap();
+    let deaf = driver.persistent_dir(id).join("deaf");
+    let ready = wait_until(Duration::from_secs(5), || {
+        deaf.exists().then_some(()).ok_or(())
+    })
+    .await;
+    assert!(ready.is_ok(), "the workload never set its trap");
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(300), driver.stop(stop_req(id, 1000))).await;
+    assert!(
+        gave_up.is_err(),
+        "the stop answered within 300 ms: {gave_up:?}"
+    );
+    let gone = wait_until(Duration::from_secs(5), || {
+        driver
+            .workload_identity(id)
+            .is_none()
+            .then_some(())
+            .ok_or(())
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "the workload still runs 5 s after a stop with a 1 s grace whose caller gave up"
+    );
+    let stopped = driver
+        .get(pb::GetRequest {
+            sandbox_id: id.to_string(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(stopped.state, pb::State::Stopped as i32, "{stopped:?}");
+    drop(driver);
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn stop_kills_after_the_grace_period_a_workload_that_ignores_sigterm() {
     let env = TestEnv::new();

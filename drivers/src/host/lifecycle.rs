@@ -108,6 +108,19 @@ impl Alive {
     }
 }
 
+/// Runs a lifecycle call `op` as its own task and waits for it; if the caller stops waiting (its
+/// deadline passed, its connection went), the task still finishes, holding the sandbox's lock,
+/// so later calls for the sandbox queue behind it. Without it a stop whose grace period outlasts
+/// the caller's deadline would be cut off before its SIGKILL on every retry, and never end a
+/// workload that ignores SIGTERM.
+pub(crate) async fn detach<T: Send + 'static>(
+    op: impl Future<Output = Result<T, DriverError>> + Send + 'static,
+) -> Result<T, DriverError> {
+    tokio::spawn(op)
+        .await
+        .map_err(|e| super::internal("a lifecycle call's task failed", e))?
+}
+
 /// The id a create names, and its name checked (DNS-1123 label).
 pub(crate) fn create_id(req: &pb::CreateRequest) -> Result<Uuid, DriverError> {
     let id = parse_sandbox_id(&req.sandbox_id)?;

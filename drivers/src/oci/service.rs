@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use nix::unistd::{Gid, Uid, chown};
 
@@ -46,68 +48,23 @@ impl ComputeDriver for OciDriver {
     }
 
     async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = lifecycle::create_id(&req)?;
-        let spec = req.spec.unwrap_or_default();
-        let inner = self.inner.as_ref();
-        let image = inner.image(&spec.image)?;
-        let run = image_run(&image, &spec, &req.name, inner.images.layer_dirs(&image));
-        let env_pairs: Vec<(String, String)> = run
-            .env
-            .iter()
-            .map(|kv| match kv.split_once('=') {
-                Some((k, v)) => (k.to_string(), v.to_string()),
-                None => (kv.clone(), String::new()),
-            })
-            .collect();
-        validate_command("the spec", &run.args, env_pairs.iter().map(|(k, v)| (k, v))).map_err(
-            |e| match run.args.is_empty() {
-                true => DriverError::InvalidArgument(format!(
-                    "the spec has no command and image {} has no Entrypoint or Cmd: give a command",
-                    spec.image
-                )),
-                false => e,
-            },
-        )?;
-        let _serialised = inner.records.lock(id).await;
-        if let Some(existing) = inner.records.get(id) {
-            let asked = (req.workspace.as_str(), req.name.as_str());
-            return lifecycle::create_known(inner, existing, asked, req.generation).await;
-        }
-
-        let paths = inner.paths(id);
-        inner.make_sandbox_dirs(&paths)?;
-        let resources = spec.resources.unwrap_or_default();
-        let record = OciRecord {
-            format: RECORD_FORMAT,
-            sandbox_id: id,
-            workspace: req.workspace,
-            name: req.name,
-            image: run,
-            cpu_millis: resources.cpu_millis,
-            memory_bytes: resources.memory_bytes,
-            generation: req.generation,
-            desired: Desired::Running,
-            launched_at_ms: 0,
-            run_id: String::new(),
-            cgroup_path: format!("/{}/{id}", inner.opts.cgroup_parent.trim_matches('/')),
-            warnings: Vec::new(),
-            spec_env: spec.env.into_iter().collect::<BTreeMap<_, _>>(),
-        };
-        // start_run writes the record first; a driver killed before that leaves a directory
-        // without a record, which open() removes.
-        lifecycle::first_run(inner, record, req.generation, req.stopped).await
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { create(&inner, req).await }).await
     }
 
     async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
-        lifecycle::start(self.inner.as_ref(), req).await
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { lifecycle::start(inner.as_ref(), req).await }).await
     }
 
     async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
-        lifecycle::stop(self.inner.as_ref(), req).await
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { lifecycle::stop(inner.as_ref(), req).await }).await
     }
 
     async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
-        lifecycle::delete(self.inner.as_ref(), req).await
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { lifecycle::delete(inner.as_ref(), req).await }).await
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
@@ -249,6 +206,60 @@ fn image_run(
         },
         user: image.config.user.clone(),
     }
+}
+
+/// A create (see [`ComputeDriver::create`]), run detached by the service: a caller that stops
+/// waiting does not cut a launch short.
+async fn create(inner: &Inner, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+    let id = lifecycle::create_id(&req)?;
+    let spec = req.spec.unwrap_or_default();
+    let image = inner.image(&spec.image)?;
+    let run = image_run(&image, &spec, &req.name, inner.images.layer_dirs(&image));
+    let env_pairs: Vec<(String, String)> = run
+        .env
+        .iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (kv.clone(), String::new()),
+        })
+        .collect();
+    validate_command("the spec", &run.args, env_pairs.iter().map(|(k, v)| (k, v))).map_err(
+        |e| match run.args.is_empty() {
+            true => DriverError::InvalidArgument(format!(
+                "the spec has no command and image {} has no Entrypoint or Cmd: give a command",
+                spec.image
+            )),
+            false => e,
+        },
+    )?;
+    let _serialised = inner.records.lock(id).await;
+    if let Some(existing) = inner.records.get(id) {
+        let asked = (req.workspace.as_str(), req.name.as_str());
+        return lifecycle::create_known(inner, existing, asked, req.generation).await;
+    }
+
+    let paths = inner.paths(id);
+    inner.make_sandbox_dirs(&paths)?;
+    let resources = spec.resources.unwrap_or_default();
+    let record = OciRecord {
+        format: RECORD_FORMAT,
+        sandbox_id: id,
+        workspace: req.workspace,
+        name: req.name,
+        image: run,
+        cpu_millis: resources.cpu_millis,
+        memory_bytes: resources.memory_bytes,
+        generation: req.generation,
+        desired: Desired::Running,
+        launched_at_ms: 0,
+        run_id: String::new(),
+        cgroup_path: format!("/{}/{id}", inner.opts.cgroup_parent.trim_matches('/')),
+        warnings: Vec::new(),
+        spec_env: spec.env.into_iter().collect::<BTreeMap<_, _>>(),
+    };
+    // start_run writes the record first; a driver killed before that leaves a directory
+    // without a record, which open() removes.
+    lifecycle::first_run(inner, record, req.generation, req.stopped).await
 }
 
 #[cfg(test)]

@@ -5,9 +5,11 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
-use super::ProcessDriver;
+use super::{Inner, ProcessDriver};
 use super::cgroup::Limits;
 use super::record::{RECORD_FORMAT, SandboxRecord, StoredSpec};
 use crate::host::{Desired, agent, internal, lifecycle, validate_command};
@@ -43,71 +45,23 @@ impl ComputeDriver for ProcessDriver {
     }
 
     async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        let id = lifecycle::create_id(&req)?;
-        let spec = req.spec.unwrap_or_default();
-        validate_command("the spec", &spec.command, &spec.env)?;
-        let inner = self.inner.as_ref();
-        let _serialised = inner.records.lock(id).await;
-        if let Some(existing) = inner.records.get(id) {
-            let asked = (req.workspace.as_str(), req.name.as_str());
-            return lifecycle::create_known(inner, existing, asked, req.generation).await;
-        }
-
-        let paths = inner.paths(id);
-        super::launch::make_persistent_dir(&paths.root, &inner.tools.jail.id_map)?;
-        let resources = spec.resources.unwrap_or_default();
-        let limits = Limits {
-            cpu_millis: resources.cpu_millis,
-            memory_bytes: resources.memory_bytes,
-        };
-        let (cgroups, mut warnings) =
-            inner
-                .cgroups
-                .create_sandbox(&inner.opts.cgroup_parent, id, limits);
-        if inner.tools.bash.is_none() {
-            warnings.push(super::launch::NO_BASH_WARNING.to_string());
-        }
-        if !spec.image.is_empty() {
-            warnings.push(format!(
-                "image {:?} ignored: the process driver runs host programs on the host's root filesystem",
-                spec.image
-            ));
-        }
-        let record = SandboxRecord {
-            format: RECORD_FORMAT,
-            sandbox_id: id,
-            workspace: req.workspace,
-            name: req.name,
-            spec: StoredSpec {
-                command: spec.command,
-                env: spec.env.into_iter().collect(),
-                cpu_millis: resources.cpu_millis,
-                memory_bytes: resources.memory_bytes,
-                image: spec.image,
-            },
-            generation: req.generation,
-            desired: Desired::Running,
-            launched_at_ms: 0,
-            oom_kills_at_launch: 0,
-            run_id: String::new(),
-            cgroups,
-            warnings,
-        };
-        // start_run writes the record (once: each durable write costs two fsyncs). A driver
-        // killed before that leaves a directory without a record, which open() removes.
-        lifecycle::first_run(inner, record, req.generation, req.stopped).await
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { create(&inner, req).await }).await
     }
 
     async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
-        lifecycle::start(self.inner.as_ref(), req).await
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { lifecycle::start(inner.as_ref(), req).await }).await
     }
 
     async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
-        lifecycle::stop(self.inner.as_ref(), req).await
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { lifecycle::stop(inner.as_ref(), req).await }).await
     }
 
     async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
-        lifecycle::delete(self.inner.as_ref(), req).await
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { lifecycle::delete(inner.as_ref(), req).await }).await
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
@@ -181,4 +135,61 @@ pub(super) async fn remove_cgroups(record: &SandboxRecord) -> Result<(), DriverE
             }
         }
     }
+}
+
+/// A create (see [`ComputeDriver::create`]), run detached by the service: a caller that stops
+/// waiting does not cut a launch short.
+async fn create(inner: &Inner, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+    let id = lifecycle::create_id(&req)?;
+    let spec = req.spec.unwrap_or_default();
+    validate_command("the spec", &spec.command, &spec.env)?;
+    let _serialised = inner.records.lock(id).await;
+    if let Some(existing) = inner.records.get(id) {
+        let asked = (req.workspace.as_str(), req.name.as_str());
+        return lifecycle::create_known(inner, existing, asked, req.generation).await;
+    }
+
+    let paths = inner.paths(id);
+    super::launch::make_persistent_dir(&paths.root, &inner.tools.jail.id_map)?;
+    let resources = spec.resources.unwrap_or_default();
+    let limits = Limits {
+        cpu_millis: resources.cpu_millis,
+        memory_bytes: resources.memory_bytes,
+    };
+    let (cgroups, mut warnings) =
+        inner
+            .cgroups
+            .create_sandbox(&inner.opts.cgroup_parent, id, limits);
+    if inner.tools.bash.is_none() {
+        warnings.push(super::launch::NO_BASH_WARNING.to_string());
+    }
+    if !spec.image.is_empty() {
+        warnings.push(format!(
+            "image {:?} ignored: the process driver runs host programs on the host's root filesystem",
+            spec.image
+        ));
+    }
+    let record = SandboxRecord {
+        format: RECORD_FORMAT,
+        sandbox_id: id,
+        workspace: req.workspace,
+        name: req.name,
+        spec: StoredSpec {
+            command: spec.command,
+            env: spec.env.into_iter().collect(),
+            cpu_millis: resources.cpu_millis,
+            memory_bytes: resources.memory_bytes,
+            image: spec.image,
+        },
+        generation: req.generation,
+        desired: Desired::Running,
+        launched_at_ms: 0,
+        oom_kills_at_launch: 0,
+        run_id: String::new(),
+        cgroups,
+        warnings,
+    };
+    // start_run writes the record (once: each durable write costs two fsyncs). A driver
+    // killed before that leaves a directory without a record, which open() removes.
+    lifecycle::first_run(inner, record, req.generation, req.stopped).await
 }

@@ -118,22 +118,22 @@ impl ComputeDriver for VmDriver {
 
     async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
         let ops = self.ops();
-        detach(async move { ops.create(req).await }).await
+        lifecycle::detach(async move { ops.create(req).await }).await
     }
 
     async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
         let ops = self.ops();
-        detach(async move { lifecycle::start(ops.inner.as_ref(), req).await }).await
+        lifecycle::detach(async move { lifecycle::start(ops.inner.as_ref(), req).await }).await
     }
 
     async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
         let ops = self.ops();
-        detach(async move { lifecycle::stop(ops.inner.as_ref(), req).await }).await
+        lifecycle::detach(async move { lifecycle::stop(ops.inner.as_ref(), req).await }).await
     }
 
     async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
         let ops = self.ops();
-        detach(async move { lifecycle::delete(ops.inner.as_ref(), req).await }).await
+        lifecycle::detach(async move { lifecycle::delete(ops.inner.as_ref(), req).await }).await
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
@@ -190,16 +190,6 @@ impl ComputeDriver for VmDriver {
 /// same disk.
 pub(super) struct Ops {
     pub(super) inner: Arc<Inner>,
-}
-
-/// Runs `op` as its own task and waits for it; if the caller stops waiting, the task still
-/// finishes (holding the sandbox's lock, so later calls for the sandbox queue behind it).
-async fn detach<T: Send + 'static>(
-    op: impl Future<Output = Result<T, DriverError>> + Send + 'static,
-) -> Result<T, DriverError> {
-    tokio::spawn(op)
-        .await
-        .map_err(|e| internal("a lifecycle call's task failed", e))?
 }
 
 impl VmDriver {
