@@ -13,6 +13,8 @@ pub enum Observed {
         generation: u64,
     },
     Stopped,
+    /// The driver is stopping the workload; processes of it still run.
+    Stopping,
     /// The main process ended by itself.
     Exited(Exit),
 }
@@ -41,6 +43,7 @@ impl Observed {
                 reason: s.reason.clone(),
                 message: s.message.clone(),
             }),
+            State::Stopping => Observed::Stopping,
             State::Stopped | State::Unspecified => Observed::Stopped,
         }
     }
@@ -173,7 +176,9 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
     match cur.desired {
         DesiredState::Deleted => Step::Delete,
         DesiredState::Stopped => match obs {
-            Observed::Running { .. } => Step::Stop,
+            // A stop under way (this actor's, cut short, or a restarted driver's) ends with
+            // this one, which queues behind it.
+            Observed::Running { .. } | Observed::Stopping => Step::Stop,
             Observed::Exited(exit) => {
                 if matches!(cur.phase, Phase::Completed | Phase::Error) {
                     Step::Settled
@@ -199,7 +204,9 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
             Observed::Absent => Step::Create {
                 generation: next_generation(cur),
             },
-            Observed::Stopped => Step::Start {
+            // The driver is stopping the workload (a stop this actor asked for before a start
+            // came): it is not Ready, whatever runs now. The start queues behind the stop.
+            Observed::Stopped | Observed::Stopping => Step::Start {
                 generation: next_generation(cur),
             },
             Observed::Running { generation } if *generation == cur.generation => {
@@ -302,6 +309,40 @@ mod tests {
                 record(P::Ready, "", ""),
             );
         }
+    }
+
+    /// A workload the driver is stopping is never recorded Ready (the chaos run once saw a
+    /// Ready sandbox whose driver wanted it stopped; the driver's restart finished the stop and
+    /// the workload was gone): a wanted run starts again behind the stop, a wanted stop waits
+    /// for it.
+    #[test]
+    fn a_workload_being_stopped_is_not_ready() {
+        for phase in [P::Ready, P::Starting, P::Stopping, P::Error] {
+            for fresh in [true, false] {
+                check(
+                    cur(D::Running, phase, 3),
+                    Observed::Stopping,
+                    fresh,
+                    Step::Start {
+                        generation: if phase == P::Starting { 3 } else { 4 },
+                    },
+                );
+                check(
+                    cur(D::Stopped, phase, 3),
+                    Observed::Stopping,
+                    fresh,
+                    Step::Stop,
+                );
+            }
+        }
+        assert_eq!(
+            Observed::from_snapshot(&pb::Snapshot {
+                state: State::Stopping as i32,
+                generation: 3,
+                ..Default::default()
+            }),
+            Observed::Stopping
+        );
     }
 
     #[test]

@@ -99,7 +99,7 @@ pub fn observe(facts: RunFacts) -> Observed {
         (Desired::Stopped, true) => Observed {
             reason: "Stopping",
             message: "a stop is in progress; processes of the sandbox still run".into(),
-            ..Observed::plain(State::Running)
+            ..Observed::plain(State::Stopping)
         },
         (Desired::Running, true) => Observed::plain(State::Running),
         (Desired::Running, false) if !facts.init_recorded => Observed {
@@ -278,7 +278,7 @@ mod tests {
         );
         check(
             facts(Stopped, true, true, None, false),
-            State::Running,
+            State::Stopping,
             0,
             0,
             "Stopping",
