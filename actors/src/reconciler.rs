@@ -1,5 +1,8 @@
 //! The reconciler: a level-triggered sweep that compares each driver's workloads with the
-//! store and routes every observation to the sandbox actor that owns the id.
+//! store and routes every observation to the sandbox actor that owns the id. A record whose
+//! supervisor knows no actor for it (a create committed after the supervisor that asked for it
+//! died and its replacement listed the workspace: store writes outlive their futures) is handed
+//! to that supervisor, which starts one — otherwise nothing would ever drive it.
 //!
 //! **Invariant:** the reconciler never deletes anything, and never finds a sandbox by name.
 //! One bad record is logged and skipped; the sweep goes on with the rest.
@@ -361,8 +364,21 @@ async fn route_observation(
         Route::Actor(actor) => actor
             .cast(SandboxMsg::Observe(snapshot))
             .map_err(|_| ActorError::Unavailable(format!("sandbox actor {} is gone", record.id))),
-        // A restarting actor re-attaches by itself; a deleted one needs nothing.
-        Route::Restarting | Route::Unknown => Ok(()),
+        // A restarting actor re-attaches by itself.
+        Route::Restarting => Ok(()),
+        // A record its supervisor does not know: deleted since it was read (the supervisor
+        // reads it again and leaves it), or created by a supervisor that died before the
+        // store answered and committed after its replacement listed the workspace. Nothing
+        // else would ever drive the latter.
+        Route::Unknown => match router.workspace(ws).await? {
+            Route::Actor(sup) => sup.cast(WorkspaceMsg::Supervise(record.id)).map_err(|_| {
+                ActorError::Unavailable(format!(
+                    "the supervisor of workspace {ws} is gone (sandbox {})",
+                    record.id
+                ))
+            }),
+            Route::Restarting | Route::Unknown => Ok(()),
+        },
     }
 }
 

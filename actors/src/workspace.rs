@@ -51,6 +51,11 @@ pub enum WorkspaceMsg {
     },
     /// The sandbox ids this supervisor owns (for tests and diagnostics).
     Children(RpcReplyPort<Vec<Uuid>>),
+    /// A sandbox record of this workspace that this supervisor does not know (the reconciler
+    /// found it): start its actor. A store write outlives its dropped future, so a create
+    /// queued by a supervisor that was killed lands after its replacement listed the
+    /// workspace, and nothing else would ever drive that record.
+    Supervise(Uuid),
 }
 
 pub struct WorkspaceSupervisor;
@@ -167,6 +172,7 @@ impl Actor for WorkspaceSupervisor {
             WorkspaceMsg::Children(reply) => {
                 let _ = reply.send(st.children.keys().copied().collect());
             }
+            WorkspaceMsg::Supervise(id) => self.supervise(&myself, st, id).await,
             WorkspaceMsg::Delete { cascade, reply } => {
                 self.delete(&myself, st, cascade, reply).await?
             }
@@ -270,6 +276,43 @@ impl WorkspaceSupervisor {
                     }
                 }
                 false
+            }
+        }
+    }
+
+    /// Registers sandbox `id` as a child with no restart history and spawns its actor.
+    async fn start_new_child(
+        &self,
+        myself: &ActorRef<WorkspaceMsg>,
+        st: &mut WorkspaceState,
+        id: Uuid,
+    ) {
+        st.children.insert(
+            id,
+            Child {
+                actor: None,
+                history: RestartHistory::default(),
+            },
+        );
+        self.spawn_child(myself, st, id, false).await;
+    }
+
+    /// Starts an actor for sandbox `id` if its record is in this workspace and no actor of
+    /// this supervisor serves it (read again here: a record deleted since it was seen is left).
+    async fn supervise(&self, myself: &ActorRef<WorkspaceMsg>, st: &mut WorkspaceState, id: Uuid) {
+        if st.children.contains_key(&id) {
+            return;
+        }
+        match st.shared.store.get(id).await {
+            Ok(Some(record))
+                if record.kind == Kind::Sandbox && record.workspace == Some(st.ws.id()) =>
+            {
+                tracing::warn!(sandbox = %id, workspace = %st.ws.workspace.name, "a sandbox record had no actor (written by a create that outlived its supervisor); starting one");
+                self.start_new_child(myself, st, id).await;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(sandbox = %id, workspace = %st.ws.workspace.name, "cannot read the record of an unsupervised sandbox: {e}; the next sweep asks again")
             }
         }
     }
@@ -384,14 +427,7 @@ impl WorkspaceSupervisor {
         st.shared
             .events
             .publish(EventType::Added, stored.sandbox.clone());
-        st.children.insert(
-            id,
-            Child {
-                actor: None,
-                history: RestartHistory::default(),
-            },
-        );
-        self.spawn_child(myself, st, id, false).await;
+        self.start_new_child(myself, st, id).await;
         Ok(stored.sandbox)
     }
 
