@@ -8,7 +8,10 @@
 //! workspace, names unique per workspace, every Ready sandbox has exactly one live workload and
 //! every live workload (and every process in a sandbox cgroup) has a record. Then SIGKILL
 //! the driver and sbxd once more: every Ready sandbox is Ready again on the very same
-//! workload process. Finally delete everything and check that no process, cgroup (under the
+//! workload process. Then damage the store (sbxd stopped, backed up, the store put behind its
+//! high-water mark): sbxd must refuse it, and `sbxd store restore` of the backup must bring
+//! back every sandbox on its very workload (see `process_support/store_damage.rs`). Finally
+//! delete everything and check that no process, cgroup (under the
 //! run's own parent) or mount (under the data dir) is left, and that sbxd and its driver exit
 //! on SIGTERM.
 //!
@@ -32,6 +35,7 @@ use process_support::client::{
     Ledger, PROBE_WORKSPACE, bounded, client, clients, sb_name, spec, ws_name,
 };
 use process_support::faults::{inject_faults, workloads_survive_both_kills};
+use process_support::store_damage::damaged_store_is_refused_and_restored;
 use process_support::{Cleanup, Daemon, sbxd_binary, workload_pids};
 use sbx_proto::v1::{CreateSandboxRequest, CreateWorkspaceRequest, Phase};
 use tokio::sync::RwLock;
@@ -172,6 +176,7 @@ async fn exercise(run: &Arc<Run>, began: Instant) -> Result<Report, String> {
     let mut checks = check_invariants(run, &settled).await?;
     let ready_at_end = settled.iter().filter(|s| s.phase() == Phase::Ready).count();
     checks += workloads_survive_both_kills(run, &settled).await?;
+    checks += damaged_store_is_refused_and_restored(run, &settled).await?;
     checks += delete_everything(run).await?;
     let mut report = lock(&run.report).clone();
     report.checks = checks;
@@ -294,6 +299,7 @@ async fn sigkilled_driver_and_sbxd_keep_every_invariant() {
             "sigkill_driver",
             "sigkill_sbxd_and_restart",
             "sigkill_sbxd_just_after_create_ack",
+            "store_damaged_then_restored",
         ] {
             assert!(
                 report.faults.get(kind).copied().unwrap_or(0) > 0,

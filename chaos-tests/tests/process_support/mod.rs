@@ -6,6 +6,7 @@
 pub mod checks;
 pub mod client;
 pub mod faults;
+pub mod store_damage;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
