@@ -15,16 +15,26 @@
 //! on the disk: measured here, 64 such writers reached about 2,400 writes/s against 1,400 for
 //! one, with only ~25 writes per flush. One transaction per batch pays those syncs once.
 //!
+//! A full disk (see `space.rs`): a batch is refused up front with `DiskFull` while the store's
+//! file system has less than [`crate::DISK_RESERVE_BYTES`] free, so sled never meets the
+//! ENOSPC, and the first batch after space is freed goes through. A batch that meets ENOSPC all
+//! the same (another process took the reserve between the check and the write, or one batch
+//! outgrew it) is answered `DiskFull` and not acknowledged; sled 0.34 then keeps that error and
+//! fails every later write with it, and neither clears it nor can be closed (dropping it waits
+//! for the failed write for ever, seen in this module's test), so from then on the store answers
+//! `DiskFull` saying sbxd must be restarted, and reads go on. A write that was not flushed is
+//! gone after the restart; its writer was told it failed.
+//!
 //! An operation refused by the store (`AlreadyExists`, `Conflict`, ...) is refused before it
 //! writes anything, gets its own error immediately, and does not disturb the rest of its batch;
 //! operations later in a batch see the writes of earlier ones, exactly as if they ran one by
 //! one in queue order.
 
 use std::fs::File;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -70,6 +80,8 @@ pub(crate) struct Committer {
     requests: Option<mpsc::Sender<Request>>,
     thread: Option<JoinHandle<()>>,
     counters: Arc<Counters>,
+    /// Set once a write met ENOSPC inside sled (which then takes no write until reopened).
+    sled_failed: Arc<Mutex<Option<StoreError>>>,
 }
 
 impl Committer {
@@ -87,14 +99,25 @@ impl Committer {
         let (requests, queue) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let thread_counters = Arc::clone(&counters);
+        let sled_failed = Arc::new(Mutex::new(None));
+        let committer = Thread {
+            db,
+            trees,
+            path: path.to_path_buf(),
+            log,
+            mark,
+            sled_failed: Arc::clone(&sled_failed),
+            full_since: None,
+        };
         let thread = std::thread::Builder::new()
             .name("sbx-store-committer".into())
-            .spawn(move || run(db, log, trees, queue, &thread_counters, &mark))
+            .spawn(move || committer.run(queue, &thread_counters))
             .map_err(|e| StoreError::Io(format!("cannot start the committer thread: {e}")))?;
         Ok(Committer {
             requests: Some(requests),
             thread: Some(thread),
             counters,
+            sled_failed,
         })
     }
 
@@ -109,6 +132,14 @@ impl Committer {
         answer
             .await
             .map_err(|_| StoreError::Io("the committer thread dropped the write".into()))?
+    }
+
+    /// The `DiskFull` every write gets since one met ENOSPC inside sled, if one did.
+    pub(crate) fn sled_failed(&self) -> Option<StoreError> {
+        self.sled_failed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     pub(crate) fn stats(&self) -> FlushStats {
@@ -139,10 +170,10 @@ pub(crate) const SLED_LOG_FILE: &str = "db";
 /// `Db::flush` writes the log with `pwrite` + `sync_file_range`, which survives a killed
 /// process but neither flushes the device's write cache nor the file's metadata; an fdatasync
 /// of the log file afterwards makes the write survive a power loss too.
-fn flush_durably(db: &sled::Db, log: &File) -> Result<usize, String> {
-    let bytes = db.flush().map_err(|e| e.to_string())?;
+fn flush_durably(db: &sled::Db, log: &File) -> Result<usize, StoreError> {
+    let bytes = db.flush()?;
     log.sync_data()
-        .map_err(|e| format!("fdatasync of the log: {e}"))?;
+        .map_err(|e| StoreError::from_io("fdatasync of the log", &e))?;
     Ok(bytes)
 }
 
@@ -237,30 +268,121 @@ fn revision_of(trees: &Trees) -> Option<u64> {
     crate::layout::decode_u64(&raw, "stored revision").ok()
 }
 
-fn run(
+/// The committer thread's own state.
+struct Thread {
     db: sled::Db,
-    log: File,
     trees: Trees,
-    queue: mpsc::Receiver<Request>,
-    counters: &Counters,
-    mark: &HighWater,
-) {
-    while let Ok(first) = queue.recv() {
-        let mut ops = vec![first.op];
-        let mut replies = vec![first.reply];
-        while ops.len() < MAX_BATCH {
-            let Ok(next) = queue.try_recv() else { break };
-            ops.push(next.op);
-            replies.push(next.reply);
+    path: PathBuf,
+    log: File,
+    mark: HighWater,
+    /// Shared with [`Committer::sled_failed`].
+    sled_failed: Arc<Mutex<Option<StoreError>>>,
+    /// Since when writes are refused for lack of space (logged once each way, not per batch).
+    full_since: Option<Instant>,
+}
+
+impl Thread {
+    fn run(mut self, queue: mpsc::Receiver<Request>, counters: &Counters) {
+        while let Ok(first) = queue.recv() {
+            let mut ops = vec![first.op];
+            let mut replies = vec![first.reply];
+            while ops.len() < MAX_BATCH {
+                let Ok(next) = queue.try_recv() else { break };
+                ops.push(next.op);
+                replies.push(next.reply);
+            }
+            if let Err(refused) = self.ready() {
+                for reply in replies {
+                    let _ = reply.send(Err(refused.clone()));
+                }
+                continue;
+            }
+            self.commit(&ops, replies, counters);
         }
-        let results = match apply_batch(&trees, &ops) {
+        // Every handle is gone: make sure nothing committed stays unflushed.
+        if self.sled_failed.lock().is_ok_and(|failed| failed.is_some()) {
+            // sled's flush would wait for the failed write for ever.
+            tracing::error!(store = %self.path.display(), "the store is closed without its final flush: a write met a full disk inside sled");
+            std::mem::forget(self.db);
+            std::mem::forget(self.trees);
+            return;
+        }
+        match flush_durably(&self.db, &self.log) {
+            Ok(_) => {
+                if let Some(revision) = revision_of(&self.trees)
+                    && let Err(e) = self.mark.set(revision, true)
+                {
+                    tracing::error!(error = %e, "the store's high-water mark was not written");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "final store flush failed"),
+        }
+    }
+
+    /// Whether a batch may be tried: sled has not failed, and the disk has its reserve free.
+    fn ready(&mut self) -> Result<(), StoreError> {
+        if let Some(failed) = self
+            .sled_failed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+        {
+            return Err(failed);
+        }
+        if let Some(full) = crate::space::check(&self.path) {
+            self.note_full(&full);
+            return Err(full);
+        }
+        if let Some(since) = self.full_since.take() {
+            tracing::warn!(store = %self.path.display(), after = ?since.elapsed(), "the store's disk has space again; writes are taken");
+        }
+        Ok(())
+    }
+
+    fn note_full(&mut self, full: &StoreError) {
+        if self.full_since.is_none() {
+            tracing::error!(error = %full, "the store's disk is full; writes are refused until space is freed");
+            self.full_since = Some(Instant::now());
+        }
+    }
+
+    /// A batch's fault: a full disk is noted (and sled to be reopened), anything else logged.
+    fn failed(&mut self, err: StoreError, what: &str, writes: usize) -> StoreError {
+        let err = err.at_store(&self.path);
+        if let StoreError::DiskFull { path, detail } = &err {
+            self.note_full(&err);
+            let failed = StoreError::DiskFull {
+                path: path.clone(),
+                detail: format!(
+                    "a write met the full disk inside the database ({detail}), which then takes \
+                     no write until sbxd is restarted"
+                ),
+            };
+            tracing::error!(error = %failed, "the store takes no more writes until sbxd restarts");
+            *self
+                .sled_failed
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(failed);
+        } else {
+            tracing::error!(error = %err, writes, "{what} failed");
+        }
+        err
+    }
+
+    fn commit(
+        &mut self,
+        ops: &[WriteOp],
+        replies: Vec<oneshot::Sender<Result<WriteOutcome, StoreError>>>,
+        counters: &Counters,
+    ) {
+        let results = match apply_batch(&self.trees, ops) {
             Ok(results) => results,
             Err(fault) => {
-                tracing::error!(error = %fault, writes = ops.len(), "write batch failed");
+                let fault = self.failed(fault, "write batch", ops.len());
                 for reply in replies {
                     let _ = reply.send(Err(fault.clone()));
                 }
-                continue;
+                return;
             }
         };
         // Refusals wrote nothing: answer them now. Successes wait for the flush.
@@ -274,10 +396,10 @@ fn run(
             }
         }
         if pending.is_empty() {
-            continue;
+            return;
         }
         let started = Instant::now();
-        let flushed = flush_durably(&db, &log);
+        let flushed = flush_durably(&self.db, &self.log);
         counters
             .flush_micros
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -290,33 +412,180 @@ fn run(
                 counters
                     .writes
                     .fetch_add(pending.len() as u64, Ordering::Relaxed);
-                if let Some(revision) = revision_of(&trees)
-                    && let Err(e) = mark.set(revision, false)
+                // The writes are durable whatever happens to the mark: a mark left behind is
+                // what a crash leaves too, and open accepts it (never newer than the store).
+                if let Some(revision) = revision_of(&self.trees)
+                    && let Err(e) = self.mark.set(revision, false)
                 {
-                    tracing::error!(error = %e, "the store's high-water mark was not written");
+                    tracing::error!(error = %e, mark = %high_water_path(&self.path).display(), "the store's high-water mark was not raised; it stays behind the store");
                 }
                 for (outcome, reply) in pending {
                     let _ = reply.send(Ok(outcome));
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "store flush failed");
-                let err = StoreError::Io(format!("flush failed, write not acknowledged: {e}"));
+                let err = match self.failed(e, "store flush", pending.len()) {
+                    full @ StoreError::DiskFull { .. } => full,
+                    other => {
+                        StoreError::Io(format!("flush failed, write not acknowledged: {other}"))
+                    }
+                };
                 for (_, reply) in pending {
                     let _ = reply.send(Err(err.clone()));
                 }
             }
         }
     }
-    // Every handle is gone: make sure nothing committed stays unflushed.
-    match flush_durably(&db, &log) {
-        Ok(_) => {
-            if let Some(revision) = revision_of(&trees)
-                && let Err(e) = mark.set(revision, true)
-            {
-                tracing::error!(error = %e, "the store's high-water mark was not written");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use crate::{Kind, NewRecord, ObjectStore, SledStore, StoreError};
+
+    fn workspace(name: &str, body: Vec<u8>) -> NewRecord {
+        NewRecord {
+            id: uuid::Uuid::new_v4(),
+            kind: Kind::Workspace,
+            workspace: None,
+            name: name.into(),
+            owner: None,
+            labels: Default::default(),
+            created_at_ms: 1,
+            body,
+        }
+    }
+
+    /// A tmpfs of its own, unmounted on drop (also when the test fails).
+    struct Tmpfs(std::path::PathBuf);
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+
+    fn resize(fs: &Tmpfs, size: &str) {
+        nix::mount::mount(
+            None::<&str>,
+            &fs.0,
+            None::<&str>,
+            nix::mount::MsFlags::MS_REMOUNT,
+            Some(format!("size={size}").as_str()),
+        )
+        .expect("remount the tmpfs");
+    }
+
+    /// The path past the reserve: a write bigger than the space left meets ENOSPC inside sled,
+    /// which fails every later write for good: it answers `DiskFull`, and so does every write
+    /// after it, also once space is back, saying sbxd must be restarted; reads go on, and the
+    /// store closes without hanging (sled's own close would wait for the failed write).
+    #[tokio::test]
+    async fn a_write_that_meets_enospc_in_sled_is_disk_full_until_the_store_reopens() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: mounting a tmpfs needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("fs");
+        std::fs::create_dir(&mnt).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &mnt,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=4m"),
+        )
+        .expect("mount a tmpfs");
+        let fs = Tmpfs(mnt.clone());
+        let store = SledStore::open(&mnt.join("store")).unwrap();
+        let kept = store
+            .create(workspace("before", vec![1; 100]))
+            .await
+            .unwrap();
+
+        // Leave the reserve and 64 KiB free, then write 1.5 MiB in one record.
+        let mut fill = std::fs::File::create(mnt.join("fill")).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        for _ in 0..1000 {
+            if fill.write_all(&chunk).is_err() {
+                break;
             }
         }
-        Err(e) => tracing::error!(error = %e, "final store flush failed"),
+        let len = fill.metadata().unwrap().len();
+        fill.set_len(len - super::super::DISK_RESERVE_BYTES - 64 * 1024)
+            .unwrap();
+        assert!(store.disk_full().is_none(), "the reserve is still free");
+        let big = store.create(workspace("big", vec![7; 1536 * 1024])).await;
+        assert!(
+            matches!(&big, Err(StoreError::DiskFull { path, .. }) if path == &mnt.join("store")),
+            "{big:?}"
+        );
+        resize(&fs, "32m");
+        let after = store.create(workspace("after", vec![2; 100])).await;
+        assert!(
+            matches!(&after, Err(StoreError::DiskFull { detail, .. }) if detail.contains("restarted")),
+            "{after:?}"
+        );
+        assert!(store.disk_full().is_some(), "health must see it");
+        assert_eq!(store.get(kept.id).await.unwrap().unwrap().name, "before");
+        let closing = std::time::Instant::now();
+        drop(store);
+        assert!(closing.elapsed() < std::time::Duration::from_secs(5));
+
+        // The leaked handles keep sled's lock in this process; a new sbxd opens it (its
+        // acknowledged writes are on disk: flushed before they were acknowledged).
+        drop(fs);
+    }
+
+    /// The reserve: with less than it free, a write is refused before sled sees it, and taken
+    /// as soon as the space is back.
+    #[tokio::test]
+    async fn a_write_below_the_reserve_is_refused_up_front_and_taken_once_space_is_back() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: mounting a tmpfs needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("fs");
+        std::fs::create_dir(&mnt).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &mnt,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=4m"),
+        )
+        .expect("mount a tmpfs");
+        let fs = Tmpfs(mnt.clone());
+        let store = SledStore::open(&mnt.join("store")).unwrap();
+        let kept = store
+            .create(workspace("before", vec![1; 100]))
+            .await
+            .unwrap();
+        let mut fill = std::fs::File::create(mnt.join("fill")).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        for _ in 0..1000 {
+            if fill.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let full = store.disk_full().expect("the tmpfs is full");
+        assert!(full.to_string().contains("is full"), "{full}");
+        let flushes = store.flush_stats().flushes;
+        let refused = store.create(workspace("refused", vec![])).await;
+        assert!(
+            matches!(refused, Err(StoreError::DiskFull { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(store.flush_stats().flushes, flushes, "sled never saw it");
+        drop(fill);
+        std::fs::remove_file(mnt.join("fill")).unwrap();
+        assert!(store.disk_full().is_none());
+        store.create(workspace("refused", vec![])).await.unwrap();
+        assert_eq!(store.get(kept.id).await.unwrap().unwrap(), kept);
+        drop(store);
+        drop(fs);
     }
 }

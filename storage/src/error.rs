@@ -9,7 +9,8 @@ use crate::record::Kind;
 /// Everything a store operation can fail with.
 ///
 /// The first group (`AlreadyExists` … `Invalid`) are answers about the caller's request: callers
-/// should expect them and map them to a user-facing status. The last group (`Io`, `Corrupt`,
+/// should expect them and map them to a user-facing status. `DiskFull` is a state of the
+/// machine that passes by itself once space is freed. The last group (`Io`, `Corrupt`,
 /// `Schema`) are faults of the machine or of the data on disk: callers should log them and fail
 /// the operation; retrying rarely helps.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -56,7 +57,19 @@ pub enum StoreError {
     #[error("invalid request: {reason}")]
     Invalid { reason: String },
 
-    /// The embedded database or the file system failed (disk full, permission, I/O error), or
+    /// The file system holding the store at `path` is full: before the write less than
+    /// [`crate::DISK_RESERVE_BYTES`] were free (the write was refused and nothing was written),
+    /// or the write itself met ENOSPC (it was not acknowledged; a write that was not flushed is
+    /// gone once the store reopens). Not a fault of the request nor of the data: writes are
+    /// taken again by themselves once space is freed; reads keep working meanwhile.
+    #[error(
+        "the disk holding the store at {} is full ({detail}); writes are refused until space \
+         is freed, reads keep working",
+        path.display()
+    )]
+    DiskFull { path: PathBuf, detail: String },
+
+    /// The embedded database or the file system failed (permission, I/O error), or
     /// the background flusher has stopped. The write may or may not have been committed, but it
     /// was not acknowledged as durable.
     #[error("storage I/O failed: {0}")]
@@ -84,12 +97,47 @@ pub enum StoreError {
 
 impl StoreError {
     /// Whether this is an answer about the request (expected, nothing was written) rather than
-    /// a fault of the machine or the data (`Io`, `Corrupt`, `Schema`).
+    /// a fault or state of the machine or the data (`DiskFull`, `Io`, `Corrupt`, `Schema`).
     pub fn is_request_error(&self) -> bool {
         !matches!(
             self,
-            StoreError::Io(_) | StoreError::Corrupt(_) | StoreError::Schema { .. }
+            StoreError::DiskFull { .. }
+                | StoreError::Io(_)
+                | StoreError::Corrupt(_)
+                | StoreError::Schema { .. }
         )
+    }
+
+    /// Whether this is [`StoreError::DiskFull`]: an operational state that passes by itself
+    /// once space is freed, not a failure of the caller or of the data.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, StoreError::DiskFull { .. })
+    }
+
+    /// Names the store a [`StoreError::DiskFull`] is about (a sled error does not know it).
+    pub(crate) fn at_store(self, store: &std::path::Path) -> Self {
+        match self {
+            StoreError::DiskFull { path, detail } if path.as_os_str().is_empty() => {
+                StoreError::DiskFull {
+                    path: store.to_path_buf(),
+                    detail,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// An I/O error of `what`: [`StoreError::DiskFull`] for ENOSPC or EDQUOT (the store's path
+    /// filled in by [`StoreError::at_store`]), [`StoreError::Io`] otherwise.
+    pub(crate) fn from_io(what: &str, err: &std::io::Error) -> Self {
+        if is_no_space(err) {
+            StoreError::DiskFull {
+                path: PathBuf::new(),
+                detail: format!("{what}: {err}"),
+            }
+        } else {
+            StoreError::Io(format!("{what}: {err}"))
+        }
     }
 
     pub(crate) fn invalid(reason: impl Into<String>) -> Self {
@@ -103,6 +151,10 @@ impl From<sled::Error> for StoreError {
     fn from(err: sled::Error) -> Self {
         match err {
             sled::Error::Corruption { .. } => StoreError::Corrupt(err.to_string()),
+            sled::Error::Io(ref io) if is_no_space(io) => StoreError::DiskFull {
+                path: PathBuf::new(),
+                detail: format!("sled: {io}"),
+            },
             other => StoreError::Io(other.to_string()),
         }
     }
@@ -115,4 +167,12 @@ impl From<sled::transaction::TransactionError<StoreError>> for StoreError {
             sled::transaction::TransactionError::Storage(e) => e.into(),
         }
     }
+}
+
+/// Whether an I/O error says the file system (or the user's quota on it) has no space left.
+pub(crate) fn is_no_space(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    ) || matches!(err.raw_os_error(), Some(code) if code == nix::libc::ENOSPC || code == nix::libc::EDQUOT)
 }

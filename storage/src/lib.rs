@@ -12,7 +12,9 @@
 //! - `sled_store.rs`: [`SledStore`]: open, reads and lists.
 //! - `writes.rs`: create / CAS update / cascading delete inside one sled transaction.
 //! - `committer.rs`: group commit: one thread runs each batch of queued writes as one
-//!   transaction, flushes and fdatasyncs, then acknowledges.
+//!   transaction, flushes and fdatasyncs, then acknowledges; reopens sled after a full disk.
+//! - `space.rs`: the full-disk state: writes are refused (`DiskFull`) while the store's file
+//!   system has less than [`DISK_RESERVE_BYTES`] free.
 //! - `schema.rs`: the schema version and the migrations between versions.
 //! - `fsck.rs`: [`SledStore::verify_indexes`], the integrity check against the high-water mark.
 //! - `backup.rs`: [`backup_store`] / [`restore_store`]: the store as one checked file, and back.
@@ -34,6 +36,7 @@ mod record;
 mod schema;
 mod selector;
 mod sled_store;
+mod space;
 mod store;
 mod writes;
 
@@ -49,4 +52,5 @@ pub use record::{Kind, ListQuery, NewRecord, Page, Record, Scope};
 pub use schema::{SCHEMA_VERSION, SchemaOutcome};
 pub use selector::{LabelSelector, MAX_LABEL_LEN, Requirement, validate_labels};
 pub use sled_store::SledStore;
+pub use space::DISK_RESERVE_BYTES;
 pub use store::ObjectStore;

@@ -90,7 +90,7 @@ impl SledStore {
             StoreError::Io(msg) => {
                 StoreError::Io(format!("cannot open store at {}: {msg}", path.display()))
             }
-            other => other,
+            other => other.at_store(path),
         })?;
         let schema_outcome = schema::prepare(&db, path)?;
         let trees = Trees {
@@ -127,6 +127,16 @@ impl SledStore {
     /// How many writes were acknowledged and how many flushes they took.
     pub fn flush_stats(&self) -> FlushStats {
         self.inner.committer.stats()
+    }
+
+    /// `Some(DiskFull)` while writes are refused for lack of space: less than
+    /// [`crate::DISK_RESERVE_BYTES`] free on the store's file system (checked now), or a write
+    /// met ENOSPC inside sled, which then takes no write until the store is reopened.
+    pub fn disk_full(&self) -> Option<StoreError> {
+        self.inner
+            .committer
+            .sled_failed()
+            .or_else(|| crate::space::check(&self.inner.path))
     }
 
     fn trees(&self) -> &Trees {
@@ -273,5 +283,9 @@ impl ObjectStore for SledStore {
 
     async fn current_revision(&self) -> Result<u64, StoreError> {
         self.revision()
+    }
+
+    fn disk_full(&self) -> Option<StoreError> {
+        SledStore::disk_full(self)
     }
 }

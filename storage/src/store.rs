@@ -50,4 +50,11 @@ pub trait ObjectStore: Send + Sync + 'static {
 
     /// The highest resource version ever assigned (0 for an empty store).
     async fn current_revision(&self) -> Result<u64, StoreError>;
+
+    /// `Some(StoreError::DiskFull)` while the store refuses writes for lack of space, checked
+    /// now (cheap: one `statvfs`); `None` when writes are taken. Callers refuse writes up front
+    /// with it, and the gateway's health reports it. A store without the notion answers `None`.
+    fn disk_full(&self) -> Option<StoreError> {
+        None
+    }
 }
