@@ -466,6 +466,37 @@ mod tests {
         }
     }
 
+    /// A 4 MiB tmpfs in a temp dir (`None` unless root).
+    fn tmpfs_of_4_mib() -> Option<(tempfile::TempDir, Tmpfs)> {
+        if !nix::unistd::Uid::effective().is_root() {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("fs");
+        std::fs::create_dir(&mnt).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &mnt,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=4m"),
+        )
+        .expect("mount a tmpfs");
+        Some((dir, Tmpfs(mnt)))
+    }
+
+    /// Writes `DIR/fill` until ENOSPC (at most 64 MiB).
+    fn fill_up(dir: &std::path::Path) -> std::fs::File {
+        let mut fill = std::fs::File::create(dir.join("fill")).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        for _ in 0..1000 {
+            if fill.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        fill
+    }
+
     fn resize(fs: &Tmpfs, size: &str) {
         nix::mount::mount(
             None::<&str>,
@@ -483,22 +514,11 @@ mod tests {
     /// store closes without hanging (sled's own close would wait for the failed write).
     #[tokio::test]
     async fn a_write_that_meets_enospc_in_sled_is_disk_full_until_the_store_reopens() {
-        if !nix::unistd::Uid::effective().is_root() {
+        let Some((_dir, fs)) = tmpfs_of_4_mib() else {
             eprintln!("skipped: mounting a tmpfs needs root");
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let mnt = dir.path().join("fs");
-        std::fs::create_dir(&mnt).unwrap();
-        nix::mount::mount(
-            Some("tmpfs"),
-            &mnt,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some("size=4m"),
-        )
-        .expect("mount a tmpfs");
-        let fs = Tmpfs(mnt.clone());
+        };
+        let mnt = fs.0.clone();
         let store = SledStore::open(&mnt.join("store")).unwrap();
         let kept = store
             .create(workspace("before", vec![1; 100]))
@@ -506,13 +526,7 @@ mod tests {
             .unwrap();
 
         // Leave the reserve and 64 KiB free, then write 1.5 MiB in one record.
-        let mut fill = std::fs::File::create(mnt.join("fill")).unwrap();
-        let chunk = vec![0u8; 64 * 1024];
-        for _ in 0..1000 {
-            if fill.write_all(&chunk).is_err() {
-                break;
-            }
-        }
+        let fill = fill_up(&mnt);
         let len = fill.metadata().unwrap().len();
         fill.set_len(len - super::super::DISK_RESERVE_BYTES - 64 * 1024)
             .unwrap();
@@ -543,34 +557,17 @@ mod tests {
     /// as soon as the space is back.
     #[tokio::test]
     async fn a_write_below_the_reserve_is_refused_up_front_and_taken_once_space_is_back() {
-        if !nix::unistd::Uid::effective().is_root() {
+        let Some((_dir, fs)) = tmpfs_of_4_mib() else {
             eprintln!("skipped: mounting a tmpfs needs root");
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let mnt = dir.path().join("fs");
-        std::fs::create_dir(&mnt).unwrap();
-        nix::mount::mount(
-            Some("tmpfs"),
-            &mnt,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some("size=4m"),
-        )
-        .expect("mount a tmpfs");
-        let fs = Tmpfs(mnt.clone());
+        };
+        let mnt = fs.0.clone();
         let store = SledStore::open(&mnt.join("store")).unwrap();
         let kept = store
             .create(workspace("before", vec![1; 100]))
             .await
             .unwrap();
-        let mut fill = std::fs::File::create(mnt.join("fill")).unwrap();
-        let chunk = vec![0u8; 64 * 1024];
-        for _ in 0..1000 {
-            if fill.write_all(&chunk).is_err() {
-                break;
-            }
-        }
+        let fill = fill_up(&mnt);
         let full = store.disk_full().expect("the tmpfs is full");
         assert!(full.to_string().contains("is full"), "{full}");
         let flushes = store.flush_stats().flushes;
