@@ -4,16 +4,31 @@
 //! ```text
 //! cargo run --release -p sbx-chaos-tests --bin sbx-chaos -- [SECONDS] [FIRST_SEED]
 //! ```
-//! A violation exits 1; `SBX_CHAOS_SEED=N cargo nextest run -p sbx-chaos-tests --test
-//! chaos_in_process` replays round N.
+//! A violation exits 1, keeps the round's directory and writes its journal there;
+//! `SBX_CHAOS_REPLAY=FILE sbx-chaos` (or the `chaos_in_process` test with the same variable)
+//! replays that journal's operations and faults in their order. `SBX_CHAOS_SEED=N cargo
+//! nextest run -p sbx-chaos-tests --test chaos_in_process` runs seed N again (the same
+//! choices, not the same interleaving).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use sbx_chaos_tests::scenario::{ChaosConfig, run};
+use sbx_chaos_tests::scenario::{ChaosConfig, replay, run};
 
 #[tokio::main]
 async fn main() {
+    if let Ok(file) = std::env::var("SBX_CHAOS_REPLAY") {
+        match replay(std::path::Path::new(&file), None).await {
+            Ok(report) => {
+                println!("sbx-chaos: the replay of {file} kept every invariant: {report:?}")
+            }
+            Err(violation) => {
+                eprintln!("VIOLATION in the replay of {file}: {violation}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let seconds: u64 = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())

@@ -3,9 +3,12 @@
 //! supervisor kills, gateway restarts, sim-driver latency, errors, hangs, lost replies, lost
 //! state and forgotten generations, workloads exiting by themselves); then quiesce and check
 //! the invariants — on the records, on the driver calls and on what the simulated machine
-//! really did (see `removals.rs`). Everything is drawn from one seed; a failure names it.
+//! really did (see `removals.rs`). Everything is drawn from one seed; a failure names it,
+//! keeps the round's directory and writes its journal there, which `replay` runs again
+//! (`journal.rs` says what a replay reproduces and what it does not).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +19,7 @@ use sbx_drivers::sim::{SimDriver, SimFaultHandle, SimFaults, SimWorld};
 use sbx_drivers::{ComputeDriver, pb};
 use sbx_proto::v1::{DesiredState, Phase, Sandbox, SandboxSpec};
 use sbx_storage::{Kind, ListQuery, ObjectStore, Scope, SledStore};
+use serde::{Deserialize, Serialize};
 use tokio::sync::RwLock;
 use uuid::Uuid;
 
@@ -25,11 +29,13 @@ use crate::rng::Rng;
 
 mod faults;
 mod invariants;
+pub mod journal;
 
 use faults::inject_faults;
 use invariants::{check_invariants, quiesce};
+use journal::{Action, Answer, Entry, Journal};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChaosConfig {
     pub seed: u64,
     pub workspaces: usize,
@@ -43,6 +49,10 @@ pub struct ChaosConfig {
     /// Inject faults at all (off: a control run that checks the checks).
     pub faults: bool,
     pub gateway_restarts: bool,
+    /// Write the round's journal here whatever its outcome (a failing round writes it into
+    /// its kept directory anyway).
+    #[serde(skip)]
+    pub journal: Option<PathBuf>,
 }
 
 impl ChaosConfig {
@@ -56,6 +66,7 @@ impl ChaosConfig {
             max_ops_per_client: 5_000,
             faults: true,
             gateway_restarts: true,
+            journal: None,
         }
     }
 }
@@ -165,6 +176,8 @@ struct Harness {
     report: Mutex<ChaosReport>,
     /// Set when the clients are done: the injector finishes its current fault and stops.
     stop_faults: std::sync::atomic::AtomicBool,
+    /// Every operation and fault, in the order they began.
+    journal: Arc<Journal>,
 }
 
 pub fn chaos_actor_config() -> Config {
@@ -195,17 +208,71 @@ fn sandbox_name(i: usize) -> String {
     format!("sb-{i}")
 }
 
-/// Runs one scenario and checks every invariant. `Err` names the seed and what broke.
+/// Runs one scenario and checks every invariant. `Err` names the seed and what broke, and
+/// where the round's directory and journal were kept.
 pub async fn run(cfg: ChaosConfig) -> Result<ChaosReport, String> {
-    let seed = cfg.seed;
-    run_inner(cfg)
-        .await
-        .map_err(|e| format!("chaos seed {seed}: {e}"))
+    run_journaled(cfg, None).await
 }
 
-async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let store = Arc::new(SledStore::open(&dir.path().join("store")).map_err(|e| e.to_string())?);
+/// Runs the operations and faults of a journal again, in their recorded order (see
+/// `journal.rs`), then quiesces and checks every invariant as the round did. The replay's own
+/// journal is written to `journal` when given.
+pub async fn replay(path: &Path, journal: Option<PathBuf>) -> Result<ChaosReport, String> {
+    let recorded = journal::read_journal(path)?;
+    let cfg = ChaosConfig {
+        journal,
+        ..recorded.config
+    };
+    run_journaled(cfg, Some(recorded.entries)).await
+}
+
+async fn run_journaled(
+    cfg: ChaosConfig,
+    replay: Option<Vec<Entry>>,
+) -> Result<ChaosReport, String> {
+    let seed = cfg.seed;
+    let what = if replay.is_some() {
+        "replay of chaos seed"
+    } else {
+        "chaos seed"
+    };
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("sbx-chaos-{seed}-"))
+        .tempdir()
+        .map_err(|e| format!("{what} {seed}: cannot make the round's directory: {e}"))?;
+    let journal = Arc::new(Journal::default());
+    let result = run_inner(cfg.clone(), dir.path(), Arc::clone(&journal), replay).await;
+    if let Some(path) = &cfg.journal {
+        journal.write(path, &cfg, result.as_ref().err().map(String::as_str))?;
+    }
+    match result {
+        Ok(report) => Ok(report),
+        Err(e) => {
+            let kept = dir.keep();
+            let file = kept.join("journal.jsonl");
+            let saved = match journal.write(&file, &cfg, Some(&e)) {
+                Ok(()) => format!(
+                    "; its journal is {} (replay: SBX_CHAOS_REPLAY={} cargo nextest run -p sbx-chaos-tests --test chaos_in_process)",
+                    file.display(),
+                    file.display()
+                ),
+                Err(why) => format!("; {why}"),
+            };
+            Err(format!(
+                "{what} {seed}: {e}\n  kept the round's directory {}{saved}",
+                kept.display()
+            ))
+        }
+    }
+}
+
+async fn run_inner(
+    cfg: ChaosConfig,
+    dir: &Path,
+    journal: Arc<Journal>,
+    replay: Option<Vec<Entry>>,
+) -> Result<ChaosReport, String> {
+    let store = Arc::new(SledStore::open(&dir.join("store")).map_err(|e| e.to_string())?);
     let world = SimWorld::new();
     let removals = RemovalObserver::start(world.clone())
         .await
@@ -231,6 +298,7 @@ async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
         removals,
         ledger: Mutex::default(),
         stop_faults: Default::default(),
+        journal,
     });
     for i in 0..h.cfg.workspaces {
         gw_of(&h)
@@ -240,21 +308,25 @@ async fn run_inner(cfg: ChaosConfig) -> Result<ChaosReport, String> {
             .map_err(|e| e.to_string())?;
     }
 
-    let clients: Vec<_> = (0..h.cfg.clients)
-        .map(|c| tokio::spawn(client(Arc::clone(&h), c)))
-        .collect();
-    let injector = tokio::spawn(inject_faults(Arc::clone(&h)));
-    for c in clients {
-        c.await.map_err(|e| format!("a client panicked: {e}"))??;
+    if let Some(entries) = replay {
+        journal::replay_entries(Arc::clone(&h), entries).await?;
+    } else {
+        let clients: Vec<_> = (0..h.cfg.clients)
+            .map(|c| tokio::spawn(client(Arc::clone(&h), c)))
+            .collect();
+        let injector = tokio::spawn(inject_faults(Arc::clone(&h)));
+        for c in clients {
+            c.await.map_err(|e| format!("a client panicked: {e}"))??;
+        }
+        // Stop the injector between two faults, never in the middle of one: aborting it during
+        // a gateway restart would leave the harness holding a gateway that was shut down.
+        h.stop_faults
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(60), injector)
+            .await
+            .map_err(|_| "the fault injector did not stop".to_string())?
+            .map_err(|e| format!("the fault injector panicked: {e}"))?;
     }
-    // Stop the injector between two faults, never in the middle of one: aborting it during a
-    // gateway restart would leave the harness holding a gateway that was shut down.
-    h.stop_faults
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    tokio::time::timeout(Duration::from_secs(60), injector)
-        .await
-        .map_err(|_| "the fault injector did not stop".to_string())?
-        .map_err(|e| format!("the fault injector panicked: {e}"))?;
 
     quiesce(&h).await?;
     check_invariants(&h).await?;
@@ -311,11 +383,16 @@ async fn client(h: Arc<Harness>, index: usize) -> Result<(), String> {
         }
         let op = pick_op(&h, &mut rng);
         let duplicate = rng.chance(0.08);
+        let lane = format!("client {index}");
+        let once = || {
+            h.journal
+                .around(&lane, Action::Op(op.clone()), perform(&h, &op))
+        };
         let ok = if duplicate {
-            let (a, b) = tokio::join!(perform(&h, &op), perform(&h, &op));
-            a? | b?
+            let (a, b) = tokio::join!(once(), once());
+            a?.acknowledged | b?.acknowledged
         } else {
-            perform(&h, &op).await?
+            once().await?.acknowledged
         };
         let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
         report.ops += if duplicate { 2 } else { 1 };
@@ -324,8 +401,8 @@ async fn client(h: Arc<Harness>, index: usize) -> Result<(), String> {
     Ok(())
 }
 
-#[derive(Debug, Clone)]
-enum Op {
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Op {
     Create { ws: String, name: String },
     ById { kind: Cmd, id: Uuid },
     ByName { kind: Cmd, ws: String, name: String },
@@ -333,13 +410,26 @@ enum Op {
     List { ws: String },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cmd {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Cmd {
     Start,
     Stop,
     Restart,
     Delete,
     Get,
+}
+
+impl Op {
+    /// The same operation with its sandbox id (if any) passed through `map`.
+    fn map_id(&self, map: impl Fn(Uuid) -> Uuid) -> Op {
+        match self {
+            Op::ById { kind, id } => Op::ById {
+                kind: *kind,
+                id: map(*id),
+            },
+            other => other.clone(),
+        }
+    }
 }
 
 fn pick_op(h: &Harness, rng: &mut Rng) -> Op {
@@ -380,14 +470,22 @@ fn pick_op(h: &Harness, rng: &mut Rng) -> Op {
     }
 }
 
-/// Performs one operation and records it. `Ok(true)` when acknowledged; an error that a
-/// client of a faulty system should expect is `Ok(false)`; anything else is a violation.
-async fn perform(h: &Harness, op: &Op) -> Result<bool, String> {
+/// Performs one operation and records it in the ledger. Acknowledged or not (an error that a
+/// client of a faulty system should expect); anything else is a violation.
+async fn perform(h: &Harness, op: &Op) -> Result<Answer, String> {
+    let mut answer = Answer::default();
+    answer.acknowledged = perform_inner(h, op, &mut answer).await?;
+    Ok(answer)
+}
+
+/// `answer` gets the id of an acknowledged create and the error of a refusal.
+async fn perform_inner(h: &Harness, op: &Op, answer: &mut Answer) -> Result<bool, String> {
     let gw = gw_of(h).await;
     match op {
         Op::Create { ws, name } => match gw.create_sandbox(Some(ws), name, spec()).await {
             Ok(sb) => {
                 let id = Uuid::parse_str(&sb.id).map_err(|e| e.to_string())?;
+                answer.created = Some(id);
                 let mut ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
                 ledger.created.insert(id, (ws.clone(), name.clone()));
                 drop(ledger);
@@ -402,12 +500,12 @@ async fn perform(h: &Harness, op: &Op) -> Result<bool, String> {
                 let _ = gw.create_workspace(ws, HashMap::new()).await;
                 Ok(false)
             }
-            Err(e) => expected(h, e),
+            Err(e) => expected(h, e, answer),
         },
         Op::ById { kind, id } => {
             let sel = SandboxSelector::Id(*id);
             let sent = h.recording.now();
-            let result = command(h, &gw, *kind, &sel, Some(*id)).await;
+            let result = command(h, &gw, *kind, &sel, Some(*id), answer).await;
             note_request(h, *kind, Target::Id(*id), sent, matches!(result, Ok(true)));
             result
         }
@@ -417,7 +515,7 @@ async fn perform(h: &Harness, op: &Op) -> Result<bool, String> {
                 name: name.clone(),
             };
             let sent = h.recording.now();
-            let result = command(h, &gw, *kind, &sel, None).await;
+            let result = command(h, &gw, *kind, &sel, None, answer).await;
             note_request(
                 h,
                 *kind,
@@ -445,7 +543,7 @@ async fn perform(h: &Harness, op: &Op) -> Result<bool, String> {
                     Ok(true)
                 }
                 Err(ActorError::WorkspaceNotFound(_)) => Ok(false),
-                Err(e) => expected(h, e),
+                Err(e) => expected(h, e, answer),
             }
         }
         Op::List { ws } => {
@@ -455,7 +553,7 @@ async fn perform(h: &Harness, op: &Op) -> Result<bool, String> {
             };
             match gw.list_sandboxes(&filter, 100, "").await {
                 Ok(page) => check_listed_names_unique(&page.items).map(|_| true),
-                Err(e) => expected(h, e),
+                Err(e) => expected(h, e, answer),
             }
         }
     }
@@ -491,6 +589,7 @@ async fn command(
     kind: Cmd,
     sel: &SandboxSelector,
     id: Option<Uuid>,
+    answer: &mut Answer,
 ) -> Result<bool, String> {
     let result = match kind {
         Cmd::Start => gw.start_sandbox(sel).await.map(|_| ()),
@@ -518,12 +617,13 @@ async fn command(
     };
     match result {
         Ok(()) => Ok(true),
-        Err(e) => expected(h, e),
+        Err(e) => expected(h, e, answer),
     }
 }
 
 /// Errors a client must expect from a gateway under faults; anything else is a violation.
-fn expected(h: &Harness, e: ActorError) -> Result<bool, String> {
+fn expected(h: &Harness, e: ActorError, answer: &mut Answer) -> Result<bool, String> {
+    answer.refusal = Some(e.to_string());
     if let ActorError::Unavailable(_) = e {
         h.report
             .lock()
