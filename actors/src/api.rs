@@ -189,6 +189,7 @@ impl Gateway {
     ) -> Result<Workspace> {
         validate::name("workspace", name)?;
         validate::labels(&labels)?;
+        self.refuse_if_disk_full()?;
         let labels: BTreeMap<String, String> = labels.into_iter().collect();
         ask(&self.root, |reply| RootMsg::CreateWorkspace {
             name: name.to_string(),
@@ -231,6 +232,7 @@ impl Gateway {
     /// Deletes a workspace; with `cascade`, its sandboxes too. Answers false when there was
     /// no such workspace by id (a name that does not resolve is an error).
     pub async fn delete_workspace(&self, sel: &WorkspaceSelector, cascade: bool) -> Result<bool> {
+        self.refuse_if_disk_full()?;
         let ws = match self.resolve_workspace(sel).await {
             Ok(ws) => ws,
             Err(ActorError::WorkspaceNotFound(_)) if matches!(sel, WorkspaceSelector::Id(_)) => {
@@ -274,6 +276,7 @@ impl Gateway {
     ) -> Result<Sandbox> {
         validate::name("sandbox", name)?;
         validate::spec_bounds(&spec)?;
+        self.refuse_if_disk_full()?;
         // Output only: the pin is the gateway's to set.
         spec.image_digest.clear();
         let driver = Arc::clone(self.shared.drivers.get(&spec.driver)?);
@@ -342,6 +345,7 @@ impl Gateway {
     }
 
     pub async fn start_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        self.refuse_if_disk_full()?;
         let sb = self.resolve_sandbox(sel).await?;
         self.command(&sb, SandboxMsg::Start)
             .await?
@@ -349,6 +353,7 @@ impl Gateway {
     }
 
     pub async fn stop_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        self.refuse_if_disk_full()?;
         let sb = self.resolve_sandbox(sel).await?;
         self.command(&sb, SandboxMsg::Stop)
             .await?
@@ -356,6 +361,7 @@ impl Gateway {
     }
 
     pub async fn restart_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        self.refuse_if_disk_full()?;
         let sb = self.resolve_sandbox(sel).await?;
         self.command(&sb, SandboxMsg::Restart)
             .await?
@@ -365,6 +371,7 @@ impl Gateway {
     /// Deletes a sandbox and everything it owns. Answers false when there was nothing to
     /// delete (an id with no sandbox); a name that does not resolve is an error.
     pub async fn delete_sandbox(&self, sel: &SandboxSelector) -> Result<bool> {
+        self.refuse_if_disk_full()?;
         let sb = match self.resolve_sandbox(sel).await {
             Ok(sb) => sb,
             Err(ActorError::SandboxNotFound { .. }) if matches!(sel, SandboxSelector::Id(_)) => {
@@ -761,8 +768,9 @@ impl Gateway {
                     match actor.call(msg, Some(remaining)).await {
                         Ok(CallResult::Success(r)) => return r.map(Some),
                         Ok(CallResult::Timeout) => return Err(self.timed_out("sandbox", id)),
-                        // The actor died while it held the request; its supervisor restarts it.
-                        Ok(CallResult::SenderError) | Err(_) => {}
+                        // The actor died while it held the request; its supervisor restarts it
+                        // (a write that met a full disk in the middle answers that, at once).
+                        Ok(CallResult::SenderError) | Err(_) => self.refuse_if_disk_full()?,
                     }
                 }
                 Route::Restarting => {}
@@ -794,8 +802,9 @@ impl Gateway {
                     match sup.call(&build, Some(remaining)).await {
                         Ok(CallResult::Success(r)) => return r.map(Some),
                         Ok(CallResult::Timeout) => return Err(self.timed_out("workspace", ws)),
-                        // The supervisor went away mid-request (restart or deletion): ask again.
-                        Ok(CallResult::SenderError) | Err(_) => {}
+                        // The supervisor went away mid-request (restart or deletion): ask again
+                        // (a write that met a full disk in the middle answers that, at once).
+                        Ok(CallResult::SenderError) | Err(_) => self.refuse_if_disk_full()?,
                     }
                 }
                 Route::Restarting => {}
@@ -813,6 +822,16 @@ impl Gateway {
             "{what} {id} did not answer within {:?}",
             self.shared.config.request_timeout
         ))
+    }
+
+    /// Refuses a lifecycle write up front while the store refuses writes for lack of space
+    /// (checked now: one `statvfs`), so that no actor starts a step it cannot record, and a
+    /// caller is answered at once instead of waiting out its deadline.
+    fn refuse_if_disk_full(&self) -> Result<()> {
+        match self.shared.store.disk_full() {
+            Some(full) => Err(full.into()),
+            None => Ok(()),
+        }
     }
 
     fn driver_of(&self, sb: &StoredSandbox) -> Result<Arc<dyn sbx_drivers::ComputeDriver>> {

@@ -93,6 +93,11 @@ pub enum ActorError {
     /// A driver error that the caller should see as it is (exec into a stopped sandbox…).
     #[error(transparent)]
     Driver(#[from] DriverError),
+    /// The disk holding the store is full: the write was refused (nothing changed) or not
+    /// acknowledged. The message names the store's path; retry once space is freed. Reads
+    /// keep working.
+    #[error("{0}")]
+    DiskFull(String),
     /// The store failed. Unexpected.
     #[error("store: {0}")]
     Store(String),
@@ -103,8 +108,20 @@ pub enum ActorError {
 
 impl From<StoreError> for ActorError {
     fn from(e: StoreError) -> Self {
-        ActorError::Store(e.to_string())
+        if e.is_disk_full() {
+            ActorError::DiskFull(e.to_string())
+        } else {
+            ActorError::Store(e.to_string())
+        }
     }
+}
+
+/// The store's full-disk error inside an actor's failure, if that is what it is (a store error
+/// that an actor's `?` boxed).
+pub fn disk_full_in(err: &ractor::ActorProcessingErr) -> Option<ActorError> {
+    err.downcast_ref::<StoreError>()
+        .filter(|e| e.is_disk_full())
+        .map(|e| ActorError::from(e.clone()))
 }
 
 /// How an image operation failed (the gateway maps each to a status code).

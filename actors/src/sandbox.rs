@@ -15,7 +15,7 @@ use sbx_proto::v1::{DesiredState, EventType, Phase, Sandbox};
 use uuid::Uuid;
 
 use crate::config::Shared;
-use crate::error::{ActorError, Result};
+use crate::error::{ActorError, Result, disk_full_in};
 use crate::lease::Lease;
 use crate::lifecycle::{Current, Observed, PhaseChange, Step, plan};
 use crate::records::StoredSandbox;
@@ -119,6 +119,30 @@ impl Actor for SandboxActor {
     }
 
     async fn handle(
+        &self,
+        myself: ActorRef<SandboxMsg>,
+        msg: SandboxMsg,
+        st: &mut SandboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        let result = self.handle_msg(myself, msg, st).await;
+        match result {
+            Err(e) if disk_full_in(&e).is_some() => {
+                // The write did not happen: the actor stays alive as its record says, not as it
+                // was about to be. A caller whose reply went with the message is answered
+                // DiskFull by `Gateway` (it checks the store when an actor drops a request);
+                // observations try again on the next sweep. No restart, so no restart loop.
+                let before = StoredSandbox::from_record(st.stored.record.clone())?;
+                st.stored = before;
+                tracing::warn!(sandbox = %st.stored.id(), error = %e, "a step was not recorded: the store's disk is full; the sandbox stays as its record says");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+}
+
+impl SandboxActor {
+    async fn handle_msg(
         &self,
         myself: ActorRef<SandboxMsg>,
         msg: SandboxMsg,

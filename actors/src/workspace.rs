@@ -17,7 +17,7 @@ use sbx_storage::{Kind, LabelSelector, ListQuery, Scope, StoreError};
 use uuid::Uuid;
 
 use crate::config::Shared;
-use crate::error::{ActorError, Result};
+use crate::error::{ActorError, Result, disk_full_in};
 use crate::records::{StoredSandbox, StoredWorkspace, new_sandbox_record};
 use crate::route::Route;
 use crate::sandbox::{DELETED, SandboxActor, SandboxArgs, SandboxMsg};
@@ -151,6 +151,57 @@ impl Actor for WorkspaceSupervisor {
         msg: WorkspaceMsg,
         st: &mut WorkspaceState,
     ) -> Result<(), ActorProcessingErr> {
+        let result = self.handle_msg(myself, msg, st).await;
+        match result {
+            Err(e) if disk_full_in(&e).is_some() => {
+                // Not written, so not so: the workspace stays as its record says (a deletion
+                // not begun), the supervisor and its children alive. A caller whose reply went
+                // with the message is answered DiskFull by `Gateway`.
+                st.ws = StoredWorkspace::from_record(st.ws.record.clone())?;
+                tracing::warn!(workspace = %st.ws.workspace.name, error = %e, "a workspace write was not made: the store's disk is full");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<WorkspaceMsg>,
+        evt: SupervisionEvent,
+        st: &mut WorkspaceState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, failure) = match child_end(evt, DELETED) {
+            Some(ChildEnd::Deleted(cell)) => {
+                if let Some(id) = st.by_actor.remove(&cell.get_id())
+                    && current_actor_is(st, id, &cell)
+                {
+                    st.children.remove(&id);
+                }
+                return Ok(());
+            }
+            Some(ChildEnd::Abnormal(cell, what)) => (cell, what),
+            None => return Ok(()),
+        };
+        let Some(id) = st.by_actor.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        if !current_actor_is(st, id, &cell) {
+            // An older incarnation: a newer actor already serves this sandbox.
+            return Ok(());
+        }
+        tracing::warn!(sandbox = %id, workspace = %st.ws.workspace.name, "sandbox actor {failure}; restarting it from its record");
+        self.child_down(&myself, st, id)
+    }
+}
+
+impl WorkspaceSupervisor {
+    async fn handle_msg(
+        &self,
+        myself: ActorRef<WorkspaceMsg>,
+        msg: WorkspaceMsg,
+        st: &mut WorkspaceState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             WorkspaceMsg::CreateSandbox {
                 name,
@@ -197,37 +248,6 @@ impl Actor for WorkspaceSupervisor {
         Ok(())
     }
 
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<WorkspaceMsg>,
-        evt: SupervisionEvent,
-        st: &mut WorkspaceState,
-    ) -> Result<(), ActorProcessingErr> {
-        let (cell, failure) = match child_end(evt, DELETED) {
-            Some(ChildEnd::Deleted(cell)) => {
-                if let Some(id) = st.by_actor.remove(&cell.get_id())
-                    && current_actor_is(st, id, &cell)
-                {
-                    st.children.remove(&id);
-                }
-                return Ok(());
-            }
-            Some(ChildEnd::Abnormal(cell, what)) => (cell, what),
-            None => return Ok(()),
-        };
-        let Some(id) = st.by_actor.remove(&cell.get_id()) else {
-            return Ok(());
-        };
-        if !current_actor_is(st, id, &cell) {
-            // An older incarnation: a newer actor already serves this sandbox.
-            return Ok(());
-        }
-        tracing::warn!(sandbox = %id, workspace = %st.ws.workspace.name, "sandbox actor {failure}; restarting it from its record");
-        self.child_down(&myself, st, id)
-    }
-}
-
-impl WorkspaceSupervisor {
     /// Spawns the actor of sandbox `id`; false when it could not start (a restart is then
     /// scheduled, unless the sandbox no longer exists).
     async fn spawn_child(

@@ -413,6 +413,11 @@ async fn serve_on(
             write_addr_file(path, &bound)?;
         }
         tracing::info!(%bound, driver = driver_name, "serving");
+        tokio::spawn(report_disk_full(
+            Arc::clone(&gateway),
+            health.clone(),
+            shutdown.clone(),
+        ));
     }
 
     // Serve until a signal (or until the server fails by itself).
@@ -608,4 +613,54 @@ mod tests {
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
         assert_eq!(names.len(), 1);
     }
+}
+
+/// The health service name that is NOT_SERVING while the store refuses writes for lack of
+/// space (as is the server's overall status, service ""); `sbx.v1.WorkspaceService` and
+/// `sbx.v1.SandboxService` stay SERVING meanwhile, because their reads (get, list, watch) do.
+pub const WRITES_HEALTH_SERVICE: &str = "sbx.v1.Writes";
+
+/// How often the health service looks at the store's disk (one `statvfs` each time).
+const DISK_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Keeps health in step with the store's disk until shutdown: "" and
+/// [`WRITES_HEALTH_SERVICE`] NOT_SERVING while the store is full, SERVING again once it takes
+/// writes (within [`DISK_CHECK_INTERVAL`]).
+async fn report_disk_full(
+    gateway: Arc<Gateway>,
+    health: tonic_health::server::HealthReporter,
+    shutdown: CancellationToken,
+) {
+    health
+        .set_service_status(WRITES_HEALTH_SERVICE, ServingStatus::Serving)
+        .await;
+    let mut full = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(DISK_CHECK_INTERVAL) => {}
+        }
+        let now = gateway.store().disk_full();
+        if now.is_some() == full || shutdown.is_cancelled() {
+            continue;
+        }
+        full = now.is_some();
+        let status = match &now {
+            Some(e) => {
+                tracing::error!(error = %e, "health NOT_SERVING: the store's disk is full; reads are served, writes refused");
+                ServingStatus::NotServing
+            }
+            None => {
+                tracing::warn!("health SERVING: the store's disk has space again");
+                ServingStatus::Serving
+            }
+        };
+        health.set_service_status("", status).await;
+        health
+            .set_service_status(WRITES_HEALTH_SERVICE, status)
+            .await;
+    }
+    health
+        .set_service_status(WRITES_HEALTH_SERVICE, ServingStatus::NotServing)
+        .await;
 }

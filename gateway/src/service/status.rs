@@ -21,6 +21,7 @@
 //! | `REGISTRY_UNAUTHORIZED` | `PERMISSION_DENIED` |
 //! | `IMAGE_STORE` (the image store's own files failed) | `INTERNAL` |
 //! | `DRIVER_*` | the driver error's own kind (see [`driver_status`]) |
+//! | `DISK_FULL` (the disk holding the store is full; the message names its path; nothing was written, reads keep working) | `RESOURCE_EXHAUSTED` |
 //! | `INTERNAL` (a store failure or a bug) | `INTERNAL` |
 //! | `REQUEST_TOO_LARGE` (a message over the service's decode limit) | `RESOURCE_EXHAUSTED` |
 //! | `MALFORMED_REQUEST` (a message that does not decode) | `INVALID_ARGUMENT` (`INTERNAL` for a framing error, as gRPC requires) |
@@ -140,6 +141,7 @@ pub fn actor_error_to_status(err: &ActorError) -> Status {
             }
             (code, reason)
         }
+        ActorError::DiskFull(_) => (Code::ResourceExhausted, "DISK_FULL"),
         ActorError::Store(_) | ActorError::Internal(_) => (Code::Internal, "INTERNAL"),
     };
     bounded_status(code, &err.to_string(), reason, metadata)
