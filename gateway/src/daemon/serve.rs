@@ -598,23 +598,6 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addr_file_is_replaced_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("addr");
-        write_addr_file(&path, "127.0.0.1:1").unwrap();
-        write_addr_file(&path, "127.0.0.1:65535").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "127.0.0.1:65535\n");
-        // Nothing is left beside it.
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
-        assert_eq!(names.len(), 1);
-    }
-}
-
 /// The health service name that is NOT_SERVING while the store refuses writes for lack of
 /// space (as is the server's overall status, service ""); `sbx.v1.WorkspaceService` and
 /// `sbx.v1.SandboxService` stay SERVING meanwhile, because their reads (get, list, watch) do.
@@ -663,4 +646,21 @@ async fn report_disk_full(
     health
         .set_service_status(WRITES_HEALTH_SERVICE, ServingStatus::NotServing)
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addr_file_is_replaced_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("addr");
+        write_addr_file(&path, "127.0.0.1:1").unwrap();
+        write_addr_file(&path, "127.0.0.1:65535").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "127.0.0.1:65535\n");
+        // Nothing is left beside it.
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1);
+    }
 }
