@@ -6,7 +6,9 @@
 //!
 //! - GetSandbox latency over gRPC, one connection, sequential calls (p50, p99);
 //! - create→Ready throughput with the sim driver through sbxd (gRPC) against the actor API
-//!   called in process, in the same run, as a ratio.
+//!   called in process, in the same run, as a ratio;
+//! - list latency over 10,000 sandboxes with the largest selector the limits allow (64 terms)
+//!   against no selector and a one-term selector, in the same run, as ratios.
 
 mod common;
 
@@ -231,4 +233,111 @@ async fn in_process() -> Duration {
         let _ = gw.shutdown().await;
     }
     took
+}
+
+const LISTED: usize = 10_000;
+const LIST_ROUNDS: usize = 15;
+
+/// Every page of sandboxes `selector` matches, through the actor API; how many there were.
+async fn list_all(gw: &Gateway, selector: &str) -> usize {
+    let filter = SandboxFilter {
+        label_selector: selector.to_string(),
+        ..Default::default()
+    };
+    let (mut token, mut n) = (String::new(), 0);
+    for _ in 0..100 {
+        let page = gw.list_sandboxes(&filter, 1000, &token).await.unwrap();
+        n += page.items.len();
+        if page.next_page_token.is_empty() {
+            return n;
+        }
+        token = page.next_page_token;
+    }
+    panic!("more than 100 pages");
+}
+
+/// List latency over [`LISTED`] sandboxes (each with 8 labels) through the actor API in
+/// process: every page (1,000 a page) with no selector, a one-term selector and a 64-term one
+/// (`MAX_SELECTOR_TERMS`; the 100 terms are refused by the limits), each matching a
+/// tenth of them; p50 of [`LIST_ROUNDS`] rounds, interleaved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run with --release -- --ignored"]
+async fn list_latency_with_the_largest_selector_over_10000_sandboxes() {
+    let dir = DataDir::new();
+    let store = Arc::new(SledStore::open(&dir.path().join("store")).unwrap());
+    let driver = Arc::new(SimDriver::new(SimWorld::new(), SimFaults::default()));
+    let gw = Arc::new(
+        Gateway::start(store, DriverSet::single("sim", driver), Config::default())
+            .await
+            .unwrap(),
+    );
+    let began = Instant::now();
+    futures::stream::iter(0..LISTED)
+        .map(|i| {
+            let gw = Arc::clone(&gw);
+            async move {
+                let mut spec = spec();
+                spec.labels = (0..8)
+                    .map(|k| (format!("k{k}"), format!("v{}", (i + k) % 10)))
+                    .collect();
+                spec.labels.insert("shard".into(), format!("s{}", i % 10));
+                gw.create_sandbox(None, &format!("l{i}"), spec)
+                    .await
+                    .unwrap()
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await;
+    eprintln!("created {LISTED} sandboxes in {:?}", began.elapsed());
+    // 64 terms, all true of the shard-3 tenth: shard=s3, then present keys, absent keys and
+    // inequalities that hold for it.
+    let mut terms = vec!["shard=s3".to_string()];
+    terms.extend((0..8).map(|k| format!("k{k}")));
+    terms.extend((0..8).map(|k| format!("k{k}!=none")));
+    terms.extend((0..47).map(|k| format!("!absent{k}")));
+    let large = terms.join(",");
+    assert_eq!(terms.len(), 64);
+    let cases = [
+        ("no selector", String::new()),
+        ("1 term", "shard=s3".to_string()),
+        ("64 terms", large),
+    ];
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); cases.len()];
+    for _ in 0..LIST_ROUNDS {
+        for (i, (_, selector)) in cases.iter().enumerate() {
+            let t = Instant::now();
+            let n = list_all(&gw, selector).await;
+            times[i].push(t.elapsed());
+            assert_eq!(
+                n,
+                if selector.is_empty() {
+                    LISTED
+                } else {
+                    LISTED / 10
+                }
+            );
+        }
+    }
+    let p50: Vec<Duration> = times
+        .iter_mut()
+        .map(|t| {
+            t.sort();
+            percentile(t, 0.5)
+        })
+        .collect();
+    for ((name, selector), p) in cases.iter().zip(&p50) {
+        eprintln!(
+            "list every page of {LISTED} sandboxes, {name} ({} bytes): p50 {p:?}",
+            selector.len()
+        );
+    }
+    eprintln!(
+        "64 terms / no selector: {:.2}x; 64 terms / 1 term: {:.2}x",
+        p50[2].as_secs_f64() / p50[0].as_secs_f64(),
+        p50[2].as_secs_f64() / p50[1].as_secs_f64()
+    );
+    if let Ok(gw) = Arc::try_unwrap(gw) {
+        let _ = gw.shutdown().await;
+    }
 }
