@@ -62,10 +62,65 @@ pub(crate) fn internal(what: &str, e: impl std::fmt::Display) -> DriverError {
     DriverError::Internal(format!("{what}: {e}"))
 }
 
+/// A failed write of the driver's state under `path`: a full disk (or quota) is the machine
+/// being away for now — `Unavailable`, retried with backoff, saying that the disk holding
+/// `path` is full and that freeing space lets the call go through — and anything else is
+/// [`internal`].
+pub(crate) fn write_failure(what: &str, path: &std::path::Path, e: std::io::Error) -> DriverError {
+    match e.raw_os_error() {
+        Some(code) if code == nix::libc::ENOSPC || code == nix::libc::EDQUOT => {
+            DriverError::Unavailable(format!(
+                "{what}: the disk holding {} is full ({e}); free space there and the call \
+                 goes through",
+                path.display()
+            ))
+        }
+        _ => internal(what, e),
+    }
+}
+
 /// Wall-clock time now, milliseconds since the Unix epoch (0 for a clock before it).
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_unavailable_and_says_so_other_write_failures_are_internal() {
+        let path = std::path::Path::new("/state/sandboxes/x/sandbox.json");
+        for code in [nix::libc::ENOSPC, nix::libc::EDQUOT] {
+            let e = write_failure(
+                "writing the sandbox record",
+                path,
+                std::io::Error::from_raw_os_error(code),
+            );
+            match &e {
+                DriverError::Unavailable(message) => {
+                    assert!(
+                        message
+                            .contains("the disk holding /state/sandboxes/x/sandbox.json is full"),
+                        "{message}"
+                    );
+                    assert!(
+                        message.starts_with("writing the sandbox record: "),
+                        "{message}"
+                    );
+                }
+                other => panic!("{code}: {other:?}"),
+            }
+            assert!(e.is_transient());
+        }
+        let e = write_failure(
+            "writing the sandbox record",
+            path,
+            std::io::Error::from_raw_os_error(nix::libc::EACCES),
+        );
+        assert!(matches!(e, DriverError::Internal(_)), "{e:?}");
+    }
 }

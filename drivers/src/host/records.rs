@@ -282,8 +282,9 @@ impl<R: HostRecord> RecordCache<R> {
     /// Writes the record to disk (atomically, durably), then to the cache.
     pub(crate) fn save(&self, record: &R) -> Result<(), DriverError> {
         let id = record.sandbox_id();
-        write_json_atomically(&record_file(&self.sandbox_dir(id)), record)
-            .map_err(|e| internal("writing the sandbox record", e))?;
+        let file = record_file(&self.sandbox_dir(id));
+        write_json_atomically(&file, record)
+            .map_err(|e| super::write_failure("writing the sandbox record", &file, e))?;
         locked(&self.records).insert(id, record.clone());
         Ok(())
     }
