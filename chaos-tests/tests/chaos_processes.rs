@@ -3,7 +3,7 @@
 //! names (workload `sleep infinity`), while a seeded injector SIGKILLs the managed driver
 //! process and SIGKILLs sbxd (starting it again on the same data dir), at random moments and
 //! the moment a create of its own is acknowledged (that sandbox must exist after the
-//! restart). Then quiesce and check:
+//! restart), and fills the data dir's disk (its own tmpfs) for 1.5 s. Then quiesce and check:
 //! acknowledged creates survive unless a delete covered them, no sandbox in a deleted
 //! workspace, names unique per workspace, every Ready sandbox has exactly one live workload and
 //! every live workload (and every process in a sandbox cgroup) has a record. Then SIGKILL
@@ -34,6 +34,7 @@ use process_support::checks::{check_invariants, delete_everything, quiesce};
 use process_support::client::{
     Ledger, PROBE_WORKSPACE, bounded, client, clients, sb_name, spec, ws_name,
 };
+use process_support::disk::{Tmpfs, keep_evidence};
 use process_support::faults::{inject_faults, workloads_survive_both_kills};
 use process_support::store_damage::damaged_store_is_refused_and_restored;
 use process_support::{Cleanup, Daemon, sbxd_binary, workload_pids};
@@ -88,12 +89,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Starts sbxd on a fresh data dir and cgroup parent, with the scenario's workspaces. Drop
-/// the answer in reverse order (run, clean-up, dir): sbxd dies before the safety net runs.
-async fn start_run(seed: u64) -> Result<(tempfile::TempDir, Cleanup, Arc<Run>), String> {
+/// What a run holds besides its [`Run`], dropped after it in this order: the safety net (sbxd
+/// dies before it runs), the data dir's tmpfs, the temp dir the tmpfs is mounted in.
+struct Holds {
+    cleanup: Option<Cleanup>,
+    tmpfs: Option<Tmpfs>,
+    dir: tempfile::TempDir,
+}
+
+/// Starts sbxd on a fresh data dir (its own tmpfs, for the disk-full fault) and cgroup parent,
+/// with the scenario's workspaces. Drop the run before what holds it.
+async fn start_run(seed: u64) -> Result<(Holds, Arc<Run>), String> {
     let sbxd = sbxd_binary()?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let data = dir.path().to_path_buf();
+    let data = dir.path().join("data");
+    let tmpfs = Tmpfs::mount(&data)?;
     let cgroup_parent = format!(
         "sbx-chaos-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -133,14 +143,19 @@ async fn start_run(seed: u64) -> Result<(tempfile::TempDir, Cleanup, Arc<Run>), 
         .await
         .map_err(|e| format!("create workspace: {e:?}"))?;
     }
-    Ok((dir, cleanup, run))
+    let holds = Holds {
+        cleanup: Some(cleanup),
+        tmpfs: Some(tmpfs),
+        dir,
+    };
+    Ok((holds, run))
 }
 
 /// One seed, start to end. On a violation the data dir (store, driver state, each sbxd
 /// start's log) is kept and named in the error; sbxd and every workload are killed first.
 async fn run_seed(seed: u64) -> Result<Report, String> {
     let began = Instant::now();
-    let (dir, cleanup, run) = start_run(seed).await?;
+    let (mut holds, run) = start_run(seed).await?;
     let result = exercise(&run, began).await;
     if result.is_err()
         && let Ok(mut daemon) = run.daemon.try_write()
@@ -148,12 +163,19 @@ async fn run_seed(seed: u64) -> Result<Report, String> {
         // Clients of a failed seed may still hold the run: stop sbxd now, not when they end.
         daemon.sigkill();
     }
+    let data = run.data.clone();
     drop(run);
-    drop(cleanup);
+    drop(holds.cleanup.take());
+    let evidence = holds.dir.path().join("kept");
+    if result.is_err() {
+        keep_evidence(&data, &evidence);
+    }
+    drop(holds.tmpfs.take());
     result.map_err(|e| {
+        let _ = holds.dir.keep();
         format!(
-            "{e}\ndata dir and sbxd logs kept in {}",
-            dir.keep().display()
+            "{e}\ndata dir (store, driver state, sbxd logs) copied to {}",
+            evidence.display()
         )
     })
 }
@@ -299,6 +321,7 @@ async fn sigkilled_driver_and_sbxd_keep_every_invariant() {
             "sigkill_driver",
             "sigkill_sbxd_and_restart",
             "sigkill_sbxd_just_after_create_ack",
+            "disk_full_for_a_while",
             "store_damaged_then_restored",
         ] {
             assert!(
@@ -316,7 +339,7 @@ async fn sigkilled_driver_and_sbxd_keep_every_invariant() {
 /// workload, an acknowledged create nobody deleted must exist, and a healthy state passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checks_catch_an_orphan_workload_and_a_lost_create() {
-    let (_dir, _cleanup, run) = start_run(0).await.unwrap();
+    let (_holds, run) = start_run(0).await.unwrap();
     let (mut sb, _) = clients(&run).unwrap();
     let created = sb
         .create_sandbox(CreateSandboxRequest {

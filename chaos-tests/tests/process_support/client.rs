@@ -146,6 +146,8 @@ fn judge<T>(run: &Run, result: Result<T, tonic::Status>) -> Result<Option<T>, St
             | Code::DeadlineExceeded
             | Code::Cancelled
             | Code::Aborted
+            // A full disk (the disk-full fault).
+            | Code::ResourceExhausted
             // A connection cut by SIGKILL of sbxd mid-call surfaces as Unknown.
             | Code::Unknown => {
                 *lock(&run.report)

@@ -1,6 +1,7 @@
 //! The faults of a process chaos run, all seeded: SIGKILL of the managed driver process;
 //! SIGKILL of sbxd followed by a start on the same data dir; and that SIGKILL timed the
-//! moment a create is acknowledged, with the created sandbox asked for right after. Also the closing kill of both,
+//! moment a create is acknowledged, with the created sandbox asked for right after; and the
+//! data dir's disk full for a while. Also the closing kill of both,
 //! after which every Ready sandbox must be Ready again on the very same workload process.
 
 use std::sync::Arc;
@@ -52,6 +53,8 @@ enum Sigkill {
     Driver,
     Sbxd,
     SbxdJustAfterCreateAck,
+    /// Not a kill: the data dir's disk full for a while (see `disk.rs`).
+    DiskFull,
 }
 
 /// Faults until `until`: the first three are one of each kind (in seeded order), then seeded.
@@ -61,6 +64,7 @@ pub async fn inject_faults(run: Arc<Run>, until: Instant) -> Result<(), String> 
         Sigkill::Driver,
         Sigkill::Sbxd,
         Sigkill::SbxdJustAfterCreateAck,
+        Sigkill::DiskFull,
     ];
     for i in (1..first.len()).rev() {
         first.swap(i, rng.below(i as u64 + 1) as usize);
@@ -90,6 +94,11 @@ pub async fn inject_faults(run: Arc<Run>, until: Instant) -> Result<(), String> 
             Sigkill::SbxdJustAfterCreateAck => {
                 if kill_sbxd_just_after_create_ack(&run, i).await? {
                     count_fault(&run, "sigkill_sbxd_just_after_create_ack");
+                }
+            }
+            Sigkill::DiskFull => {
+                if super::disk::fill_for_a_while(&run.data).await? > 0 {
+                    count_fault(&run, "disk_full_for_a_while");
                 }
             }
         }

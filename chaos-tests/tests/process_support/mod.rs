@@ -5,6 +5,7 @@
 
 pub mod checks;
 pub mod client;
+pub mod disk;
 pub mod faults;
 pub mod store_damage;
 
@@ -294,7 +295,7 @@ pub fn mounts_under(dir: &Path) -> Vec<String> {
         .filter(|l| {
             l.split_whitespace()
                 .nth(4)
-                .is_some_and(|m| m.starts_with(&prefix))
+                .is_some_and(|m| m.starts_with(&format!("{prefix}/")))
         })
         .map(str::to_string)
         .collect()
