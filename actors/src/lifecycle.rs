@@ -234,6 +234,13 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
                     Step::Start {
                         generation: next_generation(cur),
                     }
+                } else if exit.generation != 0 && exit.generation < cur.generation {
+                    // The end of a run older than the one the record has seen start: an
+                    // observation made before that start and delivered after it. Recording it
+                    // would end the current run's wish to run (desired Stopped) and the next
+                    // look would stop a workload nobody asked to stop. (Generation 0: a driver
+                    // that forgot its generations; its exit is taken as it comes.)
+                    Step::Settled
                 } else {
                     Step::Record(exit_change(exit))
                 }
@@ -315,6 +322,41 @@ mod tests {
     /// Ready sandbox whose driver wanted it stopped; the driver's restart finished the stop and
     /// the workload was gone): a wanted run starts again behind the stop, a wanted stop waits
     /// for it.
+    /// An exit of an older run, observed before a start and delivered after it, is not the
+    /// current run's end (the in-process soak once saw the driver asked to stop a sandbox
+    /// no client had asked to stop: the stale exit had set desired Stopped).
+    #[test]
+    fn the_exit_of_an_older_run_does_not_end_the_current_one() {
+        let old = |generation| {
+            Observed::Exited(Exit {
+                generation,
+                code: 0,
+                signal: 0,
+                reason: String::new(),
+                message: String::new(),
+            })
+        };
+        for fresh in [true, false] {
+            check(cur(D::Running, P::Ready, 5), old(4), fresh, Step::Settled);
+            // The current run's own exit is recorded, and so is one of a driver that forgot
+            // its generations.
+            for generation in [5, 0] {
+                let step = plan(&cur(D::Running, P::Ready, 5), &old(generation), fresh);
+                assert!(
+                    matches!(&step, Step::Record(c) if c.desired == Some(DesiredState::Stopped)),
+                    "generation {generation}: {step:?}"
+                );
+            }
+            // A start not yet confirmed is still made.
+            check(
+                cur(D::Running, P::Starting, 5),
+                old(4),
+                fresh,
+                Step::Start { generation: 5 },
+            );
+        }
+    }
+
     #[test]
     fn a_workload_being_stopped_is_not_ready() {
         for phase in [P::Ready, P::Starting, P::Stopping, P::Error] {
