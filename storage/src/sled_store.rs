@@ -61,6 +61,29 @@ impl std::fmt::Debug for SledStore {
     }
 }
 
+/// How long an open waits for the store's lock (sled's `flock` on `store/db`) while it is
+/// held: a handle this process closed a moment ago can keep it that long (sled's threads
+/// finish their last writes after the drop; a restore's import, then its check, met it).
+/// Another live process holds it for longer, and the open then fails as before.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `config.open()`, tried again every 20 ms for up to [`LOCK_WAIT`] while the lock is held.
+fn open_waiting_for_the_lock(config: &sled::Config) -> sled::Result<sled::Db> {
+    let began = std::time::Instant::now();
+    loop {
+        match config.open() {
+            // sled words it "could not acquire lock on …: … WouldBlock …" (kind Other).
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && began.elapsed() < LOCK_WAIT =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl SledStore {
     /// Opens (creating if needed) the store at `path`, checking and if needed migrating its
     /// schema version. Fails with `Schema` for a newer or unknown version, `Io` if the
@@ -73,19 +96,21 @@ impl SledStore {
         // sled 0.34 can panic while it recovers a damaged log ("tried to serialize
         // Uninitialized", seen on a 100,000-record store whose log was cut to half): that is
         // a corrupt store, said so, not a crash of whoever opened it.
-        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open()))
-            .map_err(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".into());
-                StoreError::Corrupt(format!(
-                    "sled failed while recovering the log of the store at {} ({what}): the log \
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            open_waiting_for_the_lock(&config)
+        }))
+        .map_err(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            StoreError::Corrupt(format!(
+                "sled failed while recovering the log of the store at {} ({what}): the log \
                      is damaged",
-                    path.display()
-                ))
-            })?;
+                path.display()
+            ))
+        })?;
         let db = opened.map_err(|e| match StoreError::from(e) {
             StoreError::Io(msg) => {
                 StoreError::Io(format!("cannot open store at {}: {msg}", path.display()))
