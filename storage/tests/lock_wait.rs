@@ -32,9 +32,7 @@ fn an_open_waits_for_a_handle_being_closed_but_not_for_one_kept() {
     let began = Instant::now();
     let third = SledStore::open(&path);
     let took = began.elapsed();
-    let err = third
-        .err()
-        .expect("a store held open was opened a second time");
+    let err = third.expect_err("a store held open was opened a second time");
     assert!(err.to_string().contains("lock"), "{err}");
     assert!(
         took >= Duration::from_secs(1) && took < Duration::from_secs(10),
