@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{Inner, ProcessDriver};
 use super::cgroup::Limits;
 use super::record::{RECORD_FORMAT, SandboxRecord, StoredSpec};
+use super::{Inner, ProcessDriver};
 use crate::host::{Desired, agent, internal, lifecycle, validate_command};
 use crate::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
 
