@@ -50,7 +50,8 @@ async fn exec_streams_stdout_stderr_and_the_exit_last() {
         last,
         Some(pb::exec_output::Chunk::Exit(pb::ExecExit {
             code: 7,
-            signal: 0
+            signal: 0,
+            timed_out: false
         })),
         "{chunks:?}"
     );
@@ -84,7 +85,8 @@ async fn exec_streams_stdout_stderr_and_the_exit_last() {
         killed.exit,
         Some(pb::ExecExit {
             code: -1,
-            signal: 15
+            signal: 15,
+            timed_out: false
         }),
         "{killed:?}"
     );
@@ -104,8 +106,15 @@ async fn exec_timeout_is_honoured_and_leaves_nothing_running() {
     let began = Instant::now();
     let slow = exec(&driver, id, &["sh", "-c", "echo started; sleep 30"], 1).await;
     let took = began.elapsed();
-    assert!(
-        matches!(slow.error, Some(DriverError::DeadlineExceeded { .. })),
+    // The timeout ends the stream with its exit: 124, timed out.
+    assert!(slow.error.is_none(), "{slow:?}");
+    assert_eq!(
+        slow.exit,
+        Some(pb::ExecExit {
+            code: 124,
+            signal: 0,
+            timed_out: true
+        }),
         "{slow:?}"
     );
     assert_eq!(slow.stdout, "started\n");

@@ -464,7 +464,8 @@ pub(crate) async fn port_forward(
 
 /// Runs `req` through the agent listening in `sandbox_dir`, with `input` as the caller sends
 /// it. The stream ends with the exit; it ends the command (the agent kills its process group)
-/// when the caller drops it, or when `req.timeout_seconds` pass (then `DeadlineExceeded`).
+/// when the caller drops it, or when `req.timeout_seconds` pass (then the exit is
+/// [`timed_out_exit`]).
 pub(crate) async fn exec(
     sandbox_dir: &Path,
     sandbox: &str,
@@ -476,6 +477,21 @@ pub(crate) async fn exec(
     // it.
     exec_over(rd, wr, req, input, |_, _, _| async {}).await
 }
+
+/// The last message of an exec its timeout ended: exit 124 (what `timeout(1)` answers),
+/// `timed_out`.
+pub(crate) fn timed_out_exit() -> pb::ExecOutput {
+    pb::ExecOutput {
+        chunk: Some(pb::exec_output::Chunk::Exit(pb::ExecExit {
+            code: TIMED_OUT_CODE,
+            signal: 0,
+            timed_out: true,
+        })),
+    }
+}
+
+/// The exit code of a command its timeout ended.
+pub const TIMED_OUT_CODE: i32 = 124;
 
 /// How an exec over [`exec_over`] ended, for its `then`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -491,7 +507,7 @@ pub(crate) enum ExecEnd {
 /// Runs `req` through an agent on the other end of `rd`/`wr` (greeted already), with
 /// `input` as the caller sends it; the frame <-> message mapping of every transport. The
 /// stream ends with the exit. When the exchange is over — the exit, the caller dropping the
-/// stream, `req.timeout_seconds` passing (then `DeadlineExceeded`) — `then` gets both halves
+/// stream, `req.timeout_seconds` passing (then the exit is [`timed_out_exit`]) — `then` gets both halves
 /// back and how it ended (a socket is dropped, so the agent ends the command; a virtio port
 /// must be told).
 pub(crate) async fn exec_over<R, W, F, Fut>(
@@ -577,15 +593,17 @@ where
                 }
             }
         };
+        // The timeout ends the exchange like any exit: with its ExecExit (124, timed_out),
+        // and the command is ended as for a caller gone.
         let timed = async {
             match timeout {
-                Some(after) => tokio::time::timeout(after, relay_output).await.unwrap_or((
-                    Some(DriverError::DeadlineExceeded {
-                        operation: "exec",
-                        after,
-                    }),
-                    ExecEnd::Abandoned,
-                )),
+                Some(after) => match tokio::time::timeout(after, relay_output).await {
+                    Ok(ended) => ended,
+                    Err(_) => {
+                        let _ = tx.send(Ok(timed_out_exit())).await;
+                        (None, ExecEnd::Abandoned)
+                    }
+                },
                 None => relay_output.await,
             }
         };
@@ -659,7 +677,14 @@ fn output_item(frame: Frame) -> (Option<Result<pb::ExecOutput, DriverError>>, bo
     match frame {
         Frame::Stdout(b) => (chunk(Chunk::Stdout(b)), false),
         Frame::Stderr(b) => (chunk(Chunk::Stderr(b)), false),
-        Frame::Exit { code, signal } => (chunk(Chunk::Exit(pb::ExecExit { code, signal })), true),
+        Frame::Exit { code, signal } => (
+            chunk(Chunk::Exit(pb::ExecExit {
+                code,
+                signal,
+                timed_out: false,
+            })),
+            true,
+        ),
         Frame::Error { failure, message } => (Some(Err(agent_error(failure, message))), true),
         other => (
             Some(Err(DriverError::Internal(format!(

@@ -28,7 +28,14 @@ pub(crate) fn cat_stdin(input: ExecInputStream) -> DriverStream<pb::ExecOutput> 
         loop {
             let exit = |signal| {
                 let code = if signal == 0 { 0 } else { -1 };
-                Some((out(Chunk::Exit(pb::ExecExit { code, signal })), None))
+                Some((
+                    out(Chunk::Exit(pb::ExecExit {
+                        code,
+                        signal,
+                        timed_out: false,
+                    })),
+                    None,
+                ))
             };
             match input.next().await.and_then(|m| m.input) {
                 Some(Input::Stdin(bytes)) => return Some((out(Chunk::Stdout(bytes)), Some(input))),

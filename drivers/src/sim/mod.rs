@@ -197,6 +197,7 @@ impl SimDriver {
         chunks.push(Chunk::Exit(pb::ExecExit {
             code: result.code,
             signal: 0,
+            timed_out: false,
         }));
         let outputs = chunks
             .into_iter()

@@ -107,6 +107,12 @@ pub async fn exec(
         tokio::select! {
             message = stream.message() => match message.map_err(failed)? {
                 Some(message) => {
+                    // The command's timeout ended it: exit 124, saying so.
+                    if let Some(Chunk::Exit(exit)) = &message.chunk
+                        && exit.timed_out
+                    {
+                        return Err(CliError::ExecTimedOut { seconds: timeout });
+                    }
                     if let Some(code) = pass_exec_output(message, &mut out, &mut err)? {
                         return Ok(code);
                     }
@@ -220,8 +226,9 @@ fn escalate(seen: u32, number: i32) -> Option<i32> {
     }
 }
 
-/// The error for a failed exec call or stream. DEADLINE_EXCEEDED once `--timeout` has passed
-/// is the command's timeout (a driver deadline is reported with the same code, but cannot
+/// The error for a failed exec call or stream (a command its timeout ended ends with an exit
+/// that says so: see [`exec`]). DEADLINE_EXCEEDED once `--timeout` has passed is the command's
+/// timeout too, as a gateway before `ExecExit.timed_out` said it (a driver deadline is reported with the same code, but cannot
 /// come after the full timeout has run: it is reported as the gateway said). A status without
 /// the gateway's ErrorInfo is the transport's (connection reset, sbxd gone): the stream broke.
 fn exec_failure(status: tonic::Status, timeout: u32, elapsed: Duration) -> CliError {
@@ -339,7 +346,11 @@ mod tests {
     fn exit_codes() {
         let check = |code: i32, signal: i32, expected: u8| {
             assert_eq!(
-                exec_exit_code(&ExecExit { code, signal }),
+                exec_exit_code(&ExecExit {
+                    code,
+                    signal,
+                    timed_out: false,
+                }),
                 expected,
                 "code {code} signal {signal}"
             );
@@ -416,7 +427,11 @@ mod tests {
             None
         );
         let exit = ExecOutput {
-            chunk: Some(Chunk::Exit(ExecExit { code: 7, signal: 0 })),
+            chunk: Some(Chunk::Exit(ExecExit {
+                code: 7,
+                signal: 0,
+                timed_out: false,
+            })),
         };
         assert_eq!(pass_exec_output(exit, &mut out, &mut err).unwrap(), Some(7));
         assert_eq!(out, b"hello \xff\n");

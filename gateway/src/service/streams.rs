@@ -198,6 +198,7 @@ pub fn exec_output(out: pb::ExecOutput) -> v1::ExecOutput {
             In::Exit(exit) => Out::Exit(v1::ExecExit {
                 code: exit.code,
                 signal: exit.signal,
+                timed_out: exit.timed_out,
             }),
         }),
     }
@@ -238,10 +239,24 @@ mod tests {
                 Some(In::Exit(pb::ExecExit {
                     code: -1,
                     signal: 9,
+                    timed_out: false,
                 })),
                 Some(Out::Exit(v1::ExecExit {
                     code: -1,
                     signal: 9,
+                    timed_out: false,
+                })),
+            ),
+            (
+                Some(In::Exit(pb::ExecExit {
+                    code: 124,
+                    signal: 0,
+                    timed_out: true,
+                })),
+                Some(Out::Exit(v1::ExecExit {
+                    code: 124,
+                    signal: 0,
+                    timed_out: true,
                 })),
             ),
             (None, None),
