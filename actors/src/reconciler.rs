@@ -330,6 +330,19 @@ async fn observe_one(
         .ok_or_else(|| {
             ActorError::WorkspaceNotFound(format!("{workspace:?} (refusing to adopt into it)"))
         })?;
+    // The driver knows the workspace by name only: a workload launched before the workspace of
+    // that name was made belongs to an earlier one (deleted, its records lost), never to this.
+    if let Some(started) = snapshot.started_at.as_ref().map(timestamp_ms)
+        && started < ws.created_at_ms
+    {
+        return Err(ActorError::FailedPrecondition(format!(
+            "a workload without a record, sandbox {id} ({workspace}/{}), started before workspace \
+             {workspace:?} was made: it belongs to an earlier workspace of that name, and is not \
+             adopted into this one (left running: delete it in the driver, or restore the store \
+             that knew it)",
+            snapshot.name
+        )));
+    }
     let Route::Actor(sup) = st.router.workspace(ws.id).await? else {
         return Err(ActorError::Unavailable(format!(
             "workspace {workspace:?} is restarting"
@@ -344,6 +357,12 @@ async fn observe_one(
     .await??;
     tracing::info!(sandbox = %id, workspace = %workspace, "adopted a workload that had no record");
     Ok(Seen::Adopted(id))
+}
+
+/// Milliseconds since the Unix epoch of `t` (0 before it).
+fn timestamp_ms(t: &sbx_proto::Timestamp) -> u64 {
+    let ms = t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000);
+    u64::try_from(ms).unwrap_or(0)
 }
 
 async fn route_observation(

@@ -416,3 +416,49 @@ async fn a_workload_deleted_during_a_sweep_is_not_adopted_back() {
     assert!(env.world.snapshot(ghost).is_none(), "nothing recreated it");
     assert!(gw.delete_sandbox(&by_id(&a)).await.unwrap());
 }
+
+/// A workload without a record is adopted only into a workspace that existed when it started:
+/// the driver knows the workspace by name, and one launched before the workspace of that name
+/// was made belongs to an earlier one (deleted; its records lost with a store), so it is left
+/// running and reported, never adopted into the new one. One started later is adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_older_than_the_workspace_of_its_name_is_not_adopted_into_it() {
+    let env = Env::new().await;
+    let gw = env.gw();
+    let launch = |id: Uuid, name: &str| pb::CreateRequest {
+        sandbox_id: id.to_string(),
+        workspace: "team".into(),
+        name: name.into(),
+        spec: Some(pb::SandboxSpec {
+            command: vec!["sleep".into()],
+            ..Default::default()
+        }),
+        generation: 1,
+        stopped: false,
+    };
+    let old = Uuid::new_v4();
+    env.driver.create(launch(old, "old")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    gw.create_workspace("team", HashMap::new()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let young = Uuid::new_v4();
+    env.driver.create(launch(young, "young")).await.unwrap();
+
+    let first = gw.reconcile_now().await.unwrap();
+    assert_eq!(first.deferred, 2, "{first:?}");
+    let second = gw.reconcile_now().await.unwrap();
+    assert_eq!(second.adopted, 1, "{second:?}");
+    assert!(
+        second
+            .skipped
+            .iter()
+            .any(|s| s.contains(&old.to_string()) && s.contains("started before workspace")),
+        "{second:?}"
+    );
+    assert!(gw.get_sandbox(&SandboxSelector::Id(young)).await.is_ok());
+    assert!(
+        gw.get_sandbox(&SandboxSelector::Id(old)).await.is_err(),
+        "the older workload was adopted into the new workspace of its name"
+    );
+    assert!(env.world.snapshot(old).is_some(), "it was left running");
+}
