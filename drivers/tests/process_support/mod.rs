@@ -78,8 +78,22 @@ impl TestEnv {
         }
     }
 
+    /// Opens a driver on the state dir. A driver just dropped may still hold the state's lock
+    /// for a moment: a lifecycle call it ran detached finishes first (and its caller may have
+    /// stopped waiting for it), so the open is tried again for up to 5 s.
     pub fn open(&self) -> ProcessDriver {
-        ProcessDriver::open(self.state_dir.path().to_path_buf(), self.options()).unwrap()
+        let began = std::time::Instant::now();
+        loop {
+            match ProcessDriver::open(self.state_dir.path().to_path_buf(), self.options()) {
+                Err(DriverError::Unavailable(why))
+                    if why.contains("another driver instance holds")
+                        && began.elapsed() < Duration::from_secs(5) =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                opened => return opened.unwrap(),
+            }
+        }
     }
 
     /// Deletes every sandbox the state holds (through a fresh driver), then asserts that
