@@ -485,6 +485,11 @@ async fn a_stop_whose_caller_gives_up_still_kills_a_workload_that_ignores_sigter
         .await
         .unwrap();
     assert_eq!(stopped.state, pb::State::Stopped as i32, "{stopped:?}");
+    // The abandoned stop ran as its own task on this (single-threaded) runtime: a second stop
+    // queues behind it on the sandbox's lock, so once it answers, that task is done and the
+    // driver it held can close.
+    let again = driver.stop(stop_req(id, 1000)).await.unwrap();
+    assert_eq!(again.state, pb::State::Stopped as i32, "{again:?}");
     drop(driver);
     env.finish().await;
 }
