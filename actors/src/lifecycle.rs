@@ -55,6 +55,9 @@ pub struct Current {
     pub desired: DesiredState,
     pub phase: Phase,
     pub generation: u64,
+    /// The record holds the current run's own end (an exit was observed and recorded), not a
+    /// failed step.
+    pub exited: bool,
 }
 
 /// A phase to record, with its reason and message.
@@ -176,6 +179,12 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
     match cur.desired {
         DesiredState::Deleted => Step::Delete,
         DesiredState::Stopped => match obs {
+            // The run whose end the record holds, seen running: a look from before its exit,
+            // delivered after it (a sweep's list after the watch's exit). A new run would
+            // carry a new generation. Stopping it would be a stop nobody asked for.
+            Observed::Running { generation } if cur.exited && *generation == cur.generation => {
+                Step::Settled
+            }
             // A stop under way (this actor's, cut short, or a restarted driver's) ends with
             // this one, which queues behind it.
             Observed::Running { .. } | Observed::Stopping => Step::Stop,
@@ -270,6 +279,14 @@ mod tests {
             desired,
             phase,
             generation,
+            exited: false,
+        }
+    }
+
+    fn exited(phase: Phase, generation: u64) -> Current {
+        Current {
+            exited: true,
+            ..cur(D::Stopped, phase, generation)
         }
     }
 
@@ -353,6 +370,35 @@ mod tests {
                 old(4),
                 fresh,
                 Step::Start { generation: 5 },
+            );
+        }
+    }
+
+    /// A run the record saw end by itself, seen running again under its generation, is a look
+    /// from before its exit: not stopped (a stop nobody asked for — the in-process soak's seed
+    /// 463). Under another generation, or after a failed step (not an exit), it is stopped.
+    #[test]
+    fn a_stale_look_at_an_exited_run_does_not_stop_it() {
+        for fresh in [true, false] {
+            for phase in [P::Completed, P::Error] {
+                check(
+                    exited(phase, 5),
+                    Observed::Running { generation: 5 },
+                    fresh,
+                    Step::Settled,
+                );
+                check(
+                    exited(phase, 5),
+                    Observed::Running { generation: 6 },
+                    fresh,
+                    Step::Stop,
+                );
+            }
+            check(
+                cur(D::Stopped, P::Error, 5),
+                Observed::Running { generation: 5 },
+                fresh,
+                Step::Stop,
             );
         }
     }

@@ -312,10 +312,16 @@ fn desired(st: &SandboxState) -> DesiredState {
 }
 
 fn current(st: &SandboxState) -> Current {
+    let sb = &st.stored.sandbox;
+    let phase = sb.phase();
     Current {
         desired: desired(st),
-        phase: st.stored.sandbox.phase(),
-        generation: st.stored.sandbox.generation,
+        phase,
+        generation: sb.generation,
+        // A recorded exit: Completed, or Error for the workload's own reason (a failed driver
+        // step's reasons are DriverRejected and DriverUnavailable).
+        exited: phase == Phase::Completed
+            || (phase == Phase::Error && !sb.reason.starts_with("Driver")),
     }
 }
 
