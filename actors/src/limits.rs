@@ -60,7 +60,7 @@ pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// sends 1 MiB) plus its framing.
 pub const MAX_IMAGE_MESSAGE_BYTES: usize = 8 << 20;
 /// How much of a bad value an error message quotes, in characters.
-pub const ERROR_QUOTE_CHARS: usize = 64;
+pub const ERROR_QUOTE_CHARS: usize = sbx_proto::quote::QUOTE_CHARS;
 /// The longest error message sbxd sends, in bytes; longer ones are cut.
 pub const MAX_ERROR_MESSAGE_BYTES: usize = 1024;
 /// The longest value in an error's ErrorInfo metadata, in bytes; longer ones are cut.
@@ -104,24 +104,7 @@ pub const TABLE: &[(&str, u64)] = &[
     ),
 ];
 
-/// The first [`ERROR_QUOTE_CHARS`] characters of `value`, followed by `…` when there is more.
-/// Unquoted: for messages that quote it themselves (`{:?}`).
-pub fn prefix(value: &str) -> String {
-    match value.char_indices().nth(ERROR_QUOTE_CHARS) {
-        None => value.to_string(),
-        Some((cut, _)) => format!("{}…", &value[..cut]),
-    }
-}
-
-/// A bad value as an error message quotes it: escaped (`{:?}`), at most
-/// [`ERROR_QUOTE_CHARS`] characters of it, and its length when it was cut
-/// (`"aaaa…" (5000 bytes)`).
-pub fn quote(value: &str) -> String {
-    match value.char_indices().nth(ERROR_QUOTE_CHARS) {
-        None => format!("{value:?}"),
-        Some((cut, _)) => format!("{:?}… ({} bytes)", &value[..cut], value.len()),
-    }
-}
+pub use sbx_proto::quote::{prefix, quote};
 
 /// `text` cut to at most `max` bytes at a character boundary, with `…` at the cut (the result
 /// is then at most `max` bytes, `…` included).

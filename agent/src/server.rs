@@ -475,10 +475,11 @@ pub(crate) fn start(req: &ExecRequest, sender: &Arc<Sender>) -> io::Result<Optio
             Ok(_) => "is not a directory".to_string(),
             Err(e) => format!("cannot be entered: {e}"),
         };
-        sender.finish(&invalid(format!(
-            "the working directory {} {why}",
-            workdir.display()
-        )));
+        // At most 64 characters of it (a path may be 4 KiB): an error stays small.
+        let shown = workdir.to_string_lossy();
+        let cut: String = shown.chars().take(64).collect();
+        let more = if cut.len() < shown.len() { "…" } else { "" };
+        sender.finish(&invalid(format!("the working directory {cut}{more} {why}")));
         return Ok(None);
     }
     let path_var = req

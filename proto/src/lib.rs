@@ -4,6 +4,7 @@
 //! - [`driver`]: the compute driver API (`sbx.driver.v1`).
 //! - [`names`]: the naming rules for workspaces and sandboxes.
 //! - [`image_ref`]: image references, the naming rule of images.
+//! - [`quote`]: how an error quotes a bad value (short).
 
 /// The public API, package `sbx.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -29,6 +30,7 @@ pub mod driver {
 
 pub mod image_ref;
 pub mod names;
+pub mod quote;
 
 /// The encoded file descriptor set of both contracts, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("sbx_descriptor");

@@ -176,7 +176,7 @@ impl SimDriver {
         if !req.workdir.is_empty() && req.workdir != "/sandbox" {
             return Err(DriverError::InvalidArgument(format!(
                 "the working directory {}: the sim has only /sandbox",
-                req.workdir
+                sbx_proto::quote::quote(&req.workdir)
             )));
         }
         if req.stdin && req.command == ["cat"] {
