@@ -5,6 +5,7 @@ mod process_support;
 use std::time::{Duration, Instant};
 
 use process_support::*;
+use sbx_drivers::process::ProcessDriver;
 use sbx_drivers::{ComputeDriver, DriverError, pb};
 use uuid::Uuid;
 
@@ -436,15 +437,9 @@ async fn a_stop_right_after_the_create_ends_a_polite_workload_at_once() {
     env.finish().await;
 }
 
-/// A stop whose caller gives up before the grace period ends (a gateway's driver-call deadline
-/// shorter than the grace) still ends, with its SIGKILL, a workload that ignores SIGTERM: the
-/// call finishes without its caller. Before, every retry was cut off the same way and the
-/// workload never stopped.
-#[tokio::test]
-async fn a_stop_whose_caller_gives_up_still_kills_a_workload_that_ignores_sigterm() {
-    let env = TestEnv::new();
-    let driver = env.open();
-    let id = Uuid::new_v4();
+/// Creates sandbox `id` running a workload that ignores SIGTERM, and waits until it does
+/// (Running is reported once the shim is up, before the trap is set).
+async fn start_stubborn(driver: &ProcessDriver, id: Uuid) {
     let stubborn = spec(&[
         "sh",
         "-c",
@@ -460,6 +455,18 @@ async fn a_stop_whose_caller_gives_up_still_kills_a_workload_that_ignores_sigter
     })
     .await;
     assert!(ready.is_ok(), "the workload never set its trap");
+}
+
+/// A stop whose caller gives up before the grace period ends (a gateway's driver-call deadline
+/// shorter than the grace) still ends, with its SIGKILL, a workload that ignores SIGTERM: the
+/// call finishes without its caller. Before, every retry was cut off the same way and the
+/// workload never stopped.
+#[tokio::test]
+async fn a_stop_whose_caller_gives_up_still_kills_a_workload_that_ignores_sigterm() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    start_stubborn(&driver, id).await;
     let gave_up =
         tokio::time::timeout(Duration::from_millis(300), driver.stop(stop_req(id, 1000))).await;
     assert!(
@@ -499,22 +506,7 @@ async fn stop_kills_after_the_grace_period_a_workload_that_ignores_sigterm() {
     let env = TestEnv::new();
     let driver = env.open();
     let id = Uuid::new_v4();
-    let stubborn = spec(&[
-        "sh",
-        "-c",
-        "trap '' TERM; touch /sandbox/deaf; while true; do sleep 0.1; done",
-    ]);
-    driver
-        .create(create_req(id, "stubborn", stubborn, 1))
-        .await
-        .unwrap();
-    // Running is reported once the shim is up; wait until the workload ignores SIGTERM.
-    let deaf = driver.persistent_dir(id).join("deaf");
-    let ready = wait_until(Duration::from_secs(5), || {
-        deaf.exists().then_some(()).ok_or(())
-    })
-    .await;
-    assert!(ready.is_ok(), "the workload never set its trap");
+    start_stubborn(&driver, id).await;
     let init = driver.workload_identity(id).unwrap();
     let began = Instant::now();
     let stopped = driver.stop(stop_req(id, 700)).await.unwrap();
