@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use sbx_chaos_tests::rng::Rng;
-use sbx_proto::v1::{CreateSandboxRequest, GetSandboxRequest, Phase, Sandbox};
+use sbx_proto::v1::{CreateSandboxRequest, GetSandboxRequest, Sandbox};
 use tonic::Code;
 
 use super::checks::quiesce;
 use super::client::{PROBE_WORKSPACE, bounded, by_id, clients, spec};
-use super::{Daemon, history, managed_driver, runs, workload_pids};
+use super::{Daemon, managed_driver, ready_workloads, runs, same_workloads_ready};
 use crate::{Run, lock};
 
 pub fn count_fault(run: &Run, kind: &'static str) {
@@ -166,11 +166,7 @@ async fn kill_sbxd_just_after_create_ack(run: &Run, n: usize) -> Result<bool, St
 /// Once settled, SIGKILL the driver and then sbxd, start sbxd again: every Ready sandbox is
 /// Ready again on the very same workload process (re-attached, not restarted).
 pub async fn workloads_survive_both_kills(run: &Run, settled: &[Sandbox]) -> Result<u64, String> {
-    let before: Vec<(String, Vec<i32>)> = settled
-        .iter()
-        .filter(|s| s.phase() == Phase::Ready)
-        .map(|s| (s.id.clone(), workload_pids(&run.data, &s.id)))
-        .collect();
+    let before = ready_workloads(&run.data, settled);
     if let Some((pid, start)) = managed_driver(&run.data)
         && runs(pid, start)
     {
@@ -180,20 +176,5 @@ pub async fn workloads_survive_both_kills(run: &Run, settled: &[Sandbox]) -> Res
     restart_sbxd(run).await?;
     count_fault(run, "closing_sigkill_sbxd_and_restart");
     let after = quiesce(run).await?;
-    let mut checks = 0;
-    for (id, pids) in &before {
-        checks += 1;
-        let now = workload_pids(&run.data, id);
-        let ready = after
-            .iter()
-            .any(|s| &s.id == id && s.phase() == Phase::Ready);
-        if !ready || &now != pids {
-            return Err(format!(
-                "after SIGKILL of the driver and sbxd, {id} (workloads {pids:?}) is ready: \
-                 {ready}, workloads {now:?}\n{}",
-                history(&run.data, id)
-            ));
-        }
-    }
-    Ok(checks)
+    same_workloads_ready(&run.data, &before, &after, "SIGKILL of the driver and sbxd")
 }

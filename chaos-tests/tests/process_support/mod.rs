@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use sbx_drivers::process::ProcessDriver;
+use sbx_proto::v1::{Phase, Sandbox};
 
 /// How long sbxd may take to write its address file (it re-attaches every sandbox first).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -251,6 +252,38 @@ pub fn history(data: &Path, id: &str) -> String {
 
 /// How many of the last log lines naming a sandbox [`history`] quotes, per log.
 const HISTORY_LINES: usize = 25;
+
+/// Each Ready sandbox of `settled` with its live workload pids.
+pub fn ready_workloads(data: &Path, settled: &[Sandbox]) -> Vec<(String, Vec<i32>)> {
+    settled
+        .iter()
+        .filter(|s| s.phase() == Phase::Ready)
+        .map(|s| (s.id.clone(), workload_pids(data, &s.id)))
+        .collect()
+}
+
+/// Every sandbox of `before` ([`ready_workloads`]) is Ready in `after` on the very same
+/// workload processes, after `what` (for the message); answers the checks made.
+pub fn same_workloads_ready(
+    data: &Path,
+    before: &[(String, Vec<i32>)],
+    after: &[Sandbox],
+    what: &str,
+) -> Result<u64, String> {
+    for (id, pids) in before {
+        let now = workload_pids(data, id);
+        let ready = after
+            .iter()
+            .any(|s| &s.id == id && s.phase() == Phase::Ready);
+        if !ready || &now != pids {
+            return Err(format!(
+                "after {what}, {id} (workloads {pids:?}) is ready: {ready}, workloads {now:?}\n{}",
+                history(data, id)
+            ));
+        }
+    }
+    Ok(before.len() as u64)
+}
 
 /// Every sandbox id with driver state under DATA, with its live workload pids.
 pub fn workloads_by_sandbox(data: &Path) -> Vec<(String, Vec<i32>)> {

@@ -9,11 +9,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sbx_proto::v1::{Phase, Sandbox};
+use sbx_proto::v1::Sandbox;
 
 use super::checks::quiesce;
 use super::faults::count_fault;
-use super::{Daemon, workload_pids};
+use super::{Daemon, ready_workloads, same_workloads_ready};
 use crate::{Run, lock};
 
 /// Bound of one `sbxd store …` command.
@@ -80,11 +80,7 @@ pub async fn damaged_store_is_refused_and_restored(
     run: &Run,
     settled: &[Sandbox],
 ) -> Result<u64, String> {
-    let before: Vec<(String, Vec<i32>)> = settled
-        .iter()
-        .filter(|s| s.phase() == Phase::Ready)
-        .map(|s| (s.id.clone(), workload_pids(&run.data, &s.id)))
-        .collect();
+    let before = ready_workloads(&run.data, settled);
     let mut daemon = run.daemon.write().await;
     if !daemon.sigterm(Duration::from_secs(30)) {
         return Err("sbxd did not exit within 30 s of SIGTERM".into());
@@ -139,7 +135,7 @@ pub async fn damaged_store_is_refused_and_restored(
     drop(daemon);
     let after = quiesce(run).await?;
     count_fault(run, "store_damaged_then_restored");
-    let mut checks = 2;
+    let checks = 2;
     let mut ids: Vec<&str> = settled.iter().map(|s| s.id.as_str()).collect();
     let mut restored: Vec<&str> = after.iter().map(|s| s.id.as_str()).collect();
     ids.sort();
@@ -149,19 +145,5 @@ pub async fn damaged_store_is_refused_and_restored(
             "after the restore sbxd serves {restored:?}, not the {ids:?} it held"
         ));
     }
-    for (id, pids) in &before {
-        checks += 1;
-        let now = workload_pids(&run.data, id);
-        let ready = after
-            .iter()
-            .any(|s| &s.id == id && s.phase() == Phase::Ready);
-        if !ready || &now != pids {
-            return Err(format!(
-                "after the store's restore {id} (workloads {pids:?}) is ready: {ready}, \
-                 workloads {now:?}\n{}",
-                super::history(&run.data, id)
-            ));
-        }
-    }
-    Ok(checks)
+    Ok(checks + same_workloads_ready(&run.data, &before, &after, "the store's restore")?)
 }
