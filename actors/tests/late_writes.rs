@@ -91,6 +91,15 @@ impl ObjectStore for HeldStore {
         let inner = Arc::clone(&self.inner);
         self.write(async move { inner.create(rec).await }).await
     }
+    async fn create_referring(
+        &self,
+        rec: NewRecord,
+        refs: Vec<Uuid>,
+    ) -> Result<Record, StoreError> {
+        let inner = Arc::clone(&self.inner);
+        self.write(async move { inner.create_referring(rec, refs).await })
+            .await
+    }
     async fn update(&self, rec: Record) -> Result<Record, StoreError> {
         let inner = Arc::clone(&self.inner);
         self.write(async move { inner.update(rec).await }).await
@@ -116,6 +125,9 @@ impl ObjectStore for HeldStore {
     }
     async fn owned(&self, owner: Uuid) -> Result<Vec<Uuid>, StoreError> {
         self.inner.owned(owner).await
+    }
+    async fn referrers(&self, id: Uuid) -> Result<Vec<Uuid>, StoreError> {
+        self.inner.referrers(id).await
     }
     async fn current_revision(&self) -> Result<u64, StoreError> {
         self.inner.current_revision().await

@@ -34,6 +34,9 @@ struct RecordEnvelope {
     updated_at_ms: u64,
     #[prost(bytes = "vec", tag = "10")]
     body: Vec<u8>,
+    /// The ids this record refers to, 16 bytes each (schema 3; absent before).
+    #[prost(bytes = "vec", repeated, tag = "11")]
+    refs: Vec<Vec<u8>>,
 }
 
 pub fn encode_record(rec: &Record) -> Vec<u8> {
@@ -51,6 +54,7 @@ pub fn encode_record(rec: &Record) -> Vec<u8> {
         resource_version: rec.resource_version,
         updated_at_ms: rec.updated_at_ms,
         body: rec.body.clone(),
+        refs: rec.refs.iter().map(|r| r.as_bytes().to_vec()).collect(),
     }
     .encode_to_vec()
 }
@@ -84,6 +88,15 @@ pub fn decode_record(bytes: &[u8]) -> Result<Record, StoreError> {
         resource_version: env.resource_version,
         updated_at_ms: env.updated_at_ms,
         body: env.body,
+        refs: env
+            .refs
+            .iter()
+            .map(|r| {
+                Uuid::from_slice(r).map_err(|_| {
+                    StoreError::Corrupt(format!("record {id} has a reference of {} bytes", r.len()))
+                })
+            })
+            .collect::<Result<_, _>>()?,
     })
 }
 
@@ -104,12 +117,14 @@ mod tests {
             body: vec![0, 1, 2],
             resource_version: 5,
             updated_at_ms: 6,
+            refs: vec![Uuid::from_u128(7), Uuid::from_u128(8)],
         };
         assert_eq!(decode_record(&encode_record(&rec)).unwrap(), rec);
         let global = Record {
             kind: Kind::Workspace,
             workspace: None,
             owner: None,
+            refs: Vec::new(),
             ..rec
         };
         assert_eq!(decode_record(&encode_record(&global)).unwrap(), global);

@@ -46,6 +46,16 @@ pub enum StoreError {
     #[error("owner {owner} does not exist")]
     OwnerNotFound { owner: Uuid },
 
+    /// `create_referring` named a record to refer to that does not exist (or is in another
+    /// workspace, which is the same to the creator: it cannot refer to it). Nothing written.
+    #[error("record {id} to refer to does not exist")]
+    ReferenceNotFound { id: Uuid },
+
+    /// `delete` of a record that records outside the delete still refer to (`by`, every one
+    /// of them). Nothing was deleted.
+    #[error("record {id} is referred to by {} record(s)", by.len())]
+    Referenced { id: Uuid, by: Vec<Uuid> },
+
     /// `delete` of a workspace that still holds records (sandboxes, settings). Nothing was
     /// deleted.
     #[error("workspace {workspace} still holds {remaining} record(s)")]

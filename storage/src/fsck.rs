@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use crate::envelope::decode_record;
 use crate::error::StoreError;
+use crate::idsets::{SetEntry, classify};
 use crate::layout::{
     META_SCHEMA_VERSION, decode_id_list, decode_u64, name_key, order_all_key, order_ws_key,
 };
@@ -17,7 +18,7 @@ use crate::sled_store::SledStore;
 /// One inconsistency found by [`SledStore::verify_indexes`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexProblem {
-    /// The tree where the problem shows (`records`, `names`, `owners`, `order_all`,
+    /// The tree where the problem shows (`records`, `names`, `owners`, `refs`, `order_all`,
     /// `order_ws`, `ws_counts`, `meta`).
     pub tree: &'static str,
     pub detail: String,
@@ -27,6 +28,51 @@ impl fmt::Display for IndexProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.tree, self.detail)
     }
+}
+
+/// Every set of an id-set tree (`idsets.rs`), checking its shape: each chunk under a head
+/// that counts it, no head without chunks.
+fn read_sets(
+    tree: &sled::Tree,
+    name: &'static str,
+    report: &mut impl FnMut(&'static str, String),
+) -> Result<HashMap<Uuid, Vec<Uuid>>, StoreError> {
+    let mut heads: HashMap<Uuid, u32> = HashMap::new();
+    let mut chunks: BTreeMap<(Uuid, u32), Vec<Uuid>> = BTreeMap::new();
+    for entry in tree.iter() {
+        let (key, value) = entry?;
+        match classify(&key) {
+            SetEntry::Head(key) => match <[u8; 4]>::try_from(&value[..]) {
+                Ok(raw) => {
+                    heads.insert(key, u32::from_be_bytes(raw));
+                }
+                Err(_) => report(name, format!("head of {key} is {} bytes", value.len())),
+            },
+            SetEntry::Chunk(key, index) => match decode_id_list(&value) {
+                Ok(ids) => {
+                    chunks.insert((key, index), ids);
+                }
+                Err(e) => report(name, format!("chunk {index} of {key}: {e}")),
+            },
+            SetEntry::Malformed => report(name, format!("key {key:02x?} is malformed")),
+        }
+    }
+    let mut sets: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
+    for ((key, index), ids) in chunks {
+        if heads.get(&key).is_none_or(|count| index >= *count) {
+            report(
+                name,
+                format!("chunk {index} of {key} is beyond its head's count"),
+            );
+        }
+        sets.entry(key).or_default().extend(ids);
+    }
+    for key in heads.keys() {
+        if !sets.contains_key(key) {
+            report(name, format!("head of {key} has no chunk"));
+        }
+    }
+    Ok(sets)
 }
 
 impl SledStore {
@@ -53,6 +99,9 @@ impl SledStore {
             }
         }
 
+        let owned = read_sets(&trees.owners, "owners", &mut report)?;
+        let referred = read_sets(&trees.refs, "refs", &mut report)?;
+
         let revision = self.revision()?;
         let mut counts: BTreeMap<Uuid, u64> = BTreeMap::new();
         for rec in records.values() {
@@ -74,7 +123,7 @@ impl SledStore {
             }
             match trees
                 .names
-                .get(name_key(rec.kind, rec.workspace, &rec.name))?
+                .get(name_key(rec.kind, rec.name_scope(), &rec.name))?
             {
                 Some(raw) if raw[..] == id.as_bytes()[..] => {}
                 Some(raw) => report("names", format!("name of record {id} points to {raw:02x?}")),
@@ -111,10 +160,7 @@ impl SledStore {
                 ),
             }
             if let Some(owner) = rec.owner {
-                let listed = match trees.owners.get(owner.as_bytes())? {
-                    Some(raw) => decode_id_list(&raw)?.contains(&id),
-                    None => false,
-                };
+                let listed = owned.get(&owner).is_some_and(|ids| ids.contains(&id));
                 if !records.contains_key(&owner) {
                     report(
                         "owners",
@@ -127,6 +173,19 @@ impl SledStore {
                     );
                 }
             }
+            for target in &rec.refs {
+                if !records.contains_key(target) {
+                    report(
+                        "refs",
+                        format!("record {id} refers to missing record {target}"),
+                    );
+                } else if !referred.get(target).is_some_and(|ids| ids.contains(&id)) {
+                    report(
+                        "refs",
+                        format!("record {id} is not listed as referring to {target}"),
+                    );
+                }
+            }
         }
 
         for entry in trees.names.iter() {
@@ -134,7 +193,7 @@ impl SledStore {
             let target = Uuid::from_slice(&value).ok();
             let ok = target
                 .and_then(|t| records.get(&t))
-                .is_some_and(|r| name_key(r.kind, r.workspace, &r.name)[..] == key[..]);
+                .is_some_and(|r| name_key(r.kind, r.name_scope(), &r.name)[..] == key[..]);
             if !ok {
                 report(
                     "names",
@@ -143,25 +202,35 @@ impl SledStore {
             }
         }
 
-        for entry in trees.owners.iter() {
-            let (key, value) = entry?;
-            let owner = Uuid::from_slice(&key).unwrap_or_default();
-            if !records.contains_key(&owner) {
-                report("owners", format!("entry for missing owner {key:02x?}"));
+        for (owner, ids) in &owned {
+            if !records.contains_key(owner) {
+                report("owners", format!("entry for missing owner {owner}"));
             }
-            match decode_id_list(&value) {
-                Ok(ids) => {
-                    let mut seen = HashSet::new();
-                    for owned in ids {
-                        if !seen.insert(owned) {
-                            report("owners", format!("{owner} lists {owned} twice"));
-                        }
-                        if records.get(&owned).and_then(|r| r.owner) != Some(owner) {
-                            report("owners", format!("{owner} lists {owned}, not owned by it"));
-                        }
-                    }
+            let mut seen = HashSet::new();
+            for member in ids {
+                if !seen.insert(*member) {
+                    report("owners", format!("{owner} lists {member} twice"));
                 }
-                Err(e) => report("owners", format!("entry for {owner}: {e}")),
+                if records.get(member).and_then(|r| r.owner) != Some(*owner) {
+                    report("owners", format!("{owner} lists {member}, not owned by it"));
+                }
+            }
+        }
+        for (target, ids) in &referred {
+            if !records.contains_key(target) {
+                report("refs", format!("entry for missing record {target}"));
+            }
+            let mut seen = HashSet::new();
+            for member in ids {
+                if !seen.insert(*member) {
+                    report("refs", format!("{target} lists {member} twice"));
+                }
+                if !records.get(member).is_some_and(|r| r.refs.contains(target)) {
+                    report(
+                        "refs",
+                        format!("{target} lists {member}, which does not refer to it"),
+                    );
+                }
             }
         }
 
@@ -293,13 +362,22 @@ mod tests {
                 .unwrap();
         })
         .await;
+        // The owner's set: its head gone (its chunk is then beyond it), then a chunk listing a
+        // record it does not own.
         check("owners", |s, _, sb, _| {
             t(s).owners.remove(sb.id.as_bytes()).unwrap();
         })
         .await;
         check("owners", |s, ws, sb, set| {
-            let list = crate::layout::encode_id_list(&[set.id, ws.id]);
-            t(s).owners.insert(sb.id.as_bytes(), list).unwrap();
+            for (key, value) in crate::idsets::chunked(sb.id, &[set.id, ws.id]) {
+                t(s).owners.insert(key, value).unwrap();
+            }
+        })
+        .await;
+        check("refs", |s, ws, _, set| {
+            for (key, value) in crate::idsets::chunked(ws.id, &[set.id]) {
+                t(s).refs.insert(key, value).unwrap();
+            }
         })
         .await;
         check("order_all", |s, _, sb, _| {

@@ -5,8 +5,9 @@
 //! | tree        | key                                          | value                         |
 //! |-------------|----------------------------------------------|-------------------------------|
 //! | `records`   | id (16)                                      | prost `RecordEnvelope`        |
-//! | `names`     | kind tag (1) · workspace id or nil (16) · name | id (16)                     |
-//! | `owners`    | owner id (16)                                | owned ids, 16 bytes each      |
+//! | `names`     | kind tag (1) · owner, else workspace id, else nil (16) · name | id (16)      |
+//! | `owners`    | owner id (16) [· chunk (4)]                  | chunk count / owned ids (`idsets.rs`) |
+//! | `refs`      | record id (16) [· chunk (4)]                 | chunk count / referrer ids    |
 //! | `order_all` | kind tag (1) · created_at_ms (8) · id (16)   | empty                         |
 //! | `order_ws`  | workspace id (16) · kind tag (1) · created_at_ms (8) · id (16) | empty       |
 //! | `ws_counts` | workspace id (16)                            | u64: records scoped in it     |
@@ -20,6 +21,7 @@ use crate::record::Kind;
 pub const TREE_RECORDS: &str = "records";
 pub const TREE_NAMES: &str = "names";
 pub const TREE_OWNERS: &str = "owners";
+pub const TREE_REFS: &str = "refs";
 pub const TREE_ORDER_ALL: &str = "order_all";
 pub const TREE_ORDER_WS: &str = "order_ws";
 pub const TREE_WS_COUNTS: &str = "ws_counts";
@@ -34,10 +36,11 @@ pub fn record_key(id: Uuid) -> [u8; 16] {
     *id.as_bytes()
 }
 
-pub fn name_key(kind: Kind, workspace: Option<Uuid>, name: &str) -> Vec<u8> {
+/// `scope`: where the name is unique (`Record::name_scope`).
+pub fn name_key(kind: Kind, scope: Option<Uuid>, name: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(17 + name.len());
     key.push(kind.tag());
-    key.extend_from_slice(workspace.unwrap_or(Uuid::nil()).as_bytes());
+    key.extend_from_slice(scope.unwrap_or(Uuid::nil()).as_bytes());
     key.extend_from_slice(name.as_bytes());
     key
 }
@@ -87,11 +90,11 @@ pub fn decode_uuid(bytes: &[u8], what: &str) -> Result<Uuid, StoreError> {
         .map_err(|_| StoreError::Corrupt(format!("{what} is {} bytes, expected 16", bytes.len())))
 }
 
-/// The ids in an `owners` value.
+/// The ids in a chunk of an id set (`idsets.rs`).
 pub fn decode_id_list(bytes: &[u8]) -> Result<Vec<Uuid>, StoreError> {
     if !bytes.len().is_multiple_of(16) {
         return Err(StoreError::Corrupt(format!(
-            "owner index value of {} bytes is not a list of 16-byte ids",
+            "id set chunk of {} bytes is not a list of 16-byte ids",
             bytes.len()
         )));
     }

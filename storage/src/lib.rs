@@ -1,9 +1,12 @@
 //! sbx-storage: the object store of sbx.
 //!
-//! Records (workspaces, sandboxes, settings) are keyed by UUID, with a unique name index per
-//! `(kind, workspace, name)`, an owner index so deleting an owner deletes what it owns in the
-//! same transaction, ordered list indexes with keyset pagination, a global revision that every
-//! write bumps, and durable acknowledgement through group commit. Only this crate knows sled.
+//! Records (workspaces, sandboxes, settings, providers, attachments, services, images) are
+//! keyed by UUID, with a unique name index per `(kind, scope, name)` (the scope: the owner of
+//! an owned record, else its workspace), an owner index so deleting an owner deletes what it
+//! owns in the same transaction, a reference index so a record that another refers to cannot
+//! be deleted (and a reference is written only to a record that exists, in one transaction),
+//! ordered list indexes with keyset pagination, a global revision that every write bumps, and
+//! durable acknowledgement through group commit. Only this crate knows sled.
 //!
 //! Code map:
 //! - `store.rs`: the [`ObjectStore`] trait the actor layer codes against.
@@ -11,6 +14,8 @@
 //!   encodings and the on-disk record encoding; no IO.
 //! - `sled_store.rs`: [`SledStore`]: open, reads and lists.
 //! - `writes.rs`: create / CAS update / cascading delete inside one sled transaction.
+//! - `idsets.rs`: the chunked id sets of the owner and reference indexes, readable and
+//!   writable inside a transaction.
 //! - `committer.rs`: group commit: one thread runs each batch of queued writes as one
 //!   transaction, flushes and fdatasyncs, then acknowledges; reopens sled after a full disk.
 //! - `space.rs`: the full-disk state: writes are refused (`DiskFull`) while the store's file
@@ -31,6 +36,7 @@ mod committer;
 mod envelope;
 mod error;
 mod fsck;
+mod idsets;
 pub mod layout;
 mod record;
 mod schema;
@@ -54,3 +60,4 @@ pub use selector::{LabelSelector, MAX_LABEL_LEN, Requirement, validate_labels};
 pub use sled_store::SledStore;
 pub use space::DISK_RESERVE_BYTES;
 pub use store::ObjectStore;
+pub use writes::MAX_REFS;

@@ -21,11 +21,28 @@ pub enum Kind {
     /// An image of the image store: its name (a normalised image reference) → a manifest
     /// digest. Global scope.
     Image,
+    /// A named credential set of a workspace (its secrets sealed by the gateway). Scoped; not
+    /// owned: sandboxes refer to it through attachments, and it cannot be deleted while one
+    /// does.
+    Provider,
+    /// That a sandbox uses a provider: owned by the sandbox, referring (`refs`) to the
+    /// provider, named by the provider's id. Dies with the sandbox; keeps the provider alive.
+    Attachment,
+    /// A service endpoint of a sandbox (a port to route HTTP to). Owned by the sandbox.
+    Service,
 }
 
 impl Kind {
     /// Every kind, in tag order.
-    pub const ALL: [Kind; 4] = [Kind::Workspace, Kind::Sandbox, Kind::Setting, Kind::Image];
+    pub const ALL: [Kind; 7] = [
+        Kind::Workspace,
+        Kind::Sandbox,
+        Kind::Setting,
+        Kind::Image,
+        Kind::Provider,
+        Kind::Attachment,
+        Kind::Service,
+    ];
 
     /// The stable on-disk tag.
     pub const fn tag(self) -> u8 {
@@ -34,6 +51,9 @@ impl Kind {
             Kind::Sandbox => 2,
             Kind::Setting => 3,
             Kind::Image => 4,
+            Kind::Provider => 5,
+            Kind::Attachment => 6,
+            Kind::Service => 7,
         }
     }
 
@@ -44,6 +64,9 @@ impl Kind {
             2 => Some(Kind::Sandbox),
             3 => Some(Kind::Setting),
             4 => Some(Kind::Image),
+            5 => Some(Kind::Provider),
+            6 => Some(Kind::Attachment),
+            7 => Some(Kind::Service),
             _ => None,
         }
     }
@@ -53,17 +76,25 @@ impl Kind {
         !matches!(self, Kind::Workspace | Kind::Image)
     }
 
+    /// Whether every record of this kind must have an owner (and so dies with it).
+    pub const fn is_owned(self) -> bool {
+        matches!(self, Kind::Setting | Kind::Attachment | Kind::Service)
+    }
+
     /// Checks a record name by this kind's rule: the DNS-1123 label rule
-    /// (`sbx_proto::names`) for workspaces, sandboxes and settings; a normalised image
-    /// reference without digest (`sbx_proto::image_ref`) for images.
+    /// (`sbx_proto::names`) for every kind but images; a normalised image reference without
+    /// digest (`sbx_proto::image_ref`) for images.
     pub fn validate_name(self, name: &str) -> Result<(), String> {
         match self {
             Kind::Image => {
                 sbx_proto::image_ref::validate_image_name(name).map_err(|e| e.to_string())
             }
-            Kind::Workspace | Kind::Sandbox | Kind::Setting => {
-                sbx_proto::names::validate_name(name).map_err(|e| e.to_string())
-            }
+            Kind::Workspace
+            | Kind::Sandbox
+            | Kind::Setting
+            | Kind::Provider
+            | Kind::Attachment
+            | Kind::Service => sbx_proto::names::validate_name(name).map_err(|e| e.to_string()),
         }
     }
 }
@@ -75,6 +106,9 @@ impl fmt::Display for Kind {
             Kind::Sandbox => "sandbox",
             Kind::Setting => "setting",
             Kind::Image => "image",
+            Kind::Provider => "provider",
+            Kind::Attachment => "attachment",
+            Kind::Service => "service",
         })
     }
 }
@@ -97,6 +131,14 @@ pub struct NewRecord {
     pub body: Vec<u8>,
 }
 
+impl NewRecord {
+    /// Where this record's name is unique: its owner for owned records (a setting's key is
+    /// unique per sandbox), else its workspace (`None`: globally).
+    pub fn name_scope(&self) -> Option<Uuid> {
+        self.owner.or(self.workspace)
+    }
+}
+
 /// A stored record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -113,10 +155,18 @@ pub struct Record {
     pub resource_version: u64,
     /// Set by the caller on update (wall clock); equals `created_at_ms` after create.
     pub updated_at_ms: u64,
+    /// The records this one refers to (see `ObjectStore::create_referring`): each existed
+    /// when this one was created, and none can be deleted while this one lives. Immutable.
+    pub refs: Vec<Uuid>,
 }
 
 impl Record {
-    pub(crate) fn from_new(rec: NewRecord, resource_version: u64) -> Record {
+    /// Where this record's name is unique (see [`NewRecord::name_scope`]).
+    pub fn name_scope(&self) -> Option<Uuid> {
+        self.owner.or(self.workspace)
+    }
+
+    pub(crate) fn from_new(rec: NewRecord, refs: Vec<Uuid>, resource_version: u64) -> Record {
         Record {
             id: rec.id,
             kind: rec.kind,
@@ -128,6 +178,7 @@ impl Record {
             updated_at_ms: rec.created_at_ms,
             body: rec.body,
             resource_version,
+            refs,
         }
     }
 }
@@ -185,8 +236,8 @@ mod tests {
         }
         let mut tags: Vec<u8> = Kind::ALL.iter().map(|k| k.tag()).collect();
         tags.dedup();
-        assert_eq!(tags, vec![1, 2, 3, 4]);
-        assert_eq!(Kind::from_tag(5), None);
+        assert_eq!(tags, vec![1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(Kind::from_tag(8), None);
     }
 
     #[test]

@@ -3,9 +3,14 @@
 //! History:
 //! - **1**: `records`, `names`, `owners`, `order_all`, `meta`. Listing one workspace scanned the
 //!   global order index, and the empty-workspace check scanned it too.
-//! - **2** (current): adds `order_ws` (a per-workspace order index) and `ws_counts` (records per
+//! - **2**: adds `order_ws` (a per-workspace order index) and `ws_counts` (records per
 //!   workspace, for the `NotEmpty` check inside a transaction, where sled cannot range-scan).
 //!   Migration 1 → 2 builds both from the records.
+//! - **3** (current): `owners` holds chunked id sets (`idsets.rs`) instead of one list per
+//!   owner; `refs` (new) holds, chunked the same way, who refers to each record; an owned
+//!   record's name is unique per owner (its `names` key carries the owner, not the workspace).
+//!   Migration 2 → 3 rebuilds `owners` and the owned records' `names` entries from the records
+//!   (no record of version 2 refers to another, so `refs` starts empty).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,12 +22,12 @@ use uuid::Uuid;
 use crate::envelope::decode_record;
 use crate::error::StoreError;
 use crate::layout::{
-    META_REVISION, META_SCHEMA_VERSION, TREE_META, TREE_ORDER_WS, TREE_RECORDS, TREE_WS_COUNTS,
-    encode_u64, order_ws_key,
+    META_REVISION, META_SCHEMA_VERSION, TREE_META, TREE_NAMES, TREE_ORDER_WS, TREE_OWNERS,
+    TREE_RECORDS, TREE_WS_COUNTS, decode_id_list, encode_u64, name_key, order_ws_key,
 };
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// What opening found and did, for logs and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +44,7 @@ type Migration = fn(&sled::Db) -> Result<(), StoreError>;
 
 /// `(from, step)`: `step` turns a version-`from` database into version `from + 1`, including
 /// writing the new version number, in one transaction.
-const MIGRATIONS: &[(u32, Migration)] = &[(1, migrate_1_to_2)];
+const MIGRATIONS: &[(u32, Migration)] = &[(1, migrate_1_to_2), (2, migrate_2_to_3)];
 
 /// Checks (and if needed writes or migrates) the schema version of `db`, opened from `path`.
 pub fn prepare(db: &sled::Db, path: &Path) -> Result<SchemaOutcome, StoreError> {
@@ -149,6 +154,92 @@ fn migrate_1_to_2(db: &sled::Db) -> Result<(), StoreError> {
             ws_counts.insert(ws.as_bytes(), &encode_u64(*count))?;
         }
         meta.insert(META_SCHEMA_VERSION, &2u32.to_be_bytes())?;
+        Ok(())
+    })?;
+    Ok(())
+}
+
+/// 2 → 3: the owner index as chunked sets, and owned records named per owner. Built from the
+/// records outside the transaction (the database is opened exclusively), written in one
+/// transaction with the new version, so a crash leaves version 2 untouched or a whole version 3.
+fn migrate_2_to_3(db: &sled::Db) -> Result<(), StoreError> {
+    let records = db.open_tree(TREE_RECORDS)?;
+    let names = db.open_tree(TREE_NAMES)?;
+    let owners = db.open_tree(TREE_OWNERS)?;
+    let meta = db.open_tree(TREE_META)?;
+    let mut owned: BTreeMap<Uuid, Vec<(u64, Uuid)>> = BTreeMap::new();
+    let mut renames = Vec::new();
+    for entry in records.iter() {
+        let (_, value) = entry?;
+        let rec = decode_record(&value)?;
+        if let Some(owner) = rec.owner {
+            owned
+                .entry(owner)
+                .or_default()
+                .push((rec.created_at_ms, rec.id));
+            renames.push((
+                name_key(rec.kind, rec.workspace, &rec.name),
+                name_key(rec.kind, rec.name_scope(), &rec.name),
+                rec.id,
+            ));
+        }
+    }
+    // Version 2's lists keep their order (creation order); an owned record a list missed
+    // goes after, by creation time.
+    let mut old_owner_keys = Vec::new();
+    let mut old_lists: BTreeMap<Uuid, Vec<Uuid>> = BTreeMap::new();
+    for entry in owners.iter() {
+        let (key, value) = entry?;
+        if let (Ok(owner), Ok(ids)) = (Uuid::from_slice(&key), decode_id_list(&value)) {
+            old_lists.insert(owner, ids);
+        }
+        old_owner_keys.push(key);
+    }
+    let mut new_owner_entries = Vec::new();
+    for (owner, mut members) in owned {
+        members.sort();
+        let mut missed: std::collections::BTreeSet<Uuid> =
+            members.iter().map(|(_, id)| *id).collect();
+        let mut ids: Vec<Uuid> = old_lists
+            .remove(&owner)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|id| missed.remove(id))
+            .collect();
+        ids.extend(
+            members
+                .into_iter()
+                .map(|(_, id)| id)
+                .filter(|id| missed.contains(id)),
+        );
+        new_owner_entries.extend(crate::idsets::chunked(owner, &ids));
+    }
+    (&names, &owners, &meta).transaction(|(names, owners, meta)| {
+        if meta
+            .get(META_SCHEMA_VERSION)?
+            .as_deref()
+            .and_then(read_version)
+            != Some(2)
+        {
+            return Err(ConflictableTransactionError::Abort(StoreError::Corrupt(
+                "schema version changed during migration 2 -> 3".into(),
+            )));
+        }
+        for key in &old_owner_keys {
+            owners.remove(key)?;
+        }
+        for (key, value) in &new_owner_entries {
+            owners.insert(key.as_slice(), value.as_slice())?;
+        }
+        for (old, new, id) in &renames {
+            // Only the record's own entry moves (a version-2 name clash between two owners'
+            // records of one workspace could not exist: the old key was unique).
+            if names.get(old)?.as_deref() == Some(&id.as_bytes()[..]) {
+                names.remove(old.as_slice())?;
+            }
+            names.insert(new.as_slice(), id.as_bytes().as_slice())?;
+        }
+        meta.insert(META_SCHEMA_VERSION, &3u32.to_be_bytes())?;
         Ok(())
     })?;
     Ok(())

@@ -13,7 +13,7 @@ use crate::envelope::decode_record;
 use crate::error::StoreError;
 use crate::layout::{
     self, META_REVISION, TREE_META, TREE_NAMES, TREE_ORDER_ALL, TREE_ORDER_WS, TREE_OWNERS,
-    TREE_RECORDS, TREE_WS_COUNTS, decode_id_list, decode_u64, decode_uuid, encode_cursor, name_key,
+    TREE_RECORDS, TREE_REFS, TREE_WS_COUNTS, decode_u64, decode_uuid, encode_cursor, name_key,
     record_key,
 };
 use crate::record::{Kind, ListQuery, NewRecord, Page, Record, Scope};
@@ -27,6 +27,7 @@ pub(crate) struct Trees {
     pub(crate) records: sled::Tree,
     pub(crate) names: sled::Tree,
     pub(crate) owners: sled::Tree,
+    pub(crate) refs: sled::Tree,
     pub(crate) order_all: sled::Tree,
     pub(crate) order_ws: sled::Tree,
     pub(crate) ws_counts: sled::Tree,
@@ -122,6 +123,7 @@ impl SledStore {
             records: db.open_tree(TREE_RECORDS)?,
             names: db.open_tree(TREE_NAMES)?,
             owners: db.open_tree(TREE_OWNERS)?,
+            refs: db.open_tree(TREE_REFS)?,
             order_all: db.open_tree(TREE_ORDER_ALL)?,
             order_ws: db.open_tree(TREE_ORDER_WS)?,
             ws_counts: db.open_tree(TREE_WS_COUNTS)?,
@@ -240,7 +242,20 @@ impl SledStore {
 #[async_trait]
 impl ObjectStore for SledStore {
     async fn create(&self, rec: NewRecord) -> Result<Record, StoreError> {
-        match self.inner.committer.submit(WriteOp::Create(rec)).await? {
+        self.create_referring(rec, Vec::new()).await
+    }
+
+    async fn create_referring(
+        &self,
+        rec: NewRecord,
+        refs: Vec<Uuid>,
+    ) -> Result<Record, StoreError> {
+        match self
+            .inner
+            .committer
+            .submit(WriteOp::Create(rec, refs))
+            .await?
+        {
             WriteOutcome::Written(rec) => Ok(rec),
             WriteOutcome::Deleted(_) => {
                 Err(StoreError::Corrupt("create answered as a delete".into()))
@@ -277,10 +292,10 @@ impl ObjectStore for SledStore {
     async fn get_by_name(
         &self,
         kind: Kind,
-        workspace: Option<Uuid>,
+        scope: Option<Uuid>,
         name: &str,
     ) -> Result<Option<Record>, StoreError> {
-        let Some(raw) = self.trees().names.get(name_key(kind, workspace, name))? else {
+        let Some(raw) = self.trees().names.get(name_key(kind, scope, name))? else {
             return Ok(None);
         };
         let id = decode_uuid(&raw, "name index value")?;
@@ -288,7 +303,7 @@ impl ObjectStore for SledStore {
         // one named (a concurrent delete may have removed it).
         Ok(self
             .read_record(id)?
-            .filter(|r| r.kind == kind && r.workspace == workspace && r.name == name))
+            .filter(|r| r.kind == kind && r.name_scope() == scope && r.name == name))
     }
 
     async fn list(&self, q: ListQuery) -> Result<Page, StoreError> {
@@ -300,10 +315,11 @@ impl ObjectStore for SledStore {
     }
 
     async fn owned(&self, owner: Uuid) -> Result<Vec<Uuid>, StoreError> {
-        match self.trees().owners.get(record_key(owner))? {
-            Some(raw) => decode_id_list(&raw),
-            None => Ok(Vec::new()),
-        }
+        crate::idsets::members(&self.trees().owners, owner, "owner index")
+    }
+
+    async fn referrers(&self, id: Uuid) -> Result<Vec<Uuid>, StoreError> {
+        crate::idsets::members(&self.trees().refs, id, "reference index")
     }
 
     async fn current_revision(&self) -> Result<u64, StoreError> {

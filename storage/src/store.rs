@@ -20,6 +20,14 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// an owner in another workspace, or malformed labels.
     async fn create(&self, rec: NewRecord) -> Result<Record, StoreError>;
 
+    /// `create`, and the new record refers to each of `refs` (at most `MAX_REFS`, none nil,
+    /// itself or twice): in the same transaction each must exist, in the record's workspace or
+    /// globally (else `ReferenceNotFound { id }`), and from then on none of them can be deleted
+    /// while the new record lives (`Referenced`). So a reference never dangles, whatever races
+    /// it: the existence check and the write are one transaction.
+    async fn create_referring(&self, rec: NewRecord, refs: Vec<Uuid>)
+    -> Result<Record, StoreError>;
+
     /// Compare-and-swap: `rec.resource_version` is the version the caller read. Only labels,
     /// body and updated_at may change (changing id/kind/workspace/name/owner/created_at is
     /// `Invalid`). `Conflict { id, expected, actual }` if the stored version differs;
@@ -28,16 +36,20 @@ pub trait ObjectStore: Send + Sync + 'static {
 
     /// Conditional delete on id + version. Deletes, in the same transaction, every record the
     /// owner index says this one owns (recursively). A workspace record with records still in it
-    /// is refused: `NotEmpty { workspace, remaining }`. Returns the ids deleted (the record
+    /// is refused: `NotEmpty { workspace, remaining }`; so is a record that a record outside
+    /// the delete refers to: `Referenced { id, by }`, every referrer named. Returns the ids deleted (the record
     /// first). `NotFound` when absent, `Conflict` on version mismatch.
     async fn delete(&self, id: Uuid, expected_version: u64) -> Result<Vec<Uuid>, StoreError>;
 
     async fn get(&self, id: Uuid) -> Result<Option<Record>, StoreError>;
 
+    /// The record of `kind` called `name` in `scope`: where the kind's names are unique — the
+    /// owner for owned kinds (`Kind::is_owned`), the workspace for other scoped kinds, `None`
+    /// for global kinds.
     async fn get_by_name(
         &self,
         kind: Kind,
-        workspace: Option<Uuid>,
+        scope: Option<Uuid>,
         name: &str,
     ) -> Result<Option<Record>, StoreError>;
 
@@ -45,8 +57,11 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// A malformed cursor is `Invalid`.
     async fn list(&self, q: ListQuery) -> Result<Page, StoreError>;
 
-    /// The ids owned by `owner` (from the owner index).
+    /// The ids owned by `owner` (from the owner index), in the order they were created.
     async fn owned(&self, owner: Uuid) -> Result<Vec<Uuid>, StoreError>;
+
+    /// The ids of the records that refer to `id` (from the reference index).
+    async fn referrers(&self, id: Uuid) -> Result<Vec<Uuid>, StoreError>;
 
     /// The highest resource version ever assigned (0 for an empty store).
     async fn current_revision(&self) -> Result<u64, StoreError>;

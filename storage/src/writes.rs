@@ -10,9 +10,10 @@ use uuid::Uuid;
 
 use crate::envelope::{decode_record, encode_record};
 use crate::error::StoreError;
+use crate::idsets::TxSets;
 use crate::layout::{
-    META_REVISION, decode_id_list, decode_u64, decode_uuid, encode_id_list, encode_u64, name_key,
-    order_all_key, order_ws_key, record_key,
+    META_REVISION, decode_u64, decode_uuid, encode_u64, name_key, order_all_key, order_ws_key,
+    record_key,
 };
 use crate::record::{Kind, NewRecord, Record};
 use crate::selector::validate_labels;
@@ -28,7 +29,10 @@ fn abort<T>(err: StoreError) -> TxResult<T> {
 struct Tx<'a> {
     records: &'a TransactionalTree,
     names: &'a TransactionalTree,
-    owners: &'a TransactionalTree,
+    /// owner → what it owns.
+    owners: TxSets<'a>,
+    /// record → the records that refer to it.
+    refs: TxSets<'a>,
     order_all: &'a TransactionalTree,
     order_ws: &'a TransactionalTree,
     ws_counts: &'a TransactionalTree,
@@ -44,23 +48,6 @@ impl Tx<'_> {
             },
             None => Ok(None),
         }
-    }
-
-    fn owned(&self, owner: Uuid) -> TxResult<Vec<Uuid>> {
-        match self.owners.get(record_key(owner))? {
-            Some(raw) => decode_id_list(&raw).or_else(abort),
-            None => Ok(Vec::new()),
-        }
-    }
-
-    fn set_owned(&self, owner: Uuid, ids: &[Uuid]) -> TxResult<()> {
-        if ids.is_empty() {
-            self.owners.remove(&record_key(owner))?;
-        } else {
-            self.owners
-                .insert(&record_key(owner), encode_id_list(ids))?;
-        }
-        Ok(())
     }
 
     fn ws_count(&self, ws: Uuid) -> TxResult<u64> {
@@ -94,9 +81,13 @@ impl Tx<'_> {
 /// One write, as queued for the committer.
 #[derive(Debug, Clone)]
 pub(crate) enum WriteOp {
-    Create(NewRecord),
+    /// A record and the records it refers to.
+    Create(NewRecord, Vec<Uuid>),
     Update(Record),
-    Delete { id: Uuid, expected_version: u64 },
+    Delete {
+        id: Uuid,
+        expected_version: u64,
+    },
 }
 
 /// What a successful write returns.
@@ -118,17 +109,25 @@ pub(crate) fn apply_batch(
         &trees.records,
         &trees.names,
         &trees.owners,
+        &trees.refs,
         &trees.order_all,
         &trees.order_ws,
         &trees.ws_counts,
         &trees.meta,
     )
         .transaction(
-            |(records, names, owners, order_all, order_ws, ws_counts, meta)| {
+            |(records, names, owners, refs, order_all, order_ws, ws_counts, meta)| {
                 let tx = Tx {
                     records,
                     names,
-                    owners,
+                    owners: TxSets {
+                        tree: owners,
+                        what: "owner index",
+                    },
+                    refs: TxSets {
+                        tree: refs,
+                        what: "reference index",
+                    },
                     order_all,
                     order_ws,
                     ws_counts,
@@ -137,7 +136,9 @@ pub(crate) fn apply_batch(
                 let mut results = Vec::with_capacity(ops.len());
                 for op in ops {
                     let result = match op {
-                        WriteOp::Create(rec) => create(&tx, rec).map(WriteOutcome::Written),
+                        WriteOp::Create(rec, refs) => {
+                            create(&tx, rec, refs).map(WriteOutcome::Written)
+                        }
                         WriteOp::Update(rec) => update(&tx, rec).map(WriteOutcome::Written),
                         WriteOp::Delete {
                             id,
@@ -158,8 +159,27 @@ pub(crate) fn apply_batch(
     Ok(results)
 }
 
+/// The most records one record may refer to.
+pub const MAX_REFS: usize = 64;
+
 /// Checks what can be checked without reading the store.
-pub(crate) fn validate_new(rec: &NewRecord) -> Result<(), StoreError> {
+pub(crate) fn validate_new(rec: &NewRecord, refs: &[Uuid]) -> Result<(), StoreError> {
+    if refs.len() > MAX_REFS {
+        return Err(StoreError::invalid(format!(
+            "record {} refers to {} records; at most {MAX_REFS}",
+            rec.id,
+            refs.len()
+        )));
+    }
+    let mut seen = HashSet::new();
+    for r in refs {
+        if r.is_nil() || *r == rec.id || !seen.insert(*r) {
+            return Err(StoreError::invalid(format!(
+                "record {} cannot refer to {r} (nil, itself, or twice)",
+                rec.id
+            )));
+        }
+    }
     if rec.id.is_nil() {
         return Err(StoreError::invalid("record id is the nil UUID"));
     }
@@ -188,8 +208,11 @@ pub(crate) fn validate_new(rec: &NewRecord) -> Result<(), StoreError> {
         _ => {}
     }
     match rec.owner {
-        None if rec.kind == Kind::Setting => {
-            return Err(StoreError::invalid("a setting must have an owner"));
+        None if rec.kind.is_owned() => {
+            return Err(StoreError::invalid(format!(
+                "a {} must have an owner",
+                rec.kind
+            )));
         }
         Some(owner) if owner.is_nil() || owner == rec.id => {
             return Err(StoreError::invalid(format!(
@@ -202,9 +225,9 @@ pub(crate) fn validate_new(rec: &NewRecord) -> Result<(), StoreError> {
     validate_labels(&rec.labels)
 }
 
-fn create(tx: &Tx<'_>, rec: &NewRecord) -> TxResult<Record> {
-    validate_new(rec).or_else(abort)?;
-    let nkey = name_key(rec.kind, rec.workspace, &rec.name);
+fn create(tx: &Tx<'_>, rec: &NewRecord, refs: &[Uuid]) -> TxResult<Record> {
+    validate_new(rec, refs).or_else(abort)?;
+    let nkey = name_key(rec.kind, rec.name_scope(), &rec.name);
     if tx.records.get(record_key(rec.id))?.is_some() {
         return abort(StoreError::AlreadyExists {
             kind: rec.kind,
@@ -236,11 +259,22 @@ fn create(tx: &Tx<'_>, rec: &NewRecord) -> TxResult<Record> {
                 rec.id
             )));
         }
-        let mut owned = tx.owned(owner)?;
-        owned.push(rec.id);
-        tx.set_owned(owner, &owned)?;
     }
-    let stored = Record::from_new(rec.clone(), tx.next_revision()?);
+    // A reference is to a record of the same workspace, or a global one; one elsewhere is as
+    // good as missing to this creator.
+    for target in refs {
+        match tx.record(*target)? {
+            Some(t) if t.workspace.is_none() || t.workspace == rec.workspace => {}
+            _ => return abort(StoreError::ReferenceNotFound { id: *target }),
+        }
+    }
+    if let Some(owner) = rec.owner {
+        tx.owners.add(owner, rec.id)?;
+    }
+    for target in refs {
+        tx.refs.add(*target, rec.id)?;
+    }
+    let stored = Record::from_new(rec.clone(), refs.to_vec(), tx.next_revision()?);
     tx.records
         .insert(&record_key(rec.id), encode_record(&stored))?;
     tx.names.insert(nkey.as_slice(), rec.id.as_bytes())?;
@@ -311,7 +345,7 @@ fn delete(tx: &Tx<'_>, id: Uuid, expected: u64) -> TxResult<Vec<Uuid>> {
     while next < doomed.len() {
         let owner = doomed[next].id;
         next += 1;
-        for child in tx.owned(owner)? {
+        for child in tx.owners.members(owner)? {
             if !seen.insert(child) {
                 continue;
             }
@@ -319,6 +353,18 @@ fn delete(tx: &Tx<'_>, id: Uuid, expected: u64) -> TxResult<Vec<Uuid>> {
                 Some(rec) => doomed.push(rec),
                 None => tracing::warn!(%owner, %child, "owner index lists a missing record"),
             }
+        }
+    }
+    // A record that something outside this delete refers to keeps everything.
+    for rec in &doomed {
+        let by: Vec<Uuid> = tx
+            .refs
+            .members(rec.id)?
+            .into_iter()
+            .filter(|r| !seen.contains(r))
+            .collect();
+        if !by.is_empty() {
+            return abort(StoreError::Referenced { id: rec.id, by });
         }
     }
     for ws in doomed.iter().filter(|r| r.kind == Kind::Workspace) {
@@ -334,10 +380,11 @@ fn delete(tx: &Tx<'_>, id: Uuid, expected: u64) -> TxResult<Vec<Uuid>> {
     for rec in &doomed {
         tx.records.remove(&record_key(rec.id))?;
         tx.names
-            .remove(name_key(rec.kind, rec.workspace, &rec.name))?;
+            .remove(name_key(rec.kind, rec.name_scope(), &rec.name))?;
         tx.order_all
             .remove(&order_all_key(rec.kind, rec.created_at_ms, rec.id)[..])?;
-        tx.owners.remove(&record_key(rec.id))?;
+        tx.owners.clear(rec.id)?;
+        tx.refs.clear(rec.id)?;
         if let Some(ws) = rec.workspace {
             tx.order_ws
                 .remove(&order_ws_key(ws, rec.kind, rec.created_at_ms, rec.id)[..])?;
@@ -350,9 +397,11 @@ fn delete(tx: &Tx<'_>, id: Uuid, expected: u64) -> TxResult<Vec<Uuid>> {
         if let Some(owner) = rec.owner
             && !seen.contains(&owner)
         {
-            let mut owned = tx.owned(owner)?;
-            owned.retain(|o| *o != rec.id);
-            tx.set_owned(owner, &owned)?;
+            tx.owners.remove(owner, rec.id)?;
+        }
+        // And from what it refers to that survives.
+        for target in rec.refs.iter().filter(|t| !seen.contains(t)) {
+            tx.refs.remove(*target, rec.id)?;
         }
     }
     tx.next_revision()?;

@@ -119,7 +119,7 @@ impl Model {
         };
         if sbx_proto::names::validate_name(&rec.name).is_err()
             || !scoped_ok
-            || (rec.kind == Kind::Setting && rec.owner.is_none())
+            || (rec.kind.is_owned() && rec.owner.is_none())
             || rec.owner == Some(rec.id)
         {
             return Err("invalid".into());
@@ -127,11 +127,9 @@ impl Model {
         if self.records.contains_key(&rec.id) {
             return Err(format!("exists {}", rec.id));
         }
-        if let Some(existing) = self
-            .records
-            .values()
-            .find(|r| r.kind == rec.kind && r.workspace == rec.workspace && r.name == rec.name)
-        {
+        if let Some(existing) = self.records.values().find(|r| {
+            r.kind == rec.kind && r.name_scope() == rec.name_scope() && r.name == rec.name
+        }) {
             return Err(format!("exists {}", existing.id));
         }
         if let Some(ws) = rec.workspace
@@ -158,6 +156,7 @@ impl Model {
             body: rec.body.clone(),
             resource_version: self.revision,
             updated_at_ms: rec.created_at_ms,
+            refs: Vec::new(),
         };
         self.records.insert(rec.id, stored.clone());
         Ok(stored)
@@ -343,6 +342,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         body: vec![],
                         resource_version: 1,
                         updated_at_ms: 0,
+                        refs: Vec::new(),
                     });
                     ghost.id = id;
                     let got = store.update(ghost.clone()).await.map_err(|e| outcome(&e));

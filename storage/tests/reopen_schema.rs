@@ -3,7 +3,10 @@
 mod common;
 
 use common::*;
-use sbx_storage::layout::{META_SCHEMA_VERSION, TREE_META, TREE_ORDER_WS, TREE_WS_COUNTS};
+use sbx_storage::layout::{
+    META_SCHEMA_VERSION, TREE_META, TREE_NAMES, TREE_ORDER_WS, TREE_OWNERS, TREE_WS_COUNTS,
+    encode_id_list, name_key,
+};
 use sbx_storage::{
     Kind, ListQuery, ObjectStore, SCHEMA_VERSION, SchemaOutcome, Scope, SledStore, StoreError,
 };
@@ -202,6 +205,73 @@ async fn version_1_is_migrated_to_2() {
         SledStore::open(&path).unwrap().schema_outcome(),
         &SchemaOutcome::Current
     );
+}
+
+#[tokio::test]
+async fn version_2_is_migrated_to_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let (a, b, settings) = {
+        let store = SledStore::open(&path).unwrap();
+        let ws = workspace(&store, "team").await;
+        let a = sandbox(&store, &ws, "a").await;
+        let b = sandbox(&store, &ws, "b").await;
+        let mut settings = Vec::new();
+        for i in 0..300 {
+            settings.push(
+                store
+                    .create(new_setting(&a, &format!("key-{i}")))
+                    .await
+                    .unwrap(),
+            );
+        }
+        (a, b, settings)
+    };
+    // Turn it into a version-2 layout: one flat owner list per owner, owned records named
+    // in their workspace.
+    {
+        let db = raw_open(&path);
+        let owners = db.open_tree(TREE_OWNERS).unwrap();
+        owners.clear().unwrap();
+        let ids: Vec<_> = settings.iter().map(|s| s.id).collect();
+        owners
+            .insert(a.id.as_bytes(), encode_id_list(&ids))
+            .unwrap();
+        let names = db.open_tree(TREE_NAMES).unwrap();
+        for s in &settings {
+            names
+                .remove(name_key(s.kind, s.owner, &s.name))
+                .unwrap()
+                .expect("a version-3 name entry");
+            names
+                .insert(name_key(s.kind, s.workspace, &s.name), s.id.as_bytes())
+                .unwrap();
+        }
+        db.open_tree(TREE_META)
+            .unwrap()
+            .insert(META_SCHEMA_VERSION, &2u32.to_be_bytes())
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let store = SledStore::open(&path).unwrap();
+    assert_eq!(store.schema_outcome(), &SchemaOutcome::Migrated { from: 2 });
+    assert_fsck_clean(&store);
+    let want: Vec<_> = settings.iter().map(|s| s.id).collect();
+    assert_eq!(
+        store.owned(a.id).await.unwrap(),
+        want,
+        "owned, in creation order"
+    );
+    let found = store
+        .get_by_name(Kind::Setting, Some(a.id), "key-7")
+        .await
+        .unwrap();
+    assert_eq!(found.map(|r| r.id), Some(settings[7].id));
+    // Named per owner now: the other sandbox may take the same key.
+    store.create(new_setting(&b, "key-7")).await.unwrap();
+    let deleted = store.delete(a.id, a.resource_version).await.unwrap();
+    assert_eq!(deleted.len(), 301, "the sandbox and its 300 settings");
+    assert_fsck_clean(&store);
 }
 
 #[tokio::test]
