@@ -107,16 +107,22 @@ impl DriverSet {
         &self.default
     }
 
-    /// The driver called `name`; empty means the default.
-    pub fn get(&self, name: &str) -> Result<&Arc<dyn ComputeDriver>> {
-        let name = if name.is_empty() { &self.default } else { name };
-        self.drivers.get(name).ok_or_else(|| {
+    /// The name a sandbox's driver goes by: empty (a spec that names none) means the default.
+    pub fn name_or_default<'a>(&'a self, name: &'a str) -> &'a str {
+        if name.is_empty() { &self.default } else { name }
+    }
+
+    /// The driver called `name` (empty: the default), and the name it goes by.
+    pub fn resolve<'a>(&'a self, name: &'a str) -> Result<(&'a str, &'a Arc<dyn ComputeDriver>)> {
+        let name = self.name_or_default(name);
+        let driver = self.drivers.get(name).ok_or_else(|| {
             ActorError::InvalidArgument(format!(
                 "unknown driver {}; this gateway has {:?}",
                 crate::limits::quote(name),
                 self.drivers.keys().collect::<Vec<_>>()
             ))
-        })
+        })?;
+        Ok((name, driver))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<dyn ComputeDriver>)> {

@@ -14,18 +14,18 @@ use std::time::Duration;
 use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use sbx_drivers::{ComputeDriver, pb};
-use sbx_proto::names::{validate_name, workspace_or_default};
-use sbx_storage::{Kind, ListQuery, Scope};
+use sbx_proto::names::validate_name;
+use sbx_storage::{Kind, LabelSelector, Scope};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::config::Shared;
 use crate::error::{ActorError, Result};
+use crate::protocol::{RootMsg, Route, SandboxMsg, WorkspaceMsg};
 use crate::records::StoredSandbox;
-use crate::root::RootMsg;
-use crate::route::{Route, Router, ask};
-use crate::sandbox::SandboxMsg;
-use crate::workspace::WorkspaceMsg;
+use crate::route::{Router, ask};
+use crate::scan::all_records;
+use crate::validate;
 
 pub enum ReconcilerMsg {
     /// Sweep every driver now; the report goes to the port when one is given.
@@ -88,8 +88,8 @@ impl Actor for Reconciler {
         let ticker = (!interval.is_zero())
             .then(|| myself.send_interval(interval, || ReconcilerMsg::Sweep(None)));
         Ok(ReconcilerState {
+            router: Router::new(args.root, &args.shared),
             shared: args.shared,
-            router: Router { root: args.root },
             watchers,
             ticker,
             unknown: HashSet::new(),
@@ -311,7 +311,7 @@ async fn observe_one(
         return Ok(Seen::Unknown(id));
     }
     // No record: adopt only with a valid workspace (empty means default) and name.
-    let workspace = workspace_or_default(&snapshot.workspace).to_string();
+    let workspace = validate::workspace_or_default(Some(&snapshot.workspace)).to_string();
     validate_name(&workspace).map_err(|error| ActorError::InvalidName {
         what: "workspace",
         name: workspace.clone(),
@@ -402,36 +402,20 @@ async fn route_observation(
 }
 
 async fn records_of_driver(shared: &Shared, driver: &str) -> Result<Vec<StoredSandbox>> {
+    let records = all_records(
+        &*shared.store,
+        Kind::Sandbox,
+        Scope::All,
+        &LabelSelector::everything(),
+    )
+    .await?;
     let mut out = Vec::new();
-    let mut cursor = None;
-    loop {
-        let mut q = ListQuery::new(Kind::Sandbox, Scope::All, 1000);
-        q.cursor = cursor;
-        let page = shared.store.list(q).await?;
-        for record in page.records {
-            match StoredSandbox::from_record(record) {
-                Ok(s) => {
-                    let name = s
-                        .sandbox
-                        .spec
-                        .as_ref()
-                        .map(|x| x.driver.as_str())
-                        .unwrap_or("");
-                    let name = if name.is_empty() {
-                        shared.drivers.default_name()
-                    } else {
-                        name
-                    };
-                    if name == driver {
-                        out.push(s);
-                    }
-                }
-                Err(e) => tracing::warn!("skipping an undecodable sandbox record: {e}"),
-            }
-        }
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => return Ok(out),
+    for record in records {
+        match StoredSandbox::from_record(record) {
+            Ok(s) if shared.drivers.name_or_default(s.driver_name()) == driver => out.push(s),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("skipping an undecodable sandbox record: {e}"),
         }
     }
+    Ok(out)
 }

@@ -6,35 +6,21 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use sbx_proto::names::DEFAULT_WORKSPACE;
 use sbx_proto::v1::{Workspace, WorkspacePhase};
-use sbx_storage::{Kind, ListQuery, Scope, StoreError};
+use sbx_storage::{Kind, LabelSelector, Scope, StoreError};
 use uuid::Uuid;
 
 use crate::config::Shared;
 use crate::error::{ActorError, Result};
+use crate::protocol::{RootMsg, Route, WorkspaceMsg};
 use crate::reconciler::{Reconciler, ReconcilerArgs, ReconcilerMsg};
 use crate::records::{StoredWorkspace, new_workspace_record};
-use crate::route::Route;
 use crate::sandbox::DELETED;
+use crate::scan::all_records;
 use crate::supervision::{ChildEnd, RestartDecision, RestartHistory, child_end};
-use crate::workspace::{WorkspaceArgs, WorkspaceMsg, WorkspaceSupervisor};
-
-pub enum RootMsg {
-    CreateWorkspace {
-        name: String,
-        labels: BTreeMap<String, String>,
-        reply: RpcReplyPort<Result<Workspace>>,
-    },
-    Route {
-        id: Uuid,
-        reply: RpcReplyPort<Route<WorkspaceMsg>>,
-    },
-    RespawnSupervisor(Uuid),
-    RespawnReconciler,
-    Reconciler(RpcReplyPort<Option<ActorRef<ReconcilerMsg>>>),
-}
+use crate::workspace::{WorkspaceArgs, WorkspaceSupervisor};
 
 pub struct GatewayRoot;
 
@@ -76,18 +62,16 @@ impl Actor for GatewayRoot {
         myself: ActorRef<RootMsg>,
         st: &mut RootState,
     ) -> Result<(), ActorProcessingErr> {
-        let mut ids = Vec::new();
-        let mut cursor = None;
-        loop {
-            let mut q = ListQuery::new(Kind::Workspace, Scope::All, 1000);
-            q.cursor = cursor;
-            let page = st.shared.store.list(q).await?;
-            ids.extend(page.records.iter().map(|r| r.id));
-            match page.next_cursor {
-                Some(c) => cursor = Some(c),
-                None => break,
-            }
-        }
+        let ids: Vec<Uuid> = all_records(
+            &*st.shared.store,
+            Kind::Workspace,
+            Scope::All,
+            &LabelSelector::everything(),
+        )
+        .await?
+        .iter()
+        .map(|r| r.id)
+        .collect();
         st.shared.startup.add(ids.len());
         tracing::info!(workspaces = ids.len(), "starting workspace supervisors");
         for id in ids {

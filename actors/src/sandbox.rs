@@ -9,15 +9,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sbx_drivers::{ComputeDriver, DriverError, pb};
-use sbx_proto::v1::{DesiredState, EventType, Phase, Sandbox};
+use sbx_proto::v1::{DesiredState, EventType, Phase};
 use uuid::Uuid;
 
 use crate::config::Shared;
 use crate::error::{ActorError, Result, disk_full_in};
 use crate::lease::Lease;
 use crate::lifecycle::{Current, Observed, PhaseChange, Step, plan};
+use crate::protocol::SandboxMsg;
 use crate::records::StoredSandbox;
 use crate::supervision::backoff;
 
@@ -28,21 +29,6 @@ pub const DELETED: &str = "deleted";
 /// The most steps one convergence takes before it yields and retries later (each step is a
 /// driver call; a well-behaved driver needs at most three).
 const MAX_STEPS: usize = 8;
-
-pub enum SandboxMsg {
-    /// The first look of a newly (re)started actor: re-attach to the workload by id.
-    Attach,
-    Start(RpcReplyPort<Result<Sandbox>>),
-    Stop(RpcReplyPort<Result<Sandbox>>),
-    Restart(RpcReplyPort<Result<Sandbox>>),
-    /// Answers whether anything was deleted.
-    Delete(RpcReplyPort<Result<bool>>),
-    /// What a driver reported about this sandbox (a sweep or a watch event); `None` when the
-    /// driver's list did not have it.
-    Observe(Option<pb::Snapshot>),
-    /// A scheduled retry of a step that failed against the driver.
-    Retry,
-}
 
 pub struct SandboxActor;
 
@@ -575,17 +561,10 @@ impl SandboxActor {
     }
 
     fn driver(&self, st: &SandboxState) -> Result<Arc<dyn ComputeDriver>, DriverError> {
-        let name = st
-            .stored
-            .sandbox
-            .spec
-            .as_ref()
-            .map(|s| s.driver.as_str())
-            .unwrap_or("");
         st.shared
             .drivers
-            .get(name)
-            .cloned()
+            .resolve(st.stored.driver_name())
+            .map(|(_, driver)| Arc::clone(driver))
             .map_err(|e| DriverError::FailedPrecondition(e.to_string()))
     }
 

@@ -32,6 +32,13 @@ pub enum WorkspaceSelector {
     Name(String),
 }
 
+/// The workspace a request means: none named, or an empty name, is
+/// [`sbx_proto::names::DEFAULT_WORKSPACE`] (the rule itself is
+/// [`sbx_proto::names::workspace_or_default`], which the CLI applies too).
+pub fn workspace_or_default(workspace: Option<&str>) -> &str {
+    sbx_proto::names::workspace_or_default(workspace.unwrap_or(""))
+}
+
 pub fn parse_id(what: &str, id: &str) -> Result<Uuid> {
     Uuid::parse_str(id).map_err(|_| invalid(format!("{what} id {} is not a UUID", quote(id))))
 }

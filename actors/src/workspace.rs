@@ -13,50 +13,17 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use sbx_drivers::pb;
 use sbx_proto::v1::{DesiredState, EventType, Phase, Sandbox, SandboxSpec, WorkspacePhase};
-use sbx_storage::{Kind, LabelSelector, ListQuery, Scope, StoreError};
+use sbx_storage::{Kind, LabelSelector, Scope, StoreError};
 use uuid::Uuid;
 
 use crate::config::Shared;
 use crate::error::{ActorError, Result, disk_full_in};
+use crate::protocol::{Route, SandboxMsg, WorkspaceMsg};
 use crate::records::{StoredSandbox, StoredWorkspace, new_sandbox_record};
-use crate::route::Route;
-use crate::sandbox::{DELETED, SandboxActor, SandboxArgs, SandboxMsg};
+use crate::route::{Patience, ROUTE_TIMEOUT, call_until};
+use crate::sandbox::{DELETED, SandboxActor, SandboxArgs};
+use crate::scan::all_records;
 use crate::supervision::{ChildEnd, RestartDecision, RestartHistory, backoff, child_end};
-
-pub enum WorkspaceMsg {
-    CreateSandbox {
-        name: String,
-        spec: SandboxSpec,
-        /// Made in the driver but not started.
-        stopped: bool,
-        reply: RpcReplyPort<Result<Sandbox>>,
-    },
-    Route {
-        id: Uuid,
-        reply: RpcReplyPort<Route<SandboxMsg>>,
-    },
-    /// Deletes the workspace; answers whether it was deleted.
-    Delete {
-        cascade: bool,
-        reply: RpcReplyPort<Result<bool>>,
-    },
-    /// The cascade task has asked every sandbox to delete itself.
-    CascadeFinished,
-    RespawnChild(Uuid),
-    /// Takes over a workload a driver runs without a record in the store.
-    Adopt {
-        driver: String,
-        snapshot: pb::Snapshot,
-        reply: RpcReplyPort<Result<Sandbox>>,
-    },
-    /// The sandbox ids this supervisor owns (for tests and diagnostics).
-    Children(RpcReplyPort<Vec<Uuid>>),
-    /// A sandbox record of this workspace that this supervisor does not know (the reconciler
-    /// found it): start its actor. A store write outlives its dropped future, so a create
-    /// queued by a supervisor that was killed lands after its replacement listed the
-    /// workspace, and nothing else would ever drive that record.
-    Supervise(Uuid),
-}
 
 pub struct WorkspaceSupervisor;
 
@@ -573,61 +540,57 @@ fn current_actor_is(st: &WorkspaceState, id: Uuid, cell: &ractor::ActorCell) -> 
     })
 }
 
-/// Deletes one sandbox through its actor, riding out the actor's restarts.
+/// Deletes one sandbox through its actor, riding out the actor's restarts, and keeping at
+/// it (an error answered is asked again) with a backoff from 10 ms to 2 s until `timeout`.
+/// Ends quietly: the supervisor's next round sees what remains.
 async fn delete_child(supervisor: &ActorRef<WorkspaceMsg>, id: Uuid, timeout: Duration) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut attempt = 0u32;
-    while tokio::time::Instant::now() < deadline {
-        let route = match supervisor
-            .call(
-                |reply| WorkspaceMsg::Route { id, reply },
-                Some(Duration::from_secs(10)),
+    let patience = Patience {
+        timeout,
+        pause: |attempt| {
+            backoff(
+                Duration::from_millis(10),
+                Duration::from_secs(2),
+                attempt.min(10),
             )
-            .await
-        {
-            Ok(CallResult::Success(route)) => route,
-            _ => return,
-        };
-        match route {
-            Route::Unknown => return,
-            Route::Restarting => {}
-            Route::Actor(actor) => match actor.call(SandboxMsg::Delete, Some(timeout)).await {
-                Ok(CallResult::Success(Ok(_))) => return,
-                Ok(CallResult::Success(Err(e))) => {
-                    tracing::info!(sandbox = %id, "cascade delete not done yet: {e}")
-                }
-                _ => {}
+        },
+        retry_errors: true,
+    };
+    let locate = || async move {
+        Ok(
+            match supervisor
+                .call(
+                    |reply| WorkspaceMsg::Route { id, reply },
+                    Some(ROUTE_TIMEOUT),
+                )
+                .await
+            {
+                Ok(CallResult::Success(route)) => route,
+                // The supervisor is gone; its successor resumes the cascade.
+                _ => Route::Unknown,
             },
-        }
-        attempt += 1;
-        tokio::time::sleep(backoff(
-            Duration::from_millis(10),
-            Duration::from_secs(2),
-            attempt.min(10),
-        ))
-        .await;
+        )
+    };
+    let done = call_until(
+        ("sandbox", id),
+        patience,
+        locate,
+        SandboxMsg::Delete,
+        || Ok(()),
+    )
+    .await;
+    if let Err(e) = done {
+        tracing::info!(sandbox = %id, "cascade delete not done yet: {e}");
     }
 }
 
 /// Every sandbox id in a workspace, from the store.
 pub(crate) async fn sandbox_ids(shared: &Shared, ws: Uuid) -> Result<Vec<Uuid>> {
-    let mut ids = Vec::new();
-    let mut cursor = None;
-    loop {
-        let page = shared
-            .store
-            .list(ListQuery {
-                kind: Kind::Sandbox,
-                scope: Scope::Workspace(ws),
-                selector: LabelSelector::default(),
-                limit: 1000,
-                cursor,
-            })
-            .await?;
-        ids.extend(page.records.iter().map(|r| r.id));
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => return Ok(ids),
-        }
-    }
+    let records = all_records(
+        &*shared.store,
+        Kind::Sandbox,
+        Scope::Workspace(ws),
+        &LabelSelector::everything(),
+    )
+    .await?;
+    Ok(records.iter().map(|r| r.id).collect())
 }

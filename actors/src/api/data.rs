@@ -1,0 +1,174 @@
+//! What goes to a sandbox's driver directly, past the actors: exec, copy in and out,
+//! port-forward and logs. None of them changes the sandbox's record, so none needs its actor's
+//! mailbox; each checks the sandbox's phase from the store and calls the driver by id.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sbx_drivers::{DriverStream, ExecInputStream, pb};
+use sbx_proto::v1::{Phase, Sandbox};
+
+use super::{ExecOptions, Gateway};
+use crate::error::{ActorError, Result};
+use crate::records::StoredSandbox;
+use crate::validate::{self, SandboxSelector};
+
+impl Gateway {
+    /// Runs a command inside a Ready sandbox, with no input.
+    pub async fn exec(
+        &self,
+        sel: &SandboxSelector,
+        command: Vec<String>,
+        env: HashMap<String, String>,
+        timeout_seconds: u32,
+    ) -> Result<DriverStream<pb::ExecOutput>> {
+        let opts = ExecOptions {
+            env,
+            timeout_seconds,
+            ..ExecOptions::default()
+        };
+        self.exec_io(sel, command, opts, sbx_drivers::no_exec_input())
+            .await
+    }
+
+    /// Runs a command inside a Ready sandbox with `input` (stdin, terminal sizes, signals) as
+    /// the caller sends it. A request for stdin or a terminal from a driver that has neither
+    /// is UNIMPLEMENTED, said before anything runs.
+    pub async fn exec_io(
+        &self,
+        sel: &SandboxSelector,
+        command: Vec<String>,
+        opts: ExecOptions,
+        input: ExecInputStream,
+    ) -> Result<DriverStream<pb::ExecOutput>> {
+        validate::exec(&command, &opts.env, &opts.workdir)?;
+        let sb = self.resolve_sandbox(sel).await?;
+        require_ready(&sb.sandbox, "exec into")?;
+        let driver = self.driver_of(&sb)?;
+        let request = pb::ExecRequest {
+            sandbox_id: sb.id().to_string(),
+            command,
+            env: opts.env,
+            timeout_seconds: opts.timeout_seconds,
+            workdir: opts.workdir,
+            stdin: opts.stdin,
+            tty: opts.tty,
+        };
+        Ok(driver.exec_io(request, input).await?)
+    }
+
+    /// A path of a Ready sandbox as a tar stream.
+    pub async fn copy_from(
+        &self,
+        sel: &SandboxSelector,
+        path: String,
+    ) -> Result<DriverStream<pb::CopyChunk>> {
+        let path = copy_path(path)?;
+        let sb = self.resolve_sandbox(sel).await?;
+        require_settled(&sb.sandbox, "copy from")?;
+        let driver = self.driver_of(&sb)?;
+        let req = pb::CopyFromRequest {
+            sandbox_id: sb.id().to_string(),
+            path,
+        };
+        Ok(driver.copy_from(req).await?)
+    }
+
+    /// Unpacks the tar `data` in a sandbox at `path` (Ready, or stopped where its driver
+    /// can copy then).
+    pub async fn copy_to(
+        &self,
+        sel: &SandboxSelector,
+        path: String,
+        data: sbx_drivers::ByteStream,
+    ) -> Result<pb::CopyToResponse> {
+        let path = copy_path(path)?;
+        let sb = self.resolve_sandbox(sel).await?;
+        require_settled(&sb.sandbox, "copy into")?;
+        let driver = self.driver_of(&sb)?;
+        let req = pb::CopyToStart {
+            sandbox_id: sb.id().to_string(),
+            path,
+        };
+        Ok(driver.copy_to(req, data).await?)
+    }
+
+    /// A TCP connection to `port` on a Ready sandbox's loopback.
+    pub async fn port_forward(
+        &self,
+        sel: &SandboxSelector,
+        port: u32,
+        input: sbx_drivers::ForwardInputStream,
+    ) -> Result<DriverStream<pb::PortForwardOutput>> {
+        if port == 0 || port > u32::from(u16::MAX) {
+            return Err(ActorError::InvalidArgument(format!(
+                "port {port} is not a TCP port (1-65535)"
+            )));
+        }
+        let sb = self.resolve_sandbox(sel).await?;
+        require_ready(&sb.sandbox, "forward a port of")?;
+        let driver = self.driver_of(&sb)?;
+        let req = pb::PortForwardStart {
+            sandbox_id: sb.id().to_string(),
+            port,
+        };
+        Ok(driver.port_forward(req, input).await?)
+    }
+
+    /// The sandbox's log as `req` asks (follow, tail, timestamps, since); its `sandbox_id`
+    /// is set here, to the sandbox `sel` names.
+    pub async fn logs(
+        &self,
+        sel: &SandboxSelector,
+        req: pb::LogsRequest,
+    ) -> Result<DriverStream<pb::LogChunk>> {
+        let sb = self.resolve_sandbox(sel).await?;
+        let driver = self.driver_of(&sb)?;
+        let req = pb::LogsRequest {
+            sandbox_id: sb.id().to_string(),
+            ..req
+        };
+        Ok(driver.logs(req).await?)
+    }
+
+    /// The driver a sandbox runs on (its spec names it; empty: the default).
+    fn driver_of(&self, sb: &StoredSandbox) -> Result<Arc<dyn sbx_drivers::ComputeDriver>> {
+        Ok(Arc::clone(self.shared.drivers.resolve(sb.driver_name())?.1))
+    }
+}
+
+fn require_ready(sb: &Sandbox, what: &str) -> Result<()> {
+    if sb.phase() != Phase::Ready {
+        return Err(ActorError::FailedPrecondition(format!(
+            "cannot {what} sandbox {:?}: it is {:?}, not Ready",
+            sb.name,
+            sb.phase()
+        )));
+    }
+    Ok(())
+}
+
+/// A copy goes to the running workload's agent, or, where the driver can
+/// (`copy_when_stopped`), to the files of a sandbox that does not run: Ready, or settled
+/// without a workload (Stopped, Completed, Error). A sandbox on its way between the two is
+/// refused: its files are about to change hands.
+fn require_settled(sb: &Sandbox, what: &str) -> Result<()> {
+    match sb.phase() {
+        Phase::Ready | Phase::Stopped | Phase::Completed | Phase::Error => Ok(()),
+        phase => Err(ActorError::FailedPrecondition(format!(
+            "cannot {what} sandbox {:?}: it is {phase:?}; wait until it is Ready or Stopped",
+            sb.name
+        ))),
+    }
+}
+
+/// A path for a copy: absolute, without NUL, at most 4096 bytes.
+fn copy_path(path: String) -> Result<String> {
+    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
+        return Err(ActorError::InvalidArgument(format!(
+            "the sandbox path {} is not an absolute path (at most 4096 bytes, no NUL)",
+            crate::limits::quote(&path)
+        )));
+    }
+    Ok(path)
+}

@@ -1,0 +1,566 @@
+//! The Rust API of the actor runtime: what the gRPC layer calls.
+//!
+//! A request by id is authoritative; a request by (workspace, name) resolves inside that
+//! workspace only; a name-only request that is not in `default` but exists elsewhere is refused
+//! deterministically (never resolved by choosing one).
+//!
+//! [`Gateway`] is one type over four files, each an `impl Gateway` block: this one holds its
+//! state, the workspace, sandbox and image calls, and the hooks for tests; `resolve.rs` turns
+//! a selector into a record (name resolution); `watch.rs` assembles a watch (the initial list,
+//! then the event history); `data.rs` holds what goes to a sandbox's driver directly, past the
+//! actors (exec, copy, port-forward, logs). Lifecycle commands go to the actors through
+//! [`Router`]'s call policy (`route.rs`); reads go to the store.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef, RpcReplyPort};
+use sbx_drivers::image::{PullOptions, PullProgress};
+use sbx_drivers::pb;
+use sbx_proto::names::DEFAULT_WORKSPACE;
+use sbx_proto::v1::{Image, Sandbox, SandboxSpec, Workspace};
+use sbx_storage::{Kind, ListQuery, ObjectStore, Scope};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::config::{Config, DriverSet, Shared};
+use crate::error::{ActorError, Result};
+use crate::events::{EventHub, HistoryBounds};
+use crate::images::{ImageSelector, Images, StoredImage};
+use crate::lease::LeaseTable;
+use crate::protocol::{RootMsg, Route, SandboxMsg, WorkspaceMsg};
+use crate::reconciler::{ReconcilerMsg, SweepReport};
+use crate::records::{StoredSandbox, StoredWorkspace};
+use crate::root::GatewayRoot;
+use crate::route::{Router, ask};
+use crate::startup::StartupTracker;
+use crate::validate::{self, SandboxSelector, WorkspaceSelector};
+
+mod data;
+mod resolve;
+mod watch;
+
+use resolve::not_found_id;
+
+/// The largest page a list returns, whatever was asked.
+pub const MAX_PAGE_SIZE: u32 = 1000;
+
+const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// What an exec asks for beyond its command (see `sbx.v1.ExecRequest`).
+#[derive(Debug, Clone, Default)]
+pub struct ExecOptions {
+    /// Set on top of the sandbox's own environment.
+    pub env: HashMap<String, String>,
+    /// 0: no timeout.
+    pub timeout_seconds: u32,
+    /// An absolute path inside the sandbox; empty: the sandbox's own working directory.
+    pub workdir: String,
+    /// The caller sends stdin.
+    pub stdin: bool,
+    /// Run on a terminal of this size and type.
+    pub tty: Option<pb::Tty>,
+}
+
+/// A running actor tree over a store and a set of drivers.
+pub struct Gateway {
+    shared: Arc<Shared>,
+    root: ActorRef<RootMsg>,
+    /// Taken by the first shutdown.
+    root_task: std::sync::Mutex<Option<JoinHandle<()>>>,
+    router: Router,
+    /// Image records, the image store and the lock between image deletes and sandbox creates.
+    images: Images,
+}
+
+/// A page of a list.
+#[derive(Debug, Clone)]
+pub struct Listed<T> {
+    pub items: Vec<T>,
+    /// Empty on the last page.
+    pub next_page_token: String,
+}
+
+/// Which sandboxes a list or a watch covers.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxFilter {
+    /// `None` with `all_workspaces` false means "default".
+    pub workspace: Option<String>,
+    pub all_workspaces: bool,
+    pub label_selector: String,
+}
+
+impl Gateway {
+    /// Starts the actor tree: the root loads every workspace and spawns its supervisor, which
+    /// spawns an actor per sandbox; each actor re-attaches to its workload by id. Use
+    /// [`Gateway::wait_attached`] before reporting anything as Ready.
+    pub async fn start(
+        store: Arc<dyn ObjectStore>,
+        drivers: DriverSet,
+        config: Config,
+    ) -> Result<Gateway> {
+        let horizon = store.current_revision().await?;
+        let images = Images::new(Arc::clone(&store), &config);
+        images.probe_drivers(&drivers).await;
+        let shared = Arc::new(Shared {
+            events: EventHub::new(
+                HistoryBounds {
+                    max_events: config.event_history,
+                    max_bytes: config.event_history_bytes,
+                },
+                horizon,
+            ),
+            attach_permits: Semaphore::new(config.attach_concurrency.max(1)),
+            store,
+            drivers,
+            config,
+            leases: Arc::new(LeaseTable::default()),
+            startup: StartupTracker::default(),
+        });
+        // The root's own share, released when it has spawned every supervisor.
+        shared.startup.add(1);
+        let (root, root_task) = Actor::spawn(None, GatewayRoot, Arc::clone(&shared))
+            .await
+            .map_err(|e| ActorError::Internal(format!("the gateway root did not start: {e}")))?;
+        Ok(Gateway {
+            router: Router::new(root.clone(), &shared),
+            shared,
+            root,
+            root_task: std::sync::Mutex::new(Some(root_task)),
+            images,
+        })
+    }
+
+    /// Waits until every sandbox loaded at startup has re-attached to its workload (or failed
+    /// to and recorded why). False on timeout.
+    pub async fn wait_attached(&self, timeout: Duration) -> bool {
+        self.shared.startup.wait(timeout).await
+    }
+
+    /// How many sandboxes loaded at startup have not re-attached yet.
+    pub fn pending_attach(&self) -> usize {
+        self.shared.startup.pending()
+    }
+
+    /// Stops every actor and waits until each has let go of the store (so it can be
+    /// reopened). Sandboxes keep running: nothing is asked of the drivers. False if some
+    /// actor still held on after `timeout`.
+    /// Requests in flight elsewhere end with `Unavailable`.
+    pub async fn shutdown(&self) -> bool {
+        self.shutdown_within(Duration::from_secs(10)).await
+    }
+
+    pub async fn shutdown_within(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        self.root.stop(None);
+        let task = self
+            .root_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = task {
+            let _ = tokio::time::timeout_at(deadline, task).await;
+        }
+        // Killed actors drop their state (and with it the shared context) a moment later.
+        while Arc::strong_count(&self.shared) > 1 {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    holders = Arc::strong_count(&self.shared) - 1,
+                    "actors still hold the gateway context after shutdown"
+                );
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.shared.store
+    }
+
+    pub fn drivers(&self) -> &DriverSet {
+        &self.shared.drivers
+    }
+
+    // ---- workspaces ------------------------------------------------------------------------
+
+    pub async fn create_workspace(
+        &self,
+        name: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Workspace> {
+        validate::name("workspace", name)?;
+        validate::labels(&labels)?;
+        self.refuse_if_disk_full()?;
+        let labels: BTreeMap<String, String> = labels.into_iter().collect();
+        ask(&self.root, |reply| RootMsg::CreateWorkspace {
+            name: name.to_string(),
+            labels,
+            reply,
+        })
+        .await?
+    }
+
+    pub async fn get_workspace(&self, sel: &WorkspaceSelector) -> Result<Workspace> {
+        Ok(self.resolve_workspace(sel).await?.workspace)
+    }
+
+    pub async fn list_workspaces(
+        &self,
+        label_selector: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<Listed<Workspace>> {
+        self.list_page(
+            Kind::Workspace,
+            Scope::All,
+            label_selector,
+            page_size,
+            page_token,
+            |r| StoredWorkspace::from_record(r).map(|w| w.workspace),
+        )
+        .await
+    }
+
+    /// Deletes a workspace; with `cascade`, its sandboxes too. Answers false when there was
+    /// no such workspace by id (a name that does not resolve is an error).
+    pub async fn delete_workspace(&self, sel: &WorkspaceSelector, cascade: bool) -> Result<bool> {
+        self.refuse_if_disk_full()?;
+        let ws = match self.resolve_workspace(sel).await {
+            Ok(ws) => ws,
+            Err(ActorError::WorkspaceNotFound(_)) if matches!(sel, WorkspaceSelector::Id(_)) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        if ws.workspace.name == DEFAULT_WORKSPACE {
+            return Err(ActorError::FailedPrecondition(
+                "the default workspace cannot be deleted".into(),
+            ));
+        }
+        Ok(self
+            .router
+            .call_workspace(ws.id(), |reply| WorkspaceMsg::Delete { cascade, reply })
+            .await?
+            .unwrap_or(false))
+    }
+
+    // ---- sandboxes -------------------------------------------------------------------------
+
+    /// Creates a sandbox and starts its workload. Answers once the record is durable
+    /// (phase Provisioning, or later).
+    pub async fn create_sandbox(
+        &self,
+        workspace: Option<&str>,
+        name: &str,
+        spec: SandboxSpec,
+    ) -> Result<Sandbox> {
+        self.create_sandbox_as(workspace, name, spec, false).await
+    }
+
+    /// Creates a sandbox, started unless `stopped`: a sandbox created stopped is made in its
+    /// driver (its files exist, for a copy before the first start) and stays Stopped until
+    /// started.
+    pub async fn create_sandbox_as(
+        &self,
+        workspace: Option<&str>,
+        name: &str,
+        mut spec: SandboxSpec,
+        stopped: bool,
+    ) -> Result<Sandbox> {
+        validate::name("sandbox", name)?;
+        validate::spec_bounds(&spec)?;
+        self.refuse_if_disk_full()?;
+        // Output only: the pin is the gateway's to set.
+        spec.image_digest.clear();
+        let (driver_name, driver) = self.shared.drivers.resolve(&spec.driver)?;
+        let driver = Arc::clone(driver);
+        spec.driver = driver_name.to_string();
+        // Held until the sandbox record is written, so that the pinned image outlives the
+        // race with an image delete.
+        let mut _pin = None;
+        let mut image = None;
+        if self
+            .images
+            .driver_has_images(&spec.driver, driver.as_ref())
+            .await?
+        {
+            let (guard, default) = self.images.pin(&mut spec).await?;
+            _pin = Some(guard);
+            image = Some(default);
+        }
+        validate::spec(&spec, image.as_ref())?;
+        let ws_name = validate::workspace_or_default(workspace);
+        validate::name("workspace", ws_name)?;
+        let ws = self
+            .resolve_workspace(&WorkspaceSelector::Name(ws_name.to_string()))
+            .await?;
+        let create = |reply| WorkspaceMsg::CreateSandbox {
+            name: name.to_string(),
+            spec: spec.clone(),
+            stopped,
+            reply,
+        };
+        self.router
+            .call_workspace(ws.id(), create)
+            .await?
+            .ok_or_else(|| ActorError::WorkspaceNotFound(format!("{ws_name:?}")))
+    }
+
+    pub async fn get_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        Ok(self.resolve_sandbox(sel).await?.sandbox)
+    }
+
+    pub async fn list_sandboxes(
+        &self,
+        filter: &SandboxFilter,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<Listed<Sandbox>> {
+        let scope = self.scope(filter).await?;
+        self.list_page(
+            Kind::Sandbox,
+            scope,
+            &filter.label_selector,
+            page_size,
+            page_token,
+            |r| StoredSandbox::from_record(r).map(|s| s.sandbox),
+        )
+        .await
+    }
+
+    pub async fn start_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        self.change_sandbox(sel, SandboxMsg::Start).await
+    }
+
+    pub async fn stop_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        self.change_sandbox(sel, SandboxMsg::Stop).await
+    }
+
+    pub async fn restart_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
+        self.change_sandbox(sel, SandboxMsg::Restart).await
+    }
+
+    /// Deletes a sandbox and everything it owns. Answers false when there was nothing to
+    /// delete (an id with no sandbox); a name that does not resolve is an error.
+    pub async fn delete_sandbox(&self, sel: &SandboxSelector) -> Result<bool> {
+        self.refuse_if_disk_full()?;
+        let sb = match self.resolve_sandbox(sel).await {
+            Ok(sb) => sb,
+            Err(ActorError::SandboxNotFound { .. }) if matches!(sel, SandboxSelector::Id(_)) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(self
+            .command(&sb, SandboxMsg::Delete)
+            .await?
+            .unwrap_or(false))
+    }
+
+    /// The default driver's name and every driver's capabilities (each asked with a 2 s
+    /// deadline; one that does not answer carries the error instead).
+    pub async fn drivers_info(
+        &self,
+    ) -> (
+        String,
+        Vec<(
+            String,
+            std::result::Result<pb::CapabilitiesResponse, String>,
+        )>,
+    ) {
+        let mut out = Vec::new();
+        for (name, driver) in self.shared.drivers.iter() {
+            let caps =
+                match tokio::time::timeout(Duration::from_secs(2), driver.capabilities()).await {
+                    Ok(Ok(caps)) => Ok(caps),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("no answer within 2 s".to_string()),
+                };
+            out.push((name.clone(), caps));
+        }
+        (self.shared.drivers.default_name().to_string(), out)
+    }
+
+    // ---- images ----------------------------------------------------------------------------
+
+    /// Pulls an image and records it under its normalised name (re-tagging an existing record).
+    pub async fn pull_image(
+        &self,
+        reference: &str,
+        options: &PullOptions,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+    ) -> Result<Image> {
+        self.images.pull(reference, options, progress).await
+    }
+
+    /// Imports an image file; `name` (name:tag) overrides the names the archive carries.
+    pub async fn import_image(&self, path: &Path, name: Option<&str>) -> Result<Vec<Image>> {
+        self.images.import(path, name).await
+    }
+
+    /// Records the built-in busybox image under `name` unless a record of it exists
+    /// (`None` then).
+    pub async fn ensure_busybox_image(&self, busybox: &Path, name: &str) -> Result<Option<Image>> {
+        self.images.ensure_busybox(busybox, name).await
+    }
+
+    /// Where an import upload is spooled, and the largest upload accepted.
+    pub fn image_spool(&self) -> Result<(PathBuf, u64)> {
+        self.images.spool()
+    }
+
+    /// Whether the named driver (empty: the default) runs sandboxes from images.
+    pub async fn driver_has_images(&self, driver: &str) -> Result<bool> {
+        let (name, d) = self.shared.drivers.resolve(driver)?;
+        self.images.driver_has_images(name, d.as_ref()).await
+    }
+
+    pub async fn get_image(&self, sel: &ImageSelector) -> Result<Image> {
+        self.images.get(sel).await
+    }
+
+    /// Image records in creation order, a page at a time.
+    pub async fn list_images(&self, page_size: u32, page_token: &str) -> Result<Listed<Image>> {
+        self.list_page(Kind::Image, Scope::All, "", page_size, page_token, |r| {
+            StoredImage::from_record(r).map(|s| s.image)
+        })
+        .await
+    }
+
+    /// Deletes an image record, refused while a sandbox pins its digest. False for an id with
+    /// no record.
+    pub async fn delete_image(&self, sel: &ImageSelector) -> Result<bool> {
+        self.images.delete(sel).await
+    }
+
+    // ---- for tests and operators -----------------------------------------------------------
+
+    /// Runs one reconciler sweep now and answers what it did.
+    pub async fn reconcile_now(&self) -> Result<SweepReport> {
+        let reconciler = ask(&self.root, RootMsg::Reconciler)
+            .await?
+            .ok_or_else(|| ActorError::Unavailable("the reconciler is restarting".into()))?;
+        match reconciler
+            .call(
+                |r| ReconcilerMsg::Sweep(Some(r)),
+                Some(self.shared.config.request_timeout),
+            )
+            .await
+        {
+            Ok(CallResult::Success(report)) => Ok(report),
+            _ => Err(ActorError::Unavailable(
+                "the reconciler did not answer".into(),
+            )),
+        }
+    }
+
+    /// The live actor of a sandbox, if it has one right now.
+    pub async fn sandbox_actor(&self, id: Uuid) -> Result<Option<ActorRef<SandboxMsg>>> {
+        let Some(record) = self.shared.store.get(id).await? else {
+            return Ok(None);
+        };
+        let Some(ws) = record.workspace else {
+            return Ok(None);
+        };
+        Ok(match self.router.sandbox(ws, id).await? {
+            Route::Actor(a) => Some(a),
+            _ => None,
+        })
+    }
+
+    /// The live supervisor of a workspace, if it has one right now.
+    pub async fn workspace_supervisor(&self, ws: Uuid) -> Result<Option<ActorRef<WorkspaceMsg>>> {
+        Ok(match self.router.workspace(ws).await? {
+            Route::Actor(a) => Some(a),
+            _ => None,
+        })
+    }
+
+    /// The sandbox ids a workspace's supervisor owns right now.
+    pub async fn supervised_sandboxes(&self, ws: Uuid) -> Result<Option<Vec<Uuid>>> {
+        match self.workspace_supervisor(ws).await? {
+            Some(sup) => Ok(Some(ask(&sup, WorkspaceMsg::Children).await?)),
+            None => Ok(None),
+        }
+    }
+
+    // ---- internals -------------------------------------------------------------------------
+
+    /// Refuses a lifecycle write up front while the store's disk is full (see
+    /// [`Router::refuse_if_disk_full`]).
+    fn refuse_if_disk_full(&self) -> Result<()> {
+        self.router.refuse_if_disk_full()
+    }
+
+    /// Start, stop or restart: refused while the disk is full, sent to the actor of the
+    /// sandbox `sel` names, answered with the sandbox as the step left it.
+    async fn change_sandbox(
+        &self,
+        sel: &SandboxSelector,
+        msg: fn(RpcReplyPort<Result<Sandbox>>) -> SandboxMsg,
+    ) -> Result<Sandbox> {
+        self.refuse_if_disk_full()?;
+        let sb = self.resolve_sandbox(sel).await?;
+        self.command(&sb, msg)
+            .await?
+            .ok_or_else(|| not_found_id(sb.id()))
+    }
+
+    /// Sends a lifecycle command to a sandbox's actor and waits for its answer (see
+    /// [`Router::call_sandbox`]). `None` when the sandbox no longer exists.
+    async fn command<R: Send + 'static>(
+        &self,
+        sb: &StoredSandbox,
+        msg: fn(RpcReplyPort<Result<R>>) -> SandboxMsg,
+    ) -> Result<Option<R>> {
+        let ws = sb
+            .record
+            .workspace
+            .ok_or_else(|| ActorError::Internal(format!("sandbox {} has no workspace", sb.id())))?;
+        self.router.call_sandbox(ws, sb.id(), msg).await
+    }
+
+    /// One page of a client's list (`page_size` 0: 100; at most `MAX_PAGE_SIZE`), each
+    /// record decoded by `decode`.
+    async fn list_page<T>(
+        &self,
+        kind: Kind,
+        scope: Scope,
+        label_selector: &str,
+        page_size: u32,
+        page_token: &str,
+        decode: impl Fn(sbx_storage::Record) -> Result<T>,
+    ) -> Result<Listed<T>> {
+        let limit = match page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        } as usize;
+        validate::page_token(page_token)?;
+        let cursor = (!page_token.is_empty()).then(|| page_token.to_string());
+        let q = ListQuery {
+            kind,
+            scope,
+            selector: validate::selector(label_selector)?,
+            limit,
+            cursor,
+        };
+        let page = self.shared.store.list(q).await.map_err(|e| match e {
+            sbx_storage::StoreError::Invalid { .. } => ActorError::InvalidArgument(e.to_string()),
+            other => other.into(),
+        })?;
+        Ok(Listed {
+            items: page
+                .records
+                .into_iter()
+                .map(decode)
+                .collect::<Result<_>>()?,
+            next_page_token: page.next_cursor.unwrap_or_default(),
+        })
+    }
+}

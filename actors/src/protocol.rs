@@ -1,0 +1,93 @@
+//! The messages of the actor tree and the answer to "who owns this UUID", in one place.
+//!
+//! Every request an actor takes is a variant here: [`RootMsg`] for the gateway root,
+//! [`WorkspaceMsg`] for a workspace supervisor, [`SandboxMsg`] for a sandbox actor. The actor
+//! files hold the behaviour; this file is what each of them can be asked, so a new message
+//! (and what it answers) is added here first.
+
+use std::collections::BTreeMap;
+
+use ractor::{ActorRef, RpcReplyPort};
+use sbx_drivers::pb;
+use sbx_proto::v1::{Sandbox, SandboxSpec, Workspace};
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::reconciler::ReconcilerMsg;
+
+/// Where a request for one UUID goes.
+pub enum Route<M> {
+    Actor(ActorRef<M>),
+    /// The actor failed and its supervisor restarts it; ask again shortly.
+    Restarting,
+    /// Nobody owns this UUID (it was deleted, or never existed).
+    Unknown,
+}
+
+/// What the gateway root is asked (see `root.rs`).
+pub enum RootMsg {
+    CreateWorkspace {
+        name: String,
+        labels: BTreeMap<String, String>,
+        reply: RpcReplyPort<Result<Workspace>>,
+    },
+    Route {
+        id: Uuid,
+        reply: RpcReplyPort<Route<WorkspaceMsg>>,
+    },
+    RespawnSupervisor(Uuid),
+    RespawnReconciler,
+    Reconciler(RpcReplyPort<Option<ActorRef<ReconcilerMsg>>>),
+}
+
+/// What a workspace supervisor is asked (see `workspace.rs`).
+pub enum WorkspaceMsg {
+    CreateSandbox {
+        name: String,
+        spec: SandboxSpec,
+        /// Made in the driver but not started.
+        stopped: bool,
+        reply: RpcReplyPort<Result<Sandbox>>,
+    },
+    Route {
+        id: Uuid,
+        reply: RpcReplyPort<Route<SandboxMsg>>,
+    },
+    /// Deletes the workspace; answers whether it was deleted.
+    Delete {
+        cascade: bool,
+        reply: RpcReplyPort<Result<bool>>,
+    },
+    /// The cascade task has asked every sandbox to delete itself.
+    CascadeFinished,
+    RespawnChild(Uuid),
+    /// Takes over a workload a driver runs without a record in the store.
+    Adopt {
+        driver: String,
+        snapshot: pb::Snapshot,
+        reply: RpcReplyPort<Result<Sandbox>>,
+    },
+    /// The sandbox ids this supervisor owns (for tests and diagnostics).
+    Children(RpcReplyPort<Vec<Uuid>>),
+    /// A sandbox record of this workspace that this supervisor does not know (the reconciler
+    /// found it): start its actor. A store write outlives its dropped future, so a create
+    /// queued by a supervisor that was killed lands after its replacement listed the
+    /// workspace, and nothing else would ever drive that record.
+    Supervise(Uuid),
+}
+
+/// What a sandbox actor is asked (see `sandbox.rs`).
+pub enum SandboxMsg {
+    /// The first look of a newly (re)started actor: re-attach to the workload by id.
+    Attach,
+    Start(RpcReplyPort<Result<Sandbox>>),
+    Stop(RpcReplyPort<Result<Sandbox>>),
+    Restart(RpcReplyPort<Result<Sandbox>>),
+    /// Answers whether anything was deleted.
+    Delete(RpcReplyPort<Result<bool>>),
+    /// What a driver reported about this sandbox (a sweep or a watch event); `None` when the
+    /// driver's list did not have it.
+    Observe(Option<pb::Snapshot>),
+    /// A scheduled retry of a step that failed against the driver.
+    Retry,
+}
