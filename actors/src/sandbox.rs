@@ -400,6 +400,7 @@ impl SandboxActor {
                     set_phase(st, Phase::Starting, "", "");
                     self.persist_if_changed(st).await?;
                     let request = pb::StartRequest {
+                        run_env: Default::default(),
                         sandbox_id: st.stored.id().to_string(),
                         generation,
                     };
@@ -624,6 +625,7 @@ fn create_request(st: &SandboxState) -> pb::CreateRequest {
     let spec = sb.spec.clone().unwrap_or_default();
     let resources = spec.resources.unwrap_or_default();
     pb::CreateRequest {
+        run_env: Default::default(),
         sandbox_id: st.stored.id().to_string(),
         workspace: sb.workspace.clone(),
         name: sb.name.clone(),

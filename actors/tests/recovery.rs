@@ -267,6 +267,7 @@ async fn one_bad_driver_record_does_not_stop_the_sweep() {
         let id = Uuid::new_v4();
         ids.push(id);
         let request = pb::CreateRequest {
+            run_env: Default::default(),
             sandbox_id: id.to_string(),
             workspace: ws.into(),
             name: name.into(),
@@ -393,6 +394,7 @@ async fn a_workload_deleted_during_a_sweep_is_not_adopted_back() {
     };
     let ghost = Uuid::new_v4();
     let request = pb::CreateRequest {
+        run_env: Default::default(),
         sandbox_id: ghost.to_string(),
         workspace: "default".into(),
         name: "ghost".into(),
@@ -426,6 +428,7 @@ async fn a_workload_older_than_the_workspace_of_its_name_is_not_adopted_into_it(
     let env = Env::new().await;
     let gw = env.gw();
     let launch = |id: Uuid, name: &str| pb::CreateRequest {
+        run_env: Default::default(),
         sandbox_id: id.to_string(),
         workspace: "team".into(),
         name: name.into(),

@@ -148,6 +148,7 @@ mod tests {
         for (i, id) in ids.iter().enumerate() {
             driver
                 .create(pb::CreateRequest {
+                    run_env: Default::default(),
                     sandbox_id: id.clone(),
                     workspace: "ws".into(),
                     name: format!("sb-{i}"),

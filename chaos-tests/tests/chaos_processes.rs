@@ -343,6 +343,7 @@ async fn the_checks_catch_an_orphan_workload_and_a_lost_create() {
     let (mut sb, _) = clients(&run).unwrap();
     let created = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: ws_name(0),
             name: sb_name(0),
             spec: spec(),

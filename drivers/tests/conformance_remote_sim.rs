@@ -238,6 +238,7 @@ async fn every_driver_error_crosses_the_socket_unchanged() {
         });
         assert_eq!(get.await.unwrap_err(), err, "get");
         let start = remote.start(pb::StartRequest {
+            run_env: Default::default(),
             sandbox_id: id.clone(),
             generation: 42,
         });

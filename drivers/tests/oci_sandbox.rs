@@ -145,6 +145,7 @@ async fn the_whole_root_filesystem_persists_across_stop_and_start() {
     );
     let s = driver
         .start(pb::StartRequest {
+            run_env: Default::default(),
             sandbox_id: sid.clone(),
             generation: 2,
         })

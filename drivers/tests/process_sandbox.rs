@@ -798,3 +798,103 @@ async fn create_is_idempotent_by_id_and_refuses_a_relabel() {
     drop(driver);
     env.finish().await;
 }
+
+/// Files under `dir` (recursively, not following symlinks) whose bytes contain `needle`.
+fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(path),
+                Ok(t)
+                    if t.is_file()
+                        && std::fs::read(&path)
+                            .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle)) =>
+                {
+                    found.push(path);
+                }
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_run_env_reaches_the_workload_for_that_run_only_and_is_never_written_down() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    let secret = format!("s3cret-{}", Uuid::new_v4().simple());
+    let mut create = create_req(
+        id,
+        "secretive",
+        spec(&[
+            "sh",
+            "-c",
+            "echo \"$SBX_T\" > /sandbox/seen; exec sleep 1000",
+        ]),
+        1,
+    );
+    create.run_env = [("SBX_T".to_string(), secret.clone())].into();
+    driver.create(create).await.unwrap();
+    let seen = driver.persistent_dir(id).join("seen");
+    wait_until(SETTLE, || match std::fs::read_to_string(&seen) {
+        Ok(s) if !s.is_empty() => Ok(s),
+        other => Err(format!("{other:?}")),
+    })
+    .await
+    .map(|s| assert_eq!(s.trim(), secret))
+    .unwrap();
+    // Nothing the driver writes holds it: not the record, not a run directory.
+    std::fs::remove_file(&seen).unwrap();
+    let written = files_containing(env.state_dir.path(), secret.as_bytes());
+    assert!(
+        written.is_empty(),
+        "the run's secret is on disk in {written:?}"
+    );
+    // Nor any answer of the driver.
+    let got = driver
+        .get(pb::GetRequest {
+            sandbox_id: id.to_string(),
+        })
+        .await
+        .unwrap();
+    assert!(!format!("{got:?}").contains(&secret), "get: {got:?}");
+
+    // The next start gets its own run_env: the old value is gone, the new one is there.
+    driver.stop(stop_req(id, 500)).await.unwrap();
+    let mut start = start_req(id, 2);
+    start.run_env = [("SBX_T".to_string(), "rotated".to_string())].into();
+    driver.start(start).await.unwrap();
+    wait_until(SETTLE, || match std::fs::read_to_string(&seen) {
+        Ok(s) if !s.is_empty() => Ok(s),
+        other => Err(format!("{other:?}")),
+    })
+    .await
+    .map(|s| assert_eq!(s.trim(), "rotated"))
+    .unwrap();
+    // A run_env with a name no environment can hold is refused, naming the variable only.
+    let mut bad = start_req(id, 3);
+    bad.run_env = [("A=B".to_string(), secret.clone())].into();
+    driver.stop(stop_req(id, 500)).await.unwrap();
+    match driver.start(bad).await {
+        Err(DriverError::InvalidArgument(msg)) => {
+            assert!(msg.contains("\"A=B\"") && !msg.contains(&secret), "{msg}")
+        }
+        other => panic!("a bad run_env name: {other:?}"),
+    }
+    driver
+        .delete(pb::DeleteRequest {
+            sandbox_id: id.to_string(),
+        })
+        .await
+        .unwrap();
+    drop(driver);
+    env.finish().await;
+}

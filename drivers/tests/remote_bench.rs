@@ -78,6 +78,7 @@ async fn remote_call_overhead_against_in_process() {
 
     let id = uuid::Uuid::new_v4().to_string();
     let create = pb::CreateRequest {
+        run_env: Default::default(),
         sandbox_id: id.clone(),
         workspace: "bench".into(),
         name: "bench".into(),

@@ -107,6 +107,7 @@ async fn a_client_without_a_server_answers_unavailable_in_time_then_reconnects()
     let id = uuid::Uuid::new_v4().to_string();
     let created = client
         .create(pb::CreateRequest {
+            run_env: Default::default(),
             sandbox_id: id.clone(),
             workspace: "ws".into(),
             name: "back".into(),
@@ -298,6 +299,7 @@ async fn many_concurrent_calls_share_one_channel() {
             let id = uuid::Uuid::new_v4().to_string();
             let created = client
                 .create(pb::CreateRequest {
+                    run_env: Default::default(),
                     sandbox_id: id.clone(),
                     workspace: "ws".into(),
                     name: format!("n{i}"),

@@ -115,6 +115,7 @@ fn socket_dir() -> tempfile::TempDir {
 
 fn long_running(name: &str) -> pb::CreateRequest {
     pb::CreateRequest {
+        run_env: Default::default(),
         sandbox_id: Uuid::new_v4().to_string(),
         workspace: "ws".into(),
         name: name.into(),

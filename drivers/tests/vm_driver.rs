@@ -98,6 +98,7 @@ async fn vm_data_markers_and_rediscovery() {
     let began = std::time::Instant::now();
     let created = driver
         .create(pb::CreateRequest {
+            run_env: Default::default(),
             sandbox_id: sid.clone(),
             workspace: "team-a".into(),
             name: "demo".into(),
@@ -222,6 +223,7 @@ async fn vm_data_markers_and_rediscovery() {
     assert_eq!(got.generation, 77);
     match driver
         .start(pb::StartRequest {
+            run_env: Default::default(),
             sandbox_id: sid.clone(),
             generation: 2,
         })
@@ -236,6 +238,7 @@ async fn vm_data_markers_and_rediscovery() {
     }
     let same = driver
         .start(pb::StartRequest {
+            run_env: Default::default(),
             sandbox_id: sid.clone(),
             generation: 77,
         })
@@ -259,6 +262,7 @@ async fn vm_data_markers_and_rediscovery() {
     let began = std::time::Instant::now();
     let started = driver
         .start(pb::StartRequest {
+            run_env: Default::default(),
             sandbox_id: sid.clone(),
             generation: 78,
         })
@@ -341,6 +345,7 @@ async fn vm_missing_pieces_are_named() {
     let driver = env.open().await;
     let err = driver
         .create(pb::CreateRequest {
+            run_env: Default::default(),
             sandbox_id: uuid::Uuid::new_v4().to_string(),
             workspace: "w".into(),
             name: "n".into(),
@@ -377,6 +382,7 @@ async fn vm_a_boot_that_times_out_is_ended_and_retried() {
     .unwrap();
     let id = uuid::Uuid::new_v4();
     let create = pb::CreateRequest {
+        run_env: Default::default(),
         sandbox_id: id.to_string(),
         workspace: "w".into(),
         name: "slow".into(),
@@ -432,6 +438,7 @@ async fn vm_a_create_given_up_by_its_caller_boots_once() {
     let driver = env.open().await;
     let id = uuid::Uuid::new_v4();
     let create = pb::CreateRequest {
+        run_env: Default::default(),
         sandbox_id: id.to_string(),
         workspace: "w".into(),
         name: "once".into(),

@@ -26,6 +26,7 @@ async fn lists_page_through_every_sandbox_once() {
         );
         let s = sb
             .create_sandbox(CreateSandboxRequest {
+                providers: Default::default(),
                 workspace: String::new(),
                 name: format!("p{i}"),
                 spec: Some(spec),

@@ -49,6 +49,7 @@ async fn get_sandbox_latency_over_grpc() {
     let mut sb = d.sandboxes().await;
     let created = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "target".into(),
             spec: Some(spec()),
@@ -158,6 +159,7 @@ async fn through_sbxd() -> Duration {
             let mut sb = sb.clone();
             async move {
                 sb.create_sandbox(CreateSandboxRequest {
+                    providers: Default::default(),
                     workspace: String::new(),
                     name: format!("b{i}"),
                     spec: Some(spec()),

@@ -191,6 +191,7 @@ async fn sigterm_finishes_calls_in_flight() {
     let mut sb = d.sandboxes().await;
     let created = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "slow".into(),
             spec: Some(SandboxSpec {
@@ -256,6 +257,7 @@ async fn health_is_not_serving_until_every_sandbox_reattached() {
     let mut sb = d.sandboxes().await;
     for i in 0..3 {
         sb.create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: format!("r{i}"),
             spec: Some(SandboxSpec {
@@ -331,6 +333,7 @@ async fn shutdown_grace_bounds_a_slow_call() {
     );
     let mut sb = d.sandboxes().await;
     sb.create_sandbox(CreateSandboxRequest {
+        providers: Default::default(),
         workspace: String::new(),
         name: "slow".into(),
         spec: Some(SandboxSpec {

@@ -84,6 +84,7 @@ fn fill_up(dir: &Path) {
 
 fn create(name: &str) -> CreateSandboxRequest {
     CreateSandboxRequest {
+        providers: Default::default(),
         workspace: String::new(),
         name: name.into(),
         spec: Some(SandboxSpec {

@@ -70,6 +70,7 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
         );
         let err = sb
             .create_sandbox(CreateSandboxRequest {
+                providers: Default::default(),
                 workspace: String::new(),
                 name: bad.into(),
                 spec: Some(spec()),
@@ -93,6 +94,7 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
     // Unknown workspace, by name and by id.
     let err = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: "nowhere".into(),
             name: "x".into(),
             spec: Some(spec()),
@@ -174,6 +176,7 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
     labelled.labels = huge_labels(20_000);
     let err = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "labelled".into(),
             spec: Some(labelled),
@@ -194,6 +197,7 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
     ] {
         let err = sb
             .create_sandbox(CreateSandboxRequest {
+                providers: Default::default(),
                 workspace: String::new(),
                 name: "bad-spec".into(),
                 spec: Some(bad),
@@ -205,6 +209,7 @@ async fn bad_input_gets_its_reason_and_the_server_stays_healthy() {
     }
     let err = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "no-spec".into(),
             spec: None,
@@ -290,6 +295,7 @@ async fn state_errors_get_their_reasons() {
     for workspace in ["alpha", "beta"] {
         let created = sb
             .create_sandbox(CreateSandboxRequest {
+                providers: Default::default(),
                 workspace: workspace.into(),
                 name: "twin".into(),
                 spec: Some(spec()),
@@ -302,6 +308,7 @@ async fn state_errors_get_their_reasons() {
     }
     let err = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: "alpha".into(),
             name: "twin".into(),
             spec: Some(spec()),

@@ -47,6 +47,7 @@ async fn driver_errors_and_terminating_workspaces() {
     .unwrap();
     let first = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: "doomed".into(),
             name: "first".into(),
             spec: Some(spec()),
@@ -118,6 +119,7 @@ async fn driver_errors_and_terminating_workspaces() {
             tokio::time::sleep(Duration::from_millis(50)).await;
             match sb
                 .create_sandbox(CreateSandboxRequest {
+                    providers: Default::default(),
                     workspace: "doomed".into(),
                     name: format!("late-{}", common::unique()),
                     spec: Some(spec()),
@@ -160,6 +162,7 @@ async fn a_watch_from_before_a_restart_is_out_of_range() {
     let mut sb = d.sandboxes().await;
     let created = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "kept".into(),
             spec: Some(spec()),

@@ -63,6 +63,7 @@ async fn exec_input_that_breaks_the_rules_is_refused_with_its_reason() {
     let d = Sbxd::start(data.path(), "sim", &[]);
     let mut sb = d.sandboxes().await;
     sb.create_sandbox(CreateSandboxRequest {
+        providers: Default::default(),
         workspace: String::new(),
         name: "box".into(),
         spec: Some(SandboxSpec {

@@ -993,7 +993,7 @@ enum Call {
     GetWorkspace(Target),
     ListWorkspaces(ListWorkspacesRequest),
     DeleteWorkspace(Target, bool),
-    CreateSandbox(CreateSandboxRequest),
+    CreateSandbox(Box<CreateSandboxRequest>),
     GetSandbox(Target),
     ListSandboxes(ListSandboxesRequest),
     StartSandbox(Target),
@@ -1021,12 +1021,13 @@ fn call() -> BoxedStrategy<Call> {
         any::<bool>(),
     )
         .prop_map(|(workspace, name, spec, stopped)| {
-            Call::CreateSandbox(CreateSandboxRequest {
+            Call::CreateSandbox(Box::new(CreateSandboxRequest {
+                providers: Default::default(),
                 workspace,
                 name,
                 spec,
                 stopped,
-            })
+            }))
         });
     let list_sandboxes = (
         prop_oneof![2 => Just(String::new()), 2 => pool_or(WORKSPACES)],
@@ -1309,7 +1310,7 @@ impl Wire {
                 answer(ws.delete_workspace(req).await).0
             }
             Call::CreateSandbox(req) => {
-                let (a, s) = answer(sb.create_sandbox(req.clone()).await);
+                let (a, s) = answer(sb.create_sandbox(req.as_ref().clone()).await);
                 record(&self.seen.sandboxes, s.map(|s| s.id));
                 a
             }
@@ -1873,7 +1874,7 @@ fn sbxd_answers_any_request_with_an_expected_code() {
     let long = "d".repeat(1000);
     let found: Vec<(Call, Option<Streamed>)> = vec![
         (
-            Call::CreateSandbox(CreateSandboxRequest {
+            Call::CreateSandbox(Box::new(CreateSandboxRequest {
                 name: "s1".into(),
                 spec: Some(SandboxSpec {
                     command: vec!["sleep".into(), "1".into()],
@@ -1881,7 +1882,7 @@ fn sbxd_answers_any_request_with_an_expected_code() {
                     ..Default::default()
                 }),
                 ..Default::default()
-            }),
+            })),
             None,
         ),
         (

@@ -238,6 +238,7 @@ async fn images_through_sbxd_and_the_cli() {
         .sandboxes()
         .await
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "ghost".into(),
             spec: Some(SandboxSpec {

@@ -88,6 +88,7 @@ async fn huge_inputs_get_their_reason_in_small_errors() {
     assert!(err.message().contains("5000 bytes long"), "{err:?}");
     let err = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: long_name.clone(),
             spec: Some(spec()),
@@ -181,6 +182,7 @@ async fn huge_inputs_get_their_reason_in_small_errors() {
     labelled.labels.insert("k".into(), "v".repeat(3 << 20));
     let err = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "labelled".into(),
             spec: Some(labelled),
@@ -216,6 +218,7 @@ async fn huge_inputs_get_their_reason_in_small_errors() {
     });
     let err = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "tiny".into(),
             spec: Some(tiny),
@@ -236,6 +239,7 @@ async fn huge_inputs_get_their_reason_in_small_errors() {
     huge.labels.insert("k".into(), "v".repeat(5 << 20));
     let err = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "huge".into(),
             spec: Some(huge),
@@ -280,6 +284,7 @@ async fn argv_past_the_bounds_is_refused_at_create_and_at_exec() {
     for (what, command) in [("5,000 arguments", &many), ("300 KiB of argv", &wide)] {
         let err = sb
             .create_sandbox(CreateSandboxRequest {
+                providers: Default::default(),
                 workspace: String::new(),
                 name: "argv".into(),
                 spec: Some(SandboxSpec {
@@ -300,6 +305,7 @@ async fn argv_past_the_bounds_is_refused_at_create_and_at_exec() {
 
     let created = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "target".into(),
             spec: Some(spec()),

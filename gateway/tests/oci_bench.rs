@@ -209,6 +209,7 @@ async fn watch_all(sb: &Client) -> tonic::Streaming<SandboxEvent> {
 async fn create(sb: &Client, name: &str) -> Sandbox {
     sb.clone()
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: name.to_string(),
             spec: Some(spec()),
@@ -516,6 +517,7 @@ impl Direct {
         let snapshot = self
             .driver
             .create(pb::CreateRequest {
+                run_env: Default::default(),
                 sandbox_id: id.clone(),
                 workspace: "default".into(),
                 name: format!("d{n}"),

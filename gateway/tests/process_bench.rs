@@ -114,6 +114,7 @@ async fn create_to_ready_through_sbxd_vs_bare_unshare() {
         let created = sb
             .clone()
             .create_sandbox(CreateSandboxRequest {
+                providers: Default::default(),
                 workspace: String::new(),
                 name: format!("b{i}"),
                 spec: Some(spec()),
@@ -172,6 +173,7 @@ async fn reattach_running_sandboxes_after_sigkill() {
             async move {
                 client
                     .create_sandbox(CreateSandboxRequest {
+                        providers: Default::default(),
                         workspace: String::new(),
                         name,
                         spec: Some(spec()),

@@ -101,6 +101,7 @@ async fn files_and_workload_survive_sigkill_stop_and_start_and_delete_leaves_not
     let created = sb
         .clone()
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: format!("keeper-{}", common::unique()),
             spec: Some(SandboxSpec {

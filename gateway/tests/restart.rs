@@ -39,6 +39,7 @@ async fn create(
     name: &str,
 ) -> Result<Sandbox, tonic::Status> {
     sb.create_sandbox(CreateSandboxRequest {
+        providers: Default::default(),
         workspace: WS.into(),
         name: name.into(),
         spec: Some(spec()),

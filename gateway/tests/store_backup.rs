@@ -70,6 +70,7 @@ async fn create(d: &Sbxd, workspace: &str, name: &str, stopped: bool) -> Sandbox
     d.sandboxes()
         .await
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: workspace.into(),
             name: name.into(),
             spec: Some(SandboxSpec {

@@ -188,6 +188,7 @@ async fn vm_create_to_ready_through_sbxd_vs_bare_qemu() {
         let created = sb
             .clone()
             .create_sandbox(CreateSandboxRequest {
+                providers: Default::default(),
                 workspace: String::new(),
                 name: format!("b{i}"),
                 spec: Some(spec()),
@@ -259,6 +260,7 @@ async fn vm_reattach_running_vms_after_sigkill() {
             async move {
                 client
                     .create_sandbox(CreateSandboxRequest {
+                        providers: Default::default(),
                         workspace: String::new(),
                         name,
                         spec: Some(spec()),

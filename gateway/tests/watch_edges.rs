@@ -29,6 +29,7 @@ async fn a_watch_from_the_future_is_out_of_range_and_from_the_newest_is_fine() {
     let mut sb = d.sandboxes().await;
     let created = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "box".into(),
             spec: Some(SandboxSpec {

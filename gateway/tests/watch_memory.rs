@@ -102,6 +102,7 @@ fn by_id(id: &str) -> Option<SandboxRef> {
 async fn create(sb: &mut SandboxServiceClient<Channel>, name: &str, spec: SandboxSpec) -> String {
     let created = sb
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: name.to_string(),
             spec: Some(spec),

@@ -64,6 +64,7 @@ async fn lifecycle_ratio(ops: usize, concurrency: usize) {
     let ids: Vec<Uuid> = (0..targets).map(|_| Uuid::new_v4()).collect();
     for (i, id) in ids.iter().enumerate() {
         let request = pb::CreateRequest {
+            run_env: Default::default(),
             sandbox_id: id.to_string(),
             workspace: "default".into(),
             name: format!("s{i}"),
@@ -95,6 +96,7 @@ async fn lifecycle_ratio(ops: usize, concurrency: usize) {
                         generation += 1;
                         driver
                             .start(pb::StartRequest {
+                                run_env: Default::default(),
                                 sandbox_id: id.to_string(),
                                 generation,
                             })

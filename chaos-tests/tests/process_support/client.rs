@@ -177,6 +177,7 @@ async fn perform(run: &Run, op: &Op) -> Result<bool, String> {
         Op::Create { ws, name } => {
             let sent = Instant::now();
             let r = bounded(sb.create_sandbox(CreateSandboxRequest {
+                providers: Default::default(),
                 workspace: ws.clone(),
                 name: name.clone(),
                 spec: spec(),

@@ -115,6 +115,7 @@ async fn kill_sbxd_just_after_create_ack(run: &Run, n: usize) -> Result<bool, St
     let (mut sb, _) = clients(run)?;
     let name = format!("probe-{n}");
     let created = match bounded(sb.create_sandbox(CreateSandboxRequest {
+        providers: Default::default(),
         workspace: PROBE_WORKSPACE.into(),
         name: name.clone(),
         spec: spec(),

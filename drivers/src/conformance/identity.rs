@@ -99,6 +99,7 @@ async fn invalid_ids_body(s: &mut Session<'_>) {
             );
         };
         let create = pb::CreateRequest {
+            run_env: Default::default(),
             sandbox_id: bad.to_string(),
             workspace: "alpha".to_string(),
             name: PROBE_NAME.to_string(),

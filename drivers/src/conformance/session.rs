@@ -77,6 +77,7 @@ impl<'h> Session<'h> {
         let sandbox_id = Uuid::new_v4().to_string();
         self.created.push(sandbox_id.clone());
         pb::CreateRequest {
+            run_env: Default::default(),
             sandbox_id,
             workspace: workspace.to_string(),
             name: name.to_string(),
@@ -116,6 +117,7 @@ impl<'h> Session<'h> {
         generation: u64,
     ) -> Result<pb::Snapshot, DriverError> {
         let req = pb::StartRequest {
+            run_env: Default::default(),
             sandbox_id: id.to_string(),
             generation,
         };

@@ -26,6 +26,23 @@ pub fn validate_command<'a>(
     Ok(())
 }
 
+/// What a start or a create adds to the spec's environment for one run (credentials,
+/// settings): kept in memory and handed to the workload only, never written to a record.
+pub type RunEnv = std::collections::BTreeMap<String, String>;
+
+/// A request's `run_env`, its names checked like the spec's (an error names the variable,
+/// never its value).
+pub fn run_env(env: std::collections::HashMap<String, String>) -> Result<RunEnv, DriverError> {
+    for (key, value) in &env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(DriverError::InvalidArgument(format!(
+                "the run's environment: variable {key:?} is not valid"
+            )));
+        }
+    }
+    Ok(env.into_iter().collect())
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;

@@ -17,6 +17,8 @@ use futures::StreamExt;
 use tokio::sync::watch;
 use uuid::Uuid;
 
+use super::command::RunEnv;
+
 use super::Desired;
 use super::contract::{self, Known};
 use super::feed::{self, SnapshotFeed, Watched};
@@ -50,12 +52,13 @@ pub(crate) trait HostDriver: Send + Sync + 'static {
         self.default_grace()
     }
 
-    /// Starts a new run under `generation`, the record durable before the launch; publishes
-    /// the new snapshot.
+    /// Starts a new run under `generation`, the record durable before the launch, with
+    /// `run_env` on top of the spec's environment (never stored); publishes the new snapshot.
     fn start_run(
         &self,
         record: Self::Record,
         generation: u64,
+        run_env: RunEnv,
     ) -> impl Future<Output = Result<pb::Snapshot, DriverError>> + Send;
     /// Ends the workload, waiting `grace` for it to end by itself. Bounded.
     fn terminate(
@@ -137,6 +140,7 @@ pub(crate) async fn create_known<D: HostDriver>(
     existing: D::Record,
     (workspace, name): (&str, &str),
     generation: u64,
+    run_env: RunEnv,
 ) -> Result<pb::Snapshot, DriverError> {
     let snapshot = driver.snapshot(&existing);
     let wants_running = existing.desired() == Desired::Running;
@@ -153,7 +157,7 @@ pub(crate) async fn create_known<D: HostDriver>(
         // new generation): start it.
         Known::Launch => {
             driver.terminate(&existing, Duration::ZERO).await?;
-            driver.start_run(existing, generation).await
+            driver.start_run(existing, generation, run_env).await
         }
     }
 }
@@ -167,9 +171,10 @@ pub(crate) async fn first_run<D: HostDriver>(
     mut record: D::Record,
     generation: u64,
     stopped: bool,
+    run_env: RunEnv,
 ) -> Result<pb::Snapshot, DriverError> {
     if !stopped {
-        return driver.start_run(record, generation).await;
+        return driver.start_run(record, generation, run_env).await;
     }
     record.set_desired(Desired::Stopped);
     driver.records().save(&record)?;
@@ -183,6 +188,7 @@ pub(crate) async fn start<D: HostDriver>(
     req: pb::StartRequest,
 ) -> Result<pb::Snapshot, DriverError> {
     let id = parse_sandbox_id(&req.sandbox_id)?;
+    let run_env = super::command::run_env(req.run_env)?;
     let _serialised = driver.records().lock(id).await;
     let record = driver.records().require(id)?;
     let snapshot = driver.snapshot(&record);
@@ -193,7 +199,7 @@ pub(crate) async fn start<D: HostDriver>(
     }
     // Whatever is left of an earlier run (a half-finished stop) goes first.
     driver.terminate(&record, Duration::ZERO).await?;
-    driver.start_run(record, req.generation).await
+    driver.start_run(record, req.generation, run_env).await
 }
 
 pub(crate) async fn stop<D: HostDriver>(

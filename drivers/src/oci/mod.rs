@@ -63,6 +63,7 @@ use std::time::Duration;
 use nix::fcntl::Flock;
 use uuid::Uuid;
 
+use crate::host::command::RunEnv;
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::logfile::log_since;
 use crate::host::procfs::{self, ProcessIdentity};
@@ -398,6 +399,7 @@ impl HostDriver for Inner {
         &self,
         mut record: OciRecord,
         generation: u64,
+        run_env: RunEnv,
     ) -> Result<pb::Snapshot, DriverError> {
         let id = record.sandbox_id;
         let paths = self.paths(id);
@@ -408,7 +410,7 @@ impl HostDriver for Inner {
         record.desired = Desired::Running;
         record.launched_at_ms = now_ms();
         self.records.save(&record)?;
-        if let Err(e) = self.launch(&record, &paths).await {
+        if let Err(e) = self.launch(&record, &paths, &run_env).await {
             let _ = self.runtime.delete(&id.to_string()).await;
             let _ = rootfs::unmount(&paths.rootfs);
             return Err(e);
@@ -451,7 +453,12 @@ impl HostDriver for Inner {
 impl Inner {
     /// Mounts the root filesystem, writes the runtime config and runs the container; records
     /// the init's identity.
-    async fn launch(&self, record: &OciRecord, paths: &SandboxPaths) -> Result<(), DriverError> {
+    async fn launch(
+        &self,
+        record: &OciRecord,
+        paths: &SandboxPaths,
+        run_env: &RunEnv,
+    ) -> Result<(), DriverError> {
         let id = record.sandbox_id.to_string();
         let run = paths.run(&record.run_id);
         let io = |what: &str, e: std::io::Error| internal(what, e);
@@ -492,10 +499,10 @@ impl Inner {
             bundle::RUN_MOUNT.to_string(),
         ];
         args.extend(record.image.args.iter().cloned());
-        let spec = bundle::runtime_config(&bundle::RunSpec {
+        let mut spec = bundle::RunSpec {
             hostname: &record.name,
             args,
-            env: record.image.env.clone(),
+            env: with_run_env(&record.image.env, run_env),
             cwd: &record.image.cwd,
             user,
             id_map: self.opts.id_map,
@@ -506,14 +513,17 @@ impl Inner {
             volume: &paths.volume,
             init_dir: &init_dir,
             run_dir: &run.dir,
-        });
-        let config = serde_json::to_vec_pretty(&spec)
-            .map_err(|e| internal("encoding the runtime config", e))?;
-        std::fs::write(paths.bundle.join("config.json"), config)
-            .map_err(|e| io("writing the runtime config", e))?;
+        };
+        let config_file = paths.bundle.join("config.json");
+        let write_config = |spec: &bundle::RunSpec<'_>| {
+            let config = serde_json::to_vec_pretty(&bundle::runtime_config(spec))
+                .map_err(|e| internal("encoding the runtime config", e))?;
+            std::fs::write(&config_file, config).map_err(|e| io("writing the runtime config", e))
+        };
+        write_config(&spec)?;
         let log_start = std::fs::metadata(&paths.log).map(|m| m.len()).unwrap_or(0);
         let agent = crate::host::agent::Listener::bind(&paths.dir)?;
-        if let Err(e) = self
+        let launched = self
             .runtime
             .run_detached(
                 &id,
@@ -522,8 +532,14 @@ impl Inner {
                 &paths.log,
                 agent.fd,
             )
-            .await
-        {
+            .await;
+        // The runtime has read the config: the run's own variables (credentials) leave the
+        // disk; what stays says what the image and the spec give.
+        if !run_env.is_empty() {
+            spec.env = record.image.env.clone();
+            write_config(&spec)?;
+        }
+        if let Err(e) = launched {
             return Err(DriverError::Internal(format!(
                 "the container did not start: {e}: {}",
                 log_since(&paths.log, log_start)
@@ -556,5 +572,38 @@ mod tests {
         std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o711)).unwrap();
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         check_walkable(&closed.join("oci")).unwrap();
+    }
+}
+
+/// The container's `KEY=VALUE` environment: the image's and the spec's (`image_env`), then the
+/// run's own variables, which replace a variable of the same name.
+fn with_run_env(image_env: &[String], run_env: &RunEnv) -> Vec<String> {
+    let mut env: Vec<String> = image_env
+        .iter()
+        .filter(|kv| {
+            let key = kv.split_once('=').map_or(kv.as_str(), |(k, _)| k);
+            !run_env.contains_key(key)
+        })
+        .cloned()
+        .collect();
+    env.extend(run_env.iter().map(|(k, v)| format!("{k}={v}")));
+    env
+}
+
+#[cfg(test)]
+mod run_env_tests {
+    use super::*;
+
+    #[test]
+    fn the_run_env_replaces_and_adds() {
+        let image = vec!["PATH=/bin".to_string(), "TOKEN=old".to_string()];
+        let run: RunEnv = [("TOKEN", "new"), ("OTHER", "x")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(
+            with_run_env(&image, &run),
+            ["PATH=/bin", "OTHER=x", "TOKEN=new"]
+        );
     }
 }

@@ -210,8 +210,9 @@ fn image_run(
 
 /// A create (see [`ComputeDriver::create`]), run detached by the service: a caller that stops
 /// waiting does not cut a launch short.
-async fn create(inner: &Inner, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
     let id = lifecycle::create_id(&req)?;
+    let run_env = crate::host::command::run_env(std::mem::take(&mut req.run_env))?;
     let spec = req.spec.unwrap_or_default();
     let image = inner.image(&spec.image)?;
     let run = image_run(&image, &spec, &req.name, inner.images.layer_dirs(&image));
@@ -235,7 +236,7 @@ async fn create(inner: &Inner, req: pb::CreateRequest) -> Result<pb::Snapshot, D
     let _serialised = inner.records.lock(id).await;
     if let Some(existing) = inner.records.get(id) {
         let asked = (req.workspace.as_str(), req.name.as_str());
-        return lifecycle::create_known(inner, existing, asked, req.generation).await;
+        return lifecycle::create_known(inner, existing, asked, req.generation, run_env).await;
     }
 
     let paths = inner.paths(id);
@@ -259,7 +260,7 @@ async fn create(inner: &Inner, req: pb::CreateRequest) -> Result<pb::Snapshot, D
     };
     // start_run writes the record first; a driver killed before that leaves a directory
     // without a record, which open() removes.
-    lifecycle::first_run(inner, record, req.generation, req.stopped).await
+    lifecycle::first_run(inner, record, req.generation, req.stopped, run_env).await
 }
 
 #[cfg(test)]

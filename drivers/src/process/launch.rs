@@ -29,6 +29,7 @@ use crate::image::IdMap;
 use super::record::{SandboxPaths, SandboxRecord};
 use super::userns::Jail;
 use crate::host::ProcessIdentity;
+use crate::host::command::RunEnv;
 use crate::host::logfile::log_since;
 
 /// Where the persistent directory appears inside a sandbox.
@@ -270,6 +271,7 @@ pub async fn launch(
     tools: &HostTools,
     paths: &SandboxPaths,
     record: &SandboxRecord,
+    run_env: &RunEnv,
     hidden: &[PathBuf],
     timeout: Duration,
 ) -> Result<ProcessIdentity, DriverError> {
@@ -307,6 +309,7 @@ pub async fn launch(
         .args(&record.spec.command)
         .env_clear()
         .envs(workload_env(record))
+        .envs(run_env)
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(launcher)

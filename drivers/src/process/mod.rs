@@ -102,6 +102,7 @@ pub use crate::host::ProcessIdentity;
 use crate::image::IdMap;
 pub use cgroup::CgroupVersion;
 
+use crate::host::command::RunEnv;
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::records::{self, RecordCache};
 use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms, procfs};
@@ -331,6 +332,7 @@ impl HostDriver for Inner {
         &self,
         mut record: SandboxRecord,
         generation: u64,
+        run_env: RunEnv,
     ) -> Result<pb::Snapshot, DriverError> {
         let paths = self.paths(record.sandbox_id);
         crate::host::run::remove_runs(&paths.dir)
@@ -345,6 +347,7 @@ impl HostDriver for Inner {
             &self.tools,
             &paths,
             &record,
+            &run_env,
             &self.hidden,
             self.opts.launch_timeout,
         )

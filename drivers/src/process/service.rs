@@ -139,14 +139,15 @@ pub(super) async fn remove_cgroups(record: &SandboxRecord) -> Result<(), DriverE
 
 /// A create (see [`ComputeDriver::create`]), run detached by the service: a caller that stops
 /// waiting does not cut a launch short.
-async fn create(inner: &Inner, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
     let id = lifecycle::create_id(&req)?;
+    let run_env = crate::host::command::run_env(std::mem::take(&mut req.run_env))?;
     let spec = req.spec.unwrap_or_default();
     validate_command("the spec", &spec.command, &spec.env)?;
     let _serialised = inner.records.lock(id).await;
     if let Some(existing) = inner.records.get(id) {
         let asked = (req.workspace.as_str(), req.name.as_str());
-        return lifecycle::create_known(inner, existing, asked, req.generation).await;
+        return lifecycle::create_known(inner, existing, asked, req.generation, run_env).await;
     }
 
     let paths = inner.paths(id);
@@ -191,5 +192,5 @@ async fn create(inner: &Inner, req: pb::CreateRequest) -> Result<pb::Snapshot, D
     };
     // start_run writes the record (once: each durable write costs two fsyncs). A driver
     // killed before that leaves a directory without a record, which open() removes.
-    lifecycle::first_run(inner, record, req.generation, req.stopped).await
+    lifecycle::first_run(inner, record, req.generation, req.stopped, run_env).await
 }

@@ -144,7 +144,9 @@ impl SimDriver {
 
     fn start_now(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
-        let (snapshot, self_exit) = self.world.start(id, req.generation)?;
+        let (snapshot, self_exit) =
+            self.world
+                .start(id, req.generation, req.run_env.into_iter().collect())?;
         self.schedule_self_exit(self_exit);
         Ok(snapshot)
     }

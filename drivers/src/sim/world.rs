@@ -71,6 +71,9 @@ struct SimWorkload {
     files: BTreeMap<String, String>,
     /// Creation order, so that list answers in a stable order.
     created_seq: u64,
+    /// The current run's `run_env` (credentials, settings), for tests to check what a start
+    /// was given. Never in a snapshot or a log line.
+    run_env: BTreeMap<String, String>,
 }
 
 impl SimWorkload {
@@ -329,6 +332,7 @@ impl SimWorld {
             logs: Vec::new(),
             files: BTreeMap::new(),
             created_seq: seq,
+            run_env: BTreeMap::new(),
         });
         if workload.workspace != req.workspace || workload.name != req.name {
             return Err(DriverError::FailedPrecondition(format!(
@@ -353,6 +357,7 @@ impl SimWorld {
             self.emit(id, workload);
             return Ok((workload.snapshot(id), None));
         }
+        workload.run_env = req.run_env.clone().into_iter().collect();
         let self_exit = self.run(id, workload, req.generation, seq);
         Ok((workload.snapshot(id), self_exit))
     }
@@ -361,6 +366,7 @@ impl SimWorld {
         &self,
         id: Uuid,
         generation: u64,
+        run_env: BTreeMap<String, String>,
     ) -> Result<(pb::Snapshot, Option<SelfExit>), DriverError> {
         let mut state = self.lock();
         state.next_seq += 1;
@@ -381,8 +387,15 @@ impl SimWorld {
                 requested: generation,
             });
         }
+        workload.run_env = run_env;
         let self_exit = self.run(id, workload, generation, seq);
         Ok((workload.snapshot(id), self_exit))
+    }
+
+    /// The environment the current (or last) run of sandbox `id` was given on top of its
+    /// spec's; `None` when the machine has no such sandbox.
+    pub fn run_env(&self, id: Uuid) -> Option<BTreeMap<String, String>> {
+        self.lock().workloads.get(&id).map(|w| w.run_env.clone())
     }
 
     /// Stops a running workload. A stopped or exited one is left as it is (an exited one

@@ -86,6 +86,7 @@ use uuid::Uuid;
 pub use assets::AssetPaths;
 pub use qemu::{Accel, EXEC_CHANNELS, host_tsc_khz, kernel_cmdline};
 
+use crate::host::command::RunEnv;
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::procfs::{self, ProcessIdentity};
 use crate::host::records::{self, RecordCache};
@@ -503,6 +504,7 @@ impl HostDriver for Inner {
         &self,
         mut rec: VmRecord,
         generation: u64,
+        run_env: RunEnv,
     ) -> Result<pb::Snapshot, DriverError> {
         let id = rec.sandbox_id;
         let paths = self.paths(id);
@@ -521,7 +523,14 @@ impl HostDriver for Inner {
             .map_err(|e| internal("reading the shared initramfs", e))?;
         initramfs.extend(assets::run_archive(
             &guest::run_env(&rec.run_id, generation, &rec.name, self.opts.default_grace),
-            &guest::command_script(&rec.spec.env, &rec.spec.command),
+            &guest::command_script(
+                rec.spec
+                    .env
+                    .iter()
+                    .filter(|(k, _)| !run_env.contains_key(*k))
+                    .chain(&run_env),
+                &rec.spec.command,
+            ),
         ));
         std::fs::write(&paths.initramfs, initramfs)
             .map_err(|e| internal("writing the run's initramfs", e))?;
@@ -551,7 +560,13 @@ impl HostDriver for Inner {
             cpus: rec.spec.cpus,
             tsc_khz: self.tsc_khz,
         };
-        let identity = launch.launch().await?;
+        let launched = launch.launch().await;
+        // QEMU read the initramfs into memory at start (and copies it from there on a reset):
+        // the run's own variables (credentials) leave the disk.
+        if !run_env.is_empty() {
+            let _ = std::fs::remove_file(&paths.initramfs);
+        }
+        let identity = launched?;
         rec.qemu = Some(identity);
         self.records.save(&rec)?;
         if let Err(e) = self.wait_booted(&rec).await {

@@ -201,8 +201,12 @@ impl VmDriver {
 }
 
 impl Ops {
-    pub(super) async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+    pub(super) async fn create(
+        &self,
+        mut req: pb::CreateRequest,
+    ) -> Result<pb::Snapshot, DriverError> {
         let id = lifecycle::create_id(&req)?;
+        let run_env = crate::host::command::run_env(std::mem::take(&mut req.run_env))?;
         let spec = req.spec.unwrap_or_default();
         validate_command("the spec", &spec.command, &spec.env)?;
         validate_env_names("the spec", spec.env.keys())?;
@@ -210,7 +214,7 @@ impl Ops {
         let _serialised = inner.records.lock(id).await;
         if let Some(existing) = inner.records.get(id) {
             let asked = (req.workspace.as_str(), req.name.as_str());
-            return lifecycle::create_known(inner, existing, asked, req.generation).await;
+            return lifecycle::create_known(inner, existing, asked, req.generation, run_env).await;
         }
 
         let paths = inner.paths(id);
@@ -263,7 +267,7 @@ impl Ops {
             qemu: None,
             warnings,
         };
-        lifecycle::first_run(inner, rec, req.generation, req.stopped).await
+        lifecycle::first_run(inner, rec, req.generation, req.stopped, run_env).await
     }
 }
 

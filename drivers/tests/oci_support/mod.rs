@@ -219,6 +219,7 @@ pub async fn create(
     let id = Uuid::new_v4();
     let snapshot = driver
         .create(pb::CreateRequest {
+            run_env: Default::default(),
             sandbox_id: id.to_string(),
             workspace: "ws".into(),
             name: name.into(),

@@ -235,6 +235,7 @@ pub fn create_req(
     generation: u64,
 ) -> pb::CreateRequest {
     pb::CreateRequest {
+        run_env: Default::default(),
         sandbox_id: id.to_string(),
         workspace: "ws".to_string(),
         name: name.to_string(),
@@ -253,6 +254,7 @@ pub fn stop_req(id: Uuid, grace_ms: u32) -> pb::StopRequest {
 
 pub fn start_req(id: Uuid, generation: u64) -> pb::StartRequest {
     pb::StartRequest {
+        run_env: Default::default(),
         sandbox_id: id.to_string(),
         generation,
     }

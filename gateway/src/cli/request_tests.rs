@@ -80,6 +80,7 @@ fn sandbox_create_builds_the_request() {
             "alpine", "--driver", "oci", "--", "sh", "-c", "echo hi",
         ],
         CreateSandboxRequest {
+            providers: Default::default(),
             workspace: "team-a".into(),
             name: "web".into(),
             spec: Some(SandboxSpec {
@@ -101,6 +102,7 @@ fn sandbox_create_builds_the_request() {
     check_create(
         &["create", "--", "sleep", "60"],
         CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "sbx-generated".into(),
             spec: Some(SandboxSpec {
@@ -114,6 +116,7 @@ fn sandbox_create_builds_the_request() {
     check_create(
         &["create", "--memory", "1G", "--", "true"],
         CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: "sbx-generated".into(),
             spec: Some(SandboxSpec {

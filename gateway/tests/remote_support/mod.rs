@@ -52,6 +52,7 @@ pub async fn settle(
 pub async fn create_sleeper(sb: &SandboxServiceClient<Channel>, prefix: &str) -> String {
     sb.clone()
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: String::new(),
             name: format!("{prefix}-{}", crate::common::unique()),
             spec: Some(SandboxSpec {

@@ -285,6 +285,7 @@ pub async fn create_vm(
     let created = sb
         .clone()
         .create_sandbox(CreateSandboxRequest {
+            providers: Default::default(),
             workspace: workspace.into(),
             name: name.into(),
             spec: Some(SandboxSpec {

@@ -192,6 +192,7 @@ async fn audit_records_every_call_as_received() {
     ));
     assert!(matches!(
         d.start(pb::StartRequest {
+            run_env: Default::default(),
             sandbox_id: "demo".into(),
             generation: 3
         })

@@ -11,6 +11,7 @@ use super::*;
 
 fn create_req(id: Uuid, workspace: &str, name: &str, generation: u64) -> pb::CreateRequest {
     pb::CreateRequest {
+        run_env: Default::default(),
         sandbox_id: id.to_string(),
         workspace: workspace.to_string(),
         name: name.to_string(),
@@ -25,6 +26,7 @@ fn create_req(id: Uuid, workspace: &str, name: &str, generation: u64) -> pb::Cre
 
 fn start_req(id: Uuid, generation: u64) -> pb::StartRequest {
     pb::StartRequest {
+        run_env: Default::default(),
         sandbox_id: id.to_string(),
         generation,
     }
