@@ -12,6 +12,7 @@ use tokio::sync::Semaphore;
 use crate::error::{ActorError, Result};
 use crate::events::EventHub;
 use crate::lease::LeaseTable;
+use crate::owned::sealer::Sealer;
 use crate::startup::StartupTracker;
 use crate::supervision::RestartPolicy;
 
@@ -57,6 +58,11 @@ pub struct Config {
     pub default_image: String,
     /// The largest file an image import accepts, in bytes.
     pub max_image_import_bytes: u64,
+    /// Seals providers' credentials at rest. sbxd opens `DATA/secrets.key`; the default is
+    /// an in-memory key (credentials do not outlive the process: for tests).
+    pub secrets: Arc<Sealer>,
+    /// The domain service endpoints' Hosts end in (`NAME--SANDBOX--WORKSPACE.<domain>`).
+    pub service_domain: String,
 }
 
 impl Default for Config {
@@ -78,6 +84,8 @@ impl Default for Config {
             image_store: None,
             default_image: DEFAULT_IMAGE.to_string(),
             max_image_import_bytes: 8 << 30,
+            secrets: Arc::new(Sealer::ephemeral()),
+            service_domain: "localhost".to_string(),
         }
     }
 }

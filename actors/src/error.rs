@@ -35,11 +35,31 @@ pub enum ActorError {
     /// The workspace is being deleted; nothing new can be created in it.
     #[error("workspace {0:?} is terminating; no sandbox can be created in it")]
     WorkspaceTerminating(String),
-    /// Deleting a workspace that still has sandboxes, without cascade.
+    /// Deleting a workspace that still holds objects, without cascade. `blockers` names every
+    /// one ("sandbox ws/name", "provider ws/name", "service ws/sandbox/name").
     #[error(
-        "workspace {name:?} still has {remaining} sandbox(es); delete them first or delete with cascade"
+        "workspace {name:?} still holds {remaining} object(s): {}; delete them first or delete with cascade",
+        blockers.join(", ")
     )]
-    WorkspaceNotEmpty { name: String, remaining: usize },
+    WorkspaceNotEmpty {
+        name: String,
+        remaining: usize,
+        blockers: Vec<String>,
+    },
+    /// No object of `kind` (provider, setting, service) with this id or name.
+    #[error("{kind} {what} not found")]
+    ObjectNotFound { kind: &'static str, what: String },
+    /// Deleting a provider that sandboxes are attached to; `users` are `workspace/name`,
+    /// sorted.
+    #[error(
+        "provider {provider:?} is attached to {} sandbox(es): {}; detach them first, or delete with --force",
+        users.len(),
+        users.join(", ")
+    )]
+    ProviderInUse {
+        provider: String,
+        users: Vec<String>,
+    },
     /// A name that breaks the naming rule.
     #[error("invalid {what} name {name:?}: {error}")]
     InvalidName {

@@ -59,6 +59,24 @@ pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// One gRPC message to the image service, in bytes: an import chunk is at most 4 MiB (the CLI
 /// sends 1 MiB) plus its framing.
 pub const MAX_IMAGE_MESSAGE_BYTES: usize = 8 << 20;
+/// Credentials of one provider, in bytes (each `NAME=value` plus its NUL).
+pub const MAX_CREDENTIAL_BYTES: usize = 64 * 1024;
+/// Config entries of one provider, in bytes (each key and value).
+pub const MAX_PROVIDER_CONFIG_BYTES: usize = 64 * 1024;
+/// Providers attached to one sandbox.
+pub const MAX_ATTACHMENTS: usize = 16;
+/// Settings of one sandbox.
+pub const MAX_SETTINGS: usize = 16_384;
+/// One setting's value, in bytes.
+pub const MAX_SETTING_VALUE_BYTES: usize = 4 * 1024;
+/// All settings of one sandbox, in bytes (each key and value).
+pub const MAX_SETTINGS_BYTES: usize = 384 * 1024;
+/// What a run or an exec gets on top of its spec's environment — attached providers'
+/// credentials and settings as variables — in bytes (each `NAME=value` plus its NUL); a start
+/// or exec over it is refused, naming the cause.
+pub const MAX_RUN_ENV_BYTES: usize = 512 * 1024;
+/// Service endpoints of one sandbox.
+pub const MAX_SERVICES: usize = 64;
 /// How much of a bad value an error message quotes, in characters.
 pub const ERROR_QUOTE_CHARS: usize = sbx_proto::quote::QUOTE_CHARS;
 /// The longest error message sbxd sends, in bytes; longer ones are cut.
@@ -71,6 +89,7 @@ pub const MAX_ERROR_METADATA_VALUE_BYTES: usize = 256;
 // and a spec at its bound fits in one message.
 const _: () = {
     assert!(MAX_ARGV_BYTES + 2 * MAX_ENV_BYTES <= (2 << 20) / 4);
+    assert!(MAX_ARGV_BYTES + 2 * MAX_ENV_BYTES + MAX_RUN_ENV_BYTES <= (2 << 20) / 2);
     assert!(MAX_ARG_BYTES < 128 * 1024 && MAX_ENV_VALUE_BYTES < 128 * 1024);
     assert!(MAX_SPEC_BYTES < MAX_MESSAGE_BYTES);
 };
@@ -94,6 +113,17 @@ pub const TABLE: &[(&str, u64)] = &[
     ("MAX_PAGE_TOKEN_BYTES", MAX_PAGE_TOKEN_BYTES as u64),
     ("MAX_PATH_BYTES", MAX_PATH_BYTES as u64),
     ("MIN_MEMORY_BYTES", MIN_MEMORY_BYTES),
+    ("MAX_CREDENTIAL_BYTES", MAX_CREDENTIAL_BYTES as u64),
+    (
+        "MAX_PROVIDER_CONFIG_BYTES",
+        MAX_PROVIDER_CONFIG_BYTES as u64,
+    ),
+    ("MAX_ATTACHMENTS", MAX_ATTACHMENTS as u64),
+    ("MAX_SETTINGS", MAX_SETTINGS as u64),
+    ("MAX_SETTING_VALUE_BYTES", MAX_SETTING_VALUE_BYTES as u64),
+    ("MAX_SETTINGS_BYTES", MAX_SETTINGS_BYTES as u64),
+    ("MAX_RUN_ENV_BYTES", MAX_RUN_ENV_BYTES as u64),
+    ("MAX_SERVICES", MAX_SERVICES as u64),
     ("MAX_MESSAGE_BYTES", MAX_MESSAGE_BYTES as u64),
     ("MAX_IMAGE_MESSAGE_BYTES", MAX_IMAGE_MESSAGE_BYTES as u64),
     ("ERROR_QUOTE_CHARS", ERROR_QUOTE_CHARS as u64),

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use ractor::{ActorRef, RpcReplyPort};
 use sbx_drivers::pb;
 use sbx_proto::v1::{Sandbox, SandboxSpec, Workspace};
+use sbx_storage::{NewRecord, Record};
 use uuid::Uuid;
 
 use crate::error::Result;
@@ -47,6 +48,8 @@ pub enum WorkspaceMsg {
         spec: SandboxSpec,
         /// Made in the driver but not started.
         stopped: bool,
+        /// Providers (of this workspace) attached before the first start.
+        providers: Vec<Uuid>,
         reply: RpcReplyPort<Result<Sandbox>>,
     },
     Route {
@@ -69,6 +72,12 @@ pub enum WorkspaceMsg {
     },
     /// The sandbox ids this supervisor owns (for tests and diagnostics).
     Children(RpcReplyPort<Vec<Uuid>>),
+    /// Writes a new provider record (prepared and sealed by the caller) in this workspace.
+    /// Refused while the workspace is terminating, so a provider never outlives a cascade.
+    CreateProvider {
+        record: NewRecord,
+        reply: RpcReplyPort<Result<Record>>,
+    },
     /// A sandbox record of this workspace that this supervisor does not know (the reconciler
     /// found it): start its actor. A store write outlives its dropped future, so a create
     /// queued by a supervisor that was killed lands after its replacement listed the
@@ -90,4 +99,15 @@ pub enum SandboxMsg {
     Observe(Option<pb::Snapshot>),
     /// A scheduled retry of a step that failed against the driver.
     Retry,
+    /// Sets settings of this sandbox (checked already): each key created or updated; answers
+    /// the records written. Refused once the sandbox is being deleted.
+    SetSettings {
+        values: BTreeMap<String, String>,
+        reply: RpcReplyPort<Result<Vec<Record>>>,
+    },
+    /// Deletes one setting; answers whether it existed.
+    DeleteSetting {
+        key: String,
+        reply: RpcReplyPort<Result<bool>>,
+    },
 }

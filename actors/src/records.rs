@@ -38,6 +38,12 @@ impl StoredSandbox {
         self.record.id
     }
 
+    /// The workspace the sandbox is in (nil for a record without one, which the store never
+    /// writes).
+    pub fn workspace_id(&self) -> Uuid {
+        self.record.workspace.unwrap_or_default()
+    }
+
     /// The driver its spec names; empty (none named) means the gateway's default
     /// (`DriverSet::resolve`).
     pub fn driver_name(&self) -> &str {

@@ -260,6 +260,34 @@ impl SandboxActor {
                 let _ = reply.send(Ok(st.stored.sandbox.clone()));
                 self.after(&myself, st, outcome).await;
             }
+            SandboxMsg::SetSettings { values, reply } => {
+                if caller_gone(&reply, st, "set settings") {
+                    return Ok(());
+                }
+                let result = match refuse_if_deleting(st, "set settings of") {
+                    Err(e) => Err(e),
+                    Ok(()) => {
+                        crate::owned::write_settings(
+                            st.shared.store.as_ref(),
+                            st.stored.workspace_id(),
+                            st.stored.id(),
+                            &values,
+                        )
+                        .await
+                    }
+                };
+                let _ = reply.send(result);
+            }
+            SandboxMsg::DeleteSetting { key, reply } => {
+                let result = match refuse_if_deleting(st, "delete a setting of") {
+                    Err(e) => Err(e),
+                    Ok(()) => {
+                        crate::owned::delete_setting(st.shared.store.as_ref(), st.stored.id(), &key)
+                            .await
+                    }
+                };
+                let _ = reply.send(result);
+            }
             SandboxMsg::Delete(reply) => {
                 if desired(st) != DesiredState::Deleted {
                     st.stored.sandbox.set_desired_state(DesiredState::Deleted);
@@ -373,7 +401,15 @@ impl SandboxActor {
                     st.stored.sandbox.generation = generation;
                     set_phase(st, phase, "", "");
                     self.persist_if_changed(st).await?;
-                    match with_deadline(st, "create", driver.create(create_request(st))).await {
+                    let run_env = match self.run_env(st).await {
+                        Ok(env) => env,
+                        Err(e) => return self.run_env_failed(myself, st, e).await,
+                    };
+                    let request = pb::CreateRequest {
+                        run_env,
+                        ..create_request(st)
+                    };
+                    match with_deadline(st, "create", driver.create(request)).await {
                         Ok(snapshot) => next = Some(Observed::from_snapshot(&snapshot)),
                         Err(DriverError::GenerationMismatch { running, .. }) => {
                             next = Some(Observed::Running {
@@ -399,8 +435,12 @@ impl SandboxActor {
                     st.stored.sandbox.generation = generation;
                     set_phase(st, Phase::Starting, "", "");
                     self.persist_if_changed(st).await?;
+                    let run_env = match self.run_env(st).await {
+                        Ok(env) => env,
+                        Err(e) => return self.run_env_failed(myself, st, e).await,
+                    };
                     let request = pb::StartRequest {
-                        run_env: Default::default(),
+                        run_env,
                         sandbox_id: st.stored.id().to_string(),
                         generation,
                     };
@@ -485,6 +525,45 @@ impl SandboxActor {
 
     /// A driver call failed: settle in Error for errors a retry cannot fix, retry with
     /// backoff for the others, and settle in Error once the attempts are spent.
+    /// What this sandbox's run gets on top of its spec's environment: its providers'
+    /// credentials and its settings, read now (so every start sees the current ones).
+    async fn run_env(
+        &self,
+        st: &SandboxState,
+    ) -> Result<std::collections::HashMap<String, String>> {
+        let env = crate::owned::run_env(
+            st.shared.store.as_ref(),
+            &st.shared.config.secrets,
+            st.stored.id(),
+        )
+        .await?;
+        Ok(env.into_iter().collect())
+    }
+
+    /// A run whose environment cannot be made: a store that failed is retried like a driver
+    /// that failed; credentials that cannot be opened (or too many) settle the sandbox in
+    /// Error saying which, until start or restart.
+    async fn run_env_failed(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        st: &mut SandboxState,
+        e: ActorError,
+    ) -> Result<Outcome, ActorProcessingErr> {
+        if let ActorError::FailedPrecondition(why) = &e {
+            set_phase(
+                st,
+                Phase::Error,
+                "CredentialsUnavailable",
+                &format!("{why}; then start or restart"),
+            );
+            st.attempts = 0;
+            self.persist(st).await?;
+            return Ok(Outcome::Settled);
+        }
+        self.driver_failed(myself, st, DriverError::Unavailable(e.to_string()))
+            .await
+    }
+
     async fn driver_failed(
         &self,
         myself: &ActorRef<SandboxMsg>,

@@ -566,3 +566,138 @@ mod tests {
         assert!(spec(&blank_first, Some(&runs)).is_err());
     }
 }
+
+/// How a request names a provider: by id, or by name inside one workspace (`None`:
+/// "default").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderSelector {
+    Id(Uuid),
+    Name {
+        workspace: Option<String>,
+        name: String,
+    },
+}
+
+impl ProviderSelector {
+    pub fn from_ref(r: &sbx_proto::v1::ProviderRef) -> Result<Self> {
+        if !r.id.is_empty() {
+            return Ok(ProviderSelector::Id(parse_id("provider", &r.id)?));
+        }
+        if r.name.is_empty() {
+            return Err(invalid(
+                "name the provider by id, or by name (and workspace)".into(),
+            ));
+        }
+        name("provider", &r.name)?;
+        let workspace = if r.workspace.is_empty() {
+            None
+        } else {
+            name("workspace", &r.workspace)?;
+            Some(r.workspace.clone())
+        };
+        Ok(ProviderSelector::Name {
+            workspace,
+            name: r.name.clone(),
+        })
+    }
+}
+
+/// The values `approval-mode` takes.
+pub const APPROVAL_MODES: [&str; 3] = ["suggest", "auto-edit", "full-auto"];
+
+/// Checks a provider's type (a DNS label), credentials (names as for an environment, values
+/// without NUL, at most [`limits::MAX_CREDENTIAL_BYTES`] together) and config (keys DNS-ish:
+/// at most 63 bytes, no NUL; at most [`limits::MAX_PROVIDER_CONFIG_BYTES`] together). An
+/// error names a credential, never its value.
+pub fn provider(
+    kind: &str,
+    credentials: &std::collections::BTreeMap<String, String>,
+    config: &std::collections::BTreeMap<String, String>,
+) -> Result<()> {
+    validate_name(kind).map_err(|e| invalid(format!("provider type {}: {e}", quote(kind))))?;
+    let total: usize = credentials.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    if total > limits::MAX_CREDENTIAL_BYTES {
+        return Err(invalid(format!(
+            "the provider's credentials are {total} bytes; at most {} are allowed",
+            limits::MAX_CREDENTIAL_BYTES
+        )));
+    }
+    for (k, v) in credentials {
+        let name_ok = !k.is_empty()
+            && k.len() <= 255
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !k.starts_with(|c: char| c.is_ascii_digit());
+        if !name_ok {
+            return Err(invalid(format!(
+                "credential name {} is not an environment variable name (letters, digits and _, not starting with a digit)",
+                quote(k)
+            )));
+        }
+        if v.contains('\0') {
+            return Err(invalid(format!(
+                "the value of credential {} holds a NUL byte",
+                quote(k)
+            )));
+        }
+        if k.starts_with("SBX_") {
+            return Err(invalid(format!(
+                "credential name {} is reserved (SBX_ names are the gateway's)",
+                quote(k)
+            )));
+        }
+    }
+    let config_total: usize = config.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if config_total > limits::MAX_PROVIDER_CONFIG_BYTES {
+        return Err(invalid(format!(
+            "the provider's config is {config_total} bytes; at most {} are allowed",
+            limits::MAX_PROVIDER_CONFIG_BYTES
+        )));
+    }
+    for (k, v) in config {
+        if k.is_empty() || k.len() > 63 || k.contains('\0') || v.contains('\0') {
+            return Err(invalid(format!(
+                "config key {} is invalid: 1-63 bytes, no NUL in it or its value",
+                quote(k)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a setting: its key a DNS label, its value at most
+/// [`limits::MAX_SETTING_VALUE_BYTES`] without NUL, and `approval-mode` one of
+/// [`APPROVAL_MODES`].
+pub fn setting(key: &str, value: &str) -> Result<()> {
+    validate_name(key).map_err(|e| invalid(format!("setting key {}: {e}", quote(key))))?;
+    if value.len() > limits::MAX_SETTING_VALUE_BYTES || value.contains('\0') {
+        return Err(invalid(format!(
+            "the value of setting {key:?} is {} bytes (at most {}) or holds a NUL byte",
+            value.len(),
+            limits::MAX_SETTING_VALUE_BYTES
+        )));
+    }
+    if key == "approval-mode" && !APPROVAL_MODES.contains(&value) {
+        return Err(invalid(format!(
+            "approval-mode {} is not one of {}",
+            quote(value),
+            APPROVAL_MODES.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a service endpoint's name (a DNS label without `--`, which separates the parts of
+/// its Host) and port (1-65535).
+pub fn service(name_: &str, port: u32) -> Result<()> {
+    name("service", name_)?;
+    if name_.contains("--") {
+        return Err(invalid(format!(
+            "service name {} holds \"--\", which separates the parts of its Host",
+            quote(name_)
+        )));
+    }
+    if port == 0 || port > u32::from(u16::MAX) {
+        return Err(invalid(format!("port {port} is not a TCP port (1-65535)")));
+    }
+    Ok(())
+}

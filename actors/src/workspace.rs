@@ -174,9 +174,12 @@ impl WorkspaceSupervisor {
                 name,
                 spec,
                 stopped,
+                providers,
                 reply,
             } => {
-                let result = self.create_sandbox(&myself, st, name, spec, stopped).await;
+                let result = self
+                    .create_sandbox(&myself, st, name, spec, stopped, providers)
+                    .await;
                 let _ = reply.send(result);
             }
             WorkspaceMsg::Route { id, reply } => {
@@ -189,6 +192,25 @@ impl WorkspaceSupervisor {
             }
             WorkspaceMsg::Children(reply) => {
                 let _ = reply.send(st.children.keys().copied().collect());
+            }
+            WorkspaceMsg::CreateProvider { record, reply } => {
+                let result = if st.ws.workspace.phase() == WorkspacePhase::Terminating {
+                    Err(ActorError::WorkspaceTerminating(
+                        st.ws.workspace.name.clone(),
+                    ))
+                } else {
+                    let name = record.name.clone();
+                    st.shared.store.create(record).await.map_err(|e| match e {
+                        StoreError::AlreadyExists { existing, .. } => ActorError::NameTaken {
+                            kind: "provider",
+                            name,
+                            scope: format!(" in workspace {:?}", st.ws.workspace.name),
+                            existing: existing.to_string(),
+                        },
+                        other => other.into(),
+                    })
+                };
+                let _ = reply.send(result);
             }
             WorkspaceMsg::Supervise(id) => self.supervise(&myself, st, id).await,
             WorkspaceMsg::Delete { cascade, reply } => {
@@ -335,6 +357,7 @@ impl WorkspaceSupervisor {
         name: String,
         spec: SandboxSpec,
         stopped: bool,
+        providers: Vec<Uuid>,
     ) -> Result<Sandbox> {
         let mut sandbox = Sandbox {
             name,
@@ -347,7 +370,8 @@ impl WorkspaceSupervisor {
         } else {
             DesiredState::Running
         });
-        self.add_sandbox(myself, st, Uuid::new_v4(), sandbox).await
+        self.add_sandbox(myself, st, Uuid::new_v4(), sandbox, &providers)
+            .await
     }
 
     async fn adopt(
@@ -370,17 +394,20 @@ impl WorkspaceSupervisor {
                 .into(),
             ..Default::default()
         };
-        self.add_sandbox(myself, st, id, sandbox).await
+        self.add_sandbox(myself, st, id, sandbox, &[]).await
     }
 
     /// Writes a new sandbox record (Provisioning; wanted running unless `sandbox` says
-    /// stopped) in this workspace and spawns its actor. Refused while the workspace is terminating.
+    /// stopped) in this workspace, attaches `providers`, and spawns its actor (so its first
+    /// start has their credentials). Refused while the workspace is terminating; a provider
+    /// gone meanwhile undoes the create.
     async fn add_sandbox(
         &self,
         myself: &ActorRef<WorkspaceMsg>,
         st: &mut WorkspaceState,
         id: Uuid,
         mut sandbox: Sandbox,
+        providers: &[Uuid],
     ) -> Result<Sandbox> {
         if st.ws.workspace.phase() == WorkspacePhase::Terminating {
             return Err(ActorError::WorkspaceTerminating(
@@ -410,6 +437,18 @@ impl WorkspaceSupervisor {
                 }
                 other => other.into(),
             })?;
+        for provider in providers {
+            if let Err(e) =
+                crate::owned::attach(st.shared.store.as_ref(), st.ws.id(), id, *provider).await
+            {
+                // Nothing ran yet: the record (and any attachment made) goes, and the create
+                // answers why.
+                if let Err(undo) = st.shared.store.delete(id, record.resource_version).await {
+                    tracing::warn!(sandbox = %id, error = %undo, "could not undo a create whose provider was gone; the reconciler's supervision picks it up");
+                }
+                return Err(e);
+            }
+        }
         let stored = StoredSandbox::from_record(record)?;
         st.shared
             .events
@@ -430,17 +469,19 @@ impl WorkspaceSupervisor {
             st.pending_deletes.push(reply);
             return Ok(());
         }
-        let remaining = match sandbox_ids(&st.shared, st.ws.id()).await {
-            Ok(ids) => ids.len(),
+        let blockers = match blockers(&st.shared, &st.ws).await {
+            Ok(b) => b,
             Err(e) => {
                 let _ = reply.send(Err(e));
                 return Ok(());
             }
         };
+        let remaining = blockers.len();
         if remaining > 0 && !cascade {
             let _ = reply.send(Err(ActorError::WorkspaceNotEmpty {
                 name: st.ws.workspace.name.clone(),
                 remaining,
+                blockers,
             }));
             return Ok(());
         }
@@ -491,13 +532,20 @@ impl WorkspaceSupervisor {
         st: &mut WorkspaceState,
     ) -> Result<(), ActorProcessingErr> {
         let remaining = sandbox_ids(&st.shared, st.ws.id()).await?;
-        if !remaining.is_empty() {
+        // With its sandboxes gone (their attachments with them), the workspace's providers
+        // go; one still referred to (a sandbox that came back) keeps the cascade going.
+        let kept_providers = if remaining.is_empty() {
+            delete_providers(&st.shared, st.ws.id()).await?
+        } else {
+            0
+        };
+        if !remaining.is_empty() || kept_providers > 0 {
             let delay = backoff(
                 Duration::from_millis(100),
                 Duration::from_secs(5),
                 st.cascade_rounds.min(10),
             );
-            tracing::info!(workspace = %st.ws.workspace.name, remaining = remaining.len(), "sandboxes remain; cascading again in {delay:?}");
+            tracing::info!(workspace = %st.ws.workspace.name, remaining = remaining.len(), kept_providers, "sandboxes or providers remain; cascading again in {delay:?}");
             for id in remaining {
                 if let std::collections::hash_map::Entry::Vacant(slot) = st.children.entry(id) {
                     slot.insert(Child {
@@ -581,6 +629,58 @@ async fn delete_child(supervisor: &ActorRef<WorkspaceMsg>, id: Uuid, timeout: Du
     if let Err(e) = done {
         tracing::info!(sandbox = %id, "cascade delete not done yet: {e}");
     }
+}
+
+/// What keeps a workspace from being deleted without cascade, each as "kind workspace/name":
+/// its sandboxes (and each one's service endpoints) and its providers, every one of them
+/// (the scans read to the end).
+async fn blockers(shared: &Shared, ws: &StoredWorkspace) -> Result<Vec<String>> {
+    let store = shared.store.as_ref();
+    let ws_name = &ws.workspace.name;
+    let mut out = Vec::new();
+    let everything = LabelSelector::default();
+    for sb in crate::scan::all_records(store, Kind::Sandbox, Scope::Workspace(ws.id()), &everything)
+        .await?
+    {
+        out.push(format!("sandbox {ws_name}/{}", sb.name));
+        for svc in crate::owned::owned_records(store, sb.id, Kind::Service).await? {
+            out.push(format!("service {ws_name}/{}/{}", sb.name, svc.name));
+        }
+    }
+    for p in crate::scan::all_records(
+        store,
+        Kind::Provider,
+        Scope::Workspace(ws.id()),
+        &everything,
+    )
+    .await?
+    {
+        out.push(format!("provider {ws_name}/{}", p.name));
+    }
+    Ok(out)
+}
+
+/// Deletes every provider of a workspace; answers how many are still referred to (kept).
+async fn delete_providers(shared: &Shared, ws: Uuid) -> Result<usize> {
+    let store = shared.store.as_ref();
+    let mut kept = 0;
+    let providers = crate::scan::all_records(
+        store,
+        Kind::Provider,
+        Scope::Workspace(ws),
+        &LabelSelector::default(),
+    )
+    .await?;
+    for p in providers {
+        match store.delete(p.id, p.resource_version).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) => {
+                tracing::info!(provider = %p.id, name = %p.name, "provider deleted with its workspace");
+            }
+            Err(StoreError::Referenced { .. }) | Err(StoreError::Conflict { .. }) => kept += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(kept)
 }
 
 /// Every sandbox id in a workspace, from the store.

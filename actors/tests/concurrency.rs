@@ -239,7 +239,9 @@ async fn terminating_workspace_refuses_creates_and_non_cascade_delete_refuses_wh
         .delete_workspace(&WorkspaceSelector::Name("full".into()), false)
         .await
     {
-        Err(ActorError::WorkspaceNotEmpty { remaining, name }) => {
+        Err(ActorError::WorkspaceNotEmpty {
+            remaining, name, ..
+        }) => {
             assert_eq!((remaining, name.as_str()), (1, "full"))
         }
         other => panic!("expected WorkspaceNotEmpty, got {other:?}"),

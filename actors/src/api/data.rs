@@ -45,10 +45,21 @@ impl Gateway {
         let sb = self.resolve_sandbox(sel).await?;
         require_ready(&sb.sandbox, "exec into")?;
         let driver = self.driver_of(&sb)?;
+        // The sandbox's credentials and settings as they are now, then the exec's own
+        // variables on top.
+        let mut env: std::collections::HashMap<String, String> = crate::owned::run_env(
+            self.shared.store.as_ref(),
+            &self.shared.config.secrets,
+            sb.id(),
+        )
+        .await?
+        .into_iter()
+        .collect();
+        env.extend(opts.env);
         let request = pb::ExecRequest {
             sandbox_id: sb.id().to_string(),
             command,
-            env: opts.env,
+            env,
             timeout_seconds: opts.timeout_seconds,
             workdir: opts.workdir,
             stdin: opts.stdin,

@@ -41,10 +41,14 @@ use crate::startup::StartupTracker;
 use crate::validate::{self, SandboxSelector, WorkspaceSelector};
 
 mod data;
+mod providers;
 mod resolve;
+mod services;
+mod settings;
 mod watch;
 
 use resolve::not_found_id;
+pub use services::ServiceTarget;
 
 /// The largest page a list returns, whatever was asked.
 pub const MAX_PAGE_SIZE: u32 = 1000;
@@ -270,10 +274,32 @@ impl Gateway {
         &self,
         workspace: Option<&str>,
         name: &str,
-        mut spec: SandboxSpec,
+        spec: SandboxSpec,
         stopped: bool,
     ) -> Result<Sandbox> {
+        self.create_sandbox_with(workspace, name, spec, stopped, &[])
+            .await
+    }
+
+    /// [`Gateway::create_sandbox_as`], with `providers` of the workspace (names or ids)
+    /// attached before its first start: each resolved to its id once, here, and from then on
+    /// referred to by that id only.
+    pub async fn create_sandbox_with(
+        &self,
+        workspace: Option<&str>,
+        name: &str,
+        mut spec: SandboxSpec,
+        stopped: bool,
+        providers: &[String],
+    ) -> Result<Sandbox> {
         validate::name("sandbox", name)?;
+        if providers.len() > crate::limits::MAX_ATTACHMENTS {
+            return Err(ActorError::InvalidArgument(format!(
+                "{} providers named; at most {} can be attached",
+                providers.len(),
+                crate::limits::MAX_ATTACHMENTS
+            )));
+        }
         validate::spec_bounds(&spec)?;
         self.refuse_if_disk_full()?;
         // Output only: the pin is the gateway's to set.
@@ -300,10 +326,18 @@ impl Gateway {
         let ws = self
             .resolve_workspace(&WorkspaceSelector::Name(ws_name.to_string()))
             .await?;
+        let mut provider_ids = Vec::with_capacity(providers.len());
+        for p in providers {
+            let id = self.resolve_provider_in(&ws, p).await?.id;
+            if !provider_ids.contains(&id) {
+                provider_ids.push(id);
+            }
+        }
         let create = |reply| WorkspaceMsg::CreateSandbox {
             name: name.to_string(),
             spec: spec.clone(),
             stopped,
+            providers: provider_ids.clone(),
             reply,
         };
         self.router

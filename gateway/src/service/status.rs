@@ -85,10 +85,30 @@ pub fn actor_error_to_status(err: &ActorError) -> Status {
             metadata.insert("workspace".to_string(), name.clone());
             (Code::FailedPrecondition, "WORKSPACE_TERMINATING")
         }
-        ActorError::WorkspaceNotEmpty { name, remaining } => {
+        ActorError::WorkspaceNotEmpty {
+            name,
+            remaining,
+            blockers,
+        } => {
             metadata.insert("workspace".to_string(), name.clone());
             metadata.insert("remaining".to_string(), remaining.to_string());
+            metadata.insert("blockers".to_string(), blockers.join(","));
             (Code::FailedPrecondition, "WORKSPACE_NOT_EMPTY")
+        }
+        ActorError::ObjectNotFound { kind, what } => {
+            metadata.insert(kind.to_string(), what.clone());
+            let reason = match *kind {
+                "provider" => "PROVIDER_NOT_FOUND",
+                "setting" => "SETTING_NOT_FOUND",
+                "service" => "SERVICE_NOT_FOUND",
+                _ => "NOT_FOUND",
+            };
+            (Code::NotFound, reason)
+        }
+        ActorError::ProviderInUse { provider, users } => {
+            metadata.insert("provider".to_string(), provider.clone());
+            metadata.insert("users".to_string(), users.join(","));
+            (Code::FailedPrecondition, "PROVIDER_IN_USE")
         }
         ActorError::InvalidName { what, name, .. } => {
             metadata.insert("kind".to_string(), what.to_string());
@@ -463,6 +483,7 @@ mod tests {
                 ActorError::WorkspaceNotEmpty {
                     name: "alpha".into(),
                     remaining: 2,
+                    blockers: vec!["sandbox alpha/a".into(), "provider alpha/p".into()],
                 },
                 Code::FailedPrecondition,
                 "WORKSPACE_NOT_EMPTY",
