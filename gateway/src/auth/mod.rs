@@ -22,8 +22,10 @@
 //! for an id nobody has, so whether it exists is not revealed); lists and watches across
 //! workspaces show only the workspaces it may see.
 //!
-//! Roles, each including the one before: **viewer** (get, list, watch, logs), **editor**
-//! (create, start, stop, restart, delete sandboxes; exec, cp, port-forward), **admin**
+//! Roles, each including the one before: **viewer** (get, list, watch, logs; providers,
+//! attachments, settings and service endpoints read), **editor** (create, start, stop,
+//! restart, delete sandboxes; exec, cp, port-forward; create, update, delete, attach and
+//! detach providers, set and delete settings, expose and delete services), **admin**
 //! (create and delete the workspace itself). A gateway-wide grant (no workspace named) holds
 //! its role in every workspace, and is what images need: viewer to read, editor to pull or
 //! import, admin to delete.
@@ -117,6 +119,23 @@ pub fn need(path: &str) -> Option<(Need, bool)> {
         ("sbx.v1.SandboxService", "CopyFromSandbox") => (Workspace(Editor), true),
         ("sbx.v1.SandboxService", "CopyToSandbox") => (Workspace(Editor), true),
         ("sbx.v1.SandboxService", "PortForward") => (Workspace(Editor), true),
+        // Providers hold credentials: every change is editor and audited.
+        ("sbx.v1.ProviderService", "CreateProvider") => (Workspace(Editor), true),
+        ("sbx.v1.ProviderService", "GetProvider") => (Workspace(Viewer), false),
+        ("sbx.v1.ProviderService", "ListProviders") => (Workspace(Viewer), false),
+        ("sbx.v1.ProviderService", "UpdateProvider") => (Workspace(Editor), true),
+        ("sbx.v1.ProviderService", "DeleteProvider") => (Workspace(Editor), true),
+        ("sbx.v1.ProviderService", "AttachProvider") => (Workspace(Editor), true),
+        ("sbx.v1.ProviderService", "DetachProvider") => (Workspace(Editor), true),
+        ("sbx.v1.ProviderService", "ListAttachments") => (Workspace(Viewer), false),
+        ("sbx.v1.SettingService", "SetSettings") => (Workspace(Editor), true),
+        ("sbx.v1.SettingService", "GetSetting") => (Workspace(Viewer), false),
+        ("sbx.v1.SettingService", "ListSettings") => (Workspace(Viewer), false),
+        ("sbx.v1.SettingService", "DeleteSetting") => (Workspace(Editor), true),
+        ("sbx.v1.ServiceEndpointService", "ExposeService") => (Workspace(Editor), true),
+        ("sbx.v1.ServiceEndpointService", "GetService") => (Workspace(Viewer), false),
+        ("sbx.v1.ServiceEndpointService", "ListServices") => (Workspace(Viewer), false),
+        ("sbx.v1.ServiceEndpointService", "DeleteService") => (Workspace(Editor), true),
         ("sbx.v1.ImageService", "PullImage") => (Gateway(Editor), true),
         ("sbx.v1.ImageService", "ImportImage") => (Gateway(Editor), true),
         ("sbx.v1.ImageService", "ListImages") => (Gateway(Viewer), false),
@@ -574,11 +593,25 @@ mod tests {
             assert_ne!(declared.map(|d| d.0), Some(Need::Nothing), "{path}");
         }
         assert!(
-            PUBLIC_METHODS.len() >= 23,
+            PUBLIC_METHODS.len() >= 39,
             "only {} methods found",
             PUBLIC_METHODS.len()
         );
         assert!(PUBLIC_METHODS.contains("/sbx.v1.SandboxService/Exec"));
+        // Providers hold credentials: reads are viewer, every change editor and audited.
+        use Need::Workspace;
+        for (method, role, audited) in [
+            ("CreateProvider", Role::Editor, true),
+            ("UpdateProvider", Role::Editor, true),
+            ("DeleteProvider", Role::Editor, true),
+            ("AttachProvider", Role::Editor, true),
+            ("GetProvider", Role::Viewer, false),
+            ("ListProviders", Role::Viewer, false),
+        ] {
+            let path = format!("/sbx.v1.ProviderService/{method}");
+            assert!(PUBLIC_METHODS.contains(&path), "{path}");
+            assert_eq!(need(&path), Some((Workspace(role), audited)), "{path}");
+        }
         assert_eq!(need("/sbx.v1.SandboxService/Nope"), None);
         assert_eq!(need("/nothing"), None);
         assert_eq!(

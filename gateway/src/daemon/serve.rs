@@ -368,7 +368,10 @@ async fn serve_on(
         .add_service(service.workspace_server())
         .add_service(service.sandbox_server())
         .add_service(service.image_server())
-        .add_service(service.identity_server());
+        .add_service(service.identity_server())
+        .add_service(service.provider_server())
+        .add_service(service.setting_server())
+        .add_service(service.service_endpoint_server());
     drop(service);
     let stop_accepting = shutdown.clone();
     // TCP_NODELAY on every accepted connection: without it a small HTTP/2 frame written while

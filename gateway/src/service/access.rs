@@ -7,7 +7,7 @@
 //! may not see is `NOT_FOUND`, word for word what an id nobody has gets. Not-found answers
 //! lose their hint (where else a name exists) unless the caller sees every workspace.
 
-use sbx_actors::{ActorError, SandboxSelector, WorkspaceSelector};
+use sbx_actors::{ActorError, ProviderSelector, SandboxSelector, WorkspaceSelector};
 use sbx_proto::names::DEFAULT_WORKSPACE;
 use tonic::Status;
 
@@ -74,6 +74,42 @@ impl SbxService {
                     return Err(unseen_sandbox(*id));
                 }
                 caller.require(&sandbox.workspace, role)
+            }
+        }
+    }
+
+    /// Whether `caller` holds `role` in the workspace of the provider `sel` names: by name,
+    /// the request's workspace; by id, the provider's own (one the caller may not see is
+    /// NOT_FOUND, as for an id nobody has).
+    pub(super) async fn provider_access(
+        &self,
+        caller: &Caller,
+        sel: &ProviderSelector,
+        role: Role,
+    ) -> Result<(), Status> {
+        match sel {
+            ProviderSelector::Name { workspace, .. } => {
+                caller.require(workspace.as_deref().unwrap_or(DEFAULT_WORKSPACE), role)
+            }
+            ProviderSelector::Id(id) => {
+                if caller.workspaces.is_none() && caller.role >= role {
+                    return Ok(());
+                }
+                let unseen = || {
+                    actor_error_to_status(&ActorError::ObjectNotFound {
+                        kind: "provider",
+                        what: format!("with id {id}"),
+                    })
+                };
+                let provider = match self.gateway.get_provider(sel).await {
+                    Ok(provider) => provider,
+                    Err(ActorError::ObjectNotFound { .. }) => return Err(unseen()),
+                    Err(e) => return Err(error_for(caller, e)),
+                };
+                if !caller.sees(&provider.workspace) {
+                    return Err(unseen());
+                }
+                caller.require(&provider.workspace, role)
             }
         }
     }

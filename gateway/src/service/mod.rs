@@ -1,4 +1,6 @@
-//! The tonic service of sbxd: `sbx.v1` GatewayService, WorkspaceService, SandboxService and ImageService over the actor API
+//! The tonic service of sbxd: `sbx.v1` GatewayService, WorkspaceService, SandboxService,
+//! ProviderService, SettingService, ServiceEndpointService, ImageService and IdentityService
+//! over the actor API
 //! ([`sbx_actors::Gateway`]), plus gRPC health and reflection.
 //!
 //! The handlers are thin: they turn a request into an actor-API call and its answer (or its
@@ -11,7 +13,10 @@ mod access;
 mod identities;
 mod images;
 mod info;
+mod providers;
 mod sandboxes;
+mod service_endpoints;
+mod settings;
 pub mod status;
 mod streams;
 mod workspaces;
@@ -23,7 +28,10 @@ use sbx_actors::limits::{MAX_IMAGE_MESSAGE_BYTES, MAX_MESSAGE_BYTES};
 use sbx_proto::v1::gateway_service_server::GatewayServiceServer;
 use sbx_proto::v1::identity_service_server::IdentityServiceServer;
 use sbx_proto::v1::image_service_server::ImageServiceServer;
+use sbx_proto::v1::provider_service_server::ProviderServiceServer;
 use sbx_proto::v1::sandbox_service_server::SandboxServiceServer;
+use sbx_proto::v1::service_endpoint_service_server::ServiceEndpointServiceServer;
+use sbx_proto::v1::setting_service_server::SettingServiceServer;
 use sbx_proto::v1::workspace_service_server::WorkspaceServiceServer;
 use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
@@ -72,6 +80,18 @@ impl SbxService {
         SandboxServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
+    pub fn provider_server(&self) -> ProviderServiceServer<SbxService> {
+        ProviderServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    pub fn setting_server(&self) -> SettingServiceServer<SbxService> {
+        SettingServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    pub fn service_endpoint_server(&self) -> ServiceEndpointServiceServer<SbxService> {
+        ServiceEndpointServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
     pub fn gateway_server(&self) -> GatewayServiceServer<SbxService> {
         GatewayServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
@@ -83,12 +103,15 @@ impl SbxService {
 }
 
 /// The service names the health service reports on, besides "" (the whole server).
-pub const HEALTH_SERVICES: [&str; 5] = [
+pub const HEALTH_SERVICES: [&str; 8] = [
     sbx_proto::v1::gateway_service_server::SERVICE_NAME,
     sbx_proto::v1::workspace_service_server::SERVICE_NAME,
     sbx_proto::v1::sandbox_service_server::SERVICE_NAME,
     sbx_proto::v1::image_service_server::SERVICE_NAME,
     sbx_proto::v1::identity_service_server::SERVICE_NAME,
+    sbx_proto::v1::provider_service_server::SERVICE_NAME,
+    sbx_proto::v1::setting_service_server::SERVICE_NAME,
+    sbx_proto::v1::service_endpoint_service_server::SERVICE_NAME,
 ];
 
 /// Sets the health of "" and of every `sbx.v1` service at once.

@@ -20,21 +20,24 @@ use crate::auth::{self, Role};
 
 /// The selector of a request's sandbox reference (a missing reference is an empty one, which
 /// the selector refuses with INVALID_ARGUMENT).
-fn selector(r: Option<SandboxRef>) -> Result<SandboxSelector, Status> {
+pub(super) fn selector(r: Option<SandboxRef>) -> Result<SandboxSelector, Status> {
     SandboxSelector::from_ref(&r.unwrap_or_default()).map_err(|e| actor_error_to_status(&e))
 }
 
 /// A selector in the audit log: the id, or workspace/name.
-fn describe(sel: &SandboxSelector) -> String {
+pub(super) fn describe(sel: &SandboxSelector) -> String {
     match sel {
         SandboxSelector::Id(id) => id.to_string(),
-        SandboxSelector::Name { workspace, name } => format!(
-            "{}/{name}",
-            workspace
-                .as_deref()
-                .unwrap_or(sbx_proto::names::DEFAULT_WORKSPACE)
-        ),
+        SandboxSelector::Name { workspace, name } => qualified(workspace.as_deref(), name),
     }
+}
+
+/// workspace/name, the workspace "default" when none is named.
+pub(super) fn qualified(workspace: Option<&str>, name: &str) -> String {
+    format!(
+        "{}/{name}",
+        workspace.unwrap_or(sbx_proto::names::DEFAULT_WORKSPACE)
+    )
 }
 
 /// The filter of a list or a watch: an empty workspace means "default".
@@ -61,11 +64,12 @@ impl SandboxService for SbxService {
         )?;
         let created = self
             .gateway
-            .create_sandbox_as(
+            .create_sandbox_with(
                 workspace,
                 &req.name,
                 req.spec.unwrap_or_default(),
                 req.stopped,
+                &req.providers,
             )
             .await
             .map_err(|e| error_for(&caller, e))?;
