@@ -20,6 +20,7 @@ pub mod sealer;
 
 use std::collections::BTreeMap;
 
+use futures::StreamExt;
 use prost::Message;
 use sbx_storage::{Kind, ObjectStore, Record};
 use uuid::Uuid;
@@ -168,43 +169,58 @@ pub async fn write_settings(
         )));
     }
     let by_name: BTreeMap<&str, &Record> = existing.iter().map(|r| (r.name.as_str(), r)).collect();
-    let mut written = Vec::with_capacity(values.len());
+    // Each key is its own write; many in flight share the store's group commit (one
+    // transaction and one flush per batch), so 10,000 keys cost a few batches, not 10,000
+    // flushes.
+    let mut writes: Vec<futures::future::BoxFuture<'_, Result<Record>>> =
+        Vec::with_capacity(values.len());
     for (key, value) in values {
-        let body = SettingBody {
-            value: value.clone(),
-        }
-        .encode_to_vec();
-        let record = match by_name.get(key.as_str()) {
-            Some(old) => {
-                let mut r = (*old).clone();
-                r.body = body;
-                r.updated_at_ms = crate::records::now_ms();
-                store.update(r).await?
+        let old = by_name.get(key.as_str()).map(|r| (*r).clone());
+        writes.push(Box::pin(async move {
+            let body = SettingBody {
+                value: value.clone(),
             }
-            None => store
-                .create(sbx_storage::NewRecord {
-                    id: Uuid::new_v4(),
-                    kind: Kind::Setting,
-                    workspace: Some(ws),
-                    name: key.clone(),
-                    owner: Some(sandbox),
-                    labels: BTreeMap::new(),
-                    created_at_ms: crate::records::now_ms(),
-                    body,
-                })
-                .await
-                .map_err(|e| match e {
-                    sbx_storage::StoreError::OwnerNotFound { .. } => ActorError::SandboxNotFound {
-                        what: format!("with id {sandbox}"),
-                        hint: String::new(),
-                    },
-                    other => other.into(),
-                })?,
-        };
-        written.push(record);
+            .encode_to_vec();
+            match old {
+                Some(mut r) => {
+                    r.body = body;
+                    r.updated_at_ms = crate::records::now_ms();
+                    Ok(store.update(r).await?)
+                }
+                None => store
+                    .create(sbx_storage::NewRecord {
+                        id: Uuid::new_v4(),
+                        kind: Kind::Setting,
+                        workspace: Some(ws),
+                        name: key.clone(),
+                        owner: Some(sandbox),
+                        labels: BTreeMap::new(),
+                        created_at_ms: crate::records::now_ms(),
+                        body,
+                    })
+                    .await
+                    .map_err(|e| match e {
+                        sbx_storage::StoreError::OwnerNotFound { .. } => {
+                            ActorError::SandboxNotFound {
+                                what: format!("with id {sandbox}"),
+                                hint: String::new(),
+                            }
+                        }
+                        other => other.into(),
+                    }),
+            }
+        }));
     }
-    Ok(written)
+    futures::stream::iter(writes)
+        .buffered(SETTING_WRITES_IN_FLIGHT)
+        .collect::<Vec<Result<Record>>>()
+        .await
+        .into_iter()
+        .collect()
 }
+
+/// Settings writes of one request in flight at once.
+const SETTING_WRITES_IN_FLIGHT: usize = 256;
 
 /// Deletes setting `key` of sandbox `sandbox`; whether it existed.
 pub async fn delete_setting(store: &dyn ObjectStore, sandbox: Uuid, key: &str) -> Result<bool> {

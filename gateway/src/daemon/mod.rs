@@ -13,6 +13,7 @@ pub mod drivers;
 pub mod images;
 pub mod managed;
 pub mod serve;
+pub mod service_routes;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -319,6 +320,27 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub watch_history_mib: u32,
 
+    /// Serve the sandboxes' service endpoints (`sbx service expose`) over HTTP on host:port:
+    /// a request whose Host is NAME--SANDBOX--WORKSPACE.<--service-domain> goes to that
+    /// endpoint's port inside its sandbox. Off unless given. No authentication: whoever
+    /// reaches this address reaches every exposed port (keep it on loopback, or behind a proxy
+    /// that authenticates). Port 0 picks a free port (see --service-addr-file).
+    #[arg(long, env = "SBX_SERVICE_LISTEN", value_name = "HOST:PORT")]
+    pub service_listen: Option<String>,
+
+    /// The domain service endpoints' Hosts end in.
+    #[arg(
+        long,
+        env = "SBX_SERVICE_DOMAIN",
+        default_value = "localhost",
+        value_name = "DOMAIN"
+    )]
+    pub service_domain: String,
+
+    /// Write the service listener's bound address (host:port) to this file once serving.
+    #[arg(long, value_name = "PATH", requires = "service_listen")]
+    pub service_addr_file: Option<PathBuf>,
+
     /// Seconds that calls in flight may take to finish after SIGTERM/SIGINT before their
     /// connections are dropped. Open watch/logs/exec streams end at once with UNAVAILABLE.
     #[arg(
@@ -540,6 +562,10 @@ pub enum DaemonError {
     /// files that do not load, the identities file unreadable.
     #[error("{0}")]
     Security(String),
+    /// A setting sbxd cannot use: the service listener's address or domain, the secrets key
+    /// of providers' credentials.
+    #[error("{0}")]
+    Setup(String),
     /// The reflection service could not be built from the descriptor sets (a build bug).
     #[error("cannot build the reflection service: {0}")]
     Reflection(String),

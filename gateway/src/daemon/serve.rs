@@ -328,11 +328,42 @@ async fn serve_on(
         max_image_import_bytes: args.images.max_import_mib << 20,
         event_history: args.watch_history_events as usize,
         event_history_bytes: (args.watch_history_mib as usize) << 20,
+        // Providers' credentials are sealed under DATA/secrets.key (made 0600 on first use).
+        secrets: Arc::new(
+            sbx_actors::Sealer::open_or_create(&data_dir.join("secrets.key"))
+                .map_err(|e| DaemonError::Setup(e.to_string()))?,
+        ),
+        service_domain: validate_service_domain(&args.service_domain)?,
         ..Config::default()
     };
     let gateway =
         Arc::new(Gateway::start(store, DriverSet::single(driver_name, driver), config).await?);
     super::images::ensure_default_image(&gateway, &args.images).await?;
+
+    let service_bound = match &args.service_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                DaemonError::Setup(format!(
+                    "cannot listen for service endpoints on {addr}: {e}"
+                ))
+            })?;
+            let bound = listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| addr.clone());
+            if !listener.local_addr().is_ok_and(|a| a.ip().is_loopback()) {
+                tracing::warn!(%bound, "service endpoints are served off loopback, without authentication: whoever reaches this address reaches every exposed port");
+            }
+            tracing::info!(%bound, domain = %args.service_domain, "serving service endpoints");
+            tokio::spawn(super::service_routes::serve(
+                listener,
+                Arc::clone(&gateway),
+                shutdown.clone(),
+            ));
+            Some(bound)
+        }
+        None => None,
+    };
 
     let (health, health_server) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
@@ -414,6 +445,9 @@ async fn serve_on(
         set_health(&health, ServingStatus::Serving).await;
         if let Some(path) = &args.addr_file {
             write_addr_file(path, &bound)?;
+        }
+        if let (Some(path), Some(service)) = (&args.service_addr_file, &service_bound) {
+            write_addr_file(path, service)?;
         }
         tracing::info!(%bound, driver = driver_name, "serving");
         tokio::spawn(report_disk_full(
@@ -565,6 +599,21 @@ fn open_images(data_dir: &Path) -> Result<ImageStore, DaemonError> {
 
 /// Writes `addr` and a newline to `path` so that no reader ever sees a partial line: the text
 /// goes to a temporary file beside it, which is then renamed over `path`.
+/// A service domain: DNS labels joined by dots (a Host ends in it).
+fn validate_service_domain(domain: &str) -> Result<String, DaemonError> {
+    let ok = !domain.is_empty()
+        && domain.len() <= 253
+        && domain
+            .split('.')
+            .all(|label| sbx_proto::names::validate_name(label).is_ok());
+    if !ok {
+        return Err(DaemonError::Setup(format!(
+            "--service-domain {domain:?} is not a domain name (DNS labels joined by dots)"
+        )));
+    }
+    Ok(domain.to_ascii_lowercase())
+}
+
 pub fn write_addr_file(path: &Path, addr: &str) -> Result<(), DaemonError> {
     let tmp = temp_path(path);
     std::fs::write(&tmp, format!("{addr}\n")).map_err(|source| DaemonError::Io {

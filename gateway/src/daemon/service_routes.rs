@@ -1,0 +1,200 @@
+//! The HTTP listener of service endpoints (`sbxd serve --service-listen ADDR`).
+//!
+//! A request whose Host is `NAME--SANDBOX--WORKSPACE.<domain>` goes to the port endpoint
+//! `NAME` of that sandbox exposes (`sbx service expose`). The target is looked up in the store
+//! on every request (`Gateway::route_service_host`), and the request is forwarded by the
+//! endpoint's stored sandbox **id**: a sandbox deleted and made again under the same name has
+//! no endpoint until one is exposed for it, and a request never reaches a sandbox it was not
+//! meant for. Each request gets a connection of its own to the sandbox's port, through the
+//! driver's port-forward (the same path as `sbx port-forward`): HTTP/1.1 from the client
+//! (keep-alive is kept on the client's side), spoken over that connection by hyper's client.
+//!
+//! Answers of its own: 404 for a Host that names no endpoint, 421 for a Host under another
+//! domain, 409 for a Host two endpoints could answer (names holding `--`), 502 when the
+//! sandbox is not Ready or nothing listens on the port, 503 while the gateway cannot tell.
+//! Each says why in a one-line text body. Upgrades (WebSocket) are not forwarded.
+//!
+//! There is no authentication on this listener: exposing a port makes it reachable by
+//! whoever reaches the listener (bind it to loopback, the default suggestion, or behind a
+//! proxy that authenticates).
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use sbx_actors::{ActorError, Gateway, SandboxSelector};
+use sbx_drivers::pb;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Bytes in flight between hyper's client and a forwarded connection, each way.
+const BRIDGE_BYTES: usize = 64 * 1024;
+
+/// Serves service endpoints on `listener` until `shutdown`.
+pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.cancelled() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "the service listener could not accept a connection");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let gateway = Arc::clone(&gateway);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let gateway = Arc::clone(&gateway);
+                async move { Ok::<_, std::convert::Infallible>(route(&gateway, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                result = conn => if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "a service connection ended with an error");
+                },
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+fn text(status: StatusCode, message: String) -> Response<Body> {
+    let mut response = Response::new(
+        Full::new(Bytes::from(format!("{message}\n")))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        "text/plain; charset=utf-8".parse().expect("a header value"),
+    );
+    response
+}
+
+/// One request: its Host to an endpoint, then the request over a fresh forwarded connection.
+async fn route(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| req.uri().authority().map(|a| a.to_string()))
+        .unwrap_or_default();
+    let target = match gateway.route_service_host(&host).await {
+        Ok(t) => t,
+        Err(e) => {
+            let status = match &e {
+                ActorError::ObjectNotFound { what, .. } if what.contains("not under") => {
+                    StatusCode::MISDIRECTED_REQUEST
+                }
+                ActorError::ObjectNotFound { .. }
+                | ActorError::SandboxNotFound { .. }
+                | ActorError::WorkspaceNotFound(_) => StatusCode::NOT_FOUND,
+                ActorError::FailedPrecondition(_) => StatusCode::CONFLICT,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            return text(status, e.to_string());
+        }
+    };
+    let (tx, rx) = mpsc::channel::<pb::PortForwardInput>(16);
+    let input: sbx_drivers::ForwardInputStream =
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let output = match gateway
+        .port_forward(&SandboxSelector::Id(target.sandbox_id), target.port, input)
+        .await
+    {
+        Ok(o) => o,
+        Err(e) => return text(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
+    let (client_io, bridge_io) = tokio::io::duplex(BRIDGE_BYTES);
+    tokio::spawn(bridge(bridge_io, tx, output));
+    let (mut sender, conn) =
+        match hyper::client::conn::http1::handshake(TokioIo::new(client_io)).await {
+            Ok(pair) => pair,
+            Err(e) => return text(StatusCode::BAD_GATEWAY, format!("the sandbox's port: {e}")),
+        };
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    match sender.send_request(req).await {
+        Ok(response) => response.map(|b| b.map_err(Into::into).boxed()),
+        Err(e) => text(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "port {} of sandbox {} did not answer the request: {e}",
+                target.port, target.sandbox_id
+            ),
+        ),
+    }
+}
+
+/// Copies bytes between hyper's side of a duplex pipe and a forwarded connection, each way
+/// until its end (a half-close passes through as one).
+async fn bridge(
+    io: tokio::io::DuplexStream,
+    tx: mpsc::Sender<pb::PortForwardInput>,
+    mut output: sbx_drivers::DriverStream<pb::PortForwardOutput>,
+) {
+    use pb::port_forward_input::Input;
+    use pb::port_forward_output::Output;
+    let (mut reader, mut writer) = tokio::io::split(io);
+    let up = async move {
+        let mut buf = vec![0u8; BRIDGE_BYTES];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = tx
+                        .send(pb::PortForwardInput {
+                            input: Some(Input::CloseWrite(true)),
+                        })
+                        .await;
+                    return;
+                }
+                Ok(n) => {
+                    let data = pb::PortForwardInput {
+                        input: Some(Input::Data(buf[..n].to_vec())),
+                    };
+                    if tx.send(data).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let down = async move {
+        while let Some(item) = output.next().await {
+            match item {
+                Ok(pb::PortForwardOutput {
+                    output: Some(Output::Data(data)),
+                }) => {
+                    if writer.write_all(&data).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(pb::PortForwardOutput {
+                    output: Some(Output::Closed(_)),
+                })
+                | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        let _ = writer.shutdown().await;
+    };
+    tokio::join!(up, down);
+}
