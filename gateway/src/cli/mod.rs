@@ -19,6 +19,7 @@ pub mod identity;
 pub mod image;
 pub mod meta;
 pub mod output;
+pub mod owned;
 pub mod request;
 pub mod run;
 pub mod size;
@@ -130,6 +131,17 @@ pub enum Command {
     /// Create, inspect, control, exec into, tail and watch sandboxes.
     #[command(subcommand, visible_alias = "sb")]
     Sandbox(SandboxCommand),
+    /// Create, inspect, list, update and delete providers (credential sets of a workspace that
+    /// sandboxes attach to; values never shown).
+    #[command(subcommand)]
+    Provider(owned::ProviderCommand),
+    /// Set, get, list and delete a sandbox's settings (seen by its workload as
+    /// $SBX_SETTING_<KEY>).
+    #[command(subcommand)]
+    Setting(owned::SettingCommand),
+    /// Expose, inspect, list and delete service endpoints (a sandbox port routed by Host).
+    #[command(subcommand, visible_alias = "svc")]
+    Service(owned::ServiceCommand),
     /// Pull, import, inspect, list and delete images (what sandboxes on image drivers run).
     #[command(subcommand, visible_alias = "img")]
     Image(ImageCommand),
@@ -388,7 +400,8 @@ pub struct WorkspaceListArgs {
 pub struct WorkspaceDeleteArgs {
     #[command(flatten)]
     pub target: WorkspaceTarget,
-    /// Delete the workspace's sandboxes too (otherwise deletion is refused while any remain).
+    /// Delete the workspace's sandboxes and providers too (otherwise deletion is refused
+    /// while any remain, naming each).
     #[arg(long)]
     pub cascade: bool,
     #[command(flatten)]
@@ -438,6 +451,9 @@ pub enum SandboxCommand {
     Logs(SandboxLogsArgs),
     /// Stream sandbox changes, one line (or JSON object) per event, until interrupted.
     Watch(SandboxWatchArgs),
+    /// Attach, detach and list the providers of a sandbox.
+    #[command(subcommand)]
+    Provider(owned::SandboxProviderCommand),
 }
 
 /// Names one sandbox: exactly one of NAME (with `--workspace`) or `--id`.
@@ -542,6 +558,10 @@ pub struct SandboxCreateArgs {
     /// copies while stopped (`sbx version` lists it as cp-when-stopped).
     #[arg(long = "upload", value_name = "LOCAL[:DEST]", value_parser = files::parse_upload)]
     pub uploads: Vec<files::Upload>,
+    /// A provider of the workspace to attach before the first start, by name or UUID: its
+    /// credentials reach the workload's environment and every exec's. Repeatable.
+    #[arg(long = "provider", value_name = "PROVIDER")]
+    pub providers: Vec<String>,
     /// Print the sandbox as soon as it is created, without waiting for Ready.
     #[arg(short = 'd', long)]
     pub detach: bool,

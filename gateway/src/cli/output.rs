@@ -279,7 +279,7 @@ fn labels_cell(labels: &HashMap<String, String>) -> String {
     dash_if_empty(&joined)
 }
 
-fn dash_if_empty(text: &str) -> String {
+pub(crate) fn dash_if_empty(text: &str) -> String {
     if text.is_empty() {
         "-".to_string()
     } else {
@@ -453,7 +453,7 @@ pub fn render_workspaces(
 
 /// A list in `style`: `table(items)` (an empty string when there are no items, so the caller
 /// can say so), `KIND/NAME` lines by `name`, or a JSON array / YAML sequence of `view`s.
-fn render_list<T, V: Serialize>(
+pub(crate) fn render_list<T, V: Serialize>(
     style: Style,
     items: &[T],
     (kind, name): (&str, fn(&T) -> &str),

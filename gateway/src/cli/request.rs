@@ -144,7 +144,7 @@ pub fn create_sandbox_request(
         memory_bytes: args.memory.unwrap_or(0),
     });
     Ok(CreateSandboxRequest {
-        providers: Vec::new(),
+        providers: args.providers.clone(),
         workspace: args.workspace.clone().unwrap_or_default(),
         name: args
             .name

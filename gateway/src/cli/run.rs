@@ -87,6 +87,9 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
     match cli.command {
         Command::Workspace(cmd) => run_workspace(&target()?, cmd).await,
         Command::Sandbox(cmd) => run_sandbox(&target()?, cmd).await,
+        Command::Provider(cmd) => super::owned::run_provider(&target()?, cmd).await,
+        Command::Setting(cmd) => super::owned::run_setting(&target()?, cmd).await,
+        Command::Service(cmd) => super::owned::run_service(&target()?, cmd).await,
         Command::Image(cmd) => super::image::run_image(&target()?, cmd).await,
         Command::Identity(cmd) => super::identity::run_identity(&target()?, cmd).await,
         Command::Wait(args) => run_wait(&target()?, &args).await,
@@ -312,6 +315,7 @@ async fn run_sandbox(target: &Target, cmd: SandboxCommand) -> Result<u8, CliErro
             let mut client = SandboxServiceClient::new(connect(target).await?);
             stream::logs(&mut client, req).await
         }
+        SandboxCommand::Provider(cmd) => super::owned::run_sandbox_provider(target, cmd).await,
         SandboxCommand::Watch(args) => {
             let req = request::watch_request(&args);
             let mut client = SandboxServiceClient::new(connect(target).await?);
