@@ -648,6 +648,24 @@ fn describe_sandbox(scope: &ScopeArgs, name: &str) -> String {
     )
 }
 
+/// Prints the answer of a delete (or detach) of something of a sandbox: `what` ("setting
+/// \"k\" of") and the sandbox, then whether it was `verb`.
+fn print_removed(
+    output: &OutputArgs,
+    deleted: bool,
+    what: &str,
+    scope: &ScopeArgs,
+    sandbox: &str,
+    verb: &str,
+) -> Result<(), CliError> {
+    let removed = RemovedView {
+        deleted,
+        detached: Vec::new(),
+    };
+    let what = format!("{what} {}", describe_sandbox(scope, sandbox));
+    print(&render_removed(output, &removed, &what, verb)?)
+}
+
 fn describe_provider(r: &ProviderRef) -> String {
     if !r.id.is_empty() {
         format!("provider {}", r.id)
@@ -770,16 +788,15 @@ pub async fn run_sandbox_provider(
                 .await?
                 .into_inner()
                 .detached;
-            let what = format!(
-                "provider {:?} of {}",
-                args.provider,
-                describe_sandbox(&args.scope, &args.sandbox)
-            );
-            let removed = RemovedView {
-                deleted: detached,
-                detached: Vec::new(),
-            };
-            print(&render_removed(&args.output, &removed, &what, "detached")?)?;
+            let what = format!("provider {:?} of", args.provider);
+            print_removed(
+                &args.output,
+                detached,
+                &what,
+                &args.scope,
+                &args.sandbox,
+                "detached",
+            )?;
         }
         SandboxProviderCommand::List(args) => {
             let attachments = client
@@ -863,16 +880,15 @@ pub async fn run_setting(target: &Target, cmd: SettingCommand) -> Result<u8, Cli
                 .await?
                 .into_inner()
                 .deleted;
-            let what = format!(
-                "setting {:?} of {}",
-                args.key,
-                describe_sandbox(&args.scope, &args.sandbox)
-            );
-            let removed = RemovedView {
+            let what = format!("setting {:?} of", args.key);
+            print_removed(
+                &args.output,
                 deleted,
-                detached: Vec::new(),
-            };
-            print(&render_removed(&args.output, &removed, &what, "deleted")?)?;
+                &what,
+                &args.scope,
+                &args.sandbox,
+                "deleted",
+            )?;
         }
     }
     Ok(0)
@@ -943,16 +959,15 @@ pub async fn run_service(target: &Target, cmd: ServiceCommand) -> Result<u8, Cli
                 .await?
                 .into_inner()
                 .deleted;
-            let what = format!(
-                "service {:?} of {}",
-                args.name,
-                describe_sandbox(&args.scope, &args.sandbox)
-            );
-            let removed = RemovedView {
+            let what = format!("service {:?} of", args.name);
+            print_removed(
+                &args.output,
                 deleted,
-                detached: Vec::new(),
-            };
-            print(&render_removed(&args.output, &removed, &what, "deleted")?)?;
+                &what,
+                &args.scope,
+                &args.sandbox,
+                "deleted",
+            )?;
         }
     }
     Ok(0)
