@@ -234,4 +234,7 @@ async fn routed_request_latency_against_a_port_forward() {
         r.as_secs_f64() / f.as_secs_f64()
     );
     assert!(r < Duration::from_secs(2), "a routed GET took {r:?}");
+    drop(forward);
+    let gone = w.sbx(&["sandbox", "delete", "bench"]);
+    assert_eq!(gone.code, 0, "{gone:?}");
 }

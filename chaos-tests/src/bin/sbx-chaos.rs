@@ -44,7 +44,7 @@ async fn main() {
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     // Removals by the simulated machine, each matched to a delete of its id; and how often
     // the observer of removals fell behind (removals then go unchecked).
-    let (mut removals, mut lagged) = (0u64, 0u64);
+    let (mut removals, mut lagged, mut owned) = (0u64, 0u64, 0u64);
     let mut seed = first;
     while started.elapsed() < budget {
         match run(ChaosConfig::ci(seed)).await {
@@ -58,6 +58,7 @@ async fn main() {
                 checks += report.invariant_checks;
                 removals += report.removals_checked;
                 lagged += report.removal_observer_lagged;
+                owned += report.owned_acknowledged;
                 for (kind, n) in report.faults {
                     *faults.entry(kind).or_default() += n;
                 }
@@ -77,6 +78,7 @@ async fn main() {
     println!(
         "  driver removals matched to a delete of their id: {removals} (observer fell behind {lagged} times)"
     );
+    println!("  provider, attachment, setting and service operations acknowledged: {owned}");
     for (kind, n) in faults {
         println!("  fault {kind}: {n}");
     }

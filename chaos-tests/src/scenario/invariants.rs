@@ -208,6 +208,56 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
             return Err(format!("workload {running} runs without a record (leaked)"));
         }
     }
+    // 6. What hangs off a sandbox or a workspace: every setting, attachment and service
+    //    endpoint is owned by a live sandbox of its own workspace, every attachment refers to
+    //    a live provider of that workspace, every provider is in a live workspace.
+    let by_id: HashMap<Uuid, &sbx_storage::Record> = records.iter().map(|r| (r.id, r)).collect();
+    let mut providers = HashMap::new();
+    for p in h
+        .store
+        .list(ListQuery::new(Kind::Provider, Scope::All, 0))
+        .await
+        .map_err(|e| e.to_string())?
+        .records
+    {
+        checks += 1;
+        let ws = p.workspace.unwrap_or_default();
+        if !ws_ids.contains(&ws) {
+            return Err(format!(
+                "provider {} ({}) is in a deleted workspace {ws}",
+                p.name, p.id
+            ));
+        }
+        providers.insert(p.id, p);
+    }
+    for kind in [Kind::Setting, Kind::Attachment, Kind::Service] {
+        let owned = h
+            .store
+            .list(ListQuery::new(kind, Scope::All, 0))
+            .await
+            .map_err(|e| e.to_string())?
+            .records;
+        for r in owned {
+            checks += 1;
+            let owner = r.owner.and_then(|o| by_id.get(&o));
+            if !owner.is_some_and(|o| o.workspace == r.workspace) {
+                return Err(format!(
+                    "{kind} {} ({}) is an orphan: its owner {:?} is no live sandbox of its workspace",
+                    r.name, r.id, r.owner
+                ));
+            }
+            if kind == Kind::Attachment {
+                checks += 1;
+                let target = r.refs.first().and_then(|p| providers.get(p));
+                if !target.is_some_and(|p| p.workspace == r.workspace) {
+                    return Err(format!(
+                        "attachment {} of sandbox {:?} refers to a provider that is gone: {:?}",
+                        r.id, r.owner, r.refs
+                    ));
+                }
+            }
+        }
+    }
     // 5. The store's indexes agree with its records.
     checks += 1;
     let problems = h.store.verify_indexes().map_err(|e| e.to_string())?;

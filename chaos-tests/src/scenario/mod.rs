@@ -81,6 +81,8 @@ pub struct ChaosReport {
     pub ops_unavailable: u64,
     pub creates_acknowledged: u64,
     pub deletes_acknowledged: u64,
+    /// Provider, attachment, setting and service-endpoint operations acknowledged.
+    pub owned_acknowledged: u64,
     pub faults: BTreeMap<&'static str, u64>,
     pub gateway_restarts: u64,
     /// Destructive driver calls whose target could not be placed (no record of its create).
@@ -403,11 +405,43 @@ async fn client(h: Arc<Harness>, index: usize) -> Result<(), String> {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Op {
-    Create { ws: String, name: String },
-    ById { kind: Cmd, id: Uuid },
-    ByName { kind: Cmd, ws: String, name: String },
-    DeleteWorkspace { ws: String },
-    List { ws: String },
+    Create {
+        ws: String,
+        name: String,
+    },
+    ById {
+        kind: Cmd,
+        id: Uuid,
+    },
+    ByName {
+        kind: Cmd,
+        ws: String,
+        name: String,
+    },
+    DeleteWorkspace {
+        ws: String,
+    },
+    List {
+        ws: String,
+    },
+    /// Something that hangs off a sandbox or a workspace: providers, attachments, settings,
+    /// service endpoints (checked by invariant 6).
+    Owned {
+        kind: OwnedOp,
+        ws: String,
+        name: String,
+        provider: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OwnedOp {
+    CreateProvider,
+    Attach,
+    DeleteProvider,
+    ForceDeleteProvider,
+    SetSetting,
+    Expose,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -466,6 +500,19 @@ fn pick_op(h: &Harness, rng: &mut Rng) -> Op {
             name,
         },
         85..88 => Op::DeleteWorkspace { ws },
+        88..96 => Op::Owned {
+            kind: match rng.below(6) {
+                0 => OwnedOp::CreateProvider,
+                1 => OwnedOp::Attach,
+                2 => OwnedOp::DeleteProvider,
+                3 => OwnedOp::ForceDeleteProvider,
+                4 => OwnedOp::SetSetting,
+                _ => OwnedOp::Expose,
+            },
+            ws,
+            name,
+            provider: format!("p-{}", rng.below(2)),
+        },
         _ => Op::List { ws },
     }
 }
@@ -543,6 +590,56 @@ async fn perform_inner(h: &Harness, op: &Op, answer: &mut Answer) -> Result<bool
                     Ok(true)
                 }
                 Err(ActorError::WorkspaceNotFound(_)) => Ok(false),
+                Err(e) => expected(h, e, answer),
+            }
+        }
+        Op::Owned {
+            kind,
+            ws,
+            name,
+            provider,
+        } => {
+            let sel = SandboxSelector::Name {
+                workspace: Some(ws.clone()),
+                name: name.clone(),
+            };
+            let by_name = sbx_actors::ProviderSelector::Name {
+                workspace: Some(ws.clone()),
+                name: provider.clone(),
+            };
+            let result = match kind {
+                OwnedOp::CreateProvider => gw
+                    .create_provider(
+                        Some(ws),
+                        provider,
+                        "generic",
+                        HashMap::from([("TOKEN".to_string(), format!("t-{}", Uuid::new_v4()))]),
+                        HashMap::new(),
+                    )
+                    .await
+                    .map(|_| ()),
+                OwnedOp::Attach => gw.attach_provider(&sel, provider).await.map(|_| ()),
+                OwnedOp::DeleteProvider => gw.delete_provider(&by_name, false).await.map(|_| ()),
+                OwnedOp::ForceDeleteProvider => {
+                    gw.delete_provider(&by_name, true).await.map(|_| ())
+                }
+                OwnedOp::SetSetting => gw
+                    .set_settings(
+                        &sel,
+                        HashMap::from([("approval-mode".to_string(), "suggest".to_string())]),
+                    )
+                    .await
+                    .map(|_| ()),
+                OwnedOp::Expose => gw.expose_service(&sel, 8000, "web").await.map(|_| ()),
+            };
+            match result {
+                Ok(()) => {
+                    h.report
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .owned_acknowledged += 1;
+                    Ok(true)
+                }
                 Err(e) => expected(h, e, answer),
             }
         }
@@ -636,6 +733,8 @@ fn expected(h: &Harness, e: ActorError, answer: &mut Answer) -> Result<bool, Str
         | ActorError::NameTaken { .. }
         | ActorError::WorkspaceTerminating(_)
         | ActorError::FailedPrecondition(_)
+        | ActorError::ObjectNotFound { .. }
+        | ActorError::ProviderInUse { .. }
         | ActorError::Unavailable(_) => Ok(false),
         other => Err(format!("unexpected error from the gateway: {other}")),
     }
