@@ -92,6 +92,21 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
     let ws_names: HashMap<Uuid, String> =
         workspaces.iter().map(|w| (w.id, w.name.clone())).collect();
     let ids: HashSet<Uuid> = records.iter().map(|r| r.id).collect();
+    let list_all = |kind| {
+        let store = &h.store;
+        async move {
+            store
+                .list(ListQuery::new(kind, Scope::All, 0))
+                .await
+                .map(|p| p.records)
+                .map_err(|e| e.to_string())
+        }
+    };
+    let provider_records = list_all(Kind::Provider).await?;
+    let mut owned_records = Vec::new();
+    for kind in [Kind::Setting, Kind::Attachment, Kind::Service] {
+        owned_records.push((kind, list_all(kind).await?));
+    }
     let ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
 
     // 1. Every acknowledged create exists, unless a delete that could cover it was asked for.
@@ -213,13 +228,7 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
     //    a live provider of that workspace, every provider is in a live workspace.
     let by_id: HashMap<Uuid, &sbx_storage::Record> = records.iter().map(|r| (r.id, r)).collect();
     let mut providers = HashMap::new();
-    for p in h
-        .store
-        .list(ListQuery::new(Kind::Provider, Scope::All, 0))
-        .await
-        .map_err(|e| e.to_string())?
-        .records
-    {
+    for p in provider_records {
         checks += 1;
         let ws = p.workspace.unwrap_or_default();
         if !ws_ids.contains(&ws) {
@@ -230,17 +239,11 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
         }
         providers.insert(p.id, p);
     }
-    for kind in [Kind::Setting, Kind::Attachment, Kind::Service] {
-        let owned = h
-            .store
-            .list(ListQuery::new(kind, Scope::All, 0))
-            .await
-            .map_err(|e| e.to_string())?
-            .records;
+    for (kind, owned) in owned_records {
         for r in owned {
             checks += 1;
             let owner = r.owner.and_then(|o| by_id.get(&o));
-            if !owner.is_some_and(|o| o.workspace == r.workspace) {
+            if owner.is_none_or(|o| o.workspace != r.workspace) {
                 return Err(format!(
                     "{kind} {} ({}) is an orphan: its owner {:?} is no live sandbox of its workspace",
                     r.name, r.id, r.owner
@@ -249,7 +252,7 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
             if kind == Kind::Attachment {
                 checks += 1;
                 let target = r.refs.first().and_then(|p| providers.get(p));
-                if !target.is_some_and(|p| p.workspace == r.workspace) {
+                if target.is_none_or(|p| p.workspace != r.workspace) {
                     return Err(format!(
                         "attachment {} of sandbox {:?} refers to a provider that is gone: {:?}",
                         r.id, r.owner, r.refs
