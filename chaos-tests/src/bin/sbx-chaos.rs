@@ -15,8 +15,49 @@ use std::time::{Duration, Instant};
 
 use sbx_chaos_tests::scenario::{ChaosConfig, replay, run};
 
+const HELP: &str = "\
+sbx-chaos: the long (soak) profile of the in-process chaos scenario.
+
+Runs seeded rounds (gateway, actors and the simulated driver in this process, with faults:
+sandbox-actor and supervisor kills, driver latency, errors, hangs and lost replies, forgotten
+generations, lost driver state, workload exits, gateway restarts) one after another until the
+time budget is spent, then prints the totals. (The disk-full fault and the store-damage check
+run in the process-level suite, chaos-tests/tests/chaos_processes.rs.) The first violated invariant
+stops the run: it is printed with its seed, the round's directory is kept and its journal
+written there, and the exit status is 1.
+
+Usage:
+  sbx-chaos [SECONDS] [FIRST_SEED]    soak for SECONDS (default 60) from FIRST_SEED (default 1)
+  SBX_CHAOS_REPLAY=FILE sbx-chaos     replay a failed round's journal, operations and faults
+                                      in their recorded order
+  sbx-chaos --help                    this text
+
+Exit status: 0 when every round kept every invariant, 1 on a violation, 2 on a bad argument.
+";
+
+/// The positional argument at `index`, parsed, or its default; a value that is not a number
+/// is a usage error, never silently replaced by the default.
+fn number_arg(args: &[String], index: usize, name: &str, default: u64) -> u64 {
+    match args.get(index) {
+        None => default,
+        Some(raw) => raw.parse().unwrap_or_else(|_| {
+            eprintln!("sbx-chaos: {name} must be a whole number, got {raw:?} (see --help)");
+            std::process::exit(2);
+        }),
+    }
+}
+
 #[tokio::main]
 async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{HELP}");
+        return;
+    }
+    if args.len() > 2 || args.iter().any(|a| a.starts_with('-')) {
+        eprintln!("sbx-chaos: unexpected arguments {args:?} (see --help)");
+        std::process::exit(2);
+    }
     if let Ok(file) = std::env::var("SBX_CHAOS_REPLAY") {
         match replay(std::path::Path::new(&file), None).await {
             Ok(report) => {
@@ -29,14 +70,8 @@ async fn main() {
         }
         return;
     }
-    let seconds: u64 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(60);
-    let first: u64 = std::env::args()
-        .nth(2)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(1);
+    let seconds = number_arg(&args, 0, "SECONDS", 60);
+    let first = number_arg(&args, 1, "FIRST_SEED", 1);
     let budget = Duration::from_secs(seconds);
     let started = Instant::now();
     let (mut rounds, mut ops, mut acked, mut creates, mut deletes, mut restarts, mut checks) =
