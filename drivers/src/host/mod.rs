@@ -41,6 +41,7 @@ pub(crate) mod feed;
 pub(crate) mod lifecycle;
 pub(crate) mod lock;
 pub(crate) mod logfile;
+pub mod network;
 pub(crate) mod observe;
 pub(crate) mod procfs;
 pub(crate) mod records;

@@ -1,0 +1,87 @@
+//! Links, addresses, routes and network namespaces, through iproute2's `ip` (argv, never a
+//! shell), and the host's routes read back with `ip -j`.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Why an `ip` command failed: the command and what it said.
+#[derive(Debug, thiserror::Error)]
+#[error("ip {args}: {detail}")]
+pub struct IpError {
+    pub args: String,
+    pub detail: String,
+}
+
+/// `ip ARGS…`; its stdout.
+pub fn ip(args: &[&str]) -> Result<String, IpError> {
+    let err = |detail: String| IpError {
+        args: args.join(" "),
+        detail,
+    };
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| err(format!("cannot run ip (install Debian's iproute2): {e}")))?;
+    if !out.status.success() {
+        let text = String::from_utf8_lossy(&out.stderr);
+        return Err(err(format!(
+            "{} ({})",
+            text.trim().chars().take(300).collect::<String>(),
+            out.status
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `ip -n NETNS ARGS…`: the same inside a named network namespace.
+pub fn ip_in(netns: &str, args: &[&str]) -> Result<String, IpError> {
+    let mut all = vec!["-n", netns];
+    all.extend_from_slice(args);
+    ip(&all)
+}
+
+/// Whether the link exists (in the host's namespace).
+pub fn link_exists(name: &str) -> bool {
+    ip(&["link", "show", "dev", name]).is_ok()
+}
+
+/// Whether the named network namespace exists.
+pub fn netns_exists(name: &str) -> bool {
+    std::path::Path::new("/run/netns").join(name).exists()
+}
+
+/// Every IPv4 network the host routes or holds an address in, except those on `except`
+/// (the gateway's own bridge), as (network, prefix, where).
+pub fn host_networks(except: &str) -> Result<Vec<(Ipv4Addr, u8, String)>, IpError> {
+    let mut found = Vec::new();
+    let routes: Value = serde_json::from_str(&ip(&["-j", "-4", "route", "show", "table", "all"])?)
+        .map_err(|e| IpError {
+            args: "-j route".into(),
+            detail: e.to_string(),
+        })?;
+    for r in routes.as_array().cloned().unwrap_or_default() {
+        let dev = r
+            .get("dev")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let dst = r.get("dst").and_then(Value::as_str).unwrap_or_default();
+        let kind = r.get("type").and_then(Value::as_str).unwrap_or("unicast");
+        if dev == except || dst == "default" || dst.is_empty() || kind == "broadcast" {
+            continue;
+        }
+        let (addr, len) = match dst.split_once('/') {
+            Some((a, l)) => (a, l.parse().unwrap_or(32)),
+            None => (dst, 32),
+        };
+        if let Ok(a) = addr.parse::<Ipv4Addr>() {
+            if a.is_loopback() {
+                continue;
+            }
+            found.push((a, len, format!("route {dst} dev {dev}")));
+        }
+    }
+    Ok(found)
+}

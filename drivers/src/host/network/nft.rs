@@ -1,0 +1,377 @@
+//! The gateway's nftables table, driven through `nft`'s JSON interface: every change is one
+//! JSON document given to `nft -j -f -`, which the kernel applies as one transaction (all of
+//! it or none). Nothing here builds rule text; nothing touches a table but the gateway's own.
+//!
+//! The table (`inet <name>`):
+//! - `forward` and `input` (filter hooks, priority -10): a packet from the bridge of a
+//!   connection already admitted passes; a new one jumps, through the verdict map
+//!   `sandboxes` (source address → `jump sb_<id>`), to its sandbox's chain; whatever that
+//!   chain does not accept, and whatever comes from an address no sandbox holds, goes to
+//!   `deny`. New connections from elsewhere *into* the bridge are dropped (a sandbox is
+//!   reached through the gateway's port-forward, not the network).
+//! - `sb_<id>`: one `accept` rule per allowlist entry, replaced whole on a policy update.
+//! - `deny`: records the attempt in the dynamic set `denied` (source . destination .
+//!   protocol . port, with a packet counter, kept 10 minutes, at most 65,535 entries: the
+//!   record is rate-limited by construction) and rejects it (`admin-prohibited`, so the
+//!   workload's connect fails at once instead of timing out).
+//! - `postrouting` (nat): traffic from the sandboxes' network leaving by another interface
+//!   is masqueraded to the host's address.
+
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+use super::policy::{AllowEntry, Protocol};
+
+/// Why an nft command failed: what it was for and what nft said.
+#[derive(Debug, thiserror::Error)]
+#[error("nftables ({what}): {detail}")]
+pub struct NftError {
+    pub what: String,
+    pub detail: String,
+}
+
+const PRIORITY: i32 = -10;
+
+/// Runs one JSON document through `nft -j -f -` (one kernel transaction).
+pub fn apply(what: &str, commands: Vec<Value>) -> Result<(), NftError> {
+    let doc = json!({ "nftables": commands });
+    if std::env::var_os("SBX_NFT_DUMP").is_some() {
+        eprintln!("nft {what}: {doc}");
+    }
+    run(what, &["-j", "-f", "-"], Some(doc.to_string().as_bytes()))?;
+    Ok(())
+}
+
+/// `nft -j ARGS…` and its parsed output.
+pub fn list(what: &str, args: &[&str]) -> Result<Value, NftError> {
+    let mut all = vec!["-j"];
+    all.extend_from_slice(args);
+    let out = run(what, &all, None)?;
+    serde_json::from_slice(&out).map_err(|e| NftError {
+        what: what.into(),
+        detail: format!("unreadable JSON from nft: {e}"),
+    })
+}
+
+fn run(what: &str, args: &[&str], input: Option<&[u8]>) -> Result<Vec<u8>, NftError> {
+    let err = |detail: String| NftError {
+        what: what.into(),
+        detail,
+    };
+    let mut child = Command::new("nft")
+        .args(args)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| err(format!("cannot run nft (install Debian's nftables): {e}")))?;
+    if let Some(bytes) = input {
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin
+            .write_all(bytes)
+            .map_err(|e| err(format!("writing to nft: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| err(format!("waiting for nft: {e}")))?;
+    if !out.status.success() {
+        let text = String::from_utf8_lossy(&out.stderr);
+        let first: String = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(err(format!(
+            "{} ({})",
+            first.chars().take(400).collect::<String>(),
+            out.status
+        )));
+    }
+    Ok(out.stdout)
+}
+
+fn ifname(name: &str) -> Value {
+    Value::String(name.into())
+}
+
+fn m(left: Value, right: Value) -> Value {
+    json!({ "match": { "op": "==", "left": left, "right": right } })
+}
+
+fn iif(name: &str) -> Value {
+    m(json!({ "meta": { "key": "iifname" } }), ifname(name))
+}
+
+fn oif(name: &str) -> Value {
+    m(json!({ "meta": { "key": "oifname" } }), ifname(name))
+}
+
+fn established() -> Value {
+    m(
+        json!({ "ct": { "key": "state" } }),
+        json!({ "set": ["established", "related"] }),
+    )
+}
+
+fn prefix(addr: Ipv4Addr, len: u8) -> Value {
+    if len == 32 {
+        json!(addr.to_string())
+    } else {
+        json!({ "prefix": { "addr": addr.to_string(), "len": len } })
+    }
+}
+
+/// The table's name and the objects every change refers to.
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub name: String,
+    pub bridge: String,
+    pub network: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl Table {
+    fn obj(&self, kind: &str, extra: Value) -> Value {
+        let mut o = json!({ "family": "inet", "table": self.name });
+        if let (Some(o), Some(extra)) = (o.as_object_mut(), extra.as_object()) {
+            o.extend(extra.clone());
+        }
+        json!({ kind: o })
+    }
+
+    fn rule(&self, chain: &str, expr: Vec<Value>) -> Value {
+        json!({ "add": self.obj("rule", json!({ "chain": chain, "expr": expr })) })
+    }
+
+    /// The commands that make the table and its fixed chains, or bring an existing one back to
+    /// them — leaving every sandbox's chain and map entry as they are (a restarted gateway
+    /// re-attaches without touching a running workload's network).
+    ///
+    /// `existing` is the table as `nft -j list table` shows it, if it exists: its sets are
+    /// kept as they are (the kernel marks `denied` as updated from the packet path, and an
+    /// `add` of it without that mark is refused).
+    pub fn setup(&self, existing: Option<&Value>) -> Vec<Value> {
+        let has = |kind: &str, name: &str| {
+            existing
+                .and_then(|doc| doc.get("nftables"))
+                .and_then(Value::as_array)
+                .is_some_and(|items| {
+                    items.iter().any(|i| {
+                        i.pointer(&format!("/{kind}/name")).and_then(Value::as_str) == Some(name)
+                    })
+                })
+        };
+        let t = json!({ "table": { "family": "inet", "name": self.name } });
+        let mut cmds = vec![json!({ "add": t })];
+        for (name, hook, kind, prio) in [
+            ("forward", "forward", "filter", PRIORITY),
+            ("input", "input", "filter", PRIORITY),
+            ("postrouting", "postrouting", "nat", 100),
+        ] {
+            cmds.push(json!({ "add": self.obj("chain", json!({ "name": name, "type": kind, "hook": hook, "prio": prio, "policy": "accept" })) }));
+            cmds.push(json!({ "flush": self.obj("chain", json!({ "name": name })) }));
+        }
+        cmds.push(json!({ "add": self.obj("chain", json!({ "name": "deny" })) }));
+        cmds.push(json!({ "flush": self.obj("chain", json!({ "name": "deny" })) }));
+        if !has("set", "denied") {
+            cmds.push(json!({ "add": self.obj("set", json!({
+            "name": "denied",
+            "type": ["ipv4_addr", "ipv4_addr", "inet_proto", "inet_service"],
+            "flags": ["timeout"],
+            "timeout": 600,
+            "size": 65535,
+            "stmt": [{ "counter": null }],
+            })) }));
+        }
+        if !has("map", "sandboxes") {
+            cmds.push(json!({ "add": self.obj("map", json!({ "name": "sandboxes", "type": "ipv4_addr", "map": "verdict" })) }));
+        }
+        let saddr = json!({ "payload": { "protocol": "ip", "field": "saddr" } });
+        let vmap = json!({ "vmap": { "key": saddr, "data": "@sandboxes" } });
+        let br = &self.bridge;
+        cmds.push(self.rule(
+            "forward",
+            vec![iif(br), established(), json!({ "accept": null })],
+        ));
+        cmds.push(self.rule(
+            "forward",
+            vec![oif(br), established(), json!({ "accept": null })],
+        ));
+        cmds.push(self.rule("forward", vec![iif(br), vmap.clone()]));
+        cmds.push(self.rule(
+            "forward",
+            vec![iif(br), json!({ "goto": { "target": "deny" } })],
+        ));
+        cmds.push(self.rule("forward", vec![oif(br), json!({ "drop": null })]));
+        cmds.push(self.rule(
+            "input",
+            vec![iif(br), established(), json!({ "accept": null })],
+        ));
+        cmds.push(self.rule("input", vec![iif(br), vmap]));
+        cmds.push(self.rule(
+            "input",
+            vec![iif(br), json!({ "goto": { "target": "deny" } })],
+        ));
+        cmds.push(self.rule(
+            "postrouting",
+            vec![
+                m(saddr.clone(), prefix(self.network, self.prefix)),
+                json!({ "match": { "op": "!=", "left": { "meta": { "key": "oifname" } }, "right": br } }),
+                json!({ "masquerade": null }),
+            ],
+        ));
+        let key = json!({ "concat": [
+            { "payload": { "protocol": "ip", "field": "saddr" } },
+            { "payload": { "protocol": "ip", "field": "daddr" } },
+            { "meta": { "key": "l4proto" } },
+            { "payload": { "protocol": "th", "field": "dport" } },
+        ] });
+        let l4 = json!({ "meta": { "key": "l4proto" } });
+        cmds.push(self.rule(
+            "deny",
+            vec![
+                m(l4.clone(), json!({ "set": ["tcp", "udp"] })),
+                json!({ "set": { "op": "update", "elem": key, "set": "@denied" } }),
+            ],
+        ));
+        // Other protocols (ICMP) have no port: recorded with port 0.
+        let icmp_key = json!({ "concat": [
+            { "payload": { "protocol": "ip", "field": "saddr" } },
+            { "payload": { "protocol": "ip", "field": "daddr" } },
+            { "meta": { "key": "l4proto" } },
+            0,
+        ] });
+        cmds.push(self.rule(
+            "deny",
+            vec![
+                json!({ "match": { "op": "!=", "left": l4, "right": { "set": ["tcp", "udp"] } } }),
+                json!({ "set": { "op": "update", "elem": icmp_key, "set": "@denied" } }),
+            ],
+        ));
+        cmds.push(self.rule(
+            "deny",
+            vec![json!({ "reject": { "type": "icmpx", "expr": "admin-prohibited" } })],
+        ));
+        cmds
+    }
+
+    /// The commands that give the sandbox at `addr` (chain `sb_<key>`) exactly `entries`:
+    /// its chain emptied and refilled, its map entry added (again), in one transaction.
+    pub fn apply_sandbox(&self, key: &str, addr: Ipv4Addr, entries: &[AllowEntry]) -> Vec<Value> {
+        let chain = format!("sb_{key}");
+        let mut cmds = vec![
+            json!({ "add": self.obj("chain", json!({ "name": chain })) }),
+            json!({ "flush": self.obj("chain", json!({ "name": chain })) }),
+        ];
+        let daddr = json!({ "payload": { "protocol": "ip", "field": "daddr" } });
+        let l4 = json!({ "meta": { "key": "l4proto" } });
+        let dport = json!({ "payload": { "protocol": "th", "field": "dport" } });
+        for e in entries {
+            let mut expr = vec![m(daddr.clone(), prefix(e.addr, e.prefix))];
+            if let Some((lo, hi)) = e.ports {
+                let protos: Vec<&str> = match e.protocol {
+                    Some(p) => vec![p.name()],
+                    None => vec![Protocol::Tcp.name(), Protocol::Udp.name()],
+                };
+                expr.push(m(l4.clone(), json!({ "set": protos })));
+                let port = if lo == hi {
+                    json!(lo)
+                } else {
+                    json!({ "range": [lo, hi] })
+                };
+                expr.push(m(dport.clone(), port));
+            }
+            expr.push(json!({ "accept": null }));
+            cmds.push(self.rule(&chain, expr));
+        }
+        cmds.push(json!({ "add": self.obj("element", json!({
+            "name": "sandboxes",
+            "elem": [[addr.to_string(), { "jump": { "target": chain } }]],
+        })) }));
+        cmds
+    }
+
+    /// The commands that remove the sandbox's map entry and chain.
+    pub fn remove_sandbox(&self, key: &str, addr: Ipv4Addr, has_element: bool) -> Vec<Value> {
+        let chain = format!("sb_{key}");
+        let mut cmds = Vec::new();
+        if has_element {
+            cmds.push(json!({ "delete": self.obj("element", json!({ "name": "sandboxes", "elem": [addr.to_string()] })) }));
+        }
+        cmds.push(json!({ "flush": self.obj("chain", json!({ "name": chain })) }));
+        cmds.push(json!({ "delete": self.obj("chain", json!({ "name": chain })) }));
+        cmds
+    }
+}
+
+/// One recorded denial: source, destination, protocol, port (0 for ICMP) and packets seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    pub source: Ipv4Addr,
+    pub destination: Ipv4Addr,
+    pub protocol: String,
+    pub port: u16,
+    pub packets: u64,
+}
+
+/// Reads the `denied` set's elements out of `nft -j list set` output.
+pub fn parse_denials(doc: &Value) -> Vec<Denial> {
+    let mut out = Vec::new();
+    let items = doc
+        .get("nftables")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for item in items {
+        let Some(elems) = item.pointer("/set/elem").and_then(Value::as_array) else {
+            continue;
+        };
+        for elem in elems {
+            // An element with a counter is {"elem": {"val": {"concat": […]}, "counter": {…}}}.
+            let (val, packets) = match elem.get("elem") {
+                Some(e) => (
+                    e.get("val").cloned().unwrap_or(Value::Null),
+                    e.pointer("/counter/packets")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0),
+                ),
+                None => (elem.clone(), 0),
+            };
+            let Some(parts) = val.get("concat").and_then(Value::as_array) else {
+                continue;
+            };
+            let text = |i: usize| {
+                parts
+                    .get(i)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let (Ok(source), Ok(destination)) = (text(0).parse(), text(1).parse()) else {
+                continue;
+            };
+            let protocol = match parts.get(2) {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Number(n)) => n.to_string(),
+                _ => String::new(),
+            };
+            let port = parts.get(3).and_then(Value::as_u64).unwrap_or(0) as u16;
+            out.push(Denial {
+                source,
+                destination,
+                protocol,
+                port,
+                packets,
+            });
+        }
+    }
+    out
+}

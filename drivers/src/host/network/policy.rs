@@ -1,0 +1,321 @@
+//! An egress policy's allowlist: parsed once, at the API boundary and again by the driver
+//! that enforces it, into entries the firewall can express.
+//!
+//! An entry is `CIDR[:PORT[-PORT]][/tcp|/udp]`: an IPv4 address or network (`10.1.2.3`,
+//! `10.0.0.0/8`), optionally a port or an inclusive port range, optionally a protocol. With
+//! no port the entry admits every protocol to those addresses (ICMP too); with a port and no
+//! protocol it admits both TCP and UDP. Hostname entries (`api.example.test:443`) are
+//! recognised and refused for now: admitting a name needs the gateway's resolver, which sbx
+//! does not have yet, and resolving it once with the host's resolver would admit whatever
+//! that answered at the time, not what the sandbox later resolves.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+
+/// At most this many entries in one policy (each becomes one firewall rule, evaluated only
+/// for a connection's first packet).
+pub const MAX_ALLOW_ENTRIES: usize = 10_000;
+/// At most this many bytes in one entry.
+pub const MAX_ENTRY_BYTES: usize = 128;
+
+/// The transport protocol an entry admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+/// One parsed allowlist entry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AllowEntry {
+    /// The network address (host bits zero) and its prefix length.
+    pub addr: Ipv4Addr,
+    pub prefix: u8,
+    /// An inclusive port range; `None` admits every port and protocol.
+    pub ports: Option<(u16, u16)>,
+    /// `None` with `ports` set admits TCP and UDP.
+    pub protocol: Option<Protocol>,
+}
+
+impl fmt::Display for AllowEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.prefix == 32 {
+            write!(f, "{}", self.addr)?;
+        } else {
+            write!(f, "{}/{}", self.addr, self.prefix)?;
+        }
+        match self.ports {
+            Some((lo, hi)) if lo == hi => write!(f, ":{lo}")?,
+            Some((lo, hi)) => write!(f, ":{lo}-{hi}")?,
+            None => {}
+        }
+        if let Some(p) = self.protocol {
+            write!(f, "/{}", p.name())?;
+        }
+        Ok(())
+    }
+}
+
+/// Why an entry or a policy was refused; the message quotes at most a short, escaped prefix
+/// of the entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("network allow entry {entry}: {reason}")]
+pub struct PolicyError {
+    pub entry: String,
+    pub reason: String,
+}
+
+fn refuse(raw: &str, reason: impl Into<String>) -> PolicyError {
+    let mut shown: String = raw
+        .chars()
+        .take(40)
+        .collect::<String>()
+        .escape_debug()
+        .collect();
+    if raw.chars().count() > 40 {
+        shown.push('…');
+    }
+    PolicyError {
+        entry: format!("\"{shown}\""),
+        reason: reason.into(),
+    }
+}
+
+fn parse_port(raw: &str, text: &str) -> Result<u16, PolicyError> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) || text.len() > 5 {
+        return Err(refuse(
+            raw,
+            format!("port {text:?} is not a number from 1 to 65535"),
+        ));
+    }
+    match text.parse::<u32>() {
+        Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
+        _ => Err(refuse(
+            raw,
+            format!("port {text} is out of range (1 to 65535)"),
+        )),
+    }
+}
+
+fn looks_like_hostname(host: &str) -> bool {
+    host.bytes().any(|b| b.is_ascii_alphabetic())
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
+
+/// Parses one entry.
+pub fn parse_entry(raw: &str) -> Result<AllowEntry, PolicyError> {
+    if raw.is_empty() {
+        return Err(refuse(
+            raw,
+            "is empty (expected CIDR[:PORT[-PORT]][/tcp|/udp])",
+        ));
+    }
+    if raw.len() > MAX_ENTRY_BYTES {
+        return Err(refuse(
+            raw,
+            format!("is longer than {MAX_ENTRY_BYTES} bytes"),
+        ));
+    }
+    let (rest, protocol) = if let Some(r) = raw.strip_suffix("/tcp") {
+        (r, Some(Protocol::Tcp))
+    } else if let Some(r) = raw.strip_suffix("/udp") {
+        (r, Some(Protocol::Udp))
+    } else {
+        (raw, None)
+    };
+    if rest.contains('[') || rest.matches(':').count() > 1 {
+        return Err(refuse(
+            raw,
+            "IPv6 is not supported: sandboxes have IPv4 addresses only",
+        ));
+    }
+    let (net, ports) = match rest.split_once(':') {
+        Some((net, ports)) => {
+            let range = match ports.split_once('-') {
+                Some((lo, hi)) => (parse_port(raw, lo)?, parse_port(raw, hi)?),
+                None => {
+                    let p = parse_port(raw, ports)?;
+                    (p, p)
+                }
+            };
+            if range.0 > range.1 {
+                return Err(refuse(
+                    raw,
+                    format!("port range {}-{} is reversed", range.0, range.1),
+                ));
+            }
+            (net, Some(range))
+        }
+        None => (rest, None),
+    };
+    if protocol.is_some() && ports.is_none() {
+        return Err(refuse(raw, "a protocol needs a port (CIDR:PORT/tcp)"));
+    }
+    let (host, prefix) = match net.split_once('/') {
+        Some((host, len)) => {
+            let prefix = match len.parse::<u8>() {
+                Ok(p) if p <= 32 && !len.is_empty() && len.bytes().all(|b| b.is_ascii_digit()) => p,
+                _ => return Err(refuse(raw, format!("prefix length {len:?} is not 0 to 32"))),
+            };
+            (host, prefix)
+        }
+        None => (net, 32),
+    };
+    if host.is_empty() {
+        return Err(refuse(raw, "has no address or hostname"));
+    }
+    let addr: Ipv4Addr = match host.parse() {
+        Ok(a) => a,
+        Err(_) if looks_like_hostname(host) && prefix == 32 && !net.contains('/') => {
+            return Err(refuse(
+                raw,
+                "hostname entries are not supported yet (they need the gateway's resolver); \
+                 allow the addresses instead",
+            ));
+        }
+        Err(_) => return Err(refuse(raw, format!("{host:?} is not an IPv4 address"))),
+    };
+    let mask = if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - prefix)
+    };
+    let bits = u32::from(addr);
+    if bits & !mask != 0 {
+        return Err(refuse(
+            raw,
+            format!(
+                "{addr}/{prefix} has host bits set (the network is {}/{prefix})",
+                Ipv4Addr::from(bits & mask)
+            ),
+        ));
+    }
+    Ok(AllowEntry {
+        addr,
+        prefix,
+        ports,
+        protocol,
+    })
+}
+
+/// Parses a whole allowlist: every entry, at most [`MAX_ALLOW_ENTRIES`], duplicates removed,
+/// in a stable order.
+pub fn parse_allowlist<S: AsRef<str>>(entries: &[S]) -> Result<Vec<AllowEntry>, PolicyError> {
+    if entries.len() > MAX_ALLOW_ENTRIES {
+        return Err(PolicyError {
+            entry: format!("list of {}", entries.len()),
+            reason: format!("has more than {MAX_ALLOW_ENTRIES} entries"),
+        });
+    }
+    let mut parsed = entries
+        .iter()
+        .map(|e| parse_entry(e.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    parsed.sort();
+    parsed.dedup();
+    Ok(parsed)
+}
+
+/// Whether `addr` lies in `net/prefix`.
+pub fn contains(net: Ipv4Addr, prefix: u8, addr: Ipv4Addr) -> bool {
+    let mask = if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - prefix)
+    };
+    u32::from(net) & mask == u32::from(addr) & mask
+}
+
+/// Whether two networks share any address.
+pub fn overlaps(a: Ipv4Addr, a_len: u8, b: Ipv4Addr, b_len: u8) -> bool {
+    let len = a_len.min(b_len);
+    contains(a, len, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_parse_to_what_they_say() {
+        let e = parse_entry("10.1.2.3:443").unwrap();
+        assert_eq!(
+            (e.addr, e.prefix, e.ports, e.protocol),
+            ("10.1.2.3".parse().unwrap(), 32, Some((443, 443)), None)
+        );
+        let e = parse_entry("10.0.0.0/8:80-90/tcp").unwrap();
+        assert_eq!(
+            (e.prefix, e.ports, e.protocol),
+            (8, Some((80, 90)), Some(Protocol::Tcp))
+        );
+        let e = parse_entry("192.168.0.0/16").unwrap();
+        assert_eq!((e.ports, e.protocol), (None, None));
+        assert_eq!(
+            parse_entry("10.0.0.1:53/udp").unwrap().to_string(),
+            "10.0.0.1:53/udp"
+        );
+        assert_eq!(parse_entry("0.0.0.0/0").unwrap().to_string(), "0.0.0.0/0");
+    }
+
+    #[test]
+    fn malformed_entries_are_refused_with_their_reason() {
+        for (bad, why) in [
+            ("", "empty"),
+            ("10.0.0.0/33", "prefix length"),
+            ("10.0.0.1/8", "host bits"),
+            ("10.0.0.256", "not an IPv4"),
+            ("10.0.0.1:0", "out of range"),
+            ("10.0.0.1:65536", "out of range"),
+            ("10.0.0.1:", "not a number"),
+            ("10.0.0.1:90-80", "reversed"),
+            ("10.0.0.1/tcp", "needs a port"),
+            (":80", "no address"),
+            ("api.example.test:443", "hostname"),
+            ("[::1]:80", "IPv6"),
+            ("fd00::1", "IPv6"),
+            ("10.0.0.1:80/sctp", "not a number"),
+        ] {
+            let err = parse_entry(bad).expect_err(bad);
+            assert!(err.to_string().contains(why), "{bad}: {err}");
+        }
+        let long = "1".repeat(10_000);
+        let err = parse_entry(&long).unwrap_err().to_string();
+        assert!(err.len() < 200, "the message quotes a short prefix: {err}");
+    }
+
+    #[test]
+    fn a_list_is_bounded_and_deduplicated() {
+        let many: Vec<String> = (0..=MAX_ALLOW_ENTRIES)
+            .map(|i| format!("10.{}.{}.1:80", i / 256, i % 256))
+            .collect();
+        assert!(parse_allowlist(&many).is_err());
+        let ok = parse_allowlist(&many[..MAX_ALLOW_ENTRIES]).unwrap();
+        assert_eq!(ok.len(), MAX_ALLOW_ENTRIES);
+        assert_eq!(
+            parse_allowlist(&["10.0.0.1:80", "10.0.0.1:80"])
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn overlap_and_containment() {
+        let a: Ipv4Addr = "10.88.0.0".parse().unwrap();
+        assert!(overlaps(a, 16, "10.88.3.0".parse().unwrap(), 24));
+        assert!(overlaps("10.0.0.0".parse().unwrap(), 8, a, 16));
+        assert!(!overlaps(a, 16, "10.89.0.0".parse().unwrap(), 16));
+        assert!(contains(a, 16, "10.88.255.1".parse().unwrap()));
+    }
+}
