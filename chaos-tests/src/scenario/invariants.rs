@@ -159,6 +159,13 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
             unverified += 1;
             continue;
         };
+        if call.seq < placed.created_at {
+            // Before the driver's first create of this id: no workload of it existed to hit.
+            // (A stop by name reaches a sandbox from its record's write, which comes before
+            // the driver's create: the name rightly resolved, and the stop found nothing.)
+            unverified += 1;
+            continue;
+        }
         if !ledger.explains(
             call.op,
             id,
@@ -168,8 +175,14 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
             call.seq,
         ) {
             return Err(format!(
-                "the driver was asked to {:?} sandbox {}/{} ({id}) at call {}, and no client had asked for that",
-                call.op, placed.workspace, placed.name, call.seq
+                "the driver was asked to {:?} sandbox {}/{} ({id}) at call {}, and no client had asked for that \
+                 (first created in the driver at call {}; requests naming it: {})",
+                call.op,
+                placed.workspace,
+                placed.name,
+                call.seq,
+                placed.created_at,
+                ledger.naming(id, &placed.workspace, &placed.name)
             ));
         }
     }

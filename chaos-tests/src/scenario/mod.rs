@@ -150,6 +150,36 @@ impl Ledger {
         })
     }
 
+    /// The requests that name this sandbox (by id, name or workspace), for a violation's
+    /// message: each with its op and its sent/answered calls.
+    fn naming(&self, id: Uuid, workspace: &str, name: &str) -> String {
+        let shown: Vec<String> = self
+            .requests
+            .iter()
+            .filter(|r| match &r.target {
+                Target::Id(target) => *target == id,
+                Target::Name(ws, n) => ws == workspace && n == name,
+                Target::Workspace(ws) => ws == workspace,
+            })
+            .map(|r| {
+                let answered = if r.answered == u64::MAX {
+                    "never".to_string()
+                } else {
+                    r.answered.to_string()
+                };
+                format!(
+                    "{:?} {:?} sent {} answered {answered}",
+                    r.op, r.target, r.sent
+                )
+            })
+            .collect();
+        if shown.is_empty() {
+            "none".to_string()
+        } else {
+            shown.join("; ")
+        }
+    }
+
     /// Whether a delete was ever asked that covers this acknowledged sandbox.
     fn delete_asked(&self, id: Uuid, workspace: &str, name: &str) -> bool {
         self.deleted_ids.contains(&id)
