@@ -110,4 +110,10 @@ pub enum SandboxMsg {
         key: String,
         reply: RpcReplyPort<Result<bool>>,
     },
+    /// Replaces the sandbox's egress allowlist (checked already): persisted, then applied by
+    /// the driver while the workload runs; answers the driver's view of the network.
+    UpdateNetwork {
+        policy: sbx_proto::v1::NetworkPolicy,
+        reply: RpcReplyPort<Result<pb::NetworkStatus>>,
+    },
 }

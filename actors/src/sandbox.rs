@@ -278,6 +278,13 @@ impl SandboxActor {
                 };
                 let _ = reply.send(result);
             }
+            SandboxMsg::UpdateNetwork { policy, reply } => {
+                if caller_gone(&reply, st, "update the network") {
+                    return Ok(());
+                }
+                let result = self.update_network(st, policy).await;
+                let _ = reply.send(result);
+            }
             SandboxMsg::DeleteSetting { key, reply } => {
                 let result = match refuse_if_deleting(st, "delete a setting of") {
                     Err(e) => Err(e),
@@ -655,6 +662,82 @@ impl SandboxActor {
         Ok(())
     }
 
+    /// A live policy update: the new allowlist is written to the sandbox's record first, then
+    /// the driver applies it; if the driver cannot, the record is put back (both say the old
+    /// list) and the driver's error is the answer.
+    async fn update_network(
+        &self,
+        st: &mut SandboxState,
+        policy: sbx_proto::v1::NetworkPolicy,
+    ) -> Result<pb::NetworkStatus> {
+        use sbx_proto::v1::NetworkMode;
+        refuse_if_deleting(st, "change the network of")?;
+        let name = st.stored.sandbox.name.clone();
+        let current = st
+            .stored
+            .sandbox
+            .spec
+            .as_ref()
+            .and_then(|s| s.network.clone());
+        if current.as_ref().map(|n| n.mode()) != Some(NetworkMode::Policy) {
+            return Err(ActorError::FailedPrecondition(format!(
+                "sandbox {name:?} was made with network mode none: the mode is fixed at create \
+                 (make a new sandbox with --network policy)"
+            )));
+        }
+        if policy.mode() != NetworkMode::Policy {
+            return Err(ActorError::FailedPrecondition(format!(
+                "the network mode of sandbox {name:?} is fixed at create: give mode policy with \
+                 the new allowlist (an empty one denies everything)"
+            )));
+        }
+        let driver = self.driver(st)?;
+        let write = |st: &mut SandboxState, network: Option<sbx_proto::v1::NetworkPolicy>| {
+            if let Some(spec) = st.stored.sandbox.spec.as_mut() {
+                spec.network = network;
+            }
+        };
+        write(st, Some(policy.clone()));
+        let written = st.shared.store.update(st.stored.to_update()).await;
+        match written {
+            Ok(record) => st.stored = StoredSandbox::from_record(record)?,
+            Err(e) => {
+                write(st, current);
+                return Err(e.into());
+            }
+        }
+        st.shared
+            .events
+            .publish(EventType::Modified, st.stored.sandbox.clone());
+        let request = pb::UpdateNetworkRequest {
+            sandbox_id: st.stored.id().to_string(),
+            policy: Some(pb::NetworkPolicy {
+                mode: policy.mode,
+                allow: policy.allow,
+            }),
+        };
+        match driver.update_network(request).await {
+            Ok(status) => Ok(status),
+            Err(e) => {
+                write(st, current);
+                match st.shared.store.update(st.stored.to_update()).await {
+                    Ok(record) => {
+                        st.stored = StoredSandbox::from_record(record)?;
+                        st.shared
+                            .events
+                            .publish(EventType::Modified, st.stored.sandbox.clone());
+                    }
+                    Err(put_back) => tracing::warn!(
+                        sandbox_id = %st.stored.id(),
+                        error = %put_back,
+                        "the driver refused a network update and the old policy could not be written back"
+                    ),
+                }
+                Err(e.into())
+            }
+        }
+    }
+
     /// Writes the actor's view of the sandbox, checked against the version it last wrote.
     async fn persist(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
         let written = st.shared.store.update(st.stored.to_update()).await?;
@@ -721,6 +804,10 @@ fn create_request(st: &SandboxState) -> pb::CreateRequest {
             } else {
                 spec.image_digest
             },
+            network: spec.network.map(|n| pb::NetworkPolicy {
+                mode: n.mode,
+                allow: n.allow,
+            }),
         }),
         generation: sb.generation,
         stopped: false,

@@ -222,6 +222,9 @@ pub fn spec_bounds(spec: &SandboxSpec) -> Result<()> {
             limits::MIN_MEMORY_BYTES
         )));
     }
+    if let Some(n) = &spec.network {
+        network(n)?;
+    }
     let size = spec.encoded_len();
     if size > limits::MAX_SPEC_BYTES {
         return Err(invalid(format!(
@@ -230,6 +233,31 @@ pub fn spec_bounds(spec: &SandboxSpec) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Checks a network policy: a known mode, an allowlist only with mode policy, every entry
+/// well formed (`sbx_drivers::network::parse_allowlist`), at most 10,000.
+pub fn network(policy: &sbx_proto::v1::NetworkPolicy) -> Result<()> {
+    use sbx_proto::v1::NetworkMode;
+    match NetworkMode::try_from(policy.mode) {
+        Ok(NetworkMode::Policy) => {}
+        Ok(NetworkMode::None) | Ok(NetworkMode::Unspecified) => {
+            if !policy.allow.is_empty() {
+                return Err(invalid(
+                    "network mode none admits nothing: an allowlist needs mode policy".to_string(),
+                ));
+            }
+        }
+        Err(_) => {
+            return Err(invalid(format!(
+                "network mode {} is not known",
+                policy.mode
+            )));
+        }
+    }
+    sbx_drivers::network::parse_allowlist(&policy.allow)
+        .map(|_| ())
+        .map_err(|e| invalid(e.to_string()))
 }
 
 /// Checks a sandbox spec. `image_default` names the resolved image when it has an

@@ -122,6 +122,35 @@ pub trait ComputeDriver: Send + Sync + 'static {
             "port forwarding: this driver cannot".into(),
         ))
     }
+
+    /// Replaces a networked sandbox's egress allowlist while it runs (the `network`
+    /// capability): persisted in the driver's record first, then applied in one firewall
+    /// transaction.
+    async fn update_network(
+        &self,
+        req: pb::UpdateNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        let _ = req;
+        Err(DriverError::Unimplemented(
+            "a sandbox network: this driver has none".into(),
+        ))
+    }
+
+    /// A sandbox's network: policy, address and recent denials (the `network` capability;
+    /// without it, every sandbox has loopback only and no denials).
+    async fn get_network(
+        &self,
+        req: pb::GetNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        parse_sandbox_id(&req.sandbox_id)?;
+        Ok(pb::NetworkStatus {
+            policy: Some(pb::NetworkPolicy {
+                mode: pb::NetworkMode::None as i32,
+                allow: Vec::new(),
+            }),
+            ..Default::default()
+        })
+    }
 }
 
 /// Parses the sandbox id of a driver request: empty or malformed ids are

@@ -462,6 +462,7 @@ fn spec() -> BoxedStrategy<SandboxSpec> {
                     memory_bytes,
                 }),
                 image_digest: String::new(),
+                network: None,
             },
         )
         .boxed()

@@ -41,6 +41,7 @@ use crate::startup::StartupTracker;
 use crate::validate::{self, SandboxSelector, WorkspaceSelector};
 
 mod data;
+mod network;
 mod providers;
 mod resolve;
 mod services;
@@ -321,6 +322,8 @@ impl Gateway {
             image = Some(default);
         }
         validate::spec(&spec, image.as_ref())?;
+        self.refuse_network_without_driver(&spec, driver.as_ref())
+            .await?;
         let ws_name = validate::workspace_or_default(workspace);
         validate::name("workspace", ws_name)?;
         let ws = self

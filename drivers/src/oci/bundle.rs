@@ -103,6 +103,9 @@ pub struct RunSpec<'a> {
     pub volume: &'a Path,
     pub init_dir: &'a Path,
     pub run_dir: &'a Path,
+    /// The network namespace to join (the gateway's network); `None`: a new one, loopback
+    /// only.
+    pub netns: Option<&'a Path>,
 }
 
 /// The process of a run or of an exec: argv, environment, directory, user, and the same
@@ -184,12 +187,27 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
             "mqueue",
             &["nosuid", "noexec", "nodev"],
         ),
-        mount(
-            "/sys",
-            "sysfs",
-            "sysfs",
-            &["nosuid", "noexec", "nodev", "ro"],
-        ),
+        // A sysfs mount needs the network namespace to belong to the container's user
+        // namespace; the gateway's network gives a namespace host root made (so that the
+        // workload holds no capability over it), and the kernel then refuses sysfs. The host's
+        // /sys, bound read-only and without its submounts, stands in: the same devices, and
+        // the host's interface names under /sys/class/net. Recursive: inside a user namespace
+        // the kernel refuses a bind that would uncover what the host's submounts cover; the
+        // cgroup mount below goes on top of the host's /sys/fs/cgroup.
+        match run.netns {
+            None => mount(
+                "/sys",
+                "sysfs",
+                "sysfs",
+                &["nosuid", "noexec", "nodev", "ro"],
+            ),
+            Some(_) => mount(
+                "/sys",
+                "bind",
+                "/sys",
+                &["rbind", "nosuid", "noexec", "nodev", "ro"],
+            ),
+        },
         mount(
             "/sys/fs/cgroup",
             "cgroup",
@@ -228,10 +246,11 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
     ]
     .into_iter()
     .map(|typ| {
-        LinuxNamespaceBuilder::default()
-            .typ(typ)
-            .build()
-            .expect("a namespace is complete")
+        let mut ns = LinuxNamespaceBuilder::default().typ(typ);
+        if let (LinuxNamespaceType::Network, Some(path)) = (typ, run.netns) {
+            ns = ns.path(path.to_path_buf());
+        }
+        ns.build().expect("a namespace is complete")
     })
     .collect::<Vec<_>>();
     let mut resources = LinuxResourcesBuilder::default()
@@ -330,6 +349,7 @@ mod tests {
             volume: &volume,
             init_dir: &init,
             run_dir: &run,
+            netns: None,
         });
         serde_json::to_value(spec).unwrap()
     }

@@ -66,6 +66,7 @@ use uuid::Uuid;
 use crate::host::command::RunEnv;
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::logfile::log_since;
+use crate::host::network::{self, Network};
 use crate::host::procfs::{self, ProcessIdentity};
 use crate::host::records::{self, RecordCache, write_atomically};
 use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms};
@@ -147,6 +148,9 @@ pub struct OciDriverOptions {
     pub default_grace: Duration,
     /// How often the watch task looks for workloads that changed by themselves.
     pub poll_interval: Duration,
+    /// The gateway's sandbox network, shared with its other host drivers; `None`: sandboxes
+    /// have loopback only and a create with network mode policy is refused.
+    pub network: Option<Arc<Network>>,
 }
 
 impl Default for OciDriverOptions {
@@ -159,6 +163,7 @@ impl Default for OciDriverOptions {
             pids_limit: 1024,
             default_grace: Duration::from_secs(5),
             poll_interval: Duration::from_millis(250),
+            network: None,
         }
     }
 }
@@ -383,6 +388,22 @@ impl HostDriver for Inner {
         self.paths(id).log
     }
 
+    /// The sandbox's network namespace, veth, rules and address lease go with it.
+    async fn before_removal(&self, record: &OciRecord) -> Result<(), DriverError> {
+        match (&self.opts.network, &record.network_allow) {
+            (Some(net), Some(_)) => {
+                let (net, id) = (Arc::clone(net), record.sandbox_id);
+                tokio::task::spawn_blocking(move || net.detach(id))
+                    .await
+                    .map_err(|e| internal("detaching the sandbox's network", e))?
+                    .map_err(|e| {
+                        DriverError::Internal(format!("removing the sandbox's network: {e}"))
+                    })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// What the sandbox looks like now, from its record, its run files and `/proc`.
     fn snapshot(&self, record: &OciRecord) -> pb::Snapshot {
         let (observed, init) = self.run_paths(record).observe(record.desired, || {
@@ -451,6 +472,79 @@ impl HostDriver for Inner {
 }
 
 impl Inner {
+    /// A create's network request, checked against what this driver has.
+    pub(crate) fn network_allow(
+        &self,
+        policy: Option<&pb::NetworkPolicy>,
+    ) -> Result<Option<Vec<String>>, DriverError> {
+        network::requested(policy, self.opts.network.as_ref())
+    }
+
+    /// The sandbox's namespace on the gateway's network (made if it has none yet, its
+    /// policy applied), or `None` for loopback only.
+    async fn attach_network(&self, record: &OciRecord) -> Result<Option<PathBuf>, DriverError> {
+        let (Some(net), Some(allow)) = (&self.opts.network, &record.network_allow) else {
+            return Ok(None);
+        };
+        let entries = network::parse_allowlist(allow)
+            .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+        let (net, id) = (Arc::clone(net), record.sandbox_id);
+        let attached = tokio::task::spawn_blocking(move || net.attach(id, &entries))
+            .await
+            .map_err(|e| internal("attaching the sandbox's network", e))?
+            .map_err(|e| DriverError::Unavailable(format!("the sandbox's network: {e}")))?;
+        Ok(Some(attached.netns_path))
+    }
+
+    /// Replaces a networked sandbox's allowlist: the record first, then the firewall (a
+    /// driver killed between the two applies the record's list at the next attach).
+    pub(crate) async fn update_network(
+        &self,
+        req: pb::UpdateNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        let id = crate::parse_sandbox_id(&req.sandbox_id)?;
+        let _serialised = self.records.lock(id).await;
+        let mut record = self.records.require(id)?;
+        let asked = network::requested(req.policy.as_ref(), self.opts.network.as_ref())?;
+        let (Some(allow), Some(_)) = (asked, &record.network_allow) else {
+            return Err(DriverError::FailedPrecondition(format!(
+                "sandbox {id} was made with network mode none (or the update asks for none):                  the mode of a sandbox's network is fixed at create; only a policy's allowlist                  can change"
+            )));
+        };
+        let entries = network::parse_allowlist(&allow)
+            .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+        record.network_allow = Some(allow);
+        self.records.save(&record)?;
+        let net = Arc::clone(self.opts.network.as_ref().expect("checked by requested"));
+        let applied = {
+            let net = Arc::clone(&net);
+            tokio::task::spawn_blocking(move || match net.address_of(id) {
+                // Not attached yet (made stopped): the list applies at its first start.
+                None => Ok(()),
+                Some(_) => net.set_policy(id, &entries),
+            })
+            .await
+            .map_err(|e| internal("applying the policy", e))?
+        };
+        applied.map_err(|e| DriverError::Unavailable(format!("applying the policy: {e}")))?;
+        tracing::info!(sandbox_id = %id, entries = record.network_allow.as_ref().map_or(0, Vec::len), "network policy updated");
+        network::status(Some(&net), id, record.network_allow.as_ref())
+    }
+
+    pub(crate) async fn get_network(
+        &self,
+        req: pb::GetNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        let id = crate::parse_sandbox_id(&req.sandbox_id)?;
+        let record = self.records.require(id)?;
+        let net = self.opts.network.clone();
+        tokio::task::spawn_blocking(move || {
+            network::status(net.as_deref(), id, record.network_allow.as_ref())
+        })
+        .await
+        .map_err(|e| internal("reading the network", e))?
+    }
+
     /// Mounts the root filesystem, writes the runtime config and runs the container; records
     /// the init's identity.
     async fn launch(
@@ -491,6 +585,7 @@ impl Inner {
             format!("{}\n", record.name),
         )
         .map_err(|e| io("writing the sandbox's hostname file", e))?;
+        let netns = self.attach_network(record).await?;
         let init_dir = record::init_dir(&self.state_dir);
         let mut args = vec![
             format!("{INIT_MOUNT}/busybox"),
@@ -513,6 +608,7 @@ impl Inner {
             volume: &paths.volume,
             init_dir: &init_dir,
             run_dir: &run.dir,
+            netns: netns.as_deref(),
         };
         let config_file = paths.bundle.join("config.json");
         let write_config = |spec: &bundle::RunSpec<'_>| {

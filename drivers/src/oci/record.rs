@@ -83,6 +83,10 @@ pub struct OciRecord {
     pub warnings: Vec<String>,
     /// The spec's variables as sent (for the record's readers; `image.env` is what runs).
     pub spec_env: BTreeMap<String, String>,
+    /// On the gateway's network with this egress allowlist (entries as the spec gave them);
+    /// `None`: loopback only. Absent in records written before networks existed.
+    #[serde(default)]
+    pub network_allow: Option<Vec<String>>,
 }
 
 host_record!(OciRecord, RECORD_FORMAT);
@@ -184,6 +188,7 @@ mod tests {
             cgroup_path: "/sbx-oci/x".into(),
             warnings: vec![],
             spec_env: BTreeMap::new(),
+            network_allow: None,
         };
         write_record(&paths, &record).unwrap();
         assert_eq!(read_record(&paths).unwrap(), record);

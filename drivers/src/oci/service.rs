@@ -37,6 +37,7 @@ impl ComputeDriver for OciDriver {
             copy: true,
             port_forward: true,
             copy_when_stopped: true,
+            network: self.inner.opts.network.is_some(),
             isolation: format!(
                 "OCI container ({}): user namespace (root = host uid {}), pid/mount/uts/ipc/\
                  net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \
@@ -65,6 +66,21 @@ impl ComputeDriver for OciDriver {
     async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
         let inner = Arc::clone(&self.inner);
         lifecycle::detach(async move { lifecycle::delete(inner.as_ref(), req).await }).await
+    }
+
+    async fn update_network(
+        &self,
+        req: pb::UpdateNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { inner.update_network(req).await }).await
+    }
+
+    async fn get_network(
+        &self,
+        req: pb::GetNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        self.inner.get_network(req).await
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
@@ -233,6 +249,7 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
             false => e,
         },
     )?;
+    let network_allow = inner.network_allow(spec.network.as_ref())?;
     let _serialised = inner.records.lock(id).await;
     if let Some(existing) = inner.records.get(id) {
         let asked = (req.workspace.as_str(), req.name.as_str());
@@ -257,6 +274,7 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
         cgroup_path: format!("/{}/{id}", inner.opts.cgroup_parent.trim_matches('/')),
         warnings: Vec::new(),
         spec_env: spec.env.into_iter().collect::<BTreeMap<_, _>>(),
+        network_allow,
     };
     // start_run writes the record first; a driver killed before that leaves a directory
     // without a record, which open() removes.

@@ -20,6 +20,7 @@ impl ComputeDriver for ProcessDriver {
     async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
         let cgroups = &self.inner.cgroups;
         Ok(pb::CapabilitiesResponse {
+            network: false,
             driver: "process".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             exec: true,
@@ -144,6 +145,8 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
     let run_env = crate::host::command::run_env(std::mem::take(&mut req.run_env))?;
     let spec = req.spec.unwrap_or_default();
     validate_command("the spec", &spec.command, &spec.env)?;
+    // No sandbox network in this driver yet: loopback only, and a policy is refused.
+    crate::host::network::requested(spec.network.as_ref(), None)?;
     let _serialised = inner.records.lock(id).await;
     if let Some(existing) = inner.records.get(id) {
         let asked = (req.workspace.as_str(), req.name.as_str());

@@ -156,6 +156,26 @@ impl ComputeDriver for RemoteDriver {
         .await
     }
 
+    async fn update_network(
+        &self,
+        req: pb::UpdateNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        self.call("update_network", req, true, |mut c, r| async move {
+            c.update_network(r).await
+        })
+        .await
+    }
+
+    async fn get_network(
+        &self,
+        req: pb::GetNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        self.call("get_network", req, true, |mut c, r| async move {
+            c.get_network(r).await
+        })
+        .await
+    }
+
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
         self.call("get", req, true, |mut c, r| async move { c.get(r).await })
             .await

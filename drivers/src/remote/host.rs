@@ -122,6 +122,30 @@ pub struct OciArgs {
         value_name = "PATH"
     )]
     pub cgroup_parent: String,
+
+    /// Give sandboxes made with `--network policy` a network: a bridge (<--network-name>0)
+    /// holding this IPv4 network's first address, an address per sandbox leased by its UUID,
+    /// and their egress policies enforced by one nftables table (`inet <--network-name>`).
+    /// Refused at startup if it overlaps a network the host routes. Turns on IPv4 forwarding.
+    /// Off unless given; then every sandbox has loopback only. Suggested: 10.213.0.0/16.
+    #[arg(
+        id = "network_cidr",
+        long = "network-cidr",
+        env = "SBX_NETWORK_CIDR",
+        value_name = "CIDR"
+    )]
+    pub network_cidr: Option<String>,
+
+    /// Names the sandbox network's bridge (<NAME>0), nftables table and namespaces
+    /// (<NAME>-<uuid>): 1 to 8 characters of a-z and 0-9. One per gateway on a host.
+    #[arg(
+        id = "network_name",
+        long = "network-name",
+        env = "SBX_NETWORK_NAME",
+        default_value = "sbx",
+        value_name = "NAME"
+    )]
+    pub network_name: String,
 }
 
 impl Default for OciArgs {
@@ -132,6 +156,8 @@ impl Default for OciArgs {
             pids_limit: opts.pids_limit,
             busybox: None,
             cgroup_parent: opts.cgroup_parent,
+            network_cidr: None,
+            network_name: crate::network::DEFAULT_NAME.to_string(),
         }
     }
 }
@@ -160,7 +186,38 @@ impl OciArgs {
             flags.push("--oci-busybox".into());
             flags.push(busybox.into());
         }
+        if let Some(cidr) = &self.network_cidr {
+            flags.push("--network-cidr".into());
+            flags.push(cidr.into());
+        }
+        flags.push("--network-name".into());
+        flags.push(self.network_name.clone().into());
         flags
+    }
+
+    /// The sandbox network these flags ask for (its leases under `state_dir/network`), set
+    /// up or found again; `None` without `--network-cidr`.
+    pub async fn open_network(
+        &self,
+        state_dir: &std::path::Path,
+    ) -> Result<Option<Arc<crate::network::Network>>, DriverError> {
+        let Some(cidr) = &self.network_cidr else {
+            return Ok(None);
+        };
+        let (network, prefix) = crate::network::parse_cidr(cidr)
+            .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+        let config = crate::network::NetworkConfig {
+            name: self.network_name.clone(),
+            network,
+            prefix,
+            state_dir: state_dir.join("network"),
+        };
+        let net = tokio::task::spawn_blocking(move || crate::network::Network::open(config))
+            .await
+            .map_err(|e| DriverError::Internal(format!("opening the sandbox network: {e}")))?
+            .map_err(|e| DriverError::Unavailable(format!("the sandbox network: {e}")))?;
+        tracing::info!(cidr = %cidr, bridge = %net.bridge_name(), "the sandbox network is up");
+        Ok(Some(Arc::new(net)))
     }
 }
 
@@ -402,13 +459,15 @@ pub async fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver
             })?;
             let images = ImageStore::open_read_only(store)
                 .map_err(|e| DriverError::Unavailable(format!("the image store: {e}")))?;
+            let state_dir = state_dir()?;
             let opts = OciDriverOptions {
                 default_grace: Duration::from_millis(args.default_grace_ms),
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
                 id_map: images.idmap(),
+                network: args.oci.open_network(&state_dir).await?,
                 ..args.oci.driver_options()
             };
-            Ok(Arc::new(OciDriver::open(state_dir()?, images, opts).await?))
+            Ok(Arc::new(OciDriver::open(state_dir, images, opts).await?))
         }
         Backend::Process => {
             let state_dir = state_dir()?;

@@ -243,6 +243,20 @@ impl Driver for DriverService {
         answer(self.driver.delete(r.into_inner()).await)
     }
 
+    async fn update_network(
+        &self,
+        r: Request<pb::UpdateNetworkRequest>,
+    ) -> Result<Response<pb::NetworkStatus>, Status> {
+        answer(self.driver.update_network(r.into_inner()).await)
+    }
+
+    async fn get_network(
+        &self,
+        r: Request<pb::GetNetworkRequest>,
+    ) -> Result<Response<pb::NetworkStatus>, Status> {
+        answer(self.driver.get_network(r.into_inner()).await)
+    }
+
     async fn get(&self, r: Request<pb::GetRequest>) -> Result<Response<pb::Snapshot>, Status> {
         answer(self.driver.get(r.into_inner()).await)
     }

@@ -137,6 +137,9 @@ impl SimDriver {
 
     fn create_now(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
+        // As the host drivers without a network: a policy is refused, never ignored.
+        let network = req.spec.as_ref().and_then(|s| s.network.as_ref());
+        crate::host::network::requested(network, None)?;
         let (snapshot, self_exit) = self.world.create(id, &req)?;
         self.schedule_self_exit(self_exit);
         Ok(snapshot)
@@ -275,6 +278,7 @@ impl ComputeDriver for SimDriver {
     async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
         let admission = self.admit(SimOp::Capabilities, "", None).await?;
         admission.answer(Ok(pb::CapabilitiesResponse {
+            network: false,
             driver: "sim".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             exec: true,

@@ -90,6 +90,7 @@ async fn make_disk(path: &std::path::Path, size_mib: u64) -> Result<(), DriverEr
 impl ComputeDriver for VmDriver {
     async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
         Ok(pb::CapabilitiesResponse {
+            network: false,
             driver: "vm".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             exec: true,
@@ -210,6 +211,8 @@ impl Ops {
         let spec = req.spec.unwrap_or_default();
         validate_command("the spec", &spec.command, &spec.env)?;
         validate_env_names("the spec", spec.env.keys())?;
+        // A guest has no network device: loopback only, and a policy is refused.
+        crate::host::network::requested(spec.network.as_ref(), None)?;
         let inner = self.inner.as_ref();
         let _serialised = inner.records.lock(id).await;
         if let Some(existing) = inner.records.get(id) {

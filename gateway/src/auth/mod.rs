@@ -119,6 +119,9 @@ pub fn need(path: &str) -> Option<(Need, bool)> {
         ("sbx.v1.SandboxService", "CopyFromSandbox") => (Workspace(Editor), true),
         ("sbx.v1.SandboxService", "CopyToSandbox") => (Workspace(Editor), true),
         ("sbx.v1.SandboxService", "PortForward") => (Workspace(Editor), true),
+        ("sbx.v1.SandboxService", "GetSandboxNetwork") => (Workspace(Viewer), false),
+        // What a sandbox may reach is a security decision: editor, and audited.
+        ("sbx.v1.SandboxService", "UpdateSandboxNetwork") => (Workspace(Editor), true),
         // Providers hold credentials: every change is editor and audited.
         ("sbx.v1.ProviderService", "CreateProvider") => (Workspace(Editor), true),
         ("sbx.v1.ProviderService", "GetProvider") => (Workspace(Viewer), false),

@@ -18,6 +18,7 @@ pub mod forward;
 pub mod identity;
 pub mod image;
 pub mod meta;
+pub mod network;
 pub mod output;
 pub mod owned;
 pub mod request;
@@ -454,6 +455,20 @@ pub enum SandboxCommand {
     /// Attach, detach and list the providers of a sandbox.
     #[command(subcommand)]
     Provider(owned::SandboxProviderCommand),
+    /// Show a sandbox's network (address, allowlist, refused connections) and change its
+    /// allowlist live.
+    #[command(subcommand)]
+    Network(network::SandboxNetworkCommand),
+}
+
+/// `sbx sandbox create --network`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetworkModeArg {
+    /// Loopback only: the sandbox reaches nothing else.
+    None,
+    /// An address on the gateway's network, every connection denied but those --allow
+    /// admits (needs sbxd serve --network-cidr).
+    Policy,
 }
 
 /// Names one sandbox: exactly one of NAME (with `--workspace`) or `--id`.
@@ -562,6 +577,16 @@ pub struct SandboxCreateArgs {
     /// credentials reach the workload's environment and every exec's. Repeatable.
     #[arg(long = "provider", value_name = "PROVIDER")]
     pub providers: Vec<String>,
+    /// The sandbox's network: none (loopback only; the default) or policy (an address on
+    /// the gateway's network; every connection denied but those --allow admits). --allow
+    /// alone means policy.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub network: Option<NetworkModeArg>,
+    /// With --network policy: admit connections to CIDR[:PORT[-PORT]][/tcp|/udp] (e.g.
+    /// 10.1.2.3:443, 10.0.0.0/8:8000-8100/tcp, 192.168.5.7 for every port). Repeatable;
+    /// changed later with `sbx sandbox network allow|deny|set`.
+    #[arg(long = "allow", value_name = "ENTRY")]
+    pub allow: Vec<String>,
     /// Print the sandbox as soon as it is created, without waiting for Ready.
     #[arg(short = 'd', long)]
     pub detach: bool,

@@ -36,6 +36,7 @@ fn sandbox(name: &str, phase: Phase) -> Sandbox {
             driver: "process".into(),
             image: String::new(),
             image_digest: String::new(),
+            network: None,
         }),
         desired_state: DesiredState::Running as i32,
         phase: phase as i32,

@@ -299,7 +299,7 @@ pub struct ServiceListArgs {
 // ---------------------------------------------------------------------------------------------
 // Requests (pure)
 
-fn sandbox_by_name(scope: &ScopeArgs, name: &str) -> Option<SandboxRef> {
+pub(super) fn sandbox_by_name(scope: &ScopeArgs, name: &str) -> Option<SandboxRef> {
     Some(SandboxRef {
         id: String::new(),
         workspace: scope.workspace.clone().unwrap_or_default(),

@@ -94,6 +94,7 @@ fn sandbox_create_builds_the_request() {
                 driver: "oci".into(),
                 image: "alpine".into(),
                 image_digest: String::new(),
+                network: None,
             }),
             stopped: false,
         },

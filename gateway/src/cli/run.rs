@@ -316,6 +316,7 @@ async fn run_sandbox(target: &Target, cmd: SandboxCommand) -> Result<u8, CliErro
             stream::logs(&mut client, req).await
         }
         SandboxCommand::Provider(cmd) => super::owned::run_sandbox_provider(target, cmd).await,
+        SandboxCommand::Network(cmd) => super::network::run_sandbox_network(target, cmd).await,
         SandboxCommand::Watch(args) => {
             let req = request::watch_request(&args);
             let mut client = SandboxServiceClient::new(connect(target).await?);

@@ -169,8 +169,18 @@ async fn open_in_process(
     match kind {
         DriverKind::Oci => {
             let state_dir = data_dir.join("drivers").join("oci");
+            let network =
+                args.oci
+                    .open_network(&state_dir)
+                    .await
+                    .map_err(|source| DaemonError::Driver {
+                        driver: "oci",
+                        source,
+                        hint: " (see sbxd serve --help for --network-cidr and --network-name)",
+                    })?;
             let opts = sbx_drivers::oci::OciDriverOptions {
                 id_map: images.idmap(),
+                network,
                 ..args.oci.driver_options()
             };
             let driver = OciDriver::open(state_dir, images.clone(), opts)

@@ -115,6 +115,44 @@ impl SandboxService for SbxService {
         }))
     }
 
+    async fn get_sandbox_network(
+        &self,
+        request: Request<v1::GetSandboxNetworkRequest>,
+    ) -> Result<Response<v1::SandboxNetwork>, Status> {
+        let caller = auth::caller(&request)?;
+        let sel = selector(request.into_inner().sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Viewer).await?;
+        let network = self
+            .gateway
+            .get_sandbox_network(&sel)
+            .await
+            .map_err(|e| error_for(&caller, e))?;
+        Ok(Response::new(network))
+    }
+
+    async fn update_sandbox_network(
+        &self,
+        request: Request<v1::UpdateSandboxNetworkRequest>,
+    ) -> Result<Response<v1::SandboxNetwork>, Status> {
+        let caller = auth::caller(&request)?;
+        let req = request.into_inner();
+        let sel = selector(req.sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        let policy = req.policy.unwrap_or_default();
+        let entries = policy.allow.len();
+        let network = self
+            .gateway
+            .update_sandbox_network(&sel, policy)
+            .await
+            .map_err(|e| error_for(&caller, e))?;
+        audit(
+            &caller,
+            &format!("update sandbox network ({entries} allow entries)"),
+            &network.sandbox_id,
+        );
+        Ok(Response::new(network))
+    }
+
     async fn start_sandbox(
         &self,
         request: Request<StartSandboxRequest>,

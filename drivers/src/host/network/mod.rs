@@ -19,6 +19,7 @@
 //! - **Denials** are read from the table's `denied` set (per source, destination, protocol
 //!   and port, with a packet count).
 
+pub mod fixtures;
 pub mod link;
 pub mod nft;
 pub mod policy;
@@ -482,4 +483,84 @@ impl Network {
     pub fn gateway(&self) -> Ipv4Addr {
         self.gateway_addr()
     }
+}
+
+/// What a create's `SandboxSpec.network` asks of a host driver with `network` (or without
+/// one): `None` for loopback only, else the allowlist as given (checked here too: a driver
+/// never trusts that the gateway did).
+pub(crate) fn requested(
+    policy: Option<&crate::pb::NetworkPolicy>,
+    network: Option<&std::sync::Arc<Network>>,
+) -> Result<Option<Vec<String>>, crate::DriverError> {
+    use crate::pb::NetworkMode;
+    let Some(policy) = policy else {
+        return Ok(None);
+    };
+    match NetworkMode::try_from(policy.mode) {
+        Ok(NetworkMode::Unspecified) | Ok(NetworkMode::None) => {
+            if !policy.allow.is_empty() {
+                return Err(crate::DriverError::InvalidArgument(
+                    "network mode none admits nothing: an allowlist needs mode policy".into(),
+                ));
+            }
+            Ok(None)
+        }
+        Ok(NetworkMode::Policy) => {
+            if network.is_none() {
+                return Err(crate::DriverError::FailedPrecondition(
+                    "this gateway has no sandbox network (sbxd serve --network-cidr): \
+                     only network mode none"
+                        .into(),
+                ));
+            }
+            parse_allowlist(&policy.allow)
+                .map_err(|e| crate::DriverError::InvalidArgument(e.to_string()))?;
+            Ok(Some(policy.allow.clone()))
+        }
+        Err(_) => Err(crate::DriverError::InvalidArgument(format!(
+            "network mode {} is not known",
+            policy.mode
+        ))),
+    }
+}
+
+/// The driver contract's view of a sandbox's network.
+pub(crate) fn status(
+    network: Option<&Network>,
+    id: Uuid,
+    allow: Option<&Vec<String>>,
+) -> Result<crate::pb::NetworkStatus, crate::DriverError> {
+    use crate::pb;
+    let mode = if allow.is_some() {
+        pb::NetworkMode::Policy
+    } else {
+        pb::NetworkMode::None
+    };
+    let mut out = pb::NetworkStatus {
+        policy: Some(pb::NetworkPolicy {
+            mode: mode as i32,
+            allow: allow.cloned().unwrap_or_default(),
+        }),
+        ..Default::default()
+    };
+    if let (Some(net), Some(_)) = (network, allow) {
+        if let Some(addr) = net.address_of(id) {
+            out.address = addr.to_string();
+            out.gateway = net.gateway().to_string();
+        }
+        let denials = net
+            .denials(id)
+            .map_err(|e| crate::DriverError::Unavailable(e.to_string()))?;
+        out.denials = denials
+            .into_iter()
+            .take(100)
+            .map(|d| pb::NetworkDenial {
+                destination: d.destination.to_string(),
+                protocol: d.protocol,
+                port: u32::from(d.port),
+                packets: d.packets,
+            })
+            .collect();
+    }
+    Ok(out)
 }
