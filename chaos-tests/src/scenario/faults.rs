@@ -203,7 +203,7 @@ pub(super) async fn apply_fault(h: &Harness, fault: &Fault) -> Answer {
             drop(gw);
             let mut slot = h.gateway.write().await;
             slot.shutdown().await;
-            match start_gateway(&h.store, &h.driver).await {
+            match start_gateway(&h.store, &h.driver, &h.secrets).await {
                 Ok(gw) => *slot = Arc::new(gw),
                 Err(e) => panic!(
                     "chaos seed {}: the gateway did not restart: {e}",

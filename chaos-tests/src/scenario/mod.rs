@@ -210,6 +210,8 @@ struct Harness {
     stop_faults: std::sync::atomic::AtomicBool,
     /// Every operation and fault, in the order they began.
     journal: Arc<Journal>,
+    /// The credentials' key, the same for every gateway of the round.
+    secrets: Arc<sbx_actors::Sealer>,
 }
 
 pub fn chaos_actor_config() -> Config {
@@ -314,8 +316,12 @@ async fn run_inner(
     let recording = RecordingDriver::new(Arc::new(sim));
     let calls = recording.recording();
     let driver: Arc<dyn ComputeDriver> = Arc::new(recording);
-    let gw = start_gateway(&store, &driver).await?;
+    // One key for the whole round, as sbxd keeps DATA/secrets.key across its restarts: a
+    // restarted gateway opens the credentials the one before it sealed.
+    let secrets = Arc::new(sbx_actors::Sealer::ephemeral());
+    let gw = start_gateway(&store, &driver, &secrets).await?;
     let h = Arc::new(Harness {
+        secrets,
         gateway: RwLock::new(Arc::new(gw)),
         report: Mutex::new(ChaosReport {
             seed: cfg.seed,
@@ -370,12 +376,16 @@ async fn run_inner(
 async fn start_gateway(
     store: &Arc<SledStore>,
     driver: &Arc<dyn ComputeDriver>,
+    secrets: &Arc<sbx_actors::Sealer>,
 ) -> Result<Gateway, String> {
     let store: Arc<dyn ObjectStore> = Arc::clone(store) as Arc<dyn ObjectStore>;
     let gw = Gateway::start(
         store,
         DriverSet::single("sim", Arc::clone(driver)),
-        chaos_actor_config(),
+        Config {
+            secrets: Arc::clone(secrets),
+            ..chaos_actor_config()
+        },
     )
     .await
     .map_err(|e| e.to_string())?;
