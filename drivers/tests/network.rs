@@ -196,6 +196,8 @@ fn egress_is_default_deny_with_a_live_allowlist_and_nothing_is_left_behind() {
     assert_eq!(greeting, "hello 80");
     let wider = parse_allowlist(&[
         format!("{}:80", up.addr),
+        // Overlapping networks in one class: merged in its address set.
+        "10.251.0.0/16:80".to_string(),
         format!("{}:81/tcp", up.addr),
         format!("{}:9000", at_b.address),
         format!("{}:{host_port}", at_a.gateway),

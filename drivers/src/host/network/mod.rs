@@ -123,6 +123,8 @@ pub struct Network {
     config: NetworkConfig,
     table: nft::Table,
     leases: Mutex<HashMap<Uuid, Ipv4Addr>>,
+    /// How many address sets each sandbox (by its key) has in the table; read back at open.
+    sets: Mutex<HashMap<String, usize>>,
 }
 
 impl Network {
@@ -183,6 +185,7 @@ impl Network {
             config,
             table,
             leases: Mutex::new(HashMap::new()),
+            sets: Mutex::new(HashMap::new()),
         };
         std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1")
             .map_err(io("turning on IPv4 forwarding"))?;
@@ -216,6 +219,11 @@ impl Network {
         )
         .ok();
         nft::apply("set up the table", net.table.setup(existing.as_ref()))?;
+        let sets = nft::list(
+            "list the table's sets",
+            &["-t", "list", "table", "inet", &net.table.name],
+        )?;
+        *locked(&net.sets) = nft::sandbox_sets(&sets);
         net.load_leases()
     }
 
@@ -372,11 +380,12 @@ impl Network {
     /// going, the next new one meets the new list.
     pub fn set_policy(&self, id: Uuid, allow: &[AllowEntry]) -> Result<(), NetworkError> {
         let address = self.lease(id)?;
-        nft::apply(
-            "apply a sandbox's policy",
-            self.table
-                .apply_sandbox(&id.simple().to_string(), address, allow),
-        )?;
+        let key = id.simple().to_string();
+        let mut sets = locked(&self.sets);
+        let had = sets.get(&key).copied().unwrap_or(0);
+        let (cmds, now) = self.table.apply_sandbox(&key, address, allow, had);
+        nft::apply("apply a sandbox's policy", cmds)?;
+        sets.insert(key, now);
         Ok(())
     }
 
@@ -419,11 +428,14 @@ impl Network {
                 &["list", "map", "inet", &self.table.name, "sandboxes"],
             )?;
             let has_element = map.to_string().contains(&format!("\"{addr}\""));
+            let key = id.simple().to_string();
+            let mut sets = locked(&self.sets);
+            let n = sets.get(&key).copied().unwrap_or(0);
             nft::apply(
                 "remove a sandbox's policy",
-                self.table
-                    .remove_sandbox(&id.simple().to_string(), addr, has_element),
+                self.table.remove_sandbox(&key, addr, has_element, n),
             )?;
+            sets.remove(&key);
         }
         let host_end = Self::veth_name(id);
         if link::link_exists(&host_end) {

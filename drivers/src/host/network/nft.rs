@@ -263,10 +263,20 @@ impl Table {
         cmds
     }
 
-    /// The commands that give the sandbox at `addr` (chain `sb_<key>`) exactly `entries`:
-    /// its chain emptied and refilled, its map entry added (again), in one transaction.
-    pub fn apply_sandbox(&self, key: &str, addr: Ipv4Addr, entries: &[AllowEntry]) -> Vec<Value> {
+    /// The commands that give the sandbox at `addr` (chain `sb_<key>`) exactly `entries`,
+    /// in one transaction: its chain emptied and refilled with one rule per class of entries
+    /// (same protocols and ports) over an address set `s_<key>_<k>` (interval; networks inside
+    /// another of the class left out by `classes`); the sets of an earlier, longer list (`had` of them)
+    /// deleted; its map entry added (again). Returns the commands and the number of sets.
+    pub fn apply_sandbox(
+        &self,
+        key: &str,
+        addr: Ipv4Addr,
+        entries: &[AllowEntry],
+        had: usize,
+    ) -> (Vec<Value>, usize) {
         let chain = format!("sb_{key}");
+        let classes = super::policy::classes(entries);
         let mut cmds = vec![
             json!({ "add": self.obj("chain", json!({ "name": chain })) }),
             json!({ "flush": self.obj("chain", json!({ "name": chain })) }),
@@ -274,10 +284,24 @@ impl Table {
         let daddr = json!({ "payload": { "protocol": "ip", "field": "daddr" } });
         let l4 = json!({ "meta": { "key": "l4proto" } });
         let dport = json!({ "payload": { "protocol": "th", "field": "dport" } });
-        for e in entries {
-            let mut expr = vec![m(daddr.clone(), prefix(e.addr, e.prefix))];
-            if let Some((lo, hi)) = e.ports {
-                let protos: Vec<&str> = match e.protocol {
+        for k in classes.len()..had {
+            cmds.push(
+                json!({ "delete": self.obj("set", json!({ "name": format!("s_{key}_{k}") })) }),
+            );
+        }
+        for (k, class) in classes.iter().enumerate() {
+            let set = format!("s_{key}_{k}");
+            cmds.push(json!({ "add": self.obj("set", json!({ "name": set, "type": "ipv4_addr", "flags": ["interval"] })) }));
+            cmds.push(json!({ "flush": self.obj("set", json!({ "name": set })) }));
+            let elems: Vec<Value> = class
+                .networks
+                .iter()
+                .map(|(a, len)| prefix(*a, *len))
+                .collect();
+            cmds.push(json!({ "add": self.obj("element", json!({ "name": set, "elem": elems })) }));
+            let mut expr = vec![m(daddr.clone(), json!(format!("@{set}")))];
+            if let Some((lo, hi)) = class.ports {
+                let protos: Vec<&str> = match class.protocol {
                     Some(p) => vec![p.name()],
                     None => vec![Protocol::Tcp.name(), Protocol::Udp.name()],
                 };
@@ -296,11 +320,17 @@ impl Table {
             "name": "sandboxes",
             "elem": [[addr.to_string(), { "jump": { "target": chain } }]],
         })) }));
-        cmds
+        (cmds, classes.len())
     }
 
-    /// The commands that remove the sandbox's map entry and chain.
-    pub fn remove_sandbox(&self, key: &str, addr: Ipv4Addr, has_element: bool) -> Vec<Value> {
+    /// The commands that remove the sandbox's map entry, chain and its `sets` address sets.
+    pub fn remove_sandbox(
+        &self,
+        key: &str,
+        addr: Ipv4Addr,
+        has_element: bool,
+        sets: usize,
+    ) -> Vec<Value> {
         let chain = format!("sb_{key}");
         let mut cmds = Vec::new();
         if has_element {
@@ -308,8 +338,40 @@ impl Table {
         }
         cmds.push(json!({ "flush": self.obj("chain", json!({ "name": chain })) }));
         cmds.push(json!({ "delete": self.obj("chain", json!({ "name": chain })) }));
+        for k in 0..sets {
+            cmds.push(
+                json!({ "delete": self.obj("set", json!({ "name": format!("s_{key}_{k}") })) }),
+            );
+        }
         cmds
     }
+}
+
+/// How many address sets each sandbox (by its key) has in the table, from `nft -j -t list
+/// sets` output.
+pub fn sandbox_sets(doc: &Value) -> std::collections::HashMap<String, usize> {
+    let mut out = std::collections::HashMap::new();
+    for item in doc
+        .get("nftables")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let Some(name) = item.pointer("/set/name").and_then(Value::as_str) else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix("s_") else {
+            continue;
+        };
+        let Some((key, k)) = rest.rsplit_once('_') else {
+            continue;
+        };
+        if let Ok(k) = k.parse::<usize>() {
+            let n = out.entry(key.to_string()).or_insert(0);
+            *n = (*n).max(k + 1);
+        }
+    }
+    out
 }
 
 /// One recorded denial: source, destination, protocol, port (0 for ICMP) and packets seen.

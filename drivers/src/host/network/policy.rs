@@ -17,6 +17,57 @@ use std::net::Ipv4Addr;
 pub const MAX_ALLOW_ENTRIES: usize = 10_000;
 /// At most this many bytes in one entry.
 pub const MAX_ENTRY_BYTES: usize = 128;
+/// At most this many distinct (protocol, port range) combinations in one policy: each is one
+/// firewall rule over a set of addresses, so a policy update stays one quick transaction
+/// whatever the number of addresses.
+pub const MAX_PORT_CLASSES: usize = 256;
+
+/// Entries that admit the same protocols and ports, with their networks: one rule over one
+/// address set in the firewall.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Class {
+    /// `None`: every protocol and port.
+    pub ports: Option<(u16, u16)>,
+    /// With `ports`: `None` is TCP and UDP.
+    pub protocol: Option<Protocol>,
+    pub networks: Vec<(Ipv4Addr, u8)>,
+}
+
+/// The entries grouped by what they admit, in a stable order; within a class, a network
+/// inside another of the class is left out (CIDR networks nest or are disjoint, so what is
+/// left has no overlap, as the firewall's interval sets require).
+pub fn classes(entries: &[AllowEntry]) -> Vec<Class> {
+    type Key = (Option<(u16, u16)>, Option<Protocol>);
+    let mut by: std::collections::BTreeMap<Key, Vec<(Ipv4Addr, u8)>> = Default::default();
+    for e in entries {
+        by.entry((e.ports, e.protocol))
+            .or_default()
+            .push((e.addr, e.prefix));
+    }
+    by.into_iter()
+        .map(|((ports, protocol), mut nets)| {
+            nets.sort_by_key(|(a, len)| (*len, *a));
+            let mut kept: std::collections::HashSet<(u32, u8)> = Default::default();
+            let mut networks = Vec::with_capacity(nets.len());
+            for (addr, len) in nets {
+                let bits = u32::from(addr);
+                let covered = (0..=len).any(|l| {
+                    let mask = if l == 0 { 0 } else { u32::MAX << (32 - l) };
+                    kept.contains(&(bits & mask, l))
+                });
+                if !covered {
+                    kept.insert((bits, len));
+                    networks.push((addr, len));
+                }
+            }
+            Class {
+                ports,
+                protocol,
+                networks,
+            }
+        })
+        .collect()
+}
 
 /// The transport protocol an entry admits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,0 +1,559 @@
+//! Sandbox networking end to end through the real sbxd (oci driver, `--network-cidr`) and the
+//! real `sbx` CLI, tried from inside the sandboxes: what a policy admits is reached, the rest
+//! is refused at once and recorded; a live update takes effect without restarting the
+//! workload; a SIGKILL of sbxd keeps every address, open connection and rule; deletes leave
+//! nothing on the host. Needs root, runc, busybox-static, ip, nft and python3.
+//!
+//! Every packet goes to namespaces this test makes: the "upstream" (its own addresses in
+//! 10.251/16 and 10.252/16, its own servers) and the sandboxes. Everything made — sandboxes,
+//! namespaces, veths, the bridge, the nftables table — is removed at the end, also when the
+//! test fails (drop guards), and the test checks that nothing is left.
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{CliRun, DataDir, Sbxd, assert_oci_left_nothing, sbx, unique};
+use sbx_drivers::network::fixtures::{Upstream, runnable};
+
+/// One test's gateway with its own network name, CIDR and cgroup parent; on drop its
+/// sandboxes are deleted (while sbxd runs), then sbxd, the table and the bridge go.
+struct World {
+    data: DataDir,
+    cgroup_parent: String,
+    name: String,
+    cidr: String,
+    sbxd: Option<Sbxd>,
+    sandboxes: Vec<&'static str>,
+}
+
+impl World {
+    fn new(tag: &str, third: u8) -> World {
+        World {
+            data: DataDir::new(),
+            cgroup_parent: format!("sbx-gateway-tests-net-{}", unique()),
+            name: format!("n{tag}"),
+            cidr: format!("10.253.{third}.0/24"),
+            sbxd: None,
+            sandboxes: Vec::new(),
+        }
+    }
+
+    fn start(&mut self) -> String {
+        let d = Sbxd::start(
+            self.data.path(),
+            "",
+            &[
+                "--oci-cgroup-parent",
+                &self.cgroup_parent,
+                "--network-cidr",
+                &self.cidr,
+                "--network-name",
+                &self.name,
+            ],
+        );
+        let ep = d.endpoint();
+        self.sbxd = Some(d);
+        ep
+    }
+
+    fn sigkill(&mut self) {
+        if let Some(d) = self.sbxd.as_mut() {
+            d.sigkill();
+        }
+        self.sbxd = None;
+    }
+
+    fn endpoint(&self) -> String {
+        self.sbxd.as_ref().expect("sbxd runs").endpoint()
+    }
+
+    /// What of the sandboxes' networks is on the host: veths into the bridge, namespaces
+    /// named after the network, chains and map entries in the table.
+    fn left_on_host(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let out =
+            |cmd: &mut Command| String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned();
+        let bridge = format!("{}0", self.name);
+        let ports = out(Command::new("ip").args(["-o", "link", "show", "master", &bridge]));
+        if !ports.trim().is_empty() {
+            left.push(format!("veths on {bridge}: {ports}"));
+        }
+        for ns in std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let n = ns.file_name().to_string_lossy().into_owned();
+            if n.starts_with(&format!("{}-", self.name)) {
+                left.push(format!("netns {n}"));
+            }
+        }
+        let table = out(Command::new("nft").args(["list", "table", "inet", &self.name]));
+        if table.contains("chain sb_") {
+            left.push("a sandbox chain in the table".into());
+        }
+        if table.contains("jump sb_") {
+            left.push("a sandbox entry in the table's map".into());
+        }
+        let leases = self.data.path().join("drivers/oci/network/leases");
+        if std::fs::read_dir(&leases).map(|d| d.count()).unwrap_or(0) > 0 {
+            left.push("an address lease".into());
+        }
+        left
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(d) = &self.sbxd {
+            let ep = d.endpoint();
+            for name in &self.sandboxes {
+                let _ = sbx(&ep, &["sandbox", "delete", name]);
+            }
+        }
+        self.sbxd = None;
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", &self.name])
+            .output();
+        let _ = Command::new("ip")
+            .args(["link", "delete", "dev", &format!("{}0", self.name)])
+            .output();
+        for ns in std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let n = ns.file_name().to_string_lossy().into_owned();
+            if n.starts_with(&format!("{}-", self.name)) {
+                let _ = Command::new("ip").args(["netns", "delete", &n]).output();
+            }
+        }
+        for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = std::fs::remove_dir(hierarchy.path().join(&self.cgroup_parent));
+        }
+    }
+}
+
+fn exec(ep: &str, name: &str, script: &str) -> CliRun {
+    sbx(ep, &["sandbox", "exec", name, "--", "sh", "-c", script])
+}
+
+/// What `nc` from inside sandbox `name` got from `addr:port` within 2 s: the first line the
+/// server sent, or "refused: …".
+fn connect(ep: &str, name: &str, addr: &str, port: u16) -> String {
+    // busybox nc keeps a connection open after its stdin ends: `timeout` ends it.
+    let run = exec(
+        ep,
+        name,
+        &format!("timeout 2 nc {addr} {port} </dev/null 2>&1 | head -1"),
+    );
+    let text = run.stdout.trim().to_string();
+    if text.starts_with("hello") || text.starts_with("peer") || text.starts_with("host") {
+        text
+    } else {
+        format!("refused: {text} {}", run.stderr.trim())
+    }
+}
+
+fn network(ep: &str, name: &str) -> serde_json::Value {
+    sbx(ep, &["sandbox", "network", "get", name, "-o", "json"]).json()
+}
+
+#[test]
+fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("a{:04x}", std::process::id() & 0xffff);
+    let up = Upstream::new(&tag, 20, &[80, 81, 8080]);
+    let upa = up.addr.to_string();
+    let mut w = World::new(&tag, 20);
+    let ep = w.start();
+    w.sandboxes = vec!["web", "peer", "iso"];
+
+    // web: allowed upstream:80 and :8080, and its main process holds a connection to :8080
+    // open, fed from a FIFO in its volume, writing what comes back to /sandbox/held.
+    let hold = format!(
+        "rm -f /sandbox/f; mkfifo /sandbox/f; exec 3<>/sandbox/f; exec nc {upa} 8080 <&3 >/sandbox/held"
+    );
+    let t = Instant::now();
+    let created = sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "web",
+            "--allow",
+            &format!("{upa}:80"),
+            "--allow",
+            &format!("{upa}:8080/tcp"),
+            "--",
+            "sh",
+            "-c",
+            &hold,
+        ],
+    );
+    assert_eq!(created.code, 0, "{created:?}");
+    eprintln!("create -> Ready with a network: {:?}", t.elapsed());
+    let peer = sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "peer",
+            "--network",
+            "policy",
+            "--",
+            "sh",
+            "-c",
+            "while true; do echo peer | nc -l -p 9000; done",
+        ],
+    );
+    assert_eq!(peer.code, 0, "{peer:?}");
+    let iso = sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "iso",
+            "--network",
+            "none",
+            "--",
+            "sleep",
+            "3600",
+        ],
+    );
+    assert_eq!(iso.code, 0, "{iso:?}");
+
+    let net = network(&ep, "web");
+    assert_eq!(net["mode"], "policy", "{net}");
+    let addr = net["address"].as_str().unwrap().to_string();
+    let gateway = net["gateway"].as_str().unwrap().to_string();
+    let peer_addr = network(&ep, "peer")["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        addr.starts_with("10.253.20.") && peer_addr.starts_with("10.253.20.") && addr != peer_addr
+    );
+
+    // What the policy admits, and what it does not.
+    assert_eq!(connect(&ep, "web", &upa, 80), "hello 80");
+    let t = Instant::now();
+    let refused = connect(&ep, "web", &upa, 81);
+    assert!(
+        refused.starts_with("refused"),
+        "upstream:81 is not allowed: {refused}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "refused at once, not timed out"
+    );
+    let second = connect(&ep, "web", &up.second.to_string(), 80);
+    assert!(
+        second.starts_with("refused"),
+        "a second upstream address: {second}"
+    );
+    // Another sandbox, the gateway's gRPC port, and the host's services on either address.
+    let to_peer = connect(&ep, "web", &peer_addr, 9000);
+    assert!(to_peer.starts_with("refused"), "another sandbox: {to_peer}");
+    let grpc_port: u16 = ep
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let to_grpc = connect(&ep, "web", &gateway, grpc_port);
+    assert!(
+        to_grpc.starts_with("refused"),
+        "the gateway's gRPC port: {to_grpc}"
+    );
+    let host_any = TcpListener::bind("0.0.0.0:0").unwrap();
+    let host_lo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (any_port, lo_port) = (
+        host_any.local_addr().unwrap().port(),
+        host_lo.local_addr().unwrap().port(),
+    );
+    for l in [host_any, host_lo] {
+        std::thread::spawn(move || {
+            use std::io::Write;
+            for mut c in l.incoming().take(8).flatten() {
+                let _ = c.write_all(b"host\n");
+            }
+        });
+    }
+    let to_host = connect(&ep, "web", &gateway, any_port);
+    assert!(
+        to_host.starts_with("refused"),
+        "a host service on the bridge's address: {to_host}"
+    );
+    let to_lo = connect(&ep, "web", "127.0.0.1", lo_port);
+    assert!(to_lo.starts_with("refused"), "the host's loopback: {to_lo}");
+    // Mode none: loopback only.
+    let iso_links = exec(&ep, "iso", "ip -o link | cut -d: -f2 | tr -d ' \\n'");
+    assert_eq!(iso_links.stdout.trim(), "lo", "{iso_links:?}");
+    assert!(connect(&ep, "iso", &upa, 80).starts_with("refused"));
+    // The workload cannot change its own network.
+    let spoof = exec(&ep, "web", &format!("ip addr add {peer_addr}/32 dev eth0"));
+    assert_ne!(spoof.code, 0, "the workload changed its address: {spoof:?}");
+
+    // The denials, on the sandbox.
+    let denials = network(&ep, "web")["denials"].clone();
+    let has = |dest: &str, port: u64| {
+        denials.as_array().unwrap().iter().any(|d| {
+            d["destination"] == dest && d["port"] == port && d["packets"].as_u64().unwrap() >= 1
+        })
+    };
+    assert!(
+        has(&upa, 81)
+            && has(&up.second.to_string(), 80)
+            && has(&peer_addr, 9000)
+            && has(&gateway, u64::from(grpc_port)),
+        "{denials}"
+    );
+    let table = sbx(&ep, &["sandbox", "network", "get", "web"])
+        .ok()
+        .to_string();
+    assert!(
+        table.contains("DESTINATION") && table.contains(&upa),
+        "{table}"
+    );
+
+    // The held connection works; a live update admits :81 without restarting the workload.
+    let held = |ep: &str, line: &str| {
+        exec(
+            ep,
+            "web",
+            &format!("echo {line} > /sandbox/f; sleep 0.3; cat /sandbox/held"),
+        )
+        .ok()
+        .to_string()
+    };
+    assert_eq!(held(&ep, "one"), "hello 8080\none\n");
+    let pid_before = exec(&ep, "web", "cat /proc/1/stat | cut -d' ' -f22")
+        .ok()
+        .trim()
+        .to_string();
+    let t = Instant::now();
+    let allowed = sbx(
+        &ep,
+        &[
+            "sandbox",
+            "network",
+            "allow",
+            "web",
+            &format!("{upa}:81"),
+            "-o",
+            "json",
+        ],
+    )
+    .json();
+    let update = t.elapsed();
+    assert!(
+        allowed["allow"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e == &format!("{upa}:81")),
+        "{allowed}"
+    );
+    assert_eq!(
+        connect(&ep, "web", &upa, 81),
+        "hello 81",
+        "after the live update"
+    );
+    eprintln!("sbx sandbox network allow (round trip, applied): {update:?}");
+    assert_eq!(
+        held(&ep, "two"),
+        "hello 8080\none\ntwo\n",
+        "the open connection survived the update"
+    );
+    let pid_after = exec(&ep, "web", "cat /proc/1/stat | cut -d' ' -f22")
+        .ok()
+        .trim()
+        .to_string();
+    assert_eq!(pid_before, pid_after, "the workload was not restarted");
+
+    // SIGKILL of sbxd, and a new one over the same data: same address, the connection held,
+    // the policy enforced.
+    w.sigkill();
+    let ep = w.start();
+    let after = network(&ep, "web");
+    assert_eq!(after["address"], addr.as_str(), "{after}");
+    assert_eq!(
+        held(&ep, "three"),
+        "hello 8080\none\ntwo\nthree\n",
+        "the connection survived the SIGKILL"
+    );
+    assert_eq!(connect(&ep, "web", &upa, 81), "hello 81");
+    assert!(
+        connect(&ep, "web", &up.second.to_string(), 80).starts_with("refused"),
+        "still enforced"
+    );
+    // Deny takes :81 away again.
+    sbx(
+        &ep,
+        &["sandbox", "network", "deny", "web", &format!("{upa}:81")],
+    )
+    .ok();
+    assert!(connect(&ep, "web", &upa, 81).starts_with("refused"));
+
+    // Deletes leave nothing on the host.
+    for name in ["web", "peer", "iso"] {
+        sbx(&ep, &["sandbox", "delete", name]).ok();
+    }
+    assert_eq!(w.left_on_host(), Vec::<String>::new());
+    assert_oci_left_nothing(w.data.path(), &w.cgroup_parent);
+    drop(up);
+}
+
+#[test]
+fn bad_network_input_is_refused_with_its_reason_and_an_overlapping_cidr_at_startup() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("b{:04x}", std::process::id() & 0xffff);
+    let up = Upstream::new(&tag, 21, &[80]);
+    // A network overlapping the upstream's route: sbxd refuses to start, saying why.
+    let data = DataDir::new();
+    let out = Command::new(common::SBXD)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .args([
+            "--network-cidr",
+            "10.251.0.0/16",
+            "--network-name",
+            &format!("o{tag}"),
+        ])
+        .env("SBX_AUTH", "none")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "sbxd started on an overlapping network: {text}"
+    );
+    assert!(
+        text.contains("overlaps") && text.contains("10.251."),
+        "{text}"
+    );
+
+    let mut w = World::new(&tag, 21);
+    let ep = w.start();
+    w.sandboxes = vec!["b", "plain"];
+    for (entry, why) in [
+        ("10.0.0.0/33", "prefix length"),
+        ("10.0.0.1:70000", "out of range"),
+        ("10.0.0.1:0", "out of range"),
+        (":80", "no address"),
+        ("api.example.test:443", "hostname"),
+        ("10.0.0.1/8", "host bits"),
+        ("", "empty"),
+    ] {
+        let run = sbx(
+            &ep,
+            &[
+                "sandbox", "create", "-n", "b", "--allow", entry, "--", "sleep", "60",
+            ],
+        );
+        assert_ne!(run.code, 0, "{entry:?} was accepted: {run:?}");
+        assert!(
+            run.stderr.contains("INVALID_ARGUMENT") && run.stderr.contains(why),
+            "{entry:?}: {run:?}"
+        );
+    }
+    let none_allow = sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "b",
+            "--network",
+            "none",
+            "--allow",
+            "10.0.0.1",
+            "--",
+            "sleep",
+            "60",
+        ],
+    );
+    assert_ne!(none_allow.code, 0, "{none_allow:?}");
+
+    // A sandbox made with mode none has no network to change.
+    sbx(
+        &ep,
+        &["sandbox", "create", "-n", "plain", "--", "sleep", "3600"],
+    )
+    .ok();
+    let change = sbx(
+        &ep,
+        &["sandbox", "network", "allow", "plain", "10.0.0.1:80"],
+    );
+    assert!(
+        change.code != 0
+            && change.stderr.contains("FAILED_PRECONDITION")
+            && change.stderr.contains("fixed at create"),
+        "{change:?}"
+    );
+
+    // 10,000 entries work (and are enforced); 10,001 are refused.
+    let upa = up.addr.to_string();
+    sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "b",
+            "--allow",
+            &format!("{upa}:80"),
+            "--",
+            "sleep",
+            "3600",
+        ],
+    )
+    .ok();
+    let mut entries: Vec<String> = (0..9_999)
+        .map(|i| format!("10.{}.{}.{}:443", 100 + i / 65536, (i / 256) % 256, i % 256))
+        .collect();
+    entries.push(format!("{upa}:80"));
+    let mut args: Vec<&str> = vec!["sandbox", "network", "set", "b", "-o", "json"];
+    args.extend(entries.iter().map(String::as_str));
+    let t = Instant::now();
+    let set = sbx(&ep, &args).json();
+    eprintln!("a 10,000-entry allowlist applied in {:?}", t.elapsed());
+    assert_eq!(set["allow"].as_array().unwrap().len(), 10_000);
+    assert_eq!(connect(&ep, "b", &upa, 80), "hello 80");
+    entries.push("10.99.0.1:1".into());
+    let mut args: Vec<&str> = vec!["sandbox", "network", "set", "b"];
+    args.extend(entries.iter().map(String::as_str));
+    let over = sbx(&ep, &args);
+    assert!(
+        over.code != 0 && over.stderr.contains("INVALID_ARGUMENT") && over.stderr.contains("10000"),
+        "{}",
+        over.stderr
+    );
+    assert_eq!(
+        connect(&ep, "b", &upa, 80),
+        "hello 80",
+        "a refused update changed nothing"
+    );
+
+    for name in ["b", "plain"] {
+        sbx(&ep, &["sandbox", "delete", name]).ok();
+    }
+    assert_eq!(w.left_on_host(), Vec::<String>::new());
+    drop(up);
+}
