@@ -202,7 +202,7 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         ],
     );
     assert_eq!(created.code, 0, "{created:?}");
-    eprintln!("create -> Ready with a network: {:?}", t.elapsed());
+    let networked = t.elapsed();
     let peer = sbx(
         &ep,
         &[
@@ -219,6 +219,7 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         ],
     );
     assert_eq!(peer.code, 0, "{peer:?}");
+    let t = Instant::now();
     let iso = sbx(
         &ep,
         &[
@@ -234,6 +235,12 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         ],
     );
     assert_eq!(iso.code, 0, "{iso:?}");
+    let unnetworked = t.elapsed();
+    eprintln!(
+        "create -> Ready (sbx sandbox create, waits for Ready): with a network {networked:?}, \
+         --network none {unnetworked:?} (ratio {:.2})",
+        networked.as_secs_f64() / unnetworked.as_secs_f64()
+    );
 
     let net = network(&ep, "web");
     assert_eq!(net["mode"], "policy", "{net}");
