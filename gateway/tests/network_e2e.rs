@@ -66,10 +66,6 @@ impl World {
         self.sbxd = None;
     }
 
-    fn endpoint(&self) -> String {
-        self.sbxd.as_ref().expect("sbxd runs").endpoint()
-    }
-
     /// What of the sandboxes' networks is on the host: veths into the bridge, namespaces
     /// named after the network, chains and map entries in the table.
     fn left_on_host(&self) -> Vec<String> {
