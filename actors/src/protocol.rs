@@ -70,6 +70,12 @@ pub enum WorkspaceMsg {
         snapshot: pb::Snapshot,
         reply: RpcReplyPort<Result<Sandbox>>,
     },
+    /// Sets (Some) or clears (None) the workspace's default network policy (checked already);
+    /// refused while the workspace is terminating.
+    SetDefaultNetwork {
+        policy: Option<sbx_proto::v1::NetworkPolicy>,
+        reply: RpcReplyPort<Result<Workspace>>,
+    },
     /// The sandbox ids this supervisor owns (for tests and diagnostics).
     Children(RpcReplyPort<Vec<Uuid>>),
     /// Writes a new provider record (prepared and sealed by the caller) in this workspace.

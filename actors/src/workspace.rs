@@ -212,6 +212,27 @@ impl WorkspaceSupervisor {
                 };
                 let _ = reply.send(result);
             }
+            WorkspaceMsg::SetDefaultNetwork { policy, reply } => {
+                let result = if st.ws.workspace.phase() == WorkspacePhase::Terminating {
+                    Err(ActorError::WorkspaceTerminating(
+                        st.ws.workspace.name.clone(),
+                    ))
+                } else {
+                    let before = st.ws.workspace.default_network.clone();
+                    st.ws.workspace.default_network = policy;
+                    match st.shared.store.update(st.ws.to_update()).await {
+                        Ok(written) => {
+                            st.ws = StoredWorkspace::from_record(written)?;
+                            Ok(st.ws.workspace.clone())
+                        }
+                        Err(e) => {
+                            st.ws.workspace.default_network = before;
+                            Err(e.into())
+                        }
+                    }
+                };
+                let _ = reply.send(result);
+            }
             WorkspaceMsg::Supervise(id) => self.supervise(&myself, st, id).await,
             WorkspaceMsg::Delete { cascade, reply } => {
                 self.delete(&myself, st, cascade, reply).await?

@@ -838,19 +838,6 @@ async fn the_unix_socket_is_its_owners() {
 }
 
 /// Whether python3 can import grpc; panics under CI, where .ci/run installs python3-grpcio.
-fn python_grpcio() -> bool {
-    let probe = Command::new("python3").args(["-c", "import grpc"]).output();
-    if matches!(&probe, Ok(out) if out.status.success()) {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "python3 with grpcio is missing under CI (.ci/run installs python3-grpcio)"
-    );
-    eprintln!("skipped: python3 with grpcio is not installed (apt-get install python3-grpcio)");
-    false
-}
-
 /// A stock client: TLS with the CA as its roots, the token as metadata, messages as bytes.
 const PYTHON_CLIENT: &str = r#"
 import sys, grpc
@@ -875,9 +862,9 @@ except grpc.RpcError as e:
 /// 6. A stock Python grpcio client over TLS with a bearer token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stock_grpcio_client_works_with_tls_and_a_token() {
-    if !python_grpcio() {
+    let Some(python) = common::python_with_grpcio() else {
         return;
-    }
+    };
     let data = tempfile::tempdir().expect("temp dir");
     let (d, ca) = tls_gateway(data.path());
     let token = identity(data.path(), "py", "editor", &[], &[]);
@@ -889,7 +876,7 @@ async fn a_stock_grpcio_client_works_with_tls_and_a_token() {
     )
     .ok();
     let ran = run_bounded(
-        Command::new("python3").args(["-c", PYTHON_CLIENT, &d.addr, &ca, &token]),
+        Command::new(python).args(["-c", PYTHON_CLIENT, &d.addr, &ca, &token]),
         "the python grpcio client",
     );
     assert_eq!(

@@ -467,17 +467,9 @@ async fn tonic_errors_carry_an_error_info() {
 /// except under CI (`CI` set), where .ci/run installs it and its absence fails the test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stock_python_grpcio_client_sees_the_reason() {
-    let probe = std::process::Command::new("python3")
-        .args(["-c", "import grpc"])
-        .output();
-    if !matches!(&probe, Ok(out) if out.status.success()) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "python3 with grpcio is missing under CI (.ci/run installs python3-grpcio)"
-        );
-        eprintln!("skipped: python3 with grpcio is not installed (apt-get install python3-grpcio)");
+    let Some(python) = common::python_with_grpcio() else {
         return;
-    }
+    };
     let data = DataDir::new();
     let d = Sbxd::start(data.path(), "sim", &[]);
     let target = d.endpoint().trim_start_matches("http://").to_string();
@@ -506,7 +498,7 @@ except grpc.RpcError as e:
 "#;
     let out = tokio::time::timeout(
         Duration::from_secs(60),
-        tokio::process::Command::new("python3")
+        tokio::process::Command::new(python)
             .args(["-c", script, &target])
             .kill_on_drop(true)
             .output(),

@@ -454,7 +454,7 @@ fn bad_network_input_is_refused_with_its_reason_and_an_overlapping_cidr_at_start
 
     let mut w = World::new(&tag, 21);
     let ep = w.start();
-    w.sandboxes = vec!["b", "plain"];
+    w.sandboxes = vec!["b", "plain", "inherit", "own"];
     for (entry, why) in [
         ("10.0.0.0/33", "prefix length"),
         ("10.0.0.1:70000", "out of range"),
@@ -554,7 +554,90 @@ fn bad_network_input_is_refused_with_its_reason_and_an_overlapping_cidr_at_start
         "a refused update changed nothing"
     );
 
-    for name in ["b", "plain"] {
+    // A workspace default: new sandboxes asking for nothing get it, copied in; existing ones
+    // and those asking for none keep theirs.
+    let set = sbx(
+        &ep,
+        &[
+            "workspace",
+            "network",
+            "set",
+            "default",
+            "--allow",
+            &format!("{upa}:80"),
+            "-o",
+            "json",
+        ],
+    )
+    .json();
+    assert_eq!(set["mode"], "policy", "{set}");
+    sbx(
+        &ep,
+        &["sandbox", "create", "-n", "inherit", "--", "sleep", "3600"],
+    )
+    .ok();
+    sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "own",
+            "--network",
+            "none",
+            "--",
+            "sleep",
+            "3600",
+        ],
+    )
+    .ok();
+    let inherited = network(&ep, "inherit");
+    assert_eq!(inherited["mode"], "policy", "{inherited}");
+    assert_eq!(
+        inherited["allow"][0],
+        format!("{upa}:80").as_str(),
+        "{inherited}"
+    );
+    assert_eq!(connect(&ep, "inherit", &upa, 80), "hello 80");
+    assert_eq!(network(&ep, "plain")["mode"], "none");
+    assert_eq!(network(&ep, "own")["mode"], "none");
+    let shown = sbx(
+        &ep,
+        &["workspace", "network", "get", "default", "-o", "json"],
+    )
+    .json();
+    assert_eq!(shown["mode"], "policy", "{shown}");
+    let bad = sbx(
+        &ep,
+        &[
+            "workspace",
+            "network",
+            "set",
+            "default",
+            "--allow",
+            "10.0.0.1:99999",
+        ],
+    );
+    assert!(
+        bad.code != 0 && bad.stderr.contains("INVALID_ARGUMENT"),
+        "{bad:?}"
+    );
+    let cleared = sbx(
+        &ep,
+        &[
+            "workspace",
+            "network",
+            "set",
+            "default",
+            "--clear",
+            "-o",
+            "json",
+        ],
+    )
+    .json();
+    assert_eq!(cleared["mode"], "none", "{cleared}");
+
+    for name in ["b", "plain", "inherit", "own"] {
         sbx(&ep, &["sandbox", "delete", name]).ok();
     }
     assert_eq!(w.left_on_host(), Vec::<String>::new());

@@ -322,12 +322,19 @@ impl Gateway {
             image = Some(default);
         }
         validate::spec(&spec, image.as_ref())?;
-        self.refuse_network_without_driver(&spec, driver.as_ref())
-            .await?;
         let ws_name = validate::workspace_or_default(workspace);
         validate::name("workspace", ws_name)?;
         let ws = self
             .resolve_workspace(&WorkspaceSelector::Name(ws_name.to_string()))
+            .await?;
+        // No policy asked: the workspace's default, as it is now, copied in.
+        let unset = spec.network.as_ref().is_none_or(|n| {
+            n.mode() == sbx_proto::v1::NetworkMode::Unspecified && n.allow.is_empty()
+        });
+        if unset && ws.workspace.default_network.is_some() {
+            spec.network = ws.workspace.default_network.clone();
+        }
+        self.refuse_network_without_driver(&spec, driver.as_ref())
             .await?;
         let mut provider_ids = Vec::with_capacity(providers.len());
         for p in providers {

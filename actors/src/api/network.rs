@@ -49,6 +49,29 @@ impl Gateway {
         Ok(())
     }
 
+    /// Sets (Some) or clears (None) a workspace's default network policy, through its
+    /// supervisor (ordered with its delete).
+    pub async fn set_workspace_network(
+        &self,
+        sel: &crate::validate::WorkspaceSelector,
+        policy: Option<NetworkPolicy>,
+    ) -> Result<sbx_proto::v1::Workspace> {
+        if let Some(p) = &policy {
+            validate::network(p)?;
+        }
+        self.refuse_if_disk_full()?;
+        let ws = self.resolve_workspace(sel).await?;
+        self.router
+            .call_workspace(ws.id(), |reply| {
+                crate::protocol::WorkspaceMsg::SetDefaultNetwork {
+                    policy: policy.clone(),
+                    reply,
+                }
+            })
+            .await?
+            .ok_or_else(|| ActorError::WorkspaceNotFound(format!("{:?}", ws.workspace.name)))
+    }
+
     /// The sandbox's network as its driver sees it now.
     pub async fn get_sandbox_network(&self, sel: &SandboxSelector) -> Result<SandboxNetwork> {
         let sb = self.resolve_sandbox(sel).await?;

@@ -354,6 +354,10 @@ pub enum WorkspaceCommand {
     /// not exist succeeds with deleted=false.
     #[command(visible_alias = "rm")]
     Delete(WorkspaceDeleteArgs),
+    /// Show or set the network policy new sandboxes of a workspace get when they ask for none
+    /// (copied in at create; existing sandboxes keep theirs).
+    #[command(subcommand)]
+    Network(network::WorkspaceNetworkCommand),
 }
 
 /// Names one workspace: exactly one of NAME or `--id`.

@@ -3,6 +3,7 @@
 
 use clap::{Args, Subcommand};
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
+use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use sbx_proto::v1::{
     GetSandboxNetworkRequest, NetworkMode, NetworkPolicy, SandboxNetwork,
     UpdateSandboxNetworkRequest,
@@ -13,7 +14,7 @@ use super::connect::{Target, connect};
 use super::output::{Style, render_structured, render_table};
 use super::owned::{SandboxArgs, ScopeArgs, sandbox_by_name};
 use super::run::print;
-use super::{CliError, OutputArgs, OutputFormat, parse_name};
+use super::{CliError, NetworkModeArg, OutputArgs, OutputFormat, WorkspaceTarget, parse_name};
 
 /// `sbx sandbox network …`
 #[derive(Debug, Subcommand)]
@@ -246,6 +247,112 @@ pub async fn run_sandbox_network(
         }
     };
     print(&render_network(&output, &shown)?)?;
+    Ok(0)
+}
+
+/// `sbx workspace network …`
+#[derive(Debug, Subcommand)]
+pub enum WorkspaceNetworkCommand {
+    /// Show the workspace's default network policy.
+    Get(WorkspaceNetworkGetArgs),
+    /// Set the default: --network none, or --network policy with --allow ENTRY… (--allow
+    /// alone means policy); --clear removes it (new sandboxes: none).
+    Set(WorkspaceNetworkSetArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkspaceNetworkGetArgs {
+    #[command(flatten)]
+    pub target: WorkspaceTarget,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkspaceNetworkSetArgs {
+    #[command(flatten)]
+    pub target: WorkspaceTarget,
+    /// none (loopback only) or policy (default deny, --allow admitted).
+    #[arg(long, value_enum, value_name = "MODE", conflicts_with = "clear")]
+    pub network: Option<NetworkModeArg>,
+    /// An allowlist entry, CIDR[:PORT[-PORT]][/tcp|/udp]; repeatable.
+    #[arg(long = "allow", value_name = "ENTRY", conflicts_with = "clear")]
+    pub allow: Vec<String>,
+    /// Remove the default.
+    #[arg(long)]
+    pub clear: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// The workspace's default as the network view (no address, no denials).
+fn default_view(ws: &sbx_proto::v1::Workspace) -> SandboxNetwork {
+    SandboxNetwork {
+        sandbox_id: ws.id.clone(),
+        policy: Some(ws.default_network.clone().unwrap_or(NetworkPolicy {
+            mode: NetworkMode::None as i32,
+            allow: Vec::new(),
+        })),
+        ..Default::default()
+    }
+}
+
+/// `--network` and `--allow` as a policy: `--allow` implies policy; none with `--allow` is
+/// a usage error; neither given is `None`.
+pub fn mode_and_allow(
+    mode: Option<NetworkModeArg>,
+    allow: &[String],
+) -> Result<Option<NetworkPolicy>, CliError> {
+    match (mode, allow.is_empty()) {
+        (None, true) => Ok(None),
+        (Some(NetworkModeArg::None), true) => Ok(Some(NetworkPolicy {
+            mode: NetworkMode::None as i32,
+            allow: Vec::new(),
+        })),
+        (Some(NetworkModeArg::None), false) => Err(CliError::Usage(
+            "--allow admits connections, and --network none has none: use --network policy".into(),
+        )),
+        (Some(NetworkModeArg::Policy) | None, _) => Ok(Some(policy(allow.to_vec()))),
+    }
+}
+
+pub async fn run_workspace_network(
+    target: &Target,
+    cmd: WorkspaceNetworkCommand,
+) -> Result<u8, CliError> {
+    let mut client = WorkspaceServiceClient::new(connect(target).await?);
+    let (ws, output) = match cmd {
+        WorkspaceNetworkCommand::Get(a) => {
+            let ws = client
+                .get_workspace(sbx_proto::v1::GetWorkspaceRequest {
+                    workspace: Some(super::request::workspace_ref(&a.target)),
+                })
+                .await?
+                .into_inner();
+            (ws, a.output)
+        }
+        WorkspaceNetworkCommand::Set(a) => {
+            let policy = match a.clear {
+                true => None,
+                false => Some(mode_and_allow(a.network, &a.allow)?.ok_or_else(|| {
+                    CliError::Usage(
+                        "give --network none, --network policy [--allow ENTRY…], --allow \
+                         ENTRY… or --clear"
+                            .into(),
+                    )
+                })?),
+            };
+            let ws = client
+                .set_workspace_network(sbx_proto::v1::SetWorkspaceNetworkRequest {
+                    workspace: Some(super::request::workspace_ref(&a.target)),
+                    default_network: policy,
+                })
+                .await?
+                .into_inner();
+            (ws, a.output)
+        }
+    };
+    print(&render_network(&output, &default_view(&ws))?)?;
     Ok(0)
 }
 

@@ -201,6 +201,7 @@ fn workspace_outputs() {
         created_at: at(T0),
         updated_at: at(T0),
         resource_version: 4,
+        default_network: None,
     };
     check(
         render_workspace(OutputFormat::Table, &ws, now_plus(3 * 3600)).unwrap(),

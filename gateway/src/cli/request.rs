@@ -134,28 +134,6 @@ pub fn delete_workspace_request(args: &WorkspaceDeleteArgs) -> DeleteWorkspaceRe
     }
 }
 
-/// `--network` and `--allow` as the spec's policy: none given, none sent (the gateway's
-/// default); `--allow` implies policy; `--network none` with `--allow` is refused.
-fn network_request(
-    args: &SandboxCreateArgs,
-) -> Result<Option<sbx_proto::v1::NetworkPolicy>, CliError> {
-    use super::NetworkModeArg;
-    use sbx_proto::v1::{NetworkMode, NetworkPolicy};
-    match (args.network, args.allow.is_empty()) {
-        (None, true) => Ok(None),
-        (Some(NetworkModeArg::None), true) => Ok(Some(NetworkPolicy {
-            mode: NetworkMode::None as i32,
-            allow: Vec::new(),
-        })),
-        (Some(NetworkModeArg::None), false) => Err(CliError::Usage(
-            "--allow admits connections, and --network none has none: use --network policy".into(),
-        )),
-        (Some(NetworkModeArg::Policy) | None, _) => {
-            Ok(Some(super::network::policy(args.allow.clone())))
-        }
-    }
-}
-
 /// The create request; `generated_name` is used only when `--name` was not given.
 pub fn create_sandbox_request(
     args: &SandboxCreateArgs,
@@ -181,7 +159,7 @@ pub fn create_sandbox_request(
             driver: args.driver.clone().unwrap_or_default(),
             image: args.image.clone().unwrap_or_default(),
             image_digest: String::new(),
-            network: network_request(args)?,
+            network: super::network::mode_and_allow(args.network, &args.allow)?,
         }),
         stopped: args.stopped || !args.uploads.is_empty(),
     })

@@ -183,6 +183,9 @@ async fn run_workspace(target: &Target, cmd: WorkspaceCommand) -> Result<u8, Cli
                 SystemTime::now(),
             )?)?;
         }
+        WorkspaceCommand::Network(cmd) => {
+            return super::network::run_workspace_network(target, cmd).await;
+        }
         WorkspaceCommand::Get(args) => {
             let req = GetWorkspaceRequest {
                 workspace: Some(request::workspace_ref(&args.target)),

@@ -31,6 +31,24 @@ impl WorkspaceService for SbxService {
         Ok(Response::new(created))
     }
 
+    async fn set_workspace_network(
+        &self,
+        request: Request<sbx_proto::v1::SetWorkspaceNetworkRequest>,
+    ) -> Result<Response<Workspace>, Status> {
+        let caller = auth::caller(&request)?;
+        let req = request.into_inner();
+        let sel = WorkspaceSelector::from_ref(&req.workspace.unwrap_or_default())
+            .map_err(|e| actor_error_to_status(&e))?;
+        self.workspace_access(&caller, &sel, Role::Admin).await?;
+        let workspace = self
+            .gateway
+            .set_workspace_network(&sel, req.default_network)
+            .await
+            .map_err(|e| error_for(&caller, e))?;
+        audit(&caller, "set workspace default network", &workspace.id);
+        Ok(Response::new(workspace))
+    }
+
     async fn get_workspace(
         &self,
         request: Request<GetWorkspaceRequest>,

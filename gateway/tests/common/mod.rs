@@ -543,3 +543,22 @@ pub fn assert_oci_left_nothing(data: &Path, cgroup_parent: &str) {
         let _ = std::fs::remove_dir(entry.path().join(cgroup_parent));
     }
 }
+
+/// A python3 that has grpcio: the first of `python3` on PATH and Debian's `/usr/bin/python3`
+/// (where .ci/run's python3-grpcio goes, whatever python3 comes first on PATH). `None`
+/// (the test is skipped, saying so) outside CI; under CI (`CI` set) its absence fails.
+#[allow(dead_code)]
+pub fn python_with_grpcio() -> Option<&'static str> {
+    for python in ["python3", "/usr/bin/python3"] {
+        let probe = Command::new(python).args(["-c", "import grpc"]).output();
+        if matches!(&probe, Ok(out) if out.status.success()) {
+            return Some(python);
+        }
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "python3 with grpcio is missing under CI (.ci/run installs python3-grpcio)"
+    );
+    eprintln!("skipped: python3 with grpcio is not installed (apt-get install python3-grpcio)");
+    None
+}
