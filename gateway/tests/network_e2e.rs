@@ -332,6 +332,11 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         table.contains("DESTINATION") && table.contains(&upa),
         "{table}"
     );
+    let get = sbx(&ep, &["sandbox", "get", "web"]).ok().to_string();
+    assert!(
+        get.contains(&format!("address {addr}")) && get.contains(&format!("{upa}:81/tcp")),
+        "{get}"
+    );
 
     // The held connection works; a live update admits :81 without restarting the workload.
     let held = |ep: &str, line: &str| {
@@ -636,6 +641,25 @@ fn bad_network_input_is_refused_with_its_reason_and_an_overlapping_cidr_at_start
     )
     .json();
     assert_eq!(cleared["mode"], "none", "{cleared}");
+
+    // An sbxd without the network does not run a networked sandbox on loopback instead: its
+    // restart is refused, saying why; with the network back, it runs as before.
+    w.sigkill();
+    let bare = Sbxd::start(
+        w.data.path(),
+        "",
+        &["--oci-cgroup-parent", &w.cgroup_parent],
+    );
+    let restart = sbx(&bare.endpoint(), &["sandbox", "restart", "b"]);
+    assert!(
+        restart.code != 0 && restart.stderr.contains("has no network"),
+        "{restart:?}"
+    );
+    drop(bare);
+    let ep = w.start();
+    let again = sbx(&ep, &["sandbox", "restart", "b"]);
+    assert_eq!(again.code, 0, "{again:?}");
+    assert_eq!(connect(&ep, "b", &upa, 80), "hello 80");
 
     for name in ["b", "plain", "inherit", "own"] {
         sbx(&ep, &["sandbox", "delete", name]).ok();

@@ -400,6 +400,15 @@ impl HostDriver for Inner {
                         DriverError::Internal(format!("removing the sandbox's network: {e}"))
                     })
             }
+            (None, Some(_)) => {
+                tracing::warn!(
+                    sandbox_id = %record.sandbox_id,
+                    "a networked sandbox deleted by an sbxd without --network-cidr: its namespace \
+                     (/run/netns/<name>-<id>), veth, rules and address lease (drivers/oci/network/\
+                     leases/) are left behind; remove them by hand or run sbxd with its network"
+                );
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -483,8 +492,17 @@ impl Inner {
     /// The sandbox's namespace on the gateway's network (made if it has none yet, its
     /// policy applied), or `None` for loopback only.
     async fn attach_network(&self, record: &OciRecord) -> Result<Option<PathBuf>, DriverError> {
-        let (Some(net), Some(allow)) = (&self.opts.network, &record.network_allow) else {
+        let Some(allow) = &record.network_allow else {
             return Ok(None);
+        };
+        // Never a silent downgrade to loopback, nor an upgrade past the policy: a sandbox made
+        // on the gateway's network runs on it or not at all.
+        let Some(net) = &self.opts.network else {
+            return Err(DriverError::FailedPrecondition(format!(
+                "sandbox {} was made on the gateway's network with an egress policy, and this \
+                 sbxd has no network: start sbxd with the same --network-cidr and --network-name",
+                record.sandbox_id
+            )));
         };
         let entries = network::parse_allowlist(allow)
             .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;

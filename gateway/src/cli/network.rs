@@ -188,6 +188,60 @@ pub fn render_network(style: impl Into<Style>, n: &SandboxNetwork) -> Result<Str
     }
 }
 
+/// The lines `sbx sandbox get` adds for a networked sandbox: its address and allowlist size,
+/// and the five most-refused destinations of the last ten minutes.
+pub fn summary(network: Result<SandboxNetwork, tonic::Status>) -> String {
+    let n = match network {
+        Ok(n) => network_view(&n),
+        Err(e) => {
+            return format!(
+                "NETWORK: policy (its state could not be read: {})\n",
+                e.message()
+            );
+        }
+    };
+    let mut out = format!(
+        "NETWORK: policy, address {}, {} allow entries\n",
+        if n.address.is_empty() {
+            "-"
+        } else {
+            &n.address
+        },
+        n.allow.len()
+    );
+    if n.denials.is_empty() {
+        out.push_str("DENIED: nothing in the last ten minutes\n");
+    } else {
+        let shown: Vec<String> = n
+            .denials
+            .iter()
+            .take(5)
+            .map(|d| {
+                let port = if d.port == 0 {
+                    String::new()
+                } else {
+                    format!(":{}", d.port)
+                };
+                format!(
+                    "{}{port}/{} ({} packets)",
+                    d.destination, d.protocol, d.packets
+                )
+            })
+            .collect();
+        let more = n.denials.len().saturating_sub(5);
+        out.push_str(&format!(
+            "DENIED (last ten minutes): {}{}\n",
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more (sbx sandbox network get)")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    out
+}
+
 pub async fn run_sandbox_network(
     target: &Target,
     cmd: SandboxNetworkCommand,

@@ -26,7 +26,7 @@ use super::wait::{
     Goal, Observation, WaitOptions, WatchSource, progress_for_stderr, wait_for, wait_serving,
 };
 use super::{
-    Cli, CliError, Command, SandboxActionArgs, SandboxCommand, SandboxCreateArgs,
+    Cli, CliError, Command, OutputFormat, SandboxActionArgs, SandboxCommand, SandboxCreateArgs,
     SandboxTargetArgs, WaitArgs, WaitCondition, WorkspaceCommand, files, stream,
 };
 
@@ -331,12 +331,27 @@ async fn run_sandbox(target: &Target, cmd: SandboxCommand) -> Result<u8, CliErro
 async fn get_sandbox(target: &Target, args: &SandboxTargetArgs) -> Result<u8, CliError> {
     let sandbox = Some(sandbox_ref(&args.scope, &args.target));
     let mut client = SandboxServiceClient::new(connect(target).await?);
-    let answer = client.get_sandbox(GetSandboxRequest { sandbox }).await?;
-    print(&render_sandbox(
-        &args.output,
-        &answer.into_inner(),
-        SystemTime::now(),
-    )?)?;
+    let answer = client
+        .get_sandbox(GetSandboxRequest {
+            sandbox: sandbox.clone(),
+        })
+        .await?
+        .into_inner();
+    let mut text = render_sandbox(&args.output, &answer, SystemTime::now())?;
+    // The table also says what the sandbox's network refused lately (JSON and YAML keep the
+    // sandbox as the API gives it; `sbx sandbox network get` has the whole view).
+    let networked = answer
+        .spec
+        .as_ref()
+        .and_then(|s| s.network.as_ref())
+        .is_some_and(|n| n.mode() == sbx_proto::v1::NetworkMode::Policy);
+    if networked && matches!(args.output.format, OutputFormat::Table | OutputFormat::Wide) {
+        let network = client
+            .get_sandbox_network(sbx_proto::v1::GetSandboxNetworkRequest { sandbox })
+            .await;
+        text.push_str(&super::network::summary(network.map(|r| r.into_inner())));
+    }
+    print(&text)?;
     Ok(0)
 }
 
