@@ -422,18 +422,15 @@ impl Network {
             &["list", "chain", "inet", &self.table.name, &chain],
         )
         .is_ok();
+        // The chain and the map entry are made and removed in one transaction each: the one
+        // exists exactly when the other does.
         if let (true, Some(addr)) = (has_chain, address) {
-            let map = nft::list(
-                "read the sandbox map",
-                &["list", "map", "inet", &self.table.name, "sandboxes"],
-            )?;
-            let has_element = map.to_string().contains(&format!("\"{addr}\""));
             let key = id.simple().to_string();
             let mut sets = locked(&self.sets);
             let n = sets.get(&key).copied().unwrap_or(0);
             nft::apply(
                 "remove a sandbox's policy",
-                self.table.remove_sandbox(&key, addr, has_element, n),
+                self.table.remove_sandbox(&key, addr, n),
             )?;
             sets.remove(&key);
         }

@@ -324,18 +324,11 @@ impl Table {
     }
 
     /// The commands that remove the sandbox's map entry, chain and its `sets` address sets.
-    pub fn remove_sandbox(
-        &self,
-        key: &str,
-        addr: Ipv4Addr,
-        has_element: bool,
-        sets: usize,
-    ) -> Vec<Value> {
+    pub fn remove_sandbox(&self, key: &str, addr: Ipv4Addr, sets: usize) -> Vec<Value> {
         let chain = format!("sb_{key}");
-        let mut cmds = Vec::new();
-        if has_element {
-            cmds.push(json!({ "delete": self.obj("element", json!({ "name": "sandboxes", "elem": [addr.to_string()] })) }));
-        }
+        let mut cmds = vec![
+            json!({ "delete": self.obj("element", json!({ "name": "sandboxes", "elem": [addr.to_string()] })) }),
+        ];
         cmds.push(json!({ "flush": self.obj("chain", json!({ "name": chain })) }));
         cmds.push(json!({ "delete": self.obj("chain", json!({ "name": chain })) }));
         for k in 0..sets {
