@@ -202,8 +202,8 @@ pub struct Images {
     driver_call_timeout: Duration,
     /// Read: adding content or pinning it (pull, import, sandbox create). Write: delete + GC.
     lock: RwLock<()>,
-    /// Whether each driver (by name) reports `images`; filled on first use.
-    capabilities: Mutex<HashMap<String, bool>>,
+    /// Each driver's capabilities (by name); filled at start or on first use.
+    capabilities: Mutex<HashMap<String, sbx_drivers::pb::CapabilitiesResponse>>,
 }
 
 /// What a sandbox create holds while its record is written: the read lock that keeps the
@@ -242,10 +242,7 @@ impl Images {
             let within = saved.min(STARTUP_PROBE);
             match tokio::time::timeout(within, driver.capabilities()).await {
                 Ok(Ok(caps)) => {
-                    self.capabilities
-                        .lock()
-                        .await
-                        .insert(name.clone(), caps.images);
+                    self.capabilities.lock().await.insert(name.clone(), caps);
                 }
                 Ok(Err(e)) => tracing::warn!(driver = %name, "capabilities at start: {e}"),
                 Err(_) => {
@@ -257,8 +254,18 @@ impl Images {
 
     /// Whether the driver runs sandboxes from images (asked once, then remembered).
     pub async fn driver_has_images(&self, name: &str, driver: &dyn ComputeDriver) -> Result<bool> {
+        Ok(self.driver_capabilities(name, driver).await?.images)
+    }
+
+    /// The driver's capabilities (asked once, then remembered: a driver's are fixed when it
+    /// opens).
+    pub async fn driver_capabilities(
+        &self,
+        name: &str,
+        driver: &dyn ComputeDriver,
+    ) -> Result<sbx_drivers::pb::CapabilitiesResponse> {
         if let Some(known) = self.capabilities.lock().await.get(name) {
-            return Ok(*known);
+            return Ok(known.clone());
         }
         let caps = tokio::time::timeout(self.driver_call_timeout, driver.capabilities())
             .await
@@ -272,8 +279,8 @@ impl Images {
         self.capabilities
             .lock()
             .await
-            .insert(name.to_string(), caps.images);
-        Ok(caps.images)
+            .insert(name.to_string(), caps.clone());
+        Ok(caps)
     }
 
     /// For a driver with images: resolves `spec.image` (empty: the default image), pins its

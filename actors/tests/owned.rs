@@ -788,3 +788,42 @@ async fn a_sandbox_owning_ten_thousand_settings_is_deleted_in_one_transaction() 
         "10,000 settings: set in one request {set_took:?}; sandbox delete through the API {delete_took:?}; the store's cascading delete alone {store_took:?} (one transaction)"
     );
 }
+
+/// A create asking for a network policy from a driver without a network (here the sim) is
+/// FAILED_PRECONDITION before anything is written: no sandbox is left parked in Error, and
+/// the policy is never ignored. Mode none is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_policy_on_a_driver_without_a_network_is_refused_before_any_write() {
+    use sbx_proto::v1::{NetworkMode, NetworkPolicy};
+    let s = setup().await;
+    let mut spec = sleep_spec();
+    spec.network = Some(NetworkPolicy {
+        mode: NetworkMode::Policy as i32,
+        allow: vec!["10.0.0.1:443".into()],
+    });
+    let err =
+        s.gw.create_sandbox_with(None, "netted", spec, false, &[])
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(&err, sbx_actors::ActorError::FailedPrecondition(m) if m.contains("no network")),
+        "{err:?}"
+    );
+    let listed =
+        s.gw.list_sandboxes(&Default::default(), 0, "")
+            .await
+            .unwrap();
+    assert!(
+        listed.items.is_empty(),
+        "a record was written: {:?}",
+        listed.items
+    );
+    let mut none = sleep_spec();
+    none.network = Some(NetworkPolicy {
+        mode: NetworkMode::None as i32,
+        allow: Vec::new(),
+    });
+    s.gw.create_sandbox_with(None, "plain", none, false, &[])
+        .await
+        .unwrap();
+}

@@ -25,20 +25,10 @@ impl Gateway {
         if !wants {
             return Ok(());
         }
-        let caps = tokio::time::timeout(
-            self.shared.config.driver_call_timeout,
-            driver.capabilities(),
-        )
-        .await
-        .map_err(|_| {
-            ActorError::Unavailable(format!(
-                "driver {:?} did not answer capabilities",
-                spec.driver
-            ))
-        })?
-        .map_err(|e| {
-            ActorError::Unavailable(format!("driver {:?} capabilities: {e}", spec.driver))
-        })?;
+        let caps = self
+            .images
+            .driver_capabilities(&spec.driver, driver)
+            .await?;
         if !caps.network {
             return Err(ActorError::FailedPrecondition(format!(
                 "driver {:?} gives sandboxes no network (the oci driver does, with sbxd serve \
