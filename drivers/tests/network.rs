@@ -12,7 +12,9 @@ use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sbx_drivers::network::fixtures::{Held, SERVER, Upstream, connect_from, runnable};
+use sbx_drivers::network::fixtures::{
+    Held, SERVER, Upstream, connect_from, resolve_from, runnable,
+};
 use sbx_drivers::network::{Network, NetworkConfig, parse_allowlist};
 use uuid::Uuid;
 
@@ -52,6 +54,7 @@ fn config(name: &str, third: u8, dir: &std::path::Path) -> NetworkConfig {
         network: Ipv4Addr::new(10, 253, third, 0),
         prefix: 24,
         state_dir: dir.into(),
+        dns_upstream: None,
     }
 }
 
@@ -220,9 +223,12 @@ fn egress_is_default_deny_with_a_live_allowlist_and_nothing_is_left_behind() {
     );
     eprintln!("live policy update applied in {update:?}");
 
-    // A new gateway instance over the same state: same addresses, nothing re-made, the held
-    // connection still up, the policy still enforced.
-    let reopened = Network::open(config(&name, 7, dir.path())).expect("reopen");
+    // A new gateway instance over the same state (the old one gone, its resolver with it):
+    // same addresses, nothing re-made, the held connection still up, the policy still
+    // enforced.
+    drop(guard.net.take());
+    guard.net = Some(Network::open(config(&name, 7, dir.path())).expect("reopen"));
+    let reopened = guard.net.as_ref().unwrap();
     assert_eq!(reopened.address_of(a), Some(at_a.address));
     assert_eq!(reopened.attach(a, &wider).unwrap(), at_a);
     assert_eq!(held.echo("after reopen"), "after reopen");
@@ -262,6 +268,148 @@ impl Drop for KillOnDrop {
 }
 
 #[test]
+fn hostname_entries_admit_what_the_gateways_resolver_answered_and_nothing_else() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("h{:04x}", std::process::id() & 0xffff);
+    let name = format!("t{tag}");
+    let third = 13;
+    let up = Upstream::with_names(
+        &tag,
+        third,
+        &[80, 81, 8080],
+        &[
+            ("up.sbx.test", Ipv4Addr::new(10, 251, third, 2)),
+            ("second.sbx.test", Ipv4Addr::new(10, 252, third, 1)),
+            ("c.wild.sbx.test", Ipv4Addr::new(10, 252, third, 1)),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut guard = Net {
+        net: None,
+        ids: vec![a, b],
+        name: name.clone(),
+    };
+    let mut cfg = config(&name, third, dir.path());
+    cfg.dns_upstream = Some((up.addr, 53).into());
+    guard.net = Some(Network::open(cfg.clone()).expect("network"));
+    let net = guard.net.as_ref().unwrap();
+    let list = parse_allowlist(&["up.sbx.test:80", "*.wild.sbx.test:8080/tcp"]).unwrap();
+    let at = net.attach(a, &list).unwrap();
+    net.attach(b, &[]).unwrap();
+    let (ns_a, ns_b) = (format!("{name}-{a}"), format!("{name}-{b}"));
+    let gw = at.gateway;
+
+    let before = connect_from(&ns_a, up.addr, 80);
+    assert!(
+        before.starts_with("error"),
+        "nothing admitted before the name is resolved: {before}"
+    );
+    assert_eq!(
+        resolve_from(&ns_a, gw, "up.sbx.test"),
+        format!("rcode 0 {}", up.addr)
+    );
+    assert_eq!(
+        connect_from(&ns_a, up.addr, 80),
+        "hello 80",
+        "the resolved address, the entry's port"
+    );
+    assert!(
+        connect_from(&ns_a, up.addr, 81).starts_with("error"),
+        "only the entry's port"
+    );
+    assert_eq!(
+        resolve_from(&ns_a, gw, "second.sbx.test"),
+        "rcode 5",
+        "a name off the list: REFUSED by the gateway (the upstream would answer it)"
+    );
+    assert!(connect_from(&ns_a, up.second, 80).starts_with("error"));
+    assert_eq!(
+        resolve_from(&ns_a, gw, "c.wild.sbx.test"),
+        format!("rcode 0 {}", up.second),
+        "below a wildcard"
+    );
+    assert_eq!(connect_from(&ns_a, up.second, 8080), "hello 8080");
+    assert!(
+        connect_from(&ns_a, up.second, 80).starts_with("error"),
+        "the wildcard's port only"
+    );
+    assert_eq!(resolve_from(&ns_a, gw, "nowhere.sbx.test"), "rcode 5");
+    assert_eq!(
+        resolve_from(&ns_b, gw, "up.sbx.test"),
+        "rcode 5",
+        "another sandbox's list is not this one's"
+    );
+    assert!(
+        connect_from(&ns_b, up.addr, 80).starts_with("error"),
+        "nor are its admissions"
+    );
+    let refused = net.refused_names(a);
+    assert!(
+        refused.contains(&("second.sbx.test".to_string(), 1))
+            && refused.contains(&("nowhere.sbx.test".to_string(), 1)),
+        "refused names are recorded: {refused:?}"
+    );
+
+    // A live update: up.sbx.test's admission moves to its new port without a new query; the
+    // wildcard is gone, and with it what it admitted.
+    let (mut held, greeting) = Held::open(&ns_a, up.second, 8080);
+    assert_eq!(greeting, "hello 8080");
+    net.set_policy(a, &parse_allowlist(&["up.sbx.test:81"]).unwrap())
+        .unwrap();
+    assert_eq!(
+        connect_from(&ns_a, up.addr, 81),
+        "hello 81",
+        "admitted again under the new list"
+    );
+    assert!(connect_from(&ns_a, up.addr, 80).starts_with("error"));
+    assert!(
+        connect_from(&ns_a, up.second, 8080).starts_with("error"),
+        "the wildcard's admission went with it"
+    );
+    assert_eq!(
+        held.echo("still"),
+        "still",
+        "an open connection outlives the update"
+    );
+    assert_eq!(resolve_from(&ns_a, gw, "c.wild.sbx.test"), "rcode 5");
+
+    // The gateway stops (its resolver with it) and a new one opens the same network: the
+    // admissions are read back from the table, the resolver answers again.
+    drop(guard.net.take());
+    assert!(
+        resolve_from(&ns_a, gw, "up.sbx.test").starts_with("error"),
+        "no resolver while no gateway runs"
+    );
+    guard.net = Some(Network::open(cfg).expect("reopen"));
+    let net = guard.net.as_ref().unwrap();
+    let list = parse_allowlist(&["up.sbx.test:81"]).unwrap();
+    net.restore(a, &list);
+    net.attach(a, &list).unwrap();
+    assert_eq!(
+        connect_from(&ns_a, up.addr, 81),
+        "hello 81",
+        "the admission survived the restart"
+    );
+    assert_eq!(
+        resolve_from(&ns_a, gw, "up.sbx.test"),
+        format!("rcode 0 {}", up.addr)
+    );
+    assert_eq!(held.echo("after"), "after");
+    drop(held);
+
+    for id in [a, b] {
+        net.detach(id).unwrap();
+    }
+    net.teardown().unwrap();
+    guard.net = None;
+    assert_eq!(left_on_host(&name, &[a, b]), Vec::<String>::new());
+    drop(up);
+}
+
+#[test]
 fn a_network_overlapping_the_hosts_is_refused_at_open() {
     if !runnable() {
         return;
@@ -275,6 +423,7 @@ fn a_network_overlapping_the_hosts_is_refused_at_open() {
         network: Ipv4Addr::new(10, 251, 0, 0),
         prefix: 16,
         state_dir: dir.path().into(),
+        dns_upstream: None,
     };
     let err = Network::open(cfg).expect_err("overlap").to_string();
     assert!(
@@ -372,6 +521,7 @@ fn the_network_costs_measured_side_by_side() {
         network: Ipv4Addr::new(10, 253, 11, 0),
         prefix: 24,
         state_dir: dir.path().into(),
+        dns_upstream: None,
     };
     guard.net = Some(Network::open(net_config).expect("network"));
     let net = guard.net.as_ref().unwrap();

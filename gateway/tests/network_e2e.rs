@@ -27,6 +27,8 @@ struct World {
     cidr: String,
     sbxd: Option<Sbxd>,
     sandboxes: Vec<&'static str>,
+    /// `--network-dns`: the upstream's DNS answerer.
+    dns: Option<String>,
 }
 
 impl World {
@@ -38,22 +40,23 @@ impl World {
             cidr: format!("10.253.{third}.0/24"),
             sbxd: None,
             sandboxes: Vec::new(),
+            dns: None,
         }
     }
 
     fn start(&mut self) -> String {
-        let d = Sbxd::start(
-            self.data.path(),
-            "",
-            &[
-                "--oci-cgroup-parent",
-                &self.cgroup_parent,
-                "--network-cidr",
-                &self.cidr,
-                "--network-name",
-                &self.name,
-            ],
-        );
+        let mut flags = vec![
+            "--oci-cgroup-parent",
+            &self.cgroup_parent,
+            "--network-cidr",
+            &self.cidr,
+            "--network-name",
+            &self.name,
+        ];
+        if let Some(dns) = &self.dns {
+            flags.extend(["--network-dns", dns]);
+        }
+        let d = Sbxd::start(self.data.path(), "", &flags);
         let ep = d.endpoint();
         self.sbxd = Some(d);
         ep
@@ -168,11 +171,20 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         return;
     }
     let tag = format!("a{:04x}", std::process::id() & 0xffff);
-    let up = Upstream::new(&tag, 20, &[80, 81, 8080]);
+    let up = Upstream::with_names(
+        &tag,
+        20,
+        &[80, 81, 8080],
+        &[
+            ("up.sbx.test", std::net::Ipv4Addr::new(10, 251, 20, 2)),
+            ("second.sbx.test", std::net::Ipv4Addr::new(10, 252, 20, 1)),
+        ],
+    );
     let upa = up.addr.to_string();
     let mut w = World::new(&tag, 20);
+    w.dns = Some(upa.clone());
     let ep = w.start();
-    w.sandboxes = vec!["web", "peer", "iso"];
+    w.sandboxes = vec!["web", "peer", "iso", "named"];
 
     // web: allowed upstream:80 and :8080, and its main process holds a connection to :8080
     // open, fed from a FIFO in its volume, writing what comes back to /sandbox/held.
@@ -232,6 +244,21 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
     );
     assert_eq!(iso.code, 0, "{iso:?}");
     let unnetworked = t.elapsed();
+    let named = sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "named",
+            "--allow",
+            "up.sbx.test:80",
+            "--",
+            "sleep",
+            "3600",
+        ],
+    );
+    assert_eq!(named.code, 0, "{named:?}");
     eprintln!(
         "create -> Ready (sbx sandbox create, waits for Ready): with a network {networked:?}, \
          --network none {unnetworked:?} (ratio {:.2})",
@@ -325,6 +352,47 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
             && has(&gateway, u64::from(grpc_port)),
         "{denials}"
     );
+
+    // A hostname entry: the sandbox resolves through the gateway's resolver, which answers
+    // the name on its list (and admits that answer) and refuses the rest.
+    let resolv = exec(&ep, "named", "cat /etc/resolv.conf").ok().to_string();
+    assert_eq!(resolv.trim(), format!("nameserver {gateway}"));
+    assert!(
+        connect(&ep, "named", &upa, 80).starts_with("refused"),
+        "nothing admitted before the name is resolved"
+    );
+    let looked_up = exec(&ep, "named", "nslookup up.sbx.test");
+    assert!(looked_up.stdout.contains(&upa), "{looked_up:?}");
+    assert_eq!(
+        connect(&ep, "named", &upa, 80),
+        "hello 80",
+        "the name's answer, admitted"
+    );
+    assert!(
+        connect(&ep, "named", &upa, 81).starts_with("refused"),
+        "its port only"
+    );
+    let off_list = exec(&ep, "named", "nslookup second.sbx.test");
+    assert!(
+        !off_list.stdout.contains(&up.second.to_string()),
+        "a name off the list is not answered: {off_list:?}"
+    );
+    assert!(connect(&ep, "named", &up.second.to_string(), 80).starts_with("refused"));
+    let named_denials = network(&ep, "named")["denials"].clone();
+    assert!(
+        named_denials
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| { d["destination"] == "second.sbx.test" && d["protocol"] == "dns" }),
+        "{named_denials}"
+    );
+    let web_lookup = exec(&ep, "web", "nslookup up.sbx.test");
+    assert!(
+        !web_lookup.stdout.contains(&format!("Address: {upa}")),
+        "web's list holds no names: {web_lookup:?}"
+    );
+
     let table = sbx(&ep, &["sandbox", "network", "get", "web"])
         .ok()
         .to_string();
@@ -409,6 +477,21 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         connect(&ep, "web", &up.second.to_string(), 80).starts_with("refused"),
         "still enforced"
     );
+    assert_eq!(
+        connect(&ep, "named", &upa, 80),
+        "hello 80",
+        "the admission survived"
+    );
+    let again = exec(&ep, "named", "nslookup up.sbx.test");
+    assert!(
+        again.stdout.contains(&upa),
+        "the resolver answers after the restart: {again:?}"
+    );
+    let off_again = exec(&ep, "named", "nslookup second.sbx.test");
+    assert!(
+        !off_again.stdout.contains(&up.second.to_string()),
+        "{off_again:?}"
+    );
     // Deny takes :81 away again.
     sbx(
         &ep,
@@ -418,7 +501,7 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
     assert!(connect(&ep, "web", &upa, 81).starts_with("refused"));
 
     // Deletes leave nothing on the host.
-    for name in ["web", "peer", "iso"] {
+    for name in ["web", "peer", "iso", "named"] {
         sbx(&ep, &["sandbox", "delete", name]).ok();
     }
     assert_eq!(w.left_on_host(), Vec::<String>::new());
@@ -465,7 +548,9 @@ fn bad_network_input_is_refused_with_its_reason_and_an_overlapping_cidr_at_start
         ("10.0.0.1:70000", "out of range"),
         ("10.0.0.1:0", "out of range"),
         (":80", "no address"),
-        ("api.example.test:443", "hostname"),
+        ("a..example.test:443", "not a hostname label"),
+        ("*:443", "wildcard"),
+        ("api.example.test/24:443", "no prefix length"),
         ("10.0.0.1/8", "host bits"),
         ("", "empty"),
     ] {

@@ -26,6 +26,9 @@ use crate::image::IdMap;
 pub const INIT_MOUNT: &str = "/dev/.sbx";
 /// The file of the run directory bound at `/etc/hostname` (the sandbox's name and a newline).
 pub const HOSTNAME_FILE: &str = "hostname";
+/// The file of the run directory bound at `/etc/resolv.conf` in a sandbox on the gateway's
+/// network (its resolver, on the bridge's address).
+pub const RESOLV_FILE: &str = "resolv.conf";
 /// Where the run directory (the init writes the main process's status there) appears inside.
 pub const RUN_MOUNT: &str = "/dev/.sbx-run";
 /// Where the persistent volume appears inside.
@@ -154,7 +157,7 @@ fn bind(destination: &str, source: &Path, options: &[&str]) -> Mount {
 
 /// The runtime config of one run.
 pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
-    let mounts = vec![
+    let mut mounts = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
         mount(
             "/dev",
@@ -225,6 +228,16 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
             &["ro", "nosuid", "nodev", "noexec"],
         ),
     ];
+    // On the gateway's network, names resolve through the gateway's resolver, which answers
+    // those the sandbox's policy holds: the image's file would name resolvers it cannot
+    // reach. Read-only, like the rest of what the network is.
+    if run.netns.is_some() {
+        mounts.push(bind(
+            "/etc/resolv.conf",
+            &run.run_dir.join(RESOLV_FILE),
+            &["ro", "nosuid", "nodev", "noexec"],
+        ));
+    }
     let id_mapping = |host: u32| {
         vec![
             LinuxIdMappingBuilder::default()

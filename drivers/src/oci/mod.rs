@@ -237,6 +237,20 @@ impl OciDriver {
         records::empty_trash(&trash, unmount_rootfs)?;
         let sandboxes = records::sandboxes_dir(&state_dir);
         let found = records::find_records::<OciRecord>(&sandboxes, |_, dir| unmount_rootfs(dir))?;
+        if let Some(net) = &opts.network {
+            // The table still holds every attached sandbox's list; the resolver is told
+            // them again, so the names they may resolve still resolve.
+            for record in found.values() {
+                if let Some(allow) = &record.network_allow {
+                    match network::parse_allowlist(allow) {
+                        Ok(entries) => net.restore(record.sandbox_id, &entries),
+                        Err(e) => {
+                            tracing::warn!(sandbox_id = %record.sandbox_id, error = %e, "a stored network policy no longer parses")
+                        }
+                    }
+                }
+            }
+        }
         for record in found.values() {
             if record.desired == Desired::Stopped {
                 let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
@@ -489,9 +503,12 @@ impl Inner {
         network::requested(policy, self.opts.network.as_ref())
     }
 
-    /// The sandbox's namespace on the gateway's network (made if it has none yet, its
-    /// policy applied), or `None` for loopback only.
-    async fn attach_network(&self, record: &OciRecord) -> Result<Option<PathBuf>, DriverError> {
+    /// The sandbox's place on the gateway's network (made if it has none yet, its policy
+    /// applied), or `None` for loopback only.
+    async fn attach_network(
+        &self,
+        record: &OciRecord,
+    ) -> Result<Option<network::Attachment>, DriverError> {
         let Some(allow) = &record.network_allow else {
             return Ok(None);
         };
@@ -511,7 +528,7 @@ impl Inner {
             .await
             .map_err(|e| internal("attaching the sandbox's network", e))?
             .map_err(|e| DriverError::Unavailable(format!("the sandbox's network: {e}")))?;
-        Ok(Some(attached.netns_path))
+        Ok(Some(attached))
     }
 
     /// Replaces a networked sandbox's allowlist: the record first, then the firewall (a
@@ -526,7 +543,9 @@ impl Inner {
         let asked = network::requested(req.policy.as_ref(), self.opts.network.as_ref())?;
         let (Some(allow), Some(_)) = (asked, &record.network_allow) else {
             return Err(DriverError::FailedPrecondition(format!(
-                "sandbox {id} was made with network mode none (or the update asks for none):                  the mode of a sandbox's network is fixed at create; only a policy's allowlist                  can change"
+                "sandbox {id} was made with network mode none (or the update asks for none): \
+                 the mode of a sandbox's network is fixed at create; only a policy's allowlist \
+                 can change"
             )));
         };
         let entries = network::parse_allowlist(&allow)
@@ -603,7 +622,15 @@ impl Inner {
             format!("{}\n", record.name),
         )
         .map_err(|e| io("writing the sandbox's hostname file", e))?;
-        let netns = self.attach_network(record).await?;
+        let attached = self.attach_network(record).await?;
+        if let Some(a) = &attached {
+            std::fs::write(
+                run.dir.join(bundle::RESOLV_FILE),
+                format!("nameserver {}\n", a.gateway),
+            )
+            .map_err(|e| io("writing the sandbox's resolv.conf", e))?;
+        }
+        let netns = attached.map(|a| a.netns_path);
         let init_dir = record::init_dir(&self.state_dir);
         let mut args = vec![
             format!("{INIT_MOUNT}/busybox"),

@@ -146,6 +146,32 @@ pub struct OciArgs {
         value_name = "NAME"
     )]
     pub network_name: String,
+
+    /// The resolver the gateway's sandbox resolver asks for the names a sandbox's policy
+    /// allows (`ADDR` or `ADDR:PORT`, IPv4). Default: the host's first IPv4 nameserver in
+    /// /etc/resolv.conf. Sandboxes never reach it themselves: they ask the bridge's address,
+    /// and names off their list are refused there.
+    #[arg(
+        id = "network_dns",
+        long = "network-dns",
+        env = "SBX_NETWORK_DNS",
+        value_name = "ADDR[:PORT]",
+        value_parser = parse_dns_upstream
+    )]
+    pub network_dns: Option<std::net::SocketAddr>,
+}
+
+/// `A.B.C.D` or `A.B.C.D:PORT`.
+pub fn parse_dns_upstream(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(addr) = text.parse::<std::net::Ipv4Addr>() {
+        return Ok(std::net::SocketAddr::from((addr, 53)));
+    }
+    match text.parse::<std::net::SocketAddr>() {
+        Ok(a @ std::net::SocketAddr::V4(_)) if a.port() != 0 => Ok(a),
+        _ => Err(format!(
+            "{text:?} is not an IPv4 address, optionally with a port (10.0.0.53 or 10.0.0.53:5353)"
+        )),
+    }
 }
 
 impl Default for OciArgs {
@@ -158,6 +184,7 @@ impl Default for OciArgs {
             cgroup_parent: opts.cgroup_parent,
             network_cidr: None,
             network_name: crate::network::DEFAULT_NAME.to_string(),
+            network_dns: None,
         }
     }
 }
@@ -192,6 +219,10 @@ impl OciArgs {
         }
         flags.push("--network-name".into());
         flags.push(self.network_name.clone().into());
+        if let Some(dns) = &self.network_dns {
+            flags.push("--network-dns".into());
+            flags.push(dns.to_string().into());
+        }
         flags
     }
 
@@ -206,17 +237,27 @@ impl OciArgs {
         };
         let (network, prefix) = crate::network::parse_cidr(cidr)
             .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+        let dns_upstream = self.network_dns.or_else(|| {
+            let conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+            crate::network::resolver::host_nameserver(&conf, network, prefix)
+        });
+        if dns_upstream.is_none() {
+            tracing::warn!(
+                "no upstream resolver (no --network-dns, no IPv4 nameserver in /etc/resolv.conf): hostname entries of sandbox policies resolve to nothing"
+            );
+        }
         let config = crate::network::NetworkConfig {
             name: self.network_name.clone(),
             network,
             prefix,
             state_dir: state_dir.join("network"),
+            dns_upstream,
         };
         let net = tokio::task::spawn_blocking(move || crate::network::Network::open(config))
             .await
             .map_err(|e| DriverError::Internal(format!("opening the sandbox network: {e}")))?
             .map_err(|e| DriverError::Unavailable(format!("the sandbox network: {e}")))?;
-        tracing::info!(cidr = %cidr, bridge = %net.bridge_name(), "the sandbox network is up");
+        tracing::info!(cidr = %cidr, bridge = %net.bridge_name(), resolver = ?dns_upstream, "the sandbox network is up");
         Ok(Some(Arc::new(net)))
     }
 }

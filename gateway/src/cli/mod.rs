@@ -587,8 +587,10 @@ pub struct SandboxCreateArgs {
     #[arg(long, value_enum, value_name = "MODE")]
     pub network: Option<NetworkModeArg>,
     /// With --network policy: admit connections to CIDR[:PORT[-PORT]][/tcp|/udp] (e.g.
-    /// 10.1.2.3:443, 10.0.0.0/8:8000-8100/tcp, 192.168.5.7 for every port). Repeatable;
-    /// changed later with `sbx sandbox network allow|deny|set`.
+    /// 10.1.2.3:443, 10.0.0.0/8:8000-8100/tcp, 192.168.5.7 for every port) or to what a
+    /// HOSTNAME[:PORT…] resolves to through the gateway's resolver (api.example.test:443,
+    /// *.example.test:443 for every name below it). Repeatable; changed later with `sbx
+    /// sandbox network allow|deny|set`.
     #[arg(long = "allow", value_name = "ENTRY")]
     pub allow: Vec<String>,
     /// Print the sandbox as soon as it is created, without waiting for Ready.

@@ -39,8 +39,9 @@ pub struct NetworkEntriesArgs {
     /// The sandbox's name, within --workspace.
     #[arg(value_parser = parse_name)]
     pub sandbox: String,
-    /// Allowlist entries: CIDR[:PORT[-PORT]][/tcp|/udp], e.g. 10.1.2.3:443,
-    /// 10.0.0.0/8:8000-8100/tcp, 192.168.5.7 (every port and protocol).
+    /// Allowlist entries: CIDR[:PORT[-PORT]][/tcp|/udp] or HOSTNAME[:PORT[-PORT]][/tcp|/udp],
+    /// e.g. 10.1.2.3:443, 10.0.0.0/8:8000-8100/tcp, 192.168.5.7 (every port and protocol),
+    /// api.example.test:443, *.example.test:443 (every name below example.test).
     #[arg(required = true, value_name = "ENTRY")]
     pub entries: Vec<String>,
     #[command(flatten)]
@@ -329,7 +330,7 @@ pub struct WorkspaceNetworkSetArgs {
     /// none (loopback only) or policy (default deny, --allow admitted).
     #[arg(long, value_enum, value_name = "MODE", conflicts_with = "clear")]
     pub network: Option<NetworkModeArg>,
-    /// An allowlist entry, CIDR[:PORT[-PORT]][/tcp|/udp]; repeatable.
+    /// An allowlist entry, CIDR or HOSTNAME, [:PORT[-PORT]][/tcp|/udp]; repeatable.
     #[arg(long = "allow", value_name = "ENTRY", conflicts_with = "clear")]
     pub allow: Vec<String>,
     /// Remove the default.

@@ -36,7 +36,8 @@ pub fn runnable() -> bool {
 
 /// A namespace with servers, made by the test: `addr` on a veth to the host, `second` another
 /// address of it the host routes there too. TCP servers on `ports` of every address answer
-/// each connection with "hello <port>\n" and then echo what they read.
+/// each connection with "hello <port>\n" and then echo what they read; with names, a DNS
+/// answerer on UDP port 53 answers A queries for them (TTL 30 s), NXDOMAIN for others.
 pub struct Upstream {
     pub ns: String,
     pub host_veth: String,
@@ -59,8 +60,30 @@ def serve(port):
                 if not d: break
                 c.sendall(d)
         threading.Thread(target=talk, daemon=True).start()
+def dns(names):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", 53))
+    while True:
+        q, peer = u.recvfrom(512)
+        try:
+            i, labels = 12, []
+            while q[i]:
+                labels.append(q[i + 1:i + 1 + q[i]].decode().lower()); i += 1 + q[i]
+            qtype, end = q[i + 1:i + 3], i + 5
+            addr = names.get(".".join(labels))
+            ans = b""
+            if addr and qtype == b"\x00\x01":
+                ans = b"\xc0\x0c\x00\x01\x00\x01" + (30).to_bytes(4, "big") + b"\x00\x04" + socket.inet_aton(addr)
+            flags = bytes([0x81, 0x80 | (0 if addr else 3)])
+            counts = b"\x00\x01" + (b"\x00\x01" if ans else b"\x00\x00") + b"\x00\x00\x00\x00"
+            u.sendto(q[:2] + flags + counts + q[12:end] + ans, peer)
+        except Exception:
+            pass
+names = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+if names:
+    threading.Thread(target=dns, args=(names,), daemon=True).start()
 for p in sys.argv[1:]:
-    threading.Thread(target=serve, args=(int(p),), daemon=True).start()
+    if "=" not in p:
+        threading.Thread(target=serve, args=(int(p),), daemon=True).start()
 print("ready", flush=True)
 threading.Event().wait()
 "#;
@@ -69,6 +92,11 @@ impl Upstream {
     /// Made at 10.251.`third`.2 (the host's end .1), the second address 10.252.`third`.1;
     /// `tag` (at most 6 characters) names the namespace and veth.
     pub fn new(tag: &str, third: u8, ports: &[u16]) -> Upstream {
+        Upstream::with_names(tag, third, ports, &[])
+    }
+
+    /// As [`Upstream::new`], with a DNS answerer for `names` (name → address).
+    pub fn with_names(tag: &str, third: u8, ports: &[u16], names: &[(&str, Ipv4Addr)]) -> Upstream {
         let ns = format!("sbxt-up-{tag}");
         let host_veth = format!("sbxtu{tag}");
         let addr = Ipv4Addr::new(10, 251, third, 2);
@@ -132,6 +160,7 @@ impl Upstream {
             SERVER.into(),
         ];
         args.extend(ports.iter().map(|p| p.to_string()));
+        args.extend(names.iter().map(|(n, a)| format!("{n}={a}")));
         let mut child = Command::new("ip")
             .args(&args)
             .stdout(Stdio::piped())
@@ -169,6 +198,36 @@ impl Drop for Upstream {
 pub fn connect_from(ns: &str, addr: Ipv4Addr, port: u16) -> String {
     let script = format!(
         "import socket\ns=socket.socket(); s.settimeout(3)\ntry:\n    s.connect(('{addr}', {port})); print(s.recv(100).decode().strip())\nexcept Exception as e:\n    print('error', type(e).__name__, e)"
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "python3", "-c", &script])
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// What a DNS query for `name` (type A), sent from inside namespace `ns` to `server`:53,
+/// got: `rcode N` and the addresses answered (`rcode 0 10.0.0.1`), or `error …` within 3 s.
+pub fn resolve_from(ns: &str, server: Ipv4Addr, name: &str) -> String {
+    let script = format!(
+        r#"import socket, struct
+q = struct.pack(">HHHHHH", 4660, 256, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in "{name}".split(".")) + b"\0\0\1\0\1"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+try:
+    s.sendto(q, ("{server}", 53)); r, _ = s.recvfrom(4096)
+    n, i = struct.unpack(">H", r[6:8])[0], len(q)
+    out = []
+    for _ in range(n):
+        if r[i] & 0xc0 == 0xc0: i += 2
+        else:
+            while r[i]: i += 1 + r[i]
+            i += 1
+        t, _, _, l = struct.unpack(">HHIH", r[i:i + 10]); i += 10
+        if t == 1: out.append(socket.inet_ntoa(r[i:i + l]))
+        i += l
+    print("rcode", r[3] & 15, *out)
+except Exception as e:
+    print("error", type(e).__name__, e)"#
     );
     let out = Command::new("ip")
         .args(["netns", "exec", ns, "python3", "-c", &script])

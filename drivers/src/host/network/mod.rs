@@ -16,18 +16,21 @@
 //!   workload's namespace, veth or rules.
 //! - **Policy**: default deny; the sandbox's allowlist entries ([`policy`]) become its chain
 //!   in the table ([`nft`]), replaced whole in one transaction on a live update.
+//! - **Names**: the gateway's resolver ([`resolver`]) on the bridge's address answers each
+//!   sandbox the names its list holds and admits the addresses it answered.
 //! - **Denials** are read from the table's `denied` set (per source, destination, protocol
-//!   and port, with a packet count).
+//!   and port, with a packet count), and names refused from the resolver.
 
 pub mod fixtures;
 pub mod link;
 pub mod nft;
 pub mod policy;
+pub mod resolver;
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use uuid::Uuid;
 
@@ -51,6 +54,9 @@ pub struct NetworkConfig {
     pub prefix: u8,
     /// Where the leases are kept.
     pub state_dir: PathBuf,
+    /// Where the gateway's resolver asks the names sandboxes may resolve; `None`: such names
+    /// are answered SERVFAIL.
+    pub dns_upstream: Option<SocketAddr>,
 }
 
 /// Why the network cannot be set up or a sandbox cannot be attached.
@@ -123,8 +129,11 @@ pub struct Network {
     config: NetworkConfig,
     table: nft::Table,
     leases: Mutex<HashMap<Uuid, Ipv4Addr>>,
-    /// How many address sets each sandbox (by its key) has in the table; read back at open.
+    /// How many classes (each two address sets) each sandbox (by its key) has in the table;
+    /// read back at open.
     sets: Mutex<HashMap<String, usize>>,
+    names: Arc<resolver::Shared>,
+    resolver: Mutex<Option<resolver::Resolver>>,
 }
 
 impl Network {
@@ -181,11 +190,14 @@ impl Network {
             network: config.network,
             prefix: config.prefix,
         };
+        let names = Arc::new(resolver::Shared::new(table.clone(), config.dns_upstream));
         let net = Network {
             config,
             table,
             leases: Mutex::new(HashMap::new()),
             sets: Mutex::new(HashMap::new()),
+            names,
+            resolver: Mutex::new(None),
         };
         std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1")
             .map_err(io("turning on IPv4 forwarding"))?;
@@ -219,12 +231,25 @@ impl Network {
         )
         .ok();
         nft::apply("set up the table", net.table.setup(existing.as_ref()))?;
+        if let Some(doc) = &existing {
+            net.names.restore_admitted(nft::admitted(doc));
+        }
         let sets = nft::list(
             "list the table's sets",
             &["-t", "list", "table", "inet", &net.table.name],
         )?;
         *locked(&net.sets) = nft::sandbox_sets(&sets);
-        net.load_leases()
+        net.load_leases()?;
+        let started = resolver::Resolver::start(net.gateway_addr(), Arc::clone(&net.names))
+            .map_err(|e| {
+                NetworkError::Config(format!(
+                    "the sandbox resolver cannot listen on {}:{} (UDP): {e}",
+                    net.gateway_addr(),
+                    resolver::PORT
+                ))
+            })?;
+        *locked(&net.resolver) = Some(started);
+        Ok(())
     }
 
     fn load_leases(&self) -> Result<(), NetworkError> {
@@ -383,10 +408,23 @@ impl Network {
         let key = id.simple().to_string();
         let mut sets = locked(&self.sets);
         let had = sets.get(&key).copied().unwrap_or(0);
-        let (cmds, now) = self.table.apply_sandbox(&key, address, allow, had);
-        nft::apply("apply a sandbox's policy", cmds)?;
+        let admitted = self.names.still_admitted(id);
+        let (cmds, now) = self
+            .table
+            .apply_sandbox(&key, address, allow, had, &admitted);
+        self.names.with_policy(id, address, allow, || {
+            nft::apply("apply a sandbox's policy", cmds)
+        })?;
         sets.insert(key, now);
         Ok(())
+    }
+
+    /// Tells the resolver `id`'s list again (a restarted gateway, whose table still holds
+    /// it), changing nothing in the table; nothing to do for a sandbox with no lease.
+    pub fn restore(&self, id: Uuid, allow: &[AllowEntry]) {
+        if let Some(address) = self.address_of(id) {
+            let _ = self.names.with_policy(id, address, allow, || Ok(()));
+        }
     }
 
     /// The denials recorded for `id` in the last ten minutes, most packets first.
@@ -450,6 +488,7 @@ impl Network {
             }
             locked(&self.leases).remove(&id);
         }
+        self.names.forget(id, address);
         Ok(())
     }
 
@@ -462,6 +501,7 @@ impl Network {
                 "{n} sandboxes are still attached to the network"
             )));
         }
+        locked(&self.resolver).take();
         if nft::list(
             "look for the table",
             &["list", "table", "inet", &self.table.name],
@@ -491,6 +531,11 @@ impl Network {
 
     pub fn gateway(&self) -> Ipv4Addr {
         self.gateway_addr()
+    }
+
+    /// The names the resolver refused to `id`, most asked first, with how often.
+    pub fn refused_names(&self, id: Uuid) -> Vec<(String, u64)> {
+        self.names.refused(id)
     }
 }
 
@@ -570,6 +615,18 @@ pub(crate) fn status(
                 packets: d.packets,
             })
             .collect();
+        // Names the resolver refused: protocol "dns", their count as the packets.
+        out.denials.extend(
+            net.refused_names(id)
+                .into_iter()
+                .take(100)
+                .map(|(name, count)| pb::NetworkDenial {
+                    destination: name,
+                    protocol: "dns".into(),
+                    port: u32::from(resolver::PORT),
+                    packets: count,
+                }),
+        );
     }
     Ok(out)
 }

@@ -9,7 +9,11 @@
 //!   chain does not accept, and whatever comes from an address no sandbox holds, goes to
 //!   `deny`. New connections from elsewhere *into* the bridge are dropped (a sandbox is
 //!   reached through the gateway's port-forward, not the network).
-//! - `sb_<id>`: one `accept` rule per allowlist entry, replaced whole on a policy update.
+//! - `sb_<id>`: per class of entries (same protocols and ports) an `accept` rule over the
+//!   class's networks (`s_<id>_<k>`) and one over the addresses the gateway's resolver
+//!   answered for its names (`h_<id>_<k>`, each element kept for its answer's TTL), replaced
+//!   whole on a policy update. Sandboxes reach the resolver (the bridge's address, UDP 53)
+//!   whatever their list says.
 //! - `deny`: records the attempt in the dynamic set `denied` (source . destination .
 //!   protocol . port, with a packet counter, kept 10 minutes, at most 65,535 entries: the
 //!   record is rate-limited by construction) and rejects it (`admin-prohibited`, so the
@@ -215,6 +219,25 @@ impl Table {
             "input",
             vec![iif(br), established(), json!({ "accept": null })],
         ));
+        // The gateway's resolver, whatever a sandbox's list says (it answers only the names
+        // the list holds).
+        let resolver = Ipv4Addr::from(u32::from(self.network) + 1);
+        cmds.push(self.rule(
+            "input",
+            vec![
+                iif(br),
+                m(
+                    json!({ "payload": { "protocol": "ip", "field": "daddr" } }),
+                    json!(resolver.to_string()),
+                ),
+                m(json!({ "meta": { "key": "l4proto" } }), json!("udp")),
+                m(
+                    json!({ "payload": { "protocol": "udp", "field": "dport" } }),
+                    json!(super::resolver::PORT),
+                ),
+                json!({ "accept": null }),
+            ],
+        ));
         cmds.push(self.rule("input", vec![iif(br), vmap]));
         cmds.push(self.rule(
             "input",
@@ -264,16 +287,21 @@ impl Table {
     }
 
     /// The commands that give the sandbox at `addr` (chain `sb_<key>`) exactly `entries`,
-    /// in one transaction: its chain emptied and refilled with one rule per class of entries
-    /// (same protocols and ports) over an address set `s_<key>_<k>` (interval; networks inside
-    /// another of the class left out by `classes`); the sets of an earlier, longer list (`had` of them)
-    /// deleted; its map entry added (again). Returns the commands and the number of sets.
+    /// in one transaction: its chain emptied and refilled with, per class of entries (same
+    /// protocols and ports), one rule over an address set `s_<key>_<k>` (interval; networks
+    /// inside another of the class left out by `classes`) and one over `h_<key>_<k>` (the
+    /// addresses the resolver answered for the class's names, each for its TTL); the sets of
+    /// an earlier, longer list (`had` of each) deleted; its map entry added (again).
+    /// `admitted` (address, name, seconds left) are the resolver's earlier answers: those the
+    /// new list still admits go back into their new class's set. Returns the commands and the
+    /// number of classes.
     pub fn apply_sandbox(
         &self,
         key: &str,
         addr: Ipv4Addr,
         entries: &[AllowEntry],
         had: usize,
+        admitted: &[(Ipv4Addr, String, u64)],
     ) -> (Vec<Value>, usize) {
         let chain = format!("sb_{key}");
         let classes = super::policy::classes(entries);
@@ -285,36 +313,65 @@ impl Table {
         let l4 = json!({ "meta": { "key": "l4proto" } });
         let dport = json!({ "payload": { "protocol": "th", "field": "dport" } });
         for k in classes.len()..had {
-            cmds.push(
-                json!({ "delete": self.obj("set", json!({ "name": format!("s_{key}_{k}") })) }),
-            );
+            cmds.extend(self.delete_class_sets(key, k));
         }
         for (k, class) in classes.iter().enumerate() {
             let set = format!("s_{key}_{k}");
+            let names = format!("h_{key}_{k}");
             cmds.push(json!({ "add": self.obj("set", json!({ "name": set, "type": "ipv4_addr", "flags": ["interval"] })) }));
             cmds.push(json!({ "flush": self.obj("set", json!({ "name": set })) }));
+            cmds.push(json!({ "add": self.obj("set", json!({ "name": names, "type": "ipv4_addr", "flags": ["timeout"] })) }));
+            cmds.push(json!({ "flush": self.obj("set", json!({ "name": names })) }));
             let elems: Vec<Value> = class
                 .networks
                 .iter()
                 .map(|(a, len)| prefix(*a, *len))
                 .collect();
-            cmds.push(json!({ "add": self.obj("element", json!({ "name": set, "elem": elems })) }));
-            let mut expr = vec![m(daddr.clone(), json!(format!("@{set}")))];
+            if !elems.is_empty() {
+                cmds.push(
+                    json!({ "add": self.obj("element", json!({ "name": set, "elem": elems })) }),
+                );
+            }
+            let again: Vec<Value> = admitted
+                .iter()
+                .filter(|(_, name, _)| {
+                    class
+                        .names
+                        .iter()
+                        .any(|p| super::policy::name_matches(p, name))
+                })
+                .map(|(a, name, left)| admitted_elem(*a, name, *left))
+                .collect();
+            if !again.is_empty() {
+                cmds.push(
+                    json!({ "add": self.obj("element", json!({ "name": names, "elem": again })) }),
+                );
+            }
+            let mut tail = Vec::new();
             if let Some((lo, hi)) = class.ports {
                 let protos: Vec<&str> = match class.protocol {
                     Some(p) => vec![p.name()],
                     None => vec![Protocol::Tcp.name(), Protocol::Udp.name()],
                 };
-                expr.push(m(l4.clone(), json!({ "set": protos })));
+                tail.push(m(l4.clone(), json!({ "set": protos })));
                 let port = if lo == hi {
                     json!(lo)
                 } else {
                     json!({ "range": [lo, hi] })
                 };
-                expr.push(m(dport.clone(), port));
+                tail.push(m(dport.clone(), port));
             }
-            expr.push(json!({ "accept": null }));
-            cmds.push(self.rule(&chain, expr));
+            tail.push(json!({ "accept": null }));
+            for (has, over) in [
+                (!class.networks.is_empty(), &set),
+                (!class.names.is_empty(), &names),
+            ] {
+                if has {
+                    let mut expr = vec![m(daddr.clone(), json!(format!("@{over}")))];
+                    expr.extend(tail.iter().cloned());
+                    cmds.push(self.rule(&chain, expr));
+                }
+            }
         }
         cmds.push(json!({ "add": self.obj("element", json!({
             "name": "sandboxes",
@@ -323,7 +380,28 @@ impl Table {
         (cmds, classes.len())
     }
 
-    /// The commands that remove the sandbox's map entry, chain and its `sets` address sets.
+    /// Deletes class `k`'s two sets; each is added first, so a set a gateway before this one
+    /// never made (or a half-applied list) is no reason for the transaction to fail.
+    fn delete_class_sets(&self, key: &str, k: usize) -> Vec<Value> {
+        let mut cmds = Vec::new();
+        for (set, flags) in [
+            (format!("s_{key}_{k}"), "interval"),
+            (format!("h_{key}_{k}"), "timeout"),
+        ] {
+            cmds.push(json!({ "add": self.obj("set", json!({ "name": set, "type": "ipv4_addr", "flags": [flags] })) }));
+            cmds.push(json!({ "delete": self.obj("set", json!({ "name": set })) }));
+        }
+        cmds
+    }
+
+    /// The command that admits `addrs`, answered for `name`, in `h_<key>_<k>` for `ttl`
+    /// seconds (an address already there gets the new timeout).
+    pub fn admit(&self, key: &str, k: usize, name: &str, addrs: &[Ipv4Addr], ttl: u64) -> Value {
+        let elems: Vec<Value> = addrs.iter().map(|a| admitted_elem(*a, name, ttl)).collect();
+        json!({ "add": self.obj("element", json!({ "name": format!("h_{key}_{k}"), "elem": elems })) })
+    }
+
+    /// The commands that remove the sandbox's map entry, chain and its `sets` classes' sets.
     pub fn remove_sandbox(&self, key: &str, addr: Ipv4Addr, sets: usize) -> Vec<Value> {
         let chain = format!("sb_{key}");
         let mut cmds = vec![
@@ -332,12 +410,60 @@ impl Table {
         cmds.push(json!({ "flush": self.obj("chain", json!({ "name": chain })) }));
         cmds.push(json!({ "delete": self.obj("chain", json!({ "name": chain })) }));
         for k in 0..sets {
-            cmds.push(
-                json!({ "delete": self.obj("set", json!({ "name": format!("s_{key}_{k}") })) }),
-            );
+            cmds.extend(self.delete_class_sets(key, k));
         }
         cmds
     }
+}
+
+fn admitted_elem(addr: Ipv4Addr, name: &str, ttl: u64) -> Value {
+    json!({ "elem": { "val": addr.to_string(), "timeout": ttl.max(1), "comment": name } })
+}
+
+/// The resolver's answers still in the table, from `nft -j list table` output: per sandbox
+/// key, (address, name, seconds left).
+pub fn admitted(doc: &Value) -> std::collections::HashMap<String, Vec<(Ipv4Addr, String, u64)>> {
+    let mut out: std::collections::HashMap<String, Vec<_>> = Default::default();
+    for item in doc
+        .get("nftables")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let Some(set) = item.get("set") else { continue };
+        let Some(key) = set
+            .get("name")
+            .and_then(Value::as_str)
+            .and_then(|n| n.strip_prefix("h_"))
+            .and_then(|rest| rest.rsplit_once('_'))
+            .map(|(key, _)| key.to_string())
+        else {
+            continue;
+        };
+        for elem in set
+            .get("elem")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let e = elem.get("elem").unwrap_or(elem);
+            let (Some(addr), Some(name)) = (
+                e.get("val")
+                    .and_then(Value::as_str)
+                    .and_then(|v| v.parse().ok()),
+                e.get("comment").and_then(Value::as_str),
+            ) else {
+                continue;
+            };
+            let left = e.get("expires").and_then(Value::as_u64).unwrap_or(0);
+            if left > 0 {
+                out.entry(key.clone())
+                    .or_default()
+                    .push((addr, name.to_string(), left));
+            }
+        }
+    }
+    out
 }
 
 /// How many address sets each sandbox (by its key) has in the table, from `nft -j -t list

@@ -4,10 +4,11 @@
 //! An entry is `CIDR[:PORT[-PORT]][/tcp|/udp]`: an IPv4 address or network (`10.1.2.3`,
 //! `10.0.0.0/8`), optionally a port or an inclusive port range, optionally a protocol. With
 //! no port the entry admits every protocol to those addresses (ICMP too); with a port and no
-//! protocol it admits both TCP and UDP. Hostname entries (`api.example.test:443`) are
-//! recognised and refused for now: admitting a name needs the gateway's resolver, which sbx
-//! does not have yet, and resolving it once with the host's resolver would admit whatever
-//! that answered at the time, not what the sandbox later resolves.
+//! protocol it admits both TCP and UDP. Or `HOSTNAME[:PORT[-PORT]][/tcp|/udp]`
+//! (`api.example.test:443`, `*.example.test`): the gateway's resolver (`resolver`) answers
+//! the sandbox's queries for that name (a leading `*.` is any name below it) and admits, to
+//! those ports, exactly the addresses it answered, for the answer's TTL. A name the list does
+//! not hold is refused by the resolver, so DNS is no way out either.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -31,6 +32,8 @@ pub struct Class {
     /// With `ports`: `None` is TCP and UDP.
     pub protocol: Option<Protocol>,
     pub networks: Vec<(Ipv4Addr, u8)>,
+    /// Hostname patterns (lowercase; `*.` leading) whose resolved addresses this class admits.
+    pub names: Vec<String>,
 }
 
 /// The entries grouped by what they admit, in a stable order; within a class, a network
@@ -38,14 +41,19 @@ pub struct Class {
 /// left has no overlap, as the firewall's interval sets require).
 pub fn classes(entries: &[AllowEntry]) -> Vec<Class> {
     type Key = (Option<(u16, u16)>, Option<Protocol>);
-    let mut by: std::collections::BTreeMap<Key, Vec<(Ipv4Addr, u8)>> = Default::default();
+    type Dests = (Vec<(Ipv4Addr, u8)>, Vec<String>);
+    let mut by: std::collections::BTreeMap<Key, Dests> = Default::default();
     for e in entries {
-        by.entry((e.ports, e.protocol))
-            .or_default()
-            .push((e.addr, e.prefix));
+        let (nets, names) = by.entry((e.ports, e.protocol)).or_default();
+        match &e.target {
+            Target::Net { addr, prefix } => nets.push((*addr, *prefix)),
+            Target::Name(n) => names.push(n.clone()),
+        }
     }
     by.into_iter()
-        .map(|((ports, protocol), mut nets)| {
+        .map(|((ports, protocol), (mut nets, mut names))| {
+            names.sort();
+            names.dedup();
             nets.sort_by_key(|(a, len)| (*len, *a));
             let mut kept: std::collections::HashSet<(u32, u8)> = Default::default();
             let mut networks = Vec::with_capacity(nets.len());
@@ -64,6 +72,7 @@ pub fn classes(entries: &[AllowEntry]) -> Vec<Class> {
                 ports,
                 protocol,
                 networks,
+                names,
             }
         })
         .collect()
@@ -85,12 +94,30 @@ impl Protocol {
     }
 }
 
+/// What an entry admits traffic to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// A network address (host bits zero) and its prefix length.
+    Net { addr: Ipv4Addr, prefix: u8 },
+    /// A hostname, lowercase, without a trailing dot; `*.example.test` is every name below
+    /// `example.test` (not `example.test` itself).
+    Name(String),
+}
+
+/// Whether `name` (lowercase, no trailing dot) is what `pattern` admits.
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => name
+            .strip_suffix(suffix)
+            .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        None => pattern == name,
+    }
+}
+
 /// One parsed allowlist entry.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AllowEntry {
-    /// The network address (host bits zero) and its prefix length.
-    pub addr: Ipv4Addr,
-    pub prefix: u8,
+    pub target: Target,
     /// An inclusive port range; `None` admits every port and protocol.
     pub ports: Option<(u16, u16)>,
     /// `None` with `ports` set admits TCP and UDP.
@@ -99,10 +126,10 @@ pub struct AllowEntry {
 
 impl fmt::Display for AllowEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.prefix == 32 {
-            write!(f, "{}", self.addr)?;
-        } else {
-            write!(f, "{}/{}", self.addr, self.prefix)?;
+        match &self.target {
+            Target::Net { addr, prefix: 32 } => write!(f, "{addr}")?,
+            Target::Net { addr, prefix } => write!(f, "{addr}/{prefix}")?,
+            Target::Name(n) => write!(f, "{n}")?,
         }
         match self.ports {
             Some((lo, hi)) if lo == hi => write!(f, ":{lo}")?,
@@ -158,10 +185,51 @@ fn parse_port(raw: &str, text: &str) -> Result<u16, PolicyError> {
 }
 
 fn looks_like_hostname(host: &str) -> bool {
-    host.bytes().any(|b| b.is_ascii_alphabetic())
+    host.bytes().any(|b| b.is_ascii_alphabetic() || b == b'*')
         && host
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'*')
+}
+
+/// Checks a hostname (RFC 1123 labels, optionally `*.` first; the entry's bound keeps it
+/// short of DNS's 253 bytes) and gives
+/// it lowercase without a trailing dot.
+fn parse_hostname(raw: &str, host: &str) -> Result<String, PolicyError> {
+    let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+    let rest = name.strip_prefix("*.").unwrap_or(&name);
+    if rest.is_empty() {
+        return Err(refuse(
+            raw,
+            "a wildcard needs a domain below it (*.example.test)",
+        ));
+    }
+    for label in rest.split('.') {
+        let ok = (1..=63).contains(&label.len())
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !ok {
+            let why = if label.contains('*') {
+                "a wildcard is only `*.` at the start".to_string()
+            } else {
+                format!(
+                    "{label:?} is not a hostname label (1 to 63 of a-z, 0-9 and -, not starting \
+                     or ending with -)"
+                )
+            };
+            return Err(refuse(raw, why));
+        }
+    }
+    if rest
+        .rsplit('.')
+        .next()
+        .is_some_and(|tld| tld.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(refuse(raw, format!("{host:?} is not an IPv4 address")));
+    }
+    Ok(name)
 }
 
 /// Parses one entry.
@@ -228,12 +296,15 @@ pub fn parse_entry(raw: &str) -> Result<AllowEntry, PolicyError> {
     }
     let addr: Ipv4Addr = match host.parse() {
         Ok(a) => a,
-        Err(_) if looks_like_hostname(host) && prefix == 32 && !net.contains('/') => {
-            return Err(refuse(
-                raw,
-                "hostname entries are not supported yet (they need the gateway's resolver); \
-                 allow the addresses instead",
-            ));
+        Err(_) if looks_like_hostname(host) && !net.contains('/') => {
+            return Ok(AllowEntry {
+                target: Target::Name(parse_hostname(raw, host)?),
+                ports,
+                protocol,
+            });
+        }
+        Err(_) if looks_like_hostname(host) => {
+            return Err(refuse(raw, "a hostname has no prefix length"));
         }
         Err(_) => return Err(refuse(raw, format!("{host:?} is not an IPv4 address"))),
     };
@@ -253,8 +324,7 @@ pub fn parse_entry(raw: &str) -> Result<AllowEntry, PolicyError> {
         ));
     }
     Ok(AllowEntry {
-        addr,
-        prefix,
+        target: Target::Net { addr, prefix },
         ports,
         protocol,
     })
@@ -302,13 +372,25 @@ mod tests {
     fn entries_parse_to_what_they_say() {
         let e = parse_entry("10.1.2.3:443").unwrap();
         assert_eq!(
-            (e.addr, e.prefix, e.ports, e.protocol),
-            ("10.1.2.3".parse().unwrap(), 32, Some((443, 443)), None)
+            (e.target, e.ports, e.protocol),
+            (
+                Target::Net {
+                    addr: "10.1.2.3".parse().unwrap(),
+                    prefix: 32
+                },
+                Some((443, 443)),
+                None
+            )
         );
         let e = parse_entry("10.0.0.0/8:80-90/tcp").unwrap();
+        assert_eq!((e.ports, e.protocol), (Some((80, 90)), Some(Protocol::Tcp)));
+        assert!(matches!(e.target, Target::Net { prefix: 8, .. }));
+        let e = parse_entry("API.Example.test.:443/tcp").unwrap();
+        assert_eq!(e.target, Target::Name("api.example.test".into()));
+        assert_eq!(e.to_string(), "api.example.test:443/tcp");
         assert_eq!(
-            (e.prefix, e.ports, e.protocol),
-            (8, Some((80, 90)), Some(Protocol::Tcp))
+            parse_entry("*.example.test").unwrap().target,
+            Target::Name("*.example.test".into())
         );
         let e = parse_entry("192.168.0.0/16").unwrap();
         assert_eq!((e.ports, e.protocol), (None, None));
@@ -332,7 +414,13 @@ mod tests {
             ("10.0.0.1:90-80", "reversed"),
             ("10.0.0.1/tcp", "needs a port"),
             (":80", "no address"),
-            ("api.example.test:443", "hostname"),
+            ("api.example.test/24:443", "no prefix length"),
+            ("a..example.test", "not a hostname label"),
+            ("-a.example.test", "not a hostname label"),
+            ("a*.example.test", "wildcard"),
+            ("*", "wildcard"),
+            ("*.", "wildcard"),
+            ("example.1", "not an IPv4"),
             ("[::1]:80", "IPv6"),
             ("fd00::1", "IPv6"),
             ("10.0.0.1:80/sctp", "not a number"),
@@ -343,6 +431,18 @@ mod tests {
         let long = "1".repeat(10_000);
         let err = parse_entry(&long).unwrap_err().to_string();
         assert!(err.len() < 200, "the message quotes a short prefix: {err}");
+    }
+
+    #[test]
+    fn names_and_wildcards_match_what_they_say() {
+        assert!(name_matches("api.example.test", "api.example.test"));
+        assert!(!name_matches("api.example.test", "xapi.example.test"));
+        assert!(name_matches("*.example.test", "a.example.test"));
+        assert!(name_matches("*.example.test", "b.a.example.test"));
+        assert!(!name_matches("*.example.test", "example.test"));
+        assert!(!name_matches("*.example.test", "aexample.test"));
+        let label = format!("{}.test", "a".repeat(64));
+        assert!(parse_entry(&label).is_err(), "a label is at most 63 bytes");
     }
 
     #[test]

@@ -1,0 +1,482 @@
+//! The gateway's resolver: how hostname entries of an egress policy are enforced.
+//!
+//! A networked sandbox's `/etc/resolv.conf` names the bridge's address; there, on UDP port
+//! 53, this resolver answers it — and only it, by its leased source address, which the
+//! sandbox cannot change (its namespace belongs to host root). For a name its allowlist holds
+//! (exactly, or below a `*.` entry) the query goes to the upstream resolver (`sbxd serve
+//! --network-dns`, else the host's first IPv4 nameserver), and before the answer goes back to
+//! the sandbox, each IPv4 address in it is admitted, to the ports of the entries that named
+//! it, in the sandbox's `h_<id>_<k>` sets — for the answer's TTL, kept between one minute
+//! and an hour (a connection already made outlives it: established traffic is not checked
+//! again). Every other name is answered REFUSED and recorded as a denial: DNS is no way out
+//! of the policy either.
+//!
+//! Messages are read and written with `hickory-proto` (the DNS wire format, well kept, no
+//! resolver of its own pulled in); queries are served by a small pool of threads (at most
+//! [`MAX_IN_FLIGHT`] at once; more are dropped, and the sandbox's resolver asks again).
+//! UDP only: an answer too large for a datagram comes back truncated, as the upstream sent
+//! it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::{RData, RecordType};
+use uuid::Uuid;
+
+use super::nft;
+use super::policy::{self, AllowEntry};
+use crate::host::lock::locked;
+
+/// The resolver's port on the bridge's address.
+pub const PORT: u16 = 53;
+/// Queries being answered at once; one more is dropped.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// How long the upstream has to answer (once, then once more).
+const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);
+/// An admitted address is kept at least this long, whatever the answer's TTL…
+pub const MIN_TTL: u64 = 60;
+/// …and at most this long.
+pub const MAX_TTL: u64 = 3600;
+/// Names refused per sandbox that are remembered (with a count each).
+const MAX_REFUSED_NAMES: usize = 100;
+/// Admitted (address, name) pairs remembered per sandbox.
+const MAX_ADMITTED: usize = 4096;
+
+/// A sandbox the resolver answers: its table key and, per class of its allowlist (the
+/// `k` of its `h_<key>_<k>` sets), the class's name patterns.
+#[derive(Debug, Clone)]
+struct Client {
+    id: Uuid,
+    key: String,
+    classes: Vec<Vec<String>>,
+}
+
+/// An admitted address, the name it was answered for, and until when.
+type Admission = (Ipv4Addr, String, Instant);
+
+/// What the resolver and the network share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    table: nft::Table,
+    upstream: Option<SocketAddr>,
+    /// By source address. Held across an admission's nft transaction and a policy's, so an
+    /// answer never lands in a class of a list that has since been replaced.
+    clients: Mutex<HashMap<Ipv4Addr, Client>>,
+    admitted: Mutex<HashMap<Uuid, Vec<Admission>>>,
+    refused: Mutex<HashMap<Uuid, BTreeMap<String, u64>>>,
+}
+
+impl Shared {
+    pub(crate) fn new(table: nft::Table, upstream: Option<SocketAddr>) -> Shared {
+        Shared {
+            table,
+            upstream,
+            clients: Mutex::new(HashMap::new()),
+            admitted: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Remembers answers found in the table at startup (seconds left each).
+    pub(crate) fn restore_admitted(&self, found: HashMap<String, Vec<(Ipv4Addr, String, u64)>>) {
+        let now = Instant::now();
+        let mut admitted = locked(&self.admitted);
+        for (key, list) in found {
+            let Ok(id) = Uuid::parse_str(&key) else {
+                continue;
+            };
+            admitted.insert(
+                id,
+                list.into_iter()
+                    .map(|(a, n, left)| (a, n, now + Duration::from_secs(left)))
+                    .collect(),
+            );
+        }
+    }
+
+    /// The answers still valid for `id`: (address, name, seconds left).
+    pub(crate) fn still_admitted(&self, id: Uuid) -> Vec<(Ipv4Addr, String, u64)> {
+        let now = Instant::now();
+        let mut admitted = locked(&self.admitted);
+        let Some(list) = admitted.get_mut(&id) else {
+            return Vec::new();
+        };
+        list.retain(|(_, _, until)| *until > now);
+        list.iter()
+            .map(|(a, n, until)| (*a, n.clone(), until.duration_since(now).as_secs().max(1)))
+            .collect()
+    }
+
+    /// Runs `apply` (the nft transaction of a new list) with the clients held, then answers
+    /// `address` by `entries`' names.
+    pub(crate) fn with_policy<T>(
+        &self,
+        id: Uuid,
+        address: Ipv4Addr,
+        entries: &[AllowEntry],
+        apply: impl FnOnce() -> Result<T, nft::NftError>,
+    ) -> Result<T, nft::NftError> {
+        let mut clients = locked(&self.clients);
+        let out = apply()?;
+        clients.insert(
+            address,
+            Client {
+                id,
+                key: id.simple().to_string(),
+                classes: policy::classes(entries)
+                    .into_iter()
+                    .map(|c| c.names)
+                    .collect(),
+            },
+        );
+        Ok(out)
+    }
+
+    /// Forgets `id` (detached).
+    pub(crate) fn forget(&self, id: Uuid, address: Option<Ipv4Addr>) {
+        if let Some(a) = address {
+            locked(&self.clients).remove(&a);
+        }
+        locked(&self.admitted).remove(&id);
+        locked(&self.refused).remove(&id);
+    }
+
+    /// The names refused to `id`, most asked first.
+    pub(crate) fn refused(&self, id: Uuid) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = locked(&self.refused)
+            .get(&id)
+            .map(|m| m.iter().map(|(n, c)| (n.clone(), *c)).collect())
+            .unwrap_or_default();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        out
+    }
+
+    fn refuse(&self, id: Uuid, name: &str) {
+        let mut refused = locked(&self.refused);
+        let names = refused.entry(id).or_default();
+        if let Some(n) = names.get_mut(name) {
+            *n += 1;
+        } else if names.len() < MAX_REFUSED_NAMES {
+            names.insert(name.to_string(), 1);
+        }
+    }
+
+    /// Admits `addrs` (answered for `name`) to `address`'s classes that name it; false if the
+    /// sandbox is gone or nothing of its list names it any more.
+    fn admit(
+        &self,
+        address: Ipv4Addr,
+        name: &str,
+        addrs: &[Ipv4Addr],
+        ttl: u64,
+    ) -> Result<bool, nft::NftError> {
+        let clients = locked(&self.clients);
+        let Some(client) = clients.get(&address) else {
+            return Ok(false);
+        };
+        let cmds: Vec<_> = matching(client, name)
+            .map(|k| self.table.admit(&client.key, k, name, addrs, ttl))
+            .collect();
+        if cmds.is_empty() {
+            return Ok(false);
+        }
+        nft::apply("admit a resolved address", cmds)?;
+        let until = Instant::now() + Duration::from_secs(ttl);
+        let mut admitted = locked(&self.admitted);
+        let list = admitted.entry(client.id).or_default();
+        list.retain(|(a, n, _)| !(n == name && addrs.contains(a)));
+        list.extend(addrs.iter().map(|a| (*a, name.to_string(), until)));
+        if list.len() > MAX_ADMITTED {
+            list.sort_by_key(|(_, _, until)| std::cmp::Reverse(*until));
+            list.truncate(MAX_ADMITTED);
+        }
+        Ok(true)
+    }
+}
+
+fn matching<'a>(client: &'a Client, name: &'a str) -> impl Iterator<Item = usize> + 'a {
+    client
+        .classes
+        .iter()
+        .enumerate()
+        .filter(move |(_, names)| names.iter().any(|p| policy::name_matches(p, name)))
+        .map(|(k, _)| k)
+}
+
+/// The running resolver; dropped, it stops (within a quarter second).
+#[derive(Debug)]
+pub(crate) struct Resolver {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Resolver {
+    /// Binds `address`:53 (UDP) and serves it.
+    pub(crate) fn start(address: Ipv4Addr, shared: Arc<Shared>) -> std::io::Result<Resolver> {
+        let socket = UdpSocket::bind((address, PORT))?;
+        socket.set_read_timeout(Some(Duration::from_millis(250)))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("sbx-resolver".into())
+                .spawn(move || serve(socket, shared, stop, in_flight))?
+        };
+        Ok(Resolver {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(
+    socket: UdpSocket,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    in_flight: Arc<AtomicUsize>,
+) {
+    let mut buf = vec![0u8; 4096];
+    while !stop.load(Ordering::SeqCst) {
+        let (n, from) = match socket.recv_from(&mut buf) {
+            Ok(got) => got,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the sandbox resolver could not read a query");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let SocketAddr::V4(from) = from else { continue };
+        if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_IN_FLIGHT {
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
+        let (Ok(reply_socket), query) = (socket.try_clone(), buf[..n].to_vec()) else {
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        };
+        let (shared, counter) = (Arc::clone(&shared), Arc::clone(&in_flight));
+        let spawned = std::thread::Builder::new()
+            .name("sbx-resolve".into())
+            .spawn(move || {
+                if let Some(reply) = answer(&shared, *from.ip(), &query) {
+                    let _ = reply_socket.send_to(&reply, from);
+                }
+                counter.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A reply to `query` with `code` and no records.
+fn bare(query: &Message, code: ResponseCode) -> Option<Vec<u8>> {
+    let mut r = Message::new();
+    r.set_id(query.id())
+        .set_message_type(MessageType::Response)
+        .set_op_code(query.op_code())
+        .set_recursion_desired(query.recursion_desired())
+        .set_recursion_available(true)
+        .set_response_code(code)
+        .add_queries(query.queries().to_vec());
+    r.to_vec().ok()
+}
+
+/// The reply for the sandbox at `source`, or nothing for a datagram that is not a query.
+pub(crate) fn answer(shared: &Shared, source: Ipv4Addr, query: &[u8]) -> Option<Vec<u8>> {
+    let q = Message::from_vec(query).ok()?;
+    if q.message_type() != MessageType::Query {
+        return None;
+    }
+    if q.op_code() != OpCode::Query || q.queries().len() != 1 {
+        return bare(&q, ResponseCode::NotImp);
+    }
+    let question = &q.queries()[0];
+    let name = question.name().to_ascii().to_ascii_lowercase();
+    let name = name.strip_suffix('.').unwrap_or(&name).to_string();
+    let client = locked(&shared.clients).get(&source).cloned();
+    let Some(client) = client else {
+        return bare(&q, ResponseCode::Refused);
+    };
+    if matching(&client, &name).next().is_none() {
+        shared.refuse(client.id, &name);
+        tracing::debug!(sandbox_id = %client.id, name = %name, "a name the sandbox's policy does not hold was refused");
+        return bare(&q, ResponseCode::Refused);
+    }
+    let Some(upstream) = shared.upstream else {
+        return bare(&q, ResponseCode::ServFail);
+    };
+    let Some(mut reply) = ask_upstream(upstream, &q) else {
+        return bare(&q, ResponseCode::ServFail);
+    };
+    if question.query_type() == RecordType::A || question.query_type() == RecordType::ANY {
+        let mut addrs = Vec::new();
+        let mut ttl = MAX_TTL;
+        for rec in reply.answers() {
+            if let RData::A(a) = rec.data() {
+                addrs.push(a.0);
+                ttl = ttl.min(u64::from(rec.ttl()));
+            }
+        }
+        if !addrs.is_empty() {
+            let ttl = ttl.clamp(MIN_TTL, MAX_TTL);
+            match shared.admit(source, &name, &addrs, ttl) {
+                Ok(true) => {}
+                Ok(false) => return bare(&q, ResponseCode::Refused),
+                Err(e) => {
+                    tracing::warn!(sandbox_id = %client.id, name = %name, error = %e, "a resolved address could not be admitted");
+                    return bare(&q, ResponseCode::ServFail);
+                }
+            }
+        }
+    }
+    reply.set_id(q.id());
+    reply.to_vec().ok()
+}
+
+/// Sends `q` (under a fresh id) to the upstream and waits for its answer to that question.
+fn ask_upstream(upstream: SocketAddr, q: &Message) -> Option<Message> {
+    let socket = UdpSocket::bind(match upstream {
+        SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+        SocketAddr::V6(_) => SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)),
+    })
+    .ok()?;
+    socket.connect(upstream).ok()?;
+    socket.set_read_timeout(Some(UPSTREAM_TIMEOUT)).ok()?;
+    let id = u16::from_be_bytes([Uuid::new_v4().as_bytes()[0], Uuid::new_v4().as_bytes()[1]]);
+    let mut out = q.clone();
+    out.set_id(id);
+    let bytes = out.to_vec().ok()?;
+    let mut buf = vec![0u8; 65535];
+    for _ in 0..2 {
+        socket.send(&bytes).ok()?;
+        let deadline = Instant::now() + UPSTREAM_TIMEOUT;
+        while Instant::now() < deadline {
+            let Ok(n) = socket.recv(&mut buf) else {
+                break;
+            };
+            let Ok(r) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
+            if r.id() == id
+                && r.message_type() == MessageType::Response
+                && r.queries() == q.queries()
+            {
+                return Some(r);
+            }
+        }
+    }
+    None
+}
+
+/// The host's first IPv4 nameserver in `/etc/resolv.conf` outside `network/prefix` (the
+/// upstream when `--network-dns` is not given), if it has one.
+pub fn host_nameserver(resolv_conf: &str, network: Ipv4Addr, prefix: u8) -> Option<SocketAddr> {
+    resolv_conf.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("nameserver") {
+            return None;
+        }
+        let addr: Ipv4Addr = words.next()?.parse().ok()?;
+        (!policy::contains(network, prefix, addr)).then(|| SocketAddr::from((addr, 53)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Query;
+    use hickory_proto::rr::Name;
+    use std::str::FromStr;
+
+    fn query(name: &str) -> Vec<u8> {
+        let mut m = Message::new();
+        m.set_id(7)
+            .set_message_type(MessageType::Query)
+            .set_op_code(OpCode::Query)
+            .set_recursion_desired(true)
+            .add_query(Query::query(Name::from_str(name).unwrap(), RecordType::A));
+        m.to_vec().unwrap()
+    }
+
+    fn shared() -> Shared {
+        let table = nft::Table {
+            name: "t".into(),
+            bridge: "t0".into(),
+            network: Ipv4Addr::new(10, 9, 0, 0),
+            prefix: 16,
+        };
+        Shared::new(table, None)
+    }
+
+    #[test]
+    fn a_stranger_and_a_name_off_the_list_are_refused_and_recorded() {
+        let s = shared();
+        let me = Ipv4Addr::new(10, 9, 0, 2);
+        let id = Uuid::new_v4();
+        let entries = policy::parse_allowlist(&["api.example.test:443"]).unwrap();
+        s.with_policy(id, me, &entries, || Ok(())).unwrap();
+        let code =
+            |bytes: Option<Vec<u8>>| Message::from_vec(&bytes.unwrap()).unwrap().response_code();
+        assert_eq!(
+            code(answer(
+                &s,
+                Ipv4Addr::new(10, 9, 0, 3),
+                &query("api.example.test.")
+            )),
+            ResponseCode::Refused
+        );
+        assert_eq!(
+            code(answer(&s, me, &query("other.example.test."))),
+            ResponseCode::Refused
+        );
+        assert_eq!(
+            code(answer(&s, me, &query("Other.Example.test."))),
+            ResponseCode::Refused
+        );
+        assert_eq!(s.refused(id), vec![("other.example.test".to_string(), 2)]);
+        // On the list, with no upstream to ask: SERVFAIL, never an invented answer.
+        assert_eq!(
+            code(answer(&s, me, &query("api.example.test."))),
+            ResponseCode::ServFail
+        );
+        assert_eq!(
+            answer(&s, me, b"\x00\x01garbage"),
+            None,
+            "not DNS: no reply"
+        );
+    }
+
+    #[test]
+    fn the_hosts_nameserver_is_its_first_ipv4_outside_the_network() {
+        let conf = "# x\nnameserver fd00::1\nnameserver 10.9.0.1\nnameserver 192.0.2.53\n";
+        assert_eq!(
+            host_nameserver(conf, Ipv4Addr::new(10, 9, 0, 0), 16),
+            Some("192.0.2.53:53".parse().unwrap())
+        );
+        assert_eq!(host_nameserver("", Ipv4Addr::new(10, 9, 0, 0), 16), None);
+    }
+}
