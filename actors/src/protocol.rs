@@ -102,7 +102,7 @@ pub enum SandboxMsg {
     Delete(RpcReplyPort<Result<bool>>),
     /// What a driver reported about this sandbox (a sweep or a watch event); `None` when the
     /// driver's list did not have it.
-    Observe(Option<pb::Snapshot>),
+    Observe(Option<Box<pb::Snapshot>>),
     /// A scheduled retry of a step that failed against the driver.
     Retry,
     /// Sets settings of this sandbox (checked already): each key created or updated; answers

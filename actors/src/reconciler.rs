@@ -31,7 +31,7 @@ pub enum ReconcilerMsg {
     /// Sweep every driver now; the report goes to the port when one is given.
     Sweep(Option<RpcReplyPort<SweepReport>>),
     /// A change a driver's watch stream reported.
-    Watched(pb::WatchEvent),
+    Watched(Box<pb::WatchEvent>),
 }
 
 /// What one sweep did.
@@ -189,7 +189,10 @@ fn spawn_watcher(
                     while let Some(item) = stream.next().await {
                         match item {
                             Ok(event) => {
-                                if reconciler.cast(ReconcilerMsg::Watched(event)).is_err() {
+                                if reconciler
+                                    .cast(ReconcilerMsg::Watched(Box::new(event)))
+                                    .is_err()
+                                {
                                     return;
                                 }
                             }
@@ -381,7 +384,7 @@ async fn route_observation(
         .ok_or_else(|| ActorError::Internal(format!("sandbox {} has no workspace", record.id)))?;
     match router.sandbox(ws, record.id).await? {
         Route::Actor(actor) => actor
-            .cast(SandboxMsg::Observe(snapshot))
+            .cast(SandboxMsg::Observe(snapshot.map(Box::new)))
             .map_err(|_| ActorError::Unavailable(format!("sandbox actor {} is gone", record.id))),
         // A restarting actor re-attaches by itself.
         Route::Restarting => Ok(()),

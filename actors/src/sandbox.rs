@@ -157,6 +157,9 @@ impl SandboxActor {
                 self.after(&myself, st, outcome).await;
             }
             SandboxMsg::Observe(snapshot) => {
+                if let Some(s) = &snapshot {
+                    self.note_denials(st, s).await?;
+                }
                 if st
                     .retry_due
                     .is_some_and(|due| std::time::Instant::now() < due + RETRY_GRACE)
@@ -165,7 +168,7 @@ impl SandboxActor {
                 }
                 let obs = snapshot
                     .as_ref()
-                    .map(Observed::from_snapshot)
+                    .map(|s| Observed::from_snapshot(s))
                     .unwrap_or(Observed::Absent);
                 // A deletion whose attempts ran out is tried again here, once per sweep.
                 if desired(st) != DesiredState::Deleted
@@ -739,6 +742,30 @@ impl SandboxActor {
     }
 
     /// Writes the actor's view of the sandbox, checked against the version it last wrote.
+    /// Records what the driver last saw the sandbox's egress policy refuse, if that changed:
+    /// one write and one MODIFIED event per change, and the driver's look is itself at most
+    /// every few seconds (a sandbox hammering a refused port costs that, not a write per
+    /// packet).
+    async fn note_denials(
+        &self,
+        st: &mut SandboxState,
+        s: &pb::Snapshot,
+    ) -> Result<(), ActorProcessingErr> {
+        let last = s
+            .network_last_denial
+            .clone()
+            .map(crate::api::network::public_denial);
+        let sandbox = &st.stored.sandbox;
+        if desired(st) == DesiredState::Deleted
+            || (sandbox.network_denied == s.network_denied && sandbox.network_last_denial == last)
+        {
+            return Ok(());
+        }
+        st.stored.sandbox.network_denied = s.network_denied;
+        st.stored.sandbox.network_last_denial = last;
+        self.persist(st).await
+    }
+
     async fn persist(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
         let written = st.shared.store.update(st.stored.to_update()).await?;
         st.stored = StoredSandbox::from_record(written)?;

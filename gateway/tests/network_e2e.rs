@@ -353,6 +353,42 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         "{denials}"
     );
 
+    // The denials reach the sandbox's record (one MODIFIED event per change; the driver
+    // looks every few seconds): `sbx sandbox get` and the watch stream carry them.
+    let began = Instant::now();
+    let seen = loop {
+        let v = sbx(&ep, &["sandbox", "get", "web", "-o", "json"]).json();
+        if v["network_denied"].as_u64().unwrap_or(0) > 0 {
+            break v;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "no denial reached the sandbox: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    eprintln!(
+        "a denial reached the sandbox's record in {:?}",
+        began.elapsed()
+    );
+    assert!(seen["network_last_denial"].as_str().is_some(), "{seen}");
+    let rv = seen["resource_version"].as_u64().unwrap();
+    let watched = common::run_bounded(
+        Command::new("timeout")
+            .args(["3", common::SBX, "sandbox", "watch", "-o", "json"])
+            .args(["--resource-version", &(rv - 1).to_string()])
+            .env("SBX_ENDPOINT", &ep),
+        "sbx sandbox watch",
+    );
+    let carried = watched.stdout.lines().any(|line| {
+        serde_json::from_str::<serde_json::Value>(line).is_ok_and(|e| {
+            e["type"] == "Modified"
+                && e["sandbox"]["name"] == "web"
+                && e["sandbox"]["network_denied"].as_u64().unwrap_or(0) > 0
+        })
+    });
+    assert!(carried, "the watch stream carries the denial: {watched:?}");
+
     // A hostname entry: the sandbox resolves through the gateway's resolver, which answers
     // the name on its list (and admits that answer) and refuses the rest.
     let resolv = exec(&ep, "named", "cat /etc/resolv.conf").ok().to_string();

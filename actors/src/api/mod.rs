@@ -41,7 +41,7 @@ use crate::startup::StartupTracker;
 use crate::validate::{self, SandboxSelector, WorkspaceSelector};
 
 mod data;
-mod network;
+pub(crate) mod network;
 mod providers;
 mod resolve;
 mod services;

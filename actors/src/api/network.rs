@@ -106,15 +106,16 @@ fn network_message(id: uuid::Uuid, status: pb::NetworkStatus) -> SandboxNetwork 
         }),
         address: status.address,
         gateway: status.gateway,
-        denials: status
-            .denials
-            .into_iter()
-            .map(|d| NetworkDenial {
-                destination: d.destination,
-                protocol: d.protocol,
-                port: d.port,
-                packets: d.packets,
-            })
-            .collect(),
+        denials: status.denials.into_iter().map(public_denial).collect(),
+    }
+}
+
+/// The driver's word for a denial, in the public API's.
+pub(crate) fn public_denial(d: pb::NetworkDenial) -> NetworkDenial {
+    NetworkDenial {
+        destination: d.destination,
+        protocol: d.protocol,
+        port: d.port,
+        packets: d.packets,
     }
 }

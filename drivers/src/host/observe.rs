@@ -83,6 +83,7 @@ impl Observed {
             message: self.message,
             warnings,
             started_at,
+            ..Default::default()
         }
     }
 }

@@ -433,7 +433,14 @@ impl HostDriver for Inner {
             cgroup::oom_kills(&record.cgroup_path) > 0
         });
         let instance = init.map(|i| i.to_string());
-        observed.into_snapshot(record, record.generation, instance, record.warnings.clone())
+        let mut snapshot =
+            observed.into_snapshot(record, record.generation, instance, record.warnings.clone());
+        if let (Some(net), Some(_)) = (&self.opts.network, &record.network_allow) {
+            let (denied, last) = net.denial_summary(record.sandbox_id);
+            snapshot.network_denied = denied;
+            snapshot.network_last_denial = last;
+        }
+        snapshot
     }
 
     /// Starts a new run under `generation`: the record (desired running, new generation, new

@@ -100,6 +100,7 @@ impl SimWorkload {
             message: String::new(),
             warnings,
             started_at: self.started_at,
+            ..Default::default()
         }
     }
 }

@@ -218,14 +218,10 @@ pub fn summary(network: Result<SandboxNetwork, tonic::Status>) -> String {
             .iter()
             .take(5)
             .map(|d| {
-                let port = if d.port == 0 {
-                    String::new()
-                } else {
-                    format!(":{}", d.port)
-                };
                 format!(
-                    "{}{port}/{} ({} packets)",
-                    d.destination, d.protocol, d.packets
+                    "{} ({} packets)",
+                    super::output::denial_target(&d.destination, d.port, &d.protocol),
+                    d.packets
                 )
             })
             .collect();

@@ -38,6 +38,16 @@ pub struct SandboxView {
     pub driver: String,
     pub cpu_millis: u32,
     pub memory_bytes: u64,
+    /// Egress its policy refused in the last ten minutes (absent when none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub network_denied: u64,
+    /// The most recent refused destination, `DEST:PORT/PROTO`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network_last_denial: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A workspace as printed in JSON and YAML.
@@ -137,6 +147,11 @@ pub fn sandbox_view(sandbox: &Sandbox) -> SandboxView {
         driver: spec.driver,
         cpu_millis: resources.cpu_millis,
         memory_bytes: resources.memory_bytes,
+        network_denied: sandbox.network_denied,
+        network_last_denial: sandbox
+            .network_last_denial
+            .as_ref()
+            .map(|d| denial_target(&d.destination, d.port, &d.protocol)),
     }
 }
 
@@ -634,6 +649,24 @@ pub fn render_image(
     }
 }
 
+/// `text` with every control character shown as `?` (what a sandbox chose to be named in a
+/// refused DNS query must not drive the operator's terminal).
+fn sanitize(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+/// A refused destination as `DEST:PORT/PROTO` (`DEST/PROTO` without a port).
+pub fn denial_target(destination: &str, port: u32, protocol: &str) -> String {
+    let (dest, proto) = (sanitize(destination), sanitize(protocol));
+    if port == 0 {
+        format!("{dest}/{proto}")
+    } else {
+        format!("{dest}:{port}/{proto}")
+    }
+}
+
 /// The header printed once before table-mode watch lines.
 pub fn watch_header() -> String {
     format_watch_columns(["TYPE", "NAME", "PHASE", "GEN", "RV"])
@@ -671,13 +704,26 @@ pub fn render_event(
                 ),
                 None => ("-".into(), "-".into(), "-".into()),
             };
-            Ok(format_watch_columns([
+            let mut line = format_watch_columns([
                 &event_type_name(event.r#type),
                 &name,
                 &phase,
                 &generation,
                 &event.resource_version.to_string(),
-            ]))
+            ]);
+            // Refused egress, when there is any: after the columns, so the line stays one.
+            if let Some(s) = event.sandbox.as_ref().filter(|s| s.network_denied > 0) {
+                line.pop();
+                line.push_str(&format!("  denied {}", s.network_denied));
+                if let Some(d) = &s.network_last_denial {
+                    line.push_str(&format!(
+                        ", last {}",
+                        denial_target(&d.destination, d.port, &d.protocol)
+                    ));
+                }
+                line.push('\n');
+            }
+            Ok(line)
         }
         OutputFormat::Json => serde_json::to_string(&sandbox_event_view(event))
             .map(|s| s + "\n")

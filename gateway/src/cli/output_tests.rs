@@ -49,6 +49,8 @@ fn sandbox(name: &str, phase: Phase) -> Sandbox {
             nanos: 250_000_000,
         }),
         resource_version: 17,
+        network_denied: 0,
+        network_last_denial: None,
     }
 }
 
@@ -324,6 +326,20 @@ fn watch_events_are_one_line_each() {
     check(
         render_event(OutputFormat::Table, &event, true).unwrap(),
         "Modified  default/web                    Stopping      3     18\n",
+    );
+    let mut denied = event.clone();
+    if let Some(s) = denied.sandbox.as_mut() {
+        s.network_denied = 7;
+        s.network_last_denial = Some(sbx_proto::v1::NetworkDenial {
+            destination: "10.1.2.3\x1b[2J".into(),
+            protocol: "tcp".into(),
+            port: 81,
+            packets: 3,
+        });
+    }
+    check(
+        render_event(OutputFormat::Table, &denied, false).unwrap(),
+        "Modified  web                            Stopping      3     18  denied 7, last 10.1.2.3?[2J:81/tcp\n",
     );
     let line = render_event(OutputFormat::Json, &event, false).unwrap();
     assert_eq!(line.matches('\n').count(), 1, "{line}");

@@ -134,6 +134,17 @@ pub struct Network {
     sets: Mutex<HashMap<String, usize>>,
     names: Arc<resolver::Shared>,
     resolver: Mutex<Option<resolver::Resolver>>,
+    /// Denials per source address as of the last look at the `denied` set, and when.
+    summaries: Mutex<Summaries>,
+}
+
+/// How often, at most, [`Network::denial_summary`] reads the `denied` set again.
+pub const DENIAL_REFRESH: std::time::Duration = std::time::Duration::from_secs(3);
+
+#[derive(Debug, Default)]
+struct Summaries {
+    at: Option<std::time::Instant>,
+    by_source: HashMap<Ipv4Addr, (u64, Denial)>,
 }
 
 impl Network {
@@ -198,6 +209,7 @@ impl Network {
             sets: Mutex::new(HashMap::new()),
             names,
             resolver: Mutex::new(None),
+            summaries: Mutex::new(Summaries::default()),
         };
         std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1")
             .map_err(io("turning on IPv4 forwarding"))?;
@@ -449,6 +461,56 @@ impl Network {
         Ok(mine)
     }
 
+    /// How many packets and DNS queries `id`'s policy refused in the last ten minutes, and the
+    /// most recent refused destination, as of a look at most [`DENIAL_REFRESH`] old (one read
+    /// of the `denied` set serves every sandbox: the cost does not grow with their number).
+    pub fn denial_summary(&self, id: Uuid) -> (u64, Option<crate::pb::NetworkDenial>) {
+        let Some(address) = self.address_of(id) else {
+            return (0, None);
+        };
+        let mut sums = locked(&self.summaries);
+        if sums.at.is_none_or(|at| at.elapsed() >= DENIAL_REFRESH) {
+            match nft::list(
+                "read the denials",
+                &["list", "set", "inet", &self.table.name, "denied"],
+            ) {
+                Ok(doc) => {
+                    let mut by: HashMap<Ipv4Addr, (u64, Denial)> = HashMap::new();
+                    for d in nft::parse_denials(&doc) {
+                        match by.get_mut(&d.source) {
+                            Some((n, last)) => {
+                                *n += d.packets;
+                                if d.expires > last.expires {
+                                    *last = d;
+                                }
+                            }
+                            None => {
+                                by.insert(d.source, (d.packets, d));
+                            }
+                        }
+                    }
+                    sums.by_source = by;
+                }
+                Err(e) => tracing::warn!(error = %e, "the network's denials could not be read"),
+            }
+            sums.at = Some(std::time::Instant::now());
+        }
+        let (mut total, mut last) = match sums.by_source.get(&address) {
+            Some((n, d)) => (*n, Some(pb_denial(d))),
+            None => (0, None),
+        };
+        drop(sums);
+        let refused = self.names.refused(id);
+        total += refused.iter().map(|(_, n)| n).sum::<u64>();
+        if last.is_none() {
+            last = refused
+                .into_iter()
+                .next()
+                .map(|(name, n)| dns_denial(name, n));
+        }
+        (total, last)
+    }
+
     /// Removes everything `id` had: its rules, namespace (with its veth) and lease. Nothing
     /// of it is left on the host; a second call finds nothing to do.
     pub fn detach(&self, id: Uuid) -> Result<(), NetworkError> {
@@ -539,6 +601,25 @@ impl Network {
     }
 }
 
+fn pb_denial(d: &Denial) -> crate::pb::NetworkDenial {
+    crate::pb::NetworkDenial {
+        destination: d.destination.to_string(),
+        protocol: d.protocol.clone(),
+        port: u32::from(d.port),
+        packets: d.packets,
+    }
+}
+
+/// A name the resolver refused: protocol "dns", its count as the packets.
+fn dns_denial(name: String, count: u64) -> crate::pb::NetworkDenial {
+    crate::pb::NetworkDenial {
+        destination: name,
+        protocol: "dns".into(),
+        port: u32::from(resolver::PORT),
+        packets: count,
+    }
+}
+
 /// What a create's `SandboxSpec.network` asks of a host driver with `network` (or without
 /// one): `None` for loopback only, else the allowlist as given (checked here too: a driver
 /// never trusts that the gateway did).
@@ -605,27 +686,12 @@ pub(crate) fn status(
         let denials = net
             .denials(id)
             .map_err(|e| crate::DriverError::Unavailable(e.to_string()))?;
-        out.denials = denials
-            .into_iter()
-            .take(100)
-            .map(|d| pb::NetworkDenial {
-                destination: d.destination.to_string(),
-                protocol: d.protocol,
-                port: u32::from(d.port),
-                packets: d.packets,
-            })
-            .collect();
-        // Names the resolver refused: protocol "dns", their count as the packets.
+        out.denials = denials.iter().take(100).map(pb_denial).collect();
         out.denials.extend(
             net.refused_names(id)
                 .into_iter()
                 .take(100)
-                .map(|(name, count)| pb::NetworkDenial {
-                    destination: name,
-                    protocol: "dns".into(),
-                    port: u32::from(resolver::PORT),
-                    packets: count,
-                }),
+                .map(|(name, count)| dns_denial(name, count)),
         );
     }
     Ok(out)

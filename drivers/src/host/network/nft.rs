@@ -501,6 +501,9 @@ pub struct Denial {
     pub protocol: String,
     pub port: u16,
     pub packets: u64,
+    /// Seconds until the record expires: every new attempt sets it back to ten minutes, so
+    /// the highest is the most recent.
+    pub expires: u64,
 }
 
 /// Reads the `denied` set's elements out of `nft -j list set` output.
@@ -517,14 +520,15 @@ pub fn parse_denials(doc: &Value) -> Vec<Denial> {
         };
         for elem in elems {
             // An element with a counter is {"elem": {"val": {"concat": […]}, "counter": {…}}}.
-            let (val, packets) = match elem.get("elem") {
+            let (val, packets, expires) = match elem.get("elem") {
                 Some(e) => (
                     e.get("val").cloned().unwrap_or(Value::Null),
                     e.pointer("/counter/packets")
                         .and_then(Value::as_u64)
                         .unwrap_or(0),
+                    e.get("expires").and_then(Value::as_u64).unwrap_or(0),
                 ),
-                None => (elem.clone(), 0),
+                None => (elem.clone(), 0, 0),
             };
             let Some(parts) = val.get("concat").and_then(Value::as_array) else {
                 continue;
@@ -551,6 +555,7 @@ pub fn parse_denials(doc: &Value) -> Vec<Denial> {
                 protocol,
                 port,
                 packets,
+                expires,
             });
         }
     }

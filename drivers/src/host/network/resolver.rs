@@ -157,6 +157,13 @@ impl Shared {
     }
 
     fn refuse(&self, id: Uuid, name: &str) {
+        // The name is the sandbox's choice: kept short and printable.
+        let name: String = name
+            .chars()
+            .take(253)
+            .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+            .collect();
+        let name = name.as_str();
         let mut refused = locked(&self.refused);
         let names = refused.entry(id).or_default();
         if let Some(n) = names.get_mut(name) {
