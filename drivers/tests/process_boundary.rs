@@ -104,13 +104,23 @@ async fn root_inside_is_a_stranger_to_the_hosts_files() {
     }
     assert!(out.contains("NoNewPrivs:\t1"), "{out}");
 
-    // The main process, seen from the host: host uid and gid BASE, no capabilities.
-    let main = sandbox_pids(&driver, id)
-        .into_iter()
-        .find(|pid| {
+    // The main process, seen from the host: host uid and gid BASE, no capabilities. Ready
+    // comes when the shim has started it; its way into `sleep` (unshare, setpriv, sh, exec)
+    // may take a moment more: looked for for at most 5 s.
+    let began = std::time::Instant::now();
+    let main = loop {
+        let found = sandbox_pids(&driver, id).into_iter().find(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
-        })
-        .expect("the workload's sleep is in its cgroup");
+        });
+        if let Some(pid) = found {
+            break pid;
+        }
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(5),
+            "the workload's sleep is in its cgroup"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     assert_eq!(
         status_field(main, "Uid"),
         format!("{BASE}\t{BASE}\t{BASE}\t{BASE}")
