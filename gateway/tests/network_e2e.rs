@@ -29,6 +29,8 @@ struct World {
     sandboxes: Vec<&'static str>,
     /// `--network-dns`: the upstream's DNS answerer.
     dns: Option<String>,
+    /// `--driver`: empty for sbxd's default (oci).
+    driver: &'static str,
 }
 
 impl World {
@@ -41,10 +43,12 @@ impl World {
             sbxd: None,
             sandboxes: Vec::new(),
             dns: None,
+            driver: "",
         }
     }
 
     fn start(&mut self) -> String {
+        // The process driver's cgroup parent is the tests' own (common::Sbxd gives it).
         let mut flags = vec![
             "--oci-cgroup-parent",
             &self.cgroup_parent,
@@ -56,7 +60,7 @@ impl World {
         if let Some(dns) = &self.dns {
             flags.extend(["--network-dns", dns]);
         }
-        let d = Sbxd::start(self.data.path(), "", &flags);
+        let d = Sbxd::start(self.data.path(), self.driver, &flags);
         let ep = d.endpoint();
         self.sbxd = Some(d);
         ep
@@ -97,7 +101,15 @@ impl World {
         if table.contains("jump sb_") {
             left.push("a sandbox entry in the table's map".into());
         }
-        let leases = self.data.path().join("drivers/oci/network/leases");
+        let driver = if self.driver.is_empty() {
+            "oci"
+        } else {
+            self.driver
+        };
+        let leases = self
+            .data
+            .path()
+            .join(format!("drivers/{driver}/network/leases"));
         if std::fs::read_dir(&leases).map(|d| d.count()).unwrap_or(0) > 0 {
             left.push("an address lease".into());
         }
@@ -542,6 +554,109 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
     }
     assert_eq!(w.left_on_host(), Vec::<String>::new());
     assert_oci_left_nothing(w.data.path(), &w.cgroup_parent);
+    drop(up);
+}
+
+#[test]
+fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("p{:04x}", std::process::id() & 0xffff);
+    let up = Upstream::with_names(
+        &tag,
+        22,
+        &[80, 81],
+        &[("up.sbx.test", std::net::Ipv4Addr::new(10, 251, 22, 2))],
+    );
+    let upa = up.addr.to_string();
+    let mut w = World::new(&tag, 22);
+    w.driver = "process";
+    w.dns = Some(upa.clone());
+    let ep = w.start();
+    w.sandboxes = vec!["pweb"];
+    let created = sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "pweb",
+            "--allow",
+            &format!("{upa}:80"),
+            "--allow",
+            "up.sbx.test:81",
+            "--",
+            "sleep",
+            "3600",
+        ],
+    );
+    assert_eq!(created.code, 0, "{created:?}");
+    let net = network(&ep, "pweb");
+    let (addr, gateway) = (
+        net["address"].as_str().unwrap().to_string(),
+        net["gateway"].as_str().unwrap().to_string(),
+    );
+    assert!(addr.starts_with("10.253.22."), "{net}");
+    // The host's programs (the process driver has no image): busybox for nc and nslookup.
+    let connect = |ep: &str, addr: &str, port: u16| {
+        let run = exec(
+            ep,
+            "pweb",
+            &format!("timeout 2 busybox nc {addr} {port} </dev/null 2>&1 | head -1"),
+        );
+        run.stdout.trim().to_string()
+    };
+    let links = exec(
+        &ep,
+        "pweb",
+        "ls /sys/class/net >/dev/null; ip -o -4 addr show dev eth0",
+    );
+    assert!(links.stdout.contains(&format!("{addr}/32")), "{links:?}");
+    assert_eq!(connect(&ep, &upa, 80), "hello 80");
+    assert!(
+        !connect(&ep, &upa, 81).starts_with("hello"),
+        "nothing admitted for the name before it is resolved"
+    );
+    let resolv = exec(&ep, "pweb", "cat /etc/resolv.conf").ok().to_string();
+    assert_eq!(
+        resolv.trim(),
+        format!("nameserver {gateway}"),
+        "the sandbox's own resolv.conf, not the host's"
+    );
+    let looked_up = exec(&ep, "pweb", "busybox nslookup up.sbx.test");
+    assert!(looked_up.stdout.contains(&upa), "{looked_up:?}");
+    assert_eq!(connect(&ep, &upa, 81), "hello 81");
+    assert!(!connect(&ep, &up.second.to_string(), 80).starts_with("hello"));
+    let grpc_port = ep
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string();
+    assert!(
+        !connect(&ep, &gateway, grpc_port.parse().unwrap()).starts_with("hello"),
+        "the gateway's port"
+    );
+    let spoof = exec(&ep, "pweb", "ip addr add 10.253.22.250/32 dev eth0");
+    assert_ne!(spoof.code, 0, "the workload changed its address: {spoof:?}");
+    let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    assert!(
+        !host_resolv.contains(&format!("nameserver {gateway}")),
+        "the host's /etc/resolv.conf is untouched"
+    );
+
+    // SIGKILL of sbxd: the address, the rules and the resolver come back.
+    w.sigkill();
+    let ep = w.start();
+    assert_eq!(network(&ep, "pweb")["address"], addr.as_str());
+    assert_eq!(connect(&ep, &upa, 80), "hello 80");
+    assert_eq!(connect(&ep, &upa, 81), "hello 81", "the admission survived");
+    let again = exec(&ep, "pweb", "busybox nslookup up.sbx.test");
+    assert!(again.stdout.contains(&upa), "{again:?}");
+
+    sbx(&ep, &["sandbox", "delete", "pweb"]).ok();
+    assert_eq!(w.left_on_host(), Vec::<String>::new());
     drop(up);
 }
 

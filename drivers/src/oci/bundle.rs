@@ -26,9 +26,6 @@ use crate::image::IdMap;
 pub const INIT_MOUNT: &str = "/dev/.sbx";
 /// The file of the run directory bound at `/etc/hostname` (the sandbox's name and a newline).
 pub const HOSTNAME_FILE: &str = "hostname";
-/// The file of the run directory bound at `/etc/resolv.conf` in a sandbox on the gateway's
-/// network (its resolver, on the bridge's address).
-pub const RESOLV_FILE: &str = "resolv.conf";
 /// Where the run directory (the init writes the main process's status there) appears inside.
 pub const RUN_MOUNT: &str = "/dev/.sbx-run";
 /// Where the persistent volume appears inside.
@@ -234,7 +231,7 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
     if run.netns.is_some() {
         mounts.push(bind(
             "/etc/resolv.conf",
-            &run.run_dir.join(RESOLV_FILE),
+            &run.run_dir.join(crate::host::network::sandbox::RESOLV_FILE),
             &["ro", "nosuid", "nodev", "noexec"],
         ));
     }

@@ -237,20 +237,14 @@ impl OciDriver {
         records::empty_trash(&trash, unmount_rootfs)?;
         let sandboxes = records::sandboxes_dir(&state_dir);
         let found = records::find_records::<OciRecord>(&sandboxes, |_, dir| unmount_rootfs(dir))?;
-        if let Some(net) = &opts.network {
-            // The table still holds every attached sandbox's list; the resolver is told
-            // them again, so the names they may resolve still resolve.
-            for record in found.values() {
-                if let Some(allow) = &record.network_allow {
-                    match network::parse_allowlist(allow) {
-                        Ok(entries) => net.restore(record.sandbox_id, &entries),
-                        Err(e) => {
-                            tracing::warn!(sandbox_id = %record.sandbox_id, error = %e, "a stored network policy no longer parses")
-                        }
-                    }
-                }
-            }
-        }
+        // The table still holds every attached sandbox's list; the resolver is told them
+        // again, so the names they may resolve still resolve.
+        network::sandbox::restore(
+            opts.network.as_ref(),
+            found
+                .values()
+                .map(|r| (r.sandbox_id, r.network_allow.as_ref())),
+        );
         for record in found.values() {
             if record.desired == Desired::Stopped {
                 let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
@@ -404,27 +398,13 @@ impl HostDriver for Inner {
 
     /// The sandbox's network namespace, veth, rules and address lease go with it.
     async fn before_removal(&self, record: &OciRecord) -> Result<(), DriverError> {
-        match (&self.opts.network, &record.network_allow) {
-            (Some(net), Some(_)) => {
-                let (net, id) = (Arc::clone(net), record.sandbox_id);
-                tokio::task::spawn_blocking(move || net.detach(id))
-                    .await
-                    .map_err(|e| internal("detaching the sandbox's network", e))?
-                    .map_err(|e| {
-                        DriverError::Internal(format!("removing the sandbox's network: {e}"))
-                    })
-            }
-            (None, Some(_)) => {
-                tracing::warn!(
-                    sandbox_id = %record.sandbox_id,
-                    "a networked sandbox deleted by an sbxd without --network-cidr: its namespace \
-                     (/run/netns/<name>-<id>), veth, rules and address lease (drivers/oci/network/\
-                     leases/) are left behind; remove them by hand or run sbxd with its network"
-                );
-                Ok(())
-            }
-            _ => Ok(()),
-        }
+        network::sandbox::release(
+            self.opts.network.as_ref(),
+            record.sandbox_id,
+            record.network_allow.as_ref(),
+            "oci",
+        )
+        .await
     }
 
     /// What the sandbox looks like now, from its record, its run files and `/proc`.
@@ -435,11 +415,12 @@ impl HostDriver for Inner {
         let instance = init.map(|i| i.to_string());
         let mut snapshot =
             observed.into_snapshot(record, record.generation, instance, record.warnings.clone());
-        if let (Some(net), Some(_)) = (&self.opts.network, &record.network_allow) {
-            let (denied, last) = net.denial_summary(record.sandbox_id);
-            snapshot.network_denied = denied;
-            snapshot.network_last_denial = last;
-        }
+        network::sandbox::note_denials(
+            self.opts.network.as_ref(),
+            record.sandbox_id,
+            record.network_allow.as_ref(),
+            &mut snapshot,
+        );
         snapshot
     }
 
@@ -510,85 +491,6 @@ impl Inner {
         network::requested(policy, self.opts.network.as_ref())
     }
 
-    /// The sandbox's place on the gateway's network (made if it has none yet, its policy
-    /// applied), or `None` for loopback only.
-    async fn attach_network(
-        &self,
-        record: &OciRecord,
-    ) -> Result<Option<network::Attachment>, DriverError> {
-        let Some(allow) = &record.network_allow else {
-            return Ok(None);
-        };
-        // Never a silent downgrade to loopback, nor an upgrade past the policy: a sandbox made
-        // on the gateway's network runs on it or not at all.
-        let Some(net) = &self.opts.network else {
-            return Err(DriverError::FailedPrecondition(format!(
-                "sandbox {} was made on the gateway's network with an egress policy, and this \
-                 sbxd has no network: start sbxd with the same --network-cidr and --network-name",
-                record.sandbox_id
-            )));
-        };
-        let entries = network::parse_allowlist(allow)
-            .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
-        let (net, id) = (Arc::clone(net), record.sandbox_id);
-        let attached = tokio::task::spawn_blocking(move || net.attach(id, &entries))
-            .await
-            .map_err(|e| internal("attaching the sandbox's network", e))?
-            .map_err(|e| DriverError::Unavailable(format!("the sandbox's network: {e}")))?;
-        Ok(Some(attached))
-    }
-
-    /// Replaces a networked sandbox's allowlist: the record first, then the firewall (a
-    /// driver killed between the two applies the record's list at the next attach).
-    pub(crate) async fn update_network(
-        &self,
-        req: pb::UpdateNetworkRequest,
-    ) -> Result<pb::NetworkStatus, DriverError> {
-        let id = crate::parse_sandbox_id(&req.sandbox_id)?;
-        let _serialised = self.records.lock(id).await;
-        let mut record = self.records.require(id)?;
-        let asked = network::requested(req.policy.as_ref(), self.opts.network.as_ref())?;
-        let (Some(allow), Some(_)) = (asked, &record.network_allow) else {
-            return Err(DriverError::FailedPrecondition(format!(
-                "sandbox {id} was made with network mode none (or the update asks for none): \
-                 the mode of a sandbox's network is fixed at create; only a policy's allowlist \
-                 can change"
-            )));
-        };
-        let entries = network::parse_allowlist(&allow)
-            .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
-        record.network_allow = Some(allow);
-        self.records.save(&record)?;
-        let net = Arc::clone(self.opts.network.as_ref().expect("checked by requested"));
-        let applied = {
-            let net = Arc::clone(&net);
-            tokio::task::spawn_blocking(move || match net.address_of(id) {
-                // Not attached yet (made stopped): the list applies at its first start.
-                None => Ok(()),
-                Some(_) => net.set_policy(id, &entries),
-            })
-            .await
-            .map_err(|e| internal("applying the policy", e))?
-        };
-        applied.map_err(|e| DriverError::Unavailable(format!("applying the policy: {e}")))?;
-        tracing::info!(sandbox_id = %id, entries = record.network_allow.as_ref().map_or(0, Vec::len), "network policy updated");
-        network::status(Some(&net), id, record.network_allow.as_ref())
-    }
-
-    pub(crate) async fn get_network(
-        &self,
-        req: pb::GetNetworkRequest,
-    ) -> Result<pb::NetworkStatus, DriverError> {
-        let id = crate::parse_sandbox_id(&req.sandbox_id)?;
-        let record = self.records.require(id)?;
-        let net = self.opts.network.clone();
-        tokio::task::spawn_blocking(move || {
-            network::status(net.as_deref(), id, record.network_allow.as_ref())
-        })
-        .await
-        .map_err(|e| internal("reading the network", e))?
-    }
-
     /// Mounts the root filesystem, writes the runtime config and runs the container; records
     /// the init's identity.
     async fn launch(
@@ -629,13 +531,14 @@ impl Inner {
             format!("{}\n", record.name),
         )
         .map_err(|e| io("writing the sandbox's hostname file", e))?;
-        let attached = self.attach_network(record).await?;
+        let attached = network::sandbox::attach(
+            self.opts.network.as_ref(),
+            record.sandbox_id,
+            record.network_allow.as_ref(),
+        )
+        .await?;
         if let Some(a) = &attached {
-            std::fs::write(
-                run.dir.join(bundle::RESOLV_FILE),
-                format!("nameserver {}\n", a.gateway),
-            )
-            .map_err(|e| io("writing the sandbox's resolv.conf", e))?;
+            network::sandbox::write_resolv_conf(&run.dir, a.gateway)?;
         }
         let netns = attached.map(|a| a.netns_path);
         let init_dir = record::init_dir(&self.state_dir);

@@ -147,6 +147,15 @@ pub fn make_walkable_dir(dir: &Path) -> io::Result<()> {
     fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
 }
 
+impl crate::host::network::sandbox::NetworkedRecord for OciRecord {
+    fn network_allow(&self) -> Option<&Vec<String>> {
+        self.network_allow.as_ref()
+    }
+    fn set_network_allow(&mut self, allow: Option<Vec<String>>) {
+        self.network_allow = allow;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

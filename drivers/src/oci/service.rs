@@ -12,7 +12,7 @@ use nix::unistd::{Gid, Uid, chown};
 
 use super::record::{self, ImageRun, OciRecord, RECORD_FORMAT};
 use super::{Inner, OciDriver};
-use crate::host::{Desired, agent, internal, lifecycle, validate_command};
+use crate::host::{Desired, agent, internal, lifecycle, network, validate_command};
 use crate::image::{ImageError, ImageInfo};
 use crate::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
 
@@ -73,14 +73,17 @@ impl ComputeDriver for OciDriver {
         req: pb::UpdateNetworkRequest,
     ) -> Result<pb::NetworkStatus, DriverError> {
         let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move { inner.update_network(req).await }).await
+        lifecycle::detach(async move {
+            network::sandbox::update(&inner.records, inner.opts.network.as_ref(), req).await
+        })
+        .await
     }
 
     async fn get_network(
         &self,
         req: pb::GetNetworkRequest,
     ) -> Result<pb::NetworkStatus, DriverError> {
-        self.inner.get_network(req).await
+        network::sandbox::get(&self.inner.records, self.inner.opts.network.as_ref(), req).await
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {

@@ -1,7 +1,9 @@
 //! Starting a workload in its own namespaces, and the command lines of `exec`.
 //!
 //! A workload is launched as
-//! `setsid unshare --pid --fork --mount --uts --ipc --net -- /bin/sh <state>/sbx-shim …`:
+//! `setsid unshare --pid --fork --mount --uts --ipc --net -- /bin/sh <state>/sbx-shim …`
+//! (on the gateway's network, `setsid nsenter --net=/run/netns/<name>-<id> -- unshare …`
+//! without `--net`: the namespace host root made for it, see `host::network`):
 //! a new session (so it outlives the driver), new namespaces, and a small shell *shim* as pid 1
 //! of the new pid namespace. The shim joins the sandbox's cgroups, sets the hostname, brings
 //! up `lo`, mounts a fresh `/proc` and binds the persistent directory at `/sandbox`, hides the
@@ -95,6 +97,9 @@ ip link set dev lo up 2>/dev/null || echo "loopback not brought up in the sandbo
 mount -t proc proc /proc || { echo "sbx: cannot mount /proc" >&2; exit 125; }
 [ -d /sandbox ] || mkdir -p /sandbox || { echo "sbx: cannot make /sandbox" >&2; exit 125; }
 mount --bind "$persist" /sandbox || { echo "sbx: cannot bind $persist at /sandbox" >&2; exit 125; }
+if [ -f "$run/resolv.conf" ]; then
+  mount --bind "$run/resolv.conf" /etc/resolv.conf 2>/dev/null || echo "the gateway's resolver could not be bound at /etc/resolv.conf: names do not resolve" >> "$run/warnings"
+fi
 cd "$run" || exit 125
 exec 4<"$agent" || { echo "sbx: cannot open the exec agent $agent" >&2; exit 125; }
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
@@ -164,6 +169,9 @@ pub struct HostTools {
     pub setsid: PathBuf,
     pub unshare: PathBuf,
     pub sh: PathBuf,
+    /// Joins a sandbox on the gateway's network to its namespace; `None` where util-linux has
+    /// no `nsenter` (such sandboxes then cannot start, and say why).
+    pub nsenter: Option<PathBuf>,
     /// [`SHIM`], installed as `<state_dir>/sbx-shim`: pid 1 runs `sh <that file> …`, so `ps`
     /// inside shows a file name where a `sh -c` would show the whole 1.5 KB script.
     pub shim: PathBuf,
@@ -190,6 +198,7 @@ impl HostTools {
         Ok(HostTools {
             setsid: find_on_path("setsid")?,
             sh: PathBuf::from("/bin/sh"),
+            nsenter: find_on_path("nsenter").ok(),
             shim: install_shim(state_dir)?,
             agent: crate::host::agent::install(state_dir)?,
             bash: find_on_path("bash").ok(),
@@ -273,6 +282,7 @@ pub async fn launch(
     record: &SandboxRecord,
     run_env: &RunEnv,
     hidden: &[PathBuf],
+    network: Option<&crate::host::network::Attachment>,
     timeout: Duration,
 ) -> Result<ProcessIdentity, DriverError> {
     let io = |what: &str, e: std::io::Error| DriverError::Internal(format!("{what}: {e}"));
@@ -286,14 +296,39 @@ pub async fn launch(
         .try_clone()
         .map_err(|e| io("making the launcher log", e))?;
 
+    // On the gateway's network the workload joins the namespace host root made for it (its
+    // user namespace then holds no capability over it); else a new one, loopback only.
+    let mut namespaces: Vec<std::ffi::OsString> = Vec::new();
+    match network {
+        Some(attached) => {
+            let nsenter = tools.nsenter.as_ref().ok_or_else(|| {
+                DriverError::Unavailable(
+                    "a sandbox on the gateway's network needs util-linux's nsenter".into(),
+                )
+            })?;
+            crate::host::network::sandbox::write_resolv_conf(&run.dir, attached.gateway)?;
+            let mut net = std::ffi::OsString::from("--net=");
+            net.push(&attached.netns_path);
+            namespaces.extend([nsenter.clone().into_os_string(), net, "--".into()]);
+            namespaces.push(tools.unshare.clone().into_os_string());
+            namespaces
+                .extend(["--pid", "--fork", "--mount", "--uts", "--ipc", "--"].map(Into::into));
+        }
+        None => {
+            namespaces.push(tools.unshare.clone().into_os_string());
+            namespaces.extend(
+                [
+                    "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--",
+                ]
+                .map(Into::into),
+            );
+        }
+    }
     let (program, prefix) = tools.with_closed_fds(&tools.setsid);
     let mut command = Command::new(program);
     command
         .args(prefix)
-        .arg(&tools.unshare)
-        .args([
-            "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--",
-        ])
+        .args(&namespaces)
         .arg(&tools.sh)
         .arg(&tools.shim)
         .arg(&run.dir)

@@ -2,7 +2,8 @@
 //! no image, no VM; see the known limits for what a workload still shares with the host).
 //!
 //! Each sandbox's workload runs in its own pid, mount, uts, ipc and net namespaces (hostname =
-//! sandbox name, only `lo`, up), in its own cgroup carrying the spec's cpu and memory limits
+//! sandbox name, only `lo`, up; or, made with an egress policy on a gateway with a network,
+//! the namespace `host::network` made for it, joined with `nsenter`), in its own cgroup carrying the spec's cpu and memory limits
 //! (v1 or v2, whichever the host has), with a persistent directory bound at `/sandbox`. It runs
 //! as uid 0 of a user namespace of its own that is host uid 200000 outside (the id map,
 //! [`ProcessDriverOptions::id_map`]), with no capabilities and `no_new_privs`; that user
@@ -105,7 +106,9 @@ pub use cgroup::CgroupVersion;
 use crate::host::command::RunEnv;
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::records::{self, RecordCache};
-use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms, procfs};
+use crate::host::{
+    Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, network, now_ms, procfs,
+};
 use crate::{DriverError, pb};
 use cgroup::CgroupHost;
 use launch::HostTools;
@@ -131,6 +134,9 @@ pub struct ProcessDriverOptions {
     /// empty read-only tmpfs (sbxd puts its data directory here). Absolute; a missing one is
     /// skipped.
     pub hidden_paths: Vec<PathBuf>,
+    /// The gateway's sandbox network; `None`: sandboxes have loopback only and a create with
+    /// network mode policy is refused.
+    pub network: Option<Arc<crate::host::network::Network>>,
 }
 
 impl Default for ProcessDriverOptions {
@@ -142,6 +148,7 @@ impl Default for ProcessDriverOptions {
             launch_timeout: Duration::from_secs(10),
             id_map: IdMap::default(),
             hidden_paths: Vec::new(),
+            network: None,
         }
     }
 }
@@ -200,6 +207,12 @@ impl ProcessDriver {
                 finish_interrupted_stop(&SandboxPaths::new(&state_dir, record.sandbox_id), record);
             }
         }
+        network::sandbox::restore(
+            opts.network.as_ref(),
+            found
+                .values()
+                .map(|r| (r.sandbox_id, r.network_allow.as_ref())),
+        );
         let inner = Inner {
             state_dir,
             opts,
@@ -322,7 +335,14 @@ impl HostDriver for Inner {
             warnings.extend(record::read_warnings(&paths));
         }
         let instance = init.map(|i| i.to_string());
-        observed.into_snapshot(record, record.generation, instance, warnings)
+        let mut snapshot = observed.into_snapshot(record, record.generation, instance, warnings);
+        network::sandbox::note_denials(
+            self.opts.network.as_ref(),
+            record.sandbox_id,
+            record.network_allow.as_ref(),
+            &mut snapshot,
+        );
+        snapshot
     }
 
     /// Starts a new run of the workload under `generation`. The record (desired running, new
@@ -343,12 +363,19 @@ impl HostDriver for Inner {
         record.launched_at_ms = now_ms();
         record.oom_kills_at_launch = record.cgroups.oom_kills();
         self.records.save(&record)?;
+        let attached = network::sandbox::attach(
+            self.opts.network.as_ref(),
+            record.sandbox_id,
+            record.network_allow.as_ref(),
+        )
+        .await?;
         if let Err(e) = launch::launch(
             &self.tools,
             &paths,
             &record,
             &run_env,
             &self.hidden,
+            attached.as_ref(),
             self.opts.launch_timeout,
         )
         .await
@@ -395,7 +422,15 @@ impl HostDriver for Inner {
         }
     }
 
+    /// The cgroups go, and the sandbox's network namespace, veth, rules and address lease.
     async fn before_removal(&self, record: &SandboxRecord) -> Result<(), DriverError> {
-        service::remove_cgroups(record).await
+        service::remove_cgroups(record).await?;
+        network::sandbox::release(
+            self.opts.network.as_ref(),
+            record.sandbox_id,
+            record.network_allow.as_ref(),
+            "process",
+        )
+        .await
     }
 }

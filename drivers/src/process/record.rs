@@ -64,9 +64,21 @@ pub struct SandboxRecord {
     pub cgroups: SandboxCgroups,
     /// What could not be applied at create (limits without a controller, …).
     pub warnings: Vec<String>,
+    /// On the gateway's network with this egress allowlist; `None`: loopback only.
+    #[serde(default)]
+    pub network_allow: Option<Vec<String>>,
 }
 
 host_record!(SandboxRecord, RECORD_FORMAT);
+
+impl crate::host::network::sandbox::NetworkedRecord for SandboxRecord {
+    fn network_allow(&self) -> Option<&Vec<String>> {
+        self.network_allow.as_ref()
+    }
+    fn set_network_allow(&mut self, allow: Option<Vec<String>>) {
+        self.network_allow = allow;
+    }
+}
 
 /// The paths of one sandbox's state.
 #[derive(Debug, Clone)]
@@ -142,6 +154,7 @@ mod tests {
             run_id: "r1".into(),
             cgroups: SandboxCgroups::default(),
             warnings: vec!["w".into()],
+            network_allow: Some(vec!["10.0.0.1:80".into()]),
         }
     }
 

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use super::cgroup::Limits;
 use super::record::{RECORD_FORMAT, SandboxRecord, StoredSpec};
 use super::{Inner, ProcessDriver};
-use crate::host::{Desired, agent, internal, lifecycle, validate_command};
+use crate::host::{Desired, agent, internal, lifecycle, network, validate_command};
 use crate::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
 
 #[async_trait]
@@ -20,7 +20,7 @@ impl ComputeDriver for ProcessDriver {
     async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
         let cgroups = &self.inner.cgroups;
         Ok(pb::CapabilitiesResponse {
-            network: false,
+            network: self.inner.opts.network.is_some(),
             driver: "process".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             exec: true,
@@ -63,6 +63,24 @@ impl ComputeDriver for ProcessDriver {
     async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
         let inner = Arc::clone(&self.inner);
         lifecycle::detach(async move { lifecycle::delete(inner.as_ref(), req).await }).await
+    }
+
+    async fn update_network(
+        &self,
+        req: pb::UpdateNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move {
+            network::sandbox::update(&inner.records, inner.opts.network.as_ref(), req).await
+        })
+        .await
+    }
+
+    async fn get_network(
+        &self,
+        req: pb::GetNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        network::sandbox::get(&self.inner.records, self.inner.opts.network.as_ref(), req).await
     }
 
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
@@ -145,8 +163,7 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
     let run_env = crate::host::command::run_env(std::mem::take(&mut req.run_env))?;
     let spec = req.spec.unwrap_or_default();
     validate_command("the spec", &spec.command, &spec.env)?;
-    // No sandbox network in this driver yet: loopback only, and a policy is refused.
-    crate::host::network::requested(spec.network.as_ref(), None)?;
+    let network_allow = network::requested(spec.network.as_ref(), inner.opts.network.as_ref())?;
     let _serialised = inner.records.lock(id).await;
     if let Some(existing) = inner.records.get(id) {
         let asked = (req.workspace.as_str(), req.name.as_str());
@@ -192,6 +209,7 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
         run_id: String::new(),
         cgroups,
         warnings,
+        network_allow,
     };
     // start_run writes the record (once: each durable write costs two fsyncs). A driver
     // killed before that leaves a directory without a record, which open() removes.

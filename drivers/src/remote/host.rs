@@ -123,7 +123,8 @@ pub struct OciArgs {
     )]
     pub cgroup_parent: String,
 
-    /// Give sandboxes made with `--network policy` a network: a bridge (<--network-name>0)
+    /// Give sandboxes made with `--network policy` (oci and process drivers) a network: a
+    /// bridge (<--network-name>0)
     /// holding this IPv4 network's first address, an address per sandbox leased by its UUID,
     /// and their egress policies enforced by one nftables table (`inet <--network-name>`).
     /// Refused at startup if it overlaps a network the host routes. Turns on IPv4 forwarding.
@@ -213,6 +214,13 @@ impl OciArgs {
             flags.push("--oci-busybox".into());
             flags.push(busybox.into());
         }
+        flags.extend(self.network_flags());
+        flags
+    }
+
+    /// The `--network-*` flags alone (the process driver's host gets these, not the oci ones).
+    pub fn network_flags(&self) -> Vec<OsString> {
+        let mut flags = Vec::new();
         if let Some(cidr) = &self.network_cidr {
             flags.push("--network-cidr".into());
             flags.push(cidr.into());
@@ -517,6 +525,7 @@ pub async fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver
                 hidden_paths: args.hidden_paths.clone(),
                 default_grace: Duration::from_millis(args.default_grace_ms),
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
+                network: args.oci.open_network(&state_dir).await?,
                 ..ProcessDriverOptions::default()
             };
             let driver = tokio::task::spawn_blocking(move || ProcessDriver::open(state_dir, opts))

@@ -154,10 +154,28 @@ fn managed_host_flags(
         DriverKind::Process => {
             flags.push("--hide".into());
             flags.push(data_dir.into());
+            flags.extend(args.oci.network_flags());
         }
         DriverKind::Sim => {}
     }
     flags
+}
+
+/// The sandbox network the `--network-*` flags ask for, owned by the one driver sbxd runs
+/// in its own process (its leases under that driver's state dir).
+async fn open_network(
+    args: &ServeArgs,
+    state_dir: &Path,
+    driver: &'static str,
+) -> Result<Option<Arc<sbx_drivers::network::Network>>, DaemonError> {
+    args.oci
+        .open_network(state_dir)
+        .await
+        .map_err(|source| DaemonError::Driver {
+            driver,
+            source,
+            hint: " (see sbxd serve --help for --network-cidr, --network-name and --network-dns)",
+        })
 }
 
 async fn open_in_process(
@@ -169,15 +187,7 @@ async fn open_in_process(
     match kind {
         DriverKind::Oci => {
             let state_dir = data_dir.join("drivers").join("oci");
-            let network =
-                args.oci
-                    .open_network(&state_dir)
-                    .await
-                    .map_err(|source| DaemonError::Driver {
-                        driver: "oci",
-                        source,
-                        hint: " (see sbxd serve --help for --network-cidr and --network-name)",
-                    })?;
+            let network = open_network(args, &state_dir, "oci").await?;
             let opts = sbx_drivers::oci::OciDriverOptions {
                 id_map: images.idmap(),
                 network,
@@ -195,7 +205,9 @@ async fn open_in_process(
         }
         DriverKind::Process => {
             let state_dir = data_dir.join("drivers").join("process");
+            let network = open_network(args, &state_dir, "process").await?;
             let opts = ProcessDriverOptions {
+                network,
                 cgroup_parent: args.process_cgroup_parent.clone(),
                 // The store, the images and the other drivers' sandboxes are none of its
                 // workloads' business.

@@ -26,6 +26,7 @@ pub mod link;
 pub mod nft;
 pub mod policy;
 pub mod resolver;
+pub(crate) mod sandbox;
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
