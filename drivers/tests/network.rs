@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sbx_drivers::network::fixtures::{
-    Held, SERVER, Upstream, connect_from, resolve_from, runnable,
+    Held, SERVER, Upstream, connect_from, query_timing, resolve_from, runnable,
 };
 use sbx_drivers::network::{Network, NetworkConfig, parse_allowlist};
 use uuid::Uuid;
@@ -495,7 +495,12 @@ fn the_network_costs_measured_side_by_side() {
         .unwrap_or(64);
     let tag = format!("m{:04x}", std::process::id() & 0xffff);
     let name = format!("t{tag}");
-    let up = Upstream::new(&tag, 11, &[80]);
+    let up = Upstream::with_names(
+        &tag,
+        11,
+        &[80],
+        &[("up.sbx.test", Ipv4Addr::new(10, 251, 11, 2))],
+    );
     let sink = Command::new("ip")
         .args(["netns", "exec", &up.ns, "python3", "-c", SINK])
         .stdout(Stdio::piped())
@@ -521,7 +526,7 @@ fn the_network_costs_measured_side_by_side() {
         network: Ipv4Addr::new(10, 253, 11, 0),
         prefix: 24,
         state_dir: dir.path().into(),
-        dns_upstream: None,
+        dns_upstream: Some((up.addr, 53).into()),
     };
     guard.net = Some(Network::open(net_config).expect("network"));
     let net = guard.net.as_ref().unwrap();
@@ -565,11 +570,28 @@ fn the_network_costs_measured_side_by_side() {
     let b2 = measure(Some(&ns), up.addr, rounds, mib);
     let big_lat = (b1.0 + b2.0) / 2.0;
     let small_lat = (s3.0 + sandbox.0 * 2.0) / 3.0;
+    // A name on the list: the sandbox asks the gateway's resolver (which asks the upstream's
+    // answerer and admits the answer in one nft transaction before replying) vs the host
+    // asking the same answerer directly. Interleaved, twice each.
+    net.set_policy(a, &parse_allowlist(&["up.sbx.test:80"]).unwrap())
+        .unwrap();
+    let queries = rounds.clamp(10, 200);
+    let gw = net.gateway();
+    let (d1, g1) = (
+        query_timing(None, up.addr, "up.sbx.test", queries),
+        query_timing(Some(&ns), gw, "up.sbx.test", queries),
+    );
+    let (d2, g2) = (
+        query_timing(None, up.addr, "up.sbx.test", queries),
+        query_timing(Some(&ns), gw, "up.sbx.test", queries),
+    );
+    let (direct, via_gateway) = ((d1 + d2) / 2.0, (g1 + g2) / 2.0);
     eprintln!(
         "network costs ({rounds} connects, {mib} MiB per run; two runs each, interleaved):\n  \
          connect latency: host→upstream {:.3} ms, sandbox→upstream {:.3} ms (ratio {:.2})\n  \
          throughput: host→upstream {:.0} MiB/s, sandbox→upstream {:.0} MiB/s (ratio {:.2})\n  \
-         1,000-entry allowlist (200 rules): connect {:.3} ms vs {:.3} ms with 2 entries (ratio {:.2}); applied in {:?}",
+         1,000-entry allowlist (200 rules): connect {:.3} ms vs {:.3} ms with 2 entries (ratio {:.2}); applied in {:?}\n  \
+         a name on the list ({queries} queries, median): through the gateway's resolver {:.3} ms, host→upstream answerer directly {:.3} ms (ratio {:.2})",
         host.0,
         sandbox.0,
         sandbox.0 / host.0,
@@ -579,7 +601,10 @@ fn the_network_costs_measured_side_by_side() {
         big_lat,
         small_lat,
         big_lat / small_lat,
-        update
+        update,
+        via_gateway,
+        direct,
+        via_gateway / direct
     );
     // What is measured is real traffic: every connect got its greeting, every MiB reached
     // the sink (measure asserts both); the numbers are positive.

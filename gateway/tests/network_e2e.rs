@@ -196,7 +196,7 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
     let mut w = World::new(&tag, 20);
     w.dns = Some(upa.clone());
     let ep = w.start();
-    w.sandboxes = vec!["web", "peer", "iso", "named"];
+    w.sandboxes = vec!["web", "peer", "iso", "named", "bn", "bi"];
 
     // web: allowed upstream:80 and :8080, and its main process holds a connection to :8080
     // open, fed from a FIFO in its volume, writing what comes back to /sandbox/held.
@@ -547,6 +547,47 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
     )
     .ok();
     assert!(connect(&ep, "web", &upa, 81).starts_with("refused"));
+
+    // create → Ready, networked vs --network none: alternated, each sandbox deleted before
+    // the next round (SBX_BENCH_ROUNDS, default 3).
+    let rounds: usize = std::env::var("SBX_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .clamp(1, 50);
+    let (mut with_net, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for (name, flags, into) in [
+            (
+                "bn",
+                vec!["--allow".to_string(), format!("{upa}:80")],
+                &mut with_net,
+            ),
+            (
+                "bi",
+                vec!["--network".to_string(), "none".to_string()],
+                &mut without,
+            ),
+        ] {
+            let mut args = vec!["sandbox", "create", "-n", name];
+            args.extend(flags.iter().map(String::as_str));
+            args.extend(["--", "sleep", "3600"]);
+            let t = Instant::now();
+            sbx(&ep, &args).ok();
+            into.push(t.elapsed().as_secs_f64() * 1000.0);
+            sbx(&ep, &["sandbox", "delete", name]).ok();
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (n, i) = (median(&mut with_net), median(&mut without));
+    eprintln!(
+        "create -> Ready, median of {rounds} alternated: networked {n:.0} ms, --network none \
+         {i:.0} ms (ratio {:.2})",
+        n / i
+    );
 
     // Deletes leave nothing on the host.
     for name in ["web", "peer", "iso", "named"] {

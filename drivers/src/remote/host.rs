@@ -218,13 +218,13 @@ impl OciArgs {
         flags
     }
 
-    /// The `--network-*` flags alone (the process driver's host gets these, not the oci ones).
+    /// The `--network-*` flags alone (the process driver's host gets these, not the oci
+    /// ones); none when the network is off.
     pub fn network_flags(&self) -> Vec<OsString> {
-        let mut flags = Vec::new();
-        if let Some(cidr) = &self.network_cidr {
-            flags.push("--network-cidr".into());
-            flags.push(cidr.into());
-        }
+        let Some(cidr) = &self.network_cidr else {
+            return Vec::new();
+        };
+        let mut flags: Vec<OsString> = vec!["--network-cidr".into(), cidr.into()];
         flags.push("--network-name".into());
         flags.push(self.network_name.clone().into());
         if let Some(dns) = &self.network_dns {

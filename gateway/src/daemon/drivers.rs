@@ -333,6 +333,30 @@ mod tests {
             )),
             ["--cgroup-parent", "cg", "--hide", "/d"]
         );
+        // With a network, the process driver's host gets it too (and only its flags).
+        let mut networked = args.clone();
+        networked.oci.network_cidr = Some("10.213.0.0/16".into());
+        networked.oci.network_dns = Some("10.0.0.53:53".parse().unwrap());
+        assert_eq!(
+            text(managed_host_flags(
+                DriverKind::Process,
+                &networked,
+                Path::new("/d"),
+                &images
+            )),
+            [
+                "--cgroup-parent",
+                "cg",
+                "--hide",
+                "/d",
+                "--network-cidr",
+                "10.213.0.0/16",
+                "--network-name",
+                "sbx",
+                "--network-dns",
+                "10.0.0.53:53"
+            ]
+        );
         let oci = text(managed_host_flags(
             DriverKind::Oci,
             &args,

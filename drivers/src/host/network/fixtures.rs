@@ -236,6 +236,36 @@ except Exception as e:
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// The median time, in milliseconds, of `n` DNS queries for `name` (type A) sent one after
+/// another from inside namespace `ns` (or the host's, with `None`) to `server`:53; panics
+/// unless every one was answered NOERROR with an address.
+pub fn query_timing(ns: Option<&str>, server: Ipv4Addr, name: &str, n: usize) -> f64 {
+    let script = format!(
+        r#"import socket, struct, time, statistics
+q = struct.pack(">HHHHHH", 4660, 256, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in "{name}".split(".")) + b"\0\0\1\0\1"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+lat = []
+for _ in range({n}):
+    t = time.perf_counter(); s.sendto(q, ("{server}", 53)); r, _ = s.recvfrom(4096); lat.append(time.perf_counter() - t)
+    assert r[3] & 15 == 0 and struct.unpack(">H", r[6:8])[0] >= 1, r
+print(statistics.median(lat) * 1000)"#
+    );
+    let out = match ns {
+        Some(ns) => Command::new("ip")
+            .args(["netns", "exec", ns, "python3", "-c", &script])
+            .output(),
+        None => Command::new("python3").args(["-c", &script]).output(),
+    }
+    .expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim().parse().unwrap_or_else(|_| {
+        panic!(
+            "query timing from {ns:?}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
 /// A long-lived connection from inside `ns`: a child that connects, prints the greeting, then
 /// echoes lines from its stdin over the connection.
 pub struct Held {
