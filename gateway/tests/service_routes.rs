@@ -24,6 +24,8 @@ struct World {
     _data: DataDir,
     /// The service listener's address.
     routes: String,
+    /// Dropped last, once the data dir's containers are gone.
+    _cgroups: common::CgroupParent,
 }
 
 impl World {
@@ -51,6 +53,7 @@ impl World {
             sbxd,
             _data: data,
             routes,
+            _cgroups: common::CgroupParent(cgroup_parent),
         }
     }
 

@@ -535,12 +535,29 @@ pub fn assert_oci_left_nothing(data: &Path, cgroup_parent: &str) {
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(left, 0, "sandbox directories left");
+    remove_cgroup_parent(cgroup_parent);
+}
+
+/// Removes a test's (empty) cgroup parent from every hierarchy.
+pub fn remove_cgroup_parent(cgroup_parent: &str) {
     for entry in std::fs::read_dir("/sys/fs/cgroup")
         .into_iter()
         .flatten()
         .flatten()
     {
         let _ = std::fs::remove_dir(entry.path().join(cgroup_parent));
+    }
+}
+
+/// A cgroup parent a test gave sbxd's oci driver, removed from every hierarchy when dropped.
+/// Declare it after the `Sbxd` and the `DataDir`: it is emptied once their containers are
+/// gone.
+#[allow(dead_code)]
+pub struct CgroupParent(pub String);
+
+impl Drop for CgroupParent {
+    fn drop(&mut self) {
+        remove_cgroup_parent(&self.0);
     }
 }
 
