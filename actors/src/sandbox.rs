@@ -741,7 +741,6 @@ impl SandboxActor {
         }
     }
 
-    /// Writes the actor's view of the sandbox, checked against the version it last wrote.
     /// Records what the driver last saw the sandbox's egress policy refuse, if that changed:
     /// one write and one MODIFIED event per change, and the driver's look is itself at most
     /// every few seconds (a sandbox hammering a refused port costs that, not a write per
@@ -766,6 +765,7 @@ impl SandboxActor {
         self.persist(st).await
     }
 
+    /// Writes the actor's view of the sandbox, checked against the version it last wrote.
     async fn persist(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
         let written = st.shared.store.update(st.stored.to_update()).await?;
         st.stored = StoredSandbox::from_record(written)?;

@@ -226,6 +226,15 @@ fn egress_is_default_deny_with_a_live_allowlist_and_nothing_is_left_behind() {
     // A new gateway instance over the same state (the old one gone, its resolver with it):
     // same addresses, nothing re-made, the held connection still up, the policy still
     // enforced.
+    // While one holds the network, a second cannot take its resolver's port: refused, naming
+    // the address.
+    let second = Network::open(config(&name, 7, dir.path())).expect_err("port 53 is taken");
+    assert!(
+        second
+            .to_string()
+            .contains(&format!("cannot listen on {}:53", at_a.gateway)),
+        "{second}"
+    );
     drop(guard.net.take());
     guard.net = Some(Network::open(config(&name, 7, dir.path())).expect("reopen"));
     let reopened = guard.net.as_ref().unwrap();

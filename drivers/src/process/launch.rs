@@ -299,31 +299,23 @@ pub async fn launch(
     // On the gateway's network the workload joins the namespace host root made for it (its
     // user namespace then holds no capability over it); else a new one, loopback only.
     let mut namespaces: Vec<std::ffi::OsString> = Vec::new();
-    match network {
-        Some(attached) => {
-            let nsenter = tools.nsenter.as_ref().ok_or_else(|| {
-                DriverError::Unavailable(
-                    "a sandbox on the gateway's network needs util-linux's nsenter".into(),
-                )
-            })?;
-            crate::host::network::sandbox::write_resolv_conf(&run.dir, attached.gateway)?;
-            let mut net = std::ffi::OsString::from("--net=");
-            net.push(&attached.netns_path);
-            namespaces.extend([nsenter.clone().into_os_string(), net, "--".into()]);
-            namespaces.push(tools.unshare.clone().into_os_string());
-            namespaces
-                .extend(["--pid", "--fork", "--mount", "--uts", "--ipc", "--"].map(Into::into));
-        }
-        None => {
-            namespaces.push(tools.unshare.clone().into_os_string());
-            namespaces.extend(
-                [
-                    "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--",
-                ]
-                .map(Into::into),
-            );
-        }
+    if let Some(attached) = network {
+        let nsenter = tools.nsenter.as_ref().ok_or_else(|| {
+            DriverError::Unavailable(
+                "a sandbox on the gateway's network needs util-linux's nsenter".into(),
+            )
+        })?;
+        crate::host::network::sandbox::write_resolv_conf(&run.dir, attached.gateway)?;
+        let mut net = std::ffi::OsString::from("--net=");
+        net.push(&attached.netns_path);
+        namespaces.extend([nsenter.clone().into_os_string(), net, "--".into()]);
     }
+    namespaces.push(tools.unshare.clone().into_os_string());
+    namespaces.extend(["--pid", "--fork", "--mount", "--uts", "--ipc"].map(Into::into));
+    if network.is_none() {
+        namespaces.push("--net".into());
+    }
+    namespaces.push("--".into());
     let (program, prefix) = tools.with_closed_fds(&tools.setsid);
     let mut command = Command::new(program);
     command

@@ -3,8 +3,8 @@
 //!
 //! Each sandbox's workload runs in its own pid, mount, uts, ipc and net namespaces (hostname =
 //! sandbox name, only `lo`, up; or, made with an egress policy on a gateway with a network,
-//! the namespace `host::network` made for it, joined with `nsenter`), in its own cgroup carrying the spec's cpu and memory limits
-//! (v1 or v2, whichever the host has), with a persistent directory bound at `/sandbox`. It runs
+//! the namespace `host::network` made for it, joined with `nsenter`), in its own cgroup
+//! carrying the spec's cpu and memory limits (v1 or v2, whichever the host has), with a persistent directory bound at `/sandbox`. It runs
 //! as uid 0 of a user namespace of its own that is host uid 200000 outside (the id map,
 //! [`ProcessDriverOptions::id_map`]), with no capabilities and `no_new_privs`; that user
 //! namespace owns none of the other namespaces, so root inside can change none of them (see

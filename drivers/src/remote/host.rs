@@ -124,9 +124,9 @@ pub struct OciArgs {
     pub cgroup_parent: String,
 
     /// Give sandboxes made with `--network policy` (oci and process drivers) a network: a
-    /// bridge (<--network-name>0)
-    /// holding this IPv4 network's first address, an address per sandbox leased by its UUID,
-    /// and their egress policies enforced by one nftables table (`inet <--network-name>`).
+    /// bridge (<--network-name>0) holding this IPv4 network's first address, an address per
+    /// sandbox leased by its UUID, and their egress policies enforced by one nftables table
+    /// (`inet <--network-name>`).
     /// Refused at startup if it overlaps a network the host routes. Turns on IPv4 forwarding.
     /// Off unless given; then every sandbox has loopback only. Suggested: 10.213.0.0/16.
     #[arg(

@@ -373,7 +373,8 @@ fn ask_upstream(upstream: SocketAddr, q: &Message) -> Option<Message> {
     .ok()?;
     socket.connect(upstream).ok()?;
     socket.set_read_timeout(Some(UPSTREAM_TIMEOUT)).ok()?;
-    let id = u16::from_be_bytes([Uuid::new_v4().as_bytes()[0], Uuid::new_v4().as_bytes()[1]]);
+    let random = Uuid::new_v4();
+    let id = u16::from_be_bytes([random.as_bytes()[0], random.as_bytes()[1]]);
     let mut out = q.clone();
     out.set_id(id);
     let bytes = out.to_vec().ok()?;
