@@ -20,6 +20,7 @@ fn main() -> ExitCode {
             return sbx_agent::tools::main(tool, &args[1..]);
         }
         Some("serve") => {
+            not_dumpable();
             sbx_agent::signals::reset();
             sbx_agent::signals::ignore_broken_pipe();
         }
@@ -32,7 +33,10 @@ fn main() -> ExitCode {
             };
         }
         // The logger of one of the main process's streams: see the library's `log` module.
-        Some("log") => return outcome("log", sbx_agent::log::run(&args[1..])),
+        Some("log") => {
+            not_dumpable();
+            return outcome("log", sbx_agent::log::run(&args[1..]));
+        }
         // One copy of a stopped sandbox's files, on the host: see the library's `offline`.
         Some("offline") => {
             sbx_agent::signals::ignore_broken_pipe();
@@ -82,6 +86,19 @@ fn main() -> ExitCode {
             eprintln!("sbx-agent: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The agent and the loggers hold what the workload must not reach (the listening socket, the
+/// pipes and terminals of every exec, the log file): not dumpable, so that no process of the
+/// sandbox without `CAP_SYS_PTRACE` — none has it — can open their `/proc/<pid>/mem` or
+/// `fd/`, or attach to them, even one of the same uid. (An exec'd command is a program of its
+/// own again, dumpable once it runs: see the driver's known limits.)
+fn not_dumpable() {
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        eprintln!("sbx-agent: cannot make itself undumpable: {e}");
     }
 }
 

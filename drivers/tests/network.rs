@@ -625,3 +625,189 @@ fn the_network_costs_measured_side_by_side() {
     assert_eq!(left_on_host(&name, &[a]), Vec::<String>::new());
     drop(up);
 }
+
+/// A query for `name` (type A) with one additional record of its own: a TXT record of
+/// `payload` bytes (what a workload would smuggle out inside a query for an allowed name).
+/// What the answer's rcode was, or `error …`.
+fn resolve_with_payload(ns: &str, server: Ipv4Addr, name: &str, payload: usize) -> String {
+    let script = format!(
+        r#"import socket, struct
+qn = b"".join(bytes([len(l)]) + l.encode() for l in "{name}".split(".")) + b"\0"
+txt = b"".join(bytes([len(c)]) + c for c in [b"x" * 200] * ({payload} // 200))
+ar = b"\xc0\x0c" + struct.pack(">HHIH", 16, 1, 0, len(txt)) + txt
+q = struct.pack(">HHHHHH", 4661, 256, 1, 0, 0, 1) + qn + b"\0\1\0\1" + ar
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+try:
+    s.sendto(q, ("{server}", 53)); r, _ = s.recvfrom(4096); print("rcode", r[3] & 15)
+except Exception as e:
+    print("error", type(e).__name__, e)"#
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "python3", "-c", &script])
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn answers_cannot_rebind_a_sandbox_queries_carry_only_their_question_and_a_flood_delays_only_its_sender()
+ {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("r{:04x}", std::process::id() & 0xffff);
+    let name = format!("t{tag}");
+    let third = 14;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let gw = Ipv4Addr::new(10, 253, third, 1);
+    // The sandboxes' addresses are leased in order: a .2, b .3, c .4.
+    let neighbour = Ipv4Addr::new(10, 253, third, 3);
+    let host_side = Ipv4Addr::new(10, 251, third, 1);
+    let log = dir.path().join("queries.log");
+    let up = Upstream::with_names_logged(
+        &tag,
+        third,
+        &[80],
+        &[
+            ("up.sbx.test", Ipv4Addr::new(10, 251, third, 2)),
+            ("bridge.sbx.test", gw),
+            ("neighbour.sbx.test", neighbour),
+            ("host.sbx.test", host_side),
+            ("loop.sbx.test", Ipv4Addr::new(127, 0, 0, 1)),
+            ("meta.sbx.test", Ipv4Addr::new(169, 254, 169, 254)),
+        ],
+        Some(&log),
+    );
+    let mut guard = Net {
+        net: None,
+        ids: vec![a, b, c],
+        name: name.clone(),
+    };
+    let mut cfg = config(&name, third, dir.path());
+    cfg.dns_upstream = Some((up.addr, 53).into());
+    guard.net = Some(Network::open(cfg).expect("network"));
+    let net = guard.net.as_ref().unwrap();
+    let list = parse_allowlist(&[
+        "up.sbx.test:80",
+        "bridge.sbx.test:80",
+        "neighbour.sbx.test:80",
+        "host.sbx.test:80",
+        "loop.sbx.test:80",
+        "meta.sbx.test:80",
+    ])
+    .unwrap();
+    let at = net.attach(a, &list).unwrap();
+    assert_eq!(at.gateway, gw);
+    net.attach(b, &list).unwrap();
+    net.attach(c, &list).unwrap();
+    let (ns_a, ns_b) = (format!("{name}-{a}"), format!("{name}-{b}"));
+
+    // Rebinding: an allowed name answered with the bridge's, a neighbour's, the host's, a
+    // loopback or a link-local address admits nothing and is refused.
+    for (bad, addr) in [
+        ("bridge.sbx.test", gw),
+        ("neighbour.sbx.test", neighbour),
+        ("host.sbx.test", host_side),
+        ("loop.sbx.test", Ipv4Addr::new(127, 0, 0, 1)),
+        ("meta.sbx.test", Ipv4Addr::new(169, 254, 169, 254)),
+    ] {
+        assert_eq!(resolve_from(&ns_a, gw, bad), "rcode 5", "{bad}");
+        let reached = connect_from(&ns_a, addr, 80);
+        assert!(reached.starts_with("error"), "{bad} -> {addr}: {reached}");
+    }
+    assert!(
+        net.refused_names(a)
+            .iter()
+            .any(|(n, _)| n == "neighbour.sbx.test"),
+        "a refused answer is recorded"
+    );
+    assert_eq!(
+        resolve_from(&ns_a, gw, "up.sbx.test"),
+        format!("rcode 0 {}", up.addr),
+        "an ordinary answer still admits"
+    );
+
+    // Only the question goes upstream: a query for an allowed name carrying a 1 KB TXT
+    // record of the sandbox's reaches the upstream with no additional record, and short.
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(
+        resolve_with_payload(&ns_a, gw, "up.sbx.test", 1000),
+        "rcode 0"
+    );
+    let seen = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = seen.lines().collect();
+    assert!(!lines.is_empty(), "the upstream got the query");
+    for line in &lines {
+        let f: Vec<usize> = line.split(' ').map(|n| n.parse().unwrap()).collect();
+        assert!(
+            f[0] < 100 && f[1] == 0 && f[2] == 0,
+            "the upstream got {line}"
+        );
+    }
+
+    // A flood: b sends queries for an allowed name as fast as it can for 4 s, while a asks
+    // 200 times, one after another; a's answers stay quick.
+    let flood = format!(
+        r#"import socket, struct, time
+q = struct.pack(">HHHHHH", 1, 256, 1, 0, 0, 0) + b"\2up\3sbx\4test\0\0\1\0\1"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setblocking(False)
+end = time.time() + 4; n = 0
+while time.time() < end:
+    try: s.sendto(q, ("{gw}", 53)); n += 1
+    except BlockingIOError: pass
+    try: s.recv(4096)
+    except BlockingIOError: pass
+print(n)"#
+    );
+    let probe_script = format!(
+        r#"import socket, struct, time
+q = struct.pack(">HHHHHH", 4660, 256, 1, 0, 0, 0) + b"\2up\3sbx\4test\0\0\1\0\1"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)
+lat = []
+for _ in range(200):
+    t = time.perf_counter()
+    try:
+        s.sendto(q, ("{gw}", 53)); s.recvfrom(4096); lat.append(time.perf_counter() - t)
+    except socket.timeout:
+        lat.append(1.0)
+lat.sort(); print(lat[len(lat) * 99 // 100] * 1000, lat[len(lat) // 2] * 1000)"#
+    );
+    // (p99, p50) in ms of 200 queries of a, one after another.
+    let probe = || {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns_a, "python3", "-c", &probe_script])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut f = text.split_whitespace().map(|v| v.parse::<f64>().unwrap());
+        (f.next().unwrap(), f.next().unwrap())
+    };
+    let (quiet_p99, quiet_p50) = probe();
+    let flooder = Command::new("ip")
+        .args(["netns", "exec", &ns_b, "python3", "-c", &flood])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (p99, p50) = probe();
+    let flooded = flooder.wait_with_output().unwrap();
+    let sent: u64 = String::from_utf8_lossy(&flooded.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    println!(
+        "flood: {sent} queries from b in 4 s; a's answers p50 {p50:.2} ms, p99 {p99:.2} ms \
+         (without the flood: p50 {quiet_p50:.2} ms, p99 {quiet_p99:.2} ms)"
+    );
+    assert!(sent > 10_000, "the flood sent only {sent} queries");
+    assert!(p99 < 50.0, "a's p99 was {p99:.1} ms while b flooded");
+
+    for id in [a, b, c] {
+        net.detach(id).unwrap();
+    }
+    net.teardown().unwrap();
+    guard.net = None;
+    assert_eq!(left_on_host(&name, &[a, b, c]), Vec::<String>::new());
+    drop(up);
+}

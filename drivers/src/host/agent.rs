@@ -621,8 +621,8 @@ where
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
-/// The last line the agent of the sandbox's current run wrote to its log (`run-*/agent.log`),
-/// as `: it said "…"`, or nothing.
+/// The last line the agent of the sandbox's current run wrote to its log (`run-*/agent.log`,
+/// at most its last 4 KiB, read through [`super::safefs`]), as `: it said "…"`, or nothing.
 fn agent_said(sandbox_dir: &Path) -> String {
     let Ok(entries) = std::fs::read_dir(sandbox_dir) else {
         return String::new();
@@ -630,8 +630,14 @@ fn agent_said(sandbox_dir: &Path) -> String {
     entries
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("run-"))
-        .filter_map(|e| std::fs::read_to_string(e.path().join("agent.log")).ok())
-        .filter_map(|log| log.lines().last().map(str::to_string))
+        .filter_map(|e| {
+            let rel = Path::new(&e.file_name()).join("agent.log");
+            super::safefs::read_tail_beneath(sandbox_dir, &rel, 4096).ok()
+        })
+        .filter_map(|log| {
+            let log = String::from_utf8_lossy(&log).into_owned();
+            log.lines().last().map(|l| super::safefs::printable(l, 256))
+        })
         .next()
         .map(|line| format!(": it said {line:?}"))
         .unwrap_or_default()

@@ -272,12 +272,19 @@ pub(crate) fn tail_entries(entries: &[Entry], lines: u32) -> &[Entry] {
 /// What was appended to the log since `offset`, the workload's bytes without the records'
 /// prefixes, trimmed ("no output" when nothing was): what a failed launch said.
 pub(crate) fn log_since(log: &Path, offset: u64) -> String {
-    let text = std::fs::read(log).unwrap_or_default();
-    let start = usize::try_from(offset).unwrap_or(0).min(text.len());
-    let said: Vec<u8> = parse_all(&text[start..])
-        .into_iter()
-        .flat_map(|e| e.data)
-        .collect();
+    // At most the last 16 KiB of it: a launch that failed after a flood of output is told by
+    // its end.
+    const MAX: u64 = 16 * 1024;
+    let text = std::fs::File::open(log)
+        .and_then(|mut file| {
+            let len = file.metadata()?.len();
+            file.seek(SeekFrom::Start(offset.max(len.saturating_sub(MAX))))?;
+            let mut data = Vec::new();
+            file.take(MAX).read_to_end(&mut data)?;
+            Ok(data)
+        })
+        .unwrap_or_default();
+    let said: Vec<u8> = parse_all(&text).into_iter().flat_map(|e| e.data).collect();
     let tail = String::from_utf8_lossy(&said).trim().to_string();
     if tail.is_empty() {
         "no output".to_string()

@@ -18,7 +18,10 @@
 //! - [`lock`] — at most one live driver instance per state directory (an exclusive `flock` on
 //!   `<state_dir>/driver.lock`, released by the kernel when the driver's process dies), and
 //!   [`locked`], a mutex lock that survives poisoning.
-//! - [`procfs`] — a process's identity (pid + start time) and whether it still runs.
+//! - [`procfs`] — a process's identity (pid + start time), whether it still runs, whether it
+//!   is a sandbox's own (its cgroup), and a signal sent only to such a process (by pidfd).
+//! - [`safefs`] — reads of files a sandbox may have had a hand in: beneath a root, no link
+//!   followed, regular files only, bounded.
 //! - [`observe`] — the observed state of a run (running, exited with what, lost, OOM-killed)
 //!   derived from what the gateway last asked ([`Desired`]) and the facts found ([`RunFacts`]).
 //! - [`contract`] — the contract's rules for a create or start of a sandbox already known.
@@ -46,6 +49,7 @@ pub(crate) mod observe;
 pub(crate) mod procfs;
 pub(crate) mod records;
 pub(crate) mod run;
+pub(crate) mod safefs;
 
 pub(crate) use command::validate_command;
 pub(crate) use lifecycle::{Alive, HostDriver};

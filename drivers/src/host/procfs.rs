@@ -69,6 +69,49 @@ pub fn is_alive(identity: &ProcessIdentity) -> bool {
     }
 }
 
+/// Whether `pid` is in a cgroup of sandbox `sandbox_id`: a line of its `/proc/<pid>/cgroup`
+/// has a path segment named by the id (the oci driver's `/<parent>/<id>`, the process
+/// driver's `sbx-<id>`). A sandbox's process cannot leave its cgroups (their files are host
+/// root's), and no host process is in them: the proof that a pid is the sandbox's own, which
+/// a pid and start time read from a file can never be.
+pub fn in_sandbox_cgroup(pid: i32, sandbox_id: &str) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return false;
+    };
+    text.lines().any(|line| {
+        line.splitn(3, ':')
+            .nth(2)
+            .is_some_and(|path| path.split('/').any(|seg| seg.ends_with(sandbox_id)))
+    })
+}
+
+/// Whether `identity` still runs (see [`is_alive`]) and is sandbox `sandbox_id`'s own (see
+/// [`in_sandbox_cgroup`]).
+pub fn is_sandbox_process(identity: &ProcessIdentity, sandbox_id: &str) -> bool {
+    is_alive(identity) && in_sandbox_cgroup(identity.pid, sandbox_id)
+}
+
+/// Sends `signal` to `identity` if it is sandbox `sandbox_id`'s own process, through a pidfd
+/// opened first and checked after: between the check and the signal the pid cannot come to
+/// name another process (a pidfd names one process for its life). Returns whether it was
+/// sent.
+pub fn signal_sandbox_process(
+    identity: &ProcessIdentity,
+    sandbox_id: &str,
+    signal: rustix::process::Signal,
+) -> bool {
+    let Some(pid) = rustix::process::Pid::from_raw(identity.pid) else {
+        return false;
+    };
+    let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        return false;
+    };
+    if !is_sandbox_process(identity, sandbox_id) {
+        return false;
+    }
+    rustix::process::pidfd_send_signal(&pidfd, signal).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +151,30 @@ mod tests {
         ] {
             assert_eq!(parse_stat_line(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_process_outside_the_sandboxs_cgroups_is_not_its_own_and_is_not_signalled() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let identity = read_stat(child.id() as i32).unwrap().identity;
+        let id = "0b9c3c1e-6f1a-4c50-9a57-1d2a3b4c5d6e";
+        assert!(is_alive(&identity));
+        assert!(!in_sandbox_cgroup(identity.pid, id));
+        assert!(!is_sandbox_process(&identity, id));
+        assert!(!signal_sandbox_process(
+            &identity,
+            id,
+            rustix::process::Signal::KILL
+        ));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the host process was signalled"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

@@ -10,56 +10,101 @@
 //! not found (checked by the init before it runs it), the init writes its name to
 //! `not-found` and `127` to `exit`: the Error then says `command not found: NAME`, not what
 //! a wrapper or the runtime would have said.
+//!
+//! **Invariant:** the run directory is host root's: the sandbox's init writes its words into
+//! files the driver made and handed it open (the oci driver passes them as descriptors), so
+//! nothing in it is the sandbox's to replace. Every file of it is still read through
+//! [`safefs`] (beneath the sandbox's directory, no link followed, regular files only,
+//! bounded), and a pid read from it is acted on only once its start time and its cgroup
+//! prove it is the sandbox's own ([`procfs::signal_sandbox_process`]): a run directory an
+//! earlier driver handed to its sandbox, found again after an upgrade, steers nothing.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use rustix::process::Signal;
 use uuid::Uuid;
 
 use super::observe::{self, Desired, Observed, RunFacts};
 use super::procfs::{self, ProcessIdentity};
+use super::safefs;
+
+/// The most of `init` (a `/proc/<pid>/stat` line) that is read.
+const MAX_INIT: u64 = 4096;
+/// The most of `exit` (a number and a newline) that is read.
+const MAX_EXIT: u64 = 32;
+/// The most of `not-found` (a command's name) that is read, and shown.
+const MAX_NOT_FOUND: u64 = 512;
+const SHOWN_NOT_FOUND: usize = 128;
 
 /// The files of one run of the workload.
 #[derive(Debug, Clone)]
 pub(crate) struct RunDir {
     pub dir: PathBuf,
+    /// The sandbox's directory: every file of the run is opened beneath it.
+    sandbox_dir: PathBuf,
+    /// The run directory's name in it.
+    name: String,
+    /// The sandbox's id (its directory's name): a pid is acted on only while it is in a
+    /// cgroup named by it.
+    sandbox_id: String,
 }
 
 impl RunDir {
-    /// The run directory named `run_id` of the sandbox whose directory is `sandbox_dir`.
+    /// The run directory named `run_id` of the sandbox whose directory is `sandbox_dir`
+    /// (named by the sandbox's id).
     pub(crate) fn new(sandbox_dir: &Path, run_id: &str) -> RunDir {
+        let name = format!("run-{run_id}");
         RunDir {
-            dir: sandbox_dir.join(format!("run-{run_id}")),
+            dir: sandbox_dir.join(&name),
+            sandbox_dir: sandbox_dir.to_path_buf(),
+            name,
+            sandbox_id: sandbox_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
         }
+    }
+
+    /// A complete line (up to its final newline) of the run's file `file`, read as
+    /// [`safefs::read_beneath`] does, at most `max` bytes.
+    fn line(&self, file: &str, max: u64) -> Option<String> {
+        let rel = Path::new(&self.name).join(file);
+        let bytes = safefs::read_beneath(&self.sandbox_dir, &rel, max).ok()?;
+        let text = String::from_utf8(bytes).ok()?;
+        text.ends_with('\n').then_some(text)
+    }
+
+    /// Whether `init` is this sandbox's own process and still runs.
+    fn is_ours(&self, init: &ProcessIdentity) -> bool {
+        procfs::is_sandbox_process(init, &self.sandbox_id)
     }
 
     pub(crate) fn init(&self) -> PathBuf {
         self.dir.join("init")
     }
 
-    pub(crate) fn exit(&self) -> PathBuf {
-        self.dir.join("exit")
-    }
-
     /// The identity of the run's init, as it was recorded.
     pub(crate) fn read_init(&self) -> Option<ProcessIdentity> {
-        let line = complete_line(&self.init())?;
+        let line = self.line("init", MAX_INIT)?;
         procfs::parse_stat_line(&line).map(|s| s.identity)
     }
 
     /// The wait status of the run's main process, once the init has written it.
     pub(crate) fn read_exit(&self) -> Option<i32> {
-        complete_line(&self.exit())?.trim().parse().ok()
+        self.line("exit", MAX_EXIT)?.trim().parse().ok()
     }
 
-    /// The main command the init did not find, if it wrote one.
+    /// The main command the init did not find, if it wrote one: the sandbox's words, so
+    /// shown short and printable.
     pub(crate) fn read_not_found(&self) -> Option<String> {
-        let line = complete_line(&self.dir.join("not-found"))?;
-        Some(line.trim_end_matches('\n').to_string())
+        let line = self.line("not-found", MAX_NOT_FOUND)?;
+        Some(safefs::printable(
+            line.trim_end_matches('\n'),
+            SHOWN_NOT_FOUND,
+        ))
     }
 
     /// The run observed: [`observe::observe`] of its [`RunDir::facts`], and a status 127
@@ -91,7 +136,7 @@ impl RunDir {
         oom_kills_rose: impl FnOnce() -> bool,
     ) -> (RunFacts, Option<ProcessIdentity>) {
         let init = self.read_init();
-        let alive = init.as_ref().is_some_and(procfs::is_alive);
+        let alive = init.as_ref().is_some_and(|i| self.is_ours(i));
         // Read after the liveness check: the init writes the status before it ends.
         let exit_status = if alive { None } else { self.read_exit() };
         let oom_killed =
@@ -106,9 +151,15 @@ impl RunDir {
         (facts, init)
     }
 
-    /// The run's init, if it still runs.
+    /// The run's init, if it still runs (and is the sandbox's own).
     pub(crate) fn live_init(&self) -> Option<ProcessIdentity> {
-        self.read_init().filter(procfs::is_alive)
+        self.read_init().filter(|i| self.is_ours(i))
+    }
+
+    /// Sends `signal` to the run's init `init`, if it is still the sandbox's own (checked
+    /// through a pidfd, see [`procfs::signal_sandbox_process`]).
+    fn signal(&self, init: &ProcessIdentity, signal: Signal) -> bool {
+        procfs::signal_sandbox_process(init, &self.sandbox_id, signal)
     }
 
     /// SIGTERM to the run's init, if it runs (the init passes it on to the workload), and
@@ -121,15 +172,14 @@ impl RunDir {
     ) -> Option<ProcessIdentity> {
         let init = self.live_init()?;
         tracing::info!(%sandbox_id, %init, ?grace, "ending the workload");
-        let pid = Pid::from_raw(init.pid);
-        let _ = kill(pid, Signal::SIGTERM);
+        self.signal(&init, Signal::TERM);
         let deadline = tokio::time::Instant::now() + grace;
-        while procfs::is_alive(&init) && tokio::time::Instant::now() < deadline {
+        while self.is_ours(&init) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if procfs::is_alive(&init) {
+        if self.is_ours(&init) {
             tracing::warn!(%sandbox_id, ?grace, "SIGTERM not heeded; SIGKILL");
-            let _ = kill(pid, Signal::SIGKILL);
+            self.signal(&init, Signal::KILL);
         }
         Some(init)
     }
@@ -139,7 +189,7 @@ impl RunDir {
     pub(crate) fn finish_interrupted_stop(&self, sandbox_id: Uuid) {
         if let Some(init) = self.live_init() {
             tracing::warn!(%sandbox_id, %init, "finishing an interrupted stop");
-            let _ = kill(Pid::from_raw(init.pid), Signal::SIGKILL);
+            self.signal(&init, Signal::KILL);
         }
     }
 }
@@ -152,12 +202,6 @@ pub(crate) fn remove_runs(sandbox_dir: &Path) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The file's text if it is a complete line (written to its final newline), else `None`.
-pub(crate) fn complete_line(path: &Path) -> Option<String> {
-    let text = fs::read_to_string(path).ok()?;
-    text.ends_with('\n').then_some(text)
 }
 
 #[cfg(test)]
@@ -179,7 +223,7 @@ mod tests {
             "42 (sh) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 555 0 0\n",
         )
         .unwrap();
-        fs::write(run.exit(), "137\n").unwrap();
+        fs::write(run.dir.join("exit"), "137\n").unwrap();
         assert_eq!(
             run.read_init(),
             Some(ProcessIdentity {
@@ -190,7 +234,7 @@ mod tests {
         assert_eq!(run.read_exit(), Some(137));
         assert_eq!(old.read_exit(), None, "runs do not share files");
         // Half-written files (no final newline yet) are not read.
-        fs::write(run.exit(), "13").unwrap();
+        fs::write(run.dir.join("exit"), "13").unwrap();
         fs::write(
             run.init(),
             "42 (sh) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 55",

@@ -26,7 +26,8 @@ use crate::image::IdMap;
 pub const INIT_MOUNT: &str = "/dev/.sbx";
 /// The file of the run directory bound at `/etc/hostname` (the sandbox's name and a newline).
 pub const HOSTNAME_FILE: &str = "hostname";
-/// Where the run directory (the init writes the main process's status there) appears inside.
+/// The init's own scratch directory inside (its FIFOs and the stop mark): a small tmpfs of
+/// the sandbox's, which host code never opens.
 pub const RUN_MOUNT: &str = "/dev/.sbx-run";
 /// Where the persistent volume appears inside.
 pub const VOLUME_MOUNT: &str = "/sandbox";
@@ -216,7 +217,20 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
         ),
         bind(VOLUME_MOUNT, run.volume, &["rw", "nosuid", "nodev"]),
         bind(INIT_MOUNT, run.init_dir, &["ro", "nosuid", "nodev"]),
-        bind(RUN_MOUNT, run.run_dir, &["rw", "nosuid", "nodev", "noexec"]),
+        mount(
+            RUN_MOUNT,
+            "tmpfs",
+            "tmpfs",
+            &[
+                "nosuid",
+                "nodev",
+                "noexec",
+                "mode=0700",
+                &format!("uid={}", run.user.uid),
+                &format!("gid={}", run.user.gid),
+                "size=64k",
+            ],
+        ),
         // `cat /etc/hostname` agrees with `hostname`: the image's file (if any) would name
         // the machine it was built on. Read-only: the name is the sandbox's, set at create.
         bind(

@@ -55,7 +55,7 @@ mod service;
 mod streams;
 
 use std::fs::File;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,7 +80,10 @@ pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
 /// The init of every oci sandbox, run by the static busybox at `/dev/.sbx/busybox` as
 /// `sh /dev/.sbx/init RUN_DIR COMMAND…` (only shell builtins: the image may have no tools).
 pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the command, passes SIGTERM on to every process of
-# the sandbox, reaps orphans, and records the command's status in the run directory.
+# the sandbox, reaps orphans, and records the command's status in files the driver made and
+# handed over open: fd 4 takes the status, fd 5 the name of a command not found, fd 6 the
+# agent's words; fd 3 is the agent's listening socket. `$1` is a tmpfs of the sandbox's own
+# (its FIFOs and the stop mark), which host code never opens.
 # A stop's TERM (which pid 1 of a namespace would drop without a trap) is passed on to every
 # process of the sandbox, and marked in `stopping` first: a TERM can miss the main process, one
 # that comes before it is forked or while it is (a forked shell drops what its parent's trap
@@ -90,10 +93,10 @@ run="$1"; shift
 trap ': > "$run/stopping"; kill -TERM -1 2>/dev/null' TERM INT
 # Looked up as `sbx-agent run` will run it (a program on PATH, not one of this busybox's
 # applets or a shell builtin, which `command -v` would also find).
-if ! /dev/.sbx/sbx-agent which "$1"; then
+if ! /dev/.sbx/sbx-agent which "$1" 3<&- 4>&- 5>&- 6>&-; then
   echo "command not found: $1" >&2
-  printf '%s\n' "$1" > "$run/not-found"
-  printf '127\n' > "$run/exit"
+  printf '%s\n' "$1" >&5
+  printf '127\n' >&4
   exit 127
 fi
 # The main process's stdout and stderr each go through a FIFO to a logger (`sbx-agent log`),
@@ -101,22 +104,22 @@ fi
 # A logger opens its FIFO once it is ready for signals, and the main process's open of it
 # waits for that. The loggers ignore SIGTERM: they outlive the main process.
 /dev/.sbx/busybox mkfifo "$run/stdout.fifo" "$run/stderr.fifo" || exit 125
-/dev/.sbx/sbx-agent log stdout "$run/stdout.fifo" 3<&- &
+/dev/.sbx/sbx-agent log stdout "$run/stdout.fifo" 3<&- 4>&- 5>&- 6>&- &
 out=$!
-/dev/.sbx/sbx-agent log stderr "$run/stderr.fifo" 3<&- &
+/dev/.sbx/sbx-agent log stderr "$run/stderr.fifo" 3<&- 4>&- 5>&- 6>&- &
 err=$!
 # The main process through `sbx-agent run`, which puts back the SIGINT and SIGQUIT this
 # shell's `&` ignores; then the exec agent, on the listening socket the driver handed over as
 # fd 3, which only the agent keeps: if it ends, a connection is refused rather than left
-# waiting.
+# waiting. Neither keeps the status files.
 (
   [ ! -e "$run/stopping" ] || exit 143
   exec >"$run/stdout.fifo" 2>"$run/stderr.fifo"
   exec /dev/.sbx/sbx-agent run "$@"
-) 3<&- &
+) 3<&- 4>&- 5>&- 6>&- &
 child=$!
-/dev/.sbx/sbx-agent serve 2>>"$run/agent.log" &
-exec 3<&-
+/dev/.sbx/sbx-agent serve 2>&6 4>&- 5>&- 6>&- &
+exec 3<&- 6>&-
 while :; do
   wait "$child"; st=$?
   kill -0 "$child" 2>/dev/null || break
@@ -127,7 +130,7 @@ kill -USR1 "$out" "$err" 2>/dev/null
 for p in "$out" "$err"; do
   while kill -0 "$p" 2>/dev/null; do wait "$p"; done
 done
-printf '%s\n' "$st" > "$run/exit"
+printf '%s\n' "$st" >&4
 exit "$st"
 "#;
 
@@ -502,7 +505,23 @@ impl Inner {
         let id = record.sandbox_id.to_string();
         let run = paths.run(&record.run_id);
         let io = |what: &str, e: std::io::Error| internal(what, e);
+        // The run directory is host root's (0711: the container's init walks through it to the
+        // files bound into the sandbox, and can neither list nor change it). What the init
+        // says goes into files made here and handed to it open (see INIT_SCRIPT).
         std::fs::create_dir_all(&run.dir).map_err(|e| io("making the run directory", e))?;
+        std::fs::set_permissions(&run.dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| io("setting the run directory's mode", e))?;
+        let mut handed = Vec::new();
+        for name in record::INIT_OUTPUTS {
+            let file = std::fs::OpenOptions::new()
+                .append(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc_nofollow())
+                .open(run.dir.join(name))
+                .map_err(|e| io(&format!("making the run's {name}"), e))?;
+            handed.push(std::os::fd::OwnedFd::from(file));
+        }
         // No container holds the id here (no `runc delete` first, ≈ 3 ms a launch): a known
         // sandbox is terminated (its container deleted) before every new run, a new id has
         // never had one, and `open` deletes the containers no record owns.
@@ -515,20 +534,9 @@ impl Inner {
         .map_err(DriverError::Internal)?;
         let user = rootfs::resolve_user(&record.image.user, &paths.rootfs)
             .map_err(|e| DriverError::InvalidArgument(format!("the image's user: {e}")))?;
-        // The init (running as the image's user) writes the main process's status here.
-        let owner = self.opts.id_map.host_uid + user.uid;
-        let group = self.opts.id_map.host_gid + user.gid;
-        nix::unistd::chown(
-            &run.dir,
-            Some(nix::unistd::Uid::from_raw(owner)),
-            Some(nix::unistd::Gid::from_raw(group)),
-        )
-        .map_err(|e| internal("handing the run directory to the sandbox", e))?;
-        std::fs::set_permissions(&run.dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| io("setting the run directory's mode", e))?;
-        std::fs::write(
-            run.dir.join(bundle::HOSTNAME_FILE),
-            format!("{}\n", record.name),
+        write_host_file(
+            &run.dir.join(bundle::HOSTNAME_FILE),
+            format!("{}\n", record.name).as_bytes(),
         )
         .map_err(|e| io("writing the sandbox's hostname file", e))?;
         let attached = network::sandbox::attach(
@@ -574,15 +582,11 @@ impl Inner {
         write_config(&spec)?;
         let log_start = std::fs::metadata(&paths.log).map(|m| m.len()).unwrap_or(0);
         let agent = crate::host::agent::Listener::bind(&paths.dir)?;
+        let mut fds = vec![agent.fd];
+        fds.extend(handed);
         let launched = self
             .runtime
-            .run_detached(
-                &id,
-                &paths.bundle,
-                &record::pid_file(&run),
-                &paths.log,
-                agent.fd,
-            )
+            .run_detached(&id, &paths.bundle, &record::pid_file(&run), &paths.log, fds)
             .await;
         // The runtime has read the config: the run's own variables (credentials) leave the
         // disk; what stays says what the image and the spec give.
@@ -596,14 +600,23 @@ impl Inner {
                 log_since(&paths.log, log_start)
             )));
         }
-        let pid: i32 = std::fs::read_to_string(record::pid_file(&run))
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .ok_or_else(|| DriverError::Internal("the runtime wrote no pid file".to_string()))?;
+        let pid: i32 =
+            crate::host::safefs::read_beneath(&run.dir, std::path::Path::new(record::PID_FILE), 64)
+                .ok()
+                .and_then(|t| String::from_utf8(t).ok()?.trim().parse().ok())
+                .ok_or_else(|| {
+                    DriverError::Internal("the runtime wrote no pid file".to_string())
+                })?;
+        // The init is recorded only once it proves to be the container's: in its cgroup.
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map_err(|e| internal("reading the container init's identity", e))?;
+        if !procfs::in_sandbox_cgroup(pid, &id) {
+            return Err(DriverError::Internal(format!(
+                "the runtime's pid {pid} is not in the sandbox's cgroup"
+            )));
+        }
         let line = format!("{}\n", stat.trim_end());
-        std::fs::write(run.init(), line).map_err(|e| io("recording the init", e))?;
+        write_host_file(&run.init(), line.as_bytes()).map_err(|e| io("recording the init", e))?;
         Ok(())
     }
 }
@@ -624,6 +637,26 @@ mod tests {
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         check_walkable(&closed.join("oci")).unwrap();
     }
+}
+
+/// `O_NOFOLLOW`: a file the driver makes or writes in a run directory is never reached through
+/// a link.
+fn libc_nofollow() -> i32 {
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+}
+
+/// Writes `bytes` to a new file `path` in a directory of host root's (mode 0444; made anew,
+/// never through a link, never into an existing file).
+fn write_host_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .custom_flags(libc_nofollow())
+        .open(path)?;
+    file.write_all(bytes)
 }
 
 /// The container's `KEY=VALUE` environment: the image's and the spec's (`image_env`), then the

@@ -13,14 +13,20 @@
 //!                                               to the root filesystem, kept until delete
 //! <state_dir>/sandboxes/<id>/volume/            /sandbox inside
 //! <state_dir>/sandboxes/<id>/workload.log       stdout and stderr of the workload
-//! <state_dir>/sandboxes/<id>/run-<run_id>/      one run: `init` (the init's /proc stat
-//!                                               line), `exit` (written by the init inside,
-//!                                               bound at /dev/.sbx-run), `pid` (runc's)
+//! <state_dir>/sandboxes/<id>/run-<run_id>/      one run, host root's (0711, never bound
+//!                                               into the sandbox): `init` (the init's /proc
+//!                                               stat line, written by the driver), `pid`
+//!                                               (runc's), `exit`, `not-found`, `agent.log`
+//!                                               (made by the driver, written by the init
+//!                                               through descriptors), `hostname` and
+//!                                               `resolv.conf` (0444, bound read-only)
 //! <state_dir>/trash/                            sandboxes being deleted
 //! ```
 //!
 //! The record is read and written by the kit (`host::records`: atomic writes, the format
 //! check, the trash), and so are the run directory's `init` and `exit` (`host::run`).
+//! Nothing under a sandbox's directory is the sandbox's to write but `upper/` and `volume/`,
+//! which host code opens only through `host::safefs` or as the sandbox's own uid.
 //!
 //! Every directory on the way to a rootfs is mode 0711: the runtime's container init runs as
 //! the sandbox's unprivileged host uid and must be able to walk to the rootfs and to the
@@ -127,9 +133,17 @@ impl SandboxPaths {
     }
 }
 
+/// The run directory's file the runtime writes the pid of the run's container init to.
+pub const PID_FILE: &str = "pid";
+
+/// The run directory's files the sandbox's init writes to, made by the driver and handed to
+/// it open as fds 4, 5 and 6 (in this order): the main process's status, the name of a main
+/// command not found, the exec agent's log.
+pub const INIT_OUTPUTS: [&str; 3] = ["exit", "not-found", "agent.log"];
+
 /// Where the runtime writes the pid of the run's container init.
 pub fn pid_file(run: &RunDir) -> PathBuf {
-    run.dir.join("pid")
+    run.dir.join(PID_FILE)
 }
 
 pub fn runtime_root(state_dir: &Path) -> PathBuf {

@@ -103,7 +103,7 @@ impl Runtime {
         bundle: &Path,
         pid_file: &Path,
         log: &Path,
-        extra_fd: std::os::fd::OwnedFd,
+        extra_fds: Vec<std::os::fd::OwnedFd>,
     ) -> Result<(), RuntimeError> {
         use command_fds::{CommandFdExt, FdMapping};
         let open_log = || {
@@ -117,7 +117,7 @@ impl Runtime {
         cmd.arg("run")
             .arg("--detach")
             .arg("--preserve-fds")
-            .arg("1")
+            .arg(extra_fds.len().to_string())
             .arg("--bundle")
             .arg(bundle)
             .arg("--pid-file")
@@ -125,11 +125,16 @@ impl Runtime {
             .arg(id)
             .stdout(open_log()?)
             .stderr(open_log()?);
-        cmd.fd_mappings(vec![FdMapping {
-            parent_fd: extra_fd,
-            child_fd: 3,
-        }])
-        .map_err(|e| RuntimeError::Failed(format!("handing the agent's socket over: {e}")))?;
+        let mappings = extra_fds
+            .into_iter()
+            .enumerate()
+            .map(|(i, parent_fd)| FdMapping {
+                parent_fd,
+                child_fd: 3 + i as i32,
+            })
+            .collect();
+        cmd.fd_mappings(mappings)
+            .map_err(|e| RuntimeError::Failed(format!("handing descriptors over: {e}")))?;
         let status = tokio::time::timeout(CALL_TIMEOUT, cmd.status())
             .await
             .map_err(|_| {

@@ -48,6 +48,9 @@ pub struct RunReport {
     pub fatal: Option<String>,
 }
 
+/// How much of the console log's start and end a report reads.
+const REPORT_WINDOW: u64 = 1 << 20;
+
 /// Reads the console log from `offset` (where this run began) for the guest's lines about
 /// `run_id`. Lines of other runs, and the workload's own output, are ignored.
 pub fn read_report(console_log: &Path, offset: u64, run_id: &str) -> RunReport {
@@ -55,12 +58,23 @@ pub fn read_report(console_log: &Path, offset: u64, run_id: &str) -> RunReport {
     let Ok(mut file) = std::fs::File::open(console_log) else {
         return report;
     };
-    if file.seek(SeekFrom::Start(offset)).is_err() {
-        return report;
-    }
+    // The guest writes the console: at most the first and the last [`REPORT_WINDOW`] bytes of
+    // this run are read (`ready` comes early, `exit` last), however much it printed.
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     let mut text = Vec::new();
-    if file.read_to_end(&mut text).is_err() {
-        return report;
+    let late = len.saturating_sub(REPORT_WINDOW).max(offset);
+    for (from, upto) in [(offset, late.min(offset + REPORT_WINDOW)), (late, len)] {
+        if upto <= from || file.seek(SeekFrom::Start(from)).is_err() {
+            continue;
+        }
+        if (&mut file)
+            .take(upto - from)
+            .read_to_end(&mut text)
+            .is_err()
+        {
+            return report;
+        }
+        text.push(b'\n');
     }
     let prefix = format!("sbx-guest: {run_id} ");
     for line in String::from_utf8_lossy(&text).lines() {

@@ -37,7 +37,9 @@ pub fn runnable() -> bool {
 /// A namespace with servers, made by the test: `addr` on a veth to the host, `second` another
 /// address of it the host routes there too. TCP servers on `ports` of every address answer
 /// each connection with "hello <port>\n" and then echo what they read; with names, a DNS
-/// answerer on UDP port 53 answers A queries for them (TTL 30 s), NXDOMAIN for others.
+/// answerer on UDP port 53 answers A queries for them (TTL 30 s), NXDOMAIN for others; given
+/// the name `@log` (its "address" a file path), it appends one line per query it receives:
+/// `LENGTH NSCOUNT ARCOUNT`.
 pub struct Upstream {
     pub ns: String,
     pub host_veth: String,
@@ -62,8 +64,12 @@ def serve(port):
         threading.Thread(target=talk, daemon=True).start()
 def dns(names):
     u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", 53))
+    log = names.pop("@log", None)
     while True:
-        q, peer = u.recvfrom(512)
+        q, peer = u.recvfrom(4096)
+        if log:
+            with open(log, "a") as f:
+                f.write("%d %d %d\n" % (len(q), int.from_bytes(q[8:10], "big"), int.from_bytes(q[10:12], "big")))
         try:
             i, labels = 12, []
             while q[i]:
@@ -97,6 +103,18 @@ impl Upstream {
 
     /// As [`Upstream::new`], with a DNS answerer for `names` (name → address).
     pub fn with_names(tag: &str, third: u8, ports: &[u16], names: &[(&str, Ipv4Addr)]) -> Upstream {
+        Upstream::with_names_logged(tag, third, ports, names, None)
+    }
+
+    /// As [`Upstream::with_names`], the DNS answerer appending a line per query it receives
+    /// to `log` (see [`SERVER`]).
+    pub fn with_names_logged(
+        tag: &str,
+        third: u8,
+        ports: &[u16],
+        names: &[(&str, Ipv4Addr)],
+        log: Option<&std::path::Path>,
+    ) -> Upstream {
         let ns = format!("sbxt-up-{tag}");
         let host_veth = format!("sbxtu{tag}");
         let addr = Ipv4Addr::new(10, 251, third, 2);
@@ -161,6 +179,9 @@ impl Upstream {
         ];
         args.extend(ports.iter().map(|p| p.to_string()));
         args.extend(names.iter().map(|(n, a)| format!("{n}={a}")));
+        if let Some(log) = log {
+            args.push(format!("@log={}", log.display()));
+        }
         let mut child = Command::new("ip")
             .args(&args)
             .stdout(Stdio::piped())

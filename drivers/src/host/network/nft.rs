@@ -13,7 +13,8 @@
 //!   class's networks (`s_<id>_<k>`) and one over the addresses the gateway's resolver
 //!   answered for its names (`h_<id>_<k>`, each element kept for its answer's TTL), replaced
 //!   whole on a policy update. Sandboxes reach the resolver (the bridge's address, UDP 53)
-//!   whatever their list says.
+//!   whatever their list says, at most [`DNS_RATE`] queries a second each (the dynamic set
+//!   `dns_rate`, one token bucket per source address; more are dropped).
 //! - `deny`: records the attempt in the dynamic set `denied` (source . destination .
 //!   protocol . port, with a packet counter, kept 10 minutes, at most 65,535 entries: the
 //!   record is rate-limited by construction) and rejects it (`admin-prohibited`, so the
@@ -38,6 +39,10 @@ pub struct NftError {
 }
 
 const PRIORITY: i32 = -10;
+
+/// Queries a second (and their burst) one sandbox may send the gateway's resolver; more are
+/// dropped in the kernel.
+pub const DNS_RATE: u32 = 500;
 
 /// Runs one JSON document through `nft -j -f -` (one kernel transaction).
 pub fn apply(what: &str, commands: Vec<Value>) -> Result<(), NftError> {
@@ -195,6 +200,15 @@ impl Table {
             "stmt": [{ "counter": null }],
             })) }));
         }
+        if !has("set", "dns_rate") {
+            cmds.push(json!({ "add": self.obj("set", json!({
+            "name": "dns_rate",
+            "type": "ipv4_addr",
+            "flags": ["timeout"],
+            "timeout": 60,
+            "size": 65535,
+            })) }));
+        }
         if !has("map", "sandboxes") {
             cmds.push(json!({ "add": self.obj("map", json!({ "name": "sandboxes", "type": "ipv4_addr", "map": "verdict" })) }));
         }
@@ -215,29 +229,41 @@ impl Table {
             vec![iif(br), json!({ "goto": { "target": "deny" } })],
         ));
         cmds.push(self.rule("forward", vec![oif(br), json!({ "drop": null })]));
+        // The gateway's resolver, whatever a sandbox's list says (it answers only the names
+        // the list holds) — past [`DNS_RATE`] queries a second from one sandbox, dropped here,
+        // in the kernel: a flood never reaches the resolver's socket, whose queue the other
+        // sandboxes' queries share.
+        let resolver = Ipv4Addr::from(u32::from(self.network) + 1);
+        let to_resolver = vec![
+            iif(br),
+            m(
+                json!({ "payload": { "protocol": "ip", "field": "daddr" } }),
+                json!(resolver.to_string()),
+            ),
+            m(json!({ "meta": { "key": "l4proto" } }), json!("udp")),
+            m(
+                json!({ "payload": { "protocol": "udp", "field": "dport" } }),
+                json!(super::resolver::PORT),
+            ),
+        ];
+        let mut flood = to_resolver.clone();
+        flood.push(json!({ "set": {
+            "op": "update",
+            "elem": saddr.clone(),
+            "set": "@dns_rate",
+            "stmt": [{ "limit": { "rate": DNS_RATE, "burst": DNS_RATE, "per": "second", "inv": true } }],
+        } }));
+        flood.push(json!({ "drop": null }));
+        // First in the chain: a flood's datagrams belong to an established flow once the
+        // first is answered, and the rule after this accepts those.
+        cmds.push(self.rule("input", flood));
         cmds.push(self.rule(
             "input",
             vec![iif(br), established(), json!({ "accept": null })],
         ));
-        // The gateway's resolver, whatever a sandbox's list says (it answers only the names
-        // the list holds).
-        let resolver = Ipv4Addr::from(u32::from(self.network) + 1);
-        cmds.push(self.rule(
-            "input",
-            vec![
-                iif(br),
-                m(
-                    json!({ "payload": { "protocol": "ip", "field": "daddr" } }),
-                    json!(resolver.to_string()),
-                ),
-                m(json!({ "meta": { "key": "l4proto" } }), json!("udp")),
-                m(
-                    json!({ "payload": { "protocol": "udp", "field": "dport" } }),
-                    json!(super::resolver::PORT),
-                ),
-                json!({ "accept": null }),
-            ],
-        ));
+        let mut accept = to_resolver;
+        accept.push(json!({ "accept": null }));
+        cmds.push(self.rule("input", accept));
         cmds.push(self.rule("input", vec![iif(br), vmap]));
         cmds.push(self.rule(
             "input",

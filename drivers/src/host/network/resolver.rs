@@ -11,11 +11,21 @@
 //! again). Every other name is answered REFUSED and recorded as a denial: DNS is no way out
 //! of the policy either.
 //!
+//! An answer steers the sandbox nowhere its list does not name (DNS rebinding): an address
+//! is admitted only if it lies outside the sandbox network (the bridge and every neighbour),
+//! the host's own addresses, loopback, link-local, multicast, "this network" and the reserved
+//! range ([`forbidden`]); such records are taken out of the reply, and an answer left with
+//! none is REFUSED and recorded. Only an explicit CIDR entry reaches those addresses. Only the
+//! question goes upstream — a fresh query of the resolver's own, never the sandbox's
+//! additional or authority records (a payload smuggled out inside a query for an allowed
+//! name stays here).
+//!
 //! Messages are read and written with `hickory-proto` (the DNS wire format, well kept, no
-//! resolver of its own pulled in); queries are served by a small pool of threads (at most
-//! [`MAX_IN_FLIGHT`] at once; more are dropped, and the sandbox's resolver asks again).
-//! UDP only: an answer too large for a datagram comes back truncated, as the upstream sent
-//! it.
+//! resolver of its own pulled in); queries are served by a small pool of threads: at most
+//! [`MAX_IN_FLIGHT`] at once, and at most [`MAX_IN_FLIGHT_PER_SANDBOX`] of one sandbox, so a
+//! sandbox that floods its resolver waits for its own answers, not the others for theirs (a
+//! query over either bound is dropped at once, and the sandbox's resolver asks again). UDP
+//! only: an answer too large for a datagram comes back truncated, as the upstream sent it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -36,6 +46,8 @@ use crate::host::lock::locked;
 pub const PORT: u16 = 53;
 /// Queries being answered at once; one more is dropped.
 pub const MAX_IN_FLIGHT: usize = 64;
+/// Queries of one sandbox being answered at once; one more of it is dropped.
+pub const MAX_IN_FLIGHT_PER_SANDBOX: usize = 4;
 /// How long the upstream has to answer (once, then once more).
 const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);
 /// An admitted address is kept at least this long, whatever the answer's TTL…
@@ -186,12 +198,28 @@ impl Shared {
         let Some(client) = clients.get(&address) else {
             return Ok(false);
         };
-        let cmds: Vec<_> = matching(client, name)
-            .map(|k| self.table.admit(&client.key, k, name, addrs, ttl))
-            .collect();
-        if cmds.is_empty() {
+        let classes: Vec<usize> = matching(client, name).collect();
+        if classes.is_empty() {
             return Ok(false);
         }
+        // Asked again within the first half of an admission's life: it stands, and no nft
+        // transaction (a process, milliseconds) is spent on it — a sandbox asking the same
+        // name in a loop costs the gateway next to nothing.
+        let now = Instant::now();
+        let fresh = |a: &Ipv4Addr| {
+            locked(&self.admitted).get(&client.id).is_some_and(|list| {
+                list.iter().any(|(x, n, until)| {
+                    x == a && n == name && *until > now + Duration::from_secs(ttl / 2)
+                })
+            })
+        };
+        if addrs.iter().all(fresh) {
+            return Ok(true);
+        }
+        let cmds: Vec<_> = classes
+            .into_iter()
+            .map(|k| self.table.admit(&client.key, k, name, addrs, ttl))
+            .collect();
         nft::apply("admit a resolved address", cmds)?;
         let until = Instant::now() + Duration::from_secs(ttl);
         let mut admitted = locked(&self.admitted);
@@ -228,7 +256,7 @@ impl Resolver {
         let socket = UdpSocket::bind((address, PORT))?;
         socket.set_read_timeout(Some(Duration::from_millis(250)))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let in_flight = Arc::new(AtomicUsize::new(0));
+        let in_flight = Arc::new(InFlight::default());
         let thread = {
             let stop = Arc::clone(&stop);
             std::thread::Builder::new()
@@ -251,12 +279,43 @@ impl Drop for Resolver {
     }
 }
 
-fn serve(
-    socket: UdpSocket,
-    shared: Arc<Shared>,
-    stop: Arc<AtomicBool>,
-    in_flight: Arc<AtomicUsize>,
-) {
+/// The queries being answered: in all, and per source address.
+#[derive(Debug, Default)]
+struct InFlight {
+    all: AtomicUsize,
+    by_source: Mutex<HashMap<Ipv4Addr, usize>>,
+}
+
+impl InFlight {
+    /// Counts a query of `source` in, unless either bound is reached.
+    fn enter(&self, source: Ipv4Addr) -> bool {
+        let mut by_source = locked(&self.by_source);
+        let mine = by_source.entry(source).or_insert(0);
+        if *mine >= MAX_IN_FLIGHT_PER_SANDBOX {
+            return false;
+        }
+        if self.all.fetch_add(1, Ordering::SeqCst) >= MAX_IN_FLIGHT {
+            self.all.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        *mine += 1;
+        true
+    }
+
+    /// Counts a query of `source` out.
+    fn leave(&self, source: Ipv4Addr) {
+        let mut by_source = locked(&self.by_source);
+        if let Some(mine) = by_source.get_mut(&source) {
+            *mine = mine.saturating_sub(1);
+            if *mine == 0 {
+                by_source.remove(&source);
+            }
+        }
+        self.all.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn serve(socket: UdpSocket, shared: Arc<Shared>, stop: Arc<AtomicBool>, in_flight: Arc<InFlight>) {
     let mut buf = vec![0u8; 4096];
     while !stop.load(Ordering::SeqCst) {
         let (n, from) = match socket.recv_from(&mut buf) {
@@ -276,25 +335,25 @@ fn serve(
             }
         };
         let SocketAddr::V4(from) = from else { continue };
-        if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_IN_FLIGHT {
-            in_flight.fetch_sub(1, Ordering::SeqCst);
+        let source = *from.ip();
+        if !in_flight.enter(source) {
             continue;
         }
         let (Ok(reply_socket), query) = (socket.try_clone(), buf[..n].to_vec()) else {
-            in_flight.fetch_sub(1, Ordering::SeqCst);
+            in_flight.leave(source);
             continue;
         };
         let (shared, counter) = (Arc::clone(&shared), Arc::clone(&in_flight));
         let spawned = std::thread::Builder::new()
             .name("sbx-resolve".into())
             .spawn(move || {
-                if let Some(reply) = answer(&shared, *from.ip(), &query) {
+                if let Some(reply) = answer(&shared, source, &query) {
                     let _ = reply_socket.send_to(&reply, from);
                 }
-                counter.fetch_sub(1, Ordering::SeqCst);
+                counter.leave(source);
             });
         if spawned.is_err() {
-            in_flight.fetch_sub(1, Ordering::SeqCst);
+            in_flight.leave(source);
         }
     }
 }
@@ -339,6 +398,22 @@ pub(crate) fn answer(shared: &Shared, source: Ipv4Addr, query: &[u8]) -> Option<
     let Some(mut reply) = ask_upstream(upstream, &q) else {
         return bare(&q, ResponseCode::ServFail);
     };
+    // No record of the reply may name an address the sandbox may not be steered to.
+    let host = host_addresses();
+    let answered = reply.take_answers();
+    let had_a = answered.iter().any(|r| matches!(r.data(), RData::A(_)));
+    let (kept, refused): (Vec<_>, Vec<_>) = answered.into_iter().partition(|r| match r.data() {
+        RData::A(a) => !forbidden(a.0, shared.table.network, shared.table.prefix, &host),
+        _ => true,
+    });
+    if !refused.is_empty() {
+        tracing::info!(sandbox_id = %client.id, name = %name, refused = refused.len(), "an answer named addresses a sandbox may not be steered to; taken out");
+    }
+    if had_a && !kept.iter().any(|r| matches!(r.data(), RData::A(_))) {
+        shared.refuse(client.id, &name);
+        return bare(&q, ResponseCode::Refused);
+    }
+    reply.insert_answers(kept);
     if question.query_type() == RecordType::A || question.query_type() == RecordType::ANY {
         let mut addrs = Vec::new();
         let mut ttl = MAX_TTL;
@@ -364,7 +439,39 @@ pub(crate) fn answer(shared: &Shared, source: Ipv4Addr, query: &[u8]) -> Option<
     reply.to_vec().ok()
 }
 
-/// Sends `q` (under a fresh id) to the upstream and waits for its answer to that question.
+/// Whether `addr` is one no answer may admit: in the sandbox network `network/prefix` (the
+/// bridge, the neighbours), one of the host's own (`host`), or in a special range —
+/// "this network" 0/8, loopback 127/8, link-local 169.254/16, multicast 224/4, reserved
+/// 240/4 (with the broadcast address).
+pub(crate) fn forbidden(addr: Ipv4Addr, network: Ipv4Addr, prefix: u8, host: &[Ipv4Addr]) -> bool {
+    const SPECIAL: [(Ipv4Addr, u8); 5] = [
+        (Ipv4Addr::new(0, 0, 0, 0), 8),
+        (Ipv4Addr::new(127, 0, 0, 0), 8),
+        (Ipv4Addr::new(169, 254, 0, 0), 16),
+        (Ipv4Addr::new(224, 0, 0, 0), 4),
+        (Ipv4Addr::new(240, 0, 0, 0), 4),
+    ];
+    policy::contains(network, prefix, addr)
+        || host.contains(&addr)
+        || SPECIAL
+            .iter()
+            .any(|(net, len)| policy::contains(*net, *len, addr))
+}
+
+/// The host's own IPv4 addresses, every interface's (read afresh for each answer: an address
+/// added since is refused too).
+fn host_addresses() -> Vec<Ipv4Addr> {
+    nix::ifaddrs::getifaddrs()
+        .map(|all| {
+            all.filter_map(|i| i.address?.as_sockaddr_in().map(|a| a.ip()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Sends the question of `q` — and nothing else of it: no additional, authority or answer
+/// record, no EDNS option of the sandbox's — under a fresh id to the upstream, and waits for
+/// its answer to that question.
 fn ask_upstream(upstream: SocketAddr, q: &Message) -> Option<Message> {
     let socket = UdpSocket::bind(match upstream {
         SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
@@ -375,8 +482,12 @@ fn ask_upstream(upstream: SocketAddr, q: &Message) -> Option<Message> {
     socket.set_read_timeout(Some(UPSTREAM_TIMEOUT)).ok()?;
     let random = Uuid::new_v4();
     let id = u16::from_be_bytes([random.as_bytes()[0], random.as_bytes()[1]]);
-    let mut out = q.clone();
-    out.set_id(id);
+    let mut out = Message::new();
+    out.set_id(id)
+        .set_message_type(MessageType::Query)
+        .set_op_code(OpCode::Query)
+        .set_recursion_desired(q.recursion_desired())
+        .add_queries(q.queries().to_vec());
     let bytes = out.to_vec().ok()?;
     let mut buf = vec![0u8; 65535];
     for _ in 0..2 {
@@ -476,6 +587,45 @@ mod tests {
             None,
             "not DNS: no reply"
         );
+    }
+
+    #[test]
+    fn answers_that_would_steer_a_sandbox_to_the_host_or_a_neighbour_are_forbidden() {
+        let net = Ipv4Addr::new(10, 9, 0, 0);
+        let host = [Ipv4Addr::new(192, 0, 2, 7)];
+        for bad in [
+            Ipv4Addr::new(10, 9, 0, 1),
+            Ipv4Addr::new(10, 9, 3, 4),
+            Ipv4Addr::new(192, 0, 2, 7),
+            Ipv4Addr::new(127, 0, 0, 1),
+            Ipv4Addr::new(127, 8, 9, 1),
+            Ipv4Addr::new(169, 254, 169, 254),
+            Ipv4Addr::new(224, 0, 0, 251),
+            Ipv4Addr::new(255, 255, 255, 255),
+            Ipv4Addr::new(0, 0, 0, 0),
+        ] {
+            assert!(forbidden(bad, net, 16, &host), "{bad} admitted");
+        }
+        for good in [
+            Ipv4Addr::new(10, 10, 0, 1),
+            Ipv4Addr::new(192, 0, 2, 8),
+            Ipv4Addr::new(93, 184, 216, 34),
+        ] {
+            assert!(!forbidden(good, net, 16, &host), "{good} refused");
+        }
+    }
+
+    #[test]
+    fn one_source_cannot_take_every_slot() {
+        let f = InFlight::default();
+        let (a, b) = (Ipv4Addr::new(10, 9, 0, 2), Ipv4Addr::new(10, 9, 0, 3));
+        for _ in 0..MAX_IN_FLIGHT_PER_SANDBOX {
+            assert!(f.enter(a));
+        }
+        assert!(!f.enter(a), "one more of the same sandbox");
+        assert!(f.enter(b), "another sandbox still gets in");
+        f.leave(a);
+        assert!(f.enter(a));
     }
 
     #[test]
