@@ -63,6 +63,10 @@ pub struct Config {
     pub secrets: Arc<Sealer>,
     /// The domain service endpoints' Hosts end in (`NAME--SANDBOX--WORKSPACE.<domain>`).
     pub service_domain: String,
+    /// The cpu and memory limits a sandbox gets for each it sets neither itself nor through
+    /// its workspace's default (0: none), on a driver that can apply it. sbxd's are 1 core
+    /// and 1 GiB; the default here is none (tests).
+    pub default_resources: sbx_proto::v1::Resources,
 }
 
 impl Default for Config {
@@ -86,6 +90,7 @@ impl Default for Config {
             max_image_import_bytes: 8 << 30,
             secrets: Arc::new(Sealer::ephemeral()),
             service_domain: "localhost".to_string(),
+            default_resources: sbx_proto::v1::Resources::default(),
         }
     }
 }

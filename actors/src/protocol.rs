@@ -76,6 +76,12 @@ pub enum WorkspaceMsg {
         policy: Option<sbx_proto::v1::NetworkPolicy>,
         reply: RpcReplyPort<Result<Workspace>>,
     },
+    /// Sets (Some) or clears (None) the workspace's default cpu and memory limits (checked
+    /// already); refused while the workspace is terminating.
+    SetDefaultResources {
+        resources: Option<sbx_proto::v1::Resources>,
+        reply: RpcReplyPort<Result<Workspace>>,
+    },
     /// The sandbox ids this supervisor owns (for tests and diagnostics).
     Children(RpcReplyPort<Vec<Uuid>>),
     /// Writes a new provider record (prepared and sealed by the caller) in this workspace.

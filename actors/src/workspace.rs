@@ -213,24 +213,13 @@ impl WorkspaceSupervisor {
                 let _ = reply.send(result);
             }
             WorkspaceMsg::SetDefaultNetwork { policy, reply } => {
-                let result = if st.ws.workspace.phase() == WorkspacePhase::Terminating {
-                    Err(ActorError::WorkspaceTerminating(
-                        st.ws.workspace.name.clone(),
-                    ))
-                } else {
-                    let before = st.ws.workspace.default_network.clone();
-                    st.ws.workspace.default_network = policy;
-                    match st.shared.store.update(st.ws.to_update()).await {
-                        Ok(written) => {
-                            st.ws = StoredWorkspace::from_record(written)?;
-                            Ok(st.ws.workspace.clone())
-                        }
-                        Err(e) => {
-                            st.ws.workspace.default_network = before;
-                            Err(e.into())
-                        }
-                    }
-                };
+                let result =
+                    Self::update_workspace(st, |w| w.default_network = policy.clone()).await?;
+                let _ = reply.send(result);
+            }
+            WorkspaceMsg::SetDefaultResources { resources, reply } => {
+                let result =
+                    Self::update_workspace(st, |w| w.default_resources = resources).await?;
                 let _ = reply.send(result);
             }
             WorkspaceMsg::Supervise(id) => self.supervise(&myself, st, id).await,
@@ -325,6 +314,32 @@ impl WorkspaceSupervisor {
             },
         );
         self.spawn_child(myself, st, id, false).await;
+    }
+
+    /// Changes the workspace's record by `change` and writes it (put back as it was when the
+    /// write is refused); refused while the workspace terminates. The outer error is the
+    /// actor's own (a written record it cannot read back).
+    async fn update_workspace(
+        st: &mut WorkspaceState,
+        change: impl FnOnce(&mut sbx_proto::v1::Workspace),
+    ) -> std::result::Result<Result<sbx_proto::v1::Workspace>, ActorProcessingErr> {
+        if st.ws.workspace.phase() == WorkspacePhase::Terminating {
+            return Ok(Err(ActorError::WorkspaceTerminating(
+                st.ws.workspace.name.clone(),
+            )));
+        }
+        let before = st.ws.workspace.clone();
+        change(&mut st.ws.workspace);
+        match st.shared.store.update(st.ws.to_update()).await {
+            Ok(written) => {
+                st.ws = StoredWorkspace::from_record(written)?;
+                Ok(Ok(st.ws.workspace.clone()))
+            }
+            Err(e) => {
+                st.ws.workspace = before;
+                Ok(Err(e.into()))
+            }
+        }
     }
 
     /// Starts an actor for sandbox `id` if its record is in this workspace and no actor of

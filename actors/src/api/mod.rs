@@ -41,6 +41,7 @@ use crate::startup::StartupTracker;
 use crate::validate::{self, SandboxSelector, WorkspaceSelector};
 
 mod data;
+mod limits;
 pub(crate) mod network;
 mod providers;
 mod resolve;
@@ -335,6 +336,8 @@ impl Gateway {
             spec.network = ws.workspace.default_network.clone();
         }
         self.refuse_network_without_driver(&spec, driver.as_ref())
+            .await?;
+        self.apply_default_limits(&mut spec, &ws.workspace, driver.as_ref())
             .await?;
         let mut provider_ids = Vec::with_capacity(providers.len());
         for p in providers {

@@ -107,6 +107,7 @@ pub fn need(path: &str) -> Option<(Need, bool)> {
         ("sbx.v1.WorkspaceService", "ListWorkspaces") => (Workspace(Viewer), false),
         ("sbx.v1.WorkspaceService", "DeleteWorkspace") => (Workspace(Admin), true),
         ("sbx.v1.WorkspaceService", "SetWorkspaceNetwork") => (Workspace(Admin), true),
+        ("sbx.v1.WorkspaceService", "SetWorkspaceLimits") => (Workspace(Admin), true),
         ("sbx.v1.SandboxService", "CreateSandbox") => (Workspace(Editor), true),
         ("sbx.v1.SandboxService", "GetSandbox") => (Workspace(Viewer), false),
         ("sbx.v1.SandboxService", "ListSandboxes") => (Workspace(Viewer), false),

@@ -17,6 +17,7 @@ pub mod files;
 pub mod forward;
 pub mod identity;
 pub mod image;
+pub mod limits;
 pub mod meta;
 pub mod network;
 pub mod output;
@@ -358,6 +359,10 @@ pub enum WorkspaceCommand {
     /// (copied in at create; existing sandboxes keep theirs).
     #[command(subcommand)]
     Network(network::WorkspaceNetworkCommand),
+    /// Show or set the cpu and memory limits new sandboxes of a workspace get when they set
+    /// none (copied in at create; existing sandboxes keep theirs).
+    #[command(subcommand)]
+    Limits(limits::WorkspaceLimitsCommand),
 }
 
 /// Names one workspace: exactly one of NAME or `--id`.

@@ -408,6 +408,14 @@ pub fn render_sandbox(
         OutputFormat::Table | OutputFormat::Wide => {
             let mut out = sandbox_table(std::slice::from_ref(sandbox), now, style);
             let spec = sandbox.spec.clone().unwrap_or_default();
+            if let Some(r) = spec
+                .resources
+                .as_ref()
+                .filter(|r| **r != Default::default())
+                && style.headers
+            {
+                out.push_str(&format!("LIMITS: {}\n", super::limits::limits_text(r)));
+            }
             if !spec.image_digest.is_empty() && style.headers {
                 out.push_str(&format!("IMAGE: {} ({})\n", spec.image, spec.image_digest));
             }

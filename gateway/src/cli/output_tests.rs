@@ -204,6 +204,7 @@ fn workspace_outputs() {
         updated_at: at(T0),
         resource_version: 4,
         default_network: None,
+        default_resources: None,
     };
     check(
         render_workspace(OutputFormat::Table, &ws, now_plus(3 * 3600)).unwrap(),

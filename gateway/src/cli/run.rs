@@ -186,6 +186,9 @@ async fn run_workspace(target: &Target, cmd: WorkspaceCommand) -> Result<u8, Cli
         WorkspaceCommand::Network(cmd) => {
             return super::network::run_workspace_network(target, cmd).await;
         }
+        WorkspaceCommand::Limits(cmd) => {
+            return super::limits::run_workspace_limits(target, cmd).await;
+        }
         WorkspaceCommand::Get(args) => {
             let req = GetWorkspaceRequest {
                 workspace: Some(request::workspace_ref(&args.target)),

@@ -320,6 +320,20 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub watch_history_mib: u32,
 
+    /// The memory limit of a sandbox that sets none itself and whose workspace has no default
+    /// (`sbx workspace limits set`): 512Mi, 1Gi, 2G, … (0: no limit). On drivers that limit
+    /// memory (oci, process where the host has the controller, vm: its RAM); shown by `sbx
+    /// sandbox get`.
+    #[arg(long, env = "SBX_DEFAULT_MEMORY", default_value = "1Gi", value_name = "SIZE",
+          value_parser = crate::cli::size::parse_size)]
+    pub default_memory: u64,
+
+    /// The cpu limit of a sandbox that sets none itself and whose workspace has no default:
+    /// cores (1, 0.5) or millicores (500m); 0: no limit.
+    #[arg(long, env = "SBX_DEFAULT_CPU", default_value = "1", value_name = "CPUS",
+          value_parser = crate::cli::size::parse_cpu)]
+    pub default_cpu: u32,
+
     /// Serve the sandboxes' service endpoints (`sbx service expose`) over HTTP on host:port:
     /// a request whose Host is NAME--SANDBOX--WORKSPACE.<--service-domain> goes to that
     /// endpoint's port inside its sandbox. Off unless given. No authentication: whoever

@@ -334,6 +334,7 @@ async fn serve_on(
                 .map_err(|e| DaemonError::Setup(e.to_string()))?,
         ),
         service_domain: validate_service_domain(&args.service_domain)?,
+        default_resources: default_resources(&args)?,
         ..Config::default()
     };
     let gateway =
@@ -600,6 +601,20 @@ fn open_images(data_dir: &Path) -> Result<ImageStore, DaemonError> {
 /// Writes `addr` and a newline to `path` so that no reader ever sees a partial line: the text
 /// goes to a temporary file beside it, which is then renamed over `path`.
 /// A service domain: DNS labels joined by dots (a Host ends in it).
+/// `--default-cpu` and `--default-memory` as the gateway's default limits.
+fn default_resources(args: &ServeArgs) -> Result<sbx_proto::v1::Resources, DaemonError> {
+    if args.default_memory != 0 && args.default_memory < sbx_actors::limits::MIN_MEMORY_BYTES {
+        return Err(DaemonError::Setup(format!(
+            "--default-memory {} bytes is below the smallest a sandbox can start with, 4Mi              (0: no default limit)",
+            args.default_memory
+        )));
+    }
+    Ok(sbx_proto::v1::Resources {
+        cpu_millis: args.default_cpu,
+        memory_bytes: args.default_memory,
+    })
+}
+
 fn validate_service_domain(domain: &str) -> Result<String, DaemonError> {
     let ok = !domain.is_empty()
         && domain.len() <= 253

@@ -1,0 +1,126 @@
+//! Limits by default, through the real sbxd on its default driver (oci) and the real `sbx`
+//! CLI (needs root, runc and busybox-static): a sandbox that asks for nothing gets the
+//! gateway's cpu and memory limits, a workspace's defaults replace the gateway's field by
+//! field, a sandbox's own replace both; what applies is in its spec, on `sbx sandbox get`, in
+//! its cgroup, and seen from inside.
+
+mod common;
+
+use common::{CgroupParent, DataDir, Sbxd, sbx, unique};
+
+fn limits(endpoint: &str, name: &str) -> (u64, u64) {
+    let get = sbx(endpoint, &["sandbox", "get", name, "-o", "json"]).json();
+    (
+        get["cpu_millis"].as_u64().unwrap(),
+        get["memory_bytes"].as_u64().unwrap(),
+    )
+}
+
+/// The memory limit the sandbox sees from inside (its own cgroup, v1 or v2).
+fn memory_inside(endpoint: &str, name: &str) -> String {
+    sbx(
+        endpoint,
+        &[
+            "sandbox",
+            "exec",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max",
+        ],
+    )
+    .ok()
+    .trim()
+    .to_string()
+}
+
+#[test]
+fn sandboxes_get_the_gateways_limits_unless_their_workspace_or_they_say_otherwise() {
+    let data = DataDir::new();
+    let parent = CgroupParent(format!("sbx-gateway-tests-limits-{}", unique()));
+    let d = Sbxd::start(
+        data.path(),
+        "",
+        &[
+            "--oci-cgroup-parent",
+            &parent.0,
+            "--default-memory",
+            "1Gi",
+            "--default-cpu",
+            "1",
+        ],
+    );
+    let ep = d.endpoint();
+    const GIB: u64 = 1 << 30;
+
+    // Nothing asked: the gateway's defaults (1 core, 1 GiB), shown and enforced.
+    sbx(&ep, &["sandbox", "create", "plain", "--", "sleep", "3600"]).ok();
+    assert_eq!(limits(&ep, "plain"), (1000, GIB));
+    let table = sbx(&ep, &["sandbox", "get", "plain"]).ok().to_string();
+    assert!(table.contains("LIMITS: cpu 1, memory 1.0GiB"), "{table}");
+    assert_eq!(memory_inside(&ep, "plain"), GIB.to_string());
+
+    // The workspace's default memory replaces the gateway's; its cpu is still the gateway's.
+    sbx(
+        &ep,
+        &["workspace", "limits", "set", "default", "--memory", "256Mi"],
+    )
+    .ok();
+    let shown = sbx(
+        &ep,
+        &["workspace", "limits", "get", "default", "-o", "json"],
+    )
+    .json();
+    assert_eq!(
+        (shown["cpu_millis"].as_u64(), shown["memory_bytes"].as_u64()),
+        (Some(0), Some(256 << 20)),
+        "{shown}"
+    );
+    sbx(&ep, &["sandbox", "create", "ws", "--", "sleep", "3600"]).ok();
+    assert_eq!(limits(&ep, "ws"), (1000, 256 << 20));
+    assert_eq!(memory_inside(&ep, "ws"), (256u64 << 20).to_string());
+
+    // The sandbox's own limits win; an earlier sandbox keeps what it was given.
+    sbx(
+        &ep,
+        &[
+            "sandbox", "create", "own", "--cpu", "0.5", "--memory", "64Mi", "--", "sleep", "3600",
+        ],
+    )
+    .ok();
+    assert_eq!(limits(&ep, "own"), (500, 64 << 20));
+    assert_eq!(limits(&ep, "plain"), (1000, GIB));
+
+    // Bad input is refused and changes nothing; --clear goes back to the gateway's.
+    let bad = sbx(
+        &ep,
+        &["workspace", "limits", "set", "default", "--memory", "1Ki"],
+    );
+    assert_ne!(bad.code, 0, "{bad:?}");
+    assert!(bad.stderr.contains("4 MiB"), "{bad:?}");
+    let neither = sbx(&ep, &["workspace", "limits", "set", "default"]);
+    assert_eq!(neither.code, 2, "{neither:?}");
+    sbx(&ep, &["workspace", "limits", "set", "default", "--clear"]).ok();
+    sbx(&ep, &["sandbox", "create", "after", "--", "sleep", "3600"]).ok();
+    assert_eq!(limits(&ep, "after"), (1000, GIB));
+
+    for name in ["plain", "ws", "own", "after"] {
+        sbx(&ep, &["sandbox", "delete", name]).ok();
+    }
+    drop(d);
+
+    // An sbxd given a default below what a sandbox can start with does not start.
+    let bad = common::run_bounded(
+        std::process::Command::new(common::SBXD).args([
+            "serve",
+            "--data-dir",
+            &data.path().join("other").display().to_string(),
+            "--default-memory",
+            "1Ki",
+        ]),
+        "sbxd with a tiny default",
+    );
+    assert_ne!(bad.code, 0, "{bad:?}");
+    assert!(bad.stderr.contains("--default-memory"), "{bad:?}");
+}
