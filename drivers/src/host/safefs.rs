@@ -21,6 +21,34 @@ use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 /// end, no `..` out of `root`, no other mount, a regular file only (a FIFO, a device or a
 /// socket is `InvalidInput`), never blocking on the open.
 pub(crate) fn open_beneath(root: &Path, rel: &Path) -> io::Result<File> {
+    open_resolved(
+        root,
+        rel,
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+        OFlags::NOFOLLOW,
+    )
+}
+
+/// As [`open_beneath`], but `rel` is resolved as if `root` were `/` (`RESOLVE_IN_ROOT`):
+/// symlinks are followed, and none can leave `root` — for a file of a sandbox's root
+/// filesystem that an image may legitimately link (its `/etc/passwd`).
+pub(crate) fn open_in_root(root: &Path, rel: &Path) -> io::Result<File> {
+    open_resolved(root, rel, ResolveFlags::IN_ROOT, OFlags::empty())
+}
+
+/// At most the first `max` bytes of `rel` resolved in `root` (see [`open_in_root`]).
+pub(crate) fn read_in_root(root: &Path, rel: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let mut data = Vec::new();
+    open_in_root(root, rel)?.take(max).read_to_end(&mut data)?;
+    Ok(data)
+}
+
+fn open_resolved(
+    root: &Path,
+    rel: &Path,
+    resolve: ResolveFlags,
+    extra: OFlags,
+) -> io::Result<File> {
     let dir = rustix::fs::open(
         root,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
@@ -29,12 +57,9 @@ pub(crate) fn open_beneath(root: &Path, rel: &Path) -> io::Result<File> {
     let fd = rustix::fs::openat2(
         &dir,
         rel,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY | extra,
         Mode::empty(),
-        ResolveFlags::BENEATH
-            | ResolveFlags::NO_SYMLINKS
-            | ResolveFlags::NO_MAGICLINKS
-            | ResolveFlags::NO_XDEV,
+        resolve | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV,
     )?;
     let stat = rustix::fs::fstat(&fd)?;
     if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
@@ -114,6 +139,18 @@ mod tests {
             let got = read_beneath(&root, Path::new(name), 1 << 20);
             assert!(got.is_err(), "{name} was read: {got:?}");
         }
+        // Resolved in the root, a link is followed but cannot leave it; a FIFO is still
+        // refused without blocking.
+        std::fs::create_dir(root.join("etc")).unwrap();
+        std::fs::write(root.join("etc/passwd"), "root:x:0:0::/:/bin/sh\n").unwrap();
+        symlink("/etc/passwd", root.join("passwd-link")).unwrap();
+        assert_eq!(
+            read_in_root(&root, Path::new("/passwd-link"), 64).unwrap(),
+            b"root:x:0:0::/:/bin/sh\n",
+            "the link resolved inside the root, not to the host's /etc/passwd"
+        );
+        assert!(read_in_root(&root, Path::new("/fifo"), 64).is_err());
+        assert!(read_in_root(&root, Path::new("/zero"), 64).is_err());
         // A root that is itself a link is refused too.
         symlink(&root, tmp.path().join("root-link")).unwrap();
         assert!(read_beneath(&tmp.path().join("root-link"), Path::new("status"), 4).is_err());

@@ -26,7 +26,9 @@
 //! The record is read and written by the kit (`host::records`: atomic writes, the format
 //! check, the trash), and so are the run directory's `init` and `exit` (`host::run`).
 //! Nothing under a sandbox's directory is the sandbox's to write but `upper/` and `volume/`,
-//! which host code opens only through `host::safefs` or as the sandbox's own uid.
+//! which host code reads only through `host::safefs` (the image user's `/etc/passwd` and
+//! `/etc/group`, resolved in the rootfs) or as the sandbox's own uid (a copy of a stopped
+//! sandbox).
 //!
 //! Every directory on the way to a rootfs is mode 0711: the runtime's container init runs as
 //! the sandbox's unprivileged host uid and must be able to walk to the rootfs and to the

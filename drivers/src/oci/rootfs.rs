@@ -7,13 +7,9 @@
 //! `/etc/group`, opened inside the rootfs (`openat2` with `RESOLVE_IN_ROOT`: a symlink in
 //! the image cannot point the driver at a host file).
 
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
-use nix::sys::stat::Mode;
 
 use super::bundle::ProcessUser;
 
@@ -117,20 +113,12 @@ fn unescape_mountinfo(field: &str) -> String {
     out
 }
 
-/// Reads a small file of the rootfs, resolved inside it (symlinks cannot leave it).
+/// Reads a small file of the rootfs (at most 4 MiB), resolved inside it: the sandbox can write
+/// its root filesystem, so through [`crate::host::safefs::read_in_root`] — symlinks cannot
+/// leave it, and a FIFO or a device there is refused without blocking.
 fn read_in_root(rootfs: &Path, path: &str) -> Option<String> {
-    let root = File::open(rootfs).ok()?;
-    let how = OpenHow::new()
-        .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
-        .mode(Mode::empty())
-        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-    let fd = openat2(&root, path, how).ok()?;
-    let mut text = String::new();
-    File::from(fd)
-        .take(4 << 20)
-        .read_to_string(&mut text)
-        .ok()?;
-    Some(text)
+    let bytes = crate::host::safefs::read_in_root(rootfs, Path::new(path), 4 << 20).ok()?;
+    String::from_utf8(bytes).ok()
 }
 
 /// Resolves an image's `User` (`""`, `uid`, `uid:gid`, `name`, `name:group`, …) against the
@@ -216,6 +204,27 @@ mod tests {
 
     fn check(user: &str) -> Result<ProcessUser, String> {
         resolve_user_in(user, || PASSWD.to_string(), || GROUP.to_string())
+    }
+
+    #[test]
+    fn a_workloads_fifo_or_link_as_etc_passwd_neither_hangs_nor_reads_the_host() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir(root.join("etc")).unwrap();
+        // A FIFO where the user's name is looked up: the start would hang on the open.
+        nix::unistd::mkfifo(&root.join("etc/passwd"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let started = std::time::Instant::now();
+        let err = resolve_user("app", root).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert!(err.contains("not in the image's /etc/passwd"), "{err}");
+        // A link to the host's /etc/passwd resolves inside the rootfs: root, the host's
+        // first user, is not found there.
+        std::fs::remove_file(root.join("etc/passwd")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.join("etc/passwd")).unwrap();
+        assert!(resolve_user("root", root).is_err());
+        std::fs::remove_file(root.join("etc/passwd")).unwrap();
+        std::fs::write(root.join("etc/passwd"), "app:x:1000:1000::/:/bin/sh\n").unwrap();
+        assert_eq!(resolve_user("app", root).unwrap().uid, 1000);
     }
 
     #[test]
