@@ -212,15 +212,8 @@ pub fn spec_bounds(spec: &SandboxSpec) -> Result<()> {
             limits::MAX_IMAGE_REF_BYTES
         )));
     }
-    if let Some(r) = &spec.resources
-        && r.memory_bytes != 0
-        && r.memory_bytes < limits::MIN_MEMORY_BYTES
-    {
-        return Err(invalid(format!(
-            "the memory limit {} bytes is below the smallest a sandbox can start with, {} bytes (4 MiB); give at least that, or 0 for no limit",
-            r.memory_bytes,
-            limits::MIN_MEMORY_BYTES
-        )));
+    if let Some(r) = &spec.resources {
+        memory_limit("the memory limit", r.memory_bytes, "no limit")?;
     }
     if let Some(n) = &spec.network {
         network(n)?;
@@ -366,6 +359,19 @@ pub struct ImageDefault {
     pub name: String,
     /// Whether its Entrypoint + Cmd is non-empty.
     pub runs: bool,
+}
+
+/// A memory limit (`what`, in bytes) is 0 (`zero_means`) or at least what a sandbox can
+/// start with, [`limits::MIN_MEMORY_BYTES`] — for a sandbox's own, a workspace's default and
+/// the gateway's.
+pub fn memory_limit(what: &str, bytes: u64, zero_means: &str) -> Result<()> {
+    if bytes != 0 && bytes < limits::MIN_MEMORY_BYTES {
+        return Err(invalid(format!(
+            "{what} {bytes} bytes is below the smallest a sandbox can start with, {} bytes (4 MiB); give at least that, or 0 for {zero_means}",
+            limits::MIN_MEMORY_BYTES
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

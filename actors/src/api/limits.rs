@@ -88,16 +88,12 @@ impl Gateway {
         sel: &WorkspaceSelector,
         resources: Option<Resources>,
     ) -> Result<Workspace> {
-        if let Some(r) = &resources
-            && r.memory_bytes != 0
-            && r.memory_bytes < crate::limits::MIN_MEMORY_BYTES
-        {
-            return Err(ActorError::InvalidArgument(format!(
-                "the default memory limit {} bytes is below the smallest a sandbox can start \
-                 with, {} bytes (4 MiB); give at least that, or 0 for the gateway's default",
+        if let Some(r) = &resources {
+            crate::validate::memory_limit(
+                "the default memory limit",
                 r.memory_bytes,
-                crate::limits::MIN_MEMORY_BYTES
-            )));
+                "the gateway's default",
+            )?;
         }
         self.refuse_if_disk_full()?;
         let ws = self.resolve_workspace(sel).await?;

@@ -70,18 +70,22 @@ pub fn is_alive(identity: &ProcessIdentity) -> bool {
 }
 
 /// Whether `pid` is in a cgroup of sandbox `sandbox_id`: a line of its `/proc/<pid>/cgroup`
-/// has a path segment named by the id (the oci driver's `/<parent>/<id>`, the process
-/// driver's `sbx-<id>`). A sandbox's process cannot leave its cgroups (their files are host
+/// has a path segment that is the id (the oci driver's `/<parent>/<id>`) or `sbx-<id>` (the
+/// process driver's); an empty id names no sandbox. A sandbox's process cannot leave its cgroups (their files are host
 /// root's), and no host process is in them: the proof that a pid is the sandbox's own, which
 /// a pid and start time read from a file can never be.
 pub fn in_sandbox_cgroup(pid: i32, sandbox_id: &str) -> bool {
+    if sandbox_id.is_empty() {
+        return false;
+    }
     let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
         return false;
     };
+    let named = |seg: &str| seg == sandbox_id || seg.strip_prefix("sbx-") == Some(sandbox_id);
     text.lines().any(|line| {
         line.splitn(3, ':')
             .nth(2)
-            .is_some_and(|path| path.split('/').any(|seg| seg.ends_with(sandbox_id)))
+            .is_some_and(|path| path.split('/').any(named))
     })
 }
 
@@ -163,6 +167,10 @@ mod tests {
         let id = "0b9c3c1e-6f1a-4c50-9a57-1d2a3b4c5d6e";
         assert!(is_alive(&identity));
         assert!(!in_sandbox_cgroup(identity.pid, id));
+        assert!(
+            !in_sandbox_cgroup(identity.pid, ""),
+            "an empty id names every process"
+        );
         assert!(!is_sandbox_process(&identity, id));
         assert!(!signal_sandbox_process(
             &identity,
@@ -173,6 +181,17 @@ mod tests {
             child.try_wait().unwrap().is_none(),
             "the host process was signalled"
         );
+        // The child's own cgroup path names it (as a sandbox's names the sandbox); a
+        // segment that only ends with it does not.
+        let own = std::fs::read_to_string(format!("/proc/{}/cgroup", identity.pid)).unwrap();
+        if let Some(leaf) = own
+            .lines()
+            .filter_map(|l| l.splitn(3, ':').nth(2)?.rsplit('/').next())
+            .find(|s| s.len() > 1)
+        {
+            assert!(in_sandbox_cgroup(identity.pid, leaf), "{own}");
+            assert!(!in_sandbox_cgroup(identity.pid, &leaf[1..]), "{own}");
+        }
         child.kill().unwrap();
         child.wait().unwrap();
     }

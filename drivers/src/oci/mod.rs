@@ -517,7 +517,6 @@ impl Inner {
                 .append(true)
                 .create_new(true)
                 .mode(0o600)
-                .custom_flags(libc_nofollow())
                 .open(run.dir.join(name))
                 .map_err(|e| io(&format!("making the run's {name}"), e))?;
             handed.push(std::os::fd::OwnedFd::from(file));
@@ -639,14 +638,8 @@ mod tests {
     }
 }
 
-/// `O_NOFOLLOW`: a file the driver makes or writes in a run directory is never reached through
-/// a link.
-fn libc_nofollow() -> i32 {
-    rustix::fs::OFlags::NOFOLLOW.bits() as i32
-}
-
-/// Writes `bytes` to a new file `path` in a directory of host root's (mode 0444; made anew,
-/// never through a link, never into an existing file).
+/// Writes `bytes` to a new file `path` in a directory of host root's (mode 0444; made anew:
+/// `create_new` is `O_CREAT | O_EXCL`, which follows no link and opens no existing file).
 fn write_host_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let _ = std::fs::remove_file(path);
@@ -654,7 +647,6 @@ fn write_host_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> 
         .write(true)
         .create_new(true)
         .mode(0o444)
-        .custom_flags(libc_nofollow())
         .open(path)?;
     file.write_all(bytes)
 }

@@ -603,12 +603,8 @@ fn open_images(data_dir: &Path) -> Result<ImageStore, DaemonError> {
 /// A service domain: DNS labels joined by dots (a Host ends in it).
 /// `--default-cpu` and `--default-memory` as the gateway's default limits.
 fn default_resources(args: &ServeArgs) -> Result<sbx_proto::v1::Resources, DaemonError> {
-    if args.default_memory != 0 && args.default_memory < sbx_actors::limits::MIN_MEMORY_BYTES {
-        return Err(DaemonError::Setup(format!(
-            "--default-memory {} bytes is below the smallest a sandbox can start with, 4Mi              (0: no default limit)",
-            args.default_memory
-        )));
-    }
+    sbx_actors::validate::memory_limit("--default-memory", args.default_memory, "no limit")
+        .map_err(|e| DaemonError::Setup(e.to_string()))?;
     Ok(sbx_proto::v1::Resources {
         cpu_millis: args.default_cpu,
         memory_bytes: args.default_memory,

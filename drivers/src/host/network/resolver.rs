@@ -398,10 +398,11 @@ pub(crate) fn answer(shared: &Shared, source: Ipv4Addr, query: &[u8]) -> Option<
     let Some(mut reply) = ask_upstream(upstream, &q) else {
         return bare(&q, ResponseCode::ServFail);
     };
-    // No record of the reply may name an address the sandbox may not be steered to.
-    let host = host_addresses();
+    // No record of the reply may name an address the sandbox may not be steered to (the
+    // host's addresses read only for an answer that has addresses).
     let answered = reply.take_answers();
     let had_a = answered.iter().any(|r| matches!(r.data(), RData::A(_)));
+    let host = if had_a { host_addresses() } else { Vec::new() };
     let (kept, refused): (Vec<_>, Vec<_>) = answered.into_iter().partition(|r| match r.data() {
         RData::A(a) => !forbidden(a.0, shared.table.network, shared.table.prefix, &host),
         _ => true,
