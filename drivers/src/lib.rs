@@ -26,6 +26,7 @@ pub mod vm;
 pub use error::DriverError;
 pub use host::elf::{BUSYBOX_PATHS, find_static_busybox};
 pub use host::network;
+pub use host::uidpool;
 
 /// A stream of results from a driver (watch events, exec output, log chunks).
 pub type DriverStream<T> = Pin<Box<dyn Stream<Item = Result<T, DriverError>> + Send + 'static>>;

@@ -19,11 +19,21 @@ async fn root_inside_is_an_unprivileged_host_uid_behind_the_boundary() {
     assert_eq!(snapshot.state, pb::State::Running as i32, "{snapshot:?}");
     let sid = id.to_string();
 
-    // Root inside, host uid 200000 outside.
+    // Root inside; outside, the first id of a range of the sandbox's own from the uid pool
+    // (not the image store's shared 200000).
     assert_eq!(exec(&driver, &sid, &["id", "-u"]).await.1.trim(), "0");
     let map = exec(&driver, &sid, &["cat", "/proc/self/uid_map"]).await.1;
     let fields: Vec<&str> = map.split_whitespace().collect();
-    assert_eq!(fields, ["0", "200000", "65536"], "{map}");
+    assert_eq!((fields[0], fields[2]), ("0", "65536"), "{map}");
+    let host_uid: u32 = fields[1].parse().unwrap();
+    let pool = sbx_drivers::uidpool::UidPool::default();
+    assert!(
+        host_uid >= pool.start && host_uid < pool.start + pool.count,
+        "{map}"
+    );
+    // The image's files (shared layers, owned by 200000.. on disk) are root's inside.
+    let owners = exec(&driver, &sid, &["stat", "-c", "%u:%g", "/bin", "/etc/passwd"]).await.1;
+    assert_eq!(owners.split_whitespace().collect::<Vec<_>>(), ["0:0", "0:0"], "{owners}");
 
     // A host file (a marker in the host's /root) and the driver's state dir are invisible.
     let marker = format!("/root/sbx-oci-marker-{}", Uuid::new_v4().simple());
@@ -39,7 +49,15 @@ async fn root_inside_is_an_unprivileged_host_uid_behind_the_boundary() {
     let (code, _, err) = exec(&driver, &sid, &["sh", "-c", "echo hi > /sandbox/mine"]).await;
     assert_eq!(code, 0, "{err}");
     let meta = std::fs::metadata(driver.volume_dir(id).join("mine")).unwrap();
-    assert_eq!((meta.uid(), meta.gid()), (200_000, 200_000));
+    assert_eq!((meta.uid(), meta.gid()), (host_uid, host_uid));
+    // So is a file written to the root filesystem (its writable layer) and one it changed
+    // from the image (copied up with the sandbox's owner, not the store's).
+    let (code, _, err) = exec(&driver, &sid, &["sh", "-c", "echo x > /etc/new; echo y >> /etc/passwd"]).await;
+    assert_eq!(code, 0, "{err}");
+    for name in ["new", "passwd"] {
+        let meta = std::fs::metadata(driver.upper_dir(id).join("etc").join(name)).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (host_uid, host_uid), "/etc/{name}");
+    }
 
     // mount, unshare, sysrq, kcore and module loading are refused. (`h` only prints the
     // sysrq help to the kernel log, should the write ever get through.)
@@ -109,6 +127,17 @@ async fn two_sandboxes_see_neither_files_nor_processes_of_each_other() {
         .1;
     let pids: usize = pids.trim().parse().unwrap();
     assert!(pids < 10, "b sees {pids} processes");
+    // Their host uids differ: each has a range of its own.
+    let outside = |id: &str| {
+        let driver = &driver;
+        let id = id.to_string();
+        async move {
+            let map = exec(driver, &id, &["cat", "/proc/self/uid_map"]).await.1;
+            map.split_whitespace().nth(1).unwrap().to_string()
+        }
+    };
+    let (ua, ub) = (outside(&a).await, outside(&b).await);
+    assert_ne!(ua, ub, "two sandboxes share host uid {ua}");
     drop(driver);
     env.finish().await;
 }

@@ -17,7 +17,6 @@ use sbx_drivers::process::{ProcessDriver, ProcessDriverOptions};
 use uuid::Uuid;
 
 /// The host uid (and gid) of root inside: the default id map's base.
-const BASE: u32 = 200_000;
 
 /// Runs `script` with `sh -c` in the sandbox; stdout, stderr and the exit code.
 async fn sh(driver: &ProcessDriver, id: Uuid, script: &str) -> (String, String, i32) {
@@ -104,6 +103,11 @@ async fn root_inside_is_a_stranger_to_the_hosts_files() {
     }
     assert!(out.contains("NoNewPrivs:\t1"), "{out}");
 
+    // Its host ids are a range of its own from the uid pool.
+    let base = driver.id_map(id).unwrap().host_uid;
+    let pool = sbx_drivers::uidpool::UidPool::default();
+    assert!(base >= pool.start && base < pool.start + pool.count, "{base}");
+
     // The main process, seen from the host: host uid and gid BASE, no capabilities. Ready
     // comes when the shim has started it; its way into `sleep` (unshare, setpriv, sh, exec)
     // may take a moment more: looked for for at most 5 s.
@@ -123,11 +127,11 @@ async fn root_inside_is_a_stranger_to_the_hosts_files() {
     };
     assert_eq!(
         status_field(main, "Uid"),
-        format!("{BASE}\t{BASE}\t{BASE}\t{BASE}")
+        format!("{base}\t{base}\t{base}\t{base}")
     );
     assert_eq!(
         status_field(main, "Gid"),
-        format!("{BASE}\t{BASE}\t{BASE}\t{BASE}")
+        format!("{base}\t{base}\t{base}\t{base}")
     );
     assert_eq!(status_field(main, "Groups"), "");
     assert_eq!(status_field(main, "CapEff"), "0000000000000000");
@@ -146,12 +150,12 @@ async fn root_inside_is_a_stranger_to_the_hosts_files() {
     refused(&driver, id, &format!("touch {}", written.display())).await;
     assert!(!written.exists(), "the sandbox wrote {}", written.display());
 
-    // /sandbox is root's inside, BASE's on the host.
+    // /sandbox is root's inside, base's on the host.
     let (_, err, code) = sh(&driver, id, "echo hi > /sandbox/mine && mkdir /sandbox/d").await;
     assert_eq!(code, 0, "{err}");
     for name in ["", "mine", "d"] {
         let meta = std::fs::metadata(driver.persistent_dir(id).join(name)).unwrap();
-        assert_eq!((meta.uid(), meta.gid()), (BASE, BASE), "/sandbox/{name}");
+        assert_eq!((meta.uid(), meta.gid()), (base, base), "/sandbox/{name}");
     }
 
     // The exec'd command is no more privileged than the workload.
@@ -382,6 +386,43 @@ fn open_up(dir: &Path) {
             open_up(&entry.path());
         }
     }
+}
+
+#[tokio::test]
+async fn a_sandbox_cannot_write_files_another_sandbox_owns() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let a = sleeper(&driver, "owner").await;
+    let b = sleeper(&driver, "intruder").await;
+    let (ua, ub) = (driver.id_map(a).unwrap(), driver.id_map(b).unwrap());
+    assert_ne!(ua.host_uid, ub.host_uid, "two sandboxes share a host uid");
+    // A directory of a's on the host, where b's root filesystem (the host's) reaches it: a
+    // 0755 directory and a 0644 file owned by a's root, as a's own files are.
+    let dir = tempfile::Builder::new().prefix("sbx-owned-").tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let owned = dir.path().join("owned");
+    std::fs::create_dir(&owned).unwrap();
+    std::fs::write(owned.join("file"), "a's\n").unwrap();
+    for p in [owned.clone(), owned.join("file")] {
+        std::os::unix::fs::chown(&p, Some(ua.host_uid), Some(ua.host_gid)).unwrap();
+    }
+    let target = owned.display();
+    // a, its owner, can write there; b cannot add, change or remove a thing.
+    let (out, err, code) = sh(&driver, a, &format!("echo more >> {target}/file && echo ok")).await;
+    assert_eq!((code, out.trim()), (0, "ok"), "{err}");
+    for (what, cmd) in [
+        ("a new file", format!("echo x > {target}/new")),
+        ("an append", format!("echo x >> {target}/file")),
+        ("a removal", format!("rm -f {target}/file")),
+        ("a chmod", format!("chmod 777 {target}/file")),
+    ] {
+        let (out, err, code) = sh(&driver, b, &cmd).await;
+        assert_ne!(code, 0, "{what} in another sandbox's directory was allowed: {out} {err}");
+    }
+    assert_eq!(std::fs::read_to_string(owned.join("file")).unwrap(), "a's\nmore\n");
+    assert!(!owned.join("new").exists());
+    drop(driver);
+    env.finish().await;
 }
 
 #[tokio::test]

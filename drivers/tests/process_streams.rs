@@ -254,12 +254,12 @@ async fn logs_tail_and_follow_the_workload_output() {
     ]);
     // stdout and stderr have a logger each, writing to the log independently: the sleep
     // keeps their lines in the order the test asserts.
-    // The workload blocks on a FIFO in its persistent dir until the test opens it. Root inside
-    // is host uid 200000 (the default id map), so the FIFO is handed to it.
+    // The workload blocks on a FIFO in its persistent dir until the test opens it. Its host
+    // uid is leased at create, after the FIFO is made, so the FIFO is open to every user.
     std::fs::create_dir_all(driver.persistent_dir(id)).unwrap();
     let fifo = driver.persistent_dir(id).join("go");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-    std::os::unix::fs::chown(&fifo, Some(200_000), Some(200_000)).unwrap();
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    std::fs::set_permissions(&fifo, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     driver
         .create(create_req(id, "talker", talker, 1))
         .await

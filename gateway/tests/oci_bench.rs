@@ -335,7 +335,7 @@ impl Template {
     }
 }
 
-/// Makes `dir` owned by the sandboxes' root (host uid 200000) with `mode`.
+/// Makes `dir` owned by the bare containers' root (host uid 200000) with `mode`.
 fn hand_to_sandbox(dir: &Path, mode: u32) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
@@ -391,6 +391,11 @@ impl Bare<'_> {
         std::fs::create_dir_all(&work).unwrap();
         let mut config = self.template.config.clone();
         config["linux"]["cgroupsPath"] = Value::from(format!("/{BARE_CGROUP_PARENT}/{id}"));
+        // The bare side runs on the layers as they are on disk (owners in the image store's
+        // range), with no idmapped mounts: its root maps to that range, not to a sandbox's own.
+        for maps in ["uidMappings", "gidMappings"] {
+            config["linux"][maps][0]["hostID"] = Value::from(HOST_ID);
+        }
         let mut replaced = 0;
         for m in config["mounts"]
             .as_array_mut()

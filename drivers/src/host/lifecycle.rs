@@ -73,6 +73,8 @@ pub(crate) trait HostDriver: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), DriverError>> + Send {
         async { Ok(()) }
     }
+    /// What the driver lets go of once the sandbox's directory is gone (its uid range).
+    fn after_removal(&self, _record: &Self::Record) {}
     /// What the driver forgets of a deleted sandbox besides its record.
     fn forget(&self, _id: Uuid) {}
 }
@@ -238,6 +240,7 @@ pub(crate) async fn delete<D: HostDriver>(
     let last = driver.snapshot(&record);
     driver.before_removal(&record).await?;
     records.remove(id)?;
+    driver.after_removal(&record);
     driver.forget(id);
     feed::publish_deleted(driver, id, last);
     records.forget_lock(id);

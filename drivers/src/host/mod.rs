@@ -50,6 +50,7 @@ pub(crate) mod procfs;
 pub(crate) mod records;
 pub(crate) mod run;
 pub(crate) mod safefs;
+pub mod uidpool;
 
 pub(crate) use command::validate_command;
 pub(crate) use lifecycle::{Alive, HostDriver};

@@ -24,15 +24,20 @@
 //! then `runc delete --force` (which removes the cgroup and the runtime state) and unmounts
 //! the overlay; the writable layer and the volume stay. A delete removes them too.
 //!
+//! **Uids.** Each sandbox has a host uid/gid range of its own (65,536 ids), leased at create
+//! from the host-wide pool (`OciDriverOptions::uid_pool`, `host::uidpool`), kept in its
+//! record and released once its files are gone: no two sandboxes share a host uid, so not a
+//! kernel quota (the session keyring runc makes per container counts against its uid) nor a
+//! file. The image store keeps one copy of each layer, its owners shifted into the store's
+//! range; a start mounts each layer idmapped into the sandbox's range (`rootfs::mapped_layers`)
+//! under the overlay, so nothing is copied per sandbox.
+//!
 //! **Identity.** A sandbox is found again after a restart of the driver by its directory
 //! (named by its id), the runtime's own state (`runc --root <state>/runc list`, at open), and its
 //! init's pid *and* start time, recorded after each launch (a reused pid is never taken for
 //! it). The record holds the generation the run was started with.
 //!
 //! Known limits:
-//! - Every sandbox maps to the same host uid range (`OciDriverOptions::id_map`); the image
-//!   store unpacks layers with their owners shifted into it. Two sandboxes are kept apart by
-//!   their namespaces and their own filesystems, not by distinct host uids.
 //! - The main process's status is the init shell's `$?`: an exit code of 128 + n cannot be
 //!   told from death by signal n. The workload can write its own run directory (it is the
 //!   init's), so a workload can misreport its own exit status, and only its own.
@@ -69,6 +74,7 @@ use crate::host::logfile::log_since;
 use crate::host::network::{self, Network};
 use crate::host::procfs::{self, ProcessIdentity};
 use crate::host::records::{self, RecordCache, write_atomically};
+use crate::host::uidpool::UidPool;
 use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms};
 use crate::image::{IdMap, ImageStore};
 use crate::{DriverError, pb};
@@ -143,8 +149,12 @@ pub struct OciDriverOptions {
     pub busybox: Option<PathBuf>,
     /// The cgroup (from each hierarchy's root) under which sandbox cgroups are made.
     pub cgroup_parent: String,
-    /// The host uid/gid range sandboxes map to: must be the image store's.
+    /// The image store's uid/gid range (its layers' owners are shifted into it), and the
+    /// range of every sandbox when there is no `uid_pool`.
     pub id_map: IdMap,
+    /// Where each sandbox's own range comes from (see `host::uidpool`); `None`: every
+    /// sandbox shares `id_map`.
+    pub uid_pool: Option<UidPool>,
     /// The most processes (threads included) one sandbox may have.
     pub pids_limit: i64,
     /// How long a stop waits after SIGTERM before SIGKILL when the request says 0.
@@ -163,6 +173,7 @@ impl Default for OciDriverOptions {
             busybox: None,
             cgroup_parent: "sbx-oci".to_string(),
             id_map: IdMap::default(),
+            uid_pool: Some(UidPool::default()),
             pids_limit: 1024,
             default_grace: Duration::from_secs(5),
             poll_interval: Duration::from_millis(250),
@@ -210,6 +221,9 @@ impl OciDriver {
                 opts.id_map
             )));
         }
+        if let Some(pool) = &opts.uid_pool {
+            crate::host::uidpool::check_apart(pool, &opts.id_map)?;
+        }
         let runtime = Runtime::find(opts.runtime.as_deref(), record::runtime_root(&state_dir))?;
         let busybox = crate::find_static_busybox(opts.busybox.as_deref(), &crate::BUSYBOX_PATHS)
             .map_err(|why| {
@@ -234,7 +248,7 @@ impl OciDriver {
         install_init(&record::init_dir(&state_dir), &busybox)?;
         // A root filesystem may still be mounted in the trash, or in a half-made sandbox.
         let unmount_rootfs = |dir: &Path| {
-            let _ = rootfs::unmount(&SandboxPaths::of_dir(dir.to_path_buf()).rootfs);
+            let _ = rootfs::unmount(&SandboxPaths::of_dir(dir.to_path_buf()));
         };
         let trash = records::trash_dir(&state_dir);
         records::empty_trash(&trash, unmount_rootfs)?;
@@ -249,6 +263,7 @@ impl OciDriver {
                 .map(|r| (r.sandbox_id, r.network_allow.as_ref())),
         );
         for record in found.values() {
+            reclaim_range(opts.uid_pool.as_ref(), &state_dir, record);
             if record.desired == Desired::Stopped {
                 let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
                 finish_interrupted_stop(&runtime, &paths, record).await;
@@ -286,6 +301,12 @@ impl OciDriver {
     /// The state directory this driver keeps its sandboxes in.
     pub fn state_dir(&self) -> &Path {
         &self.inner.state_dir
+    }
+
+    /// The host ids of sandbox `id`: its own range, else the driver's shared one.
+    pub fn id_map(&self, id: Uuid) -> Option<IdMap> {
+        let record = self.inner.records.get(id)?;
+        Some(self.inner.id_map(&record))
     }
 
     /// The persistent volume of sandbox `id` on the host (`/sandbox` inside it).
@@ -362,7 +383,26 @@ async fn finish_interrupted_stop(runtime: &Runtime, paths: &SandboxPaths, record
     if let Err(e) = runtime.delete(&record.sandbox_id.to_string()).await {
         tracing::warn!(sandbox_id = %record.sandbox_id, error = %e, "runtime container not deleted");
     }
-    let _ = rootfs::unmount(&paths.rootfs);
+    let _ = rootfs::unmount(paths);
+}
+
+/// At open: the range a sandbox's record names is leased to it again if the lease went
+/// missing (the lease directory wiped); if another live sandbox holds it, that is said loudly
+/// (two sandboxes on one range are not kept apart by their uids).
+fn reclaim_range(pool: Option<&UidPool>, state_dir: &Path, record: &OciRecord) {
+    let (Some(pool), Some(map)) = (pool, record.id_map) else {
+        return;
+    };
+    let owner = SandboxPaths::new(state_dir, record.sandbox_id).dir;
+    match pool.reclaim(&map, &owner) {
+        Ok(true) => {}
+        Ok(false) => tracing::error!(
+            sandbox_id = %record.sandbox_id,
+            host_uid = map.host_uid,
+            "the sandbox's uid range is leased to another sandbox"
+        ),
+        Err(e) => tracing::warn!(sandbox_id = %record.sandbox_id, error = %e, "uid lease not checked"),
+    }
 }
 
 impl Inner {
@@ -372,6 +412,17 @@ impl Inner {
 
     fn run_paths(&self, record: &OciRecord) -> RunDir {
         self.paths(record.sandbox_id).run(&record.run_id)
+    }
+
+    /// The host ids of the sandbox: its own range, else the driver's shared one.
+    fn id_map(&self, record: &OciRecord) -> IdMap {
+        record.id_map.unwrap_or(self.opts.id_map)
+    }
+
+    /// The overlay's lower dirs for `record`: its image's layers as its range sees them.
+    fn lower_dirs(&self, record: &OciRecord, paths: &SandboxPaths) -> Result<Vec<PathBuf>, DriverError> {
+        rootfs::mapped_layers(&record.image.layers, self.opts.id_map, self.id_map(record), &paths.lower)
+            .map_err(DriverError::Internal)
     }
 }
 
@@ -447,7 +498,7 @@ impl HostDriver for Inner {
         self.records.save(&record)?;
         if let Err(e) = self.launch(&record, &paths, &run_env).await {
             let _ = self.runtime.delete(&id.to_string()).await;
-            let _ = rootfs::unmount(&paths.rootfs);
+            let _ = rootfs::unmount(&paths);
             return Err(e);
         }
         let snapshot = self.snapshot(&record);
@@ -481,7 +532,14 @@ impl HostDriver for Inner {
             .delete(&record.sandbox_id.to_string())
             .await
             .map_err(|e| DriverError::Internal(format!("deleting the container: {e}")))?;
-        rootfs::unmount(&self.paths(record.sandbox_id).rootfs).map_err(DriverError::Internal)
+        rootfs::unmount(&self.paths(record.sandbox_id)).map_err(DriverError::Internal)
+    }
+
+    /// The sandbox's uid range goes back to the pool once its files are gone.
+    fn after_removal(&self, record: &OciRecord) {
+        if let (Some(pool), Some(map)) = (&self.opts.uid_pool, record.id_map) {
+            pool.release(&map, &self.paths(record.sandbox_id).dir);
+        }
     }
 }
 
@@ -524,13 +582,10 @@ impl Inner {
         // No container holds the id here (no `runc delete` first, ≈ 3 ms a launch): a known
         // sandbox is terminated (its container deleted) before every new run, a new id has
         // never had one, and `open` deletes the containers no record owns.
-        rootfs::mount_overlay(
-            &record.image.layers,
-            &paths.upper,
-            &paths.work,
-            &paths.rootfs,
-        )
-        .map_err(DriverError::Internal)?;
+        let layers = self.lower_dirs(record, paths)?;
+        rootfs::mount_overlay(&layers, &paths.upper, &paths.work, &paths.rootfs)
+            .map_err(DriverError::Internal)?;
+        rootfs::unmount_layers(&paths.lower).map_err(DriverError::Internal)?;
         let user = rootfs::resolve_user(&record.image.user, &paths.rootfs)
             .map_err(|e| DriverError::InvalidArgument(format!("the image's user: {e}")))?;
         write_host_file(
@@ -562,7 +617,7 @@ impl Inner {
             env: with_run_env(&record.image.env, run_env),
             cwd: &record.image.cwd,
             user,
-            id_map: self.opts.id_map,
+            id_map: self.id_map(record),
             cgroup_path: &record.cgroup_path,
             cpu_millis: record.cpu_millis,
             memory_bytes: record.memory_bytes,

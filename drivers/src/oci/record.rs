@@ -11,6 +11,9 @@
 //!                                               while the workload runs)
 //! <state_dir>/sandboxes/<id>/upper/, work/      the overlay's writable layer: every change
 //!                                               to the root filesystem, kept until delete
+//! <state_dir>/sandboxes/<id>/lower/<n>/         the image's layer n as the sandbox's own uid
+//!                                               range sees it (idmapped, read-only; mounted
+//!                                               only while a root filesystem is mounted)
 //! <state_dir>/sandboxes/<id>/volume/            /sandbox inside
 //! <state_dir>/sandboxes/<id>/workload.log       stdout and stderr of the workload
 //! <state_dir>/sandboxes/<id>/run-<run_id>/      one run, host root's (0711, never bound
@@ -45,6 +48,7 @@ use uuid::Uuid;
 
 use crate::host::records::{self, host_record};
 use crate::host::{Desired, RunDir};
+use crate::image::IdMap;
 
 /// The version of [`OciRecord`]'s format.
 pub const RECORD_FORMAT: u32 = 1;
@@ -95,6 +99,11 @@ pub struct OciRecord {
     /// `None`: loopback only. Absent in records written before networks existed.
     #[serde(default)]
     pub network_allow: Option<Vec<String>>,
+    /// The host ids of this sandbox alone, leased from the driver's uid pool at create and
+    /// released at delete. `None`: the driver's shared range (records written before
+    /// per-sandbox ranges, or a driver without a pool).
+    #[serde(default)]
+    pub id_map: Option<IdMap>,
 }
 
 host_record!(OciRecord, RECORD_FORMAT);
@@ -107,6 +116,9 @@ pub struct SandboxPaths {
     pub rootfs: PathBuf,
     pub upper: PathBuf,
     pub work: PathBuf,
+    /// The image's layers as the sandbox's own uid range sees them (idmapped mounts, while
+    /// a root filesystem is being mounted).
+    pub lower: PathBuf,
     pub volume: PathBuf,
     pub log: PathBuf,
 }
@@ -124,6 +136,7 @@ impl SandboxPaths {
             bundle,
             upper: dir.join("upper"),
             work: dir.join("work"),
+            lower: dir.join("lower"),
             volume: dir.join("volume"),
             log: dir.join("workload.log"),
             dir,
@@ -214,6 +227,11 @@ mod tests {
             warnings: vec![],
             spec_env: BTreeMap::new(),
             network_allow: None,
+            id_map: Some(IdMap {
+                host_uid: 1_000_000,
+                host_gid: 1_000_000,
+                size: 65_536,
+            }),
         };
         write_record(&paths, &record).unwrap();
         assert_eq!(read_record(&paths).unwrap(), record);

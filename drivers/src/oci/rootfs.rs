@@ -9,9 +9,13 @@
 
 use std::path::{Path, PathBuf};
 
+use std::os::fd::AsFd;
+
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use super::bundle::ProcessUser;
+use super::record::SandboxPaths;
+use crate::image::IdMap;
 
 /// The overlay's mount options for these layers (lowest first) and writable dirs.
 pub fn overlay_options(layers: &[PathBuf], upper: &Path, work: &Path) -> String {
@@ -71,14 +75,82 @@ pub fn mount_overlay(
     .map_err(|e| format!("mounting the root filesystem at {}: {e}", rootfs.display()))
 }
 
-/// Unmounts `rootfs` if it is mounted (lazily: a process that still holds it keeps its view
-/// until it lets go, nothing is left in the mount table).
-pub fn unmount(rootfs: &Path) -> Result<(), String> {
-    if !is_mount_point(rootfs) {
-        return Ok(());
+/// Unmounts the sandbox's root filesystem if it is mounted, then its layers as its range sees
+/// them (lazily: a process that still holds one keeps its view until it lets go, nothing is
+/// left in the mount table).
+pub fn unmount(paths: &SandboxPaths) -> Result<(), String> {
+    if is_mount_point(&paths.rootfs) {
+        umount2(&paths.rootfs, MntFlags::MNT_DETACH)
+            .map_err(|e| format!("unmounting {}: {e}", paths.rootfs.display()))?;
     }
-    umount2(rootfs, MntFlags::MNT_DETACH)
-        .map_err(|e| format!("unmounting {}: {e}", rootfs.display()))
+    unmount_layers(&paths.lower)
+}
+
+/// The image's layers as a sandbox whose ids are `sandbox` sees them. The image store keeps
+/// one copy of each layer, its owners shifted into `store` (the store's range); a sandbox with
+/// a range of its own gets each layer as a read-only idmapped mount at `lower/<n>` (owner
+/// `store + k` seen as `sandbox + k`), through a user namespace made for the mapping alone.
+/// The overlay holds its own copies of its layers' mounts, so these are unmounted once it is
+/// mounted; an offline copy's namespace copies them when it starts. With the store's own
+/// range, the layers themselves.
+pub fn mapped_layers(
+    layers: &[PathBuf],
+    store: IdMap,
+    sandbox: IdMap,
+    lower: &Path,
+) -> Result<Vec<PathBuf>, String> {
+    if store == sandbox {
+        return Ok(layers.to_vec());
+    }
+    if sandbox.size > store.size {
+        return Err(format!(
+            "the sandbox's range ({} ids) is larger than the image store's ({})",
+            sandbox.size, store.size
+        ));
+    }
+    super::record::make_walkable_dir(lower)
+        .map_err(|e| format!("making {}: {e}", lower.display()))?;
+    let targets: Vec<PathBuf> = (0..layers.len()).map(|i| lower.join(i.to_string())).collect();
+    let mut namespace = None;
+    for (layer, target) in layers.iter().zip(&targets) {
+        if is_mount_point(target) {
+            continue;
+        }
+        if namespace.is_none() {
+            let map = |from: u32, to: u32| format!("{from} {to} {}\n", sandbox.size);
+            namespace = Some(
+                sbx_sys::user_namespace(
+                    &map(store.host_uid, sandbox.host_uid),
+                    &map(store.host_gid, sandbox.host_gid),
+                )
+                .map_err(|e| format!("making the user namespace of the sandbox's ids: {e}"))?,
+            );
+        }
+        let ns = namespace.as_ref().expect("made above");
+        super::record::make_walkable_dir(target)
+            .map_err(|e| format!("making {}: {e}", target.display()))?;
+        let tree = sbx_sys::idmapped_tree(layer, ns.as_fd())
+            .map_err(|e| format!("an idmapped copy of layer {}: {e}", layer.display()))?;
+        sbx_sys::attach(tree.as_fd(), target)
+            .map_err(|e| format!("mounting layer {} at {}: {e}", layer.display(), target.display()))?;
+    }
+    Ok(targets)
+}
+
+/// Unmounts and removes the idmapped layers under `lower` (see [`mapped_layers`]).
+pub fn unmount_layers(lower: &Path) -> Result<(), String> {
+    let Ok(entries) = std::fs::read_dir(lower) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let target = entry.path();
+        if is_mount_point(&target) {
+            umount2(&target, MntFlags::MNT_DETACH)
+                .map_err(|e| format!("unmounting {}: {e}", target.display()))?;
+        }
+        let _ = std::fs::remove_dir(&target);
+    }
+    Ok(())
 }
 
 /// Whether `path` is a mount point in this process's mount namespace.

@@ -39,11 +39,17 @@ impl ComputeDriver for OciDriver {
             copy_when_stopped: true,
             network: self.inner.opts.network.is_some(),
             isolation: format!(
-                "OCI container ({}): user namespace (root = host uid {}), pid/mount/uts/ipc/\
+                "OCI container ({}): user namespace ({}), pid/mount/uts/ipc/\
                  net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \
                  /proc and /sys, cpu/memory/pids limits; overlay root filesystem from the image",
                 self.inner.runtime.binary.display(),
-                self.inner.opts.id_map.host_uid
+                match &self.inner.opts.uid_pool {
+                    Some(pool) => format!(
+                        "root = a host uid range of its own, from the pool {}:{}",
+                        pool.start, pool.count
+                    ),
+                    None => format!("root = host uid {}", self.inner.opts.id_map.host_uid),
+                }
             ),
         })
     }
@@ -159,13 +165,17 @@ impl Inner {
 
     /// The sandbox's directories: walkable to the rootfs, the writable layer and the volume
     /// owned by the sandbox's root (its host uid), the overlay's work dir private.
-    fn make_sandbox_dirs(&self, paths: &record::SandboxPaths) -> Result<(), DriverError> {
+    fn make_sandbox_dirs(
+        &self,
+        paths: &record::SandboxPaths,
+        id_map: crate::image::IdMap,
+    ) -> Result<(), DriverError> {
         let io = |what: &str, e: std::io::Error| internal(what, e);
         for dir in [&paths.dir, &paths.bundle, &paths.rootfs] {
             record::make_walkable_dir(dir).map_err(|e| io("making the sandbox directory", e))?;
         }
-        let uid = Some(Uid::from_raw(self.opts.id_map.host_uid));
-        let gid = Some(Gid::from_raw(self.opts.id_map.host_gid));
+        let uid = Some(Uid::from_raw(id_map.host_uid));
+        let gid = Some(Gid::from_raw(id_map.host_gid));
         for dir in [&paths.upper, &paths.volume] {
             std::fs::create_dir_all(dir).map_err(|e| io("making the sandbox directory", e))?;
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
@@ -260,7 +270,14 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
     }
 
     let paths = inner.paths(id);
-    inner.make_sandbox_dirs(&paths)?;
+    record::make_walkable_dir(&paths.dir).map_err(|e| internal("making the sandbox directory", e))?;
+    // Leased to the directory: a create killed before its record leaves a directory that
+    // open() removes, and with it the lease's owner.
+    let id_map = match &inner.opts.uid_pool {
+        Some(pool) => Some(pool.lease(&paths.dir)?),
+        None => None,
+    };
+    inner.make_sandbox_dirs(&paths, id_map.unwrap_or(inner.opts.id_map))?;
     let resources = spec.resources.unwrap_or_default();
     let record = OciRecord {
         format: RECORD_FORMAT,
@@ -278,6 +295,7 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
         warnings: Vec::new(),
         spec_env: spec.env.into_iter().collect::<BTreeMap<_, _>>(),
         network_allow,
+        id_map,
     };
     // start_run writes the record first; a driver killed before that leaves a directory
     // without a record, which open() removes.

@@ -56,14 +56,14 @@ impl OciDriver {
         let offline = Offline {
             agent: record::init_dir(&inner.state_dir).join("sbx-agent"),
             overlay: Some(rootfs::overlay_options(
-                &record.image.layers,
+                &inner.lower_dirs(&record, &paths)?,
                 &paths.upper,
                 &paths.work,
             )),
             sandbox: paths.volume,
             mountpoint: paths.dir.join("offline-root"),
-            uid: inner.opts.id_map.host_uid,
-            gid: inner.opts.id_map.host_gid,
+            uid: inner.id_map(&record).host_uid,
+            gid: inner.id_map(&record).host_gid,
         };
         Ok(CopyVia::Stopped(offline, lock))
     }

@@ -186,14 +186,17 @@ pub struct HostTools {
 
 impl HostTools {
     /// Finds the programs and checks what the workloads' user namespace needs (see
-    /// [`super::userns::check`]).
-    pub fn find(id_map: &IdMap, state_dir: &Path) -> Result<HostTools, DriverError> {
-        super::userns::check(
-            id_map,
+    /// [`super::userns::check`]) of the shared range `id_map` (older sandboxes') and of
+    /// `granted`, the uid pool's ids (or the shared range again).
+    pub fn find(id_map: &IdMap, granted: &IdMap, state_dir: &Path) -> Result<HostTools, DriverError> {
+        for map in [id_map, granted] {
+            super::userns::check(
+                map,
             |p| find_on_path(p).ok(),
             Path::new("/etc/subuid"),
             Path::new("/etc/subgid"),
         )?;
+        }
         let unshare = find_on_path("unshare")?;
         Ok(HostTools {
             setsid: find_on_path("setsid")?,
@@ -288,7 +291,8 @@ pub async fn launch(
     let io = |what: &str, e: std::io::Error| DriverError::Internal(format!("{what}: {e}"));
     let run = paths.run(&record.run_id);
     fs::create_dir_all(&run.dir).map_err(|e| io("making the run directory", e))?;
-    make_persistent_dir(&paths.root, &tools.jail.id_map)?;
+    let id_map = record.id_map.unwrap_or(tools.jail.id_map);
+    make_persistent_dir(&paths.root, &id_map)?;
     let log_start = fs::metadata(&paths.log).map(|m| m.len()).unwrap_or(0);
     let launcher_log = run.dir.join("launcher.log");
     let launcher = fs::File::create(&launcher_log).map_err(|e| io("making the launcher log", e))?;
@@ -328,7 +332,7 @@ pub async fn launch(
         .arg(&record.name)
         .arg(&paths.log)
         .arg(&tools.agent)
-        .args(tools.jail.shell_args())
+        .args(tools.jail.shell_args(&id_map))
         .args(&record.cgroups.dirs)
         .arg("--")
         .args(hidden)

@@ -106,6 +106,7 @@ pub use cgroup::CgroupVersion;
 use crate::host::command::RunEnv;
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::records::{self, RecordCache};
+use crate::host::uidpool::UidPool;
 use crate::host::{
     Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, network, now_ms, procfs,
 };
@@ -130,6 +131,9 @@ pub struct ProcessDriverOptions {
     /// default, 200000..265535, unless set. `/etc/subuid` and `/etc/subgid` must grant it to
     /// root.
     pub id_map: IdMap,
+    /// Where each sandbox's own range comes from (`host::uidpool`); root's subordinate ids
+    /// must cover the whole pool. `None`: every sandbox shares `id_map`.
+    pub uid_pool: Option<UidPool>,
     /// Paths hidden from every workload besides the driver's state directory, each under an
     /// empty read-only tmpfs (sbxd puts its data directory here). Absolute; a missing one is
     /// skipped.
@@ -147,6 +151,7 @@ impl Default for ProcessDriverOptions {
             poll_interval: Duration::from_millis(250),
             launch_timeout: Duration::from_secs(10),
             id_map: IdMap::default(),
+            uid_pool: Some(UidPool::default()),
             hidden_paths: Vec::new(),
             network: None,
         }
@@ -193,7 +198,18 @@ impl ProcessDriver {
             .map_err(|e| internal("making the state directory", e))?;
         std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
         let instance_lock = lock_state_dir(&state_dir)?;
-        let tools = HostTools::find(&opts.id_map, &state_dir)?;
+        let granted = match &opts.uid_pool {
+            Some(pool) => {
+                crate::host::uidpool::check_apart(pool, &opts.id_map)?;
+                IdMap {
+                    host_uid: pool.start,
+                    host_gid: pool.start,
+                    size: pool.count,
+                }
+            }
+            None => opts.id_map,
+        };
+        let tools = HostTools::find(&opts.id_map, &granted, &state_dir)?;
         let hidden = hidden_paths(&state_dir, &opts.hidden_paths)?;
         records::empty_trash(&trash, |_| {})?;
         let found = records::find_records::<SandboxRecord>(&sandboxes, |id, _| {
@@ -203,6 +219,13 @@ impl ProcessDriver {
             }
         })?;
         for record in found.values() {
+            if let (Some(pool), Some(map)) = (&opts.uid_pool, record.id_map) {
+                let owner = SandboxPaths::new(&state_dir, record.sandbox_id).dir;
+                if !pool.reclaim(&map, &owner).unwrap_or(true) {
+                    tracing::error!(sandbox_id = %record.sandbox_id, host_uid = map.host_uid,
+                        "the sandbox's uid range is leased to another sandbox");
+                }
+            }
             if record.desired == Desired::Stopped {
                 finish_interrupted_stop(&SandboxPaths::new(&state_dir, record.sandbox_id), record);
             }
@@ -250,6 +273,12 @@ impl ProcessDriver {
     /// The cgroup interface found on this host, if any.
     pub fn cgroup_version(&self) -> Option<CgroupVersion> {
         self.inner.cgroups.version
+    }
+
+    /// The host ids of sandbox `id`: its own range, else the driver's shared one.
+    pub fn id_map(&self, id: Uuid) -> Option<IdMap> {
+        let record = self.inner.records.get(id)?;
+        Some(record.id_map.unwrap_or(self.inner.opts.id_map))
     }
 
     /// The persistent directory of sandbox `id` on the host (`/sandbox` inside it).
@@ -322,6 +351,13 @@ impl HostDriver for Inner {
 
     fn log_file(&self, id: Uuid) -> PathBuf {
         self.paths(id).log
+    }
+
+    /// The sandbox's uid range goes back to the pool once its files are gone.
+    fn after_removal(&self, record: &SandboxRecord) {
+        if let (Some(pool), Some(map)) = (&self.opts.uid_pool, record.id_map) {
+            pool.release(&map, &self.paths(record.sandbox_id).dir);
+        }
     }
 
     /// What the sandbox looks like now, from its record, its run files and `/proc`.

@@ -67,6 +67,10 @@ pub struct SandboxRecord {
     /// On the gateway's network with this egress allowlist; `None`: loopback only.
     #[serde(default)]
     pub network_allow: Option<Vec<String>>,
+    /// The host ids of this sandbox alone, leased from the driver's uid pool at create and
+    /// released at delete; `None`: the driver's shared range (older records, no pool).
+    #[serde(default)]
+    pub id_map: Option<crate::image::IdMap>,
 }
 
 host_record!(SandboxRecord, RECORD_FORMAT);
@@ -155,6 +159,7 @@ mod tests {
             cgroups: SandboxCgroups::default(),
             warnings: vec!["w".into()],
             network_allow: Some(vec!["10.0.0.1:80".into()]),
+            id_map: None,
         }
     }
 

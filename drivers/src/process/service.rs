@@ -36,10 +36,16 @@ impl ComputeDriver for ProcessDriver {
             port_forward: true,
             copy_when_stopped: true,
             isolation: format!(
-                "pid,mount,uts,ipc,net namespaces; uid 0 of a user namespace = host uid {}, \
+                "pid,mount,uts,ipc,net namespaces; uid 0 of a user namespace = {}, \
                  no capabilities; {}; the host's root filesystem as that uid sees it, with a \
                  private /sandbox and the driver's state hidden",
-                self.inner.tools.jail.id_map.host_uid,
+                match &self.inner.opts.uid_pool {
+                    Some(pool) => format!(
+                        "a host uid range of its own, from the pool {}:{}",
+                        pool.start, pool.count
+                    ),
+                    None => format!("host uid {}", self.inner.opts.id_map.host_uid),
+                },
                 cgroups.describe()
             ),
         })
@@ -171,7 +177,14 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
     }
 
     let paths = inner.paths(id);
-    super::launch::make_persistent_dir(&paths.root, &inner.tools.jail.id_map)?;
+    std::fs::create_dir_all(&paths.dir).map_err(|e| internal("making the sandbox directory", e))?;
+    // Leased to the directory: a create killed before its record leaves a directory that
+    // open() removes, and with it the lease's owner.
+    let id_map = match &inner.opts.uid_pool {
+        Some(pool) => Some(pool.lease(&paths.dir)?),
+        None => None,
+    };
+    super::launch::make_persistent_dir(&paths.root, &id_map.unwrap_or(inner.opts.id_map))?;
     let resources = spec.resources.unwrap_or_default();
     let limits = Limits {
         cpu_millis: resources.cpu_millis,
@@ -210,6 +223,7 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
         cgroups,
         warnings,
         network_allow,
+        id_map,
     };
     // start_run writes the record (once: each durable write costs two fsyncs). A driver
     // killed before that leaves a directory without a record, which open() removes.

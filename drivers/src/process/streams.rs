@@ -78,8 +78,8 @@ impl ProcessDriver {
             overlay: None,
             sandbox: paths.root,
             mountpoint: paths.dir.join("offline-root"),
-            uid: inner.opts.id_map.host_uid,
-            gid: inner.opts.id_map.host_gid,
+            uid: record.id_map.unwrap_or(inner.opts.id_map).host_uid,
+            gid: record.id_map.unwrap_or(inner.opts.id_map).host_gid,
         };
         Ok(CopyVia::Stopped(offline, lock))
     }

@@ -37,10 +37,9 @@ pub struct Jail {
 }
 
 impl Jail {
-    /// The arguments the shim and the exec wrapper take first:
-    /// `UNSHARE SETPRIV UID_MAP GID_MAP`, the maps as `unshare --map-users` wants them.
-    pub fn shell_args(&self) -> [OsString; 4] {
-        let m = &self.id_map;
+    /// The arguments the shim takes first: `UNSHARE SETPRIV UID_MAP GID_MAP`, the maps (the
+    /// sandbox's range `m`) as `unshare --map-users` wants them.
+    pub fn shell_args(&self, m: &IdMap) -> [OsString; 4] {
         [
             self.unshare.clone().into(),
             self.setpriv.clone().into(),

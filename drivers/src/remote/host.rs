@@ -160,6 +160,31 @@ pub struct OciArgs {
         value_parser = parse_dns_upstream
     )]
     pub network_dns: Option<std::net::SocketAddr>,
+
+    /// The host ids sandboxes (oci and process) take their own range of 65536 from: START:COUNT
+    /// as in /etc/subuid, COUNT a multiple of 65536 (the default holds 4096 sandboxes at once).
+    /// Root's /etc/subuid and /etc/subgid must grant it for the process driver (newuidmap);
+    /// it must not overlap the image store's 200000..265535.
+    #[arg(
+        id = "uid_pool",
+        long = "uid-pool",
+        env = "SBX_UID_POOL",
+        default_value = "1000000:268435456",
+        value_name = "START:COUNT",
+        value_parser = crate::uidpool::parse_pool
+    )]
+    pub uid_pool: (u32, u32),
+
+    /// Where the host's uid leases are kept (one file per sandbox's range): shared by every
+    /// gateway and driver host on this machine, so none hands out a range another holds.
+    #[arg(
+        id = "uid_lease_dir",
+        long = "uid-lease-dir",
+        env = "SBX_UID_LEASE_DIR",
+        default_value = crate::uidpool::DEFAULT_LEASE_DIR,
+        value_name = "DIR"
+    )]
+    pub uid_lease_dir: PathBuf,
 }
 
 /// `A.B.C.D` or `A.B.C.D:PORT`.
@@ -186,6 +211,8 @@ impl Default for OciArgs {
             network_cidr: None,
             network_name: crate::network::DEFAULT_NAME.to_string(),
             network_dns: None,
+            uid_pool: (crate::uidpool::DEFAULT_START, crate::uidpool::DEFAULT_COUNT),
+            uid_lease_dir: PathBuf::from(crate::uidpool::DEFAULT_LEASE_DIR),
         }
     }
 }
@@ -197,8 +224,28 @@ impl OciArgs {
             busybox: self.busybox.clone(),
             cgroup_parent: self.cgroup_parent.clone(),
             pids_limit: self.pids_limit,
+            uid_pool: Some(self.uid_pool()),
             ..OciDriverOptions::default()
         }
+    }
+
+    /// The pool `--uid-pool` and `--uid-lease-dir` give.
+    pub fn uid_pool(&self) -> crate::uidpool::UidPool {
+        crate::uidpool::UidPool {
+            start: self.uid_pool.0,
+            count: self.uid_pool.1,
+            lease_dir: self.uid_lease_dir.clone(),
+        }
+    }
+
+    /// `--uid-pool` and `--uid-lease-dir`, for a driver host (oci or process).
+    pub fn uid_flags(&self) -> Vec<OsString> {
+        vec![
+            "--uid-pool".into(),
+            format!("{}:{}", self.uid_pool.0, self.uid_pool.1).into(),
+            "--uid-lease-dir".into(),
+            self.uid_lease_dir.clone().into(),
+        ]
     }
 
     pub fn to_flags(&self) -> Vec<OsString> {
@@ -215,6 +262,7 @@ impl OciArgs {
             flags.push(busybox.into());
         }
         flags.extend(self.network_flags());
+        flags.extend(self.uid_flags());
         flags
     }
 
@@ -526,6 +574,7 @@ pub async fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver
                 default_grace: Duration::from_millis(args.default_grace_ms),
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
                 network: args.oci.open_network(&state_dir).await?,
+                uid_pool: Some(args.oci.uid_pool()),
                 ..ProcessDriverOptions::default()
             };
             let driver = tokio::task::spawn_blocking(move || ProcessDriver::open(state_dir, opts))

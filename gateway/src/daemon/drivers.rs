@@ -155,6 +155,7 @@ fn managed_host_flags(
             flags.push("--hide".into());
             flags.push(data_dir.into());
             flags.extend(args.oci.network_flags());
+            flags.extend(args.oci.uid_flags());
         }
         DriverKind::Sim => {}
     }
@@ -212,6 +213,7 @@ async fn open_in_process(
                 // The store, the images and the other drivers' sandboxes are none of its
                 // workloads' business.
                 hidden_paths: vec![data_dir.to_path_buf()],
+                uid_pool: Some(args.oci.uid_pool()),
                 ..ProcessDriverOptions::default()
             };
             let driver =
