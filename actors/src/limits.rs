@@ -53,6 +53,9 @@ pub const MAX_PATH_BYTES: usize = 4096;
 /// The smallest memory limit (0 means none): below it not even a shell starts (a static
 /// busybox sh needs about 1 MiB resident, the runtime's init and the agent more).
 pub const MIN_MEMORY_BYTES: u64 = 4 << 20;
+/// The smallest disk limit (0 means none): the filesystem made for it (ext4, with its
+/// journal) and an image's first writes need this much.
+pub const MIN_DISK_BYTES: u64 = 32 << 20;
 /// One gRPC message to the workspace, sandbox and gateway services, in bytes (tonic's
 /// default, made explicit): a spec is at most [`MAX_SPEC_BYTES`], stream chunks are 64 KiB.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
@@ -113,6 +116,7 @@ pub const TABLE: &[(&str, u64)] = &[
     ("MAX_PAGE_TOKEN_BYTES", MAX_PAGE_TOKEN_BYTES as u64),
     ("MAX_PATH_BYTES", MAX_PATH_BYTES as u64),
     ("MIN_MEMORY_BYTES", MIN_MEMORY_BYTES),
+    ("MIN_DISK_BYTES", MIN_DISK_BYTES),
     ("MAX_CREDENTIAL_BYTES", MAX_CREDENTIAL_BYTES as u64),
     (
         "MAX_PROVIDER_CONFIG_BYTES",

@@ -824,6 +824,7 @@ fn create_request(st: &SandboxState) -> pb::CreateRequest {
             resources: Some(pb::Resources {
                 cpu_millis: resources.cpu_millis,
                 memory_bytes: resources.memory_bytes,
+                disk_bytes: resources.disk_bytes,
             }),
             // A driver with images is given the digest pinned at create, never the name.
             image: if spec.image_digest.is_empty() {

@@ -214,6 +214,7 @@ pub fn spec_bounds(spec: &SandboxSpec) -> Result<()> {
     }
     if let Some(r) = &spec.resources {
         memory_limit("the memory limit", r.memory_bytes, "no limit")?;
+        disk_limit("the disk limit", r.disk_bytes, "the defaults")?;
     }
     if let Some(n) = &spec.network {
         network(n)?;
@@ -369,6 +370,18 @@ pub fn memory_limit(what: &str, bytes: u64, zero_means: &str) -> Result<()> {
         return Err(invalid(format!(
             "{what} {bytes} bytes is below the smallest a sandbox can start with, {} bytes (4 MiB); give at least that, or 0 for {zero_means}",
             limits::MIN_MEMORY_BYTES
+        )));
+    }
+    Ok(())
+}
+
+/// A disk limit (`what`, in bytes) is 0 (`zero_means`) or at least
+/// [`limits::MIN_DISK_BYTES`] — for a sandbox's own, a workspace's default and the gateway's.
+pub fn disk_limit(what: &str, bytes: u64, zero_means: &str) -> Result<()> {
+    if bytes != 0 && bytes < limits::MIN_DISK_BYTES {
+        return Err(invalid(format!(
+            "{what} {bytes} bytes is below the smallest disk a sandbox can be given, {} bytes (32 MiB); give at least that, or 0 for {zero_means}",
+            limits::MIN_DISK_BYTES
         )));
     }
     Ok(())

@@ -247,6 +247,7 @@ async fn a_main_process_over_its_memory_limit_is_oom_killed() {
     spec.resources = Some(pb::Resources {
         cpu_millis: 0,
         memory_bytes: 32 << 20,
+        disk_bytes: 0,
     });
     let (id, _) = create(&driver, &env, "hog", spec).await;
     let s = wait_for(&driver, id, pb::State::Exited).await;

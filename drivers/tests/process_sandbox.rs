@@ -82,6 +82,7 @@ async fn memory_limit_kills_a_greedy_workload_and_says_oomkilled() {
     greedy.resources = Some(pb::Resources {
         cpu_millis: 0,
         memory_bytes: 64 << 20,
+        disk_bytes: 0,
     });
     let created = driver
         .create(create_req(id, "greedy", greedy, 1))
@@ -124,6 +125,7 @@ async fn limits_land_in_the_cgroup() {
     limited.resources = Some(pb::Resources {
         cpu_millis: 500,
         memory_bytes: 96 << 20,
+        disk_bytes: 0,
     });
     let created = driver
         .create(create_req(id, "limited", limited, 1))

@@ -460,6 +460,7 @@ fn spec() -> BoxedStrategy<SandboxSpec> {
                 resources: resources.map(|(cpu_millis, memory_bytes)| Resources {
                     cpu_millis,
                     memory_bytes,
+                    disk_bytes: 0,
                 }),
                 image_digest: String::new(),
                 network: None,
@@ -734,6 +735,7 @@ fn every_bound_holds_at_its_limit_and_one_past() {
             s.resources = Some(Resources {
                 cpu_millis: 0,
                 memory_bytes: bytes,
+                disk_bytes: 0,
             })
         })
     };
@@ -975,6 +977,7 @@ fn plain_spec() -> BoxedStrategy<SandboxSpec> {
         prop::option::of(Just(Resources {
             cpu_millis: 500,
             memory_bytes: limits::MIN_MEMORY_BYTES,
+            disk_bytes: 0,
         })),
     )
         .prop_map(|(labels, resources)| SandboxSpec {

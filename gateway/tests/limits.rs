@@ -419,6 +419,7 @@ async fn tonic_errors_carry_an_error_info() {
                 tonic::Request::new(Resources {
                     cpu_millis: 5,
                     memory_bytes: 7,
+                    disk_bytes: 0,
                 }),
                 path.parse().unwrap(),
                 codec,

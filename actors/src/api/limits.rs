@@ -1,4 +1,4 @@
-//! The cpu and memory limits a sandbox gets when it asks for none: its workspace's default,
+//! The cpu, memory and disk limits a sandbox gets when it asks for none: its workspace's default,
 //! else the gateway's (`Config::default_resources`; sbxd's `--default-cpu` and
 //! `--default-memory`), each field on its own, and only on a driver that can apply it. What
 //! applies is copied into the sandbox's spec at create, so `sbx sandbox get` shows it and a
@@ -15,18 +15,20 @@ use crate::validate::WorkspaceSelector;
 /// sandbox's own; 0 in a field means "not said here".
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Layers {
-    pub gateway: (u32, u64),
-    pub workspace: (u32, u64),
-    pub sandbox: (u32, u64),
-    /// Whether the driver can limit cpu, and memory: a default is never given to a driver
-    /// that would only say it did not apply it.
-    pub can: (bool, bool),
+    pub gateway: Limits,
+    pub workspace: Limits,
+    pub sandbox: Limits,
+    /// Whether the driver can limit cpu, memory, and disk: a default is never given to a
+    /// driver that would only say it did not apply it.
+    pub can: (bool, bool, bool),
 }
 
-/// The limits that apply, as (cpu_millis, memory_bytes): per field the sandbox's own, else
-/// the workspace's, else the gateway's; a default (not the sandbox's own) only where the
-/// driver can apply it.
-pub(crate) fn effective(l: Layers) -> (u32, u64) {
+/// (cpu_millis, memory_bytes, disk_bytes); 0: none.
+pub(crate) type Limits = (u32, u64, u64);
+
+/// The limits that apply: per field the sandbox's own, else the workspace's, else the
+/// gateway's; a default (not the sandbox's own) only where the driver can apply it.
+pub(crate) fn effective(l: Layers) -> Limits {
     fn pick<T: Copy + Default + PartialEq>(own: T, ws: T, gw: T, can: bool) -> T {
         let zero = T::default();
         if own != zero || !can {
@@ -40,11 +42,12 @@ pub(crate) fn effective(l: Layers) -> (u32, u64) {
     (
         pick(l.sandbox.0, l.workspace.0, l.gateway.0, l.can.0),
         pick(l.sandbox.1, l.workspace.1, l.gateway.1, l.can.1),
+        pick(l.sandbox.2, l.workspace.2, l.gateway.2, l.can.2),
     )
 }
 
-fn pair(r: Option<&Resources>) -> (u32, u64) {
-    r.map_or((0, 0), |r| (r.cpu_millis, r.memory_bytes))
+fn limits(r: Option<&Resources>) -> Limits {
+    r.map_or((0, 0, 0), |r| (r.cpu_millis, r.memory_bytes, r.disk_bytes))
 }
 
 impl Gateway {
@@ -56,9 +59,9 @@ impl Gateway {
         ws: &Workspace,
         driver: &dyn ComputeDriver,
     ) -> Result<()> {
-        let gateway = pair(Some(&self.shared.config.default_resources));
-        let workspace = pair(ws.default_resources.as_ref());
-        if gateway == (0, 0) && workspace == (0, 0) {
+        let gateway = limits(Some(&self.shared.config.default_resources));
+        let workspace = limits(ws.default_resources.as_ref());
+        if gateway == (0, 0, 0) && workspace == (0, 0, 0) {
             return Ok(());
         }
         let caps = self
@@ -68,14 +71,15 @@ impl Gateway {
         let layers = Layers {
             gateway,
             workspace,
-            sandbox: pair(spec.resources.as_ref()),
-            can: (caps.cpu_limit, caps.memory_limit),
+            sandbox: limits(spec.resources.as_ref()),
+            can: (caps.cpu_limit, caps.memory_limit, caps.disk_limit),
         };
-        let (cpu_millis, memory_bytes) = effective(layers);
-        if (cpu_millis, memory_bytes) != (0, 0) {
+        let (cpu_millis, memory_bytes, disk_bytes) = effective(layers);
+        if (cpu_millis, memory_bytes, disk_bytes) != (0, 0, 0) {
             spec.resources = Some(Resources {
                 cpu_millis,
                 memory_bytes,
+                disk_bytes,
             });
         }
         Ok(())
@@ -92,6 +96,11 @@ impl Gateway {
             crate::validate::memory_limit(
                 "the default memory limit",
                 r.memory_bytes,
+                "the gateway's default",
+            )?;
+            crate::validate::disk_limit(
+                "the default disk limit",
+                r.disk_bytes,
                 "the gateway's default",
             )?;
         }
@@ -113,53 +122,53 @@ mod tests {
     #[test]
     fn each_field_comes_from_the_nearest_layer_that_says_it_where_the_driver_can() {
         let gb = 1u64 << 30;
-        let check = |l: Layers, want: (u32, u64)| assert_eq!(effective(l), want, "{l:?}");
+        let check = |l: Layers, want: Limits| assert_eq!(effective(l), want, "{l:?}");
         let base = Layers {
-            gateway: (1000, gb),
-            workspace: (0, 0),
-            sandbox: (0, 0),
-            can: (true, true),
+            gateway: (1000, gb, 10 * gb),
+            workspace: (0, 0, 0),
+            sandbox: (0, 0, 0),
+            can: (true, true, true),
         };
-        check(base, (1000, gb));
+        check(base, (1000, gb, 10 * gb));
         check(
             Layers {
-                workspace: (500, 0),
+                workspace: (500, 0, 0),
                 ..base
             },
-            (500, gb),
+            (500, gb, 10 * gb),
         );
         check(
             Layers {
-                workspace: (500, 2 * gb),
-                sandbox: (0, 64 << 20),
+                workspace: (500, 2 * gb, 20 * gb),
+                sandbox: (0, 64 << 20, 0),
                 ..base
             },
-            (500, 64 << 20),
+            (500, 64 << 20, 20 * gb),
         );
         check(
             Layers {
-                sandbox: (2000, 3 * gb),
+                sandbox: (2000, 3 * gb, gb),
                 ..base
             },
-            (2000, 3 * gb),
+            (2000, 3 * gb, gb),
         );
-        // A driver without a memory limit gets no default one (its own ask is kept: the
-        // driver then says it did not apply it).
+        // A driver without a memory or disk limit gets no default one (its own ask is kept:
+        // the driver then says it did not apply it).
         check(
             Layers {
-                can: (true, false),
+                can: (true, false, false),
                 ..base
             },
-            (1000, 0),
+            (1000, 0, 0),
         );
         check(
             Layers {
-                sandbox: (0, gb),
-                can: (false, false),
+                sandbox: (0, gb, gb),
+                can: (false, false, false),
                 ..base
             },
-            (0, gb),
+            (0, gb, gb),
         );
-        check(Layers::default(), (0, 0));
+        check(Layers::default(), (0, 0, 0));
     }
 }

@@ -38,6 +38,7 @@ impl ComputeDriver for OciDriver {
             port_forward: true,
             copy_when_stopped: true,
             network: self.inner.opts.network.is_some(),
+            disk_limit: true,
             isolation: format!(
                 "OCI container ({}): user namespace ({}), pid/mount/uts/ipc/\
                  net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \

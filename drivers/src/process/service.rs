@@ -35,6 +35,7 @@ impl ComputeDriver for ProcessDriver {
             copy: true,
             port_forward: true,
             copy_when_stopped: true,
+            disk_limit: false,
             isolation: format!(
                 "pid,mount,uts,ipc,net namespaces; uid 0 of a user namespace = {}, \
                  no capabilities; {}; the host's root filesystem as that uid sees it, with a \

@@ -279,6 +279,7 @@ impl ComputeDriver for SimDriver {
         let admission = self.admit(SimOp::Capabilities, "", None).await?;
         admission.answer(Ok(pb::CapabilitiesResponse {
             network: false,
+            disk_limit: false,
             driver: "sim".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             exec: true,

@@ -105,6 +105,7 @@ impl ComputeDriver for VmDriver {
             copy: true,
             port_forward: true,
             copy_when_stopped: false,
+            disk_limit: false,
             isolation: format!(
                 "QEMU microVM ({}), its own kernel ({}); a persistent ext4 disk at /sandbox; \
                  no network",

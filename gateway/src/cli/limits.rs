@@ -1,6 +1,6 @@
-//! `sbx workspace limits get|set`: the cpu and memory limits new sandboxes of a workspace get
-//! when they set none themselves (the gateway's `--default-cpu`/`--default-memory` where the
-//! workspace has none either).
+//! `sbx workspace limits get|set`: the cpu, memory and disk limits new sandboxes of a
+//! workspace get when they set none themselves (the gateway's `--default-cpu`,
+//! `--default-memory` and `--default-disk` where the workspace has none either).
 
 use clap::{Args, Subcommand};
 use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
@@ -17,8 +17,8 @@ use super::{CliError, OutputArgs, OutputFormat, WorkspaceTarget};
 pub enum WorkspaceLimitsCommand {
     /// Show the workspace's default limits.
     Get(WorkspaceLimitsGetArgs),
-    /// Set the default cpu and/or memory limit (a flag not given is kept as it is, 0 leaves
-    /// that one to the gateway's default); --clear removes both.
+    /// Set the default cpu, memory and/or disk limit (a flag not given is kept as it is, 0
+    /// leaves that one to the gateway's default); --clear removes them all.
     Set(WorkspaceLimitsSetArgs),
 }
 
@@ -40,7 +40,11 @@ pub struct WorkspaceLimitsSetArgs {
     /// Memory: 512Mi, 1Gi, 2G, … (Ki/Mi/Gi/Ti or K/M/G/T); 0: the gateway's default.
     #[arg(long, value_name = "SIZE", value_parser = super::size::parse_size, conflicts_with = "clear")]
     pub memory: Option<u64>,
-    /// Remove both defaults (new sandboxes get the gateway's).
+    /// Disk (the root filesystem's writable layer and /sandbox together), as --memory; 0: the
+    /// gateway's default.
+    #[arg(long, value_name = "SIZE", value_parser = super::size::parse_size, conflicts_with = "clear")]
+    pub disk: Option<u64>,
+    /// Remove every default (new sandboxes get the gateway's).
     #[arg(long)]
     pub clear: bool,
     #[command(flatten)]
@@ -53,6 +57,7 @@ struct LimitsView {
     workspace: String,
     cpu_millis: u32,
     memory_bytes: u64,
+    disk_bytes: u64,
 }
 
 /// `cpu_millis` as cores for people: `1`, `0.5`, `1.25`.
@@ -61,7 +66,8 @@ pub fn cores(millis: u32) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-/// The limits line of a sandbox or a workspace: `cpu 1, memory 1.0GiB` (`-` for none).
+/// The limits line of a sandbox or a workspace: `cpu 1, memory 1.0GiB, disk 10.0GiB` (`-`
+/// for none).
 pub fn limits_text(r: &Resources) -> String {
     let cpu = match r.cpu_millis {
         0 => "-".to_string(),
@@ -71,7 +77,11 @@ pub fn limits_text(r: &Resources) -> String {
         0 => "-".to_string(),
         b => human_bytes(b),
     };
-    format!("cpu {cpu}, memory {memory}")
+    let disk = match r.disk_bytes {
+        0 => "-".to_string(),
+        b => human_bytes(b),
+    };
+    format!("cpu {cpu}, memory {memory}, disk {disk}")
 }
 
 fn render(style: impl Into<Style>, ws: &Workspace) -> Result<String, CliError> {
@@ -81,6 +91,7 @@ fn render(style: impl Into<Style>, ws: &Workspace) -> Result<String, CliError> {
         workspace: ws.name.clone(),
         cpu_millis: r.cpu_millis,
         memory_bytes: r.memory_bytes,
+        disk_bytes: r.disk_bytes,
     };
     match style.format {
         OutputFormat::Json | OutputFormat::Yaml => render_structured(style.format, &view),
@@ -109,9 +120,9 @@ pub async fn run_workspace_limits(
             let resources = if a.clear {
                 None
             } else {
-                if a.cpu.is_none() && a.memory.is_none() {
+                if a.cpu.is_none() && a.memory.is_none() && a.disk.is_none() {
                     return Err(CliError::Usage(
-                        "give --cpu CPUS and/or --memory SIZE, or --clear".into(),
+                        "give --cpu CPUS, --memory SIZE and/or --disk SIZE, or --clear".into(),
                     ));
                 }
                 let now = client
@@ -123,6 +134,7 @@ pub async fn run_workspace_limits(
                 Some(Resources {
                     cpu_millis: a.cpu.unwrap_or(now.cpu_millis),
                     memory_bytes: a.memory.unwrap_or(now.memory_bytes),
+                    disk_bytes: a.disk.unwrap_or(now.disk_bytes),
                 })
             };
             let ws = client
@@ -152,9 +164,10 @@ mod tests {
         assert_eq!(
             limits_text(&Resources {
                 cpu_millis: 1500,
-                memory_bytes: 1 << 30
+                memory_bytes: 1 << 30,
+                disk_bytes: 10 << 30,
             }),
-            "cpu 1.5, memory 1.0GiB"
+            "cpu 1.5, memory 1.0GiB, disk 10.0GiB"
         );
         assert_eq!(limits_text(&Resources::default()), "cpu -, memory -");
     }

@@ -565,6 +565,11 @@ pub struct SandboxCreateArgs {
     /// of 1000). Default: no limit.
     #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
     pub memory: Option<u64>,
+    /// Disk limit (the root filesystem's writable layer and /sandbox together), as --memory
+    /// takes sizes: 2Gi, 500M. Default: the workspace's default, else the gateway's
+    /// (sbxd --default-disk, 10Gi), on drivers that limit disk.
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    pub disk: Option<u64>,
     /// The image to run, for drivers with images: a name (busybox, name:tag), name@sha256:…
     /// or sha256:… (default: the gateway's default image). The gateway pins its digest.
     #[arg(long, value_name = "REF")]

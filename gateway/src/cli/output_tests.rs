@@ -32,6 +32,7 @@ fn sandbox(name: &str, phase: Phase) -> Sandbox {
             resources: Some(Resources {
                 cpu_millis: 250,
                 memory_bytes: 64 << 20,
+                disk_bytes: 0,
             }),
             driver: "process".into(),
             image: String::new(),

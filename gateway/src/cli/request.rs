@@ -139,10 +139,12 @@ pub fn create_sandbox_request(
     args: &SandboxCreateArgs,
     generated_name: String,
 ) -> Result<CreateSandboxRequest, CliError> {
-    let resources = (args.cpu.is_some() || args.memory.is_some()).then(|| Resources {
-        cpu_millis: args.cpu.unwrap_or(0),
-        memory_bytes: args.memory.unwrap_or(0),
-    });
+    let resources =
+        (args.cpu.is_some() || args.memory.is_some() || args.disk.is_some()).then(|| Resources {
+            cpu_millis: args.cpu.unwrap_or(0),
+            memory_bytes: args.memory.unwrap_or(0),
+            disk_bytes: args.disk.unwrap_or(0),
+        });
     Ok(CreateSandboxRequest {
         providers: args.providers.clone(),
         workspace: args.workspace.clone().unwrap_or_default(),

@@ -90,6 +90,7 @@ fn sandbox_create_builds_the_request() {
                 resources: Some(Resources {
                     cpu_millis: 500,
                     memory_bytes: 64 << 20,
+                    disk_bytes: 0,
                 }),
                 driver: "oci".into(),
                 image: "alpine".into(),
@@ -125,6 +126,7 @@ fn sandbox_create_builds_the_request() {
                 resources: Some(Resources {
                     cpu_millis: 0,
                     memory_bytes: 1_000_000_000,
+                    disk_bytes: 0,
                 }),
                 ..SandboxSpec::default()
             }),
@@ -154,6 +156,7 @@ fn resource_quantities_as_people_write_them() {
             Some(Resources {
                 cpu_millis: millis,
                 memory_bytes: bytes,
+                disk_bytes: 0,
             }),
             "--cpu {cpu} --memory {memory}"
         );

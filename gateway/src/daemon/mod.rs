@@ -334,6 +334,14 @@ pub struct ServeArgs {
           value_parser = crate::cli::size::parse_cpu)]
     pub default_cpu: u32,
 
+    /// The disk limit of a sandbox that sets none itself and whose workspace has no default:
+    /// its root filesystem's writable layer and /sandbox together (10Gi, 512Mi, …; 0: no
+    /// limit). On drivers that limit disk (oci: an ext4 filesystem of that size per sandbox,
+    /// sparse, on a loop device); a write past it fails with ENOSPC inside. Fixed at create.
+    #[arg(long, env = "SBX_DEFAULT_DISK", default_value = "10Gi", value_name = "SIZE",
+          value_parser = crate::cli::size::parse_size)]
+    pub default_disk: u64,
+
     /// Serve the sandboxes' service endpoints (`sbx service expose`) over HTTP on host:port:
     /// a request whose Host is NAME--SANDBOX--WORKSPACE.<--service-domain> goes to that
     /// endpoint's port inside its sandbox. Off unless given. No authentication: whoever

@@ -601,13 +601,16 @@ fn open_images(data_dir: &Path) -> Result<ImageStore, DaemonError> {
 /// Writes `addr` and a newline to `path` so that no reader ever sees a partial line: the text
 /// goes to a temporary file beside it, which is then renamed over `path`.
 /// A service domain: DNS labels joined by dots (a Host ends in it).
-/// `--default-cpu` and `--default-memory` as the gateway's default limits.
+/// `--default-cpu`, `--default-memory` and `--default-disk` as the gateway's default limits.
 fn default_resources(args: &ServeArgs) -> Result<sbx_proto::v1::Resources, DaemonError> {
     sbx_actors::validate::memory_limit("--default-memory", args.default_memory, "no limit")
+        .map_err(|e| DaemonError::Setup(e.to_string()))?;
+    sbx_actors::validate::disk_limit("--default-disk", args.default_disk, "no limit")
         .map_err(|e| DaemonError::Setup(e.to_string()))?;
     Ok(sbx_proto::v1::Resources {
         cpu_millis: args.default_cpu,
         memory_bytes: args.default_memory,
+        disk_bytes: args.default_disk,
     })
 }
 
