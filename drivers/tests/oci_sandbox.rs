@@ -32,8 +32,18 @@ async fn root_inside_is_an_unprivileged_host_uid_behind_the_boundary() {
         "{map}"
     );
     // The image's files (shared layers, owned by 200000.. on disk) are root's inside.
-    let owners = exec(&driver, &sid, &["stat", "-c", "%u:%g", "/bin", "/etc/passwd"]).await.1;
-    assert_eq!(owners.split_whitespace().collect::<Vec<_>>(), ["0:0", "0:0"], "{owners}");
+    let owners = exec(
+        &driver,
+        &sid,
+        &["stat", "-c", "%u:%g", "/bin", "/etc/passwd"],
+    )
+    .await
+    .1;
+    assert_eq!(
+        owners.split_whitespace().collect::<Vec<_>>(),
+        ["0:0", "0:0"],
+        "{owners}"
+    );
 
     // A host file (a marker in the host's /root) and the driver's state dir are invisible.
     let marker = format!("/root/sbx-oci-marker-{}", Uuid::new_v4().simple());
@@ -52,11 +62,20 @@ async fn root_inside_is_an_unprivileged_host_uid_behind_the_boundary() {
     assert_eq!((meta.uid(), meta.gid()), (host_uid, host_uid));
     // So is a file written to the root filesystem (its writable layer) and one it changed
     // from the image (copied up with the sandbox's owner, not the store's).
-    let (code, _, err) = exec(&driver, &sid, &["sh", "-c", "echo x > /etc/new; echo y >> /etc/passwd"]).await;
+    let (code, _, err) = exec(
+        &driver,
+        &sid,
+        &["sh", "-c", "echo x > /etc/new; echo y >> /etc/passwd"],
+    )
+    .await;
     assert_eq!(code, 0, "{err}");
     for name in ["new", "passwd"] {
         let meta = std::fs::metadata(driver.upper_dir(id).join("etc").join(name)).unwrap();
-        assert_eq!((meta.uid(), meta.gid()), (host_uid, host_uid), "/etc/{name}");
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (host_uid, host_uid),
+            "/etc/{name}"
+        );
     }
 
     // mount, unshare, sysrq, kcore and module loading are refused. (`h` only prints the

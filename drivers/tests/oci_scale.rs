@@ -27,9 +27,13 @@ fn disk_use(dir: &std::path::Path) -> u64 {
     let mut total = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in entries.flatten() {
-            let Ok(meta) = e.path().symlink_metadata() else { continue };
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
             // The mounted rootfs is the shared layers seen through the overlay.
             if meta.dev() != std::fs::metadata(dir).unwrap().dev() {
                 continue;
@@ -79,7 +83,11 @@ async fn many_idle_sandboxes_run_at_once_each_on_its_own_uids() {
             ids.push(id);
             times.push(took);
         }
-        assert!(began.elapsed() < Duration::from_secs(600), "{} sandboxes in 10 min", ids.len());
+        assert!(
+            began.elapsed() < Duration::from_secs(600),
+            "{} sandboxes in 10 min",
+            ids.len()
+        );
     }
     let all_created = began.elapsed();
     // All of them still run, each on a range no other has.
@@ -93,7 +101,12 @@ async fn many_idle_sandboxes_run_at_once_each_on_its_own_uids() {
         .iter()
         .map(|id| driver.id_map(*id).unwrap().host_uid)
         .collect();
-    assert_eq!(firsts.len(), n, "{n} sandboxes on {} uid ranges", firsts.len());
+    assert_eq!(
+        firsts.len(),
+        n,
+        "{n} sandboxes on {} uid ranges",
+        firsts.len()
+    );
     // The newest answers an exec, and its root is its own host uid.
     let last = ids.last().unwrap().to_string();
     let (code, out, err) = exec(driver.as_ref(), &last, &["cat", "/proc/self/uid_map"]).await;

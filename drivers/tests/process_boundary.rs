@@ -106,7 +106,10 @@ async fn root_inside_is_a_stranger_to_the_hosts_files() {
     // Its host ids are a range of its own from the uid pool.
     let base = driver.id_map(id).unwrap().host_uid;
     let pool = sbx_drivers::uidpool::UidPool::default();
-    assert!(base >= pool.start && base < pool.start + pool.count, "{base}");
+    assert!(
+        base >= pool.start && base < pool.start + pool.count,
+        "{base}"
+    );
 
     // The main process, seen from the host: host uid and gid BASE, no capabilities. Ready
     // comes when the shim has started it; its way into `sleep` (unshare, setpriv, sh, exec)
@@ -398,8 +401,15 @@ async fn a_sandbox_cannot_write_files_another_sandbox_owns() {
     assert_ne!(ua.host_uid, ub.host_uid, "two sandboxes share a host uid");
     // A directory of a's on the host, where b's root filesystem (the host's) reaches it: a
     // 0755 directory and a 0644 file owned by a's root, as a's own files are.
-    let dir = tempfile::Builder::new().prefix("sbx-owned-").tempdir_in("/tmp").unwrap();
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("sbx-owned-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let owned = dir.path().join("owned");
     std::fs::create_dir(&owned).unwrap();
     std::fs::write(owned.join("file"), "a's\n").unwrap();
@@ -408,7 +418,12 @@ async fn a_sandbox_cannot_write_files_another_sandbox_owns() {
     }
     let target = owned.display();
     // a, its owner, can write there; b cannot add, change or remove a thing.
-    let (out, err, code) = sh(&driver, a, &format!("echo more >> {target}/file && echo ok")).await;
+    let (out, err, code) = sh(
+        &driver,
+        a,
+        &format!("echo more >> {target}/file && echo ok"),
+    )
+    .await;
     assert_eq!((code, out.trim()), (0, "ok"), "{err}");
     for (what, cmd) in [
         ("a new file", format!("echo x > {target}/new")),
@@ -417,9 +432,15 @@ async fn a_sandbox_cannot_write_files_another_sandbox_owns() {
         ("a chmod", format!("chmod 777 {target}/file")),
     ] {
         let (out, err, code) = sh(&driver, b, &cmd).await;
-        assert_ne!(code, 0, "{what} in another sandbox's directory was allowed: {out} {err}");
+        assert_ne!(
+            code, 0,
+            "{what} in another sandbox's directory was allowed: {out} {err}"
+        );
     }
-    assert_eq!(std::fs::read_to_string(owned.join("file")).unwrap(), "a's\nmore\n");
+    assert_eq!(
+        std::fs::read_to_string(owned.join("file")).unwrap(),
+        "a's\nmore\n"
+    );
     assert!(!owned.join("new").exists());
     drop(driver);
     env.finish().await;

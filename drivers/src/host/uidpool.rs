@@ -53,15 +53,25 @@ impl Default for UidPool {
 /// `START:COUNT` (as in `/etc/subuid`): COUNT a multiple of 65536, START above 0, the range
 /// below 2^32 - 1.
 pub fn parse_pool(text: &str) -> Result<(u32, u32), String> {
-    let bad = |why: &str| format!("uid pool {text:?}: {why} (expected START:COUNT, e.g. 1000000:268435456)");
+    let bad = |why: &str| {
+        format!("uid pool {text:?}: {why} (expected START:COUNT, e.g. 1000000:268435456)")
+    };
     let (start, count) = text.split_once(':').ok_or_else(|| bad("no ':'"))?;
-    let start: u32 = start.trim().parse().map_err(|_| bad("START is not a number"))?;
-    let count: u32 = count.trim().parse().map_err(|_| bad("COUNT is not a number"))?;
+    let start: u32 = start
+        .trim()
+        .parse()
+        .map_err(|_| bad("START is not a number"))?;
+    let count: u32 = count
+        .trim()
+        .parse()
+        .map_err(|_| bad("COUNT is not a number"))?;
     if start == 0 {
         return Err(bad("START must be above 0 (host root)"));
     }
     if count < RANGE || count % RANGE != 0 {
-        return Err(bad("COUNT must be a positive multiple of 65536 (one sandbox's range)"));
+        return Err(bad(
+            "COUNT must be a positive multiple of 65536 (one sandbox's range)",
+        ));
     }
     if u64::from(start) + u64::from(count) > u64::from(u32::MAX) {
         return Err(bad("the range must end below 4294967295"));
@@ -72,9 +82,18 @@ pub fn parse_pool(text: &str) -> Result<(u32, u32), String> {
 /// A pool must not hold the image store's range (the owners of the shared layers on disk) nor
 /// host root.
 pub fn check_apart(pool: &UidPool, store: &IdMap) -> Result<(), DriverError> {
-    let (a0, a1) = (u64::from(pool.start), u64::from(pool.start) + u64::from(pool.count));
-    let (b0, b1) = (u64::from(store.host_uid), u64::from(store.host_uid) + u64::from(store.size));
-    let (c0, c1) = (u64::from(store.host_gid), u64::from(store.host_gid) + u64::from(store.size));
+    let (a0, a1) = (
+        u64::from(pool.start),
+        u64::from(pool.start) + u64::from(pool.count),
+    );
+    let (b0, b1) = (
+        u64::from(store.host_uid),
+        u64::from(store.host_uid) + u64::from(store.size),
+    );
+    let (c0, c1) = (
+        u64::from(store.host_gid),
+        u64::from(store.host_gid) + u64::from(store.size),
+    );
     if pool.start == 0 || (a0 < b1 && b0 < a1) || (a0 < c1 && c0 < a1) {
         return Err(DriverError::InvalidArgument(format!(
             "the uid pool {}:{} overlaps the image store's ids {}..{} (the owners of every \
@@ -257,10 +276,7 @@ mod tests {
         for o in &owners {
             fs::create_dir(o).unwrap();
         }
-        let maps: Vec<IdMap> = owners[..3]
-            .iter()
-            .map(|o| pool.lease(o).unwrap())
-            .collect();
+        let maps: Vec<IdMap> = owners[..3].iter().map(|o| pool.lease(o).unwrap()).collect();
         let firsts: std::collections::BTreeSet<u32> = maps.iter().map(|m| m.host_uid).collect();
         assert_eq!(firsts.len(), 3, "{maps:?}");
         assert!(maps.iter().all(|m| pool.holds(m)));
@@ -284,7 +300,10 @@ mod tests {
         fs::create_dir(&gone).unwrap();
         fs::create_dir(&live).unwrap();
         let map = pool.lease(&gone).unwrap();
-        assert!(pool.lease(&live).is_err(), "held while its directory exists");
+        assert!(
+            pool.lease(&live).is_err(),
+            "held while its directory exists"
+        );
         fs::remove_dir(&gone).unwrap();
         assert_eq!(pool.lease(&live).unwrap(), map);
         // The old owner can no longer claim it back.

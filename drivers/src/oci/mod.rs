@@ -52,6 +52,7 @@
 
 mod bundle;
 mod cgroup;
+mod disk;
 mod record;
 mod rootfs;
 mod runtime;
@@ -248,7 +249,9 @@ impl OciDriver {
         install_init(&record::init_dir(&state_dir), &busybox)?;
         // A root filesystem may still be mounted in the trash, or in a half-made sandbox.
         let unmount_rootfs = |dir: &Path| {
-            let _ = rootfs::unmount(&SandboxPaths::of_dir(dir.to_path_buf()));
+            let paths = SandboxPaths::of_dir(dir.to_path_buf());
+            let _ = rootfs::unmount(&paths);
+            let _ = disk::unmount(&paths.disk);
         };
         let trash = records::trash_dir(&state_dir);
         records::empty_trash(&trash, unmount_rootfs)?;
@@ -264,6 +267,12 @@ impl OciDriver {
         );
         for record in found.values() {
             reclaim_range(opts.uid_pool.as_ref(), &state_dir, record);
+            if record.disk_bytes > 0 {
+                let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
+                if let Err(e) = disk::mount(&paths.dir, &paths.disk) {
+                    tracing::error!(sandbox_id = %record.sandbox_id, error = %e, "the sandbox's disk is not mounted");
+                }
+            }
             if record.desired == Desired::Stopped {
                 let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
                 finish_interrupted_stop(&runtime, &paths, record).await;
@@ -386,6 +395,24 @@ async fn finish_interrupted_stop(runtime: &Runtime, paths: &SandboxPaths, record
     let _ = rootfs::unmount(paths);
 }
 
+/// "disk full: …" once less than 1% of the sandbox's disk (at `mount_point`, `limit` bytes)
+/// is free: its writes then fail with ENOSPC.
+fn disk_full(mount_point: &Path, limit: u64) -> Option<String> {
+    let st = nix::sys::statvfs::statvfs(mount_point).ok()?;
+    let block = st.fragment_size();
+    let (total, free) = (st.blocks() * block, st.blocks_available() * block);
+    // Not mounted (the host's filesystem is seen): nothing to say.
+    if total > limit || free.saturating_mul(100) >= total {
+        return None;
+    }
+    Some(format!(
+        "disk full: {} of the sandbox's {} disk is used; writes fail with ENOSPC (delete files, \
+         or make a sandbox with a larger --disk)",
+        crate::host::human_bytes(total - free),
+        crate::host::human_bytes(limit)
+    ))
+}
+
 /// At open: the range a sandbox's record names is leased to it again if the lease went
 /// missing (the lease directory wiped); if another live sandbox holds it, that is said loudly
 /// (two sandboxes on one range are not kept apart by their uids).
@@ -401,7 +428,9 @@ fn reclaim_range(pool: Option<&UidPool>, state_dir: &Path, record: &OciRecord) {
             host_uid = map.host_uid,
             "the sandbox's uid range is leased to another sandbox"
         ),
-        Err(e) => tracing::warn!(sandbox_id = %record.sandbox_id, error = %e, "uid lease not checked"),
+        Err(e) => {
+            tracing::warn!(sandbox_id = %record.sandbox_id, error = %e, "uid lease not checked")
+        }
     }
 }
 
@@ -420,9 +449,18 @@ impl Inner {
     }
 
     /// The overlay's lower dirs for `record`: its image's layers as its range sees them.
-    fn lower_dirs(&self, record: &OciRecord, paths: &SandboxPaths) -> Result<Vec<PathBuf>, DriverError> {
-        rootfs::mapped_layers(&record.image.layers, self.opts.id_map, self.id_map(record), &paths.lower)
-            .map_err(DriverError::Internal)
+    fn lower_dirs(
+        &self,
+        record: &OciRecord,
+        paths: &SandboxPaths,
+    ) -> Result<Vec<PathBuf>, DriverError> {
+        rootfs::mapped_layers(
+            &record.image.layers,
+            self.opts.id_map,
+            self.id_map(record),
+            &paths.lower,
+        )
+        .map_err(DriverError::Internal)
     }
 }
 
@@ -452,6 +490,7 @@ impl HostDriver for Inner {
 
     /// The sandbox's network namespace, veth, rules and address lease go with it.
     async fn before_removal(&self, record: &OciRecord) -> Result<(), DriverError> {
+        disk::unmount(&self.paths(record.sandbox_id).disk)?;
         network::sandbox::release(
             self.opts.network.as_ref(),
             record.sandbox_id,
@@ -467,8 +506,13 @@ impl HostDriver for Inner {
             cgroup::oom_kills(&record.cgroup_path) > 0
         });
         let instance = init.map(|i| i.to_string());
-        let mut snapshot =
-            observed.into_snapshot(record, record.generation, instance, record.warnings.clone());
+        let mut warnings = record.warnings.clone();
+        if record.disk_bytes > 0
+            && let Some(full) = disk_full(&self.paths(record.sandbox_id).disk, record.disk_bytes)
+        {
+            warnings.push(full);
+        }
+        let mut snapshot = observed.into_snapshot(record, record.generation, instance, warnings);
         network::sandbox::note_denials(
             self.opts.network.as_ref(),
             record.sandbox_id,

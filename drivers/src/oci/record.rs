@@ -9,12 +9,14 @@
 //! <state_dir>/sandboxes/<id>/bundle/config.json the OCI runtime config of the current run
 //! <state_dir>/sandboxes/<id>/bundle/rootfs/     the overlay of the image's layers (mounted
 //!                                               while the workload runs)
-//! <state_dir>/sandboxes/<id>/upper/, work/      the overlay's writable layer: every change
+//! <state_dir>/sandboxes/<id>/disk.img          the sandbox's disk (with a disk limit)
+//! <state_dir>/sandboxes/<id>/disk/              that disk mounted, else a plain directory
+//! <state_dir>/sandboxes/<id>/disk/upper/, work/ the overlay's writable layer: every change
 //!                                               to the root filesystem, kept until delete
 //! <state_dir>/sandboxes/<id>/lower/<n>/         the image's layer n as the sandbox's own uid
 //!                                               range sees it (idmapped, read-only; mounted
 //!                                               only while a root filesystem is mounted)
-//! <state_dir>/sandboxes/<id>/volume/            /sandbox inside
+//! <state_dir>/sandboxes/<id>/disk/volume/       /sandbox inside
 //! <state_dir>/sandboxes/<id>/workload.log       stdout and stderr of the workload
 //! <state_dir>/sandboxes/<id>/run-<run_id>/      one run, host root's (0711, never bound
 //!                                               into the sandbox): `init` (the init's /proc
@@ -104,6 +106,9 @@ pub struct OciRecord {
     /// per-sandbox ranges, or a driver without a pool).
     #[serde(default)]
     pub id_map: Option<IdMap>,
+    /// The disk limit (bytes of `disk.img`); 0: none.
+    #[serde(default)]
+    pub disk_bytes: u64,
 }
 
 host_record!(OciRecord, RECORD_FORMAT);
@@ -119,6 +124,9 @@ pub struct SandboxPaths {
     /// The image's layers as the sandbox's own uid range sees them (idmapped mounts, while
     /// a root filesystem is being mounted).
     pub lower: PathBuf,
+    /// Holds `upper/`, `work/` and `volume/`: the sandbox's disk (see `oci::disk`), or a
+    /// plain directory without a disk limit.
+    pub disk: PathBuf,
     pub volume: PathBuf,
     pub log: PathBuf,
 }
@@ -129,15 +137,24 @@ impl SandboxPaths {
     }
 
     /// The paths of the sandbox whose directory is `dir` (also one in the trash).
+    /// A sandbox made before disks (a directory without `disk/`) keeps its writable dirs
+    /// beside the record.
     pub fn of_dir(dir: PathBuf) -> SandboxPaths {
         let bundle = dir.join("bundle");
+        let disk = dir.join("disk");
+        let writable = if disk.exists() || !dir.exists() {
+            disk.clone()
+        } else {
+            dir.clone()
+        };
         SandboxPaths {
             rootfs: bundle.join("rootfs"),
             bundle,
-            upper: dir.join("upper"),
-            work: dir.join("work"),
+            upper: writable.join("upper"),
+            work: writable.join("work"),
             lower: dir.join("lower"),
-            volume: dir.join("volume"),
+            volume: writable.join("volume"),
+            disk,
             log: dir.join("workload.log"),
             dir,
         }
@@ -232,6 +249,7 @@ mod tests {
                 host_gid: 1_000_000,
                 size: 65_536,
             }),
+            disk_bytes: 1 << 30,
         };
         write_record(&paths, &record).unwrap();
         assert_eq!(read_record(&paths).unwrap(), record);

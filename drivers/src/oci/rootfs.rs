@@ -110,7 +110,9 @@ pub fn mapped_layers(
     }
     super::record::make_walkable_dir(lower)
         .map_err(|e| format!("making {}: {e}", lower.display()))?;
-    let targets: Vec<PathBuf> = (0..layers.len()).map(|i| lower.join(i.to_string())).collect();
+    let targets: Vec<PathBuf> = (0..layers.len())
+        .map(|i| lower.join(i.to_string()))
+        .collect();
     let mut namespace = None;
     for (layer, target) in layers.iter().zip(&targets) {
         if is_mount_point(target) {
@@ -131,8 +133,13 @@ pub fn mapped_layers(
             .map_err(|e| format!("making {}: {e}", target.display()))?;
         let tree = sbx_sys::idmapped_tree(layer, ns.as_fd())
             .map_err(|e| format!("an idmapped copy of layer {}: {e}", layer.display()))?;
-        sbx_sys::attach(tree.as_fd(), target)
-            .map_err(|e| format!("mounting layer {} at {}: {e}", layer.display(), target.display()))?;
+        sbx_sys::attach(tree.as_fd(), target).map_err(|e| {
+            format!(
+                "mounting layer {} at {}: {e}",
+                layer.display(),
+                target.display()
+            )
+        })?;
     }
     Ok(targets)
 }

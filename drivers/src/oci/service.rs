@@ -172,7 +172,7 @@ impl Inner {
         id_map: crate::image::IdMap,
     ) -> Result<(), DriverError> {
         let io = |what: &str, e: std::io::Error| internal(what, e);
-        for dir in [&paths.dir, &paths.bundle, &paths.rootfs] {
+        for dir in [&paths.dir, &paths.disk, &paths.bundle, &paths.rootfs] {
             record::make_walkable_dir(dir).map_err(|e| io("making the sandbox directory", e))?;
         }
         let uid = Some(Uid::from_raw(id_map.host_uid));
@@ -271,15 +271,20 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
     }
 
     let paths = inner.paths(id);
-    record::make_walkable_dir(&paths.dir).map_err(|e| internal("making the sandbox directory", e))?;
+    record::make_walkable_dir(&paths.dir)
+        .map_err(|e| internal("making the sandbox directory", e))?;
     // Leased to the directory: a create killed before its record leaves a directory that
     // open() removes, and with it the lease's owner.
     let id_map = match &inner.opts.uid_pool {
         Some(pool) => Some(pool.lease(&paths.dir)?),
         None => None,
     };
-    inner.make_sandbox_dirs(&paths, id_map.unwrap_or(inner.opts.id_map))?;
     let resources = spec.resources.unwrap_or_default();
+    let ids = id_map.unwrap_or(inner.opts.id_map);
+    if resources.disk_bytes > 0 {
+        super::disk::make(&paths.dir, &paths.disk, resources.disk_bytes)?;
+    }
+    inner.make_sandbox_dirs(&paths, ids)?;
     let record = OciRecord {
         format: RECORD_FORMAT,
         sandbox_id: id,
@@ -297,6 +302,7 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
         spec_env: spec.env.into_iter().collect::<BTreeMap<_, _>>(),
         network_allow,
         id_map,
+        disk_bytes: resources.disk_bytes,
     };
     // start_run writes the record first; a driver killed before that leaves a directory
     // without a record, which open() removes.

@@ -188,14 +188,18 @@ impl HostTools {
     /// Finds the programs and checks what the workloads' user namespace needs (see
     /// [`super::userns::check`]) of the shared range `id_map` (older sandboxes') and of
     /// `granted`, the uid pool's ids (or the shared range again).
-    pub fn find(id_map: &IdMap, granted: &IdMap, state_dir: &Path) -> Result<HostTools, DriverError> {
+    pub fn find(
+        id_map: &IdMap,
+        granted: &IdMap,
+        state_dir: &Path,
+    ) -> Result<HostTools, DriverError> {
         for map in [id_map, granted] {
             super::userns::check(
                 map,
-            |p| find_on_path(p).ok(),
-            Path::new("/etc/subuid"),
-            Path::new("/etc/subgid"),
-        )?;
+                |p| find_on_path(p).ok(),
+                Path::new("/etc/subuid"),
+                Path::new("/etc/subgid"),
+            )?;
         }
         let unshare = find_on_path("unshare")?;
         Ok(HostTools {

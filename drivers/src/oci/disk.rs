@@ -1,0 +1,90 @@
+//! A sandbox's disk limit: its writable root layer (`upper/`, `work/`) and its volume
+//! (`/sandbox`) live on one ext4 filesystem of the limit's size, in a sparse image file
+//! `<dir>/disk.img` mounted on a loop device at `<dir>/disk/` (nodev, nosuid). The kernel
+//! enforces it: a write past it fails with ENOSPC inside, and the host's disk holds at most
+//! the image's size for the sandbox. Chosen over project quotas because it needs nothing of
+//! the host's filesystem (the data dir may be on any filesystem, quotas on or off) and is
+//! removed with the sandbox; the cost is one loop device and one mount per sandbox with a
+//! limit. Without a limit `<dir>/disk/` is a plain directory.
+//!
+//! The mount is made at create, kept across stops and driver restarts (made again at open if
+//! the host rebooted), and unmounted at delete before the directory goes.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::DriverError;
+
+/// The image file of a sandbox directory's disk.
+pub fn image(dir: &Path) -> std::path::PathBuf {
+    dir.join("disk.img")
+}
+
+/// Makes the disk of `bytes` at `mount_point` (the sandbox directory's `disk/`), its root
+/// directory host root's (0711), and mounts it.
+pub fn make(dir: &Path, mount_point: &Path, bytes: u64) -> Result<(), DriverError> {
+    let img = image(dir);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&img)
+        .map_err(|e| fail(&format!("making {}", img.display()), e))?;
+    file.set_len(bytes)
+        .map_err(|e| fail(&format!("sizing {}", img.display()), e))?;
+    drop(file);
+    // -m 0: nothing reserved for root (the sandbox's root is not host root anyway); lazy
+    // init: mkfs writes only the metadata it needs, the image stays sparse.
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-m", "0", "-E"])
+        .arg("lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0")
+        .arg(&img))?;
+    mount(dir, mount_point)?;
+    // Its root holds the writable dirs: host root's, walkable, as the sandbox directory is.
+    super::record::make_walkable_dir(mount_point)
+        .map_err(|e| fail(&format!("setting the mode of {}", mount_point.display()), e))
+}
+
+/// Mounts the disk at `mount_point` unless it is mounted there.
+pub fn mount(dir: &Path, mount_point: &Path) -> Result<(), DriverError> {
+    if super::rootfs::is_mount_point(mount_point) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(mount_point)
+        .map_err(|e| fail(&format!("making {}", mount_point.display()), e))?;
+    // util-linux's mount sets up the loop device (autoclear: it goes with the unmount).
+    run(Command::new("mount")
+        .args(["-t", "ext4", "-o", "loop,nodev,nosuid,noatime"])
+        .arg(image(dir))
+        .arg(mount_point))
+}
+
+/// Unmounts the disk (lazily: a process that still holds it keeps it until it lets go; the
+/// loop device is freed then).
+pub fn unmount(mount_point: &Path) -> Result<(), DriverError> {
+    if !super::rootfs::is_mount_point(mount_point) {
+        return Ok(());
+    }
+    nix::mount::umount2(mount_point, nix::mount::MntFlags::MNT_DETACH)
+        .map_err(|e| DriverError::Internal(format!("unmounting {}: {e}", mount_point.display())))
+}
+
+fn run(cmd: &mut Command) -> Result<(), DriverError> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| {
+        DriverError::Unavailable(format!(
+            "running {shown} (a disk limit needs e2fsprogs and util-linux): {e}"
+        ))
+    })?;
+    if !out.status.success() {
+        return Err(DriverError::Internal(format!(
+            "{shown} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+fn fail(what: &str, e: std::io::Error) -> DriverError {
+    DriverError::Internal(format!("{what}: {e}"))
+}
