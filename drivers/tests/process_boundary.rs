@@ -16,8 +16,6 @@ use sbx_drivers::ComputeDriver;
 use sbx_drivers::process::{ProcessDriver, ProcessDriverOptions};
 use uuid::Uuid;
 
-/// The host uid (and gid) of root inside: the default id map's base.
-
 /// Runs `script` with `sh -c` in the sandbox; stdout, stderr and the exit code.
 async fn sh(driver: &ProcessDriver, id: Uuid, script: &str) -> (String, String, i32) {
     let r = exec(driver, id, &["sh", "-c", script], 20).await;

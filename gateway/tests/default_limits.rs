@@ -16,6 +16,26 @@ fn limits(endpoint: &str, name: &str) -> (u64, u64) {
     )
 }
 
+fn disk_limit(endpoint: &str, name: &str) -> u64 {
+    let get = sbx(endpoint, &["sandbox", "get", name, "-o", "json"]).json();
+    get["disk_bytes"].as_u64().unwrap()
+}
+
+/// The size of the filesystem /sandbox is on, seen from inside, in KiB (`df -k`).
+fn disk_inside_kib(endpoint: &str, name: &str) -> u64 {
+    let out = sbx(
+        endpoint,
+        &["sandbox", "exec", name, "--", "df", "-k", "/sandbox"],
+    )
+    .ok()
+    .to_string();
+    out.lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("df: {out}"))
+}
+
 /// The memory limit the sandbox sees from inside (its own cgroup, v1 or v2).
 fn memory_inside(endpoint: &str, name: &str) -> String {
     sbx(
@@ -49,6 +69,8 @@ fn sandboxes_get_the_gateways_limits_unless_their_workspace_or_they_say_otherwis
             "1Gi",
             "--default-cpu",
             "1",
+            "--default-disk",
+            "1Gi",
         ],
     );
     let ep = d.endpoint();
@@ -58,8 +80,18 @@ fn sandboxes_get_the_gateways_limits_unless_their_workspace_or_they_say_otherwis
     sbx(&ep, &["sandbox", "create", "plain", "--", "sleep", "3600"]).ok();
     assert_eq!(limits(&ep, "plain"), (1000, GIB));
     let table = sbx(&ep, &["sandbox", "get", "plain"]).ok().to_string();
-    assert!(table.contains("LIMITS: cpu 1, memory 1.0GiB"), "{table}");
+    assert!(
+        table.contains("LIMITS: cpu 1, memory 1.0GiB, disk 1.0GiB"),
+        "{table}"
+    );
     assert_eq!(memory_inside(&ep, "plain"), GIB.to_string());
+    // The disk: /sandbox is on a filesystem of that size (less ext4's own metadata).
+    assert_eq!(disk_limit(&ep, "plain"), GIB);
+    let kib = disk_inside_kib(&ep, "plain");
+    assert!(
+        kib <= GIB / 1024 && kib > GIB / 1024 * 9 / 10,
+        "/sandbox is {kib} KiB"
+    );
 
     // The workspace's default memory replaces the gateway's; its cpu is still the gateway's.
     sbx(
@@ -90,6 +122,16 @@ fn sandboxes_get_the_gateways_limits_unless_their_workspace_or_they_say_otherwis
     )
     .ok();
     assert_eq!(limits(&ep, "own"), (500, 64 << 20));
+    // A disk of its own, and a workspace's default disk, in the same way.
+    sbx(
+        &ep,
+        &[
+            "sandbox", "create", "disk", "--disk", "128Mi", "--", "sleep", "3600",
+        ],
+    )
+    .ok();
+    assert_eq!(disk_limit(&ep, "disk"), 128 << 20);
+    assert!(disk_inside_kib(&ep, "disk") <= 128 << 10);
     assert_eq!(limits(&ep, "plain"), (1000, GIB));
 
     // Bad input is refused and changes nothing; --clear goes back to the gateway's.
@@ -105,7 +147,15 @@ fn sandboxes_get_the_gateways_limits_unless_their_workspace_or_they_say_otherwis
     sbx(&ep, &["sandbox", "create", "after", "--", "sleep", "3600"]).ok();
     assert_eq!(limits(&ep, "after"), (1000, GIB));
 
-    for name in ["plain", "ws", "own", "after"] {
+    let tiny = sbx(
+        &ep,
+        &[
+            "sandbox", "create", "tiny", "--disk", "1Mi", "--", "sleep", "3600",
+        ],
+    );
+    assert_ne!(tiny.code, 0, "{tiny:?}");
+    assert!(tiny.stderr.contains("32 MiB"), "{tiny:?}");
+    for name in ["plain", "ws", "own", "disk", "after"] {
         sbx(&ep, &["sandbox", "delete", name]).ok();
     }
     drop(d);

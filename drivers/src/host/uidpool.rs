@@ -68,7 +68,7 @@ pub fn parse_pool(text: &str) -> Result<(u32, u32), String> {
     if start == 0 {
         return Err(bad("START must be above 0 (host root)"));
     }
-    if count < RANGE || count % RANGE != 0 {
+    if count < RANGE || !count.is_multiple_of(RANGE) {
         return Err(bad(
             "COUNT must be a positive multiple of 65536 (one sandbox's range)",
         ));
@@ -129,7 +129,7 @@ impl UidPool {
             && map.host_uid >= self.start
             && u64::from(map.host_uid) + u64::from(RANGE)
                 <= u64::from(self.start) + u64::from(self.count)
-            && (map.host_uid - self.start) % RANGE == 0
+            && (map.host_uid - self.start).is_multiple_of(RANGE)
     }
 
     fn lock(&self) -> Result<Flock<File>, DriverError> {
@@ -217,10 +217,10 @@ impl UidPool {
     pub fn release(&self, map: &IdMap, owner: &Path) {
         let Ok(_held) = self.lock() else { return };
         let file = self.lease_file(map);
-        if holder(&file).as_deref() == Some(owner) {
-            if let Err(e) = fs::remove_file(&file) {
-                tracing::warn!(lease = %file.display(), error = %e, "uid lease not released");
-            }
+        if holder(&file).as_deref() == Some(owner)
+            && let Err(e) = fs::remove_file(&file)
+        {
+            tracing::warn!(lease = %file.display(), error = %e, "uid lease not released");
         }
     }
 }

@@ -38,6 +38,7 @@ pub struct SandboxView {
     pub driver: String,
     pub cpu_millis: u32,
     pub memory_bytes: u64,
+    pub disk_bytes: u64,
     /// Egress its policy refused in the last ten minutes (absent when none).
     #[serde(skip_serializing_if = "is_zero")]
     pub network_denied: u64,
@@ -147,6 +148,7 @@ pub fn sandbox_view(sandbox: &Sandbox) -> SandboxView {
         driver: spec.driver,
         cpu_millis: resources.cpu_millis,
         memory_bytes: resources.memory_bytes,
+        disk_bytes: resources.disk_bytes,
         network_denied: sandbox.network_denied,
         network_last_denial: sandbox
             .network_last_denial
