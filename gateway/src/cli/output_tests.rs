@@ -136,6 +136,7 @@ fn sandbox_json_has_the_documented_fields() {
             "driver": "process",
             "cpu_millis": 250,
             "memory_bytes": 67108864,
+            "disk_bytes": 0,
         })
     );
 }

@@ -333,7 +333,16 @@ mod tests {
                 Path::new("/d"),
                 &images
             )),
-            ["--cgroup-parent", "cg", "--hide", "/d"]
+            [
+                "--cgroup-parent",
+                "cg",
+                "--hide",
+                "/d",
+                "--uid-pool",
+                "1000000:268435456",
+                "--uid-lease-dir",
+                "/var/lib/sbx/uid-leases"
+            ]
         );
         // With a network, the process driver's host gets it too (and only its flags).
         let mut networked = args.clone();
@@ -356,7 +365,11 @@ mod tests {
                 "--network-name",
                 "sbx",
                 "--network-dns",
-                "10.0.0.53:53"
+                "10.0.0.53:53",
+                "--uid-pool",
+                "1000000:268435456",
+                "--uid-lease-dir",
+                "/var/lib/sbx/uid-leases"
             ]
         );
         let oci = text(managed_host_flags(
@@ -369,7 +382,8 @@ mod tests {
         assert!(
             oci.contains(&format!("--image-store {}", images.root().display()))
                 && oci.contains("--oci-runtime runc")
-                && oci.contains("--oci-pids-limit 1024"),
+                && oci.contains("--oci-pids-limit 1024")
+                && oci.contains("--uid-pool 1000000:268435456"),
             "{oci}"
         );
         let vm = text(managed_host_flags(
