@@ -169,6 +169,9 @@ mod tests {
             }),
             "cpu 1.5, memory 1.0GiB, disk 10.0GiB"
         );
-        assert_eq!(limits_text(&Resources::default()), "cpu -, memory -, disk -");
+        assert_eq!(
+            limits_text(&Resources::default()),
+            "cpu -, memory -, disk -"
+        );
     }
 }
