@@ -366,22 +366,32 @@ pub struct ImageDefault {
 /// start with, [`limits::MIN_MEMORY_BYTES`] — for a sandbox's own, a workspace's default and
 /// the gateway's.
 pub fn memory_limit(what: &str, bytes: u64, zero_means: &str) -> Result<()> {
-    if bytes != 0 && bytes < limits::MIN_MEMORY_BYTES {
-        return Err(invalid(format!(
-            "{what} {bytes} bytes is below the smallest a sandbox can start with, {} bytes (4 MiB); give at least that, or 0 for {zero_means}",
-            limits::MIN_MEMORY_BYTES
-        )));
-    }
-    Ok(())
+    size_floor(
+        what,
+        bytes,
+        limits::MIN_MEMORY_BYTES,
+        "the smallest a sandbox can start with",
+        zero_means,
+    )
 }
 
 /// A disk limit (`what`, in bytes) is 0 (`zero_means`) or at least
 /// [`limits::MIN_DISK_BYTES`] — for a sandbox's own, a workspace's default and the gateway's.
 pub fn disk_limit(what: &str, bytes: u64, zero_means: &str) -> Result<()> {
-    if bytes != 0 && bytes < limits::MIN_DISK_BYTES {
+    size_floor(
+        what,
+        bytes,
+        limits::MIN_DISK_BYTES,
+        "the smallest disk a sandbox can be given",
+        zero_means,
+    )
+}
+
+fn size_floor(what: &str, bytes: u64, min: u64, min_is: &str, zero_means: &str) -> Result<()> {
+    if bytes != 0 && bytes < min {
         return Err(invalid(format!(
-            "{what} {bytes} bytes is below the smallest disk a sandbox can be given, {} bytes (32 MiB); give at least that, or 0 for {zero_means}",
-            limits::MIN_DISK_BYTES
+            "{what} {bytes} bytes is below {min_is}, {min} bytes ({} MiB); give at least that, or 0 for {zero_means}",
+            min >> 20
         )));
     }
     Ok(())

@@ -128,5 +128,16 @@ async fn many_idle_sandboxes_run_at_once_each_on_its_own_uids() {
         own_disk / 1024
     );
     drop(driver);
+    let sandboxes = env.state_dir().join("sandboxes");
     env.finish().await;
+    // Every range went back: no lease still names one of this test's sandboxes.
+    let pool = sbx_drivers::uidpool::UidPool::default();
+    for first in &firsts {
+        let held =
+            std::fs::read_to_string(pool.lease_dir.join(first.to_string())).unwrap_or_default();
+        assert!(
+            !held.starts_with(&*sandboxes.to_string_lossy()),
+            "range {first} is still leased to {held}"
+        );
+    }
 }

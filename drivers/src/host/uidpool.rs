@@ -225,6 +225,45 @@ impl UidPool {
     }
 }
 
+/// A new sandbox's range, leased to its directory `owner`; `None` without a pool (the
+/// driver's shared range).
+pub fn lease_for(pool: Option<&UidPool>, owner: &Path) -> Result<Option<IdMap>, DriverError> {
+    pool.map(|p| p.lease(owner)).transpose()
+}
+
+/// At a driver's open: the range a sandbox's record names is leased to it again if its lease
+/// went missing; if another live sandbox holds it, that is said loudly (two sandboxes on one
+/// range are not kept apart by their uids).
+pub fn reclaim_at_open(pool: Option<&UidPool>, map: Option<IdMap>, owner: &Path, id: uuid::Uuid) {
+    let (Some(pool), Some(map)) = (pool, map) else {
+        return;
+    };
+    match pool.reclaim(&map, owner) {
+        Ok(true) => {}
+        Ok(false) => tracing::error!(sandbox_id = %id, host_uid = map.host_uid,
+            "the sandbox's uid range is leased to another sandbox"),
+        Err(e) => tracing::warn!(sandbox_id = %id, error = %e, "uid lease not checked"),
+    }
+}
+
+/// A deleted sandbox's range back to the pool (its directory is gone).
+pub fn release_for(pool: Option<&UidPool>, map: Option<IdMap>, owner: &Path) {
+    if let (Some(pool), Some(map)) = (pool, map) {
+        pool.release(&map, owner);
+    }
+}
+
+/// What a driver's capabilities say of its sandboxes' host uids.
+pub fn describe(pool: Option<&UidPool>, shared: &IdMap) -> String {
+    match pool {
+        Some(p) => format!(
+            "a host uid range of its own, from the pool {}:{}",
+            p.start, p.count
+        ),
+        None => format!("host uid {}", shared.host_uid),
+    }
+}
+
 enum Taken {
     Ours,
     Others,

@@ -75,7 +75,7 @@ use crate::host::logfile::log_since;
 use crate::host::network::{self, Network};
 use crate::host::procfs::{self, ProcessIdentity};
 use crate::host::records::{self, RecordCache, write_atomically};
-use crate::host::uidpool::UidPool;
+use crate::host::uidpool::{self, UidPool};
 use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms};
 use crate::image::{IdMap, ImageStore};
 use crate::{DriverError, pb};
@@ -266,7 +266,12 @@ impl OciDriver {
                 .map(|r| (r.sandbox_id, r.network_allow.as_ref())),
         );
         for record in found.values() {
-            reclaim_range(opts.uid_pool.as_ref(), &state_dir, record);
+            uidpool::reclaim_at_open(
+                opts.uid_pool.as_ref(),
+                record.id_map,
+                &SandboxPaths::new(&state_dir, record.sandbox_id).dir,
+                record.sandbox_id,
+            );
             if record.disk_bytes > 0 {
                 let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
                 if let Err(e) = disk::mount(&paths.dir, &paths.disk) {
@@ -408,30 +413,9 @@ fn disk_full(mount_point: &Path, limit: u64) -> Option<String> {
     Some(format!(
         "disk full: {} of the sandbox's {} disk is used; writes fail with ENOSPC (delete files, \
          or make a sandbox with a larger --disk)",
-        crate::host::human_bytes(total - free),
-        crate::host::human_bytes(limit)
+        crate::human_bytes(total - free),
+        crate::human_bytes(limit)
     ))
-}
-
-/// At open: the range a sandbox's record names is leased to it again if the lease went
-/// missing (the lease directory wiped); if another live sandbox holds it, that is said loudly
-/// (two sandboxes on one range are not kept apart by their uids).
-fn reclaim_range(pool: Option<&UidPool>, state_dir: &Path, record: &OciRecord) {
-    let (Some(pool), Some(map)) = (pool, record.id_map) else {
-        return;
-    };
-    let owner = SandboxPaths::new(state_dir, record.sandbox_id).dir;
-    match pool.reclaim(&map, &owner) {
-        Ok(true) => {}
-        Ok(false) => tracing::error!(
-            sandbox_id = %record.sandbox_id,
-            host_uid = map.host_uid,
-            "the sandbox's uid range is leased to another sandbox"
-        ),
-        Err(e) => {
-            tracing::warn!(sandbox_id = %record.sandbox_id, error = %e, "uid lease not checked")
-        }
-    }
 }
 
 impl Inner {
@@ -581,9 +565,11 @@ impl HostDriver for Inner {
 
     /// The sandbox's uid range goes back to the pool once its files are gone.
     fn after_removal(&self, record: &OciRecord) {
-        if let (Some(pool), Some(map)) = (&self.opts.uid_pool, record.id_map) {
-            pool.release(&map, &self.paths(record.sandbox_id).dir);
-        }
+        uidpool::release_for(
+            self.opts.uid_pool.as_ref(),
+            record.id_map,
+            &self.paths(record.sandbox_id).dir,
+        );
     }
 }
 

@@ -40,17 +40,14 @@ impl ComputeDriver for OciDriver {
             network: self.inner.opts.network.is_some(),
             disk_limit: true,
             isolation: format!(
-                "OCI container ({}): user namespace ({}), pid/mount/uts/ipc/\
+                "OCI container ({}): user namespace (root = {}), pid/mount/uts/ipc/\
                  net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \
-                 /proc and /sys, cpu/memory/pids limits; overlay root filesystem from the image",
+                 /proc and /sys, cpu/memory/disk/pids limits; overlay root filesystem from the image",
                 self.inner.runtime.binary.display(),
-                match &self.inner.opts.uid_pool {
-                    Some(pool) => format!(
-                        "root = a host uid range of its own, from the pool {}:{}",
-                        pool.start, pool.count
-                    ),
-                    None => format!("root = host uid {}", self.inner.opts.id_map.host_uid),
-                }
+                crate::host::uidpool::describe(
+                    self.inner.opts.uid_pool.as_ref(),
+                    &self.inner.opts.id_map
+                ),
             ),
         })
     }
@@ -275,10 +272,7 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
         .map_err(|e| internal("making the sandbox directory", e))?;
     // Leased to the directory: a create killed before its record leaves a directory that
     // open() removes, and with it the lease's owner.
-    let id_map = match &inner.opts.uid_pool {
-        Some(pool) => Some(pool.lease(&paths.dir)?),
-        None => None,
-    };
+    let id_map = crate::host::uidpool::lease_for(inner.opts.uid_pool.as_ref(), &paths.dir)?;
     let resources = spec.resources.unwrap_or_default();
     let ids = id_map.unwrap_or(inner.opts.id_map);
     if resources.disk_bytes > 0 {

@@ -106,7 +106,7 @@ pub use cgroup::CgroupVersion;
 use crate::host::command::RunEnv;
 use crate::host::feed::{self, SnapshotFeed};
 use crate::host::records::{self, RecordCache};
-use crate::host::uidpool::UidPool;
+use crate::host::uidpool::{self, UidPool};
 use crate::host::{
     Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, network, now_ms, procfs,
 };
@@ -219,13 +219,12 @@ impl ProcessDriver {
             }
         })?;
         for record in found.values() {
-            if let (Some(pool), Some(map)) = (&opts.uid_pool, record.id_map) {
-                let owner = SandboxPaths::new(&state_dir, record.sandbox_id).dir;
-                if !pool.reclaim(&map, &owner).unwrap_or(true) {
-                    tracing::error!(sandbox_id = %record.sandbox_id, host_uid = map.host_uid,
-                        "the sandbox's uid range is leased to another sandbox");
-                }
-            }
+            uidpool::reclaim_at_open(
+                opts.uid_pool.as_ref(),
+                record.id_map,
+                &SandboxPaths::new(&state_dir, record.sandbox_id).dir,
+                record.sandbox_id,
+            );
             if record.desired == Desired::Stopped {
                 finish_interrupted_stop(&SandboxPaths::new(&state_dir, record.sandbox_id), record);
             }
@@ -355,9 +354,11 @@ impl HostDriver for Inner {
 
     /// The sandbox's uid range goes back to the pool once its files are gone.
     fn after_removal(&self, record: &SandboxRecord) {
-        if let (Some(pool), Some(map)) = (&self.opts.uid_pool, record.id_map) {
-            pool.release(&map, &self.paths(record.sandbox_id).dir);
-        }
+        uidpool::release_for(
+            self.opts.uid_pool.as_ref(),
+            record.id_map,
+            &self.paths(record.sandbox_id).dir,
+        );
     }
 
     /// What the sandbox looks like now, from its record, its run files and `/proc`.

@@ -40,13 +40,10 @@ impl ComputeDriver for ProcessDriver {
                 "pid,mount,uts,ipc,net namespaces; uid 0 of a user namespace = {}, \
                  no capabilities; {}; the host's root filesystem as that uid sees it, with a \
                  private /sandbox and the driver's state hidden",
-                match &self.inner.opts.uid_pool {
-                    Some(pool) => format!(
-                        "a host uid range of its own, from the pool {}:{}",
-                        pool.start, pool.count
-                    ),
-                    None => format!("host uid {}", self.inner.opts.id_map.host_uid),
-                },
+                crate::host::uidpool::describe(
+                    self.inner.opts.uid_pool.as_ref(),
+                    &self.inner.opts.id_map
+                ),
                 cgroups.describe()
             ),
         })
@@ -181,10 +178,7 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
     std::fs::create_dir_all(&paths.dir).map_err(|e| internal("making the sandbox directory", e))?;
     // Leased to the directory: a create killed before its record leaves a directory that
     // open() removes, and with it the lease's owner.
-    let id_map = match &inner.opts.uid_pool {
-        Some(pool) => Some(pool.lease(&paths.dir)?),
-        None => None,
-    };
+    let id_map = crate::host::uidpool::lease_for(inner.opts.uid_pool.as_ref(), &paths.dir)?;
     super::launch::make_persistent_dir(&paths.root, &id_map.unwrap_or(inner.opts.id_map))?;
     let resources = spec.resources.unwrap_or_default();
     let limits = Limits {
@@ -197,6 +191,12 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
             .create_sandbox(&inner.opts.cgroup_parent, id, limits);
     if inner.tools.bash.is_none() {
         warnings.push(super::launch::NO_BASH_WARNING.to_string());
+    }
+    if resources.disk_bytes > 0 {
+        warnings.push(
+            "disk limit not applied: the process driver writes to the host's filesystem"
+                .to_string(),
+        );
     }
     if !spec.image.is_empty() {
         warnings.push(format!(

@@ -247,6 +247,11 @@ impl Ops {
                     .to_string(),
             );
         }
+        if resources.disk_bytes > 0 {
+            warnings.push(
+                "disk limit not applied: a guest's disk is the vm driver's own image".to_string(),
+            );
+        }
         if resources.memory_bytes > 0 && resources.memory_bytes < MIN_MEMORY_MIB * 1024 * 1024 {
             warnings.push(format!(
                 "memory raised to the {MIN_MEMORY_MIB} MiB a guest needs to boot"

@@ -581,20 +581,8 @@ pub fn image_view(image: &Image) -> ImageView {
     }
 }
 
-/// Bytes for humans, in powers of 1024: `512B`, `1.5KiB`, `4.2MiB`, `1.0GiB`.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes < 1024 {
-        return format!("{bytes}B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1}{}", UNITS[unit])
-}
+/// Bytes for humans (the drivers say sizes the same way).
+pub use sbx_drivers::human_bytes;
 
 /// `sha256:` and the first 12 hex digits, as image tables show a digest.
 pub fn short_digest(digest: &str) -> String {
