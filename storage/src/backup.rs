@@ -635,12 +635,7 @@ fn free_name(store: &Path, now: u64) -> PathBuf {
 /// Writes every entry of `file` into a new sled database at `dir` and makes it durable.
 fn import(file: &Path, dir: &Path, summary: &BackupSummary) -> Result<(), BackupError> {
     let sled_err = |e: sled::Error| store_err(dir)(e.into());
-    // No background flusher: its thread could hold the lock after the handle is dropped.
-    let db = sled::Config::new()
-        .path(dir)
-        .flush_every_ms(None)
-        .open()
-        .map_err(sled_err)?;
+    let db = crate::open_raw_sled(dir).map_err(sled_err)?;
     read_frames(file, summary, |name, entries| {
         let tree = db.open_tree(name).map_err(sled_err)?;
         let mut batch = sled::Batch::default();

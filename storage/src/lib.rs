@@ -57,7 +57,7 @@ pub use fsck::{IndexProblem, IntegrityReport};
 pub use record::{Kind, ListQuery, NewRecord, Page, Record, Scope};
 pub use schema::{SCHEMA_VERSION, SchemaOutcome};
 pub use selector::{LabelSelector, MAX_LABEL_LEN, Requirement, validate_labels};
-pub use sled_store::SledStore;
+pub use sled_store::{SledStore, open_raw_sled};
 pub use space::DISK_RESERVE_BYTES;
 pub use store::ObjectStore;
 pub use writes::MAX_REFS;

@@ -68,6 +68,14 @@ impl std::fmt::Debug for SledStore {
 /// Another live process holds it for longer, and the open then fails as before.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The sled database at `path` by itself, without the store's schema check or committer and
+/// without sled's background flusher (whose thread could keep the lock after the handle is
+/// dropped), waiting for the lock as [`SledStore::open`] does: for what works on the raw
+/// trees — a backup's import, and tests that write an older layout.
+pub fn open_raw_sled(path: &Path) -> sled::Result<sled::Db> {
+    open_waiting_for_the_lock(&sled::Config::new().path(path).flush_every_ms(None))
+}
+
 /// `config.open()`, tried again every 20 ms for up to [`LOCK_WAIT`] while the lock is held.
 fn open_waiting_for_the_lock(config: &sled::Config) -> sled::Result<sled::Db> {
     let began = std::time::Instant::now();

@@ -11,15 +11,11 @@ use sbx_storage::{
     Kind, ListQuery, ObjectStore, SCHEMA_VERSION, SchemaOutcome, Scope, SledStore, StoreError,
 };
 
-/// The store's sled opened directly, without sled's background flusher: a flusher thread
-/// can hold the directory's lock for a moment after the handle is dropped, and the store's
-/// own open right after would find it taken.
+/// The store's sled opened directly: the test's own handle on the trees, which waits for a
+/// lock the store just closed still holds for a moment (sled's threads finish after the drop:
+/// a CI run met it here).
 fn raw_open(path: &std::path::Path) -> sled::Db {
-    sled::Config::new()
-        .path(path)
-        .flush_every_ms(None)
-        .open()
-        .unwrap()
+    sbx_storage::open_raw_sled(path).unwrap()
 }
 
 #[tokio::test]
