@@ -10,6 +10,9 @@
 //! is already inside; an exec is one connection and one fork, and its command inherits the
 //! workload's confinement whole.
 //!
+//! The main process and each exec run in Landlock domains of their own ([`confine`]), so no
+//! process of the sandbox reaches into another's descriptors or memory but its own.
+//!
 //! The library holds the wire format ([`wire`]), shared with the driver's client, the
 //! server ([`server`]), and its form for a `vm` guest, where exec comes over a virtio-serial
 //! port instead of a socket ([`port`]) and copy and port-forward are commands run through
@@ -18,6 +21,7 @@
 //! build script, so it runs in any image, with or without a libc.
 
 pub mod archive;
+pub mod confine;
 pub mod feed;
 pub mod log;
 pub mod offline;

@@ -29,10 +29,20 @@
 //! buffered in the FIFO without waiting (at most [`DRAIN_LIMIT`], 1 MiB), writes it, and ends.
 //! A write to the log that fails drops those records and the logger reads on: a full disk
 //! must not stop the workload on a full pipe.
+//!
+//! **The cap.** Given `--rotate MAX READ_FD PREVIOUS_FD`, the log and the part before it never
+//! hold much more than MAX bytes together: before a write would take the log past MAX/2, the
+//! logger copies the log into the previous part (PREVIOUS_FD, a file of the driver's, emptied
+//! first; the copy read through READ_FD, the log opened for reading) and empties the log, then
+//! writes. So the newest MAX/2 to MAX bytes are kept, whatever the workload writes, and a
+//! reader that finds the log shorter than where it was reads the rest of it in the previous
+//! part. The two streams' loggers take turns through a lock on the previous part (a POSIX
+//! lock, held per process, for one check-rotate-write), so neither writes between the other's
+//! copy and its emptying. Nothing of the files' names is needed: the driver opened all three.
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -174,12 +184,30 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
     (year, month, day)
 }
 
-/// `sbx-agent log STREAM FIFO`: see the module docs. Returns the exit status and, for a
-/// failure, what to say.
+/// The smallest `--rotate` cap: each half holds a few of the largest writes.
+pub const MIN_CAP: u64 = 1024 * 1024;
+
+/// The log's cap and the descriptors its rotation uses (see the module docs).
+#[derive(Debug)]
+pub struct Rotation {
+    /// The most bytes the log and its previous part hold together.
+    pub max: u64,
+    /// The log, opened for reading: what is copied into `previous`.
+    pub read: OwnedFd,
+    /// The previous part, opened for writing (not appending: it is written from its start).
+    pub previous: OwnedFd,
+}
+
+/// `sbx-agent log STREAM FIFO [--rotate MAX READ_FD PREVIOUS_FD]`: see the module docs.
+/// Returns the exit status and, for a failure, what to say.
 pub fn run(args: &[String]) -> Result<(), String> {
-    let usage = "usage: sbx-agent log stdout|stderr FIFO";
-    let [stream, fifo] = args else {
-        return Err(usage.to_string());
+    let usage = "usage: sbx-agent log stdout|stderr FIFO [--rotate MAX READ_FD PREVIOUS_FD]";
+    let (stream, fifo, rotation) = match args {
+        [stream, fifo] => (stream, fifo, None),
+        [stream, fifo, flag, max, read, previous] if flag == "--rotate" => {
+            (stream, fifo, Some(rotation_from(max, read, previous)?))
+        }
+        _ => return Err(usage.to_string()),
     };
     let Some(stream) = Stream::parse(stream) else {
         return Err(format!("{usage} (not {stream:?})"));
@@ -196,9 +224,139 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .map_err(|e| format!("a signalfd for SIGUSR1: {e}"))?;
     let input = open_fifo(Path::new(fifo)).map_err(|e| format!("opening {fifo}: {e}"))?;
     let output = std::io::stdout();
-    pump(stream, &input, &signals, &mut |records| {
-        write_whole(output.as_fd(), records)
+    pump(stream, &input, &signals, &mut |records| match &rotation {
+        None => write_whole(output.as_fd(), records),
+        Some(rotation) => write_capped(output.as_fd(), rotation, records),
     });
+    Ok(())
+}
+
+/// `--rotate`'s arguments, checked: a cap of at least [`MIN_CAP`], two open descriptors above
+/// stdio (made close-on-exec).
+#[allow(unsafe_code)]
+fn rotation_from(max: &str, read: &str, previous: &str) -> Result<Rotation, String> {
+    let max: u64 = max
+        .parse()
+        .ok()
+        .filter(|&m| m >= MIN_CAP)
+        .ok_or_else(|| format!("--rotate {max:?}: not a number of bytes >= {MIN_CAP}"))?;
+    let fd = |n: &str| -> Result<OwnedFd, String> {
+        let fd: i32 = n
+            .parse()
+            .ok()
+            .filter(|&fd| fd > 2)
+            .ok_or_else(|| format!("--rotate: {n:?} is not a descriptor above 2"))?;
+        // SAFETY: the descriptor is handed to this process for this purpose; fstat proves it
+        // open before it is owned, and nothing else in the logger opens or closes it.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        rustix::fs::fstat(borrowed).map_err(|e| format!("--rotate: descriptor {fd}: {e}"))?;
+        rustix::io::fcntl_setfd(borrowed, rustix::io::FdFlags::CLOEXEC)
+            .map_err(|e| format!("--rotate: descriptor {fd}: {e}"))?;
+        // SAFETY: as above.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    Ok(Rotation {
+        max,
+        read: fd(read)?,
+        previous: fd(previous)?,
+    })
+}
+
+/// [`write_whole`], within the cap: under the lock both loggers take on the previous part,
+/// the log is rotated first when `records` would take it past half the cap.
+fn write_capped(log: BorrowedFd<'_>, rotation: &Rotation, records: &[u8]) {
+    if records.is_empty() {
+        return;
+    }
+    let locked = lock(&rotation.previous, true);
+    if let Ok(stat) = rustix::fs::fstat(log) {
+        let size = stat.st_size.max(0) as u64;
+        if size > 0 && size + records.len() as u64 > rotation.max / 2 {
+            // A rotation that fails leaves the log as it was, and it grows: what the disk
+            // refused, nothing better can be done with here than to write on.
+            let _ = rotate(log, rotation, size);
+        }
+    }
+    write_whole(log, records);
+    if locked {
+        lock(&rotation.previous, false);
+    }
+}
+
+/// Takes (`take`) or lets go of a POSIX write lock on all of `file`, waiting for it; whether
+/// it was taken.
+fn lock(file: &OwnedFd, take: bool) -> bool {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let mut how: nix::libc::flock = whole_file();
+    how.l_type = if take {
+        nix::libc::F_WRLCK as i16
+    } else {
+        nix::libc::F_UNLCK as i16
+    };
+    how.l_whence = nix::libc::SEEK_SET as i16;
+    loop {
+        match fcntl(file, FcntlArg::F_SETLKW(&how)) {
+            Ok(_) => return true,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A lock request for the whole file (from its start to its end, whatever it grows to), its
+/// type still to be set.
+fn whole_file() -> nix::libc::flock {
+    nix::libc::flock {
+        l_type: 0,
+        l_whence: 0,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    }
+}
+
+/// The log's first `size` bytes become the previous part, and the log is emptied.
+fn rotate(log: BorrowedFd<'_>, rotation: &Rotation, size: u64) -> std::io::Result<()> {
+    rustix::fs::ftruncate(&rotation.previous, 0)?;
+    copy_range(&rotation.read, &rotation.previous, size)?;
+    rustix::fs::ftruncate(log, 0)?;
+    Ok(())
+}
+
+/// Copies `from`'s first `len` bytes to the start of `to`: in the kernel where it can
+/// (`copy_file_range`), by reads and writes where it cannot.
+fn copy_range(from: &OwnedFd, to: &OwnedFd, len: u64) -> std::io::Result<()> {
+    let (mut read_at, mut write_at) = (0u64, 0u64);
+    while read_at < len {
+        let want = (len - read_at).min(1 << 30) as usize;
+        match rustix::fs::copy_file_range(from, Some(&mut read_at), to, Some(&mut write_at), want) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(
+                rustix::io::Errno::XDEV
+                | rustix::io::Errno::INVAL
+                | rustix::io::Errno::NOSYS
+                | rustix::io::Errno::OPNOTSUPP,
+            ) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut buf = vec![0u8; READ_SIZE];
+    while read_at < len {
+        let want = ((len - read_at) as usize).min(buf.len());
+        let n = rustix::io::pread(from, &mut buf[..want], read_at)?;
+        if n == 0 {
+            break;
+        }
+        let mut piece = &buf[..n];
+        while !piece.is_empty() {
+            let wrote = rustix::io::pwrite(to, piece, write_at)?;
+            piece = &piece[wrote..];
+            write_at += wrote as u64;
+        }
+        read_at += n as u64;
+    }
     Ok(())
 }
 
@@ -297,7 +455,7 @@ fn drain_input(recorder: &mut Recorder, mut input: &File, buf: &mut [u8], out: &
 
 /// Writes `records` to `fd` whole, each `write()` at most about [`READ_SIZE`] and ending at a
 /// record's end; a failed write drops the rest (see the module docs).
-fn write_whole(fd: std::os::fd::BorrowedFd<'_>, records: &[u8]) {
+fn write_whole(fd: BorrowedFd<'_>, records: &[u8]) {
     let mut rest = records;
     while !rest.is_empty() {
         let cut = batch_end(rest);
@@ -544,6 +702,78 @@ mod tests {
         }
         let text = finished.recv_timeout(Duration::from_secs(5)).unwrap();
         assert!(text.ends_with(" stdout F late\n"), "{text:?}");
+    }
+
+    /// Many writes through the cap: the log and its previous part never hold more than the
+    /// cap (and the one write that crossed it), the previous part is a whole earlier piece of
+    /// the log, and the two together end with the newest records, none cut.
+    #[test]
+    fn a_capped_log_keeps_its_newest_records_within_the_cap() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (log_path, prev_path) = (tmp.path().join("log"), tmp.path().join("log.1"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        let rotation = Rotation {
+            max: MIN_CAP,
+            read: File::open(&log_path).unwrap().into(),
+            previous: std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&prev_path)
+                .unwrap()
+                .into(),
+        };
+        let mut recorder = Recorder::new(Stream::Stdout);
+        let mut largest = 0;
+        for i in 0..40_000u32 {
+            let mut out = Vec::new();
+            recorder.push(format!("line {i:08}\n").as_bytes(), at(0, 5), &mut out);
+            largest = largest.max(out.len() as u64);
+            write_capped(log.as_fd(), &rotation, &out);
+            let on_disk = std::fs::metadata(&log_path).unwrap().len()
+                + std::fs::metadata(&prev_path).unwrap().len();
+            assert!(
+                on_disk <= MIN_CAP + largest,
+                "{on_disk} bytes after line {i}"
+            );
+        }
+        let previous = std::fs::read_to_string(&prev_path).unwrap();
+        let current = std::fs::read_to_string(&log_path).unwrap();
+        assert!(
+            !previous.is_empty(),
+            "40,000 lines of ~45 bytes never rotated"
+        );
+        let numbers: Vec<u32> = previous
+            .lines()
+            .chain(current.lines())
+            .map(|l| {
+                let (head, n) = l.rsplit_once(' ').unwrap();
+                assert_eq!(head, format!("{T0} stdout F line"), "a cut record: {l:?}");
+                n.parse().unwrap()
+            })
+            .collect();
+        assert_eq!(numbers.last(), Some(&39_999));
+        assert!(
+            numbers.windows(2).all(|w| w[1] == w[0] + 1),
+            "the kept records are not one run of the newest"
+        );
+        assert!(
+            numbers.len() as u64 * largest >= MIN_CAP / 2,
+            "{} kept",
+            numbers.len()
+        );
+    }
+
+    #[test]
+    fn a_cap_below_the_minimum_or_a_bad_descriptor_is_refused() {
+        for (max, read, prev) in [("1000", "3", "4"), ("x", "3", "4"), ("2097152", "1", "4")] {
+            let err = rotation_from(max, read, prev).unwrap_err();
+            assert!(err.starts_with("--rotate"), "{err}");
+        }
     }
 
     #[test]

@@ -23,6 +23,10 @@ fn main() -> ExitCode {
             not_dumpable();
             sbx_agent::signals::reset();
             sbx_agent::signals::ignore_broken_pipe();
+            if let Err(message) = isolate_execs(&args[1..]) {
+                eprintln!("sbx-agent serve: {message}");
+                return ExitCode::from(2);
+            }
         }
         Some("which") => {
             let found = args.get(1).is_some_and(|c| sbx_agent::signals::which(c));
@@ -49,10 +53,11 @@ fn main() -> ExitCode {
         }
         Some("--help" | "-h") | None => {
             println!(
-                "usage: sbx-agent serve | serve-port PATH | run CMD [ARGS…] | pack PATH | \
+                "usage: sbx-agent serve [--pts DIR] | serve-port PATH | run CMD [ARGS…] | pack PATH | \
                  unpack DEST | connect PORT | offline …\n\n\
                  serve: serves exec, copy and port-forward on the listening Unix socket \
-                 inherited as fd {LISTEN_FD}.\n\
+                 inherited as fd {LISTEN_FD}; exec terminals from the devpts instance at \
+                 --pts DIR (else /dev/ptmx's).\n\
                  serve-port: serves exec on a vm guest's virtio-serial port, one at a time.\n\
                  run: becomes CMD with every signal at its default action (a shell's \
                  background job starts with SIGINT ignored).\n\
@@ -102,6 +107,45 @@ fn not_dumpable() {
     }
 }
 
+/// `serve`'s arguments: `[--pts DIR]`, where the devpts instance the driver mounted for exec
+/// terminals is (see the library's `server` module). Execs go into Landlock domains of their
+/// own; where the kernel has no Landlock that is said once, on stderr (the agent's log), and
+/// execs run as before.
+fn isolate_execs(args: &[String]) -> Result<(), String> {
+    let pts = match args {
+        [] => None,
+        [flag, dir] if flag == "--pts" => {
+            use rustix::fs::{Mode, OFlags};
+            let opened = rustix::fs::open(
+                dir.as_str(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| format!("--pts {dir}: {e}"))?;
+            let fs = rustix::fs::fstatfs(&opened).map_err(|e| format!("--pts {dir}: {e}"))?;
+            const DEVPTS_SUPER_MAGIC: i64 = 0x1cd1;
+            if fs.f_type as i64 != DEVPTS_SUPER_MAGIC {
+                return Err(format!("--pts {dir}: not a devpts instance"));
+            }
+            Some(opened)
+        }
+        _ => return Err(format!("unknown arguments {args:?} (try --help)")),
+    };
+    let domain = match sbx_agent::confine::Domain::new() {
+        Ok(domain) => Some(domain),
+        Err(e) if sbx_agent::confine::unsupported(&e) => {
+            eprintln!(
+                "sbx-agent: this kernel has no Landlock ({e}): execs and the workload can \
+                 open each other's descriptors and memory"
+            );
+            None
+        }
+        Err(e) => return Err(format!("a Landlock ruleset for execs: {e}")),
+    };
+    sbx_agent::server::isolate(domain, pts);
+    Ok(())
+}
+
 /// A command's result as the exit status: 0, or 2 with its message on stderr.
 fn outcome(command: &str, result: Result<(), String>) -> ExitCode {
     match result {
@@ -123,6 +167,10 @@ fn serve_port(path: Option<&str>) -> ExitCode {
     // The guest's init starts it as a background job, with SIGINT ignored.
     sbx_agent::signals::reset();
     sbx_agent::signals::ignore_broken_pipe();
+    if let Err(message) = isolate_execs(&[]) {
+        eprintln!("sbx-agent serve-port: {message}");
+        return ExitCode::from(2);
+    }
     match sbx_agent::port::serve(std::path::Path::new(path)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -19,6 +19,13 @@
 //! - one thread waits for the command, lets the output drain (until its end, or at most
 //!   [`DRAIN_AFTER_EXIT`] when something the command left behind holds it open), and sends
 //!   the exit last.
+//!
+//! Each exec runs in a Landlock domain of its own ([`crate::confine`]), so neither the workload
+//! nor another exec opens its pipes, terminal or memory through `/proc`. Its terminal, when it
+//! has one, comes from a devpts instance the driver mounted as host root ([`isolate`]): its
+//! pty is host root's (mode 0600, an owner the sandbox's user namespace does not map), so no
+//! process of the sandbox opens it by path either; the agent opens the terminal's side
+//! through the master (`TIOCGPTPEER`), never by its name.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -36,8 +43,28 @@ use std::time::Duration;
 
 use rustix::process::{Pid, Signal, kill_process_group};
 
+use crate::confine::{self, Domain};
 use crate::feed::StdinFeed;
 use crate::wire::{ExecRequest, Failure, Frame, MAX_PAYLOAD};
+
+/// How this agent keeps its execs apart from the workload and from each other, set once at
+/// start ([`isolate`]); unset, execs run as the agent does and ptys come from `/dev/ptmx`.
+static ISOLATION: std::sync::OnceLock<Isolation> = std::sync::OnceLock::new();
+
+#[derive(Debug)]
+struct Isolation {
+    /// Each exec enters a new domain of this ruleset; `None` where the kernel has no Landlock.
+    domain: Option<Domain>,
+    /// The devpts instance exec terminals come from (its root, open); `None`: `/dev/ptmx`'s.
+    pts: Option<OwnedFd>,
+}
+
+/// Sets how execs are kept apart (see the module docs): `domain` for every exec, terminals
+/// from the devpts instance whose root `pts` is. Once, before serving; a second call changes
+/// nothing.
+pub fn isolate(domain: Option<Domain>, pts: Option<OwnedFd>) {
+    let _ = ISOLATION.set(Isolation { domain, pts });
+}
 
 /// How long output may still come after the command exited, from processes it left behind
 /// holding its stdout: the exit is sent after that, as `docker exec` does.
@@ -516,6 +543,9 @@ pub(crate) fn start(req: &ExecRequest, sender: &Arc<Sender>) -> io::Result<Optio
     if !req.workdir.is_empty() {
         cmd.current_dir(&workdir);
     }
+    if let Some(domain) = ISOLATION.get().and_then(|i| i.domain.as_ref()) {
+        enter_in_child(&mut cmd, domain.raw());
+    }
     let (mut child, io) = match spawn(&mut cmd, req) {
         Ok(started) => started,
         Err(e) => {
@@ -629,18 +659,47 @@ fn set_controlling_terminal(cmd: &mut Command) {
     }
 }
 
+/// In the child, between fork and exec: a new Landlock domain ([`crate::confine`]).
+#[allow(unsafe_code)]
+fn enter_in_child(cmd: &mut Command, ruleset: std::os::fd::RawFd) {
+    // SAFETY: the closure runs in the forked child before exec and makes two system calls
+    // (prctl, landlock_restrict_self) on a descriptor the parent keeps open; it allocates
+    // nothing and touches no lock.
+    unsafe {
+        cmd.pre_exec(move || confine::enter_raw(ruleset));
+    }
+}
+
+/// A new pty: from the exec devpts instance when the driver made one, else from `/dev/ptmx`;
+/// its terminal side opened through the master (`TIOCGPTPEER`), or by its name on a kernel
+/// older than that (4.13).
 fn open_pty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
     use rustix::fs::{Mode, OFlags};
-    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
-    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    use rustix::pty::{OpenptFlags, grantpt, ioctl_tiocgptpeer, openpt, ptsname, unlockpt};
+    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+    let master = match ISOLATION.get().and_then(|i| i.pts.as_ref()) {
+        Some(pts) => rustix::fs::openat(
+            pts,
+            "ptmx",
+            OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?,
+        None => openpt(flags)?,
+    };
     grantpt(&master)?;
     unlockpt(&master)?;
-    let name = ptsname(&master, Vec::new())?;
-    let slave = rustix::fs::open(
-        name.as_c_str(),
-        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let slave = match ioctl_tiocgptpeer(&master, flags) {
+        Ok(slave) => slave,
+        Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOTTY) => {
+            let name = ptsname(&master, Vec::new())?;
+            rustix::fs::open(
+                name.as_c_str(),
+                OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?
+        }
+        Err(e) => return Err(e.into()),
+    };
     resize(&master, rows, cols)?;
     Ok((master, slave))
 }

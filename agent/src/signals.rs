@@ -63,16 +63,25 @@ pub fn which(cmd: &str) -> bool {
     crate::server::find_program(cmd.as_ref(), &path, &cwd).is_some()
 }
 
-/// `sbx-agent run CMD ARGS…`: [`reset`], no descriptor but stdio passed on, then becomes CMD
-/// (looked up on PATH). Returns only
-/// when CMD cannot be run: the message and the shell's exit status for it (127 not found,
-/// 126 not executable).
+/// `sbx-agent run CMD ARGS…`: [`reset`], no descriptor but stdio passed on, a Landlock domain
+/// of its own (see [`crate::confine`]; none where the kernel has no Landlock), then becomes
+/// CMD (looked up on PATH). Returns only when CMD cannot be run: the message and the shell's
+/// exit status for it (127 not found, 126 not executable).
 pub fn run(args: &[String]) -> (String, u8) {
     let Some((cmd, rest)) = args.split_first() else {
         return ("usage: sbx-agent run CMD [ARGS…]".to_string(), 2);
     };
     reset();
     close_on_exec_above(2);
+    if let Err(e) = crate::confine::Domain::new().and_then(|d| d.enter())
+        && !crate::confine::unsupported(&e)
+    {
+        // A kernel with Landlock that refuses it: the sandbox must not run unconfined.
+        return (
+            format!("sbx-agent run: cannot enter a Landlock domain: {e}"),
+            126,
+        );
+    }
     let err = std::process::Command::new(cmd).args(rest).exec();
     match err.kind() {
         std::io::ErrorKind::NotFound => (format!("command not found: {cmd}"), 127),

@@ -8,6 +8,7 @@
 //! blown up. Each was seen failing against the driver before its run directory became
 //! one-way (the closing note of the host-boundary issue has the output).
 
+mod attack_support;
 mod oci_support;
 
 use std::os::unix::fs::PermissionsExt;
@@ -443,6 +444,35 @@ touch /sandbox/done; exec sleep 3600"#;
     );
     // The agent still serves.
     assert_eq!(exec(&driver, &id.to_string(), &["true"]).await.0, 0);
+    drop(driver);
+    env.finish().await;
+}
+
+/// Neither the workload nor another exec opens an operator's exec — its stdin pipe, its
+/// terminal (`/dev/.sbx-pts`, host root's ptys), its memory, environment or working
+/// directory (`attack_support`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn neither_the_workload_nor_another_exec_reaches_into_an_exec() {
+    let env = TestEnv::new();
+    let driver = env.open().await;
+    let (id, _) = create(&driver, &env, "spy", env.spec(attack_support::PLAYS_GO)).await;
+    attack_support::execs_are_out_of_reach(&driver, &id.to_string(), "/dev/.sbx-pts/").await;
+    drop(driver);
+    env.finish().await;
+}
+
+/// A workload that writes about 6 MiB of output keeps its log within the driver's 1 MiB cap,
+/// and `logs`, tail or follow, still tells its newest lines (`attack_support`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_output_stays_within_the_log_cap() {
+    let mut env = TestEnv::new();
+    env.log_max = Some(attack_support::FLOOD_CAP);
+    let driver = env.open().await;
+    let command = attack_support::flooder();
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
+    let (id, _) = create(&driver, &env, "loud", env.spec(&command)).await;
+    let id = id.to_string();
+    attack_support::a_flood_stays_within_the_log_cap(&driver, &id, &env.state_dir()).await;
     drop(driver);
     env.finish().await;
 }

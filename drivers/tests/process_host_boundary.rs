@@ -7,6 +7,7 @@
 //! FIFOs wherever the workload can write, under every name the driver reads, and also try to
 //! reach the run directory through the shim's `/proc/1/cwd`.
 
+mod attack_support;
 mod process_support;
 
 use std::os::unix::fs::PermissionsExt;
@@ -150,6 +151,43 @@ echo > /sandbox/done; exec sleep 3600"#;
         "the workload opened the agent's memory: {}",
         loot.stdout
     );
+    drop(driver);
+    env.finish().await;
+}
+
+/// Neither the workload nor another exec opens an operator's exec — its stdin pipe, its
+/// terminal (the sandbox's own `/dev/pts`, host root's ptys), its memory, environment or
+/// working directory (`attack_support`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn neither_the_workload_nor_another_exec_reaches_into_an_exec() {
+    let env = TestEnv::new();
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    driver
+        .create(create_req(id, "spy", spec(attack_support::PLAYS_GO), 1))
+        .await
+        .unwrap();
+    attack_support::execs_are_out_of_reach(&driver, &id.to_string(), "/dev/pts/").await;
+    drop(driver);
+    env.finish().await;
+}
+
+/// A workload that writes about 6 MiB of output keeps its log within the driver's 1 MiB cap,
+/// and `logs`, tail or follow, still tells its newest lines (`attack_support`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_output_stays_within_the_log_cap() {
+    let mut env = TestEnv::new();
+    env.log_max = Some(attack_support::FLOOD_CAP);
+    let driver = env.open();
+    let id = Uuid::new_v4();
+    let command = attack_support::flooder();
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
+    driver
+        .create(create_req(id, "loud", spec(&command), 1))
+        .await
+        .unwrap();
+    let id = id.to_string();
+    attack_support::a_flood_stays_within_the_log_cap(&driver, &id, env.state_dir.path()).await;
     drop(driver);
     env.finish().await;
 }

@@ -174,3 +174,48 @@ fn sandboxes_get_the_gateways_limits_unless_their_workspace_or_they_say_otherwis
     assert_ne!(bad.code, 0, "{bad:?}");
     assert!(bad.stderr.contains("--default-memory"), "{bad:?}");
 }
+
+/// `--log-max`: a sandbox that writes 4 MiB of output keeps at most the cap of it on the host
+/// (its log and the part before it), and `sbx sandbox logs` tells its newest lines.
+#[test]
+fn a_sandboxs_log_stays_within_the_gateways_cap() {
+    let data = DataDir::new();
+    let parent = CgroupParent(format!("sbx-gateway-tests-logcap-{}", unique()));
+    let d = Sbxd::start(
+        data.path(),
+        "",
+        &["--oci-cgroup-parent", &parent.0, "--log-max", "1Mi"],
+    );
+    let ep = d.endpoint();
+    let flood = "i=0; while [ $i -lt 20000 ]; do \
+                 echo \"line $i xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"; \
+                 i=$((i+1)); done; echo flood-done; exec sleep 3600";
+    sbx(&ep, &["sandbox", "create", "loud", "--", "sh", "-c", flood]).ok();
+    let id = sbx(&ep, &["sandbox", "get", "loud", "-o", "json"]).json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dir = data.path().join("drivers/oci/sandboxes").join(&id);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let told = loop {
+        let told = sbx(&ep, &["sandbox", "logs", "loud", "--tail", "3"])
+            .ok()
+            .to_string();
+        if told.contains("flood-done") {
+            break told;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the flood never ended: {told}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(told.contains("line 19999 "), "{told}");
+    let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len());
+    let (log, before) = (size("workload.log"), size("workload.log.1"));
+    assert!(before > 0, "the log was never rotated");
+    assert!(
+        log + before <= (1 << 20) + 64 * 1024,
+        "{log} + {before} bytes of log kept, over the 1Mi cap"
+    );
+}

@@ -30,6 +30,7 @@ pub mod driver {
 
 pub mod image_ref;
 pub mod names;
+pub mod quantity;
 pub mod quote;
 
 /// The encoded file descriptor set of both contracts, for gRPC server reflection.

@@ -14,6 +14,13 @@
 //! The two streams' loggers write to the file independently: lines of stdout and stderr
 //! written within a few microseconds of each other may be in the file (and so come out) in
 //! the other order; each stream's own order is kept.
+//!
+//! **The cap.** The loggers keep a log and its previous part (`<log>.1`) within the driver's
+//! `log_max` together (the agent's `log` module: the log is copied into the previous part and
+//! emptied before it passes half of it). So a reader that finds the log shorter than where it
+//! last read reads the rest from the previous part, then the log from its start; the tail of
+//! a log starts in the previous part when the log alone is short. A follower skips lines when
+//! between two of its reads (a poll) the log is rotated and grows again past where it was.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -24,6 +31,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::{DriverError, DriverStream, pb};
+
+/// The most a sandbox's log and its previous part keep on disk, unless the driver is told
+/// otherwise (`sbxd serve --log-max`).
+pub const DEFAULT_LOG_MAX: u64 = 10 * 1024 * 1024;
 
 /// The largest piece read at once when following a log, and the largest chunk sent.
 pub(crate) const CHUNK: usize = 64 * 1024;
@@ -225,28 +236,92 @@ fn parse_all(data: &[u8]) -> Vec<Entry> {
     entries
 }
 
+/// Where the part of `log` before its last rotation is kept: `<log>.1`.
+pub(crate) fn previous_path(log: &Path) -> PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+/// What the loggers rotate `log` with: the log opened for reading (made if missing) and its
+/// previous part opened for writing (made if missing, never truncated here), both host root's
+/// (0600).
+pub(crate) fn rotation_files(
+    log: &Path,
+) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open = |path: &Path, write: bool| {
+        std::fs::OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .append(!write)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc_nofollow())
+            .open(path)
+            .map(std::os::fd::OwnedFd::from)
+    };
+    Ok((open(log, false)?, open(&previous_path(log), true)?))
+}
+
+/// `O_NOFOLLOW`: the log's directory is host root's, but a link there is never followed.
+fn libc_nofollow() -> i32 {
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+}
+
+/// The last `window` bytes of the log and its previous part together, as one piece (the part
+/// first), and the log's length: where a follower goes on. The log is read last; a rotation
+/// between the two reads (the log then shorter than it was) is read again once.
+fn read_window(log: &Path, window: u64) -> std::io::Result<(Vec<u8>, u64)> {
+    let read_end = |path: &Path, most: u64| -> std::io::Result<(Vec<u8>, u64)> {
+        let mut file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+            Err(e) => return Err(e),
+        };
+        let len = file.metadata()?.len();
+        let start = len.saturating_sub(most);
+        file.seek(SeekFrom::Start(start))?;
+        let mut data = Vec::new();
+        file.by_ref().take(len - start).read_to_end(&mut data)?;
+        Ok((data, start))
+    };
+    let mut attempt = 0;
+    loop {
+        let before = std::fs::metadata(log).map(|m| m.len()).unwrap_or(0);
+        let (previous, previous_start) = if before < window {
+            read_end(&previous_path(log), window - before)?
+        } else {
+            (Vec::new(), 0)
+        };
+        let (current, start) = read_end(log, window)?;
+        let end = start + current.len() as u64;
+        attempt += 1;
+        if end < before && attempt < 2 {
+            continue;
+        }
+        // The part counts only when the log was read from its start.
+        let (mut data, starts_inside) = if start == 0 && !previous.is_empty() {
+            (previous, previous_start > 0)
+        } else {
+            (Vec::new(), start > 0)
+        };
+        data.extend_from_slice(&current);
+        // Where the window starts inside a file, its first line is not whole.
+        if starts_inside {
+            data = after_first_line(&data).to_vec();
+        }
+        return Ok((data, end));
+    }
+}
+
 /// The entries of the log's last [`TAIL_WINDOW`] bytes (the window's first, cut line left
 /// out), the parser that goes on from there, and the offset it goes on from. When `follow`,
 /// an unended last line that may be a record being written is left in the parser for its end.
 fn read_past(log: &Path, follow: bool) -> std::io::Result<(Vec<Entry>, LogParser, u64)> {
     let mut parser = LogParser::default();
-    let mut file = match std::fs::File::open(log) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), parser, 0)),
-        Err(e) => return Err(e),
-    };
-    let len = file.metadata()?.len();
-    let start = len.saturating_sub(TAIL_WINDOW);
-    file.seek(SeekFrom::Start(start))?;
-    let mut data = Vec::new();
-    file.by_ref().take(len - start).read_to_end(&mut data)?;
-    let end = start + data.len() as u64;
-    let window = if start > 0 {
-        after_first_line(&data)
-    } else {
-        &data
-    };
-    let mut entries = parser.push(window);
+    let (window, end) = read_window(log, TAIL_WINDOW)?;
+    let mut entries = parser.push(&window);
     entries.extend(parser.flush(!follow));
     Ok((entries, parser, end))
 }
@@ -278,7 +353,9 @@ pub(crate) fn log_since(log: &Path, offset: u64) -> String {
     let text = std::fs::File::open(log)
         .and_then(|mut file| {
             let len = file.metadata()?.len();
-            file.seek(SeekFrom::Start(offset.max(len.saturating_sub(MAX))))?;
+            // A log rotated since `offset` was taken is read from its start.
+            let from = if offset > len { 0 } else { offset };
+            file.seek(SeekFrom::Start(from.max(len.saturating_sub(MAX))))?;
             let mut data = Vec::new();
             file.take(MAX).read_to_end(&mut data)?;
             Ok(data)
@@ -293,16 +370,44 @@ pub(crate) fn log_since(log: &Path, offset: u64) -> String {
     }
 }
 
-pub(crate) fn read_from(log: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
-    let mut file = match std::fs::File::open(log) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
+/// What a follower that has read the log up to `offset` reads next (at most `4 * CHUNK`), and
+/// the offset it has read to then. A log shorter than `offset` was rotated: the rest of what
+/// it held is at the same offset in the previous part, read first; then the log from its
+/// start.
+pub(crate) fn read_from(log: &Path, offset: u64) -> std::io::Result<(Vec<u8>, u64)> {
+    let read_at = |path: &Path, at: u64| -> std::io::Result<Option<Vec<u8>>> {
+        let mut file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if file.metadata()?.len() < at {
+            return Ok(None);
+        }
+        file.seek(SeekFrom::Start(at))?;
+        let mut data = Vec::new();
+        file.take(4 * CHUNK as u64).read_to_end(&mut data)?;
+        Ok(Some(data))
     };
-    file.seek(SeekFrom::Start(offset))?;
-    let mut data = Vec::new();
-    file.take(4 * CHUNK as u64).read_to_end(&mut data)?;
-    Ok(data)
+    match read_at(log, offset)? {
+        Some(data) => {
+            let next = offset + data.len() as u64;
+            Ok((data, next))
+        }
+        None if offset == 0 => Ok((Vec::new(), 0)),
+        None => {
+            // Rotated: the rest of the old log (if the part still holds it), then from 0.
+            let mut data = read_at(&previous_path(log), offset)?.unwrap_or_default();
+            if data.len() == 4 * CHUNK {
+                let next = offset + data.len() as u64;
+                return Ok((data, next));
+            }
+            let more = read_at(log, 0)?.unwrap_or_default();
+            let room = (4 * CHUNK).saturating_sub(data.len()).min(more.len());
+            data.extend_from_slice(&more[..room]);
+            Ok((data, room as u64))
+        }
+    }
 }
 
 /// The log as a stream, as `query` asks: its last `tail_lines` lines (all when 0) from
@@ -330,12 +435,15 @@ pub(crate) fn log_stream(
         loop {
             let gone = !exists();
             let (entries, read) = match read_from(&log, offset) {
-                Ok(data) if !data.is_empty() => {
-                    offset += data.len() as u64;
+                Ok((data, next)) if !data.is_empty() => {
+                    offset = next;
                     (parser.push(&data), true)
                 }
                 // Nothing more came: an unended line is told now (all of it when gone).
-                Ok(_) => (parser.flush(gone).into_iter().collect(), false),
+                Ok((_, next)) => {
+                    offset = next;
+                    (parser.flush(gone).into_iter().collect(), false)
+                }
                 Err(e) => {
                     let error = DriverError::Internal(format!("following the log: {e}"));
                     let _ = tx.send(Err(error)).await;

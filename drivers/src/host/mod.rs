@@ -47,6 +47,7 @@ pub(crate) mod logfile;
 pub mod network;
 pub(crate) mod observe;
 pub(crate) mod procfs;
+pub mod ptys;
 pub(crate) mod records;
 pub(crate) mod run;
 pub(crate) mod safefs;

@@ -104,6 +104,8 @@ pub struct RunSpec<'a> {
     pub volume: &'a Path,
     pub init_dir: &'a Path,
     pub run_dir: &'a Path,
+    /// The exec devpts instance's mount on the host, bound at `host::ptys::EXEC_PTS_MOUNT`.
+    pub exec_pts: &'a Path,
     /// The network namespace to join (the gateway's network); `None`: a new one, loopback
     /// only.
     pub netns: Option<&'a Path>,
@@ -217,6 +219,11 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
         ),
         bind(VOLUME_MOUNT, run.volume, &["rw", "nosuid", "nodev"]),
         bind(INIT_MOUNT, run.init_dir, &["ro", "nosuid", "nodev"]),
+        bind(
+            crate::host::ptys::EXEC_PTS_MOUNT,
+            run.exec_pts,
+            &["nosuid", "noexec"],
+        ),
         mount(
             RUN_MOUNT,
             "tmpfs",
@@ -373,6 +380,7 @@ mod tests {
             volume: &volume,
             init_dir: &init,
             run_dir: &run,
+            exec_pts: std::path::Path::new("/s/exec-pts"),
             netns: None,
         });
         serde_json::to_value(spec).unwrap()

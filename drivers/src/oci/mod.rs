@@ -74,6 +74,7 @@ use crate::host::feed::{self, SnapshotFeed};
 use crate::host::logfile::log_since;
 use crate::host::network::{self, Network};
 use crate::host::procfs::{self, ProcessIdentity};
+use crate::host::ptys;
 use crate::host::records::{self, RecordCache, write_atomically};
 use crate::host::uidpool::{self, UidPool};
 use crate::host::{Alive, Desired, HostDriver, RunDir, internal, lock_state_dir, now_ms};
@@ -85,22 +86,25 @@ use runtime::Runtime;
 pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
 
 /// The init of every oci sandbox, run by the static busybox at `/dev/.sbx/busybox` as
-/// `sh /dev/.sbx/init RUN_DIR COMMAND…` (only shell builtins: the image may have no tools).
+/// `sh /dev/.sbx/init RUN_DIR LOG_MAX COMMAND…` (only shell builtins: the image may have no
+/// tools).
 pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the command, passes SIGTERM on to every process of
 # the sandbox, reaps orphans, and records the command's status in files the driver made and
 # handed over open: fd 4 takes the status, fd 5 the name of a command not found, fd 6 the
-# agent's words; fd 3 is the agent's listening socket. `$1` is a tmpfs of the sandbox's own
+# agent's words; fd 3 is the agent's listening socket, fds 7 and 8 the log opened for reading
+# and its previous part (the loggers keep the log within LOG_MAX bytes with them). Exec
+# terminals come from the devpts instance at /dev/.sbx-pts, host root's. `$1` is a tmpfs of the sandbox's own
 # (its FIFOs and the stop mark), which host code never opens.
 # A stop's TERM (which pid 1 of a namespace would drop without a trap) is passed on to every
 # process of the sandbox, and marked in `stopping` first: a TERM can miss the main process, one
 # that comes before it is forked or while it is (a forked shell drops what its parent's trap
 # caught). Its shell looks at the mark once its signals are its own, before it opens the FIFOs
 # (a logger a TERM ended before it blocked signals would leave that open waiting for ever).
-run="$1"; shift
+run="$1"; logmax="$2"; shift 2
 trap ': > "$run/stopping"; kill -TERM -1 2>/dev/null' TERM INT
 # Looked up as `sbx-agent run` will run it (a program on PATH, not one of this busybox's
 # applets or a shell builtin, which `command -v` would also find).
-if ! /dev/.sbx/sbx-agent which "$1" 3<&- 4>&- 5>&- 6>&-; then
+if ! /dev/.sbx/sbx-agent which "$1" 3<&- 4>&- 5>&- 6>&- 7<&- 8>&-; then
   echo "command not found: $1" >&2
   printf '%s\n' "$1" >&5
   printf '127\n' >&4
@@ -111,9 +115,9 @@ fi
 # A logger opens its FIFO once it is ready for signals, and the main process's open of it
 # waits for that. The loggers ignore SIGTERM: they outlive the main process.
 /dev/.sbx/busybox mkfifo "$run/stdout.fifo" "$run/stderr.fifo" || exit 125
-/dev/.sbx/sbx-agent log stdout "$run/stdout.fifo" 3<&- 4>&- 5>&- 6>&- &
+/dev/.sbx/sbx-agent log stdout "$run/stdout.fifo" --rotate "$logmax" 7 8 3<&- 4>&- 5>&- 6>&- &
 out=$!
-/dev/.sbx/sbx-agent log stderr "$run/stderr.fifo" 3<&- 4>&- 5>&- 6>&- &
+/dev/.sbx/sbx-agent log stderr "$run/stderr.fifo" --rotate "$logmax" 7 8 3<&- 4>&- 5>&- 6>&- &
 err=$!
 # The main process through `sbx-agent run`, which puts back the SIGINT and SIGQUIT this
 # shell's `&` ignores; then the exec agent, on the listening socket the driver handed over as
@@ -123,10 +127,10 @@ err=$!
   [ ! -e "$run/stopping" ] || exit 143
   exec >"$run/stdout.fifo" 2>"$run/stderr.fifo"
   exec /dev/.sbx/sbx-agent run "$@"
-) 3<&- 4>&- 5>&- 6>&- &
+) 3<&- 4>&- 5>&- 6>&- 7<&- 8>&- &
 child=$!
-/dev/.sbx/sbx-agent serve 2>&6 4>&- 5>&- 6>&- &
-exec 3<&- 6>&-
+/dev/.sbx/sbx-agent serve --pts /dev/.sbx-pts 2>&6 4>&- 5>&- 6>&- 7<&- 8>&- &
+exec 3<&- 6>&- 7<&- 8>&-
 while :; do
   wait "$child"; st=$?
   kill -0 "$child" 2>/dev/null || break
@@ -162,6 +166,9 @@ pub struct OciDriverOptions {
     pub default_grace: Duration,
     /// How often the watch task looks for workloads that changed by themselves.
     pub poll_interval: Duration,
+    /// The most bytes a sandbox's log keeps on disk, with its previous part (see the agent's
+    /// `log` module); at least `sbx_agent::log::MIN_CAP`.
+    pub log_max: u64,
     /// The gateway's sandbox network, shared with its other host drivers; `None`: sandboxes
     /// have loopback only and a create with network mode policy is refused.
     pub network: Option<Arc<Network>>,
@@ -178,6 +185,7 @@ impl Default for OciDriverOptions {
             pids_limit: 1024,
             default_grace: Duration::from_secs(5),
             poll_interval: Duration::from_millis(250),
+            log_max: crate::host::logfile::DEFAULT_LOG_MAX,
             network: None,
         }
     }
@@ -639,6 +647,7 @@ impl Inner {
             "sh".to_string(),
             format!("{INIT_MOUNT}/init"),
             bundle::RUN_MOUNT.to_string(),
+            self.opts.log_max.to_string(),
         ];
         args.extend(record.image.args.iter().cloned());
         let mut spec = bundle::RunSpec {
@@ -655,6 +664,7 @@ impl Inner {
             volume: &paths.volume,
             init_dir: &init_dir,
             run_dir: &run.dir,
+            exec_pts: &paths.exec_pts,
             netns: netns.as_deref(),
         };
         let config_file = paths.bundle.join("config.json");
@@ -668,10 +678,16 @@ impl Inner {
         let agent = crate::host::agent::Listener::bind(&paths.dir)?;
         let mut fds = vec![agent.fd];
         fds.extend(handed);
+        let (log_read, log_previous) = crate::host::logfile::rotation_files(&paths.log)
+            .map_err(|e| io("opening the log for its rotation", e))?;
+        fds.extend([log_read, log_previous]);
+        ptys::mount_exec_devpts(&paths.exec_pts)?;
         let launched = self
             .runtime
             .run_detached(&id, &paths.bundle, &record::pid_file(&run), &paths.log, fds)
             .await;
+        // The container has its own mount of the instance by now (or none: it did not start).
+        ptys::detach_exec_devpts(&paths.exec_pts);
         // The runtime has read the config: the run's own variables (credentials) leave the
         // disk; what stays says what the image and the spec give.
         if !run_env.is_empty() {

@@ -17,7 +17,10 @@
 //!                                               range sees it (idmapped, read-only; mounted
 //!                                               only while a root filesystem is mounted)
 //! <state_dir>/sandboxes/<id>/disk/volume/       /sandbox inside
-//! <state_dir>/sandboxes/<id>/workload.log       stdout and stderr of the workload
+//! <state_dir>/sandboxes/<id>/workload.log       stdout and stderr of the workload, the newest
+//!                                               part; `workload.log.1` the part before it
+//! <state_dir>/sandboxes/<id>/exec-pts/          where the exec devpts instance is mounted
+//!                                               during a launch (`host::ptys`)
 //! <state_dir>/sandboxes/<id>/run-<run_id>/      one run, host root's (0711, never bound
 //!                                               into the sandbox): `init` (the init's /proc
 //!                                               stat line, written by the driver), `pid`
@@ -129,6 +132,8 @@ pub struct SandboxPaths {
     pub disk: PathBuf,
     pub volume: PathBuf,
     pub log: PathBuf,
+    /// Where the exec devpts instance is mounted while a launch runs (see `host::ptys`).
+    pub exec_pts: PathBuf,
 }
 
 impl SandboxPaths {
@@ -156,6 +161,7 @@ impl SandboxPaths {
             volume: writable.join("volume"),
             disk,
             log: dir.join("workload.log"),
+            exec_pts: dir.join("exec-pts"),
             dir,
         }
     }

@@ -79,6 +79,7 @@ pub fn mount_overlay(
 /// them (lazily: a process that still holds one keeps its view until it lets go, nothing is
 /// left in the mount table).
 pub fn unmount(paths: &SandboxPaths) -> Result<(), String> {
+    crate::host::ptys::detach_exec_devpts(&paths.exec_pts);
     if is_mount_point(&paths.rootfs) {
         umount2(&paths.rootfs, MntFlags::MNT_DETACH)
             .map_err(|e| format!("unmounting {}: {e}", paths.rootfs.display()))?;

@@ -60,9 +60,14 @@ jail() {
     };
 }
 
-/// The shim: `sh SHIM_FILE RUN_DIR PERSIST_DIR HOSTNAME LOG AGENT UNSHARE SETPRIV UID_MAP
-/// GID_MAP CGROUP_DIR… -- HIDDEN_PATH… -- COMMAND…`, with the exec agent's listening socket
-/// as fd 3. The agent (`sbx-agent`, see [`crate::host::agent`]) is opened as fd 4 before the
+/// The shim: `sh SHIM_FILE RUN_DIR PERSIST_DIR HOSTNAME LOG LOG_MAX AGENT UNSHARE SETPRIV
+/// UID_MAP GID_MAP CGROUP_DIR… -- HIDDEN_PATH… -- COMMAND…`, with the exec agent's listening
+/// socket as fd 3. It mounts, in the sandbox's own mount namespace, a devpts instance of its
+/// own over `/dev/pts` (see `host::ptys`: host root's ptys, which no process of the sandbox
+/// opens by path; the agent and glibc's `openpty` open a terminal's side through its master),
+/// so neither the host's terminals nor an exec's are the workload's to open; the loggers get
+/// the log opened for reading and its previous part (`LOG.1`) as fds 6 and 7 and keep the two
+/// within LOG_MAX bytes. The agent (`sbx-agent`, see [`crate::host::agent`]) is opened as fd 4 before the
 /// driver's state is hidden and run as `/proc/self/fd/4`, in the workload's kind of user
 /// namespace, from `/sandbox`; the main process runs through `sbx-agent run` (which puts back
 /// the SIGINT and SIGQUIT a shell's `&` ignores, and passes on no descriptor but stdio). Exit status 125 means the sandbox could not
@@ -82,8 +87,8 @@ jail() {
 const SHIM: &str = concat!(
     jail_fn!(),
     r#"
-run="$1"; persist="$2"; host="$3"; log="$4"; agent="$5"; unshare="$6"; setpriv="$7"; uidmap="$8"; gidmap="$9"
-shift 9
+run="$1"; persist="$2"; host="$3"; log="$4"; logmax="$5"; agent="$6"; unshare="$7"; setpriv="$8"; uidmap="$9"
+shift 9; gidmap="$1"; shift
 exec >>"$log" 2>&1 || exit 125
 userpath="${PATH-}"; PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
@@ -102,6 +107,8 @@ if [ -f "$run/resolv.conf" ]; then
 fi
 cd "$run" || exit 125
 exec 4<"$agent" || { echo "sbx: cannot open the exec agent $agent" >&2; exit 125; }
+(umask 077 && : >> "$log.1") && exec 6<"$log" 7<>"$log.1" || { echo "sbx: cannot open the log for its rotation" >&2; exit 125; }
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0600,uid=0,gid=0,max=64 sbx-exec-pts /dev/pts || { echo "sbx: cannot mount the sandbox's own /dev/pts" >&2; exit 125; }
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
   if [ -d "$1" ]; then
     mount -t tmpfs -o ro,nosuid,nodev,noexec,mode=0555,size=4k sbx-hidden "$1"
@@ -128,19 +135,19 @@ if ! (cd /sandbox && PATH="$userpath" && command -v "$1") >/dev/null 2>&1; then
 ' > exit; exit 127
 fi
 mkfifo stdout.fifo stderr.fifo || { echo "sbx: cannot make the log FIFOs" >&2; exit 125; }
-/proc/self/fd/4 log stdout stdout.fifo 3<&- &
+/proc/self/fd/4 log stdout stdout.fifo --rotate "$logmax" 6 7 3<&- &
 out=$!
-/proc/self/fd/4 log stderr stderr.fifo 3<&- &
+/proc/self/fd/4 log stderr stderr.fifo --rotate "$logmax" 6 7 3<&- &
 err=$!
 (
   [ ! -e stopping ] || exit 143
   exec >stdout.fifo 2>stderr.fifo
   cd /sandbox || exit 125
   jail /proc/self/fd/4 run "$@"
-) 3<&- &
+) 3<&- 6<&- 7<&- &
 child=$!
-(exec 2>>agent.log; cd /sandbox || exit 125; jail /proc/self/fd/4 serve) &
-exec 3<&- 4<&-
+(exec 2>>agent.log 6<&- 7<&-; cd /sandbox || exit 125; jail /proc/self/fd/4 serve) &
+exec 3<&- 4<&- 6<&- 7<&-
 while :; do
   wait "$child"; st=$?
   kill -0 "$child" 2>/dev/null || break
@@ -280,6 +287,17 @@ pub fn workload_env(record: &SandboxRecord) -> Vec<(String, String)> {
     env
 }
 
+/// What every launch of a driver shares.
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchSettings<'a> {
+    /// Hidden from the workload (see [`SHIM`]).
+    pub hidden: &'a [PathBuf],
+    /// How long the shim may take to report.
+    pub timeout: Duration,
+    /// The log's cap (see [`SHIM`]).
+    pub log_max: u64,
+}
+
 /// Makes the run directory of `record.run_id` and starts the workload. Returns the identity of
 /// its init once the shim has recorded it, or an error with the end of the log if the setup
 /// failed.
@@ -288,10 +306,14 @@ pub async fn launch(
     paths: &SandboxPaths,
     record: &SandboxRecord,
     run_env: &RunEnv,
-    hidden: &[PathBuf],
     network: Option<&crate::host::network::Attachment>,
-    timeout: Duration,
+    settings: &LaunchSettings<'_>,
 ) -> Result<ProcessIdentity, DriverError> {
+    let LaunchSettings {
+        hidden,
+        timeout,
+        log_max,
+    } = *settings;
     let io = |what: &str, e: std::io::Error| DriverError::Internal(format!("{what}: {e}"));
     let run = paths.run(&record.run_id);
     fs::create_dir_all(&run.dir).map_err(|e| io("making the run directory", e))?;
@@ -335,6 +357,7 @@ pub async fn launch(
         .arg(&paths.root)
         .arg(&record.name)
         .arg(&paths.log)
+        .arg(log_max.to_string())
         .arg(&tools.agent)
         .args(tools.jail.shell_args(&id_map))
         .args(&record.cgroups.dirs)
@@ -419,5 +442,21 @@ fn reap_in_background(mut child: Child) {
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "no reaper thread; the launcher will be a zombie until the driver exits");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shim mounts its exec devpts with the options the oci driver uses (one literal there,
+    /// since the shim is one string made at compile time).
+    #[test]
+    fn the_shims_exec_devpts_has_the_drivers_options() {
+        let mount = format!(
+            "mount -t devpts -o {} sbx-exec-pts /dev/pts",
+            crate::host::ptys::EXEC_DEVPTS_OPTIONS
+        );
+        assert!(SHIM.contains(&mount), "the shim does not run {mount:?}");
     }
 }

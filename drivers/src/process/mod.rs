@@ -70,7 +70,6 @@
 //!   and every snapshot's warnings say so. Run the gateway in a cgroup that delegates (move it
 //!   into a leaf first, as container-in-container setups do). Not exercised on this machine,
 //!   whose v2 hierarchy carries no memory or cpu controller.
-//! - The log file grows without rotation.
 //! - Descriptors that the driver's process inherited without close-on-exec are closed by a
 //!   bash prelude before `setsid` runs (closing them in Rust needs `pre_exec`, unsafe code the
 //!   workspace forbids). On a host without bash they pass on to workloads, and each sandbox's
@@ -141,6 +140,9 @@ pub struct ProcessDriverOptions {
     /// The gateway's sandbox network; `None`: sandboxes have loopback only and a create with
     /// network mode policy is refused.
     pub network: Option<Arc<crate::host::network::Network>>,
+    /// The most bytes a sandbox's log keeps on disk, with its previous part (see the agent's
+    /// `log` module); at least `sbx_agent::log::MIN_CAP`.
+    pub log_max: u64,
 }
 
 impl Default for ProcessDriverOptions {
@@ -154,6 +156,7 @@ impl Default for ProcessDriverOptions {
             uid_pool: Some(UidPool::default()),
             hidden_paths: Vec::new(),
             network: None,
+            log_max: crate::host::logfile::DEFAULT_LOG_MAX,
         }
     }
 }
@@ -406,14 +409,18 @@ impl HostDriver for Inner {
             record.network_allow.as_ref(),
         )
         .await?;
+        let settings = launch::LaunchSettings {
+            hidden: &self.hidden,
+            timeout: self.opts.launch_timeout,
+            log_max: self.opts.log_max,
+        };
         if let Err(e) = launch::launch(
             &self.tools,
             &paths,
             &record,
             &run_env,
-            &self.hidden,
             attached.as_ref(),
-            self.opts.launch_timeout,
+            &settings,
         )
         .await
         {

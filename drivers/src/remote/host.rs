@@ -185,6 +185,28 @@ pub struct OciArgs {
         value_name = "DIR"
     )]
     pub uid_lease_dir: PathBuf,
+
+    /// The most a sandbox's log keeps on disk (oci and process): the log and the part before
+    /// it together, the newest output kept (10Mi, 512Ki, …; at least 1Mi). A workload that
+    /// writes more loses its oldest output, never the host's disk.
+    #[arg(
+        id = "log_max",
+        long = "log-max",
+        env = "SBX_LOG_MAX",
+        default_value = "10Mi",
+        value_name = "SIZE",
+        value_parser = parse_log_max
+    )]
+    pub log_max: u64,
+}
+
+/// `--log-max`: a size (see `sbx_proto::quantity`) of at least `sbx_agent::log::MIN_CAP`.
+pub fn parse_log_max(text: &str) -> Result<u64, String> {
+    match sbx_proto::quantity::parse_bytes(text) {
+        Some(bytes) if bytes >= sbx_agent::log::MIN_CAP => Ok(bytes),
+        Some(_) => Err("a sandbox's log keeps at least 1Mi".to_string()),
+        None => Err("not a size: write bytes, or a number with Ki, Mi or Gi (10Mi)".to_string()),
+    }
 }
 
 /// `A.B.C.D` or `A.B.C.D:PORT`.
@@ -213,6 +235,7 @@ impl Default for OciArgs {
             network_dns: None,
             uid_pool: (crate::uidpool::DEFAULT_START, crate::uidpool::DEFAULT_COUNT),
             uid_lease_dir: PathBuf::from(crate::uidpool::DEFAULT_LEASE_DIR),
+            log_max: opts.log_max,
         }
     }
 }
@@ -225,6 +248,7 @@ impl OciArgs {
             cgroup_parent: self.cgroup_parent.clone(),
             pids_limit: self.pids_limit,
             uid_pool: Some(self.uid_pool()),
+            log_max: self.log_max,
             ..OciDriverOptions::default()
         }
     }
@@ -238,13 +262,16 @@ impl OciArgs {
         }
     }
 
-    /// `--uid-pool` and `--uid-lease-dir`, for a driver host (oci or process).
-    pub fn uid_flags(&self) -> Vec<OsString> {
+    /// What a driver host running sandboxes of its own (oci or process) is told of them:
+    /// `--uid-pool`, `--uid-lease-dir` and `--log-max`.
+    pub fn sandbox_flags(&self) -> Vec<OsString> {
         vec![
             "--uid-pool".into(),
             format!("{}:{}", self.uid_pool.0, self.uid_pool.1).into(),
             "--uid-lease-dir".into(),
             self.uid_lease_dir.clone().into(),
+            "--log-max".into(),
+            self.log_max.to_string().into(),
         ]
     }
 
@@ -262,7 +289,7 @@ impl OciArgs {
             flags.push(busybox.into());
         }
         flags.extend(self.network_flags());
-        flags.extend(self.uid_flags());
+        flags.extend(self.sandbox_flags());
         flags
     }
 
@@ -575,6 +602,7 @@ pub async fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
                 network: args.oci.open_network(&state_dir).await?,
                 uid_pool: Some(args.oci.uid_pool()),
+                log_max: args.oci.log_max,
                 ..ProcessDriverOptions::default()
             };
             let driver = tokio::task::spawn_blocking(move || ProcessDriver::open(state_dir, opts))
@@ -650,6 +678,23 @@ mod tests {
     }
 
     #[test]
+    fn a_log_cap_is_a_size_of_at_least_a_mebibyte() {
+        assert_eq!(parse_log_max("10Mi"), Ok(10 << 20));
+        assert_eq!(parse_log_max("1048576"), Ok(1 << 20));
+        assert!(parse_log_max("512Ki").unwrap_err().contains("at least 1Mi"));
+        assert!(parse_log_max("lots").unwrap_err().contains("not a size"));
+        let defaults = host(&[
+            "--backend",
+            "process",
+            "--socket",
+            "/s",
+            "--state-dir",
+            "/d",
+        ]);
+        assert_eq!(defaults.unwrap().oci.log_max, 10 << 20);
+    }
+
+    #[test]
     fn oci_backend_flags_parse_and_need_an_image_store() {
         use clap::CommandFactory;
         Host::command().debug_assert();
@@ -666,6 +711,8 @@ mod tests {
             "crun",
             "--oci-pids-limit",
             "64",
+            "--log-max",
+            "2Mi",
             "--hide",
             "/data",
         ])
@@ -675,6 +722,7 @@ mod tests {
         let opts = args.oci.driver_options();
         assert_eq!(opts.runtime, Some(PathBuf::from("crun")));
         assert_eq!(opts.pids_limit, 64);
+        assert_eq!(opts.log_max, 2 << 20);
         // What sbxd passes a managed driver parses back to the same settings.
         let mut flags: Vec<String> = ["--backend", "oci", "--socket", "/s", "--state-dir", "/d"]
             .iter()

@@ -22,6 +22,8 @@ pub struct TestEnv {
     pub cgroup_parent: String,
     /// The driver's pids limit, when a test wants its own.
     pub pids_limit: Option<i64>,
+    /// The driver's `log_max`, when a test sets one.
+    pub log_max: Option<u64>,
     finished: bool,
 }
 
@@ -71,6 +73,7 @@ impl TestEnv {
             image,
             cgroup_parent: format!("sbx-test-{}", Uuid::new_v4().simple()),
             pids_limit: None,
+            log_max: None,
             finished: false,
         }
     }
@@ -85,6 +88,7 @@ impl TestEnv {
             default_grace: Duration::from_secs(2),
             poll_interval: Duration::from_millis(50),
             pids_limit: self.pids_limit.unwrap_or(1024),
+            log_max: self.log_max.unwrap_or(OciDriverOptions::default().log_max),
             ..OciDriverOptions::default()
         }
     }

@@ -16,6 +16,8 @@ use uuid::Uuid;
 pub struct TestEnv {
     pub state_dir: tempfile::TempDir,
     pub cgroup_parent: String,
+    /// The driver's `log_max`, when a test sets one.
+    pub log_max: Option<u64>,
     /// Set by `finish`; a test that panics before leaves the clean-up to `Drop`.
     finished: bool,
 }
@@ -64,6 +66,7 @@ impl TestEnv {
                 .tempdir()
                 .unwrap(),
             cgroup_parent: format!("sbx-test-{}", Uuid::new_v4().simple()),
+            log_max: None,
             finished: false,
         }
     }
@@ -74,6 +77,9 @@ impl TestEnv {
             default_grace: Duration::from_secs(2),
             poll_interval: Duration::from_millis(50),
             launch_timeout: Duration::from_secs(10),
+            log_max: self
+                .log_max
+                .unwrap_or(ProcessDriverOptions::default().log_max),
             ..ProcessDriverOptions::default()
         }
     }

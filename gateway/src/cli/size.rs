@@ -16,63 +16,13 @@
 
 use super::error::CliError;
 
-/// The memory unit suffixes and their multipliers, in the order the help lists them.
-const UNITS: &[(&str, u64)] = &[
-    ("", 1),
-    ("Ki", 1 << 10),
-    ("Mi", 1 << 20),
-    ("Gi", 1 << 30),
-    ("Ti", 1 << 40),
-    ("K", 1_000),
-    ("k", 1_000),
-    ("M", 1_000_000),
-    ("G", 1_000_000_000),
-    ("T", 1_000_000_000_000),
-];
-
-/// A non-negative decimal `123` or `1.25` as (digits without the point, decimals), e.g.
-/// `1.25` → (125, 2). `None` for anything else (signs, exponents, blanks, `.5`, `5.`), or more
-/// than 18 decimals.
-fn parse_decimal(text: &str) -> Option<(u128, u32)> {
-    let (whole, fraction) = match text.split_once('.') {
-        Some((whole, fraction)) if !fraction.is_empty() => (whole, fraction),
-        Some(_) => return None,
-        None => (text, ""),
-    };
-    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if whole.is_empty() || !all_digits(whole) || !all_digits(fraction) || fraction.len() > 18 {
-        return None;
-    }
-    let digits: u128 = format!("{whole}{fraction}").parse().ok()?;
-    Some((digits, fraction.len() as u32))
-}
-
-/// Splits `input` where its number ends (the first byte that is neither a digit nor `.`).
-fn split_number(input: &str) -> (&str, &str) {
-    let end = input
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(input.len());
-    input.split_at(end)
-}
+use sbx_proto::quantity::{parse_decimal, split_number};
 
 /// Parses a memory size into bytes (see the module doc).
 pub fn parse_size(input: &str) -> Result<u64, CliError> {
-    let invalid = || CliError::InvalidSize {
+    sbx_proto::quantity::parse_bytes(input).ok_or_else(|| CliError::InvalidSize {
         input: input.to_string(),
-    };
-    let (number, suffix) = split_number(input);
-    let multiplier = UNITS
-        .iter()
-        .find(|(unit, _)| *unit == suffix)
-        .map(|(_, m)| u128::from(*m))
-        .ok_or_else(invalid)?;
-    let (digits, decimals) = parse_decimal(number).ok_or_else(invalid)?;
-    let scale = 10u128.pow(decimals);
-    let bytes = digits
-        .checked_mul(multiplier)
-        .ok_or_else(invalid)?
-        .div_ceil(scale);
-    u64::try_from(bytes).map_err(|_| invalid())
+    })
 }
 
 /// Parses a CPU quantity into millicores (see the module doc).

@@ -155,7 +155,7 @@ fn managed_host_flags(
             flags.push("--hide".into());
             flags.push(data_dir.into());
             flags.extend(args.oci.network_flags());
-            flags.extend(args.oci.uid_flags());
+            flags.extend(args.oci.sandbox_flags());
         }
         DriverKind::Sim => {}
     }
@@ -214,6 +214,7 @@ async fn open_in_process(
                 // workloads' business.
                 hidden_paths: vec![data_dir.to_path_buf()],
                 uid_pool: Some(args.oci.uid_pool()),
+                log_max: args.oci.log_max,
                 ..ProcessDriverOptions::default()
             };
             let driver =
@@ -341,7 +342,9 @@ mod tests {
                 "--uid-pool",
                 "1000000:268435456",
                 "--uid-lease-dir",
-                "/var/lib/sbx/uid-leases"
+                "/var/lib/sbx/uid-leases",
+                "--log-max",
+                "10485760"
             ]
         );
         // With a network, the process driver's host gets it too (and only its flags).
@@ -369,7 +372,9 @@ mod tests {
                 "--uid-pool",
                 "1000000:268435456",
                 "--uid-lease-dir",
-                "/var/lib/sbx/uid-leases"
+                "/var/lib/sbx/uid-leases",
+                "--log-max",
+                "10485760"
             ]
         );
         let oci = text(managed_host_flags(
