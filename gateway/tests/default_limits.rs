@@ -218,4 +218,7 @@ fn a_sandboxs_log_stays_within_the_gateways_cap() {
         log + before <= (1 << 20) + 64 * 1024,
         "{log} + {before} bytes of log kept, over the 1Mi cap"
     );
+    sbx(&ep, &["sandbox", "delete", "loud"]).ok();
+    drop(d);
+    common::assert_oci_left_nothing(data.path(), &parent.0);
 }

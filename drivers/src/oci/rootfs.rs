@@ -163,14 +163,26 @@ pub fn unmount_layers(lower: &Path) -> Result<(), String> {
 
 /// Whether `path` is a mount point in this process's mount namespace.
 pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
+    mount_source(path).is_some()
+}
+
+/// What is mounted at `path` (the last mount there), as mountinfo names its source (a device
+/// such as `/dev/loop3`, or a name such as `overlay`); `None` when nothing is.
+pub fn mount_source(path: &Path) -> Option<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let wanted = path.to_string_lossy();
     table
         .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .any(|mount_point| unescape_mountinfo(mount_point) == wanted)
+        .filter(|line| {
+            line.split(' ')
+                .nth(4)
+                .is_some_and(|mount_point| unescape_mountinfo(mount_point) == wanted)
+        })
+        .filter_map(|line| {
+            let (_, after) = line.split_once(" - ")?;
+            after.split(' ').nth(1).map(unescape_mountinfo)
+        })
+        .next_back()
 }
 
 /// Mount points in mountinfo escape space, tab, newline and backslash as octal.
@@ -331,6 +343,12 @@ mod tests {
             overlay_options(&layers, Path::new("/u"), Path::new("/w,x")),
             "lowerdir=/l/a\\:b:/l/1,upperdir=/u,workdir=/w\\,x"
         );
+    }
+
+    #[test]
+    fn a_mount_source_is_read_from_mountinfo() {
+        assert_eq!(mount_source(Path::new("/proc")).as_deref(), Some("proc"));
+        assert_eq!(mount_source(Path::new("/proc/self")), None);
     }
 
     #[test]
