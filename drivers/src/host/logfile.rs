@@ -664,11 +664,54 @@ mod tests {
         assert_eq!(log_since(&log, 0), "no output");
         std::fs::write(&log, "old\n  boom: no such file \n").unwrap();
         assert_eq!(log_since(&log, 4), "boom: no such file");
-        assert_eq!(log_since(&log, 4000), "no output");
+        // An offset past the end: the log was rotated since; what it holds now was said since.
+        assert_eq!(log_since(&log, 4000), "old\n  boom: no such file");
         // Records say their bytes, without their prefixes.
         let records = format!("old\n{T1} stderr F sh: boom\n{T2} stdout F after\n");
         std::fs::write(&log, records).unwrap();
         assert_eq!(log_since(&log, 4), "sh: boom\nafter");
+    }
+
+    /// A log rotated by the loggers (its older part in `<log>.1`): the tail reads across the
+    /// two in order, and a follower that had read part of the old log reads its rest from the
+    /// part, then the new log from its start.
+    #[test]
+    fn tail_and_follow_read_across_a_rotation() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("workload.log");
+        let lines = |from: u32, to: u32| -> String {
+            (from..to)
+                .map(|i| format!("{T1} stdout F line {i}\n"))
+                .collect()
+        };
+        let old = lines(0, 10);
+        // A follower read the first 4 lines before the rotation.
+        let read = lines(0, 4).len() as u64;
+        std::fs::write(previous_path(&log), &old).unwrap();
+        std::fs::write(&log, lines(10, 12)).unwrap();
+        let (entries, _, end) = read_past(&log, false).unwrap();
+        assert_eq!(
+            text(&entries),
+            (0..12).map(|i| format!("line {i}\n")).collect::<String>()
+        );
+        assert_eq!(end, lines(10, 12).len() as u64);
+        let (data, next) = read_from(&log, read).unwrap();
+        let told = text(&parse_all(&data));
+        assert_eq!(
+            told,
+            (4..12).map(|i| format!("line {i}\n")).collect::<String>()
+        );
+        assert_eq!(next, lines(10, 12).len() as u64);
+        // Read to its end: nothing more, where it is.
+        assert_eq!(read_from(&log, next).unwrap(), (Vec::new(), next));
+        // A tail window that starts inside the part leaves out its first, cut line.
+        let (window, _) = read_window(&log, 50 + lines(10, 12).len() as u64).unwrap();
+        let told = text(&parse_all(&window));
+        assert!(told.ends_with("line 9\nline 10\nline 11\n"), "{told:?}");
+        assert!(
+            told.lines().all(|l| l.starts_with("line ")),
+            "a cut line: {told:?}"
+        );
     }
 
     async fn next(

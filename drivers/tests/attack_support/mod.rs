@@ -250,17 +250,43 @@ pub async fn a_flood_stays_within_the_log_cap(
             + std::fs::metadata(&previous).map_or(0, |m| m.len())
     };
     // The follower reads to the flood's end; the files are measured all the while.
-    let mut followed = Vec::new();
+    // Each stream's bytes apart: a record of one stream may come between the parts of a line
+    // of the other.
+    let (mut followed, mut followed_err) = (Vec::new(), Vec::new());
     let mut most = 0;
     let deadline = Instant::now() + Duration::from_secs(120);
     let last_err = format!("err {} ", lines - 1);
     while !(String::from_utf8_lossy(&followed).contains("flood done")
-        && String::from_utf8_lossy(&followed).contains(&last_err))
+        && String::from_utf8_lossy(&followed_err).contains(&last_err))
     {
         most = most.max(on_disk());
         let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "the follower never read the flood's end");
+        if left.is_zero() {
+            let on_host = |path: &std::path::Path| {
+                let text = std::fs::read(path).unwrap_or_default();
+                let text = String::from_utf8_lossy(&text);
+                format!(
+                    "{} bytes, the end {}, the last err {}",
+                    text.len(),
+                    text.contains("flood done"),
+                    text.contains(&last_err)
+                )
+            };
+            let end =
+                |b: &[u8]| String::from_utf8_lossy(&b[b.len().saturating_sub(200)..]).into_owned();
+            let tail = format!("stdout …{} stderr …{}", end(&followed), end(&followed_err));
+            panic!(
+                "the follower never read the flood's end; the log: {}; its previous part: {}; \
+                 the follower read {} bytes, ending {tail:?}",
+                on_host(log),
+                on_host(&previous),
+                followed.len() + followed_err.len()
+            );
+        }
         match tokio::time::timeout(left.min(Duration::from_millis(200)), follower.next()).await {
+            Ok(Some(Ok(chunk))) if chunk.stream == pb::LogStream::Stderr as i32 => {
+                followed_err.extend(chunk.data)
+            }
             Ok(Some(Ok(chunk))) => followed.extend(chunk.data),
             Ok(other) => panic!("the follower ended: {other:?}"),
             Err(_) => {}
@@ -283,7 +309,7 @@ pub async fn a_flood_stays_within_the_log_cap(
     assert!(!before.is_empty(), "the log was never rotated");
     whole_records("the log", &current);
     whole_records("its previous part", &before);
-    let mut told = Vec::new();
+    let (mut told, mut told_err) = (Vec::new(), Vec::new());
     let mut tail = driver
         .logs(pb::LogsRequest {
             sandbox_id: id.to_string(),
@@ -292,15 +318,23 @@ pub async fn a_flood_stays_within_the_log_cap(
         .await
         .unwrap();
     while let Some(chunk) = tail.next().await {
-        told.extend(chunk.unwrap().data);
+        let chunk = chunk.unwrap();
+        if chunk.stream == pb::LogStream::Stderr as i32 {
+            told_err.extend(chunk.data);
+        } else {
+            told.extend(chunk.data);
+        }
     }
-    let told = String::from_utf8_lossy(&told);
+    let (told, told_err) = (
+        String::from_utf8_lossy(&told),
+        String::from_utf8_lossy(&told_err),
+    );
     assert!(
         told.contains("flood done\n"),
         "logs does not tell the flood's end"
     );
-    for prefix in ["out ", "err "] {
-        let kept = numbered("logs", &told, prefix, true);
+    for (prefix, told) in [("out ", &told), ("err ", &told_err)] {
+        let kept = numbered("logs", told, prefix, true);
         assert_eq!(
             kept.last(),
             Some(&(lines - 1)),
@@ -312,9 +346,12 @@ pub async fn a_flood_stays_within_the_log_cap(
             kept.len()
         );
     }
-    let followed = String::from_utf8_lossy(&followed);
-    for prefix in ["out ", "err "] {
-        let seen = numbered("the follower", &followed, prefix, false);
+    let (followed, followed_err) = (
+        String::from_utf8_lossy(&followed),
+        String::from_utf8_lossy(&followed_err),
+    );
+    for (prefix, followed) in [("out ", &followed), ("err ", &followed_err)] {
+        let seen = numbered("the follower", followed, prefix, false);
         assert_eq!(
             seen.last(),
             Some(&(lines - 1)),
