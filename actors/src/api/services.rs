@@ -60,6 +60,7 @@ impl Gateway {
             host: self.service_host(&record.name, sandbox, workspace),
             created_at: Some(timestamp(record.created_at_ms)),
             resource_version: record.resource_version,
+            workspace_id: record.workspace.map(|w| w.to_string()).unwrap_or_default(),
         })
     }
 

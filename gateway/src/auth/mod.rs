@@ -36,7 +36,7 @@
 
 pub mod tokens;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -48,6 +48,7 @@ use serde::{Deserialize, Serialize};
 use tonic::codegen::Service;
 use tonic::codegen::http;
 use tonic::{Code, Status};
+use uuid::Uuid;
 
 pub use tokens::{Identities, StoredIdentity};
 
@@ -102,7 +103,7 @@ pub fn need(path: &str) -> Option<(Need, bool)> {
     let (service, method) = path.strip_prefix('/')?.split_once('/')?;
     let declared = match (service, method) {
         ("sbx.v1.GatewayService", "GetGatewayInfo") => (Anyone, false),
-        ("sbx.v1.WorkspaceService", "CreateWorkspace") => (Workspace(Admin), true),
+        ("sbx.v1.WorkspaceService", "CreateWorkspace") => (Gateway(Admin), true),
         ("sbx.v1.WorkspaceService", "GetWorkspace") => (Workspace(Viewer), false),
         ("sbx.v1.WorkspaceService", "ListWorkspaces") => (Workspace(Viewer), false),
         ("sbx.v1.WorkspaceService", "DeleteWorkspace") => (Workspace(Admin), true),
@@ -202,8 +203,10 @@ pub struct Caller {
     pub name: String,
     pub proof: Proof,
     pub role: Role,
-    /// `None`: every workspace.
-    pub workspaces: Option<BTreeSet<String>>,
+    /// The workspaces the caller's grants hold, by id, each with its name (for messages);
+    /// `None`: every workspace. A grant holds the workspace it was made for, never another one
+    /// made later under its name.
+    pub grants: Option<BTreeMap<Uuid, String>>,
     /// For a stored identity: where to ask whether it is still valid.
     check: Option<Arc<Authenticator>>,
     /// The token's hash, for [`Caller::still_valid`].
@@ -217,7 +220,7 @@ impl Caller {
             name: name.to_string(),
             proof,
             role: Role::Admin,
-            workspaces: None,
+            grants: None,
             check: None,
             token_sha256: None,
         }
@@ -225,37 +228,47 @@ impl Caller {
 
     fn stored(id: StoredIdentity, proof: Proof, check: Arc<Authenticator>) -> Caller {
         Caller {
+            grants: id.granted(),
             name: id.name,
             token_sha256: (proof == Proof::Token).then_some(id.token_sha256),
             proof,
             role: id.role,
-            workspaces: (!id.workspaces.is_empty()).then_some(id.workspaces),
             check: Some(check),
         }
     }
 
-    /// Whether the caller holds `role` in `workspace`.
-    pub fn may(&self, workspace: &str, role: Role) -> bool {
+    /// Whether the caller's grant is for some workspaces only.
+    pub fn is_scoped(&self) -> bool {
+        self.grants.is_some()
+    }
+
+    /// Whether the caller holds `role` in the workspace whose id is `workspace_id`.
+    pub fn may(&self, workspace_id: &str, role: Role) -> bool {
         self.role >= role
-            && self
-                .workspaces
-                .as_ref()
-                .is_none_or(|ws| ws.contains(workspace))
+            && self.grants.as_ref().is_none_or(|grants| {
+                Uuid::parse_str(workspace_id).is_ok_and(|id| grants.contains_key(&id))
+            })
     }
 
-    /// Whether the caller may see `workspace` at all (as a viewer).
-    pub fn sees(&self, workspace: &str) -> bool {
-        self.may(workspace, Role::Viewer)
+    /// Whether the caller may see the workspace whose id is `workspace_id` at all (as a viewer).
+    pub fn sees(&self, workspace_id: &str) -> bool {
+        self.may(workspace_id, Role::Viewer)
     }
 
-    /// `PERMISSION_DENIED` unless the caller holds `role` in `workspace`, saying which role
-    /// in which workspace is missing and who asked.
-    pub fn require(&self, workspace: &str, role: Role) -> Result<(), Status> {
-        if self.may(workspace, role) {
+    /// `PERMISSION_DENIED` unless the caller holds `role` in the workspace named `name`, whose
+    /// id is `id` (`None`: no workspace has that name, which a scoped grant never holds),
+    /// saying which role in which workspace is missing and who asked.
+    pub fn require(&self, name: &str, id: Option<&str>, role: Role) -> Result<(), Status> {
+        let held = match (&self.grants, id) {
+            (None, _) => self.role >= role,
+            (Some(_), Some(id)) => self.may(id, role),
+            (Some(_), None) => false,
+        };
+        if held {
             return Ok(());
         }
         Err(Status::permission_denied(format!(
-            "{} ({}) is not {} {role} in workspace {workspace:?}",
+            "{} ({}) is not {} {role} in workspace {name:?}",
             self.name,
             self.proof,
             article(role)
@@ -264,7 +277,7 @@ impl Caller {
 
     /// `PERMISSION_DENIED` unless the grant is gateway-wide with `role`.
     pub fn require_gateway(&self, role: Role) -> Result<(), Status> {
-        if self.workspaces.is_none() && self.role >= role {
+        if self.grants.is_none() && self.role >= role {
             return Ok(());
         }
         Err(Status::permission_denied(format!(
@@ -277,9 +290,10 @@ impl Caller {
     }
 
     fn scope(&self) -> String {
-        match &self.workspaces {
+        match &self.grants {
             None => "every workspace".to_string(),
-            Some(ws) => ws.iter().cloned().collect::<Vec<_>>().join(","),
+            Some(ws) if ws.is_empty() => "no workspace".to_string(),
+            Some(ws) => ws.values().cloned().collect::<Vec<_>>().join(","),
         }
     }
 
@@ -343,14 +357,72 @@ fn article(role: Role) -> &'static str {
     }
 }
 
+/// A workspace's id by its name now: `Ok(None)` when no workspace has it.
+pub type WorkspaceLookup = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<Option<Uuid>, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// How sbxd authenticates.
-#[derive(Debug)]
 pub struct Authenticator {
     pub identities: Identities,
     /// `--auth none`: everyone is a gateway-wide admin.
     pub none: bool,
     /// The uid that owns the Unix socket (sbxd's): a gateway-wide admin there.
     pub owner_uid: u32,
+    /// Where grants written by name (`sbxd token create`) find their workspace's id; set once
+    /// the gateway's store is open. Unset, such grants hold nothing.
+    pub workspaces: std::sync::OnceLock<WorkspaceLookup>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("identities", &self.identities)
+            .field("none", &self.none)
+            .field("owner_uid", &self.owner_uid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Authenticator {
+    /// Whether the identities hold a grant not bound to a workspace's id yet, and something
+    /// to bind it with.
+    fn has_unbound(&self) -> bool {
+        self.workspaces.get().is_some()
+            && self
+                .identities
+                .unbound()
+                .is_ok_and(|names| !names.is_empty())
+    }
+
+    /// Binds every grant written by name to the workspace of that name now (none: a dead
+    /// grant). A name that could not be looked up stays unbound (holding nothing) and is tried
+    /// again at the next call.
+    pub async fn bind_unbound(&self) {
+        let (Some(lookup), Ok(names)) = (self.workspaces.get(), self.identities.unbound()) else {
+            return;
+        };
+        let mut ids = BTreeMap::new();
+        for name in names {
+            match lookup(name.clone()).await {
+                Ok(id) => {
+                    ids.insert(name, id);
+                }
+                Err(e) => tracing::warn!(workspace = %name, error = %e, "a grant stays unbound"),
+            }
+        }
+        match self.identities.bind(&ids) {
+            Ok(0) => {}
+            Ok(bound) => tracing::info!(
+                grants = bound,
+                "identities' workspace grants bound to the workspaces' ids (a workspace made \
+                 later under the same name is not theirs)"
+            ),
+            Err(e) => tracing::error!(error = %e, "the identities' grants could not be bound"),
+        }
+    }
 }
 
 /// A bearer token from the request's `authorization` metadata: `Ok(None)` without one.
@@ -464,7 +536,10 @@ fn code_of(headers: &http::HeaderMap) -> Code {
 
 impl<S, B> Service<http::Request<B>> for AuthService<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     B: Send + 'static,
 {
@@ -476,7 +551,35 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+    /// Grants `sbxd token create` wrote since the file was last read are bound first (see
+    /// [`Authenticator::bind_unbound`]), so no call — this one included — runs before they hold
+    /// the workspaces of their names as they are now.
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if self.auth.has_unbound() {
+            // The ready service goes with the request; a clone stays for the next poll_ready.
+            let spare = self.inner.clone();
+            let ready = std::mem::replace(&mut self.inner, spare);
+            let auth = self.auth.clone();
+            return Box::pin(async move {
+                auth.bind_unbound().await;
+                AuthService { inner: ready, auth }.authorized(req).await
+            });
+        }
+        self.authorized(req)
+    }
+}
+
+/// What the layer answers a call with.
+type Answer<E> = Pin<Box<dyn Future<Output = Result<http::Response<tonic::body::Body>, E>> + Send>>;
+
+impl<S> AuthService<S> {
+    /// Authenticates the call, checks [`need`], and passes it on (or answers the refusal).
+    fn authorized<B>(&mut self, mut req: http::Request<B>) -> Answer<S::Error>
+    where
+        S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+        S::Future: Send + 'static,
+        B: Send + 'static,
+    {
         let path = req.uri().path().to_string();
         let (need, audited) = match need(&path) {
             Some(declared) => declared,
@@ -565,12 +668,12 @@ pub fn caller<T>(req: &tonic::Request<T>) -> Result<Caller, Status> {
 mod tests {
     use super::*;
 
-    fn scoped(role: Role, ws: &[&str]) -> Caller {
+    fn scoped(role: Role, ws: &[(Uuid, &str)]) -> Caller {
         Caller {
             name: "t".into(),
             proof: Proof::Token,
             role,
-            workspaces: Some(ws.iter().map(|w| w.to_string()).collect()),
+            grants: Some(ws.iter().map(|(id, n)| (*id, n.to_string())).collect()),
             check: None,
             token_sha256: None,
         }
@@ -578,14 +681,22 @@ mod tests {
 
     #[test]
     fn roles_include_the_ones_below_in_their_workspaces_only() {
-        let editor = scoped(Role::Editor, &["a"]);
-        assert!(editor.may("a", Role::Viewer) && editor.may("a", Role::Editor));
-        assert!(!editor.may("a", Role::Admin));
-        assert!(!editor.may("b", Role::Viewer));
-        assert!(editor.require("b", Role::Viewer).is_err());
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let (a, b) = (a.to_string(), b.to_string());
+        let editor = scoped(Role::Editor, &[(a.parse().unwrap(), "a")]);
+        assert!(editor.may(&a, Role::Viewer) && editor.may(&a, Role::Editor));
+        assert!(!editor.may(&a, Role::Admin));
+        assert!(!editor.may(&b, Role::Viewer));
+        assert!(editor.require("a", Some(&a), Role::Editor).is_ok());
+        // Another workspace, or one named as a granted one but not it, or none of that name.
+        assert!(editor.require("b", Some(&b), Role::Viewer).is_err());
+        assert!(editor.require("a", Some(&b), Role::Viewer).is_err());
+        assert!(editor.require("a", None, Role::Viewer).is_err());
+        assert!(!editor.may("not-an-id", Role::Viewer));
         assert!(editor.require_gateway(Role::Viewer).is_err());
         let admin = Caller::admin("root", Proof::NoAuth);
-        assert!(admin.may("anything", Role::Admin));
+        assert!(admin.may(&b, Role::Admin));
+        assert!(admin.require("gone", None, Role::Admin).is_ok());
         assert!(admin.require_gateway(Role::Admin).is_ok());
     }
 

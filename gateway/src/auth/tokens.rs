@@ -1,7 +1,13 @@
 //! Identities and their tokens, in `DATA/auth/identities.json` (directory 0700, file 0600).
 //!
 //! An identity is a name (a DNS-1123 label), a role (viewer, editor, admin) and the
-//! workspaces it holds that role in — or every workspace (a gateway-wide grant). Its
+//! workspaces it holds that role in — or every workspace (a gateway-wide grant). A grant
+//! holds its workspace's UUID: the API resolves it when the grant is made; a grant `sbxd
+//! token create` wrote (by name: the store is the running gateway's) is bound by the gateway
+//! when it next reads the file — at once if it runs, before it serves the call that found the
+//! change — or at its start ([`bind_unbound`]; a format-1 file, from before ids, the same, once).
+//! A workspace deleted and made again under the same name is a stranger to a grant, and a
+//! grant whose workspace is gone, or was never there, is dead. Its
 //! credentials: a bearer token, stored only as its SHA-256 (a token is 32 random bytes, so a
 //! fast hash is enough: there is nothing to guess), and a client certificate whose subject
 //! common name is the identity's name (mutual TLS). An identity may expire.
@@ -13,7 +19,7 @@
 //! or modification time changes — checked on every call — so a revoke is effective at the
 //! next call, and open streams check it every [`super::RECHECK`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -23,11 +29,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use uuid::Uuid;
 
 use super::Role;
 
-/// The file's format version.
-const FORMAT: u32 = 1;
+/// The file's format version: 2 binds each grant to its workspace's id; 1 (names only) is
+/// read and bound at the gateway's start.
+const FORMAT: u32 = 2;
 
 /// What every token begins with, so that one is recognised in a leak scan.
 pub const TOKEN_PREFIX: &str = "sbx_";
@@ -41,6 +49,11 @@ pub struct StoredIdentity {
     pub role: Role,
     /// Empty: every workspace (gateway-wide).
     pub workspaces: BTreeSet<String>,
+    /// Each granted workspace's id, by its name: `None` when no workspace of that name existed
+    /// when the grant was bound (a dead grant). A name of `workspaces` missing here is not
+    /// bound yet (a format-1 file before the gateway's start), and holds nothing meanwhile.
+    #[serde(default)]
+    pub workspace_ids: BTreeMap<String, Option<Uuid>>,
     /// Hex SHA-256 of the token; empty for an identity known only by its certificate.
     pub token_sha256: String,
     pub created_at_ms: u64,
@@ -53,17 +66,35 @@ impl StoredIdentity {
         self.expires_at_ms != 0 && now_ms >= self.expires_at_ms
     }
 
-    /// "every workspace", or the workspaces, comma-separated.
+    /// "every workspace", or the workspaces, comma-separated, each with its id (or why it holds
+    /// nothing).
     pub fn scope(&self) -> String {
         if self.workspaces.is_empty() {
-            "every workspace".to_string()
-        } else {
+            return "every workspace".to_string();
+        }
+        self.workspaces
+            .iter()
+            .map(|name| match self.workspace_ids.get(name) {
+                Some(Some(id)) => format!("{name} ({id})"),
+                Some(None) => format!("{name} (no such workspace: holds nothing)"),
+                None => format!("{name} (not bound yet)"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The workspaces this identity's grants hold, by id (each with its name); `None` for a
+    /// gateway-wide grant. Dead and unbound grants hold nothing.
+    pub fn granted(&self) -> Option<BTreeMap<Uuid, String>> {
+        if self.workspaces.is_empty() {
+            return None;
+        }
+        Some(
             self.workspaces
                 .iter()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(",")
-        }
+                .filter_map(|name| Some((self.workspace_ids.get(name).copied()??, name.clone())))
+                .collect(),
+        )
     }
 }
 
@@ -129,10 +160,11 @@ fn read(data: &Path) -> Result<File, TokenError> {
         path: path.clone(),
         why: e.to_string(),
     })?;
-    if file.format != FORMAT {
+    // Format 1 is format 2 with every grant unbound (its `workspace_ids` empty).
+    if file.format != FORMAT && file.format != 1 {
         return Err(TokenError::Format {
             path,
-            why: format!("format {} (this sbxd reads {FORMAT})", file.format),
+            why: format!("format {} (this sbxd reads 1 and {FORMAT})", file.format),
         });
     }
     Ok(file)
@@ -180,7 +212,12 @@ fn edit<T>(
 pub struct NewIdentity {
     pub name: String,
     pub role: Role,
+    /// The granted workspaces, by name.
     pub workspaces: BTreeSet<String>,
+    /// Their ids, resolved when the grant is made (the API does); a name missing here is bound
+    /// by the gateway when it next reads the file (`sbxd token create`), and `None` (no
+    /// workspace of that name) is refused.
+    pub workspace_ids: BTreeMap<String, Option<Uuid>>,
     pub ttl: Option<Duration>,
     /// Also a token (else the identity is for a client certificate only).
     pub with_token: bool,
@@ -193,6 +230,12 @@ pub fn create(data: &Path, new: &NewIdentity) -> Result<Option<String>, TokenErr
     for ws in &new.workspaces {
         sbx_proto::names::validate_name(ws)
             .map_err(|e| TokenError::Invalid(format!("workspace {ws:?}: {e}")))?;
+        if new.workspace_ids.get(ws).is_some_and(Option::is_none) {
+            return Err(TokenError::Invalid(format!(
+                "no workspace is named {ws:?}: a grant holds a workspace that exists (create \
+                 it first)"
+            )));
+        }
     }
     let token = new.with_token.then(|| {
         let mut bytes = [0u8; 32];
@@ -208,6 +251,12 @@ pub fn create(data: &Path, new: &NewIdentity) -> Result<Option<String>, TokenErr
             name: new.name.clone(),
             role: new.role,
             workspaces: new.workspaces.clone(),
+            workspace_ids: new
+                .workspace_ids
+                .iter()
+                .filter(|(name, _)| new.workspaces.contains(*name))
+                .map(|(name, id)| (name.clone(), *id))
+                .collect(),
             token_sha256: token.as_deref().map(hash).unwrap_or_default(),
             created_at_ms: now,
             expires_at_ms: new
@@ -248,6 +297,44 @@ fn names(file: &File) -> String {
 /// Every identity, without secrets (only hashes are stored).
 pub fn list(data: &Path) -> Result<Vec<StoredIdentity>, TokenError> {
     Ok(read(data)?.identities)
+}
+
+/// The names of the workspaces some grant holds without an id yet (a format-1 file's).
+pub fn unbound_names(data: &Path) -> Result<BTreeSet<String>, TokenError> {
+    Ok(read(data)?
+        .identities
+        .iter()
+        .flat_map(|i| {
+            i.workspaces
+                .iter()
+                .filter(|name| !i.workspace_ids.contains_key(*name))
+                .cloned()
+        })
+        .collect())
+}
+
+/// Binds every grant without an id whose name `ids` holds (its workspace now, `None` when
+/// there is none: a dead grant), once; answers how many it bound. The gateway does it with
+/// its store's workspaces, at start and whenever the file holds such grants.
+pub fn bind_unbound(
+    data: &Path,
+    ids: &BTreeMap<String, Option<Uuid>>,
+) -> Result<usize, TokenError> {
+    let mut bound = 0;
+    edit(data, |file| {
+        for identity in &mut file.identities {
+            for name in &identity.workspaces {
+                if let (false, Some(id)) =
+                    (identity.workspace_ids.contains_key(name), ids.get(name))
+                {
+                    identity.workspace_ids.insert(name.clone(), *id);
+                    bound += 1;
+                }
+            }
+        }
+        Ok(())
+    })?;
+    Ok(bound)
 }
 
 /// The gateway's view of the file: read again when it changes.
@@ -311,6 +398,26 @@ impl Identities {
         Ok(found)
     }
 
+    /// The names of the workspaces some grant holds without an id yet (cheap: the file as
+    /// last read, read again if it changed).
+    pub fn unbound(&self) -> Result<BTreeSet<String>, TokenError> {
+        Ok(self
+            .current()?
+            .iter()
+            .flat_map(|i| {
+                i.workspaces
+                    .iter()
+                    .filter(|name| !i.workspace_ids.contains_key(*name))
+                    .cloned()
+            })
+            .collect())
+    }
+
+    /// [`bind_unbound`] of this file.
+    pub fn bind(&self, ids: &BTreeMap<String, Option<Uuid>>) -> Result<usize, TokenError> {
+        bind_unbound(&self.data, ids)
+    }
+
     /// The live identity named `name` (a client certificate's subject).
     pub fn by_name(&self, name: &str) -> Result<Option<StoredIdentity>, TokenError> {
         let now = now_ms();
@@ -331,9 +438,68 @@ mod tests {
             name: name.into(),
             role,
             workspaces: ws.iter().map(|w| w.to_string()).collect(),
+            workspace_ids: ws
+                .iter()
+                .map(|w| (w.to_string(), Some(Uuid::new_v4())))
+                .collect(),
             ttl,
             with_token: true,
         }
+    }
+
+    /// A grant holds the id it was made with; one to a workspace that does not exist is
+    /// refused; a format-1 file's grants hold nothing until bound, then the ids bound, and a
+    /// name without a workspace then is dead for good.
+    #[test]
+    fn grants_hold_workspace_ids_and_old_files_are_bound_once() {
+        let data = tempfile::tempdir().unwrap();
+        let ids = Identities::open(data.path()).unwrap();
+        let made = new("ci", Role::Editor, &["a"], None);
+        let a = made.workspace_ids["a"].unwrap();
+        let token = create(data.path(), &made).unwrap().unwrap();
+        let found = ids.by_token(&token).unwrap().unwrap();
+        assert_eq!(found.granted(), Some([(a, "a".to_string())].into()));
+        let mut missing = new("x", Role::Viewer, &["b"], None);
+        missing.workspace_ids.insert("b".into(), None);
+        assert!(matches!(
+            create(data.path(), &missing),
+            Err(TokenError::Invalid(_))
+        ));
+        // A file of format 1: names only.
+        let old = r#"{"format":1,"identities":[{"name":"old","role":"editor",
+            "workspaces":["a","gone"],"token_sha256":"00","created_at_ms":1,"expires_at_ms":0}]}"#;
+        std::fs::write(file_path(data.path()), old).unwrap();
+        let unbound = unbound_names(data.path()).unwrap();
+        assert_eq!(unbound, ["a".to_string(), "gone".to_string()].into());
+        let before = ids.by_name("old").unwrap().unwrap();
+        assert_eq!(
+            before.granted(),
+            Some(BTreeMap::new()),
+            "unbound grants hold nothing"
+        );
+        let now: BTreeMap<String, Option<Uuid>> =
+            [("a".to_string(), Some(a)), ("gone".to_string(), None)].into();
+        assert_eq!(bind_unbound(data.path(), &now).unwrap(), 2);
+        let after = ids.by_name("old").unwrap().unwrap();
+        assert_eq!(after.granted(), Some([(a, "a".to_string())].into()));
+        assert!(
+            after.scope().contains("gone (no such workspace"),
+            "{}",
+            after.scope()
+        );
+        // Once: bound grants are not bound again, to whatever has the name later.
+        let later: BTreeMap<String, Option<Uuid>> = [
+            ("a".to_string(), Some(Uuid::new_v4())),
+            ("gone".to_string(), Some(Uuid::new_v4())),
+        ]
+        .into();
+        assert_eq!(bind_unbound(data.path(), &later).unwrap(), 0);
+        assert_eq!(
+            ids.by_name("old").unwrap().unwrap().granted(),
+            after.granted()
+        );
+        let text = std::fs::read_to_string(file_path(data.path())).unwrap();
+        assert!(text.contains("\"format\": 2"), "{text}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `sbxd token …` and `sbxd certs …`: the operator's side of authentication ([`crate::auth`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
@@ -223,6 +223,9 @@ pub fn run_token(command: TokenCommand) -> ExitCode {
                 name: args.name.clone(),
                 role: args.role,
                 workspaces: args.workspaces.iter().cloned().collect::<BTreeSet<_>>(),
+                // Bound by sbxd, to the workspaces of these names, when it next reads the file:
+                // at once if it runs (before it serves any other call), else at its start.
+                workspace_ids: BTreeMap::new(),
                 ttl: args.ttl,
                 with_token: !args.cert_only,
             };
@@ -230,7 +233,11 @@ pub fn run_token(command: TokenCommand) -> ExitCode {
             let scope = if new.workspaces.is_empty() {
                 "every workspace".to_string()
             } else {
-                new.workspaces.iter().cloned().collect::<Vec<_>>().join(",")
+                let names = new.workspaces.iter().cloned().collect::<Vec<_>>().join(",");
+                format!(
+                    "{names} (each bound to the workspace of that name when sbxd next reads \
+                     the identities: a workspace made later under the name is not it)"
+                )
             };
             eprintln!(
                 "identity {} made: {} in {scope}{}",

@@ -296,6 +296,7 @@ async fn serve_on(
         identities,
         none: args.auth == super::AuthMode::None,
         owner_uid: nix::unistd::geteuid().as_raw(),
+        workspaces: std::sync::OnceLock::new(),
     });
 
     let ready_limit = match &args.driver {
@@ -340,6 +341,29 @@ async fn serve_on(
     let gateway =
         Arc::new(Gateway::start(store, DriverSet::single(driver_name, driver), config).await?);
     super::images::ensure_default_image(&gateway, &args.images).await?;
+    // Grants written by name (an identities file from before ids, or `sbxd token create`) are
+    // bound to the workspaces of those names now, before anything is served, and by the auth
+    // layer whenever the file holds new ones.
+    let lookup_gateway = gateway.clone();
+    let lookup: crate::auth::WorkspaceLookup = Arc::new(move |name: String| {
+        let gateway = lookup_gateway.clone();
+        Box::pin(async move {
+            match gateway
+                .get_workspace(&sbx_actors::WorkspaceSelector::Name(name))
+                .await
+            {
+                Ok(ws) => ws
+                    .id
+                    .parse()
+                    .map(Some)
+                    .map_err(|e| format!("a bad id: {e}")),
+                Err(sbx_actors::ActorError::WorkspaceNotFound(_)) => Ok(None),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    });
+    let _ = auth.workspaces.set(lookup);
+    auth.bind_unbound().await;
 
     let service_bound = match &args.service_listen {
         Some(addr) => {

@@ -1,11 +1,13 @@
 //! The handlers' half of authorization ([`crate::auth`]): the workspace a call is about,
 //! checked against the caller before the call acts.
 //!
-//! By name, the workspace is in the request: a caller without the role there is refused
-//! (`PERMISSION_DENIED`) before anything is looked up, so the answer is the same whether the
-//! object exists or not. By id, the object is looked up first: one in a workspace the caller
-//! may not see is `NOT_FOUND`, word for word what an id nobody has gets. Not-found answers
-//! lose their hint (where else a name exists) unless the caller sees every workspace.
+//! Grants hold workspaces by id. By name, the workspace is in the request: for a scoped
+//! caller its name is resolved to the workspace that has it now, and a caller without the
+//! role there — or when no workspace has the name — is refused (`PERMISSION_DENIED`) before
+//! the object is looked up, so the answer is the same whether it exists or not. By id, the
+//! object is looked up first: one in a workspace the caller may not see is `NOT_FOUND`, word
+//! for word what an id nobody has gets. Not-found answers lose their hint (where else a name
+//! exists) unless the caller sees every workspace.
 
 use sbx_actors::{ActorError, ProviderSelector, SandboxSelector, WorkspaceSelector};
 use sbx_proto::names::DEFAULT_WORKSPACE;
@@ -18,7 +20,7 @@ use crate::auth::{Caller, Role};
 /// The gRPC status of an actor error, as this caller may see it.
 pub fn error_for(caller: &Caller, e: ActorError) -> Status {
     let e = match e {
-        ActorError::SandboxNotFound { what, .. } if caller.workspaces.is_some() => {
+        ActorError::SandboxNotFound { what, .. } if caller.is_scoped() => {
             ActorError::SandboxNotFound {
                 what,
                 hint: String::new(),
@@ -50,6 +52,29 @@ fn unseen_sandbox(id: uuid::Uuid) -> Status {
 }
 
 impl SbxService {
+    /// `PERMISSION_DENIED` unless `caller` holds `role` in the workspace named `name` now (a
+    /// gateway-wide caller needs no lookup).
+    pub(super) async fn require_by_name(
+        &self,
+        caller: &Caller,
+        name: &str,
+        role: Role,
+    ) -> Result<(), Status> {
+        if !caller.is_scoped() {
+            return caller.require(name, None, role);
+        }
+        let id = match self
+            .gateway
+            .get_workspace(&WorkspaceSelector::Name(name.to_string()))
+            .await
+        {
+            Ok(workspace) => Some(workspace.id),
+            Err(ActorError::WorkspaceNotFound(_)) => None,
+            Err(e) => return Err(error_for(caller, e)),
+        };
+        caller.require(name, id.as_deref(), role)
+    }
+
     /// Whether `caller` holds `role` where the sandbox `sel` names is.
     pub(super) async fn sandbox_access(
         &self,
@@ -59,10 +84,11 @@ impl SbxService {
     ) -> Result<(), Status> {
         match sel {
             SandboxSelector::Name { workspace, .. } => {
-                caller.require(workspace.as_deref().unwrap_or(DEFAULT_WORKSPACE), role)
+                let name = workspace.as_deref().unwrap_or(DEFAULT_WORKSPACE);
+                self.require_by_name(caller, name, role).await
             }
             SandboxSelector::Id(id) => {
-                if caller.workspaces.is_none() && caller.role >= role {
+                if !caller.is_scoped() && caller.role >= role {
                     return Ok(());
                 }
                 let sandbox = match self.gateway.get_sandbox(sel).await {
@@ -70,10 +96,10 @@ impl SbxService {
                     Err(ActorError::SandboxNotFound { .. }) => return Err(unseen_sandbox(*id)),
                     Err(e) => return Err(error_for(caller, e)),
                 };
-                if !caller.sees(&sandbox.workspace) {
+                if !caller.sees(&sandbox.workspace_id) {
                     return Err(unseen_sandbox(*id));
                 }
-                caller.require(&sandbox.workspace, role)
+                caller.require(&sandbox.workspace, Some(&sandbox.workspace_id), role)
             }
         }
     }
@@ -89,10 +115,11 @@ impl SbxService {
     ) -> Result<(), Status> {
         match sel {
             ProviderSelector::Name { workspace, .. } => {
-                caller.require(workspace.as_deref().unwrap_or(DEFAULT_WORKSPACE), role)
+                let name = workspace.as_deref().unwrap_or(DEFAULT_WORKSPACE);
+                self.require_by_name(caller, name, role).await
             }
             ProviderSelector::Id(id) => {
-                if caller.workspaces.is_none() && caller.role >= role {
+                if !caller.is_scoped() && caller.role >= role {
                     return Ok(());
                 }
                 let unseen = || {
@@ -106,10 +133,10 @@ impl SbxService {
                     Err(ActorError::ObjectNotFound { .. }) => return Err(unseen()),
                     Err(e) => return Err(error_for(caller, e)),
                 };
-                if !caller.sees(&provider.workspace) {
+                if !caller.sees(&provider.workspace_id) {
                     return Err(unseen());
                 }
-                caller.require(&provider.workspace, role)
+                caller.require(&provider.workspace, Some(&provider.workspace_id), role)
             }
         }
     }
@@ -122,9 +149,9 @@ impl SbxService {
         role: Role,
     ) -> Result<(), Status> {
         match sel {
-            WorkspaceSelector::Name(name) => caller.require(name, role),
+            WorkspaceSelector::Name(name) => self.require_by_name(caller, name, role).await,
             WorkspaceSelector::Id(id) => {
-                if caller.workspaces.is_none() && caller.role >= role {
+                if !caller.is_scoped() && caller.role >= role {
                     return Ok(());
                 }
                 let unseen = || {
@@ -135,17 +162,18 @@ impl SbxService {
                     Err(ActorError::WorkspaceNotFound(_)) => return Err(unseen()),
                     Err(e) => return Err(error_for(caller, e)),
                 };
-                if !caller.sees(&workspace.name) {
+                if !caller.sees(&workspace.id) {
                     return Err(unseen());
                 }
-                caller.require(&workspace.name, role)
+                caller.require(&workspace.name, Some(&workspace.id), role)
             }
         }
     }
 
     /// A list or watch of one workspace needs viewer there; across workspaces it is filtered
     /// ([`Caller::sees`]) instead.
-    pub(super) fn list_access(
+    pub(super) async fn list_access(
+        &self,
         caller: &Caller,
         workspace: &str,
         all_workspaces: bool,
@@ -158,6 +186,6 @@ impl SbxService {
         } else {
             workspace
         };
-        caller.require(workspace, Role::Viewer)
+        self.require_by_name(caller, workspace, Role::Viewer).await
     }
 }

@@ -73,10 +73,33 @@ impl IdentityService for SbxService {
     ) -> Result<Response<CreateIdentityResponse>, Status> {
         let caller = auth::caller(&request)?;
         let req = request.into_inner();
+        // Each grant holds its workspace's id, resolved now: a workspace made later under the
+        // same name is a stranger to it.
+        let mut workspace_ids = std::collections::BTreeMap::new();
+        for name in &req.workspaces {
+            let id = match self
+                .gateway
+                .get_workspace(&sbx_actors::WorkspaceSelector::Name(name.to_string()))
+                .await
+            {
+                Ok(ws) => Some(ws.id.parse::<uuid::Uuid>().map_err(|e| {
+                    Status::internal(format!("workspace {name} has a bad id: {e}"))
+                })?),
+                Err(sbx_actors::ActorError::WorkspaceNotFound(_)) => {
+                    return Err(Status::not_found(format!(
+                        "no workspace is named {name:?}: a grant holds a workspace that \
+                         exists (create it first)"
+                    )));
+                }
+                Err(e) => return Err(super::access::error_for(&caller, e)),
+            };
+            workspace_ids.insert(name.clone(), id);
+        }
         let new = NewIdentity {
             name: req.name,
             role: role(&req.role)?,
             workspaces: req.workspaces.into_iter().collect(),
+            workspace_ids,
             ttl: (req.ttl_seconds > 0).then(|| Duration::from_secs(req.ttl_seconds)),
             with_token: !req.cert_only,
         };

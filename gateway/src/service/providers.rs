@@ -48,10 +48,12 @@ impl ProviderService for SbxService {
         let caller = auth::caller(&request)?;
         let req = request.into_inner();
         let workspace = workspace_of(&req.workspace);
-        caller.require(
+        self.require_by_name(
+            &caller,
             workspace.unwrap_or(sbx_proto::names::DEFAULT_WORKSPACE),
             Role::Editor,
-        )?;
+        )
+        .await?;
         let created = self
             .gateway
             .create_provider(
@@ -87,7 +89,8 @@ impl ProviderService for SbxService {
     ) -> Result<Response<ListProvidersResponse>, Status> {
         let caller = auth::caller(&request)?;
         let req = request.into_inner();
-        Self::list_access(&caller, &req.workspace, req.all_workspaces)?;
+        self.list_access(&caller, &req.workspace, req.all_workspaces)
+            .await?;
         let page = self
             .gateway
             .list_providers(
@@ -102,7 +105,7 @@ impl ProviderService for SbxService {
             providers: page
                 .items
                 .into_iter()
-                .filter(|p| caller.sees(&p.workspace))
+                .filter(|p| caller.sees(&p.workspace_id))
                 .collect(),
             next_page_token: page.next_page_token,
         }))

@@ -58,10 +58,12 @@ impl SandboxService for SbxService {
         let caller = auth::caller(&request)?;
         let req = request.into_inner();
         let workspace = (!req.workspace.is_empty()).then_some(req.workspace.as_str());
-        caller.require(
+        self.require_by_name(
+            &caller,
             workspace.unwrap_or(sbx_proto::names::DEFAULT_WORKSPACE),
             Role::Editor,
-        )?;
+        )
+        .await?;
         let created = self
             .gateway
             .create_sandbox_with(
@@ -98,7 +100,8 @@ impl SandboxService for SbxService {
     ) -> Result<Response<ListSandboxesResponse>, Status> {
         let caller = auth::caller(&request)?;
         let req = request.into_inner();
-        Self::list_access(&caller, &req.workspace, req.all_workspaces)?;
+        self.list_access(&caller, &req.workspace, req.all_workspaces)
+            .await?;
         let filter = filter(req.workspace, req.all_workspaces, req.label_selector);
         let page = self
             .gateway
@@ -109,7 +112,7 @@ impl SandboxService for SbxService {
             sandboxes: page
                 .items
                 .into_iter()
-                .filter(|sb| caller.sees(&sb.workspace))
+                .filter(|sb| caller.sees(&sb.workspace_id))
                 .collect(),
             next_page_token: page.next_page_token,
         }))
@@ -225,7 +228,8 @@ impl SandboxService for SbxService {
     ) -> Result<Response<Self::WatchSandboxesStream>, Status> {
         let caller = auth::caller(&request)?;
         let req = request.into_inner();
-        Self::list_access(&caller, &req.workspace, req.all_workspaces)?;
+        self.list_access(&caller, &req.workspace, req.all_workspaces)
+            .await?;
         let filter = filter(req.workspace, req.all_workspaces, req.label_selector);
         let events = self
             .gateway
@@ -239,7 +243,7 @@ impl SandboxService for SbxService {
                     Ok(event) => event
                         .sandbox
                         .as_ref()
-                        .is_none_or(|sb| seen.sees(&sb.workspace)),
+                        .is_none_or(|sb| seen.sees(&sb.workspace_id)),
                     Err(_) => true,
                 })
             })

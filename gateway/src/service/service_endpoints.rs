@@ -61,7 +61,8 @@ impl ServiceEndpointService for SbxService {
                 Some(sel)
             }
             None => {
-                Self::list_access(&caller, &req.workspace, req.all_workspaces)?;
+                self.list_access(&caller, &req.workspace, req.all_workspaces)
+                    .await?;
                 None
             }
         };
@@ -77,7 +78,7 @@ impl ServiceEndpointService for SbxService {
         Ok(Response::new(ListServicesResponse {
             services: services
                 .into_iter()
-                .filter(|s| caller.sees(&s.workspace))
+                .filter(|s| caller.sees(&s.workspace_id))
                 .collect(),
         }))
     }

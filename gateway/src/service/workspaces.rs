@@ -21,7 +21,9 @@ impl WorkspaceService for SbxService {
     ) -> Result<Response<Workspace>, Status> {
         let caller = auth::caller(&request)?;
         let req = request.into_inner();
-        caller.require(&req.name, Role::Admin)?;
+        // A workspace that does not exist yet is no scoped grant's: only a gateway-wide admin
+        // makes one (a scoped admin of a deleted one must not make its successor).
+        caller.require_gateway(Role::Admin)?;
         let created = self
             .gateway
             .create_workspace(&req.name, req.labels)
@@ -98,7 +100,7 @@ impl WorkspaceService for SbxService {
             workspaces: page
                 .items
                 .into_iter()
-                .filter(|ws| caller.sees(&ws.name))
+                .filter(|ws| caller.sees(&ws.id))
                 .collect(),
             next_page_token: page.next_page_token,
         }))

@@ -1,0 +1,165 @@
+//! Where one tenant meets another, through the real `sbxd` (sim driver) with `--auth token` and
+//! the real `sbx`: a grant holds the workspace it was made for, by id — not a workspace made
+//! later under the same name.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{CliRun, SBXD, Sbxd, run_bounded, sbx};
+
+fn secured(data: &Path) -> Sbxd {
+    Sbxd::start(data, "sim", &["--auth", "token"])
+}
+
+/// `sbxd token create` on `data`: the identity's token.
+fn identity(data: &Path, name: &str, role: &str, workspaces: &[&str]) -> String {
+    let mut command = Command::new(SBXD);
+    command
+        .args(["token", "create", "--data-dir"])
+        .arg(data)
+        .args(["--name", name, "--role", role]);
+    for w in workspaces {
+        command.args(["--workspace", w]);
+    }
+    let made = run_bounded(&mut command, &format!("sbxd token create --name {name}"));
+    assert_eq!(made.code, 0, "token create {name}: {made:?}");
+    made.stdout.lines().last().unwrap_or_default().to_string()
+}
+
+fn sbx_as(endpoint: &str, token: &str, args: &[&str]) -> CliRun {
+    let mut all = vec!["--token", token];
+    all.extend_from_slice(args);
+    sbx(endpoint, &all)
+}
+
+fn assert_denied(run: &CliRun, what: &str) {
+    assert_eq!(run.code, 1, "{what}: {run:?}");
+    assert!(
+        run.stderr.to_lowercase().contains("permission denied")
+            || run.stderr.to_lowercase().contains("not found"),
+        "{what}: {run:?}"
+    );
+}
+
+fn token_list(data: &Path) -> String {
+    run_bounded(
+        Command::new(SBXD)
+            .args(["token", "list", "--data-dir"])
+            .arg(data),
+        "sbxd token list",
+    )
+    .stdout
+}
+
+/// A token scoped to `wq` keeps nothing once `wq` is deleted: a new tenant's `wq` (its
+/// sandbox by name, by id, in lists) is a stranger to it; a grant to a workspace that does not
+/// exist holds nothing, even once one of that name is made; a scoped admin cannot make the
+/// successor of its deleted workspace; an identities file from before ids is bound at start
+/// to the workspaces then.
+#[test]
+fn a_grant_holds_its_workspace_not_a_later_one_of_the_same_name() {
+    let data = tempfile::tempdir().unwrap();
+    let d = secured(data.path());
+    let ep = d.endpoint();
+    let root = identity(data.path(), "root", "admin", &[]);
+    sbx_as(&ep, &root, &["workspace", "create", "wq"]).ok();
+    let ed = identity(data.path(), "ed", "editor", &["wq"]);
+    let boss = identity(data.path(), "boss", "admin", &["wq"]);
+    let early = identity(data.path(), "early", "editor", &["later"]);
+    sbx_as(
+        &ep,
+        &ed,
+        &[
+            "sandbox", "create", "-w", "wq", "-n", "mine", "--", "sleep", "1000",
+        ],
+    )
+    .ok();
+    let listed = token_list(data.path());
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("ed\t") && l.contains("wq (")),
+        "the grant shows its workspace's id: {listed}"
+    );
+
+    // The tenant goes; another comes under the same name.
+    sbx_as(&ep, &root, &["sandbox", "delete", "-w", "wq", "mine"]).ok();
+    sbx_as(&ep, &root, &["workspace", "delete", "wq"]).ok();
+    assert_denied(
+        &sbx_as(&ep, &boss, &["workspace", "create", "wq"]),
+        "the deleted workspace's scoped admin makes its successor",
+    );
+    sbx_as(&ep, &root, &["workspace", "create", "wq"]).ok();
+    sbx_as(
+        &ep,
+        &root,
+        &[
+            "sandbox", "create", "-w", "wq", "-n", "theirs", "--", "sleep", "1000",
+        ],
+    )
+    .ok();
+    let theirs = sbx_as(
+        &ep,
+        &root,
+        &["sandbox", "get", "-w", "wq", "theirs", "-o", "json"],
+    )
+    .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (who, token) in [("ed", &ed), ("boss", &boss)] {
+        assert_denied(
+            &sbx_as(&ep, token, &["sandbox", "list", "-w", "wq"]),
+            &format!("{who} lists the new wq"),
+        );
+        assert_denied(
+            &sbx_as(&ep, token, &["sandbox", "delete", "-w", "wq", "theirs"]),
+            &format!("{who} deletes the new tenant's sandbox"),
+        );
+        assert_denied(
+            &sbx_as(&ep, token, &["sandbox", "get", "--id", &theirs]),
+            &format!("{who} gets the new tenant's sandbox by id"),
+        );
+        let all = sbx_as(&ep, token, &["sandbox", "list", "-A", "-o", "json"]);
+        assert!(
+            !all.stdout.contains("theirs"),
+            "{who} sees the new tenant's sandbox in list -A: {all:?}"
+        );
+    }
+    sbx_as(&ep, &root, &["sandbox", "get", "-w", "wq", "theirs"]).ok();
+
+    // A grant to a workspace that did not exist is dead, also once one of the name is made.
+    sbx_as(&ep, &root, &["workspace", "create", "later"]).ok();
+    assert_denied(
+        &sbx_as(&ep, &early, &["sandbox", "list", "-w", "later"]),
+        "a grant made before its workspace",
+    );
+
+    // An identities file from before ids (names only) is bound at start to the workspaces of
+    // those names then: the new wq, and nothing for a name no workspace has.
+    drop(d);
+    let file = data.path().join("auth/identities.json");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+    old["format"] = 1.into();
+    for id in old["identities"].as_array_mut().unwrap() {
+        id.as_object_mut().unwrap().remove("workspace_ids");
+    }
+    if let Some(first) = old["identities"].as_array_mut().unwrap().first_mut() {
+        assert_eq!(first["name"], "root");
+    }
+    std::fs::write(&file, serde_json::to_vec(&old).unwrap()).unwrap();
+    let d = secured(data.path());
+    let ep = d.endpoint();
+    sbx_as(&ep, &ed, &["sandbox", "get", "-w", "wq", "theirs"]).ok();
+    // Bound once: deleting and making wq again leaves it behind.
+    sbx_as(&ep, &root, &["sandbox", "delete", "-w", "wq", "theirs"]).ok();
+    sbx_as(&ep, &root, &["workspace", "delete", "wq"]).ok();
+    sbx_as(&ep, &root, &["workspace", "create", "wq"]).ok();
+    assert_denied(
+        &sbx_as(&ep, &ed, &["sandbox", "list", "-w", "wq"]),
+        "a migrated grant reaches the next wq",
+    );
+}
