@@ -163,3 +163,142 @@ fn a_grant_holds_its_workspace_not_a_later_one_of_the_same_name() {
         "a migrated grant reaches the next wq",
     );
 }
+
+/// Another local user of the host (`nobody`) reads, runs and writes nothing of the gateway's
+/// data dir while a sandbox with a credential in its environment restarts 20 times: not its
+/// log, record, runtime config or disk image, not its files or a setuid binary it made in
+/// `/sandbox`, not its root filesystem; and the credential appears nowhere it can read. Needs
+/// root, runc, busybox-static and setpriv (oci, the default driver).
+#[test]
+fn another_local_user_reaches_nothing_of_an_oci_sandbox() {
+    spied_on(
+        "",
+        &["--oci-cgroup-parent"],
+        "drivers/oci/sandboxes",
+        "disk/volume",
+        &[
+            "bundle/config.json",
+            "disk.img",
+            "disk/upper/etc/passwd",
+            "bundle/rootfs/etc/passwd",
+        ],
+    );
+}
+
+/// The same for a `process` sandbox (its persistent directory is `root/`).
+#[test]
+fn another_local_user_reaches_nothing_of_a_process_sandbox() {
+    // (The test harness gives every sbxd its process cgroup parent.)
+    spied_on("process", &[], "drivers/process/sandboxes", "root", &[]);
+}
+
+/// A sandbox on `driver` (`cgroup_flag` names its cgroup parent) whose directory is under
+/// `sandboxes`, its `/sandbox` at `volume` in it and `more` files of its own, restarted 20
+/// times while `nobody` tries every path.
+fn spied_on(driver: &str, cgroup_flag: &[&str], sandboxes: &str, volume: &str, more: &[&str]) {
+    use std::os::unix::fs::PermissionsExt;
+    let data = common::DataDir::new();
+    // The data dir's parent lets others walk through, as /var/lib does.
+    std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let parent = common::CgroupParent(format!("sbx-gateway-tests-private-{}", common::unique()));
+    let mut flags: Vec<&str> = cgroup_flag.to_vec();
+    if !flags.is_empty() {
+        flags.push(&parent.0);
+    }
+    let d = Sbxd::start(data.path(), driver, &flags);
+    let ep = d.endpoint();
+    let secret = format!("sbx-credential-{}", common::unique());
+    let script = "echo \"token is $TOKEN\"; echo \"$TOKEN\" > /sandbox/cred; \
+                  cp /bin/busybox /sandbox/sush; chmod 4755 /sandbox/sush; chmod 777 /sandbox; \
+                  exec sleep 3600";
+    let env = format!("TOKEN={secret}");
+    sbx(
+        &ep,
+        &[
+            "sandbox", "create", "s", "--env", &env, "--", "sh", "-c", script,
+        ],
+    )
+    .ok();
+    let id = sbx(&ep, &["sandbox", "get", "s", "-o", "json"]).json()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dir = data.path().join(sandboxes).join(&id);
+    let volume = dir.join(volume);
+    // Every path the spy tries, as a local user who learnt the sandbox's id (its cgroup names
+    // it) would.
+    let mut targets = vec![
+        dir.join("workload.log"),
+        dir.join("workload.log.1"),
+        dir.join("sandbox.json"),
+        volume.join("cred"),
+        data.path().join("store/db"),
+        data.path().join("secrets.key"),
+    ];
+    targets.extend(more.iter().map(|m| dir.join(m)));
+    let stop = data.path().join("spy-stop");
+    let loot = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(loot.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = loot.path().join("loot");
+    let mut spy_script = format!("while [ ! -e {stop} ]; do\n", stop = stop.display());
+    for t in &targets {
+        spy_script.push_str(&format!(
+            "  cat {t} 2>/dev/null | grep -q {secret} && echo 'read {t}' >> {out}\n  \
+             [ -r {t} ] && echo 'readable {t}' >> {out}\n",
+            t = t.display(),
+            out = out.display()
+        ));
+    }
+    spy_script.push_str(&format!(
+        "  {volume}/sush id -u >/dev/null 2>&1 && echo 'ran the setuid binary' >> {out}\n  \
+         touch {volume}/planted 2>/dev/null && echo 'planted' >> {out}\n  \
+         ls {dir} >/dev/null 2>&1 && echo 'listed the sandbox dir' >> {out}\n  \
+         echo round >> {out}.rounds\n  sleep 0.05\ndone\n",
+        volume = volume.display(),
+        dir = dir.display(),
+        out = out.display()
+    ));
+    let mut spy = std::process::Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+        ])
+        .arg(&spy_script)
+        .spawn()
+        .expect("setpriv (util-linux) runs the spy as nobody");
+    for _ in 0..20 {
+        sbx(&ep, &["sandbox", "restart", "s"]).ok();
+    }
+    std::fs::write(&stop, "").unwrap();
+    let ended = common::wait_bounded(&mut spy, std::time::Duration::from_secs(30), "the spy");
+    assert!(ended.code().is_some(), "{ended:?}");
+    let rounds = std::fs::read_to_string(format!("{}.rounds", out.display())).unwrap_or_default();
+    assert!(
+        rounds.lines().count() >= 5,
+        "the spy ran only {} rounds",
+        rounds.lines().count()
+    );
+    let loot = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(loot.is_empty(), "nobody reached into the sandbox: {loot}");
+    // As root, the same paths hold the secret: the spy looked in the right places.
+    assert!(
+        std::fs::read_to_string(volume.join("cred"))
+            .unwrap()
+            .contains(&secret)
+    );
+    assert!(
+        std::fs::read_to_string(dir.join("workload.log"))
+            .unwrap()
+            .contains(&secret)
+    );
+    sbx(&ep, &["sandbox", "delete", "s"]).ok();
+    drop(d);
+    if driver.is_empty() {
+        common::assert_oci_left_nothing(data.path(), &parent.0);
+    }
+}

@@ -84,6 +84,9 @@ impl Listener {
         }
         let listener = std::os::unix::net::UnixListener::bind(&path)
             .map_err(|e| io("binding the agent socket", e))?;
+        // Host root's alone: only the driver connects (the agent holds the listening end).
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| io("setting the agent socket's mode", e))?;
         Ok(Listener {
             fd: OwnedFd::from(listener),
         })

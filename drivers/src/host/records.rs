@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -113,7 +114,16 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
         path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
     ));
     {
-        let mut file = fs::File::create(&tmp)?;
+        // 0600: a record (or anything else written this way) is host root's alone until its
+        // writer says otherwise; another local user reads none of it.
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.set_permissions(fs::Permissions::from_mode(0o600))?;
         file.write_all(bytes)?;
         file.sync_all()?;
     }

@@ -24,9 +24,12 @@ pub fn image(dir: &Path) -> std::path::PathBuf {
 /// directory host root's (0711), and mounts it.
 pub fn make(dir: &Path, mount_point: &Path, bytes: u64) -> Result<(), DriverError> {
     let img = image(dir);
+    use std::os::unix::fs::OpenOptionsExt;
+    // 0600: the image holds every file of the sandbox.
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(&img)
         .map_err(|e| fail(&format!("making {}", img.display()), e))?;
     file.set_len(bytes)
@@ -38,10 +41,9 @@ pub fn make(dir: &Path, mount_point: &Path, bytes: u64) -> Result<(), DriverErro
         .args(["-q", "-F", "-m", "0", "-E"])
         .arg("lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0")
         .arg(&img))?;
-    mount(dir, mount_point)?;
-    // Its root holds the writable dirs: host root's, walkable, as the sandbox directory is.
-    super::record::make_walkable_dir(mount_point)
-        .map_err(|e| fail(&format!("setting the mode of {}", mount_point.display()), e))
+    // Its root, which holds the writable dirs, is made the sandbox's own and private by the
+    // caller (`record::make_private`).
+    mount(dir, mount_point)
 }
 
 /// Mounts the disk at `mount_point` unless it is mounted there.

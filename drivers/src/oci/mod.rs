@@ -280,11 +280,15 @@ impl OciDriver {
                 &SandboxPaths::new(&state_dir, record.sandbox_id).dir,
                 record.sandbox_id,
             );
-            if record.disk_bytes > 0 {
-                let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
-                if let Err(e) = disk::mount(&paths.dir, &paths.disk) {
-                    tracing::error!(sandbox_id = %record.sandbox_id, error = %e, "the sandbox's disk is not mounted");
-                }
+            let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
+            if record.disk_bytes > 0
+                && let Err(e) = disk::mount(&paths.dir, &paths.disk)
+            {
+                tracing::error!(sandbox_id = %record.sandbox_id, error = %e, "the sandbox's disk is not mounted");
+            }
+            let ids = record.id_map.unwrap_or(opts.id_map);
+            if let Err(e) = record::make_private(&paths, ids) {
+                tracing::error!(sandbox_id = %record.sandbox_id, error = %e, "the sandbox's state is not private");
             }
             if record.desired == Desired::Stopped {
                 let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
@@ -629,6 +633,7 @@ impl Inner {
         write_host_file(
             &run.dir.join(bundle::HOSTNAME_FILE),
             format!("{}\n", record.name).as_bytes(),
+            0o444,
         )
         .map_err(|e| io("writing the sandbox's hostname file", e))?;
         let attached = network::sandbox::attach(
@@ -668,11 +673,16 @@ impl Inner {
             netns: netns.as_deref(),
         };
         let config_file = paths.bundle.join("config.json");
+        // Host root's alone (0600, in a directory only the sandbox's root walks through): it
+        // holds the run's credentials until the runtime has read it.
         let write_config = |spec: &bundle::RunSpec<'_>| {
             let config = serde_json::to_vec_pretty(&bundle::runtime_config(spec))
                 .map_err(|e| internal("encoding the runtime config", e))?;
-            std::fs::write(&config_file, config).map_err(|e| io("writing the runtime config", e))
+            write_host_file(&config_file, &config, 0o600)
+                .map_err(|e| io("writing the runtime config", e))
         };
+        record::make_private(paths, self.id_map(record))
+            .map_err(|e| io("making the sandbox's state private", e))?;
         write_config(&spec)?;
         let log_start = std::fs::metadata(&paths.log).map(|m| m.len()).unwrap_or(0);
         let agent = crate::host::agent::Listener::bind(&paths.dir)?;
@@ -716,7 +726,8 @@ impl Inner {
             )));
         }
         let line = format!("{}\n", stat.trim_end());
-        write_host_file(&run.init(), line.as_bytes()).map_err(|e| io("recording the init", e))?;
+        write_host_file(&run.init(), line.as_bytes(), 0o444)
+            .map_err(|e| io("recording the init", e))?;
         Ok(())
     }
 }
@@ -739,15 +750,15 @@ mod tests {
     }
 }
 
-/// Writes `bytes` to a new file `path` in a directory of host root's (mode 0444; made anew:
+/// Writes `bytes` to a new file `path` in a directory of host root's, with `mode` (made anew:
 /// `create_new` is `O_CREAT | O_EXCL`, which follows no link and opens no existing file).
-fn write_host_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+fn write_host_file(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
     let _ = std::fs::remove_file(path);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o444)
+        .mode(mode)
         .open(path)?;
     file.write_all(bytes)
 }

@@ -199,6 +199,42 @@ pub fn make_walkable_dir(dir: &Path) -> io::Result<()> {
     fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
 }
 
+/// Keeps a sandbox's state from every other local user: `bundle/` (its root filesystem while
+/// mounted) and `disk/` (the writable layer and the volume) are the sandbox root's own (its
+/// host uid), mode 0700 — the runtime's container init walks through them as that uid, no
+/// one else can; the record, the runtime config (which holds the run's credentials until the
+/// runtime has read it), the disk image, the log and the agent's socket are host root's, 0600.
+/// Made at create, and again at each launch and open (a sandbox from before keeps nothing
+/// readable past its next start).
+pub fn make_private(paths: &SandboxPaths, ids: IdMap) -> io::Result<()> {
+    use nix::unistd::{Gid, Uid, chown};
+    for dir in [&paths.bundle, &paths.disk] {
+        if dir.is_dir() {
+            chown(
+                dir.as_path(),
+                Some(Uid::from_raw(ids.host_uid)),
+                Some(Gid::from_raw(ids.host_gid)),
+            )?;
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    let log_before = crate::host::logfile::previous_path(&paths.log);
+    for file in [
+        crate::host::records::record_file(&paths.dir),
+        paths.bundle.join("config.json"),
+        super::disk::image(&paths.dir),
+        paths.log.clone(),
+        log_before,
+        paths.dir.join(crate::host::agent::SOCKET),
+    ] {
+        match fs::set_permissions(&file, fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 impl crate::host::network::sandbox::NetworkedRecord for OciRecord {
     fn network_allow(&self) -> Option<&Vec<String>> {
         self.network_allow.as_ref()

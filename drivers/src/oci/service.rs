@@ -161,8 +161,9 @@ impl Inner {
         })
     }
 
-    /// The sandbox's directories: walkable to the rootfs, the writable layer and the volume
-    /// owned by the sandbox's root (its host uid), the overlay's work dir private.
+    /// The sandbox's directories: walkable to the rootfs by the sandbox's root (its host uid)
+    /// and by no one else (`record::make_private`), the writable layer and the volume its own,
+    /// the overlay's work dir host root's.
     fn make_sandbox_dirs(
         &self,
         paths: &record::SandboxPaths,
@@ -172,6 +173,8 @@ impl Inner {
         for dir in [&paths.dir, &paths.disk, &paths.bundle, &paths.rootfs] {
             record::make_walkable_dir(dir).map_err(|e| io("making the sandbox directory", e))?;
         }
+        record::make_private(paths, id_map)
+            .map_err(|e| io("making the sandbox's state private", e))?;
         let uid = Some(Uid::from_raw(id_map.host_uid));
         let gid = Some(Gid::from_raw(id_map.host_gid));
         for dir in [&paths.upper, &paths.volume] {

@@ -316,6 +316,9 @@ pub async fn launch(
     } = *settings;
     let io = |what: &str, e: std::io::Error| DriverError::Internal(format!("{what}: {e}"));
     let run = paths.run(&record.run_id);
+    paths
+        .make_private()
+        .map_err(|e| io("making the sandbox's state private", e))?;
     fs::create_dir_all(&run.dir).map_err(|e| io("making the run directory", e))?;
     let id_map = record.id_map.unwrap_or(tools.jail.id_map);
     make_persistent_dir(&paths.root, &id_map)?;

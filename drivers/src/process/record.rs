@@ -106,6 +106,35 @@ impl SandboxPaths {
     pub fn run(&self, run_id: &str) -> RunDir {
         RunDir::new(&self.dir, run_id)
     }
+
+    /// Keeps the sandbox's state from every other local user: its directory is host root's,
+    /// 0700 (the shim binds the persistent directory in as host root; nothing of the sandbox
+    /// walks this path), and the log, the part before it and the agent's socket are 0600 (the
+    /// log made so when missing). Made at create and at each launch (a sandbox from before
+    /// keeps nothing readable past its next start).
+    pub fn make_private(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        fs::create_dir_all(&self.dir)?;
+        fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700))?;
+        for log in [
+            self.log.clone(),
+            crate::host::logfile::previous_path(&self.log),
+        ] {
+            fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .open(&log)?
+                .set_permissions(fs::Permissions::from_mode(0o600))?;
+        }
+        match fs::set_permissions(
+            self.dir.join(crate::host::agent::SOCKET),
+            fs::Permissions::from_mode(0o600),
+        ) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// What the shim could not set up for the run, a line each.

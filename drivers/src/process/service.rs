@@ -175,7 +175,9 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
     }
 
     let paths = inner.paths(id);
-    std::fs::create_dir_all(&paths.dir).map_err(|e| internal("making the sandbox directory", e))?;
+    paths
+        .make_private()
+        .map_err(|e| internal("making the sandbox directory", e))?;
     // Leased to the directory: a create killed before its record leaves a directory that
     // open() removes, and with it the lease's owner.
     let id_map = crate::host::uidpool::lease_for(inner.opts.uid_pool.as_ref(), &paths.dir)?;
