@@ -129,9 +129,23 @@ pub fn unpack(input: impl Read, dest: &Path) -> io::Result<u64> {
         if entry.header().entry_type().is_dir() {
             dirs.push((target.clone(), entry.header().mtime().unwrap_or(0)));
         }
-        entry
-            .unpack(&target)
-            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", target.display())))?;
+        let located = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", target.display()));
+        if entry.header().entry_type().is_file() {
+            // A file is written under a name of its own beside its target and renamed there
+            // once whole: a copy cut short (the client gone, its credential revoked) leaves no
+            // half-written file under the name.
+            let part = partial_name(&target);
+            if let Err(e) = entry.unpack(&part) {
+                let _ = std::fs::remove_file(&part);
+                return Err(located(e));
+            }
+            std::fs::rename(&part, &target).map_err(|e| {
+                let _ = std::fs::remove_file(&part);
+                located(e)
+            })?;
+        } else {
+            entry.unpack(&target).map_err(located)?;
+        }
         count += 1;
     }
     // A directory's time changes as entries land in it: set them last, deepest first.
@@ -140,6 +154,19 @@ pub fn unpack(input: impl Read, dest: &Path) -> io::Result<u64> {
         let _ = filetime::set_symlink_file_times(dir, time, time);
     }
     Ok(count)
+}
+
+/// Where a file bound for `target` is written until it is whole: `.NAME.sbx-part-PID-N` beside
+/// it (a name no archive entry of this copy shares: entries land at their own names).
+fn partial_name(target: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    target.with_file_name(format!(".{name}.sbx-part-{}-{n}", std::process::id()))
 }
 
 #[cfg(test)]
@@ -159,6 +186,40 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", root.join("d/link")).unwrap();
         let old = filetime::FileTime::from_unix_time(1_000_000_000, 0);
         filetime::set_file_mtime(root.join("d/sub/data"), old).unwrap();
+    }
+
+    /// A tar cut in the middle of a file's data: an error, and nothing under the file's name
+    /// (nor a part of it) is left; the file before it, whole, is.
+    #[test]
+    fn a_copy_cut_short_leaves_no_half_written_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        // In this order: the small file whole, then the big one.
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, data) in [
+            ("src/a-first", b"whole".to_vec()),
+            ("src/b-big", vec![9u8; 200_000]),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            builder.append_data(&mut header, name, &data[..]).unwrap();
+        }
+        let tar = builder.into_inner().unwrap();
+        let big_at = tar
+            .windows(5)
+            .position(|w| w == b"b-big")
+            .expect("the big file's header");
+        let cut = &tar[..big_at + 512 + 50_000];
+        let dest = tmp.path().join("dest");
+        std::fs::create_dir_all(&dest).unwrap();
+        assert!(unpack(cut, &dest).is_err());
+        let left: Vec<String> = std::fs::read_dir(dest.join("src"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["a-first"], "{left:?}");
+        assert_eq!(std::fs::read(dest.join("src/a-first")).unwrap(), b"whole");
     }
 
     #[test]

@@ -50,8 +50,57 @@ pub type DriverStream<T> = Pin<Box<dyn Stream<Item = Result<T, DriverError>> + S
 /// (never another `start`). Its end is the end of stdin.
 pub type ExecInputStream = Pin<Box<dyn Stream<Item = pb::ExecInput> + Send + 'static>>;
 
-/// The bytes of a tar a caller sends to [`ComputeDriver::copy_to`], in order.
+/// The bytes of a tar a caller sends to [`ComputeDriver::copy_to`], in order. Its end is the
+/// end of the data, and the copy is then taken whole: an upload that failed must never end it
+/// (see [`upload`]).
 pub type ByteStream = Pin<Box<dyn Stream<Item = Vec<u8>> + Send + 'static>>;
+
+/// A client-streamed upload as a [`ByteStream`], and what ends it early: the stream ends only
+/// when `input` ended cleanly; at `input`'s first error it stops where it is — it never ends,
+/// so no driver takes what came for the whole — and the second half resolves with that error
+/// (it never resolves otherwise). The caller races the copy against it and drops the copy on
+/// an error (the copy's connection then ends mid-stream, which the agent refuses; the file it
+/// was writing is left under no name). `data` picks the bytes out of each message.
+pub fn upload<T, E, S>(
+    input: S,
+    data: fn(T) -> Option<Vec<u8>>,
+) -> (
+    ByteStream,
+    impl std::future::Future<Output = E> + Send + 'static,
+)
+where
+    S: Stream<Item = Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    use futures::StreamExt;
+    let (failed_tx, failed_rx) = futures::channel::oneshot::channel::<E>();
+    let mut failed_tx = Some(failed_tx);
+    let bytes = input
+        .filter_map(move |item| {
+            std::future::ready(match item {
+                Ok(message) => data(message).map(Ok),
+                Err(e) => Some(Err(e)),
+            })
+        })
+        .flat_map(move |item| match item {
+            Ok(bytes) => futures::stream::once(std::future::ready(bytes)).boxed(),
+            Err(e) => {
+                if let Some(tx) = failed_tx.take() {
+                    let _ = tx.send(e);
+                }
+                futures::stream::pending().boxed()
+            }
+        });
+    let failed = async move {
+        match failed_rx.await {
+            Ok(e) => e,
+            // The upload's stream is gone (the copy finished with it): nothing failed.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    (Box::pin(bytes), failed)
+}
 
 /// What a caller sends on a forwarded connection after its start: data and its half-close.
 pub type ForwardInputStream = Pin<Box<dyn Stream<Item = pb::PortForwardInput> + Send + 'static>>;

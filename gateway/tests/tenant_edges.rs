@@ -302,3 +302,215 @@ fn spied_on(driver: &str, cgroup_flag: &[&str], sandboxes: &str, volume: &str, m
         common::assert_oci_left_nothing(data.path(), &parent.0);
     }
 }
+
+mod revoked_uploads {
+    use std::time::{Duration, Instant};
+
+    use sbx_proto::v1::image_service_client::ImageServiceClient;
+    use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
+    use sbx_proto::v1::{
+        CopyFromSandboxRequest, CopyToSandboxInput, CopyToSandboxStart, ImportImageHeader,
+        ImportImageRequest, ListImagesRequest, SandboxRef, copy_to_sandbox_input,
+        import_image_request,
+    };
+    use tokio_stream::wrappers::ReceiverStream;
+    use tonic::metadata::AsciiMetadataValue;
+    use tonic::service::Interceptor;
+    use tonic::{Code, Request, Status};
+
+    #[derive(Clone)]
+    struct Bearer(AsciiMetadataValue);
+
+    impl Interceptor for Bearer {
+        fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+            req.metadata_mut().insert("authorization", self.0.clone());
+            Ok(req)
+        }
+    }
+
+    fn bearer(token: &str) -> Bearer {
+        Bearer(format!("Bearer {token}").parse().unwrap())
+    }
+
+    /// A tar of one file `name` of `size` bytes, whole.
+    fn tar_of(name: &str, size: usize) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(size as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, name, &vec![7u8; size][..])
+            .unwrap();
+        builder.into_inner().unwrap()
+    }
+
+    /// Sends `bytes` on `tx` 4 KiB every 100 ms (a slow client), until they are all sent or
+    /// the call is gone.
+    async fn drip<T>(tx: tokio::sync::mpsc::Sender<T>, bytes: Vec<u8>, wrap: fn(Vec<u8>) -> T) {
+        for piece in bytes.chunks(4096) {
+            if tx.send(wrap(piece.to_vec())).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A revoke during a slow `CopyToSandbox` and a slow `ImportImage` ends each within about
+    /// a second (the gateway rechecks every second), though the client goes on sending; the
+    /// file is not in the sandbox under its name and the image is not recorded.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_revoke_ends_a_slow_upload_and_nothing_of_it_is_kept() {
+        // On oci, the default driver (copies reach a real sandbox; images a real store).
+        let data = super::common::DataDir::new();
+        let parent = super::common::CgroupParent(format!(
+            "sbx-gateway-tests-revoke-{}",
+            super::common::unique()
+        ));
+        let d = super::Sbxd::start(
+            data.path(),
+            "",
+            &["--auth", "token", "--oci-cgroup-parent", &parent.0],
+        );
+        let ep = d.endpoint();
+        let root = super::identity(data.path(), "root", "admin", &[]);
+        super::sbx_as(
+            &ep,
+            &root,
+            &["sandbox", "create", "box", "--", "sleep", "1000"],
+        )
+        .ok();
+        for (name, what) in [("copier", "copy"), ("importer", "import")] {
+            let token = super::identity(data.path(), name, "editor", &[]);
+            let channel = d.channel().await;
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            let began = Instant::now();
+            let call = match what {
+                "copy" => {
+                    let mut client =
+                        SandboxServiceClient::with_interceptor(channel, bearer(&token));
+                    tx.send(CopyToSandboxInput {
+                        input: Some(copy_to_sandbox_input::Input::Start(CopyToSandboxStart {
+                            sandbox: Some(SandboxRef {
+                                workspace: String::new(),
+                                name: "box".into(),
+                                id: String::new(),
+                            }),
+                            path: "/sandbox".into(),
+                        })),
+                    })
+                    .await
+                    .unwrap();
+                    let sending = tokio::spawn(drip(tx, tar_of("late.bin", 400_000), |b| {
+                        CopyToSandboxInput {
+                            input: Some(copy_to_sandbox_input::Input::Data(b)),
+                        }
+                    }));
+                    let call = tokio::spawn(async move {
+                        client
+                            .copy_to_sandbox(ReceiverStream::new(rx))
+                            .await
+                            .map(|_| ())
+                    });
+                    (call, sending)
+                }
+                _ => {
+                    let (itx, irx) = tokio::sync::mpsc::channel(4);
+                    drop(tx);
+                    drop(rx);
+                    let mut client = ImageServiceClient::with_interceptor(channel, bearer(&token));
+                    itx.send(ImportImageRequest {
+                        part: Some(import_image_request::Part::Header(ImportImageHeader {
+                            name: "sbx.local/revoked:latest".into(),
+                        })),
+                    })
+                    .await
+                    .unwrap();
+                    let sending = tokio::spawn(drip(itx, tar_of("rootfs-file", 400_000), |b| {
+                        ImportImageRequest {
+                            part: Some(import_image_request::Part::Chunk(b)),
+                        }
+                    }));
+                    let call = tokio::spawn(async move {
+                        client
+                            .import_image(ReceiverStream::new(irx))
+                            .await
+                            .map(|_| ())
+                    });
+                    (call, sending)
+                }
+            };
+            let (call, sending) = call;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            if call.is_finished() {
+                panic!("the {what} ended before the revoke: {:?}", call.await);
+            }
+            let revoked_at = Instant::now();
+            let gone = common_revoke(data.path(), name);
+            assert!(gone, "revoking {name}");
+            let answer = tokio::time::timeout(Duration::from_secs(10), call)
+                .await
+                .expect("the call ended")
+                .unwrap();
+            let took = revoked_at.elapsed();
+            eprintln!(
+                "a revoke ended a slow {what} in {took:?} (upload began {:?} before)",
+                revoked_at - began
+            );
+            let status = answer.expect_err("a revoked upload must fail");
+            assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+            assert!(
+                took < Duration::from_secs(3),
+                "the {what} went on for {took:?}"
+            );
+            sending.abort();
+        }
+        // Nothing of either upload is kept.
+        let channel = d.channel().await;
+        let mut sandboxes = SandboxServiceClient::with_interceptor(channel.clone(), bearer(&root));
+        let copied = sandboxes
+            .copy_from_sandbox(CopyFromSandboxRequest {
+                sandbox: Some(SandboxRef {
+                    workspace: String::new(),
+                    name: "box".into(),
+                    id: String::new(),
+                }),
+                path: "/sandbox/late.bin".into(),
+            })
+            .await;
+        let mut found = false;
+        if let Ok(stream) = copied {
+            use futures::StreamExt;
+            let mut stream = stream.into_inner();
+            while let Some(item) = stream.next().await {
+                found |= item.is_ok();
+            }
+        }
+        assert!(!found, "the revoked copy's file is in the sandbox");
+        let mut images = ImageServiceClient::with_interceptor(channel, bearer(&root));
+        let listed = images
+            .list_images(ListImagesRequest::default())
+            .await
+            .map(|r| format!("{:?}", r.into_inner()))
+            .unwrap_or_default();
+        assert!(
+            !listed.contains("revoked"),
+            "the revoked import is recorded: {listed}"
+        );
+        super::sbx_as(&ep, &root, &["sandbox", "delete", "box"]).ok();
+        drop(d);
+        super::common::assert_oci_left_nothing(data.path(), &parent.0);
+    }
+
+    fn common_revoke(data: &std::path::Path, name: &str) -> bool {
+        super::run_bounded(
+            std::process::Command::new(super::SBXD)
+                .args(["token", "revoke", "--data-dir"])
+                .arg(data)
+                .arg(name),
+            "sbxd token revoke",
+        )
+        .code
+            == 0
+    }
+}

@@ -305,7 +305,6 @@ impl Driver for DriverService {
         &self,
         r: Request<tonic::Streaming<pb::CopyToInput>>,
     ) -> Result<Response<pb::CopyToResponse>, Status> {
-        use futures::StreamExt;
         use pb::copy_to_input::Input;
         let mut stream = r.into_inner();
         let Some(Input::Start(start)) = first_message(&mut stream, "copy").await?.input else {
@@ -313,17 +312,17 @@ impl Driver for DriverService {
                 "the first message of a copy stream must be its start",
             ));
         };
-        let data = stream
-            .take_while(|item| std::future::ready(item.is_ok()))
-            .filter_map(|item| {
-                std::future::ready(match item {
-                    Ok(pb::CopyToInput {
-                        input: Some(Input::Data(bytes)),
-                    }) => Some(bytes),
-                    _ => None,
-                })
-            });
-        answer(self.driver.copy_to(start, Box::pin(data)).await)
+        // A stream that fails (the gateway's call was cut) is never taken whole.
+        let (data, failed) = crate::upload(stream, |message: pb::CopyToInput| match message {
+            pb::CopyToInput {
+                input: Some(Input::Data(bytes)),
+            } => Some(bytes),
+            _ => None,
+        });
+        tokio::select! {
+            copied = self.driver.copy_to(start, data) => answer(copied),
+            status = failed => Err(status),
+        }
     }
 
     type PortForwardStream = StatusStream<pb::PortForwardOutput>;

@@ -120,7 +120,10 @@ impl ImageService for SbxService {
         &self,
         request: Request<Streaming<ImportImageRequest>>,
     ) -> Result<Response<ImportImageResponse>, Status> {
-        let mut stream = request.into_inner();
+        let caller = crate::auth::caller(&request)?;
+        // The upload ends at its caller's revocation (checked every second), and nothing of
+        // it is imported then.
+        let mut stream = caller.until_revoked(request.into_inner());
         let name = match stream.next().await {
             Some(Ok(ImportImageRequest {
                 part: Some(import_image_request::Part::Header(h)),
@@ -181,6 +184,12 @@ impl ImageService for SbxService {
         if received == 0 {
             return Err(status(ActorError::InvalidArgument(
                 "the import sent no bytes".into(),
+            )));
+        }
+        if !caller.still_valid() {
+            return Err(Status::unauthenticated(format!(
+                "{} was revoked or expired during the upload; nothing is imported",
+                caller.name
             )));
         }
         let name = (!name.is_empty()).then_some(name);

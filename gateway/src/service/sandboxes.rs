@@ -337,21 +337,21 @@ impl SandboxService for SbxService {
         let sel = selector(start.sandbox)?;
         self.sandbox_access(&caller, &sel, Role::Editor).await?;
         audit(&caller, "copy into sandbox", &describe(&sel));
-        let data = messages
-            .take_while(|m| std::future::ready(m.is_ok()))
-            .filter_map(|m| {
-                std::future::ready(match m {
-                    Ok(v1::CopyToSandboxInput {
-                        input: Some(Input::Data(bytes)),
-                    }) => Some(bytes),
-                    _ => None,
-                })
-            });
-        self.gateway
-            .copy_to(&sel, start.path, Box::pin(data))
-            .await
-            .map(|_| Response::new(v1::CopyToSandboxResponse {}))
-            .map_err(|e| error_for(&caller, e))
+        // The upload ends at its caller's revocation (checked every second) as at any other
+        // error of its stream, and is then never taken whole: the copy is dropped mid-stream.
+        let messages = caller.until_revoked(messages);
+        let (data, failed) = sbx_drivers::upload(messages, |m: v1::CopyToSandboxInput| match m {
+            v1::CopyToSandboxInput {
+                input: Some(Input::Data(bytes)),
+            } => Some(bytes),
+            _ => None,
+        });
+        tokio::select! {
+            copied = self.gateway.copy_to(&sel, start.path, data) => copied
+                .map(|_| Response::new(v1::CopyToSandboxResponse {}))
+                .map_err(|e| error_for(&caller, e)),
+            status = failed => Err(status),
+        }
     }
 
     type PortForwardStream = ResponseStream<v1::PortForwardOutput>;
