@@ -58,6 +58,9 @@ pub struct Config {
     pub default_image: String,
     /// The largest file an image import accepts, in bytes.
     pub max_image_import_bytes: u64,
+    /// The most a pull may take, from its first request to its record: a registry that drips
+    /// (each read making progress, so no read deadline fires) is cut here.
+    pub pull_timeout: Duration,
     /// Seals providers' credentials at rest. sbxd opens `DATA/secrets.key`; the default is
     /// an in-memory key (credentials do not outlive the process: for tests).
     pub secrets: Arc<Sealer>,
@@ -88,6 +91,7 @@ impl Default for Config {
             image_store: None,
             default_image: DEFAULT_IMAGE.to_string(),
             max_image_import_bytes: 8 << 30,
+            pull_timeout: Duration::from_secs(30 * 60),
             secrets: Arc::new(Sealer::ephemeral()),
             service_domain: "localhost".to_string(),
             default_resources: sbx_proto::v1::Resources::default(),

@@ -160,6 +160,8 @@ pub enum ImageFailure {
     InvalidArgument,
     /// The image store's own files failed (IO, a read-only or mismatched store).
     Store,
+    /// The pull took longer than the gateway allows (`--pull-timeout`); nothing of it is kept.
+    Deadline,
 }
 
 impl From<ImageError> for ActorError {

@@ -200,8 +200,19 @@ pub struct Images {
     default_image: String,
     max_import_bytes: u64,
     driver_call_timeout: Duration,
-    /// Read: adding content or pinning it (pull, import, sandbox create). Write: delete + GC.
+    /// How long a pull may take (see `Config::pull_timeout`).
+    pull_timeout: Duration,
+    /// Between the image records and those who read or change them: read to pin an image
+    /// (sandbox create) or to record one (the end of a pull or import), write to delete one.
+    /// Never held across a download or an unpacking, so a slow registry stalls no create and
+    /// no delete.
     lock: RwLock<()>,
+    /// Held (read) by every pull and import while it adds content to the store, and (write)
+    /// by garbage collection, which would take content no record holds yet. Collection never
+    /// waits for it: with an add under way it is owed, and the last add to finish does it.
+    adding: RwLock<()>,
+    /// A collection was skipped for an add under way.
+    collection_owed: std::sync::atomic::AtomicBool,
     /// Each driver's capabilities (by name); filled at start or on first use.
     capabilities: Mutex<HashMap<String, sbx_drivers::pb::CapabilitiesResponse>>,
 }
@@ -218,7 +229,10 @@ impl Images {
             default_image: config.default_image.clone(),
             max_import_bytes: config.max_image_import_bytes,
             driver_call_timeout: config.driver_call_timeout,
+            pull_timeout: config.pull_timeout,
             lock: RwLock::new(()),
+            adding: RwLock::new(()),
+            collection_owed: std::sync::atomic::AtomicBool::new(false),
             capabilities: Mutex::new(HashMap::new()),
         }
     }
@@ -325,9 +339,29 @@ impl Images {
             None => name.clone(),
         };
         let content = self.content()?;
-        let _adding = self.lock.read().await;
-        let info = content.pull(&full, options, progress).await?;
-        self.record(&name, &info).await
+        let info = {
+            let _adding = self.adding.read().await;
+            let pulled =
+                tokio::time::timeout(self.pull_timeout, content.pull(&full, options, progress))
+                    .await;
+            match pulled {
+                Ok(Ok(info)) => {
+                    let _pinning = self.lock.read().await;
+                    self.record(&name, &info).await
+                }
+                Ok(Err(e)) => Err(e.into()),
+                Err(_) => Err(ActorError::Image {
+                    kind: ImageFailure::Deadline,
+                    message: format!(
+                        "pulling {full} took longer than the gateway allows ({:?}, sbxd serve \
+                         --pull-timeout); nothing of it is kept",
+                        self.pull_timeout
+                    ),
+                }),
+            }
+        };
+        self.collect_if_owed().await;
+        info
     }
 
     /// Imports an image file (OCI layout tar, docker save tar, rootfs tar). `name` overrides
@@ -335,13 +369,32 @@ impl Images {
     pub async fn import(&self, path: &Path, name: Option<&str>) -> Result<Vec<Image>> {
         let name = name.map(record_name).transpose()?;
         let content = self.content()?.clone();
-        let _adding = self.lock.read().await;
-        let path_buf = path.to_path_buf();
-        let given = name.clone();
-        let imported =
-            tokio::task::spawn_blocking(move || content.import(&path_buf, given.as_deref()))
-                .await
-                .map_err(|e| ActorError::Internal(format!("image import task: {e}")))??;
+        let added = {
+            let _adding = self.adding.read().await;
+            let path_buf = path.to_path_buf();
+            let given = name.clone();
+            let imported =
+                tokio::task::spawn_blocking(move || content.import(&path_buf, given.as_deref()))
+                    .await
+                    .map_err(|e| ActorError::Internal(format!("image import task: {e}")));
+            match imported {
+                Ok(Ok(imported)) => self.record_imported(path, name, imported).await,
+                Ok(Err(e)) => Err(e.into()),
+                Err(e) => Err(e),
+            }
+        };
+        self.collect_if_owed().await;
+        added
+    }
+
+    /// Records what an import of `path` added (under `name`, else the archive's names).
+    async fn record_imported(
+        &self,
+        path: &Path,
+        name: Option<String>,
+        imported: Vec<sbx_drivers::image::ImportedImage>,
+    ) -> Result<Vec<Image>> {
+        let _pinning = self.lock.read().await;
         if imported.is_empty() {
             return Err(ActorError::Image {
                 kind: ImageFailure::BadContent,
@@ -377,11 +430,12 @@ impl Images {
             return Ok(None);
         }
         let content = self.content()?.clone();
-        let _adding = self.lock.read().await;
+        let _adding = self.adding.read().await;
         let (path, given) = (busybox.to_path_buf(), name.clone());
         let info = tokio::task::spawn_blocking(move || content.import_busybox(&path, &given))
             .await
             .map_err(|e| ActorError::Internal(format!("busybox image task: {e}")))??;
+        let _pinning = self.lock.read().await;
         self.record(&name, &info).await.map(Some)
     }
 
@@ -449,8 +503,8 @@ impl Images {
     /// Deletes an image record, refused while a sandbox pins its digest; then collects the
     /// content nothing keeps. Answers false for an id with no record.
     pub async fn delete(&self, selector: &ImageSelector) -> Result<bool> {
-        let content = self.content()?.clone();
-        let _exclusive = self.lock.write().await;
+        self.content()?;
+        let exclusive = self.lock.write().await;
         let stored = match self.resolve(selector).await {
             Ok(s) => s,
             Err(ActorError::ImageNotFound(_)) if matches!(selector, ImageSelector::Id(_)) => {
@@ -459,7 +513,6 @@ impl Images {
             Err(e) => return Err(e),
         };
         let sandboxes = list_every_page(self.store.as_ref(), Kind::Sandbox, Scope::All).await?;
-        let mut pinned = BTreeSet::new();
         let mut users = Vec::new();
         for record in sandboxes {
             let sb = StoredSandbox::from_record(record)?.sandbox;
@@ -470,9 +523,6 @@ impl Images {
                 .unwrap_or_default();
             if digest == stored.image.digest {
                 users.push(format!("{}/{}", sb.workspace, sb.name));
-            }
-            if !digest.is_empty() {
-                pinned.insert(digest);
             }
         }
         if !users.is_empty() {
@@ -499,10 +549,44 @@ impl Images {
             Err(e) => return Err(e.into()),
         }
         tracing::info!(image = %stored.image.name, digest = %stored.image.digest, "image deleted");
-        for rest in self.list().await? {
-            pinned.insert(rest.image.digest);
+        drop(exclusive);
+        self.collect().await;
+        Ok(true)
+    }
+
+    /// Removes the content no image record and no sandbox holds — unless a pull or import is
+    /// adding content now (which no record holds yet): then it is owed, and done when the last
+    /// add ends ([`Images::collect_if_owed`]). It never waits for a download.
+    async fn collect(&self) {
+        use std::sync::atomic::Ordering;
+        let Ok(content) = self.content().cloned() else {
+            return;
+        };
+        let Ok(_collecting) = self.adding.try_write() else {
+            self.collection_owed.store(true, Ordering::SeqCst);
+            tracing::debug!("image store collection owed: an add is under way");
+            return;
+        };
+        self.collection_owed.store(false, Ordering::SeqCst);
+        // What is kept is read now, while no add can record anything new.
+        let mut keep = BTreeSet::new();
+        let held = async {
+            for record in list_every_page(self.store.as_ref(), Kind::Sandbox, Scope::All).await? {
+                let sb = StoredSandbox::from_record(record)?.sandbox;
+                if let Some(spec) = sb.spec.filter(|s| !s.image_digest.is_empty()) {
+                    keep.insert(spec.image_digest);
+                }
+            }
+            for rest in self.list().await? {
+                keep.insert(rest.image.digest);
+            }
+            Ok::<_, ActorError>(())
+        };
+        if let Err(e) = held.await {
+            tracing::warn!("image store collection: what is kept could not be read: {e}");
+            return;
         }
-        let keep: Vec<String> = pinned.into_iter().collect();
+        let keep: Vec<String> = keep.into_iter().collect();
         match tokio::task::spawn_blocking(move || content.remove_unreferenced(&keep)).await {
             Ok(Ok(report)) => tracing::debug!(
                 blobs = report.blobs_removed,
@@ -510,10 +594,19 @@ impl Images {
                 bytes = report.bytes_freed,
                 "image store collected"
             ),
-            Ok(Err(e)) => tracing::warn!("image store garbage collection after a delete: {e}"),
+            Ok(Err(e)) => tracing::warn!("image store garbage collection: {e}"),
             Err(e) => tracing::warn!("image store garbage collection task: {e}"),
         }
-        Ok(true)
+    }
+
+    /// [`Images::collect`] when one was skipped for an add (and this caller's add is over).
+    async fn collect_if_owed(&self) {
+        if self
+            .collection_owed
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            self.collect().await;
+        }
     }
 
     async fn resolve(&self, selector: &ImageSelector) -> Result<StoredImage> {

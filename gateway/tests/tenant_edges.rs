@@ -208,9 +208,12 @@ fn spied_on(driver: &str, cgroup_flag: &[&str], sandboxes: &str, volume: &str, m
     let d = Sbxd::start(data.path(), driver, &flags);
     let ep = d.endpoint();
     let secret = format!("sbx-credential-{}", common::unique());
-    let script = "echo \"token is $TOKEN\"; echo \"$TOKEN\" > /sandbox/cred; \
-                  cp /bin/busybox /sandbox/sush; chmod 4755 /sandbox/sush; chmod 777 /sandbox; \
-                  exec sleep 3600";
+    // Each start writes its files whole and renames them into place: at no moment is `cred`
+    // there without the secret.
+    let script = "echo \"token is $TOKEN\"; echo \"$TOKEN\" > /sandbox/.cred && \
+                  mv /sandbox/.cred /sandbox/cred; cp /bin/busybox /sandbox/.sush && \
+                  chmod 4755 /sandbox/.sush && mv /sandbox/.sush /sandbox/sush; \
+                  chmod 777 /sandbox; exec sleep 3600";
     let env = format!("TOKEN={secret}");
     sbx(
         &ep,
@@ -513,4 +516,117 @@ mod revoked_uploads {
         .code
             == 0
     }
+}
+
+/// A registry on 127.0.0.1 that answers every request slowly: the headers of a 4 KiB body at
+/// once, then a byte every 100 ms — each read makes progress, so no read deadline fires.
+/// Serves until the test ends (its thread is detached; the listener is the test's own).
+fn dripping_registry() -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(64) {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut request = [0u8; 4096];
+                let _ = conn.read(&mut request);
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
+                            Docker-Content-Digest: sha256:0000000000000000000000000000000000000000000000000000000000000000\r\n\
+                            Content-Length: 4096\r\n\r\n";
+                if conn.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                // At most 4096 bytes over ~7 minutes: bounded, and far past any deadline here.
+                for _ in 0..4096 {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    if conn.write_all(b" ").is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A pull from a registry that drips ends at `--pull-timeout` (REGISTRY_DEADLINE, nothing
+/// kept), and while it runs an `image rm` and 10 creates in other workspaces each answer
+/// within a second: no lock of the image store is held across the download.
+#[test]
+fn a_stalled_registry_stalls_nobody_else_and_ends_at_its_deadline() {
+    use std::time::{Duration, Instant};
+    let data = common::DataDir::new();
+    let d = Sbxd::start(
+        data.path(),
+        "sim",
+        &["--sim-images", "--pull-timeout", "4s"],
+    );
+    let ep = d.endpoint();
+    let registry = dripping_registry();
+    for ws in ["t1", "t2"] {
+        sbx(&ep, &["workspace", "create", ws]).ok();
+    }
+    let reference = format!("{registry}/slow/app:1");
+    let pulling = {
+        let ep = ep.clone();
+        std::thread::spawn(move || {
+            let began = Instant::now();
+            let run = sbx(&ep, &["image", "pull", &reference]);
+            (run, began.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(
+        !pulling.is_finished(),
+        "the pull ended before the others were tried"
+    );
+    let mut slowest = Duration::ZERO;
+    let t = Instant::now();
+    let rm = sbx(&ep, &["image", "rm", "sbx.local/nothing:1"]);
+    assert_ne!(rm.code, 0, "{rm:?}");
+    slowest = slowest.max(t.elapsed());
+    for i in 0..10 {
+        let ws = if i % 2 == 0 { "t1" } else { "t2" };
+        let t = Instant::now();
+        sbx(
+            &ep,
+            &[
+                "sandbox",
+                "create",
+                "-w",
+                ws,
+                "-n",
+                &format!("s{i}"),
+                "--",
+                "sleep",
+                "100",
+            ],
+        )
+        .ok();
+        slowest = slowest.max(t.elapsed());
+    }
+    assert!(
+        !pulling.is_finished(),
+        "the pull ended before the others were done"
+    );
+    assert!(
+        slowest < Duration::from_secs(1),
+        "an image rm or a create took {slowest:?} while a pull dripped"
+    );
+    let (pulled, took) = pulling.join().unwrap();
+    assert_ne!(pulled.code, 0, "{pulled:?}");
+    assert!(
+        pulled.stderr.contains("--pull-timeout"),
+        "the error names the deadline: {pulled:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(15),
+        "the pull took {took:?} against a 4 s deadline"
+    );
+    let images = sbx(&ep, &["image", "list", "-o", "json"]).ok().to_string();
+    assert!(!images.contains("slow/app"), "{images}");
+    eprintln!(
+        "while a pull dripped: the slowest rm or create took {slowest:?}; the pull ended after {took:?}"
+    );
 }

@@ -166,8 +166,8 @@ pub fn run_store(command: StoreCommand) -> ExitCode {
     }
 }
 
-/// `--ttl`: seconds, or a number with s, m, h or d.
-fn parse_ttl(text: &str) -> Result<Duration, String> {
+/// `--ttl`, `--pull-timeout`: seconds, or a number with s, m, h or d; never 0.
+pub(super) fn parse_ttl(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),
@@ -184,7 +184,7 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
         _ => return Err(format!("{text:?}: the unit must be s, m, h or d")),
     };
     if secs == 0 {
-        return Err("a ttl of 0 would expire at once".to_string());
+        return Err("a duration of 0 would end at once".to_string());
     }
     Ok(Duration::from_secs(secs))
 }

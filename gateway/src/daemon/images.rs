@@ -40,6 +40,18 @@ pub struct ImageArgs {
         value_name = "MIB"
     )]
     pub max_import_mib: u64,
+
+    /// The most an image pull may take, from its first request to the registry to its record
+    /// (30s, 15m, 1h): a registry that sends a byte now and then is cut here, and nothing of
+    /// the pull is kept. Connecting may take 30 s and a read may stall 120 s within it.
+    #[arg(
+        long,
+        env = "SBX_PULL_TIMEOUT",
+        default_value = "30m",
+        value_name = "DURATION",
+        value_parser = super::access::parse_ttl
+    )]
+    pub pull_timeout: std::time::Duration,
 }
 
 /// Why the built-in image could not be made.

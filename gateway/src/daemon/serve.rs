@@ -327,6 +327,7 @@ async fn serve_on(
         image_store: Some(images),
         default_image: args.images.default_image.clone(),
         max_image_import_bytes: args.images.max_import_mib << 20,
+        pull_timeout: args.images.pull_timeout,
         event_history: args.watch_history_events as usize,
         event_history_bytes: (args.watch_history_mib as usize) << 20,
         // Providers' credentials are sealed under DATA/secrets.key (made 0600 on first use).

@@ -102,9 +102,14 @@ impl ImageService for SbxService {
                 };
                 let _ = progress_tx.try_send(Ok(msg));
             };
-            let result = gateway
-                .pull_image(&req.reference, &options, &progress)
-                .await;
+            // A caller that goes away ends its pull (the answer's stream is dropped then).
+            let result = tokio::select! {
+                result = gateway.pull_image(&req.reference, &options, &progress) => result,
+                () = tx.closed() => {
+                    tracing::info!(reference = %req.reference, "the pull's caller went away; the pull ends");
+                    return;
+                }
+            };
             let last = result.map_err(status).map(|image| PullImageResponse {
                 message: Some(pull_image_response::Message::Image(image)),
             });

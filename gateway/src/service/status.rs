@@ -19,6 +19,7 @@
 //! | `IMAGE_REFERENCE_INVALID`, `IMAGE_INVALID` (unsafe, malformed or mismatched content), `IMAGE_INVALID_ARGUMENT`, `IMAGE_PLATFORM` | `INVALID_ARGUMENT` |
 //! | `REGISTRY_UNAVAILABLE` | `UNAVAILABLE` |
 //! | `REGISTRY_UNAUTHORIZED` | `PERMISSION_DENIED` |
+//! | `REGISTRY_DEADLINE` (a pull over `--pull-timeout`; nothing of it kept) | `DEADLINE_EXCEEDED` |
 //! | `IMAGE_STORE` (the image store's own files failed) | `INTERNAL` |
 //! | `DRIVER_*` | the driver error's own kind (see [`driver_status`]) |
 //! | `DISK_FULL` (the disk holding the store is full; the message names its path; nothing was written, reads keep working) | `RESOURCE_EXHAUSTED` |
@@ -151,6 +152,7 @@ pub fn actor_error_to_status(err: &ActorError) -> Status {
             ImageFailure::BadContent => (Code::InvalidArgument, "IMAGE_INVALID"),
             ImageFailure::InvalidArgument => (Code::InvalidArgument, "IMAGE_INVALID_ARGUMENT"),
             ImageFailure::Store => (Code::Internal, "IMAGE_STORE"),
+            ImageFailure::Deadline => (Code::DeadlineExceeded, "REGISTRY_DEADLINE"),
         },
         ActorError::Driver(driver) => {
             let (code, reason) = driver_status(driver);
@@ -598,6 +600,11 @@ mod tests {
                 "IMAGE_INVALID_ARGUMENT",
             ),
             (ImageFailure::Store, Code::Internal, "IMAGE_STORE"),
+            (
+                ImageFailure::Deadline,
+                Code::DeadlineExceeded,
+                "REGISTRY_DEADLINE",
+            ),
         ];
         for (kind, code, reason) in image_cases {
             check(image(kind), code, reason, "docker.io/library/app:v1");
