@@ -162,6 +162,9 @@ pub enum ImageFailure {
     Store,
     /// The pull took longer than the gateway allows (`--pull-timeout`); nothing of it is kept.
     Deadline,
+    /// The image is larger than the gateway takes (`--image-max-layers`, `--image-max-size`,
+    /// `--image-max-files`); nothing of it is kept.
+    TooLarge,
 }
 
 impl From<ImageError> for ActorError {
@@ -181,6 +184,7 @@ impl From<ImageError> for ActorError {
             | ImageError::Malformed { .. }
             | ImageError::UnsafeLayer { .. } => ImageFailure::BadContent,
             ImageError::InvalidArgument { .. } => ImageFailure::InvalidArgument,
+            ImageError::TooLarge { .. } => ImageFailure::TooLarge,
             ImageError::IdMapMismatch { .. }
             | ImageError::ReadOnly { .. }
             | ImageError::Io { .. } => ImageFailure::Store,

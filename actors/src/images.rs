@@ -349,19 +349,27 @@ impl Images {
                     let _pinning = self.lock.read().await;
                     self.record(&name, &info).await
                 }
-                Ok(Err(e)) => Err(e.into()),
-                Err(_) => Err(ActorError::Image {
+                Ok(Err(e)) => Err(self.failed_add(e.into())),
+                Err(_) => Err(self.failed_add(ActorError::Image {
                     kind: ImageFailure::Deadline,
                     message: format!(
                         "pulling {full} took longer than the gateway allows ({:?}, sbxd serve \
                          --pull-timeout); nothing of it is kept",
                         self.pull_timeout
                     ),
-                }),
+                })),
             }
         };
         self.collect_if_owed().await;
         info
+    }
+
+    /// A pull or import that failed: what it stored (blobs, unpacked layers) is no image's, and
+    /// is collected as soon as no add is under way ([`Images::collect_if_owed`]).
+    fn failed_add(&self, e: ActorError) -> ActorError {
+        self.collection_owed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        e
     }
 
     /// Imports an image file (OCI layout tar, docker save tar, rootfs tar). `name` overrides
@@ -379,8 +387,8 @@ impl Images {
                     .map_err(|e| ActorError::Internal(format!("image import task: {e}")));
             match imported {
                 Ok(Ok(imported)) => self.record_imported(path, name, imported).await,
-                Ok(Err(e)) => Err(e.into()),
-                Err(e) => Err(e),
+                Ok(Err(e)) => Err(self.failed_add(e.into())),
+                Err(e) => Err(self.failed_add(e)),
             }
         };
         self.collect_if_owed().await;

@@ -630,3 +630,203 @@ fn a_stalled_registry_stalls_nobody_else_and_ends_at_its_deadline() {
         "while a pull dripped: the slowest rm or create took {slowest:?}; the pull ended after {took:?}"
     );
 }
+
+mod image_limits {
+    use std::path::Path;
+
+    use sbx_drivers::image::fixtures::{TarEntry, gzip, sha256, tar_bytes};
+
+    /// An OCI layout at `dir` of one image whose manifest lists `times` times the layer
+    /// `blob` (gzip-compressed, or a plain tar when `gzipped` is false) of uncompressed digest
+    /// `diff_id`, each claimed to be `claimed` bytes (None: its real size).
+    fn layout(
+        dir: &Path,
+        blob: &[u8],
+        diff_id: &str,
+        gzipped: bool,
+        claimed: Option<u64>,
+        times: usize,
+    ) {
+        let blobs = dir.join("blobs/sha256");
+        std::fs::create_dir_all(&blobs).unwrap();
+        let put = |bytes: &[u8]| {
+            let digest = sha256(bytes);
+            std::fs::write(blobs.join(&digest[7..]), bytes).unwrap();
+            digest
+        };
+        let layer_digest = put(blob);
+        let config = serde_json::to_vec(&serde_json::json!({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Cmd": ["/bin/true"]},
+            "rootfs": {"type": "layers", "diff_ids": vec![diff_id; times]},
+        }))
+        .unwrap();
+        let config_digest = put(&config);
+        let media = if gzipped {
+            "application/vnd.oci.image.layer.v1.tar+gzip"
+        } else {
+            "application/vnd.oci.image.layer.v1.tar"
+        };
+        let layer = serde_json::json!({
+            "mediaType": media, "digest": layer_digest,
+            "size": claimed.unwrap_or(blob.len() as u64),
+        });
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": config_digest, "size": config.len()},
+            "layers": vec![layer; times],
+        }))
+        .unwrap();
+        let manifest_digest = put(&manifest);
+        let index = serde_json::json!({"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest, "size": manifest.len()}]});
+        std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+        std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    }
+
+    /// One hostile image: its name, its layer's blob and uncompressed digest, whether the blob
+    /// is gzip, the size its manifest claims, how many times it lists the layer, and the flag
+    /// of the limit it must meet.
+    type Case = (
+        &'static str,
+        Vec<u8>,
+        String,
+        bool,
+        Option<u64>,
+        usize,
+        &'static str,
+    );
+
+    /// Every file under the image store's blobs and layers, with its size.
+    fn store_files(images: &Path) -> Vec<(String, u64)> {
+        let mut files = Vec::new();
+        let mut dirs = vec![images.join("blobs"), images.join("layers")];
+        while let Some(dir) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let meta = entry.metadata().unwrap();
+                if meta.is_dir() {
+                    dirs.push(entry.path());
+                } else {
+                    files.push((entry.path().display().to_string(), meta.len()));
+                }
+            }
+        }
+        files.sort();
+        files
+    }
+
+    /// A gzip bomb (a small layer that unpacks to 96 MiB), a layer of 20,000 empty files, a
+    /// manifest that claims a 10^15-byte layer and an image of 5,000 layers are each refused
+    /// with RESOURCE_EXHAUSTED naming the limit passed (64Mi, 10,000 files, 127 layers here),
+    /// nothing of them recorded, and the image store's files left as they were.
+    #[test]
+    fn images_over_the_limits_are_refused_and_leave_the_store_as_it_was() {
+        let data = super::common::DataDir::new();
+        let d = super::Sbxd::start(
+            data.path(),
+            "sim",
+            &[
+                "--sim-images",
+                "--image-max-size",
+                "64Mi",
+                "--image-max-files",
+                "10000",
+            ],
+        );
+        let ep = d.endpoint();
+        let images = data.path().join("images");
+        let before = store_files(&images);
+        let bomb = tar_bytes(&[TarEntry::file("zeros", &vec![0u8; 96 << 20])]);
+        let many: Vec<TarEntry> = (0..20_000)
+            .map(|i| TarEntry::file(&format!("f/{i}"), b""))
+            .collect();
+        let many = tar_bytes(&many);
+        let small = tar_bytes(&[TarEntry::file("hello", b"hi")]);
+        let cases: [Case; 4] = [
+            (
+                "bomb",
+                gzip(&bomb),
+                sha256(&bomb),
+                true,
+                None,
+                1,
+                "--image-max-size",
+            ),
+            (
+                "many",
+                gzip(&many),
+                sha256(&many),
+                true,
+                None,
+                1,
+                "--image-max-files",
+            ),
+            (
+                "liar",
+                small.clone(),
+                sha256(&small),
+                false,
+                Some(1_000_000_000_000_000),
+                1,
+                "--image-max-size",
+            ),
+            (
+                "tall",
+                small.clone(),
+                sha256(&small),
+                false,
+                None,
+                5000,
+                "--image-max-layers",
+            ),
+        ];
+        drop(bomb);
+        for (name, blob, diff_id, gzipped, claimed, times, limit) in cases {
+            let dir = data.path().join(format!("layout-{name}"));
+            layout(&dir, &blob, &diff_id, gzipped, claimed, times);
+            let started = std::time::Instant::now();
+            let run = super::sbx(
+                &ep,
+                &[
+                    "image",
+                    "import",
+                    dir.to_str().unwrap(),
+                    "--name",
+                    &format!("{name}:1"),
+                ],
+            );
+            assert_ne!(run.code, 0, "{name} was imported: {run:?}");
+            assert!(
+                run.stderr.contains(limit) && run.stderr.contains("IMAGE_TOO_LARGE"),
+                "{name}: the refusal names {limit}: {run:?}"
+            );
+            assert!(
+                !run.stderr.contains(data.path().to_str().unwrap()),
+                "{name}: the refusal names a path of the data dir: {run:?}"
+            );
+            eprintln!(
+                "{name}: refused in {:?}: {}",
+                started.elapsed(),
+                run.stderr.trim()
+            );
+            let listed = super::sbx(&ep, &["image", "list", "-o", "json"])
+                .ok()
+                .to_string();
+            assert!(
+                !listed.contains(&format!("{name}:1")),
+                "{name} recorded: {listed}"
+            );
+            assert_eq!(
+                store_files(&images),
+                before,
+                "{name} left files in the store"
+            );
+        }
+    }
+}

@@ -88,6 +88,16 @@ pub enum ImageError {
     #[error("{image}: {why}")]
     InvalidArgument { image: String, why: String },
 
+    /// The image is larger than the store takes ([`super::ImageLimits`]): more layers, more
+    /// bytes unpacked or claimed by its manifest, or more files. Nothing of it is kept.
+    #[error("image {image}: {why} (the limit: {limit})")]
+    TooLarge {
+        image: String,
+        why: String,
+        /// The limit passed and the flag that sets it.
+        limit: String,
+    },
+
     /// A local file system operation failed.
     #[error("image {image}: {what}: {source}")]
     Io {

@@ -131,7 +131,13 @@ impl ImageStore {
         name: Option<&str>,
     ) -> Result<Vec<ImportedImage>, ImageError> {
         self.writable("import")?;
-        let image = path.display().to_string();
+        // How errors name the import: the name it is given, else its file — except a file of
+        // the store's own (an upload spooled in tmp/), whose host path is nobody's business.
+        let image = match name {
+            Some(name) => name.to_string(),
+            None if path.starts_with(self.root()) => "the uploaded image".to_string(),
+            None => path.display().to_string(),
+        };
         let meta =
             std::fs::metadata(path).map_err(|e| ImageError::io(&image, "stat the import", e))?;
         if meta.is_dir() {
@@ -257,6 +263,10 @@ impl ImageStore {
             }
             Document::Image(m) => m,
         };
+        let limits = self.limits();
+        let claimed: Vec<u64> = manifest.layers.iter().map(|l| l.size).collect();
+        limits.check_manifest(image, &claimed)?;
+        let mut budget = limits.budget(image);
         let config_bytes = read_verified_blob(image, src, &manifest.config.digest)?;
         self.store_bytes(image, &config_bytes, Some(&manifest.config.digest))?;
         let config = spec::parse_config(image, &config_bytes)?;
@@ -276,9 +286,27 @@ impl ImageStore {
             let compression = Compression::from_media_type(image, &layer.media_type)?;
             if !self.has_blob(image, &layer.digest)? {
                 let mut r = open_blob(image, src, &layer.digest)?;
-                self.store_blob(image, &mut r, Some(&layer.digest))?;
+                let (_, size) = self.store_blob(image, &mut r, Some(&layer.digest))?;
+                if size != layer.size {
+                    return Err(ImageError::malformed(
+                        image,
+                        format!(
+                            "its manifest says layer {} is {} bytes; it is {size}",
+                            layer.digest, layer.size
+                        ),
+                    ));
+                }
             }
-            self.unpack_layer(image, &layer.digest, compression, Some(diff_id))?;
+            if self.layer_dir(image, diff_id)?.is_dir() {
+                budget.take_cached(layer.size)?;
+            }
+            self.unpack_layer(
+                image,
+                &layer.digest,
+                compression,
+                Some(diff_id),
+                &mut budget,
+            )?;
         }
         self.finish_image(image, &bytes)
     }
@@ -299,7 +327,10 @@ impl ImageStore {
             ));
         }
         let mut out = Vec::new();
+        let limits = self.limits();
         for entry in entries {
+            limits.check_manifest(image, &vec![0; entry.layers.len()])?;
+            let mut budget = limits.budget(image);
             let config_bytes = read_source_json(image, tar, &entry.config)?;
             let config = spec::parse_config(image, &config_bytes)?;
             spec::runnable_here(image, &config.os, &config.architecture)?;
@@ -327,7 +358,10 @@ impl ImageStore {
                     })?;
                 let (digest, size) = self.store_blob(image, &mut r, None)?;
                 let compression = self.sniff_blob(image, &digest)?;
-                self.unpack_layer(image, &digest, compression, Some(diff_id))?;
+                if self.layer_dir(image, diff_id)?.is_dir() {
+                    budget.take_cached(size)?;
+                }
+                self.unpack_layer(image, &digest, compression, Some(diff_id), &mut budget)?;
                 layers.push(Descriptor::new(compression.media_type(), digest, size));
             }
             let info = self.write_manifest(image, &config_bytes, layers)?;
@@ -359,7 +393,8 @@ impl ImageStore {
         };
         let mut file = File::open(path).map_err(|e| ImageError::io(image, "open the import", e))?;
         let (digest, size) = self.store_blob(image, &mut file, None)?;
-        let diff_id = self.unpack_layer(image, &digest, compression, None)?;
+        let mut budget = self.limits().budget(image);
+        let diff_id = self.unpack_layer(image, &digest, compression, None, &mut budget)?;
         let layer = Descriptor::new(compression.media_type(), digest, size);
         let info = self.single_layer_image(image, layer, diff_id, default_config())?;
         Ok(vec![ImportedImage {

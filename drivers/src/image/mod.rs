@@ -58,6 +58,9 @@
 mod busybox;
 mod error;
 pub mod fixtures;
+mod limits;
+pub(crate) use limits::Budget;
+pub use limits::ImageLimits;
 mod import;
 mod pull;
 mod spec;
@@ -209,6 +212,8 @@ struct Inner {
     root: PathBuf,
     idmap: IdMap,
     read_only: bool,
+    /// How large an image a pull or import may add ([`ImageStore::set_limits`]).
+    limits: std::sync::Mutex<ImageLimits>,
 }
 
 impl ImageStore {
@@ -267,6 +272,7 @@ impl ImageStore {
                 root,
                 idmap,
                 read_only: false,
+                limits: std::sync::Mutex::new(ImageLimits::default()),
             }),
         })
     }
@@ -290,8 +296,19 @@ impl ImageStore {
                 root,
                 idmap: stored.idmap,
                 read_only: true,
+                limits: std::sync::Mutex::new(ImageLimits::default()),
             }),
         })
+    }
+
+    /// How large an image a pull or import may add from now on.
+    pub fn set_limits(&self, limits: ImageLimits) {
+        *self.inner.limits.lock().unwrap_or_else(|p| p.into_inner()) = limits;
+    }
+
+    /// The limits a pull or import checks ([`ImageStore::set_limits`]).
+    pub fn limits(&self) -> ImageLimits {
+        *self.inner.limits.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn root(&self) -> &Path {
@@ -529,6 +546,7 @@ impl ImageStore {
         blob: &str,
         compression: Compression,
         expected_diff_id: Option<&str>,
+        budget: &mut Budget,
     ) -> Result<String, ImageError> {
         self.writable("unpacking a layer")?;
         if let Some(diff_id) = expected_diff_id
@@ -555,7 +573,7 @@ impl ImageStore {
                 digest: blob,
                 idmap: self.idmap(),
             };
-            let stats = unpack::unpack(&layer, &mut hashing, &tmp)?;
+            let stats = unpack::unpack(&layer, &mut hashing, &tmp, budget)?;
             // The tar's end-of-archive blocks and anything after them count for the diff_id,
             // and a truncated compressed stream shows here if not before.
             std::io::copy(&mut hashing, &mut std::io::sink()).map_err(|e| {

@@ -142,6 +142,10 @@ impl ImageStore {
                 }
             }
         };
+        let limits = self.limits();
+        let claimed: Vec<u64> = manifest.layers.iter().map(|l| l.size).collect();
+        limits.check_manifest(&image, &claimed)?;
+        let mut budget = limits.budget(&image);
         let manifest_digest = spec::sha256_digest(&manifest_bytes);
         progress(PullProgress::Resolved {
             digest: manifest_digest.clone(),
@@ -180,6 +184,7 @@ impl ImageStore {
         for (layer, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
             let compression = Compression::from_media_type(&image, &layer.media_type)?;
             if self.layer_dir(&image, diff_id)?.is_dir() {
+                budget.take_cached(layer.size)?;
                 progress(PullProgress::LayerCached {
                     digest: layer.digest.clone(),
                     size: layer.size,
@@ -192,11 +197,15 @@ impl ImageStore {
             }
             let store = self.clone();
             let (img, blob, diff) = (image.clone(), layer.digest.clone(), diff_id.clone());
-            tokio::task::spawn_blocking(move || {
-                store.unpack_layer(&img, &blob, compression, Some(&diff))
+            let (unpacked, spent) = tokio::task::spawn_blocking(move || {
+                let unpacked =
+                    store.unpack_layer(&img, &blob, compression, Some(&diff), &mut budget);
+                (unpacked, budget)
             })
             .await
-            .map_err(|e| ImageError::io(&image, "unpack task", std::io::Error::other(e)))??;
+            .map_err(|e| ImageError::io(&image, "unpack task", std::io::Error::other(e)))?;
+            unpacked?;
+            budget = spent;
             progress(PullProgress::LayerUnpacked {
                 digest: layer.digest.clone(),
             });
@@ -242,10 +251,21 @@ impl ImageStore {
                     why: format!("download of layer {} broke off: {e}", layer.digest),
                 }
             })?;
+            done += chunk.len() as u64;
+            // What the manifest claimed, and no more: a registry that sends more lies.
+            if done > layer.size {
+                return Err(ImageError::malformed(
+                    image,
+                    format!(
+                        "the registry sent more of layer {} than the {} bytes its manifest \
+                         claims",
+                        layer.digest, layer.size
+                    ),
+                ));
+            }
             writer.write_all(&chunk).map_err(|e| {
                 ImageError::io(image, format!("write layer {} to tmp/", layer.digest), e)
             })?;
-            done += chunk.len() as u64;
             if done - reported >= PROGRESS_STEP {
                 reported = done;
                 progress(PullProgress::Layer {

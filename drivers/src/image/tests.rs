@@ -20,7 +20,7 @@ fn store() -> (tempfile::TempDir, ImageStore) {
 /// Stores `bytes` as a layer blob and unpacks it; returns the diff_id.
 fn unpack_bytes(store: &ImageStore, bytes: &[u8], c: Compression) -> Result<String, ImageError> {
     let (digest, _) = store.store_blob("test", &mut &bytes[..], None)?;
-    store.unpack_layer("test", &digest, c, None)
+    store.unpack_layer("test", &digest, c, None, &mut store.limits().budget("test"))
 }
 
 fn count(dir: &Path) -> usize {
@@ -213,7 +213,13 @@ fn devices_are_skipped_and_whiteouts_take_overlay_form() {
         digest: "sha256:x",
         idmap: IdMap::default(),
     };
-    let stats = unpack::unpack(&layer, &bytes[..], &dest).unwrap();
+    let stats = unpack::unpack(
+        &layer,
+        &bytes[..],
+        &dest,
+        &mut super::Budget::unlimited("t"),
+    )
+    .unwrap();
     assert_eq!(stats.devices_skipped, 2);
     assert!(!dest.join("dev/null").exists() && !dest.join("dev/sda").exists());
     let wh = std::fs::symlink_metadata(dest.join("etc/motd")).unwrap();
@@ -300,7 +306,13 @@ fn digest_mismatches_are_refused() {
     let tar = tar_bytes(&[TarEntry::file("f", b"x")]);
     let (digest, _) = store.store_blob("test", &mut &tar[..], None).unwrap();
     let err = store
-        .unpack_layer("test", &digest, Compression::None, Some(&wrong))
+        .unpack_layer(
+            "test",
+            &digest,
+            Compression::None,
+            Some(&wrong),
+            &mut store.limits().budget("test"),
+        )
         .unwrap_err();
     assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err}");
     assert_eq!(count(&store.root().join("layers/sha256")), 0);

@@ -40,6 +40,7 @@ use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fchownat, linkat, symlinkat, 
 use tar::EntryType;
 use xattr::FileExt;
 
+use super::limits::Budget;
 use super::{IdMap, ImageError};
 
 /// The overlayfs attribute that makes a directory hide what lower layers have under it.
@@ -70,6 +71,7 @@ pub(crate) fn unpack(
     layer: &Layer<'_>,
     reader: impl Read,
     dest: &Path,
+    budget: &mut Budget,
 ) -> Result<UnpackStats, ImageError> {
     let root: OwnedFd = openat(
         nix::fcntl::AT_FDCWD,
@@ -85,6 +87,7 @@ pub(crate) fn unpack(
         unpacked: HashSet::new(),
         dir_mtimes: Vec::new(),
         stats: UnpackStats::default(),
+        budget,
     };
     let mut archive = tar::Archive::new(reader);
     let entries = archive
@@ -107,6 +110,8 @@ struct Unpacker<'a> {
     /// Directory mtimes, applied at the end (creating entries inside changes them).
     dir_mtimes: Vec<(RelPath, i64)>,
     stats: UnpackStats,
+    /// The image's limits: every entry is paid for before it is written.
+    budget: &'a mut Budget,
 }
 
 impl Layer<'_> {
@@ -163,6 +168,7 @@ impl Unpacker<'_> {
             return Ok(());
         }
         let rel = normalize(&raw).map_err(|why| layer.unsafe_entry(&shown, why))?;
+        self.budget.take(entry.size())?;
         self.stats.entries += 1;
         let header = entry.header();
         let mode = header

@@ -52,6 +52,46 @@ pub struct ImageArgs {
         value_parser = super::access::parse_ttl
     )]
     pub pull_timeout: std::time::Duration,
+
+    /// The most layers an image pulled or imported may have (Docker's limit).
+    #[arg(
+        long,
+        env = "SBX_IMAGE_MAX_LAYERS",
+        default_value_t = 127,
+        value_name = "N"
+    )]
+    pub image_max_layers: usize,
+
+    /// The most an image pulled or imported may take unpacked (its files' bytes, and 4 KiB
+    /// for each entry), and its manifest may claim: 20Gi, 512Mi, …
+    #[arg(
+        long,
+        env = "SBX_IMAGE_MAX_SIZE",
+        default_value = "20Gi",
+        value_name = "SIZE",
+        value_parser = crate::cli::size::parse_size
+    )]
+    pub image_max_size: u64,
+
+    /// The most entries (files, directories, links) an image pulled or imported may hold.
+    #[arg(
+        long,
+        env = "SBX_IMAGE_MAX_FILES",
+        default_value_t = 500_000,
+        value_name = "N"
+    )]
+    pub image_max_files: u64,
+}
+
+impl ImageArgs {
+    /// The limits `--image-max-layers`, `--image-max-size` and `--image-max-files` set.
+    pub fn limits(&self) -> sbx_drivers::image::ImageLimits {
+        sbx_drivers::image::ImageLimits {
+            max_layers: self.image_max_layers,
+            max_size: self.image_max_size,
+            max_files: self.image_max_files,
+        }
+    }
 }
 
 /// Why the built-in image could not be made.

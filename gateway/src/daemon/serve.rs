@@ -41,6 +41,7 @@ pub async fn serve(mut args: ServeArgs) -> Result<(), DaemonError> {
     let data_dir = drivers::data_dir(args.data_dir.as_deref())?;
     create_dir(&data_dir)?;
     let images = open_images(&data_dir)?;
+    images.set_limits(args.images.limits());
     let store_path = data_dir.join("store");
     create_private_dir(&store_path)?;
     let sled = SledStore::open(&store_path).map_err(|source| DaemonError::Store {

@@ -20,6 +20,7 @@
 //! | `REGISTRY_UNAVAILABLE` | `UNAVAILABLE` |
 //! | `REGISTRY_UNAUTHORIZED` | `PERMISSION_DENIED` |
 //! | `REGISTRY_DEADLINE` (a pull over `--pull-timeout`; nothing of it kept) | `DEADLINE_EXCEEDED` |
+//! | `IMAGE_TOO_LARGE` (over `--image-max-layers`, `-size` or `-files`; the message names it) | `RESOURCE_EXHAUSTED` |
 //! | `IMAGE_STORE` (the image store's own files failed) | `INTERNAL` |
 //! | `DRIVER_*` | the driver error's own kind (see [`driver_status`]) |
 //! | `DISK_FULL` (the disk holding the store is full; the message names its path; nothing was written, reads keep working) | `RESOURCE_EXHAUSTED` |
@@ -153,6 +154,7 @@ pub fn actor_error_to_status(err: &ActorError) -> Status {
             ImageFailure::InvalidArgument => (Code::InvalidArgument, "IMAGE_INVALID_ARGUMENT"),
             ImageFailure::Store => (Code::Internal, "IMAGE_STORE"),
             ImageFailure::Deadline => (Code::DeadlineExceeded, "REGISTRY_DEADLINE"),
+            ImageFailure::TooLarge => (Code::ResourceExhausted, "IMAGE_TOO_LARGE"),
         },
         ActorError::Driver(driver) => {
             let (code, reason) = driver_status(driver);
@@ -604,6 +606,11 @@ mod tests {
                 ImageFailure::Deadline,
                 Code::DeadlineExceeded,
                 "REGISTRY_DEADLINE",
+            ),
+            (
+                ImageFailure::TooLarge,
+                Code::ResourceExhausted,
+                "IMAGE_TOO_LARGE",
             ),
         ];
         for (kind, code, reason) in image_cases {
