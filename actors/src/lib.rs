@@ -32,7 +32,9 @@ pub mod supervision;
 pub mod validate;
 mod workspace;
 
-pub use api::{ExecOptions, Gateway, Listed, MAX_PAGE_SIZE, SandboxFilter, ServiceTarget};
+pub use api::{
+    DEFAULT_PAGE_SIZE, ExecOptions, Gateway, Listed, MAX_PAGE_SIZE, SandboxFilter, ServiceTarget,
+};
 pub use config::{Config, DEFAULT_IMAGE, DriverSet};
 pub use error::{ActorError, ImageFailure, Result};
 pub use images::{ImageSelector, record_name as image_record_name};

@@ -830,3 +830,121 @@ mod image_limits {
         }
     }
 }
+
+mod what_a_scoped_caller_learns {
+    use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
+    use sbx_proto::v1::{GetSandboxRequest, ListSandboxesRequest, SandboxRef};
+    use tonic::metadata::AsciiMetadataValue;
+    use tonic::service::Interceptor;
+    use tonic::{Request, Status};
+
+    #[derive(Clone)]
+    struct Bearer(AsciiMetadataValue);
+
+    impl Interceptor for Bearer {
+        fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+            req.metadata_mut().insert("authorization", self.0.clone());
+            Ok(req)
+        }
+    }
+
+    /// A caller scoped to `mine` pages through `list -A` one sandbox at a time and gets its
+    /// three, one a page, then the end — no empty page of the 30 in `big` to count; and a
+    /// caller scoped to `default` asking for a name that only other workspaces hold is told it
+    /// is not found, with no word of where it is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pages_and_errors_say_nothing_of_other_workspaces() {
+        let data = tempfile::tempdir().unwrap();
+        let d = super::secured(data.path());
+        let ep = d.endpoint();
+        let root = super::identity(data.path(), "root", "admin", &[]);
+        for ws in ["big", "mine", "a", "b"] {
+            super::sbx_as(&ep, &root, &["workspace", "create", ws]).ok();
+        }
+        for i in 0..30 {
+            let name = format!("b{i:02}");
+            super::sbx_as(
+                &ep,
+                &root,
+                &[
+                    "sandbox", "create", "-w", "big", "-n", &name, "--", "sleep", "1",
+                ],
+            )
+            .ok();
+            if i % 10 == 5 {
+                let name = format!("m{i:02}");
+                super::sbx_as(
+                    &ep,
+                    &root,
+                    &[
+                        "sandbox", "create", "-w", "mine", "-n", &name, "--", "sleep", "1",
+                    ],
+                )
+                .ok();
+            }
+        }
+        for ws in ["a", "b"] {
+            super::sbx_as(
+                &ep,
+                &root,
+                &[
+                    "sandbox", "create", "-w", ws, "-n", "dup", "--", "sleep", "1",
+                ],
+            )
+            .ok();
+        }
+        let viewer = super::identity(data.path(), "viewer", "viewer", &["mine"]);
+        let bearer = |t: &str| Bearer(format!("Bearer {t}").parse().unwrap());
+        let mut client = SandboxServiceClient::with_interceptor(d.channel().await, bearer(&viewer));
+        let (mut token, mut pages) = (String::new(), Vec::new());
+        for _ in 0..50 {
+            let page = client
+                .list_sandboxes(ListSandboxesRequest {
+                    all_workspaces: true,
+                    page_size: 1,
+                    page_token: token.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            pages.push(
+                page.sandboxes
+                    .iter()
+                    .map(|s| s.name.clone())
+                    .collect::<Vec<_>>(),
+            );
+            token = page.next_page_token;
+            if token.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(
+            pages.iter().filter(|p| !p.is_empty()).count(),
+            3,
+            "{pages:?}"
+        );
+        assert!(
+            pages.len() <= 4 && pages[..3].iter().all(|p| p.len() == 1),
+            "the pages show other workspaces' objects by their shape: {pages:?}"
+        );
+        let defaulter = super::identity(data.path(), "defaulter", "viewer", &["default"]);
+        let mut client =
+            SandboxServiceClient::with_interceptor(d.channel().await, bearer(&defaulter));
+        let err = client
+            .get_sandbox(GetSandboxRequest {
+                sandbox: Some(SandboxRef {
+                    name: "dup".into(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+        let said = format!("{} {:?}", err.message(), err.details());
+        assert!(
+            !said.contains("\"a\"") && !said.contains("\"b\"") && !said.contains("ambiguous"),
+            "a scoped caller learns where the name exists: {said}"
+        );
+    }
+}

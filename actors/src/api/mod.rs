@@ -55,7 +55,8 @@ pub use services::ServiceTarget;
 /// The largest page a list returns, whatever was asked.
 pub const MAX_PAGE_SIZE: u32 = 1000;
 
-const DEFAULT_PAGE_SIZE: u32 = 100;
+/// The page a list returns when it asks for none.
+pub const DEFAULT_PAGE_SIZE: u32 = 100;
 
 /// What an exec asks for beyond its command (see `sbx.v1.ExecRequest`).
 #[derive(Debug, Clone, Default)]

@@ -17,7 +17,9 @@ use super::SbxService;
 use super::status::actor_error_to_status;
 use crate::auth::{Caller, Role};
 
-/// The gRPC status of an actor error, as this caller may see it.
+/// The gRPC status of an actor error, as this caller may see it: for a scoped caller, no
+/// word of other workspaces — a name not found says nowhere else it exists, and a name-only
+/// lookup that other workspaces would make ambiguous is simply not found.
 pub fn error_for(caller: &Caller, e: ActorError) -> Status {
     let e = match e {
         ActorError::SandboxNotFound { what, .. } if caller.is_scoped() => {
@@ -26,9 +28,47 @@ pub fn error_for(caller: &Caller, e: ActorError) -> Status {
                 hint: String::new(),
             }
         }
+        ActorError::AmbiguousName { name, .. } if caller.is_scoped() => {
+            ActorError::SandboxNotFound {
+                what: format!("{name:?} in workspace \"{DEFAULT_WORKSPACE}\""),
+                hint: String::new(),
+            }
+        }
         e => e,
     };
     actor_error_to_status(&e)
+}
+
+/// One page of a list across workspaces as a scoped caller sees it: pages are read on from
+/// `token` (each asking only for what is still missing) until `page_size` items it `sees` or
+/// the end, so how many objects of other workspaces there are shows neither in the items nor
+/// in how the pages come (a page of foreign objects would come back empty, with a next
+/// page). Bounded by the number of objects: every page read moves the cursor on.
+pub(super) async fn visible_page<T, F, Fut>(
+    page_size: u32,
+    token: &str,
+    mut fetch: F,
+    sees: impl Fn(&T) -> bool,
+) -> Result<(Vec<T>, String), ActorError>
+where
+    F: FnMut(u32, String) -> Fut,
+    Fut: std::future::Future<Output = Result<sbx_actors::Listed<T>, ActorError>>,
+{
+    let want = match page_size {
+        0 => sbx_actors::DEFAULT_PAGE_SIZE,
+        n => n.min(sbx_actors::MAX_PAGE_SIZE),
+    } as usize;
+    let mut items = Vec::new();
+    let mut token = token.to_string();
+    loop {
+        let missing = (want - items.len()) as u32;
+        let page = fetch(missing, token).await?;
+        items.extend(page.items.into_iter().filter(|item| sees(item)));
+        token = page.next_page_token;
+        if items.len() >= want || token.is_empty() {
+            return Ok((items, token));
+        }
+    }
 }
 
 /// The audit line of an allowed call that names its object (the layer logs the outcome).

@@ -91,23 +91,25 @@ impl ProviderService for SbxService {
         let req = request.into_inner();
         self.list_access(&caller, &req.workspace, req.all_workspaces)
             .await?;
-        let page = self
-            .gateway
-            .list_providers(
-                workspace_of(&req.workspace),
-                req.all_workspaces,
-                req.page_size,
-                &req.page_token,
-            )
-            .await
-            .map_err(|e| error_for(&caller, e))?;
+        let workspace = workspace_of(&req.workspace);
+        let (providers, next_page_token) = super::access::visible_page(
+            req.page_size,
+            &req.page_token,
+            |size, token| {
+                let gateway = &self.gateway;
+                async move {
+                    gateway
+                        .list_providers(workspace, req.all_workspaces, size, &token)
+                        .await
+                }
+            },
+            |p: &Provider| caller.sees(&p.workspace_id),
+        )
+        .await
+        .map_err(|e| error_for(&caller, e))?;
         Ok(Response::new(ListProvidersResponse {
-            providers: page
-                .items
-                .into_iter()
-                .filter(|p| caller.sees(&p.workspace_id))
-                .collect(),
-            next_page_token: page.next_page_token,
+            providers,
+            next_page_token,
         }))
     }
 

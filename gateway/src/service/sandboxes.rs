@@ -103,18 +103,20 @@ impl SandboxService for SbxService {
         self.list_access(&caller, &req.workspace, req.all_workspaces)
             .await?;
         let filter = filter(req.workspace, req.all_workspaces, req.label_selector);
-        let page = self
-            .gateway
-            .list_sandboxes(&filter, req.page_size, &req.page_token)
-            .await
-            .map_err(|e| error_for(&caller, e))?;
+        let (sandboxes, next_page_token) = super::access::visible_page(
+            req.page_size,
+            &req.page_token,
+            |size, token| {
+                let (gateway, filter) = (&self.gateway, &filter);
+                async move { gateway.list_sandboxes(filter, size, &token).await }
+            },
+            |sb: &v1::Sandbox| caller.sees(&sb.workspace_id),
+        )
+        .await
+        .map_err(|e| error_for(&caller, e))?;
         Ok(Response::new(ListSandboxesResponse {
-            sandboxes: page
-                .items
-                .into_iter()
-                .filter(|sb| caller.sees(&sb.workspace_id))
-                .collect(),
-            next_page_token: page.next_page_token,
+            sandboxes,
+            next_page_token,
         }))
     }
 

@@ -91,18 +91,20 @@ impl WorkspaceService for SbxService {
     ) -> Result<Response<ListWorkspacesResponse>, Status> {
         let caller = auth::caller(&request)?;
         let req = request.into_inner();
-        let page = self
-            .gateway
-            .list_workspaces(&req.label_selector, req.page_size, &req.page_token)
-            .await
-            .map_err(|e| error_for(&caller, e))?;
+        let (workspaces, next_page_token) = super::access::visible_page(
+            req.page_size,
+            &req.page_token,
+            |size, token| {
+                let (gateway, selector) = (&self.gateway, &req.label_selector);
+                async move { gateway.list_workspaces(selector, size, &token).await }
+            },
+            |ws: &Workspace| caller.sees(&ws.id),
+        )
+        .await
+        .map_err(|e| error_for(&caller, e))?;
         Ok(Response::new(ListWorkspacesResponse {
-            workspaces: page
-                .items
-                .into_iter()
-                .filter(|ws| caller.sees(&ws.id))
-                .collect(),
-            next_page_token: page.next_page_token,
+            workspaces,
+            next_page_token,
         }))
     }
 
