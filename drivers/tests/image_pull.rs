@@ -175,3 +175,73 @@ async fn pull_from_a_local_registry() {
     );
     drop(registry);
 }
+
+/// The image limits' cost on a normal pull: a ~100 MiB image (one layer of 100 MiB of noise in
+/// 100 files) pulled from the local registry with the default limits and with none,
+/// alternated, into fresh stores. Ignored (a benchmark):
+/// `cargo nextest run -p sbx-drivers --test image_pull --run-ignored only --no-capture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn the_limits_cost_of_a_100_mib_pull() {
+    if !LocalRegistry::available("the_limits_cost_of_a_100_mib_pull") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let registry = LocalRegistry::start(dir.path());
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let files: Vec<TarEntry> = (0..100)
+        .map(|i| {
+            let noise: Vec<u8> = (0..1u32 << 20)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            TarEntry::file(&format!("data/{i}"), &noise)
+        })
+        .collect();
+    let tar = fixtures::tar_bytes(&files);
+    drop(files);
+    let layout = dir.path().join("layout");
+    fixtures::write_oci_layout(&layout, std::slice::from_ref(&tar), "v1");
+    let reference = format!("{}/sbx/big:v1", registry.addr);
+    registry.push(&layout, &reference, &[]);
+    let unlimited = sbx_drivers::image::ImageLimits {
+        max_layers: usize::MAX,
+        max_size: u64::MAX,
+        max_files: u64::MAX,
+    };
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..6 {
+        for limited in [round % 2 == 0, round % 2 == 1] {
+            let root = dir.path().join(format!("store-{round}-{limited}"));
+            let store = ImageStore::open(root.clone(), IdMap::default()).unwrap();
+            if !limited {
+                store.set_limits(unlimited);
+            }
+            let began = std::time::Instant::now();
+            let (result, _) = pull(&store, &reference).await;
+            result.unwrap();
+            let took = began.elapsed().as_secs_f64() * 1000.0;
+            if limited {
+                with.push(took)
+            } else {
+                without.push(took)
+            }
+            drop(store);
+            std::fs::remove_dir_all(&root).unwrap();
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let (w, wo) = (median(&mut with), median(&mut without));
+    eprintln!(
+        "a 100 MiB pull, median of 6: with the default limits {w:.0} ms, without {wo:.0} ms, \
+         ratio {:.3}",
+        w / wo
+    );
+}
