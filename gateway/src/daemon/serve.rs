@@ -42,6 +42,7 @@ pub async fn serve(mut args: ServeArgs) -> Result<(), DaemonError> {
     create_dir(&data_dir)?;
     let images = open_images(&data_dir)?;
     images.set_limits(args.images.limits());
+    crate::service::status::hide_data_dir(&data_dir);
     let store_path = data_dir.join("store");
     create_private_dir(&store_path)?;
     let sled = SledStore::open(&store_path).map_err(|source| DaemonError::Store {

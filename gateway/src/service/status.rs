@@ -171,18 +171,41 @@ pub fn actor_error_to_status(err: &ActorError) -> Status {
     bounded_status(code, &err.to_string(), reason, metadata)
 }
 
+/// The gateway's data dir, as errors must not show it (set once at start).
+static DATA_DIR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Errors name paths of the data dir `dir` from it (`DATA/images/…`): where the gateway keeps
+/// its state on the host is none of a caller's business.
+pub fn hide_data_dir(dir: &std::path::Path) {
+    let shown = dir.display().to_string();
+    if !shown.is_empty() && shown != "/" {
+        let _ = DATA_DIR.set(shown.trim_end_matches('/').to_string());
+    }
+}
+
+/// `text` with the data dir written `DATA`.
+fn without_data_dir(text: &str) -> std::borrow::Cow<'_, str> {
+    match DATA_DIR.get() {
+        Some(dir) if text.contains(dir.as_str()) => text.replace(dir.as_str(), "DATA").into(),
+        _ => text.into(),
+    }
+}
+
 /// A status with an ErrorInfo of `reason`, its message cut to [`MAX_ERROR_MESSAGE_BYTES`]
-/// and each metadata value to [`MAX_ERROR_METADATA_VALUE_BYTES`]. Every status sbxd makes
-/// is made here.
+/// and each metadata value to [`MAX_ERROR_METADATA_VALUE_BYTES`], the data dir's path in
+/// either written `DATA`. Every status sbxd makes is made here.
 pub fn bounded_status(
     code: Code,
     message: &str,
     reason: &str,
     metadata: HashMap<String, String>,
 ) -> Status {
+    let message = without_data_dir(message);
+    let message = message.as_ref();
     let metadata: HashMap<String, String> = metadata
         .into_iter()
         .map(|(k, v)| {
+            let v = without_data_dir(&v).into_owned();
             let v = truncate(&v, MAX_ERROR_METADATA_VALUE_BYTES).into_owned();
             (truncate(&k, MAX_ERROR_METADATA_VALUE_BYTES).into_owned(), v)
         })
@@ -797,5 +820,30 @@ mod tests {
         }));
         let info = status.get_details_error_info().unwrap();
         assert_eq!(info.metadata.get("sandbox_id"), Some(&id));
+    }
+
+    /// Once the data dir is set, an error's message and metadata name its paths from `DATA`.
+    #[test]
+    fn errors_name_data_dir_paths_from_data() {
+        hide_data_dir(std::path::Path::new("/srv/sbx-status-test-data/"));
+        let status = bounded_status(
+            Code::Internal,
+            "cannot open /srv/sbx-status-test-data/images/tmp/upload-1: gone",
+            "INTERNAL",
+            [(
+                "path".to_string(),
+                "/srv/sbx-status-test-data/store".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            status.message(),
+            "cannot open DATA/images/tmp/upload-1: gone"
+        );
+        let info = tonic_types::StatusExt::get_error_details(&status)
+            .error_info()
+            .cloned()
+            .unwrap();
+        assert_eq!(info.metadata["path"], "DATA/store");
     }
 }
