@@ -142,10 +142,21 @@ async fn names(d: &Sbxd) -> Vec<String> {
 
 fn assert_disk_full(status: &tonic::Status, store: &Path) {
     assert_status(status, tonic::Code::ResourceExhausted, "DISK_FULL");
+    // The store's path, named from the data dir (DATA/store), never the host's.
+    let from_data = format!(
+        "DATA/{}",
+        store
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    );
     assert!(
-        status.message().contains("is full")
-            && status.message().contains(&store.display().to_string()),
+        status.message().contains("is full") && status.message().contains(&from_data),
         "the message says the disk holding the store is full: {status:?}"
+    );
+    assert!(
+        !status.message().contains(&store.display().to_string()),
+        "the message names the host's path: {status:?}"
     );
 }
 

@@ -23,7 +23,7 @@
 //! | `IMAGE_TOO_LARGE` (over `--image-max-layers`, `-size` or `-files`; the message names it) | `RESOURCE_EXHAUSTED` |
 //! | `IMAGE_STORE` (the image store's own files failed) | `INTERNAL` |
 //! | `DRIVER_*` | the driver error's own kind (see [`driver_status`]) |
-//! | `DISK_FULL` (the disk holding the store is full; the message names its path; nothing was written, reads keep working) | `RESOURCE_EXHAUSTED` |
+//! | `DISK_FULL` (the disk holding the store is full; the message names its path, from `DATA`; nothing was written, reads keep working) | `RESOURCE_EXHAUSTED` |
 //! | `INTERNAL` (a store failure or a bug) | `INTERNAL` |
 //! | `REQUEST_TOO_LARGE` (a message over the service's decode limit) | `RESOURCE_EXHAUSTED` |
 //! | `MALFORMED_REQUEST` (a message that does not decode) | `INVALID_ARGUMENT` (`INTERNAL` for a framing error, as gRPC requires) |
