@@ -171,7 +171,7 @@ mod tests {
         let script = format!(
             "cat /proc/{me}/fd/0 </dev/null >/dev/null 2>&1 && echo fd-open; \
              ls /proc/{me}/cwd/ >/dev/null 2>&1 && echo cwd-open; \
-             echo ran; sleep 5"
+             echo ran; exec sleep 5"
         );
         let ruleset = domain.raw();
         let mut cmd = Command::new("/bin/sh");
