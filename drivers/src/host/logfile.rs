@@ -243,30 +243,29 @@ pub(crate) fn previous_path(log: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// What the loggers rotate `log` with: the log opened for reading (made if missing) and its
-/// previous part opened for writing (made if missing, never truncated here), both host root's
-/// (0600).
+/// What the loggers rotate `log` with: the log opened for reading only and its previous part
+/// opened for writing (never truncated here), both made if missing, host root's (0600). The
+/// directory is host root's, and a link there is never followed (`O_NOFOLLOW`).
 pub(crate) fn rotation_files(
     log: &Path,
 ) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     use std::os::unix::fs::OpenOptionsExt;
-    let open = |path: &Path, write: bool| {
+    let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+    let writable = |path: &Path| {
         std::fs::OpenOptions::new()
-            .read(!write)
-            .write(write)
-            .append(!write)
+            .write(true)
             .create(true)
+            .truncate(false)
             .mode(0o600)
-            .custom_flags(libc_nofollow())
+            .custom_flags(nofollow)
             .open(path)
-            .map(std::os::fd::OwnedFd::from)
     };
-    Ok((open(log, false)?, open(&previous_path(log), true)?))
-}
-
-/// `O_NOFOLLOW`: the log's directory is host root's, but a link there is never followed.
-fn libc_nofollow() -> i32 {
-    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+    writable(log)?;
+    let read = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nofollow)
+        .open(log)?;
+    Ok((read.into(), writable(&previous_path(log))?.into()))
 }
 
 /// The last `window` bytes of the log and its previous part together, as one piece (the part

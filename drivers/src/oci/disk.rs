@@ -21,7 +21,7 @@ pub fn image(dir: &Path) -> std::path::PathBuf {
 }
 
 /// Makes the disk of `bytes` at `mount_point` (the sandbox directory's `disk/`), its root
-/// directory host root's (0711), and mounts it.
+/// directory private to the sandbox (`record::make_private`, by the caller), and mounts it.
 pub fn make(dir: &Path, mount_point: &Path, bytes: u64) -> Result<(), DriverError> {
     let img = image(dir);
     use std::os::unix::fs::OpenOptionsExt;

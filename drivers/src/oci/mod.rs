@@ -93,8 +93,8 @@ pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the comman
 # handed over open: fd 4 takes the status, fd 5 the name of a command not found, fd 6 the
 # agent's words; fd 3 is the agent's listening socket, fds 7 and 8 the log opened for reading
 # and its previous part (the loggers keep the log within LOG_MAX bytes with them). Exec
-# terminals come from the devpts instance at /dev/.sbx-pts, host root's. `$1` is a tmpfs of the sandbox's own
-# (its FIFOs and the stop mark), which host code never opens.
+# terminals come from the devpts instance at /dev/.sbx-pts, host root's. `$1` is a tmpfs of
+# the sandbox's own (its FIFOs and the stop mark), which host code never opens.
 # A stop's TERM (which pid 1 of a namespace would drop without a trap) is passed on to every
 # process of the sandbox, and marked in `stopping` first: a TERM can miss the main process, one
 # that comes before it is forked or while it is (a forked shell drops what its parent's trap
@@ -274,13 +274,13 @@ impl OciDriver {
                 .map(|r| (r.sandbox_id, r.network_allow.as_ref())),
         );
         for record in found.values() {
+            let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
             uidpool::reclaim_at_open(
                 opts.uid_pool.as_ref(),
                 record.id_map,
-                &SandboxPaths::new(&state_dir, record.sandbox_id).dir,
+                &paths.dir,
                 record.sandbox_id,
             );
-            let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
             if record.disk_bytes > 0
                 && let Err(e) = disk::mount(&paths.dir, &paths.disk)
             {
@@ -291,7 +291,6 @@ impl OciDriver {
                 tracing::error!(sandbox_id = %record.sandbox_id, error = %e, "the sandbox's state is not private");
             }
             if record.desired == Desired::Stopped {
-                let paths = SandboxPaths::new(&state_dir, record.sandbox_id);
                 finish_interrupted_stop(&runtime, &paths, record).await;
             }
         }

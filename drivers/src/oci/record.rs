@@ -200,9 +200,10 @@ pub fn make_walkable_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Keeps a sandbox's state from every other local user: `bundle/` (its root filesystem while
-/// mounted) and `disk/` (the writable layer and the volume) are the sandbox root's own (its
-/// host uid), mode 0700 — the runtime's container init walks through them as that uid, no
-/// one else can; the record, the runtime config (which holds the run's credentials until the
+/// mounted) and `disk/` (the writable layer and the volume) stay host root's, with the
+/// sandbox root's group (its host gid) and mode 0710 — the runtime's container init walks
+/// through them as that group, no one else can, and nothing of the sandbox may change what is
+/// in them; the record, the runtime config (which holds the run's credentials until the
 /// runtime has read it), the disk image, the log and the agent's socket are host root's, 0600.
 /// Made at create, and again at each launch and open (a sandbox from before keeps nothing
 /// readable past its next start).
@@ -212,10 +213,10 @@ pub fn make_private(paths: &SandboxPaths, ids: IdMap) -> io::Result<()> {
         if dir.is_dir() {
             chown(
                 dir.as_path(),
-                Some(Uid::from_raw(ids.host_uid)),
+                Some(Uid::from_raw(0)),
                 Some(Gid::from_raw(ids.host_gid)),
             )?;
-            fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o710))?;
         }
     }
     let log_before = crate::host::logfile::previous_path(&paths.log);

@@ -161,7 +161,7 @@ impl Inner {
         })
     }
 
-    /// The sandbox's directories: walkable to the rootfs by the sandbox's root (its host uid)
+    /// The sandbox's directories: walkable to the rootfs by the sandbox's root (its host gid)
     /// and by no one else (`record::make_private`), the writable layer and the volume its own,
     /// the overlay's work dir host root's.
     fn make_sandbox_dirs(

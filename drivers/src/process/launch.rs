@@ -107,7 +107,7 @@ if [ -f "$run/resolv.conf" ]; then
 fi
 cd "$run" || exit 125
 exec 4<"$agent" || { echo "sbx: cannot open the exec agent $agent" >&2; exit 125; }
-(umask 077 && : >> "$log.1") && exec 6<"$log" 7<>"$log.1" || { echo "sbx: cannot open the log for its rotation" >&2; exit 125; }
+exec 6<"$log" 7<>"$log.1" || { echo "sbx: cannot open the log for its rotation" >&2; exit 125; }
 mount -t devpts -o newinstance,ptmxmode=0666,mode=0600,uid=0,gid=0,max=64 sbx-exec-pts /dev/pts || { echo "sbx: cannot mount the sandbox's own /dev/pts" >&2; exit 125; }
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
   if [ -d "$1" ]; then
