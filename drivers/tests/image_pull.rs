@@ -9,18 +9,22 @@ use std::sync::Mutex;
 use sbx_drivers::image::fixtures::{self, LocalRegistry, TarEntry};
 use sbx_drivers::image::{IdMap, ImageError, ImageStore, PullOptions, PullProgress};
 
-fn layer() -> Vec<u8> {
-    // Big enough (3 MiB, little of it compressible) for more than one progress report.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let noise: Vec<u8> = (0..3u32 << 20)
+/// `len` bytes of xorshift64 from `seed`: incompressible enough.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    (0..len)
         .map(|_| {
-            // xorshift64: incompressible enough.
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x as u8
         })
-        .collect();
+        .collect()
+}
+
+fn layer() -> Vec<u8> {
+    // Big enough (3 MiB, little of it compressible) for more than one progress report.
+    let noise = noise(3 << 20, 0x9e37_79b9_7f4a_7c15);
     fixtures::tar_bytes(&[
         TarEntry::dir("etc/"),
         TarEntry::file("etc/marker", b"pulled from the registry\n"),
@@ -188,18 +192,12 @@ async fn the_limits_cost_of_a_100_mib_pull() {
     }
     let dir = tempfile::tempdir().unwrap();
     let registry = LocalRegistry::start(dir.path());
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let files: Vec<TarEntry> = (0..100)
+    let files: Vec<TarEntry> = (0..100u64)
         .map(|i| {
-            let noise: Vec<u8> = (0..1u32 << 20)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
-            TarEntry::file(&format!("data/{i}"), &noise)
+            TarEntry::file(
+                &format!("data/{i}"),
+                &noise(1 << 20, 0x2545_f491_4f6c_dd1d + i),
+            )
         })
         .collect();
     let tar = fixtures::tar_bytes(&files);

@@ -217,6 +217,19 @@ impl Gateway {
         Ok(self.resolve_workspace(sel).await?.workspace)
     }
 
+    /// The id of the workspace named `name` now; `None` when no workspace has that name (what
+    /// a grant made by name is bound to).
+    pub async fn workspace_id(&self, name: &str) -> Result<Option<Uuid>> {
+        match self
+            .resolve_workspace(&WorkspaceSelector::Name(name.to_string()))
+            .await
+        {
+            Ok(ws) => Ok(Some(ws.record.id)),
+            Err(ActorError::WorkspaceNotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     pub async fn list_workspaces(
         &self,
         label_selector: &str,

@@ -329,7 +329,7 @@ impl ImageStore {
         let mut out = Vec::new();
         let limits = self.limits();
         for entry in entries {
-            limits.check_manifest(image, &vec![0; entry.layers.len()])?;
+            limits.check_layers(image, entry.layers.len())?;
             let mut budget = limits.budget(image);
             let config_bytes = read_source_json(image, tar, &entry.config)?;
             let config = spec::parse_config(image, &config_bytes)?;

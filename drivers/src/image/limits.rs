@@ -36,13 +36,7 @@ pub const ENTRY_COST: u64 = 4096;
 impl ImageLimits {
     /// The manifest's layers: their count and the sizes they claim.
     pub(crate) fn check_manifest(&self, image: &str, sizes: &[u64]) -> Result<(), ImageError> {
-        if sizes.len() > self.max_layers {
-            return Err(self.too_large(
-                image,
-                format!("its manifest lists {} layers", sizes.len()),
-                format!("{} layers, --image-max-layers", self.max_layers),
-            ));
-        }
+        self.check_layers(image, sizes.len())?;
         let claimed = sizes.iter().fold(0u64, |sum, s| sum.saturating_add(*s));
         if claimed > self.max_size {
             return Err(self.too_large(
@@ -52,6 +46,18 @@ impl ImageLimits {
                     crate::human_bytes(claimed)
                 ),
                 self.size_limit(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// How many layers an image has (a `docker save` archive claims no sizes).
+    pub(crate) fn check_layers(&self, image: &str, layers: usize) -> Result<(), ImageError> {
+        if layers > self.max_layers {
+            return Err(self.too_large(
+                image,
+                format!("its manifest lists {layers} layers"),
+                format!("{} layers, --image-max-layers", self.max_layers),
             ));
         }
         Ok(())
@@ -113,29 +119,23 @@ impl Budget {
                 format!("{} files, --image-max-files", self.limits.max_files),
             ));
         }
-        self.bytes = self.bytes.saturating_add(size).saturating_add(ENTRY_COST);
-        if self.bytes > self.limits.max_size {
-            return Err(self.limits.too_large(
-                &self.image,
-                format!(
-                    "its layers unpack to more than {}",
-                    crate::human_bytes(self.limits.max_size)
-                ),
-                self.limits.size_limit(),
-            ));
-        }
-        Ok(())
+        self.spend(size.saturating_add(ENTRY_COST), "unpack to")
     }
 
     /// A layer already in the store (unpacked for another image): its compressed size counts,
     /// a lower bound of what it takes.
     pub(crate) fn take_cached(&mut self, size: u64) -> Result<(), ImageError> {
-        self.bytes = self.bytes.saturating_add(size);
+        self.spend(size, "take")
+    }
+
+    /// `bytes` more, refused past the size limit ("its layers `verb` more than …").
+    fn spend(&mut self, bytes: u64, verb: &str) -> Result<(), ImageError> {
+        self.bytes = self.bytes.saturating_add(bytes);
         if self.bytes > self.limits.max_size {
             return Err(self.limits.too_large(
                 &self.image,
                 format!(
-                    "its layers take more than {}",
+                    "its layers {verb} more than {}",
                     crate::human_bytes(self.limits.max_size)
                 ),
                 self.limits.size_limit(),

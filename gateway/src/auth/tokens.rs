@@ -299,10 +299,9 @@ pub fn list(data: &Path) -> Result<Vec<StoredIdentity>, TokenError> {
     Ok(read(data)?.identities)
 }
 
-/// The names of the workspaces some grant holds without an id yet (a format-1 file's).
-pub fn unbound_names(data: &Path) -> Result<BTreeSet<String>, TokenError> {
-    Ok(read(data)?
-        .identities
+/// The names of the workspaces some grant of `identities` holds without an id yet.
+fn unbound_in(identities: &[StoredIdentity]) -> BTreeSet<String> {
+    identities
         .iter()
         .flat_map(|i| {
             i.workspaces
@@ -310,7 +309,7 @@ pub fn unbound_names(data: &Path) -> Result<BTreeSet<String>, TokenError> {
                 .filter(|name| !i.workspace_ids.contains_key(*name))
                 .cloned()
         })
-        .collect())
+        .collect()
 }
 
 /// Binds every grant without an id whose name `ids` holds (its workspace now, `None` when
@@ -401,16 +400,7 @@ impl Identities {
     /// The names of the workspaces some grant holds without an id yet (cheap: the file as
     /// last read, read again if it changed).
     pub fn unbound(&self) -> Result<BTreeSet<String>, TokenError> {
-        Ok(self
-            .current()?
-            .iter()
-            .flat_map(|i| {
-                i.workspaces
-                    .iter()
-                    .filter(|name| !i.workspace_ids.contains_key(*name))
-                    .cloned()
-            })
-            .collect())
+        Ok(unbound_in(&self.current()?))
     }
 
     /// [`bind_unbound`] of this file.
@@ -469,7 +459,7 @@ mod tests {
         let old = r#"{"format":1,"identities":[{"name":"old","role":"editor",
             "workspaces":["a","gone"],"token_sha256":"00","created_at_ms":1,"expires_at_ms":0}]}"#;
         std::fs::write(file_path(data.path()), old).unwrap();
-        let unbound = unbound_names(data.path()).unwrap();
+        let unbound = ids.unbound().unwrap();
         assert_eq!(unbound, ["a".to_string(), "gone".to_string()].into());
         let before = ids.by_name("old").unwrap().unwrap();
         assert_eq!(

@@ -350,20 +350,7 @@ async fn serve_on(
     let lookup_gateway = gateway.clone();
     let lookup: crate::auth::WorkspaceLookup = Arc::new(move |name: String| {
         let gateway = lookup_gateway.clone();
-        Box::pin(async move {
-            match gateway
-                .get_workspace(&sbx_actors::WorkspaceSelector::Name(name))
-                .await
-            {
-                Ok(ws) => ws
-                    .id
-                    .parse()
-                    .map(Some)
-                    .map_err(|e| format!("a bad id: {e}")),
-                Err(sbx_actors::ActorError::WorkspaceNotFound(_)) => Ok(None),
-                Err(e) => Err(e.to_string()),
-            }
-        })
+        Box::pin(async move { gateway.workspace_id(&name).await.map_err(|e| e.to_string()) })
     });
     let _ = auth.workspaces.set(lookup);
     auth.bind_unbound().await;

@@ -103,16 +103,12 @@ impl SbxService {
         if !caller.is_scoped() {
             return caller.require(name, None, role);
         }
-        let id = match self
+        let id = self
             .gateway
-            .get_workspace(&WorkspaceSelector::Name(name.to_string()))
+            .workspace_id(name)
             .await
-        {
-            Ok(workspace) => Some(workspace.id),
-            Err(ActorError::WorkspaceNotFound(_)) => None,
-            Err(e) => return Err(error_for(caller, e)),
-        };
-        caller.require(name, id.as_deref(), role)
+            .map_err(|e| error_for(caller, e))?;
+        caller.require(name, id.map(|id| id.to_string()).as_deref(), role)
     }
 
     /// Whether `caller` holds `role` where the sandbox `sel` names is.

@@ -77,22 +77,17 @@ impl IdentityService for SbxService {
         // same name is a stranger to it.
         let mut workspace_ids = std::collections::BTreeMap::new();
         for name in &req.workspaces {
-            let id = match self
+            let id = self
                 .gateway
-                .get_workspace(&sbx_actors::WorkspaceSelector::Name(name.to_string()))
+                .workspace_id(name)
                 .await
-            {
-                Ok(ws) => Some(ws.id.parse::<uuid::Uuid>().map_err(|e| {
-                    Status::internal(format!("workspace {name} has a bad id: {e}"))
-                })?),
-                Err(sbx_actors::ActorError::WorkspaceNotFound(_)) => {
-                    return Err(Status::not_found(format!(
-                        "no workspace is named {name:?}: a grant holds a workspace that \
-                         exists (create it first)"
-                    )));
-                }
-                Err(e) => return Err(super::access::error_for(&caller, e)),
-            };
+                .map_err(|e| super::access::error_for(&caller, e))?;
+            if id.is_none() {
+                return Err(Status::not_found(format!(
+                    "no workspace is named {name:?}: a grant holds a workspace that exists \
+                     (create it first)"
+                )));
+            }
             workspace_ids.insert(name.clone(), id);
         }
         let new = NewIdentity {
