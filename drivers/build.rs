@@ -19,9 +19,12 @@ fn main() {
         .parent()
         .expect("drivers/ is in the workspace")
         .to_path_buf();
-    let agent = workspace.join("agent");
-    for watched in ["src", "Cargo.toml"] {
-        println!("cargo:rerun-if-changed={}", agent.join(watched).display());
+    // The agent and the crates of ours it is built from.
+    for krate in ["agent", "archive"] {
+        for watched in ["src", "Cargo.toml"] {
+            let path = workspace.join(krate).join(watched);
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
     }
     println!(
         "cargo:rerun-if-changed={}",

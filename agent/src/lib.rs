@@ -20,7 +20,7 @@
 //! confined to them ([`offline`]). The binary is built static by the drivers crate's
 //! build script, so it runs in any image, with or without a libc.
 
-pub mod archive;
+pub use sbx_archive as archive;
 pub mod confine;
 pub mod feed;
 pub mod log;

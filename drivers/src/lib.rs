@@ -28,20 +28,7 @@ pub use host::elf::{BUSYBOX_PATHS, find_static_busybox};
 pub use host::network;
 pub use host::uidpool;
 
-/// Bytes for humans, in powers of 1024: `512B`, `1.5KiB`, `4.2MiB`, `1.0GiB`.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes < 1024 {
-        return format!("{bytes}B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1}{}", UNITS[unit])
-}
+pub use sbx_proto::quantity::human_bytes;
 
 /// A stream of results from a driver (watch events, exec output, log chunks).
 pub type DriverStream<T> = Pin<Box<dyn Stream<Item = Result<T, DriverError>> + Send + 'static>>;

@@ -1,8 +1,8 @@
-//! sbx-gateway: the tonic service ([`service`]), the `sbxd` daemon ([`daemon`]) and the `sbx`
-//! CLI ([`cli`]).
+//! sbx-gateway: the tonic service ([`service`]) and the `sbxd` daemon ([`daemon`]). The `sbx`
+//! CLI is its own crate (`sbx-cli`), which shares only the public API and [`tls`] with it.
 
 pub mod auth;
-pub mod cli;
 pub mod daemon;
 pub mod service;
-pub mod tls;
+
+pub use sbx_tls as tls;

@@ -64,7 +64,7 @@ fn row(label: &str, samples: &mut [Duration]) -> String {
 }
 
 fn sbx_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_sbx")
+    common::SBX
 }
 
 /// An sbxd on `driver` with one running sandbox `box` (`sleep`); its id.

@@ -5,6 +5,8 @@
 //! - [`names`]: the naming rules for workspaces and sandboxes.
 //! - [`image_ref`]: image references, the naming rule of images.
 //! - [`quote`]: how an error quotes a bad value (short).
+//! - [`quantity`]: sizes and CPU as people write them, and sizes for people to read.
+//! - [`local`]: where a gateway on this machine keeps its state and its socket by default.
 
 /// The public API, package `sbx.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -29,6 +31,7 @@ pub mod driver {
 }
 
 pub mod image_ref;
+pub mod local;
 pub mod names;
 pub mod quantity;
 pub mod quote;

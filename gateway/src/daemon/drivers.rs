@@ -16,40 +16,13 @@ use sbx_drivers::vm::VmDriver;
 use super::managed::{MAX_SOCKET_PATH, ManagedDriver, ManagedDriverPaths, stop_stale_driver};
 use super::{DaemonError, DriverKind, DriverSpec, ServeArgs};
 
-/// Where root's state lives by default (the oci driver's sandboxes must walk through the
-/// data dir's parents, which /root does not let them).
-pub const ROOT_DATA_DIR: &str = "/var/lib/sbx";
-
-/// The data directory: the flag, else /var/lib/sbx for root, else $XDG_STATE_HOME/sbx, else
-/// ~/.local/state/sbx.
+/// The data directory: the flag, else the default of sbxd's user
+/// ([`sbx_proto::local::default_data_dir`]).
 pub fn data_dir(flag: Option<&Path>) -> Result<PathBuf, DaemonError> {
-    resolve_data_dir(
-        flag,
-        nix::unistd::geteuid().is_root(),
-        std::env::var_os("XDG_STATE_HOME").map(PathBuf::from),
-        std::env::var_os("HOME").map(PathBuf::from),
-    )
-}
-
-/// [`data_dir`] without the environment, for tests. Empty variables count as unset.
-fn resolve_data_dir(
-    flag: Option<&Path>,
-    root: bool,
-    xdg_state_home: Option<PathBuf>,
-    home: Option<PathBuf>,
-) -> Result<PathBuf, DaemonError> {
-    if let Some(dir) = flag {
-        return Ok(dir.to_path_buf());
-    }
-    if root {
-        return Ok(PathBuf::from(ROOT_DATA_DIR));
-    }
-    if let Some(xdg) = xdg_state_home.filter(|p| !p.as_os_str().is_empty()) {
-        return Ok(xdg.join("sbx"));
-    }
-    match home.filter(|p| !p.as_os_str().is_empty()) {
-        Some(home) => Ok(home.join(".local").join("state").join("sbx")),
-        None => Err(DaemonError::NoDataDir),
+    match flag {
+        Some(dir) => Ok(dir.to_path_buf()),
+        None => sbx_proto::local::default_data_dir(nix::unistd::geteuid().is_root())
+            .ok_or(DaemonError::NoDataDir),
     }
 }
 
@@ -264,33 +237,6 @@ fn parse_sim_op(text: &str) -> Result<SimOp, DaemonError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn data_dir_precedence() {
-        let flag = PathBuf::from("/flag");
-        let xdg = Some(PathBuf::from("/xdg"));
-        let home = Some(PathBuf::from("/home/u"));
-        assert_eq!(
-            resolve_data_dir(Some(&flag), true, xdg.clone(), home.clone()).unwrap(),
-            flag
-        );
-        assert_eq!(
-            resolve_data_dir(None, true, xdg.clone(), home.clone()).unwrap(),
-            PathBuf::from(ROOT_DATA_DIR)
-        );
-        assert_eq!(
-            resolve_data_dir(None, false, xdg, home.clone()).unwrap(),
-            PathBuf::from("/xdg/sbx")
-        );
-        assert_eq!(
-            resolve_data_dir(None, false, Some(PathBuf::new()), home.clone()).unwrap(),
-            PathBuf::from("/home/u/.local/state/sbx")
-        );
-        assert!(matches!(
-            resolve_data_dir(None, false, None, None),
-            Err(DaemonError::NoDataDir)
-        ));
-    }
 
     #[test]
     fn socket_paths_longer_than_sun_path_are_refused() {

@@ -69,7 +69,7 @@ pub struct ImageArgs {
         env = "SBX_IMAGE_MAX_SIZE",
         default_value = "20Gi",
         value_name = "SIZE",
-        value_parser = crate::cli::size::parse_size
+        value_parser = sbx_proto::quantity::size_arg
     )]
     pub image_max_size: u64,
 

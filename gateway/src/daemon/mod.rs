@@ -325,13 +325,13 @@ pub struct ServeArgs {
     /// memory (oci, process where the host has the controller, vm: its RAM); shown by `sbx
     /// sandbox get`.
     #[arg(long, env = "SBX_DEFAULT_MEMORY", default_value = "1Gi", value_name = "SIZE",
-          value_parser = crate::cli::size::parse_size)]
+          value_parser = sbx_proto::quantity::size_arg)]
     pub default_memory: u64,
 
     /// The cpu limit of a sandbox that sets none itself and whose workspace has no default:
     /// cores (1, 0.5) or millicores (500m); 0: no limit.
     #[arg(long, env = "SBX_DEFAULT_CPU", default_value = "1", value_name = "CPUS",
-          value_parser = crate::cli::size::parse_cpu)]
+          value_parser = sbx_proto::quantity::cpu_arg)]
     pub default_cpu: u32,
 
     /// The disk limit of a sandbox that sets none itself and whose workspace has no default:
@@ -339,7 +339,7 @@ pub struct ServeArgs {
     /// limit). On drivers that limit disk (oci: an ext4 filesystem of that size per sandbox,
     /// sparse, on a loop device); a write past it fails with ENOSPC inside. Fixed at create.
     #[arg(long, env = "SBX_DEFAULT_DISK", default_value = "10Gi", value_name = "SIZE",
-          value_parser = crate::cli::size::parse_size)]
+          value_parser = sbx_proto::quantity::size_arg)]
     pub default_disk: u64,
 
     /// Serve the sandboxes' service endpoints (`sbx service expose`) over HTTP on host:port:

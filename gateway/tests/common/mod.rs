@@ -22,7 +22,14 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_types::StatusExt;
 
 pub const SBXD: &str = env!("CARGO_BIN_EXE_sbxd");
-pub const SBX: &str = env!("CARGO_BIN_EXE_sbx");
+/// `sbx`, the CLI crate's binary. Cargo builds every binary of the workspace into one
+/// directory, so it is beside sbxd: [`SBXD`]'s path without its last letter (`…/sbxd` →
+/// `…/sbx`). `cargo nextest run --workspace` builds both; a run of this package alone needs
+/// `cargo build -p sbx-cli` first.
+pub const SBX: &str = match std::str::from_utf8(SBXD.as_bytes().split_at(SBXD.len() - 1).0) {
+    Ok(path) => path,
+    Err(_) => panic!("a path cut after an ASCII letter is UTF-8"),
+};
 
 /// How long sbxd may take to write its address file.
 const START_TIMEOUT: Duration = Duration::from_secs(60);

@@ -256,11 +256,16 @@ pub fn resolve(
 
 /// The default endpoint: sbxd's socket in its default data dir.
 pub fn default_endpoint() -> Result<String, CliError> {
-    let dir = crate::daemon::drivers::data_dir(None).map_err(|err| CliError::InvalidEndpoint {
-        endpoint: "(the default)".to_string(),
-        cause: format!("{err}; name the gateway with --endpoint or SBX_ENDPOINT"),
-    })?;
-    Ok(format!("unix://{}", dir.join("sbxd.sock").display()))
+    let root = rustix::process::geteuid().is_root();
+    let dir =
+        sbx_proto::local::default_data_dir(root).ok_or_else(|| CliError::InvalidEndpoint {
+            endpoint: "(the default)".to_string(),
+            cause: "no data directory: set XDG_STATE_HOME or HOME, or name the gateway with \
+                --endpoint or SBX_ENDPOINT"
+                .to_string(),
+        })?;
+    let socket = dir.join(sbx_proto::local::SOCKET_NAME);
+    Ok(format!("unix://{}", socket.display()))
 }
 
 /// The global flags of one command line: where, with what, which context.

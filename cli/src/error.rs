@@ -39,16 +39,11 @@ pub enum CliError {
     /// A `--memory` SIZE is not a number with an optional known unit suffix. The message
     /// leaves the input out: clap prints it beside the flag (`invalid value '12Q' for
     /// '--memory <SIZE>': …`).
-    #[error(
-        "expected bytes, or a number with a unit: Ki, Mi, Gi, Ti (powers of 1024) or K, M, G, \
-         T (powers of 1000), e.g. 512Mi, 1.5Gi, 1G"
-    )]
+    #[error("{}", sbx_proto::quantity::SIZE_HELP)]
     InvalidSize { input: String },
 
     /// A `--cpu` quantity is neither cores (at most 3 decimals) nor whole millicores with `m`.
-    #[error(
-        "expected cores (2, 0.5, at most 3 decimals) or millicores (500m), up to 4294967 cores"
-    )]
+    #[error("{}", sbx_proto::quantity::CPU_HELP)]
     InvalidCpu { input: String },
 
     /// A `--timeout` is not a duration.
@@ -292,7 +287,7 @@ pub fn describe_status(status: &tonic::Status) -> String {
         // With TLS 1.3 a gateway that refuses the client's certificate does so after the
         // handshake seemed to succeed: the first call sees only the connection go.
         tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled
-            if crate::cli::connect::dialed_tls() && dropped_connection(status) =>
+            if crate::connect::dialed_tls() && dropped_connection(status) =>
         {
             format!(
                 "{message} (the gateway closed the TLS connection: is the client certificate \

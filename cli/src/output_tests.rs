@@ -461,7 +461,7 @@ fn a_sandbox_shows_its_image_and_pinned_digest() {
 
 #[test]
 fn pull_progress_lines_skip_partial_byte_counts() {
-    use crate::cli::image::progress_line;
+    use crate::image::progress_line;
     use sbx_proto::v1::pull_progress::Event;
     use sbx_proto::v1::{PullLayerBytes, PullLayerDone, PullProgress, PullResolved};
     let p = |event| PullProgress { event: Some(event) };

@@ -16,8 +16,6 @@
 
 use super::error::CliError;
 
-use sbx_proto::quantity::{parse_decimal, split_number};
-
 /// Parses a memory size into bytes (see the module doc).
 pub fn parse_size(input: &str) -> Result<u64, CliError> {
     sbx_proto::quantity::parse_bytes(input).ok_or_else(|| CliError::InvalidSize {
@@ -27,17 +25,9 @@ pub fn parse_size(input: &str) -> Result<u64, CliError> {
 
 /// Parses a CPU quantity into millicores (see the module doc).
 pub fn parse_cpu(input: &str) -> Result<u32, CliError> {
-    let invalid = || CliError::InvalidCpu {
+    sbx_proto::quantity::parse_millicores(input).ok_or_else(|| CliError::InvalidCpu {
         input: input.to_string(),
-    };
-    let (number, suffix) = split_number(input);
-    let (digits, decimals) = parse_decimal(number).ok_or_else(invalid)?;
-    let millis = match suffix {
-        "m" if decimals == 0 => digits,
-        "" if decimals <= 3 => digits * 10u128.pow(3 - decimals),
-        _ => return Err(invalid()),
-    };
-    u32::try_from(millis).map_err(|_| invalid())
+    })
 }
 
 #[cfg(test)]

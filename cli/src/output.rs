@@ -582,7 +582,7 @@ pub fn image_view(image: &Image) -> ImageView {
 }
 
 /// Bytes for humans (the drivers say sizes the same way).
-pub use sbx_drivers::human_bytes;
+pub use sbx_proto::quantity::human_bytes;
 
 /// `sha256:` and the first 12 hex digits, as image tables show a digest.
 pub fn short_digest(digest: &str) -> String {

@@ -11,7 +11,7 @@ use sbx_proto::v1::{
 };
 
 use super::*;
-use crate::cli::{Cli, Command, ImageCommand, OutputFormat, SandboxCommand, WorkspaceCommand};
+use crate::{Cli, Command, ImageCommand, OutputFormat, SandboxCommand, WorkspaceCommand};
 
 const ID: &str = "0192a6f4-3c1e-7d2a-9f00-1234567890ab";
 
@@ -528,7 +528,7 @@ fn list_exec_logs_watch_requests() {
 
 #[test]
 fn endpoint_flag_env_and_default() {
-    use crate::cli::config::{Given, resolve};
+    use crate::config::{Given, resolve};
     let cli = parse(&["sandbox", "get", "x", "--endpoint", "http://10.0.0.1:9"]);
     assert_eq!(cli.endpoint.as_deref(), Some("http://10.0.0.1:9"));
     let cli = parse(&["--endpoint", "h:1", "workspace", "ls"]);
@@ -552,8 +552,8 @@ fn endpoint_flag_env_and_default() {
     assert_eq!(endpoint(Some(" "), None), "unix:///default/sbxd.sock");
     assert_eq!(endpoint(None, None), "unix:///default/sbxd.sock");
     // The default is sbxd's socket in its default data dir.
-    let default = crate::cli::config::default_endpoint().unwrap();
-    let dir = crate::daemon::drivers::data_dir(None).unwrap();
+    let default = crate::config::default_endpoint().unwrap();
+    let dir = sbx_proto::local::default_data_dir(rustix::process::geteuid().is_root()).unwrap();
     assert_eq!(default, format!("unix://{}/sbxd.sock", dir.display()));
 }
 

@@ -1,5 +1,5 @@
 //! `sbx`: the command-line client of the sbx gateway.
 
 fn main() -> std::process::ExitCode {
-    sbx_gateway::cli::main()
+    sbx_cli::main()
 }

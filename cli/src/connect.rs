@@ -369,7 +369,7 @@ fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind
 }
 
 /// tonic's client TLS settings from the CA (else the system's roots), the client identity
-/// and the server name, by [`crate::tls::client_config`], which checks every file now and
+/// and the server name, by [`sbx_tls::client_config`], which checks every file now and
 /// names the one that is wrong.
 fn tls_config(tls: &TlsSettings) -> Result<ClientTlsConfig, CliError> {
     let identity = match (&tls.cert, &tls.key) {
@@ -386,7 +386,7 @@ fn tls_config(tls: &TlsSettings) -> Result<ClientTlsConfig, CliError> {
             ));
         }
     };
-    crate::tls::client_config(tls.ca.as_deref(), identity, tls.server_name.as_deref())
+    sbx_tls::client_config(tls.ca.as_deref(), identity, tls.server_name.as_deref())
         .map_err(|err| CliError::Tls(err.to_string()))
 }
 

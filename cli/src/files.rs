@@ -3,7 +3,7 @@
 //! when it is an existing directory, else as DEST.
 //!
 //! Constant memory both ways: the local side packs or unpacks on a blocking thread
-//! ([`sbx_agent::archive`], the same code as inside the sandbox) connected to the gRPC
+//! ([`sbx_archive`], the same code as inside the sandbox) connected to the gRPC
 //! stream by a bounded channel of 64 KiB chunks. A download refuses entries that would leave
 //! the local destination (`..`, absolute paths, paths through symlinks), so a hostile
 //! sandbox cannot write outside it.
@@ -154,7 +154,7 @@ pub async fn upload(
                 tx,
                 buf: Vec::with_capacity(CHUNK),
             };
-            sbx_agent::archive::pack(&from, &mut out).and_then(|()| out.flush())
+            sbx_archive::pack(&from, &mut out).and_then(|()| out.flush())
         })
     };
     let start = CopyToSandboxInput {
@@ -227,7 +227,7 @@ async fn download(
                 pending: Vec::new(),
                 at: 0,
             };
-            sbx_agent::archive::unpack(input, &to)
+            sbx_archive::unpack(input, &to)
         })
     };
     let mut failed = None;
