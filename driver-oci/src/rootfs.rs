@@ -1,0 +1,376 @@
+//! A sandbox's root filesystem: an overlay of its image's layers (read-only, shared by every
+//! sandbox of the image) under a writable layer of its own, mounted on the host at the
+//! bundle's `rootfs/` while the workload runs. The writable layer is kept until delete, so
+//! every change to the root filesystem survives stop, start, restart and driver restarts.
+//!
+//! Also: who the image's `User` is, read from the sandbox's own `/etc/passwd` and
+//! `/etc/group`, opened inside the rootfs (`openat2` with `RESOLVE_IN_ROOT`: a symlink in
+//! the image cannot point the driver at a host file).
+
+use std::path::{Path, PathBuf};
+
+use std::os::fd::AsFd;
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+use super::bundle::ProcessUser;
+use super::record::SandboxPaths;
+use sbx_images::IdMap;
+
+/// The overlay's mount options for these layers (lowest first) and writable dirs.
+pub fn overlay_options(layers: &[PathBuf], upper: &Path, work: &Path) -> String {
+    // overlayfs lists lower dirs highest first.
+    let lower: Vec<String> = layers
+        .iter()
+        .rev()
+        .map(|l| escape(&l.to_string_lossy()))
+        .collect();
+    format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.join(":"),
+        escape(&upper.to_string_lossy()),
+        escape(&work.to_string_lossy())
+    )
+}
+
+/// Escapes the characters that separate overlay options and lower dirs.
+fn escape(path: &str) -> String {
+    path.replace('\\', "\\\\")
+        .replace(':', "\\:")
+        .replace(',', "\\,")
+}
+
+/// The longest mount data the kernel takes (one page).
+const MAX_OPTIONS: usize = 4095;
+
+/// Mounts the overlay at `rootfs` unless something is mounted there already.
+pub fn mount_overlay(
+    layers: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    rootfs: &Path,
+) -> Result<(), String> {
+    if is_mount_point(rootfs) {
+        return Ok(());
+    }
+    if layers.is_empty() {
+        return Err("the image has no layers".to_string());
+    }
+    let options = overlay_options(layers, upper, work);
+    if options.len() > MAX_OPTIONS {
+        return Err(format!(
+            "the image has too many layers for one overlay mount ({} layers, {} bytes of \
+             options; the kernel takes {MAX_OPTIONS})",
+            layers.len(),
+            options.len()
+        ));
+    }
+    mount(
+        Some("overlay"),
+        rootfs,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(options.as_str()),
+    )
+    .map_err(|e| format!("mounting the root filesystem at {}: {e}", rootfs.display()))
+}
+
+/// Unmounts the sandbox's root filesystem if it is mounted, then its layers as its range sees
+/// them (lazily: a process that still holds one keeps its view until it lets go, nothing is
+/// left in the mount table).
+pub fn unmount(paths: &SandboxPaths) -> Result<(), String> {
+    sbx_host_kit::ptys::detach_exec_devpts(&paths.exec_pts);
+    if is_mount_point(&paths.rootfs) {
+        umount2(&paths.rootfs, MntFlags::MNT_DETACH)
+            .map_err(|e| format!("unmounting {}: {e}", paths.rootfs.display()))?;
+    }
+    unmount_layers(&paths.lower)
+}
+
+/// The image's layers as a sandbox whose ids are `sandbox` sees them. The image store keeps
+/// one copy of each layer, its owners shifted into `store` (the store's range); a sandbox with
+/// a range of its own gets each layer as a read-only idmapped mount at `lower/<n>` (owner
+/// `store + k` seen as `sandbox + k`), through a user namespace made for the mapping alone.
+/// The overlay holds its own copies of its layers' mounts, so these are unmounted once it is
+/// mounted; an offline copy's namespace copies them when it starts. With the store's own
+/// range, the layers themselves.
+pub fn mapped_layers(
+    layers: &[PathBuf],
+    store: IdMap,
+    sandbox: IdMap,
+    lower: &Path,
+) -> Result<Vec<PathBuf>, String> {
+    if store == sandbox {
+        return Ok(layers.to_vec());
+    }
+    if sandbox.size > store.size {
+        return Err(format!(
+            "the sandbox's range ({} ids) is larger than the image store's ({})",
+            sandbox.size, store.size
+        ));
+    }
+    super::record::make_walkable_dir(lower)
+        .map_err(|e| format!("making {}: {e}", lower.display()))?;
+    let targets: Vec<PathBuf> = (0..layers.len())
+        .map(|i| lower.join(i.to_string()))
+        .collect();
+    let mut namespace = None;
+    for (layer, target) in layers.iter().zip(&targets) {
+        if is_mount_point(target) {
+            continue;
+        }
+        if namespace.is_none() {
+            let map = |from: u32, to: u32| format!("{from} {to} {}\n", sandbox.size);
+            namespace = Some(
+                sbx_sys::user_namespace(
+                    &map(store.host_uid, sandbox.host_uid),
+                    &map(store.host_gid, sandbox.host_gid),
+                )
+                .map_err(|e| format!("making the user namespace of the sandbox's ids: {e}"))?,
+            );
+        }
+        let ns = namespace.as_ref().expect("made above");
+        super::record::make_walkable_dir(target)
+            .map_err(|e| format!("making {}: {e}", target.display()))?;
+        let tree = sbx_sys::idmapped_tree(layer, ns.as_fd())
+            .map_err(|e| format!("an idmapped copy of layer {}: {e}", layer.display()))?;
+        sbx_sys::attach(tree.as_fd(), target).map_err(|e| {
+            format!(
+                "mounting layer {} at {}: {e}",
+                layer.display(),
+                target.display()
+            )
+        })?;
+    }
+    Ok(targets)
+}
+
+/// Unmounts and removes the idmapped layers under `lower` (see [`mapped_layers`]).
+pub fn unmount_layers(lower: &Path) -> Result<(), String> {
+    let Ok(entries) = std::fs::read_dir(lower) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let target = entry.path();
+        if is_mount_point(&target) {
+            umount2(&target, MntFlags::MNT_DETACH)
+                .map_err(|e| format!("unmounting {}: {e}", target.display()))?;
+        }
+        let _ = std::fs::remove_dir(&target);
+    }
+    Ok(())
+}
+
+/// Whether `path` is a mount point in this process's mount namespace.
+pub fn is_mount_point(path: &Path) -> bool {
+    mount_source(path).is_some()
+}
+
+/// What is mounted at `path` (the last mount there), as mountinfo names its source (a device
+/// such as `/dev/loop3`, or a name such as `overlay`); `None` when nothing is.
+pub fn mount_source(path: &Path) -> Option<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let wanted = path.to_string_lossy();
+    table
+        .lines()
+        .filter(|line| {
+            line.split(' ')
+                .nth(4)
+                .is_some_and(|mount_point| unescape_mountinfo(mount_point) == wanted)
+        })
+        .filter_map(|line| {
+            let (_, after) = line.split_once(" - ")?;
+            after.split(' ').nth(1).map(unescape_mountinfo)
+        })
+        .next_back()
+}
+
+/// Mount points in mountinfo escape space, tab, newline and backslash as octal.
+fn unescape_mountinfo(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let bytes = field.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && let Ok(code) = u8::from_str_radix(&field[i + 1..i + 4], 8)
+        {
+            out.push(code as char);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i] as char);
+        i += 1;
+    }
+    out
+}
+
+/// Reads a small file of the rootfs (at most 4 MiB), resolved inside it: the sandbox can write
+/// its root filesystem, so through [`sbx_host_kit::safefs::read_in_root`] — symlinks cannot
+/// leave it, and a FIFO or a device there is refused without blocking.
+fn read_in_root(rootfs: &Path, path: &str) -> Option<String> {
+    let bytes = sbx_host_kit::safefs::read_in_root(rootfs, Path::new(path), 4 << 20).ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// Resolves an image's `User` (`""`, `uid`, `uid:gid`, `name`, `name:group`, …) against the
+/// rootfs's `/etc/passwd` and `/etc/group`. A numeric uid without a gid takes the passwd
+/// entry's group when there is one, else 0. A name that is not there is an error naming it.
+pub fn resolve_user(user: &str, rootfs: &Path) -> Result<ProcessUser, String> {
+    let passwd = || read_in_root(rootfs, "/etc/passwd").unwrap_or_default();
+    let group = || read_in_root(rootfs, "/etc/group").unwrap_or_default();
+    resolve_user_in(user, passwd, group)
+}
+
+/// [`resolve_user`] on file contents, for tests.
+fn resolve_user_in(
+    user: &str,
+    passwd: impl FnOnce() -> String,
+    group: impl FnOnce() -> String,
+) -> Result<ProcessUser, String> {
+    if user.is_empty() {
+        return Ok(ProcessUser::default());
+    }
+    let (who, grp) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let passwd = passwd();
+    // name:x:uid:gid:...
+    let entry = passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        let (name, uid, gid) = (
+            f.first()?,
+            f.get(2)?.parse::<u32>().ok()?,
+            f.get(3)?.parse::<u32>().ok()?,
+        );
+        (*name == who || who.parse::<u32>() == Ok(uid)).then_some((name.to_string(), uid, gid))
+    });
+    let uid = match who.parse::<u32>() {
+        Ok(uid) => uid,
+        Err(_) => match &entry {
+            Some((_, uid, _)) => *uid,
+            None => return Err(format!("user {who:?} is not in the image's /etc/passwd")),
+        },
+    };
+    let groups = group();
+    let gid = match grp {
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => groups
+                .lines()
+                .find_map(|line| {
+                    let f: Vec<&str> = line.split(':').collect();
+                    (f.first() == Some(&g)).then(|| f.get(2)?.parse::<u32>().ok())?
+                })
+                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
+        },
+        None => entry.as_ref().map(|(_, _, gid)| *gid).unwrap_or(0),
+    };
+    // Supplementary groups: those that list the user's name.
+    let additional_gids = match &entry {
+        Some((name, _, _)) => groups
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split(':').collect();
+                let members = f.get(3)?;
+                let gid = f.get(2)?.parse::<u32>().ok()?;
+                (members.split(',').any(|m| m == name) && gid != 0).then_some(gid)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    Ok(ProcessUser {
+        uid,
+        gid,
+        additional_gids,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n";
+    const GROUP: &str = "root:x:0:\nstaff:x:50:app\napps:x:1001:\n";
+
+    fn check(user: &str) -> Result<ProcessUser, String> {
+        resolve_user_in(user, || PASSWD.to_string(), || GROUP.to_string())
+    }
+
+    #[test]
+    fn a_workloads_fifo_or_link_as_etc_passwd_neither_hangs_nor_reads_the_host() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir(root.join("etc")).unwrap();
+        // A FIFO where the user's name is looked up: the start would hang on the open.
+        nix::unistd::mkfifo(&root.join("etc/passwd"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let started = std::time::Instant::now();
+        let err = resolve_user("app", root).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert!(err.contains("not in the image's /etc/passwd"), "{err}");
+        // A link to the host's /etc/passwd resolves inside the rootfs: root, the host's
+        // first user, is not found there.
+        std::fs::remove_file(root.join("etc/passwd")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.join("etc/passwd")).unwrap();
+        assert!(resolve_user("root", root).is_err());
+        std::fs::remove_file(root.join("etc/passwd")).unwrap();
+        std::fs::write(root.join("etc/passwd"), "app:x:1000:1000::/:/bin/sh\n").unwrap();
+        assert_eq!(resolve_user("app", root).unwrap().uid, 1000);
+    }
+
+    #[test]
+    fn users_resolve_by_number_and_name() {
+        let user = |uid, gid, extra: &[u32]| ProcessUser {
+            uid,
+            gid,
+            additional_gids: extra.to_vec(),
+        };
+        assert_eq!(check("").unwrap(), user(0, 0, &[]));
+        assert_eq!(check("app").unwrap(), user(1000, 1001, &[50]));
+        assert_eq!(check("1000").unwrap(), user(1000, 1001, &[50]));
+        assert_eq!(check("1000:7").unwrap(), user(1000, 7, &[50]));
+        assert_eq!(check("app:staff").unwrap(), user(1000, 50, &[50]));
+        assert_eq!(check("4242").unwrap(), user(4242, 0, &[]));
+        assert!(check("nobody-here").unwrap_err().contains("nobody-here"));
+        assert!(check("app:nogroup").unwrap_err().contains("nogroup"));
+    }
+
+    #[test]
+    fn overlay_options_list_the_highest_layer_first_and_escape() {
+        let layers = vec![PathBuf::from("/l/1"), PathBuf::from("/l/a:b")];
+        assert_eq!(
+            overlay_options(&layers, Path::new("/u"), Path::new("/w,x")),
+            "lowerdir=/l/a\\:b:/l/1,upperdir=/u,workdir=/w\\,x"
+        );
+    }
+
+    #[test]
+    fn a_mount_source_is_read_from_mountinfo() {
+        assert_eq!(mount_source(Path::new("/proc")).as_deref(), Some("proc"));
+        assert_eq!(mount_source(Path::new("/proc/self")), None);
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_read() {
+        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        assert!(is_mount_point(Path::new("/proc")));
+        assert!(!is_mount_point(Path::new("/proc/self")));
+    }
+
+    #[test]
+    fn files_are_read_inside_the_root_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(tmp.path().join("secret"), "host file").unwrap();
+        // An absolute symlink in the image resolves inside the root, not on the host.
+        std::os::unix::fs::symlink(tmp.path().join("secret"), root.join("etc/passwd")).unwrap();
+        assert_eq!(read_in_root(&root, "/etc/passwd"), None);
+        std::os::unix::fs::symlink("../../secret", root.join("etc/group")).unwrap();
+        assert_eq!(read_in_root(&root, "/etc/group"), None);
+        std::fs::write(root.join("etc/hosts"), "inside").unwrap();
+        assert_eq!(read_in_root(&root, "/etc/hosts").as_deref(), Some("inside"));
+    }
+}

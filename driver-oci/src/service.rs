@@ -1,0 +1,382 @@
+//! The driver contract for [`OciDriver`]: capabilities and create (the image resolved into
+//! what the sandbox runs). Start, stop, delete, a create of a known sandbox and the reads
+//! (get, list, watch, logs) are the host kit's (`host::lifecycle`); exec is in `streams.rs`.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use nix::unistd::{Gid, Uid, chown};
+
+use super::record::{self, ImageRun, OciRecord, RECORD_FORMAT};
+use super::{Inner, OciDriver};
+use sbx_driver_api::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
+use sbx_host_kit::{Desired, agent, internal, lifecycle, sandbox_network, validate_command};
+use sbx_images::{ImageError, ImageInfo};
+
+/// The PATH a workload gets when its image sets none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+#[async_trait]
+impl ComputeDriver for OciDriver {
+    async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
+        Ok(pb::CapabilitiesResponse {
+            driver: "oci".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            exec: true,
+            logs: true,
+            watch: true,
+            cpu_limit: true,
+            memory_limit: true,
+            persistent_storage: true,
+            images: true,
+            exec_stdin: true,
+            exec_tty: true,
+            copy: true,
+            port_forward: true,
+            copy_when_stopped: true,
+            network: self.inner.opts.network.is_some(),
+            disk_limit: true,
+            isolation: format!(
+                "OCI container ({}): user namespace (root = {}), pid/mount/uts/ipc/\
+                 net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \
+                 /proc and /sys, cpu/memory/disk/pids limits; overlay root filesystem from the image",
+                self.inner.runtime.binary.display(),
+                sbx_host_kit::uidpool::describe(
+                    self.inner.opts.uid_pool.as_ref(),
+                    &self.inner.opts.id_map
+                ),
+            ),
+        })
+    }
+
+    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { create(&inner, req).await }).await
+    }
+
+    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { lifecycle::start(inner.as_ref(), req).await }).await
+    }
+
+    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { lifecycle::stop(inner.as_ref(), req).await }).await
+    }
+
+    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { lifecycle::delete(inner.as_ref(), req).await }).await
+    }
+
+    async fn update_network(
+        &self,
+        req: pb::UpdateNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move {
+            sandbox_network::update(&inner.records, inner.opts.network.as_ref(), req).await
+        })
+        .await
+    }
+
+    async fn get_network(
+        &self,
+        req: pb::GetNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        sandbox_network::get(&self.inner.records, self.inner.opts.network.as_ref(), req).await
+    }
+
+    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
+        lifecycle::get(self.inner.as_ref(), &req)
+    }
+
+    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
+        Ok(lifecycle::list(self.inner.as_ref()))
+    }
+
+    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
+        Ok(lifecycle::watch(&self.inner, &self.alive))
+    }
+
+    async fn exec_io(
+        &self,
+        req: pb::ExecRequest,
+        input: ExecInputStream,
+    ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        self.exec_stream(req, input).await
+    }
+
+    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
+        lifecycle::logs(&self.inner, &req, &self.alive)
+    }
+
+    async fn copy_from(
+        &self,
+        req: pb::CopyFromRequest,
+    ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        self.copy_via(&req.sandbox_id).await?.copy_from(&req).await
+    }
+
+    async fn copy_to(
+        &self,
+        req: pb::CopyToStart,
+        data: sbx_driver_api::ByteStream,
+    ) -> Result<pb::CopyToResponse, DriverError> {
+        self.copy_via(&req.sandbox_id)
+            .await?
+            .copy_to(&req, data)
+            .await
+    }
+
+    async fn port_forward(
+        &self,
+        req: pb::PortForwardStart,
+        input: sbx_driver_api::ForwardInputStream,
+    ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
+        let dir = self.running_dir(&req.sandbox_id, "port forwarding")?;
+        agent::port_forward(&dir, &req, input).await
+    }
+}
+
+impl Inner {
+    /// The image a create names: its manifest digest must be in the store.
+    fn image(&self, digest: &str) -> Result<ImageInfo, DriverError> {
+        if digest.is_empty() {
+            return Err(DriverError::InvalidArgument(
+                "the oci driver runs images: the spec's image must be the manifest digest of \
+                 an image in the gateway's image store"
+                    .to_string(),
+            ));
+        }
+        self.images.get(digest).map_err(|e| match e {
+            ImageError::NotFound { .. } => DriverError::InvalidArgument(format!(
+                "image {digest} is not in the image store at {}",
+                self.images.root().display()
+            )),
+            other => DriverError::InvalidArgument(format!("image {digest}: {other}")),
+        })
+    }
+
+    /// The sandbox's directories: walkable to the rootfs by the sandbox's root (its host gid)
+    /// and by no one else (`record::make_private`), the writable layer and the volume its own,
+    /// the overlay's work dir host root's.
+    fn make_sandbox_dirs(
+        &self,
+        paths: &record::SandboxPaths,
+        id_map: sbx_images::IdMap,
+    ) -> Result<(), DriverError> {
+        let io = |what: &str, e: std::io::Error| internal(what, e);
+        for dir in [&paths.dir, &paths.disk, &paths.bundle, &paths.rootfs] {
+            record::make_walkable_dir(dir).map_err(|e| io("making the sandbox directory", e))?;
+        }
+        record::make_private(paths, id_map)
+            .map_err(|e| io("making the sandbox's state private", e))?;
+        let uid = Some(Uid::from_raw(id_map.host_uid));
+        let gid = Some(Gid::from_raw(id_map.host_gid));
+        for dir in [&paths.upper, &paths.volume] {
+            std::fs::create_dir_all(dir).map_err(|e| io("making the sandbox directory", e))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| io("setting a sandbox directory's mode", e))?;
+            chown(dir, uid, gid).map_err(|e| internal("handing a directory to the sandbox", e))?;
+        }
+        std::fs::create_dir_all(&paths.work).map_err(|e| io("making the overlay work dir", e))?;
+        Ok(())
+    }
+}
+
+/// What the sandbox runs, from the image's config and the spec: the spec's command (else
+/// Entrypoint + Cmd), the image's Env with the spec's variables replacing same-named ones (a
+/// default PATH when neither sets one, and HOSTNAME), WorkingDir (else `/`), User.
+fn image_run(
+    image: &ImageInfo,
+    spec: &pb::SandboxSpec,
+    hostname: &str,
+    layers: Vec<std::path::PathBuf>,
+) -> ImageRun {
+    let args = if spec.command.is_empty() {
+        image
+            .config
+            .entrypoint
+            .iter()
+            .chain(&image.config.cmd)
+            .cloned()
+            .collect()
+    } else {
+        spec.command.clone()
+    };
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut set = |key: &str, value: &str| match env.iter_mut().find(|(k, _)| k == key) {
+        Some(slot) => slot.1 = value.to_string(),
+        None => env.push((key.to_string(), value.to_string())),
+    };
+    set("PATH", DEFAULT_PATH);
+    set("HOSTNAME", hostname);
+    for kv in &image.config.env {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        set(k, v);
+    }
+    let mut spec_env: Vec<(&String, &String)> = spec.env.iter().collect();
+    spec_env.sort();
+    for (k, v) in spec_env {
+        set(k, v);
+    }
+    ImageRun {
+        digest: image.digest.clone(),
+        layers,
+        args,
+        env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        cwd: if image.config.working_dir.is_empty() {
+            "/".to_string()
+        } else {
+            image.config.working_dir.clone()
+        },
+        user: image.config.user.clone(),
+    }
+}
+
+/// A create (see [`ComputeDriver::create`]), run detached by the service: a caller that stops
+/// waiting does not cut a launch short.
+async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
+    let id = lifecycle::create_id(&req)?;
+    let run_env = sbx_host_kit::command::run_env(std::mem::take(&mut req.run_env))?;
+    let spec = req.spec.unwrap_or_default();
+    let image = inner.image(&spec.image)?;
+    let run = image_run(&image, &spec, &req.name, inner.images.layer_dirs(&image));
+    let env_pairs: Vec<(String, String)> = run
+        .env
+        .iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (kv.clone(), String::new()),
+        })
+        .collect();
+    validate_command("the spec", &run.args, env_pairs.iter().map(|(k, v)| (k, v))).map_err(
+        |e| match run.args.is_empty() {
+            true => DriverError::InvalidArgument(format!(
+                "the spec has no command and image {} has no Entrypoint or Cmd: give a command",
+                spec.image
+            )),
+            false => e,
+        },
+    )?;
+    let network_allow = inner.network_allow(spec.network.as_ref())?;
+    let _serialised = inner.records.lock(id).await;
+    if let Some(existing) = inner.records.get(id) {
+        let asked = (req.workspace.as_str(), req.name.as_str());
+        return lifecycle::create_known(inner, existing, asked, req.generation, run_env).await;
+    }
+
+    let paths = inner.paths(id);
+    record::make_walkable_dir(&paths.dir)
+        .map_err(|e| internal("making the sandbox directory", e))?;
+    // Leased to the directory: a create killed before its record leaves a directory that
+    // open() removes, and with it the lease's owner.
+    let id_map = sbx_host_kit::uidpool::lease_for(inner.opts.uid_pool.as_ref(), &paths.dir)?;
+    let resources = spec.resources.unwrap_or_default();
+    let ids = id_map.unwrap_or(inner.opts.id_map);
+    if resources.disk_bytes > 0 {
+        super::disk::make(&paths.dir, &paths.disk, resources.disk_bytes)?;
+    }
+    inner.make_sandbox_dirs(&paths, ids)?;
+    let record = OciRecord {
+        format: RECORD_FORMAT,
+        sandbox_id: id,
+        workspace: req.workspace,
+        name: req.name,
+        image: run,
+        cpu_millis: resources.cpu_millis,
+        memory_bytes: resources.memory_bytes,
+        generation: req.generation,
+        desired: Desired::Running,
+        launched_at_ms: 0,
+        run_id: String::new(),
+        cgroup_path: format!("/{}/{id}", inner.opts.cgroup_parent.trim_matches('/')),
+        warnings: Vec::new(),
+        spec_env: spec.env.into_iter().collect::<BTreeMap<_, _>>(),
+        network_allow,
+        id_map,
+        disk_bytes: resources.disk_bytes,
+    };
+    // start_run writes the record first; a driver killed before that leaves a directory
+    // without a record, which open() removes.
+    lifecycle::first_run(inner, record, req.generation, req.stopped, run_env).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use sbx_images::ImageConfig;
+
+    fn image(entrypoint: &[&str], cmd: &[&str], env: &[&str], workdir: &str) -> ImageInfo {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        ImageInfo {
+            digest: "sha256:aa".into(),
+            config_digest: "sha256:bb".into(),
+            config: ImageConfig {
+                env: strings(env),
+                entrypoint: strings(entrypoint),
+                cmd: strings(cmd),
+                working_dir: workdir.into(),
+                user: "app".into(),
+                labels: Default::default(),
+            },
+            layers: Vec::new(),
+            size: 0,
+            os: "linux".into(),
+            architecture: "amd64".into(),
+        }
+    }
+
+    fn spec(command: &[&str], env: &[(&str, &str)]) -> pb::SandboxSpec {
+        pb::SandboxSpec {
+            command: command.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_image_config_is_honoured_and_the_spec_wins() {
+        let img = image(
+            &["/entry"],
+            &["a", "b"],
+            &["PATH=/opt/bin", "LANG=C"],
+            "/work",
+        );
+        let run = image_run(
+            &img,
+            &spec(&[], &[("LANG", "en"), ("X", "1")]),
+            "web",
+            vec![],
+        );
+        assert_eq!(run.args, ["/entry", "a", "b"]);
+        assert_eq!(run.env, ["PATH=/opt/bin", "HOSTNAME=web", "LANG=en", "X=1"]);
+        assert_eq!((run.cwd.as_str(), run.user.as_str()), ("/work", "app"));
+        let run = image_run(&img, &spec(&["sh", "-c", "x"], &[]), "web", vec![]);
+        assert_eq!(run.args, ["sh", "-c", "x"], "a spec command replaces both");
+    }
+
+    #[test]
+    fn defaults_when_the_image_says_nothing() {
+        let img = image(&[], &[], &[], "");
+        let run = image_run(&img, &spec(&[], &[]), "web", vec![]);
+        assert!(run.args.is_empty());
+        assert_eq!(run.env[0], format!("PATH={DEFAULT_PATH}"));
+        assert_eq!(run.cwd, "/");
+        // The daemon's own environment never leaks in.
+        assert!(
+            !run.env
+                .iter()
+                .any(|kv| kv.starts_with("CARGO") || kv.starts_with("HOME="))
+        );
+    }
+}

@@ -1,0 +1,676 @@
+//! `vm`: sandboxes as QEMU microVMs.
+//!
+//! Each sandbox is a `-machine microvm` guest (KVM when a probe boot under KVM works, TCG
+//! otherwise) booting the host's Debian kernel with a busybox initramfs ([`assets`]). Its pid 1
+//! is `guest/init.sh`: it mounts the sandbox's persistent disk (a raw ext4 image made with
+//! `qemu-img` and `mkfs.ext4`) at `/sandbox`, runs the sandbox's command with its output on
+//! the serial console (the sandbox's log file), answers ping and stop on the virtio-serial
+//! port `sbx.agent` (joined by QEMU to the FIFOs `agent.in`/`agent.out` in the sandbox's
+//! state directory), starts `sbx-agent serve-port` (the agent crate, the same static binary
+//! the oci and process drivers run) on each of [`EXEC_CHANNELS`] (29) more ports,
+//! `sbx.exec.<k>` (`exec-<k>.in`/`exec-<k>.out`),
+//! and says on the console when the command is running and how it ended.
+//!
+//! **Exec** ([`streams`]) goes through those agents, one exec per port at a time (a port is
+//! one stream, not a listener), so 29 at once per VM and more wait for the first port freed: output reaches the caller as the command writes it, with no
+//! cap (3 MiB in 0.1 s under TCG), and stdin, a pty (devpts is mounted in the guest), its
+//! resizes, signals and a working directory reach the command. A round trip of `true` takes
+//! about 13 ms under TCG (the former line protocol, which ran the command to files and sent
+//! base64 at the end, capped at 1 MiB, took 43 ms). A caller that goes away, or a timeout,
+//! sends SIGKILL to the command's process group; the agent cannot see a client go by
+//! itself.
+//!
+//! **Copy and port-forward** ([`files`]) are execs too: the guest's agent run as `sbx-agent
+//! pack PATH`, `unpack DEST` or `connect PORT`, the tar or the connection's bytes as its
+//! stdin and stdout, its stderr line and exit status mapped to the socket drivers' errors.
+//! A forwarded connection holds its port for its whole life, which is why there are 29 (the
+//! most one virtio-serial device takes besides `sbx.agent`): 20 connections at once run at
+//! once, each of 10 KB there and back in 2.4 s under TCG. With 4 ports a boot took 3.1 s
+//! under TCG, with 29 3.8–4.6 s (each port is a chardev, a guest device and an idle agent).
+//! QEMU runs
+//! daemonized, so the VM outlives the driver and the gateway; QMP listens on a Unix socket in
+//! the sandbox's state directory ([`record`] lists the files).
+//!
+//! **Identity.** A VM is found again after a restart of the driver through QEMU's pidfile and
+//! the process's start time (a reused pid is never taken for it), confirmed over QMP: the VM's
+//! name (`-name`) must be the sandbox id, and `query-status` must answer. Sandboxes are found
+//! by id only; the name is the guest's hostname, reported back and never matched.
+//!
+//! **Generations.** The generation marker (`generation` in the sandbox's directory) is written,
+//! durably, before each launch from the generation the gateway sent, and read back on every
+//! observation. A start that finds the VM running under another generation answers
+//! `GenerationMismatch`, so the sandbox's actor reconciles (adopts the running VM) instead of
+//! parking the sandbox in `Error`.
+//!
+//! **Stop** is the ACPI power button (QMP `system_powerdown`): the guest sends the command
+//! SIGTERM, SIGKILL after the grace period, syncs and unmounts `/sandbox`, and resets, which
+//! ends QEMU (`-no-reboot`). A guest that has not finished after the grace period plus 10 s
+//! gets QMP `quit`, then SIGKILL. **Start** boots again on the same disk; **delete** removes
+//! disk and state.
+//!
+//! Known limits:
+//! - A 30th exec or connection of one VM waits for one of the 29 to end. A command that stops reading
+//!   its stdin while more input comes holds its agent's one reader, so until it ends neither
+//!   its SIGKILL nor a later exec on that port gets through (that exec fails after 15 s,
+//!   Unavailable, saying why).
+//! - The spec's environment variable names must be shell identifiers (the command runs
+//!   through a script); an exec's may be anything.
+//! - The spec's `image` is ignored (every guest runs the busybox initramfs), with a warning.
+//! - No network device: only the loopback, which the init brings up (a server in the guest
+//!   answers its other processes and execs on 127.0.0.1). The console log grows without rotation and also holds the kernel's
+//!   few messages (it boots `quiet`).
+//! - Under TCG a boot takes seconds and the guest's clock rate comes from the host's
+//!   `/proc/cpuinfo` (`tsc_early_khz`): microvm has no timer to calibrate against.
+
+mod assets;
+mod cpio;
+mod files;
+mod guest;
+mod qemu;
+mod record;
+mod service;
+mod streams;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::fcntl::Flock;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use uuid::Uuid;
+
+pub use assets::AssetPaths;
+pub use qemu::{Accel, EXEC_CHANNELS, host_tsc_khz, kernel_cmdline};
+
+use assets::GuestAssets;
+use guest::RunReport;
+use record::{VmPaths, VmRecord};
+use sbx_driver_api::{DriverError, pb};
+use sbx_host_kit::command::RunEnv;
+use sbx_host_kit::feed::{self, SnapshotFeed};
+use sbx_host_kit::procfs::{self, ProcessIdentity};
+use sbx_host_kit::records::{self, RecordCache};
+use sbx_host_kit::{
+    Alive, Desired, HostDriver, RunFacts, internal, lock_state_dir, locked, now_ms, observe,
+};
+
+/// How the vm driver is set up.
+#[derive(Debug, Clone)]
+pub struct VmDriverOptions {
+    pub assets: AssetPaths,
+    /// Where the unpacked kernel and the shared initramfs are cached; default
+    /// `<state_dir>/assets`. Several drivers may share one (tests do).
+    pub asset_cache: Option<PathBuf>,
+    /// `qemu-system-x86_64`; default: found on PATH.
+    pub qemu: Option<PathBuf>,
+    pub accel: Accel,
+    /// Guest memory when the spec names none.
+    pub memory_mib: u64,
+    /// Size of a new sandbox's persistent disk.
+    pub disk_mib: u64,
+    /// How long a boot may take until the guest says its command runs (counted from when
+    /// the boot gets its slot, see `max_parallel_boots`).
+    pub boot_timeout: Duration,
+    /// How many VMs boot at once; more wait for a slot. 0: the number of CPUs under TCG (a
+    /// boot keeps a CPU busy for seconds; twenty at once on two CPUs all miss their boot
+    /// timeout), four times that under KVM.
+    pub max_parallel_boots: usize,
+    /// How long a stop waits after SIGTERM (in the guest) when the request says 0.
+    pub default_grace: Duration,
+    /// How often the watch task looks for VMs that changed by themselves.
+    pub poll_interval: Duration,
+}
+
+impl Default for VmDriverOptions {
+    fn default() -> Self {
+        VmDriverOptions {
+            assets: AssetPaths::default(),
+            asset_cache: None,
+            qemu: None,
+            accel: Accel::Auto,
+            memory_mib: 256,
+            disk_mib: 256,
+            boot_timeout: Duration::from_secs(45),
+            max_parallel_boots: 0,
+            default_grace: Duration::from_secs(5),
+            poll_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The vm driver. See the module docs.
+#[derive(Debug)]
+pub struct VmDriver {
+    inner: Arc<Inner>,
+    /// Dropped with the driver: ends the watch and log streams it handed out.
+    alive: Alive,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state_dir: PathBuf,
+    opts: VmDriverOptions,
+    qemu: PathBuf,
+    assets: GuestAssets,
+    /// KVM or TCG, decided once at open.
+    accel: Accel,
+    tsc_khz: Option<u64>,
+    /// Boot slots (see [`VmDriverOptions::max_parallel_boots`]).
+    boots: tokio::sync::Semaphore,
+    /// The records on disk, cached, with one lock per sandbox that serialises its lifecycle
+    /// calls.
+    records: RecordCache<VmRecord>,
+    /// Each VM's exec channel, one exec at a time (a virtio port is one stream).
+    exec_channels: streams::ExecChannels,
+    exec_ids: AtomicU64,
+    /// What the console said about a finished run, by sandbox: (run id, report). A run's
+    /// report does not change once its VM is gone, so the log is read once.
+    finished: Mutex<HashMap<Uuid, (String, RunReport)>>,
+    /// Watch events: every change the driver makes or its poller sees.
+    feed: SnapshotFeed,
+    /// An exclusive `flock` on `<state_dir>/driver.lock` (see `host::lock`).
+    _instance_lock: Flock<File>,
+}
+
+/// `Accel::Auto` decided: KVM if a throwaway VM boots under it ([`qemu::kvm_boots`], up to
+/// 20 s where `/dev/kvm` exists but hangs). The answer is kept in the asset cache for this
+/// kernel and this boot of the host (`/proc/sys/kernel/random/boot_id`), so that a restarted
+/// driver — every restart of sbxd — does not probe again.
+async fn probed_accel(
+    qemu: &std::path::Path,
+    assets: &assets::GuestAssets,
+    cache: &std::path::Path,
+    scratch: &std::path::Path,
+) -> Accel {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let kept = (!boot.trim().is_empty()).then(|| {
+        cache.join(format!(
+            "accel-{}-{}",
+            assets.kernel_version.replace('/', "_"),
+            boot.trim()
+        ))
+    });
+    if let Some(kept) = &kept {
+        match std::fs::read_to_string(kept).as_deref().map(str::trim) {
+            Ok("kvm") => return Accel::Kvm,
+            Ok("tcg") => return Accel::Tcg,
+            _ => {}
+        }
+    }
+    let accel = if qemu::kvm_boots(qemu, &assets.kernel, &assets.initramfs, scratch).await {
+        Accel::Kvm
+    } else {
+        Accel::Tcg
+    };
+    if let Some(kept) = &kept {
+        let word = if accel == Accel::Kvm { "kvm" } else { "tcg" };
+        if let Err(e) = records::write_atomically(kept, word.as_bytes()) {
+            tracing::warn!(path = %kept.display(), error = %e, "the accelerator probe's answer not kept");
+        }
+    }
+    accel
+}
+
+impl VmDriver {
+    /// Opens the driver on `state_dir`: prepares the guest's kernel and initramfs, decides
+    /// between KVM and TCG, and finds every VM a previous instance left (see the module docs).
+    pub async fn open(state_dir: PathBuf, opts: VmDriverOptions) -> Result<Self, DriverError> {
+        let qemu = qemu::find_qemu(opts.qemu.as_deref())?;
+        for tool in ["qemu-img", "mkfs.ext4"] {
+            if qemu::find_program(tool).is_none() {
+                return Err(DriverError::Unavailable(format!(
+                    "the vm driver needs {tool} on PATH; install {}",
+                    if tool == "qemu-img" {
+                        "qemu-utils"
+                    } else {
+                        "e2fsprogs"
+                    }
+                )));
+            }
+        }
+        let vms = record::vms_dir(&state_dir);
+        std::fs::create_dir_all(&vms).map_err(|e| internal("making the state directory", e))?;
+        let trash = records::trash_dir(&state_dir);
+        std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
+        // The lock waits (briefly) for a previous instance: not on an async worker thread.
+        let instance_lock = tokio::task::spawn_blocking({
+            let state_dir = state_dir.clone();
+            move || lock_state_dir(&state_dir)
+        })
+        .await
+        .map_err(|e| internal("locking the state directory", e))??;
+        let cache = opts
+            .asset_cache
+            .clone()
+            .unwrap_or_else(|| state_dir.join("assets"));
+        let asset_paths = opts.assets.clone();
+        let prepare_in = cache.clone();
+        let assets =
+            tokio::task::spawn_blocking(move || assets::prepare(&asset_paths, &prepare_in))
+                .await
+                .map_err(|e| internal("preparing the guest", e))??;
+        let accel = match opts.accel {
+            Accel::Auto => probed_accel(&qemu, &assets, &cache, &state_dir).await,
+            chosen => chosen,
+        };
+        tracing::info!(%accel, kernel = %assets.kernel.display(), "vm driver ready");
+        records::empty_trash(&trash, |_| {})?;
+        let found = tokio::task::spawn_blocking({
+            let state_dir = state_dir.clone();
+            move || find_vms(&state_dir)
+        })
+        .await
+        .map_err(|e| internal("finding the vms", e))??;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let slots = match (opts.max_parallel_boots, accel) {
+            (0, Accel::Kvm) => 4 * cpus,
+            (0, _) => cpus,
+            (n, _) => n,
+        };
+        let inner = Inner {
+            boots: tokio::sync::Semaphore::new(slots),
+            state_dir,
+            opts,
+            qemu,
+            assets,
+            accel,
+            tsc_khz: qemu::host_tsc_khz(),
+            records: RecordCache::new(vms, trash, found),
+            exec_channels: streams::ExecChannels::default(),
+            exec_ids: AtomicU64::new(1),
+            finished: Mutex::new(HashMap::new()),
+            feed: SnapshotFeed::new(),
+            _instance_lock: instance_lock,
+        };
+        Ok(VmDriver {
+            inner: Arc::new(inner),
+            alive: Alive::new(),
+        })
+    }
+
+    /// The accelerator guests run under (decided at open).
+    pub fn accel(&self) -> Accel {
+        self.inner.accel
+    }
+
+    /// The state directory this driver keeps its VMs in.
+    pub fn state_dir(&self) -> &Path {
+        &self.inner.state_dir
+    }
+
+    /// The directory of sandbox `id` (its disk, console log, sockets and generation marker).
+    pub fn sandbox_dir(&self, id: Uuid) -> PathBuf {
+        VmPaths::new(&self.inner.state_dir, id).dir
+    }
+
+    /// The identity of the QEMU process of sandbox `id`, if it runs.
+    pub fn vm_identity(&self, id: Uuid) -> Option<ProcessIdentity> {
+        self.inner.records.get(id)?.qemu.filter(procfs::is_alive)
+    }
+}
+
+/// Reads every sandbox record under `state_dir` and finds its VM again: the recorded QEMU
+/// identity if it is alive, else the process in QEMU's pidfile (a driver killed between the
+/// launch and the record's update), each confirmed over QMP to be named after the sandbox.
+/// Finishes stops that a killed driver left halfway; removes directories of creates that
+/// never wrote a record.
+fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
+    let mut records = records::find_records::<VmRecord>(&record::vms_dir(state_dir), |_, _| {})?;
+    for (&id, rec) in records.iter_mut() {
+        let paths = VmPaths::new(state_dir, id);
+        let recorded = rec.qemu.filter(procfs::is_alive);
+        let found = recorded.or_else(|| qemu::read_identity(&paths.pidfile));
+        if let Some(identity) = found.filter(procfs::is_alive) {
+            match qemu::query(&paths.qmp_socket) {
+                Ok((name, status)) if name == id.to_string() => {
+                    tracing::info!(sandbox_id = %id, %identity, %status, "found the vm again");
+                    if rec.qemu != Some(identity) {
+                        rec.qemu = Some(identity);
+                        let file = records::record_file(&paths.dir);
+                        if let Err(e) = records::write_json_atomically(&file, rec) {
+                            tracing::warn!(sandbox_id = %id, error = %e, "record not updated");
+                        }
+                    }
+                }
+                Ok((name, _)) => {
+                    tracing::error!(sandbox_id = %id, %identity, %name, "the process in the pidfile is another vm; not ours");
+                    rec.qemu = None;
+                }
+                Err(e) => {
+                    // Alive with the recorded start time: it is ours, even if QMP is busy.
+                    tracing::warn!(sandbox_id = %id, %identity, error = %e, "qmp did not answer");
+                    rec.qemu = rec.qemu.or(Some(identity));
+                }
+            }
+            if rec.desired == Desired::Stopped {
+                tracing::warn!(sandbox_id = %id, "finishing an interrupted stop");
+                force_quit(&paths, identity);
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// Ends a VM at once: QMP `quit`, then SIGKILL. Does not wait.
+fn force_quit(paths: &VmPaths, identity: ProcessIdentity) {
+    if qemu::command(&paths.qmp_socket, "quit").is_err() && procfs::is_alive(&identity) {
+        let _ = kill(Pid::from_raw(identity.pid), Signal::SIGKILL);
+    }
+}
+
+impl Inner {
+    fn paths(&self, id: Uuid) -> VmPaths {
+        VmPaths::new(&self.state_dir, id)
+    }
+
+    fn is_alive(rec: &VmRecord) -> bool {
+        rec.qemu.as_ref().is_some_and(procfs::is_alive)
+    }
+
+    /// What the console says about the current run of a VM that is gone (read once per run).
+    fn finished_report(&self, rec: &VmRecord) -> RunReport {
+        if let Some((run, report)) = locked(&self.finished).get(&rec.sandbox_id)
+            && *run == rec.run_id
+        {
+            return report.clone();
+        }
+        let paths = self.paths(rec.sandbox_id);
+        let report = guest::read_report(&paths.console_log, rec.console_offset, &rec.run_id);
+        locked(&self.finished).insert(rec.sandbox_id, (rec.run_id.clone(), report.clone()));
+        report
+    }
+
+    /// Waits until the guest of the current run says its command runs (or already ended).
+    /// A guest that fails or does not boot in time is ended and the call fails with the end
+    /// of its console.
+    async fn wait_booted(&self, rec: &VmRecord) -> Result<(), DriverError> {
+        let paths = self.paths(rec.sandbox_id);
+        let deadline = tokio::time::Instant::now() + self.opts.boot_timeout;
+        loop {
+            let report = guest::read_report(&paths.console_log, rec.console_offset, &rec.run_id);
+            let console = || guest::console_tail(&paths.console_log, 800);
+            if let Some(why) = report.fatal {
+                self.terminate(rec, Duration::ZERO).await?;
+                return Err(DriverError::FailedPrecondition(format!(
+                    "the guest could not start the command: {why}"
+                )));
+            }
+            if report.ready {
+                return Ok(());
+            }
+            if !Self::is_alive(rec) {
+                return Err(DriverError::Internal(format!(
+                    "the vm ended while booting; its console ends with: {}",
+                    console()
+                )));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.terminate(rec, Duration::ZERO).await?;
+                return Err(DriverError::Unavailable(format!(
+                    "the vm did not boot within {:?} ({:?}); its console ends with: {}",
+                    self.opts.boot_timeout,
+                    self.accel,
+                    console()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl HostDriver for Inner {
+    type Record = VmRecord;
+    const NAME: &'static str = "vm";
+
+    fn records(&self) -> &RecordCache<VmRecord> {
+        &self.records
+    }
+
+    fn feed(&self) -> &SnapshotFeed {
+        &self.feed
+    }
+
+    fn default_grace(&self) -> Duration {
+        self.opts.default_grace
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.opts.poll_interval
+    }
+
+    /// The console (the guest's kernel and the command write to it).
+    fn log_file(&self, id: Uuid) -> PathBuf {
+        self.paths(id).console_log
+    }
+
+    fn log_poll_interval(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+
+    /// Nothing to keep: the disk goes too, so no graceful power-off.
+    fn delete_grace(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn forget(&self, id: Uuid) {
+        locked(&self.finished).remove(&id);
+        self.exec_channels.remove(id);
+    }
+
+    /// What the sandbox looks like now, from its record, its generation marker, `/proc` and
+    /// (for a VM that is gone) its console.
+    fn snapshot(&self, rec: &VmRecord) -> pb::Snapshot {
+        let paths = self.paths(rec.sandbox_id);
+        let alive = Self::is_alive(rec);
+        let report = if !alive && rec.qemu.is_some() && rec.desired == Desired::Running {
+            self.finished_report(rec)
+        } else {
+            RunReport::default()
+        };
+        let mut observed = observe::observe(RunFacts {
+            desired: rec.desired,
+            init_recorded: rec.qemu.is_some(),
+            alive,
+            exit_status: report.exit,
+            oom_killed: false,
+        });
+        if let Some(why) = &report.fatal {
+            observed.reason = "GuestFailed";
+            observed.message = format!("the guest's init could not run the command: {why}");
+        } else if observed.reason == "Lost" {
+            observed.message = "the VM ended without the guest reporting an exit (QEMU was \
+                                killed, or the guest crashed)"
+                .to_string();
+        }
+        let mut warnings = rec.warnings.clone();
+        let generation = match record::read_generation(&paths) {
+            Ok(generation) => generation,
+            Err(why) => {
+                warnings.push(why);
+                0
+            }
+        };
+        let instance = rec.qemu.map(|identity| format!("qemu {identity}"));
+        observed.into_snapshot(rec, generation, instance, warnings)
+    }
+
+    /// Boots the VM under `generation`: the marker and the record (desired running, a new run)
+    /// are durable before QEMU starts; the call returns when the guest says its command runs.
+    async fn start_run(
+        &self,
+        mut rec: VmRecord,
+        generation: u64,
+        run_env: RunEnv,
+    ) -> Result<pb::Snapshot, DriverError> {
+        let id = rec.sandbox_id;
+        let paths = self.paths(id);
+        record::write_generation(&paths, generation)
+            .map_err(|e| internal("writing the generation marker", e))?;
+        rec.run_id = Uuid::new_v4().simple().to_string();
+        rec.desired = Desired::Running;
+        rec.launched_at_ms = now_ms();
+        rec.console_offset = std::fs::metadata(&paths.console_log)
+            .map(|m| m.len())
+            .unwrap_or(0);
+        rec.qemu = None;
+        self.records.save(&rec)?;
+
+        let mut initramfs = std::fs::read(&self.assets.initramfs)
+            .map_err(|e| internal("reading the shared initramfs", e))?;
+        initramfs.extend(assets::run_archive(
+            &guest::run_env(&rec.run_id, generation, &rec.name, self.opts.default_grace),
+            &guest::command_script(
+                rec.spec
+                    .env
+                    .iter()
+                    .filter(|(k, _)| !run_env.contains_key(*k))
+                    .chain(&run_env),
+                &rec.spec.command,
+            ),
+        ));
+        std::fs::write(&paths.initramfs, initramfs)
+            .map_err(|e| internal("writing the run's initramfs", e))?;
+        let _slot = match self.boots.try_acquire() {
+            Ok(slot) => slot,
+            Err(_) => {
+                tracing::info!(sandbox_id = %id, "waiting for a boot slot");
+                self.boots
+                    .acquire()
+                    .await
+                    .map_err(|e| internal("waiting for a boot slot", e))?
+            }
+        };
+        let launch = qemu::VmLaunch {
+            qemu: &self.qemu,
+            name: id.to_string(),
+            accel: self.accel,
+            kernel: &self.assets.kernel,
+            initramfs: &paths.initramfs,
+            disk: &paths.disk,
+            console_log: &paths.console_log,
+            qmp_socket: &paths.qmp_socket,
+            agent: &paths.agent,
+            exec: &paths.exec,
+            pidfile: &paths.pidfile,
+            memory_mib: rec.spec.memory_mib,
+            cpus: rec.spec.cpus,
+            tsc_khz: self.tsc_khz,
+        };
+        let launched = launch.launch().await;
+        // QEMU read the initramfs into memory at start (and copies it from there on a reset):
+        // the run's own variables (credentials) leave the disk.
+        if !run_env.is_empty() {
+            let _ = std::fs::remove_file(&paths.initramfs);
+        }
+        let identity = launched?;
+        rec.qemu = Some(identity);
+        self.records.save(&rec)?;
+        if let Err(e) = self.wait_booted(&rec).await {
+            // The launch did not complete: the sandbox says NotStarted, and a retried create
+            // or start boots it again. Only once its QEMU is gone: a live one stays tracked.
+            if !Self::is_alive(&rec) {
+                rec.qemu = None;
+                self.records.save(&rec)?;
+            }
+            return Err(e);
+        }
+        let snapshot = self.snapshot(&rec);
+        tracing::info!(sandbox_id = %id, generation, %identity, "vm booted");
+        feed::publish(self, id, &snapshot);
+        Ok(snapshot)
+    }
+
+    /// Ends the VM: the power button, then (after `grace` + 10 s for the guest to end its
+    /// command, sync and reset) QMP `quit`, then SIGKILL. `grace` zero skips the power button.
+    /// Bounded: fails if QEMU is still alive 5 s after SIGKILL.
+    async fn terminate(&self, rec: &VmRecord, grace: Duration) -> Result<(), DriverError> {
+        let Some(identity) = rec.qemu.filter(procfs::is_alive) else {
+            return Ok(());
+        };
+        let paths = self.paths(rec.sandbox_id);
+        let qmp = paths.qmp_socket.clone();
+        let ask = |command: &'static str| {
+            let qmp = qmp.clone();
+            tokio::task::spawn_blocking(move || qemu::command(&qmp, command))
+        };
+        let wait_gone = |limit: Duration| async move {
+            let deadline = tokio::time::Instant::now() + limit;
+            while procfs::is_alive(&identity) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            !procfs::is_alive(&identity)
+        };
+        if !grace.is_zero() {
+            match ask("system_powerdown").await {
+                Ok(Ok(())) => {
+                    if wait_gone(grace + Duration::from_secs(10)).await {
+                        return Ok(());
+                    }
+                    tracing::warn!(sandbox_id = %rec.sandbox_id, ?grace, "the guest did not power off; quit");
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(sandbox_id = %rec.sandbox_id, error = %e, "system_powerdown failed; quit");
+                }
+                Err(e) => tracing::warn!(error = %e, "qmp task failed"),
+            }
+        }
+        if matches!(ask("quit").await, Ok(Ok(()))) && wait_gone(Duration::from_secs(3)).await {
+            return Ok(());
+        }
+        let _ = kill(Pid::from_raw(identity.pid), Signal::SIGKILL);
+        if wait_gone(Duration::from_secs(5)).await {
+            Ok(())
+        } else {
+            Err(DriverError::Internal(format!(
+                "the vm of sandbox {} ({identity}) is still alive after SIGKILL",
+                rec.sandbox_id
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_probes_answer_is_kept_for_this_kernel_and_boot() {
+        let cache = tempfile::tempdir().unwrap();
+        let assets = assets::GuestAssets {
+            kernel: cache.path().join("no-kernel"),
+            compressed_kernel: false,
+            initramfs: cache.path().join("no-initramfs"),
+            kernel_version: "6.1.0-test".into(),
+        };
+        // No QEMU at this path: the probe fails, TCG, and the answer is kept.
+        let no_qemu = cache.path().join("no-qemu");
+        assert_eq!(
+            probed_accel(&no_qemu, &assets, cache.path(), cache.path()).await,
+            Accel::Tcg
+        );
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+        let kept = cache
+            .path()
+            .join(format!("accel-6.1.0-test-{}", boot.trim()));
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), "tcg");
+        // A kept answer is taken as it is, without probing.
+        std::fs::write(&kept, "kvm").unwrap();
+        assert_eq!(
+            probed_accel(&no_qemu, &assets, cache.path(), cache.path()).await,
+            Accel::Kvm
+        );
+        // Another kernel is probed anew.
+        let other = assets::GuestAssets {
+            kernel_version: "6.2.0-test".into(),
+            ..assets
+        };
+        assert_eq!(
+            probed_accel(&no_qemu, &other, cache.path(), cache.path()).await,
+            Accel::Tcg
+        );
+    }
+}

@@ -1,0 +1,176 @@
+//! What the vm driver keeps on disk per sandbox, in `<state_dir>/vms/<id>/`:
+//! - `sandbox.json`: the record (spec, desired state, the current run and its QEMU process);
+//! - `generation`: the generation marker, written (durably) before each launch from the
+//!   generation the gateway sent, and read back on every observation;
+//! - `disk.img`: the persistent disk (raw, ext4), `/sandbox` in the guest;
+//! - `console.log`: the guest's console, appended across boots (the sandbox's log);
+//! - `qmp.sock`, `agent.in` + `agent.out` (FIFOs: the init's control channel), `exec-<k>.in` +
+//!   `exec-<k>.out` (FIFOs: the exec channels of the guest's `sbx-agent`s), `qemu.pid`,
+//!   `initramfs.cpio`: the current boot's.
+//!
+//! The record and the marker are written atomically by the kit (`host::records`, which also
+//! checks the record's format and deletes through `<state_dir>/trash/`).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use sbx_host_kit::host_record;
+use sbx_host_kit::records::write_atomically;
+use sbx_host_kit::{Desired, ProcessIdentity};
+
+pub const RECORD_FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmSpec {
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub memory_mib: u64,
+    pub cpus: u32,
+    pub image: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmRecord {
+    pub format: u32,
+    pub sandbox_id: Uuid,
+    /// Reported back in snapshots, never matched.
+    pub workspace: String,
+    pub name: String,
+    pub spec: VmSpec,
+    pub desired: Desired,
+    /// The current boot: its id (in the guest's console lines), when it was launched, where
+    /// its console output begins, and QEMU's process. Empty before the first launch.
+    pub run_id: String,
+    pub launched_at_ms: u64,
+    pub console_offset: u64,
+    pub qemu: Option<ProcessIdentity>,
+    pub warnings: Vec<String>,
+}
+
+host_record!(VmRecord, RECORD_FORMAT);
+
+#[derive(Debug, Clone)]
+pub struct VmPaths {
+    pub dir: PathBuf,
+    pub generation: PathBuf,
+    pub disk: PathBuf,
+    pub console_log: PathBuf,
+    pub qmp_socket: PathBuf,
+    /// The exec agent's channel: QEMU's `pipe` chardev on `<agent>.in` (to the guest) and
+    /// `<agent>.out` (from it). FIFOs, not a socket: the guest then always sees its port
+    /// connected, and its agent blocks in `read` instead of polling.
+    pub agent: PathBuf,
+    /// The exec channels, the same way: `<exec>-<k>.in` and `<exec>-<k>.out`, joined to the
+    /// port `sbx.exec.<k>` that a `sbx-agent serve-port` in the guest serves.
+    pub exec: PathBuf,
+    pub pidfile: PathBuf,
+    pub initramfs: PathBuf,
+}
+
+impl VmPaths {
+    pub fn new(state_dir: &Path, id: Uuid) -> VmPaths {
+        let dir = vms_dir(state_dir).join(id.to_string());
+        VmPaths {
+            generation: dir.join("generation"),
+            disk: dir.join("disk.img"),
+            console_log: dir.join("console.log"),
+            qmp_socket: dir.join("qmp.sock"),
+            agent: dir.join("agent"),
+            exec: dir.join("exec"),
+            pidfile: dir.join("qemu.pid"),
+            initramfs: dir.join("initramfs.cpio"),
+            dir,
+        }
+    }
+}
+
+pub fn vms_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("vms")
+}
+
+/// The generation marker: `Err` with what is wrong when it is missing or not a number.
+pub fn read_generation(paths: &VmPaths) -> Result<u64, String> {
+    let text = fs::read_to_string(&paths.generation)
+        .map_err(|e| format!("generation marker {}: {e}", paths.generation.display()))?;
+    text.trim().parse().map_err(|_| {
+        format!(
+            "generation marker {} holds {:?}, not a number",
+            paths.generation.display(),
+            text.trim()
+        )
+    })
+}
+
+pub fn write_generation(paths: &VmPaths, generation: u64) -> io::Result<()> {
+    write_atomically(&paths.generation, format!("{generation}\n").as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sbx_host_kit::records::{read_json_with_format, record_file, write_json_atomically};
+
+    fn write_record(paths: &VmPaths, record: &VmRecord) -> io::Result<()> {
+        write_json_atomically(&record_file(&paths.dir), record)
+    }
+
+    fn read_record(paths: &VmPaths) -> io::Result<VmRecord> {
+        read_json_with_format(&record_file(&paths.dir))
+    }
+
+    #[test]
+    fn records_and_markers_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = Uuid::new_v4();
+        let paths = VmPaths::new(dir.path(), id);
+        fs::create_dir_all(&paths.dir).unwrap();
+        let record = VmRecord {
+            format: RECORD_FORMAT,
+            sandbox_id: id,
+            workspace: "ws".into(),
+            name: "demo".into(),
+            spec: VmSpec {
+                command: vec!["sleep".into(), "1".into()],
+                env: BTreeMap::new(),
+                memory_mib: 256,
+                cpus: 1,
+                image: String::new(),
+            },
+            desired: Desired::Running,
+            run_id: "r1".into(),
+            launched_at_ms: 5,
+            console_offset: 10,
+            qemu: Some(ProcessIdentity {
+                pid: 42,
+                start_ticks: 7,
+            }),
+            warnings: vec![],
+        };
+        write_record(&paths, &record).unwrap();
+        assert_eq!(read_record(&paths).unwrap(), record);
+
+        assert!(
+            read_generation(&paths)
+                .unwrap_err()
+                .contains("generation marker")
+        );
+        write_generation(&paths, 12).unwrap();
+        assert_eq!(read_generation(&paths), Ok(12));
+        fs::write(&paths.generation, "twelve").unwrap();
+        assert!(
+            read_generation(&paths)
+                .unwrap_err()
+                .contains("not a number")
+        );
+
+        let mut other = record.clone();
+        other.format = 99;
+        write_record(&paths, &other).unwrap();
+        assert!(read_record(&paths).is_err());
+    }
+}

@@ -1,0 +1,698 @@
+//! The gateway's sandbox network: one bridge, one nftables table, and per sandbox a network
+//! namespace with a veth into the bridge, an address leased by the sandbox's UUID, and its
+//! egress policy enforced in the kernel.
+//!
+//! Shape (see docs/ARCHITECTURE.md, "Sandbox network"):
+//! - **Bridge** `<name>0` holds the network's first address (the sandboxes' gateway). Its
+//!   ports are isolated from one another (`bridge link … isolated on`).
+//! - **A sandbox** gets the namespace `/run/netns/<name>-<uuid>`, made by host root (so the
+//!   workload, root only in its own user namespace, holds no capability over it and cannot
+//!   change its address, routes or firewall), with `lo`, and `eth0` holding its address as a
+//!   /32 and a default route through the bridge's address. Every packet a sandbox sends, to
+//!   another sandbox too, is routed by the host and so passes the gateway's table.
+//! - **Leases** are files `<state>/leases/<address>` holding the sandbox's UUID, made with
+//!   `O_EXCL` (two sandboxes never share an address) and fsynced before the address is used;
+//!   a restarted gateway reads them back and re-attaches without touching a running
+//!   workload's namespace, veth or rules.
+//! - **Policy**: default deny; the sandbox's allowlist entries ([`policy`]) become its chain
+//!   in the table ([`nft`]), replaced whole in one transaction on a live update.
+//! - **Names**: the gateway's resolver ([`resolver`]) on the bridge's address answers each
+//!   sandbox the names its list holds and admits the addresses it answered.
+//! - **Denials** are read from the table's `denied` set (per source, destination, protocol
+//!   and port, with a packet count), and names refused from the resolver.
+
+pub mod fixtures;
+pub mod link;
+pub mod nft;
+pub mod policy;
+pub mod resolver;
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use uuid::Uuid;
+
+pub use nft::Denial;
+pub use policy::{AllowEntry, PolicyError, parse_allowlist, parse_entry};
+
+use sbx_driver_api::locked;
+
+/// The default network: a /16 inside 10/8 that few hosts route.
+pub const DEFAULT_CIDR: &str = "10.213.0.0/16";
+/// The default name: the bridge is `sbx0`, the table `inet sbx`, namespaces `sbx-<uuid>`.
+pub const DEFAULT_NAME: &str = "sbx";
+
+/// What a gateway's network is.
+#[derive(Debug, Clone)]
+pub struct NetworkConfig {
+    /// Names the bridge (`<name>0`), the table and the namespaces: at most 8 characters of
+    /// `[a-z0-9]`, starting with a letter.
+    pub name: String,
+    pub network: Ipv4Addr,
+    pub prefix: u8,
+    /// Where the leases are kept.
+    pub state_dir: PathBuf,
+    /// Where the gateway's resolver asks the names sandboxes may resolve; `None`: such names
+    /// are answered SERVFAIL.
+    pub dns_upstream: Option<SocketAddr>,
+}
+
+/// Why the network cannot be set up or a sandbox cannot be attached.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("{0}")]
+    Config(String),
+    #[error(
+        "the sandbox network {network}/{prefix} overlaps the host's {other}; choose another with --network-cidr"
+    )]
+    Overlap {
+        network: Ipv4Addr,
+        prefix: u8,
+        other: String,
+    },
+    #[error("the sandbox network {0} has no free address left")]
+    Exhausted(String),
+    #[error(transparent)]
+    Ip(#[from] link::IpError),
+    #[error(transparent)]
+    Nft(#[from] nft::NftError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetworkError {
+    let what = what.into();
+    move |source| NetworkError::Io { what, source }
+}
+
+/// Parses `A.B.C.D/LEN` into a network whose host bits are zero, with room for a gateway and
+/// at least one sandbox.
+pub fn parse_cidr(text: &str) -> Result<(Ipv4Addr, u8), NetworkError> {
+    let bad = |why: &str| NetworkError::Config(format!("network CIDR {text:?}: {why}"));
+    let (addr, len) = text
+        .split_once('/')
+        .ok_or_else(|| bad("expected A.B.C.D/LEN"))?;
+    let addr: Ipv4Addr = addr.parse().map_err(|_| bad("not an IPv4 address"))?;
+    let len: u8 = len
+        .parse()
+        .map_err(|_| bad("prefix length is not a number"))?;
+    if !(8..=29).contains(&len) {
+        return Err(bad("prefix length must be 8 to 29"));
+    }
+    let mask = u32::MAX << (32 - len);
+    if u32::from(addr) & !mask != 0 {
+        return Err(bad("host bits are set"));
+    }
+    if addr.is_loopback() || addr.is_multicast() || addr.is_unspecified() || addr.is_link_local() {
+        return Err(bad("not a unicast network"));
+    }
+    Ok((addr, len))
+}
+
+/// A sandbox's place on the network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub address: Ipv4Addr,
+    pub gateway: Ipv4Addr,
+    /// The namespace's path, for the driver that runs the workload in it.
+    pub netns_path: PathBuf,
+}
+
+/// The gateway's network (one per gateway; drivers share it).
+#[derive(Debug)]
+pub struct Network {
+    config: NetworkConfig,
+    table: nft::Table,
+    leases: Mutex<HashMap<Uuid, Ipv4Addr>>,
+    /// How many classes (each two address sets) each sandbox (by its key) has in the table;
+    /// read back at open.
+    sets: Mutex<HashMap<String, usize>>,
+    names: Arc<resolver::Shared>,
+    resolver: Mutex<Option<resolver::Resolver>>,
+    /// Denials per source address as of the last look at the `denied` set, and when.
+    summaries: Mutex<Summaries>,
+}
+
+/// How often, at most, [`Network::denial_summary`] reads the `denied` set again.
+pub const DENIAL_REFRESH: std::time::Duration = std::time::Duration::from_secs(3);
+
+#[derive(Debug, Default)]
+struct Summaries {
+    at: Option<std::time::Instant>,
+    by_source: HashMap<Ipv4Addr, (u64, Denial)>,
+}
+
+impl Network {
+    fn bridge(&self) -> &str {
+        &self.table.bridge
+    }
+
+    fn gateway_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.config.network) + 1)
+    }
+
+    fn netns_name(&self, id: Uuid) -> String {
+        format!("{}-{id}", self.config.name)
+    }
+
+    fn veth_name(id: Uuid) -> String {
+        format!("sbv{}", &id.simple().to_string()[..12])
+    }
+
+    fn lease_dir(&self) -> PathBuf {
+        self.config.state_dir.join("leases")
+    }
+
+    /// Sets the network up, or finds it set up by an earlier gateway: refuses a CIDR that
+    /// overlaps a network of the host's; turns on IPv4 forwarding; makes the bridge and the
+    /// table (keeping every sandbox's chain); reads the leases back.
+    pub fn open(config: NetworkConfig) -> Result<Network, NetworkError> {
+        let name_ok = !config.name.is_empty()
+            && config.name.len() <= 8
+            && config.name.starts_with(|c: char| c.is_ascii_lowercase())
+            && config
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        if !name_ok {
+            return Err(NetworkError::Config(format!(
+                "network name {:?}: 1 to 8 characters of a-z and 0-9, starting with a letter",
+                config.name
+            )));
+        }
+        let bridge = format!("{}0", config.name);
+        for (net, len, what) in link::host_networks(&bridge)? {
+            if policy::overlaps(config.network, config.prefix, net, len) {
+                return Err(NetworkError::Overlap {
+                    network: config.network,
+                    prefix: config.prefix,
+                    other: what,
+                });
+            }
+        }
+        let table = nft::Table {
+            name: config.name.clone(),
+            bridge: bridge.clone(),
+            network: config.network,
+            prefix: config.prefix,
+        };
+        let names = Arc::new(resolver::Shared::new(table.clone(), config.dns_upstream));
+        let net = Network {
+            config,
+            table,
+            leases: Mutex::new(HashMap::new()),
+            sets: Mutex::new(HashMap::new()),
+            names,
+            resolver: Mutex::new(None),
+            summaries: Mutex::new(Summaries::default()),
+        };
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1")
+            .map_err(io("turning on IPv4 forwarding"))?;
+        let made_bridge = !link::link_exists(&bridge);
+        if made_bridge {
+            link::ip(&["link", "add", "name", &bridge, "type", "bridge"])?;
+        }
+        match net.set_up(&bridge) {
+            Ok(()) => Ok(net),
+            Err(e) => {
+                // Leave the host as it was: a bridge this call made goes again.
+                if made_bridge {
+                    let _ = link::ip(&["link", "delete", "dev", &bridge]);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn set_up(&self, bridge: &str) -> Result<(), NetworkError> {
+        let net = self;
+        let gw = format!("{}/{}", net.gateway_addr(), net.config.prefix);
+        let addrs = link::ip(&["-4", "-o", "addr", "show", "dev", bridge])?;
+        if !addrs.contains(&format!(" {gw} ")) {
+            link::ip(&["addr", "add", &gw, "dev", bridge])?;
+        }
+        link::ip(&["link", "set", "dev", bridge, "up"])?;
+        let existing = nft::list(
+            "look for the table",
+            &["list", "table", "inet", &net.table.name],
+        )
+        .ok();
+        nft::apply("set up the table", net.table.setup(existing.as_ref()))?;
+        if let Some(doc) = &existing {
+            net.names.restore_admitted(nft::admitted(doc));
+        }
+        let sets = nft::list(
+            "list the table's sets",
+            &["-t", "list", "table", "inet", &net.table.name],
+        )?;
+        *locked(&net.sets) = nft::sandbox_sets(&sets);
+        net.load_leases()?;
+        let started = resolver::Resolver::start(net.gateway_addr(), Arc::clone(&net.names))
+            .map_err(|e| {
+                NetworkError::Config(format!(
+                    "the sandbox resolver cannot listen on {}:{} (UDP): {e}",
+                    net.gateway_addr(),
+                    resolver::PORT
+                ))
+            })?;
+        *locked(&net.resolver) = Some(started);
+        Ok(())
+    }
+
+    fn load_leases(&self) -> Result<(), NetworkError> {
+        let dir = self.lease_dir();
+        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        let mut leases = locked(&self.leases);
+        for entry in std::fs::read_dir(&dir).map_err(io(format!("reading {}", dir.display())))? {
+            let entry = entry.map_err(io("reading a lease"))?;
+            let (Some(addr), Ok(text)) = (
+                entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<Ipv4Addr>().ok()),
+                std::fs::read_to_string(entry.path()),
+            ) else {
+                continue;
+            };
+            match Uuid::parse_str(text.trim()) {
+                Ok(id) => {
+                    leases.insert(id, addr);
+                }
+                // A lease file cut short by a crash before its fsync: nothing used it.
+                Err(_) => {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The address leased to `id`, leasing the lowest free one if it has none.
+    fn lease(&self, id: Uuid) -> Result<Ipv4Addr, NetworkError> {
+        let mut leases = locked(&self.leases);
+        if let Some(a) = leases.get(&id) {
+            return Ok(*a);
+        }
+        let first = u32::from(self.config.network) + 2;
+        let last = u32::from(self.config.network) + (1u32 << (32 - self.config.prefix)) - 2;
+        let taken: std::collections::HashSet<Ipv4Addr> = leases.values().copied().collect();
+        let dir = self.lease_dir();
+        for n in first..=last {
+            let addr = Ipv4Addr::from(n);
+            if taken.contains(&addr) {
+                continue;
+            }
+            let path = dir.join(addr.to_string());
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut f) => {
+                    use std::io::Write;
+                    f.write_all(id.to_string().as_bytes())
+                        .map_err(io("writing a lease"))?;
+                    f.sync_all().map_err(io("syncing a lease"))?;
+                    std::fs::File::open(&dir)
+                        .and_then(|d| d.sync_all())
+                        .map_err(io("syncing the lease directory"))?;
+                    leases.insert(id, addr);
+                    return Ok(addr);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io("creating a lease")(e)),
+            }
+        }
+        Err(NetworkError::Exhausted(format!(
+            "{}/{}",
+            self.config.network, self.config.prefix
+        )))
+    }
+
+    /// The address leased to `id`, if any.
+    pub fn address_of(&self, id: Uuid) -> Option<Ipv4Addr> {
+        locked(&self.leases).get(&id).copied()
+    }
+
+    /// Gives `id` its namespace, veth, address and routes (whatever of them it does not have
+    /// yet: a second call changes nothing), and its policy.
+    pub fn attach(&self, id: Uuid, allow: &[AllowEntry]) -> Result<Attachment, NetworkError> {
+        let address = self.lease(id)?;
+        let ns = self.netns_name(id);
+        let gateway = self.gateway_addr();
+        // The policy first: the sandbox's traffic is denied before it can send any.
+        self.set_policy(id, allow)?;
+        if !link::netns_exists(&ns) {
+            link::ip(&["netns", "add", &ns])?;
+        }
+        let configured = link::ip_in(&ns, &["-4", "-o", "addr", "show", "dev", "eth0"])
+            .map(|out| out.contains(&format!(" {address}/32 ")))
+            .unwrap_or(false);
+        if !configured {
+            let host_end = Self::veth_name(id);
+            if link::link_exists(&host_end) {
+                link::ip(&["link", "delete", "dev", &host_end])?;
+            }
+            let _ = link::ip_in(&ns, &["link", "delete", "dev", "eth0"]);
+            link::ip(&[
+                "link", "add", "name", &host_end, "type", "veth", "peer", "name", "eth0", "netns",
+                &ns,
+            ])?;
+            link::ip(&["link", "set", "dev", &host_end, "master", self.bridge()])?;
+            link::ip(&[
+                "link",
+                "set",
+                "dev",
+                &host_end,
+                "type",
+                "bridge_slave",
+                "isolated",
+                "on",
+            ])?;
+            link::ip(&["link", "set", "dev", &host_end, "up"])?;
+            link::ip_in(&ns, &["link", "set", "dev", "lo", "up"])?;
+            link::ip_in(
+                &ns,
+                &["addr", "add", &format!("{address}/32"), "dev", "eth0"],
+            )?;
+            link::ip_in(&ns, &["link", "set", "dev", "eth0", "up"])?;
+            link::ip_in(
+                &ns,
+                &[
+                    "route",
+                    "add",
+                    &gateway.to_string(),
+                    "dev",
+                    "eth0",
+                    "scope",
+                    "link",
+                ],
+            )?;
+            link::ip_in(
+                &ns,
+                &[
+                    "route",
+                    "add",
+                    "default",
+                    "via",
+                    &gateway.to_string(),
+                    "dev",
+                    "eth0",
+                ],
+            )?;
+        }
+        Ok(Attachment {
+            address,
+            gateway,
+            netns_path: Path::new("/run/netns").join(ns),
+        })
+    }
+
+    /// Replaces `id`'s allowlist, in one transaction: a connection already admitted keeps
+    /// going, the next new one meets the new list.
+    pub fn set_policy(&self, id: Uuid, allow: &[AllowEntry]) -> Result<(), NetworkError> {
+        let address = self.lease(id)?;
+        let key = id.simple().to_string();
+        let mut sets = locked(&self.sets);
+        let had = sets.get(&key).copied().unwrap_or(0);
+        let admitted = self.names.still_admitted(id);
+        let (cmds, now) = self
+            .table
+            .apply_sandbox(&key, address, allow, had, &admitted);
+        self.names.with_policy(id, address, allow, || {
+            nft::apply("apply a sandbox's policy", cmds)
+        })?;
+        sets.insert(key, now);
+        Ok(())
+    }
+
+    /// Tells the resolver `id`'s list again (a restarted gateway, whose table still holds
+    /// it), changing nothing in the table; nothing to do for a sandbox with no lease.
+    pub fn restore(&self, id: Uuid, allow: &[AllowEntry]) {
+        if let Some(address) = self.address_of(id) {
+            let _ = self.names.with_policy(id, address, allow, || Ok(()));
+        }
+    }
+
+    /// The denials recorded for `id` in the last ten minutes, most packets first.
+    pub fn denials(&self, id: Uuid) -> Result<Vec<Denial>, NetworkError> {
+        let Some(address) = self.address_of(id) else {
+            return Ok(Vec::new());
+        };
+        let doc = nft::list(
+            "read the denials",
+            &["list", "set", "inet", &self.table.name, "denied"],
+        )?;
+        let mut mine: Vec<Denial> = nft::parse_denials(&doc)
+            .into_iter()
+            .filter(|d| d.source == address)
+            .collect();
+        mine.sort_by(|a, b| {
+            b.packets
+                .cmp(&a.packets)
+                .then(a.destination.cmp(&b.destination))
+                .then(a.port.cmp(&b.port))
+        });
+        Ok(mine)
+    }
+
+    /// How many packets and DNS queries `id`'s policy refused in the last ten minutes, and the
+    /// most recent refused destination, as of a look at most [`DENIAL_REFRESH`] old (one read
+    /// of the `denied` set serves every sandbox: the cost does not grow with their number).
+    pub fn denial_summary(&self, id: Uuid) -> (u64, Option<sbx_driver_api::pb::NetworkDenial>) {
+        let Some(address) = self.address_of(id) else {
+            return (0, None);
+        };
+        let mut sums = locked(&self.summaries);
+        if sums.at.is_none_or(|at| at.elapsed() >= DENIAL_REFRESH) {
+            match nft::list(
+                "read the denials",
+                &["list", "set", "inet", &self.table.name, "denied"],
+            ) {
+                Ok(doc) => {
+                    let mut by: HashMap<Ipv4Addr, (u64, Denial)> = HashMap::new();
+                    for d in nft::parse_denials(&doc) {
+                        match by.get_mut(&d.source) {
+                            Some((n, last)) => {
+                                *n += d.packets;
+                                if d.expires > last.expires {
+                                    *last = d;
+                                }
+                            }
+                            None => {
+                                by.insert(d.source, (d.packets, d));
+                            }
+                        }
+                    }
+                    sums.by_source = by;
+                }
+                Err(e) => tracing::warn!(error = %e, "the network's denials could not be read"),
+            }
+            sums.at = Some(std::time::Instant::now());
+        }
+        let (mut total, mut last) = match sums.by_source.get(&address) {
+            Some((n, d)) => (*n, Some(pb_denial(d))),
+            None => (0, None),
+        };
+        drop(sums);
+        let refused = self.names.refused(id);
+        total += refused.iter().map(|(_, n)| n).sum::<u64>();
+        if last.is_none() {
+            last = refused
+                .into_iter()
+                .next()
+                .map(|(name, n)| dns_denial(name, n));
+        }
+        (total, last)
+    }
+
+    /// Removes everything `id` had: its rules, namespace (with its veth) and lease. Nothing
+    /// of it is left on the host; a second call finds nothing to do.
+    pub fn detach(&self, id: Uuid) -> Result<(), NetworkError> {
+        let ns = self.netns_name(id);
+        let address = self.address_of(id);
+        let chain = format!("sb_{}", id.simple());
+        let has_chain = nft::list(
+            "look for a sandbox's chain",
+            &["list", "chain", "inet", &self.table.name, &chain],
+        )
+        .is_ok();
+        // The chain and the map entry are made and removed in one transaction each: the one
+        // exists exactly when the other does.
+        if let (true, Some(addr)) = (has_chain, address) {
+            let key = id.simple().to_string();
+            let mut sets = locked(&self.sets);
+            let n = sets.get(&key).copied().unwrap_or(0);
+            nft::apply(
+                "remove a sandbox's policy",
+                self.table.remove_sandbox(&key, addr, n),
+            )?;
+            sets.remove(&key);
+        }
+        let host_end = Self::veth_name(id);
+        if link::link_exists(&host_end) {
+            link::ip(&["link", "delete", "dev", &host_end])?;
+        }
+        if link::netns_exists(&ns) {
+            link::ip(&["netns", "delete", &ns])?;
+        }
+        if let Some(addr) = address {
+            let path = self.lease_dir().join(addr.to_string());
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("removing a lease")(e)),
+            }
+            locked(&self.leases).remove(&id);
+        }
+        self.names.forget(id, address);
+        Ok(())
+    }
+
+    /// Removes the bridge and the table (for a gateway whose network is no longer wanted, and
+    /// for tests). Refused while a sandbox holds a lease.
+    pub fn teardown(&self) -> Result<(), NetworkError> {
+        let n = locked(&self.leases).len();
+        if n > 0 {
+            return Err(NetworkError::Config(format!(
+                "{n} sandboxes are still attached to the network"
+            )));
+        }
+        locked(&self.resolver).take();
+        if nft::list(
+            "look for the table",
+            &["list", "table", "inet", &self.table.name],
+        )
+        .is_ok()
+        {
+            nft::apply(
+                "delete the table",
+                vec![
+                    serde_json::json!({ "delete": { "table": { "family": "inet", "name": self.table.name } } }),
+                ],
+            )?;
+        }
+        if link::link_exists(self.bridge()) {
+            link::ip(&["link", "delete", "dev", self.bridge()])?;
+        }
+        Ok(())
+    }
+
+    pub fn config(&self) -> &NetworkConfig {
+        &self.config
+    }
+
+    pub fn bridge_name(&self) -> &str {
+        self.bridge()
+    }
+
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.gateway_addr()
+    }
+
+    /// The names the resolver refused to `id`, most asked first, with how often.
+    pub fn refused_names(&self, id: Uuid) -> Vec<(String, u64)> {
+        self.names.refused(id)
+    }
+}
+
+fn pb_denial(d: &Denial) -> sbx_driver_api::pb::NetworkDenial {
+    sbx_driver_api::pb::NetworkDenial {
+        destination: d.destination.to_string(),
+        protocol: d.protocol.clone(),
+        port: u32::from(d.port),
+        packets: d.packets,
+    }
+}
+
+/// A name the resolver refused: protocol "dns", its count as the packets.
+fn dns_denial(name: String, count: u64) -> sbx_driver_api::pb::NetworkDenial {
+    sbx_driver_api::pb::NetworkDenial {
+        destination: name,
+        protocol: "dns".into(),
+        port: u32::from(resolver::PORT),
+        packets: count,
+    }
+}
+
+/// What a create's `SandboxSpec.network` asks of a host driver with `network` (or without
+/// one): `None` for loopback only, else the allowlist as given (checked here too: a driver
+/// never trusts that the gateway did).
+pub fn requested(
+    policy: Option<&sbx_driver_api::pb::NetworkPolicy>,
+    network: Option<&std::sync::Arc<Network>>,
+) -> Result<Option<Vec<String>>, sbx_driver_api::DriverError> {
+    use sbx_driver_api::pb::NetworkMode;
+    let Some(policy) = policy else {
+        return Ok(None);
+    };
+    match NetworkMode::try_from(policy.mode) {
+        Ok(NetworkMode::Unspecified) | Ok(NetworkMode::None) => {
+            if !policy.allow.is_empty() {
+                return Err(sbx_driver_api::DriverError::InvalidArgument(
+                    "network mode none admits nothing: an allowlist needs mode policy".into(),
+                ));
+            }
+            Ok(None)
+        }
+        Ok(NetworkMode::Policy) => {
+            if network.is_none() {
+                return Err(sbx_driver_api::DriverError::FailedPrecondition(
+                    "this gateway has no sandbox network (sbxd serve --network-cidr): \
+                     only network mode none"
+                        .into(),
+                ));
+            }
+            parse_allowlist(&policy.allow)
+                .map_err(|e| sbx_driver_api::DriverError::InvalidArgument(e.to_string()))?;
+            Ok(Some(policy.allow.clone()))
+        }
+        Err(_) => Err(sbx_driver_api::DriverError::InvalidArgument(format!(
+            "network mode {} is not known",
+            policy.mode
+        ))),
+    }
+}
+
+/// The driver contract's view of a sandbox's network.
+pub fn status(
+    network: Option<&Network>,
+    id: Uuid,
+    allow: Option<&Vec<String>>,
+) -> Result<sbx_driver_api::pb::NetworkStatus, sbx_driver_api::DriverError> {
+    use sbx_driver_api::pb;
+    let mode = if allow.is_some() {
+        pb::NetworkMode::Policy
+    } else {
+        pb::NetworkMode::None
+    };
+    let mut out = pb::NetworkStatus {
+        policy: Some(pb::NetworkPolicy {
+            mode: mode as i32,
+            allow: allow.cloned().unwrap_or_default(),
+        }),
+        ..Default::default()
+    };
+    if let (Some(net), Some(_)) = (network, allow) {
+        if let Some(addr) = net.address_of(id) {
+            out.address = addr.to_string();
+            out.gateway = net.gateway().to_string();
+        }
+        let denials = net
+            .denials(id)
+            .map_err(|e| sbx_driver_api::DriverError::Unavailable(e.to_string()))?;
+        out.denials = denials.iter().take(100).map(pb_denial).collect();
+        out.denials.extend(
+            net.refused_names(id)
+                .into_iter()
+                .take(100)
+                .map(|(name, count)| dns_denial(name, count)),
+        );
+    }
+    Ok(out)
+}
