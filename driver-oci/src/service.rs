@@ -1,26 +1,30 @@
 //! The driver contract for [`OciDriver`]: capabilities and create (the image resolved into
-//! what the sandbox runs). Start, stop, delete, a create of a known sandbox and the reads
-//! (get, list, watch, logs) are the host kit's (`host::lifecycle`); exec is in `streams.rs`.
+//! what the sandbox runs). Start, stop, delete, a create of a known sandbox, the reads (get,
+//! list, watch, logs) and the network calls are the host kit's
+//! ([`sbx_host_kit::host_compute_driver!`]); exec is in `streams.rs`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use nix::unistd::{Gid, Uid, chown};
 
 use super::record::{self, ImageRun, OciRecord, RECORD_FORMAT};
 use super::{Inner, OciDriver};
-use sbx_driver_api::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
-use sbx_host_kit::{Desired, agent, internal, lifecycle, sandbox_network, validate_command};
+use sbx_driver_api::{
+    ByteStream, DriverError, DriverStream, ExecInputStream, ForwardInputStream, pb,
+};
+use sbx_host_kit::service::HostService;
+use sbx_host_kit::{Desired, agent, internal, lifecycle, validate_command};
 use sbx_images::{ImageError, ImageInfo};
 
 /// The PATH a workload gets when its image sets none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+sbx_host_kit::host_compute_driver!(OciDriver, create = create, networked);
+
 #[async_trait]
-impl ComputeDriver for OciDriver {
+impl HostService for OciDriver {
     async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
         Ok(pb::CapabilitiesResponse {
             driver: "oci".to_string(),
@@ -52,66 +56,12 @@ impl ComputeDriver for OciDriver {
         })
     }
 
-    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move { create(&inner, req).await }).await
-    }
-
-    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
-        let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move { lifecycle::start(inner.as_ref(), req).await }).await
-    }
-
-    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
-        let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move { lifecycle::stop(inner.as_ref(), req).await }).await
-    }
-
-    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
-        let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move { lifecycle::delete(inner.as_ref(), req).await }).await
-    }
-
-    async fn update_network(
-        &self,
-        req: pb::UpdateNetworkRequest,
-    ) -> Result<pb::NetworkStatus, DriverError> {
-        let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move {
-            sandbox_network::update(&inner.records, inner.opts.network.as_ref(), req).await
-        })
-        .await
-    }
-
-    async fn get_network(
-        &self,
-        req: pb::GetNetworkRequest,
-    ) -> Result<pb::NetworkStatus, DriverError> {
-        sandbox_network::get(&self.inner.records, self.inner.opts.network.as_ref(), req).await
-    }
-
-    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
-        lifecycle::get(self.inner.as_ref(), &req)
-    }
-
-    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
-        Ok(lifecycle::list(self.inner.as_ref()))
-    }
-
-    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        Ok(lifecycle::watch(&self.inner, &self.alive))
-    }
-
     async fn exec_io(
         &self,
         req: pb::ExecRequest,
         input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         self.exec_stream(req, input).await
-    }
-
-    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
-        lifecycle::logs(&self.inner, &req, &self.alive)
     }
 
     async fn copy_from(
@@ -124,7 +74,7 @@ impl ComputeDriver for OciDriver {
     async fn copy_to(
         &self,
         req: pb::CopyToStart,
-        data: sbx_driver_api::ByteStream,
+        data: ByteStream,
     ) -> Result<pb::CopyToResponse, DriverError> {
         self.copy_via(&req.sandbox_id)
             .await?
@@ -135,7 +85,7 @@ impl ComputeDriver for OciDriver {
     async fn port_forward(
         &self,
         req: pb::PortForwardStart,
-        input: sbx_driver_api::ForwardInputStream,
+        input: ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
         let dir = self.running_dir(&req.sandbox_id, "port forwarding")?;
         agent::port_forward(&dir, &req, input).await

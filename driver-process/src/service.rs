@@ -1,22 +1,25 @@
 //! The driver contract for [`ProcessDriver`]: capabilities and create (the cgroups made, the
 //! record written). Start, stop, delete (which removes the cgroups here), a create of a known
-//! sandbox and the reads (get, list, watch, logs) are the host kit's (`host::lifecycle`); exec
-//! is in `streams.rs`.
+//! sandbox, the reads (get, list, watch, logs) and the network calls are the host kit's
+//! ([`sbx_host_kit::host_compute_driver!`]); exec is in `streams.rs`.
 
 use std::time::Duration;
-
-use std::sync::Arc;
 
 use async_trait::async_trait;
 
 use super::cgroup::Limits;
 use super::record::{RECORD_FORMAT, SandboxRecord, StoredSpec};
 use super::{Inner, ProcessDriver};
-use sbx_driver_api::{ComputeDriver, DriverError, DriverStream, ExecInputStream, pb};
-use sbx_host_kit::{Desired, agent, internal, lifecycle, sandbox_network, validate_command};
+use sbx_driver_api::{
+    ByteStream, DriverError, DriverStream, ExecInputStream, ForwardInputStream, pb,
+};
+use sbx_host_kit::service::HostService;
+use sbx_host_kit::{Desired, agent, internal, lifecycle, validate_command};
+
+sbx_host_kit::host_compute_driver!(ProcessDriver, create = create, networked);
 
 #[async_trait]
-impl ComputeDriver for ProcessDriver {
+impl HostService for ProcessDriver {
     async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
         let cgroups = &self.inner.cgroups;
         Ok(pb::CapabilitiesResponse {
@@ -49,66 +52,12 @@ impl ComputeDriver for ProcessDriver {
         })
     }
 
-    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move { create(&inner, req).await }).await
-    }
-
-    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
-        let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move { lifecycle::start(inner.as_ref(), req).await }).await
-    }
-
-    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
-        let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move { lifecycle::stop(inner.as_ref(), req).await }).await
-    }
-
-    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
-        let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move { lifecycle::delete(inner.as_ref(), req).await }).await
-    }
-
-    async fn update_network(
-        &self,
-        req: pb::UpdateNetworkRequest,
-    ) -> Result<pb::NetworkStatus, DriverError> {
-        let inner = Arc::clone(&self.inner);
-        lifecycle::detach(async move {
-            sandbox_network::update(&inner.records, inner.opts.network.as_ref(), req).await
-        })
-        .await
-    }
-
-    async fn get_network(
-        &self,
-        req: pb::GetNetworkRequest,
-    ) -> Result<pb::NetworkStatus, DriverError> {
-        sandbox_network::get(&self.inner.records, self.inner.opts.network.as_ref(), req).await
-    }
-
-    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
-        lifecycle::get(self.inner.as_ref(), &req)
-    }
-
-    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
-        Ok(lifecycle::list(self.inner.as_ref()))
-    }
-
-    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        Ok(lifecycle::watch(&self.inner, &self.alive))
-    }
-
     async fn exec_io(
         &self,
         req: pb::ExecRequest,
         input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         self.exec_stream(req, input).await
-    }
-
-    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
-        lifecycle::logs(&self.inner, &req, &self.alive)
     }
 
     async fn copy_from(
@@ -124,7 +73,7 @@ impl ComputeDriver for ProcessDriver {
     async fn copy_to(
         &self,
         req: pb::CopyToStart,
-        data: sbx_driver_api::ByteStream,
+        data: ByteStream,
     ) -> Result<pb::CopyToResponse, DriverError> {
         self.copy_via(&req.sandbox_id, &req.path)
             .await?
@@ -135,7 +84,7 @@ impl ComputeDriver for ProcessDriver {
     async fn port_forward(
         &self,
         req: pb::PortForwardStart,
-        input: sbx_driver_api::ForwardInputStream,
+        input: ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
         let dir = self.running_dir(&req.sandbox_id, "port forwarding")?;
         agent::port_forward(&dir, &req, input).await

@@ -1,7 +1,8 @@
 //! The driver contract for [`VmDriver`]: capabilities and create (the disk made). Every
-//! lifecycle call runs as its own task ([`Ops`]); start, stop, delete, a create of a known
-//! sandbox and the reads (get, list, watch, logs) are the host kit's (`host::lifecycle`); exec
-//! is in `streams.rs`, copy and port-forward (through exec) in `files.rs`.
+//! lifecycle call runs as its own task; start, stop, delete, a create of a known sandbox and
+//! the reads (get, list, watch, logs) are the host kit's
+//! ([`sbx_host_kit::host_compute_driver!`]); exec is in `streams.rs`, copy and port-forward
+//! (through exec) in `files.rs`.
 
 use std::sync::Arc;
 
@@ -9,7 +10,10 @@ use async_trait::async_trait;
 
 use super::record::{RECORD_FORMAT, VmRecord, VmSpec};
 use super::{Inner, VmDriver, qemu};
-use sbx_driver_api::{ComputeDriver, DriverError, DriverStream, pb};
+use sbx_driver_api::{
+    ByteStream, DriverError, DriverStream, ExecInputStream, ForwardInputStream, pb,
+};
+use sbx_host_kit::service::HostService;
 use sbx_host_kit::{Desired, internal, lifecycle, validate_command};
 
 /// The least memory a guest boots with.
@@ -86,8 +90,10 @@ async fn make_disk(path: &std::path::Path, size_mib: u64) -> Result<(), DriverEr
     std::fs::rename(&tmp, path).map_err(|e| internal("placing the disk image", e))
 }
 
+sbx_host_kit::host_compute_driver!(VmDriver, create = create);
+
 #[async_trait]
-impl ComputeDriver for VmDriver {
+impl HostService for VmDriver {
     async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
         Ok(pb::CapabilitiesResponse {
             network: false,
@@ -118,48 +124,12 @@ impl ComputeDriver for VmDriver {
         })
     }
 
-    async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        let ops = self.ops();
-        lifecycle::detach(async move { ops.create(req).await }).await
-    }
-
-    async fn start(&self, req: pb::StartRequest) -> Result<pb::Snapshot, DriverError> {
-        let ops = self.ops();
-        lifecycle::detach(async move { lifecycle::start(ops.inner.as_ref(), req).await }).await
-    }
-
-    async fn stop(&self, req: pb::StopRequest) -> Result<pb::Snapshot, DriverError> {
-        let ops = self.ops();
-        lifecycle::detach(async move { lifecycle::stop(ops.inner.as_ref(), req).await }).await
-    }
-
-    async fn delete(&self, req: pb::DeleteRequest) -> Result<pb::DeleteResponse, DriverError> {
-        let ops = self.ops();
-        lifecycle::detach(async move { lifecycle::delete(ops.inner.as_ref(), req).await }).await
-    }
-
-    async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
-        lifecycle::get(self.inner.as_ref(), &req)
-    }
-
-    async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {
-        Ok(lifecycle::list(self.inner.as_ref()))
-    }
-
-    async fn watch(&self) -> Result<DriverStream<pb::WatchEvent>, DriverError> {
-        Ok(lifecycle::watch(&self.inner, &self.alive))
-    }
-
     async fn exec_io(
         &self,
         req: pb::ExecRequest,
-        input: sbx_driver_api::ExecInputStream,
+        input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         self.exec_stream(req, input).await
-    }
-
-    async fn logs(&self, req: pb::LogsRequest) -> Result<DriverStream<pb::LogChunk>, DriverError> {
-        lifecycle::logs(&self.inner, &req, &self.alive)
     }
 
     async fn copy_from(
@@ -172,7 +142,7 @@ impl ComputeDriver for VmDriver {
     async fn copy_to(
         &self,
         req: pb::CopyToStart,
-        data: sbx_driver_api::ByteStream,
+        data: ByteStream,
     ) -> Result<pb::CopyToResponse, DriverError> {
         self.copy_to_vm(req, data).await
     }
@@ -180,104 +150,89 @@ impl ComputeDriver for VmDriver {
     async fn port_forward(
         &self,
         req: pb::PortForwardStart,
-        input: sbx_driver_api::ForwardInputStream,
+        input: ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
         self.port_forward_vm(req, input).await
     }
 }
 
-/// The lifecycle calls' hold on the driver, moved into the task [`detach`] runs them as, so
-/// that a caller giving up (a deadline, a dropped connection) cannot cut one short between
-/// launching QEMU and recording it: a VM nobody recorded would be booted a second time on the
-/// same disk.
-pub(super) struct Ops {
-    pub(super) inner: Arc<Inner>,
-}
-
-impl VmDriver {
-    fn ops(&self) -> Ops {
-        Ops {
-            inner: Arc::clone(&self.inner),
-        }
+/// A create: the disk made, the record written, the first run started unless asked stopped.
+/// It runs as a task of its own (the kit's `detach`), so a caller giving up (a deadline, a
+/// dropped connection) cannot cut it short between launching QEMU and recording it: a VM
+/// nobody recorded would be booted a second time on the same disk.
+async fn create(
+    inner: &Arc<Inner>,
+    mut req: pb::CreateRequest,
+) -> Result<pb::Snapshot, DriverError> {
+    let id = lifecycle::create_id(&req)?;
+    let run_env = sbx_host_kit::command::run_env(std::mem::take(&mut req.run_env))?;
+    let spec = req.spec.unwrap_or_default();
+    validate_command("the spec", &spec.command, &spec.env)?;
+    validate_env_names("the spec", spec.env.keys())?;
+    // A guest has no network device: loopback only, and a policy is refused.
+    sbx_network::requested(spec.network.as_ref(), None)?;
+    let inner = inner.as_ref();
+    let _serialised = inner.records.lock(id).await;
+    if let Some(existing) = inner.records.get(id) {
+        let asked = (req.workspace.as_str(), req.name.as_str());
+        return lifecycle::create_known(inner, existing, asked, req.generation, run_env).await;
     }
-}
 
-impl Ops {
-    pub(super) async fn create(
-        &self,
-        mut req: pb::CreateRequest,
-    ) -> Result<pb::Snapshot, DriverError> {
-        let id = lifecycle::create_id(&req)?;
-        let run_env = sbx_host_kit::command::run_env(std::mem::take(&mut req.run_env))?;
-        let spec = req.spec.unwrap_or_default();
-        validate_command("the spec", &spec.command, &spec.env)?;
-        validate_env_names("the spec", spec.env.keys())?;
-        // A guest has no network device: loopback only, and a policy is refused.
-        sbx_network::requested(spec.network.as_ref(), None)?;
-        let inner = self.inner.as_ref();
-        let _serialised = inner.records.lock(id).await;
-        if let Some(existing) = inner.records.get(id) {
-            let asked = (req.workspace.as_str(), req.name.as_str());
-            return lifecycle::create_known(inner, existing, asked, req.generation, run_env).await;
-        }
-
-        let paths = inner.paths(id);
-        std::fs::create_dir_all(&paths.dir)
-            .map_err(|e| internal("making the sandbox directory", e))?;
-        if !paths.disk.exists() {
-            make_disk(&paths.disk, inner.opts.disk_mib).await?;
-        }
-        let resources = spec.resources.unwrap_or_default();
-        let memory_mib = match resources.memory_bytes {
-            0 => inner.opts.memory_mib,
-            bytes => (bytes / (1024 * 1024)).max(MIN_MEMORY_MIB),
-        };
-        let cpus = resources.cpu_millis.div_ceil(1000).max(1);
-        let mut warnings = Vec::new();
-        if !spec.image.is_empty() {
-            warnings.push(format!(
-                "image {:?} ignored: the vm driver boots every guest from its busybox initramfs",
-                spec.image
-            ));
-        }
-        if inner.assets.compressed_kernel {
-            warnings.push(
-                "the kernel boots from its compressed image (slower): no xz, zstd or gzip on the \
+    let paths = inner.paths(id);
+    std::fs::create_dir_all(&paths.dir).map_err(|e| internal("making the sandbox directory", e))?;
+    if !paths.disk.exists() {
+        make_disk(&paths.disk, inner.opts.disk_mib).await?;
+    }
+    let resources = spec.resources.unwrap_or_default();
+    let memory_mib = match resources.memory_bytes {
+        0 => inner.opts.memory_mib,
+        bytes => (bytes / (1024 * 1024)).max(MIN_MEMORY_MIB),
+    };
+    let cpus = resources.cpu_millis.div_ceil(1000).max(1);
+    let mut warnings = Vec::new();
+    if !spec.image.is_empty() {
+        warnings.push(format!(
+            "image {:?} ignored: the vm driver boots every guest from its busybox initramfs",
+            spec.image
+        ));
+    }
+    if inner.assets.compressed_kernel {
+        warnings.push(
+            "the kernel boots from its compressed image (slower): no xz, zstd or gzip on the \
                  host unpacked it"
-                    .to_string(),
-            );
-        }
-        if resources.disk_bytes > 0 {
-            warnings.push(
-                "disk limit not applied: a guest's disk is the vm driver's own image".to_string(),
-            );
-        }
-        if resources.memory_bytes > 0 && resources.memory_bytes < MIN_MEMORY_MIB * 1024 * 1024 {
-            warnings.push(format!(
-                "memory raised to the {MIN_MEMORY_MIB} MiB a guest needs to boot"
-            ));
-        }
-        let rec = VmRecord {
-            format: RECORD_FORMAT,
-            sandbox_id: id,
-            workspace: req.workspace,
-            name: req.name,
-            spec: VmSpec {
-                command: spec.command,
-                env: spec.env.into_iter().collect(),
-                memory_mib,
-                cpus,
-                image: spec.image,
-            },
-            desired: Desired::Running,
-            run_id: String::new(),
-            launched_at_ms: 0,
-            console_offset: 0,
-            qemu: None,
-            warnings,
-        };
-        lifecycle::first_run(inner, rec, req.generation, req.stopped, run_env).await
+                .to_string(),
+        );
     }
+    if resources.disk_bytes > 0 {
+        warnings.push(
+            "disk limit not applied: a guest's disk is the vm driver's own image".to_string(),
+        );
+    }
+    if resources.memory_bytes > 0 && resources.memory_bytes < MIN_MEMORY_MIB * 1024 * 1024 {
+        warnings.push(format!(
+            "memory raised to the {MIN_MEMORY_MIB} MiB a guest needs to boot"
+        ));
+    }
+    let rec = VmRecord {
+        format: RECORD_FORMAT,
+        sandbox_id: id,
+        workspace: req.workspace,
+        name: req.name,
+        spec: VmSpec {
+            command: spec.command,
+            env: spec.env.into_iter().collect(),
+            memory_mib,
+            cpus,
+            image: spec.image,
+        },
+        desired: Desired::Running,
+        run_id: String::new(),
+        launched_at_ms: 0,
+        console_offset: 0,
+        qemu: None,
+        warnings,
+    };
+    lifecycle::first_run(inner, rec, req.generation, req.stopped, run_env).await
 }
 
 #[cfg(test)]

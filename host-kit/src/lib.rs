@@ -51,6 +51,7 @@ pub mod records;
 pub mod run;
 pub mod safefs;
 pub mod sandbox_network;
+pub mod service;
 pub mod uidpool;
 
 pub use command::validate_command;
