@@ -289,6 +289,30 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         addr.starts_with("10.253.20.") && peer_addr.starts_with("10.253.20.") && addr != peer_addr
     );
 
+    // A sandbox on the network sees the host's /sys, bound read-only: it can write nothing
+    // there (the kernel refuses it a sysfs of its own network namespace).
+    let sys = sbx(
+        &ep,
+        &[
+            "sandbox",
+            "exec",
+            "named",
+            "--",
+            "sh",
+            "-c",
+            "grep ' /sys ' /proc/mounts; echo x > /sys/class/net/lo/mtu && echo WROTE; \
+             mkdir /sys/sbx-probe && echo MADE; true",
+        ],
+    );
+    assert_eq!(sys.code, 0, "{sys:?}");
+    let mount = sys.stdout.lines().find(|l| l.contains(" /sys ")).unwrap_or("");
+    let options: Vec<&str> = mount.split(' ').nth(3).unwrap_or("").split(',').collect();
+    assert!(options.contains(&"ro"), "/sys is not read-only: {sys:?}");
+    assert!(
+        !sys.stdout.contains("WROTE") && !sys.stdout.contains("MADE"),
+        "{sys:?}"
+    );
+
     // What the policy admits, and what it does not.
     assert_eq!(connect(&ep, "web", &upa, 80), "hello 80");
     let t = Instant::now();
