@@ -1,7 +1,8 @@
 //! The compute drivers of sbx, in one place for the gateway and the driver host: the driver
 //! boundary ([`sbx_driver_api`], re-exported whole), each driver's crate under its name
 //! ([`oci`], [`process`], [`vm`], [`sim`]), the gateway services drivers use ([`image`],
-//! [`network`]), and [`remote`]: a driver behind a Unix socket, and the host that serves one.
+//! [`network`]), [`registry`]: the table every driver is opened from, and [`remote`]: a driver
+//! behind a Unix socket, and the host that serves one.
 //!
 //! **Invariant:** a driver resolves a sandbox by its id only. Nothing in these crates looks a
 //! sandbox up by name; workspace and name are stored to be reported back, never to be matched.
@@ -17,4 +18,5 @@ pub use sbx_images::{BUSYBOX_PATHS, find_static_busybox};
 pub use sbx_network as network;
 pub use sbx_proto::quantity::human_bytes;
 
+pub mod registry;
 pub mod remote;

@@ -305,7 +305,11 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         ],
     );
     assert_eq!(sys.code, 0, "{sys:?}");
-    let mount = sys.stdout.lines().find(|l| l.contains(" /sys ")).unwrap_or("");
+    let mount = sys
+        .stdout
+        .lines()
+        .find(|l| l.contains(" /sys "))
+        .unwrap_or("");
     let options: Vec<&str> = mount.split(' ').nth(3).unwrap_or("").split(',').collect();
     assert!(options.contains(&"ro"), "/sys is not read-only: {sys:?}");
     assert!(

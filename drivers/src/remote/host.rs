@@ -10,44 +10,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::image::ImageStore;
-use crate::oci::{OciDriver, OciDriverOptions};
-use crate::process::{ProcessDriver, ProcessDriverOptions};
-use crate::sim::{SimDriver, SimFaults, SimWorld};
-use crate::vm::{Accel, AssetPaths, VmDriver, VmDriverOptions};
+use crate::oci::OciDriverOptions;
+use crate::registry::{self, DriverFactory, DriverSettings, OpenContext};
+use crate::sim::SimFaults;
+use crate::vm::{Accel, AssetPaths, VmDriverOptions};
 use crate::{ComputeDriver, DriverError};
-
-/// Which in-tree driver a host serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Backend {
-    /// OCI containers from images, run by runc (needs root, runc and busybox-static); state
-    /// in --state-dir, images read from --image-store (the gateway's). The containers outlive
-    /// the host, and a restarted host finds every one again.
-    Oci,
-    /// Namespaced process trees on this machine (needs root); state in --state-dir, so a
-    /// restarted host finds every workload again.
-    Process,
-    /// The in-memory simulated driver. It keeps nothing on disk: killing the host loses
-    /// every sandbox it knew.
-    Sim,
-    /// QEMU microVMs (needs qemu-system-x86, qemu-utils, e2fsprogs, a kernel and
-    /// busybox-static); state in --state-dir. The VMs outlive the host, and a restarted host
-    /// finds every one again.
-    Vm,
-}
 
 /// The command line of a driver host.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DriverHostArgs {
     /// The driver to serve.
-    #[arg(long, value_enum)]
-    pub backend: Backend,
+    #[arg(long, value_name = "NAME", value_parser = registry::parse_backend,
+          long_help = format!("The driver to serve.\n\n{}", registry::help()))]
+    pub backend: &'static DriverFactory,
     /// The Unix socket to serve on (made with mode 0600). A stale socket file is replaced;
     /// a socket on which another host answers is refused.
     #[arg(long)]
     pub socket: PathBuf,
     /// Where the oci, process or vm driver keeps its sandboxes (required with those
     /// backends; one live host per directory). Unused by sim.
-    #[arg(long, required_if_eq_any([("backend", "oci"), ("backend", "process"), ("backend", "vm")]))]
+    #[arg(long, required_if_eq_any(registry::needing_state_dir("backend")))]
     pub state_dir: Option<PathBuf>,
     /// A path the process driver hides from its workloads (under an empty read-only tmpfs),
     /// besides its own state dir; repeat for more. sbxd passes its data dir.
@@ -55,7 +37,11 @@ pub struct DriverHostArgs {
     pub hidden_paths: Vec<PathBuf>,
     /// The gateway's image store (DATA/images), read by the oci driver (required with
     /// --backend oci).
-    #[arg(long, required_if_eq("backend", "oci"), value_name = "DIR")]
+    #[arg(
+        long,
+        required_if_eq_any(registry::needing_images("backend")),
+        value_name = "DIR"
+    )]
     pub image_store: Option<PathBuf>,
     /// The cgroup under which the process driver makes sandbox cgroups, relative to the
     /// host's own cgroup.
@@ -565,74 +551,31 @@ pub fn parse_vm_boot_timeout(text: &str) -> Result<u64, String> {
     parse_bounded(text, "seconds", 1, VM_MAX_BOOT_TIMEOUT_SECS)
 }
 
-/// Opens the driver `args` choose. The process driver may wait (a couple of seconds at most)
-/// for a previous instance's lock on its state dir: that wait runs off the async workers.
+/// Opens the driver `args` name, from the registry ([`crate::registry`]), with the settings
+/// its flags give.
 pub async fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver>, DriverError> {
-    let state_dir = || {
-        args.state_dir.clone().ok_or_else(|| {
-            DriverError::InvalidArgument(format!(
-                "--backend {} needs --state-dir",
-                backend_name(args.backend)
-            ))
-        })
+    let images = match (&args.image_store, args.backend.needs_images) {
+        (Some(store), true) => Some(
+            ImageStore::open_read_only(store.clone())
+                .map_err(|e| DriverError::Unavailable(format!("the image store: {e}")))?,
+        ),
+        _ => None,
     };
-    match args.backend {
-        Backend::Oci => {
-            let store = args.image_store.clone().ok_or_else(|| {
-                DriverError::InvalidArgument("--backend oci needs --image-store".to_string())
-            })?;
-            let images = ImageStore::open_read_only(store)
-                .map_err(|e| DriverError::Unavailable(format!("the image store: {e}")))?;
-            let state_dir = state_dir()?;
-            let opts = OciDriverOptions {
-                default_grace: Duration::from_millis(args.default_grace_ms),
-                poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
-                id_map: images.idmap(),
-                network: args.oci.open_network(&state_dir).await?,
-                ..args.oci.driver_options()
-            };
-            Ok(Arc::new(OciDriver::open(state_dir, images, opts).await?))
-        }
-        Backend::Process => {
-            let state_dir = state_dir()?;
-            let opts = ProcessDriverOptions {
-                cgroup_parent: args.cgroup_parent.clone(),
-                hidden_paths: args.hidden_paths.clone(),
-                default_grace: Duration::from_millis(args.default_grace_ms),
-                poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
-                network: args.oci.open_network(&state_dir).await?,
-                uid_pool: Some(args.oci.uid_pool()),
-                log_max: args.oci.log_max,
-                ..ProcessDriverOptions::default()
-            };
-            let driver = tokio::task::spawn_blocking(move || ProcessDriver::open(state_dir, opts))
-                .await
-                .map_err(|e| DriverError::Internal(format!("opening the driver: {e}")))??;
-            Ok(Arc::new(driver))
-        }
-        Backend::Sim => Ok(Arc::new(SimDriver::new(
-            SimWorld::new(),
-            SimFaults::default(),
-        ))),
-        Backend::Vm => {
-            let opts = VmDriverOptions {
-                default_grace: Duration::from_millis(args.default_grace_ms),
-                poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
-                ..args.vm.driver_options()
-            };
-            Ok(Arc::new(VmDriver::open(state_dir()?, opts).await?))
-        }
-    }
-}
-
-/// The flag value of a backend.
-fn backend_name(backend: Backend) -> &'static str {
-    match backend {
-        Backend::Oci => "oci",
-        Backend::Process => "process",
-        Backend::Sim => "sim",
-        Backend::Vm => "vm",
-    }
+    let ctx = OpenContext {
+        state_dir: args.state_dir.clone(),
+        images,
+        settings: DriverSettings {
+            oci: args.oci.clone(),
+            vm: args.vm.clone(),
+            cgroup_parent: args.cgroup_parent.clone(),
+            hidden_paths: args.hidden_paths.clone(),
+            default_grace: Some(Duration::from_millis(args.default_grace_ms)),
+            poll_interval: Some(Duration::from_millis(args.poll_interval_ms.max(1))),
+            sim_faults: SimFaults::default(),
+            sim_images: false,
+        },
+    };
+    (args.backend.open)(ctx).await
 }
 
 /// Opens the driver and serves it on `args.socket` until `shutdown` resolves.
@@ -796,7 +739,7 @@ mod tests {
             "/k",
         ])
         .unwrap();
-        assert_eq!(args.backend, Backend::Vm);
+        assert_eq!(args.backend.name, "vm");
         let opts = args.vm.driver_options();
         assert_eq!(opts.accel, Accel::Tcg);
         assert_eq!(opts.memory_mib, 512);

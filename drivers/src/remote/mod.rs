@@ -26,6 +26,6 @@ pub mod status;
 
 pub use client::RemoteDriver;
 pub use host::{
-    Backend, DriverHostArgs, OciArgs, VmArgs, open_backend, run_driver_host, termination_signal,
+    DriverHostArgs, OciArgs, VmArgs, open_backend, run_driver_host, termination_signal,
 };
 pub use server::{SHUTDOWN_GRACE, serve};

@@ -1,9 +1,9 @@
 //! The value of `sbxd serve --driver`: where the compute driver runs.
 //!
-//! - `oci`, `process`, `sim`, `vm`: in sbxd's own process;
+//! - a driver's name from the registry (`oci`, `process`, `sim`, `vm`): in sbxd's own process;
 //! - `remote:SOCKET`: served by an `sbxd driver` (or `sbx-driver-host`) the operator runs;
-//! - `managed:oci`, `managed:process`, `managed:sim`, `managed:vm`: served by an `sbxd driver` that sbxd starts and
-//!   supervises itself (see [`super::managed`]).
+//! - `managed:NAME` for every name in the registry: served by an `sbxd driver` that sbxd
+//!   starts and supervises itself (see [`super::managed`]).
 //!
 //! Naming: the driver is registered in the actors' DriverSet under its backend's name
 //! ("oci", "process", "sim" or "vm"), which is what each sandbox's `spec.driver` records. A remote driver's
@@ -62,28 +62,30 @@ impl fmt::Display for DriverSpec {
     }
 }
 
-const EXPECTED: &str =
-    "expected oci, process, sim, vm, remote:SOCKET or managed:oci|process|sim|vm";
+/// What `--driver` may be: every driver of the registry, in process or managed, or remote.
+fn expected() -> String {
+    let names = sbx_drivers::registry::names(", ");
+    let managed = sbx_drivers::registry::names("|");
+    format!("expected {names}, remote:SOCKET or managed:{managed}")
+}
 
 /// Parses a `--driver` value (clap's value parser).
 pub fn parse_driver_spec(text: &str) -> Result<DriverSpec, String> {
-    let backend = |name: &str| match name {
-        "oci" => Ok(DriverKind::Oci),
-        "process" => Ok(DriverKind::Process),
-        "sim" => Ok(DriverKind::Sim),
-        "vm" => Ok(DriverKind::Vm),
-        other => Err(format!("unknown driver backend {other:?}; {EXPECTED}")),
+    let backend = |name: &str| {
+        DriverKind::named(name)
+            .ok_or_else(|| format!("unknown driver backend {name:?}; {}", expected()))
     };
     match text.split_once(':') {
         None => backend(text).map(DriverSpec::InProcess),
         Some(("remote", "")) => Err(format!(
             "remote: needs the driver's Unix socket path, e.g. remote:/run/sbx/process.sock; \
-             {EXPECTED}"
+             {}",
+            expected()
         )),
         Some(("remote", socket)) => Ok(DriverSpec::Remote(PathBuf::from(socket))),
-        Some(("managed", "")) => Err(format!("managed: needs a backend; {EXPECTED}")),
+        Some(("managed", "")) => Err(format!("managed: needs a backend; {}", expected())),
         Some(("managed", name)) => backend(name).map(DriverSpec::Managed),
-        Some((kind, _)) => Err(format!("unknown driver kind {kind:?}; {EXPECTED}")),
+        Some((kind, _)) => Err(format!("unknown driver kind {kind:?}; {}", expected())),
     }
 }
 
@@ -95,11 +97,11 @@ mod tests {
     fn parses_every_form() {
         assert_eq!(
             parse_driver_spec("process"),
-            Ok(DriverSpec::InProcess(DriverKind::Process))
+            Ok(DriverSpec::InProcess(DriverKind::named("process").unwrap()))
         );
         assert_eq!(
             parse_driver_spec("sim"),
-            Ok(DriverSpec::InProcess(DriverKind::Sim))
+            Ok(DriverSpec::InProcess(DriverKind::named("sim").unwrap()))
         );
         assert_eq!(
             parse_driver_spec("remote:/run/a:b.sock"),
@@ -107,27 +109,27 @@ mod tests {
         );
         assert_eq!(
             parse_driver_spec("managed:process"),
-            Ok(DriverSpec::Managed(DriverKind::Process))
+            Ok(DriverSpec::Managed(DriverKind::named("process").unwrap()))
         );
         assert_eq!(
             parse_driver_spec("managed:sim"),
-            Ok(DriverSpec::Managed(DriverKind::Sim))
+            Ok(DriverSpec::Managed(DriverKind::named("sim").unwrap()))
         );
         assert_eq!(
             parse_driver_spec("vm"),
-            Ok(DriverSpec::InProcess(DriverKind::Vm))
+            Ok(DriverSpec::InProcess(DriverKind::named("vm").unwrap()))
         );
         assert_eq!(
             parse_driver_spec("managed:vm"),
-            Ok(DriverSpec::Managed(DriverKind::Vm))
+            Ok(DriverSpec::Managed(DriverKind::named("vm").unwrap()))
         );
         assert_eq!(
             parse_driver_spec("oci"),
-            Ok(DriverSpec::InProcess(DriverKind::Oci))
+            Ok(DriverSpec::InProcess(DriverKind::named("oci").unwrap()))
         );
         assert_eq!(
             parse_driver_spec("managed:oci"),
-            Ok(DriverSpec::Managed(DriverKind::Oci))
+            Ok(DriverSpec::Managed(DriverKind::named("oci").unwrap()))
         );
     }
 
@@ -155,14 +157,14 @@ mod tests {
         assert_eq!(remote.driver_name(None).unwrap(), "process");
         assert_eq!(remote.driver_name(Some("sim")).unwrap(), "sim");
         assert!(remote.driver_name(Some("Bad_Name")).is_err());
-        let managed = DriverSpec::Managed(DriverKind::Sim);
+        let managed = DriverSpec::Managed(DriverKind::named("sim").unwrap());
         assert_eq!(managed.driver_name(None).unwrap(), "sim");
         assert!(managed.driver_name(Some("x")).is_err());
-        let vm = DriverSpec::Managed(DriverKind::Vm);
+        let vm = DriverSpec::Managed(DriverKind::named("vm").unwrap());
         assert_eq!(vm.driver_name(None).unwrap(), "vm");
         assert_eq!(remote.driver_name(Some("vm")).unwrap(), "vm");
         assert_eq!(
-            DriverSpec::InProcess(DriverKind::Process)
+            DriverSpec::InProcess(DriverKind::named("process").unwrap())
                 .driver_name(None)
                 .unwrap(),
             "process"

@@ -7,11 +7,9 @@ use std::time::Duration;
 
 use sbx_drivers::ComputeDriver;
 use sbx_drivers::image::ImageStore;
-use sbx_drivers::oci::OciDriver;
-use sbx_drivers::process::{ProcessDriver, ProcessDriverOptions};
+use sbx_drivers::registry::{DriverSettings, OpenContext};
 use sbx_drivers::remote::RemoteDriver;
-use sbx_drivers::sim::{SimDriver, SimFaults, SimOp, SimWorld};
-use sbx_drivers::vm::VmDriver;
+use sbx_drivers::sim::{SimFaults, SimOp};
 
 use super::managed::{MAX_SOCKET_PATH, ManagedDriver, ManagedDriverPaths, stop_stale_driver};
 use super::{DaemonError, DriverKind, DriverSpec, ServeArgs};
@@ -63,7 +61,7 @@ pub async fn open_driver(
             let paths = ManagedDriverPaths::new(data_dir, *kind);
             let socket = paths.socket.clone();
             check_socket_path(&socket)?;
-            let flags = managed_host_flags(*kind, args, data_dir, images);
+            let flags = managed_host_flags(*kind, args, data_dir, images)?;
             let managed = ManagedDriver::start(paths, flags).await?;
             let driver = RemoteDriver::connect_lazy(socket, args.driver_call_timeout());
             (Arc::new(driver) as Arc<dyn ComputeDriver>, Some(managed))
@@ -105,122 +103,71 @@ fn check_socket_path(socket: &Path) -> Result<(), DaemonError> {
     Ok(())
 }
 
+/// What the registry opens the driver `kind` with in sbxd's own process: its state in
+/// `DATA/drivers/NAME`, the gateway's image store, and the settings sbxd's flags give.
+fn open_context(
+    kind: DriverKind,
+    args: &ServeArgs,
+    data_dir: &Path,
+    images: &ImageStore,
+) -> Result<OpenContext, DaemonError> {
+    let mut sim_faults =
+        SimFaults::default().with_latency(Duration::from_millis(args.sim_latency_ms));
+    for op in &args.sim_fail {
+        sim_faults = sim_faults.with_error_rate_for(parse_sim_op(op)?, 1.0);
+    }
+    Ok(OpenContext {
+        state_dir: Some(data_dir.join("drivers").join(kind.name())),
+        images: Some(images.clone()),
+        settings: DriverSettings {
+            oci: args.oci.clone(),
+            vm: args.vm.clone(),
+            cgroup_parent: args.process_cgroup_parent.clone(),
+            // The store, the images and the other drivers' sandboxes are none of the
+            // workloads' business.
+            hidden_paths: vec![data_dir.to_path_buf()],
+            default_grace: None,
+            poll_interval: None,
+            sim_faults,
+            sim_images: args.images.sim_images,
+        },
+    })
+}
+
 /// The backend's settings a managed driver process gets on its command line (after
-/// `--backend --socket --state-dir`, which the launcher adds).
+/// `--backend --socket --state-dir`, which the launcher adds): the cgroup parent, then what
+/// its row of the registry asks for.
 fn managed_host_flags(
     kind: DriverKind,
     args: &ServeArgs,
     data_dir: &Path,
     images: &ImageStore,
-) -> Vec<OsString> {
+) -> Result<Vec<OsString>, DaemonError> {
+    let ctx = open_context(kind, args, data_dir, images)?;
     let mut flags: Vec<OsString> = vec![
         "--cgroup-parent".into(),
         args.process_cgroup_parent.clone().into(),
     ];
-    match kind {
-        DriverKind::Vm => flags.extend(args.vm.to_flags()),
-        DriverKind::Oci => {
-            flags.push("--image-store".into());
-            flags.push(images.root().into());
-            flags.extend(args.oci.to_flags());
-        }
-        DriverKind::Process => {
-            flags.push("--hide".into());
-            flags.push(data_dir.into());
-            flags.extend(args.oci.network_flags());
-            flags.extend(args.oci.sandbox_flags());
-        }
-        DriverKind::Sim => {}
-    }
-    flags
+    flags.extend((kind.factory().host_flags)(&ctx));
+    Ok(flags)
 }
 
-/// The sandbox network the `--network-*` flags ask for, owned by the one driver sbxd runs
-/// in its own process (its leases under that driver's state dir).
-async fn open_network(
-    args: &ServeArgs,
-    state_dir: &Path,
-    driver: &'static str,
-) -> Result<Option<Arc<sbx_drivers::network::Network>>, DaemonError> {
-    args.oci
-        .open_network(state_dir)
-        .await
-        .map_err(|source| DaemonError::Driver {
-            driver,
-            source,
-            hint: " (see sbxd serve --help for --network-cidr, --network-name and --network-dns)",
-        })
-}
-
+/// Opens the driver `kind` in sbxd's own process, from its row of the registry.
 async fn open_in_process(
     kind: DriverKind,
     args: &ServeArgs,
     data_dir: &Path,
     images: &ImageStore,
 ) -> Result<Arc<dyn ComputeDriver>, DaemonError> {
-    match kind {
-        DriverKind::Oci => {
-            let state_dir = data_dir.join("drivers").join("oci");
-            let network = open_network(args, &state_dir, "oci").await?;
-            let opts = sbx_drivers::oci::OciDriverOptions {
-                id_map: images.idmap(),
-                network,
-                ..args.oci.driver_options()
-            };
-            let driver = OciDriver::open(state_dir, images.clone(), opts)
-                .await
-                .map_err(|source| DaemonError::Driver {
-                    driver: "oci",
-                    source,
-                    hint: " (see sbxd serve --help for the --oci-* flags; --driver process runs \
-                           without runc, for trusted work)",
-                })?;
-            Ok(Arc::new(driver))
-        }
-        DriverKind::Process => {
-            let state_dir = data_dir.join("drivers").join("process");
-            let network = open_network(args, &state_dir, "process").await?;
-            let opts = ProcessDriverOptions {
-                network,
-                cgroup_parent: args.process_cgroup_parent.clone(),
-                // The store, the images and the other drivers' sandboxes are none of its
-                // workloads' business.
-                hidden_paths: vec![data_dir.to_path_buf()],
-                uid_pool: Some(args.oci.uid_pool()),
-                log_max: args.oci.log_max,
-                ..ProcessDriverOptions::default()
-            };
-            let driver =
-                ProcessDriver::open(state_dir, opts).map_err(|source| DaemonError::Driver {
-                    driver: "process",
-                    source,
-                    hint: " (on a machine where it cannot run, use --driver sim)",
-                })?;
-            Ok(Arc::new(driver))
-        }
-        DriverKind::Vm => {
-            let state_dir = data_dir.join("drivers").join("vm");
-            let driver = VmDriver::open(state_dir, args.vm.driver_options())
-                .await
-                .map_err(|source| DaemonError::Driver {
-                    driver: "vm",
-                    source,
-                    hint: " (see sbxd serve --help for the --vm-* flags)",
-                })?;
-            tracing::info!(accel = %driver.accel(), "the vm driver is open");
-            Ok(Arc::new(driver))
-        }
-        DriverKind::Sim => {
-            let mut faults =
-                SimFaults::default().with_latency(Duration::from_millis(args.sim_latency_ms));
-            for op in &args.sim_fail {
-                faults = faults.with_error_rate_for(parse_sim_op(op)?, 1.0);
-            }
-            Ok(Arc::new(
-                SimDriver::new(SimWorld::new(), faults).with_images(args.images.sim_images),
-            ))
-        }
-    }
+    let ctx = open_context(kind, args, data_dir, images)?;
+    let factory = kind.factory();
+    (factory.open)(ctx)
+        .await
+        .map_err(|source| DaemonError::Driver {
+            driver: factory.name,
+            source,
+            hint: factory.hint,
+        })
 }
 
 fn parse_sim_op(text: &str) -> Result<SimOp, DaemonError> {
@@ -274,12 +221,15 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let images = ImageStore::open(tmp.path().join("images"), Default::default()).unwrap();
         assert_eq!(
-            text(managed_host_flags(
-                DriverKind::Process,
-                &args,
-                Path::new("/d"),
-                &images
-            )),
+            text(
+                managed_host_flags(
+                    DriverKind::named("process").unwrap(),
+                    &args,
+                    Path::new("/d"),
+                    &images
+                )
+                .unwrap()
+            ),
             [
                 "--cgroup-parent",
                 "cg",
@@ -298,12 +248,15 @@ mod tests {
         networked.oci.network_cidr = Some("10.213.0.0/16".into());
         networked.oci.network_dns = Some("10.0.0.53:53".parse().unwrap());
         assert_eq!(
-            text(managed_host_flags(
-                DriverKind::Process,
-                &networked,
-                Path::new("/d"),
-                &images
-            )),
+            text(
+                managed_host_flags(
+                    DriverKind::named("process").unwrap(),
+                    &networked,
+                    Path::new("/d"),
+                    &images
+                )
+                .unwrap()
+            ),
             [
                 "--cgroup-parent",
                 "cg",
@@ -323,12 +276,15 @@ mod tests {
                 "10485760"
             ]
         );
-        let oci = text(managed_host_flags(
-            DriverKind::Oci,
-            &args,
-            Path::new("/d"),
-            &images,
-        ))
+        let oci = text(
+            managed_host_flags(
+                DriverKind::named("oci").unwrap(),
+                &args,
+                Path::new("/d"),
+                &images,
+            )
+            .unwrap(),
+        )
         .join(" ");
         assert!(
             oci.contains(&format!("--image-store {}", images.root().display()))
@@ -337,12 +293,15 @@ mod tests {
                 && oci.contains("--uid-pool 1000000:268435456"),
             "{oci}"
         );
-        let vm = text(managed_host_flags(
-            DriverKind::Vm,
-            &args,
-            Path::new("/d"),
-            &images,
-        ));
+        let vm = text(
+            managed_host_flags(
+                DriverKind::named("vm").unwrap(),
+                &args,
+                Path::new("/d"),
+                &images,
+            )
+            .unwrap(),
+        );
         let joined = vm.join(" ");
         assert!(
             joined.starts_with("--cgroup-parent cg --vm-accel tcg ")

@@ -21,6 +21,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sbx_actors::ActorError;
 use sbx_drivers::DriverError;
+use sbx_drivers::registry::DriverFactory;
 use sbx_drivers::remote::{OciArgs, VmArgs};
 use sbx_storage::StoreError;
 
@@ -125,38 +126,25 @@ pub enum Command {
     Store(access::StoreCommand),
 }
 
-/// The compute driver sandboxes run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DriverKind {
-    /// OCI containers from images, run by runc, behind a user namespace (root inside is an
-    /// unprivileged uid on the host), seccomp, dropped capabilities and cpu/memory/pids
-    /// limits, with an overlay root filesystem that persists; they outlive sbxd and are
-    /// re-attached after a restart. The default. Needs root, runc and busybox-static.
-    Oci,
-    /// Namespaced, cgrouped process trees on this machine, for trusted work: root inside is
-    /// host uid 200000 in a user namespace, with no capabilities, and sees the host's
-    /// filesystem as that uid does (minus the driver's state). They outlive sbxd and are
-    /// re-attached after a restart. Needs root, `uidmap` and `root:200000:65536` in
-    /// /etc/subuid and /etc/subgid.
-    Process,
-    /// In memory, for tests and benchmarks. Its sandboxes do NOT survive an sbxd restart:
-    /// after one, the records are still in the store but their workloads are gone.
-    Sim,
-    /// QEMU microVMs with a persistent disk at /sandbox (see the --vm-* flags); they outlive
-    /// sbxd and are re-attached after a restart. Needs qemu-system-x86, qemu-utils,
-    /// e2fsprogs, a kernel (linux-image-amd64) and busybox-static.
-    Vm,
-}
+/// The compute driver sandboxes run on: a row of the drivers' registry
+/// ([`sbx_drivers::registry::DRIVERS`]), which says what each is and needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriverKind(&'static DriverFactory);
 
 impl DriverKind {
+    /// The driver registered as `name`, if there is one.
+    pub fn named(name: &str) -> Option<DriverKind> {
+        sbx_drivers::registry::driver(name).map(DriverKind)
+    }
+
     /// The name the driver is registered under (the `spec.driver` of its sandboxes).
     pub fn name(self) -> &'static str {
-        match self {
-            DriverKind::Oci => "oci",
-            DriverKind::Process => "process",
-            DriverKind::Sim => "sim",
-            DriverKind::Vm => "vm",
-        }
+        self.0.name
+    }
+
+    /// Its row in the registry: how it is opened, and what a driver host of it is given.
+    pub fn factory(self) -> &'static DriverFactory {
+        self.0
     }
 }
 
@@ -411,6 +399,9 @@ pub struct ServeArgs {
     pub images: images::ImageArgs,
 }
 
+/// The vm driver's name: its calls wait for boots (see [`ServeArgs::driver_call_timeout`]).
+const VM: &str = "vm";
+
 /// The default driver-call deadline.
 pub const DEFAULT_DRIVER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// What the vm driver's default deadline adds to its boot timeout: making the disk before
@@ -482,8 +473,8 @@ impl ServeArgs {
     /// Whether the driver is the vm driver: `vm`, `managed:vm`, or a remote driver named vm.
     pub fn serves_vm(&self) -> bool {
         match &self.driver {
-            DriverSpec::InProcess(kind) | DriverSpec::Managed(kind) => *kind == DriverKind::Vm,
-            DriverSpec::Remote(_) => self.driver_name.as_deref() == Some(DriverKind::Vm.name()),
+            DriverSpec::InProcess(kind) | DriverSpec::Managed(kind) => kind.name() == VM,
+            DriverSpec::Remote(_) => self.driver_name.as_deref() == Some(VM),
         }
     }
 
@@ -713,7 +704,10 @@ mod tests {
             "/opt/bb",
         ])
         .unwrap();
-        assert_eq!(args.driver, DriverSpec::InProcess(DriverKind::Vm));
+        assert_eq!(
+            args.driver,
+            DriverSpec::InProcess(DriverKind::named("vm").unwrap())
+        );
         let opts = args.vm.driver_options();
         assert_eq!(opts.accel, Accel::Tcg);
         assert_eq!((opts.memory_mib, opts.disk_mib), (384, 32));

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tracing_subscriber::EnvFilter;
 
-use super::{DaemonError, DriverKind, DriverSpec, LogFormat, ServeArgs, drivers};
+use super::{DaemonError, DriverSpec, LogFormat, ServeArgs, drivers};
 use crate::service::status::ErrorInfoLayer;
 use crate::service::{SbxService, set_health};
 
@@ -133,12 +133,6 @@ fn check_store(store: &SledStore, path: &Path, accept: bool) -> Result<(), Daemo
     })
 }
 
-/// How long startup waits for a managed driver process to answer before re-attaching.
-const MANAGED_DRIVER_READY: Duration = Duration::from_secs(30);
-/// The same for a managed vm driver, which answers only once it has prepared the guest's
-/// kernel and initramfs (seconds, the first time) and, with `--vm-accel auto`, probed KVM
-/// with a throwaway boot (up to 20 s).
-const MANAGED_VM_DRIVER_READY: Duration = Duration::from_secs(60);
 /// How long startup waits for an operator's remote driver before re-attaching anyway (the
 /// actors retry, and the reconciler recovers sandboxes once it answers).
 const REMOTE_DRIVER_READY: Duration = Duration::from_secs(10);
@@ -303,8 +297,7 @@ async fn serve_on(
 
     let ready_limit = match &args.driver {
         DriverSpec::InProcess(_) => None,
-        DriverSpec::Managed(DriverKind::Vm) => Some(MANAGED_VM_DRIVER_READY),
-        DriverSpec::Managed(_) => Some(MANAGED_DRIVER_READY),
+        DriverSpec::Managed(kind) => Some(kind.factory().host_ready_within),
         DriverSpec::Remote(_) => Some(REMOTE_DRIVER_READY),
     };
     if let Some(limit) = ready_limit {
@@ -516,10 +509,7 @@ async fn serve_on(
 pub async fn run_driver(args: DriverHostArgs) -> Result<(), DaemonError> {
     init_logging(LogFormat::Pretty);
     let shutdown = termination_signal().map_err(DaemonError::DriverHost)?;
-    // The backend by its command-line name ("oci"), not its Rust variant ("Oci").
-    let backend = clap::ValueEnum::to_possible_value(&args.backend)
-        .map(|v| v.get_name().to_owned())
-        .unwrap_or_default();
+    let backend = args.backend.name;
     tracing::info!(%backend, socket = %args.socket.display(), "driver host starting");
     run_driver_host(args, shutdown)
         .await
