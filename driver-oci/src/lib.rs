@@ -52,13 +52,13 @@
 
 mod bundle;
 mod cgroup;
+mod copy;
 mod disk;
 mod record;
 mod rootfs;
 mod runtime;
 mod seccomp;
 mod service;
-mod streams;
 
 use std::fs::File;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -429,6 +429,16 @@ fn disk_full(mount_point: &Path, limit: u64) -> Option<String> {
         sbx_proto::quantity::human_bytes(total - free),
         sbx_proto::quantity::human_bytes(limit)
     ))
+}
+
+impl sbx_host_kit::running::RunsInit for Inner {
+    fn run_dir(&self, record: &OciRecord) -> RunDir {
+        self.run_paths(record)
+    }
+
+    fn agent_dir(&self, id: Uuid) -> PathBuf {
+        self.paths(id).dir
+    }
 }
 
 impl Inner {

@@ -1,7 +1,8 @@
 //! The driver contract for [`OciDriver`]: capabilities and create (the image resolved into
 //! what the sandbox runs). Start, stop, delete, a create of a known sandbox, the reads (get,
 //! list, watch, logs) and the network calls are the host kit's
-//! ([`sbx_host_kit::host_compute_driver!`]); exec is in `streams.rs`.
+//! ([`sbx_host_kit::host_compute_driver!`]); exec and port forwarding are the kit's
+//! ([`sbx_host_kit::running`]); where a copy goes is in `copy.rs`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -14,8 +15,9 @@ use super::{Inner, OciDriver};
 use sbx_driver_api::{
     ByteStream, DriverError, DriverStream, ExecInputStream, ForwardInputStream, pb,
 };
+use sbx_host_kit::running;
 use sbx_host_kit::service::HostService;
-use sbx_host_kit::{Desired, agent, internal, lifecycle, validate_command};
+use sbx_host_kit::{Desired, internal, lifecycle, validate_command};
 use sbx_images::{ImageError, ImageInfo};
 
 /// The PATH a workload gets when its image sets none.
@@ -61,7 +63,7 @@ impl HostService for OciDriver {
         req: pb::ExecRequest,
         input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
-        self.exec_stream(req, input).await
+        running::exec(self.inner.as_ref(), req, input).await
     }
 
     async fn copy_from(
@@ -87,8 +89,7 @@ impl HostService for OciDriver {
         req: pb::PortForwardStart,
         input: ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
-        let dir = self.running_dir(&req.sandbox_id, "port forwarding")?;
-        agent::port_forward(&dir, &req, input).await
+        running::port_forward(self.inner.as_ref(), req, input).await
     }
 }
 

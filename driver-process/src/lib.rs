@@ -82,10 +82,10 @@
 //!   by its missing greeting, not by a refused connection.
 
 mod cgroup;
+mod copy;
 pub(crate) mod launch;
 pub(crate) mod record;
 mod service;
-mod streams;
 mod userns;
 
 use std::fs::File;
@@ -319,6 +319,16 @@ fn finish_interrupted_stop(paths: &SandboxPaths, record: &SandboxRecord) {
         .run(&record.run_id)
         .finish_interrupted_stop(record.sandbox_id);
     record.cgroups.kill_all();
+}
+
+impl sbx_host_kit::running::RunsInit for Inner {
+    fn run_dir(&self, record: &SandboxRecord) -> RunDir {
+        self.run_paths(record)
+    }
+
+    fn agent_dir(&self, id: Uuid) -> PathBuf {
+        self.paths(id).dir
+    }
 }
 
 impl Inner {

@@ -13,6 +13,7 @@
 //! - [`lifecycle`] — the contract's calls every host driver answers alike (create of a known
 //!   sandbox, start, stop, delete, get, list, watch, logs), over [`HostDriver`], the trait
 //!   with what each does its own way (start a run, end it, see it).
+//! - [`running`] — exec and port forwarding through a running sandbox's agent (oci, process).
 //! - [`run`] — the run directory of a workload whose init is a host process (oci, process):
 //!   `run-<id>/init` and `exit`, read only when complete, and the signals that end the init.
 //! - [`lock`] — at most one live driver instance per state directory (an exclusive `flock` on
@@ -49,6 +50,7 @@ pub mod procfs;
 pub mod ptys;
 pub mod records;
 pub mod run;
+pub mod running;
 pub mod safefs;
 pub mod sandbox_network;
 pub mod service;
