@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sbx_drivers::ComputeDriver;
-use sbx_drivers::image::ImageStore;
+use sbx_driver_api::ComputeDriver;
+use sbx_images::ImageStore;
 use sbx_storage::ObjectStore;
 use tokio::sync::Semaphore;
 

@@ -1,5 +1,5 @@
-use sbx_drivers::DriverError;
-use sbx_drivers::image::ImageError;
+use sbx_driver_api::DriverError;
+use sbx_images::ImageError;
 use sbx_proto::names::NameError;
 use sbx_storage::StoreError;
 

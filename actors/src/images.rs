@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
-use sbx_drivers::ComputeDriver;
-use sbx_drivers::image::{ImageInfo, ImageStore, PullOptions, PullProgress};
+use sbx_driver_api::ComputeDriver;
+use sbx_images::{ImageInfo, ImageStore, PullOptions, PullProgress};
 use sbx_proto::image_ref;
 use sbx_proto::v1::{Image, ImageConfig, ImageLayer, SandboxSpec};
 use sbx_storage::{Kind, ListQuery, NewRecord, ObjectStore, Record, Scope, StoreError};
@@ -214,7 +214,7 @@ pub struct Images {
     /// A collection was skipped for an add under way.
     collection_owed: std::sync::atomic::AtomicBool,
     /// Each driver's capabilities (by name); filled at start or on first use.
-    capabilities: Mutex<HashMap<String, sbx_drivers::pb::CapabilitiesResponse>>,
+    capabilities: Mutex<HashMap<String, sbx_driver_api::pb::CapabilitiesResponse>>,
 }
 
 /// What a sandbox create holds while its record is written: the read lock that keeps the
@@ -277,7 +277,7 @@ impl Images {
         &self,
         name: &str,
         driver: &dyn ComputeDriver,
-    ) -> Result<sbx_drivers::pb::CapabilitiesResponse> {
+    ) -> Result<sbx_driver_api::pb::CapabilitiesResponse> {
         if let Some(known) = self.capabilities.lock().await.get(name) {
             return Ok(known.clone());
         }
@@ -400,7 +400,7 @@ impl Images {
         &self,
         path: &Path,
         name: Option<String>,
-        imported: Vec<sbx_drivers::image::ImportedImage>,
+        imported: Vec<sbx_images::ImportedImage>,
     ) -> Result<Vec<Image>> {
         let _pinning = self.lock.read().await;
         if imported.is_empty() {

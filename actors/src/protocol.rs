@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use ractor::{ActorRef, RpcReplyPort};
-use sbx_drivers::pb;
+use sbx_driver_api::pb;
 use sbx_proto::v1::{Sandbox, SandboxSpec, Workspace};
 use sbx_storage::{NewRecord, Record};
 use uuid::Uuid;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use sbx_drivers::{ComputeDriver, pb};
+use sbx_driver_api::{ComputeDriver, pb};
 use sbx_proto::names::validate_name;
 use sbx_storage::{Kind, LabelSelector, Scope};
 use tokio::task::JoinHandle;
@@ -137,7 +137,7 @@ impl Actor for Reconciler {
                 }
             }
             ReconcilerMsg::Watched(event) => {
-                let Ok(id) = sbx_drivers::parse_sandbox_id(
+                let Ok(id) = sbx_driver_api::parse_sandbox_id(
                     event
                         .snapshot
                         .as_ref()
@@ -284,7 +284,7 @@ async fn observe_one(
     driver: &Arc<dyn ComputeDriver>,
     snapshot: pb::Snapshot,
 ) -> Result<Seen> {
-    let id = sbx_drivers::parse_sandbox_id(&snapshot.sandbox_id)?;
+    let id = sbx_driver_api::parse_sandbox_id(&snapshot.sandbox_id)?;
     if let Some(record) = st.shared.store.get(id).await? {
         route_observation(&st.router, record, Some(snapshot)).await?;
         return Ok(Seen::Routed(id));
@@ -300,7 +300,7 @@ async fn observe_one(
     };
     let snapshot = match tokio::time::timeout(timeout, driver.get(request)).await {
         Ok(Ok(fresh)) if fresh.state() == pb::State::Running => fresh,
-        Ok(Ok(_)) | Ok(Err(sbx_drivers::DriverError::NotFound { .. })) => {
+        Ok(Ok(_)) | Ok(Err(sbx_driver_api::DriverError::NotFound { .. })) => {
             return Ok(Seen::Unknown(id));
         }
         Ok(Err(e)) => return Err(e.into()),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use sbx_drivers::{ComputeDriver, DriverError, pb};
+use sbx_driver_api::{ComputeDriver, DriverError, pb};
 use sbx_proto::v1::{DesiredState, EventType, Phase};
 use uuid::Uuid;
 

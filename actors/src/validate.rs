@@ -230,7 +230,7 @@ pub fn spec_bounds(spec: &SandboxSpec) -> Result<()> {
 }
 
 /// Checks a network policy: a known mode, an allowlist only with mode policy, every entry
-/// well formed (`sbx_drivers::network::parse_allowlist`), at most 10,000.
+/// well formed (`sbx_network::parse_allowlist`), at most 10,000.
 pub fn network(policy: &sbx_proto::v1::NetworkPolicy) -> Result<()> {
     use sbx_proto::v1::NetworkMode;
     match NetworkMode::try_from(policy.mode) {
@@ -249,7 +249,7 @@ pub fn network(policy: &sbx_proto::v1::NetworkPolicy) -> Result<()> {
             )));
         }
     }
-    sbx_drivers::network::parse_allowlist(&policy.allow)
+    sbx_network::parse_allowlist(&policy.allow)
         .map(|_| ())
         .map_err(|e| invalid(e.to_string()))
 }

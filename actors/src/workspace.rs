@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use sbx_drivers::pb;
+use sbx_driver_api::pb;
 use sbx_proto::v1::{DesiredState, EventType, Phase, Sandbox, SandboxSpec, WorkspacePhase};
 use sbx_storage::{Kind, LabelSelector, Scope, StoreError};
 use uuid::Uuid;
@@ -417,7 +417,7 @@ impl WorkspaceSupervisor {
         driver: String,
         snap: pb::Snapshot,
     ) -> Result<Sandbox> {
-        let id = sbx_drivers::parse_sandbox_id(&snap.sandbox_id)?;
+        let id = sbx_driver_api::parse_sandbox_id(&snap.sandbox_id)?;
         let sandbox = Sandbox {
             name: snap.name.clone(),
             spec: Some(SandboxSpec {

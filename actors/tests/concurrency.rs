@@ -251,9 +251,8 @@ async fn terminating_workspace_refuses_creates_and_non_cascade_delete_refuses_wh
         .await
         .unwrap();
     // Slow the driver so the cascade is still running when the create arrives.
-    env.driver.set_faults(
-        sbx_drivers::sim::SimFaults::seeded(1).with_latency(Duration::from_millis(100)),
-    );
+    env.driver
+        .set_faults(sbx_driver_sim::SimFaults::seeded(1).with_latency(Duration::from_millis(100)));
     let env2 = &env;
     let delete = async {
         env2.gw()
@@ -298,9 +297,8 @@ async fn a_command_abandoned_before_its_turn_is_not_carried_out() {
     wait_phase(gw, &by_id(&sb), Phase::Ready, Duration::from_secs(10)).await;
     let generation = gw.get_sandbox(&by_id(&sb)).await.unwrap().generation;
     // Every driver call now takes 300 ms: the stop holds the mailbox that long.
-    env.driver.set_faults(
-        sbx_drivers::sim::SimFaults::seeded(7).with_latency(Duration::from_millis(300)),
-    );
+    env.driver
+        .set_faults(sbx_driver_sim::SimFaults::seeded(7).with_latency(Duration::from_millis(300)));
     let sel = by_id(&sb);
     let stop = gw.stop_sandbox(&sel);
     let abandoned = async {
@@ -314,8 +312,7 @@ async fn a_command_abandoned_before_its_turn_is_not_carried_out() {
         abandoned.is_err(),
         "the restart was meant to be given up on"
     );
-    env.driver
-        .set_faults(sbx_drivers::sim::SimFaults::default());
+    env.driver.set_faults(sbx_driver_sim::SimFaults::default());
     // Long enough for an abandoned restart to have run, had it run.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let now = gw.get_sandbox(&by_id(&sb)).await.unwrap();

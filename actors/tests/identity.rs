@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use sbx_actors::{ActorError, SandboxSelector};
-use sbx_drivers::sim::SimOp;
+use sbx_driver_sim::SimOp;
 use sbx_proto::v1::Phase;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sbx_actors::{ActorError, Config, DriverSet, Gateway, ImageSelector, RestartPolicy};
-use sbx_drivers::image::{IdMap, ImageStore};
-use sbx_drivers::sim::{SimDriver, SimFaults, SimWorld};
+use sbx_driver_sim::{SimDriver, SimFaults, SimWorld};
+use sbx_images::{IdMap, ImageStore};
 use sbx_proto::v1::{Image, Sandbox, SandboxSpec};
 use sbx_storage::{Kind, ListQuery, ObjectStore, Scope, SledStore};
 use tempfile::TempDir;

@@ -14,7 +14,7 @@ use common::*;
 use sbx_actors::{
     ActorError, DriverSet, Gateway, ProviderSelector, SandboxSelector, WorkspaceSelector,
 };
-use sbx_drivers::sim::{SimDriver, SimFaults, SimWorld};
+use sbx_driver_sim::{SimDriver, SimFaults, SimWorld};
 use sbx_proto::v1::{Phase, Sandbox};
 use sbx_storage::{
     Kind, ListQuery, NewRecord, ObjectStore, Page, Record, Scope, SledStore, StoreError,

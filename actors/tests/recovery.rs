@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::*;
 use sbx_actors::SandboxSelector;
-use sbx_drivers::sim::{SimFaults, SimOp};
-use sbx_drivers::{ComputeDriver, pb};
+use sbx_driver_api::{ComputeDriver, pb};
+use sbx_driver_sim::{SimFaults, SimOp};
 use sbx_proto::v1::{DesiredState, Phase};
 use uuid::Uuid;
 

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
-use sbx_drivers::pb;
-use sbx_drivers::sim::{SimFaults, SimOp};
+use sbx_driver_api::pb;
+use sbx_driver_sim::{SimFaults, SimOp};
 use sbx_proto::v1::Phase;
 
 const T: Duration = Duration::from_secs(10);

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use sbx_drivers::{DriverStream, ExecInputStream, pb};
+use sbx_driver_api::{DriverStream, ExecInputStream, pb};
 use sbx_proto::v1::{Phase, Sandbox};
 
 use super::{ExecOptions, Gateway};
@@ -27,7 +27,7 @@ impl Gateway {
             timeout_seconds,
             ..ExecOptions::default()
         };
-        self.exec_io(sel, command, opts, sbx_drivers::no_exec_input())
+        self.exec_io(sel, command, opts, sbx_driver_api::no_exec_input())
             .await
     }
 
@@ -91,7 +91,7 @@ impl Gateway {
         &self,
         sel: &SandboxSelector,
         path: String,
-        data: sbx_drivers::ByteStream,
+        data: sbx_driver_api::ByteStream,
     ) -> Result<pb::CopyToResponse> {
         let path = copy_path(path)?;
         let sb = self.resolve_sandbox(sel).await?;
@@ -109,7 +109,7 @@ impl Gateway {
         &self,
         sel: &SandboxSelector,
         port: u32,
-        input: sbx_drivers::ForwardInputStream,
+        input: sbx_driver_api::ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>> {
         if port == 0 || port > u32::from(u16::MAX) {
             return Err(ActorError::InvalidArgument(format!(
@@ -143,7 +143,7 @@ impl Gateway {
     }
 
     /// The driver a sandbox runs on (its spec names it; empty: the default).
-    fn driver_of(&self, sb: &StoredSandbox) -> Result<Arc<dyn sbx_drivers::ComputeDriver>> {
+    fn driver_of(&self, sb: &StoredSandbox) -> Result<Arc<dyn sbx_driver_api::ComputeDriver>> {
         Ok(Arc::clone(self.shared.drivers.resolve(sb.driver_name())?.1))
     }
 }

@@ -4,7 +4,7 @@
 //! applies is copied into the sandbox's spec at create, so `sbx sandbox get` shows it and a
 //! later change of a default does not reach the sandbox.
 
-use sbx_drivers::ComputeDriver;
+use sbx_driver_api::ComputeDriver;
 use sbx_proto::v1::{Resources, SandboxSpec, Workspace};
 
 use super::Gateway;

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
-use sbx_drivers::image::{PullOptions, PullProgress};
-use sbx_drivers::pb;
+use sbx_driver_api::pb;
+use sbx_images::{PullOptions, PullProgress};
 use sbx_proto::names::DEFAULT_WORKSPACE;
 use sbx_proto::v1::{Image, Sandbox, SandboxSpec, Workspace};
 use sbx_storage::{Kind, ListQuery, ObjectStore, Scope};

@@ -2,7 +2,7 @@
 //! id), and live updates of its allowlist (through the sandbox's actor, which persists the
 //! new list before the driver applies it).
 
-use sbx_drivers::{ComputeDriver, pb};
+use sbx_driver_api::{ComputeDriver, pb};
 use sbx_proto::v1::{NetworkDenial, NetworkMode, NetworkPolicy, SandboxNetwork, SandboxSpec};
 
 use super::Gateway;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sbx_actors::{Config, DriverSet, Gateway, RestartPolicy, SandboxSelector};
-use sbx_drivers::sim::{SimDriver, SimFaults, SimWorld};
+use sbx_driver_sim::{SimDriver, SimFaults, SimWorld};
 use sbx_proto::v1::{Phase, Sandbox, SandboxSpec};
 use sbx_storage::{ObjectStore, SledStore};
 use tempfile::TempDir;
