@@ -29,6 +29,7 @@ mod sandbox;
 mod scan;
 mod startup;
 pub mod supervision;
+mod translate;
 pub mod validate;
 mod workspace;
 
@@ -39,7 +40,7 @@ pub use config::{Config, DEFAULT_IMAGE, DriverSet};
 pub use error::{ActorError, ImageFailure, Result};
 pub use images::{ImageSelector, record_name as image_record_name};
 pub use owned::sealer::Sealer;
+pub use protocol::SweepReport;
 pub use protocol::{SandboxMsg, WorkspaceMsg};
-pub use reconciler::SweepReport;
 pub use supervision::RestartPolicy;
 pub use validate::{ProviderSelector, SandboxSelector, WorkspaceSelector};

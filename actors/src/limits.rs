@@ -45,7 +45,7 @@ pub const MAX_SELECTOR_BYTES: usize = 4 * 1024;
 /// Terms (comma-separated requirements) in a label selector.
 pub const MAX_SELECTOR_TERMS: usize = 64;
 /// Items in one page of a list; a larger page size is served as this many.
-pub const MAX_PAGE_SIZE: u32 = crate::api::MAX_PAGE_SIZE;
+pub const MAX_PAGE_SIZE: u32 = 1000;
 /// A page token, in bytes (tokens the gateway hands out are far shorter).
 pub const MAX_PAGE_TOKEN_BYTES: usize = 1024;
 /// A path inside a sandbox (an exec's working directory, a copy's path), in bytes: PATH_MAX.

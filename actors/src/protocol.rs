@@ -1,7 +1,8 @@
 //! The messages of the actor tree and the answer to "who owns this UUID", in one place.
 //!
 //! Every request an actor takes is a variant here: [`RootMsg`] for the gateway root,
-//! [`WorkspaceMsg`] for a workspace supervisor, [`SandboxMsg`] for a sandbox actor. The actor
+//! [`WorkspaceMsg`] for a workspace supervisor, [`SandboxMsg`] for a sandbox actor,
+//! [`ReconcilerMsg`] for the reconciler. The actor
 //! files hold the behaviour; this file is what each of them can be asked, so a new message
 //! (and what it answers) is added here first.
 
@@ -14,7 +15,6 @@ use sbx_storage::{NewRecord, Record};
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::reconciler::ReconcilerMsg;
 
 /// Where a request for one UUID goes.
 pub enum Route<M> {
@@ -128,4 +128,29 @@ pub enum SandboxMsg {
         policy: sbx_proto::v1::NetworkPolicy,
         reply: RpcReplyPort<Result<pb::NetworkStatus>>,
     },
+}
+
+/// What the reconciler is asked (see `reconciler.rs`).
+pub enum ReconcilerMsg {
+    /// Sweep every driver now; the report goes to the port when one is given.
+    Sweep(Option<RpcReplyPort<SweepReport>>),
+    /// A change a driver's watch stream reported.
+    Watched(Box<pb::WatchEvent>),
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Workloads reported by drivers and routed to their actors.
+    pub observed: usize,
+    /// Records the drivers did not list, routed to their actors as absent.
+    pub absent: usize,
+    pub adopted: usize,
+    /// Workloads without a record seen for the first time: adopted only if the next sweep
+    /// still finds them (a workload whose sandbox was being deleted is gone by then).
+    pub deferred: usize,
+    /// Driver records that were refused or failed, each with why.
+    pub skipped: Vec<String>,
+    /// Drivers whose list failed.
+    pub driver_errors: Vec<String>,
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sbx_driver_api::{ComputeDriver, pb};
 use sbx_proto::names::validate_name;
 use sbx_storage::{Kind, LabelSelector, Scope};
@@ -21,35 +21,11 @@ use uuid::Uuid;
 
 use crate::config::Shared;
 use crate::error::{ActorError, Result};
-use crate::protocol::{RootMsg, Route, SandboxMsg, WorkspaceMsg};
+use crate::protocol::{ReconcilerMsg, RootMsg, Route, SandboxMsg, SweepReport, WorkspaceMsg};
 use crate::records::StoredSandbox;
 use crate::route::{Router, ask};
 use crate::scan::all_records;
 use crate::validate;
-
-pub enum ReconcilerMsg {
-    /// Sweep every driver now; the report goes to the port when one is given.
-    Sweep(Option<RpcReplyPort<SweepReport>>),
-    /// A change a driver's watch stream reported.
-    Watched(Box<pb::WatchEvent>),
-}
-
-/// What one sweep did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SweepReport {
-    /// Workloads reported by drivers and routed to their actors.
-    pub observed: usize,
-    /// Records the drivers did not list, routed to their actors as absent.
-    pub absent: usize,
-    pub adopted: usize,
-    /// Workloads without a record seen for the first time: adopted only if the next sweep
-    /// still finds them (a workload whose sandbox was being deleted is gone by then).
-    pub deferred: usize,
-    /// Driver records that were refused or failed, each with why.
-    pub skipped: Vec<String>,
-    /// Drivers whose list failed.
-    pub driver_errors: Vec<String>,
-}
 
 pub struct Reconciler;
 

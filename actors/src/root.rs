@@ -14,8 +14,9 @@ use uuid::Uuid;
 
 use crate::config::Shared;
 use crate::error::{ActorError, Result};
+use crate::protocol::ReconcilerMsg;
 use crate::protocol::{RootMsg, Route, WorkspaceMsg};
-use crate::reconciler::{Reconciler, ReconcilerArgs, ReconcilerMsg};
+use crate::reconciler::{Reconciler, ReconcilerArgs};
 use crate::records::{StoredWorkspace, new_workspace_record};
 use crate::sandbox::DELETED;
 use crate::scan::all_records;

@@ -753,7 +753,7 @@ impl SandboxActor {
         let last = s
             .network_last_denial
             .clone()
-            .map(crate::api::network::public_denial);
+            .map(crate::translate::public_denial);
         let sandbox = &st.stored.sandbox;
         if desired(st) == DesiredState::Deleted
             || (sandbox.network_denied == s.network_denied && sandbox.network_last_denial == last)

@@ -393,7 +393,7 @@ pub fn run_config(flags: &Flags, cmd: &ConfigCommand) -> Result<u8, CliError> {
             ));
         }
     }
-    super::run::print(&out)?;
+    super::reply::print(&out)?;
     Ok(0)
 }
 

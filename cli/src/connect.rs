@@ -276,13 +276,6 @@ impl Target {
 }
 
 /// Connects to the gateway now, with the target's credentials on every call.
-/// Whether this process dialed the gateway with TLS (for [`super::error::describe_status`]).
-static DIALED_TLS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-pub fn dialed_tls() -> bool {
-    DIALED_TLS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 pub async fn connect(target: &Target) -> Result<Channel, CliError> {
     let credentials = target.credentials()?;
     let endpoint = target.endpoint();
@@ -312,7 +305,7 @@ pub async fn connect(target: &Target) -> Result<Channel, CliError> {
                 })?
                 .connect_timeout(CONNECT_TIMEOUT);
             if *tls {
-                DIALED_TLS.store(true, std::sync::atomic::Ordering::Relaxed);
+                super::error::note_dialed_tls();
                 dialer = dialer
                     .tls_config(tls_config(&target.tls)?)
                     .map_err(|err| CliError::Tls(error_chain(&err)))?;

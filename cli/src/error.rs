@@ -287,7 +287,7 @@ pub fn describe_status(status: &tonic::Status) -> String {
         // With TLS 1.3 a gateway that refuses the client's certificate does so after the
         // handshake seemed to succeed: the first call sees only the connection go.
         tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled
-            if crate::connect::dialed_tls() && dropped_connection(status) =>
+            if dialed_tls() && dropped_connection(status) =>
         {
             format!(
                 "{message} (the gateway closed the TLS connection: is the client certificate \
@@ -374,6 +374,19 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
         current = e.source();
     }
     parts.join(": ")
+}
+
+/// Whether this process dialed the gateway with TLS (for [`describe_status`]): the connection
+/// says so when it is made ([`note_dialed_tls`]).
+static DIALED_TLS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes that this process dialed the gateway with TLS.
+pub fn note_dialed_tls() {
+    DIALED_TLS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn dialed_tls() -> bool {
+    DIALED_TLS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 #[cfg(test)]

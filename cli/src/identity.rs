@@ -9,7 +9,7 @@ use sbx_proto::v1::{
 
 use super::CliError;
 use super::connect::{Target, connect};
-use super::run::print;
+use super::reply::print;
 
 /// `sbx identity …`
 #[derive(Debug, Subcommand)]

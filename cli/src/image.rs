@@ -21,9 +21,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::connect::Target;
+use super::connect::connect;
 use super::output::{human_bytes, render_image, render_images, short_digest};
+use super::reply::{found_or_absent, print, print_deleted, print_list};
 use super::request::{self, describe_image_ref, image_ref};
-use super::run::{connect, found_or_absent, print, print_deleted, print_list};
 use super::{CliError, ImageCommand, ImageImportArgs, ImagePullArgs};
 
 /// Bytes per import message (the gateway accepts messages up to 8 MiB).
@@ -35,7 +36,7 @@ pub async fn run_image(target: &Target, cmd: ImageCommand) -> Result<u8, CliErro
         ImageCommand::Import(args) => import(target, &args).await?,
         ImageCommand::List(args) => {
             let client = ImageServiceClient::new(connect(target).await?);
-            let images = super::run::collect_pages(|token| {
+            let images = super::reply::collect_pages(|token| {
                 let mut client = client.clone();
                 async move {
                     let page = client

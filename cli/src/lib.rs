@@ -22,6 +22,7 @@ pub mod meta;
 pub mod network;
 pub mod output;
 pub mod owned;
+pub mod reply;
 pub mod request;
 pub mod run;
 pub mod size;

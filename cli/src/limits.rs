@@ -8,8 +8,10 @@ use sbx_proto::v1::{Resources, Workspace};
 use serde::Serialize;
 
 use super::connect::{Target, connect};
-use super::output::{Style, human_bytes, render_structured};
-use super::run::print;
+#[cfg(test)]
+use super::output::cores;
+use super::output::{Style, limits_text, render_structured};
+use super::reply::print;
 use super::{CliError, OutputArgs, OutputFormat, WorkspaceTarget};
 
 /// `sbx workspace limits …`
@@ -58,30 +60,6 @@ struct LimitsView {
     cpu_millis: u32,
     memory_bytes: u64,
     disk_bytes: u64,
-}
-
-/// `cpu_millis` as cores for people: `1`, `0.5`, `1.25`.
-pub fn cores(millis: u32) -> String {
-    let text = format!("{}.{:03}", millis / 1000, millis % 1000);
-    text.trim_end_matches('0').trim_end_matches('.').to_string()
-}
-
-/// The limits line of a sandbox or a workspace: `cpu 1, memory 1.0GiB, disk 10.0GiB` (`-`
-/// for none).
-pub fn limits_text(r: &Resources) -> String {
-    let cpu = match r.cpu_millis {
-        0 => "-".to_string(),
-        m => cores(m),
-    };
-    let memory = match r.memory_bytes {
-        0 => "-".to_string(),
-        b => human_bytes(b),
-    };
-    let disk = match r.disk_bytes {
-        0 => "-".to_string(),
-        b => human_bytes(b),
-    };
-    format!("cpu {cpu}, memory {memory}, disk {disk}")
 }
 
 fn render(style: impl Into<Style>, ws: &Workspace) -> Result<String, CliError> {

@@ -174,7 +174,7 @@ pub async fn run_version(target: &Target, args: &VersionArgs) -> Result<u8, CliE
         Err(_) => None,
     };
     let health = health.map_err(|e| e.to_string());
-    super::run::print(&render_version(
+    super::reply::print(&render_version(
         args.output.format,
         &version_view(&target.endpoint(), health, info),
     )?)?;

@@ -13,7 +13,8 @@ use serde::Serialize;
 use super::connect::{Target, connect};
 use super::output::{Style, render_structured, render_table};
 use super::owned::{SandboxArgs, ScopeArgs, sandbox_by_name};
-use super::run::print;
+use super::reply::print;
+use super::request::{mode_and_allow, policy};
 use super::{CliError, NetworkModeArg, OutputArgs, OutputFormat, WorkspaceTarget, parse_name};
 
 /// `sbx sandbox network …`
@@ -60,14 +61,6 @@ pub struct NetworkSetArgs {
     pub entries: Vec<String>,
     #[command(flatten)]
     pub output: OutputArgs,
-}
-
-/// A policy of mode `policy` with `allow`.
-pub fn policy(allow: Vec<String>) -> NetworkPolicy {
-    NetworkPolicy {
-        mode: NetworkMode::Policy as i32,
-        allow,
-    }
 }
 
 /// The allowlist after `add` (appended, each once) and `remove` (every equal entry).
@@ -345,25 +338,6 @@ fn default_view(ws: &sbx_proto::v1::Workspace) -> SandboxNetwork {
             allow: Vec::new(),
         })),
         ..Default::default()
-    }
-}
-
-/// `--network` and `--allow` as a policy: `--allow` implies policy; none with `--allow` is
-/// a usage error; neither given is `None`.
-pub fn mode_and_allow(
-    mode: Option<NetworkModeArg>,
-    allow: &[String],
-) -> Result<Option<NetworkPolicy>, CliError> {
-    match (mode, allow.is_empty()) {
-        (None, true) => Ok(None),
-        (Some(NetworkModeArg::None), true) => Ok(Some(NetworkPolicy {
-            mode: NetworkMode::None as i32,
-            allow: Vec::new(),
-        })),
-        (Some(NetworkModeArg::None), false) => Err(CliError::Usage(
-            "--allow admits connections, and --network none has none: use --network policy".into(),
-        )),
-        (Some(NetworkModeArg::Policy) | None, _) => Ok(Some(policy(allow.to_vec()))),
     }
 }
 

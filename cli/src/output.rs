@@ -6,7 +6,8 @@ use std::time::SystemTime;
 
 use sbx_proto::Timestamp;
 use sbx_proto::v1::{
-    DesiredState, EventType, Image, Phase, Sandbox, SandboxEvent, Workspace, WorkspacePhase,
+    DesiredState, EventType, Image, Phase, Resources, Sandbox, SandboxEvent, Workspace,
+    WorkspacePhase,
 };
 use serde::Serialize;
 
@@ -416,7 +417,7 @@ pub fn render_sandbox(
                 .filter(|r| **r != Default::default())
                 && style.headers
             {
-                out.push_str(&format!("LIMITS: {}\n", super::limits::limits_text(r)));
+                out.push_str(&format!("LIMITS: {}\n", limits_text(r)));
             }
             if !spec.image_digest.is_empty() && style.headers {
                 out.push_str(&format!("IMAGE: {} ({})\n", spec.image, spec.image_digest));
@@ -583,6 +584,30 @@ pub fn image_view(image: &Image) -> ImageView {
 
 /// Bytes for humans (the drivers say sizes the same way).
 pub use sbx_proto::quantity::human_bytes;
+
+/// `cpu_millis` as cores for people: `1`, `0.5`, `1.25`.
+pub fn cores(millis: u32) -> String {
+    let text = format!("{}.{:03}", millis / 1000, millis % 1000);
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// The limits line of a sandbox or a workspace: `cpu 1, memory 1.0GiB, disk 10.0GiB` (`-`
+/// for none).
+pub fn limits_text(r: &Resources) -> String {
+    let cpu = match r.cpu_millis {
+        0 => "-".to_string(),
+        m => cores(m),
+    };
+    let memory = match r.memory_bytes {
+        0 => "-".to_string(),
+        b => human_bytes(b),
+    };
+    let disk = match r.disk_bytes {
+        0 => "-".to_string(),
+        b => human_bytes(b),
+    };
+    format!("cpu {cpu}, memory {memory}, disk {disk}")
+}
 
 /// `sha256:` and the first 12 hex digits, as image tables show a digest.
 pub fn short_digest(digest: &str) -> String {

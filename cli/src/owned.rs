@@ -28,8 +28,8 @@ use super::connect::{Target, connect};
 use super::output::{
     Style, age, dash_if_empty, render_list, render_structured, render_table, rfc3339,
 };
+use super::reply::{collect_pages, print, print_list};
 use super::request::key_value_map;
-use super::run::{collect_pages, print, print_list};
 use super::{CliError, OutputArgs, OutputFormat, parse_key_value, parse_name};
 
 // ---------------------------------------------------------------------------------------------

@@ -7,14 +7,14 @@ use rand::RngExt;
 use sbx_proto::Timestamp;
 use sbx_proto::v1::{
     CreateSandboxRequest, CreateWorkspaceRequest, DeleteWorkspaceRequest, ExecRequest, ImageRef,
-    ListSandboxesRequest, ListWorkspacesRequest, LogsRequest, PullImageRequest, Resources,
-    SandboxRef, SandboxSpec, Tty, WatchSandboxesRequest, WorkspaceRef,
+    ListSandboxesRequest, ListWorkspacesRequest, LogsRequest, NetworkMode, NetworkPolicy,
+    PullImageRequest, Resources, SandboxRef, SandboxSpec, Tty, WatchSandboxesRequest, WorkspaceRef,
 };
 
 use super::{
-    CliError, ImagePullArgs, ImageTarget, SandboxCreateArgs, SandboxExecArgs, SandboxListArgs,
-    SandboxLogsArgs, SandboxTarget, SandboxWatchArgs, WorkspaceCreateArgs, WorkspaceDeleteArgs,
-    WorkspaceListArgs, WorkspaceScope, WorkspaceTarget,
+    CliError, ImagePullArgs, ImageTarget, NetworkModeArg, SandboxCreateArgs, SandboxExecArgs,
+    SandboxListArgs, SandboxLogsArgs, SandboxTarget, SandboxWatchArgs, WorkspaceCreateArgs,
+    WorkspaceDeleteArgs, WorkspaceListArgs, WorkspaceScope, WorkspaceTarget,
 };
 
 /// Prefix of generated sandbox names.
@@ -161,7 +161,7 @@ pub fn create_sandbox_request(
             driver: args.driver.clone().unwrap_or_default(),
             image: args.image.clone().unwrap_or_default(),
             image_digest: String::new(),
-            network: super::network::mode_and_allow(args.network, &args.allow)?,
+            network: mode_and_allow(args.network, &args.allow)?,
         }),
         stopped: args.stopped || !args.uploads.is_empty(),
     })
@@ -278,6 +278,33 @@ pub fn pull_image_request(args: &ImagePullArgs, password: Option<String>) -> Pul
         insecure: args.insecure,
         username: args.username.clone().unwrap_or_default(),
         password: password.unwrap_or_default(),
+    }
+}
+
+/// A policy of mode `policy` with `allow`.
+pub fn policy(allow: Vec<String>) -> NetworkPolicy {
+    NetworkPolicy {
+        mode: NetworkMode::Policy as i32,
+        allow,
+    }
+}
+
+/// `--network` and `--allow` as a policy: `--allow` implies policy; none with `--allow` is
+/// a usage error; neither given is `None`.
+pub fn mode_and_allow(
+    mode: Option<NetworkModeArg>,
+    allow: &[String],
+) -> Result<Option<NetworkPolicy>, CliError> {
+    match (mode, allow.is_empty()) {
+        (None, true) => Ok(None),
+        (Some(NetworkModeArg::None), true) => Ok(Some(NetworkPolicy {
+            mode: NetworkMode::None as i32,
+            allow: Vec::new(),
+        })),
+        (Some(NetworkModeArg::None), false) => Err(CliError::Usage(
+            "--allow admits connections, and --network none has none: use --network policy".into(),
+        )),
+        (Some(NetworkModeArg::Policy) | None, _) => Ok(Some(policy(allow.to_vec()))),
     }
 }
 

@@ -3,9 +3,6 @@
 //! Each command first builds its request from the arguments (so a local mistake is reported
 //! without touching the network), then connects, calls, and prints.
 
-use std::collections::HashSet;
-use std::future::Future;
-use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
@@ -17,10 +14,8 @@ use sbx_proto::v1::{
 
 pub use super::connect::connect;
 use super::connect::{Channel, Target};
-use super::output::{
-    DeletedView, render_deleted, render_sandbox, render_sandboxes, render_workspace,
-    render_workspaces,
-};
+use super::output::{render_sandbox, render_sandboxes, render_workspace, render_workspaces};
+use super::reply::{collect_pages, found_or_absent, print, print_deleted, print_list};
 use super::request::{self, describe_sandbox_ref, describe_workspace_ref, sandbox_ref};
 use super::wait::{
     Goal, Observation, WaitOptions, WatchSource, progress_for_stderr, wait_for, wait_serving,
@@ -97,78 +92,6 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Config(cmd) => super::config::run_config(&flags, &cmd),
         Command::Completion(args) => super::meta::run_completion(&args),
     }
-}
-
-/// Writes `text` to stdout and flushes.
-pub(crate) fn print(text: &str) -> Result<(), CliError> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
-    Ok(())
-}
-
-/// Prints a rendered list; an empty table becomes a note on stderr, as kubectl does, so stdout
-/// stays empty.
-pub(crate) fn print_list(rendered: &str, empty_note: &str) -> Result<(), CliError> {
-    if rendered.is_empty() {
-        eprintln!("{empty_note}");
-        Ok(())
-    } else {
-        print(rendered)
-    }
-}
-
-/// Fetches every page: `fetch(token)` returns one page and the next token (empty at the end).
-/// A token seen twice is an error rather than an endless loop.
-pub async fn collect_pages<T, F, Fut>(mut fetch: F) -> Result<Vec<T>, CliError>
-where
-    F: FnMut(String) -> Fut,
-    Fut: Future<Output = Result<(Vec<T>, String), tonic::Status>>,
-{
-    let mut items = Vec::new();
-    let mut seen_tokens = HashSet::new();
-    let mut token = String::new();
-    loop {
-        let (page, next) = fetch(token).await?;
-        items.extend(page);
-        if next.is_empty() {
-            return Ok(items);
-        }
-        if !seen_tokens.insert(next.clone()) {
-            return Err(CliError::PageTokenRepeated { token: next });
-        }
-        token = next;
-    }
-}
-
-/// The object a get found, `None` when it answered NOT_FOUND; other errors stay errors.
-pub(crate) fn found_or_absent<T>(
-    answer: Result<tonic::Response<T>, tonic::Status>,
-) -> Result<Option<T>, CliError> {
-    match answer {
-        Ok(answer) => Ok(Some(answer.into_inner())),
-        Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
-        Err(status) => Err(status.into()),
-    }
-}
-
-/// Prints a delete's answer; `found` is the (id, name) looked up just before it.
-pub(crate) fn print_deleted(
-    output: &super::OutputArgs,
-    deleted: bool,
-    found: Option<(String, String)>,
-    what: &str,
-    kind: &str,
-) -> Result<(), CliError> {
-    let (id, name) = found.unzip();
-    let view = DeletedView { deleted, id };
-    let name = name.unwrap_or_default();
-    print(&render_deleted(
-        output,
-        &view,
-        what,
-        &format!("{kind}/{name}"),
-    )?)
 }
 
 async fn run_workspace(target: &Target, cmd: WorkspaceCommand) -> Result<u8, CliError> {

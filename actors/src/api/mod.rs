@@ -32,8 +32,8 @@ use crate::error::{ActorError, Result};
 use crate::events::{EventHub, HistoryBounds};
 use crate::images::{ImageSelector, Images, StoredImage};
 use crate::lease::LeaseTable;
+use crate::protocol::{ReconcilerMsg, SweepReport};
 use crate::protocol::{RootMsg, Route, SandboxMsg, WorkspaceMsg};
-use crate::reconciler::{ReconcilerMsg, SweepReport};
 use crate::records::{StoredSandbox, StoredWorkspace};
 use crate::root::GatewayRoot;
 use crate::route::{Router, ask};
@@ -52,8 +52,8 @@ mod watch;
 use resolve::not_found_id;
 pub use services::ServiceTarget;
 
-/// The largest page a list returns, whatever was asked.
-pub const MAX_PAGE_SIZE: u32 = 1000;
+/// The largest page a list returns, whatever was asked (a limit, kept with the others).
+pub use crate::limits::MAX_PAGE_SIZE;
 
 /// The page a list returns when it asks for none.
 pub const DEFAULT_PAGE_SIZE: u32 = 100;

@@ -3,7 +3,7 @@
 //! new list before the driver applies it).
 
 use sbx_driver_api::{ComputeDriver, pb};
-use sbx_proto::v1::{NetworkDenial, NetworkMode, NetworkPolicy, SandboxNetwork, SandboxSpec};
+use sbx_proto::v1::{NetworkMode, NetworkPolicy, SandboxNetwork, SandboxSpec};
 
 use super::Gateway;
 use crate::error::{ActorError, Result};
@@ -106,16 +106,10 @@ fn network_message(id: uuid::Uuid, status: pb::NetworkStatus) -> SandboxNetwork 
         }),
         address: status.address,
         gateway: status.gateway,
-        denials: status.denials.into_iter().map(public_denial).collect(),
-    }
-}
-
-/// The driver's word for a denial, in the public API's.
-pub(crate) fn public_denial(d: pb::NetworkDenial) -> NetworkDenial {
-    NetworkDenial {
-        destination: d.destination,
-        protocol: d.protocol,
-        port: d.port,
-        packets: d.packets,
+        denials: status
+            .denials
+            .into_iter()
+            .map(crate::translate::public_denial)
+            .collect(),
     }
 }

@@ -7,6 +7,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use clap::{Args, Subcommand};
 
+use super::DataDirArg;
+use super::backup::BackupArgs;
 use crate::auth::Role;
 use crate::auth::tokens::{self, NewIdentity};
 
@@ -20,13 +22,6 @@ pub enum TokenCommand {
     /// Remove an identity: its token and its certificate stop working at the next call,
     /// and its open streams end within a second.
     Revoke(TokenRevokeArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct DataDirArg {
-    /// The data directory of the gateway (default as for `sbxd serve`).
-    #[arg(long, env = "SBX_DATA_DIR", value_name = "DATA")]
-    pub data_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -111,19 +106,6 @@ const RESTORE_HELP: &str = "Put the store saved in FILE (by `sbxd store backup`)
     theirs still on a driver are left to the reconciler, as for any record lost). Refused \
     (exit 2) while sbxd runs on the data dir.";
 
-/// The arguments of `store backup` and `store restore`; what `--force` does is told per
-/// command (`mut_arg` on each).
-#[derive(Debug, Args)]
-pub struct BackupArgs {
-    /// The backup file.
-    #[arg(value_name = "FILE")]
-    pub file: PathBuf,
-    #[arg(long)]
-    pub force: bool,
-    #[command(flatten)]
-    pub data: DataDirArg,
-}
-
 pub fn run_store(command: StoreCommand) -> ExitCode {
     match command {
         StoreCommand::Backup(args) => super::backup::backup(&args),
@@ -189,7 +171,7 @@ pub(super) fn parse_ttl(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
-pub(super) fn data_dir(arg: &DataDirArg) -> Result<PathBuf, String> {
+pub fn data_dir(arg: &DataDirArg) -> Result<PathBuf, String> {
     super::drivers::data_dir(arg.data_dir.as_deref()).map_err(|e| e.to_string())
 }
 

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use sbx_storage::{BackupError, BackupSummary, backup_store, restore_store};
 
-use super::access::{BackupArgs, data_dir};
+use clap::Args;
+
+use super::DataDirArg;
 
 fn failed(e: &BackupError) -> ExitCode {
     eprintln!("error: {e}");
@@ -37,9 +39,22 @@ fn describe(s: &BackupSummary) -> String {
     )
 }
 
+/// The arguments of `store backup` and `store restore`; what `--force` does is told per
+/// command (`mut_arg` on each).
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// The backup file.
+    #[arg(value_name = "FILE")]
+    pub file: std::path::PathBuf,
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub data: DataDirArg,
+}
+
 /// DATA/store, or the exit after saying why there is no data dir.
 fn store_path(args: &BackupArgs) -> Result<std::path::PathBuf, ExitCode> {
-    match data_dir(&args.data) {
+    match super::drivers::data_dir(args.data.data_dir.as_deref()).map_err(|e| e.to_string()) {
         Ok(data) => Ok(data.join("store")),
         Err(message) => {
             eprintln!("error: {message}");

@@ -126,6 +126,14 @@ pub enum Command {
     Store(access::StoreCommand),
 }
 
+/// `--data-dir` of the offline commands (`sbxd store …`, `sbxd token …`).
+#[derive(Debug, Args)]
+pub struct DataDirArg {
+    /// The data directory of the gateway (default as for `sbxd serve`).
+    #[arg(long, env = "SBX_DATA_DIR", value_name = "DATA")]
+    pub data_dir: Option<PathBuf>,
+}
+
 /// The compute driver sandboxes run on: a row of the drivers' registry
 /// ([`sbx_drivers::registry::DRIVERS`]), which says what each is and needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
