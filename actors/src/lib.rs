@@ -34,7 +34,8 @@ pub mod validate;
 mod workspace;
 
 pub use api::{
-    DEFAULT_PAGE_SIZE, ExecOptions, Gateway, Listed, MAX_PAGE_SIZE, SandboxFilter, ServiceTarget,
+    ActorStream, DEFAULT_PAGE_SIZE, ExecInputs, ExecOptions, ForwardInputs, Gateway, Listed,
+    LogOptions, MAX_PAGE_SIZE, SandboxFilter, ServiceTarget,
 };
 pub use config::{Config, DEFAULT_IMAGE, DriverSet};
 pub use error::{ActorError, ImageFailure, Result};
@@ -42,5 +43,8 @@ pub use images::{ImageSelector, record_name as image_record_name};
 pub use owned::sealer::Sealer;
 pub use protocol::SweepReport;
 pub use protocol::{SandboxMsg, WorkspaceMsg};
+/// A copy's bytes, and the upload that makes them from a client stream (the driver
+/// boundary's, passed through: bytes are bytes on both sides).
+pub use sbx_driver_api::{ByteStream, upload};
 pub use supervision::RestartPolicy;
 pub use validate::{ProviderSelector, SandboxSelector, WorkspaceSelector};

@@ -1,15 +1,48 @@
 //! What goes to a sandbox's driver directly, past the actors: exec, copy in and out,
 //! port-forward and logs. None of them changes the sandbox's record, so none needs its actor's
-//! mailbox; each checks the sandbox's phase from the store and calls the driver by id.
+//! mailbox; each checks the sandbox's phase from the store and calls the driver by id. Callers
+//! speak the public API both ways; the driver's contract stays in here (`translate.rs`).
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use sbx_driver_api::{DriverStream, ExecInputStream, pb};
-use sbx_proto::v1::{Phase, Sandbox};
+use futures::{Stream, StreamExt};
+use sbx_driver_api::{ByteStream, DriverStream, pb};
+use sbx_proto::v1::{self, Phase, Sandbox};
 
 use super::{ExecOptions, Gateway};
 use crate::error::{ActorError, Result};
+use crate::translate;
+
+/// A stream of answers from a sandbox (exec output, copied bytes, log chunks…).
+pub type ActorStream<T> = Pin<Box<dyn Stream<Item = Result<T>> + Send + 'static>>;
+
+/// What a caller sends to an exec after its request: stdin, its end, terminal sizes, signals.
+/// Its end is the end of the caller's input.
+pub type ExecInputs = Pin<Box<dyn Stream<Item = v1::exec_input::Input> + Send + 'static>>;
+
+/// What a caller sends to a port-forward after its start: data, and the end of its writes.
+pub type ForwardInputs =
+    Pin<Box<dyn Stream<Item = v1::port_forward_input::Input> + Send + 'static>>;
+
+/// How much of a sandbox's log, and how (the public `LogsRequest` without its sandbox).
+#[derive(Debug, Clone, Default)]
+pub struct LogOptions {
+    pub follow: bool,
+    pub tail_lines: u32,
+    pub timestamps: bool,
+    pub since: Option<sbx_proto::Timestamp>,
+}
+
+/// A driver's stream in the public API's words.
+fn public<T, U>(stream: DriverStream<T>, convert: fn(T) -> U) -> ActorStream<U>
+where
+    T: Send + 'static,
+    U: Send + 'static,
+{
+    Box::pin(stream.map(move |r| r.map(convert).map_err(ActorError::Driver)))
+}
 use crate::records::StoredSandbox;
 use crate::validate::{self, SandboxSelector};
 
@@ -21,26 +54,28 @@ impl Gateway {
         command: Vec<String>,
         env: HashMap<String, String>,
         timeout_seconds: u32,
-    ) -> Result<DriverStream<pb::ExecOutput>> {
+    ) -> Result<ActorStream<v1::ExecOutput>> {
         let opts = ExecOptions {
             env,
             timeout_seconds,
             ..ExecOptions::default()
         };
-        self.exec_io(sel, command, opts, sbx_driver_api::no_exec_input())
+        self.exec_io(sel, command, opts, Box::pin(futures::stream::empty()))
             .await
     }
 
     /// Runs a command inside a Ready sandbox with `input` (stdin, terminal sizes, signals) as
     /// the caller sends it. A request for stdin or a terminal from a driver that has neither
-    /// is UNIMPLEMENTED, said before anything runs.
+    /// is UNIMPLEMENTED, said before anything runs. Input that makes no sense (a resize
+    /// without a terminal, a signal that is none, a second request) ends the exec with
+    /// INVALID_ARGUMENT, and with it the command.
     pub async fn exec_io(
         &self,
         sel: &SandboxSelector,
         command: Vec<String>,
         opts: ExecOptions,
-        input: ExecInputStream,
-    ) -> Result<DriverStream<pb::ExecOutput>> {
+        input: ExecInputs,
+    ) -> Result<ActorStream<v1::ExecOutput>> {
         validate::exec(&command, &opts.env, &opts.workdir)?;
         let sb = self.resolve_sandbox(sel).await?;
         require_ready(&sb.sandbox, "exec into")?;
@@ -63,9 +98,14 @@ impl Gateway {
             timeout_seconds: opts.timeout_seconds,
             workdir: opts.workdir,
             stdin: opts.stdin,
-            tty: opts.tty,
+            tty: opts.tty.map(translate::tty),
         };
-        Ok(driver.exec_io(request, input).await?)
+        let (input, refused) = translate::exec_input(input, request.tty.is_some());
+        let output = public(
+            driver.exec_io(request, input).await?,
+            translate::exec_output,
+        );
+        Ok(Box::pin(translate::until_refused(output, refused)))
     }
 
     /// A path of a Ready sandbox as a tar stream.
@@ -73,7 +113,7 @@ impl Gateway {
         &self,
         sel: &SandboxSelector,
         path: String,
-    ) -> Result<DriverStream<pb::CopyChunk>> {
+    ) -> Result<ActorStream<v1::CopyChunk>> {
         let path = copy_path(path)?;
         let sb = self.resolve_sandbox(sel).await?;
         require_settled(&sb.sandbox, "copy from")?;
@@ -82,7 +122,8 @@ impl Gateway {
             sandbox_id: sb.id().to_string(),
             path,
         };
-        Ok(driver.copy_from(req).await?)
+        let chunks = driver.copy_from(req).await?;
+        Ok(public(chunks, |c| v1::CopyChunk { data: c.data }))
     }
 
     /// Unpacks the tar `data` in a sandbox at `path` (Ready, or stopped where its driver
@@ -91,8 +132,8 @@ impl Gateway {
         &self,
         sel: &SandboxSelector,
         path: String,
-        data: sbx_driver_api::ByteStream,
-    ) -> Result<pb::CopyToResponse> {
+        data: ByteStream,
+    ) -> Result<()> {
         let path = copy_path(path)?;
         let sb = self.resolve_sandbox(sel).await?;
         require_settled(&sb.sandbox, "copy into")?;
@@ -101,7 +142,8 @@ impl Gateway {
             sandbox_id: sb.id().to_string(),
             path,
         };
-        Ok(driver.copy_to(req, data).await?)
+        driver.copy_to(req, data).await?;
+        Ok(())
     }
 
     /// A TCP connection to `port` on a Ready sandbox's loopback.
@@ -109,8 +151,8 @@ impl Gateway {
         &self,
         sel: &SandboxSelector,
         port: u32,
-        input: sbx_driver_api::ForwardInputStream,
-    ) -> Result<DriverStream<pb::PortForwardOutput>> {
+        input: ForwardInputs,
+    ) -> Result<ActorStream<v1::PortForwardOutput>> {
         if port == 0 || port > u32::from(u16::MAX) {
             return Err(ActorError::InvalidArgument(format!(
                 "port {port} is not a TCP port (1-65535)"
@@ -123,23 +165,27 @@ impl Gateway {
             sandbox_id: sb.id().to_string(),
             port,
         };
-        Ok(driver.port_forward(req, input).await?)
+        let input = input.filter_map(|i| std::future::ready(translate::forward_input(i)));
+        let output = driver.port_forward(req, Box::pin(input)).await?;
+        Ok(public(output, translate::forward_output))
     }
 
-    /// The sandbox's log as `req` asks (follow, tail, timestamps, since); its `sandbox_id`
-    /// is set here, to the sandbox `sel` names.
+    /// The log of the sandbox `sel` names, as `opts` asks (follow, tail, timestamps, since).
     pub async fn logs(
         &self,
         sel: &SandboxSelector,
-        req: pb::LogsRequest,
-    ) -> Result<DriverStream<pb::LogChunk>> {
+        opts: LogOptions,
+    ) -> Result<ActorStream<v1::LogChunk>> {
         let sb = self.resolve_sandbox(sel).await?;
         let driver = self.driver_of(&sb)?;
         let req = pb::LogsRequest {
             sandbox_id: sb.id().to_string(),
-            ..req
+            follow: opts.follow,
+            tail_lines: opts.tail_lines,
+            timestamps: opts.timestamps,
+            since: opts.since,
         };
-        Ok(driver.logs(req).await?)
+        Ok(public(driver.logs(req).await?, translate::log_chunk))
     }
 
     /// The driver a sandbox runs on (its spec names it; empty: the default).

@@ -41,6 +41,7 @@ use crate::startup::StartupTracker;
 use crate::validate::{self, SandboxSelector, WorkspaceSelector};
 
 mod data;
+pub use data::{ActorStream, ExecInputs, ForwardInputs, LogOptions};
 mod limits;
 pub(crate) mod network;
 mod providers;
@@ -70,7 +71,7 @@ pub struct ExecOptions {
     /// The caller sends stdin.
     pub stdin: bool,
     /// Run on a terminal of this size and type.
-    pub tty: Option<pb::Tty>,
+    pub tty: Option<sbx_proto::v1::Tty>,
 }
 
 /// A running actor tree over a store and a set of drivers.

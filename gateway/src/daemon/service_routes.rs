@@ -27,7 +27,10 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use sbx_actors::{ActorError, Gateway, SandboxSelector};
-use sbx_drivers::pb;
+use sbx_actors::{ActorStream, ForwardInputs};
+use sbx_proto::v1::PortForwardOutput;
+use sbx_proto::v1::port_forward_input::Input;
+use sbx_proto::v1::port_forward_output::Output;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -112,9 +115,8 @@ async fn route(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
             return text(status, e.to_string());
         }
     };
-    let (tx, rx) = mpsc::channel::<pb::PortForwardInput>(16);
-    let input: sbx_drivers::ForwardInputStream =
-        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let (tx, rx) = mpsc::channel::<Input>(16);
+    let input: ForwardInputs = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
     let output = match gateway
         .port_forward(&SandboxSelector::Id(target.sandbox_id), target.port, input)
         .await
@@ -148,29 +150,20 @@ async fn route(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
 /// until its end (a half-close passes through as one).
 async fn bridge(
     io: tokio::io::DuplexStream,
-    tx: mpsc::Sender<pb::PortForwardInput>,
-    mut output: sbx_drivers::DriverStream<pb::PortForwardOutput>,
+    tx: mpsc::Sender<Input>,
+    mut output: ActorStream<PortForwardOutput>,
 ) {
-    use pb::port_forward_input::Input;
-    use pb::port_forward_output::Output;
     let (mut reader, mut writer) = tokio::io::split(io);
     let up = async move {
         let mut buf = vec![0u8; BRIDGE_BYTES];
         loop {
             match reader.read(&mut buf).await {
                 Ok(0) | Err(_) => {
-                    let _ = tx
-                        .send(pb::PortForwardInput {
-                            input: Some(Input::CloseWrite(true)),
-                        })
-                        .await;
+                    let _ = tx.send(Input::CloseWrite(true)).await;
                     return;
                 }
                 Ok(n) => {
-                    let data = pb::PortForwardInput {
-                        input: Some(Input::Data(buf[..n].to_vec())),
-                    };
-                    if tx.send(data).await.is_err() {
+                    if tx.send(Input::Data(buf[..n].to_vec())).await.is_err() {
                         return;
                     }
                 }
@@ -180,14 +173,14 @@ async fn bridge(
     let down = async move {
         while let Some(item) = output.next().await {
             match item {
-                Ok(pb::PortForwardOutput {
+                Ok(PortForwardOutput {
                     output: Some(Output::Data(data)),
                 }) => {
                     if writer.write_all(&data).await.is_err() {
                         return;
                     }
                 }
-                Ok(pb::PortForwardOutput {
+                Ok(PortForwardOutput {
                     output: Some(Output::Closed(_)),
                 })
                 | Err(_) => break,

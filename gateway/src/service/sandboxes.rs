@@ -1,7 +1,7 @@
 //! `sbx.v1.SandboxService` over the actor API.
 
 use futures::StreamExt;
-use sbx_actors::{ExecOptions, SandboxFilter, SandboxSelector};
+use sbx_actors::{ExecOptions, LogOptions, SandboxFilter, SandboxSelector};
 use sbx_proto::v1;
 use sbx_proto::v1::sandbox_service_server::SandboxService;
 use sbx_proto::v1::{
@@ -270,28 +270,20 @@ impl SandboxService for SbxService {
         let sel = selector(req.sandbox)?;
         self.sandbox_access(&caller, &sel, Role::Editor).await?;
         audit(&caller, "exec", &describe(&sel));
-        let (input, refused) = streams::exec_input(messages, req.tty.is_some());
+        let input = streams::exec_inputs(messages);
         let opts = ExecOptions {
             env: req.env,
             timeout_seconds: req.timeout_seconds,
             workdir: req.workdir,
             stdin: req.stdin,
-            tty: req.tty.map(|t| sbx_drivers::pb::Tty {
-                rows: t.rows,
-                cols: t.cols,
-                term: t.term,
-            }),
+            tty: req.tty,
         };
         let output = self
             .gateway
             .exec_io(&sel, req.command, opts, input)
             .await
             .map_err(|e| error_for(&caller, e))?;
-        let output = output.map(|r| {
-            r.map(streams::exec_output)
-                .map_err(streams::driver_stream_error)
-        });
-        let output = caller.until_revoked(streams::until_refused(output, refused));
+        let output = caller.until_revoked(output.map(|r| r.map_err(|e| actor_error_to_status(&e))));
         Ok(Response::new(forward(output, self.shutdown.clone())))
     }
 
@@ -311,11 +303,7 @@ impl SandboxService for SbxService {
             .copy_from(&sel, req.path)
             .await
             .map_err(|e| error_for(&caller, e))?;
-        let chunks = chunks.map(|r| {
-            r.map(|c| v1::CopyChunk { data: c.data })
-                .map_err(streams::driver_stream_error)
-        });
-        let chunks = caller.until_revoked(chunks);
+        let chunks = caller.until_revoked(chunks.map(|r| r.map_err(|e| actor_error_to_status(&e))));
         Ok(Response::new(forward(chunks, self.shutdown.clone())))
     }
 
@@ -342,7 +330,7 @@ impl SandboxService for SbxService {
         // The upload ends at its caller's revocation (checked every second) as at any other
         // error of its stream, and is then never taken whole: the copy is dropped mid-stream.
         let messages = caller.until_revoked(messages);
-        let (data, failed) = sbx_drivers::upload(messages, |m: v1::CopyToSandboxInput| match m {
+        let (data, failed) = sbx_actors::upload(messages, |m: v1::CopyToSandboxInput| match m {
             v1::CopyToSandboxInput {
                 input: Some(Input::Data(bytes)),
             } => Some(bytes),
@@ -362,7 +350,6 @@ impl SandboxService for SbxService {
         &self,
         request: Request<tonic::Streaming<v1::PortForwardInput>>,
     ) -> Result<Response<Self::PortForwardStream>, Status> {
-        use sbx_drivers::pb::port_forward_input::Input as Out;
         use v1::port_forward_input::Input as In;
         let caller = auth::caller(&request)?;
         let mut messages = request.into_inner();
@@ -379,37 +366,16 @@ impl SandboxService for SbxService {
         let sel = selector(start.sandbox)?;
         self.sandbox_access(&caller, &sel, Role::Editor).await?;
         audit(&caller, "port-forward", &describe(&sel));
+        // The caller's stream ends at its first error; a message without input is skipped.
         let input = messages
             .take_while(|m| std::future::ready(m.is_ok()))
-            .filter_map(|m| {
-                let input = match m.ok().and_then(|m| m.input) {
-                    Some(In::Data(bytes)) => Some(Out::Data(bytes)),
-                    Some(In::CloseWrite(close)) => Some(Out::CloseWrite(close)),
-                    _ => None,
-                };
-                std::future::ready(
-                    input.map(|input| sbx_drivers::pb::PortForwardInput { input: Some(input) }),
-                )
-            });
+            .filter_map(|m| std::future::ready(m.ok().and_then(|m| m.input)));
         let output = self
             .gateway
             .port_forward(&sel, start.port, Box::pin(input))
             .await
             .map_err(|e| error_for(&caller, e))?;
-        let output = output.map(|r| {
-            r.map(|o| {
-                use sbx_drivers::pb::port_forward_output::Output as From;
-                use v1::port_forward_output::Output as To;
-                v1::PortForwardOutput {
-                    output: o.output.map(|o| match o {
-                        From::Data(d) => To::Data(d),
-                        From::Closed(c) => To::Closed(c),
-                    }),
-                }
-            })
-            .map_err(streams::driver_stream_error)
-        });
-        let output = caller.until_revoked(output);
+        let output = caller.until_revoked(output.map(|r| r.map_err(|e| actor_error_to_status(&e))));
         Ok(Response::new(forward(output, self.shutdown.clone())))
     }
 
@@ -423,8 +389,7 @@ impl SandboxService for SbxService {
         let req = request.into_inner();
         let sel = selector(req.sandbox)?;
         self.sandbox_access(&caller, &sel, Role::Viewer).await?;
-        let driver_req = sbx_drivers::pb::LogsRequest {
-            sandbox_id: String::new(),
+        let opts = LogOptions {
             follow: req.follow,
             tail_lines: req.tail_lines,
             timestamps: req.timestamps,
@@ -432,14 +397,10 @@ impl SandboxService for SbxService {
         };
         let chunks = self
             .gateway
-            .logs(&sel, driver_req)
+            .logs(&sel, opts)
             .await
             .map_err(|e| error_for(&caller, e))?;
-        let chunks = chunks.map(|r| {
-            r.map(streams::log_chunk)
-                .map_err(streams::driver_stream_error)
-        });
-        let chunks = caller.until_revoked(chunks);
+        let chunks = caller.until_revoked(chunks.map(|r| r.map_err(|e| actor_error_to_status(&e))));
         Ok(Response::new(forward(chunks, self.shutdown.clone())))
     }
 }

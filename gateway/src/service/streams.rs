@@ -1,13 +1,13 @@
-//! Server streams: conversion of the driver's exec/log messages to `sbx.v1`, and the forwarding
-//! task that ends every stream when sbxd shuts down.
+//! Server streams: an exec's first message and the rest of its input, and the forwarding task
+//! that ends every stream when sbxd shuts down. (What the driver says is put in the public
+//! API's words by the actors.)
 
 use std::pin::Pin;
 
 use futures::{Stream, StreamExt};
-use sbx_actors::ActorError;
-use sbx_drivers::{DriverError, pb};
+use sbx_actors::{ActorError, ExecInputs};
 use sbx_proto::v1;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -74,11 +74,6 @@ where
     Box::pin(ReceiverStream::new(rx))
 }
 
-/// A driver error inside a stream, as the client sees it.
-pub fn driver_stream_error(err: DriverError) -> Status {
-    actor_error_to_status(&ActorError::Driver(err))
-}
-
 /// An INVALID_ARGUMENT for a client stream that broke the stream's rules, with its
 /// ErrorInfo (reason INVALID_ARGUMENT) like every other refusal.
 pub fn invalid_input(message: impl Into<String>) -> Status {
@@ -102,118 +97,14 @@ pub async fn exec_start(
     }
 }
 
-/// The rest of an exec's input, as the driver takes it. Input that makes no sense — a second
-/// request, a resize without a terminal, a signal number that is none — stops the input (it
-/// is not taken for the end of stdin), and `refused` then says why: the exec ends with that
-/// INVALID_ARGUMENT (see [`until_refused`]), which ends the command.
-/// A broken client stream ends the input (the client is gone; its output goes with it).
-pub fn exec_input(
-    messages: tonic::Streaming<v1::ExecInput>,
-    tty: bool,
-) -> (sbx_drivers::ExecInputStream, oneshot::Receiver<Status>) {
-    use pb::exec_input::Input as Out;
-    use v1::exec_input::Input as In;
-    let (refuse, refused) = oneshot::channel();
-    let input = futures::stream::unfold(
-        (messages, Some(refuse)),
-        move |(mut messages, mut refuse)| async move {
-            loop {
-                let message = messages.message().await.ok().flatten()?;
-                let converted = match message.input {
-                    Some(In::Stdin(bytes)) => Ok(Out::Stdin(bytes)),
-                    Some(In::CloseStdin(close)) => Ok(Out::CloseStdin(close)),
-                    Some(In::Resize(size)) if tty => Ok(Out::Resize(pb::TerminalSize {
-                        rows: size.rows,
-                        cols: size.cols,
-                    })),
-                    Some(In::Resize(_)) => Err("a resize for an exec without a terminal (tty)"),
-                    Some(In::Signal(n)) if (1..=64).contains(&n) => Ok(Out::Signal(n)),
-                    Some(In::Signal(_)) => Err("a signal number outside 1..=64"),
-                    Some(In::Start(_)) => Err("a second request (start) in one exec stream"),
-                    None => continue,
-                };
-                match converted {
-                    Ok(input) => {
-                        let item = pb::ExecInput { input: Some(input) };
-                        return Some((item, (messages, refuse)));
-                    }
-                    Err(why) => {
-                        if let Some(refuse) = refuse.take() {
-                            let _ =
-                                refuse.send(invalid_input(format!("exec input refused: {why}")));
-                        }
-                        // Not an end of stdin (a command could then exit cleanly before
-                        // the refusal is seen): the input stays open until the refusal ends
-                        // the exec, and with it the command.
-                        return std::future::pending().await;
-                    }
-                }
-            }
-        },
-    );
-    (Box::pin(input), refused)
-}
-
-/// `output` until it ends, or until `refused` says the client's input was refused: then that
-/// error, last.
-pub fn until_refused<S>(
-    output: S,
-    refused: oneshot::Receiver<Status>,
-) -> impl Stream<Item = Result<v1::ExecOutput, Status>> + Send + 'static
-where
-    S: Stream<Item = Result<v1::ExecOutput, Status>> + Send + 'static,
-{
-    let state = (Box::pin(output), Some(refused));
-    futures::stream::unfold(Some(state), |state| async move {
-        let (mut output, mut refused) = state?;
-        loop {
-            let Some(waiting) = refused.as_mut() else {
-                let item = output.next().await?;
-                return Some((item, Some((output, refused))));
-            };
-            tokio::select! {
-                // A refusal first: output already on its way does not hide it.
-                biased;
-                said = waiting => match said {
-                    Ok(status) => return Some((Err(status), None)),
-                    // The input ended without a refusal: only the output is left.
-                    Err(_) => refused = None,
-                },
-                item = output.next() => {
-                    let item = item?;
-                    return Some((item, Some((output, refused))));
-                }
-            }
-        }
-    })
-}
-
-pub fn exec_output(out: pb::ExecOutput) -> v1::ExecOutput {
-    use pb::exec_output::Chunk as In;
-    use v1::exec_output::Chunk as Out;
-    v1::ExecOutput {
-        chunk: out.chunk.map(|chunk| match chunk {
-            In::Stdout(data) => Out::Stdout(data),
-            In::Stderr(data) => Out::Stderr(data),
-            In::Exit(exit) => Out::Exit(v1::ExecExit {
-                code: exit.code,
-                signal: exit.signal,
-                timed_out: exit.timed_out,
-            }),
-        }),
-    }
-}
-
-pub fn log_chunk(chunk: pb::LogChunk) -> v1::LogChunk {
-    let stream = match pb::LogStream::try_from(chunk.stream) {
-        Ok(pb::LogStream::Stderr) => v1::LogStream::Stderr,
-        Ok(pb::LogStream::Stdout) | Err(_) => v1::LogStream::Stdout,
-    };
-    v1::LogChunk {
-        data: chunk.data,
-        stream: stream as i32,
-        time: chunk.time,
-    }
+/// The rest of an exec's input, as the actors take it: the caller's messages until its stream
+/// ends or breaks (the client is gone; its output goes with it), a message without input
+/// skipped. The actors refuse input that makes no sense.
+pub fn exec_inputs(messages: tonic::Streaming<v1::ExecInput>) -> ExecInputs {
+    let inputs = messages
+        .take_while(|m| std::future::ready(m.is_ok()))
+        .filter_map(|m| std::future::ready(m.ok().and_then(|m| m.input)));
+    Box::pin(inputs)
 }
 
 #[cfg(test)]
@@ -221,66 +112,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-
-    #[test]
-    fn exec_output_keeps_every_kind_of_chunk() {
-        use pb::exec_output::Chunk as In;
-        use v1::exec_output::Chunk as Out;
-        let cases = [
-            (
-                Some(In::Stdout(b"out".to_vec())),
-                Some(Out::Stdout(b"out".to_vec())),
-            ),
-            (
-                Some(In::Stderr(b"err".to_vec())),
-                Some(Out::Stderr(b"err".to_vec())),
-            ),
-            (
-                Some(In::Exit(pb::ExecExit {
-                    code: -1,
-                    signal: 9,
-                    timed_out: false,
-                })),
-                Some(Out::Exit(v1::ExecExit {
-                    code: -1,
-                    signal: 9,
-                    timed_out: false,
-                })),
-            ),
-            (
-                Some(In::Exit(pb::ExecExit {
-                    code: 124,
-                    signal: 0,
-                    timed_out: true,
-                })),
-                Some(Out::Exit(v1::ExecExit {
-                    code: 124,
-                    signal: 0,
-                    timed_out: true,
-                })),
-            ),
-            (None, None),
-        ];
-        for (input, expected) in cases {
-            assert_eq!(exec_output(pb::ExecOutput { chunk: input }).chunk, expected);
-        }
-        let time = Some(sbx_proto::Timestamp {
-            seconds: 1_772_359_200,
-            nanos: 5,
-        });
-        let chunk = |stream: pb::LogStream| pb::LogChunk {
-            data: b"x".to_vec(),
-            stream: stream as i32,
-            time,
-        };
-        let err = log_chunk(chunk(pb::LogStream::Stderr));
-        assert_eq!(
-            (err.data.as_slice(), err.stream, err.time),
-            (&b"x"[..], v1::LogStream::Stderr as i32, time)
-        );
-        let out = log_chunk(chunk(pb::LogStream::Stdout));
-        assert_eq!(out.stream, v1::LogStream::Stdout as i32);
-    }
 
     #[tokio::test]
     async fn a_finite_stream_is_forwarded_whole() {
