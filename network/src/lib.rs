@@ -34,6 +34,10 @@ use std::sync::{Arc, Mutex};
 
 use uuid::Uuid;
 
+/// The port of the gateway's resolver on the bridge's address: the nft rules admit it, the
+/// resolver binds it.
+pub const RESOLVER_PORT: u16 = 53;
+
 pub use nft::Denial;
 pub use policy::{AllowEntry, PolicyError, parse_allowlist, parse_entry};
 

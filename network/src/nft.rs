@@ -243,7 +243,7 @@ impl Table {
             m(json!({ "meta": { "key": "l4proto" } }), json!("udp")),
             m(
                 json!({ "payload": { "protocol": "udp", "field": "dport" } }),
-                json!(super::resolver::PORT),
+                json!(crate::RESOLVER_PORT),
             ),
         ];
         let mut flood = to_resolver.clone();

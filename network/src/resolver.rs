@@ -42,8 +42,8 @@ use super::nft;
 use super::policy::{self, AllowEntry};
 use sbx_driver_api::locked;
 
-/// The resolver's port on the bridge's address.
-pub const PORT: u16 = 53;
+/// The resolver's port on the bridge's address ([`crate::RESOLVER_PORT`]).
+pub const PORT: u16 = crate::RESOLVER_PORT;
 /// Queries being answered at once; one more is dropped.
 pub const MAX_IN_FLIGHT: usize = 64;
 /// Queries of one sandbox being answered at once; one more of it is dropped.

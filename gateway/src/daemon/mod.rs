@@ -254,20 +254,15 @@ pub struct ServeArgs {
     #[arg(long, env = "SBX_DATA_DIR", value_name = "DATA")]
     pub data_dir: Option<PathBuf>,
 
-    /// The compute driver sandboxes run on: `oci` (the default: OCI containers from images,
-    /// run by runc behind a user namespace, seccomp and cgroup limits; see the --oci-* flags),
-    /// `process` (host programs as an unprivileged uid in namespaces, on the host's
-    /// filesystem, for trusted work), `sim` or `vm` (in this process; `sim` is in memory, its
-    /// sandboxes do not survive an sbxd restart; `vm` runs QEMU microVMs, see the --vm-*
-    /// flags); `remote:SOCKET` (a driver served by `sbxd driver` on that Unix socket, run by
-    /// the operator); or `managed:oci|process|sim|vm` (sbxd runs `sbxd driver` itself as a
-    /// supervised child process on DATA/drivers/BACKEND.sock, restarting it when it dies).
+    /// The compute driver sandboxes run on: a driver's name (in this process), `remote:SOCKET`
+    /// or `managed:NAME` (see --help).
     #[arg(
         long,
         env = "SBX_DRIVER",
         default_value = "oci",
         value_parser = driver_spec::parse_driver_spec,
-        value_name = "oci|process|sim|vm|remote:SOCKET|managed:oci|process|sim|vm"
+        value_name = "NAME|remote:SOCKET|managed:NAME",
+        long_help = driver_help()
     )]
     pub driver: DriverSpec,
 
@@ -405,6 +400,17 @@ pub struct ServeArgs {
     /// The image flags: the default image and how the built-in one is made.
     #[command(flatten)]
     pub images: images::ImageArgs,
+}
+
+/// The long help of `--driver`: the three forms, then every driver of the registry.
+fn driver_help() -> String {
+    format!(
+        "The compute driver sandboxes run on: NAME runs it in this process; remote:SOCKET is a \
+         driver served by `sbxd driver` on that Unix socket, run by the operator; managed:NAME \
+         has sbxd run `sbxd driver --backend NAME` itself as a supervised child process on \
+         DATA/drivers/NAME.sock, restarting it when it dies. The drivers (default oci):\n\n{}",
+        sbx_drivers::registry::help()
+    )
 }
 
 /// The vm driver's name: its calls wait for boots (see [`ServeArgs::driver_call_timeout`]).
