@@ -475,21 +475,7 @@ impl HostDriver for Inner {
     type Record = OciRecord;
     const NAME: &'static str = "oci";
 
-    fn records(&self) -> &RecordCache<OciRecord> {
-        &self.records
-    }
-
-    fn feed(&self) -> &SnapshotFeed {
-        &self.feed
-    }
-
-    fn default_grace(&self) -> Duration {
-        self.opts.default_grace
-    }
-
-    fn poll_interval(&self) -> Duration {
-        self.opts.poll_interval
-    }
+    sbx_host_kit::host_driver_state!();
 
     fn log_file(&self, id: Uuid) -> PathBuf {
         self.paths(id).log

@@ -345,21 +345,7 @@ impl HostDriver for Inner {
     type Record = SandboxRecord;
     const NAME: &'static str = "process";
 
-    fn records(&self) -> &RecordCache<SandboxRecord> {
-        &self.records
-    }
-
-    fn feed(&self) -> &SnapshotFeed {
-        &self.feed
-    }
-
-    fn default_grace(&self) -> Duration {
-        self.opts.default_grace
-    }
-
-    fn poll_interval(&self) -> Duration {
-        self.opts.poll_interval
-    }
+    sbx_host_kit::host_driver_state!();
 
     fn log_file(&self, id: Uuid) -> PathBuf {
         self.paths(id).log

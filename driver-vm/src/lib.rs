@@ -426,21 +426,7 @@ impl HostDriver for Inner {
     type Record = VmRecord;
     const NAME: &'static str = "vm";
 
-    fn records(&self) -> &RecordCache<VmRecord> {
-        &self.records
-    }
-
-    fn feed(&self) -> &SnapshotFeed {
-        &self.feed
-    }
-
-    fn default_grace(&self) -> Duration {
-        self.opts.default_grace
-    }
-
-    fn poll_interval(&self) -> Duration {
-        self.opts.poll_interval
-    }
+    sbx_host_kit::host_driver_state!();
 
     /// The console (the guest's kernel and the command write to it).
     fn log_file(&self, id: Uuid) -> PathBuf {

@@ -26,6 +26,30 @@ use super::logfile::{LogQuery, log_stream};
 use super::records::{HostRecord, RecordCache};
 use sbx_driver_api::{DriverError, DriverStream, parse_sandbox_id, pb};
 
+/// The accessors of [`HostDriver`] that every host driver's state answers alike, written once:
+/// inside `impl HostDriver for …`, `sbx_host_kit::host_driver_state!();` reads the fields
+/// `records` and `feed` and the options `opts.default_grace` and `opts.poll_interval`.
+#[macro_export]
+macro_rules! host_driver_state {
+    () => {
+        fn records(&self) -> &$crate::records::RecordCache<Self::Record> {
+            &self.records
+        }
+
+        fn feed(&self) -> &$crate::feed::SnapshotFeed {
+            &self.feed
+        }
+
+        fn default_grace(&self) -> ::std::time::Duration {
+            self.opts.default_grace
+        }
+
+        fn poll_interval(&self) -> ::std::time::Duration {
+            self.opts.poll_interval
+        }
+    };
+}
+
 /// What a host driver does its own way. The lifecycle calls here use it under the sandbox's
 /// lock.
 pub trait HostDriver: Send + Sync + 'static {
