@@ -48,7 +48,7 @@ pub fn make(dir: &Path, mount_point: &Path, bytes: u64) -> Result<(), DriverErro
 
 /// Mounts the disk at `mount_point` unless it is mounted there.
 pub fn mount(dir: &Path, mount_point: &Path) -> Result<(), DriverError> {
-    if super::rootfs::is_mount_point(mount_point) {
+    if super::mountinfo::is_mount_point(mount_point) {
         return Ok(());
     }
     std::fs::create_dir_all(mount_point)
@@ -88,7 +88,7 @@ pub fn mount(dir: &Path, mount_point: &Path) -> Result<(), DriverError> {
 /// Unmounts the disk (lazily: a process that still holds it keeps it until it lets go; the
 /// loop device is freed then).
 pub fn unmount(mount_point: &Path) -> Result<(), DriverError> {
-    if !super::rootfs::is_mount_point(mount_point) {
+    if !super::mountinfo::is_mount_point(mount_point) {
         return Ok(());
     }
     nix::mount::umount2(mount_point, nix::mount::MntFlags::MNT_DETACH)

@@ -54,6 +54,7 @@ mod bundle;
 mod cgroup;
 mod copy;
 mod disk;
+mod mountinfo;
 mod record;
 mod rootfs;
 mod runtime;
