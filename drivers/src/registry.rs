@@ -218,7 +218,8 @@ const PROCESS: DriverFactory = DriverFactory {
             and are re-attached after a restart. Needs root and uidmap.",
     needs_state_dir: true,
     needs_images: false,
-    hint: " (on a machine where it cannot run, use --driver sim)",
+    hint: " (see sbxd serve --help for the --network-* flags; on a machine where it cannot \
+           run, use --driver sim)",
     host_ready_within: Duration::from_secs(30),
     open: |ctx| {
         Box::pin(async move {

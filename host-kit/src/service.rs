@@ -1,9 +1,10 @@
 //! One `ComputeDriver` for every host driver: [`HostService`] is what a driver answers its own
 //! way (capabilities, exec, copies, port forwarding), and
 //! [`host_compute_driver!`](crate::host_compute_driver) writes the contract's impl from it, the
-//! driver's create and the kit — start, stop and delete run detached ([`crate::lifecycle::detach`]) so a caller that gives
-//! up cannot cut one short; get, list, watch and logs are read from the records; a networked
-//! driver's policy updates and status are [`crate::sandbox_network`]'s.
+//! driver's create and the kit. Create, start, stop and delete run detached
+//! ([`crate::lifecycle::detach`]), so a caller that gives up cannot cut one short; get, list,
+//! watch and logs are the kit's; a networked driver's policy updates and status are
+//! [`crate::sandbox_network`]'s.
 
 use async_trait::async_trait;
 use sbx_driver_api::pb;
