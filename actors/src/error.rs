@@ -118,6 +118,11 @@ pub enum ActorError {
     /// keep working.
     #[error("{0}")]
     DiskFull(String),
+    /// The store's server cannot be reached now (PostgreSQL down): the write was not
+    /// acknowledged. The message names the store; retry once it is back. Reads of what the
+    /// gateway holds keep working.
+    #[error("{0}")]
+    StoreUnavailable(String),
     /// The store failed. Unexpected.
     #[error("store: {0}")]
     Store(String),
@@ -130,6 +135,8 @@ impl From<StoreError> for ActorError {
     fn from(e: StoreError) -> Self {
         if e.is_disk_full() {
             ActorError::DiskFull(e.to_string())
+        } else if e.is_unavailable() {
+            ActorError::StoreUnavailable(e.to_string())
         } else {
             ActorError::Store(e.to_string())
         }

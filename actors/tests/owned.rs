@@ -120,6 +120,14 @@ impl ObjectStore for GatedStore {
     async fn current_revision(&self) -> Result<u64, StoreError> {
         self.inner.current_revision().await
     }
+
+    async fn integrity_problems(&self) -> Result<Vec<sbx_storage::IndexProblem>, StoreError> {
+        self.inner.integrity_problems().await
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
 }
 
 struct Setup {

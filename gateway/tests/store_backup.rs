@@ -15,10 +15,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{CliRun, DataDir, SBXD, Sbxd, eventually};
+use common::{CliRun, DataDir, SBXD, Sbxd, eventually, kept_across_restart};
 use sbx_proto::v1::{
-    CreateSandboxRequest, CreateWorkspaceRequest, DeleteSandboxRequest, ListSandboxesRequest,
-    ListWorkspacesRequest, Phase, Sandbox, SandboxRef, SandboxSpec, Workspace,
+    CreateSandboxRequest, CreateWorkspaceRequest, DeleteSandboxRequest, ListWorkspacesRequest,
+    Phase, Sandbox, SandboxRef, SandboxSpec, Workspace,
 };
 
 const STOP: Duration = Duration::from_secs(30);
@@ -46,23 +46,6 @@ async fn workspaces(d: &Sbxd) -> BTreeMap<String, Workspace> {
         .workspaces
         .into_iter()
         .map(|w| (w.id.clone(), w))
-        .collect()
-}
-
-async fn sandboxes(d: &Sbxd) -> BTreeMap<String, Sandbox> {
-    d.sandboxes()
-        .await
-        .list_sandboxes(ListSandboxesRequest {
-            all_workspaces: true,
-            page_size: 1000,
-            ..Default::default()
-        })
-        .await
-        .expect("list sandboxes")
-        .into_inner()
-        .sandboxes
-        .into_iter()
-        .map(|s| (s.id.clone(), s))
         .collect()
 }
 
@@ -104,7 +87,7 @@ async fn populated(data: &Path) -> (BTreeMap<String, Workspace>, BTreeMap<String
         }
     }
     let listed = eventually(Duration::from_secs(20), "every sandbox settled", || async {
-        let all = sandboxes(&d).await;
+        let all = d.all_sandboxes().await;
         all.values()
             .all(|s| s.phase == Phase::Ready as i32 || s.phase == Phase::Stopped as i32)
             .then_some(all)
@@ -115,24 +98,6 @@ async fn populated(data: &Path) -> (BTreeMap<String, Workspace>, BTreeMap<String
     let (_, status) = d.sigterm(STOP);
     assert!(status.success(), "{status:?}");
     (ws, listed)
-}
-
-/// What a restore must bring back of a sandbox: all of it when it was stopped; its identity,
-/// spec and creation time when it ran (the sim driver's workloads do not outlive sbxd, so a
-/// restart moves a running sandbox on, restored or not).
-fn kept(s: &Sandbox) -> Sandbox {
-    if s.phase == Phase::Stopped as i32 {
-        return s.clone();
-    }
-    Sandbox {
-        id: s.id.clone(),
-        workspace: s.workspace.clone(),
-        workspace_id: s.workspace_id.clone(),
-        name: s.name.clone(),
-        spec: s.spec.clone(),
-        created_at: s.created_at,
-        ..Default::default()
-    }
 }
 
 /// `sbxd serve` on `data` that must fail: its exit code and stderr (a served store keeps it
@@ -197,7 +162,7 @@ async fn a_backup_brings_a_refused_store_back_exactly() {
         .expect("delete");
     let late = create(&d, "alpha", "late", true).await;
     eventually(Duration::from_secs(20), "beta/one deleted", || async {
-        (!sandboxes(&d).await.contains_key(&gone.id)).then_some(())
+        (!d.all_sandboxes().await.contains_key(&gone.id)).then_some(())
     })
     .await;
     d.sigterm(STOP);
@@ -259,7 +224,7 @@ async fn a_backup_brings_a_refused_store_back_exactly() {
     // sbxd serves it without --accept-store-loss, and serves exactly what was backed up.
     let d = Sbxd::start(data.path(), "sim", &[]);
     assert_eq!(workspaces(&d).await, ws_before);
-    let sb_after = sandboxes(&d).await;
+    let sb_after = d.all_sandboxes().await;
     assert!(sb_after.contains_key(&gone.id), "the deleted one is back");
     assert!(
         !sb_after.contains_key(&late.id),
@@ -274,7 +239,11 @@ async fn a_backup_brings_a_refused_store_back_exactly() {
         if before.phase == Phase::Stopped as i32 {
             assert_eq!(after.resource_version, before.resource_version, "{id}");
         }
-        assert_eq!(kept(after), kept(before), "{id}");
+        assert_eq!(
+            kept_across_restart(after),
+            kept_across_restart(before),
+            "{id}"
+        );
     }
     assert!(
         !d.log_text().contains("serving a damaged store"),
@@ -338,7 +307,7 @@ async fn both_are_refused_while_sbxd_runs() {
         0
     );
     let d = Sbxd::start(data.path(), "sim", &[]);
-    let served = sandboxes(&d).await.len();
+    let served = d.all_sandboxes().await.len();
 
     let online = data.path().join("online.sbxbak");
     let run = store(&["backup", online.to_str().unwrap()], data.path());
@@ -363,7 +332,7 @@ async fn both_are_refused_while_sbxd_runs() {
         .collect();
     assert!(names.is_empty(), "{names:?}");
     assert_eq!(
-        sandboxes(&d).await.len(),
+        d.all_sandboxes().await.len(),
         served,
         "sbxd still serves its store"
     );

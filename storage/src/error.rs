@@ -91,23 +91,31 @@ pub enum StoreError {
     #[error("store data is corrupt: {0}")]
     Corrupt(String),
 
-    /// The database at `path` has a schema version this build cannot use: newer than this build
-    /// supports, or one with no known migration. Nothing was changed on disk.
+    /// The store (`store`: what it is and where, see `ObjectStore::describe`) has a schema
+    /// version this build cannot use: newer than this build supports, or one with no known
+    /// migration. Nothing was changed.
     #[error(
-        "store at {path} has schema version {found}, this build supports version {supported} \
+        "{store} has schema version {found}, this build supports version {supported} \
          (and migrates from older known versions): {reason}"
     )]
     Schema {
-        path: PathBuf,
+        store: String,
         found: String,
         supported: u32,
         reason: String,
     },
+
+    /// The store's server cannot be reached or stopped answering (PostgreSQL down, the
+    /// network to it cut, every pooled connection broken). A write that failed so may or may
+    /// not have been committed; it was not acknowledged. Passes by itself once the server is
+    /// back: reads of what the gateway holds go on meanwhile.
+    #[error("{store} is unavailable: {detail}")]
+    Unavailable { store: String, detail: String },
 }
 
 impl StoreError {
     /// Whether this is an answer about the request (expected, nothing was written) rather than
-    /// a fault or state of the machine or the data (`DiskFull`, `Io`, `Corrupt`, `Schema`).
+    /// a fault or state of the machine or the data (`DiskFull`, `Io`, `Corrupt`, `Schema`, `Unavailable`).
     pub fn is_request_error(&self) -> bool {
         !matches!(
             self,
@@ -115,7 +123,13 @@ impl StoreError {
                 | StoreError::Io(_)
                 | StoreError::Corrupt(_)
                 | StoreError::Schema { .. }
+                | StoreError::Unavailable { .. }
         )
+    }
+
+    /// Whether this is [`StoreError::Unavailable`]: the store's server cannot be reached now.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
     }
 
     /// Whether this is [`StoreError::DiskFull`]: an operational state that passes by itself

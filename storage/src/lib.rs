@@ -22,6 +22,7 @@
 //!   system has less than [`DISK_RESERVE_BYTES`] free.
 //! - `schema.rs`: the schema version and the migrations between versions.
 //! - `fsck.rs`: [`SledStore::verify_indexes`], the integrity check against the high-water mark.
+//! - `postgres/`: [`PgStore`]: the same store on PostgreSQL, for gateways that share one.
 //! - `backup.rs`: [`backup_store`] / [`restore_store`]: the store as one checked file, and back.
 //!
 //! **Invariant:** every write goes through the committer thread; nothing else writes the trees.
@@ -33,11 +34,14 @@
 
 mod backup;
 mod committer;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod envelope;
 mod error;
 mod fsck;
 mod idsets;
 pub mod layout;
+mod postgres;
 mod record;
 mod schema;
 mod selector;
@@ -54,10 +58,13 @@ pub use committer::{FlushStats, MAX_BATCH};
 pub use committer::{high_water_path, read_high_water};
 pub use error::StoreError;
 pub use fsck::{IndexProblem, IntegrityReport};
+pub use postgres::{CopySummary, PG_SCHEMA_VERSION, PgStore};
 pub use record::{Kind, ListQuery, NewRecord, Page, Record, Scope};
 pub use schema::{SCHEMA_VERSION, SchemaOutcome};
 pub use selector::{LabelSelector, MAX_LABEL_LEN, Requirement, validate_labels};
 pub use sled_store::{SledStore, open_raw_sled};
 pub use space::DISK_RESERVE_BYTES;
 pub use store::ObjectStore;
-pub use writes::MAX_REFS;
+/// The connection settings of a [`PgStore`] (host, port, user, database, password…).
+pub use tokio_postgres::Config as PgConfig;
+pub use writes::{MAX_REFS, MAX_TIME_MS};

@@ -50,7 +50,7 @@ const MIGRATIONS: &[(u32, Migration)] = &[(1, migrate_1_to_2), (2, migrate_2_to_
 pub fn prepare(db: &sled::Db, path: &Path) -> Result<SchemaOutcome, StoreError> {
     let meta = db.open_tree(TREE_META)?;
     let refuse = |found: String, reason: &str| StoreError::Schema {
-        path: path.to_path_buf(),
+        store: format!("sled store at {}", path.display()),
         found,
         supported: SCHEMA_VERSION,
         reason: reason.to_string(),

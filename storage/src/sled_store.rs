@@ -249,10 +249,6 @@ impl SledStore {
 
 #[async_trait]
 impl ObjectStore for SledStore {
-    async fn create(&self, rec: NewRecord) -> Result<Record, StoreError> {
-        self.create_referring(rec, Vec::new()).await
-    }
-
     async fn create_referring(
         &self,
         rec: NewRecord,
@@ -332,6 +328,17 @@ impl ObjectStore for SledStore {
 
     async fn current_revision(&self) -> Result<u64, StoreError> {
         self.revision()
+    }
+
+    async fn integrity_problems(&self) -> Result<Vec<crate::IndexProblem>, StoreError> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.verify_indexes())
+            .await
+            .map_err(|e| StoreError::Io(format!("integrity check task failed: {e}")))?
+    }
+
+    fn describe(&self) -> String {
+        format!("sled store at {}", self.inner.path.display())
     }
 
     fn disk_full(&self) -> Option<StoreError> {

@@ -4,6 +4,7 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use crate::error::StoreError;
+use crate::fsck::IndexProblem;
 use crate::record::{Kind, ListQuery, NewRecord, Page, Record};
 
 /// A transactional object store of workspaces, sandboxes and the records they own.
@@ -18,7 +19,9 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// `OwnerNotFound` when the owner does not exist; `Invalid` on an empty/invalid name, a nil
     /// id, a scoped kind without workspace (or a global kind with one), a setting without owner,
     /// an owner in another workspace, or malformed labels.
-    async fn create(&self, rec: NewRecord) -> Result<Record, StoreError>;
+    async fn create(&self, rec: NewRecord) -> Result<Record, StoreError> {
+        self.create_referring(rec, Vec::new()).await
+    }
 
     /// `create`, and the new record refers to each of `refs` (at most `MAX_REFS`, none nil,
     /// itself or twice): in the same transaction each must exist, in the record's workspace or
@@ -65,6 +68,14 @@ pub trait ObjectStore: Send + Sync + 'static {
 
     /// The highest resource version ever assigned (0 for an empty store).
     async fn current_revision(&self) -> Result<u64, StoreError>;
+
+    /// The store's own integrity check: every record against every index (names, owners,
+    /// references, orders), and the revision against every record's version. Returns the
+    /// problems found, empty for a healthy store. Run it while no writes are in flight.
+    async fn integrity_problems(&self) -> Result<Vec<IndexProblem>, StoreError>;
+
+    /// What this store is, for messages: `sled store at PATH`, `PostgreSQL store at HOST:PORT/DB`.
+    fn describe(&self) -> String;
 
     /// `Some(StoreError::DiskFull)` while the store refuses writes for lack of space, checked
     /// now (cheap: one `statvfs`); `None` when writes are taken. Callers refuse writes up front

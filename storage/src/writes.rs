@@ -159,6 +159,43 @@ pub(crate) fn apply_batch(
     Ok(results)
 }
 
+/// The latest time a record may carry, in milliseconds since 1970 (`i64::MAX`: a store on a
+/// database keeps times as signed 64-bit integers; this is some 292 million years away).
+pub const MAX_TIME_MS: u64 = i64::MAX as u64;
+
+/// Checks an update of `stored` to `rec` as every store does, before it writes: the labels,
+/// the time, no immutable field changed, then the version (`Conflict`).
+pub(crate) fn validate_update(stored: &Record, rec: &Record) -> Result<(), StoreError> {
+    validate_labels(&rec.labels)?;
+    if rec.updated_at_ms > MAX_TIME_MS {
+        return Err(StoreError::invalid(format!(
+            "record {} has updated_at_ms {}, past the latest time a record may carry ({MAX_TIME_MS})",
+            rec.id, rec.updated_at_ms
+        )));
+    }
+    let immutable = [
+        ("kind", stored.kind != rec.kind),
+        ("workspace", stored.workspace != rec.workspace),
+        ("name", stored.name != rec.name),
+        ("owner", stored.owner != rec.owner),
+        ("created_at_ms", stored.created_at_ms != rec.created_at_ms),
+    ];
+    if let Some((field, _)) = immutable.iter().find(|(_, changed)| *changed) {
+        return Err(StoreError::invalid(format!(
+            "update of record {} changes its {field}, which is immutable",
+            rec.id
+        )));
+    }
+    if stored.resource_version != rec.resource_version {
+        return Err(StoreError::Conflict {
+            id: rec.id,
+            expected: rec.resource_version,
+            actual: stored.resource_version,
+        });
+    }
+    Ok(())
+}
+
 /// The most records one record may refer to.
 pub const MAX_REFS: usize = 64;
 
@@ -182,6 +219,12 @@ pub(crate) fn validate_new(rec: &NewRecord, refs: &[Uuid]) -> Result<(), StoreEr
     }
     if rec.id.is_nil() {
         return Err(StoreError::invalid("record id is the nil UUID"));
+    }
+    if rec.created_at_ms > MAX_TIME_MS {
+        return Err(StoreError::invalid(format!(
+            "record {} has created_at_ms {}, past the latest time a record may carry ({MAX_TIME_MS})",
+            rec.id, rec.created_at_ms
+        )));
     }
     rec.kind
         .validate_name(&rec.name)
@@ -291,30 +334,10 @@ fn create(tx: &Tx<'_>, rec: &NewRecord, refs: &[Uuid]) -> TxResult<Record> {
 }
 
 fn update(tx: &Tx<'_>, rec: &Record) -> TxResult<Record> {
-    validate_labels(&rec.labels).or_else(abort)?;
     let Some(stored) = tx.record(rec.id)? else {
         return abort(StoreError::NotFound { id: rec.id });
     };
-    let immutable = [
-        ("kind", stored.kind != rec.kind),
-        ("workspace", stored.workspace != rec.workspace),
-        ("name", stored.name != rec.name),
-        ("owner", stored.owner != rec.owner),
-        ("created_at_ms", stored.created_at_ms != rec.created_at_ms),
-    ];
-    if let Some((field, _)) = immutable.iter().find(|(_, changed)| *changed) {
-        return abort(StoreError::invalid(format!(
-            "update of record {} changes its {field}, which is immutable",
-            rec.id
-        )));
-    }
-    if stored.resource_version != rec.resource_version {
-        return abort(StoreError::Conflict {
-            id: rec.id,
-            expected: rec.resource_version,
-            actual: stored.resource_version,
-        });
-    }
+    validate_update(&stored, rec).or_else(abort)?;
     let updated = Record {
         labels: rec.labels.clone(),
         body: rec.body.clone(),

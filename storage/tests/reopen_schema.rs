@@ -107,12 +107,12 @@ async fn newer_or_unknown_versions_are_refused_untouched() {
         let err = SledStore::open(&path).unwrap_err();
         match &err {
             StoreError::Schema {
-                path: p,
+                store,
                 found,
                 supported,
                 ..
             } => {
-                assert_eq!(p, &path);
+                assert_eq!(store, &format!("sled store at {}", path.display()));
                 assert_eq!(found, found_text);
                 assert_eq!(*supported, SCHEMA_VERSION);
             }

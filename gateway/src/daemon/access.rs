@@ -78,7 +78,23 @@ pub enum StoreCommand {
               mut_arg("force", |a| a.help("Restore over the store in the data dir: it is moved \
                   to DATA/store.before-restore-<unix time>, never deleted")))]
     Restore(BackupArgs),
+    /// Copy the store of a stopped gateway into an empty PostgreSQL database, then check the
+    /// copy record by record.
+    #[command(long_about = MIGRATE_HELP)]
+    Migrate(super::store::MigrateArgs),
 }
+
+const MIGRATE_HELP: &str = "Copy DATA/store, the embedded store of a stopped gateway, into \
+    an empty PostgreSQL database, so that gateways started with `--store URL` serve what it \
+    held: every record as it is (ids, names, times, resource versions), the revision, and the \
+    order of its indexes. The copy is one transaction, then checked against the original \
+    record by record; the embedded store is only read, never changed.\n\n\
+    sbxd must be stopped (the copy takes the store's lock; refused, exit 2, while sbxd runs \
+    on it). A damaged store is refused: `sbxd store check` says why. A database that holds \
+    records is refused. The password comes from --store-password-file or \
+    $SBX_STORE_PASSWORD, never from the URL. Exit 0: copied and checked; 1: the copy failed \
+    or differs (the database is left as the failure left it: empty when the transaction \
+    failed); 2: a store could not be opened.";
 
 const BACKUP_HELP: &str = "Write a copy of the whole store to FILE: every record and index \
     of DATA/store, with its revision and its high-water mark, in one file that says what it \
@@ -110,6 +126,7 @@ pub fn run_store(command: StoreCommand) -> ExitCode {
     match command {
         StoreCommand::Backup(args) => super::backup::backup(&args),
         StoreCommand::Restore(args) => super::backup::restore(&args),
+        StoreCommand::Migrate(args) => super::store::migrate(&args),
         StoreCommand::Check(args) => {
             let data = match data_dir(&args) {
                 Ok(data) => data,

@@ -14,6 +14,7 @@ pub mod images;
 pub mod managed;
 pub mod serve;
 pub mod service_routes;
+pub mod store;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -221,6 +222,9 @@ pub struct ServeArgs {
     /// check`): what it lost is gone; the loss is logged and the store taken as it is.
     #[arg(long, env = "SBX_ACCEPT_STORE_LOSS")]
     pub accept_store_loss: bool,
+
+    #[command(flatten)]
+    pub store: store::StoreArgs,
 
     /// The most connections open at once (TCP or socket); past it new ones are closed at
     /// once. Default: the descriptor limit less 256 kept for the store and the driver
@@ -585,6 +589,20 @@ pub enum DaemonError {
          with --accept-store-loss to serve what is left"
     )]
     StoreDamaged { path: PathBuf, report: String },
+    /// A shared store (`--store postgres://…`) could not be opened: unreachable, a wrong
+    /// password, a schema this build cannot use.
+    #[error("cannot open the store {store}: {source}")]
+    SharedStore {
+        store: String,
+        #[source]
+        source: StoreError,
+    },
+    /// A shared store's records disagree with each other (its integrity check).
+    #[error(
+        "{store} is damaged; sbxd does not serve it:\n{report}\nrestore the database from a \
+         backup, or start with --accept-store-loss to serve it as it is"
+    )]
+    SharedStoreDamaged { store: String, report: String },
     /// The listener's security: TLS off a loopback address, `--auth none` off loopback, TLS
     /// files that do not load, the identities file unreadable.
     #[error("{0}")]

@@ -43,14 +43,19 @@ pub async fn serve(mut args: ServeArgs) -> Result<(), DaemonError> {
     let images = open_images(&data_dir)?;
     images.set_limits(args.images.limits());
     crate::service::status::hide_data_dir(&data_dir);
-    let store_path = data_dir.join("store");
-    create_private_dir(&store_path)?;
-    let sled = SledStore::open(&store_path).map_err(|source| DaemonError::Store {
-        path: store_path.clone(),
-        source,
-    })?;
-    check_store(&sled, &store_path, args.accept_store_loss)?;
-    let store: Arc<dyn ObjectStore> = Arc::new(sled);
+    let store: Arc<dyn ObjectStore> = match args.store.open_shared(args.accept_store_loss).await? {
+        Some(shared) => shared,
+        None => {
+            let store_path = data_dir.join("store");
+            create_private_dir(&store_path)?;
+            let sled = SledStore::open(&store_path).map_err(|source| DaemonError::Store {
+                path: store_path.clone(),
+                source,
+            })?;
+            check_store(&sled, &store_path, args.accept_store_loss)?;
+            Arc::new(sled)
+        }
+    };
     // Signals first, so that a SIGTERM during startup is not lost (nor fatal by default,
     // which would orphan a managed driver process).
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;

@@ -181,6 +181,24 @@ impl Sbxd {
     /// leaves `--listen` out: sbxd then serves on its Unix socket, DATA/sbxd.sock (the
     /// address file says `unix://PATH`, which [`Sbxd::endpoint`] does not dial).
     pub fn spawn(data: &Path, driver: &str, listen: &str, extra: &[&str]) -> Sbxd {
+        Sbxd::spawn_with_env(data, driver, listen, extra, &[])
+    }
+
+    /// [`Sbxd::start`] with `env` set for sbxd (a secret that must not be on its command line).
+    pub fn start_with_env(data: &Path, driver: &str, extra: &[&str], env: &[(&str, &str)]) -> Sbxd {
+        let mut d = Sbxd::spawn_with_env(data, driver, "127.0.0.1:0", extra, env);
+        d.wait_serving();
+        d
+    }
+
+    /// [`Sbxd::spawn`] with `env` set for sbxd.
+    pub fn spawn_with_env(
+        data: &Path,
+        driver: &str,
+        listen: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Sbxd {
         let addr_file = data.join("addr");
         let _ = std::fs::remove_file(&addr_file);
         let log = data.join(format!("sbxd-{}.log", unique()));
@@ -215,6 +233,7 @@ impl Sbxd {
             // Plain TCP on loopback for the tests' clients, unless the test says how to
             // authenticate (`--auth token`: gateway/tests/auth.rs).
             .env("SBX_AUTH", "none")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
@@ -316,6 +335,26 @@ impl Sbxd {
     }
 
     /// Asserts that the health service answers SERVING for "" and both sbx.v1 services.
+    /// Every sandbox of every workspace, by id (one page of up to 1,000).
+    pub async fn all_sandboxes(
+        &self,
+    ) -> std::collections::BTreeMap<String, sbx_proto::v1::Sandbox> {
+        self.sandboxes()
+            .await
+            .list_sandboxes(sbx_proto::v1::ListSandboxesRequest {
+                all_workspaces: true,
+                page_size: 1000,
+                ..Default::default()
+            })
+            .await
+            .expect("list sandboxes")
+            .into_inner()
+            .sandboxes
+            .into_iter()
+            .map(|s| (s.id.clone(), s))
+            .collect()
+    }
+
     pub async fn assert_healthy(&self) {
         let mut health = HealthClient::new(self.channel().await);
         for service in ["", "sbx.v1.WorkspaceService", "sbx.v1.SandboxService"] {
@@ -585,4 +624,22 @@ pub fn python_with_grpcio() -> Option<&'static str> {
     );
     eprintln!("skipped: python3 with grpcio is not installed (apt-get install python3-grpcio)");
     None
+}
+
+/// What a restart (or a restore, or a copy to another store) must keep of a sandbox: all of
+/// it when it was stopped; its identity, spec and creation time when it ran (the sim driver's
+/// workloads do not outlive sbxd, so a restart moves a running sandbox on).
+pub fn kept_across_restart(s: &sbx_proto::v1::Sandbox) -> sbx_proto::v1::Sandbox {
+    if s.phase == sbx_proto::v1::Phase::Stopped as i32 {
+        return s.clone();
+    }
+    sbx_proto::v1::Sandbox {
+        id: s.id.clone(),
+        workspace: s.workspace.clone(),
+        workspace_id: s.workspace_id.clone(),
+        name: s.name.clone(),
+        spec: s.spec.clone(),
+        created_at: s.created_at,
+        ..Default::default()
+    }
 }

@@ -3,14 +3,13 @@
 //! a referred-to record cannot be deleted, and an owner takes thousands of owned records with
 //! it in one delete.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::*;
-use sbx_storage::{Kind, ListQuery, NewRecord, ObjectStore, Record, Scope, StoreError};
 use uuid::Uuid;
+
+use super::{assert_integrity, new_setting, sandbox, workspace};
+use crate::{Kind, ListQuery, NewRecord, ObjectStore, Record, Scope, StoreError};
 
 fn provider(ws: &Record, name: &str) -> NewRecord {
     NewRecord {
@@ -39,13 +38,16 @@ fn attachment(sandbox: &Record, provider: Uuid) -> NewRecord {
     }
 }
 
-#[tokio::test]
-async fn a_referred_record_cannot_be_deleted_and_every_referrer_is_named() {
-    let (_dir, store) = open_temp();
-    let ws = workspace(&store, "team").await;
+/// A record that others refer to is not deleted (`Referenced`, every referrer named), nor is
+/// the workspace holding them; the reference index names the referrers, and deleting a
+/// referrer (itself or through its owner) releases the record.
+pub async fn a_referred_record_cannot_be_deleted_and_every_referrer_is_named(
+    store: Arc<dyn ObjectStore>,
+) {
+    let ws = workspace(&*store, "team").await;
     let p = store.create(provider(&ws, "github")).await.unwrap();
-    let a = sandbox(&store, &ws, "a").await;
-    let b = sandbox(&store, &ws, "b").await;
+    let a = sandbox(&*store, &ws, "a").await;
+    let b = sandbox(&*store, &ws, "b").await;
     let att_a = store
         .create_referring(attachment(&a, p.id), vec![p.id])
         .await
@@ -85,15 +87,15 @@ async fn a_referred_record_cannot_be_deleted_and_every_referrer_is_named() {
         .unwrap();
     assert_eq!(store.referrers(p.id).await.unwrap(), Vec::<Uuid>::new());
     store.delete(p.id, p.resource_version).await.unwrap();
-    assert_fsck_clean(&store);
 }
 
-#[tokio::test]
-async fn a_reference_to_a_missing_or_foreign_record_is_refused() {
-    let (_dir, store) = open_temp();
-    let ws = workspace(&store, "team").await;
-    let other = workspace(&store, "other").await;
-    let sb = sandbox(&store, &ws, "a").await;
+/// A reference to a missing record or to a record of another workspace is
+/// `ReferenceNotFound` naming it, the same reference twice is `Invalid`, and nothing is
+/// written.
+pub async fn a_reference_to_a_missing_or_foreign_record_is_refused(store: Arc<dyn ObjectStore>) {
+    let ws = workspace(&*store, "team").await;
+    let other = workspace(&*store, "other").await;
+    let sb = sandbox(&*store, &ws, "a").await;
     let missing = Uuid::new_v4();
     assert!(matches!(
         store.create_referring(attachment(&sb, missing), vec![missing]).await,
@@ -112,18 +114,16 @@ async fn a_reference_to_a_missing_or_foreign_record_is_refused() {
         Err(StoreError::Invalid { .. })
     ));
     assert_eq!(store.owned(sb.id).await.unwrap(), Vec::<Uuid>::new());
-    assert_fsck_clean(&store);
 }
 
-/// The race the reference exists for: an attach and the provider's delete, concurrently, many
-/// times. Whichever the committer takes first, exactly one of them wins, and no attachment
-/// ever refers to a provider that is gone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn attach_and_delete_racing_never_leave_a_dangling_reference() {
-    let (_dir, store) = open_temp();
-    let store = Arc::new(store);
-    let ws = workspace(&store, "team").await;
-    let sb = sandbox(&store, &ws, "a").await;
+/// The race the reference exists for: an attach and the provider's delete, concurrently, 200
+/// times. Whichever the store commits first, exactly one of them wins, and no attachment ever
+/// refers to a provider that is gone.
+pub async fn attach_and_delete_racing_never_leave_a_dangling_reference(
+    store: Arc<dyn ObjectStore>,
+) {
+    let ws = workspace(&*store, "team").await;
+    let sb = sandbox(&*store, &ws, "a").await;
     let (mut attached, mut deleted) = (0, 0);
     for i in 0..200 {
         let p = store
@@ -151,16 +151,16 @@ async fn attach_and_delete_racing_never_leave_a_dangling_reference() {
         }
     }
     assert_eq!(attached + deleted, 200);
-    assert_fsck_clean(&store);
     println!("attach first: {attached}, delete first: {deleted}");
 }
 
-#[tokio::test]
-async fn owned_names_are_unique_per_owner_not_per_workspace() {
-    let (_dir, store) = open_temp();
-    let ws = workspace(&store, "team").await;
-    let a = sandbox(&store, &ws, "a").await;
-    let b = sandbox(&store, &ws, "b").await;
+/// An owned record's name is unique per owner, not per workspace: two sandboxes each have
+/// their own setting of one name, found by name under its owner only, and a new sandbox of
+/// an old name inherits nothing.
+pub async fn owned_names_are_unique_per_owner_not_per_workspace(store: Arc<dyn ObjectStore>) {
+    let ws = workspace(&*store, "team").await;
+    let a = sandbox(&*store, &ws, "a").await;
+    let b = sandbox(&*store, &ws, "b").await;
     let sa = store
         .create(new_setting(&a, "approval-mode"))
         .await
@@ -189,20 +189,18 @@ async fn owned_names_are_unique_per_owner_not_per_workspace() {
     assert_eq!(by_name(ws.id).await, None);
     // A new sandbox of the old name inherits nothing.
     store.delete(a.id, a.resource_version).await.unwrap();
-    let again = sandbox(&store, &ws, "a").await;
+    let again = sandbox(&*store, &ws, "a").await;
     assert_eq!(by_name(again.id).await, None);
     assert_eq!(store.owned(again.id).await.unwrap(), Vec::<Uuid>::new());
-    assert_fsck_clean(&store);
 }
 
-/// More than a thousand owned records (several chunks of the owner index), some removed one
-/// by one from the middle, then the rest cascaded in one delete: nothing is left behind.
-#[tokio::test]
-async fn thousands_of_owned_records_cascade_in_one_delete() {
-    let (_dir, store) = open_temp();
-    let ws = workspace(&store, "team").await;
-    let sb = sandbox(&store, &ws, "big").await;
-    let other = sandbox(&store, &ws, "small").await;
+/// More than a thousand owned records (more than one chunk or batch of any owner index), some
+/// removed one by one from the middle, then the rest cascaded in one delete: nothing is left
+/// behind.
+pub async fn thousands_of_owned_records_cascade_in_one_delete(store: Arc<dyn ObjectStore>) {
+    let ws = workspace(&*store, "team").await;
+    let sb = sandbox(&*store, &ws, "big").await;
+    let other = sandbox(&*store, &ws, "small").await;
     let keep = store.create(new_setting(&other, "k")).await.unwrap();
     let mut settings = Vec::new();
     for i in 0..1_500 {
@@ -219,7 +217,7 @@ async fn thousands_of_owned_records_cascade_in_one_delete() {
     let removed = settings.iter().skip(100).step_by(97).count();
     let owned = store.owned(sb.id).await.unwrap();
     assert_eq!(owned.len(), 1_500 - removed);
-    assert_fsck_clean(&store);
+    assert_integrity(&*store).await;
     let fresh = store.get(sb.id).await.unwrap().unwrap();
     let deleted = store.delete(sb.id, fresh.resource_version).await.unwrap();
     assert_eq!(deleted.len(), 1 + 1_500 - removed);
@@ -233,5 +231,4 @@ async fn thousands_of_owned_records_cascade_in_one_delete() {
         vec![keep.id]
     );
     assert_eq!(store.owned(sb.id).await.unwrap(), Vec::<Uuid>::new());
-    assert_fsck_clean(&store);
 }

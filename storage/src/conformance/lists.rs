@@ -1,25 +1,27 @@
 //! Lists: total order, keyset cursors that neither skip nor repeat, selectors that still fill
 //! pages, per-workspace and global scopes.
 
-mod common;
-
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use common::*;
-use sbx_storage::{Kind, LabelSelector, ListQuery, ObjectStore, Scope, StoreError};
 use uuid::Uuid;
+
+use super::{labels, new_sandbox, sandbox, workspace};
+use crate::{Kind, LabelSelector, ListQuery, ObjectStore, Scope, StoreError};
 
 const SAME_MS: u64 = 5_000;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pages_follow_the_total_order_with_inserts_between_pages() {
-    let (_dir, store) = open_temp();
-    let ws = workspace(&store, "team").await;
-    let other = workspace(&store, "other").await;
+/// Lists follow the total order `(created_at_ms, id)`, also for hundreds of records created
+/// concurrently in one millisecond; pages neither skip nor repeat when records are inserted
+/// between them (those after the cursor appear, those before it do not); a page with a cursor
+/// is full; a workspace list holds that workspace only, the global list every workspace's.
+pub async fn pages_follow_the_total_order_with_inserts_between_pages(store: Arc<dyn ObjectStore>) {
+    let ws = workspace(&*store, "team").await;
+    let other = workspace(&*store, "other").await;
     // 500 sandboxes created in one millisecond: only the UUID orders them.
     let creates: Vec<_> = (0..500)
         .map(|i| {
-            let store = store.clone();
+            let store = Arc::clone(&store);
             let mut rec = new_sandbox(ws.id, &format!("sb-{i}"));
             rec.created_at_ms = SAME_MS;
             tokio::spawn(async move { store.create(rec).await })
@@ -118,13 +120,13 @@ async fn pages_follow_the_total_order_with_inserts_between_pages() {
     );
     // Workspaces are a different kind: they do not show up in sandbox lists.
     assert!(all.records.iter().all(|r| r.kind == Kind::Sandbox));
-    assert_fsck_clean(&store);
 }
 
-#[tokio::test]
-async fn selectors_filter_and_still_fill_pages() {
-    let (_dir, store) = open_temp();
-    let ws = workspace(&store, "team").await;
+/// A label selector filters a list (equality, inequality, existence, absence, conjunctions,
+/// the empty selector) and pages still fill: a page with a cursor holds the full limit of
+/// matching records.
+pub async fn selectors_filter_and_still_fill_pages(store: Arc<dyn ObjectStore>) {
+    let ws = workspace(&*store, "team").await;
     let mut gold = BTreeSet::new();
     for i in 0..60u64 {
         let mut rec = new_sandbox(ws.id, &format!("sb-{i}"));
@@ -142,7 +144,7 @@ async fn selectors_filter_and_still_fill_pages() {
         }
     }
     let check = |selector: &str, expected: usize| {
-        let store = store.clone();
+        let store = Arc::clone(&store);
         let selector = LabelSelector::parse(selector).unwrap();
         async move {
             let mut cursor = None;
@@ -186,23 +188,23 @@ async fn selectors_filter_and_still_fill_pages() {
     check("", 60).await;
 }
 
-#[tokio::test]
-async fn bad_cursors_and_scopes_are_invalid() {
-    let (_dir, store) = open_temp();
-    let ws = workspace(&store, "team").await;
+/// A malformed cursor, a cursor of another kind's list and a nil workspace scope are
+/// `Invalid`; an unknown workspace's list is simply empty.
+pub async fn bad_cursors_and_scopes_are_invalid(store: Arc<dyn ObjectStore>) {
+    let ws = workspace(&*store, "team").await;
     for i in 0..3 {
-        sandbox(&store, &ws, &format!("sb-{i}")).await;
+        sandbox(&*store, &ws, &format!("sb-{i}")).await;
     }
     let page = store
         .list(ListQuery::new(Kind::Sandbox, Scope::All, 1))
         .await
         .unwrap();
     let cursor = page.next_cursor.expect("more pages");
-    for bad in [
-        "garbage".to_string(),
-        format!("{cursor}0"),
-        cursor.replace('c', "d"),
-    ] {
+    // The cursor with its first character replaced by one no cursor encoding uses: a cursor
+    // of another format.
+    let first = cursor.chars().next().expect("a cursor is not empty");
+    let other_format = format!("~{}", &cursor[first.len_utf8()..]);
+    for bad in ["garbage".to_string(), format!("{cursor}0"), other_format] {
         let err = store
             .list(ListQuery {
                 cursor: Some(bad.clone()),

@@ -1,0 +1,193 @@
+//! The PostgreSQL store: the store conformance suite on a PostgreSQL server of the test's own
+//! (one server, a fresh database per check), and what only a store on a server has: a schema
+//! shared by gateways that open it at once, a server that goes away and comes back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sbx_storage::conformance::postgres_server::TestPostgres;
+use sbx_storage::conformance::{new_sandbox, new_workspace};
+use sbx_storage::{Kind, ObjectStore, PG_SCHEMA_VERSION, PgStore, SchemaOutcome, StoreError};
+
+fn server() -> TestPostgres {
+    TestPostgres::start().unwrap_or_else(|e| panic!("starting a test PostgreSQL server: {e}"))
+}
+
+async fn store_in(server: &TestPostgres, db: &str) -> PgStore {
+    server.create_database(db).await.unwrap();
+    PgStore::connect(server.config(db)).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_passes_the_store_conformance_suite() {
+    let server = server();
+    sbx_storage::conformance::run_each(|check| {
+        let server = &server;
+        async move {
+            let store = store_in(server, check).await;
+            ((), Arc::new(store) as Arc<dyn ObjectStore>)
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_opening_one_database_at_once_create_its_schema_once() {
+    let server = server();
+    server.create_database("shared").await.unwrap();
+    let opens: Vec<_> = (0..5)
+        .map(|_| {
+            let config = server.config("shared");
+            tokio::spawn(async move { PgStore::connect(config).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    let mut stores = Vec::new();
+    for open in opens {
+        let store = open.await.unwrap().unwrap();
+        outcomes.push(store.schema_outcome().clone());
+        stores.push(store);
+    }
+    let initialized = outcomes
+        .iter()
+        .filter(|o| **o == SchemaOutcome::Initialized)
+        .count();
+    assert_eq!(initialized, 1, "{outcomes:?}");
+    // Every gateway writes into one revision order and sees the others' writes.
+    let ws = stores[0].create(new_workspace("team")).await.unwrap();
+    let sb = stores[1].create(new_sandbox(ws.id, "web")).await.unwrap();
+    assert!(sb.resource_version > ws.resource_version);
+    let seen = stores[4]
+        .get_by_name(Kind::Sandbox, Some(ws.id), "web")
+        .await
+        .unwrap();
+    assert_eq!(seen, Some(sb));
+    assert_eq!(
+        stores[2].current_revision().await.unwrap(),
+        stores[3].current_revision().await.unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_of_a_newer_schema_is_refused_untouched() {
+    let server = server();
+    let store = store_in(&server, "newer").await;
+    store.create(new_workspace("team")).await.unwrap();
+    drop(store);
+    let (client, conn) = server
+        .config("newer")
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let task = tokio::spawn(conn);
+    let newer = i64::from(PG_SCHEMA_VERSION) + 1;
+    client
+        .execute(
+            "UPDATE sbx_meta SET value = $1 WHERE key = 'schema_version'",
+            &[&newer],
+        )
+        .await
+        .unwrap();
+    let err = PgStore::connect(server.config("newer")).await.unwrap_err();
+    match &err {
+        StoreError::Schema {
+            store,
+            found,
+            supported,
+            ..
+        } => {
+            assert!(
+                store.contains(&format!("127.0.0.1:{}/newer", server.port())),
+                "{store}"
+            );
+            assert_eq!(found, &newer.to_string());
+            assert_eq!(*supported, PG_SCHEMA_VERSION);
+        }
+        other => panic!("expected Schema, got {other:?}"),
+    }
+    assert!(err.to_string().contains("newer sbx"), "{err}");
+    let row = client
+        .query_one("SELECT count(*) FROM sbx_records", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1, "the refused open changed nothing");
+    drop(client);
+    let _ = task.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_or_no_server_is_said_so() {
+    let server = server();
+    server.create_database("auth").await.unwrap();
+    let mut config = server.config("auth");
+    config.password("not-the-password");
+    let err = PgStore::connect(config).await.unwrap_err();
+    assert!(
+        err.to_string().contains("password authentication failed"),
+        "{err}"
+    );
+    // Nothing listens on a port of a stopped server: unavailable, within the connect wait.
+    let config = server.config("auth");
+    drop(server);
+    let began = Instant::now();
+    let err = PgStore::connect(config).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        began.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_server_is_down_writes_are_unavailable_and_nothing_acknowledged_is_lost() {
+    let mut server = server();
+    let store = store_in(&server, "restart").await;
+    let ws = store.create(new_workspace("team")).await.unwrap();
+    let mut acknowledged = Vec::new();
+    for i in 0..20 {
+        acknowledged.push(
+            store
+                .create(new_sandbox(ws.id, &format!("before-{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    // A crash of the server (no clean shutdown): what was committed is in its WAL.
+    server.stop("immediate").unwrap();
+    let err = store
+        .create(new_sandbox(ws.id, "while-down"))
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains(&format!("127.0.0.1:{}/restart", server.port())),
+        "the error names the store: {err}"
+    );
+    server.start_again().unwrap();
+    // The pool replaces its broken connections by itself: within a few tries the store
+    // writes again, with no reopen.
+    let began = Instant::now();
+    let after = loop {
+        match store.create(new_sandbox(ws.id, "after")).await {
+            Ok(rec) => break rec,
+            Err(e) if e.is_unavailable() && began.elapsed() < Duration::from_secs(20) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no write after the restart: {e:?}"),
+        }
+    };
+    for rec in &acknowledged {
+        assert_eq!(store.get(rec.id).await.unwrap().as_ref(), Some(rec));
+    }
+    assert!(after.resource_version > acknowledged.last().unwrap().resource_version);
+    assert!(
+        store
+            .get_by_name(Kind::Sandbox, Some(ws.id), "while-down")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    sbx_storage::conformance::assert_integrity(&store).await;
+}
