@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use sbx_driver_api::ComputeDriver;
 use sbx_images::ImageStore;
+use sbx_proto::v1::Sandbox;
 use sbx_storage::ObjectStore;
 use tokio::sync::Semaphore;
 
 use crate::error::{ActorError, Result};
 use crate::events::EventHub;
 use crate::lease::LeaseTable;
+use crate::nodes::{Nodes, node_id_of, node_of_place, place_key};
 use crate::owned::sealer::Sealer;
 use crate::startup::StartupTracker;
 use crate::supervision::RestartPolicy;
@@ -70,6 +72,10 @@ pub struct Config {
     /// its workspace's default (0: none), on a driver that can apply it. sbxd's are 1 core
     /// and 1 GiB; the default here is none (tests).
     pub default_resources: sbx_proto::v1::Resources,
+    /// Whether the local node (the gateway's own drivers) takes new sandboxes until an
+    /// operator says otherwise (`sbx node cordon|uncordon local`, kept in the store): a
+    /// gateway that shares its store with others starts it cordoned.
+    pub local_node_cordoned: bool,
 }
 
 impl Default for Config {
@@ -95,6 +101,7 @@ impl Default for Config {
             secrets: Arc::new(Sealer::ephemeral()),
             service_domain: "localhost".to_string(),
             default_resources: sbx_proto::v1::Resources::default(),
+            local_node_cordoned: false,
         }
     }
 }
@@ -104,6 +111,8 @@ impl Default for Config {
 pub struct DriverSet {
     drivers: BTreeMap<String, Arc<dyn ComputeDriver>>,
     default: String,
+    /// The nodes beyond the gateway's own drivers (`crate::nodes`), shared by every clone.
+    nodes: Arc<Nodes>,
 }
 
 impl DriverSet {
@@ -112,12 +121,62 @@ impl DriverSet {
         DriverSet {
             drivers: BTreeMap::from([(name.clone(), driver)]),
             default: name,
+            nodes: Arc::new(Nodes::local_only()),
         }
     }
 
     pub fn with(mut self, name: impl Into<String>, driver: Arc<dyn ComputeDriver>) -> Self {
         self.drivers.insert(name.into(), driver);
         self
+    }
+
+    /// This set with `nodes` (how nodes are reached and judged) in place of none.
+    pub fn with_nodes(mut self, nodes: Nodes) -> Self {
+        self.nodes = Arc::new(nodes);
+        self
+    }
+
+    pub fn nodes(&self) -> &Arc<Nodes> {
+        &self.nodes
+    }
+
+    /// Where `sandbox`'s driver calls go ([`crate::nodes::place_key`]).
+    pub fn place_of(&self, sandbox: &Sandbox) -> String {
+        let driver = sandbox.spec.as_ref().map_or("", |s| s.driver.as_str());
+        place_key(node_id_of(sandbox), self.name_or_default(driver))
+    }
+
+    /// The driver of a place: a node's, or a local driver's by name.
+    pub fn resolve_place(&self, place: &str) -> Result<Arc<dyn ComputeDriver>> {
+        match node_of_place(place) {
+            Some(id) => self.nodes.link_of(id).ok_or_else(|| {
+                ActorError::FailedPrecondition(format!(
+                    "node {id} is not registered with this gateway"
+                ))
+            }),
+            None => self.resolve(place).map(|(_, d)| Arc::clone(d)),
+        }
+    }
+
+    /// The driver `sandbox` runs on.
+    pub fn for_sandbox(&self, sandbox: &Sandbox) -> Result<Arc<dyn ComputeDriver>> {
+        self.resolve_place(&self.place_of(sandbox))
+    }
+
+    /// Every place and its driver: the local drivers by name, then each node.
+    pub fn places(&self) -> Vec<(String, Arc<dyn ComputeDriver>)> {
+        let mut out: Vec<_> = self
+            .drivers
+            .iter()
+            .map(|(name, d)| (name.clone(), Arc::clone(d)))
+            .collect();
+        out.extend(
+            self.nodes
+                .drivers()
+                .into_iter()
+                .map(|(id, d)| (place_key(Some(id), ""), d)),
+        );
+        out
     }
 
     pub fn default_name(&self) -> &str {

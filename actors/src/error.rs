@@ -118,6 +118,10 @@ pub enum ActorError {
     /// keep working.
     #[error("{0}")]
     DiskFull(String),
+    /// No node can take a new sandbox: each considered says why (cordoned, not answering,
+    /// no such driver, a missing label, no room).
+    #[error("no node can take the sandbox: {0}")]
+    NoNodeFits(String),
     /// The store's server cannot be reached now (PostgreSQL down): the write was not
     /// acknowledged. The message names the store; retry once it is back. Reads of what the
     /// gateway holds keep working.

@@ -19,6 +19,7 @@ mod images;
 mod lease;
 pub mod lifecycle;
 pub mod limits;
+pub mod nodes;
 pub mod owned;
 mod protocol;
 mod reconciler;
@@ -33,6 +34,7 @@ mod translate;
 pub mod validate;
 mod workspace;
 
+pub use api::nodes::{LOCAL_RECORD, NodeSelector};
 pub use api::{
     ActorStream, DEFAULT_PAGE_SIZE, ExecInputs, ExecOptions, ForwardInputs, Gateway, Listed,
     LogOptions, MAX_PAGE_SIZE, SandboxFilter, ServiceTarget,

@@ -50,6 +50,8 @@ pub enum WorkspaceMsg {
         stopped: bool,
         /// Providers (of this workspace) attached before the first start.
         providers: Vec<Uuid>,
+        /// The node it was placed on (`None`: local) and that node's name.
+        node: (Option<Uuid>, String),
         reply: RpcReplyPort<Result<Sandbox>>,
     },
     Route {

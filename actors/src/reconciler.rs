@@ -191,7 +191,9 @@ async fn sweep(st: &mut ReconcilerState) -> SweepReport {
     let mut report = SweepReport::default();
     let mut unknown = HashSet::new();
     let timeout = st.shared.config.driver_call_timeout;
-    for (name, driver) in st.shared.drivers.iter() {
+    for (name, driver) in st.shared.drivers.places() {
+        let name = &name;
+        let driver = &driver;
         let listed = match tokio::time::timeout(timeout, driver.list()).await {
             Ok(Ok(listed)) => listed,
             Ok(Err(e)) => {
@@ -391,7 +393,7 @@ async fn records_of_driver(shared: &Shared, driver: &str) -> Result<Vec<StoredSa
     let mut out = Vec::new();
     for record in records {
         match StoredSandbox::from_record(record) {
-            Ok(s) if shared.drivers.name_or_default(s.driver_name()) == driver => out.push(s),
+            Ok(s) if shared.drivers.place_of(&s.sandbox) == driver => out.push(s),
             Ok(_) => {}
             Err(e) => tracing::warn!("skipping an undecodable sandbox record: {e}"),
         }

@@ -44,16 +44,6 @@ impl StoredSandbox {
         self.record.workspace.unwrap_or_default()
     }
 
-    /// The driver its spec names; empty (none named) means the gateway's default
-    /// (`DriverSet::resolve`).
-    pub fn driver_name(&self) -> &str {
-        self.sandbox
-            .spec
-            .as_ref()
-            .map(|s| s.driver.as_str())
-            .unwrap_or("")
-    }
-
     pub fn from_record(record: Record) -> Result<Self> {
         let mut sandbox = Sandbox::decode(record.body.as_slice()).map_err(|e| {
             ActorError::Internal(format!("sandbox record {} does not decode: {e}", record.id))

@@ -653,8 +653,7 @@ impl SandboxActor {
     fn driver(&self, st: &SandboxState) -> Result<Arc<dyn ComputeDriver>, DriverError> {
         st.shared
             .drivers
-            .resolve(st.stored.driver_name())
-            .map(|(_, driver)| Arc::clone(driver))
+            .for_sandbox(&st.stored.sandbox)
             .map_err(|e| DriverError::FailedPrecondition(e.to_string()))
     }
 
@@ -785,6 +784,12 @@ impl SandboxActor {
             Ok(_) | Err(sbx_storage::StoreError::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
         }
+        let (cpu, memory) = crate::nodes::asks_of(&st.stored.sandbox);
+        st.shared.drivers.nodes().release(
+            crate::nodes::node_id_of(&st.stored.sandbox),
+            cpu,
+            memory,
+        );
         st.shared
             .events
             .publish(EventType::Deleted, st.stored.sandbox.clone());

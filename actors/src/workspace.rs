@@ -175,10 +175,20 @@ impl WorkspaceSupervisor {
                 spec,
                 stopped,
                 providers,
+                node,
                 reply,
             } => {
+                let (node_id, node) = node;
+                let sandbox = Sandbox {
+                    name,
+                    node,
+                    node_id: node_id.map(|id| id.to_string()).unwrap_or_default(),
+                    spec: Some(spec),
+                    generation: 1,
+                    ..Default::default()
+                };
                 let result = self
-                    .create_sandbox(&myself, st, name, spec, stopped, providers)
+                    .create_sandbox(&myself, st, sandbox, stopped, providers)
                     .await;
                 let _ = reply.send(result);
             }
@@ -390,17 +400,10 @@ impl WorkspaceSupervisor {
         &self,
         myself: &ActorRef<WorkspaceMsg>,
         st: &mut WorkspaceState,
-        name: String,
-        spec: SandboxSpec,
+        mut sandbox: Sandbox,
         stopped: bool,
         providers: Vec<Uuid>,
     ) -> Result<Sandbox> {
-        let mut sandbox = Sandbox {
-            name,
-            spec: Some(spec),
-            generation: 1,
-            ..Default::default()
-        };
         sandbox.set_desired_state(if stopped {
             DesiredState::Stopped
         } else {
@@ -418,8 +421,20 @@ impl WorkspaceSupervisor {
         snap: pb::Snapshot,
     ) -> Result<Sandbox> {
         let id = sbx_driver_api::parse_sandbox_id(&snap.sandbox_id)?;
+        // `driver` is where the reconciler found it: a local driver, or a node.
+        let nodes = st.shared.drivers.nodes();
+        let (driver, node_id, node) = match crate::nodes::node_of_place(&driver) {
+            Some(node) => (
+                nodes.driver_of_node(node).unwrap_or_default(),
+                node.to_string(),
+                nodes.name_of(Some(node)).unwrap_or_default(),
+            ),
+            None => (driver, String::new(), crate::nodes::LOCAL.to_string()),
+        };
         let sandbox = Sandbox {
             name: snap.name.clone(),
+            node,
+            node_id,
             spec: Some(SandboxSpec {
                 driver,
                 ..Default::default()

@@ -30,11 +30,13 @@ pub enum Kind {
     Attachment,
     /// A service endpoint of a sandbox (a port to route HTTP to). Owned by the sandbox.
     Service,
+    /// A machine sandboxes run on (an `sbxd node` host), by its own id. Global scope.
+    Node,
 }
 
 impl Kind {
     /// Every kind, in tag order.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Workspace,
         Kind::Sandbox,
         Kind::Setting,
@@ -42,6 +44,7 @@ impl Kind {
         Kind::Provider,
         Kind::Attachment,
         Kind::Service,
+        Kind::Node,
     ];
 
     /// The stable on-disk tag.
@@ -54,6 +57,7 @@ impl Kind {
             Kind::Provider => 5,
             Kind::Attachment => 6,
             Kind::Service => 7,
+            Kind::Node => 8,
         }
     }
 
@@ -67,13 +71,14 @@ impl Kind {
             5 => Some(Kind::Provider),
             6 => Some(Kind::Attachment),
             7 => Some(Kind::Service),
+            8 => Some(Kind::Node),
             _ => None,
         }
     }
 
     /// Whether records of this kind live inside a workspace (`workspace = Some(..)`).
     pub const fn is_scoped(self) -> bool {
-        !matches!(self, Kind::Workspace | Kind::Image)
+        !matches!(self, Kind::Workspace | Kind::Image | Kind::Node)
     }
 
     /// Whether every record of this kind must have an owner (and so dies with it).
@@ -94,7 +99,8 @@ impl Kind {
             | Kind::Setting
             | Kind::Provider
             | Kind::Attachment
-            | Kind::Service => sbx_proto::names::validate_name(name).map_err(|e| e.to_string()),
+            | Kind::Service
+            | Kind::Node => sbx_proto::names::validate_name(name).map_err(|e| e.to_string()),
         }
     }
 }
@@ -109,6 +115,7 @@ impl fmt::Display for Kind {
             Kind::Provider => "provider",
             Kind::Attachment => "attachment",
             Kind::Service => "service",
+            Kind::Node => "node",
         })
     }
 }
@@ -236,8 +243,8 @@ mod tests {
         }
         let mut tags: Vec<u8> = Kind::ALL.iter().map(|k| k.tag()).collect();
         tags.dedup();
-        assert_eq!(tags, vec![1, 2, 3, 4, 5, 6, 7]);
-        assert_eq!(Kind::from_tag(8), None);
+        assert_eq!(tags, vec![1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(Kind::from_tag(9), None);
     }
 
     #[test]

@@ -188,9 +188,9 @@ impl Gateway {
         Ok(public(driver.logs(req).await?, translate::log_chunk))
     }
 
-    /// The driver a sandbox runs on (its spec names it; empty: the default).
+    /// The driver a sandbox runs on: its node's, or the local driver its spec names.
     fn driver_of(&self, sb: &StoredSandbox) -> Result<Arc<dyn sbx_driver_api::ComputeDriver>> {
-        Ok(Arc::clone(self.shared.drivers.resolve(sb.driver_name())?.1))
+        self.shared.drivers.for_sandbox(&sb.sandbox)
     }
 }
 

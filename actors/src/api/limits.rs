@@ -46,6 +46,19 @@ pub(crate) fn effective(l: Layers) -> Limits {
     )
 }
 
+/// The cpu and memory a sandbox of `spec` in `ws` will ask of its node: its own limits, else
+/// the workspace's defaults, else the gateway's, as if its driver could limit both (what a
+/// placement reserves; [`Gateway::apply_default_limits`] may then lower it).
+pub(crate) fn asked(spec: &SandboxSpec, ws: &Workspace, gateway: &Resources) -> (u64, u64) {
+    let (cpu, memory, _) = effective(Layers {
+        gateway: limits(Some(gateway)),
+        workspace: limits(ws.default_resources.as_ref()),
+        sandbox: limits(spec.resources.as_ref()),
+        can: (true, true, true),
+    });
+    (u64::from(cpu), memory)
+}
+
 fn limits(r: Option<&Resources>) -> Limits {
     r.map_or((0, 0, 0), |r| (r.cpu_millis, r.memory_bytes, r.disk_bytes))
 }

@@ -44,6 +44,7 @@ mod data;
 pub use data::{ActorStream, ExecInputs, ForwardInputs, LogOptions};
 mod limits;
 pub(crate) mod network;
+pub mod nodes;
 mod providers;
 mod resolve;
 mod services;
@@ -83,6 +84,8 @@ pub struct Gateway {
     router: Router,
     /// Image records, the image store and the lock between image deletes and sandbox creates.
     images: Images,
+    /// Asks every node what it is, every few seconds; aborted at shutdown.
+    node_probe: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 /// A page of a list.
@@ -129,18 +132,31 @@ impl Gateway {
             leases: Arc::new(LeaseTable::default()),
             startup: StartupTracker::default(),
         });
+        nodes::load_nodes(&shared).await?;
         // The root's own share, released when it has spawned every supervisor.
         shared.startup.add(1);
         let (root, root_task) = Actor::spawn(None, GatewayRoot, Arc::clone(&shared))
             .await
             .map_err(|e| ActorError::Internal(format!("the gateway root did not start: {e}")))?;
-        Ok(Gateway {
+        let gateway = Gateway {
             router: Router::new(root.clone(), &shared),
             shared,
             root,
             root_task: std::sync::Mutex::new(Some(root_task)),
             images,
-        })
+            node_probe: std::sync::Mutex::new(None),
+        };
+        let nodes = Arc::clone(gateway.shared.drivers.nodes());
+        let timeout = gateway.shared.config.driver_call_timeout;
+        *gateway.node_probe.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(tokio::spawn(async move {
+                let every = nodes.timing().probe_every;
+                loop {
+                    nodes.probe_all(timeout.min(every * 2)).await;
+                    tokio::time::sleep(every).await;
+                }
+            }));
+        Ok(gateway)
     }
 
     /// Waits until every sandbox loaded at startup has re-attached to its workload (or failed
@@ -164,6 +180,14 @@ impl Gateway {
 
     pub async fn shutdown_within(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
+        if let Some(probe) = self
+            .node_probe
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            probe.abort();
+        }
         self.root.stop(None);
         let task = self
             .root_task
@@ -321,9 +345,14 @@ impl Gateway {
         self.refuse_if_disk_full()?;
         // Output only: the pin is the gateway's to set.
         spec.image_digest.clear();
-        let (driver_name, driver) = self.shared.drivers.resolve(&spec.driver)?;
-        let driver = Arc::clone(driver);
-        spec.driver = driver_name.to_string();
+        let ws_name = validate::workspace_or_default(workspace);
+        validate::name("workspace", ws_name)?;
+        let ws = self
+            .resolve_workspace(&WorkspaceSelector::Name(ws_name.to_string()))
+            .await?;
+        let mut placed = self.place(&spec, &ws.workspace)?;
+        let driver = Arc::clone(&placed.driver);
+        spec.driver = placed.ask.driver.clone();
         // Held until the sandbox record is written, so that the pinned image outlives the
         // race with an image delete.
         let mut _pin = None;
@@ -338,11 +367,6 @@ impl Gateway {
             image = Some(default);
         }
         validate::spec(&spec, image.as_ref())?;
-        let ws_name = validate::workspace_or_default(workspace);
-        validate::name("workspace", ws_name)?;
-        let ws = self
-            .resolve_workspace(&WorkspaceSelector::Name(ws_name.to_string()))
-            .await?;
         // No policy asked: the workspace's default, as it is now, copied in.
         let unset = spec.network.as_ref().is_none_or(|n| {
             n.mode() == sbx_proto::v1::NetworkMode::Unspecified && n.allow.is_empty()
@@ -354,6 +378,7 @@ impl Gateway {
             .await?;
         self.apply_default_limits(&mut spec, &ws.workspace, driver.as_ref())
             .await?;
+        placed.settle(&spec);
         let mut provider_ids = Vec::with_capacity(providers.len());
         for p in providers {
             let id = self.resolve_provider_in(&ws, p).await?.id;
@@ -366,16 +391,23 @@ impl Gateway {
             spec: spec.clone(),
             stopped,
             providers: provider_ids.clone(),
+            node: (placed.node, placed.node_name.clone()),
             reply,
         };
-        self.router
+        let created = self
+            .router
             .call_workspace(ws.id(), create)
             .await?
-            .ok_or_else(|| ActorError::WorkspaceNotFound(format!("{ws_name:?}")))
+            .ok_or_else(|| ActorError::WorkspaceNotFound(format!("{ws_name:?}")))?;
+        placed.keep();
+        Ok(created)
     }
 
+    /// A sandbox as it reads now (`Unknown` while its node has been silent past the grace
+    /// period).
     pub async fn get_sandbox(&self, sel: &SandboxSelector) -> Result<Sandbox> {
-        Ok(self.resolve_sandbox(sel).await?.sandbox)
+        let sandbox = self.resolve_sandbox(sel).await?.sandbox;
+        Ok(self.shared.drivers.nodes().present(sandbox))
     }
 
     pub async fn list_sandboxes(
@@ -385,13 +417,14 @@ impl Gateway {
         page_token: &str,
     ) -> Result<Listed<Sandbox>> {
         let scope = self.scope(filter).await?;
+        let nodes = self.shared.drivers.nodes();
         self.list_page(
             Kind::Sandbox,
             scope,
             &filter.label_selector,
             page_size,
             page_token,
-            |r| StoredSandbox::from_record(r).map(|s| s.sandbox),
+            |r| StoredSandbox::from_record(r).map(|s| nodes.present(s.sandbox)),
         )
         .await
     }

@@ -65,7 +65,7 @@ impl Gateway {
     /// The sandbox's network as its driver sees it now.
     pub async fn get_sandbox_network(&self, sel: &SandboxSelector) -> Result<SandboxNetwork> {
         let sb = self.resolve_sandbox(sel).await?;
-        let driver = std::sync::Arc::clone(self.shared.drivers.resolve(sb.driver_name())?.1);
+        let driver = self.shared.drivers.for_sandbox(&sb.sandbox)?;
         let status = driver
             .get_network(pb::GetNetworkRequest {
                 sandbox_id: sb.id().to_string(),

@@ -167,6 +167,7 @@ pub fn actor_error_to_status(err: &ActorError) -> Status {
         }
         ActorError::DiskFull(_) => (Code::ResourceExhausted, "DISK_FULL"),
         ActorError::StoreUnavailable(_) => (Code::Unavailable, "STORE_UNAVAILABLE"),
+        ActorError::NoNodeFits(_) => (Code::ResourceExhausted, "NO_NODE_FITS"),
         ActorError::Store(_) | ActorError::Internal(_) => (Code::Internal, "INTERNAL"),
     };
     bounded_status(code, &err.to_string(), reason, metadata)
