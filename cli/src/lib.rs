@@ -20,6 +20,7 @@ pub mod image;
 pub mod limits;
 pub mod meta;
 pub mod network;
+pub mod node;
 pub mod output;
 pub mod owned;
 pub mod reply;
@@ -152,6 +153,10 @@ pub enum Command {
     /// gateway's host `sbxd token` does the same without a connection).
     #[command(subcommand, visible_alias = "id")]
     Identity(identity::IdentityCommand),
+    /// Add, list, inspect, cordon, drain and remove nodes: the machines sandboxes run on
+    /// (`sbxd node` hosts; `local` is the gateway's own drivers). A gateway-wide admin's.
+    #[command(subcommand)]
+    Node(node::NodeCommand),
     /// Wait until the gateway serves (`--for serving`) or a sandbox is Ready, Stopped or
     /// deleted (`--for ready|stopped|deleted NAME`).
     Wait(WaitArgs),
@@ -427,7 +432,7 @@ pub struct WorkspaceDeleteArgs {
 pub enum SandboxCommand {
     /// Create a sandbox running CMD ARGS… and (unless --detach) wait until it is Ready.
     #[command(long_about = CREATE_ABOUT)]
-    Create(SandboxCreateArgs),
+    Create(Box<SandboxCreateArgs>),
     /// Show one sandbox.
     Get(SandboxTargetArgs),
     /// List sandboxes of one workspace or of all (every page).
@@ -578,6 +583,13 @@ pub struct SandboxCreateArgs {
     /// The compute driver to run the sandbox on (default: the gateway's default driver).
     #[arg(long, value_name = "DRIVER")]
     pub driver: Option<String>,
+    /// The node to run on, by name (`sbx node list`; "local": the gateway's own drivers).
+    /// Default: the gateway places it on the least committed node with room.
+    #[arg(long, value_name = "NODE", value_parser = parse_name)]
+    pub node: Option<String>,
+    /// Only nodes with this label (KEY=VALUE, as `sbx node add --label` set it); repeat.
+    #[arg(long = "node-selector", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub node_selector: Vec<(String, String)>,
     /// Create the sandbox without starting its workload: it is Stopped until `sbx sandbox
     /// start` (its files are there, for `sbx sandbox cp`, on drivers that copy while stopped).
     #[arg(long)]

@@ -37,6 +37,12 @@ pub struct SandboxView {
     /// The manifest digest the gateway pinned at create (drivers with images).
     pub image_digest: String,
     pub driver: String,
+    /// The node it runs on ("local": the gateway's own drivers) and that node's id (empty
+    /// for local); absent for a sandbox made before nodes.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub node: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub node_id: String,
     pub cpu_millis: u32,
     pub memory_bytes: u64,
     pub disk_bytes: u64,
@@ -147,6 +153,8 @@ pub fn sandbox_view(sandbox: &Sandbox) -> SandboxView {
         image: spec.image,
         image_digest: spec.image_digest,
         driver: spec.driver,
+        node: sandbox.node.clone(),
+        node_id: sandbox.node_id.clone(),
         cpu_millis: resources.cpu_millis,
         memory_bytes: resources.memory_bytes,
         disk_bytes: resources.disk_bytes,

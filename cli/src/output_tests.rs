@@ -38,6 +38,8 @@ fn sandbox(name: &str, phase: Phase) -> Sandbox {
             image: String::new(),
             image_digest: String::new(),
             network: None,
+            node: String::new(),
+            node_selector: HashMap::new(),
         }),
         desired_state: DesiredState::Running as i32,
         phase: phase as i32,
@@ -52,6 +54,8 @@ fn sandbox(name: &str, phase: Phase) -> Sandbox {
         resource_version: 17,
         network_denied: 0,
         network_last_denial: None,
+        node: String::new(),
+        node_id: String::new(),
     }
 }
 

@@ -162,6 +162,8 @@ pub fn create_sandbox_request(
             image: args.image.clone().unwrap_or_default(),
             image_digest: String::new(),
             network: mode_and_allow(args.network, &args.allow)?,
+            node: args.node.clone().unwrap_or_default(),
+            node_selector: key_value_map("--node-selector", &args.node_selector)?,
         }),
         stopped: args.stopped || !args.uploads.is_empty(),
     })

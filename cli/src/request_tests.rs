@@ -96,6 +96,8 @@ fn sandbox_create_builds_the_request() {
                 image: "alpine".into(),
                 image_digest: String::new(),
                 network: None,
+                node: String::new(),
+                node_selector: Default::default(),
             }),
             stopped: false,
         },

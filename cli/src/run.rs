@@ -87,6 +87,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Service(cmd) => super::owned::run_service(&target()?, cmd).await,
         Command::Image(cmd) => super::image::run_image(&target()?, cmd).await,
         Command::Identity(cmd) => super::identity::run_identity(&target()?, cmd).await,
+        Command::Node(cmd) => super::node::run_node(&target()?, cmd).await,
         Command::Wait(args) => run_wait(&target()?, &args).await,
         Command::Version(args) => super::meta::run_version(&target()?, &args).await,
         Command::Config(cmd) => super::config::run_config(&flags, &cmd),

@@ -464,6 +464,8 @@ fn spec() -> BoxedStrategy<SandboxSpec> {
                 }),
                 image_digest: String::new(),
                 network: None,
+                node: String::new(),
+                node_selector: Default::default(),
             },
         )
         .boxed()

@@ -1,6 +1,8 @@
 //! The client side: [`RemoteDriver`], a [`ComputeDriver`] that forwards every call to a
-//! driver host on a Unix socket.
+//! driver host on a Unix socket, or to a node over TCP (plain, or TLS with a client
+//! certificate).
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -8,18 +10,43 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Uri};
 use tonic::{Response, Status};
 
 use super::status::{CallContext, status_to_driver_error};
 use crate::pb::driver_client::DriverClient;
+use crate::pb::node_client::NodeClient;
 use crate::{ComputeDriver, DriverError, DriverStream, pb};
 
-/// A driver served by another process (`sbx-driver-host`, or `sbxd driver`) on a Unix socket.
+/// How often an idle TCP connection to a node is pinged, and how long a ping may go
+/// unanswered before the connection is taken as dead (the next call reconnects).
+const TCP_KEEPALIVE: Duration = Duration::from_secs(20);
+
+/// Where a [`RemoteDriver`]'s calls go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteTarget {
+    /// A driver host's Unix socket (`sbxd driver`, `sbx-driver-host`).
+    Socket(PathBuf),
+    /// A node's `HOST:PORT` (`sbxd node`), over TLS when `tls`.
+    Tcp { addr: String, tls: bool },
+}
+
+impl fmt::Display for RemoteTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RemoteTarget::Socket(path) => write!(f, "unix://{}", path.display()),
+            RemoteTarget::Tcp { addr, tls: true } => write!(f, "https://{addr}"),
+            RemoteTarget::Tcp { addr, tls: false } => write!(f, "http://{addr}"),
+        }
+    }
+}
+
+/// A driver served by another process: a driver host (`sbx-driver-host`, or `sbxd driver`)
+/// on a Unix socket, or a node (`sbxd node`) over TCP.
 ///
-/// The channel is lazy: making a `RemoteDriver` never fails and never waits. While no host
-/// listens, calls answer [`DriverError::Unavailable`]; once one listens again (a restarted
-/// host on the same socket), the next call reconnects by itself.
+/// The channel is lazy: making a `RemoteDriver` never waits. While no host listens, calls
+/// answer [`DriverError::Unavailable`]; once one listens again (a restarted host on the same
+/// socket or address), the next call reconnects by itself.
 ///
 /// Every unary call carries the deadline `call_timeout` (sent to the host as `grpc-timeout`
 /// and enforced here); a call still unanswered then answers
@@ -29,7 +56,9 @@ use crate::{ComputeDriver, DriverError, DriverStream, pb};
 pub struct RemoteDriver {
     /// Shares one HTTP/2 connection between all calls and clones of this driver.
     client: DriverClient<Channel>,
-    socket: PathBuf,
+    /// The node service on the same connection (answered by `sbxd node` only).
+    node: NodeClient<Channel>,
+    target: RemoteTarget,
     call_timeout: Duration,
 }
 
@@ -46,21 +75,95 @@ impl RemoteDriver {
         let channel = Endpoint::from_static("http://sbx-driver.local")
             .connect_timeout(call_timeout)
             .connect_with_connector_lazy(connector);
+        RemoteDriver::over(channel, RemoteTarget::Socket(socket), call_timeout)
+    }
+
+    /// A driver talking to the node at `addr` (`HOST:PORT`, as `sbxd node --listen` was
+    /// given or wrote to its address file) over TCP: plain HTTP/2 without `tls`, TLS with it
+    /// (the CA that signed the node's certificate and, for the mutual TLS a node requires, the
+    /// gateway's client certificate). Lazy as [`RemoteDriver::connect_lazy`]: the host name is
+    /// resolved and the connection made by the first call, and made again after it breaks.
+    /// Must be called within a Tokio runtime.
+    ///
+    /// A malformed address (not `HOST:PORT`, a port that is not a number, a scheme) or a TLS
+    /// configuration tonic refuses is [`DriverError::InvalidArgument`].
+    pub fn connect_tcp_lazy(
+        addr: &str,
+        tls: Option<ClientTlsConfig>,
+        call_timeout: Duration,
+    ) -> Result<RemoteDriver, DriverError> {
+        check_host_port(addr)?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| DriverError::InvalidArgument(format!("node address {addr:?}: {e}")))?
+            .connect_timeout(call_timeout)
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(TCP_KEEPALIVE))
+            .http2_keep_alive_interval(TCP_KEEPALIVE)
+            .keep_alive_timeout(TCP_KEEPALIVE)
+            .keep_alive_while_idle(true);
+        let secure = tls.is_some();
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls).map_err(|e| {
+                DriverError::InvalidArgument(format!("TLS for the node at {addr}: {e}"))
+            })?;
+        }
+        let target = RemoteTarget::Tcp {
+            addr: addr.to_string(),
+            tls: secure,
+        };
+        Ok(RemoteDriver::over(
+            endpoint.connect_lazy(),
+            target,
+            call_timeout,
+        ))
+    }
+
+    fn over(channel: Channel, target: RemoteTarget, call_timeout: Duration) -> RemoteDriver {
         RemoteDriver {
-            client: DriverClient::new(channel),
-            socket,
+            client: DriverClient::new(channel.clone()),
+            node: NodeClient::new(channel),
+            target,
             call_timeout,
         }
     }
 
-    /// The socket this driver talks to.
-    pub fn socket(&self) -> &Path {
-        &self.socket
+    /// Where this driver's calls go.
+    pub fn target(&self) -> &RemoteTarget {
+        &self.target
+    }
+
+    /// The socket this driver talks to; `None` for a node over TCP ([`RemoteDriver::target`]
+    /// says where).
+    pub fn socket(&self) -> Option<&Path> {
+        match &self.target {
+            RemoteTarget::Socket(path) => Some(path),
+            RemoteTarget::Tcp { .. } => None,
+        }
     }
 
     /// The deadline of each call.
     pub fn call_timeout(&self) -> Duration {
         self.call_timeout
+    }
+
+    /// What the node is (`sbx.driver.v1.Node/Info`): its id, name, drivers, labels, capacity
+    /// and how many sandboxes it holds. Bounded by the call deadline; `Unavailable` when
+    /// nothing answers, `Unimplemented` from a plain driver host (`sbxd driver`), which serves
+    /// no node service.
+    pub async fn node_info(&self) -> Result<pb::NodeInfo, DriverError> {
+        let mut request = tonic::Request::new(pb::NodeInfoRequest {});
+        request.set_timeout(self.call_timeout);
+        let ctx = self.context("node_info");
+        let mut node = self.node.clone();
+        match tokio::time::timeout(self.call_timeout, node.info(request)).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(status_to_driver_error(&status, ctx)),
+            Err(_) => Err(DriverError::DeadlineExceeded {
+                operation: "node_info",
+                after: self.call_timeout,
+            }),
+        }
     }
 
     fn context(&self, operation: &'static str) -> CallContext {
@@ -324,4 +427,81 @@ fn sync_stream<T: Send + 'static>(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Checks that `addr` is `HOST:PORT` (a name or IPv4 address, or an IPv6 address in brackets,
+/// and a port of 1 to 65535), as a node's `--listen` or address file gives it.
+fn check_host_port(addr: &str) -> Result<(), DriverError> {
+    let bad = |why: &str| {
+        Err(DriverError::InvalidArgument(format!(
+            "node address {addr:?}: {why} (expected HOST:PORT, e.g. 10.0.0.7:7443 or [::1]:7443)"
+        )))
+    };
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return bad("no port");
+    };
+    match port.parse::<u16>() {
+        Ok(0) => return bad("port 0"),
+        Ok(_) => {}
+        Err(_) => return bad("the port is not a number from 1 to 65535"),
+    }
+    if let Some(inner) = host.strip_prefix('[') {
+        return match inner
+            .strip_suffix(']')
+            .map(str::parse::<std::net::Ipv6Addr>)
+        {
+            Some(Ok(_)) => Ok(()),
+            _ => bad("not an IPv6 address in brackets"),
+        };
+    }
+    let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_');
+    if host.is_empty() || host.len() > 253 || !host.chars().all(name_char) {
+        return bad("not a host name or an IP address");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_addresses_are_host_and_port() {
+        for good in [
+            "127.0.0.1:7443",
+            "node-1.example.com:1",
+            "[::1]:65535",
+            "localhost:80",
+        ] {
+            assert_eq!(check_host_port(good), Ok(()), "{good}");
+        }
+        for (bad, why) in [
+            ("127.0.0.1", "no port"),
+            ("127.0.0.1:0", "port 0"),
+            ("127.0.0.1:65536", "not a number"),
+            ("127.0.0.1:x", "not a number"),
+            (":80", "not a host name"),
+            ("http://127.0.0.1:80", "not a host name"),
+            ("a b:80", "not a host name"),
+            ("::1:80", "not a host name"),
+            ("[::g]:80", "IPv6"),
+        ] {
+            let err = check_host_port(bad).unwrap_err();
+            assert!(
+                matches!(&err, DriverError::InvalidArgument(m) if m.contains(why)),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_malformed_node_address_is_an_invalid_argument() {
+        let err =
+            RemoteDriver::connect_tcp_lazy("nowhere", None, Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(err, DriverError::InvalidArgument(_)), "{err}");
+        let remote =
+            RemoteDriver::connect_tcp_lazy("127.0.0.1:9", None, Duration::from_secs(1)).unwrap();
+        assert_eq!(remote.socket(), None);
+        assert_eq!(remote.target().to_string(), "http://127.0.0.1:9");
+    }
 }

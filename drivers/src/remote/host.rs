@@ -1,6 +1,8 @@
 //! The driver host: opens one in-tree driver and serves it on a Unix socket until a
 //! termination signal. `sbx-driver-host` is a thin `main` around [`run_driver_host`]; the
 //! gateway's `sbxd driver` subcommand flattens [`DriverHostArgs`] and calls the same function.
+//! `sbxd node` flattens [`BackendArgs`] (the same flags but `--socket`) and serves the driver
+//! over TCP instead ([`super::serve_node`]).
 //! [`VmArgs`] (the vm driver's settings) is flattened into `sbxd serve` too, so that the same
 //! flags and `SBX_VM_*` variables set up an in-process, a managed and a hosted vm driver.
 
@@ -16,17 +18,41 @@ use crate::sim::SimFaults;
 use crate::vm::{Accel, AssetPaths, VmDriverOptions};
 use crate::{ComputeDriver, DriverError};
 
-/// The command line of a driver host.
+/// The command line of a driver host: the driver and its settings ([`BackendArgs`]), and the
+/// Unix socket it is served on. It derefs to its [`BackendArgs`], so `args.backend` and the
+/// other settings read as fields of it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DriverHostArgs {
-    /// The driver to serve.
-    #[arg(long, value_name = "NAME", value_parser = registry::parse_backend,
-          long_help = format!("The driver to serve.\n\n{}", registry::help()))]
-    pub backend: &'static DriverFactory,
     /// The Unix socket to serve on (made with mode 0600). A stale socket file is replaced;
     /// a socket on which another host answers is refused.
     #[arg(long)]
     pub socket: PathBuf,
+    #[command(flatten)]
+    pub driver: BackendArgs,
+}
+
+impl std::ops::Deref for DriverHostArgs {
+    type Target = BackendArgs;
+
+    fn deref(&self) -> &BackendArgs {
+        &self.driver
+    }
+}
+
+impl std::ops::DerefMut for DriverHostArgs {
+    fn deref_mut(&mut self) -> &mut BackendArgs {
+        &mut self.driver
+    }
+}
+
+/// Which driver a host serves, and its settings: every flag of a driver host but where it
+/// listens. `sbxd driver` (a Unix socket, [`DriverHostArgs`]) and `sbxd node` (TCP) flatten it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BackendArgs {
+    /// The driver to serve.
+    #[arg(long, value_name = "NAME", value_parser = registry::parse_backend,
+          long_help = format!("The driver to serve.\n\n{}", registry::help()))]
+    pub backend: &'static DriverFactory,
     /// Where the oci, process or vm driver keeps its sandboxes (required with those
     /// backends; one live host per directory). Unused by sim.
     #[arg(long, required_if_eq_any(registry::needing_state_dir("backend")))]
@@ -553,7 +579,7 @@ pub fn parse_vm_boot_timeout(text: &str) -> Result<u64, String> {
 
 /// Opens the driver `args` name, from the registry ([`crate::registry`]), with the settings
 /// its flags give.
-pub async fn open_backend(args: &DriverHostArgs) -> Result<Arc<dyn ComputeDriver>, DriverError> {
+pub async fn open_backend(args: &BackendArgs) -> Result<Arc<dyn ComputeDriver>, DriverError> {
     let images = match (&args.image_store, args.backend.needs_images) {
         (Some(store), true) => Some(
             ImageStore::open_read_only(store.clone())
@@ -792,7 +818,7 @@ mod tests {
             .map(OsString::from)
             .to_vec();
             args.extend(vm.to_flags());
-            let parsed = Host::try_parse_from(args).unwrap().host.vm;
+            let parsed = Host::try_parse_from(args).unwrap().host.driver.vm;
             assert_eq!(parsed, vm);
         }
     }

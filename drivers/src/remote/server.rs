@@ -191,9 +191,10 @@ fn io_error(what: &str, path: &Path, e: std::io::Error) -> DriverError {
     DriverError::Internal(format!("{what} {}: {e}", path.display()))
 }
 
-/// The generated `Driver` service over a [`ComputeDriver`].
-struct DriverService {
-    driver: Arc<dyn ComputeDriver>,
+/// The generated `Driver` service over a [`ComputeDriver`]: on a Unix socket here, over TCP
+/// in [`super::node`].
+pub(super) struct DriverService {
+    pub(super) driver: Arc<dyn ComputeDriver>,
 }
 
 type StatusStream<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;

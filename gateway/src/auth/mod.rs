@@ -150,6 +150,13 @@ pub fn need(path: &str) -> Option<(Need, bool)> {
         ("sbx.v1.IdentityService", "CreateIdentity") => (Gateway(Admin), true),
         ("sbx.v1.IdentityService", "ListIdentities") => (Gateway(Admin), false),
         ("sbx.v1.IdentityService", "RevokeIdentity") => (Gateway(Admin), true),
+        // Nodes are the gateway's machines: a gateway-wide admin's, every change audited.
+        ("sbx.v1.NodeService", "AddNode") => (Gateway(Admin), true),
+        ("sbx.v1.NodeService", "GetNode") => (Gateway(Admin), false),
+        ("sbx.v1.NodeService", "ListNodes") => (Gateway(Admin), false),
+        ("sbx.v1.NodeService", "CordonNode") => (Gateway(Admin), true),
+        ("sbx.v1.NodeService", "DrainNode") => (Gateway(Admin), true),
+        ("sbx.v1.NodeService", "RemoveNode") => (Gateway(Admin), true),
         _ => return None,
     };
     Some(declared)

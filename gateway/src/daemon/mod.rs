@@ -12,6 +12,8 @@ pub mod driver_spec;
 pub mod drivers;
 pub mod images;
 pub mod managed;
+pub mod node;
+pub mod node_link;
 pub mod serve;
 pub mod service_routes;
 pub mod store;
@@ -55,6 +57,7 @@ pub fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Driver(args) => runtime.block_on(serve::run_driver(args)),
+        Command::Node(args) => runtime.block_on(node::run(args)),
         Command::Token(command) => return access::run_token(command),
         Command::Certs(command) => return access::run_certs(command),
         Command::Store(command) => return access::run_store(command),
@@ -113,6 +116,11 @@ pub enum Command {
             filtered by SBX_LOG (else RUST_LOG, else \"info\")."
     )]
     Driver(sbx_drivers::remote::DriverHostArgs),
+    /// Serve one compute driver to gateways on other machines: the driver contract and the
+    /// node service (its id, name, labels, capacity) over TCP with mutual TLS, until SIGTERM
+    /// or SIGINT. Shutdown leaves every workload running.
+    #[command(long_about = node::ABOUT)]
+    Node(node::NodeArgs),
     /// Identities and their bearer tokens: create (prints the token, once), list (no
     /// secrets), revoke (effective at the next call, and open streams end within a second).
     /// Works while sbxd runs on the same data dir: the identities are a file of their own.
@@ -225,6 +233,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub store: store::StoreArgs,
+
+    #[command(flatten)]
+    pub nodes: node_link::NodeClientArgs,
 
     /// The most connections open at once (TCP or socket); past it new ones are closed at
     /// once. Default: the descriptor limit less 256 kept for the store and the driver

@@ -337,10 +337,17 @@ async fn serve_on(
         ),
         service_domain: validate_service_domain(&args.service_domain)?,
         default_resources: default_resources(&args)?,
+        // Gateways that share a store are a control plane for nodes: their own drivers take
+        // no sandbox until an operator uncordons `local`.
+        local_node_cordoned: args.store.store.is_some(),
         ..Config::default()
     };
-    let gateway =
-        Arc::new(Gateway::start(store, DriverSet::single(driver_name, driver), config).await?);
+    let nodes = sbx_actors::nodes::Nodes::new(
+        Some(Arc::new(args.nodes.dialer(args.driver_call_timeout())?)),
+        args.nodes.timing(),
+    );
+    let drivers = DriverSet::single(driver_name, driver).with_nodes(nodes);
+    let gateway = Arc::new(Gateway::start(store, drivers, config).await?);
     super::images::ensure_default_image(&gateway, &args.images).await?;
     // Grants written by name (an identities file from before ids, or `sbxd token create`) are
     // bound to the workspaces of those names now, before anything is served, and by the auth
@@ -412,6 +419,7 @@ async fn serve_on(
         .add_service(service.workspace_server())
         .add_service(service.sandbox_server())
         .add_service(service.image_server())
+        .add_service(service.node_server())
         .add_service(service.identity_server())
         .add_service(service.provider_server())
         .add_service(service.setting_server())

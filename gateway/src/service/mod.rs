@@ -13,6 +13,7 @@ mod access;
 mod identities;
 mod images;
 mod info;
+mod nodes;
 mod providers;
 mod sandboxes;
 mod service_endpoints;
@@ -28,6 +29,7 @@ use sbx_actors::limits::{MAX_IMAGE_MESSAGE_BYTES, MAX_MESSAGE_BYTES};
 use sbx_proto::v1::gateway_service_server::GatewayServiceServer;
 use sbx_proto::v1::identity_service_server::IdentityServiceServer;
 use sbx_proto::v1::image_service_server::ImageServiceServer;
+use sbx_proto::v1::node_service_server::NodeServiceServer;
 use sbx_proto::v1::provider_service_server::ProviderServiceServer;
 use sbx_proto::v1::sandbox_service_server::SandboxServiceServer;
 use sbx_proto::v1::service_endpoint_service_server::ServiceEndpointServiceServer;
@@ -96,6 +98,10 @@ impl SbxService {
         GatewayServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
+    pub fn node_server(&self) -> NodeServiceServer<SbxService> {
+        NodeServiceServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
     pub fn image_server(&self) -> ImageServiceServer<SbxService> {
         // An import chunk is at most 4 MiB (the CLI sends 1 MiB), plus its framing.
         ImageServiceServer::new(self.clone()).max_decoding_message_size(MAX_IMAGE_MESSAGE_BYTES)
@@ -103,7 +109,7 @@ impl SbxService {
 }
 
 /// The service names the health service reports on, besides "" (the whole server).
-pub const HEALTH_SERVICES: [&str; 8] = [
+pub const HEALTH_SERVICES: [&str; 9] = [
     sbx_proto::v1::gateway_service_server::SERVICE_NAME,
     sbx_proto::v1::workspace_service_server::SERVICE_NAME,
     sbx_proto::v1::sandbox_service_server::SERVICE_NAME,
@@ -112,6 +118,7 @@ pub const HEALTH_SERVICES: [&str; 8] = [
     sbx_proto::v1::provider_service_server::SERVICE_NAME,
     sbx_proto::v1::setting_service_server::SERVICE_NAME,
     sbx_proto::v1::service_endpoint_service_server::SERVICE_NAME,
+    sbx_proto::v1::node_service_server::SERVICE_NAME,
 ];
 
 /// Sets the health of "" and of every `sbx.v1` service at once.

@@ -1,0 +1,453 @@
+//! `sbxd node`, black box: the real sbxd serving the sim driver on 127.0.0.1:0, reached with
+//! `RemoteDriver::connect_tcp_lazy` as a gateway would. What it serves (the driver contract,
+//! the node service), its node id across restarts, mutual TLS with certificates of `sbxd
+//! certs init`, and what it refuses at start.
+//!
+//! Every node started here is killed by pid when its guard drops; every wait is bounded. The
+//! full driver conformance suite over TCP runs in drivers/tests/conformance_remote_tcp.rs.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{SBXD, run_bounded, wait_bounded};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use sbx_drivers::remote::RemoteDriver;
+use sbx_drivers::{ComputeDriver, DriverError, pb};
+use tonic::transport::ClientTlsConfig;
+
+/// How long a node may take to write its address file.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The deadline of each call to a node.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a refused start may take to exit.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running `sbxd node`, SIGKILLed (by pid) and reaped when dropped.
+struct Node {
+    child: Child,
+    addr: String,
+    addr_file: PathBuf,
+    log: PathBuf,
+}
+
+impl Node {
+    /// Starts `sbxd node ARGS… --addr-file DIR/addr` and waits for its address file.
+    fn start(dir: &Path, args: &[&str]) -> Node {
+        let addr_file = dir.join("addr");
+        let log = dir.join(format!("node-{}.log", common::unique()));
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(SBXD)
+            .arg("node")
+            .args(args)
+            .arg("--addr-file")
+            .arg(&addr_file)
+            .env("SBX_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn sbxd node");
+        let mut node = Node {
+            child,
+            addr: String::new(),
+            addr_file,
+            log,
+        };
+        let began = Instant::now();
+        node.addr = loop {
+            if let Ok(text) = std::fs::read_to_string(&node.addr_file) {
+                assert!(text.ends_with('\n'), "partial address file {text:?}");
+                break text.trim().to_string();
+            }
+            if let Ok(Some(status)) = node.child.try_wait() {
+                panic!(
+                    "sbxd node exited with {status} before serving:\n{}",
+                    node.log_text()
+                );
+            }
+            assert!(
+                began.elapsed() < START_TIMEOUT,
+                "sbxd node wrote no address file within {START_TIMEOUT:?}:\n{}",
+                node.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        node
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A client of this node over plain TCP.
+    fn plain(&self) -> RemoteDriver {
+        RemoteDriver::connect_tcp_lazy(&self.addr, None, CALL_TIMEOUT).expect("a client")
+    }
+
+    /// A client of this node over TLS.
+    fn tls(&self, tls: ClientTlsConfig) -> RemoteDriver {
+        RemoteDriver::connect_tcp_lazy(&self.addr, Some(tls), CALL_TIMEOUT).expect("a client")
+    }
+
+    /// SIGTERM, and the exit (bounded).
+    fn sigterm(&mut self) -> ExitStatus {
+        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
+        wait_bounded(
+            &mut self.child,
+            Duration::from_secs(20),
+            "sbxd node after SIGTERM",
+        )
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Child::kill is SIGKILL to this child's pid (an error, ignored, once it has ended).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The arguments of a sim node on 127.0.0.1:0 over `state`, then `extra`.
+fn sim_node<'a>(state: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--driver",
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--state-dir",
+        state,
+    ];
+    args.extend(extra);
+    args
+}
+
+fn create_request(name: &str) -> pb::CreateRequest {
+    pb::CreateRequest {
+        sandbox_id: uuid::Uuid::new_v4().to_string(),
+        workspace: "default".into(),
+        name: name.into(),
+        generation: 1,
+        spec: Some(pb::SandboxSpec {
+            command: vec!["sleep".into(), "3600".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_serves_its_driver_and_says_what_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().unwrap();
+    let args = sim_node(
+        state_arg,
+        &["--auth", "none", "--label", "zone=a", "--name", "node-a"],
+    );
+    let mut node = Node::start(dir.path(), &args);
+    let remote = node.plain();
+
+    let node_id = std::fs::read_to_string(state.join("node-id")).expect("the node id file");
+    let node_id = node_id.strip_suffix('\n').expect("a line");
+    assert!(uuid::Uuid::parse_str(node_id).is_ok(), "{node_id:?}");
+    let info = remote.node_info().await.unwrap();
+    assert_eq!(info.node_id, node_id);
+    assert_eq!(info.name, "node-a");
+    assert_eq!(info.drivers, ["sim"]);
+    assert_eq!(
+        info.labels,
+        HashMap::from([("zone".to_string(), "a".to_string())])
+    );
+    assert!(!info.version.is_empty());
+    let capacity = info.capacity.expect("a capacity");
+    assert!(capacity.cpu_millicores >= 1000, "{capacity:?}");
+    assert!(capacity.memory_bytes > 0, "{capacity:?}");
+    assert!(capacity.disk_bytes > 0, "{capacity:?}");
+    assert_eq!(capacity.max_sandboxes, 1000);
+    assert_eq!(info.sandboxes, 0);
+
+    // The driver contract through it: create, list, stop, delete.
+    assert_eq!(remote.capabilities().await.unwrap().driver, "sim");
+    let request = create_request("one");
+    let id = request.sandbox_id.clone();
+    let created = remote.create(request).await.unwrap();
+    assert_eq!(created.state(), pb::State::Running);
+    let listed = remote.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].sandbox_id.as_str(), listed[0].name.as_str()),
+        (id.as_str(), "one")
+    );
+    assert_eq!(remote.node_info().await.unwrap().sandboxes, 1);
+    let stopped = remote
+        .stop(pb::StopRequest {
+            sandbox_id: id.clone(),
+            grace_period_ms: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(stopped.state(), pb::State::Stopped);
+    let deleted = remote
+        .delete(pb::DeleteRequest {
+            sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(deleted.deleted);
+    assert!(remote.list().await.unwrap().is_empty());
+    assert_eq!(remote.node_info().await.unwrap().sandboxes, 0);
+
+    // A clean shutdown, even under an open watch stream (cut after the grace), removes the
+    // address file; the stream ends and nothing answers then.
+    let mut watch = remote.watch().await.unwrap();
+    let began = Instant::now();
+    let status = node.sigterm();
+    assert!(status.success(), "{status}:\n{}", node.log_text());
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        began.elapsed()
+    );
+    let last = tokio::time::timeout(CALL_TIMEOUT, futures::StreamExt::next(&mut watch))
+        .await
+        .expect("the watch stream ended with the node");
+    assert!(!matches!(last, Some(Ok(_))), "{last:?}");
+    assert!(
+        !node.addr_file.exists(),
+        "the address file outlived the node"
+    );
+    let err = remote.node_info().await.unwrap_err();
+    assert!(matches!(err, DriverError::Unavailable(_)), "{err}");
+    drop(node);
+
+    // Started again on the same state dir: the same node id (and the file untouched).
+    let again = Node::start(dir.path(), &args);
+    let info = again.plain().node_info().await.unwrap();
+    assert_eq!(info.node_id, node_id);
+    assert_eq!(
+        std::fs::read_to_string(state.join("node-id")).unwrap(),
+        format!("{node_id}\n")
+    );
+}
+
+/// `sbxd certs init --dir DIR ARGS…`.
+fn certs_init(dir: &Path, args: &[&str]) {
+    let made = run_bounded(
+        Command::new(SBXD)
+            .args(["certs", "init", "--dir"])
+            .arg(dir)
+            .args(args),
+        "sbxd certs init",
+    );
+    assert_eq!(made.code, 0, "certs init {}: {made:?}", dir.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_admits_only_clients_with_a_certificate_of_its_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("x");
+    certs_init(&x, &["--name", "127.0.0.1", "--client", "gateway"]);
+    // Another CA, with a client certificate of its own.
+    let other = dir.path().join("other");
+    certs_init(&other, &["--name", "127.0.0.1", "--client", "gateway"]);
+    let file = |d: &Path, name: &str| d.join(name).display().to_string();
+    let state = dir.path().join("state");
+    let (cert, key, ca) = (
+        file(&x, "server.pem"),
+        file(&x, "server-key.pem"),
+        file(&x, "ca.pem"),
+    );
+    let args = sim_node(
+        state.to_str().unwrap(),
+        &[
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--tls-client-ca",
+            &ca,
+        ],
+    );
+    let node = Node::start(dir.path(), &args);
+    let ca_pem = x.join("ca.pem");
+    let client = |identity: Option<(&Path, &Path)>| {
+        sbx_gateway::tls::client_config(Some(&ca_pem), identity, None).expect("a TLS config")
+    };
+
+    // The gateway's certificate: served.
+    let (gw_cert, gw_key) = (
+        x.join("client-gateway.pem"),
+        x.join("client-gateway-key.pem"),
+    );
+    let gateway = node.tls(client(Some((&gw_cert, &gw_key))));
+    let info = gateway.node_info().await.unwrap();
+    assert_eq!(info.drivers, ["sim"]);
+    let created = gateway.create(create_request("secure")).await.unwrap();
+    assert_eq!(gateway.list().await.unwrap().len(), 1);
+    gateway
+        .delete(pb::DeleteRequest {
+            sandbox_id: created.sandbox_id,
+        })
+        .await
+        .unwrap();
+
+    // No client certificate, one of another CA, no TLS at all: refused (never an answer).
+    let (other_cert, other_key) = (
+        other.join("client-gateway.pem"),
+        other.join("client-gateway-key.pem"),
+    );
+    let refused = [
+        ("no client certificate", node.tls(client(None))),
+        (
+            "a client certificate of another CA",
+            node.tls(client(Some((&other_cert, &other_key)))),
+        ),
+        ("plain TCP", node.plain()),
+    ];
+    for (what, remote) in refused {
+        let began = Instant::now();
+        match remote.node_info().await {
+            Ok(info) => panic!("{what}: answered {info:?}"),
+            Err(err) => {
+                assert!(
+                    matches!(
+                        err,
+                        DriverError::Unavailable(_) | DriverError::DeadlineExceeded { .. }
+                    ),
+                    "{what}: {err}"
+                );
+                eprintln!("{what}: {err} after {:?}", began.elapsed());
+            }
+        }
+        assert!(remote.list().await.is_err(), "{what}: listed");
+    }
+
+    // The refused handshakes did not hurt the node: the gateway is still served.
+    assert_eq!(gateway.node_info().await.unwrap().sandboxes, 0);
+}
+
+/// Runs `sbxd node ARGS…` expecting a refusal: a non-zero exit, within a bound, whose stderr
+/// holds every one of `mentions`. Answers stderr.
+fn refused(args: &[&str], mentions: &[&str]) -> String {
+    let began = Instant::now();
+    let run = run_bounded(
+        Command::new(SBXD).arg("node").args(args),
+        &format!("sbxd node {args:?}"),
+    );
+    assert!(
+        began.elapsed() < REFUSAL_TIMEOUT,
+        "{args:?}: took {:?}",
+        began.elapsed()
+    );
+    assert_ne!(run.code, 0, "{args:?} started: {run:?}");
+    for mention in mentions {
+        assert!(
+            run.stderr.contains(mention),
+            "{args:?}: stderr does not mention {mention:?}:\n{}",
+            run.stderr
+        );
+    }
+    run.stderr
+}
+
+#[test]
+fn a_node_refuses_to_start_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().unwrap();
+    let addr_file = dir.path().join("addr");
+    let addr_arg = addr_file.to_str().unwrap();
+    let with = |listen: &str, extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--driver",
+            "sim",
+            "--state-dir",
+            state_arg,
+            "--listen",
+            listen,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(["--addr-file".to_string(), addr_arg.to_string()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let run = |args: Vec<String>, mentions: &[&str]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        refused(&args, mentions)
+    };
+
+    // --auth none off loopback, refused before anything is bound: on a port the test holds,
+    // the refusal is about --auth, not the port being taken.
+    run(
+        with("0.0.0.0:0", &["--auth", "none"]),
+        &["--auth none", "loopback"],
+    );
+    let held = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let err = run(
+        with(&format!("0.0.0.0:{port}"), &["--auth", "none"]),
+        &["--auth none"],
+    );
+    assert!(!err.contains("in use"), "{err}");
+    drop(held);
+
+    // Mutual TLS off loopback needs all three TLS flags.
+    run(
+        with("0.0.0.0:0", &[]),
+        &[
+            "not a loopback address",
+            "--tls-cert",
+            "--tls-key",
+            "--tls-client-ca",
+        ],
+    );
+    run(
+        with("0.0.0.0:0", &["--tls-cert", "c.pem", "--tls-key", "k.pem"]),
+        &["missing: --tls-client-ca"],
+    );
+    // On loopback too, unless --auth none.
+    run(with("127.0.0.1:0", &[]), &["--tls-cert", "--auth none"]);
+
+    // A malformed label: a usage error naming the flag.
+    let err = run(
+        with("127.0.0.1:0", &["--auth", "none", "--label", "zone"]),
+        &["--label"],
+    );
+    assert!(err.contains("KEY=VALUE"), "{err}");
+    run(
+        with("127.0.0.1:0", &["--auth", "none", "--label", "zone=a b"]),
+        &["--label", "values use"],
+    );
+
+    // A malformed node id: an error naming the file, which is left as it was.
+    std::fs::create_dir_all(&state).unwrap();
+    let id_file = state.join("node-id");
+    std::fs::write(&id_file, "node-7\n").unwrap();
+    run(
+        with("127.0.0.1:0", &["--auth", "none"]),
+        &[id_file.to_str().unwrap(), "not a node id"],
+    );
+    assert_eq!(std::fs::read_to_string(&id_file).unwrap(), "node-7\n");
+
+    // No state dir: a usage error naming the flag.
+    refused(
+        &[
+            "--driver",
+            "sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--auth",
+            "none",
+        ],
+        &["--state-dir"],
+    );
+    assert!(!addr_file.exists(), "a refused node wrote its address file");
+}
