@@ -23,8 +23,8 @@ use super::{CliError, OutputArgs, OutputFormat, parse_key_value, parse_name};
 /// `sbx node …`
 #[derive(Debug, Subcommand)]
 pub enum NodeCommand {
-    /// Register the node whose `sbxd node --listen` answers at ENDPOINT: the gateway asks it
-    /// what it is (its id, drivers, capacity) and refuses an endpoint where none answers.
+    /// Register the node whose `sbxd node --listen` answers at --address: the gateway asks
+    /// it what it is (its id, drivers, capacity) and refuses an address where none answers.
     Add(NodeAddArgs),
     /// Every node, `local` (the gateway's own drivers) first: state, cordon, drivers, what
     /// its sandboxes ask of it against its capacity.
@@ -49,9 +49,10 @@ pub struct NodeAddArgs {
     /// Its name among the nodes (a DNS-1123 label; not "local").
     #[arg(value_parser = parse_name)]
     pub name: String,
-    /// HOST:PORT of its `sbxd node --listen`.
+    /// HOST:PORT of its `sbxd node --listen`, as the gateway reaches it (`--endpoint` is the
+    /// gateway's own address, as for every command).
     #[arg(long, value_name = "HOST:PORT")]
-    pub endpoint: String,
+    pub address: String,
     /// A label (KEY=VALUE) that `sbx sandbox create --node-selector` matches; repeat.
     #[arg(long = "label", short = 'l', value_name = "KEY=VALUE", value_parser = parse_key_value)]
     pub labels: Vec<(String, String)>,
@@ -235,7 +236,7 @@ pub async fn run_node(target: &Target, cmd: NodeCommand) -> Result<u8, CliError>
             let node = client
                 .add_node(AddNodeRequest {
                     name: args.name,
-                    endpoint: args.endpoint,
+                    endpoint: args.address,
                     labels: args.labels.into_iter().collect(),
                 })
                 .await?

@@ -9,109 +9,13 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{SBXD, run_bounded, wait_bounded};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use sbx_drivers::remote::RemoteDriver;
+use common::node::{CALL_TIMEOUT, Node, REFUSAL_TIMEOUT};
+use common::{SBXD, run_bounded};
 use sbx_drivers::{ComputeDriver, DriverError, pb};
-use tonic::transport::ClientTlsConfig;
-
-/// How long a node may take to write its address file.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-/// The deadline of each call to a node.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a refused start may take to exit.
-const REFUSAL_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// A running `sbxd node`, SIGKILLed (by pid) and reaped when dropped.
-struct Node {
-    child: Child,
-    addr: String,
-    addr_file: PathBuf,
-    log: PathBuf,
-}
-
-impl Node {
-    /// Starts `sbxd node ARGS… --addr-file DIR/addr` and waits for its address file.
-    fn start(dir: &Path, args: &[&str]) -> Node {
-        let addr_file = dir.join("addr");
-        let log = dir.join(format!("node-{}.log", common::unique()));
-        let log_file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(SBXD)
-            .arg("node")
-            .args(args)
-            .arg("--addr-file")
-            .arg(&addr_file)
-            .env("SBX_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .expect("spawn sbxd node");
-        let mut node = Node {
-            child,
-            addr: String::new(),
-            addr_file,
-            log,
-        };
-        let began = Instant::now();
-        node.addr = loop {
-            if let Ok(text) = std::fs::read_to_string(&node.addr_file) {
-                assert!(text.ends_with('\n'), "partial address file {text:?}");
-                break text.trim().to_string();
-            }
-            if let Ok(Some(status)) = node.child.try_wait() {
-                panic!(
-                    "sbxd node exited with {status} before serving:\n{}",
-                    node.log_text()
-                );
-            }
-            assert!(
-                began.elapsed() < START_TIMEOUT,
-                "sbxd node wrote no address file within {START_TIMEOUT:?}:\n{}",
-                node.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        node
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// A client of this node over plain TCP.
-    fn plain(&self) -> RemoteDriver {
-        RemoteDriver::connect_tcp_lazy(&self.addr, None, CALL_TIMEOUT).expect("a client")
-    }
-
-    /// A client of this node over TLS.
-    fn tls(&self, tls: ClientTlsConfig) -> RemoteDriver {
-        RemoteDriver::connect_tcp_lazy(&self.addr, Some(tls), CALL_TIMEOUT).expect("a client")
-    }
-
-    /// SIGTERM, and the exit (bounded).
-    fn sigterm(&mut self) -> ExitStatus {
-        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).expect("SIGTERM");
-        wait_bounded(
-            &mut self.child,
-            Duration::from_secs(20),
-            "sbxd node after SIGTERM",
-        )
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        // Child::kill is SIGKILL to this child's pid (an error, ignored, once it has ended).
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The arguments of a sim node on 127.0.0.1:0 over `state`, then `extra`.
 fn sim_node<'a>(state: &'a str, extra: &[&'a str]) -> Vec<&'a str> {

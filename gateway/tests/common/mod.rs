@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -112,7 +114,13 @@ pub fn mounts_under(dir: &Path) -> Vec<String> {
 /// one), read from the driver's state: `sandboxes/ID/run-*/init` holds the init's
 /// `/proc/self/stat` line, whose first field is its host pid and 22nd its start time.
 pub fn workload_pids(data: &Path, id: &str) -> Vec<i32> {
-    let dir = data.join("drivers/process/sandboxes").join(id);
+    workload_pids_in(&data.join("drivers/process"), id)
+}
+
+/// [`workload_pids`] of a process driver whose state dir is `state` (an `sbxd node`'s
+/// `--state-dir`).
+pub fn workload_pids_in(state: &Path, id: &str) -> Vec<i32> {
+    let dir = state.join("sandboxes").join(id);
     let mut pids = Vec::new();
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return pids;
