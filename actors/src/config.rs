@@ -72,9 +72,8 @@ pub struct Config {
     /// its workspace's default (0: none), on a driver that can apply it. sbxd's are 1 core
     /// and 1 GiB; the default here is none (tests).
     pub default_resources: sbx_proto::v1::Resources,
-    /// Whether the local node (the gateway's own drivers) takes new sandboxes until an
-    /// operator says otherwise (`sbx node cordon|uncordon local`, kept in the store): a
-    /// gateway that shares its store with others starts it cordoned.
+    /// Whether the local node (the gateway's own drivers) starts cordoned, until an operator
+    /// says otherwise (`sbx node cordon|uncordon local`, kept in the store). sbxd: no.
     pub local_node_cordoned: bool,
 }
 

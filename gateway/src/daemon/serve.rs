@@ -337,9 +337,6 @@ async fn serve_on(
         ),
         service_domain: validate_service_domain(&args.service_domain)?,
         default_resources: default_resources(&args)?,
-        // Gateways that share a store are a control plane for nodes: their own drivers take
-        // no sandbox until an operator uncordons `local`.
-        local_node_cordoned: args.store.store.is_some(),
         ..Config::default()
     };
     let nodes = sbx_actors::nodes::Nodes::new(
