@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::{sleep_spec, test_config};
+use futures::StreamExt;
 use sbx_actors::nodes::{NodeDialer, NodeLink, NodeReport, NodeTiming, Nodes};
 use sbx_actors::{ActorError, Config, DriverSet, Gateway, NodeSelector, SandboxSelector};
 use sbx_driver_api::{ComputeDriver, DriverError};
@@ -428,4 +429,91 @@ async fn placement_refusals_cordon_drain_and_remove() {
             .unwrap()
     );
     assert!(gw.get_node(&NodeSelector::Name("a".into())).is_err());
+}
+
+/// How many sandboxes the simulation places: a CI profile by default, the issue's 100,000 with
+/// `SBX_SIM_SANDBOXES=100000` (release: `cargo test --release -p sbx-actors --test nodes
+/// fifty -- --nocapture`).
+fn simulated_sandboxes() -> usize {
+    std::env::var("SBX_SIM_SANDBOXES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_simulated_nodes_take_sandboxes_within_their_capacity_and_evenly() {
+    const NODES: usize = 50;
+    let total = simulated_sandboxes();
+    let c = Cluster::new().await;
+    let gw = c.gw();
+    // Nodes of four sizes; together room for about 1.25× what is asked.
+    let asks = [250u32, 500, 1000, 2000];
+    let mean_ask = asks.iter().map(|a| u64::from(*a)).sum::<u64>() / asks.len() as u64;
+    let room = (total as u64 * mean_ask) * 5 / 4;
+    let weights = [1u64, 2, 3, 4];
+    let weight_sum: u64 = (0..NODES).map(|i| weights[i % 4]).sum();
+    let mut capacity_of = HashMap::new();
+    for i in 0..NODES {
+        let cpu = room * weights[i % 4] / weight_sum;
+        let node = c.dialer.add(&format!("sim-{i}"), capacity(cpu, u32::MAX));
+        gw.add_node(&format!("n{i}"), &format!("sim-{i}"), BTreeMap::new())
+            .await
+            .unwrap();
+        capacity_of.insert(node.id.to_string(), cpu);
+    }
+    let began = std::time::Instant::now();
+    let mut placed: HashMap<String, u64> = HashMap::new();
+    let workspaces = 20;
+    for w in 0..workspaces {
+        gw.create_workspace(&format!("w{w}"), Default::default())
+            .await
+            .unwrap();
+    }
+    let creates = futures::stream::iter(0..total)
+        .map(|i| async move {
+            let mut s = sleep_spec();
+            let cpu = asks[i % asks.len()];
+            s.resources = Some(Resources {
+                cpu_millis: cpu,
+                ..Default::default()
+            });
+            let ws = format!("w{}", i % 20);
+            let sb = gw
+                .create_sandbox(Some(&ws), &format!("s{i}"), s)
+                .await
+                .unwrap_or_else(|e| panic!("create s{i}: {e}"));
+            (sb.node_id, u64::from(cpu))
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let took = began.elapsed();
+    for (node, cpu) in creates {
+        *placed.entry(node).or_default() += cpu;
+    }
+    // Within every node's capacity, as the gateway counts it and as the records say.
+    let mut fractions = Vec::new();
+    for node in gw.list_nodes().into_iter().skip(1) {
+        let cap = capacity_of[&node.id];
+        let used = placed.get(&node.id).copied().unwrap_or(0);
+        assert!(used <= cap, "node {} holds {used}m of {cap}m", node.name);
+        assert_eq!(
+            node.allocated.unwrap().cpu_millis,
+            used,
+            "node {}",
+            node.name
+        );
+        fractions.push(used as f64 / cap as f64);
+    }
+    let mean = fractions.iter().sum::<f64>() / fractions.len() as f64;
+    let max = fractions.iter().copied().fold(0.0, f64::max);
+    let min = fractions.iter().copied().fold(1.0, f64::min);
+    println!(
+        "{total} sandboxes on {NODES} simulated nodes in {took:?} ({:.0}/s): load (cpu placed / \
+         capacity) mean {mean:.3}, max {max:.3}, min {min:.3}, max/mean {:.3}",
+        total as f64 / took.as_secs_f64(),
+        max / mean
+    );
+    assert!(max / mean < 1.05, "uneven: max {max:.3}, mean {mean:.3}");
 }
