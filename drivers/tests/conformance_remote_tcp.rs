@@ -41,13 +41,21 @@ async fn spawn_node(
 ) -> (JoinHandle<Result<(), DriverError>>, RemoteDriver) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let server = tokio::spawn(serve_node(
-        driver,
-        identity(),
-        listener,
-        None,
-        std::future::pending(),
-    ));
+    let dir = tempfile::tempdir().unwrap();
+    let fences = sbx_drivers::remote::fence::Fences::open(dir.path()).unwrap();
+    let server = tokio::spawn(async move {
+        // The fences' directory lives as long as the node.
+        let _dir = dir;
+        serve_node(
+            driver,
+            identity(),
+            fences,
+            listener,
+            None,
+            std::future::pending(),
+        )
+        .await
+    });
     let remote = RemoteDriver::connect_tcp_lazy(&addr, None, CALL_TIMEOUT).unwrap();
     for _ in 0..250 {
         if remote.capabilities().await.is_ok() {

@@ -355,3 +355,61 @@ fn a_node_refuses_to_start_with_a_clear_message() {
     );
     assert!(!addr_file.exists(), "a refused node wrote its address file");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_refuses_calls_under_an_older_fencing_token_even_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let args = sim_node(state.to_str().unwrap(), &["--auth", "none"]);
+    let mut node = Node::start(dir.path(), &args);
+    let ws = uuid::Uuid::new_v4();
+    let former = node.plain().fenced(ws, 1);
+    let request = create_request("one");
+    let id = request.sandbox_id.clone();
+    former.create(request).await.unwrap();
+    // A newer holder of the workspace reaches the node: from then on the former is refused.
+    let newer = node.plain().fenced(ws, 2);
+    assert_eq!(newer.list().await.unwrap().len(), 1);
+    let err = former
+        .stop(pb::StopRequest {
+            sandbox_id: id.clone(),
+            grace_period_ms: 0,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DriverError::FailedPrecondition(m) if m.starts_with("fenced:")),
+        "{err:?}"
+    );
+    let info = newer.node_info().await.unwrap();
+    assert_eq!(info.fenced_calls, 1);
+    // The refused stop did nothing.
+    let snapshot = newer
+        .get(pb::GetRequest {
+            sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(snapshot.state(), pb::State::Running);
+    // Another workspace's calls are not fenced by this one's token.
+    node.plain()
+        .fenced(uuid::Uuid::new_v4(), 1)
+        .list()
+        .await
+        .unwrap();
+
+    // The newest token is on the node's disk: after a restart the former is still refused.
+    assert!(node.sigterm().success());
+    let node = Node::start(dir.path(), &args);
+    let former = node.plain().fenced(ws, 1);
+    let err = former.list().await.unwrap_err();
+    assert!(
+        matches!(&err, DriverError::FailedPrecondition(m) if m.starts_with("fenced:")),
+        "{err:?}"
+    );
+    node.plain().fenced(ws, 2).list().await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(state.join("fences").join(ws.to_string())).unwrap(),
+        "2\n"
+    );
+}

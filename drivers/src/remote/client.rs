@@ -60,9 +60,19 @@ pub struct RemoteDriver {
     node: NodeClient<Channel>,
     target: RemoteTarget,
     call_timeout: Duration,
+    /// The workspace and fencing token every call carries ([`RemoteDriver::fenced`]).
+    fence: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl RemoteDriver {
+    /// This driver, its every call carrying `workspace`'s fencing `token` (the node refuses
+    /// it once it has seen a newer one: see [`super::fence`]). Shares the connection.
+    pub fn fenced(&self, workspace: uuid::Uuid, token: u64) -> RemoteDriver {
+        let mut fenced = self.clone();
+        fenced.fence = super::fence::fence_value(workspace, token).parse().ok();
+        fenced
+    }
+
     /// A driver talking to the host on `socket`, each call bounded by `call_timeout`.
     /// Must be called within a Tokio runtime (the channel's worker task is spawned on it).
     pub fn connect_lazy(socket: PathBuf, call_timeout: Duration) -> RemoteDriver {
@@ -125,6 +135,7 @@ impl RemoteDriver {
             node: NodeClient::new(channel),
             target,
             call_timeout,
+            fence: None,
         }
     }
 
@@ -188,6 +199,11 @@ impl RemoteDriver {
         let mut request = tonic::Request::new(message);
         if send_deadline {
             request.set_timeout(self.call_timeout);
+        }
+        if let Some(fence) = &self.fence {
+            request
+                .metadata_mut()
+                .insert(super::fence::FENCE_HEADER, fence.clone());
         }
         let ctx = self.context(operation);
         match tokio::time::timeout(self.call_timeout, call(self.client.clone(), request)).await {

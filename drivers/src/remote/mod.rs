@@ -24,6 +24,7 @@
 //! already listens; the next call reconnects (callers retry `Unavailable` anyway).
 
 mod client;
+pub mod fence;
 mod host;
 mod node;
 mod server;

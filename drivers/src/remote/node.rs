@@ -23,6 +23,7 @@ use tonic::transport::{Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 
 use super::SHUTDOWN_GRACE;
+use super::fence::Fences;
 use super::server::DriverService;
 use super::status::driver_error_to_status;
 use crate::pb::driver_server::DriverServer;
@@ -56,6 +57,7 @@ pub struct NodeIdentity {
 struct NodeService {
     identity: NodeIdentity,
     driver: Arc<dyn ComputeDriver>,
+    fences: Arc<Fences>,
 }
 
 #[tonic::async_trait]
@@ -78,6 +80,7 @@ impl Node for NodeService {
             labels: id.labels.clone(),
             capacity: Some(id.capacity),
             sandboxes: u32::try_from(listed.len()).unwrap_or(u32::MAX),
+            fenced_calls: self.fences.refused(),
         }))
     }
 }
@@ -92,6 +95,7 @@ impl Node for NodeService {
 pub async fn serve_node(
     driver: Arc<dyn ComputeDriver>,
     identity: NodeIdentity,
+    fences: Arc<Fences>,
     listener: TcpListener,
     tls: Option<ServerTlsConfig>,
     shutdown: impl Future<Output = ()>,
@@ -109,11 +113,22 @@ pub async fn serve_node(
             .tls_config(tls)
             .map_err(|e| DriverError::InvalidArgument(format!("the node's TLS: {e}")))?;
     }
+    let check = Arc::clone(&fences);
     let router = builder
-        .add_service(DriverServer::new(DriverService {
-            driver: Arc::clone(&driver),
-        }))
-        .add_service(NodeServer::new(NodeService { identity, driver }));
+        .add_service(DriverServer::with_interceptor(
+            DriverService {
+                driver: Arc::clone(&driver),
+            },
+            move |request: Request<()>| {
+                check.check(request.metadata())?;
+                Ok(request)
+            },
+        ))
+        .add_service(NodeServer::new(NodeService {
+            identity,
+            driver,
+            fences,
+        }));
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(KEEPALIVE));

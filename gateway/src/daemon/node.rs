@@ -513,9 +513,14 @@ pub async fn run(args: NodeArgs) -> Result<(), DaemonError> {
         labels,
         capacity,
     };
+    let fences =
+        sbx_drivers::remote::fence::Fences::open(&state_dir.join("fences")).map_err(|e| {
+            DaemonError::Setup(format!("the node's fences in {}: {e}", state_dir.display()))
+        })?;
     let serving = tokio::spawn(serve_node(
         Arc::clone(&driver),
         identity,
+        fences,
         listener,
         tls,
         shutdown,
