@@ -21,6 +21,7 @@ pub mod lifecycle;
 pub mod limits;
 pub mod nodes;
 pub mod owned;
+pub mod ownership;
 mod protocol;
 mod reconciler;
 mod records;

@@ -32,11 +32,15 @@ pub enum Kind {
     Service,
     /// A machine sandboxes run on (an `sbxd node` host), by its own id. Global scope.
     Node,
+    /// Which gateway serves a workspace, until when, under which fencing token: named by the
+    /// workspace's id. Global scope (it outlives nothing: the gateways remove the lease of a
+    /// workspace that is gone).
+    Lease,
 }
 
 impl Kind {
     /// Every kind, in tag order.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Workspace,
         Kind::Sandbox,
         Kind::Setting,
@@ -45,6 +49,7 @@ impl Kind {
         Kind::Attachment,
         Kind::Service,
         Kind::Node,
+        Kind::Lease,
     ];
 
     /// The stable on-disk tag.
@@ -58,6 +63,7 @@ impl Kind {
             Kind::Attachment => 6,
             Kind::Service => 7,
             Kind::Node => 8,
+            Kind::Lease => 9,
         }
     }
 
@@ -72,13 +78,17 @@ impl Kind {
             6 => Some(Kind::Attachment),
             7 => Some(Kind::Service),
             8 => Some(Kind::Node),
+            9 => Some(Kind::Lease),
             _ => None,
         }
     }
 
     /// Whether records of this kind live inside a workspace (`workspace = Some(..)`).
     pub const fn is_scoped(self) -> bool {
-        !matches!(self, Kind::Workspace | Kind::Image | Kind::Node)
+        !matches!(
+            self,
+            Kind::Workspace | Kind::Image | Kind::Node | Kind::Lease
+        )
     }
 
     /// Whether every record of this kind must have an owner (and so dies with it).
@@ -100,7 +110,8 @@ impl Kind {
             | Kind::Provider
             | Kind::Attachment
             | Kind::Service
-            | Kind::Node => sbx_proto::names::validate_name(name).map_err(|e| e.to_string()),
+            | Kind::Node
+            | Kind::Lease => sbx_proto::names::validate_name(name).map_err(|e| e.to_string()),
         }
     }
 }
@@ -116,6 +127,7 @@ impl fmt::Display for Kind {
             Kind::Attachment => "attachment",
             Kind::Service => "service",
             Kind::Node => "node",
+            Kind::Lease => "lease",
         })
     }
 }
@@ -243,8 +255,8 @@ mod tests {
         }
         let mut tags: Vec<u8> = Kind::ALL.iter().map(|k| k.tag()).collect();
         tags.dedup();
-        assert_eq!(tags, vec![1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(Kind::from_tag(9), None);
+        assert_eq!(tags, vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(Kind::from_tag(10), None);
     }
 
     #[test]
