@@ -11,40 +11,15 @@
 
 mod common;
 
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{DataDir, SBX, oci_containers};
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use common::{DataDir, SBX, oci_containers, readme, sh_block_after};
 
 /// How long the whole tour may take (it is a 60-second tour; a debug build is slower).
 const TOUR_LIMIT: Duration = Duration::from_secs(120);
 
 const HEADING: &str = "## A 60-second tour";
-
-fn readme() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// The body of the first ```sh block after `heading`.
-fn sh_block_after(text: &str, heading: &str) -> String {
-    let at = text
-        .find(heading)
-        .unwrap_or_else(|| panic!("README.md has no {heading:?} heading"));
-    let rest = &text[at..];
-    let open = rest
-        .find("```sh\n")
-        .unwrap_or_else(|| panic!("no ```sh block after {heading:?}"));
-    let body = &rest[open + "```sh\n".len()..];
-    let close = body
-        .find("\n```")
-        .unwrap_or_else(|| panic!("the ```sh block after {heading:?} is not closed"));
-    body[..=close].to_string()
-}
 
 /// Rewrites the tour for the test: drops `cargo build`, points PATH at `bin_dir`, moves the
 /// data dir and address file under `tmp` (sbxd's Unix socket is in the data dir). Panics when the tour no
@@ -92,38 +67,10 @@ fn the_tour_runs_as_pasted() {
     let script = rewrite(&tour, bin_dir, tmp.path());
     let script_path = tmp.path().join("tour.sh");
     std::fs::write(&script_path, &script).unwrap();
-    let out_path = tmp.path().join("out");
-    let err_path = tmp.path().join("err");
-    let mut child = Command::new("bash")
-        .args(["-euo", "pipefail"])
-        .arg(&script_path)
-        .current_dir(tmp.path())
-        .env_remove("SBX_ENDPOINT")
-        .env("SBX_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .process_group(0)
-        .spawn()
-        .expect("spawn bash");
-    let group = Pid::from_raw(child.id() as i32);
-    let began = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if began.elapsed() > TOUR_LIMIT {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let took = began.elapsed();
-    // Whatever is left of the tour's process group (an sbxd, a watch) goes with it.
-    let _ = killpg(group, Signal::SIGKILL);
-    let _ = child.wait();
-    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let run = common::run_script(&script_path, tmp.path(), &[], TOUR_LIMIT);
+    let (out, err, took) = (run.out, run.err, run.took);
     let report = format!("script:\n{script}\nstdout:\n{out}\nstderr:\n{err}");
+    let status = run.status;
     let status = status.unwrap_or_else(|| panic!("the tour ran over {TOUR_LIMIT:?}\n{report}"));
     assert!(status.success(), "the tour failed: {status}\n{report}");
     // What the tour's comments say happens.

@@ -651,3 +651,76 @@ pub fn kept_across_restart(s: &sbx_proto::v1::Sandbox) -> sbx_proto::v1::Sandbox
         ..Default::default()
     }
 }
+
+/// The repository's README.md.
+pub fn readme() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The body of the first ```sh block after `heading` in `text`.
+pub fn sh_block_after(text: &str, heading: &str) -> String {
+    let at = text
+        .find(heading)
+        .unwrap_or_else(|| panic!("README.md has no {heading:?} heading"));
+    let rest = &text[at..];
+    let open = rest
+        .find("```sh\n")
+        .unwrap_or_else(|| panic!("no ```sh block after {heading:?}"));
+    let body = &rest[open + "```sh\n".len()..];
+    let close = body
+        .find("\n```")
+        .unwrap_or_else(|| panic!("the ```sh block after {heading:?} is not closed"));
+    body[..=close].to_string()
+}
+
+/// What a script run by [`run_script`] did.
+pub struct ScriptRun {
+    /// `None`: it ran over its limit (and was killed).
+    pub status: Option<ExitStatus>,
+    pub out: String,
+    pub err: String,
+    pub took: Duration,
+}
+
+/// Runs `script` with `bash -euo pipefail` in `dir` (its own process group, killed whole
+/// however it ends: nothing it started outlives it), with `env`, at most `limit`.
+pub fn run_script(script: &Path, dir: &Path, env: &[(&str, &str)], limit: Duration) -> ScriptRun {
+    use std::os::unix::process::CommandExt;
+    let out_path = dir.join("script.out");
+    let err_path = dir.join("script.err");
+    let mut child = Command::new("bash")
+        .args(["-euo", "pipefail"])
+        .arg(script)
+        .current_dir(dir)
+        .env_remove("SBX_ENDPOINT")
+        .env("SBX_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .process_group(0)
+        .spawn()
+        .expect("spawn bash");
+    let group = Pid::from_raw(child.id() as i32);
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if began.elapsed() > limit {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = began.elapsed();
+    // Whatever is left of the script's process group (an sbxd, a node, a watch) goes with it.
+    let _ = nix::sys::signal::killpg(group, Signal::SIGKILL);
+    let _ = child.wait();
+    ScriptRun {
+        status,
+        out: std::fs::read_to_string(&out_path).unwrap_or_default(),
+        err: std::fs::read_to_string(&err_path).unwrap_or_default(),
+        took,
+    }
+}
