@@ -75,6 +75,21 @@ pub struct Config {
     /// Whether the local node (the gateway's own drivers) starts cordoned, until an operator
     /// says otherwise (`sbx node cordon|uncordon local`, kept in the store). sbxd: no.
     pub local_node_cordoned: bool,
+    /// Gateways sharing one store: each serves the workspaces whose lease it holds
+    /// (`crate::ownership`). `None`: this gateway serves every workspace (one gateway).
+    pub ownership: Option<OwnershipSettings>,
+}
+
+/// Who this gateway is among those sharing a store, and how long a lease lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnershipSettings {
+    /// This gateway's id: kept across its restarts (sbxd: DATA/gateway-id), so a restarted
+    /// gateway renews its own leases at once.
+    pub gateway: uuid::Uuid,
+    /// Where it serves its API, written into its leases.
+    pub address: String,
+    /// How long a lease lasts unrenewed; renewed every third of it.
+    pub period: Duration,
 }
 
 impl Default for Config {
@@ -101,6 +116,7 @@ impl Default for Config {
             service_domain: "localhost".to_string(),
             default_resources: sbx_proto::v1::Resources::default(),
             local_node_cordoned: false,
+            ownership: None,
         }
     }
 }
@@ -157,9 +173,20 @@ impl DriverSet {
         }
     }
 
-    /// The driver `sandbox` runs on.
+    /// The driver `sandbox` runs on (on a node: fenced with its workspace's token while this
+    /// gateway holds the workspace under one).
     pub fn for_sandbox(&self, sandbox: &Sandbox) -> Result<Arc<dyn ComputeDriver>> {
-        self.resolve_place(&self.place_of(sandbox))
+        let workspace = uuid::Uuid::parse_str(&sandbox.workspace_id).ok();
+        match (node_id_of(sandbox), workspace) {
+            (Some(node), Some(workspace)) => {
+                self.nodes.link_for(node, workspace).ok_or_else(|| {
+                    ActorError::FailedPrecondition(format!(
+                        "node {node} is not registered with this gateway"
+                    ))
+                })
+            }
+            _ => self.resolve_place(&self.place_of(sandbox)),
+        }
     }
 
     /// Every place and its driver: the local drivers by name, then each node.
@@ -215,4 +242,6 @@ pub struct Shared {
     /// Bounds the driver calls of actors re-attaching at startup.
     pub attach_permits: Semaphore,
     pub startup: StartupTracker,
+    /// This gateway's side of the workspace leases, when gateways share the store.
+    pub ownership: Option<Arc<crate::ownership::Ownership>>,
 }

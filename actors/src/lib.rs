@@ -40,7 +40,7 @@ pub use api::{
     ActorStream, DEFAULT_PAGE_SIZE, ExecInputs, ExecOptions, ForwardInputs, Gateway, Listed,
     LogOptions, MAX_PAGE_SIZE, SandboxFilter, ServiceTarget,
 };
-pub use config::{Config, DEFAULT_IMAGE, DriverSet};
+pub use config::{Config, DEFAULT_IMAGE, DriverSet, OwnershipSettings};
 pub use error::{ActorError, ImageFailure, Result};
 pub use images::{ImageSelector, record_name as image_record_name};
 pub use owned::sealer::Sealer;

@@ -70,6 +70,12 @@ pub struct NodeReport {
 pub trait NodeLink: Send + Sync {
     /// The node's driver (every call bounded by the gateway's call timeout).
     fn driver(&self) -> Arc<dyn ComputeDriver>;
+    /// The node's driver, its every call carrying `workspace`'s fencing `token` (nodes refuse
+    /// a call under a token older than the newest they have seen). Unfenced by default.
+    fn fenced(&self, workspace: Uuid, token: u64) -> Arc<dyn ComputeDriver> {
+        let _ = (workspace, token);
+        self.driver()
+    }
     /// What the node says of itself.
     async fn report(&self) -> Result<NodeReport, DriverError>;
 }
@@ -263,6 +269,9 @@ pub struct Nodes {
     local: RwLock<Local>,
     /// What the sandboxes on each place ask for: `None` is local.
     allocated: RwLock<HashMap<Option<Uuid>, NodeCapacity>>,
+    /// The fencing token of each workspace this gateway holds (gateways sharing a store):
+    /// every call to a node for a sandbox of it carries it.
+    fences: RwLock<HashMap<Uuid, u64>>,
 }
 
 impl std::fmt::Debug for Nodes {
@@ -335,6 +344,7 @@ impl Nodes {
             entries: RwLock::new(BTreeMap::new()),
             local: RwLock::new(Local::default()),
             allocated: RwLock::new(HashMap::new()),
+            fences: RwLock::new(HashMap::new()),
         }
     }
 
@@ -405,6 +415,29 @@ impl Nodes {
     /// The driver of node `id`, if it is registered.
     pub fn link_of(&self, id: Uuid) -> Option<Arc<dyn ComputeDriver>> {
         read(&self.entries).get(&id).map(|e| e.link.driver())
+    }
+
+    /// The driver of node `id` for a sandbox of `workspace`: fenced with the workspace's
+    /// token while this gateway holds it under one.
+    pub fn link_for(&self, id: Uuid, workspace: Uuid) -> Option<Arc<dyn ComputeDriver>> {
+        let token = read(&self.fences).get(&workspace).copied();
+        read(&self.entries).get(&id).map(|e| match token {
+            Some(token) => e.link.fenced(workspace, token),
+            None => e.link.driver(),
+        })
+    }
+
+    /// The token under which this gateway holds `workspace`, if it does.
+    pub fn fence_of(&self, workspace: Uuid) -> Option<u64> {
+        read(&self.fences).get(&workspace).copied()
+    }
+
+    /// This gateway holds `workspace` under `token` (`None`: no longer).
+    pub fn set_fence(&self, workspace: Uuid, token: Option<u64>) {
+        match token {
+            Some(token) => write(&self.fences).insert(workspace, token),
+            None => write(&self.fences).remove(&workspace),
+        };
     }
 
     /// Every registered node's id and driver.

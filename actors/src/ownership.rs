@@ -10,8 +10,8 @@
 //! holder's calls there are refused, so a gateway that was paused past its lease cannot act.
 //!
 //! Times are the gateways' wall clocks: a lease period (default 10 s) must be well above the
-//! clock skew between them. What is built here is the lease itself; the gateway loop that
-//! claims, renews and stands down around it is the next step (docs/ARCHITECTURE.md).
+//! clock skew between them. [`hold_leases`] is the loop of a gateway: it claims and renews,
+//! serves what it took, and lets go of what it lost or could not renew in time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -195,6 +195,87 @@ impl Ownership {
             Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => Ok(false),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// Who holds the lease of `workspace` (its gateway id and address), if anyone does and it has
+/// not expired.
+pub async fn holder_of(store: &dyn ObjectStore, workspace: Uuid) -> Result<Option<(Uuid, String)>> {
+    let Some(record) = store
+        .get_by_name(Kind::Lease, None, &workspace.to_string())
+        .await?
+    else {
+        return Ok(None);
+    };
+    let (body, holder) = decode(&record)?;
+    Ok((body.expires_at_ms > crate::records::now_ms()).then_some((holder, body.holder_address)))
+}
+
+/// The lease loop of a gateway sharing its store: every third of the lease period, it first
+/// lets go of every workspace whose lease it could not renew in time (so that a gateway that
+/// was paused or cut off stops acting before, or as soon as, another can take over), then
+/// claims the lease of every workspace: one it takes is served (`RootMsg::Hold`, its token
+/// set for the calls to nodes), one another gateway holds is let go (`RootMsg::LetGo`).
+pub async fn hold_leases(
+    ownership: Arc<Ownership>,
+    store: Arc<dyn ObjectStore>,
+    nodes: Arc<crate::nodes::Nodes>,
+    root: ractor::ActorRef<crate::protocol::RootMsg>,
+) {
+    use std::collections::HashMap;
+
+    use crate::protocol::RootMsg;
+    let every = ownership.period / 3;
+    // Workspace → when its lease, as last renewed, ends.
+    let mut held: HashMap<Uuid, u64> = HashMap::new();
+    let let_go = |held: &mut HashMap<Uuid, u64>, ws: Uuid, why: &str| {
+        if held.remove(&ws).is_some() {
+            tracing::warn!(workspace = %ws, "letting the workspace go: {why}");
+            nodes.set_fence(ws, None);
+            let _ = root.cast(RootMsg::LetGo(ws));
+        }
+    };
+    loop {
+        // Stand down first: what could not be renewed in time is no longer ours to act for.
+        let now = crate::records::now_ms();
+        let margin = every.as_millis() as u64;
+        let late: Vec<Uuid> = held
+            .iter()
+            .filter(|(_, ends)| **ends <= now + margin)
+            .map(|(ws, _)| *ws)
+            .collect();
+        for ws in late {
+            let_go(&mut held, ws, "its lease could not be renewed in time");
+        }
+        match crate::scan::all_records(
+            &*store,
+            Kind::Workspace,
+            sbx_storage::Scope::All,
+            &sbx_storage::LabelSelector::everything(),
+        )
+        .await
+        {
+            Ok(workspaces) => {
+                for ws in workspaces.iter().map(|r| r.id) {
+                    match ownership.claim(ws, crate::records::now_ms()).await {
+                        Ok(Claim::Held(lease)) => {
+                            if held.insert(ws, lease.expires_at_ms).is_none() {
+                                nodes.set_fence(ws, Some(lease.token));
+                                let _ = root.cast(RootMsg::Hold(ws));
+                            }
+                        }
+                        Ok(Claim::HeldBy { holder, .. }) => {
+                            let_go(&mut held, ws, &format!("gateway {holder} holds its lease"));
+                        }
+                        Err(e) => {
+                            tracing::warn!(workspace = %ws, "cannot claim the workspace's lease: {e}")
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("cannot list the workspaces to claim: {e}"),
+        }
+        tokio::time::sleep(every).await;
     }
 }
 

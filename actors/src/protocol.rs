@@ -38,6 +38,11 @@ pub enum RootMsg {
     },
     RespawnSupervisor(Uuid),
     RespawnReconciler,
+    /// This gateway took the workspace's lease: serve it (spawn its supervisor).
+    Hold(Uuid),
+    /// This gateway no longer holds the workspace's lease (lost it, or cannot renew it in
+    /// time): stop its supervisor and sandbox actors, leaving the workloads as they are.
+    LetGo(Uuid),
     Reconciler(RpcReplyPort<Option<ActorRef<ReconcilerMsg>>>),
 }
 

@@ -63,6 +63,12 @@ impl Actor for GatewayRoot {
         myself: ActorRef<RootMsg>,
         st: &mut RootState,
     ) -> Result<(), ActorProcessingErr> {
+        if st.shared.ownership.is_some() {
+            // Gateways sharing the store: the lease task says which workspaces to serve.
+            st.shared.startup.attached();
+            self.spawn_reconciler(&myself, st).await;
+            return Ok(());
+        }
         let ids: Vec<Uuid> = all_records(
             &*st.shared.store,
             Kind::Workspace,
@@ -119,6 +125,25 @@ impl Actor for GatewayRoot {
             RootMsg::RespawnSupervisor(id) => {
                 if st.supervisors.get(&id).is_some_and(|s| s.actor.is_none()) {
                     self.spawn_supervisor(&myself, st, id, false).await;
+                }
+            }
+            RootMsg::Hold(id) => {
+                if let std::collections::hash_map::Entry::Vacant(entry) = st.supervisors.entry(id) {
+                    tracing::info!(workspace = %id, "serving the workspace (its lease is ours)");
+                    entry.insert(Supervised {
+                        actor: None,
+                        history: RestartHistory::default(),
+                    });
+                    self.spawn_supervisor(&myself, st, id, false).await;
+                }
+            }
+            RootMsg::LetGo(id) => {
+                if let Some(sup) = st.supervisors.remove(&id) {
+                    tracing::warn!(workspace = %id, "letting the workspace go (its lease is not ours)");
+                    if let Some(actor) = sup.actor {
+                        st.by_actor.remove(&actor.get_id());
+                        actor.stop(Some("the workspace's lease is another gateway's".into()));
+                    }
                 }
             }
             RootMsg::RespawnReconciler => {
@@ -272,6 +297,19 @@ impl GatewayRoot {
                 other => other.into(),
             })?;
         let stored = StoredWorkspace::from_record(record)?;
+        if let Some(ownership) = &st.shared.ownership {
+            // A new workspace is served by the gateway that made it, from the start.
+            match ownership.claim(id, crate::records::now_ms()).await? {
+                crate::ownership::Claim::Held(held) => {
+                    st.shared.drivers.nodes().set_fence(id, Some(held.token));
+                }
+                crate::ownership::Claim::HeldBy { holder, .. } => {
+                    return Err(ActorError::Internal(format!(
+                        "the lease of new workspace {id} is held by gateway {holder}"
+                    )));
+                }
+            }
+        }
         st.supervisors.insert(
             id,
             Supervised {

@@ -42,6 +42,9 @@ pub struct Router {
     store: Arc<dyn ObjectStore>,
     /// The deadline of a call, restarts included.
     request_timeout: Duration,
+    /// Gateways sharing a store: which workspaces this one holds (their fences). A call for
+    /// one it does not hold is answered at once, naming the holder.
+    held: Option<Arc<crate::nodes::Nodes>>,
 }
 
 /// How long a call waits for its actor, and how it paces its attempts.
@@ -74,6 +77,10 @@ impl Router {
             root,
             store: Arc::clone(&shared.store),
             request_timeout: shared.config.request_timeout,
+            held: shared
+                .ownership
+                .as_ref()
+                .map(|_| Arc::clone(shared.drivers.nodes())),
         }
     }
 
@@ -99,6 +106,25 @@ impl Router {
         }
     }
 
+    /// Gateways sharing a store: `Unavailable` naming the holder when this gateway does not
+    /// hold `ws` (the client asks the holder, or again once leases move).
+    async fn refuse_unless_held(&self, ws: Uuid) -> Result<()> {
+        let Some(nodes) = &self.held else {
+            return Ok(());
+        };
+        if nodes.fence_of(ws).is_some() {
+            return Ok(());
+        }
+        let holder = crate::ownership::holder_of(&*self.store, ws).await?;
+        Err(ActorError::Unavailable(match holder {
+            Some((gateway, address)) => format!(
+                "workspace {ws} is served by another gateway ({gateway}, at {address}); ask it, \
+                 or again once its lease moves"
+            ),
+            None => format!("workspace {ws} is not served by any gateway yet; ask again"),
+        }))
+    }
+
     /// Sends a request to a workspace's supervisor and waits for its answer, riding out the
     /// supervisor's restarts. `None` when the workspace no longer has a supervisor (deleted).
     pub async fn call_workspace<R: Send + 'static>(
@@ -106,6 +132,7 @@ impl Router {
         ws: Uuid,
         build: impl Fn(RpcReplyPort<Result<R>>) -> WorkspaceMsg,
     ) -> Result<Option<R>> {
+        self.refuse_unless_held(ws).await?;
         call_until(
             ("workspace", ws),
             Patience::request(self.request_timeout),
@@ -124,6 +151,7 @@ impl Router {
         id: Uuid,
         build: impl Fn(RpcReplyPort<Result<R>>) -> SandboxMsg,
     ) -> Result<Option<R>> {
+        self.refuse_unless_held(ws).await?;
         let locate = || async move {
             match self.sandbox(ws, id).await? {
                 // Not known to its supervisor, but recorded: being created or restarted.

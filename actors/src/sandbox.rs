@@ -580,6 +580,12 @@ impl SandboxActor {
         st: &mut SandboxState,
         e: DriverError,
     ) -> Result<Outcome, ActorProcessingErr> {
+        if matches!(&e, DriverError::FailedPrecondition(m) if m.starts_with("fenced:")) {
+            // A newer holder of the workspace reached the node: this gateway no longer acts
+            // for it, and writes nothing about it (its lease loop lets the workspace go).
+            tracing::warn!(sandbox = %st.stored.id(), "the node fenced this gateway's call: {e}");
+            return Err(format!("fenced: {e}").into());
+        }
         let cfg = &st.shared.config;
         if !e.is_transient() {
             set_phase(
@@ -766,6 +772,7 @@ impl SandboxActor {
 
     /// Writes the actor's view of the sandbox, checked against the version it last wrote.
     async fn persist(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
+        refuse_unless_held(st)?;
         let written = st.shared.store.update(st.stored.to_update()).await?;
         st.stored = StoredSandbox::from_record(written)?;
         st.shared
@@ -775,6 +782,7 @@ impl SandboxActor {
     }
 
     async fn delete_record(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
+        refuse_unless_held(st)?;
         match st
             .shared
             .store
@@ -794,6 +802,25 @@ impl SandboxActor {
             .events
             .publish(EventType::Deleted, st.stored.sandbox.clone());
         Ok(())
+    }
+}
+
+/// Gateways sharing a store: a sandbox's record is written only while this gateway holds its
+/// workspace's lease (as its lease loop last renewed it); a gateway that lost or could not
+/// renew it writes nothing more about it.
+fn refuse_unless_held(st: &SandboxState) -> Result<(), ActorProcessingErr> {
+    if st.shared.ownership.is_none() {
+        return Ok(());
+    }
+    let ws = st.stored.workspace_id();
+    if st.shared.drivers.nodes().fence_of(ws).is_some() {
+        Ok(())
+    } else {
+        Err(format!(
+            "workspace {ws} is not held by this gateway (its lease is another's, or was not \
+             renewed in time): nothing written"
+        )
+        .into())
     }
 }
 

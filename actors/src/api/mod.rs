@@ -86,6 +86,9 @@ pub struct Gateway {
     images: Images,
     /// Asks every node what it is, every few seconds; aborted at shutdown.
     node_probe: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Claims and renews the workspace leases (gateways sharing a store); aborted at
+    /// shutdown.
+    lease_task: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 /// A page of a list.
@@ -117,6 +120,14 @@ impl Gateway {
         let horizon = store.current_revision().await?;
         let images = Images::new(Arc::clone(&store), &config);
         images.probe_drivers(&drivers).await;
+        let ownership = config.ownership.as_ref().map(|o| {
+            Arc::new(crate::ownership::Ownership::new(
+                Arc::clone(&store),
+                o.gateway,
+                o.address.clone(),
+                o.period,
+            ))
+        });
         let shared = Arc::new(Shared {
             events: EventHub::new(
                 HistoryBounds {
@@ -131,6 +142,7 @@ impl Gateway {
             config,
             leases: Arc::new(LeaseTable::default()),
             startup: StartupTracker::default(),
+            ownership,
         });
         nodes::load_nodes(&shared).await?;
         // The root's own share, released when it has spawned every supervisor.
@@ -145,7 +157,18 @@ impl Gateway {
             root_task: std::sync::Mutex::new(Some(root_task)),
             images,
             node_probe: std::sync::Mutex::new(None),
+            lease_task: std::sync::Mutex::new(None),
         };
+        if let Some(ownership) = &gateway.shared.ownership {
+            let task = crate::ownership::hold_leases(
+                Arc::clone(ownership),
+                Arc::clone(&gateway.shared.store),
+                Arc::clone(gateway.shared.drivers.nodes()),
+                gateway.root.clone(),
+            );
+            *gateway.lease_task.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(tokio::spawn(task));
+        }
         let nodes = Arc::clone(gateway.shared.drivers.nodes());
         let timeout = gateway.shared.config.driver_call_timeout;
         *gateway.node_probe.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -180,13 +203,10 @@ impl Gateway {
 
     pub async fn shutdown_within(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
-        if let Some(probe) = self
-            .node_probe
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            probe.abort();
+        for task in [&self.node_probe, &self.lease_task] {
+            if let Some(task) = task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                task.abort();
+            }
         }
         self.root.stop(None);
         let task = self

@@ -100,6 +100,10 @@ impl NodeLink for RemoteNode {
         self.driver.clone()
     }
 
+    fn fenced(&self, workspace: Uuid, token: u64) -> Arc<dyn ComputeDriver> {
+        Arc::new(self.driver.fenced(workspace, token))
+    }
+
     async fn report(&self) -> Result<NodeReport, DriverError> {
         let info = self.driver.node_info().await?;
         let node_id = Uuid::parse_str(&info.node_id).map_err(|_| {

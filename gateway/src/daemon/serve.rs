@@ -337,6 +337,18 @@ async fn serve_on(
         ),
         service_domain: validate_service_domain(&args.service_domain)?,
         default_resources: default_resources(&args)?,
+        // Gateways sharing a store take turns at each workspace, under leases.
+        ownership: match &args.store.store {
+            Some(_) => Some(sbx_actors::OwnershipSettings {
+                gateway: super::store::gateway_id(data_dir)?,
+                address: args
+                    .listen
+                    .clone()
+                    .unwrap_or_else(|| "the Unix socket".to_string()),
+                period: Duration::from_secs(args.store.lease_seconds),
+            }),
+            None => None,
+        },
         ..Config::default()
     };
     let nodes = sbx_actors::nodes::Nodes::new(

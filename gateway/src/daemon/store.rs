@@ -34,6 +34,44 @@ pub struct StoreArgs {
         requires = "store"
     )]
     pub store_password_file: Option<PathBuf>,
+
+    /// With --store: how long a workspace's lease lasts unrenewed, in seconds. Gateways
+    /// sharing a store each serve the workspaces whose lease they hold (renewed every third of
+    /// it); when one dies, the others take its workspaces over within about this long.
+    #[arg(long, env = "SBX_LEASE_SECONDS", value_name = "SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(2..=300))]
+    pub lease_seconds: u64,
+}
+
+/// This gateway's id among those sharing a store, kept in DATA/gateway-id (made, mode 0600,
+/// at the first start) so that a restarted gateway renews its own leases at once.
+pub fn gateway_id(data_dir: &Path) -> Result<uuid::Uuid, DaemonError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = data_dir.join("gateway-id");
+    let failed = |e: std::io::Error| DaemonError::Setup(format!("{}: {e}", path.display()));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => uuid::Uuid::parse_str(text.trim()).map_err(|_| {
+            DaemonError::Setup(format!(
+                "{} does not hold a gateway id (a UUID); remove it to make a new one",
+                path.display()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = uuid::Uuid::new_v4();
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(failed)?;
+            file.write_all(format!("{id}\n").as_bytes())
+                .and_then(|()| file.sync_all())
+                .map_err(failed)?;
+            Ok(id)
+        }
+        Err(e) => Err(failed(e)),
+    }
 }
 
 /// A `postgres://` URL parsed into a client config, with the password from the file or the

@@ -1,0 +1,192 @@
+//! Gateways sharing one PostgreSQL, black box: two `sbxd serve --store postgres://…` and one
+//! `sbxd node --driver process`. Gateway A serves the workspace (it holds its lease); B does
+//! not until A is paused (SIGSTOP) past the lease, then takes it over with the next fencing
+//! token — the node then refuses A's token — and serves every sandbox on the same workloads;
+//! A, let run again (SIGCONT), stands down without touching them.
+//!
+//! Every process is killed by pid when its guard drops (A is continued first); the node's
+//! workloads are deleted through B at the end, and killed by the node's data dir guard if the
+//! test fails first.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::node::Node;
+use common::{DataDir, Sbxd, eventually, sbx, workload_pids_in};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use sbx_proto::v1::Phase;
+use sbx_storage::conformance::postgres_server::TestPostgres;
+
+const LEASE: &str = "3";
+
+fn gateway(data: &Path, url: &str, password_file: &str) -> Sbxd {
+    Sbxd::start(
+        data,
+        "sim",
+        &[
+            "--store",
+            url,
+            "--store-password-file",
+            password_file,
+            "--lease-seconds",
+            LEASE,
+            "--node-grace",
+            "3",
+        ],
+    )
+}
+
+fn signal(d: &Sbxd, signal: Signal) {
+    kill(Pid::from_raw(d.pid()), signal).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
+    let server = TestPostgres::start().expect("a PostgreSQL server");
+    server.create_database("ha").await.unwrap();
+    let secrets = DataDir::new();
+    let password_file = secrets.path().join("pw");
+    std::fs::write(&password_file, server.password()).unwrap();
+    let password_file = password_file.to_str().unwrap().to_string();
+    let url = server.url("ha");
+
+    let node_data = DataDir::new();
+    let state = node_data.path().join("drivers/process");
+    std::fs::create_dir_all(&state).unwrap();
+    let node = Node::start(
+        node_data.path(),
+        &[
+            "--driver",
+            "process",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--auth",
+            "none",
+            "--cgroup-parent",
+            common::TEST_CGROUP_PARENT,
+            "--capacity-cpu",
+            "16",
+        ],
+    );
+
+    let a_data = DataDir::new();
+    let a = gateway(a_data.path(), &url, &password_file);
+    sbx(&a.endpoint(), &["node", "cordon", "local"]).ok();
+    sbx(
+        &a.endpoint(),
+        &["node", "add", "n", "--address", &node.addr],
+    )
+    .ok();
+    for i in 0..4 {
+        sbx(
+            &a.endpoint(),
+            &[
+                "sandbox",
+                "create",
+                &format!("s{i}"),
+                "--driver",
+                "process",
+                "--",
+                "sleep",
+                "120",
+            ],
+        )
+        .ok();
+    }
+    let ready = eventually(Duration::from_secs(30), "every sandbox Ready", || async {
+        let all = a.all_sandboxes().await;
+        (all.len() == 4 && all.values().all(|s| s.phase == Phase::Ready as i32)).then_some(all)
+    })
+    .await;
+    let pids: Vec<(String, Vec<i32>)> = ready
+        .values()
+        .map(|s| (s.id.clone(), workload_pids_in(&state, &s.id)))
+        .collect();
+    for (id, p) in &pids {
+        assert_eq!(p.len(), 1, "{id}: {p:?}");
+    }
+
+    // B starts while A holds the workspace: B serves none of it.
+    let b_data = DataDir::new();
+    let mut b = gateway(b_data.path(), &url, &password_file);
+    let refused = sbx(&b.endpoint(), &["sandbox", "stop", "s0"]);
+    assert_ne!(refused.code, 0, "B acted for A's workspace: {refused:?}");
+
+    // A paused past its lease: B takes the workspace over, one token up.
+    signal(&a, Signal::SIGSTOP);
+    let paused = Instant::now();
+    eventually(
+        Duration::from_secs(20),
+        "B serves the workspace",
+        || async { b.log_text().contains("serving the workspace").then_some(()) },
+    )
+    .await;
+    let takeover = paused.elapsed();
+    // B acts: stop and start s1 through the node, under the new token.
+    sbx(&b.endpoint(), &["sandbox", "stop", "s1"]).ok();
+    let fences: Vec<String> = std::fs::read_dir(state.join("fences"))
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert_eq!(fences, vec!["2\n".to_string()], "the node saw B's token");
+    sbx(&b.endpoint(), &["sandbox", "start", "s1"]).ok();
+
+    // A again: it stands down, and nothing of it reaches the sandboxes.
+    signal(&a, Signal::SIGCONT);
+    eventually(
+        Duration::from_secs(20),
+        "A lets the workspace go",
+        || async {
+            a.log_text()
+                .contains("letting the workspace go")
+                .then_some(())
+        },
+    )
+    .await;
+    let through_a = sbx(&a.endpoint(), &["sandbox", "stop", "s2"]);
+    assert_ne!(through_a.code, 0, "A still acts: {through_a:?}");
+    eventually(
+        Duration::from_secs(30),
+        "every sandbox Ready on B",
+        || async {
+            let all = b.all_sandboxes().await;
+            all.values()
+                .all(|s| s.phase == Phase::Ready as i32)
+                .then_some(())
+        },
+    )
+    .await;
+    // The same workloads, but s1's (stopped and started by B on purpose).
+    let s1 = ready.values().find(|s| s.name == "s1").unwrap().id.clone();
+    for (id, before) in &pids {
+        if *id != s1 {
+            assert_eq!(
+                &workload_pids_in(&state, id),
+                before,
+                "{id} kept its workload"
+            );
+        }
+    }
+    let info = node.plain().node_info().await.unwrap();
+    eprintln!(
+        "takeover {takeover:?} after SIGSTOP with a {LEASE} s lease; calls the node fenced: {}",
+        info.fenced_calls
+    );
+    assert!(
+        takeover < Duration::from_secs(3 + 5),
+        "took over after {takeover:?}"
+    );
+
+    // Clean up through B.
+    for s in ready.values() {
+        sbx(&b.endpoint(), &["sandbox", "delete", &s.name]).ok();
+    }
+    assert!(common::all_workload_pids(node_data.path()).is_empty());
+    b.sigterm(Duration::from_secs(30));
+}
