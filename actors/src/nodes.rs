@@ -412,6 +412,11 @@ impl Nodes {
         write(&self.allocated).remove(&Some(id));
     }
 
+    /// Whether node `id` is held.
+    pub fn holds(&self, id: Uuid) -> bool {
+        read(&self.entries).contains_key(&id)
+    }
+
     /// The driver of node `id`, if it is registered.
     pub fn link_of(&self, id: Uuid) -> Option<Arc<dyn ComputeDriver>> {
         read(&self.entries).get(&id).map(|e| e.link.driver())

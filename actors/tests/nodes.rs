@@ -517,3 +517,48 @@ async fn fifty_simulated_nodes_take_sandboxes_within_their_capacity_and_evenly()
     );
     assert!(max / mean < 1.05, "uneven: max {max:.3}, mean {mean:.3}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_registered_cordoned_or_removed_through_one_gateway_is_seen_by_another() {
+    let c = Cluster::new().await;
+    let nodes = Nodes::new(Some(Arc::new(c.dialer.clone())), timing());
+    let other = Gateway::start(
+        Arc::clone(&c.store),
+        DriverSet::single("sim", c.local.clone()).with_nodes(nodes),
+        Cluster::config(),
+    )
+    .await
+    .unwrap();
+    c.dialer.add("sim-a", capacity(8000, 100));
+    c.gw()
+        .add_node("a", "sim-a", BTreeMap::new())
+        .await
+        .unwrap();
+    let seen = |want: Option<bool>| {
+        let other = &other;
+        async move {
+            for _ in 0..200 {
+                let node = other.get_node(&NodeSelector::Name("a".into())).ok();
+                if node.map(|n| n.cordoned) == want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("the other gateway never saw node a as {want:?}");
+        }
+    };
+    seen(Some(false)).await;
+    c.gw()
+        .cordon_node(&NodeSelector::Name("a".into()), true)
+        .await
+        .unwrap();
+    seen(Some(true)).await;
+    assert!(
+        c.gw()
+            .remove_node(&NodeSelector::Name("a".into()))
+            .await
+            .unwrap()
+    );
+    seen(None).await;
+    assert!(other.shutdown().await);
+}

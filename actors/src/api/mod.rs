@@ -170,11 +170,18 @@ impl Gateway {
                 Some(tokio::spawn(task));
         }
         let nodes = Arc::clone(gateway.shared.drivers.nodes());
+        let store = Arc::clone(&gateway.shared.store);
         let timeout = gateway.shared.config.driver_call_timeout;
         *gateway.node_probe.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(tokio::spawn(async move {
                 let every = nodes.timing().probe_every;
                 loop {
+                    // What other gateways of the store registered, cordoned or removed.
+                    match nodes::sync_nodes(&*store, &nodes).await {
+                        Ok(Some(cordoned)) => nodes.set_local_cordoned(cordoned),
+                        Ok(None) => {}
+                        Err(e) => tracing::warn!("cannot read the nodes from the store: {e}"),
+                    }
                     nodes.probe_all(timeout.min(every * 2)).await;
                     tokio::time::sleep(every).await;
                 }

@@ -99,6 +99,41 @@ fn node_from_record(record: &Record) -> Result<Node> {
     Ok(node)
 }
 
+/// Makes the registry hold the nodes the store holds: a node registered (through any gateway
+/// of the store) is dialed and held, a held one has its cordon and labels updated, one removed
+/// is let go. Answers the local node's cordon when its record exists. At start, and then
+/// every probe round, so gateways sharing a store see each other's `node add|cordon|remove`.
+pub(crate) async fn sync_nodes(
+    store: &dyn sbx_storage::ObjectStore,
+    nodes: &Nodes,
+) -> Result<Option<bool>> {
+    let mut local_cordoned = None;
+    let mut seen = std::collections::HashSet::new();
+    for record in all_records(store, Kind::Node, Scope::All, &LabelSelector::everything()).await? {
+        let node = node_from_record(&record)?;
+        if record.id == LOCAL_RECORD {
+            local_cordoned = Some(node.cordoned);
+            continue;
+        }
+        seen.insert(record.id);
+        if nodes.holds(record.id) {
+            nodes.update_stored(&node);
+            continue;
+        }
+        match nodes.dial(&node.endpoint) {
+            Ok(link) => nodes.insert(node, link, false),
+            Err(e) => tracing::error!(node = %node.name, endpoint = %node.endpoint,
+                "cannot reach this node's endpoint: {e}"),
+        }
+    }
+    for (id, _) in nodes.drivers() {
+        if !seen.contains(&id) {
+            nodes.remove(id);
+        }
+    }
+    Ok(local_cordoned)
+}
+
 /// Loads the registered nodes (each dialed, none waited for), the local node's cordon, and
 /// what every sandbox asks of its node. At start, before any actor asks for a sandbox's
 /// driver.
@@ -106,21 +141,9 @@ pub(super) async fn load_nodes(shared: &crate::config::Shared) -> Result<()> {
     {
         let nodes = shared.drivers.nodes();
         let store = &*shared.store;
-        let mut local_cordoned = shared.config.local_node_cordoned;
-        for record in
-            all_records(store, Kind::Node, Scope::All, &LabelSelector::everything()).await?
-        {
-            let node = node_from_record(&record)?;
-            if record.id == LOCAL_RECORD {
-                local_cordoned = node.cordoned;
-                continue;
-            }
-            match nodes.dial(&node.endpoint) {
-                Ok(link) => nodes.insert(node, link, false),
-                Err(e) => tracing::error!(node = %node.name, endpoint = %node.endpoint,
-                    "cannot reach this node's endpoint: {e}"),
-            }
-        }
+        let local_cordoned = sync_nodes(store, nodes)
+            .await?
+            .unwrap_or(shared.config.local_node_cordoned);
         // The local node: the gateway's drivers, with no capacity of its own to place
         // against (it is the gateway's machine, bounded by sbxd's limits as before).
         let local_drivers = shared.drivers.iter().map(|(n, _)| n.clone()).collect();
