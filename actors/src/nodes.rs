@@ -432,6 +432,13 @@ impl Nodes {
         })
     }
 
+    /// The workspaces this gateway holds (gateways sharing a store).
+    pub fn held_workspaces(&self) -> Vec<Uuid> {
+        let mut held: Vec<Uuid> = read(&self.fences).keys().copied().collect();
+        held.sort();
+        held
+    }
+
     /// The token under which this gateway holds `workspace`, if it does.
     pub fn fence_of(&self, workspace: Uuid) -> Option<u64> {
         read(&self.fences).get(&workspace).copied()

@@ -211,69 +211,126 @@ pub async fn holder_of(store: &dyn ObjectStore, workspace: Uuid) -> Result<Optio
     Ok((body.expires_at_ms > crate::records::now_ms()).then_some((holder, body.holder_address)))
 }
 
-/// The lease loop of a gateway sharing its store: every third of the lease period, it first
-/// lets go of every workspace whose lease it could not renew in time (so that a gateway that
-/// was paused or cut off stops acting before, or as soon as, another can take over), then
-/// claims the lease of every workspace: one it takes is served (`RootMsg::Hold`, its token
-/// set for the calls to nodes), one another gateway holds is let go (`RootMsg::LetGo`).
+/// The lease loop of a gateway sharing its store, every third of the lease period:
+/// 1. it lets go of every workspace whose lease it could not renew in time (so that a gateway
+///    that was paused or cut off stops acting before, or as soon as, another can take over),
+///    and gives back the leases it let go of last round to spread the load;
+/// 2. it renews its membership: a lease named by its own id, by which the others count the
+///    live gateways;
+/// 3. it renews what it holds and takes free or expired leases while it holds fewer than its
+///    share (the workspaces divided by the live gateways, rounded up): one it takes is served
+///    (`RootMsg::Hold`, its token set for the calls to nodes), one another gateway holds is
+///    let go (`RootMsg::LetGo`);
+/// 4. holding more than its share while other gateways live, it lets the excess go: their
+///    actors stop now, their leases are given back next round, and the others take them.
 pub async fn hold_leases(
     ownership: Arc<Ownership>,
     store: Arc<dyn ObjectStore>,
     nodes: Arc<crate::nodes::Nodes>,
     root: ractor::ActorRef<crate::protocol::RootMsg>,
 ) {
-    use std::collections::HashMap;
+    use std::collections::{BTreeMap, HashSet};
 
     use crate::protocol::RootMsg;
     let every = ownership.period / 3;
-    // Workspace → when its lease, as last renewed, ends.
-    let mut held: HashMap<Uuid, u64> = HashMap::new();
-    let let_go = |held: &mut HashMap<Uuid, u64>, ws: Uuid, why: &str| {
-        if held.remove(&ws).is_some() {
-            tracing::warn!(workspace = %ws, "letting the workspace go: {why}");
-            nodes.set_fence(ws, None);
-            let _ = root.cast(RootMsg::LetGo(ws));
-        }
+    let me = ownership.gateway;
+    let mut held: BTreeMap<Uuid, Held> = BTreeMap::new();
+    // Let go of last round to spread the load: given back this round.
+    let mut giving_back: Vec<Held> = Vec::new();
+    let let_go = |held: &mut BTreeMap<Uuid, Held>, ws: Uuid, why: &str| -> Option<Held> {
+        let lease = held.remove(&ws)?;
+        tracing::warn!(workspace = %ws, "letting the workspace go: {why}");
+        nodes.set_fence(ws, None);
+        let _ = root.cast(RootMsg::LetGo(ws));
+        Some(lease)
     };
     loop {
-        // Stand down first: what could not be renewed in time is no longer ours to act for.
         let now = crate::records::now_ms();
         let margin = every.as_millis() as u64;
         let late: Vec<Uuid> = held
             .iter()
-            .filter(|(_, ends)| **ends <= now + margin)
+            .filter(|(_, lease)| lease.expires_at_ms <= now + margin)
             .map(|(ws, _)| *ws)
             .collect();
         for ws in late {
             let_go(&mut held, ws, "its lease could not be renewed in time");
         }
-        match crate::scan::all_records(
-            &*store,
-            Kind::Workspace,
-            sbx_storage::Scope::All,
-            &sbx_storage::LabelSelector::everything(),
-        )
-        .await
-        {
-            Ok(workspaces) => {
-                for ws in workspaces.iter().map(|r| r.id) {
-                    match ownership.claim(ws, crate::records::now_ms()).await {
-                        Ok(Claim::Held(lease)) => {
-                            if held.insert(ws, lease.expires_at_ms).is_none() {
-                                nodes.set_fence(ws, Some(lease.token));
-                                let _ = root.cast(RootMsg::Hold(ws));
-                            }
-                        }
-                        Ok(Claim::HeldBy { holder, .. }) => {
-                            let_go(&mut held, ws, &format!("gateway {holder} holds its lease"));
-                        }
-                        Err(e) => {
-                            tracing::warn!(workspace = %ws, "cannot claim the workspace's lease: {e}")
-                        }
+        for lease in giving_back.drain(..) {
+            if let Err(e) = ownership.release(&lease, now).await {
+                tracing::warn!(workspace = %lease.workspace, "cannot give the lease back: {e}");
+            }
+        }
+        if let Err(e) = ownership.claim(me, now).await {
+            tracing::warn!("cannot renew this gateway's membership: {e}");
+        }
+        let listed = async {
+            let everything = sbx_storage::LabelSelector::everything();
+            let scope = sbx_storage::Scope::All;
+            let workspaces =
+                crate::scan::all_records(&*store, Kind::Workspace, scope, &everything).await?;
+            let leases = crate::scan::all_records(&*store, Kind::Lease, scope, &everything).await?;
+            Ok::<_, ActorError>((workspaces, leases))
+        };
+        let (workspaces, leases) = match listed.await {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::warn!("cannot list the workspaces and leases: {e}");
+                tokio::time::sleep(every).await;
+                continue;
+            }
+        };
+        let now = crate::records::now_ms();
+        let mut holders: BTreeMap<String, (Uuid, u64)> = BTreeMap::new();
+        let mut live: HashSet<Uuid> = HashSet::from([me]);
+        for record in &leases {
+            if let Ok((body, holder)) = decode(record) {
+                if record.name == holder.to_string() && body.expires_at_ms > now {
+                    live.insert(holder);
+                }
+                holders.insert(record.name.clone(), (holder, body.expires_at_ms));
+            }
+        }
+        let share = workspaces.len().div_ceil(live.len());
+        for ws in workspaces.iter().map(|r| r.id) {
+            let mine = held.contains_key(&ws);
+            let taken_by_another = holders
+                .get(&ws.to_string())
+                .is_some_and(|(holder, ends)| *holder != me && *ends > now);
+            if taken_by_another {
+                let_go(&mut held, ws, "another gateway holds its lease");
+                continue;
+            }
+            if !mine && held.len() >= share {
+                continue;
+            }
+            match ownership.claim(ws, crate::records::now_ms()).await {
+                Ok(Claim::Held(lease)) => {
+                    let token = lease.token;
+                    if held.insert(ws, lease).is_none() {
+                        nodes.set_fence(ws, Some(token));
+                        let _ = root.cast(RootMsg::Hold(ws));
                     }
                 }
+                Ok(Claim::HeldBy { holder, .. }) => {
+                    let_go(&mut held, ws, &format!("gateway {holder} holds its lease"));
+                }
+                Err(e) => {
+                    tracing::warn!(workspace = %ws, "cannot claim the workspace's lease: {e}")
+                }
             }
-            Err(e) => tracing::warn!("cannot list the workspaces to claim: {e}"),
+        }
+        if live.len() > 1 && held.len() > share {
+            let excess: Vec<Uuid> = held
+                .keys()
+                .rev()
+                .take(held.len() - share)
+                .copied()
+                .collect();
+            for ws in excess {
+                if let Some(lease) = let_go(&mut held, ws, "spreading the workspaces") {
+                    giving_back.push(lease);
+                }
+            }
         }
         tokio::time::sleep(every).await;
     }

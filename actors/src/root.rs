@@ -304,9 +304,9 @@ impl GatewayRoot {
                     st.shared.drivers.nodes().set_fence(id, Some(held.token));
                 }
                 crate::ownership::Claim::HeldBy { holder, .. } => {
-                    return Err(ActorError::Internal(format!(
-                        "the lease of new workspace {id} is held by gateway {holder}"
-                    )));
+                    // Another gateway's lease loop saw the new record first: it serves it.
+                    tracing::info!(workspace = %id, %holder, "a new workspace, served by another gateway");
+                    return Ok(stored.workspace);
                 }
             }
         }

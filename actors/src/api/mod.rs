@@ -238,6 +238,12 @@ impl Gateway {
         true
     }
 
+    /// The workspaces this gateway serves by their lease (gateways sharing a store; empty
+    /// otherwise).
+    pub fn held_workspaces(&self) -> Vec<Uuid> {
+        self.shared.drivers.nodes().held_workspaces()
+    }
+
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.shared.store
     }
