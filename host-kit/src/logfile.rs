@@ -19,8 +19,10 @@
 //! `log_max` together (the agent's `log` module: the log is copied into the previous part and
 //! emptied before it passes half of it). So a reader that finds the log shorter than where it
 //! last read reads the rest from the previous part, then the log from its start; the tail of
-//! a log starts in the previous part when the log alone is short. A follower skips lines when
-//! between two of its reads (a poll) the log is rotated and grows again past where it was.
+//! a log starts in the previous part when the log alone is short. A follower also sees a
+//! rotation after which the log grew back past where it read (the previous part's length and
+//! time changed: [`rotation_mark`]) and reads across it the same way; it skips lines only when
+//! the log is rotated twice between two of its reads.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -372,6 +374,26 @@ pub fn log_since(log: &Path, offset: u64) -> String {
 /// it held is at the same offset in the previous part, read first; then the log from its
 /// start.
 pub fn read_from(log: &Path, offset: u64) -> std::io::Result<(Vec<u8>, u64)> {
+    read_from_after(log, offset, false).map(|(data, next, _)| (data, next))
+}
+
+/// Which rotation the previous part of `log` is from: its length and modification time
+/// (each rotation rewrites it); `None` while it does not exist. A follower whose mark changed
+/// since its last read knows the log was rotated, even if it has grown back past its offset.
+pub fn rotation_mark(log: &Path) -> Option<(u64, std::time::SystemTime)> {
+    let meta = std::fs::metadata(previous_path(log)).ok()?;
+    Some((meta.len(), meta.modified().ok()?))
+}
+
+/// [`read_from`], told whether the log was `rotated` since `offset` was read to (its
+/// [`rotation_mark`] changed): then the rest of what it held is read from the previous part
+/// first, however long the log has grown again. The flag it answers: what it read came from
+/// the previous part only and more of it is left (the next read is of the previous part too).
+pub fn read_from_after(
+    log: &Path,
+    offset: u64,
+    rotated: bool,
+) -> std::io::Result<(Vec<u8>, u64, bool)> {
     let read_at = |path: &Path, at: u64| -> std::io::Result<Option<Vec<u8>>> {
         let mut file = match std::fs::File::open(path) {
             Ok(file) => file,
@@ -386,23 +408,23 @@ pub fn read_from(log: &Path, offset: u64) -> std::io::Result<(Vec<u8>, u64)> {
         file.take(4 * CHUNK as u64).read_to_end(&mut data)?;
         Ok(Some(data))
     };
-    match read_at(log, offset)? {
+    match if rotated { None } else { read_at(log, offset)? } {
         Some(data) => {
             let next = offset + data.len() as u64;
-            Ok((data, next))
+            Ok((data, next, false))
         }
-        None if offset == 0 => Ok((Vec::new(), 0)),
+        None if offset == 0 && !rotated => Ok((Vec::new(), 0, false)),
         None => {
             // Rotated: the rest of the old log (if the part still holds it), then from 0.
             let mut data = read_at(&previous_path(log), offset)?.unwrap_or_default();
             if data.len() == 4 * CHUNK {
                 let next = offset + data.len() as u64;
-                return Ok((data, next));
+                return Ok((data, next, true));
             }
             let more = read_at(log, 0)?.unwrap_or_default();
             let room = (4 * CHUNK).saturating_sub(data.len()).min(more.len());
             data.extend_from_slice(&more[..room]);
-            Ok((data, room as u64))
+            Ok((data, room as u64, false))
         }
     }
 }
@@ -429,15 +451,23 @@ pub fn log_stream(
     }
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
+        let mut mark = rotation_mark(&log);
+        // Still reading the rest of a rotated log from its previous part.
+        let mut in_previous = false;
         loop {
             let gone = !exists();
-            let (entries, read) = match read_from(&log, offset) {
-                Ok((data, next)) if !data.is_empty() => {
+            let now = rotation_mark(&log);
+            let rotated = now != mark || in_previous;
+            mark = now;
+            let (entries, read) = match read_from_after(&log, offset, rotated) {
+                Ok((data, next, more_before)) if !data.is_empty() => {
                     offset = next;
+                    in_previous = more_before;
                     (parser.push(&data), true)
                 }
                 // Nothing more came: an unended line is told now (all of it when gone).
-                Ok((_, next)) => {
+                Ok((_, next, _)) => {
+                    in_previous = false;
                     offset = next;
                     (parser.flush(gone).into_iter().collect(), false)
                 }
@@ -672,6 +702,43 @@ mod tests {
     /// A log rotated by the loggers (its older part in `<log>.1`): the tail reads across the
     /// two in order, and a follower that had read part of the old log reads its rest from the
     /// part, then the new log from its start.
+    #[test]
+    fn a_follower_told_of_a_rotation_reads_across_it_even_when_the_log_grew_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("workload.log");
+        let lines = |from: u32, to: u32| -> String {
+            (from..to)
+                .map(|i| format!("{T1} stdout F line {i}\n"))
+                .collect()
+        };
+        // A follower read 4 lines; then a rotation, and the log grew back past where it was.
+        let read = lines(0, 4).len() as u64;
+        std::fs::write(&log, lines(0, 4)).unwrap();
+        let before = rotation_mark(&log);
+        std::fs::write(previous_path(&log), lines(0, 10)).unwrap();
+        std::fs::write(&log, lines(10, 30)).unwrap();
+        assert_ne!(
+            rotation_mark(&log),
+            before,
+            "the rotation shows in the mark"
+        );
+        assert!(
+            lines(10, 30).len() as u64 > read,
+            "the log grew back past the offset"
+        );
+        // Not told: it reads the new log at the old offset (mid-record: what was skipped).
+        let (blind, _) = read_from(&log, read).unwrap();
+        assert!(!text(&parse_all(&blind)).starts_with("line 4\n"));
+        // Told: the rest of the old log, then the new one from its start.
+        let (data, next, more) = read_from_after(&log, read, true).unwrap();
+        assert!(!more);
+        assert_eq!(
+            text(&parse_all(&data)),
+            (4..30).map(|i| format!("line {i}\n")).collect::<String>()
+        );
+        assert_eq!(next, lines(10, 30).len() as u64);
+    }
+
     #[test]
     fn tail_and_follow_read_across_a_rotation() {
         let tmp = tempfile::tempdir().unwrap();
