@@ -228,7 +228,9 @@ pub async fn hold_leases(
     store: Arc<dyn ObjectStore>,
     nodes: Arc<crate::nodes::Nodes>,
     root: ractor::ActorRef<crate::protocol::RootMsg>,
+    first_round: tokio::sync::oneshot::Sender<()>,
 ) {
+    let mut first_round = Some(first_round);
     use std::collections::{BTreeMap, HashSet};
 
     use crate::protocol::RootMsg;
@@ -331,6 +333,14 @@ pub async fn hold_leases(
                     giving_back.push(lease);
                 }
             }
+        }
+        if let Some(done) = first_round.take() {
+            // The root handles messages in order: once it answers this, it has spawned the
+            // supervisor of every workspace taken in this round.
+            let _ = root
+                .call(RootMsg::Reconciler, Some(Duration::from_secs(10)))
+                .await;
+            let _ = done.send(());
         }
         tokio::time::sleep(every).await;
     }

@@ -160,14 +160,30 @@ impl Gateway {
             lease_task: std::sync::Mutex::new(None),
         };
         if let Some(ownership) = &gateway.shared.ownership {
+            let (first_round, claimed) = tokio::sync::oneshot::channel();
             let task = crate::ownership::hold_leases(
                 Arc::clone(ownership),
                 Arc::clone(&gateway.shared.store),
                 Arc::clone(gateway.shared.drivers.nodes()),
                 gateway.root.clone(),
+                first_round,
             );
             *gateway.lease_task.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some(tokio::spawn(task));
+            // Serve only once the first round has claimed what this gateway serves (a
+            // restarted gateway renews its own leases there), so that its first requests do
+            // not meet a workspace it is about to take; at most a lease period.
+            let period = gateway
+                .shared
+                .config
+                .ownership
+                .as_ref()
+                .map_or(Duration::from_secs(10), |o| o.period);
+            if tokio::time::timeout(period, claimed).await.is_err() {
+                tracing::warn!(
+                    "the first lease round did not end within {period:?}; serving anyway"
+                );
+            }
         }
         let nodes = Arc::clone(gateway.shared.drivers.nodes());
         let store = Arc::clone(&gateway.shared.store);
