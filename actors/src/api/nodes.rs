@@ -109,6 +109,9 @@ pub(crate) async fn sync_nodes(
 ) -> Result<Option<bool>> {
     let mut local_cordoned = None;
     let mut seen = std::collections::HashSet::new();
+    // Only what was held before the list can have been removed since: a node this gateway
+    // adds while the list is read is not let go (nor its count of what it holds).
+    let held_before: Vec<Uuid> = nodes.drivers().into_iter().map(|(id, _)| id).collect();
     for record in all_records(store, Kind::Node, Scope::All, &LabelSelector::everything()).await? {
         let node = node_from_record(&record)?;
         if record.id == LOCAL_RECORD {
@@ -126,7 +129,7 @@ pub(crate) async fn sync_nodes(
                 "cannot reach this node's endpoint: {e}"),
         }
     }
-    for (id, _) in nodes.drivers() {
+    for id in held_before {
         if !seen.contains(&id) {
             nodes.remove(id);
         }
@@ -138,35 +141,33 @@ pub(crate) async fn sync_nodes(
 /// what every sandbox asks of its node. At start, before any actor asks for a sandbox's
 /// driver.
 pub(super) async fn load_nodes(shared: &crate::config::Shared) -> Result<()> {
-    {
-        let nodes = shared.drivers.nodes();
-        let store = &*shared.store;
-        let local_cordoned = sync_nodes(store, nodes)
-            .await?
-            .unwrap_or(shared.config.local_node_cordoned);
-        // The local node: the gateway's drivers, with no capacity of its own to place
-        // against (it is the gateway's machine, bounded by sbxd's limits as before).
-        let local_drivers = shared.drivers.iter().map(|(n, _)| n.clone()).collect();
-        nodes.set_local(
-            local_drivers,
-            sbx_proto::v1::NodeCapacity::default(),
-            local_cordoned,
-        );
-        for record in all_records(
-            store,
-            Kind::Sandbox,
-            Scope::All,
-            &LabelSelector::everything(),
-        )
+    let nodes = shared.drivers.nodes();
+    let store = &*shared.store;
+    let local_cordoned = sync_nodes(store, nodes)
         .await?
-        {
-            match StoredSandbox::from_record(record) {
-                Ok(s) => nodes.count(&s.sandbox),
-                Err(e) => tracing::warn!("skipping an undecodable sandbox record: {e}"),
-            }
+        .unwrap_or(shared.config.local_node_cordoned);
+    // The local node: the gateway's drivers, with no capacity of its own to place
+    // against (it is the gateway's machine, bounded by sbxd's limits as before).
+    let local_drivers = shared.drivers.iter().map(|(n, _)| n.clone()).collect();
+    nodes.set_local(
+        local_drivers,
+        sbx_proto::v1::NodeCapacity::default(),
+        local_cordoned,
+    );
+    for record in all_records(
+        store,
+        Kind::Sandbox,
+        Scope::All,
+        &LabelSelector::everything(),
+    )
+    .await?
+    {
+        match StoredSandbox::from_record(record) {
+            Ok(s) => nodes.count(&s.sandbox),
+            Err(e) => tracing::warn!("skipping an undecodable sandbox record: {e}"),
         }
-        Ok(())
     }
+    Ok(())
 }
 
 impl Gateway {
