@@ -4,6 +4,9 @@
 //! variant is sent through the socket, as a unary answer and as a stream item, and must come
 //! back unchanged.
 
+#[macro_use]
+mod sim_support;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,6 +82,8 @@ impl Drop for RemoteSimHarness {
 
 #[async_trait]
 impl DriverHarness for RemoteSimHarness {
+    sim_harness_answers!();
+
     async fn open(&self) -> Arc<dyn ComputeDriver> {
         self.abort_server().await;
         let sim = Arc::new(SimDriver::new(self.world.clone(), SimFaults::default()));
@@ -92,38 +97,8 @@ impl DriverHarness for RemoteSimHarness {
         self.abort_server().await;
     }
 
-    fn long_running_spec(&self) -> pb::SandboxSpec {
-        pb::SandboxSpec {
-            command: vec!["sleep".into(), "3600".into()],
-            ..Default::default()
-        }
-    }
-
-    fn settle_timeout(&self) -> Duration {
-        Duration::from_secs(2)
-    }
-
     fn call_timeout(&self) -> Duration {
         CALL_TIMEOUT
-    }
-
-    fn exec_exit(&self, code: i32) -> Vec<String> {
-        vec!["exit".into(), code.to_string()]
-    }
-
-    fn runs_processes(&self) -> bool {
-        false
-    }
-
-    fn command_not_found_stderr(&self, name: &str) -> Option<String> {
-        Some(format!("sim: unknown command: {name}"))
-    }
-
-    fn exiting_spec(&self, code: i32) -> Option<pb::SandboxSpec> {
-        Some(pb::SandboxSpec {
-            command: vec!["exit".into(), code.to_string()],
-            ..Default::default()
-        })
     }
 }
 

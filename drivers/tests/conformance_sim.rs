@@ -1,6 +1,9 @@
 //! The driver conformance suite against the sim driver, one test per check, each on a fresh
 //! world; then the suite against deliberately broken drivers, to show each check can fail.
 
+#[macro_use]
+mod sim_support;
+
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -57,6 +60,8 @@ impl SimHarness {
 
 #[async_trait]
 impl DriverHarness for SimHarness {
+    sim_harness_answers!();
+
     async fn open(&self) -> Arc<dyn ComputeDriver> {
         let world = if self.bug == Bug::ForgetOnRestart && !self.world.audit().is_empty() {
             SimWorld::new()
@@ -75,38 +80,8 @@ impl DriverHarness for SimHarness {
         drop(driver);
     }
 
-    fn long_running_spec(&self) -> pb::SandboxSpec {
-        pb::SandboxSpec {
-            command: vec!["sleep".into(), "3600".into()],
-            ..Default::default()
-        }
-    }
-
-    fn settle_timeout(&self) -> Duration {
-        Duration::from_secs(2)
-    }
-
     fn call_timeout(&self) -> Duration {
         Duration::from_secs(5)
-    }
-
-    fn exec_exit(&self, code: i32) -> Vec<String> {
-        vec!["exit".into(), code.to_string()]
-    }
-
-    fn runs_processes(&self) -> bool {
-        false
-    }
-
-    fn command_not_found_stderr(&self, name: &str) -> Option<String> {
-        Some(format!("sim: unknown command: {name}"))
-    }
-
-    fn exiting_spec(&self, code: i32) -> Option<pb::SandboxSpec> {
-        Some(pb::SandboxSpec {
-            command: vec!["exit".into(), code.to_string()],
-            ..Default::default()
-        })
     }
 }
 

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::node::{CALL_TIMEOUT, Node, REFUSAL_TIMEOUT};
+use common::node::{CALL_TIMEOUT, Node, REFUSAL_TIMEOUT, certs_init};
 use common::{SBXD, run_bounded};
 use sbx_drivers::{ComputeDriver, DriverError, pb};
 
@@ -141,16 +141,6 @@ async fn a_node_serves_its_driver_and_says_what_it_is() {
 }
 
 /// `sbxd certs init --dir DIR ARGS…`.
-fn certs_init(dir: &Path, args: &[&str]) {
-    let made = run_bounded(
-        Command::new(SBXD)
-            .args(["certs", "init", "--dir"])
-            .arg(dir)
-            .args(args),
-        "sbxd certs init",
-    );
-    assert_eq!(made.code, 0, "certs init {}: {made:?}", dir.display());
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_admits_only_clients_with_a_certificate_of_its_ca() {

@@ -12,27 +12,15 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::node::Node;
-use common::{DataDir, SBXD, Sbxd, eventually, run_bounded, sbx, workload_pids_in};
+use common::{DataDir, Sbxd, eventually, sbx, workload_pids_in};
 use sbx_proto::v1::{
     CreateSandboxRequest, DeleteSandboxRequest, Phase, Sandbox, SandboxRef, SandboxSpec,
 };
 
 const SANDBOXES: usize = 20;
-
-fn certs(dir: &Path) {
-    let made = run_bounded(
-        Command::new(SBXD)
-            .args(["certs", "init", "--dir"])
-            .arg(dir)
-            .args(["--name", "127.0.0.1", "--client", "gateway"]),
-        "sbxd certs init",
-    );
-    assert_eq!(made.code, 0, "{made:?}");
-}
 
 /// A process node over `data` (its state in DATA/drivers/process) on `listen`, with mutual
 /// TLS from `tls`.
@@ -72,7 +60,7 @@ fn phase(s: &Sandbox) -> Phase {
 async fn sandboxes_spread_over_two_nodes_and_survive_one_being_killed() {
     let gateway_data = DataDir::new();
     let tls = gateway_data.path().join("tls");
-    certs(&tls);
+    common::node::certs_init(&tls, &["--name", "127.0.0.1", "--client", "gateway"]);
     let datas = [DataDir::new(), DataDir::new()];
     let mut nodes: Vec<Node> = datas
         .iter()

@@ -104,3 +104,15 @@ impl Drop for Node {
         let _ = self.child.wait();
     }
 }
+
+/// `sbxd certs init --dir DIR ARGS…`, which must succeed.
+pub fn certs_init(dir: &Path, args: &[&str]) {
+    let made = super::run_bounded(
+        Command::new(SBXD)
+            .args(["certs", "init", "--dir"])
+            .arg(dir)
+            .args(args),
+        "sbxd certs init",
+    );
+    assert_eq!(made.code, 0, "certs init {}: {made:?}", dir.display());
+}
