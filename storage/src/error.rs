@@ -111,6 +111,19 @@ pub enum StoreError {
     /// back: reads of what the gateway holds go on meanwhile.
     #[error("{store} is unavailable: {detail}")]
     Unavailable { store: String, detail: String },
+
+    /// A read of the change log from before what it still holds (it keeps the latest
+    /// `CHANGE_LOG_REVISIONS` revisions, and nothing from before the store began one).
+    #[error(
+        "the change log holds the changes after revision {oldest} only; revision {requested} \
+         is older"
+    )]
+    ChangesTooOld { requested: u64, oldest: u64 },
+
+    /// The store keeps no change log (a sled store: one gateway, whose own writes are its
+    /// events).
+    #[error("{store} keeps no change log")]
+    NoChangeLog { store: String },
 }
 
 impl StoreError {
@@ -124,6 +137,7 @@ impl StoreError {
                 | StoreError::Corrupt(_)
                 | StoreError::Schema { .. }
                 | StoreError::Unavailable { .. }
+                | StoreError::NoChangeLog { .. }
         )
     }
 

@@ -64,7 +64,7 @@ pub use schema::{SCHEMA_VERSION, SchemaOutcome};
 pub use selector::{LabelSelector, MAX_LABEL_LEN, Requirement, validate_labels};
 pub use sled_store::{SledStore, open_raw_sled};
 pub use space::DISK_RESERVE_BYTES;
-pub use store::ObjectStore;
+pub use store::{Change, ChangeOp, ObjectStore};
 /// The connection settings of a [`PgStore`] (host, port, user, database, password…).
 pub use tokio_postgres::Config as PgConfig;
 pub use writes::{MAX_REFS, MAX_TIME_MS};

@@ -96,6 +96,12 @@ impl Kind {
         matches!(self, Kind::Setting | Kind::Attachment | Kind::Service)
     }
 
+    /// Whether the store's change log (`ObjectStore::changes_after`, where a store keeps one)
+    /// records writes of this kind: the kinds a watch follows — sandboxes.
+    pub const fn in_change_log(self) -> bool {
+        matches!(self, Kind::Sandbox)
+    }
+
     /// Checks a record name by this kind's rule: the DNS-1123 label rule
     /// (`sbx_proto::names`) for every kind but images; a normalised image reference without
     /// digest (`sbx_proto::image_ref`) for images.

@@ -7,6 +7,25 @@ use crate::error::StoreError;
 use crate::fsck::IndexProblem;
 use crate::record::{Kind, ListQuery, NewRecord, Page, Record};
 
+/// What a write did to a record, as the change log keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeOp {
+    Created,
+    Updated,
+    Deleted,
+}
+
+/// One entry of a store's change log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    /// The revision of the write.
+    pub revision: u64,
+    pub op: ChangeOp,
+    /// The record as the write left it; for a delete, as it was, with `resource_version` the
+    /// delete's revision.
+    pub record: Record,
+}
+
 /// A transactional object store of workspaces, sandboxes and the records they own.
 ///
 /// Every write is acknowledged only once it is durable, and bumps one global revision that
@@ -73,6 +92,27 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// references, orders), and the revision against every record's version. Returns the
     /// problems found, empty for a healthy store. Run it while no writes are in flight.
     async fn integrity_problems(&self) -> Result<Vec<IndexProblem>, StoreError>;
+
+    /// Where a store shared by several gateways keeps a change log (PostgreSQL): the revision
+    /// after which it holds every change to a record of a logged kind
+    /// (`Kind::in_change_log`), so a gateway's watch sees every gateway's writes. `None`: no
+    /// change log (sled: one gateway, whose own writes are its events).
+    async fn change_log_start(&self) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
+
+    /// The changes after revision `after`, in revision order (the records one delete removed
+    /// share its revision; they come in id order), at most `limit` (at least 1). Each write is
+    /// in the log from the moment it is acknowledged, and a change at revision N is readable
+    /// only once every write below N is: so a reader that saw N never later finds a change
+    /// below it. `ChangesTooOld` when `after` is below [`ObjectStore::change_log_start`];
+    /// `NoChangeLog` for a store without one.
+    async fn changes_after(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {
+        let _ = (after, limit);
+        Err(StoreError::NoChangeLog {
+            store: self.describe(),
+        })
+    }
 
     /// What this store is, for messages: `sled store at PATH`, `PostgreSQL store at HOST:PORT/DB`.
     fn describe(&self) -> String;

@@ -115,6 +115,79 @@ async fn a_database_of_a_newer_schema_is_refused_untouched() {
     let _ = task.await;
 }
 
+/// A version-1 database (before the change log) is migrated when opened: its records stay,
+/// and its change log begins at the revision it had — a read from before is `ChangesTooOld`,
+/// never a silent gap — and from then on holds every sandbox write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_database_is_migrated_and_its_change_log_begins_there() {
+    let server = server();
+    let store = store_in(&server, "old").await;
+    let ws = store.create(new_workspace("team")).await.unwrap();
+    let old = store.create(new_sandbox(ws.id, "old")).await.unwrap();
+    drop(store);
+    // Back to version 1, as a build before the change log left it.
+    let (client, conn) = server
+        .config("old")
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let task = tokio::spawn(conn);
+    client
+        .batch_execute(
+            "DROP TABLE sbx_changes; DELETE FROM sbx_meta WHERE key = 'changes_from'; \
+             UPDATE sbx_meta SET value = 1 WHERE key = 'schema_version';",
+        )
+        .await
+        .unwrap();
+    let store = PgStore::connect(server.config("old")).await.unwrap();
+    assert_eq!(store.schema_outcome(), &SchemaOutcome::Migrated { from: 1 });
+    assert!(store.integrity_problems().await.unwrap().is_empty());
+    assert_eq!(store.get(old.id).await.unwrap(), Some(old.clone()));
+    let at = old.resource_version;
+    assert_eq!(store.change_log_start().await.unwrap(), Some(at));
+    let err = store.changes_after(at - 1, 10).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::ChangesTooOld { requested, oldest } if requested == at - 1 && oldest == at),
+        "{err:?}"
+    );
+    let new = store.create(new_sandbox(ws.id, "new")).await.unwrap();
+    let changes = store.changes_after(at, 10).await.unwrap();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].record, new);
+    drop(client);
+    let _ = task.await;
+}
+
+/// The change log keeps the last revisions it is told to and no more: what it trimmed is
+/// `ChangesTooOld`, what it kept is all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_change_log_is_trimmed_to_what_it_keeps() {
+    let server = server();
+    let store = store_in(&server, "trim")
+        .await
+        .with_change_log_revisions(20);
+    let ws = store.create(new_workspace("team")).await.unwrap();
+    let mut sb = store.create(new_sandbox(ws.id, "web")).await.unwrap();
+    for i in 0..60u32 {
+        sb.body = i.to_be_bytes().to_vec();
+        sb = store.update(sb).await.unwrap();
+    }
+    let now = store.current_revision().await.unwrap();
+    let start = store.change_log_start().await.unwrap().unwrap();
+    assert!(
+        start >= now - 25 && start <= now - 20,
+        "the log starts at {start}, the revision is {now}"
+    );
+    let kept = store.changes_after(start, 100).await.unwrap();
+    let revisions: Vec<u64> = kept.iter().map(|c| c.revision).collect();
+    assert_eq!(revisions, ((start + 1)..=now).collect::<Vec<_>>());
+    assert!(matches!(
+        store.changes_after(start - 1, 100).await,
+        Err(StoreError::ChangesTooOld { .. })
+    ));
+    assert!(store.integrity_problems().await.unwrap().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_or_no_server_is_said_so() {
     let server = server();

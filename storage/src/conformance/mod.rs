@@ -8,7 +8,8 @@
 //! to alive, validation that keeps bad records out, one global revision that every write
 //! bumps, one winner among concurrent creates of a name, and lists in the total order
 //! `(created_at_ms, id)` with keyset cursors that neither skip nor repeat and selectors that
-//! still fill pages. After each check the store's own integrity check
+//! still fill pages; and, where a store keeps one, a change log of every sandbox write in
+//! revision order. After each check the store's own integrity check
 //! ([`ObjectStore::integrity_problems`]) must find nothing.
 //!
 //! # Using it for a store
@@ -37,11 +38,13 @@ use uuid::Uuid;
 
 use crate::{Kind, NewRecord, ObjectStore, Record};
 
+mod changes;
 mod lists;
 pub mod postgres_server;
 mod references;
 mod semantics;
 
+pub use changes::*;
 pub use lists::*;
 pub use references::*;
 pub use semantics::*;
@@ -86,6 +89,7 @@ macro_rules! store_conformance_suite {
                 pages_follow_the_total_order_with_inserts_between_pages,
                 selectors_filter_and_still_fill_pages,
                 bad_cursors_and_scopes_are_invalid,
+                the_change_log_holds_every_sandbox_write_in_order,
             ]
         }
     };

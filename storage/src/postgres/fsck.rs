@@ -48,6 +48,25 @@ pub(super) async fn check(store: &PgStore) -> Result<Vec<IndexProblem>, StoreErr
         report("sbx_meta", "no revision row".into());
         0
     });
+    match meta.get("changes_from") {
+        None => report("sbx_meta", "no changes_from row".into()),
+        Some(from) if *from > revision => report(
+            "sbx_meta",
+            format!("changes_from {from} is beyond the revision {revision}"),
+        ),
+        Some(_) => {}
+    }
+    let newest_change: Option<i64> = tx
+        .query_one("SELECT max(revision) FROM sbx_changes", &[])
+        .await
+        .map_err(|e| store.err(e))?
+        .get(0);
+    if let Some(newest) = newest_change.filter(|n| *n > revision) {
+        report(
+            "sbx_changes",
+            format!("a change at revision {newest}, beyond the revision {revision}"),
+        );
+    }
 
     let mut records: HashMap<Uuid, Record> = HashMap::new();
     let mut name_scopes: HashMap<Uuid, Option<Uuid>> = HashMap::new();

@@ -100,7 +100,8 @@ impl PgStore {
             }
         }
         tx.execute(
-            "UPDATE sbx_meta SET value = $1 WHERE key = 'revision'",
+            // The copy has no change log: it begins at the copied revision.
+            "UPDATE sbx_meta SET value = $1 WHERE key IN ('revision', 'changes_from')",
             &[&to_i64(revision, "revision")?],
         )
         .await

@@ -37,6 +37,7 @@ use crate::store::ObjectStore;
 
 pub use import::CopySummary;
 pub use schema::PG_SCHEMA_VERSION;
+pub use writes::CHANGE_LOG_REVISIONS;
 
 /// How long a call waits for a pooled connection, or for a new one to be made, before it
 /// answers `Unavailable`: a store that is down is said so within seconds, not hung on.
@@ -58,6 +59,9 @@ pub struct PgStore {
     pool: Pool,
     describe: String,
     schema_outcome: SchemaOutcome,
+    /// How many revisions the change log keeps ([`CHANGE_LOG_REVISIONS`] unless a test
+    /// asks for fewer).
+    change_log_keep: u64,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -85,6 +89,13 @@ fn where_is(config: &tokio_postgres::Config) -> String {
 }
 
 impl PgStore {
+    /// This store with a change log of the last `revisions` revisions (at least 1) instead of
+    /// [`CHANGE_LOG_REVISIONS`]: for tests of the log's trimming.
+    pub fn with_change_log_revisions(mut self, revisions: u64) -> PgStore {
+        self.change_log_keep = revisions.max(1);
+        self
+    }
+
     /// Connects to the database `config` names, then checks (and if needed creates or
     /// migrates) its schema. `Unavailable` when the server cannot be reached, `Schema` for a
     /// version this build cannot use.
@@ -115,6 +126,7 @@ impl PgStore {
             pool,
             describe,
             schema_outcome: SchemaOutcome::Current,
+            change_log_keep: CHANGE_LOG_REVISIONS,
         };
         let mut client = store.client().await?;
         store.schema_outcome = schema::prepare(&mut client, &store.describe).await?;
@@ -407,6 +419,77 @@ impl ObjectStore for PgStore {
 
     async fn integrity_problems(&self) -> Result<Vec<crate::IndexProblem>, StoreError> {
         fsck::check(self).await
+    }
+
+    async fn change_log_start(&self) -> Result<Option<u64>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT value FROM sbx_meta WHERE key = 'changes_from'", &[])
+            .await
+            .map_err(|e| self.err(e))?;
+        to_u64(row.get(0), "changes_from").map(Some)
+    }
+
+    async fn changes_after(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::Change>, StoreError> {
+        use crate::{Change, ChangeOp};
+        let mut client = self.client().await?;
+        // One snapshot for the log's start and its rows: a trim between two reads would
+        // otherwise leave a silent gap.
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(|e| self.err(e))?;
+        let from = tx
+            .query_one("SELECT value FROM sbx_meta WHERE key = 'changes_from'", &[])
+            .await
+            .map_err(|e| self.err(e))?;
+        let from = to_u64(from.get(0), "changes_from")?;
+        if after < from {
+            return Err(StoreError::ChangesTooOld {
+                requested: after,
+                oldest: from,
+            });
+        }
+        let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        let stmt = tx
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS}, revision, op FROM sbx_changes WHERE revision > $1 \
+                 ORDER BY revision, id LIMIT $2"
+            ))
+            .await
+            .map_err(|e| self.err(e))?;
+        let rows = tx
+            .query(&stmt, &[&to_i64(after, "revision")?, &limit])
+            .await
+            .map_err(|e| self.err(e))?;
+        let ncols = rows.first().map_or(0, |r| r.len());
+        rows.iter()
+            .map(|row| {
+                let revision = to_u64(row.get(ncols - 2), "revision")?;
+                let op = match row.get::<_, i16>(ncols - 1) {
+                    0 => ChangeOp::Created,
+                    1 => ChangeOp::Updated,
+                    2 => ChangeOp::Deleted,
+                    other => {
+                        return Err(StoreError::Corrupt(format!(
+                            "change at revision {revision} has op {other}"
+                        )));
+                    }
+                };
+                Ok(Change {
+                    revision,
+                    op,
+                    record: record_from_row(row)?,
+                })
+            })
+            .collect()
     }
 
     fn describe(&self) -> String {

@@ -1,9 +1,13 @@
 //! The PostgreSQL store's tables, its schema version and the migrations between versions.
 //!
 //! History:
-//! - **1** (current): `sbx_meta` (the schema version and the global revision), `sbx_records`
-//!   (one row per record, with its unique name index, owner index and both list orders as
-//!   indexes of the table), `sbx_refs` (who refers to whom, in the order written).
+//! - **1**: `sbx_meta` (the schema version and the global revision), `sbx_records` (one row
+//!   per record, with its unique name index, owner index and both list orders as indexes of
+//!   the table), `sbx_refs` (who refers to whom, in the order written).
+//! - **2** (current): `sbx_changes`, the change log — a copy of each record of a logged kind
+//!   (`Kind::in_change_log`) as each write left it, by revision — and `changes_from` in
+//!   `sbx_meta`, the revision after which the log is complete (a database migrated from 1
+//!   starts its log at the revision it had).
 //!
 //! Every gateway that opens the store runs [`prepare`]; a transaction-scoped advisory lock
 //! makes concurrent openers take turns, so two gateways starting at once never both create the
@@ -15,7 +19,7 @@ use crate::error::StoreError;
 use crate::schema::SchemaOutcome;
 
 /// The schema version this build writes on PostgreSQL.
-pub const PG_SCHEMA_VERSION: u32 = 1;
+pub const PG_SCHEMA_VERSION: u32 = 2;
 
 /// The advisory lock key every opener holds while it checks or migrates the schema (any
 /// fixed number; "sbx" in ASCII).
@@ -61,9 +65,33 @@ CREATE TABLE sbx_refs (
 CREATE INDEX sbx_refs_referrer ON sbx_refs (referrer);
 ";
 
-/// `MIGRATIONS[v]` turns a version-`v` database into version `v + 1` (the last statement of
-/// each sets the new version in `sbx_meta`, except the first, which creates it).
-const MIGRATIONS: &[&str] = &[CREATE_V1];
+/// Version 1 → 2: the change log. `op` is 0 created, 1 updated, 2 deleted; the other columns
+/// are `sbx_records`' (for a delete, the record as it was, `resource_version` the delete's
+/// revision).
+const ADD_CHANGES_V2: &str = "
+CREATE TABLE sbx_changes (
+    revision         bigint NOT NULL,
+    op               smallint NOT NULL CHECK (op BETWEEN 0 AND 2),
+    id               uuid NOT NULL,
+    kind             smallint NOT NULL,
+    workspace        uuid,
+    name             text NOT NULL,
+    owner            uuid,
+    labels           jsonb NOT NULL,
+    created_at_ms    bigint NOT NULL,
+    updated_at_ms    bigint NOT NULL,
+    body             bytea NOT NULL,
+    resource_version bigint NOT NULL,
+    refs             uuid[] NOT NULL,
+    PRIMARY KEY (revision, id)
+);
+INSERT INTO sbx_meta (key, value)
+    SELECT 'changes_from', value FROM sbx_meta WHERE key = 'revision';
+";
+
+/// `MIGRATIONS[v]` turns a version-`v` database into version `v + 1`; [`prepare`] then sets
+/// the version in `sbx_meta` (the first creates it).
+const MIGRATIONS: &[&str] = &[CREATE_V1, ADD_CHANGES_V2];
 
 /// Checks (and if needed creates or migrates) the schema of the database behind `client`, in
 /// one transaction under the schema lock. `store` names the store for errors.
@@ -115,7 +143,7 @@ pub(crate) async fn prepare(client: &mut Client, store: &str) -> Result<SchemaOu
     for step in &MIGRATIONS[found as usize..] {
         tx.batch_execute(step).await.map_err(db)?;
     }
-    if found > 0 && found < PG_SCHEMA_VERSION {
+    if found < PG_SCHEMA_VERSION {
         tx.execute(
             "UPDATE sbx_meta SET value = $1 WHERE key = 'schema_version'",
             &[&i64::from(PG_SCHEMA_VERSION)],

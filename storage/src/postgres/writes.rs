@@ -47,6 +47,64 @@ async fn take_revision(store: &PgStore, tx: &Transaction<'_>) -> Result<u64, Sto
     u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("revision is negative: {value}")))
 }
 
+/// How many revisions the change log keeps: a gateway's watch resumes from any of the last
+/// this many writes (the event history a gateway keeps in memory is 10,000 events by default).
+pub const CHANGE_LOG_REVISIONS: u64 = 10_000;
+
+/// A write trims the change log every this many revisions at most (every quarter of what it
+/// keeps, if that is fewer).
+const TRIM_EVERY: u64 = 256;
+
+/// Logs, at `revision`, the records `ids` (those of a logged kind) as they stand now in
+/// `sbx_records`: called after a create or update wrote them, and before a delete removes
+/// them (`op` 2, their version then the delete's revision). Trims the log to the store's
+/// `change_log_keep` revisions every [`TRIM_EVERY`] revisions (or a quarter of what it keeps),
+/// and moves `changes_from` past what it trimmed.
+async fn log_changes(
+    store: &PgStore,
+    tx: &Transaction<'_>,
+    revision: u64,
+    op: i16,
+    ids: &[Uuid],
+) -> Result<(), StoreError> {
+    let logged: Vec<i16> = Kind::ALL
+        .iter()
+        .filter(|k| k.in_change_log())
+        .map(|k| i16::from(k.tag()))
+        .collect();
+    let rev = to_i64(revision, "revision")?;
+    rows(
+        store,
+        tx,
+        "INSERT INTO sbx_changes (revision, op, id, kind, workspace, name, owner, labels, \
+         created_at_ms, updated_at_ms, body, resource_version, refs) \
+         SELECT $1, $2::smallint, id, kind, workspace, name, owner, labels, created_at_ms, updated_at_ms, \
+         body, CASE WHEN $2::smallint = 2 THEN $1 ELSE resource_version END, refs \
+         FROM sbx_records WHERE id = ANY($3) AND kind = ANY($4)",
+        &[&rev, &op, &ids, &logged],
+    )
+    .await?;
+    let keep = store.change_log_keep;
+    if revision % (keep / 4).clamp(1, TRIM_EVERY) == 0 && revision > keep {
+        let keep_after = to_i64(revision - keep, "revision")?;
+        rows(
+            store,
+            tx,
+            "DELETE FROM sbx_changes WHERE revision <= $1",
+            &[&keep_after],
+        )
+        .await?;
+        rows(
+            store,
+            tx,
+            "UPDATE sbx_meta SET value = GREATEST(value, $1) WHERE key = 'changes_from'",
+            &[&keep_after],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// The rows `sql` answers for `params`, inside the transaction.
 async fn rows(
     store: &PgStore,
@@ -223,6 +281,9 @@ async fn create_in(
             .await
             .map_err(|e| store.err(e))?;
     }
+    if stored.kind.in_change_log() {
+        log_changes(store, tx, revision, 0, &[stored.id]).await?;
+    }
     Ok(stored)
 }
 
@@ -269,6 +330,9 @@ async fn update_in(
     )
     .await
     .map_err(|e| store.err(e))?;
+    if updated.kind.in_change_log() {
+        log_changes(store, tx, revision, 1, &[updated.id]).await?;
+    }
     Ok(updated)
 }
 
@@ -289,7 +353,7 @@ async fn delete_in(
     id: Uuid,
     expected: u64,
 ) -> Result<Vec<Uuid>, StoreError> {
-    take_revision(store, tx).await?;
+    let revision = take_revision(store, tx).await?;
     let Some(root) = record(store, tx, id).await? else {
         return Err(StoreError::NotFound { id });
     };
@@ -363,6 +427,15 @@ async fn delete_in(
                 remaining: remaining as u64,
             });
         }
+    }
+    if doomed.iter().any(|(_, kind)| kind.in_change_log()) {
+        let mut logged: Vec<Uuid> = doomed
+            .iter()
+            .filter(|(_, kind)| kind.in_change_log())
+            .map(|(id, _)| *id)
+            .collect();
+        logged.sort();
+        log_changes(store, tx, revision, 2, &logged).await?;
     }
     rows(
         store,
