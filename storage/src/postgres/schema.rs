@@ -128,7 +128,7 @@ pub(crate) async fn prepare(client: &mut Client, store: &str) -> Result<SchemaOu
         };
         let value: i64 = row.get(0);
         match u32::try_from(value) {
-            Ok(v) if v >= 1 && v <= PG_SCHEMA_VERSION => v,
+            Ok(v) if (1..=PG_SCHEMA_VERSION).contains(&v) => v,
             Ok(v) if v > PG_SCHEMA_VERSION => {
                 return Err(refuse(
                     v.to_string(),

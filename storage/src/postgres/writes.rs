@@ -85,7 +85,7 @@ async fn log_changes(
     )
     .await?;
     let keep = store.change_log_keep;
-    if revision % (keep / 4).clamp(1, TRIM_EVERY) == 0 && revision > keep {
+    if revision.is_multiple_of((keep / 4).clamp(1, TRIM_EVERY)) && revision > keep {
         let keep_after = to_i64(revision - keep, "revision")?;
         rows(
             store,
