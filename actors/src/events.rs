@@ -21,6 +21,11 @@
 //!
 //! Events are delivered in publish order, which is resource-version order except for the gap
 //! docs/ARCHITECTURE.md ("Watch") describes; events at or below a resume's version are skipped.
+//!
+//! On a store with a change log (PostgreSQL, shared by gateways) the hub is fed by the store
+//! instead ([`EventHub::fed_by_store`], [`follow_change_log`]): every gateway's writes, in
+//! revision order with no gap, each delete at its own revision; the actors' own publishes are
+//! ignored there (they would come twice, and out of order).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -58,6 +63,8 @@ impl Default for HistoryBounds {
 
 pub struct EventHub {
     history: Arc<Mutex<History>>,
+    /// Fed by the store's change log: [`EventHub::publish`] does nothing.
+    fed_by_store: bool,
     /// The sequence number the next event will get, sent after each publish: live watchers
     /// wait on it. Dropped with the hub, which ends every watcher with [`LiveError::Closed`].
     published: watch::Sender<u64>,
@@ -131,8 +138,18 @@ pub struct Subscription {
 impl EventHub {
     /// `horizon` is the store's revision at startup: nothing before it is in the history.
     pub fn new(bounds: HistoryBounds, horizon: u64) -> Self {
+        Self::with_feed(bounds, horizon, false)
+    }
+
+    /// A hub fed only by the store's change log ([`follow_change_log`]) from `horizon` on.
+    pub fn fed_by_store(bounds: HistoryBounds, horizon: u64) -> Self {
+        Self::with_feed(bounds, horizon, true)
+    }
+
+    fn with_feed(bounds: HistoryBounds, horizon: u64, fed_by_store: bool) -> Self {
         let (published, _) = watch::channel(0);
         EventHub {
+            fed_by_store,
             history: Arc::new(Mutex::new(History {
                 events: VecDeque::with_capacity(bounds.max_events.clamp(1, 1024)),
                 first_seq: 0,
@@ -144,7 +161,15 @@ impl EventHub {
         }
     }
 
+    /// An actor's event, after its write is durable. Ignored by a hub fed by the store, where
+    /// the same write comes from the change log.
     pub fn publish(&self, kind: EventType, sandbox: Sandbox) {
+        if !self.fed_by_store {
+            self.append(kind, sandbox);
+        }
+    }
+
+    fn append(&self, kind: EventType, sandbox: Sandbox) {
         let event = SandboxEvent {
             r#type: kind as i32,
             resource_version: sandbox.resource_version,
@@ -159,6 +184,23 @@ impl EventHub {
                 bytes,
             });
             history.evict();
+            history.next_seq()
+        };
+        self.published.send_replace(next);
+    }
+
+    /// Nothing before `horizon` can be delivered any more (the change log was trimmed past
+    /// what this hub had read): the history is dropped, every watcher ends with
+    /// [`LiveError::FellBehind`], and a resume from before `horizon` is refused.
+    pub fn restart_at(&self, horizon: u64) {
+        let next = {
+            let mut history = lock(&self.history);
+            let dropped = history.events.len() as u64;
+            history.events.clear();
+            history.bytes = 0;
+            // One sequence number skipped: a watcher at the end falls behind too.
+            history.first_seq += dropped + 1;
+            history.horizon = history.horizon.max(horizon);
             history.next_seq()
         };
         self.published.send_replace(next);
@@ -232,6 +274,78 @@ impl Subscription {
             }
         }
         Ok(None)
+    }
+}
+
+/// How often a gateway on a store with a change log looks for new changes when it found none.
+pub const CHANGE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Changes read from the store at once.
+const CHANGE_BATCH: usize = 500;
+
+/// Feeds the gateway's hub from the store's change log, after revision `after`, for ever: each sandbox
+/// change as an event (created: ADDED, updated: MODIFIED, deleted: DELETED at the delete's
+/// revision), in revision order. Polls every [`CHANGE_POLL`] while there is nothing new; a
+/// store that does not answer is retried every second (watchers wait, nothing is skipped);
+/// a log trimmed past where it was reading restarts the hub there (its watchers are told
+/// they fell behind, and resume).
+pub(crate) async fn follow_change_log(shared: Arc<crate::config::Shared>, mut after: u64) {
+    use sbx_storage::{ChangeOp, StoreError};
+    let (store, hub) = (&shared.store, &shared.events);
+    let mut failing = false;
+    loop {
+        match store.changes_after(after, CHANGE_BATCH).await {
+            Ok(changes) => {
+                if failing {
+                    tracing::info!("reading the store's change log again");
+                    failing = false;
+                }
+                let idle = changes.is_empty();
+                for change in changes {
+                    after = change.revision;
+                    if change.record.kind != sbx_storage::Kind::Sandbox {
+                        continue;
+                    }
+                    let id = change.record.id;
+                    let mut sandbox = match crate::records::StoredSandbox::from_record(
+                        change.record,
+                    ) {
+                        Ok(stored) => stored.sandbox,
+                        Err(e) => {
+                            tracing::warn!(sandbox = %id, revision = after, "a change the watch cannot read, skipped: {e}");
+                            continue;
+                        }
+                    };
+                    sandbox.resource_version = change.revision;
+                    let kind = match change.op {
+                        ChangeOp::Created => EventType::Added,
+                        ChangeOp::Updated => EventType::Modified,
+                        ChangeOp::Deleted => EventType::Deleted,
+                    };
+                    hub.append(kind, sandbox);
+                }
+                if idle {
+                    tokio::time::sleep(CHANGE_POLL).await;
+                }
+            }
+            Err(StoreError::ChangesTooOld { oldest, .. }) => {
+                tracing::warn!(
+                    "the store's change log was trimmed past revision {after}, where this \
+                     gateway read; watches resume from {oldest}"
+                );
+                hub.restart_at(oldest);
+                after = oldest;
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(
+                        "cannot read the store's change log (retrying every second): {e}"
+                    );
+                    failing = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
     }
 }
 

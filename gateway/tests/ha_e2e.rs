@@ -13,30 +13,17 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::ha::SharedStore;
 use common::node::Node;
 use common::{DataDir, Sbxd, eventually, sbx, workload_pids_in};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use sbx_proto::v1::Phase;
-use sbx_storage::conformance::postgres_server::TestPostgres;
 
 const LEASE: &str = "3";
 
-fn gateway(data: &Path, url: &str, password_file: &str) -> Sbxd {
-    Sbxd::start(
-        data,
-        "sim",
-        &[
-            "--store",
-            url,
-            "--store-password-file",
-            password_file,
-            "--lease-seconds",
-            LEASE,
-            "--node-grace",
-            "3",
-        ],
-    )
+fn gateway(store: &SharedStore, data: &Path, url: &str) -> Sbxd {
+    store.gateway(data, url, &["--lease-seconds", LEASE, "--node-grace", "3"])
 }
 
 fn signal(d: &Sbxd, signal: Signal) {
@@ -45,13 +32,8 @@ fn signal(d: &Sbxd, signal: Signal) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
-    let server = TestPostgres::start().expect("a PostgreSQL server");
-    server.create_database("ha").await.unwrap();
-    let secrets = DataDir::new();
-    let password_file = secrets.path().join("pw");
-    std::fs::write(&password_file, server.password()).unwrap();
-    let password_file = password_file.to_str().unwrap().to_string();
-    let url = server.url("ha");
+    let store = SharedStore::start();
+    let url = store.database("ha").await;
 
     let node_data = DataDir::new();
     let state = node_data.path().join("drivers/process");
@@ -75,7 +57,7 @@ async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
     );
 
     let a_data = DataDir::new();
-    let a = gateway(a_data.path(), &url, &password_file);
+    let a = gateway(&store, a_data.path(), &url);
     sbx(&a.endpoint(), &["node", "cordon", "local"]).ok();
     sbx(
         &a.endpoint(),
@@ -113,7 +95,7 @@ async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
 
     // B starts while A holds the workspace: B serves none of it.
     let b_data = DataDir::new();
-    let mut b = gateway(b_data.path(), &url, &password_file);
+    let mut b = gateway(&store, b_data.path(), &url);
     let refused = sbx(&b.endpoint(), &["sandbox", "stop", "s0"]);
     assert_ne!(refused.code, 0, "B acted for A's workspace: {refused:?}");
 
@@ -197,24 +179,12 @@ async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement: ten rounds of a 10 s lease"]
 async fn takeover_after_sigkill_of_the_holder_at_the_default_lease() {
-    let server = TestPostgres::start().expect("a PostgreSQL server");
-    let secrets = DataDir::new();
-    let password_file = secrets.path().join("pw");
-    std::fs::write(&password_file, server.password()).unwrap();
-    let password_file = password_file.to_str().unwrap().to_string();
+    let store = SharedStore::start();
     let mut times = Vec::new();
     for round in 0..10 {
-        let db = format!("takeover{round}");
-        server.create_database(&db).await.unwrap();
-        let url = server.url(&db);
-        let store = [
-            "--store",
-            url.as_str(),
-            "--store-password-file",
-            &password_file,
-        ];
+        let url = store.database(&format!("takeover{round}")).await;
         let a_data = DataDir::new();
-        let mut a = Sbxd::start(a_data.path(), "sim", &store);
+        let mut a = store.gateway(a_data.path(), &url, &[]);
         for i in 0..5 {
             sbx(
                 &a.endpoint(),
@@ -223,7 +193,7 @@ async fn takeover_after_sigkill_of_the_holder_at_the_default_lease() {
             .ok();
         }
         let b_data = DataDir::new();
-        let mut b = Sbxd::start(b_data.path(), "sim", &store);
+        let mut b = store.gateway(b_data.path(), &url, &[]);
         a.sigkill();
         let killed = Instant::now();
         eventually(

@@ -86,6 +86,8 @@ pub struct Gateway {
     images: Images,
     /// Asks every node what it is, every few seconds; aborted at shutdown.
     node_probe: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Reads the store's change log into the event hub (a store with one).
+    change_follower: std::sync::Mutex<Option<JoinHandle<()>>>,
     /// Claims and renews the workspace leases (gateways sharing a store); aborted at
     /// shutdown.
     lease_task: std::sync::Mutex<Option<JoinHandle<()>>>,
@@ -118,6 +120,17 @@ impl Gateway {
         config: Config,
     ) -> Result<Gateway> {
         let horizon = store.current_revision().await?;
+        // A store shared by gateways keeps a change log: the events are every gateway's
+        // writes, read from it; from the last `event_history` revisions it holds, so a watch
+        // resumes on this gateway from a version another gave out.
+        let change_log = match store.change_log_start().await? {
+            Some(start) => Some(start.max(horizon.saturating_sub(config.event_history as u64))),
+            None => None,
+        };
+        let bounds = HistoryBounds {
+            max_events: config.event_history,
+            max_bytes: config.event_history_bytes,
+        };
         let images = Images::new(Arc::clone(&store), &config);
         images.probe_drivers(&drivers).await;
         let ownership = config.ownership.as_ref().map(|o| {
@@ -129,13 +142,10 @@ impl Gateway {
             ))
         });
         let shared = Arc::new(Shared {
-            events: EventHub::new(
-                HistoryBounds {
-                    max_events: config.event_history,
-                    max_bytes: config.event_history_bytes,
-                },
-                horizon,
-            ),
+            events: match change_log {
+                Some(from) => EventHub::fed_by_store(bounds, from),
+                None => EventHub::new(bounds, horizon),
+            },
             attach_permits: Semaphore::new(config.attach_concurrency.max(1)),
             store,
             drivers,
@@ -150,6 +160,8 @@ impl Gateway {
         let (root, root_task) = Actor::spawn(None, GatewayRoot, Arc::clone(&shared))
             .await
             .map_err(|e| ActorError::Internal(format!("the gateway root did not start: {e}")))?;
+        let change_follower = change_log
+            .map(|from| tokio::spawn(crate::events::follow_change_log(Arc::clone(&shared), from)));
         let gateway = Gateway {
             router: Router::new(root.clone(), &shared),
             shared,
@@ -157,6 +169,7 @@ impl Gateway {
             root_task: std::sync::Mutex::new(Some(root_task)),
             images,
             node_probe: std::sync::Mutex::new(None),
+            change_follower: std::sync::Mutex::new(change_follower),
             lease_task: std::sync::Mutex::new(None),
         };
         if let Some(ownership) = &gateway.shared.ownership {
@@ -226,7 +239,7 @@ impl Gateway {
 
     pub async fn shutdown_within(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
-        for task in [&self.node_probe, &self.lease_task] {
+        for task in [&self.node_probe, &self.lease_task, &self.change_follower] {
             if let Some(task) = task.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 task.abort();
             }

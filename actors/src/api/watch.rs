@@ -44,6 +44,14 @@ impl Gateway {
             }
         }
         let sub = self.shared.events.subscribe(resource_version)?;
+        // From 0: what the list shows is the store at or after this revision, so an event at
+        // or below it is already in the list — or of a sandbox gone before it, which the
+        // client never saw (a hub fed by the store may still be catching up on such).
+        let after = if resource_version == 0 {
+            self.shared.store.current_revision().await?
+        } else {
+            resource_version
+        };
         let mut initial = Vec::new();
         let mut floor: HashMap<String, u64> = HashMap::new();
         if resource_version == 0 {
@@ -71,7 +79,7 @@ impl Gateway {
                 .unwrap_or_default();
             in_scope
                 && selector.matches(&labels)
-                && ev.resource_version > resource_version
+                && ev.resource_version > after
                 && floor.get(&sb.id).is_none_or(|rv| ev.resource_version > *rv)
         };
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod ha;
 pub mod node;
 
 use std::io::{BufRead, BufReader};
