@@ -269,9 +269,20 @@ pub struct Nodes {
     local: RwLock<Local>,
     /// What the sandboxes on each place ask for: `None` is local.
     allocated: RwLock<HashMap<Option<Uuid>, NodeCapacity>>,
-    /// The fencing token of each workspace this gateway holds (gateways sharing a store):
-    /// every call to a node for a sandbox of it carries it.
-    fences: RwLock<HashMap<Uuid, u64>>,
+    /// The fencing token of each workspace this gateway holds or held (gateways sharing a
+    /// store), and whether it holds it now: every call to a node for a sandbox of it carries
+    /// the token — after the workspace was let go, the last one, which a node that saw the
+    /// next holder's refuses.
+    fences: RwLock<HashMap<Uuid, Fence>>,
+    /// Gateways sharing a store: every call for a workspace's sandbox is fenced, with token 0
+    /// for a workspace this gateway never held (refused once any holder reached the node).
+    fencing: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Fence {
+    token: u64,
+    held: bool,
 }
 
 impl std::fmt::Debug for Nodes {
@@ -345,6 +356,7 @@ impl Nodes {
             local: RwLock::new(Local::default()),
             allocated: RwLock::new(HashMap::new()),
             fences: RwLock::new(HashMap::new()),
+            fencing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -422,34 +434,61 @@ impl Nodes {
         read(&self.entries).get(&id).map(|e| e.link.driver())
     }
 
-    /// The driver of node `id` for a sandbox of `workspace`: fenced with the workspace's
-    /// token while this gateway holds it under one.
+    /// The driver of node `id` for a sandbox of `workspace`. Gateways sharing a store
+    /// ([`Nodes::set_fencing`]): fenced with the workspace's token — the one this gateway
+    /// holds it under, or last held it under (a call that slips out after the workspace was
+    /// let go is refused by a node the next holder reached), or 0 if it never held it. One
+    /// gateway: unfenced.
     pub fn link_for(&self, id: Uuid, workspace: Uuid) -> Option<Arc<dyn ComputeDriver>> {
-        let token = read(&self.fences).get(&workspace).copied();
-        read(&self.entries).get(&id).map(|e| match token {
-            Some(token) => e.link.fenced(workspace, token),
-            None => e.link.driver(),
-        })
+        let fencing = self.fencing.load(std::sync::atomic::Ordering::Relaxed);
+        let token = read(&self.fences).get(&workspace).map(|f| f.token);
+        read(&self.entries)
+            .get(&id)
+            .map(|e| match (fencing, token) {
+                (true, token) => e.link.fenced(workspace, token.unwrap_or(0)),
+                (false, Some(token)) => e.link.fenced(workspace, token),
+                (false, None) => e.link.driver(),
+            })
+    }
+
+    /// Gateways sharing a store: from now on every call for a workspace's sandbox is fenced.
+    pub fn set_fencing(&self) {
+        self.fencing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The workspaces this gateway holds (gateways sharing a store).
     pub fn held_workspaces(&self) -> Vec<Uuid> {
-        let mut held: Vec<Uuid> = read(&self.fences).keys().copied().collect();
+        let mut held: Vec<Uuid> = read(&self.fences)
+            .iter()
+            .filter(|(_, f)| f.held)
+            .map(|(ws, _)| *ws)
+            .collect();
         held.sort();
         held
     }
 
     /// The token under which this gateway holds `workspace`, if it does.
     pub fn fence_of(&self, workspace: Uuid) -> Option<u64> {
-        read(&self.fences).get(&workspace).copied()
+        read(&self.fences)
+            .get(&workspace)
+            .filter(|f| f.held)
+            .map(|f| f.token)
     }
 
-    /// This gateway holds `workspace` under `token` (`None`: no longer).
+    /// This gateway holds `workspace` under `token` (`None`: no longer; the last token is
+    /// kept for the calls that still go out).
     pub fn set_fence(&self, workspace: Uuid, token: Option<u64>) {
         match token {
-            Some(token) => write(&self.fences).insert(workspace, token),
-            None => write(&self.fences).remove(&workspace),
-        };
+            Some(token) => {
+                write(&self.fences).insert(workspace, Fence { token, held: true });
+            }
+            None => {
+                if let Some(fence) = write(&self.fences).get_mut(&workspace) {
+                    fence.held = false;
+                }
+            }
+        }
     }
 
     /// Every registered node's id and driver.

@@ -257,6 +257,18 @@ pub async fn hold_leases(
         for ws in late {
             let_go(&mut held, ws, "its lease could not be renewed in time");
         }
+        // A node refused a call under its token (a sandbox actor said so): a newer holder
+        // exists. Let it go, and give the lease back in case it is still this gateway's.
+        let overtaken: Vec<Uuid> = held
+            .keys()
+            .filter(|ws| nodes.fence_of(**ws).is_none())
+            .copied()
+            .collect();
+        for ws in overtaken {
+            if let Some(lease) = let_go(&mut held, ws, "a node refused its token") {
+                giving_back.push(lease);
+            }
+        }
         for lease in giving_back.drain(..) {
             if let Err(e) = ownership.release(&lease, now).await {
                 tracing::warn!(workspace = %lease.workspace, "cannot give the lease back: {e}");

@@ -138,7 +138,7 @@ impl Router {
             Patience::request(self.request_timeout),
             || self.workspace(ws),
             build,
-            || self.refuse_if_disk_full(),
+            || self.refuse_between_attempts(ws),
         )
         .await
     }
@@ -164,7 +164,7 @@ impl Router {
             Patience::request(self.request_timeout),
             locate,
             build,
-            || self.refuse_if_disk_full(),
+            || self.refuse_between_attempts(ws),
         )
         .await
     }
@@ -176,6 +176,20 @@ impl Router {
         match self.store.disk_full() {
             Some(full) => Err(full.into()),
             None => Ok(()),
+        }
+    }
+
+    /// Between the attempts of a call: the full-disk check, and (gateways sharing a store)
+    /// whether this gateway still holds `ws` — one whose call a node refused under its token
+    /// lets it go at once, and a request riding out its actors' restarts is answered then.
+    fn refuse_between_attempts(&self, ws: Uuid) -> Result<()> {
+        self.refuse_if_disk_full()?;
+        match &self.held {
+            Some(nodes) if nodes.fence_of(ws).is_none() => Err(ActorError::Unavailable(format!(
+                "this gateway no longer holds workspace {ws} (a node refused its token: another \
+                 gateway holds it now); ask again"
+            ))),
+            _ => Ok(()),
         }
     }
 }

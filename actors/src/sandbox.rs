@@ -582,8 +582,13 @@ impl SandboxActor {
     ) -> Result<Outcome, ActorProcessingErr> {
         if matches!(&e, DriverError::FailedPrecondition(m) if m.starts_with("fenced:")) {
             // A newer holder of the workspace reached the node: this gateway no longer acts
-            // for it, and writes nothing about it (its lease loop lets the workspace go).
+            // for it, and writes nothing about it. From now on its requests are refused
+            // (naming the holder), and its lease loop lets the workspace go at its next round.
             tracing::warn!(sandbox = %st.stored.id(), "the node fenced this gateway's call: {e}");
+            st.shared
+                .drivers
+                .nodes()
+                .set_fence(st.stored.workspace_id(), None);
             return Err(format!("fenced: {e}").into());
         }
         let cfg = &st.shared.config;

@@ -157,6 +157,16 @@ impl Actor for WorkspaceSupervisor {
             // An older incarnation: a newer actor already serves this sandbox.
             return Ok(());
         }
+        let ws = st.ws.id();
+        if st.shared.ownership.is_some() && st.shared.drivers.nodes().fence_of(ws).is_none() {
+            // This gateway let the workspace go (a node refused its token, or its lease was
+            // not renewed): nothing of it restarts here; the root stops this supervisor.
+            tracing::warn!(sandbox = %id, workspace = %st.ws.workspace.name, "sandbox actor {failure}; not restarted: this gateway no longer holds the workspace");
+            if let Some(child) = st.children.get_mut(&id) {
+                child.actor = None;
+            }
+            return Ok(());
+        }
         tracing::warn!(sandbox = %id, workspace = %st.ws.workspace.name, "sandbox actor {failure}; restarting it from its record");
         self.child_down(&myself, st, id)
     }

@@ -36,25 +36,7 @@ async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
     let url = store.database("ha").await;
 
     let node_data = DataDir::new();
-    let state = node_data.path().join("drivers/process");
-    std::fs::create_dir_all(&state).unwrap();
-    let node = Node::start(
-        node_data.path(),
-        &[
-            "--driver",
-            "process",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--auth",
-            "none",
-            "--cgroup-parent",
-            common::TEST_CGROUP_PARENT,
-            "--capacity-cpu",
-            "16",
-        ],
-    );
+    let (node, state) = Node::process(node_data.path(), &["--capacity-cpu", "16"]);
 
     let a_data = DataDir::new();
     let a = gateway(&store, a_data.path(), &url);
@@ -213,4 +195,96 @@ async fn takeover_after_sigkill_of_the_holder_at_the_default_lease() {
         times[times.len() / 2],
         times[times.len() - 1]
     );
+}
+
+/// A holder overtaken without knowing it — as one paused or cut off past its lease is until
+/// its lease loop runs again — cannot act: once a newer holder's token reached the node, the
+/// node refuses the old holder's calls (it counts them), and the workload is untouched.
+/// A's requests are answered UNAVAILABLE at once, and it lets the workspace go. Deterministic:
+/// the newer holder is played by the test, with token 2, while A (on a 30 s lease, its loop
+/// looking every 10 s) still holds token 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_overtaken_unawares_is_refused_by_the_node() {
+    let store = SharedStore::start();
+    let url = store.database("fence").await;
+    let node_data = DataDir::new();
+    let (node, state) = Node::process(node_data.path(), &["--capacity-cpu", "16"]);
+    let a_data = DataDir::new();
+    let a = store.gateway(a_data.path(), &url, &["--lease-seconds", "30"]);
+    sbx(&a.endpoint(), &["node", "cordon", "local"]).ok();
+    sbx(
+        &a.endpoint(),
+        &["node", "add", "n", "--address", &node.addr],
+    )
+    .ok();
+    sbx(
+        &a.endpoint(),
+        &[
+            "sandbox", "create", "s0", "--driver", "process", "--", "sleep", "120",
+        ],
+    )
+    .ok();
+    let s0 = eventually(Duration::from_secs(30), "s0 Ready", || async {
+        a.all_sandboxes()
+            .await
+            .into_values()
+            .find(|s| s.name == "s0" && s.phase == Phase::Ready as i32)
+    })
+    .await;
+    let pids = workload_pids_in(&state, &s0.id);
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let ws: uuid::Uuid = s0.workspace_id.parse().unwrap();
+    let fence_file = state.join("fences").join(ws.to_string());
+    assert_eq!(
+        std::fs::read_to_string(&fence_file).unwrap(),
+        "1\n",
+        "A's calls carry its token"
+    );
+
+    // A newer holder reaches the node with token 2.
+    let before = node.plain().node_info().await.unwrap().fenced_calls;
+    assert_eq!(before, 0);
+    let newer = node.plain().fenced(ws, 2);
+    sbx_drivers::ComputeDriver::list(&newer).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&fence_file).unwrap(), "2\n");
+
+    // A, unaware, acts: the node refuses it.
+    let stop = tokio::time::timeout(
+        Duration::from_secs(30),
+        a.sandboxes()
+            .await
+            .stop_sandbox(sbx_proto::v1::StopSandboxRequest {
+                sandbox: Some(sbx_proto::v1::SandboxRef {
+                    id: s0.id.clone(),
+                    ..Default::default()
+                }),
+            }),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("A's stop did not answer in 30 s:\n{}", a.log_text()));
+    let refused = stop.expect_err("A's stop went through");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("no longer holds"), "{refused:?}");
+    let after = node.plain().node_info().await.unwrap().fenced_calls;
+    assert!(
+        after > before,
+        "the node counted no refusal: {before} → {after}"
+    );
+    assert_eq!(
+        workload_pids_in(&state, &s0.id),
+        pids,
+        "the workload was touched"
+    );
+    eprintln!("the node refused {} of A's calls", after - before);
+    // A stands down at its lease loop's next round (every 10 s here).
+    eventually(
+        Duration::from_secs(25),
+        "A lets the workspace go",
+        || async {
+            a.log_text()
+                .contains("letting the workspace go: a node refused its token")
+                .then_some(())
+        },
+    )
+    .await;
 }

@@ -154,6 +154,9 @@ impl Gateway {
             startup: StartupTracker::default(),
             ownership,
         });
+        if shared.ownership.is_some() {
+            shared.drivers.nodes().set_fencing();
+        }
         nodes::load_nodes(&shared).await?;
         // The root's own share, released when it has spawned every supervisor.
         shared.startup.add(1);

@@ -28,6 +28,29 @@ pub struct Node {
 }
 
 impl Node {
+    /// A `process` node over `data` on loopback without TLS (`--auth none`), its state in
+    /// DATA/drivers/process (where the data dir's guard and `all_workload_pids` look), in the
+    /// tests' cgroup parent; `extra` after (`--capacity-cpu`, …). Answers the node and its
+    /// state dir.
+    pub fn process(data: &Path, extra: &[&str]) -> (Node, PathBuf) {
+        let state = data.join("drivers/process");
+        std::fs::create_dir_all(&state).unwrap();
+        let mut args = vec![
+            "--driver",
+            "process",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--auth",
+            "none",
+            "--cgroup-parent",
+            super::TEST_CGROUP_PARENT,
+        ];
+        args.extend_from_slice(extra);
+        (Node::start(data, &args), state)
+    }
+
     /// Starts `sbxd node ARGS… --addr-file DIR/addr` and waits for its address file.
     pub fn start(dir: &Path, args: &[&str]) -> Node {
         let addr_file = dir.join("addr");
