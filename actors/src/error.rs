@@ -79,6 +79,17 @@ pub enum ActorError {
     /// The sandbox's actor or its driver is not answering for now; retry.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// Gateways sharing a store: the workspace is served by another gateway, at `address`
+    /// (sbxd forwards the request there; a client may ask it directly).
+    #[error(
+        "workspace {workspace} is served by another gateway ({gateway}, at {address}); ask it, \
+         or again once its lease moves"
+    )]
+    HeldElsewhere {
+        workspace: uuid::Uuid,
+        gateway: uuid::Uuid,
+        address: String,
+    },
     /// A watch resumed from a resource version older than the history kept.
     #[error(
         "resource version {requested} is too old (history starts after {oldest}); list again and watch from the list's version"

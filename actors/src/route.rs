@@ -106,9 +106,9 @@ impl Router {
         }
     }
 
-    /// Gateways sharing a store: `Unavailable` naming the holder when this gateway does not
-    /// hold `ws` (the client asks the holder, or again once leases move).
-    async fn refuse_unless_held(&self, ws: Uuid) -> Result<()> {
+    /// Gateways sharing a store: `HeldElsewhere` naming the holder when this gateway does not
+    /// hold `ws` (sbxd forwards the request there), `Unavailable` when nobody holds it yet.
+    pub(crate) async fn refuse_unless_held(&self, ws: Uuid) -> Result<()> {
         let Some(nodes) = &self.held else {
             return Ok(());
         };
@@ -116,13 +116,16 @@ impl Router {
             return Ok(());
         }
         let holder = crate::ownership::holder_of(&*self.store, ws).await?;
-        Err(ActorError::Unavailable(match holder {
-            Some((gateway, address)) => format!(
-                "workspace {ws} is served by another gateway ({gateway}, at {address}); ask it, \
-                 or again once its lease moves"
-            ),
-            None => format!("workspace {ws} is not served by any gateway yet; ask again"),
-        }))
+        Err(match holder {
+            Some((gateway, address)) => ActorError::HeldElsewhere {
+                workspace: ws,
+                gateway,
+                address,
+            },
+            None => ActorError::Unavailable(format!(
+                "workspace {ws} is not served by any gateway yet; ask again"
+            )),
+        })
     }
 
     /// Sends a request to a workspace's supervisor and waits for its answer, riding out the

@@ -2,7 +2,8 @@
 //! `sbxd node --driver process`. Gateway A serves the workspace (it holds its lease); B does
 //! not until A is paused (SIGSTOP) past the lease, then takes it over with the next fencing
 //! token — the node then refuses A's token — and serves every sandbox on the same workloads;
-//! A, let run again (SIGCONT), stands down without touching them.
+//! A, let run again (SIGCONT), stands down without touching them. Meanwhile a command sent to
+//! the gateway that does not hold the workspace is forwarded to the one that does.
 //!
 //! Every process is killed by pid when its guard drops (A is continued first); the node's
 //! workloads are deleted through B at the end, and killed by the node's data dir guard if the
@@ -75,11 +76,13 @@ async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
         assert_eq!(p.len(), 1, "{id}: {p:?}");
     }
 
-    // B starts while A holds the workspace: B serves none of it.
+    // B starts while A holds the workspace: B's actors serve none of it.
     let b_data = DataDir::new();
     let mut b = gateway(&store, b_data.path(), &url);
-    let refused = sbx(&b.endpoint(), &["sandbox", "stop", "s0"]);
-    assert_ne!(refused.code, 0, "B acted for A's workspace: {refused:?}");
+    // A command sent to B is forwarded to A, which serves it under its token.
+    let forwarded = sbx(&b.endpoint(), &["sandbox", "start", "s0"]);
+    assert_eq!(forwarded.code, 0, "{forwarded:?}");
+    assert!(!b.log_text().contains("serving the workspace"));
 
     // A paused past its lease: B takes the workspace over, one token up.
     signal(&a, Signal::SIGSTOP);
@@ -113,8 +116,9 @@ async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
         },
     )
     .await;
-    let through_a = sbx(&a.endpoint(), &["sandbox", "stop", "s2"]);
-    assert_ne!(through_a.code, 0, "A still acts: {through_a:?}");
+    // A command sent to A now is forwarded to B, served under B's token.
+    let through_a = sbx(&a.endpoint(), &["sandbox", "start", "s2"]);
+    assert_eq!(through_a.code, 0, "{through_a:?}");
     eventually(
         Duration::from_secs(30),
         "every sandbox Ready on B",

@@ -79,7 +79,7 @@ impl Gateway {
         validate::exec(&command, &opts.env, &opts.workdir)?;
         let sb = self.resolve_sandbox(sel).await?;
         require_ready(&sb.sandbox, "exec into")?;
-        let driver = self.driver_of(&sb)?;
+        let driver = self.driver_of(&sb).await?;
         // The sandbox's credentials and settings as they are now, then the exec's own
         // variables on top.
         let mut env: std::collections::HashMap<String, String> = crate::owned::run_env(
@@ -117,7 +117,7 @@ impl Gateway {
         let path = copy_path(path)?;
         let sb = self.resolve_sandbox(sel).await?;
         require_settled(&sb.sandbox, "copy from")?;
-        let driver = self.driver_of(&sb)?;
+        let driver = self.driver_of(&sb).await?;
         let req = pb::CopyFromRequest {
             sandbox_id: sb.id().to_string(),
             path,
@@ -137,7 +137,7 @@ impl Gateway {
         let path = copy_path(path)?;
         let sb = self.resolve_sandbox(sel).await?;
         require_settled(&sb.sandbox, "copy into")?;
-        let driver = self.driver_of(&sb)?;
+        let driver = self.driver_of(&sb).await?;
         let req = pb::CopyToStart {
             sandbox_id: sb.id().to_string(),
             path,
@@ -160,7 +160,7 @@ impl Gateway {
         }
         let sb = self.resolve_sandbox(sel).await?;
         require_ready(&sb.sandbox, "forward a port of")?;
-        let driver = self.driver_of(&sb)?;
+        let driver = self.driver_of(&sb).await?;
         let req = pb::PortForwardStart {
             sandbox_id: sb.id().to_string(),
             port,
@@ -177,7 +177,7 @@ impl Gateway {
         opts: LogOptions,
     ) -> Result<ActorStream<v1::LogChunk>> {
         let sb = self.resolve_sandbox(sel).await?;
-        let driver = self.driver_of(&sb)?;
+        let driver = self.driver_of(&sb).await?;
         let req = pb::LogsRequest {
             sandbox_id: sb.id().to_string(),
             follow: opts.follow,
@@ -188,8 +188,16 @@ impl Gateway {
         Ok(public(driver.logs(req).await?, translate::log_chunk))
     }
 
-    /// The driver a sandbox runs on: its node's, or the local driver its spec names.
-    fn driver_of(&self, sb: &StoredSandbox) -> Result<Arc<dyn sbx_driver_api::ComputeDriver>> {
+    /// The driver a sandbox runs on: its node's, or the local driver its spec names. Gateways
+    /// sharing a store: only the workspace's holder reaches it (`HeldElsewhere` names the
+    /// holder, which sbxd forwards the request to) — a call under this gateway's token after
+    /// another took the workspace would be fenced anyway, and a sandbox on a gateway's own
+    /// local driver is on that gateway's machine.
+    async fn driver_of(
+        &self,
+        sb: &StoredSandbox,
+    ) -> Result<Arc<dyn sbx_driver_api::ComputeDriver>> {
+        self.router.refuse_unless_held(sb.workspace_id()).await?;
         self.shared.drivers.for_sandbox(&sb.sandbox)
     }
 }

@@ -65,6 +65,7 @@ impl Gateway {
     /// The sandbox's network as its driver sees it now.
     pub async fn get_sandbox_network(&self, sel: &SandboxSelector) -> Result<SandboxNetwork> {
         let sb = self.resolve_sandbox(sel).await?;
+        self.router.refuse_unless_held(sb.workspace_id()).await?;
         let driver = self.shared.drivers.for_sandbox(&sb.sandbox)?;
         let status = driver
             .get_network(pb::GetNetworkRequest {

@@ -10,6 +10,7 @@ pub mod certs;
 pub mod connections;
 pub mod driver_spec;
 pub mod drivers;
+pub mod forward;
 pub mod images;
 pub mod managed;
 pub mod node;

@@ -341,10 +341,7 @@ async fn serve_on(
         ownership: match &args.store.store {
             Some(_) => Some(sbx_actors::OwnershipSettings {
                 gateway: super::store::gateway_id(data_dir)?,
-                address: args
-                    .listen
-                    .clone()
-                    .unwrap_or_else(|| "the Unix socket".to_string()),
+                address: args.store.advertised(&bound)?,
                 period: Duration::from_secs(args.store.lease_seconds),
             }),
             None => None,
@@ -356,6 +353,7 @@ async fn serve_on(
         args.nodes.timing(),
     );
     let drivers = DriverSet::single(driver_name, driver).with_nodes(nodes);
+    let ownership = config.ownership.clone();
     let gateway = Arc::new(Gateway::start(store, drivers, config).await?);
     super::images::ensure_default_image(&gateway, &args.images).await?;
     // Grants written by name (an identities file from before ids, or `sbxd token create`) are
@@ -407,6 +405,24 @@ async fn serve_on(
         .build_v1alpha()
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     let service = SbxService::new(Arc::clone(&gateway), shutdown.clone()).with_identities(data_dir);
+    // Gateways sharing a store: requests for a workspace another one serves go on to it.
+    let peers = match &ownership {
+        Some(ownership) => {
+            let tls = match &args.tls_cert {
+                Some(_) => Some(
+                    crate::tls::client_config(args.store.peer_tls_ca.as_deref(), None, None)
+                        .map_err(|e| DaemonError::Security(format!("--peer-tls-ca: {e}")))?,
+                ),
+                None => None,
+            };
+            Some(Arc::new(super::forward::Peers::new(
+                ownership.gateway,
+                tls,
+                auth.none,
+            )))
+        }
+        None => None,
+    };
     // Every error answered carries an ErrorInfo and stays bounded, tonic's own included.
     let keepalive = Duration::from_secs(args.keepalive);
     let mut builder = tonic::transport::Server::builder()
@@ -420,7 +436,8 @@ async fn serve_on(
     }
     let router = builder
         .layer(ErrorInfoLayer)
-        .layer(crate::auth::AuthLayer(auth))
+        .layer(crate::auth::AuthLayer(Arc::clone(&auth)))
+        .layer(super::forward::ForwardLayer(peers))
         .add_service(health_server)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

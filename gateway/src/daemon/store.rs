@@ -41,6 +41,39 @@ pub struct StoreArgs {
     #[arg(long, env = "SBX_LEASE_SECONDS", value_name = "SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(2..=300))]
     pub lease_seconds: u64,
+
+    /// With --store: the address (HOST:PORT) other gateways reach this one at, where they
+    /// forward the requests for the workspaces it serves. Unset: the address it listens on
+    /// (which must then not be 0.0.0.0 or [::]).
+    #[arg(
+        long,
+        env = "SBX_ADVERTISE",
+        value_name = "HOST:PORT",
+        requires = "store"
+    )]
+    pub advertise: Option<String>,
+
+    /// With --store and TLS: the CA that signed the other gateways' certificates (PEM), which
+    /// the requests forwarded to them are checked against. Unset: the system's roots.
+    #[arg(long, env = "SBX_PEER_TLS_CA", value_name = "PEM", requires = "store")]
+    pub peer_tls_ca: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// The address the other gateways forward to: --advertise, or the bound address when it
+    /// names one host (a wildcard one is an error, not a silent dead end).
+    pub fn advertised(&self, bound: &str) -> Result<String, DaemonError> {
+        if let Some(address) = &self.advertise {
+            return Ok(address.clone());
+        }
+        match bound.parse::<std::net::SocketAddr>() {
+            Ok(addr) if addr.ip().is_unspecified() => Err(DaemonError::Setup(format!(
+                "--listen {bound} is every address of this machine: with --store, say where \
+                 the other gateways reach this one with --advertise HOST:PORT"
+            ))),
+            _ => Ok(bound.to_string()),
+        }
+    }
 }
 
 /// This gateway's id among those sharing a store, kept in DATA/gateway-id (made, mode 0600,

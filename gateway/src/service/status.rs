@@ -121,6 +121,28 @@ pub fn actor_error_to_status(err: &ActorError) -> Status {
         ActorError::FailedPrecondition(_) => (Code::FailedPrecondition, "FAILED_PRECONDITION"),
         ActorError::Unimplemented(_) => (Code::Unimplemented, "UNIMPLEMENTED"),
         ActorError::Unavailable(_) => (Code::Unavailable, "UNAVAILABLE"),
+        ActorError::HeldElsewhere {
+            workspace,
+            gateway,
+            address,
+        } => {
+            metadata.insert("workspace".to_string(), workspace.to_string());
+            metadata.insert("gateway".to_string(), gateway.to_string());
+            metadata.insert("address".to_string(), address.clone());
+            let mut status = bounded_status(
+                Code::Unavailable,
+                &err.to_string(),
+                "HELD_ELSEWHERE",
+                metadata,
+            );
+            // Where the forwarding layer (`daemon::forward`) sends the request.
+            if let Ok(value) = address.parse() {
+                status
+                    .metadata_mut()
+                    .insert(crate::daemon::forward::HOLDER_HEADER, value);
+            }
+            return status;
+        }
         ActorError::ResourceVersionInFuture { requested, newest } => {
             metadata.insert("requested".to_string(), requested.to_string());
             metadata.insert("newest".to_string(), newest.to_string());
