@@ -142,6 +142,10 @@ async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
         }
     }
     let info = node.plain().node_info().await.unwrap();
+    assert_eq!(
+        info.token_conflicts, 0,
+        "two gateways called under one token"
+    );
     eprintln!(
         "takeover {takeover:?} after SIGSTOP with a {LEASE} s lease; calls the node fenced: {}",
         info.fenced_calls

@@ -371,8 +371,37 @@ async fn a_node_refuses_calls_under_an_older_fencing_token_even_after_a_restart(
         matches!(&err, DriverError::FailedPrecondition(m) if m.starts_with("fenced:")),
         "{err:?}"
     );
+    // Streams carry the fence too: an exec and an upload under the old token are refused.
+    let exec = former
+        .exec_io(
+            pb::ExecRequest {
+                sandbox_id: id.clone(),
+                command: vec!["true".into()],
+                ..Default::default()
+            },
+            Box::pin(futures::stream::empty()),
+        )
+        .await;
+    assert!(
+        matches!(&exec, Err(DriverError::FailedPrecondition(m)) if m.starts_with("fenced:")),
+        "an exec under the old token: {:?}",
+        exec.err()
+    );
+    let upload = former
+        .copy_to(
+            pb::CopyToStart {
+                sandbox_id: id.clone(),
+                ..Default::default()
+            },
+            Box::pin(futures::stream::empty()),
+        )
+        .await;
+    assert!(
+        matches!(&upload, Err(DriverError::FailedPrecondition(m)) if m.starts_with("fenced:")),
+        "an upload under the old token: {upload:?}"
+    );
     let info = newer.node_info().await.unwrap();
-    assert_eq!(info.fenced_calls, 1);
+    assert_eq!(info.fenced_calls, 3);
     // The refused stop did nothing.
     let snapshot = newer
         .get(pb::GetRequest {

@@ -62,6 +62,8 @@ pub struct RemoteDriver {
     call_timeout: Duration,
     /// The workspace and fencing token every call carries ([`RemoteDriver::fenced`]).
     fence: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// The gateway a fenced call comes from ([`RemoteDriver::as_gateway`]).
+    holder: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl RemoteDriver {
@@ -71,6 +73,29 @@ impl RemoteDriver {
         let mut fenced = self.clone();
         fenced.fence = super::fence::fence_value(workspace, token).parse().ok();
         fenced
+    }
+
+    /// This driver, its fenced calls also naming the gateway they come from, so the node can
+    /// tell two gateways calling under one token apart (which leases must never allow: it
+    /// counts them, `NodeInfo.token_conflicts`).
+    pub fn as_gateway(&self, gateway: uuid::Uuid) -> RemoteDriver {
+        let mut named = self.clone();
+        named.holder = gateway.to_string().parse().ok();
+        named
+    }
+
+    /// The fence headers of this driver on one request.
+    fn decorate<T>(&self, request: &mut tonic::Request<T>) {
+        if let Some(fence) = &self.fence {
+            request
+                .metadata_mut()
+                .insert(super::fence::FENCE_HEADER, fence.clone());
+            if let Some(holder) = &self.holder {
+                request
+                    .metadata_mut()
+                    .insert(super::fence::FENCE_HOLDER_HEADER, holder.clone());
+            }
+        }
     }
 
     /// A driver talking to the host on `socket`, each call bounded by `call_timeout`.
@@ -136,6 +161,7 @@ impl RemoteDriver {
             target,
             call_timeout,
             fence: None,
+            holder: None,
         }
     }
 
@@ -200,11 +226,7 @@ impl RemoteDriver {
         if send_deadline {
             request.set_timeout(self.call_timeout);
         }
-        if let Some(fence) = &self.fence {
-            request
-                .metadata_mut()
-                .insert(super::fence::FENCE_HEADER, fence.clone());
-        }
+        self.decorate(&mut request);
         let ctx = self.context(operation);
         match tokio::time::timeout(self.call_timeout, call(self.client.clone(), request)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
@@ -334,7 +356,9 @@ impl ComputeDriver for RemoteDriver {
         let start = pb::ExecInput {
             input: Some(pb::exec_input::Input::Start(req)),
         };
-        let messages = sync_stream(futures::stream::iter([start]).chain(input));
+        let mut messages =
+            tonic::Request::new(sync_stream(futures::stream::iter([start]).chain(input)));
+        self.decorate(&mut messages);
         let ctx = self.context("exec");
         let mut client = self.client.clone();
         let stream = match tokio::time::timeout(self.call_timeout, client.exec(messages)).await {
@@ -386,7 +410,9 @@ impl ComputeDriver for RemoteDriver {
         let data = data.map(|bytes| pb::CopyToInput {
             input: Some(Input::Data(bytes)),
         });
-        let messages = sync_stream(futures::stream::iter([start]).chain(data));
+        let mut messages =
+            tonic::Request::new(sync_stream(futures::stream::iter([start]).chain(data)));
+        self.decorate(&mut messages);
         // No local timer: the upload takes as long as the caller's data does.
         let mut client = self.client.clone();
         client
@@ -404,7 +430,9 @@ impl ComputeDriver for RemoteDriver {
         let start = pb::PortForwardInput {
             input: Some(pb::port_forward_input::Input::Start(req)),
         };
-        let messages = sync_stream(futures::stream::iter([start]).chain(input));
+        let mut messages =
+            tonic::Request::new(sync_stream(futures::stream::iter([start]).chain(input)));
+        self.decorate(&mut messages);
         let ctx = self.context("port_forward");
         let mut client = self.client.clone();
         let stream =

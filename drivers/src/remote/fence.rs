@@ -22,6 +22,9 @@ use uuid::Uuid;
 /// The request header a fenced call carries.
 pub const FENCE_HEADER: &str = "sbx-fence";
 
+/// The header naming the gateway a fenced call comes from (its id), beside [`FENCE_HEADER`].
+pub const FENCE_HOLDER_HEADER: &str = "sbx-fence-holder";
+
 /// `<workspace id>/<token>`, the header's value.
 pub fn fence_value(workspace: Uuid, token: u64) -> String {
     format!("{workspace}/{token}")
@@ -39,6 +42,11 @@ pub struct Fences {
     dir: PathBuf,
     highest: Mutex<HashMap<Uuid, u64>>,
     refused: AtomicU64,
+    /// Per workspace, the newest token admitted and the gateway that called under it.
+    holders: Mutex<HashMap<Uuid, (u64, Uuid)>>,
+    /// Calls admitted under a workspace's token from a gateway other than the first that
+    /// called under it: what leases must never allow.
+    conflicts: AtomicU64,
 }
 
 impl Fences {
@@ -68,12 +76,35 @@ impl Fences {
             dir: dir.to_path_buf(),
             highest: Mutex::new(highest),
             refused: AtomicU64::new(0),
+            holders: Mutex::new(HashMap::new()),
+            conflicts: AtomicU64::new(0),
         }))
     }
 
     /// How many calls were refused since the node started.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// How many admitted calls came under a token another gateway had called under first,
+    /// since the node started (0 unless two gateways held one lease at once).
+    pub fn conflicts(&self) -> u64 {
+        self.conflicts.load(Ordering::Relaxed)
+    }
+
+    /// Notes that `gateway` called for `workspace` under `token` (admitted).
+    fn note_holder(&self, workspace: Uuid, token: u64, gateway: Uuid) {
+        let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
+        match holders.get(&workspace) {
+            Some((seen, first)) if *seen == token && *first != gateway => {
+                self.conflicts.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(%workspace, token, first = %first, second = %gateway, "two gateways called under one fencing token");
+            }
+            Some((seen, _)) if *seen >= token => {}
+            _ => {
+                holders.insert(workspace, (token, gateway));
+            }
+        }
     }
 
     /// The highest token seen for `workspace`.
@@ -131,7 +162,23 @@ impl Fences {
                 "the sbx-fence header {text:?} is not WORKSPACE_ID/TOKEN"
             ))
         })?;
-        self.admit(workspace, token)
+        let holder = match metadata.get(FENCE_HOLDER_HEADER) {
+            None => None,
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| Uuid::parse_str(v).ok())
+                    .ok_or_else(|| {
+                        Status::invalid_argument("the sbx-fence-holder header is not a gateway id")
+                    })?,
+            ),
+        };
+        self.admit(workspace, token)?;
+        if let Some(holder) = holder {
+            self.note_holder(workspace, token, holder);
+        }
+        Ok(())
     }
 }
 
@@ -184,6 +231,26 @@ mod tests {
             fences.check(&md).unwrap_err().code(),
             tonic::Code::FailedPrecondition
         );
+        // Two gateways under one token: admitted (the node cannot tell which is right) but
+        // counted; a newer token from another gateway is no conflict.
+        let (g1, g2) = (Uuid::new_v4(), Uuid::new_v4());
+        md.insert(FENCE_HEADER, fence_value(ws, 6).parse().unwrap());
+        md.insert(FENCE_HOLDER_HEADER, g1.to_string().parse().unwrap());
+        fences.check(&md).unwrap();
+        fences.check(&md).unwrap();
+        assert_eq!(fences.conflicts(), 0);
+        md.insert(FENCE_HOLDER_HEADER, g2.to_string().parse().unwrap());
+        fences.check(&md).unwrap();
+        assert_eq!(fences.conflicts(), 1);
+        md.insert(FENCE_HEADER, fence_value(ws, 7).parse().unwrap());
+        fences.check(&md).unwrap();
+        assert_eq!(fences.conflicts(), 1);
+        md.insert(FENCE_HOLDER_HEADER, "nonsense".parse().unwrap());
+        assert_eq!(
+            fences.check(&md).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        md.remove(FENCE_HOLDER_HEADER);
         md.insert(FENCE_HEADER, "nonsense".parse().unwrap());
         assert_eq!(
             fences.check(&md).unwrap_err().code(),

@@ -81,6 +81,7 @@ impl Node for NodeService {
             capacity: Some(id.capacity),
             sandboxes: u32::try_from(listed.len()).unwrap_or(u32::MAX),
             fenced_calls: self.fences.refused(),
+            token_conflicts: self.fences.conflicts(),
         }))
     }
 }

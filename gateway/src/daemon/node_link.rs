@@ -47,8 +47,13 @@ pub struct NodeClientArgs {
 }
 
 impl NodeClientArgs {
-    /// The dialer these flags describe, each call bounded by `call_timeout`.
-    pub fn dialer(&self, call_timeout: Duration) -> Result<RemoteNodeDialer, DaemonError> {
+    /// The dialer these flags describe, each call bounded by `call_timeout`; `gateway`: this
+    /// gateway's id among those sharing a store, named in its fenced calls.
+    pub fn dialer(
+        &self,
+        call_timeout: Duration,
+        gateway: Option<Uuid>,
+    ) -> Result<RemoteNodeDialer, DaemonError> {
         let tls = match &self.node_tls_ca {
             None => None,
             Some(ca) => {
@@ -62,7 +67,11 @@ impl NodeClientArgs {
                 )
             }
         };
-        Ok(RemoteNodeDialer { tls, call_timeout })
+        Ok(RemoteNodeDialer {
+            tls,
+            call_timeout,
+            gateway,
+        })
     }
 
     pub fn timing(&self) -> NodeTiming {
@@ -79,11 +88,16 @@ impl NodeClientArgs {
 pub struct RemoteNodeDialer {
     tls: Option<tonic::transport::ClientTlsConfig>,
     call_timeout: Duration,
+    gateway: Option<Uuid>,
 }
 
 impl NodeDialer for RemoteNodeDialer {
     fn dial(&self, endpoint: &str) -> Result<Arc<dyn NodeLink>, DriverError> {
-        let driver = RemoteDriver::connect_tcp_lazy(endpoint, self.tls.clone(), self.call_timeout)?;
+        let mut driver =
+            RemoteDriver::connect_tcp_lazy(endpoint, self.tls.clone(), self.call_timeout)?;
+        if let Some(gateway) = self.gateway {
+            driver = driver.as_gateway(gateway);
+        }
         Ok(Arc::new(RemoteNode {
             driver: Arc::new(driver),
         }))

@@ -349,7 +349,10 @@ async fn serve_on(
         ..Config::default()
     };
     let nodes = sbx_actors::nodes::Nodes::new(
-        Some(Arc::new(args.nodes.dialer(args.driver_call_timeout())?)),
+        Some(Arc::new(args.nodes.dialer(
+            args.driver_call_timeout(),
+            config.ownership.as_ref().map(|o| o.gateway),
+        )?)),
         args.nodes.timing(),
     );
     let drivers = DriverSet::single(driver_name, driver).with_nodes(nodes);
