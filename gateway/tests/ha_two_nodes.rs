@@ -1,10 +1,11 @@
-//! Two gateways sharing one PostgreSQL and two nodes, black box: two `sbxd serve --store
+//! Three gateways sharing one PostgreSQL and two nodes, black box: three `sbxd serve --store
 //! postgres://…` and two `sbxd node --driver process`. Twenty sandboxes created through
 //! gateway A land on both nodes; A is killed (SIGKILL) and, through gateway B, all twenty are
 //! Ready within the lease period + 5 s, on the same workloads (the same init pids) and with
 //! the same generations.
 //!
-//! "Ready through B" is B's own answer, not the store's: a list reads the shared store (it
+//! "Ready through B" is the answer of a live holder of the workspace (B's own actors, or C's
+//! through B's forwarding), not the store's: a list reads the shared store (it
 //! shows what A wrote even before B holds the workspace), so B must also answer a lifecycle
 //! command for every sandbox — `StartSandbox`, which a gateway that does not hold the
 //! workspace forwards to its holder (and, the holder dead, answers UNAVAILABLE) for a
@@ -164,6 +165,10 @@ async fn twenty_sandboxes_on_two_nodes_are_ready_through_b_after_sigkill_of_a() 
     // Gateway B, once A holds the workspace.
     let b_data = DataDir::new();
     let mut b = gateway(&store, b_data.path(), &url);
+    // And gateway C: after A's death, B or C takes the workspace; B serves it either way
+    // (its own, or forwarded to C).
+    let c_data = DataDir::new();
+    let mut c = gateway(&store, c_data.path(), &url);
 
     // Twenty sandboxes through A, all Ready.
     for i in 0..SANDBOXES {
@@ -326,5 +331,19 @@ async fn twenty_sandboxes_on_two_nodes_are_ready_through_b_after_sigkill_of_a() 
         let left = common::all_workload_pids(data.path());
         assert!(left.is_empty(), "workloads left: {left:?}");
     }
+    for n in [&n1, &n2] {
+        let info = n.plain().node_info().await.unwrap();
+        assert_eq!(
+            info.token_conflicts, 0,
+            "two gateways called under one token"
+        );
+    }
+    let holder = if b.log_text().contains("serving the workspace") {
+        "B"
+    } else {
+        "C"
+    };
+    eprintln!("the workspace was taken over by {holder}");
     b.sigterm(Duration::from_secs(30));
+    c.sigterm(Duration::from_secs(30));
 }
