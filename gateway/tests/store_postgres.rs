@@ -208,3 +208,66 @@ async fn a_stopped_gateways_store_migrates_to_postgres_exactly() {
     let (_, status) = d.sigterm(STOP);
     assert!(status.success(), "{status:?}");
 }
+
+/// `--store-tls-ca`: a gateway reaches a PostgreSQL that takes TLS only and serves on it
+/// (and keeps what it wrote across a restart); without the flag, or with another CA, sbxd
+/// refuses to start and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_talks_to_postgres_over_tls_with_the_ca_it_is_given() {
+    let mut server = server();
+    let certs = DataDir::new();
+    let (ca, cert, key) = sbx_storage::conformance::postgres_server::tls_files(certs.path(), "pg");
+    let (other_ca, _, _) =
+        sbx_storage::conformance::postgres_server::tls_files(certs.path(), "other");
+    server.require_tls(&cert, &key).unwrap();
+    let data = DataDir::new();
+    let (url, password_file) = database(&server, "secure", data.path()).await;
+    let ca = ca.display().to_string();
+    let flags = |ca: &str| {
+        vec![
+            "--store".to_string(),
+            url.clone(),
+            "--store-password-file".to_string(),
+            password_file.clone(),
+            "--store-tls-ca".to_string(),
+            ca.to_string(),
+        ]
+    };
+    let args = flags(&ca);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = Sbxd::start(data.path(), "sim", &args);
+    let before = populate(&d, "alpha").await;
+    let (_, status) = d.sigterm(STOP);
+    assert!(status.success(), "{status:?}");
+    let mut d = Sbxd::start(data.path(), "sim", &args);
+    let after = eventually(Duration::from_secs(20), "every sandbox back", || async {
+        let all = d.all_sandboxes().await;
+        (all.len() == before.len()).then_some(all)
+    })
+    .await;
+    assert_eq!(all_kept(&after), all_kept(&before));
+    d.sigterm(STOP);
+
+    let refused = |extra: &[&str], what: &str| {
+        let mut cmd = Command::new(SBXD);
+        cmd.args(["serve", "--driver", "sim", "--listen", "127.0.0.1:0"])
+            .args(["--store", &url, "--store-password-file", &password_file])
+            .args(extra)
+            .arg("--data-dir")
+            .arg(data.path())
+            .env("SBX_AUTH", "none")
+            .env("SBX_LOG", "warn");
+        let run = common::run_bounded(&mut cmd, what);
+        assert_ne!(run.code, 0, "{what}: {run:?}");
+        run.stderr
+    };
+    let plain = refused(&[], "sbxd serve without TLS");
+    assert!(plain.contains("/secure"), "names the store: {plain}");
+    assert!(
+        plain.to_lowercase().contains("no encryption") || plain.to_lowercase().contains("ssl"),
+        "{plain}"
+    );
+    let other = other_ca.display().to_string();
+    let wrong = refused(&["--store-tls-ca", &other], "sbxd serve with another CA");
+    assert!(wrong.to_lowercase().contains("certificate"), "{wrong}");
+}

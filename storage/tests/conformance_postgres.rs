@@ -264,3 +264,45 @@ async fn while_the_server_is_down_writes_are_unavailable_and_nothing_acknowledge
     );
     sbx_storage::conformance::assert_integrity(&store).await;
 }
+
+/// TLS to PostgreSQL: a server that takes TLS only is reached with its CA, the store works
+/// over it; without TLS it refuses the connection, and a certificate another CA signed is
+/// refused by the store — each said so, naming the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_the_server_is_checked_and_plain_connections_refused() {
+    let mut server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = sbx_storage::conformance::postgres_server::tls_files(dir.path(), "right");
+    let (other_ca, _, _) =
+        sbx_storage::conformance::postgres_server::tls_files(dir.path(), "other");
+    server.require_tls(&cert, &key).unwrap();
+    server.create_database("tls").await.unwrap();
+
+    let tls = sbx_tls::rustls_client_config(&ca).unwrap();
+    let store = PgStore::connect_with(server.config("tls"), Some(tls))
+        .await
+        .expect("the store over TLS");
+    let ws = store.create(new_workspace("team")).await.unwrap();
+    assert_eq!(store.get(ws.id).await.unwrap(), Some(ws));
+
+    let plain = PgStore::connect(server.config("tls")).await.unwrap_err();
+    assert!(
+        plain
+            .to_string()
+            .contains(&format!("127.0.0.1:{}/tls", server.port())),
+        "{plain}"
+    );
+    assert!(
+        plain.to_string().to_lowercase().contains("no encryption")
+            || plain.to_string().to_lowercase().contains("ssl"),
+        "the refusal says why: {plain}"
+    );
+    let wrong = sbx_tls::rustls_client_config(&other_ca).unwrap();
+    let err = PgStore::connect_with(server.config("tls"), Some(wrong))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "a certificate of another CA: {err}"
+    );
+}

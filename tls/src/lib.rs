@@ -175,6 +175,30 @@ pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// A plain rustls client configuration that trusts only the CA certificates in `ca` (PEM,
+/// each checked as for the other configurations), for clients other than gRPC ones (the
+/// PostgreSQL store's connections).
+pub fn rustls_client_config(ca: &Path) -> Result<rustls::ClientConfig, TlsError> {
+    let provider = crypto_provider();
+    let pem = read_pem(ca, "CA certificate")?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certificates(ca, "CA certificate", &pem)? {
+        roots.add(cert).map_err(|e| TlsError::BadCertificate {
+            what: "CA certificate",
+            path: ca.to_owned(),
+            reason: e.to_string(),
+        })?;
+    }
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::BadCertificate {
+            what: "CA certificate",
+            path: ca.to_owned(),
+            reason: e.to_string(),
+        })
+        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+}
+
 /// ring, installed as the process's default provider unless one is installed already.
 fn crypto_provider() -> Arc<CryptoProvider> {
     if CryptoProvider::get_default().is_none() {

@@ -35,6 +35,13 @@ pub struct StoreArgs {
     )]
     pub store_password_file: Option<PathBuf>,
 
+    /// With --store: talk to PostgreSQL over TLS only, its certificate checked against this
+    /// CA (PEM) and valid for the URL's host; a server without TLS, or with another
+    /// certificate, is refused. Unset: plain TCP (keep the database on this host or a trusted
+    /// network).
+    #[arg(long, env = "SBX_STORE_TLS_CA", value_name = "PEM", requires = "store")]
+    pub store_tls_ca: Option<PathBuf>,
+
     /// With --store: how long a workspace's lease lasts unrenewed, in seconds. Gateways
     /// sharing a store each serve the workspaces whose lease they hold (renewed every third of
     /// it); when one dies, the others take its workspaces over within about this long.
@@ -167,7 +174,7 @@ impl StoreArgs {
             self.store_password_file.as_deref(),
             std::env::var(PASSWORD_ENV).ok(),
         )?;
-        let store = PgStore::connect(config)
+        let store = PgStore::connect_with(config, store_tls(self.store_tls_ca.as_deref())?)
             .await
             .map_err(|source| DaemonError::SharedStore {
                 store: url.clone(),
@@ -217,6 +224,19 @@ pub struct MigrateArgs {
     /// A file holding the database's password (its first line); else $SBX_STORE_PASSWORD.
     #[arg(long, env = "SBX_STORE_PASSWORD_FILE", value_name = "PATH")]
     pub store_password_file: Option<PathBuf>,
+
+    /// Talk to the database over TLS only, its certificate checked against this CA (PEM).
+    #[arg(long, env = "SBX_STORE_TLS_CA", value_name = "PEM")]
+    pub store_tls_ca: Option<PathBuf>,
+}
+
+/// The TLS configuration of `--store-tls-ca`, if given.
+fn store_tls(ca: Option<&Path>) -> Result<Option<rustls::ClientConfig>, DaemonError> {
+    ca.map(|ca| {
+        crate::tls::rustls_client_config(ca)
+            .map_err(|e| DaemonError::Setup(format!("--store-tls-ca: {e}")))
+    })
+    .transpose()
 }
 
 /// Runs `sbxd store migrate`: 0 copied and checked, 1 the copy failed or differs, 2 a store
@@ -282,7 +302,8 @@ async fn copy(args: &MigrateArgs) -> Result<(), (u8, String)> {
         std::env::var(PASSWORD_ENV).ok(),
     )
     .map_err(|e| (2, e.to_string().replacen("--store", "--to", 1)))?;
-    let target = PgStore::connect(config)
+    let tls = store_tls(args.store_tls_ca.as_deref()).map_err(|e| (2, e.to_string()))?;
+    let target = PgStore::connect_with(config, tls)
         .await
         .map_err(|e| (2, format!("cannot open {}: {e}", args.to)))?;
     eprintln!(

@@ -210,6 +210,44 @@ impl TestPostgres {
         self.port
     }
 
+    /// From now on the server takes TCP connections over TLS only, with the certificate
+    /// `cert` and its key `key` (PEM; copied into the server's data dir, owned by its user,
+    /// the key 0600); restarts it. Plain TCP connections are refused (`pg_hba.conf`: every
+    /// `host` line becomes `hostssl`).
+    pub fn require_tls(&mut self, cert: &Path, key: &Path) -> Result<(), String> {
+        let data = self.data_dir();
+        for (from, name, mode) in [(cert, "server.crt", 0o644), (key, "server.key", 0o600)] {
+            let to = data.join(name);
+            std::fs::copy(from, &to).map_err(|e| format!("{}: {e}", from.display()))?;
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| e.to_string())?;
+            if let Some((uid, gid)) = self.run_as {
+                nix::unistd::chown(
+                    &to,
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                )
+                .map_err(|e| format!("chown {}: {e}", to.display()))?;
+            }
+        }
+        let conf = data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).map_err(|e| e.to_string())?;
+        text.push_str("\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        std::fs::write(&conf, text).map_err(|e| e.to_string())?;
+        let hba = data.join("pg_hba.conf");
+        let text = std::fs::read_to_string(&hba).map_err(|e| e.to_string())?;
+        let text: String = text
+            .lines()
+            .map(|l| match l.strip_prefix("host ") {
+                Some(rest) => format!("hostssl {rest}\n"),
+                None => format!("{l}\n"),
+            })
+            .collect();
+        std::fs::write(&hba, text).map_err(|e| e.to_string())?;
+        self.stop("fast")?;
+        self.start_again()
+    }
+
     /// The password of [`TEST_USER`].
     pub fn password(&self) -> &str {
         &self.password
@@ -227,10 +265,12 @@ impl TestPostgres {
         config
     }
 
-    /// Creates the empty database `name` (a fresh store per check).
+    /// Creates the empty database `name` (a fresh store per check). Over the server's Unix
+    /// socket, which TLS ([`TestPostgres::require_tls`]) leaves as it is.
     pub async fn create_database(&self, name: &str) -> Result<(), String> {
-        let (client, conn) = self
-            .config("postgres")
+        let mut config = self.config("postgres");
+        config.host_path(self.dir.path());
+        let (client, conn) = config
             .connect(tokio_postgres::NoTls)
             .await
             .map_err(|e| format!("connecting to the test server: {e}"))?;
@@ -243,6 +283,37 @@ impl TestPostgres {
         let _ = task.await;
         result
     }
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, as PEM files in `dir`:
+/// (CA certificate, server certificate, server key).
+pub fn tls_files(
+    dir: &std::path::Path,
+    ca_name: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, ca_name);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let paths = (
+        dir.join(format!("{ca_name}-ca.pem")),
+        dir.join(format!("{ca_name}-server.pem")),
+        dir.join(format!("{ca_name}-server-key.pem")),
+    );
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
 }
 
 impl Drop for TestPostgres {

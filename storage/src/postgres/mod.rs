@@ -99,7 +99,18 @@ impl PgStore {
     /// Connects to the database `config` names, then checks (and if needed creates or
     /// migrates) its schema. `Unavailable` when the server cannot be reached, `Schema` for a
     /// version this build cannot use.
-    pub async fn connect(mut config: tokio_postgres::Config) -> Result<PgStore, StoreError> {
+    pub async fn connect(config: tokio_postgres::Config) -> Result<PgStore, StoreError> {
+        Self::connect_with(config, None).await
+    }
+
+    /// [`PgStore::connect`], over TLS when `tls` is given: every connection then requires it
+    /// (`sslmode=require`) and checks the server's certificate, and its name against the
+    /// host connected to, with `tls`'s roots — a server without TLS, or with a certificate
+    /// those roots did not sign, is refused.
+    pub async fn connect_with(
+        mut config: tokio_postgres::Config,
+        tls: Option<rustls::ClientConfig>,
+    ) -> Result<PgStore, StoreError> {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_WAIT);
         }
@@ -107,13 +118,20 @@ impl PgStore {
             config.application_name("sbxd");
         }
         let describe = format!("PostgreSQL store at {}", where_is(&config));
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match tls {
+            Some(tls) => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                Manager::from_config(
+                    config,
+                    tokio_postgres_rustls::MakeRustlsConnect::new(tls),
+                    manager_config,
+                )
+            }
+            None => Manager::from_config(config, NoTls, manager_config),
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)
