@@ -171,3 +171,144 @@ async fn creates_on_sled_vs_postgres() {
         );
     }
 }
+
+/// Workspaces the gateways share in [`one_vs_three_gateways`] (and "default").
+const WORKSPACES: usize = 6;
+
+/// The workspace each create goes to: `i` round-robin over the bench's workspaces.
+fn workspace_of(i: usize) -> String {
+    format!("w{}", i % WORKSPACES)
+}
+
+/// Creates spread over the bench's workspaces, create `i` sent to `endpoints[to(i)]`.
+async fn creates_spread(
+    endpoints: &[String],
+    round: usize,
+    to: impl Fn(usize) -> usize,
+) -> Figures {
+    let mut clients = Vec::new();
+    for e in endpoints {
+        clients.push(
+            sbx_proto::v1::sandbox_service_client::SandboxServiceClient::connect(e.clone())
+                .await
+                .unwrap(),
+        );
+    }
+    measure(|i| {
+        let mut client = clients[to(i)].clone();
+        async move {
+            client
+                .create_sandbox(CreateSandboxRequest {
+                    workspace: workspace_of(i),
+                    name: format!("c{i}-{round}"),
+                    spec: Some(SandboxSpec {
+                        command: vec!["sleep".into(), "1000".into()],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+    })
+    .await
+}
+
+/// The index (in `gateways`) of the holder of each bench workspace, once every workspace is
+/// held and none holds more than its share; within 60 s.
+async fn holders(store: &dyn ObjectStore, gateways: &[Sbxd]) -> Vec<usize> {
+    let began = Instant::now();
+    loop {
+        let mut held = Vec::new();
+        let mut counts = vec![0usize; gateways.len()];
+        for w in 0..WORKSPACES {
+            let record = store
+                .get_by_name(sbx_storage::Kind::Workspace, None, &format!("w{w}"))
+                .await
+                .unwrap()
+                .unwrap();
+            let holder = sbx_actors::ownership::holder_of(store, record.id)
+                .await
+                .unwrap();
+            let at = holder.and_then(|(_, address)| {
+                gateways
+                    .iter()
+                    .position(|g| g.endpoint() == format!("http://{address}"))
+            });
+            if let Some(at) = at {
+                counts[at] += 1;
+            }
+            held.push(at);
+        }
+        let share = (WORKSPACES + 1).div_ceil(gateways.len());
+        if held.iter().all(Option::is_some) && counts.iter().all(|c| *c <= share) {
+            return held.into_iter().flatten().collect();
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "not spread: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One gateway against three on one PostgreSQL (sim driver, the same creates spread over six
+/// workspaces, 16 at once): three gateways each serve a share of the workspaces; the creates
+/// go to each workspace's holder, and, separately, round-robin to any gateway (two in three
+/// forwarded). Ignored; see the file's doc for how to run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run with --release -- --ignored"]
+async fn one_vs_three_gateways() {
+    let store = common::ha::SharedStore::start();
+    for round in 0..ROUNDS {
+        let mut figures = Vec::new();
+        for gateways in [1usize, 3] {
+            let url = store.database(&format!("gw{gateways}r{round}")).await;
+            let datas: Vec<DataDir> = (0..gateways).map(|_| DataDir::new()).collect();
+            let extra = [
+                "--log-format",
+                "json",
+                "--reconcile-interval",
+                "15",
+                "--lease-seconds",
+                "3",
+            ];
+            let mut running: Vec<Sbxd> = datas
+                .iter()
+                .map(|d| store.gateway(d.path(), &url, &extra))
+                .collect();
+            let mut ws = running[0].workspaces().await;
+            for w in 0..WORKSPACES {
+                ws.create_workspace(sbx_proto::v1::CreateWorkspaceRequest {
+                    name: format!("w{w}"),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+            let pg: Arc<dyn ObjectStore> = Arc::new(
+                PgStore::connect(store.server.config(&format!("gw{gateways}r{round}")))
+                    .await
+                    .unwrap(),
+            );
+            let held = holders(&*pg, &running).await;
+            let endpoints: Vec<String> = running.iter().map(|g| g.endpoint()).collect();
+            let direct = creates_spread(&endpoints, round, |i| held[i % WORKSPACES]).await;
+            let any = creates_spread(&endpoints, round + 100, |i| i % gateways).await;
+            figures.push((gateways, direct, any));
+            for g in &mut running {
+                g.sigterm(Duration::from_secs(60));
+            }
+        }
+        let (_, one, _) = &figures[0];
+        let (_, three, three_any) = &figures[1];
+        println!(
+            "round {round}: {CREATES} creates over {WORKSPACES} workspaces, {CONCURRENCY} at once, \
+             sim driver, PostgreSQL: 1 gateway {one}; 3 gateways, each create to its workspace's \
+             holder {three}; 3 gateways, round-robin (2 in 3 forwarded) {three_any}; creates/s \
+             3/1 {:.2} (holder), {:.2} (round-robin)",
+            three.per_second / one.per_second,
+            three_any.per_second / one.per_second
+        );
+    }
+}
