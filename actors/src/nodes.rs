@@ -251,6 +251,8 @@ struct Entry {
     /// Why the last probe failed.
     last_error: Option<String>,
     registered: Instant,
+    /// A probe of this node is under way (a node that hangs is not probed again meanwhile).
+    probing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the local node is.
@@ -283,6 +285,17 @@ pub struct Nodes {
 struct Fence {
     token: u64,
     held: bool,
+    /// Held until then at most, by this process's monotonic clock: the lease's expiry less
+    /// a renewal's margin, moved on at each renewal. A gateway that was paused (SIGSTOP) or
+    /// starved past it acts for the workspace no more — not even for the requests it finds
+    /// waiting when it runs again, before its lease loop has looked.
+    until: Option<Instant>,
+}
+
+impl Fence {
+    fn holds_now(&self) -> bool {
+        self.held && self.until.is_none_or(|until| Instant::now() < until)
+    }
 }
 
 impl std::fmt::Debug for Nodes {
@@ -402,6 +415,7 @@ impl Nodes {
                 last_ok: answered.then_some(now),
                 last_error: None,
                 registered: now,
+                probing: Arc::default(),
             },
         );
     }
@@ -461,7 +475,7 @@ impl Nodes {
     pub fn held_workspaces(&self) -> Vec<Uuid> {
         let mut held: Vec<Uuid> = read(&self.fences)
             .iter()
-            .filter(|(_, f)| f.held)
+            .filter(|(_, f)| f.holds_now())
             .map(|(ws, _)| *ws)
             .collect();
         held.sort();
@@ -472,8 +486,16 @@ impl Nodes {
     pub fn fence_of(&self, workspace: Uuid) -> Option<u64> {
         read(&self.fences)
             .get(&workspace)
-            .filter(|f| f.held)
+            .filter(|f| f.holds_now())
             .map(|f| f.token)
+    }
+
+    /// The lease of `workspace` was renewed (or taken): this gateway holds it until `until`
+    /// at most (see [`Nodes::fence_of`]).
+    pub fn hold_until(&self, workspace: Uuid, until: Instant) {
+        if let Some(fence) = write(&self.fences).get_mut(&workspace) {
+            fence.until = Some(until);
+        }
     }
 
     /// This gateway holds `workspace` under `token` (`None`: no longer; the last token is
@@ -481,7 +503,14 @@ impl Nodes {
     pub fn set_fence(&self, workspace: Uuid, token: Option<u64>) {
         match token {
             Some(token) => {
-                write(&self.fences).insert(workspace, Fence { token, held: true });
+                write(&self.fences).insert(
+                    workspace,
+                    Fence {
+                        token,
+                        held: true,
+                        until: None,
+                    },
+                );
             }
             None => {
                 if let Some(fence) = write(&self.fences).get_mut(&workspace) {
@@ -648,11 +677,18 @@ impl Nodes {
 
     /// Asks every node what it is, at once, each bounded by `timeout`; records who answered.
     pub async fn probe_all(&self, timeout: Duration) {
-        let links: Vec<(Uuid, Arc<dyn NodeLink>)> = read(&self.entries)
-            .iter()
-            .map(|(id, e)| (*id, Arc::clone(&e.link)))
-            .collect();
-        let probes = links.into_iter().map(|(id, link)| async move {
+        use std::sync::atomic::Ordering;
+        // Nodes whose last probe is still under way are skipped: the gateway starts a round
+        // every `probe_every` without waiting for the last (`api::Gateway::start`), so a node
+        // that hangs until the timeout holds back neither the others' rounds nor, since each
+        // answer is recorded as it comes, the freshness of their answers.
+        let links: Vec<(Uuid, Arc<dyn NodeLink>, Arc<std::sync::atomic::AtomicBool>)> =
+            read(&self.entries)
+                .iter()
+                .filter(|(_, e)| !e.probing.swap(true, Ordering::AcqRel))
+                .map(|(id, e)| (*id, Arc::clone(&e.link), Arc::clone(&e.probing)))
+                .collect();
+        let probes = links.into_iter().map(|(id, link, probing)| async move {
             let answer = match tokio::time::timeout(timeout, link.report()).await {
                 Ok(Ok(report)) if report.node_id == id => Ok(report),
                 Ok(Ok(report)) => Err(format!(
@@ -662,31 +698,35 @@ impl Nodes {
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err(format!("no answer within {timeout:?}")),
             };
-            (id, answer)
+            self.record_probe(id, answer);
+            probing.store(false, Ordering::Release);
         });
-        for (id, answer) in futures::future::join_all(probes).await {
-            let mut entries = write(&self.entries);
-            let Some(e) = entries.get_mut(&id) else {
-                continue;
-            };
-            match answer {
-                Ok(report) => {
-                    if e.last_ok
-                        .is_none_or(|at| at.elapsed() > self.timing.ready_within)
-                    {
-                        tracing::info!(node = %e.node.name, "node answering");
-                    }
-                    e.last_ok = Some(Instant::now());
-                    e.last_error = None;
-                    e.node.drivers = report.drivers;
-                    e.node.capacity = Some(report.capacity);
+        futures::future::join_all(probes).await;
+    }
+
+    /// Records what one probe of node `id` answered.
+    fn record_probe(&self, id: Uuid, answer: std::result::Result<NodeReport, String>) {
+        let mut entries = write(&self.entries);
+        let Some(e) = entries.get_mut(&id) else {
+            return;
+        };
+        match answer {
+            Ok(report) => {
+                if e.last_ok
+                    .is_none_or(|at| at.elapsed() > self.timing.ready_within)
+                {
+                    tracing::info!(node = %e.node.name, "node answering");
                 }
-                Err(err) => {
-                    if e.last_error.is_none() {
-                        tracing::warn!(node = %e.node.name, error = %err, "node not answering");
-                    }
-                    e.last_error = Some(err);
+                e.last_ok = Some(Instant::now());
+                e.last_error = None;
+                e.node.drivers = report.drivers;
+                e.node.capacity = Some(report.capacity);
+            }
+            Err(err) => {
+                if e.last_error.is_none() {
+                    tracing::warn!(node = %e.node.name, error = %err, "node not answering");
                 }
+                e.last_error = Some(err);
             }
         }
     }
@@ -720,6 +760,34 @@ impl Nodes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A workspace is held until its lease's deadline by this process's clock, whatever its
+    /// lease loop has not looked at yet (a gateway paused past its lease acts no more), and
+    /// one let go keeps its last token for the calls that still go out.
+    #[test]
+    fn a_hold_ends_at_its_deadline_and_the_last_token_stays() {
+        let nodes = Nodes::new(None, NodeTiming::default());
+        let ws = Uuid::new_v4();
+        assert_eq!(nodes.fence_of(ws), None);
+        nodes.set_fence(ws, Some(3));
+        assert_eq!(nodes.fence_of(ws), Some(3), "no deadline yet: held");
+        nodes.hold_until(ws, Instant::now() + Duration::from_millis(50));
+        assert_eq!(nodes.fence_of(ws), Some(3));
+        assert_eq!(nodes.held_workspaces(), vec![ws]);
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(nodes.fence_of(ws), None, "past its deadline: not held");
+        // Renewed: held again.
+        nodes.hold_until(ws, Instant::now() + Duration::from_secs(10));
+        assert_eq!(nodes.fence_of(ws), Some(3));
+        nodes.set_fence(ws, None);
+        assert_eq!(nodes.fence_of(ws), None);
+        assert!(nodes.held_workspaces().is_empty());
+        assert_eq!(
+            read(&nodes.fences).get(&ws).map(|f| f.token),
+            Some(3),
+            "the last token is kept for the calls that still go out"
+        );
+    }
 
     fn node(name: &str, cpu: u64, memory: u64) -> Candidate {
         Candidate {

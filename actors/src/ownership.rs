@@ -67,7 +67,7 @@ pub struct Ownership {
     store: Arc<dyn ObjectStore>,
     gateway: Uuid,
     address: String,
-    period: Duration,
+    pub(crate) period: Duration,
 }
 
 /// How often a claim goes round after a race it lost to another writer of the same lease.
@@ -200,6 +200,15 @@ impl Ownership {
 
 /// Who holds the lease of `workspace` (its gateway id and address), if anyone does and it has
 /// not expired.
+/// Until when (this process's monotonic clock) a gateway may act under `lease`: its expiry
+/// less `margin_ms`, the same margin the lease loop lets a lease go at.
+pub fn valid_until(lease: &Held, margin_ms: u64) -> std::time::Instant {
+    let left = lease
+        .expires_at_ms
+        .saturating_sub(crate::records::now_ms().saturating_add(margin_ms));
+    std::time::Instant::now() + Duration::from_millis(left)
+}
+
 pub async fn holder_of(store: &dyn ObjectStore, workspace: Uuid) -> Result<Option<(Uuid, String)>> {
     let Some(record) = store
         .get_by_name(Kind::Lease, None, &workspace.to_string())
@@ -320,9 +329,13 @@ pub async fn hold_leases(
             match ownership.claim(ws, crate::records::now_ms()).await {
                 Ok(Claim::Held(lease)) => {
                     let token = lease.token;
+                    let until = valid_until(&lease, margin);
                     if held.insert(ws, lease).is_none() {
                         nodes.set_fence(ws, Some(token));
+                        nodes.hold_until(ws, until);
                         let _ = root.cast(RootMsg::Hold(ws));
+                    } else {
+                        nodes.hold_until(ws, until);
                     }
                 }
                 Ok(Claim::HeldBy { holder, .. }) => {

@@ -301,7 +301,15 @@ impl GatewayRoot {
             // A new workspace is served by the gateway that made it, from the start.
             match ownership.claim(id, crate::records::now_ms()).await? {
                 crate::ownership::Claim::Held(held) => {
-                    st.shared.drivers.nodes().set_fence(id, Some(held.token));
+                    let nodes = st.shared.drivers.nodes();
+                    nodes.set_fence(id, Some(held.token));
+                    nodes.hold_until(
+                        id,
+                        crate::ownership::valid_until(
+                            &held,
+                            ownership.period.as_millis() as u64 / 3,
+                        ),
+                    );
                 }
                 crate::ownership::Claim::HeldBy { holder, .. } => {
                     // Another gateway's lease loop saw the new record first: it serves it.

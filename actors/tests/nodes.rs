@@ -27,6 +27,8 @@ struct SimNode {
     world: SimWorld,
     driver: Arc<SimDriver>,
     silent: Arc<AtomicBool>,
+    /// Hangs instead: its report never comes (a machine paused, a network that drops).
+    hung: Arc<AtomicBool>,
     capacity: NodeCapacity,
 }
 
@@ -41,6 +43,9 @@ impl NodeLink for SimLink {
     }
 
     async fn report(&self) -> Result<NodeReport, DriverError> {
+        if self.node.hung.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
         if self.node.silent.load(Ordering::SeqCst) {
             return Err(DriverError::Unavailable(
                 "the simulated node is down".into(),
@@ -72,6 +77,7 @@ impl SimDialer {
             world,
             driver,
             silent: Arc::new(AtomicBool::new(false)),
+            hung: Arc::new(AtomicBool::new(false)),
             capacity,
         });
         self.nodes
@@ -115,10 +121,15 @@ struct Cluster {
     dialer: SimDialer,
     local: Arc<SimDriver>,
     gw: Option<Gateway>,
+    timing: NodeTiming,
 }
 
 impl Cluster {
     async fn new() -> Cluster {
+        Cluster::with_timing(timing()).await
+    }
+
+    async fn with_timing(timing: NodeTiming) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn ObjectStore> =
             Arc::new(SledStore::open(&dir.path().join("store")).unwrap());
@@ -128,6 +139,7 @@ impl Cluster {
             dialer: SimDialer::default(),
             local: Arc::new(SimDriver::new(SimWorld::new(), SimFaults::default())),
             gw: None,
+            timing,
         };
         cluster.start().await;
         cluster
@@ -141,7 +153,7 @@ impl Cluster {
     }
 
     async fn start(&mut self) {
-        let nodes = Nodes::new(Some(Arc::new(self.dialer.clone())), timing());
+        let nodes = Nodes::new(Some(Arc::new(self.dialer.clone())), self.timing);
         let drivers = DriverSet::single("sim", self.local.clone()).with_nodes(nodes);
         let gw = Gateway::start(Arc::clone(&self.store), drivers, Cluster::config())
             .await
@@ -334,6 +346,47 @@ async fn a_silent_nodes_sandboxes_are_unknown_and_come_back_as_they_were() {
         }
     }
     assert_eq!(b.world.running_ids().len(), 2 + 3);
+}
+
+/// A node that hangs (its probe never answers, past the probe's timeout) does not make the
+/// others look silent: each answer is recorded as it comes and the next round does not wait
+/// for the hung probe, so a healthy node stays Ready throughout — here with a probe timeout
+/// (twice the probe period) longer than the readiness window, where waiting for the slowest
+/// probe would age the healthy node's answer past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_node_does_not_make_the_others_look_silent() {
+    let c = Cluster::with_timing(NodeTiming {
+        probe_every: Duration::from_millis(300),
+        ready_within: Duration::from_millis(450),
+        grace: Duration::from_millis(900),
+    })
+    .await;
+    let a = c.dialer.add("sim-a", capacity(8000, 100));
+    c.dialer.add("sim-b", capacity(8000, 100));
+    let gw = c.gw();
+    gw.add_node("a", "sim-a", BTreeMap::new()).await.unwrap();
+    gw.add_node("b", "sim-b", BTreeMap::new()).await.unwrap();
+    a.hung.store(true, Ordering::SeqCst);
+    let began = std::time::Instant::now();
+    let mut a_not_ready = false;
+    while began.elapsed() < Duration::from_secs(4) {
+        let b = gw.get_node(&NodeSelector::Name("b".into())).unwrap();
+        assert_eq!(
+            b.state(),
+            NodeState::Ready,
+            "b looked silent {:?} after a hung: {}",
+            began.elapsed(),
+            b.message
+        );
+        a_not_ready |= gw
+            .get_node(&NodeSelector::Name("a".into()))
+            .unwrap()
+            .state()
+            == NodeState::NotReady;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(a_not_ready, "the hung node was never NotReady");
+    a.hung.store(false, Ordering::SeqCst);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -104,8 +104,19 @@ async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
     assert_eq!(fences, vec!["2\n".to_string()], "the node saw B's token");
     sbx(&b.endpoint(), &["sandbox", "start", "s1"]).ok();
 
-    // A again: it stands down, and nothing of it reaches the sandboxes.
+    // A again: it stands down, and nothing of it reaches the sandboxes. A request that
+    // waited for A while it was stopped is not acted on by A (its lease ran out by its own
+    // clock, whatever its lease loop has not looked at yet): it goes to B.
+    let waiting = {
+        let endpoint = a.endpoint();
+        std::thread::spawn(move || sbx(&endpoint, &["sandbox", "stop", "s3", "-o", "json"]))
+    };
+    std::thread::sleep(Duration::from_millis(300));
     signal(&a, Signal::SIGCONT);
+    let waited = waiting.join().unwrap();
+    assert_eq!(waited.code, 0, "{waited:?}\n{}", a.log_text());
+    assert_eq!(waited.json()["phase"], "Stopped");
+    sbx(&b.endpoint(), &["sandbox", "start", "s3"]).ok();
     eventually(
         Duration::from_secs(20),
         "A lets the workspace go",
@@ -130,10 +141,14 @@ async fn a_paused_lease_holder_is_taken_over_fenced_and_stands_down() {
         },
     )
     .await;
-    // The same workloads, but s1's (stopped and started by B on purpose).
-    let s1 = ready.values().find(|s| s.name == "s1").unwrap().id.clone();
+    // The same workloads, but s1's and s3's (stopped and started through B on purpose).
+    let restarted: Vec<String> = ready
+        .values()
+        .filter(|s| s.name == "s1" || s.name == "s3")
+        .map(|s| s.id.clone())
+        .collect();
     for (id, before) in &pids {
-        if *id != s1 {
+        if !restarted.contains(id) {
             assert_eq!(
                 &workload_pids_in(&state, id),
                 before,

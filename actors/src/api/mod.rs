@@ -214,7 +214,10 @@ impl Gateway {
                         Ok(None) => {}
                         Err(e) => tracing::warn!("cannot read the nodes from the store: {e}"),
                     }
-                    nodes.probe_all(timeout.min(every * 2)).await;
+                    // Not awaited: a node that hangs until the timeout must not delay the
+                    // next round for the others (it is skipped while its probe is pending).
+                    let probing = Arc::clone(&nodes);
+                    tokio::spawn(async move { probing.probe_all(timeout.min(every * 2)).await });
                     tokio::time::sleep(every).await;
                 }
             }));
