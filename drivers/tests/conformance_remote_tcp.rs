@@ -53,6 +53,7 @@ async fn spawn_node(
             driver,
             identity(),
             fences,
+            None,
             listener,
             None,
             std::future::pending(),

@@ -19,8 +19,8 @@ pub enum ImageError {
     NotFound { image: String, why: String },
 
     /// The registry could not be reached (connection refused, DNS, TLS, timeout) or answered
-    /// with a server error (5xx).
-    #[error("registry {registry} is unavailable while pulling {image}: {why}")]
+    /// with a server error (5xx), in a pull or a push to an image mirror.
+    #[error("registry {registry} is unavailable for {image}: {why}")]
     Unavailable {
         registry: String,
         image: String,

@@ -49,6 +49,11 @@
 //! own format (a 0:0 character device; `trusted.overlay.opaque=y` on an opaque directory), so
 //! the layers are meant for an overlay mounted by the host's root, not with `userxattr`.
 //!
+//! # Mirrors
+//!
+//! [`ImageStore::push`] copies an image to a registry every node can reach ([`Mirror`]), from
+//! which a node's own store pulls it by digest; see `mirror.rs`.
+//!
 //! # Garbage collection
 //!
 //! [`ImageStore::remove_unreferenced`] keeps what the given manifests reach and removes the
@@ -63,6 +68,7 @@ mod limits;
 pub use limits::Budget;
 pub use limits::ImageLimits;
 mod import;
+mod mirror;
 mod pull;
 mod spec;
 mod unpack;
@@ -83,6 +89,7 @@ use sha2::{Digest as _, Sha256};
 
 pub use elf::{BUSYBOX_PATHS, find_static_busybox};
 pub use error::ImageError;
+pub use mirror::{MIRROR_REPOSITORY, Mirror, PushReport};
 pub use pull::client_protocol;
 use spec::{Compression, ConfigFile, ContainerConfig, Descriptor, Document, Manifest};
 

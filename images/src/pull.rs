@@ -300,7 +300,7 @@ fn descriptor(d: &spec::Descriptor) -> OciDescriptor {
 }
 
 /// The store's error for what oci-client answered.
-fn map_error(image: &str, registry: &str, e: OciDistributionError) -> ImageError {
+pub(crate) fn map_error(image: &str, registry: &str, e: OciDistributionError) -> ImageError {
     let unavailable = |why: String| ImageError::Unavailable {
         registry: registry.to_string(),
         image: image.to_string(),

@@ -64,6 +64,8 @@ pub struct RemoteDriver {
     fence: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     /// The gateway a fenced call comes from ([`RemoteDriver::as_gateway`]).
     holder: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// The image mirror a create names ([`RemoteDriver::with_image_source`]).
+    image_source: Option<std::sync::Arc<super::images::ImageSource>>,
 }
 
 impl RemoteDriver {
@@ -82,6 +84,15 @@ impl RemoteDriver {
         let mut named = self.clone();
         named.holder = gateway.to_string().parse().ok();
         named
+    }
+
+    /// This driver, its creates naming where a node fetches their image from when it lacks
+    /// it (the [`super::images::IMAGE_SOURCE_HEADER`] header: the image's reference in
+    /// `source`'s mirror, which `source` first fills from the gateway's store when it can).
+    pub fn with_image_source(&self, source: std::sync::Arc<super::images::ImageSource>) -> Self {
+        let mut sourced = self.clone();
+        sourced.image_source = Some(source);
+        sourced
     }
 
     /// The fence headers of this driver on one request.
@@ -162,6 +173,7 @@ impl RemoteDriver {
             call_timeout,
             fence: None,
             holder: None,
+            image_source: None,
         }
     }
 
@@ -222,11 +234,33 @@ impl RemoteDriver {
     where
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
+        self.call_with(operation, message, send_deadline, None, call)
+            .await
+    }
+
+    /// [`RemoteDriver::call`] with one more header (`name`, `value`).
+    async fn call_with<Req, Resp, Fut>(
+        &self,
+        operation: &'static str,
+        message: Req,
+        send_deadline: bool,
+        header: Option<(
+            &'static str,
+            tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+        )>,
+        call: impl FnOnce(DriverClient<Channel>, tonic::Request<Req>) -> Fut,
+    ) -> Result<Resp, DriverError>
+    where
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
         let mut request = tonic::Request::new(message);
         if send_deadline {
             request.set_timeout(self.call_timeout);
         }
         self.decorate(&mut request);
+        if let Some((name, value)) = header {
+            request.metadata_mut().insert(name, value);
+        }
         let ctx = self.context(operation);
         match tokio::time::timeout(self.call_timeout, call(self.client.clone(), request)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
@@ -263,12 +297,17 @@ impl ComputeDriver for RemoteDriver {
     }
 
     async fn create(&self, req: pb::CreateRequest) -> Result<pb::Snapshot, DriverError> {
-        self.call(
-            "create",
-            req,
-            true,
-            |mut c, r| async move { c.create(r).await },
-        )
+        let image = req.spec.as_ref().map(|s| s.image.as_str()).unwrap_or("");
+        let header = match &self.image_source {
+            Some(source) => source.prepare(image).await.and_then(|reference| {
+                let value = reference.parse().ok()?;
+                Some((super::images::IMAGE_SOURCE_HEADER, value))
+            }),
+            None => None,
+        };
+        self.call_with("create", req, true, header, |mut c, r| async move {
+            c.create(r).await
+        })
         .await
     }
 

@@ -22,6 +22,7 @@ use crate::{ComputeDriver, DriverError};
 /// Unix socket it is served on. It derefs to its [`BackendArgs`], so `args.backend` and the
 /// other settings read as fields of it.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("image_store", |a| a.required_if_eq_any(registry::needing_images("backend"))))]
 pub struct DriverHostArgs {
     /// The Unix socket to serve on (made with mode 0600). A stale socket file is replaced;
     /// a socket on which another host answers is refused.
@@ -63,11 +64,7 @@ pub struct BackendArgs {
     pub hidden_paths: Vec<PathBuf>,
     /// The gateway's image store (DATA/images), read by the oci driver (required with
     /// --backend oci).
-    #[arg(
-        long,
-        required_if_eq_any(registry::needing_images("backend")),
-        value_name = "DIR"
-    )]
+    #[arg(long, value_name = "DIR")]
     pub image_store: Option<PathBuf>,
     /// The cgroup under which the process driver makes sandbox cgroups, relative to the
     /// host's own cgroup.
@@ -578,7 +575,8 @@ pub fn parse_vm_boot_timeout(text: &str) -> Result<u64, String> {
 }
 
 /// Opens the driver `args` name, from the registry ([`crate::registry`]), with the settings
-/// its flags give.
+/// its flags give: a driver that runs images reads them from `--image-store`, opened
+/// read-only (a gateway's store).
 pub async fn open_backend(args: &BackendArgs) -> Result<Arc<dyn ComputeDriver>, DriverError> {
     let images = match (&args.image_store, args.backend.needs_images) {
         (Some(store), true) => Some(
@@ -587,6 +585,15 @@ pub async fn open_backend(args: &BackendArgs) -> Result<Arc<dyn ComputeDriver>, 
         ),
         _ => None,
     };
+    open_backend_with(args, images).await
+}
+
+/// [`open_backend`] with the image store given (`sbxd node`'s own, which it writes), instead
+/// of `--image-store` opened read-only.
+pub async fn open_backend_with(
+    args: &BackendArgs,
+    images: Option<ImageStore>,
+) -> Result<Arc<dyn ComputeDriver>, DriverError> {
     let ctx = OpenContext {
         state_dir: args.state_dir.clone(),
         images,

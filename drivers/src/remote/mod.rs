@@ -7,7 +7,9 @@
 //! - [`RemoteDriver`] is a `ComputeDriver` whose calls go to such a server, on a socket
 //!   ([`RemoteDriver::connect_lazy`]) or over TCP ([`RemoteDriver::connect_tcp_lazy`]);
 //! - [`run_driver_host`] opens an in-tree driver and serves it until a signal
-//!   (`sbx-driver-host`, and `sbxd driver`); `sbxd node` opens one with [`open_backend`];
+//!   (`sbx-driver-host`, and `sbxd driver`); `sbxd node` opens one with
+//!   [`open_backend_with`] (an oci node with an image store of its own);
+//! - [`images`]: a node's own image store, filled from the image mirror a create names;
 //! - [`status`] is the one place where a [`DriverError`](crate::DriverError) becomes a
 //!   `tonic::Status` and back.
 //!
@@ -26,13 +28,15 @@
 mod client;
 pub mod fence;
 mod host;
+pub mod images;
 mod node;
 mod server;
 pub mod status;
 
 pub use client::{RemoteDriver, RemoteTarget};
 pub use host::{
-    BackendArgs, DriverHostArgs, OciArgs, VmArgs, open_backend, run_driver_host, termination_signal,
+    BackendArgs, DriverHostArgs, OciArgs, VmArgs, open_backend, open_backend_with, run_driver_host,
+    termination_signal,
 };
 pub use node::{NodeIdentity, serve_node};
 pub use server::{SHUTDOWN_GRACE, serve};

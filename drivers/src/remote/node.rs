@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 
 use super::SHUTDOWN_GRACE;
 use super::fence::Fences;
+use super::images::NodeImages;
 use super::server::DriverService;
 use super::status::driver_error_to_status;
 use crate::pb::driver_server::DriverServer;
@@ -88,7 +89,10 @@ impl Node for NodeService {
 
 /// Serves `driver` (`sbx.driver.v1.Driver`) and `identity` (`sbx.driver.v1.Node`) on
 /// `listener` until `shutdown` resolves; over TLS with `tls` (mutual TLS when it names a
-/// client CA: a client without a certificate signed by it fails its handshake).
+/// client CA: a client without a certificate signed by it fails its handshake). With
+/// `images` (the node's own image store, which `driver` runs images from), a create's image
+/// the store lacks is fetched first from the mirror the create names
+/// ([`super::images`]).
 ///
 /// After `shutdown`: the listener is closed at once, calls in flight get [`SHUTDOWN_GRACE`]
 /// to finish, then the server is stopped. The driver's workloads are left as they are.
@@ -97,6 +101,7 @@ pub async fn serve_node(
     driver: Arc<dyn ComputeDriver>,
     identity: NodeIdentity,
     fences: Arc<Fences>,
+    images: Option<Arc<NodeImages>>,
     listener: TcpListener,
     tls: Option<ServerTlsConfig>,
     shutdown: impl Future<Output = ()>,
@@ -119,6 +124,7 @@ pub async fn serve_node(
         .add_service(DriverServer::with_interceptor(
             DriverService {
                 driver: Arc::clone(&driver),
+                images,
             },
             move |request: Request<()>| {
                 check.check(request.metadata())?;

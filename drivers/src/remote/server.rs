@@ -44,7 +44,10 @@ pub async fn serve(
 ) -> Result<(), DriverError> {
     let listener = bind(socket).await?;
     tracing::info!(socket = %socket.display(), "driver host serving");
-    let service = DriverServer::new(DriverService { driver });
+    let service = DriverServer::new(DriverService {
+        driver,
+        images: None,
+    });
     let stopping = CancellationToken::new();
     // Owned here, so that dropping the serve future aborts every connection.
     let mut connections = JoinSet::new();
@@ -195,6 +198,9 @@ fn io_error(what: &str, path: &Path, e: std::io::Error) -> DriverError {
 /// in [`super::node`].
 pub(super) struct DriverService {
     pub(super) driver: Arc<dyn ComputeDriver>,
+    /// A node's own image store: a create's image it lacks is fetched first (from the mirror
+    /// its [`super::images::IMAGE_SOURCE_HEADER`] names).
+    pub(super) images: Option<Arc<super::images::NodeImages>>,
 }
 
 type StatusStream<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
@@ -226,6 +232,21 @@ impl Driver for DriverService {
         &self,
         r: Request<pb::CreateRequest>,
     ) -> Result<Response<pb::Snapshot>, Status> {
+        if let Some(images) = &self.images {
+            let source = match r.metadata().get(super::images::IMAGE_SOURCE_HEADER) {
+                Some(value) => Some(value.to_str().map_err(|_| {
+                    Status::invalid_argument(format!(
+                        "the {} header is not text",
+                        super::images::IMAGE_SOURCE_HEADER
+                    ))
+                })?),
+                None => None,
+            };
+            let image = r.get_ref().spec.as_ref().map(|s| s.image.as_str());
+            if let Err(e) = images.ensure(image.unwrap_or(""), source).await {
+                return Err(driver_error_to_status(&e));
+            }
+        }
         answer(self.driver.create(r.into_inner()).await)
     }
 

@@ -6,11 +6,19 @@
 //! — once: when its record exists, nothing is done — and only when the driver reports
 //! `images`. A dynamically linked busybox would not run inside an image, so it is refused
 //! with the package that has a static one.
+//!
+//! `--image-mirror` names the registry images are copied to for the nodes
+//! (`crate::service::ImageMirror`, `sbx_drivers::remote::images`).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Args;
 use sbx_actors::{DEFAULT_IMAGE, Gateway};
+use sbx_drivers::image::{ImageStore, Mirror};
+use sbx_drivers::remote::images::ImageSource;
+
+use crate::service::ImageMirror;
 
 pub use sbx_drivers::BUSYBOX_PATHS;
 
@@ -31,6 +39,15 @@ pub struct ImageArgs {
     /// pin an image.
     #[arg(long, env = "SBX_SIM_IMAGES")]
     pub sim_images: bool,
+
+    /// A registry every gateway and node reaches (HOST:PORT[/PREFIX]; HTTPS, or plain HTTP
+    /// to a loopback registry): every image pulled or imported is pushed to its repository
+    /// [PREFIX/]sbx-images (a push that fails fails the pull or import, the image recorded
+    /// still), and creates on nodes name it, so that a node fetches by digest an image it
+    /// lacks. A gateway sharing a store fetches from it what another one pulled.
+    #[arg(long, env = "SBX_IMAGE_MIRROR", value_name = "HOST:PORT[/PREFIX]",
+          value_parser = parse_image_mirror)]
+    pub image_mirror: Option<Mirror>,
 
     /// The largest image import accepted, in MiB.
     #[arg(
@@ -81,6 +98,11 @@ pub struct ImageArgs {
         value_name = "N"
     )]
     pub image_max_files: u64,
+}
+
+/// `--image-mirror` (clap's value parser).
+fn parse_image_mirror(text: &str) -> Result<Mirror, String> {
+    Mirror::parse(text).map_err(|e| e.to_string())
 }
 
 impl ImageArgs {
@@ -149,4 +171,54 @@ pub async fn ensure_default_image(gateway: &Gateway, args: &ImageArgs) -> Result
         tracing::info!(image = %made.name, digest = %made.digest, busybox = %busybox.display(), "built the default image");
     }
     Ok(())
+}
+
+/// The image mirror `--image-mirror` names, over this gateway's store `images`; `None`
+/// without the flag.
+pub fn image_mirror(args: &ImageArgs, images: &ImageStore) -> Option<Arc<ImageMirror>> {
+    let mirror = args.image_mirror.clone()?;
+    tracing::info!(%mirror, "images are mirrored for the nodes");
+    let source = Arc::new(ImageSource::new(mirror, Some(images.clone())));
+    Some(Arc::new(ImageMirror::new(
+        source,
+        args.default_image.clone(),
+    )))
+}
+
+/// At start, in the background: the default image pushed to the mirror when this gateway's
+/// store holds it (a failure is logged; a create on a node tries again).
+pub fn mirror_default_image(gateway: &Arc<Gateway>, mirror: Option<&Arc<ImageMirror>>) {
+    let Some(mirror) = mirror.cloned() else {
+        return;
+    };
+    let gateway = Arc::clone(gateway);
+    tokio::spawn(async move { mirror.push_default(&gateway).await });
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[test]
+    fn an_image_mirror_is_a_registry_with_an_optional_prefix() {
+        let serve = |extra: &[&str]| {
+            let argv = ["sbxd", "serve"].iter().chain(extra).copied();
+            super::super::Sbxd::try_parse_from(argv).map(|s| match s.command {
+                super::super::Command::Serve(args) => args.images.image_mirror,
+                _ => unreachable!("parsed serve"),
+            })
+        };
+        assert_eq!(serve(&[]).unwrap(), None);
+        let mirror = serve(&["--image-mirror", "127.0.0.1:5000/team"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(mirror.to_string(), "127.0.0.1:5000/team/sbx-images");
+        let err = serve(&["--image-mirror", "mirror"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--image-mirror") && err.contains("does not read as a registry"),
+            "{err}"
+        );
+    }
 }

@@ -24,9 +24,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::ValueEnum;
+use sbx_drivers::image::IdMap;
 use sbx_drivers::pb;
+use sbx_drivers::remote::images::NodeImages;
 use sbx_drivers::remote::{
-    BackendArgs, NodeIdentity, open_backend, serve_node, termination_signal,
+    BackendArgs, NodeIdentity, open_backend_with, serve_node, termination_signal,
 };
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
@@ -53,10 +55,12 @@ pub const ABOUT: &str = "Serve one compute driver to gateways on other machines:
     --tls-cert X/server.pem --tls-key X/server-key.pem --tls-client-ca X/ca.pem --label \
     zone=a\n\n\
     The node keeps its id in STATE_DIR/node-id (made at the first start): a gateway knows by \
-    it that it reached the same node again. Shutdown leaves every workload running; a node \
-    started again on the same --state-dir finds them and keeps its id. The driver flags are \
-    those of `sbxd driver`. Logs go to stderr, filtered by SBX_LOG (else RUST_LOG, else \
-    \"info\").";
+    it that it reached the same node again. An oci node keeps an image store of its own \
+    (STATE_DIR/images, or --image-store) and fetches an image a create needs and it lacks, \
+    by digest, from the image mirror the gateway names (sbxd serve --image-mirror). \
+    Shutdown leaves every workload running; a node started again on the same --state-dir \
+    finds them and keeps its id. The driver flags are those of `sbxd driver`. Logs go to \
+    stderr, filtered by SBX_LOG (else RUST_LOG, else \"info\").";
 
 /// `--auth` of `sbxd node`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -78,6 +82,11 @@ pub enum NodeAuth {
         .help("Where the node keeps its id (STATE_DIR/node-id) and its driver its sandboxes \
                (one live node per directory); its file system's size is the default disk \
                capacity")),
+    mut_arg("image_store", |a| a
+        .help("The node's own image store, which the oci driver runs images from and the \
+               node fills from the image mirror a gateway's create names (sbxd serve \
+               --image-mirror): written by this node alone, never a gateway's DATA/images \
+               [default: STATE_DIR/images]")),
 )]
 pub struct NodeArgs {
     /// Where to listen: HOST:PORT (port 0 picks a free port; see --addr-file). Off a
@@ -481,13 +490,28 @@ pub async fn run(args: NodeArgs) -> Result<(), DaemonError> {
     let shutdown = termination_signal().map_err(DaemonError::DriverHost)?;
     let backend = args.driver.backend;
     tracing::info!(driver = backend.name, %node_id, %name, ?capacity, "node starting");
-    let driver = open_backend(&args.driver)
+    let driver_error = |source| DaemonError::Driver {
+        driver: backend.name,
+        source,
+        hint: backend.hint,
+    };
+    // An oci node's own image store, filled from the image mirror its creates name.
+    let images = match backend.needs_images {
+        true => {
+            let root = args
+                .driver
+                .image_store
+                .clone()
+                .unwrap_or_else(|| state_dir.join("images"));
+            let images = NodeImages::open(root, IdMap::default()).map_err(driver_error)?;
+            tracing::info!(store = %images.store().root().display(), "the node's image store");
+            Some(Arc::new(images))
+        }
+        false => None,
+    };
+    let driver = open_backend_with(&args.driver, images.as_ref().map(|i| i.store().clone()))
         .await
-        .map_err(|source| DaemonError::Driver {
-            driver: backend.name,
-            source,
-            hint: backend.hint,
-        })?;
+        .map_err(driver_error)?;
     let listener = TcpListener::bind(&args.listen)
         .await
         .map_err(|source| DaemonError::Bind {
@@ -521,6 +545,7 @@ pub async fn run(args: NodeArgs) -> Result<(), DaemonError> {
         Arc::clone(&driver),
         identity,
         fences,
+        images,
         listener,
         tls,
         shutdown,
@@ -618,6 +643,9 @@ mod tests {
         assert!(err.to_string().contains("--state-dir"), "{err}");
         let err = node_args(&["--driver", "sim", "--state-dir", "/d"]).unwrap_err();
         assert!(err.to_string().contains("--listen"), "{err}");
+        // An oci node needs no --image-store: it keeps its own (STATE_DIR/images).
+        let oci = node_args(&["--driver", "oci", "--listen", "x:1", "--state-dir", "/d"]).unwrap();
+        assert_eq!(oci.driver.image_store, None);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! How `sbxd serve` reaches nodes: each registered node's `sbxd node` over TCP, with the
 //! gateway's client certificate (mutual TLS) when it is given (`--node-tls-*`), as an
-//! [`sbx_actors::nodes::NodeLink`] the actor layer places sandboxes on and calls.
+//! [`sbx_actors::nodes::NodeLink`] the actor layer places sandboxes on and calls. With an
+//! image mirror, every create names it (see `sbx_drivers::remote::images`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use clap::Args;
 use sbx_actors::nodes::{NodeDialer, NodeLink, NodeReport, NodeTiming};
 use sbx_drivers::remote::RemoteDriver;
+use sbx_drivers::remote::images::ImageSource;
 use sbx_drivers::{ComputeDriver, DriverError};
 use sbx_proto::v1::NodeCapacity;
 use tonic::async_trait;
@@ -71,6 +73,7 @@ impl NodeClientArgs {
             tls,
             call_timeout,
             gateway,
+            image_source: None,
         })
     }
 
@@ -89,6 +92,17 @@ pub struct RemoteNodeDialer {
     tls: Option<tonic::transport::ClientTlsConfig>,
     call_timeout: Duration,
     gateway: Option<Uuid>,
+    /// The image mirror every create on a node names (`--image-mirror`).
+    image_source: Option<Arc<ImageSource>>,
+}
+
+impl RemoteNodeDialer {
+    /// Creates on nodes name `source`'s mirror as where to fetch an image the node lacks
+    /// (`sbx_drivers::remote::images`).
+    pub fn with_image_source(mut self, source: Option<Arc<ImageSource>>) -> Self {
+        self.image_source = source;
+        self
+    }
 }
 
 impl NodeDialer for RemoteNodeDialer {
@@ -97,6 +111,9 @@ impl NodeDialer for RemoteNodeDialer {
             RemoteDriver::connect_tcp_lazy(endpoint, self.tls.clone(), self.call_timeout)?;
         if let Some(gateway) = self.gateway {
             driver = driver.as_gateway(gateway);
+        }
+        if let Some(source) = &self.image_source {
+            driver = driver.with_image_source(Arc::clone(source));
         }
         Ok(Arc::new(RemoteNode {
             driver: Arc::new(driver),

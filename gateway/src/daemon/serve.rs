@@ -321,6 +321,7 @@ async fn serve_on(
         }
     }
 
+    let image_mirror = super::images::image_mirror(&args.images, &images);
     let config = Config {
         reconcile_interval: args.reconcile_interval(),
         driver_call_timeout: args.driver_call_timeout(),
@@ -349,16 +350,21 @@ async fn serve_on(
         ..Config::default()
     };
     let nodes = sbx_actors::nodes::Nodes::new(
-        Some(Arc::new(args.nodes.dialer(
-            args.driver_call_timeout(),
-            config.ownership.as_ref().map(|o| o.gateway),
-        )?)),
+        Some(Arc::new(
+            args.nodes
+                .dialer(
+                    args.driver_call_timeout(),
+                    config.ownership.as_ref().map(|o| o.gateway),
+                )?
+                .with_image_source(image_mirror.as_ref().map(|m| m.source())),
+        )),
         args.nodes.timing(),
     );
     let drivers = DriverSet::single(driver_name, driver).with_nodes(nodes);
     let ownership = config.ownership.clone();
     let gateway = Arc::new(Gateway::start(store, drivers, config).await?);
     super::images::ensure_default_image(&gateway, &args.images).await?;
+    super::images::mirror_default_image(&gateway, image_mirror.as_ref());
     // Grants written by name (an identities file from before ids, or `sbxd token create`) are
     // bound to the workspaces of those names now, before anything is served, and by the auth
     // layer whenever the file holds new ones.
@@ -407,7 +413,9 @@ async fn serve_on(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
-    let service = SbxService::new(Arc::clone(&gateway), shutdown.clone()).with_identities(data_dir);
+    let service = SbxService::new(Arc::clone(&gateway), shutdown.clone())
+        .with_identities(data_dir)
+        .with_image_mirror(image_mirror);
     // Gateways sharing a store: requests for a workspace another one serves go on to it.
     let peers = match &ownership {
         Some(ownership) => {

@@ -6,7 +6,8 @@
 //! (`Config::max_image_import_bytes`, 8 GiB by default) and the temp file is removed either
 //! way. A pull's progress reaches the client as it goes; the pull itself runs in a task of
 //! its own, so a client that goes away does not leave the store half-written (the pull
-//! finishes and records the image).
+//! finishes and records the image). With an image mirror, what a pull or import recorded is
+//! pushed to it before the answer (`super::mirror`).
 
 use std::io::Write;
 
@@ -94,6 +95,7 @@ impl ImageService for SbxService {
         };
         let (tx, rx) = mpsc::channel(PROGRESS_BUFFER);
         let gateway = self.gateway.clone();
+        let mirror = self.image_mirror.clone();
         tokio::spawn(async move {
             let progress_tx = tx.clone();
             let progress = move |p: PullProgress| {
@@ -109,6 +111,14 @@ impl ImageService for SbxService {
                     tracing::info!(reference = %req.reference, "the pull's caller went away; the pull ends");
                     return;
                 }
+            };
+            // Pushed to the image mirror before it is answered (see `super::mirror`).
+            let result = match (result, &mirror) {
+                (Ok(image), Some(mirror)) => mirror
+                    .push_added(std::slice::from_ref(&image))
+                    .await
+                    .map(|()| image),
+                (result, _) => result,
             };
             let last = result.map_err(status).map(|image| PullImageResponse {
                 message: Some(pull_image_response::Message::Image(image)),
@@ -203,6 +213,9 @@ impl ImageService for SbxService {
             .import_image(spool.path(), name.as_deref())
             .await
             .map_err(status)?;
+        if let Some(mirror) = &self.image_mirror {
+            mirror.push_added(&images).await.map_err(status)?;
+        }
         Ok(Response::new(ImportImageResponse { images }))
     }
 

@@ -13,6 +13,7 @@ mod access;
 mod identities;
 mod images;
 mod info;
+mod mirror;
 mod nodes;
 mod providers;
 mod sandboxes;
@@ -39,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+pub use mirror::ImageMirror;
 pub use status::{ERROR_DOMAIN, actor_error_to_status};
 
 /// The `sbx.v1` services over one actor tree.
@@ -50,6 +52,9 @@ pub struct SbxService {
     /// Cancelled when sbxd begins to shut down: every open stream then ends with UNAVAILABLE,
     /// so that graceful shutdown does not wait for clients that follow a stream for ever.
     shutdown: CancellationToken,
+    /// The image mirror (`--image-mirror`): pulls and imports are pushed to it, creates fetch
+    /// from it what this gateway's store lacks.
+    image_mirror: Option<Arc<ImageMirror>>,
 }
 
 impl SbxService {
@@ -58,7 +63,14 @@ impl SbxService {
             gateway,
             data_dir: None,
             shutdown,
+            image_mirror: None,
         }
+    }
+
+    /// Pushes pulls and imports to `mirror`, and fetches from it what a create needs.
+    pub fn with_image_mirror(mut self, mirror: Option<Arc<ImageMirror>>) -> Self {
+        self.image_mirror = mirror;
+        self
     }
 
     /// Serves IdentityService over the identities of data dir `dir`.

@@ -64,15 +64,13 @@ impl SandboxService for SbxService {
             Role::Editor,
         )
         .await?;
+        let spec = req.spec.unwrap_or_default();
+        if let Some(mirror) = &self.image_mirror {
+            mirror.fetch_for(&self.gateway, &spec).await;
+        }
         let created = self
             .gateway
-            .create_sandbox_with(
-                workspace,
-                &req.name,
-                req.spec.unwrap_or_default(),
-                req.stopped,
-                &req.providers,
-            )
+            .create_sandbox_with(workspace, &req.name, spec, req.stopped, &req.providers)
             .await
             .map_err(|e| error_for(&caller, e))?;
         audit(&caller, "create sandbox", &created.id);
