@@ -51,6 +51,8 @@ pub struct Config {
     /// Bytes of sandbox events kept, at most: each event's encoding plus
     /// `events::EVENT_OVERHEAD` (the oldest are evicted while either bound is passed).
     pub event_history_bytes: usize,
+    /// What the gateway counts for Prometheus (served by sbxd's `--metrics-listen`).
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Grace period asked of drivers on stop (0: the driver's default).
     pub stop_grace: Duration,
     /// The image store (content) that drivers with the `images` capability run from. `None`:
@@ -107,6 +109,7 @@ impl Default for Config {
             lease_wait: Duration::from_secs(5),
             event_history: 10_000,
             event_history_bytes: 64 << 20,
+            metrics: Arc::default(),
             stop_grace: Duration::ZERO,
             image_store: None,
             default_image: DEFAULT_IMAGE.to_string(),

@@ -233,8 +233,13 @@ impl EventHub {
         })
     }
 
+    /// Open subscriptions (watches), and the events and bytes the history holds now.
+    pub fn stats(&self) -> (usize, usize, usize) {
+        let (events, bytes) = self.usage();
+        (self.published.receiver_count(), events, bytes)
+    }
+
     /// Events and bytes the history holds now.
-    #[cfg(test)]
     fn usage(&self) -> (usize, usize) {
         let history = lock(&self.history);
         (history.events.len(), history.bytes)

@@ -19,6 +19,7 @@ mod images;
 mod lease;
 pub mod lifecycle;
 pub mod limits;
+pub mod metrics;
 pub mod nodes;
 pub mod owned;
 pub mod ownership;

@@ -209,6 +209,7 @@ impl Actor for GatewayRoot {
             }
         };
         tracing::warn!(workspace = %id, "workspace supervisor {what}; restarting it in {delay:?}");
+        st.shared.config.metrics.actor_restarted("workspace");
         myself.send_after(delay, move || RootMsg::RespawnSupervisor(id));
         Ok(())
     }

@@ -894,7 +894,21 @@ async fn with_deadline<T>(
     call: impl Future<Output = Result<T, DriverError>>,
 ) -> Result<T, DriverError> {
     let after: Duration = st.shared.config.driver_call_timeout;
-    tokio::time::timeout(after, call)
+    let began = std::time::Instant::now();
+    let result = tokio::time::timeout(after, call)
         .await
-        .unwrap_or(Err(DriverError::DeadlineExceeded { operation, after }))
+        .unwrap_or(Err(DriverError::DeadlineExceeded { operation, after }));
+    let driver = st
+        .stored
+        .sandbox
+        .spec
+        .as_ref()
+        .map(|s| s.driver.as_str())
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| st.shared.drivers.default_name());
+    st.shared
+        .config
+        .metrics
+        .driver_call(driver, operation, began.elapsed(), &result);
+    result
 }

@@ -168,6 +168,7 @@ impl Actor for WorkspaceSupervisor {
             return Ok(());
         }
         tracing::warn!(sandbox = %id, workspace = %st.ws.workspace.name, "sandbox actor {failure}; restarting it from its record");
+        st.shared.config.metrics.actor_restarted("sandbox");
         self.child_down(&myself, st, id)
     }
 }

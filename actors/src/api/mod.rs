@@ -224,6 +224,60 @@ impl Gateway {
         Ok(gateway)
     }
 
+    /// The gateway's metrics, their states read now (sandboxes by phase and driver from the
+    /// store, the watch history), in the OpenMetrics text format. A store that does not
+    /// answer leaves the sandbox gauges as they were last read (the error is logged).
+    pub async fn metrics_text(&self) -> String {
+        let metrics = &self.shared.config.metrics;
+        let everything = sbx_storage::LabelSelector::everything();
+        match crate::scan::all_records(
+            &*self.shared.store,
+            Kind::Sandbox,
+            sbx_storage::Scope::All,
+            &everything,
+        )
+        .await
+        {
+            Ok(records) => {
+                let mut counts: std::collections::BTreeMap<(String, String), i64> =
+                    std::collections::BTreeMap::new();
+                for record in records {
+                    let Ok(stored) = crate::records::StoredSandbox::from_record(record) else {
+                        continue;
+                    };
+                    let sb = &stored.sandbox;
+                    let driver = sb
+                        .spec
+                        .as_ref()
+                        .map(|s| s.driver.clone())
+                        .filter(|d| !d.is_empty())
+                        .unwrap_or_else(|| self.shared.drivers.default_name().to_string());
+                    *counts
+                        .entry((format!("{:?}", sb.phase()), driver))
+                        .or_default() += 1;
+                }
+                metrics.sandboxes.clear();
+                for ((phase, driver), n) in counts {
+                    metrics
+                        .sandboxes
+                        .get_or_create(&crate::metrics::SandboxLabels { phase, driver })
+                        .set(n);
+                }
+            }
+            Err(e) => tracing::warn!("metrics: cannot count the sandboxes: {e}"),
+        }
+        let (subscribers, events, bytes) = self.shared.events.stats();
+        metrics.watch_subscribers.set(subscribers as i64);
+        metrics.watch_history_events.set(events as i64);
+        metrics.watch_history_bytes.set(bytes as i64);
+        metrics.encode()
+    }
+
+    /// The gateway's metrics, to count into (the API layer's requests).
+    pub fn metrics(&self) -> std::sync::Arc<crate::metrics::Metrics> {
+        std::sync::Arc::clone(&self.shared.config.metrics)
+    }
+
     /// Waits until every sandbox loaded at startup has re-attached to its workload (or failed
     /// to and recorded why). False on timeout.
     pub async fn wait_attached(&self, timeout: Duration) -> bool {

@@ -13,6 +13,7 @@ pub mod drivers;
 pub mod forward;
 pub mod images;
 pub mod managed;
+pub mod metrics;
 pub mod node;
 pub mod node_link;
 pub mod serve;
@@ -369,6 +370,17 @@ pub struct ServeArgs {
     /// Write the service listener's bound address (host:port) to this file once serving.
     #[arg(long, value_name = "PATH", requires = "service_listen")]
     pub service_addr_file: Option<PathBuf>,
+
+    /// Serve Prometheus metrics (OpenMetrics text) at http://HOST:PORT/metrics: API requests,
+    /// driver calls, actor restarts, sandboxes by phase, the watch history (docs/OPERATIONS.md
+    /// lists them). Off unless given. Without authentication, so a loopback address only. Port
+    /// 0 picks a free port (see --metrics-addr-file).
+    #[arg(long, env = "SBX_METRICS_LISTEN", value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
+
+    /// Write the metrics listener's bound address (host:port) to this file once serving.
+    #[arg(long, value_name = "PATH", requires = "metrics_listen")]
+    pub metrics_addr_file: Option<PathBuf>,
 
     /// Seconds that calls in flight may take to finish after SIGTERM/SIGINT before their
     /// connections are dropped. Open watch/logs/exec streams end at once with UNAVAILABLE.

@@ -376,6 +376,25 @@ async fn serve_on(
     let _ = auth.workspaces.set(lookup);
     auth.bind_unbound().await;
 
+    let metrics_bound = match &args.metrics_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                DaemonError::Setup(format!("cannot listen for metrics on {addr}: {e}"))
+            })?;
+            let local = listener
+                .local_addr()
+                .map_err(|e| DaemonError::Setup(format!("the metrics listener: {e}")))?;
+            super::metrics::check_listen(&local).map_err(DaemonError::Setup)?;
+            tracing::info!(bound = %local, "serving metrics at /metrics");
+            tokio::spawn(super::metrics::serve(
+                listener,
+                Arc::clone(&gateway),
+                shutdown.clone(),
+            ));
+            Some(local.to_string())
+        }
+        None => None,
+    };
     let service_bound = match &args.service_listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
@@ -446,6 +465,7 @@ async fn serve_on(
             .map_err(|e| DaemonError::Security(format!("the TLS configuration: {e}")))?;
     }
     let router = builder
+        .layer(super::metrics::ApiMetricsLayer(gateway.metrics()))
         .layer(ErrorInfoLayer)
         .layer(crate::auth::AuthLayer(Arc::clone(&auth)))
         .layer(super::forward::ForwardLayer(peers))
@@ -506,6 +526,9 @@ async fn serve_on(
         }
         if let (Some(path), Some(service)) = (&args.service_addr_file, &service_bound) {
             write_addr_file(path, service)?;
+        }
+        if let (Some(path), Some(metrics)) = (&args.metrics_addr_file, &metrics_bound) {
+            write_addr_file(path, metrics)?;
         }
         tracing::info!(%bound, driver = driver_name, "serving");
         tokio::spawn(report_disk_full(

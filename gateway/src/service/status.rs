@@ -243,6 +243,11 @@ pub fn bounded_status(
 
 /// The reason of a status that came without one: its code's name.
 fn code_reason(code: Code) -> &'static str {
+    code_name(code)
+}
+
+/// A status code's name as gRPC spells it (`NOT_FOUND`).
+pub fn code_name(code: Code) -> &'static str {
     match code {
         Code::Ok => "OK",
         Code::Cancelled => "CANCELLED",

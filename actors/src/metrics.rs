@@ -1,0 +1,274 @@
+//! What sbxd counts, for Prometheus (`sbxd serve --metrics-listen ADDR`, OpenMetrics text).
+//!
+//! One [`Metrics`] per gateway, in its [`crate::Config`]: counted where what it counts happens
+//! (an API request in the gateway's service layer, a driver call in the sandbox actor that
+//! makes it, a restart in the supervisor that restarts) and read at each scrape where it is a
+//! state (sandboxes by phase, the watch history). No label names a sandbox: every family's
+//! cardinality is bounded by the API's methods, the drivers, their operations and the phases.
+//! Names follow Prometheus' conventions (`_total`, `_seconds`, `_bytes`; the `sbx_` prefix).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use sbx_driver_api::DriverError;
+
+/// Latency buckets, seconds: 1 ms to about 65 s, doubling.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(latency_buckets())
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    /// The gRPC method (`/sbx.v1.SandboxService/CreateSandbox`).
+    pub method: String,
+    /// The gRPC status code's name (`OK`, `NOT_FOUND`, …).
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriverCallLabels {
+    pub driver: String,
+    pub operation: String,
+    /// `ok`, or the error's kind (`not_found`, `unavailable`, `deadline_exceeded`, …).
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriverOpLabels {
+    pub driver: String,
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActorLabels {
+    /// `sandbox` or `workspace` (a workspace supervisor).
+    pub actor: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SandboxLabels {
+    pub phase: String,
+    pub driver: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: String,
+}
+
+/// Every family sbxd serves.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub api_requests: Family<ApiLabels, Counter>,
+    pub api_duration: Family<MethodLabels, Histogram>,
+    pub driver_calls: Family<DriverCallLabels, Counter>,
+    pub driver_duration: Family<DriverOpLabels, Histogram>,
+    pub actor_restarts: Family<ActorLabels, Counter>,
+    pub sandboxes: Family<SandboxLabels, Gauge>,
+    pub watch_subscribers: Gauge,
+    pub watch_history_events: Gauge,
+    pub watch_history_bytes: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sbx");
+        let api_requests = Family::<ApiLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "API requests answered, by gRPC method and status code",
+            api_requests.clone(),
+        );
+        let api_duration =
+            Family::<MethodLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        registry.register_with_unit(
+            "api_request_duration",
+            "Time from an API request's arrival to its answer's head (a stream's first message)",
+            Unit::Seconds,
+            api_duration.clone(),
+        );
+        let driver_calls = Family::<DriverCallLabels, Counter>::default();
+        registry.register(
+            "driver_calls",
+            "Driver calls made by sandbox actors, by driver, operation and outcome",
+            driver_calls.clone(),
+        );
+        let driver_duration = Family::<DriverOpLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> _,
+        );
+        registry.register_with_unit(
+            "driver_call_duration",
+            "Time of a driver call made by a sandbox actor, by driver and operation",
+            Unit::Seconds,
+            driver_duration.clone(),
+        );
+        let actor_restarts = Family::<ActorLabels, Counter>::default();
+        registry.register(
+            "actor_restarts",
+            "Actors restarted by their supervisor after they failed",
+            actor_restarts.clone(),
+        );
+        let sandboxes = Family::<SandboxLabels, Gauge>::default();
+        registry.register(
+            "sandboxes",
+            "Sandboxes in the store, by phase and driver (read at each scrape)",
+            sandboxes.clone(),
+        );
+        let watch_subscribers = Gauge::default();
+        registry.register(
+            "watch_subscribers",
+            "Open watches of sandbox events",
+            watch_subscribers.clone(),
+        );
+        let watch_history_events = Gauge::default();
+        registry.register(
+            "watch_history_events",
+            "Sandbox events the watch history holds",
+            watch_history_events.clone(),
+        );
+        let watch_history_bytes = Gauge::default();
+        registry.register_with_unit(
+            "watch_history",
+            "What the watch history's events cost, as it counts them against its bound",
+            Unit::Bytes,
+            watch_history_bytes.clone(),
+        );
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+            .set(1);
+        registry.register("build_info", "The sbx version serving (always 1)", build);
+        Metrics {
+            registry: Mutex::new(registry),
+            api_requests,
+            api_duration,
+            driver_calls,
+            driver_duration,
+            actor_restarts,
+            sandboxes,
+            watch_subscribers,
+            watch_history_events,
+            watch_history_bytes,
+        }
+    }
+
+    /// One driver call made by a sandbox actor, and how it ended.
+    pub fn driver_call<T>(
+        &self,
+        driver: &str,
+        operation: &str,
+        took: Duration,
+        result: &Result<T, DriverError>,
+    ) {
+        let outcome = match result {
+            Ok(_) => "ok",
+            Err(e) => driver_outcome(e),
+        };
+        self.driver_calls
+            .get_or_create(&DriverCallLabels {
+                driver: driver.to_string(),
+                operation: operation.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+        self.driver_duration
+            .get_or_create(&DriverOpLabels {
+                driver: driver.to_string(),
+                operation: operation.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// An actor of `kind` (`sandbox`, `workspace`) is restarted after it failed.
+    pub fn actor_restarted(&self, kind: &str) {
+        self.actor_restarts
+            .get_or_create(&ActorLabels {
+                actor: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// Every family, in the OpenMetrics text format (what Prometheus scrapes).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+}
+
+/// A driver error's kind, as the `outcome` label says it.
+fn driver_outcome(e: &DriverError) -> &'static str {
+    match e {
+        DriverError::InvalidArgument(_) => "invalid_argument",
+        DriverError::NotFound { .. } => "not_found",
+        DriverError::GenerationMismatch { .. } => "generation_mismatch",
+        DriverError::FailedPrecondition(_) => "failed_precondition",
+        DriverError::Unimplemented(_) => "unimplemented",
+        DriverError::Unavailable(_) => "unavailable",
+        DriverError::DeadlineExceeded { .. } => "deadline_exceeded",
+        DriverError::Internal(_) => "internal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_named_by_the_conventions_and_count() {
+        let m = Metrics::new();
+        m.driver_call::<()>("sim", "get", Duration::from_millis(3), &Ok(()));
+        m.driver_call::<()>(
+            "sim",
+            "get",
+            Duration::from_millis(3),
+            &Err(DriverError::NotFound {
+                sandbox_id: "x".into(),
+            }),
+        );
+        m.actor_restarted("sandbox");
+        let text = m.encode();
+        for line in [
+            "sbx_driver_calls_total{driver=\"sim\",operation=\"get\",outcome=\"ok\"} 1",
+            "sbx_driver_calls_total{driver=\"sim\",operation=\"get\",outcome=\"not_found\"} 1",
+            "sbx_driver_call_duration_seconds_count{driver=\"sim\",operation=\"get\"} 2",
+            "sbx_actor_restarts_total{actor=\"sandbox\"} 1",
+            "# TYPE sbx_watch_history_bytes gauge",
+            "# EOF",
+        ] {
+            assert!(text.contains(line), "{line:?} not in:\n{text}");
+        }
+        assert!(text.contains("sbx_build_info{version="), "{text}");
+    }
+}

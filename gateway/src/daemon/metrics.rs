@@ -1,0 +1,171 @@
+//! `sbxd serve --metrics-listen ADDR`: the gateway's metrics for Prometheus, over HTTP/1.1 at
+//! `GET /metrics` in the OpenMetrics text format (`prometheus-client`, the Prometheus
+//! project's own Rust crate: its encoder writes what Prometheus and its parsers read, so no
+//! format is written by hand here). Without authentication, so on a loopback address only:
+//! one off this machine is refused at start (a scraper elsewhere reaches it through a proxy
+//! that adds TLS and authentication).
+//!
+//! [`ApiMetricsLayer`] counts the API's requests by method and status code, and their latency,
+//! around every service (authentication included, so a refused caller counts too).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use sbx_actors::Gateway;
+use sbx_actors::metrics::{ApiLabels, MethodLabels, Metrics};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::codegen::{Service, http};
+
+/// The content type of the OpenMetrics text format.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves `GET /metrics` on `listener` until `shutdown`.
+pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.cancelled() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "the metrics listener could not accept a connection");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let gateway = Arc::clone(&gateway);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let gateway = Arc::clone(&gateway);
+                async move { Ok::<_, Infallible>(answer(&gateway, &req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                result = conn => if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "a metrics connection ended with an error");
+                },
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+async fn answer<B>(gateway: &Gateway, req: &Request<B>) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match (req.method(), req.uri().path()) {
+        (&hyper::Method::GET, "/metrics") => {
+            (StatusCode::OK, CONTENT_TYPE, gateway.metrics_text().await)
+        }
+        (_, "/metrics") => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "GET /metrics only\n".to_string(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "the metrics are at /metrics\n".to_string(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        content_type.parse().expect("a header value"),
+    );
+    response
+}
+
+/// Counts every API request (method, status code at the answer's head, latency).
+#[derive(Clone)]
+pub struct ApiMetricsLayer(pub Arc<Metrics>);
+
+impl<S> tower::Layer<S> for ApiMetricsLayer {
+    type Service = ApiMetricsService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ApiMetricsService {
+            inner,
+            metrics: Arc::clone(&self.0),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct ApiMetricsService<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for ApiMetricsService<S>
+where
+    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<ResBody>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let began = Instant::now();
+        // A path no method has is counted under one name: a caller cannot grow the families.
+        let path = req.uri().path();
+        let method = if path.len() <= 128 && path.starts_with("/sbx.") || path.starts_with("/grpc.")
+        {
+            path.to_string()
+        } else {
+            "other".to_string()
+        };
+        let answer = self.inner.call(req);
+        let metrics = Arc::clone(&self.metrics);
+        Box::pin(async move {
+            let response = answer.await?;
+            let code = response
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<i32>().ok())
+                .map_or(tonic::Code::Ok, tonic::Code::from_i32);
+            metrics
+                .api_requests
+                .get_or_create(&ApiLabels {
+                    method: method.clone(),
+                    code: crate::service::status::code_name(code).to_string(),
+                })
+                .inc();
+            metrics
+                .api_duration
+                .get_or_create(&MethodLabels { method })
+                .observe(began.elapsed().as_secs_f64());
+            Ok(response)
+        })
+    }
+}
+
+/// Whether `addr` may serve the metrics: a loopback address only (they are not authenticated).
+pub fn check_listen(addr: &std::net::SocketAddr) -> Result<(), String> {
+    if addr.ip().is_loopback() {
+        Ok(())
+    } else {
+        Err(format!(
+            "--metrics-listen {addr} is not a loopback address: the metrics are served without \
+             authentication; serve them on 127.0.0.1 or ::1 and put a proxy with TLS and \
+             authentication in front for a scraper elsewhere"
+        ))
+    }
+}

@@ -1,0 +1,238 @@
+//! `sbxd serve --metrics-listen`: the exposition is scraped over HTTP and parsed by the
+//! Prometheus project's own parser (Debian's `python3-prometheus-client`, its OpenMetrics
+//! parser, strict), with no series twice; and the families move as they should after a create,
+//! an exec, a refused call, a stop and an open watch.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{DataDir, Sbxd, eventually, sbx};
+use sbx_proto::v1::WatchSandboxesRequest;
+
+/// Debian's interpreter, where `python3-prometheus-client` is installed.
+const PYTHON: &str = "/usr/bin/python3";
+
+/// Parses an exposition with the OpenMetrics parser; every sample as (name, labels, value).
+/// Fails on a parse error or a series given twice.
+const PARSE: &str = r#"
+import json, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+seen, out = set(), []
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        key = (s.name, tuple(sorted(s.labels.items())))
+        if key in seen:
+            sys.exit(f"series given twice: {key}")
+        seen.add(key)
+        out.append([s.name, s.labels, s.value])
+print(json.dumps(out))
+"#;
+
+type Samples = Vec<(String, BTreeMap<String, String>, f64)>;
+
+/// GET /metrics, parsed.
+async fn scrape(addr: &str) -> Samples {
+    let text = tokio::task::spawn_blocking({
+        let addr = addr.to_string();
+        move || {
+            use std::io::Read as _;
+            let mut conn = std::net::TcpStream::connect(&addr).expect("connect to the metrics");
+            conn.set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut text = String::new();
+            conn.read_to_string(&mut text).expect("the answer, whole");
+            text
+        }
+    })
+    .await
+    .unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_lowercase()
+            .contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    let mut parser = Command::new(PYTHON)
+        .args(["-c", PARSE])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 with prometheus_client (apt-get install python3-prometheus-client)");
+    parser
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = parser.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the parser refused the exposition: {}\n{body}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The value of the sample `name` whose labels include `labels` (0 when absent).
+fn value(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|(n, l, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exposition_parses_and_its_families_move() {
+    let data = DataDir::new();
+    let addr_file = data.path().join("metrics-addr");
+    let d = Sbxd::start(
+        data.path(),
+        "process",
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-addr-file",
+            addr_file.to_str().unwrap(),
+        ],
+    );
+    let addr = std::fs::read_to_string(&addr_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let before = scrape(&addr).await;
+    assert_eq!(value(&before, "sbx_build_info", &[]), 1.0);
+    assert_eq!(value(&before, "sbx_sandboxes", &[]), 0.0);
+
+    let create = "/sbx.v1.SandboxService/CreateSandbox";
+    sbx(
+        &d.endpoint(),
+        &["sandbox", "create", "m1", "--", "sleep", "100"],
+    )
+    .ok();
+    sbx(&d.endpoint(), &["sandbox", "exec", "m1", "--", "true"]).ok();
+    let missing = sbx(&d.endpoint(), &["sandbox", "get", "nope"]);
+    assert_ne!(missing.code, 0);
+    let after = scrape(&addr).await;
+    assert_eq!(
+        value(
+            &after,
+            "sbx_api_requests_total",
+            &[("method", create), ("code", "OK")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &after,
+            "sbx_api_request_duration_seconds_count",
+            &[("method", create)]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &after,
+            "sbx_api_requests_total",
+            &[("method", "/sbx.v1.SandboxService/Exec"), ("code", "OK")]
+        ),
+        1.0,
+        "the exec"
+    );
+    assert_eq!(
+        value(&after, "sbx_api_requests_total", &[("code", "NOT_FOUND")]),
+        1.0,
+        "the refused get"
+    );
+    assert!(
+        value(
+            &after,
+            "sbx_driver_calls_total",
+            &[
+                ("driver", "process"),
+                ("operation", "create"),
+                ("outcome", "ok")
+            ]
+        ) >= 1.0
+    );
+    assert!(
+        value(
+            &after,
+            "sbx_driver_call_duration_seconds_count",
+            &[("driver", "process")]
+        ) >= 1.0
+    );
+    assert_eq!(
+        value(
+            &after,
+            "sbx_sandboxes",
+            &[("phase", "Ready"), ("driver", "process")]
+        ),
+        1.0
+    );
+
+    // A stop moves the sandbox between phases; an open watch is a subscriber.
+    sbx(&d.endpoint(), &["sandbox", "stop", "m1"]).ok();
+    let mut watch = d
+        .sandboxes()
+        .await
+        .watch_sandboxes(WatchSandboxesRequest {
+            resource_version: 0,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let _ = watch.message().await.unwrap();
+    let stopped = eventually(
+        Duration::from_secs(10),
+        "the stop and the watch counted",
+        || async {
+            let s = scrape(&addr).await;
+            (value(&s, "sbx_sandboxes", &[("phase", "Stopped")]) == 1.0
+                && value(&s, "sbx_watch_subscribers", &[]) >= 1.0)
+                .then_some(s)
+        },
+    )
+    .await;
+    assert_eq!(value(&stopped, "sbx_sandboxes", &[("phase", "Ready")]), 0.0);
+    assert!(value(&stopped, "sbx_watch_history_events", &[]) >= 1.0);
+    assert!(value(&stopped, "sbx_watch_history_bytes", &[]) > 0.0);
+    assert!(
+        value(
+            &stopped,
+            "sbx_driver_calls_total",
+            &[("operation", "stop"), ("outcome", "ok")]
+        ) >= 1.0
+    );
+    drop(watch);
+    sbx(&d.endpoint(), &["sandbox", "delete", "m1"]).ok();
+}
+
+#[test]
+fn metrics_off_loopback_are_refused_at_start() {
+    let data = DataDir::new();
+    let run = common::run_bounded(
+        Command::new(common::SBXD)
+            .args(["serve", "--driver", "sim", "--listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", "0.0.0.0:0", "--data-dir"])
+            .arg(data.path())
+            .env("SBX_AUTH", "none"),
+        "sbxd serve --metrics-listen 0.0.0.0:0",
+    );
+    assert_ne!(run.code, 0, "{run:?}");
+    assert!(run.stderr.contains("not a loopback address"), "{run:?}");
+}
