@@ -83,6 +83,10 @@ pub struct Metrics {
     pub watch_subscribers: Gauge,
     pub watch_history_events: Gauge,
     pub watch_history_bytes: Gauge,
+    pub store_writes: Counter,
+    pub store_commits: Counter,
+    pub store_commit_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    pub store_flushed_bytes: Counter,
 }
 
 impl Default for Metrics {
@@ -160,6 +164,33 @@ impl Metrics {
             Unit::Bytes,
             watch_history_bytes.clone(),
         );
+        let store_writes = Counter::default();
+        registry.register(
+            "store_writes",
+            "Store writes acknowledged as durable since the store opened",
+            store_writes.clone(),
+        );
+        let store_commits = Counter::default();
+        registry.register(
+            "store_commits",
+            "Store commits (a sled group flush, a PostgreSQL transaction); writes / commits is \
+             the mean batch",
+            store_commits.clone(),
+        );
+        let store_commit_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register_with_unit(
+            "store_commit",
+            "Time spent committing; over store_commits_total, a commit's mean latency",
+            Unit::Seconds,
+            store_commit_seconds.clone(),
+        );
+        let store_flushed_bytes = Counter::default();
+        registry.register_with_unit(
+            "store_flushed",
+            "Bytes the sled store's flushes wrote (0 on PostgreSQL)",
+            Unit::Bytes,
+            store_flushed_bytes.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -178,6 +209,25 @@ impl Metrics {
             watch_subscribers,
             watch_history_events,
             watch_history_bytes,
+            store_writes,
+            store_commits,
+            store_commit_seconds,
+            store_flushed_bytes,
+        }
+    }
+
+    /// The store's cumulative commit figures, as read at a scrape (the counters follow them).
+    pub fn store_stats(&self, stats: &sbx_storage::FlushStats) {
+        let follow = |counter: &Counter, now: u64| {
+            counter.inc_by(now.saturating_sub(counter.get()));
+        };
+        follow(&self.store_writes, stats.writes);
+        follow(&self.store_commits, stats.flushes);
+        follow(&self.store_flushed_bytes, stats.flush_bytes);
+        let seconds = stats.flush_micros as f64 / 1e6;
+        let grew = seconds - self.store_commit_seconds.get();
+        if grew > 0.0 {
+            self.store_commit_seconds.inc_by(grew);
         }
     }
 

@@ -175,6 +175,15 @@ async fn the_exposition_parses_and_its_families_move() {
             &[("driver", "process")]
         ) >= 1.0
     );
+    // The sled store's commits: at least the create's writes, in batches of one or more.
+    let writes = value(&after, "sbx_store_writes_total", &[]);
+    let commits = value(&after, "sbx_store_commits_total", &[]);
+    assert!(
+        writes >= 2.0 && commits >= 1.0 && commits <= writes,
+        "{writes} / {commits}"
+    );
+    assert!(value(&after, "sbx_store_commit_seconds_total", &[]) > 0.0);
+    assert!(value(&after, "sbx_store_flushed_bytes_total", &[]) > 0.0);
     assert_eq!(
         value(
             &after,

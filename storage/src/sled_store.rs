@@ -344,4 +344,8 @@ impl ObjectStore for SledStore {
     fn disk_full(&self) -> Option<StoreError> {
         SledStore::disk_full(self)
     }
+
+    fn commit_stats(&self) -> Option<FlushStats> {
+        Some(self.flush_stats())
+    }
 }

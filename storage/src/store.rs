@@ -123,4 +123,11 @@ pub trait ObjectStore: Send + Sync + 'static {
     fn disk_full(&self) -> Option<StoreError> {
         None
     }
+
+    /// What the store has committed since it opened: writes acknowledged, commits (a sled
+    /// group flush, a PostgreSQL transaction), the time they took and the bytes sled flushed
+    /// (0 for PostgreSQL) — for the gateway's metrics. `None`: the store does not count.
+    fn commit_stats(&self) -> Option<crate::FlushStats> {
+        None
+    }
 }

@@ -57,6 +57,10 @@ async fn gateways_opening_one_database_at_once_create_its_schema_once() {
     let ws = stores[0].create(new_workspace("team")).await.unwrap();
     let sb = stores[1].create(new_sandbox(ws.id, "web")).await.unwrap();
     assert!(sb.resource_version > ws.resource_version);
+    // Each store counts what it committed (the gateway's store metrics).
+    let counted = stores[1].commit_stats().unwrap();
+    assert_eq!((counted.writes, counted.flushes), (1, 1));
+    assert!(counted.flush_micros > 0);
     let seen = stores[4]
         .get_by_name(Kind::Sandbox, Some(ws.id), "web")
         .await

@@ -266,6 +266,9 @@ impl Gateway {
             }
             Err(e) => tracing::warn!("metrics: cannot count the sandboxes: {e}"),
         }
+        if let Some(stats) = self.shared.store.commit_stats() {
+            metrics.store_stats(&stats);
+        }
         let (subscribers, events, bytes) = self.shared.events.stats();
         metrics.watch_subscribers.set(subscribers as i64);
         metrics.watch_history_events.set(events as i64);

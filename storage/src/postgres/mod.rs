@@ -22,6 +22,8 @@ mod schema;
 mod writes;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -62,6 +64,8 @@ pub struct PgStore {
     /// How many revisions the change log keeps ([`CHANGE_LOG_REVISIONS`] unless a test
     /// asks for fewer).
     change_log_keep: u64,
+    /// Commits acknowledged and the time their `COMMIT` took, in microseconds.
+    commits: Arc<(AtomicU64, AtomicU64)>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -89,6 +93,14 @@ fn where_is(config: &tokio_postgres::Config) -> String {
 }
 
 impl PgStore {
+    /// Counts one acknowledged commit that took `took`.
+    pub(crate) fn committed(&self, took: std::time::Duration) {
+        self.commits.0.fetch_add(1, Ordering::Relaxed);
+        self.commits
+            .1
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
     /// This store with a change log of the last `revisions` revisions (at least 1) instead of
     /// [`CHANGE_LOG_REVISIONS`]: for tests of the log's trimming.
     pub fn with_change_log_revisions(mut self, revisions: u64) -> PgStore {
@@ -145,6 +157,7 @@ impl PgStore {
             describe,
             schema_outcome: SchemaOutcome::Current,
             change_log_keep: CHANGE_LOG_REVISIONS,
+            commits: Arc::default(),
         };
         let mut client = store.client().await?;
         store.schema_outcome = schema::prepare(&mut client, &store.describe).await?;
@@ -437,6 +450,16 @@ impl ObjectStore for PgStore {
 
     async fn integrity_problems(&self) -> Result<Vec<crate::IndexProblem>, StoreError> {
         fsck::check(self).await
+    }
+
+    fn commit_stats(&self) -> Option<crate::FlushStats> {
+        let commits = self.commits.0.load(Ordering::Relaxed);
+        Some(crate::FlushStats {
+            writes: commits,
+            flushes: commits,
+            flush_micros: self.commits.1.load(Ordering::Relaxed),
+            flush_bytes: 0,
+        })
     }
 
     async fn change_log_start(&self) -> Result<Option<u64>, StoreError> {

@@ -23,7 +23,9 @@ async fn finish<T>(
 ) -> Result<T, StoreError> {
     match result {
         Ok(value) => {
+            let began = std::time::Instant::now();
             tx.commit().await.map_err(|e| store.err(e))?;
+            store.committed(began.elapsed());
             Ok(value)
         }
         Err(e) => {
