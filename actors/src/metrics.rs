@@ -73,6 +73,9 @@ pub struct BuildLabels {
 
 /// Every family sbxd serves.
 pub struct Metrics {
+    /// Counting is off until sbxd serves the metrics (`--metrics-listen`): without a scraper
+    /// the hot paths pay nothing.
+    enabled: std::sync::atomic::AtomicBool,
     registry: Mutex<Registry>,
     pub api_requests: Family<ApiLabels, Counter>,
     pub api_duration: Family<MethodLabels, Histogram>,
@@ -199,6 +202,7 @@ impl Metrics {
             .set(1);
         registry.register("build_info", "The sbx version serving (always 1)", build);
         Metrics {
+            enabled: std::sync::atomic::AtomicBool::new(false),
             registry: Mutex::new(registry),
             api_requests,
             api_duration,
@@ -231,6 +235,17 @@ impl Metrics {
         }
     }
 
+    /// From now on, count (sbxd serves the metrics).
+    pub fn enable(&self) {
+        self.enabled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether counting is on.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// One driver call made by a sandbox actor, and how it ended.
     pub fn driver_call<T>(
         &self,
@@ -239,6 +254,9 @@ impl Metrics {
         took: Duration,
         result: &Result<T, DriverError>,
     ) {
+        if !self.enabled() {
+            return;
+        }
         let outcome = match result {
             Ok(_) => "ok",
             Err(e) => driver_outcome(e),
@@ -260,6 +278,9 @@ impl Metrics {
 
     /// An actor of `kind` (`sandbox`, `workspace`) is restarted after it failed.
     pub fn actor_restarted(&self, kind: &str) {
+        if !self.enabled() {
+            return;
+        }
         self.actor_restarts
             .get_or_create(&ActorLabels {
                 actor: kind.to_string(),
@@ -298,6 +319,12 @@ mod tests {
     #[test]
     fn families_are_named_by_the_conventions_and_count() {
         let m = Metrics::new();
+        m.driver_call::<()>("sim", "get", Duration::from_millis(3), &Ok(()));
+        assert!(
+            !m.encode().contains("sbx_driver_calls_total{"),
+            "off until enabled"
+        );
+        m.enable();
         m.driver_call::<()>("sim", "get", Duration::from_millis(3), &Ok(()));
         m.driver_call::<()>(
             "sim",

@@ -245,3 +245,227 @@ fn metrics_off_loopback_are_refused_at_start() {
     assert_ne!(run.code, 0, "{run:?}");
     assert!(run.stderr.contains("not a loopback address"), "{run:?}");
 }
+
+/// The cost of counting on the hot paths: two sbxd side by side (process driver), one with
+/// `--metrics-listen` and one without, rounds interleaved: the exec round trip (gRPC exec of
+/// `true` until its exit) and create→Ready (gRPC create, then the watch until Ready), p50 of
+/// each and the ratio; then a scrape's time and size with `SBX_METRICS_SANDBOXES` sandboxes
+/// (sim driver, default 1,000). Ignored; run as root with
+/// `cargo test --release -p sbx-gateway --test metrics -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run as root with --release -- --ignored"]
+async fn the_cost_of_metrics_on_the_hot_paths() {
+    use sbx_proto::v1::exec_output::Chunk;
+    use sbx_proto::v1::{CreateSandboxRequest, ExecRequest, Phase, SandboxRef, SandboxSpec};
+    use std::time::Instant;
+    use tokio_stream::StreamExt;
+
+    let rounds: usize = std::env::var("SBX_METRICS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let on_data = DataDir::new();
+    let addr_file = on_data.path().join("metrics-addr");
+    let on = Sbxd::start(
+        on_data.path(),
+        "process",
+        &[
+            "--log-format",
+            "json",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-addr-file",
+            addr_file.to_str().unwrap(),
+        ],
+    );
+    let off_data = DataDir::new();
+    let off = Sbxd::start(off_data.path(), "process", &["--log-format", "json"]);
+    let spec = || SandboxSpec {
+        command: vec!["sleep".into(), "1000".into()],
+        ..Default::default()
+    };
+    for d in [&on, &off] {
+        sbx(
+            &d.endpoint(),
+            &["sandbox", "create", "box", "--", "sleep", "1000"],
+        )
+        .ok();
+    }
+    let by_name = || {
+        Some(SandboxRef {
+            name: "box".into(),
+            ..Default::default()
+        })
+    };
+    async fn exec_true(d: &Sbxd, sandbox: Option<SandboxRef>) -> Duration {
+        let mut client = d.sandboxes().await;
+        let began = Instant::now();
+        let req = ExecRequest {
+            sandbox,
+            command: vec!["true".into()],
+            ..Default::default()
+        };
+        let mut out = client.exec(req.alone()).await.unwrap().into_inner();
+        let mut code = None;
+        while let Some(m) = out.message().await.unwrap() {
+            if let Some(Chunk::Exit(e)) = m.chunk {
+                code = Some(e.code);
+            }
+        }
+        assert_eq!(code, Some(0));
+        began.elapsed()
+    }
+    async fn create_ready(d: &Sbxd, name: String, spec: SandboxSpec) -> Duration {
+        let client = d.sandboxes().await;
+        let mut watch = client
+            .clone()
+            .watch_sandboxes(WatchSandboxesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let began = Instant::now();
+        let created = client
+            .clone()
+            .create_sandbox(CreateSandboxRequest {
+                name,
+                spec: Some(spec),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        loop {
+            let ev = tokio::time::timeout(Duration::from_secs(30), watch.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            let s = ev.sandbox.unwrap();
+            if s.id == created.id && s.phase() == Phase::Ready {
+                return began.elapsed();
+            }
+        }
+    }
+    let p50 = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (mut exec_on, mut exec_off, mut ready_on, mut ready_off) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..rounds {
+        // Alternate which goes first, so neither always meets a warmer machine.
+        let order: [(&Sbxd, bool); 2] = if i % 2 == 0 {
+            [(&on, true), (&off, false)]
+        } else {
+            [(&off, false), (&on, true)]
+        };
+        for (d, is_on) in order {
+            let e = exec_true(d, by_name()).await;
+            let r = create_ready(d, format!("c{i}"), spec()).await;
+            if is_on {
+                exec_on.push(e);
+                ready_on.push(r);
+            } else {
+                exec_off.push(e);
+                ready_off.push(r);
+            }
+        }
+    }
+    let (eo, ef, ro, rf) = (
+        p50(&mut exec_on),
+        p50(&mut exec_off),
+        p50(&mut ready_on),
+        p50(&mut ready_off),
+    );
+    println!(
+        "{rounds} rounds interleaved, process driver: exec round trip p50 with metrics {eo:?}, \
+         without {ef:?}, ratio {:.3}; create→Ready p50 with {ro:?}, without {rf:?}, ratio {:.3}",
+        eo.as_secs_f64() / ef.as_secs_f64(),
+        ro.as_secs_f64() / rf.as_secs_f64()
+    );
+    let addr = std::fs::read_to_string(&addr_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let scraped = scrape(&addr).await;
+    assert!(value(&scraped, "sbx_sandboxes", &[]) >= rounds as f64);
+    drop(on);
+    drop(off);
+
+    // A scrape with many sandboxes (sim driver).
+    let many: usize = std::env::var("SBX_METRICS_SANDBOXES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let sim_data = DataDir::new();
+    let sim_addr_file = sim_data.path().join("metrics-addr");
+    let sim = Sbxd::start(
+        sim_data.path(),
+        "sim",
+        &[
+            "--log-format",
+            "json",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-addr-file",
+            sim_addr_file.to_str().unwrap(),
+        ],
+    );
+    let client = sim.sandboxes().await;
+    futures::StreamExt::buffer_unordered(
+        futures::stream::iter(0..many).map(|i| {
+            let mut client = client.clone();
+            async move {
+                client
+                    .create_sandbox(CreateSandboxRequest {
+                        name: format!("s{i}"),
+                        spec: Some(SandboxSpec {
+                            command: vec!["sleep".into(), "1000".into()],
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+            }
+        }),
+        16,
+    )
+    .collect::<Vec<_>>()
+    .await;
+    let sim_addr = std::fs::read_to_string(&sim_addr_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut took = Vec::new();
+    let mut size = 0;
+    for _ in 0..10 {
+        let began = Instant::now();
+        let text = tokio::task::spawn_blocking({
+            let addr = sim_addr.clone();
+            move || {
+                use std::io::Read as _;
+                let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+                conn.write_all(
+                    b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n",
+                )
+                .unwrap();
+                let mut text = String::new();
+                conn.read_to_string(&mut text).unwrap();
+                text
+            }
+        })
+        .await
+        .unwrap();
+        took.push(began.elapsed());
+        size = text
+            .split_once("\r\n\r\n")
+            .map_or(0, |(_, body)| body.len());
+    }
+    let parsed = scrape(&sim_addr).await;
+    assert_eq!(value(&parsed, "sbx_sandboxes", &[]), many as f64);
+    println!(
+        "a scrape with {many} sandboxes (sim driver): p50 {:?} (10 scrapes), {size} bytes",
+        p50(&mut took)
+    );
+}

@@ -385,6 +385,7 @@ async fn serve_on(
                 .local_addr()
                 .map_err(|e| DaemonError::Setup(format!("the metrics listener: {e}")))?;
             super::metrics::check_listen(&local).map_err(DaemonError::Setup)?;
+            gateway.metrics().enable();
             tracing::info!(bound = %local, "serving metrics at /metrics");
             tokio::spawn(super::metrics::serve(
                 listener,
