@@ -231,6 +231,87 @@ async fn the_exposition_parses_and_its_families_move() {
     sbx(&d.endpoint(), &["sandbox", "delete", "m1"]).ok();
 }
 
+/// A driver fault is counted by its outcome and shows in the phases; a restarted sbxd serves
+/// the metrics again, its counters begun anew (as Prometheus expects of a restarted process)
+/// and its states read from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_fault_and_a_restart_show_in_the_metrics() {
+    let data = DataDir::new();
+    let addr_file = data.path().join("metrics-addr");
+    let flags = [
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--metrics-addr-file",
+        addr_file.to_str().unwrap(),
+    ];
+    let mut faulty = flags.to_vec();
+    faulty.extend(["--sim-fail", "create"]);
+    let mut d = Sbxd::start(data.path(), "sim", &faulty);
+    let addr = std::fs::read_to_string(&addr_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    sbx(
+        &d.endpoint(),
+        &["sandbox", "create", "f1", "--detach", "--", "sleep", "100"],
+    )
+    .ok();
+    let failed = eventually(Duration::from_secs(30), "the sandbox in Error", || async {
+        let s = scrape(&addr).await;
+        (value(
+            &s,
+            "sbx_sandboxes",
+            &[("phase", "Error"), ("driver", "sim")],
+        ) == 1.0)
+            .then_some(s)
+    })
+    .await;
+    assert!(
+        value(
+            &failed,
+            "sbx_driver_calls_total",
+            &[
+                ("driver", "sim"),
+                ("operation", "create"),
+                ("outcome", "unavailable")
+            ]
+        ) >= 2.0,
+        "every failed attempt is counted"
+    );
+    assert_eq!(
+        value(
+            &failed,
+            "sbx_driver_calls_total",
+            &[("operation", "create"), ("outcome", "ok")]
+        ),
+        0.0
+    );
+    d.sigterm(Duration::from_secs(30));
+
+    let d = Sbxd::start(data.path(), "sim", &flags);
+    let addr = std::fs::read_to_string(&addr_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let again = scrape(&addr).await;
+    assert_eq!(value(&again, "sbx_build_info", &[]), 1.0);
+    assert_eq!(
+        value(
+            &again,
+            "sbx_driver_calls_total",
+            &[("outcome", "unavailable")]
+        ),
+        0.0,
+        "a new process counts anew"
+    );
+    assert_eq!(
+        value(&again, "sbx_sandboxes", &[]),
+        1.0,
+        "the states come from the store"
+    );
+    sbx(&d.endpoint(), &["sandbox", "delete", "f1"]).ok();
+}
+
 #[test]
 fn metrics_off_loopback_are_refused_at_start() {
     let data = DataDir::new();
