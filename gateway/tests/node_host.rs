@@ -350,7 +350,19 @@ fn a_node_refuses_to_start_with_a_clear_message() {
 async fn a_node_refuses_calls_under_an_older_fencing_token_even_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let args = sim_node(state.to_str().unwrap(), &["--auth", "none"]);
+    let metrics_file = dir.path().join("metrics-addr");
+    let metrics_file_arg = metrics_file.to_str().unwrap().to_string();
+    let args = sim_node(
+        state.to_str().unwrap(),
+        &[
+            "--auth",
+            "none",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-addr-file",
+            &metrics_file_arg,
+        ],
+    );
     let mut node = Node::start(dir.path(), &args);
     let ws = uuid::Uuid::new_v4();
     let former = node.plain().fenced(ws, 1);
@@ -402,6 +414,17 @@ async fn a_node_refuses_calls_under_an_older_fencing_token_even_after_a_restart(
     );
     let info = newer.node_info().await.unwrap();
     assert_eq!(info.fenced_calls, 3);
+    // The node's metrics say the same, parsed by Prometheus' own parser.
+    let metrics_addr = std::fs::read_to_string(&metrics_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let scraped = common::metrics::scrape(&metrics_addr).await;
+    let value = |name: &str| common::metrics::value(&scraped, name, &[]);
+    assert_eq!(value("sbx_node_fenced_calls_total"), 3.0);
+    assert_eq!(value("sbx_node_token_conflicts_total"), 0.0);
+    assert_eq!(value("sbx_node_sandboxes"), 1.0);
+    assert_eq!(value("sbx_node_build_info"), 1.0);
     // The refused stop did nothing.
     let snapshot = newer
         .get(pb::GetRequest {

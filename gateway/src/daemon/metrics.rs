@@ -28,8 +28,20 @@ use tonic::codegen::{Service, http};
 /// The content type of the OpenMetrics text format.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// What `GET /metrics` answers: the exposition, its states read now.
+pub type Render =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Send + Sync + 'static>;
+
+/// A gateway's exposition ([`Gateway::metrics_text`]).
+pub fn of_gateway(gateway: Arc<Gateway>) -> Render {
+    Arc::new(move || {
+        let gateway = Arc::clone(&gateway);
+        Box::pin(async move { gateway.metrics_text().await })
+    })
+}
+
 /// Serves `GET /metrics` on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: CancellationToken) {
+pub async fn serve(listener: TcpListener, render: Render, shutdown: CancellationToken) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -43,12 +55,12 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: Cance
                 continue;
             }
         };
-        let gateway = Arc::clone(&gateway);
+        let render = Arc::clone(&render);
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                let gateway = Arc::clone(&gateway);
-                async move { Ok::<_, Infallible>(answer(&gateway, &req).await) }
+                let render = Arc::clone(&render);
+                async move { Ok::<_, Infallible>(answer(&render, &req).await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service);
@@ -62,11 +74,9 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: Cance
     }
 }
 
-async fn answer<B>(gateway: &Gateway, req: &Request<B>) -> Response<Full<Bytes>> {
+async fn answer<B>(render: &Render, req: &Request<B>) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
-        (&hyper::Method::GET, "/metrics") => {
-            (StatusCode::OK, CONTENT_TYPE, gateway.metrics_text().await)
-        }
+        (&hyper::Method::GET, "/metrics") => (StatusCode::OK, CONTENT_TYPE, render().await),
         (_, "/metrics") => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain; charset=utf-8",

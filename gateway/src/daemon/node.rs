@@ -100,6 +100,17 @@ pub struct NodeArgs {
     #[arg(long, value_name = "PATH")]
     pub addr_file: Option<PathBuf>,
 
+    /// Serve Prometheus metrics (OpenMetrics text) at http://HOST:PORT/metrics: the calls the
+    /// node fenced, calls under one token from two gateways, the sandboxes it holds. Off
+    /// unless given; a loopback address only (no authentication). Port 0 picks a free port
+    /// (see --metrics-addr-file).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
+
+    /// Write the metrics listener's bound address (host:port) to this file once serving.
+    #[arg(long, value_name = "PATH", requires = "metrics_listen")]
+    pub metrics_addr_file: Option<PathBuf>,
+
     /// Who may call: `mtls` (every client presents a certificate signed by
     /// --tls-client-ca; needs the three --tls-* flags) or `none` (anyone who reaches the
     /// address: accepted on a loopback --listen only, for tests, with a warning; TLS without
@@ -541,6 +552,27 @@ pub async fn run(args: NodeArgs) -> Result<(), DaemonError> {
         sbx_drivers::remote::fence::Fences::open(&state_dir.join("fences")).map_err(|e| {
             DaemonError::Setup(format!("the node's fences in {}: {e}", state_dir.display()))
         })?;
+    let metrics_stop = tokio_util::sync::CancellationToken::new();
+    let _stop_metrics = metrics_stop.clone().drop_guard();
+    if let Some(addr) = &args.metrics_listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| DaemonError::Setup(format!("cannot listen for metrics on {addr}: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| DaemonError::Setup(format!("the metrics listener: {e}")))?;
+        super::metrics::check_listen(&local).map_err(DaemonError::Setup)?;
+        let render = node_metrics(Arc::clone(&driver), Arc::clone(&fences));
+        tokio::spawn(super::metrics::serve(
+            listener,
+            render,
+            metrics_stop.clone(),
+        ));
+        if let Some(path) = &args.metrics_addr_file {
+            super::serve::write_addr_file(path, &local.to_string())?;
+        }
+        tracing::info!(bound = %local, "serving metrics at /metrics");
+    }
     let serving = tokio::spawn(serve_node(
         Arc::clone(&driver),
         identity,
@@ -572,6 +604,71 @@ pub async fn run(args: NodeArgs) -> Result<(), DaemonError> {
     }
     tracing::info!("node stopped; workloads left running");
     Ok(())
+}
+
+/// The node's exposition: the calls it fenced and those under one token from two gateways
+/// (counters that follow the fences' own counts), the sandboxes its driver holds (read at each
+/// scrape), the version.
+fn node_metrics(
+    driver: Arc<dyn sbx_drivers::ComputeDriver>,
+    fences: Arc<sbx_drivers::remote::fence::Fences>,
+) -> super::metrics::Render {
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    use prometheus_client::registry::Registry;
+    let mut registry = Registry::with_prefix("sbx_node");
+    let fenced: Counter = Counter::default();
+    registry.register(
+        "fenced_calls",
+        "Driver calls refused because their fencing token was older than the newest seen for \
+         their workspace (a former holder's), since the node started",
+        fenced.clone(),
+    );
+    let conflicts: Counter = Counter::default();
+    registry.register(
+        "token_conflicts",
+        "Driver calls admitted under a workspace's token from a gateway other than the first \
+         that called under it (never, unless leases failed), since the node started",
+        conflicts.clone(),
+    );
+    let sandboxes: Gauge = Gauge::default();
+    registry.register(
+        "sandboxes",
+        "Sandboxes the node's driver holds (read at each scrape)",
+        sandboxes.clone(),
+    );
+    let build = Family::<Vec<(String, String)>, Gauge>::default();
+    build
+        .get_or_create(&vec![(
+            "version".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        )])
+        .set(1);
+    registry.register("build_info", "The sbx version serving (always 1)", build);
+    let registry = Arc::new(std::sync::Mutex::new(registry));
+    Arc::new(move || {
+        let (driver, fences, registry) = (
+            Arc::clone(&driver),
+            Arc::clone(&fences),
+            Arc::clone(&registry),
+        );
+        let (fenced, conflicts, sandboxes) = (fenced.clone(), conflicts.clone(), sandboxes.clone());
+        Box::pin(async move {
+            fenced.inc_by(fences.refused().saturating_sub(fenced.get()));
+            conflicts.inc_by(fences.conflicts().saturating_sub(conflicts.get()));
+            match driver.list().await {
+                Ok(list) => {
+                    sandboxes.set(list.len() as i64);
+                }
+                Err(e) => tracing::warn!("metrics: cannot list the driver's sandboxes: {e}"),
+            }
+            let mut out = String::new();
+            let registry = registry.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+            out
+        })
+    })
 }
 
 #[cfg(test)]

@@ -389,7 +389,7 @@ async fn serve_on(
             tracing::info!(bound = %local, "serving metrics at /metrics");
             tokio::spawn(super::metrics::serve(
                 listener,
-                Arc::clone(&gateway),
+                super::metrics::of_gateway(Arc::clone(&gateway)),
                 shutdown.clone(),
             ));
             Some(local.to_string())

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod ha;
+pub mod metrics;
 pub mod node;
 
 use std::io::{BufRead, BufReader};
