@@ -45,6 +45,8 @@ pub struct Router {
     /// Gateways sharing a store: which workspaces this one holds (their fences). A call for
     /// one it does not hold is answered at once, naming the holder.
     held: Option<Arc<crate::nodes::Nodes>>,
+    /// This gateway's id among those sharing the store.
+    me: Option<Uuid>,
 }
 
 /// How long a call waits for its actor, and how it paces its attempts.
@@ -81,6 +83,7 @@ impl Router {
                 .ownership
                 .as_ref()
                 .map(|_| Arc::clone(shared.drivers.nodes())),
+            me: shared.ownership.as_ref().map(|o| o.gateway()),
         }
     }
 
@@ -117,6 +120,11 @@ impl Router {
         }
         let holder = crate::ownership::holder_of(&*self.store, ws).await?;
         Err(match holder {
+            // The lease still names this gateway, whose hold lapsed or was let go a moment
+            // ago: being handed over (never forwarded to itself).
+            Some((gateway, _)) if Some(gateway) == self.me => ActorError::Unavailable(format!(
+                "workspace {ws} is being handed over between gateways; ask again"
+            )),
             Some((gateway, address)) => ActorError::HeldElsewhere {
                 workspace: ws,
                 gateway,
@@ -236,8 +244,16 @@ where
                     Ok(CallResult::SenderError) | Err(_) => refuse().err(),
                 }
             }
-            Route::Restarting => None,
-            Route::Unknown => return Ok(None),
+            // Between attempts the same checks: a workspace this gateway let go meanwhile (or
+            // a full disk) is answered at once, not waited out.
+            Route::Restarting => match refuse() {
+                Err(e) => return Err(e),
+                Ok(()) => None,
+            },
+            Route::Unknown => {
+                refuse()?;
+                return Ok(None);
+            }
         };
         if let Some(e) = failed {
             if !patience.retry_errors {

@@ -33,6 +33,10 @@ pub struct WorkspaceArgs {
     pub report_attach: bool,
 }
 
+/// How often a sandbox actor that ended while this gateway's hold on the workspace was off
+/// is looked at again (gateways sharing a store).
+const HOLD_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub struct WorkspaceState {
     shared: Arc<Shared>,
     ws: StoredWorkspace,
@@ -165,6 +169,9 @@ impl Actor for WorkspaceSupervisor {
             if let Some(child) = st.children.get_mut(&id) {
                 child.actor = None;
             }
+            // Looked at again in a while: a hold that lapsed for a moment and was renewed
+            // gets its actor back; a workspace let go has its supervisor stopped first.
+            myself.send_after(HOLD_RECHECK, move || WorkspaceMsg::RespawnChild(id));
             return Ok(());
         }
         tracing::warn!(sandbox = %id, workspace = %st.ws.workspace.name, "sandbox actor {failure}; restarting it from its record");
@@ -253,7 +260,13 @@ impl WorkspaceSupervisor {
             }
             WorkspaceMsg::RespawnChild(id) => {
                 if st.children.get(&id).is_some_and(|c| c.actor.is_none()) {
-                    self.spawn_child(&myself, st, id, false).await;
+                    if st.shared.ownership.is_some()
+                        && st.shared.drivers.nodes().fence_of(st.ws.id()).is_none()
+                    {
+                        myself.send_after(HOLD_RECHECK, move || WorkspaceMsg::RespawnChild(id));
+                    } else {
+                        self.spawn_child(&myself, st, id, false).await;
+                    }
                 }
             }
             WorkspaceMsg::Adopt {

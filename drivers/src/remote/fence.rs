@@ -94,6 +94,10 @@ impl Fences {
 
     /// Notes that `gateway` called for `workspace` under `token` (admitted).
     fn note_holder(&self, workspace: Uuid, token: u64, gateway: Uuid) {
+        // Token 0: calls of gateways that never held the workspace; no holder to conflict.
+        if token == 0 {
+            return;
+        }
         let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
         match holders.get(&workspace) {
             Some((seen, first)) if *seen == token && *first != gateway => {

@@ -46,6 +46,10 @@ pub const RECORD_LIMIT: usize = 1 << 20;
 /// How long a connection to a holder may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// HTTP/2 pings to a holder every this long, and the connection is dropped when one is not
+/// answered within it.
+const KEEPALIVE: Duration = Duration::from_secs(5);
+
 /// Headers of one HTTP/2 hop, never sent on.
 const HOP_HEADERS: [&str; 6] = [
     "connection",
@@ -95,7 +99,12 @@ impl Peers {
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| format!("the holder's address {address:?}: {e}"))?
             .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // A holder paused or cut off without a reset is found out, and the calls
+            // forwarded to it end, instead of waiting for ever.
+            .http2_keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(KEEPALIVE)
+            .keep_alive_while_idle(true);
         if let Some(tls) = &self.tls {
             endpoint = endpoint
                 .tls_config(tls.clone())
@@ -205,6 +214,11 @@ where
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
             else {
+                // Served here: the copy is no longer needed (a long stream would otherwise
+                // keep up to the limit of its input for its whole life).
+                let mut tee = tee.lock().unwrap_or_else(|p| p.into_inner());
+                tee.overflow = true;
+                tee.recorded = VecDeque::new();
                 return Ok(response);
             };
             let replay = {

@@ -438,6 +438,16 @@ async fn serve_on(
         .with_image_mirror(image_mirror);
     // Gateways sharing a store: requests for a workspace another one serves go on to it.
     let peers = match &ownership {
+        // Gateways that require client certificates would refuse a forward (this gateway
+        // presents none): requests for another's workspace are answered naming the holder.
+        Some(_) if args.tls_client_ca.is_some() => {
+            tracing::warn!(
+                "--tls-client-ca: requests for workspaces another gateway serves are not \
+                 forwarded (the gateways would have to present client certificates to each \
+                 other); they are answered UNAVAILABLE naming the holder"
+            );
+            None
+        }
         Some(ownership) => {
             let tls = match &args.tls_cert {
                 Some(_) => Some(
