@@ -122,6 +122,17 @@ async fn route(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
         .await
     {
         Ok(o) => o,
+        // Gateways sharing a store: the sandbox is served by another gateway. Said without
+        // naming it (these requests are not authenticated: the gateways' ids and addresses
+        // are none of their business).
+        Err(ActorError::HeldElsewhere { .. }) => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "this sandbox is served by another gateway of the store; send its service \
+                 requests to that gateway"
+                    .to_string(),
+            );
+        }
         Err(e) => return text(StatusCode::BAD_GATEWAY, e.to_string()),
     };
     let (client_io, bridge_io) = tokio::io::duplex(BRIDGE_BYTES);
