@@ -898,17 +898,17 @@ async fn with_deadline<T>(
     let result = tokio::time::timeout(after, call)
         .await
         .unwrap_or(Err(DriverError::DeadlineExceeded { operation, after }));
-    let driver = st
-        .stored
-        .sandbox
-        .spec
-        .as_ref()
-        .map(|s| s.driver.as_str())
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| st.shared.drivers.default_name());
-    st.shared
-        .config
-        .metrics
-        .driver_call(driver, operation, began.elapsed(), &result);
+    let metrics = &st.shared.config.metrics;
+    if metrics.enabled() {
+        let driver = st
+            .stored
+            .sandbox
+            .spec
+            .as_ref()
+            .map(|s| s.driver.as_str())
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| st.shared.drivers.default_name());
+        metrics.driver_call(driver, operation, began.elapsed(), &result);
+    }
     result
 }

@@ -8,7 +8,6 @@
 //! [`ApiMetricsLayer`] counts the API's requests by method and status code, and their latency,
 //! around every service (authentication included, so a refused caller counts too).
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,7 +17,6 @@ use std::time::Instant;
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use sbx_actors::Gateway;
 use sbx_actors::metrics::{ApiLabels, MethodLabels, Metrics};
 use tokio::net::TcpListener;
@@ -42,36 +40,11 @@ pub fn of_gateway(gateway: Arc<Gateway>) -> Render {
 
 /// Serves `GET /metrics` on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, render: Render, shutdown: CancellationToken) {
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.cancelled() => return,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "the metrics listener could not accept a connection");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    super::service_routes::serve_http1(listener, "metrics", shutdown, move |req| {
         let render = Arc::clone(&render);
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let render = Arc::clone(&render);
-                async move { Ok::<_, Infallible>(answer(&render, &req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                result = conn => if let Err(e) = result {
-                    tracing::debug!(%peer, error = %e, "a metrics connection ended with an error");
-                },
-                _ = shutdown.cancelled() => {}
-            }
-        });
-    }
+        async move { answer(&render, &req).await }
+    })
+    .await
 }
 
 async fn answer<B>(render: &Render, req: &Request<B>) -> Response<Full<Bytes>> {

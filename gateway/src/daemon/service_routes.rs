@@ -43,6 +43,28 @@ const BRIDGE_BYTES: usize = 64 * 1024;
 
 /// Serves service endpoints on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: CancellationToken) {
+    serve_http1(listener, "service", shutdown, move |req| {
+        let gateway = Arc::clone(&gateway);
+        async move { route(&gateway, req).await }
+    })
+    .await
+}
+
+/// Accepts connections on `listener` until `shutdown` and answers each one's HTTP/1.1
+/// requests with `handle` (one task per connection, ended at `shutdown` too); `what` names
+/// the listener in logs. The loop of sbxd's plain HTTP listeners (service endpoints, metrics).
+pub async fn serve_http1<H, Fut, B>(
+    listener: TcpListener,
+    what: &'static str,
+    shutdown: CancellationToken,
+    handle: H,
+) where
+    H: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -51,24 +73,24 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: Cance
         let (stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                tracing::warn!(error = %e, "the service listener could not accept a connection");
+                tracing::warn!(error = %e, "the {what} listener could not accept a connection");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
-        let gateway = Arc::clone(&gateway);
+        let handle = handle.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                let gateway = Arc::clone(&gateway);
-                async move { Ok::<_, std::convert::Infallible>(route(&gateway, req).await) }
+                let answer = handle(req);
+                async move { Ok::<_, std::convert::Infallible>(answer.await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 result = conn => if let Err(e) = result {
-                    tracing::debug!(%peer, error = %e, "a service connection ended with an error");
+                    tracing::debug!(%peer, error = %e, "a {what} connection ended with an error");
                 },
                 _ = shutdown.cancelled() => {}
             }
