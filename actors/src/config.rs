@@ -53,6 +53,9 @@ pub struct Config {
     pub event_history_bytes: usize,
     /// What the gateway counts for Prometheus (served by sbxd's `--metrics-listen`).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// How often, and for how long, the gateway keeps usage samples of the sandboxes it
+    /// serves (`crate::stats`). sbxd: every 5 s for an hour; the default here is the same.
+    pub stats: crate::stats::StatsSettings,
     /// Grace period asked of drivers on stop (0: the driver's default).
     pub stop_grace: Duration,
     /// The image store (content) that drivers with the `images` capability run from. `None`:
@@ -110,6 +113,7 @@ impl Default for Config {
             event_history: 10_000,
             event_history_bytes: 64 << 20,
             metrics: Arc::default(),
+            stats: crate::stats::StatsSettings::default(),
             stop_grace: Duration::ZERO,
             image_store: None,
             default_image: DEFAULT_IMAGE.to_string(),

@@ -31,6 +31,7 @@ mod route;
 mod sandbox;
 mod scan;
 mod startup;
+pub mod stats;
 pub mod supervision;
 mod translate;
 pub mod validate;

@@ -86,6 +86,8 @@ pub struct Metrics {
     pub watch_subscribers: Gauge,
     pub watch_history_events: Gauge,
     pub watch_history_bytes: Gauge,
+    pub stats_history_samples: Gauge,
+    pub stats_history_bytes: Gauge,
     pub store_writes: Counter,
     pub store_commits: Counter,
     pub store_commit_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
@@ -167,6 +169,19 @@ impl Metrics {
             Unit::Bytes,
             watch_history_bytes.clone(),
         );
+        let stats_history_samples = Gauge::default();
+        registry.register(
+            "stats_history_samples",
+            "Usage samples of sandboxes the gateway keeps (sbxd serve --stats-interval, --stats-history)",
+            stats_history_samples.clone(),
+        );
+        let stats_history_bytes = Gauge::default();
+        registry.register_with_unit(
+            "stats_history",
+            "The memory the kept usage samples take, about",
+            Unit::Bytes,
+            stats_history_bytes.clone(),
+        );
         let store_writes = Counter::default();
         registry.register(
             "store_writes",
@@ -213,6 +228,8 @@ impl Metrics {
             watch_subscribers,
             watch_history_events,
             watch_history_bytes,
+            stats_history_samples,
+            stats_history_bytes,
             store_writes,
             store_commits,
             store_commit_seconds,

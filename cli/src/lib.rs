@@ -27,6 +27,7 @@ pub mod reply;
 pub mod request;
 pub mod run;
 pub mod size;
+pub mod stats;
 pub mod stream;
 pub mod terminal;
 pub mod wait;
@@ -474,6 +475,11 @@ pub enum SandboxCommand {
     /// allowlist live.
     #[command(subcommand)]
     Network(network::SandboxNetworkCommand),
+    /// Show what sandboxes use, as `docker stats` does: CPU (cores, and % of the limit),
+    /// memory against its limit, pids, disk used against its size and network bytes, read
+    /// from each sandbox's driver now; --watch keeps showing them, --history shows the
+    /// samples the gateway kept of one sandbox.
+    Stats(stats::SandboxStatsArgs),
 }
 
 /// `sbx sandbox create --network`.

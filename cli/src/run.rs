@@ -247,6 +247,7 @@ async fn run_sandbox(target: &Target, cmd: SandboxCommand) -> Result<u8, CliErro
         }
         SandboxCommand::Provider(cmd) => super::owned::run_sandbox_provider(target, cmd).await,
         SandboxCommand::Network(cmd) => super::network::run_sandbox_network(target, cmd).await,
+        SandboxCommand::Stats(args) => super::stats::run_sandbox_stats(target, args).await,
         SandboxCommand::Watch(args) => {
             let req = request::watch_request(&args);
             let mut client = SandboxServiceClient::new(connect(target).await?);

@@ -184,6 +184,15 @@ pub trait ComputeDriver: Send + Sync + 'static {
         ))
     }
 
+    /// What a sandbox uses now (the `stats` capability): counters since its workload started,
+    /// figures of this moment, its limits. NotFound for a sandbox the driver does not know.
+    async fn stats(&self, req: pb::StatsRequest) -> Result<pb::SandboxUsage, DriverError> {
+        let _ = req;
+        Err(DriverError::Unimplemented(
+            "usage figures: this driver reads none".into(),
+        ))
+    }
+
     /// A sandbox's network: policy, address and recent denials (the `network` capability;
     /// without it, every sandbox has loopback only and no denials).
     async fn get_network(

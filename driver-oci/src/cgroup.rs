@@ -9,6 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
+use sbx_host_kit::usage;
+
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// How many times the OOM killer struck in the cgroup at `path` (0 when it has none, or no
@@ -23,31 +25,13 @@ pub fn oom_kills(path: &str) -> u64 {
     [v1, v2]
         .iter()
         .find_map(|file| std::fs::read_to_string(file).ok())
-        .map(|text| counter(&text, "oom_kill"))
-        .unwrap_or(0)
-}
-
-/// The value of `key N` in a cgroup key-value file.
-fn counter(text: &str, key: &str) -> u64 {
-    text.lines()
-        .find_map(|line| {
-            let (k, v) = line.split_once(' ')?;
-            (k == key).then(|| v.trim().parse().ok())?
-        })
+        .map(|text| usage::key_value(&text, "oom_kill"))
         .unwrap_or(0)
 }
 
 /// Every cgroup directory under `/<parent>` in every hierarchy (v1 controllers and v2).
 pub fn children_of(parent: &str) -> Vec<PathBuf> {
-    let rel = parent.trim_start_matches('/');
-    let mut bases: Vec<PathBuf> = std::fs::read_dir(CGROUP_ROOT)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join(rel))
-        .collect();
-    bases.push(Path::new(CGROUP_ROOT).join(rel));
-    bases
+    usage::hierarchy_paths(parent)
         .iter()
         .flat_map(|base| std::fs::read_dir(base).into_iter().flatten().flatten())
         .filter(|e| e.path().is_dir())
@@ -63,9 +47,9 @@ mod tests {
     fn counters_are_read_from_v1_and_v2_files() {
         let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
         let v2 = "low 0\nhigh 0\nmax 2\noom 2\noom_kill 1\noom_group_kill 0\n";
-        assert_eq!(counter(v1, "oom_kill"), 3);
-        assert_eq!(counter(v2, "oom_kill"), 1);
-        assert_eq!(counter("", "oom_kill"), 0);
+        assert_eq!(usage::key_value(v1, "oom_kill"), 3);
+        assert_eq!(usage::key_value(v2, "oom_kill"), 1);
+        assert_eq!(usage::key_value("", "oom_kill"), 0);
         assert_eq!(oom_kills("/no-such-parent/no-such-sandbox"), 0);
     }
 }

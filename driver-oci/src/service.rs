@@ -15,9 +15,9 @@ use super::{Inner, OciDriver};
 use sbx_driver_api::{
     ByteStream, DriverError, DriverStream, ExecInputStream, ForwardInputStream, pb,
 };
-use sbx_host_kit::running;
 use sbx_host_kit::service::HostService;
 use sbx_host_kit::{Desired, internal, lifecycle, validate_command};
+use sbx_host_kit::{running, usage};
 use sbx_images::{ImageError, ImageInfo};
 
 /// The PATH a workload gets when its image sets none.
@@ -45,6 +45,7 @@ impl HostService for OciDriver {
             copy_when_stopped: true,
             network: self.inner.opts.network.is_some(),
             disk_limit: true,
+            stats: true,
             isolation: format!(
                 "OCI container ({}): user namespace (root = {}), pid/mount/uts/ipc/\
                  net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \
@@ -90,6 +91,32 @@ impl HostService for OciDriver {
         input: ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
         running::port_forward(self.inner.as_ref(), req, input).await
+    }
+
+    async fn stats(&self, req: pb::StatsRequest) -> Result<pb::SandboxUsage, DriverError> {
+        let id = sbx_driver_api::parse_sandbox_id(&req.sandbox_id)?;
+        let inner = self.inner.as_ref();
+        let record = inner.records.require(id)?;
+        let running = running::runs(inner, &record);
+        let cgroups = usage::cgroup_usage(&usage::hierarchy_dirs(&record.cgroup_path));
+        let mut out = cgroups.message(running);
+        // The limits are the record's when the runtime's cgroup is gone (a stopped sandbox).
+        if out.cpu_limit_millis == 0 {
+            out.cpu_limit_millis = u64::from(record.cpu_millis);
+        }
+        if out.memory_limit_bytes == 0 {
+            out.memory_limit_bytes = record.memory_bytes;
+        }
+        if let Some((used, size)) = usage::disk_usage(&inner.paths(id).disk, record.disk_bytes) {
+            (out.has_disk, out.disk_used_bytes, out.disk_limit_bytes) = (true, used, size);
+        }
+        if record.network_allow.is_some()
+            && let Some(network) = &inner.opts.network
+            && let Some((rx, tx)) = usage::link_traffic(&network.host_link(id))
+        {
+            (out.has_network, out.network_rx_bytes, out.network_tx_bytes) = (true, rx, tx);
+        }
+        Ok(out)
     }
 }
 

@@ -14,9 +14,9 @@ use super::{Inner, ProcessDriver};
 use sbx_driver_api::{
     ByteStream, DriverError, DriverStream, ExecInputStream, ForwardInputStream, pb,
 };
-use sbx_host_kit::running;
 use sbx_host_kit::service::HostService;
 use sbx_host_kit::{Desired, internal, lifecycle, validate_command};
+use sbx_host_kit::{running, usage};
 
 sbx_host_kit::host_compute_driver!(ProcessDriver, create = create, networked);
 
@@ -41,6 +41,7 @@ impl HostService for ProcessDriver {
             port_forward: true,
             copy_when_stopped: true,
             disk_limit: false,
+            stats: true,
             isolation: format!(
                 "pid,mount,uts,ipc,net namespaces; uid 0 of a user namespace = {}, \
                  no capabilities; {}; the host's root filesystem as that uid sees it, with a \
@@ -89,6 +90,21 @@ impl HostService for ProcessDriver {
         input: ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
         running::port_forward(self.inner.as_ref(), req, input).await
+    }
+
+    async fn stats(&self, req: pb::StatsRequest) -> Result<pb::SandboxUsage, DriverError> {
+        let id = sbx_driver_api::parse_sandbox_id(&req.sandbox_id)?;
+        let inner = self.inner.as_ref();
+        let record = inner.records.require(id)?;
+        let running = running::runs(inner, &record);
+        let mut out = usage::cgroup_usage(&record.cgroups.dirs).message(running);
+        if record.network_allow.is_some()
+            && let Some(network) = &inner.opts.network
+            && let Some((rx, tx)) = usage::link_traffic(&network.host_link(id))
+        {
+            (out.has_network, out.network_rx_bytes, out.network_tx_bytes) = (true, rx, tx);
+        }
+        Ok(out)
     }
 }
 

@@ -280,6 +280,8 @@ impl ComputeDriver for SimDriver {
         admission.answer(Ok(pb::CapabilitiesResponse {
             network: false,
             disk_limit: false,
+            // A simulated workload uses nothing: its figures are zeros, its state the world's.
+            stats: true,
             driver: "sim".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             exec: true,
@@ -326,6 +328,15 @@ impl ComputeDriver for SimDriver {
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
         let admission = self.admit(SimOp::Get, &req.sandbox_id, None).await?;
         admission.answer(parse_sandbox_id(&req.sandbox_id).and_then(|id| self.world.get(id)))
+    }
+
+    async fn stats(&self, req: pb::StatsRequest) -> Result<pb::SandboxUsage, DriverError> {
+        let admission = self.admit(SimOp::Get, &req.sandbox_id, None).await?;
+        let snapshot = parse_sandbox_id(&req.sandbox_id).and_then(|id| self.world.get(id));
+        admission.answer(snapshot.map(|s| pb::SandboxUsage {
+            running: s.state == pb::State::Running as i32,
+            ..Default::default()
+        }))
     }
 
     async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {

@@ -112,6 +112,7 @@ impl HostService for VmDriver {
             port_forward: true,
             copy_when_stopped: false,
             disk_limit: false,
+            stats: true,
             isolation: format!(
                 "QEMU microVM ({}), its own kernel ({}); a persistent ext4 disk at /sandbox; \
                  no network",
@@ -153,6 +154,36 @@ impl HostService for VmDriver {
         input: ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
         self.port_forward_vm(req, input).await
+    }
+
+    /// A VM's usage is its QEMU process's, as the host pays it: CPU time (under TCG the
+    /// emulation's own work included) and resident memory (guest memory it touched included),
+    /// against the VM's cpus and memory; its disk is the image's allocated bytes against its
+    /// size. The guest's processes are not counted from here (no pids).
+    async fn stats(&self, req: pb::StatsRequest) -> Result<pb::SandboxUsage, DriverError> {
+        let id = sbx_driver_api::parse_sandbox_id(&req.sandbox_id)?;
+        let record = self.inner.records.require(id)?;
+        let mut out = pb::SandboxUsage {
+            cpu_limit_millis: u64::from(record.spec.cpus) * 1000,
+            memory_limit_bytes: record.spec.memory_mib << 20,
+            ..Default::default()
+        };
+        if record.desired == Desired::Running
+            && let Some(qemu) = self.vm_identity(id)
+            && let Some((cpu_nanos, rss)) = sbx_host_kit::usage::process_usage(qemu.pid)
+        {
+            (out.running, out.cpu_nanos, out.memory_bytes) = (true, cpu_nanos, rss);
+        }
+        let disk = super::record::VmPaths::new(&self.inner.state_dir, id).disk;
+        if let Ok(meta) = std::fs::symlink_metadata(&disk)
+            && meta.is_file()
+        {
+            use std::os::unix::fs::MetadataExt;
+            out.has_disk = true;
+            out.disk_used_bytes = meta.blocks() * 512;
+            out.disk_limit_bytes = meta.len();
+        }
+        Ok(out)
     }
 }
 

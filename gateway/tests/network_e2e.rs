@@ -173,6 +173,19 @@ fn connect(ep: &str, name: &str, addr: &str, port: u16) -> String {
     }
 }
 
+/// The bytes sandbox `name` received and sent, as `sbx sandbox stats` reads them.
+fn traffic(ep: &str, name: &str) -> (u64, u64) {
+    let all = sbx(ep, &["sandbox", "stats", name, "-o", "json"]).json();
+    let now = &all[0]["current"];
+    match (
+        now["network_rx_bytes"].as_u64(),
+        now["network_tx_bytes"].as_u64(),
+    ) {
+        (Some(rx), Some(tx)) => (rx, tx),
+        _ => panic!("no network figures for a networked sandbox: {all}"),
+    }
+}
+
 fn network(ep: &str, name: &str) -> serde_json::Value {
     sbx(ep, &["sandbox", "network", "get", name, "-o", "json"]).json()
 }
@@ -679,6 +692,21 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
     let links = exec(&ep, "pweb", "ip -o -4 addr show dev eth0");
     assert!(links.stdout.contains(&format!("{addr}/32")), "{links:?}");
     assert_eq!(connect(&ep, &upa, 80), "hello 80");
+    // `sbx sandbox stats` counts what crosses the sandbox's link: 256 KiB sent to the
+    // upstream, which echoes them back.
+    let (rx0, tx0) = traffic(&ep, "pweb");
+    let echoed = exec(
+        &ep,
+        "pweb",
+        &format!("head -c 262144 /dev/zero | timeout 3 busybox nc {upa} 80 | wc -c"),
+    );
+    let echoed: u64 = echoed.stdout.trim().parse().unwrap_or(0);
+    assert!(echoed >= 262_144, "the upstream echoed {echoed} bytes");
+    let (rx1, tx1) = traffic(&ep, "pweb");
+    assert!(
+        tx1 >= tx0 + 262_144 && rx1 >= rx0 + 262_144,
+        "256 KiB each way: rx {rx0} → {rx1}, tx {tx0} → {tx1}"
+    );
     assert!(
         !connect(&ep, &upa, 81).starts_with("hello"),
         "nothing admitted for the name before it is resolved"

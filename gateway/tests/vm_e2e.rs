@@ -81,6 +81,45 @@ async fn two_vms_survive_stop_start_and_sigkill_and_a_drifted_marker_heals_itsel
     let qemu_a1 = qemu_of(data, &a).expect("A's qemu runs");
     let qemu_b = qemu_of(data, &b).expect("B's qemu runs");
     assert_ne!(qemu_a1, qemu_b, "one QEMU per sandbox");
+
+    // c2. A VM's usage is its QEMU's as the host pays it: CPU time and resident memory read
+    // within 10 % of QEMU's own /proc figures, against the VM's cpus and memory; its disk is
+    // the image's allocated bytes against its size.
+    let rss_kib = |pid: i32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    };
+    let before = rss_kib(qemu_a1.pid);
+    let stats = sb
+        .clone()
+        .get_sandbox_stats(sbx_proto::v1::GetSandboxStatsRequest {
+            sandbox: by_id(&a),
+            history_seconds: 0,
+        })
+        .await
+        .expect("stats of a VM")
+        .into_inner();
+    let after = rss_kib(qemu_a1.pid);
+    let now = stats.current.expect("a current sample");
+    eprintln!("stats of a VM: {now:?}");
+    assert!(now.running, "{now:?}");
+    assert!(now.cpu_seconds_total > 0.0, "{now:?}");
+    let (lo, hi) = (before.min(after) * 1024, before.max(after) * 1024);
+    assert!(
+        now.memory_bytes * 10 >= lo * 9 && now.memory_bytes * 10 <= hi * 11,
+        "QEMU's RSS was {lo}..{hi} bytes, stats say {}",
+        now.memory_bytes
+    );
+    assert!(now.memory_limit_bytes >= 128 << 20, "{now:?}");
+    assert!(now.cpu_limit_cores >= 1.0, "{now:?}");
+    assert!(
+        now.has_disk && now.disk_used_bytes > 0 && now.disk_limit_bytes >= now.disk_used_bytes,
+        "{now:?}"
+    );
     let gen_b = get(&sb, &b).await.generation;
 
     // d. Stop and start only A: a new boot on the same disk; B untouched.

@@ -34,6 +34,8 @@
 //! - [`sandbox_network`] — what a host driver does with the gateway's network for its
 //!   sandboxes (attach at a launch, policy updates, denials, release at delete).
 //! - [`command`] — checks of a command and environment before they reach a launch or an exec.
+//! - [`usage`] — what a sandbox uses (the contract's `stats`), from its cgroups, its disk's
+//!   filesystem, its link's counters or its process: the kernel's files only.
 //!
 //! **Invariant:** a host driver imports what it shares with another only from here, never
 //! from that other driver.
@@ -55,6 +57,7 @@ pub mod safefs;
 pub mod sandbox_network;
 pub mod service;
 pub mod uidpool;
+pub mod usage;
 
 pub use command::validate_command;
 pub use lifecycle::{Alive, HostDriver};

@@ -1,5 +1,5 @@
 //! One `ComputeDriver` for every host driver: [`HostService`] is what a driver answers its own
-//! way (capabilities, exec, copies, port forwarding), and
+//! way (capabilities, exec, copies, port forwarding, usage), and
 //! [`host_compute_driver!`](crate::host_compute_driver) writes the contract's impl from it, the
 //! driver's create and the kit. Create, start, stop and delete run detached
 //! ([`crate::lifecycle::detach`]), so a caller that gives up cannot cut one short; get, list,
@@ -38,6 +38,9 @@ pub trait HostService: Send + Sync + 'static {
         req: pb::PortForwardStart,
         input: ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError>;
+
+    /// What the sandbox uses now, from the host's accounting ([`crate::usage`]).
+    async fn stats(&self, req: pb::StatsRequest) -> Result<pb::SandboxUsage, DriverError>;
 }
 
 /// The `ComputeDriver` impl of a host driver `$driver`, a [`HostService`] with the fields
@@ -199,6 +202,13 @@ macro_rules! host_compute_driver {
                 ::sbx_driver_api::DriverError,
             > {
                 <$driver as $crate::service::HostService>::port_forward(self, req, input).await
+            }
+
+            async fn stats(
+                &self,
+                req: ::sbx_driver_api::pb::StatsRequest,
+            ) -> Result<::sbx_driver_api::pb::SandboxUsage, ::sbx_driver_api::DriverError> {
+                <$driver as $crate::service::HostService>::stats(self, req).await
             }
 
             $($network)*

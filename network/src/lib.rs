@@ -343,6 +343,11 @@ impl Network {
         locked(&self.leases).get(&id).copied()
     }
 
+    /// The name of the host end of `id`'s link (its counters are the sandbox's traffic).
+    pub fn host_link(&self, id: Uuid) -> String {
+        Self::veth_name(id)
+    }
+
     /// Gives `id` its namespace, veth, address and routes (whatever of them it does not have
     /// yet: a second call changes nothing), and its policy.
     pub fn attach(&self, id: Uuid, allow: &[AllowEntry]) -> Result<Attachment, NetworkError> {

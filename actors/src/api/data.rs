@@ -193,7 +193,7 @@ impl Gateway {
     /// holder, which sbxd forwards the request to) — a call under this gateway's token after
     /// another took the workspace would be fenced anyway, and a sandbox on a gateway's own
     /// local driver is on that gateway's machine.
-    async fn driver_of(
+    pub(super) async fn driver_of(
         &self,
         sb: &StoredSandbox,
     ) -> Result<Arc<dyn sbx_driver_api::ComputeDriver>> {

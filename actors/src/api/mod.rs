@@ -49,6 +49,7 @@ mod providers;
 mod resolve;
 mod services;
 mod settings;
+mod stats;
 mod watch;
 
 use resolve::not_found_id;
@@ -91,6 +92,10 @@ pub struct Gateway {
     /// Claims and renews the workspace leases (gateways sharing a store); aborted at
     /// shutdown.
     lease_task: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// The usage samples kept of the sandboxes this gateway serves, and the task that takes
+    /// them (aborted at shutdown).
+    stats: Arc<crate::stats::StatsHistory>,
+    stats_sampler: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 /// A page of a list.
@@ -165,6 +170,11 @@ impl Gateway {
             .map_err(|e| ActorError::Internal(format!("the gateway root did not start: {e}")))?;
         let change_follower = change_log
             .map(|from| tokio::spawn(crate::events::follow_change_log(Arc::clone(&shared), from)));
+        let stats = Arc::new(crate::stats::StatsHistory::new(shared.config.stats));
+        let stats_sampler = tokio::spawn(crate::stats::sample_forever(
+            Arc::clone(&shared),
+            Arc::clone(&stats),
+        ));
         let gateway = Gateway {
             router: Router::new(root.clone(), &shared),
             shared,
@@ -174,6 +184,8 @@ impl Gateway {
             node_probe: std::sync::Mutex::new(None),
             change_follower: std::sync::Mutex::new(change_follower),
             lease_task: std::sync::Mutex::new(None),
+            stats,
+            stats_sampler: std::sync::Mutex::new(Some(stats_sampler)),
         };
         if let Some(ownership) = &gateway.shared.ownership {
             let (first_round, claimed) = tokio::sync::oneshot::channel();
@@ -246,12 +258,7 @@ impl Gateway {
                         continue;
                     };
                     let sb = &stored.sandbox;
-                    let driver = sb
-                        .spec
-                        .as_ref()
-                        .map(|s| s.driver.clone())
-                        .filter(|d| !d.is_empty())
-                        .unwrap_or_else(|| self.shared.drivers.default_name().to_string());
+                    let driver = self.driver_name(sb);
                     *counts
                         .entry((format!("{:?}", sb.phase()), driver))
                         .or_default() += 1;
@@ -302,7 +309,12 @@ impl Gateway {
 
     pub async fn shutdown_within(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
-        for task in [&self.node_probe, &self.lease_task, &self.change_follower] {
+        for task in [
+            &self.node_probe,
+            &self.lease_task,
+            &self.change_follower,
+            &self.stats_sampler,
+        ] {
             if let Some(task) = task.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 task.abort();
             }

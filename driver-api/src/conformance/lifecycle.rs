@@ -12,7 +12,9 @@ use super::session::{Session, assert_untouched, describe, run_check, state_of};
 use crate::{DriverError, pb};
 
 /// Stop of a stopped sandbox, start of a running one under its generation, and delete of an
-/// absent one succeed without doing anything; get of an absent one is `NotFound`.
+/// absent one succeed without doing anything; get of an absent one is `NotFound`. With the
+/// `stats` capability: usage says whether the workload runs (a stopped one uses nothing), and
+/// of an absent id it is `NotFound`.
 pub async fn idempotent_stop_start_delete(h: &dyn DriverHarness) {
     run_check(h, "idempotent_stop_start_delete", |s| {
         Box::pin(idempotent_body(s))
@@ -33,7 +35,26 @@ async fn idempotent_body(s: &mut Session<'_>) {
     );
     assert_untouched(s, &id, &first, "a second start").await;
 
+    let stats = s.capabilities().await.stats;
+    if stats {
+        let usage = s.stats(&id).await;
+        assert!(
+            usage.as_ref().is_ok_and(|u| u.running),
+            "[{check}] stats of a running sandbox must say it runs, got {usage:?}"
+        );
+    }
+
     let stopped = s.stop(&id).await;
+    if stats {
+        let usage = s.stats(&id).await;
+        assert!(
+            usage
+                .as_ref()
+                .is_ok_and(|u| !u.running && u.cpu_nanos == 0 && u.memory_bytes == 0),
+            "[{check}] stats of a stopped sandbox must say it does not run and uses nothing, \
+             got {usage:?}"
+        );
+    }
     let stop_again = s.try_stop(&id).await;
     let stop_again =
         stop_again.unwrap_or_else(|e| panic!("[{check}] stop of a stopped sandbox failed: {e}"));
@@ -72,6 +93,13 @@ async fn idempotent_body(s: &mut Session<'_>) {
         !s.delete(&absent).await,
         "[{check}] second delete of a never-created id"
     );
+    if stats {
+        let usage = s.stats(&absent).await;
+        assert!(
+            matches!(&usage, Err(DriverError::NotFound { sandbox_id }) if *sandbox_id == absent),
+            "[{check}] stats of an absent id must be NotFound naming it, got {usage:?}"
+        );
+    }
     let get = s.try_get(&absent).await;
     assert!(
         matches!(&get, Err(DriverError::NotFound { sandbox_id }) if *sandbox_id == absent),

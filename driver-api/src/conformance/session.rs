@@ -179,6 +179,14 @@ impl<'h> Session<'h> {
         answer.unwrap_or_else(|e| panic!("[{}] get {id} failed: {e}", self.check))
     }
 
+    pub(crate) async fn stats(&self, id: &str) -> Result<pb::SandboxUsage, DriverError> {
+        let req = pb::StatsRequest {
+            sandbox_id: id.to_string(),
+        };
+        self.call(&format!("stats of {id}"), self.driver().stats(req))
+            .await
+    }
+
     pub(crate) async fn list(&self) -> Vec<pb::Snapshot> {
         let answer = self.call("list", self.driver().list()).await;
         answer.unwrap_or_else(|e| panic!("[{}] list failed: {e}", self.check))

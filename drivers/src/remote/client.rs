@@ -356,6 +356,16 @@ impl ComputeDriver for RemoteDriver {
         .await
     }
 
+    async fn stats(&self, req: pb::StatsRequest) -> Result<pb::SandboxUsage, DriverError> {
+        self.call(
+            "stats",
+            req,
+            true,
+            |mut c, r| async move { c.stats(r).await },
+        )
+        .await
+    }
+
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
         self.call("get", req, true, |mut c, r| async move { c.get(r).await })
             .await

@@ -279,6 +279,13 @@ impl Driver for DriverService {
         answer(self.driver.get_network(r.into_inner()).await)
     }
 
+    async fn stats(
+        &self,
+        r: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::SandboxUsage>, Status> {
+        answer(self.driver.stats(r.into_inner()).await)
+    }
+
     async fn get(&self, r: Request<pb::GetRequest>) -> Result<Response<pb::Snapshot>, Status> {
         answer(self.driver.get(r.into_inner()).await)
     }

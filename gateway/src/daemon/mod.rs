@@ -328,6 +328,20 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub watch_history_mib: u32,
 
+    /// How often sbxd reads the usage of each running sandbox it serves and keeps it (`sbx
+    /// sandbox stats --history`): 5s, 1m, … ; 0 keeps none (a stats call still reads the
+    /// sandbox's figures now).
+    #[arg(long, env = "SBX_STATS_INTERVAL", default_value = "5s", value_name = "DURATION",
+          value_parser = parse_stats_interval)]
+    pub stats_interval: Duration,
+
+    /// How long each sandbox's usage samples are kept (10m, 1h, 1d). Each sample takes
+    /// about 56 bytes: 720 samples (5s over 1h) about 40 KiB per sandbox. At most 17,280
+    /// samples (--stats-history / --stats-interval).
+    #[arg(long, env = "SBX_STATS_HISTORY", default_value = "1h", value_name = "DURATION",
+          value_parser = access::parse_ttl)]
+    pub stats_history: Duration,
+
     /// The memory limit of a sandbox that sets none itself and whose workspace has no default
     /// (`sbx workspace limits set`): 512Mi, 1Gi, 2G, … (0: no limit). On drivers that limit
     /// memory (oci, process where the host has the controller, vm: its RAM); shown by `sbx
@@ -445,6 +459,17 @@ fn driver_help() -> String {
 const VM: &str = "vm";
 
 /// The default driver-call deadline.
+/// `--stats-interval`: a duration, or 0 for none.
+fn parse_stats_interval(text: &str) -> Result<Duration, String> {
+    if text.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    access::parse_ttl(text)
+}
+
+/// The most usage samples sbxd keeps per sandbox (`--stats-history` / `--stats-interval`).
+pub const MAX_STATS_SAMPLES: u64 = 17_280;
+
 pub const DEFAULT_DRIVER_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// What the vm driver's default deadline adds to its boot timeout: making the disk before
 /// the boot, and ending a guest that did not boot in time (QMP quit, then SIGKILL) after it.

@@ -338,6 +338,7 @@ async fn serve_on(
         ),
         service_domain: validate_service_domain(&args.service_domain)?,
         default_resources: default_resources(&args)?,
+        stats: stats_settings(&args)?,
         // Gateways sharing a store take turns at each workspace, under leases.
         ownership: match &args.store.store {
             Some(_) => Some(sbx_actors::OwnershipSettings {
@@ -700,6 +701,25 @@ fn default_resources(args: &ServeArgs) -> Result<sbx_proto::v1::Resources, Daemo
         memory_bytes: args.default_memory,
         disk_bytes: args.default_disk,
     })
+}
+
+/// `--stats-interval` and `--stats-history`, at most `MAX_STATS_SAMPLES` samples apart.
+fn stats_settings(args: &ServeArgs) -> Result<sbx_actors::stats::StatsSettings, DaemonError> {
+    let settings = sbx_actors::stats::StatsSettings {
+        interval: args.stats_interval,
+        history: args.stats_history,
+    };
+    if settings.capacity() as u64 > super::MAX_STATS_SAMPLES {
+        return Err(DaemonError::Setup(format!(
+            "--stats-history {:?} at --stats-interval {:?} keeps {} samples per sandbox; at most \
+             {} (a longer interval, or a shorter history)",
+            settings.history,
+            settings.interval,
+            settings.capacity(),
+            super::MAX_STATS_SAMPLES
+        )));
+    }
+    Ok(settings)
 }
 
 fn validate_service_domain(domain: &str) -> Result<String, DaemonError> {

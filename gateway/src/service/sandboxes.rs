@@ -401,4 +401,44 @@ impl SandboxService for SbxService {
         let chunks = caller.until_revoked(chunks.map(|r| r.map_err(|e| actor_error_to_status(&e))));
         Ok(Response::new(forward(chunks, self.shutdown.clone())))
     }
+
+    async fn get_sandbox_stats(
+        &self,
+        request: Request<v1::GetSandboxStatsRequest>,
+    ) -> Result<Response<v1::SandboxStats>, Status> {
+        let caller = auth::caller(&request)?;
+        let req = request.into_inner();
+        let sel = selector(req.sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Viewer).await?;
+        let history = std::time::Duration::from_secs(u64::from(req.history_seconds));
+        let stats = self
+            .gateway
+            .sandbox_stats(&sel, history)
+            .await
+            .map_err(|e| error_for(&caller, e))?;
+        Ok(Response::new(stats))
+    }
+
+    type WatchSandboxStatsStream = ResponseStream<v1::SandboxStats>;
+
+    async fn watch_sandbox_stats(
+        &self,
+        request: Request<v1::WatchSandboxStatsRequest>,
+    ) -> Result<Response<Self::WatchSandboxStatsStream>, Status> {
+        let caller = auth::caller(&request)?;
+        let req = request.into_inner();
+        let sel = selector(req.sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Viewer).await?;
+        let interval = match req.interval_ms {
+            0 => std::time::Duration::from_secs(2),
+            ms => std::time::Duration::from_millis(u64::from(ms)),
+        };
+        let stats = self
+            .gateway
+            .watch_sandbox_stats(&sel, interval)
+            .await
+            .map_err(|e| error_for(&caller, e))?;
+        let stats = caller.until_revoked(stats.map(|r| r.map_err(|e| actor_error_to_status(&e))));
+        Ok(Response::new(forward(stats, self.shutdown.clone())))
+    }
 }
