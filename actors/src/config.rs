@@ -56,6 +56,10 @@ pub struct Config {
     /// How often, and for how long, the gateway keeps usage samples of the sandboxes it
     /// serves (`crate::stats`). sbxd: every 5 s for an hour; the default here is the same.
     pub stats: crate::stats::StatsSettings,
+    /// Events kept per sandbox (the oldest are dropped past it; 0: none kept) and in all
+    /// (`crate::journal`). sbxd: 100 and 100,000; the default here is the same.
+    pub events_per_sandbox: usize,
+    pub events_max: usize,
     /// Grace period asked of drivers on stop (0: the driver's default).
     pub stop_grace: Duration,
     /// The image store (content) that drivers with the `images` capability run from. `None`:
@@ -114,6 +118,8 @@ impl Default for Config {
             event_history_bytes: 64 << 20,
             metrics: Arc::default(),
             stats: crate::stats::StatsSettings::default(),
+            events_per_sandbox: 100,
+            events_max: 100_000,
             stop_grace: Duration::ZERO,
             image_store: None,
             default_image: DEFAULT_IMAGE.to_string(),

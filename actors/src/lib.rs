@@ -16,6 +16,7 @@ mod config;
 mod error;
 mod events;
 mod images;
+pub mod journal;
 mod lease;
 pub mod lifecycle;
 pub mod limits;

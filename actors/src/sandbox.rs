@@ -53,6 +53,8 @@ pub struct SandboxState {
     /// sandbox for good.
     retry_due: Option<std::time::Instant>,
     report_attach: bool,
+    /// The sandbox's events in the store, oldest first (`crate::journal`).
+    journal: crate::journal::Kept,
 }
 
 /// How long past its due time a scheduled retry may be late before observations act anyway.
@@ -92,8 +94,10 @@ impl Actor for SandboxActor {
             .await?
             .ok_or_else(|| format!("sandbox {id} has no record"))?;
         let stored = StoredSandbox::from_record(record)?;
+        let journal = crate::journal::Kept::load(&*shared.store, id).await;
         myself.send_message(SandboxMsg::Attach)?;
         Ok(SandboxState {
+            journal,
             _lease: lease,
             shared,
             stored,
@@ -778,11 +782,24 @@ impl SandboxActor {
     /// Writes the actor's view of the sandbox, checked against the version it last wrote.
     async fn persist(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
         refuse_unless_held(st)?;
+        let before = StoredSandbox::from_record(st.stored.record.clone()).map(|s| s.sandbox);
         let written = st.shared.store.update(st.stored.to_update()).await?;
         st.stored = StoredSandbox::from_record(written)?;
         st.shared
             .events
             .publish(EventType::Modified, st.stored.sandbox.clone());
+        if let Ok(before) = before
+            && let Some((kind, reason, message)) = st.journal.note(&before, &st.stored.sandbox)
+        {
+            let shared = Arc::clone(&st.shared);
+            crate::journal::write(
+                &shared,
+                &mut st.journal,
+                &st.stored.sandbox,
+                (kind, &reason, &message),
+            )
+            .await;
+        }
         Ok(())
     }
 

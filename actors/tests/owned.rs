@@ -612,7 +612,13 @@ async fn owned_records_cascade_and_workspace_blockers_are_named() {
         .collect();
     gw.set_settings(&by_id(&big), settings).await.unwrap();
     gw.expose_service(&by_id(&big), 8000, "web").await.unwrap();
-    assert_eq!(s.sled.owned(uuid(&big)).await.unwrap().len(), 1_502);
+    // 1,500 settings, an attachment, a service and its events (Created, Started).
+    let events = gw.sandbox_events(&by_id(&big)).await.unwrap().len();
+    assert_eq!(events, 2);
+    assert_eq!(
+        s.sled.owned(uuid(&big)).await.unwrap().len(),
+        1_502 + events
+    );
     match gw
         .delete_workspace(&WorkspaceSelector::Name("team".into()), false)
         .await
@@ -723,7 +729,13 @@ async fn a_sandbox_owning_ten_thousand_settings_is_deleted_in_one_transaction() 
     let began = std::time::Instant::now();
     gw.set_settings(&by_id(&sb), settings).await.unwrap();
     let set_took = began.elapsed();
-    assert_eq!(s.sled.owned(uuid(&sb)).await.unwrap().len(), 10_000);
+    // It owns its settings and its events (Created, Started).
+    let events = gw.sandbox_events(&by_id(&sb)).await.unwrap().len();
+    assert_eq!(events, 2);
+    assert_eq!(
+        s.sled.owned(uuid(&sb)).await.unwrap().len(),
+        10_000 + events
+    );
 
     let before = s.sled.current_revision().await.unwrap();
     let began = std::time::Instant::now();

@@ -13,6 +13,7 @@
 pub mod config;
 pub mod connect;
 pub mod error;
+pub mod events;
 pub mod files;
 pub mod forward;
 pub mod identity;
@@ -158,6 +159,10 @@ pub enum Command {
     /// (`sbxd node` hosts; `local` is the gateway's own drivers). A gateway-wide admin's.
     #[command(subcommand)]
     Node(node::NodeCommand),
+    /// List what happened to a workspace's sandboxes (or every workspace's, -A), oldest first:
+    /// created, started, stopped, exited, OOM-killed, failed driver steps, recovered from
+    /// Error, re-attached or restarted by the reconciler; --watch keeps printing new ones.
+    Events(events::EventsArgs),
     /// Wait until the gateway serves (`--for serving`) or a sandbox is Ready, Stopped or
     /// deleted (`--for ready|stopped|deleted NAME`).
     Wait(WaitArgs),
@@ -480,6 +485,8 @@ pub enum SandboxCommand {
     /// from each sandbox's driver now; --watch keeps showing them, --history shows the
     /// samples the gateway kept of one sandbox.
     Stats(stats::SandboxStatsArgs),
+    /// List what happened to a sandbox, oldest first (`sbx events` for a whole workspace).
+    Events(events::SandboxEventsArgs),
 }
 
 /// `sbx sandbox create --network`.

@@ -88,6 +88,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Image(cmd) => super::image::run_image(&target()?, cmd).await,
         Command::Identity(cmd) => super::identity::run_identity(&target()?, cmd).await,
         Command::Node(cmd) => super::node::run_node(&target()?, cmd).await,
+        Command::Events(args) => super::events::run_events(&target()?, args).await,
         Command::Wait(args) => run_wait(&target()?, &args).await,
         Command::Version(args) => super::meta::run_version(&target()?, &args).await,
         Command::Config(cmd) => super::config::run_config(&flags, &cmd),
@@ -248,6 +249,7 @@ async fn run_sandbox(target: &Target, cmd: SandboxCommand) -> Result<u8, CliErro
         SandboxCommand::Provider(cmd) => super::owned::run_sandbox_provider(target, cmd).await,
         SandboxCommand::Network(cmd) => super::network::run_sandbox_network(target, cmd).await,
         SandboxCommand::Stats(args) => super::stats::run_sandbox_stats(target, args).await,
+        SandboxCommand::Events(args) => super::events::run_sandbox_events(target, args).await,
         SandboxCommand::Watch(args) => {
             let req = request::watch_request(&args);
             let mut client = SandboxServiceClient::new(connect(target).await?);

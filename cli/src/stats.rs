@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::connect::{Channel, Target, connect};
 use super::output::{Style, render_structured, render_table, rfc3339};
 use super::owned::{ScopeArgs, sandbox_by_name};
-use super::reply::print;
+use super::reply::{collect_pages, print};
 use super::{CliError, OutputArgs, OutputFormat, parse_name, size};
 
 #[derive(Debug, Clone, Args)]
@@ -269,31 +269,24 @@ async fn ready_sandboxes(
     client: &SandboxServiceClient<Channel>,
     scope: &ScopeArgs,
 ) -> Result<Vec<String>, CliError> {
-    let mut names = Vec::new();
-    let mut token = String::new();
-    // At most 10,000 pages: a gateway that hands out tokens for ever is not followed for ever.
-    for _ in 0..10_000 {
-        let page = client
-            .clone()
-            .list_sandboxes(ListSandboxesRequest {
-                workspace: scope.workspace.clone().unwrap_or_default(),
-                page_token: token,
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        names.extend(
-            page.sandboxes
-                .iter()
-                .filter(|s| s.phase() == Phase::Ready)
-                .map(|s| s.name.clone()),
-        );
-        if page.next_page_token.is_empty() {
-            break;
+    let sandboxes = collect_pages(|token| {
+        let mut client = client.clone();
+        let req = ListSandboxesRequest {
+            workspace: scope.workspace.clone().unwrap_or_default(),
+            page_token: token,
+            ..Default::default()
+        };
+        async move {
+            let page = client.list_sandboxes(req).await?.into_inner();
+            Ok((page.sandboxes, page.next_page_token))
         }
-        token = page.next_page_token;
-    }
-    Ok(names)
+    })
+    .await?;
+    Ok(sandboxes
+        .iter()
+        .filter(|s| s.phase() == Phase::Ready)
+        .map(|s| s.name.clone())
+        .collect())
 }
 
 /// `--watch`: one stream per sandbox; a table is drawn each time every sandbox has a fresh

@@ -25,11 +25,12 @@ pub enum SimOp {
     Exec,
     Logs,
     Capabilities,
+    Stats,
 }
 
 impl SimOp {
     /// Every operation, in declaration order.
-    pub const ALL: [SimOp; 10] = [
+    pub const ALL: [SimOp; 11] = [
         SimOp::Create,
         SimOp::Start,
         SimOp::Stop,
@@ -40,6 +41,7 @@ impl SimOp {
         SimOp::Exec,
         SimOp::Logs,
         SimOp::Capabilities,
+        SimOp::Stats,
     ];
 
     /// The operation's name, lowercase, as it appears in error messages.
@@ -55,6 +57,7 @@ impl SimOp {
             SimOp::Exec => "exec",
             SimOp::Logs => "logs",
             SimOp::Capabilities => "capabilities",
+            SimOp::Stats => "stats",
         }
     }
 }

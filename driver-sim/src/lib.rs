@@ -331,7 +331,7 @@ impl ComputeDriver for SimDriver {
     }
 
     async fn stats(&self, req: pb::StatsRequest) -> Result<pb::SandboxUsage, DriverError> {
-        let admission = self.admit(SimOp::Get, &req.sandbox_id, None).await?;
+        let admission = self.admit(SimOp::Stats, &req.sandbox_id, None).await?;
         let snapshot = parse_sandbox_id(&req.sandbox_id).and_then(|id| self.world.get(id));
         admission.answer(snapshot.map(|s| pb::SandboxUsage {
             running: s.state == pb::State::Running as i32,

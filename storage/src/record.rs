@@ -36,11 +36,15 @@ pub enum Kind {
     /// workspace's id. Global scope (it outlives nothing: the gateways remove the lease of a
     /// workspace that is gone).
     Lease,
+    /// Something that happened to a sandbox (it started, its workload was OOM-killed, the
+    /// reconciler re-attached it, …): owned by the sandbox, dies with it; kept per sandbox
+    /// and in total within bounds the gateway enforces.
+    Event,
 }
 
 impl Kind {
     /// Every kind, in tag order.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Workspace,
         Kind::Sandbox,
         Kind::Setting,
@@ -50,6 +54,7 @@ impl Kind {
         Kind::Service,
         Kind::Node,
         Kind::Lease,
+        Kind::Event,
     ];
 
     /// The stable on-disk tag.
@@ -64,6 +69,7 @@ impl Kind {
             Kind::Service => 7,
             Kind::Node => 8,
             Kind::Lease => 9,
+            Kind::Event => 10,
         }
     }
 
@@ -79,6 +85,7 @@ impl Kind {
             7 => Some(Kind::Service),
             8 => Some(Kind::Node),
             9 => Some(Kind::Lease),
+            10 => Some(Kind::Event),
             _ => None,
         }
     }
@@ -93,7 +100,10 @@ impl Kind {
 
     /// Whether every record of this kind must have an owner (and so dies with it).
     pub const fn is_owned(self) -> bool {
-        matches!(self, Kind::Setting | Kind::Attachment | Kind::Service)
+        matches!(
+            self,
+            Kind::Setting | Kind::Attachment | Kind::Service | Kind::Event
+        )
     }
 
     /// Whether the store's change log (`ObjectStore::changes_after`, where a store keeps one)
@@ -117,7 +127,8 @@ impl Kind {
             | Kind::Attachment
             | Kind::Service
             | Kind::Node
-            | Kind::Lease => sbx_proto::names::validate_name(name).map_err(|e| e.to_string()),
+            | Kind::Lease
+            | Kind::Event => sbx_proto::names::validate_name(name).map_err(|e| e.to_string()),
         }
     }
 }
@@ -134,6 +145,7 @@ impl fmt::Display for Kind {
             Kind::Service => "service",
             Kind::Node => "node",
             Kind::Lease => "lease",
+            Kind::Event => "event",
         })
     }
 }
@@ -261,8 +273,8 @@ mod tests {
         }
         let mut tags: Vec<u8> = Kind::ALL.iter().map(|k| k.tag()).collect();
         tags.dedup();
-        assert_eq!(tags, vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
-        assert_eq!(Kind::from_tag(10), None);
+        assert_eq!(tags, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(Kind::from_tag(11), None);
     }
 
     #[test]

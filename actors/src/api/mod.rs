@@ -42,6 +42,7 @@ use crate::validate::{self, SandboxSelector, WorkspaceSelector};
 
 mod data;
 pub use data::{ActorStream, ExecInputs, ForwardInputs, LogOptions};
+mod events;
 mod limits;
 pub(crate) mod network;
 pub mod nodes;
@@ -96,6 +97,8 @@ pub struct Gateway {
     /// them (aborted at shutdown).
     stats: Arc<crate::stats::StatsHistory>,
     stats_sampler: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Drops the oldest events past `Config::events_max`, every minute (aborted at shutdown).
+    event_sweeper: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 /// A page of a list.
@@ -175,6 +178,13 @@ impl Gateway {
             Arc::clone(&shared),
             Arc::clone(&stats),
         ));
+        let sweeping = Arc::clone(&shared);
+        let event_sweeper = tokio::spawn(async move {
+            loop {
+                crate::journal::sweep(&sweeping).await;
+                tokio::time::sleep(crate::journal::SWEEP_EVERY).await;
+            }
+        });
         let gateway = Gateway {
             router: Router::new(root.clone(), &shared),
             shared,
@@ -186,6 +196,7 @@ impl Gateway {
             lease_task: std::sync::Mutex::new(None),
             stats,
             stats_sampler: std::sync::Mutex::new(Some(stats_sampler)),
+            event_sweeper: std::sync::Mutex::new(Some(event_sweeper)),
         };
         if let Some(ownership) = &gateway.shared.ownership {
             let (first_round, claimed) = tokio::sync::oneshot::channel();
@@ -314,6 +325,7 @@ impl Gateway {
             &self.lease_task,
             &self.change_follower,
             &self.stats_sampler,
+            &self.event_sweeper,
         ] {
             if let Some(task) = task.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 task.abort();

@@ -125,6 +125,7 @@ pub fn need(path: &str) -> Option<(Need, bool)> {
         ("sbx.v1.SandboxService", "GetSandboxNetwork") => (Workspace(Viewer), false),
         ("sbx.v1.SandboxService", "GetSandboxStats") => (Workspace(Viewer), false),
         ("sbx.v1.SandboxService", "WatchSandboxStats") => (Workspace(Viewer), false),
+        ("sbx.v1.SandboxService", "ListEvents") => (Workspace(Viewer), false),
         // What a sandbox may reach is a security decision: editor, and audited.
         ("sbx.v1.SandboxService", "UpdateSandboxNetwork") => (Workspace(Editor), true),
         // Providers hold credentials: every change is editor and audited.

@@ -342,6 +342,18 @@ pub struct ServeArgs {
           value_parser = access::parse_ttl)]
     pub stats_history: Duration,
 
+    /// Events kept per sandbox (`sbx sandbox events`): past it the oldest are dropped; 0
+    /// keeps none.
+    #[arg(long, env = "SBX_EVENTS_PER_SANDBOX", default_value_t = 100, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub events_per_sandbox: u32,
+
+    /// Events kept in all, every sandbox's together (`sbx events`): past it the oldest are
+    /// dropped, once a minute. Each takes about 300 bytes of the store.
+    #[arg(long, env = "SBX_EVENTS_MAX", default_value_t = 100_000, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub events_max: u32,
+
     /// The memory limit of a sandbox that sets none itself and whose workspace has no default
     /// (`sbx workspace limits set`): 512Mi, 1Gi, 2G, … (0: no limit). On drivers that limit
     /// memory (oci, process where the host has the controller, vm: its RAM); shown by `sbx

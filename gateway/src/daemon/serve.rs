@@ -339,6 +339,8 @@ async fn serve_on(
         service_domain: validate_service_domain(&args.service_domain)?,
         default_resources: default_resources(&args)?,
         stats: stats_settings(&args)?,
+        events_per_sandbox: args.events_per_sandbox as usize,
+        events_max: args.events_max as usize,
         // Gateways sharing a store take turns at each workspace, under leases.
         ownership: match &args.store.store {
             Some(_) => Some(sbx_actors::OwnershipSettings {

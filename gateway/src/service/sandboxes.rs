@@ -419,6 +419,45 @@ impl SandboxService for SbxService {
         Ok(Response::new(stats))
     }
 
+    async fn list_events(
+        &self,
+        request: Request<v1::ListEventsRequest>,
+    ) -> Result<Response<v1::ListEventsResponse>, Status> {
+        let caller = auth::caller(&request)?;
+        let req = request.into_inner();
+        if req.sandbox.is_some() {
+            let sel = selector(req.sandbox)?;
+            self.sandbox_access(&caller, &sel, Role::Viewer).await?;
+            let events = self
+                .gateway
+                .sandbox_events(&sel)
+                .await
+                .map_err(|e| error_for(&caller, e))?;
+            return Ok(Response::new(v1::ListEventsResponse {
+                events,
+                next_page_token: String::new(),
+            }));
+        }
+        self.list_access(&caller, &req.workspace, req.all_workspaces)
+            .await?;
+        let filter = filter(req.workspace, req.all_workspaces, String::new());
+        let (events, next_page_token) = super::access::visible_page(
+            req.page_size,
+            &req.page_token,
+            |size, token| {
+                let (gateway, filter) = (&self.gateway, &filter);
+                async move { gateway.list_events(filter, size, &token).await }
+            },
+            |e: &v1::Event| caller.sees(&e.workspace_id),
+        )
+        .await
+        .map_err(|e| error_for(&caller, e))?;
+        Ok(Response::new(v1::ListEventsResponse {
+            events,
+            next_page_token,
+        }))
+    }
+
     type WatchSandboxStatsStream = ResponseStream<v1::SandboxStats>;
 
     async fn watch_sandbox_stats(

@@ -1,0 +1,438 @@
+//! A sandbox's events, as `kubectl get events` shows them: what its record's changes mean
+//! (`transition`), written to the store as `Kind::Event` records owned by the sandbox (so they
+//! survive restarts and are deleted with it), at most `Config::events_per_sandbox` per
+//! sandbox (its actor drops the oldest) and `Config::events_max` in all (`sweep`).
+//!
+//! An event is written after the record change it tells of: a gateway killed between the two
+//! loses that one event, never the change.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use prost::Message;
+use sbx_proto::v1::{Event, Phase, Sandbox};
+use sbx_storage::{Kind, NewRecord, ObjectStore, Record};
+use uuid::Uuid;
+
+use crate::config::Shared;
+use crate::records::{now_ms, timestamp};
+
+pub const NORMAL: &str = "Normal";
+/// How often the gateway drops events past `Config::events_max`.
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+pub const WARNING: &str = "Warning";
+
+/// What one change of a sandbox's record means: `(type, reason, message)`, or `None` for a
+/// change worth no event (a step on the way, a field nobody reads as an event).
+pub fn transition(before: &Sandbox, after: &Sandbox) -> Option<(&'static str, String, String)> {
+    let (was, now) = (before.phase(), after.phase());
+    let same = was == now && before.reason == after.reason && before.message == after.message;
+    if same && before.generation == after.generation {
+        return None;
+    }
+    let generation = after.generation;
+    let said = |reason: &str| {
+        if after.message.is_empty() {
+            reason.to_string()
+        } else {
+            after.message.clone()
+        }
+    };
+    match now {
+        Phase::Ready if after.reason == "Adopted" && before.reason != "Adopted" => Some((
+            NORMAL,
+            "Adopted".into(),
+            said("re-attached to the running workload"),
+        )),
+        Phase::Ready if was == Phase::Error => Some((
+            NORMAL,
+            "Recovered".into(),
+            format!(
+                "recovered from Error ({}: {}); running generation {generation}",
+                before.reason, before.message
+            ),
+        )),
+        // Error → Starting: told as `Recovered` once Ready (see `Kept::note`).
+        Phase::Ready if was == Phase::Unknown => Some((
+            NORMAL,
+            "NodeBack".into(),
+            "its node answers again; running as before".into(),
+        )),
+        Phase::Ready if was != Phase::Ready => Some((
+            NORMAL,
+            "Started".into(),
+            format!("running generation {generation}"),
+        )),
+        // Ready → Starting or Provisioning with the wish to run: the driver said the workload
+        // was gone or down; the reconciler starts it again.
+        Phase::Starting | Phase::Provisioning if was == Phase::Ready => Some((
+            WARNING,
+            "Restarted".into(),
+            format!(
+                "the driver no longer ran the workload; the reconciler starts it again under \
+                 generation {generation}"
+            ),
+        )),
+        Phase::Stopping if after.reason == "Restarting" && was != Phase::Stopping => Some((
+            NORMAL,
+            "Restarting".into(),
+            "restart asked: stopping the workload to start it again".into(),
+        )),
+        Phase::Stopped if was != Phase::Stopped => Some((
+            NORMAL,
+            "Stopped".into(),
+            "the workload is stopped; its files are kept".into(),
+        )),
+        Phase::Completed if was != Phase::Completed => Some((
+            NORMAL,
+            "Completed".into(),
+            said("main process exited with status 0"),
+        )),
+        Phase::Error if !same => Some((
+            WARNING,
+            if after.reason.is_empty() {
+                "Error".into()
+            } else {
+                after.reason.clone()
+            },
+            said("failed"),
+        )),
+        Phase::Unknown if was != Phase::Unknown => {
+            Some((WARNING, "NodeLost".into(), said("its node does not answer")))
+        }
+        _ => None,
+    }
+}
+
+/// The record of an event of `sandbox` (whose record is `owner`).
+fn new_event_record(sandbox: &Sandbox, kind: &str, reason: &str, message: &str) -> NewRecord {
+    let id = Uuid::new_v4();
+    let at = now_ms();
+    let workspace = Uuid::parse_str(&sandbox.workspace_id).ok();
+    let owner = Uuid::parse_str(&sandbox.id).ok();
+    let event = Event {
+        id: id.to_string(),
+        workspace_id: sandbox.workspace_id.clone(),
+        sandbox_id: sandbox.id.clone(),
+        sandbox_name: sandbox.name.clone(),
+        time: Some(timestamp(at)),
+        r#type: kind.to_string(),
+        reason: reason.to_string(),
+        // A message is a sentence, not a document: at most 1 KiB of it is kept.
+        message: truncate(message, 1024),
+        generation: sandbox.generation,
+    };
+    NewRecord {
+        id,
+        kind: Kind::Event,
+        workspace,
+        // Unique per sandbox: its time and the event's own id.
+        name: format!("e{at}-{}", &id.simple().to_string()[..12]),
+        owner,
+        labels: Default::default(),
+        created_at_ms: at,
+        body: event.encode_to_vec(),
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// An event as its record holds it.
+pub fn decode(record: &Record) -> Option<Event> {
+    Event::decode(record.body.as_slice()).ok()
+}
+
+/// The events a sandbox actor keeps count of: its own, oldest first, as `(id, version)`; and
+/// the Error a start under way recovers from (its reason and message).
+#[derive(Debug, Default)]
+pub struct Kept {
+    ids: VecDeque<(Uuid, u64)>,
+    from_error: Option<(String, String)>,
+}
+
+impl Kept {
+    /// [`transition`], with what a start from Error recovers from remembered across the
+    /// writes on the way (Error → Starting → Ready is one `Recovered`).
+    pub fn note(
+        &mut self,
+        before: &Sandbox,
+        after: &Sandbox,
+    ) -> Option<(&'static str, String, String)> {
+        let (was, now) = (before.phase(), after.phase());
+        match now {
+            Phase::Starting | Phase::Provisioning if was == Phase::Error => {
+                self.from_error = Some((before.reason.clone(), before.message.clone()));
+                return None;
+            }
+            Phase::Starting | Phase::Provisioning => {}
+            Phase::Ready if was != Phase::Ready => {
+                if let Some((reason, message)) = self.from_error.take() {
+                    return Some((
+                        NORMAL,
+                        "Recovered".into(),
+                        format!(
+                            "recovered from Error ({reason}: {message}); running generation {}",
+                            after.generation
+                        ),
+                    ));
+                }
+            }
+            _ => self.from_error = None,
+        }
+        transition(before, after)
+    }
+
+    /// The events sandbox `owner` has in the store (read once, when its actor starts).
+    pub async fn load(store: &dyn ObjectStore, owner: Uuid) -> Kept {
+        let mut ids = VecDeque::new();
+        let owned = match store.owned(owner).await {
+            Ok(owned) => owned,
+            Err(e) => {
+                tracing::warn!(sandbox = %owner, "events: cannot read the sandbox's: {e}");
+                return Kept::default();
+            }
+        };
+        for id in owned {
+            if let Ok(Some(r)) = store.get(id).await
+                && r.kind == Kind::Event
+            {
+                ids.push_back((r.id, r.resource_version));
+            }
+        }
+        Kept {
+            ids,
+            from_error: None,
+        }
+    }
+}
+
+/// Writes the event `(kind, reason, message)` of `sandbox`, then drops its oldest beyond
+/// `Config::events_per_sandbox`. A store that refuses is logged, never the actor's failure.
+pub async fn write(
+    shared: &Arc<Shared>,
+    kept: &mut Kept,
+    sandbox: &Sandbox,
+    (kind, reason, message): (&str, &str, &str),
+) {
+    let bound = shared.config.events_per_sandbox;
+    if bound == 0 {
+        return;
+    }
+    match shared
+        .store
+        .create(new_event_record(sandbox, kind, reason, message))
+        .await
+    {
+        Ok(r) => kept.ids.push_back((r.id, r.resource_version)),
+        Err(e) => {
+            tracing::warn!(sandbox = %sandbox.id, reason, "event not kept: {e}");
+            return;
+        }
+    }
+    while kept.ids.len() > bound {
+        let Some((id, version)) = kept.ids.pop_front() else {
+            break;
+        };
+        if let Err(e) = shared.store.delete(id, version).await
+            && !matches!(e, sbx_storage::StoreError::NotFound { .. })
+        {
+            tracing::warn!(sandbox = %sandbox.id, "an old event not dropped: {e}");
+        }
+    }
+}
+
+/// Writes the event of a new sandbox's record (before its actor runs).
+pub async fn created(shared: &Arc<Shared>, sandbox: &Sandbox) {
+    let what = match sandbox.spec.as_ref().map(|s| s.image.as_str()) {
+        Some(image) if !image.is_empty() => format!("made from image {image}"),
+        _ => "made".to_string(),
+    };
+    write(
+        shared,
+        &mut Kept::default(),
+        sandbox,
+        (NORMAL, "Created", &what),
+    )
+    .await;
+}
+
+/// Drops the oldest events beyond `Config::events_max` in all. Run now and then by the
+/// gateway; with several gateways on one store each may run it (a delete that lost the race
+/// finds nothing).
+pub async fn sweep(shared: &Arc<Shared>) {
+    let max = shared.config.events_max;
+    let everything = sbx_storage::LabelSelector::everything();
+    let all = match crate::scan::all_records(
+        &*shared.store,
+        Kind::Event,
+        sbx_storage::Scope::All,
+        &everything,
+    )
+    .await
+    {
+        Ok(all) => all,
+        Err(e) => {
+            tracing::warn!("events: cannot count them: {e}");
+            return;
+        }
+    };
+    // Oldest first (the store's order).
+    let over = all.len().saturating_sub(max);
+    for r in all.into_iter().take(over) {
+        if let Err(e) = shared.store.delete(r.id, r.resource_version).await
+            && !matches!(e, sbx_storage::StoreError::NotFound { .. })
+        {
+            tracing::warn!("events: an old one not dropped: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sb(phase: Phase, reason: &str, message: &str, generation: u64) -> Sandbox {
+        let mut s = Sandbox {
+            reason: reason.into(),
+            message: message.into(),
+            generation,
+            ..Default::default()
+        };
+        s.set_phase(phase);
+        s
+    }
+
+    fn reason(before: &Sandbox, after: &Sandbox) -> Option<String> {
+        transition(before, after).map(|(_, r, _)| r)
+    }
+
+    #[test]
+    fn changes_are_told_as_kubectl_tells_them_and_steps_on_the_way_are_not() {
+        use Phase as P;
+        let ready = sb(P::Ready, "", "", 1);
+        assert_eq!(
+            reason(&sb(P::Provisioning, "", "", 1), &ready).as_deref(),
+            Some("Started")
+        );
+        assert_eq!(reason(&ready, &ready), None, "no change, no event");
+        let oom = sb(P::Error, "OOMKilled", "killed by the memory limit", 1);
+        let (kind, r, m) = transition(&ready, &oom).unwrap();
+        assert_eq!(
+            (kind, r.as_str(), m.as_str()),
+            (WARNING, "OOMKilled", "killed by the memory limit")
+        );
+        let back = sb(P::Ready, "", "", 2);
+        let (kind, r, m) = transition(&oom, &back).unwrap();
+        assert_eq!((kind, r.as_str()), (NORMAL, "Recovered"));
+        assert!(m.contains("OOMKilled") && m.contains("generation 2"), "{m}");
+        let adopted = sb(P::Ready, "Adopted", "re-attached under generation 7", 7);
+        assert_eq!(reason(&back, &adopted).as_deref(), Some("Adopted"));
+        assert_eq!(
+            reason(&ready, &sb(P::Starting, "", "", 2)).as_deref(),
+            Some("Restarted"),
+            "the reconciler starting a vanished workload again"
+        );
+        assert_eq!(
+            reason(&sb(P::Stopped, "", "", 1), &sb(P::Starting, "", "", 2)),
+            None
+        );
+        assert_eq!(
+            reason(&ready, &sb(P::Stopping, "Restarting", "", 1)).as_deref(),
+            Some("Restarting")
+        );
+        assert_eq!(reason(&ready, &sb(P::Stopping, "", "", 1)), None);
+        assert_eq!(
+            reason(&sb(P::Stopping, "", "", 1), &sb(P::Stopped, "", "", 1)).as_deref(),
+            Some("Stopped")
+        );
+        assert_eq!(
+            reason(&ready, &sb(P::Error, "DriverUnavailable", "no answer", 1)).as_deref(),
+            Some("DriverUnavailable")
+        );
+        assert_eq!(
+            reason(&ready, &sb(P::Unknown, "", "", 1)).as_deref(),
+            Some("NodeLost")
+        );
+        assert_eq!(
+            reason(&sb(P::Unknown, "", "", 1), &ready).as_deref(),
+            Some("NodeBack")
+        );
+        assert_eq!(
+            reason(&ready, &sb(P::Completed, "Completed", "", 1)).as_deref(),
+            Some("Completed")
+        );
+        assert_eq!(reason(&ready, &sb(P::Deleting, "", "", 1)), None);
+    }
+
+    #[test]
+    fn a_start_from_error_is_one_recovered_once_ready() {
+        use Phase as P;
+        let mut kept = Kept::default();
+        let oom = sb(P::Error, "OOMKilled", "killed by the memory limit", 1);
+        let starting = sb(P::Starting, "", "", 2);
+        let ready = sb(P::Ready, "", "", 2);
+        assert_eq!(kept.note(&oom, &starting), None);
+        let (kind, r, m) = kept.note(&starting, &ready).unwrap();
+        assert_eq!((kind, r.as_str()), (NORMAL, "Recovered"));
+        assert!(m.contains("OOMKilled: killed by the memory limit"), "{m}");
+        // A plain start afterwards is a start.
+        let stopped = sb(P::Stopped, "", "", 2);
+        assert_eq!(
+            kept.note(&ready, &stopped).map(|e| e.1).as_deref(),
+            Some("Stopped")
+        );
+        assert_eq!(kept.note(&stopped, &sb(P::Starting, "", "", 3)), None);
+        let again = kept.note(&sb(P::Starting, "", "", 3), &sb(P::Ready, "", "", 3));
+        assert_eq!(again.map(|e| e.1).as_deref(), Some("Started"));
+        // A start from Error that fails again is the new Error, and forgets the old one.
+        assert_eq!(kept.note(&oom, &starting), None);
+        let failed = sb(P::Error, "DriverUnavailable", "no answer", 2);
+        assert_eq!(
+            kept.note(&starting, &failed).map(|e| e.1).as_deref(),
+            Some("DriverUnavailable")
+        );
+        assert_eq!(
+            kept.note(&sb(P::Starting, "", "", 3), &sb(P::Ready, "", "", 3))
+                .map(|e| e.1)
+                .as_deref(),
+            Some("Started")
+        );
+    }
+
+    #[test]
+    fn an_event_record_is_owned_by_its_sandbox_and_its_message_bounded() {
+        let ws = Uuid::new_v4();
+        let id = Uuid::new_v4();
+        let sandbox = Sandbox {
+            id: id.to_string(),
+            workspace_id: ws.to_string(),
+            name: "web".into(),
+            generation: 3,
+            ..Default::default()
+        };
+        let long = "é".repeat(2000);
+        let r = new_event_record(&sandbox, WARNING, "OOMKilled", &long);
+        assert_eq!(
+            (r.kind, r.owner, r.workspace),
+            (Kind::Event, Some(id), Some(ws))
+        );
+        Kind::Event.validate_name(&r.name).unwrap();
+        let event = Event::decode(r.body.as_slice()).unwrap();
+        assert_eq!((event.reason.as_str(), event.generation), ("OOMKilled", 3));
+        assert!(
+            event.message.len() <= 1024 + '…'.len_utf8(),
+            "{}",
+            event.message.len()
+        );
+        assert!(event.message.ends_with('…'));
+    }
+}
