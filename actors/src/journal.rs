@@ -157,9 +157,48 @@ pub fn decode(record: &Record) -> Option<Event> {
 pub struct Kept {
     ids: VecDeque<(Uuid, u64)>,
     from_error: Option<(String, String)>,
+    /// When the last `NetworkDenied` was written (they are rate-limited).
+    last_denied: Option<std::time::Instant>,
 }
 
+/// At most one `NetworkDenied` event per sandbox this often.
+pub const DENIALS_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Kept {
+    /// The `NetworkDenied` event of a sandbox whose refused connection attempts went from
+    /// `before` to `now` (counted over the driver's last ten minutes), the latest refused
+    /// being `last`; at most one per [`DENIALS_EVERY`].
+    pub fn note_denials(
+        &mut self,
+        before: u64,
+        now: u64,
+        last: Option<&sbx_proto::v1::NetworkDenial>,
+    ) -> Option<(&'static str, String, String)> {
+        if now <= before
+            || self
+                .last_denied
+                .is_some_and(|t| t.elapsed() < DENIALS_EVERY)
+        {
+            return None;
+        }
+        self.last_denied = Some(std::time::Instant::now());
+        let latest = last.map_or(String::new(), |d| {
+            let port = if d.port == 0 {
+                String::new()
+            } else {
+                format!(":{}", d.port)
+            };
+            format!("; the latest to {}{port}/{}", d.destination, d.protocol)
+        });
+        Some((
+            WARNING,
+            "NetworkDenied".into(),
+            format!(
+                "its egress policy refused {now} connection attempts in the last ten minutes{latest}"
+            ),
+        ))
+    }
+
     /// [`transition`], with what a start from Error recovers from remembered across the
     /// writes on the way (Error → Starting → Ready is one `Recovered`).
     pub fn note(
@@ -210,7 +249,7 @@ impl Kept {
         }
         Kept {
             ids,
-            from_error: None,
+            ..Kept::default()
         }
     }
 }
@@ -406,6 +445,32 @@ mod tests {
                 .as_deref(),
             Some("Started")
         );
+    }
+
+    #[test]
+    fn network_denials_are_an_event_at_most_once_a_minute() {
+        let mut kept = Kept::default();
+        let last = sbx_proto::v1::NetworkDenial {
+            destination: "10.9.8.7".into(),
+            protocol: "tcp".into(),
+            port: 443,
+            packets: 3,
+        };
+        assert_eq!(kept.note_denials(0, 0, None), None, "nothing refused");
+        let (kind, reason, message) = kept.note_denials(0, 3, Some(&last)).unwrap();
+        assert_eq!((kind, reason.as_str()), (WARNING, "NetworkDenied"));
+        assert!(
+            message.contains("refused 3") && message.contains("10.9.8.7:443/tcp"),
+            "{message}"
+        );
+        assert_eq!(
+            kept.note_denials(3, 9, Some(&last)),
+            None,
+            "within the minute"
+        );
+        kept.last_denied = Some(std::time::Instant::now() - DENIALS_EVERY);
+        assert!(kept.note_denials(9, 12, None).is_some(), "a minute later");
+        assert_eq!(kept.note_denials(12, 12, None), None, "no new refusal");
     }
 
     #[test]

@@ -67,6 +67,28 @@ pub struct SandboxLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+/// Counts one command in flight while it lives (a gauge up at its start, down at its end,
+/// however it ends).
+pub struct InFlight<'a>(&'a Gauge);
+
+impl<'a> InFlight<'a> {
+    pub fn enter(gauge: &'a Gauge) -> InFlight<'a> {
+        gauge.inc();
+        InFlight(gauge)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: String,
 }
@@ -84,6 +106,9 @@ pub struct Metrics {
     pub actor_restarts: Family<ActorLabels, Counter>,
     pub sandboxes: Family<SandboxLabels, Gauge>,
     pub watch_subscribers: Gauge,
+    pub sandbox_commands_in_flight: Gauge,
+    pub network_denials: Gauge,
+    pub resolver_answers: Family<OutcomeLabels, Counter>,
     pub watch_history_events: Gauge,
     pub watch_history_bytes: Gauge,
     pub stats_history_samples: Gauge,
@@ -149,6 +174,24 @@ impl Metrics {
             "sandboxes",
             "Sandboxes in the store, by phase and driver (read at each scrape)",
             sandboxes.clone(),
+        );
+        let sandbox_commands_in_flight = Gauge::default();
+        registry.register(
+            "sandbox_commands_in_flight",
+            "Commands sent to sandbox actors and not yet answered: waiting in their mailboxes or running",
+            sandbox_commands_in_flight.clone(),
+        );
+        let network_denials = Gauge::default();
+        registry.register(
+            "network_denials",
+            "Connection attempts and DNS queries the sandboxes' egress policies refused in the last ten minutes, every sandbox together (as the store last recorded them)",
+            network_denials.clone(),
+        );
+        let resolver_answers = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "resolver_answers",
+            "Queries the sandbox network's resolver answered, by outcome (noerror, refused, servfail, notimp, dropped), in this process",
+            resolver_answers.clone(),
         );
         let watch_subscribers = Gauge::default();
         registry.register(
@@ -226,6 +269,9 @@ impl Metrics {
             actor_restarts,
             sandboxes,
             watch_subscribers,
+            sandbox_commands_in_flight,
+            network_denials,
+            resolver_answers,
             watch_history_events,
             watch_history_bytes,
             stats_history_samples,

@@ -47,6 +47,8 @@ pub struct Router {
     held: Option<Arc<crate::nodes::Nodes>>,
     /// This gateway's id among those sharing the store.
     me: Option<Uuid>,
+    /// Counts the commands sent to sandbox actors and not yet answered.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// How long a call waits for its actor, and how it paces its attempts.
@@ -84,6 +86,7 @@ impl Router {
                 .as_ref()
                 .map(|_| Arc::clone(shared.drivers.nodes())),
             me: shared.ownership.as_ref().map(|o| o.gateway()),
+            metrics: Arc::clone(&shared.config.metrics),
         }
     }
 
@@ -163,6 +166,7 @@ impl Router {
         build: impl Fn(RpcReplyPort<Result<R>>) -> SandboxMsg,
     ) -> Result<Option<R>> {
         self.refuse_unless_held(ws).await?;
+        let _in_flight = crate::metrics::InFlight::enter(&self.metrics.sandbox_commands_in_flight);
         let locate = || async move {
             match self.sandbox(ws, id).await? {
                 // Not known to its supervisor, but recorded: being created or restarted.

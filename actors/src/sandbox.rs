@@ -774,9 +774,26 @@ impl SandboxActor {
         {
             return Ok(());
         }
+        let before = sandbox.network_denied;
         st.stored.sandbox.network_denied = s.network_denied;
         st.stored.sandbox.network_last_denial = last;
-        self.persist(st).await
+        self.persist(st).await?;
+        let event = st.journal.note_denials(
+            before,
+            s.network_denied,
+            st.stored.sandbox.network_last_denial.as_ref(),
+        );
+        if let Some((kind, reason, message)) = event {
+            let shared = Arc::clone(&st.shared);
+            crate::journal::write(
+                &shared,
+                &mut st.journal,
+                &st.stored.sandbox,
+                (kind, &reason, &message),
+            )
+            .await;
+        }
+        Ok(())
     }
 
     /// Writes the actor's view of the sandbox, checked against the version it last wrote.

@@ -230,6 +230,56 @@ async fn a_driver_fault_and_a_restart_show_in_the_metrics() {
     sbx(&d.endpoint(), &["sandbox", "delete", "f1"]).ok();
 }
 
+/// Commands waiting for a sandbox's actor are counted while they wait and run, and no more
+/// once answered: two commands to one sandbox behind a slow driver show 2, then 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_in_flight_count_what_waits_for_a_sandbox_actor() {
+    let data = DataDir::new();
+    let addr_file = data.path().join("metrics-addr");
+    let d = Sbxd::start(
+        data.path(),
+        "sim",
+        &[
+            "--sim-latency-ms",
+            "1500",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-addr-file",
+            addr_file.to_str().unwrap(),
+        ],
+    );
+    let addr = std::fs::read_to_string(&addr_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let ep = d.endpoint();
+    sbx(&ep, &["sandbox", "create", "slow", "--", "sleep", "100"]).ok();
+    let idle = scrape(&addr).await;
+    assert_eq!(value(&idle, "sbx_sandbox_commands_in_flight", &[]), 0.0);
+    // A stop (the driver takes 1.5 s a call), and a setting queued behind it in the mailbox.
+    let (stop_ep, set_ep) = (ep.clone(), ep.clone());
+    let stop = std::thread::spawn(move || sbx(&stop_ep, &["sandbox", "stop", "slow"]));
+    std::thread::sleep(Duration::from_millis(300));
+    let set = std::thread::spawn(move || sbx(&set_ep, &["setting", "set", "slow", "mode=fast"]));
+    eventually(
+        Duration::from_secs(10),
+        "two commands in flight",
+        || async {
+            let s = scrape(&addr).await;
+            (value(&s, "sbx_sandbox_commands_in_flight", &[]) == 2.0).then_some(())
+        },
+    )
+    .await;
+    let (stopped, set) = (stop.join().unwrap(), set.join().unwrap());
+    assert_eq!((stopped.code, set.code), (0, 0), "{stopped:?} {set:?}");
+    let after = scrape(&addr).await;
+    assert_eq!(value(&after, "sbx_sandbox_commands_in_flight", &[]), 0.0);
+    // No network here: nothing refused, and the resolver's family is there, at zero.
+    assert_eq!(value(&after, "sbx_network_denials", &[]), 0.0);
+    assert_eq!(value(&after, "sbx_resolver_answers_total", &[]), 0.0);
+    sbx(&ep, &["sandbox", "delete", "slow"]).ok();
+}
+
 #[test]
 fn metrics_off_loopback_are_refused_at_start() {
     let data = DataDir::new();

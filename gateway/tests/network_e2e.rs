@@ -60,10 +60,30 @@ impl World {
         if let Some(dns) = &self.dns {
             flags.extend(["--network-dns", dns]);
         }
+        let metrics_file = self.metrics_file();
+        let metrics_file = metrics_file.to_str().unwrap();
+        flags.extend([
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-addr-file",
+            metrics_file,
+        ]);
         let d = Sbxd::start(self.data.path(), self.driver, &flags);
         let ep = d.endpoint();
         self.sbxd = Some(d);
         ep
+    }
+
+    fn metrics_file(&self) -> std::path::PathBuf {
+        self.data.path().join("metrics-addr")
+    }
+
+    /// sbxd's metrics, scraped now and parsed.
+    fn metrics(&self) -> common::metrics::Samples {
+        let addr = std::fs::read_to_string(self.metrics_file()).unwrap();
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(common::metrics::scrape(addr.trim()))
     }
 
     fn sigkill(&mut self) {
@@ -721,6 +741,46 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
     assert!(looked_up.stdout.contains(&upa), "{looked_up:?}");
     assert_eq!(connect(&ep, &upa, 81), "hello 81");
     assert!(!connect(&ep, &up.second.to_string(), 80).starts_with("hello"));
+    // What the policy refused is an event of the sandbox (at most one a minute).
+    let began = Instant::now();
+    let denied = loop {
+        let events = sbx(&ep, &["sandbox", "events", "pweb", "-o", "json"]).json();
+        let denied = events
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["reason"] == "NetworkDenied")
+            .cloned();
+        if let Some(denied) = denied {
+            break denied;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "no NetworkDenied event: {events}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(denied["type"], "Warning", "{denied}");
+    assert!(
+        denied["message"].as_str().unwrap().contains("refused"),
+        "{denied}"
+    );
+    // And in sbxd's metrics: the refusals, and the resolver's answers by outcome (the lookup
+    // of up.sbx.test answered, names outside the policy refused).
+    let outside = exec(&ep, "pweb", "busybox nslookup elsewhere.sbx.test");
+    assert!(!outside.stdout.contains("Address: 10."), "{outside:?}");
+    let m = w.metrics();
+    let answers = |outcome: &str| {
+        common::metrics::value(&m, "sbx_resolver_answers_total", &[("outcome", outcome)])
+    };
+    assert!(
+        answers("noerror") >= 1.0 && answers("refused") >= 1.0,
+        "{m:?}"
+    );
+    assert!(
+        common::metrics::value(&m, "sbx_network_denials", &[]) >= 1.0,
+        "{m:?}"
+    );
     let grpc_port = ep
         .rsplit(':')
         .next()

@@ -371,8 +371,45 @@ fn bare(query: &Message, code: ResponseCode) -> Option<Vec<u8>> {
     r.to_vec().ok()
 }
 
-/// The reply for the sandbox at `source`, or nothing for a datagram that is not a query.
+/// What this process's resolvers did with the queries they got, since it started: answered
+/// (`noerror`, whatever the records), `refused`, `servfail`, `notimp`, or `dropped` (no reply:
+/// not a query).
+pub fn outcome_counts() -> [(&'static str, u64); 5] {
+    let n = |i: usize| OUTCOMES[i].load(std::sync::atomic::Ordering::Relaxed);
+    [
+        ("noerror", n(0)),
+        ("refused", n(1)),
+        ("servfail", n(2)),
+        ("notimp", n(3)),
+        ("dropped", n(4)),
+    ]
+}
+
+static OUTCOMES: [std::sync::atomic::AtomicU64; 5] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
+/// The reply to `query` from `source` (see [`answer_query`]), counted by its outcome.
 pub fn answer(shared: &Shared, source: Ipv4Addr, query: &[u8]) -> Option<Vec<u8>> {
+    let reply = answer_query(shared, source, query);
+    // The response code: the low four bits of the header's fourth byte.
+    let slot = match reply.as_deref().and_then(|r| r.get(3)).map(|b| b & 0x0f) {
+        None => 4,
+        Some(0) => 0,
+        Some(5) => 1,
+        Some(4) => 3,
+        Some(_) => 2,
+    };
+    OUTCOMES[slot].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    reply
+}
+
+/// The reply for the sandbox at `source`, or nothing for a datagram that is not a query.
+fn answer_query(shared: &Shared, source: Ipv4Addr, query: &[u8]) -> Option<Vec<u8>> {
     let q = Message::from_vec(query).ok()?;
     if q.message_type() != MessageType::Query {
         return None;

@@ -264,6 +264,7 @@ impl Gateway {
             Ok(records) => {
                 let mut counts: std::collections::BTreeMap<(String, String), i64> =
                     std::collections::BTreeMap::new();
+                let mut denied = 0u64;
                 for record in records {
                     let Ok(stored) = crate::records::StoredSandbox::from_record(record) else {
                         continue;
@@ -273,7 +274,9 @@ impl Gateway {
                     *counts
                         .entry((format!("{:?}", sb.phase()), driver))
                         .or_default() += 1;
+                    denied += sb.network_denied;
                 }
+                metrics.network_denials.set(denied as i64);
                 metrics.sandboxes.clear();
                 for ((phase, driver), n) in counts {
                     metrics
@@ -286,6 +289,14 @@ impl Gateway {
         }
         if let Some(stats) = self.shared.store.commit_stats() {
             metrics.store_stats(&stats);
+        }
+        for (outcome, n) in sbx_network::resolver::outcome_counts() {
+            let counter = metrics
+                .resolver_answers
+                .get_or_create(&crate::metrics::OutcomeLabels {
+                    outcome: outcome.to_string(),
+                });
+            counter.inc_by(n.saturating_sub(counter.get()));
         }
         let (subscribers, events, bytes) = self.shared.events.stats();
         metrics.watch_subscribers.set(subscribers as i64);
