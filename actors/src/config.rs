@@ -257,4 +257,6 @@ pub struct Shared {
     pub startup: StartupTracker,
     /// This gateway's side of the workspace leases, when gateways share the store.
     pub ownership: Option<Arc<crate::ownership::Ownership>>,
+    /// Event writes under way (`crate::journal::write`'s tasks).
+    pub event_writes: std::sync::atomic::AtomicUsize,
 }

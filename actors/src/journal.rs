@@ -1,13 +1,16 @@
 //! A sandbox's events, as `kubectl get events` shows them: what its record's changes mean
-//! (`transition`), written to the store as `Kind::Event` records owned by the sandbox (so they
+//! (`transition`), written by the sandbox's actor (the first, `Created`, when a new sandbox's
+//! actor starts) to the store as `Kind::Event` records owned by the sandbox (so they
 //! survive restarts and are deleted with it), at most `Config::events_per_sandbox` per
 //! sandbox (its actor drops the oldest) and `Config::events_max` in all (`sweep`).
 //!
-//! An event is written after the record change it tells of: a gateway killed between the two
-//! loses that one event, never the change.
+//! An event is written after the record change it tells of, by a task of its own (a lifecycle
+//! step never waits on it): a gateway killed between the two loses that one event, never the
+//! change.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prost::Message;
 use sbx_proto::v1::{Event, Phase, Sandbox};
@@ -107,7 +110,7 @@ pub fn transition(before: &Sandbox, after: &Sandbox) -> Option<(&'static str, St
 /// The record of an event of `sandbox` (whose record is `owner`).
 fn new_event_record(sandbox: &Sandbox, kind: &str, reason: &str, message: &str) -> NewRecord {
     let id = Uuid::new_v4();
-    let at = now_ms();
+    let at = stamp();
     let workspace = Uuid::parse_str(&sandbox.workspace_id).ok();
     let owner = Uuid::parse_str(&sandbox.id).ok();
     let event = Event {
@@ -151,11 +154,11 @@ pub fn decode(record: &Record) -> Option<Event> {
     Event::decode(record.body.as_slice()).ok()
 }
 
-/// The events a sandbox actor keeps count of: its own, oldest first, as `(id, version)`; and
+/// The events a sandbox actor keeps count of: its own, oldest first, by id; and
 /// the Error a start under way recovers from (its reason and message).
 #[derive(Debug, Default)]
 pub struct Kept {
-    ids: VecDeque<(Uuid, u64)>,
+    ids: VecDeque<Uuid>,
     from_error: Option<(String, String)>,
     /// When the last `NetworkDenied` was written (they are rate-limited).
     last_denied: Option<std::time::Instant>,
@@ -165,6 +168,11 @@ pub struct Kept {
 pub const DENIALS_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Kept {
+    /// Whether the sandbox has no events (in the store when its actor started, or since).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
     /// The `NetworkDenied` event of a sandbox whose refused connection attempts went from
     /// `before` to `now` (counted over the driver's last ten minutes), the latest refused
     /// being `last`; at most one per [`DENIALS_EVERY`].
@@ -244,7 +252,7 @@ impl Kept {
             if let Ok(Some(r)) = store.get(id).await
                 && r.kind == Kind::Event
             {
-                ids.push_back((r.id, r.resource_version));
+                ids.push_back(r.id);
             }
         }
         Kept {
@@ -255,8 +263,10 @@ impl Kept {
 }
 
 /// Writes the event `(kind, reason, message)` of `sandbox`, then drops its oldest beyond
-/// `Config::events_per_sandbox`. A store that refuses is logged, never the actor's failure.
-pub async fn write(
+/// `Config::events_per_sandbox`. The event is stamped now; the writes are a task of their own,
+/// so a lifecycle step never waits on them (the store batches them with its other writes). A
+/// store that refuses is logged, never the actor's failure.
+pub fn write(
     shared: &Arc<Shared>,
     kept: &mut Kept,
     sandbox: &Sandbox,
@@ -266,42 +276,59 @@ pub async fn write(
     if bound == 0 {
         return;
     }
-    match shared
-        .store
-        .create(new_event_record(sandbox, kind, reason, message))
-        .await
-    {
-        Ok(r) => kept.ids.push_back((r.id, r.resource_version)),
-        Err(e) => {
-            tracing::warn!(sandbox = %sandbox.id, reason, "event not kept: {e}");
-            return;
-        }
-    }
+    let record = new_event_record(sandbox, kind, reason, message);
+    kept.ids.push_back(record.id);
+    let mut dropped = Vec::new();
     while kept.ids.len() > bound {
-        let Some((id, version)) = kept.ids.pop_front() else {
-            break;
-        };
-        if let Err(e) = shared.store.delete(id, version).await
-            && !matches!(e, sbx_storage::StoreError::NotFound { .. })
-        {
-            tracing::warn!(sandbox = %sandbox.id, "an old event not dropped: {e}");
+        dropped.extend(kept.ids.pop_front());
+    }
+    let (shared, sandbox_id, reason) = (Arc::clone(shared), sandbox.id.clone(), reason.to_string());
+    shared.event_writes.fetch_add(1, Ordering::SeqCst);
+    tokio::spawn(async move {
+        if let Err(e) = shared.store.create(record).await {
+            tracing::warn!(sandbox = %sandbox_id, reason, "event not kept: {e}");
+        }
+        for id in dropped {
+            let dropped = match shared.store.get(id).await {
+                Ok(Some(r)) => shared
+                    .store
+                    .delete(id, r.resource_version)
+                    .await
+                    .map(|_| ()),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = dropped
+                && !matches!(e, sbx_storage::StoreError::NotFound { .. })
+            {
+                tracing::warn!(sandbox = %sandbox_id, "an old event not dropped: {e}");
+            }
+        }
+        shared.event_writes.fetch_sub(1, Ordering::SeqCst);
+    });
+}
+
+/// Now, in milliseconds since the epoch, later than every stamp this process gave before: the
+/// events' times order them (the store lists by time), even two of one millisecond.
+fn stamp() -> u64 {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let at = now_ms().max(last + 1);
+        match LAST.compare_exchange_weak(last, at, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return at,
+            Err(seen) => last = seen,
         }
     }
 }
 
-/// Writes the event of a new sandbox's record (before its actor runs).
-pub async fn created(shared: &Arc<Shared>, sandbox: &Sandbox) {
+/// Writes the event of a new sandbox (its actor's first, when it has none).
+pub fn created(shared: &Arc<Shared>, kept: &mut Kept, sandbox: &Sandbox) {
     let what = match sandbox.spec.as_ref().map(|s| s.image.as_str()) {
         Some(image) if !image.is_empty() => format!("made from image {image}"),
         _ => "made".to_string(),
     };
-    write(
-        shared,
-        &mut Kept::default(),
-        sandbox,
-        (NORMAL, "Created", &what),
-    )
-    .await;
+    write(shared, kept, sandbox, (NORMAL, "Created", &what));
 }
 
 /// Drops the oldest events beyond `Config::events_max` in all. Run now and then by the

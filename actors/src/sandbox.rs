@@ -94,7 +94,11 @@ impl Actor for SandboxActor {
             .await?
             .ok_or_else(|| format!("sandbox {id} has no record"))?;
         let stored = StoredSandbox::from_record(record)?;
-        let journal = crate::journal::Kept::load(&*shared.store, id).await;
+        let mut journal = crate::journal::Kept::load(&*shared.store, id).await;
+        // A sandbox just made: nothing ran yet, nothing was told yet.
+        if journal.is_empty() && stored.sandbox.phase() == Phase::Provisioning {
+            crate::journal::created(&shared, &mut journal, &stored.sandbox);
+        }
         myself.send_message(SandboxMsg::Attach)?;
         Ok(SandboxState {
             journal,
@@ -784,14 +788,12 @@ impl SandboxActor {
             st.stored.sandbox.network_last_denial.as_ref(),
         );
         if let Some((kind, reason, message)) = event {
-            let shared = Arc::clone(&st.shared);
             crate::journal::write(
-                &shared,
+                &st.shared,
                 &mut st.journal,
                 &st.stored.sandbox,
                 (kind, &reason, &message),
-            )
-            .await;
+            );
         }
         Ok(())
     }
@@ -808,14 +810,12 @@ impl SandboxActor {
         if let Ok(before) = before
             && let Some((kind, reason, message)) = st.journal.note(&before, &st.stored.sandbox)
         {
-            let shared = Arc::clone(&st.shared);
             crate::journal::write(
-                &shared,
+                &st.shared,
                 &mut st.journal,
                 &st.stored.sandbox,
                 (kind, &reason, &message),
-            )
-            .await;
+            );
         }
         Ok(())
     }

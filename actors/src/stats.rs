@@ -191,6 +191,10 @@ impl StatsHistory {
         while ring.len() >= capacity {
             ring.pop_front();
         }
+        // Grown in steps that never pass the bound (a doubling would reserve up to twice it).
+        if ring.len() == ring.capacity() {
+            ring.reserve_exact(ring.len().max(16).min(capacity - ring.len()));
+        }
         ring.push_back(Kept::of(reading.at_ms, &reading.usage));
     }
 
@@ -415,6 +419,11 @@ mod tests {
         assert_eq!(history.since(a, 40_000, &limits).len(), 2);
         assert_eq!(history.latest(a, &limits).unwrap().at_ms, 45_000);
         assert_eq!(history.counts(), (2, 5));
+        // A ring never holds room for more than the bound.
+        assert!(
+            history.kept().values().all(|ring| ring.capacity() <= 16),
+            "{history:?}"
+        );
         assert!(history.bytes() >= 5 * std::mem::size_of::<Kept>());
         history.retain(&HashSet::from([b]));
         assert_eq!(history.counts(), (1, 1));

@@ -528,7 +528,6 @@ impl WorkspaceSupervisor {
         st.shared
             .events
             .publish(EventType::Added, stored.sandbox.clone());
-        crate::journal::created(&st.shared, &stored.sandbox).await;
         self.start_new_child(myself, st, id).await;
         Ok(stored.sandbox)
     }

@@ -198,6 +198,8 @@ async fn ready_sandbox(s: &Setup, ws: &str, name: &str, providers: &[&str]) -> S
 
 /// Every owned record's owner exists, every reference's target exists, and the indexes agree.
 async fn assert_no_orphans(s: &Setup) {
+    // The store's check runs with no write under way (events are written a moment after).
+    assert!(s.gw.events_written(Duration::from_secs(10)).await);
     let problems = s.sled.verify_indexes().unwrap();
     assert!(problems.is_empty(), "fsck: {problems:#?}");
     for kind in [
@@ -613,8 +615,7 @@ async fn owned_records_cascade_and_workspace_blockers_are_named() {
     gw.set_settings(&by_id(&big), settings).await.unwrap();
     gw.expose_service(&by_id(&big), 8000, "web").await.unwrap();
     // 1,500 settings, an attachment, a service and its events (Created, Started).
-    let events = gw.sandbox_events(&by_id(&big)).await.unwrap().len();
-    assert_eq!(events, 2);
+    let events = two_events(gw, &big).await;
     assert_eq!(
         s.sled.owned(uuid(&big)).await.unwrap().len(),
         1_502 + events
@@ -730,8 +731,7 @@ async fn a_sandbox_owning_ten_thousand_settings_is_deleted_in_one_transaction() 
     gw.set_settings(&by_id(&sb), settings).await.unwrap();
     let set_took = began.elapsed();
     // It owns its settings and its events (Created, Started).
-    let events = gw.sandbox_events(&by_id(&sb)).await.unwrap().len();
-    assert_eq!(events, 2);
+    let events = two_events(gw, &sb).await;
     assert_eq!(
         s.sled.owned(uuid(&sb)).await.unwrap().len(),
         10_000 + events
@@ -846,4 +846,21 @@ async fn a_network_policy_on_a_driver_without_a_network_is_refused_before_any_wr
     s.gw.create_sandbox_with(None, "plain", none, false, &[])
         .await
         .unwrap();
+}
+
+/// The events of a sandbox just made Ready: Created and Started, written by tasks of their
+/// own a moment after the changes they tell of (bounded: 10 s).
+async fn two_events(gw: &sbx_actors::Gateway, sb: &sbx_proto::v1::Sandbox) -> usize {
+    let began = std::time::Instant::now();
+    loop {
+        let events = gw.sandbox_events(&by_id(sb)).await.unwrap();
+        if events.len() == 2 {
+            return 2;
+        }
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(10),
+            "{events:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

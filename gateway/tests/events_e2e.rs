@@ -45,6 +45,22 @@ fn reasons(ep: &str, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// Until the sandbox's events include `reason` (bounded: 10 s).
+fn wait_for_reason(ep: &str, name: &str, reason: &str) {
+    let began = Instant::now();
+    loop {
+        let got = reasons(ep, name);
+        if got.iter().any(|r| r == reason) {
+            return;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "no {reason} among {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The oci driver's record of sandbox `id` under sbxd's data dir.
 fn driver_record(data: &Path, id: &str) -> PathBuf {
     let path = data
@@ -93,6 +109,9 @@ fn events_tell_an_oom_kill_a_recovery_and_a_reconciliation_in_order_after_a_sigk
     let generation = sbx(&ep, &["sandbox", "get", "oom", "-o", "json"]).json()["generation"]
         .as_u64()
         .unwrap();
+    // (An event is written just after its change, by a task of its own: the recovery's is
+    // in the store before sbxd is killed.)
+    wait_for_reason(&ep, "oom", "Recovered");
 
     // SIGKILL sbxd; while it is down the driver's record comes to disagree about the running
     // workload's generation (as after a driver that restarted it on its own).
@@ -168,7 +187,17 @@ fn events_tell_an_oom_kill_a_recovery_and_a_reconciliation_in_order_after_a_sigk
         sbx(&ep, &["sandbox", "stop", "churn"]).ok();
         sbx(&ep, &["sandbox", "start", "churn"]).ok();
     }
-    let churn = reasons(&ep, "churn");
+    // The last writes and drops land a moment after the last start answered.
+    let began = Instant::now();
+    let churn = loop {
+        let churn = reasons(&ep, "churn");
+        if (churn.len() == 8 && churn.last().map(String::as_str) == Some("Started"))
+            || began.elapsed() > Duration::from_secs(10)
+        {
+            break churn;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     eprintln!("events of churn: {churn:?}");
     assert_eq!(churn.len(), 8, "{churn:?}");
     assert_eq!(

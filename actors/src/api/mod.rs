@@ -161,6 +161,7 @@ impl Gateway {
             leases: Arc::new(LeaseTable::default()),
             startup: StartupTracker::default(),
             ownership,
+            event_writes: Default::default(),
         });
         if shared.ownership.is_some() {
             shared.drivers.nodes().set_fencing();
@@ -303,6 +304,24 @@ impl Gateway {
         metrics.watch_history_events.set(events as i64);
         metrics.watch_history_bytes.set(bytes as i64);
         metrics.encode()
+    }
+
+    /// Waits (at most `timeout`) until no event write is under way: events are written by
+    /// tasks of their own, a moment after the changes they tell of. True when none is.
+    pub async fn events_written(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self
+            .shared
+            .event_writes
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0
+        {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
     }
 
     /// The gateway's metrics, to count into (the API layer's requests).

@@ -75,6 +75,15 @@ fn decode(record: &sbx_storage::Record) -> Result<Sandbox, String> {
 }
 
 pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
+    // The store is read with no event write under way (events are written a moment after
+    // the changes they tell of, by tasks of their own).
+    let gateway = h.gateway.read().await.clone();
+    if !gateway
+        .events_written(std::time::Duration::from_secs(10))
+        .await
+    {
+        return Err("event writes still under way after 10 s".into());
+    }
     let mut checks = 0u64;
     let records = h
         .store
