@@ -1,10 +1,11 @@
-//! What the usage history and the events cost a gateway, side by side in one run: two sbxd
+//! What the usage history and the events cost a gateway, side by side in one run: three sbxd
 //! on the sim driver with the same `SBX_STATS_SANDBOXES` sandboxes (default 1,000), one
 //! keeping a sample a second for `SBX_STATS_HISTORY` seconds (default 120) and every event,
-//! the other keeping no samples and no events. Once the history is full: each sbxd's resident
-//! memory, the kept samples and their bytes as sbxd counts them (`sbx_stats_history_*`), the
-//! events in the store and the store's size on disk. Ignored; run with
-//! `cargo test --release -p sbx-gateway --test stats_bench -- --ignored --nocapture`.
+//! one keeping the events alone, one keeping neither. Once the history is full: each sbxd's
+//! resident memory, the kept samples and their bytes as sbxd counts them
+//! (`sbx_stats_history_*`), the events in the store and the store's size on disk; and the time
+//! of the same creates on the first and the last. Ignored; run with
+//! `cargo test -p sbx-gateway --test stats_bench -- --ignored --nocapture`.
 
 mod common;
 
@@ -69,6 +70,12 @@ async fn what_the_usage_history_and_the_events_cost_per_thousand_sandboxes() {
             addr_file.to_str().unwrap(),
         ],
     );
+    let events_data = DataDir::new();
+    let events_only = Sbxd::start(
+        events_data.path(),
+        "sim",
+        &["--log-format", "json", "--stats-interval", "0"],
+    );
     let bare_data = DataDir::new();
     let bare = Sbxd::start(
         bare_data.path(),
@@ -119,6 +126,7 @@ async fn what_the_usage_history_and_the_events_cost_per_thousand_sandboxes() {
             took_bare += create_round(&bare, from, to).await;
             took_keeping += create_round(&keeping, from, to).await;
         }
+        create_round(&events_only, from, to).await;
     }
     println!(
         "creating {many} sandboxes, 16 at a time: {took_keeping:?} keeping events and \
@@ -153,7 +161,11 @@ async fn what_the_usage_history_and_the_events_cost_per_thousand_sandboxes() {
         .await
         .unwrap()
         .into_inner();
-    let (rss_keeping, rss_bare) = (rss_kib(keeping.pid()), rss_kib(bare.pid()));
+    let (rss_keeping, rss_events, rss_bare) = (
+        rss_kib(keeping.pid()),
+        rss_kib(events_only.pid()),
+        rss_kib(bare.pid()),
+    );
     let (store_keeping, store_bare) = (
         du_kib(&keeping_data.path().join("store")),
         du_kib(&bare_data.path().join("store")),
@@ -162,7 +174,8 @@ async fn what_the_usage_history_and_the_events_cost_per_thousand_sandboxes() {
         "{many} sandboxes (sim driver), a sample a second for {history} s: {samples} samples \
          kept, {bytes} bytes as sbxd counts them ({:.1} bytes a sample; {:.1} KiB a sandbox \
          at the default 720); resident memory {rss_keeping} KiB keeping them and the events, \
-         {rss_bare} KiB keeping neither ({:+} KiB, {:.1} KiB per 1,000 sandboxes); {} events \
+         {rss_events} KiB keeping the events alone, {rss_bare} KiB keeping neither ({:+} KiB, \
+         {:.1} KiB per 1,000 sandboxes, for both); {} events \
          in the first page (2 a sandbox: Created, Started); store on disk {store_keeping} KiB \
          with them, {store_bare} KiB without",
         bytes / samples.max(1.0),
