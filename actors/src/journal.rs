@@ -56,11 +56,6 @@ pub fn transition(before: &Sandbox, after: &Sandbox) -> Option<(&'static str, St
             ),
         )),
         // Error → Starting: told as `Recovered` once Ready (see `Kept::note`).
-        Phase::Ready if was == Phase::Unknown => Some((
-            NORMAL,
-            "NodeBack".into(),
-            "its node answers again; running as before".into(),
-        )),
         Phase::Ready if was != Phase::Ready => Some((
             NORMAL,
             "Started".into(),
@@ -100,9 +95,6 @@ pub fn transition(before: &Sandbox, after: &Sandbox) -> Option<(&'static str, St
             },
             said("failed"),
         )),
-        Phase::Unknown if was != Phase::Unknown => {
-            Some((WARNING, "NodeLost".into(), said("its node does not answer")))
-        }
         _ => None,
     }
 }
@@ -423,14 +415,6 @@ mod tests {
         assert_eq!(
             reason(&ready, &sb(P::Error, "DriverUnavailable", "no answer", 1)).as_deref(),
             Some("DriverUnavailable")
-        );
-        assert_eq!(
-            reason(&ready, &sb(P::Unknown, "", "", 1)).as_deref(),
-            Some("NodeLost")
-        );
-        assert_eq!(
-            reason(&sb(P::Unknown, "", "", 1), &ready).as_deref(),
-            Some("NodeBack")
         );
         assert_eq!(
             reason(&ready, &sb(P::Completed, "Completed", "", 1)).as_deref(),

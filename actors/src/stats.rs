@@ -61,6 +61,8 @@ struct Kept {
     rx: u64,
     tx: u64,
     pids: u32,
+    /// OOM kills so far (saturating), in what the other fields leave of the 56 bytes.
+    oom_kills: u16,
     flags: u8,
 }
 
@@ -79,6 +81,7 @@ impl Kept {
             rx: u.network_rx_bytes,
             tx: u.network_tx_bytes,
             pids: u.pids.min(u64::from(u32::MAX)) as u32,
+            oom_kills: u.oom_kills.min(u64::from(u16::MAX)) as u16,
             flags: flag(u.running, RUNNING)
                 | flag(u.has_disk, HAS_DISK)
                 | flag(u.has_network, HAS_NETWORK),
@@ -101,7 +104,7 @@ impl Kept {
             memory_limit_bytes: limits.memory_limit_bytes,
             pids_limit: limits.pids_limit,
             disk_limit_bytes: limits.disk_limit_bytes,
-            oom_kills: limits.oom_kills,
+            oom_kills: u64::from(self.oom_kills),
         }
     }
 }
@@ -258,7 +261,9 @@ impl StatsHistory {
 
 /// Reads every running sandbox this gateway serves, every `interval`, into `history`, for
 /// ever (the caller aborts it). A driver that does not answer within the interval (or the
-/// driver call deadline, the shorter) leaves a gap, never a stall of the others.
+/// driver call deadline, the shorter) leaves a gap; reads run 16 at a time, so a round with
+/// many such drivers ends late (the next starts when it ends), and every read keeps its own
+/// time.
 pub async fn sample_forever(shared: Arc<Shared>, history: Arc<StatsHistory>) {
     let every = history.settings().interval;
     if every.is_zero() {
@@ -310,7 +315,9 @@ pub async fn sample_once(shared: &Arc<Shared>, history: &StatsHistory, every: Du
         }
     }
     let deadline = every.min(shared.config.driver_call_timeout);
-    let reads: Vec<BoxFuture<'static, (Uuid, Option<pb::SandboxUsage>)>> = targets
+    // Each read is kept as it arrives, stamped when it was made (the end of its own call),
+    // never at the end of the round.
+    let reads: Vec<BoxFuture<'static, (Uuid, Option<Reading>)>> = targets
         .into_iter()
         .map(|(id, driver)| {
             async move {
@@ -318,18 +325,15 @@ pub async fn sample_once(shared: &Arc<Shared>, history: &StatsHistory, every: Du
                     sandbox_id: id.to_string(),
                 });
                 let usage = tokio::time::timeout(deadline, read).await;
-                (id, usage.ok().and_then(Result::ok))
+                (id, usage.ok().and_then(Result::ok).map(Reading::now))
             }
             .boxed()
         })
         .collect();
-    let reads: Vec<(Uuid, Option<pb::SandboxUsage>)> = futures::stream::iter(reads)
-        .buffer_unordered(SAMPLE_CONCURRENCY)
-        .collect()
-        .await;
-    for (id, usage) in reads {
-        if let Some(usage) = usage {
-            history.record(id, &Reading::now(usage));
+    let mut reads = futures::stream::iter(reads).buffer_unordered(SAMPLE_CONCURRENCY);
+    while let Some((id, reading)) = reads.next().await {
+        if let Some(reading) = reading {
+            history.record(id, &reading);
         }
     }
     history.retain(&live);
@@ -440,6 +444,7 @@ mod tests {
     #[test]
     fn a_kept_read_round_trips_its_figures() {
         let mut u = usage(7, true);
+        u.oom_kills = 2;
         (u.has_disk, u.disk_used_bytes, u.disk_limit_bytes) = (true, 11, 12);
         (u.has_network, u.network_rx_bytes, u.network_tx_bytes) = (true, 13, 14);
         let back = Kept::of(1, &u).usage(&u);

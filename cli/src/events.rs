@@ -176,13 +176,16 @@ async fn show(target: &Target, source: Source, watch: bool, style: Style) -> Res
     let mut first = true;
     let mut batch = events;
     loop {
-        if seen.len() > MAX_SEEN {
-            seen = batch.iter().map(|e| e.id.clone()).collect();
-        }
+        let ids: Vec<String> = batch.iter().map(|e| e.id.clone()).collect();
         let fresh: Vec<Event> = batch
             .into_iter()
             .filter(|e| seen.insert(e.id.clone()))
             .collect();
+        // Past the bound, only what the gateway keeps now is remembered (after this batch was
+        // filtered, so its new events were printed).
+        if seen.len() > MAX_SEEN {
+            seen = ids.into_iter().collect();
+        }
         if !fresh.is_empty() || first {
             let text = match style.format {
                 OutputFormat::Json => fresh

@@ -273,6 +273,9 @@ fn stats_read_what_the_sandboxs_cgroup_reads_and_move_with_its_disk() {
     let _ = watch.kill();
     let _ = watch.wait();
     let lines = reader.join().unwrap();
+    // A few more cgroup reads after the last message's (so each message's time has a read
+    // on both sides).
+    std::thread::sleep(Duration::from_millis(200));
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let reads = sampler.join().unwrap();
     assert_eq!(lines.len(), 3, "{lines:?}");

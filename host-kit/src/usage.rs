@@ -43,13 +43,20 @@ pub fn hierarchy_dirs(path: &str) -> Vec<PathBuf> {
 /// and under the v2 (unified) root; whether or not it exists.
 pub fn hierarchy_paths(path: &str) -> Vec<PathBuf> {
     let rel = path.trim_start_matches('/');
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(CGROUP_ROOT)
+    let root = Path::new(CGROUP_ROOT);
+    // cgroup v2 alone: the root is the one hierarchy, and its children are cgroups (of which
+    // a delegated one could hold a tree named like another sandbox's path), not mounts.
+    if root.join("cgroup.controllers").exists() {
+        return vec![root.join(rel)];
+    }
+    // v1 (or hybrid): each child of the root is a hierarchy's mount (the v2 one included).
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(root)
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.path().join(rel))
         .collect();
-    paths.push(Path::new(CGROUP_ROOT).join(rel));
+    paths.push(root.join(rel));
     paths
 }
 

@@ -266,11 +266,13 @@ impl Gateway {
                 let mut counts: std::collections::BTreeMap<(String, String), i64> =
                     std::collections::BTreeMap::new();
                 let mut denied = 0u64;
+                let nodes = self.shared.drivers.nodes();
                 for record in records {
                     let Ok(stored) = crate::records::StoredSandbox::from_record(record) else {
                         continue;
                     };
-                    let sb = &stored.sandbox;
+                    // As the API shows it: Unknown while its node is silent past its grace.
+                    let sb = &nodes.present(stored.sandbox);
                     let driver = self.driver_name(sb);
                     *counts
                         .entry((format!("{:?}", sb.phase()), driver))
