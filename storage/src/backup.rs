@@ -140,19 +140,30 @@ fn store_err(store: &Path) -> impl FnOnce(StoreError) -> BackupError {
 /// sled takes an exclusive `flock` on `store/db` when it opens a database and holds it until
 /// the database closes; taking the same lock tells whether anybody has the store open.
 /// `None` when there is no `store/db`.
+/// A lock held is waited for as an open waits (`crate::sled_store::LOCK_WAIT`): a handle this
+/// process closed a moment ago can keep it that long; a live sbxd keeps it, and the answer is
+/// then `InUse`.
 fn lock(store: &Path) -> Result<Option<Flock<File>>, BackupError> {
     let db = store.join(SLED_LOG_FILE);
-    let file = match File::open(&db) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io("cannot open", &db)(e)),
-    };
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(locked) => Ok(Some(locked)),
-        Err((_, Errno::EWOULDBLOCK)) => Err(BackupError::InUse {
-            store: store.to_path_buf(),
-        }),
-        Err((_, errno)) => Err(io("cannot lock", &db)(errno.into())),
+    let began = std::time::Instant::now();
+    loop {
+        let file = match File::open(&db) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("cannot open", &db)(e)),
+        };
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => return Ok(Some(locked)),
+            Err((_, Errno::EWOULDBLOCK)) if began.elapsed() < crate::sled_store::LOCK_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err((_, Errno::EWOULDBLOCK)) => {
+                return Err(BackupError::InUse {
+                    store: store.to_path_buf(),
+                });
+            }
+            Err((_, errno)) => return Err(io("cannot lock", &db)(errno.into())),
+        }
     }
 }
 

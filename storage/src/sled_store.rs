@@ -66,7 +66,7 @@ impl std::fmt::Debug for SledStore {
 /// held: a handle this process closed a moment ago can keep it that long (sled's threads
 /// finish their last writes after the drop; a restore's import, then its check, met it).
 /// Another live process holds it for longer, and the open then fails as before.
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The sled database at `path` by itself, without the store's schema check or committer and
 /// without sled's background flusher (whose thread could keep the lock after the handle is
