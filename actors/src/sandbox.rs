@@ -787,14 +787,7 @@ impl SandboxActor {
             s.network_denied,
             st.stored.sandbox.network_last_denial.as_ref(),
         );
-        if let Some((kind, reason, message)) = event {
-            crate::journal::write(
-                &st.shared,
-                &mut st.journal,
-                &st.stored.sandbox,
-                (kind, &reason, &message),
-            );
-        }
+        tell(st, event);
         Ok(())
     }
 
@@ -807,15 +800,9 @@ impl SandboxActor {
         st.shared
             .events
             .publish(EventType::Modified, st.stored.sandbox.clone());
-        if let Ok(before) = before
-            && let Some((kind, reason, message)) = st.journal.note(&before, &st.stored.sandbox)
-        {
-            crate::journal::write(
-                &st.shared,
-                &mut st.journal,
-                &st.stored.sandbox,
-                (kind, &reason, &message),
-            );
+        if let Ok(before) = before {
+            let event = st.journal.note(&before, &st.stored.sandbox);
+            tell(st, event);
         }
         Ok(())
     }
@@ -841,6 +828,18 @@ impl SandboxActor {
             .events
             .publish(EventType::Deleted, st.stored.sandbox.clone());
         Ok(())
+    }
+}
+
+/// Writes `event` of the sandbox, if there is one (`crate::journal::write`).
+fn tell(st: &mut SandboxState, event: Option<(&'static str, String, String)>) {
+    if let Some((kind, reason, message)) = event {
+        crate::journal::write(
+            &st.shared,
+            &mut st.journal,
+            &st.stored.sandbox,
+            (kind, &reason, &message),
+        );
     }
 }
 

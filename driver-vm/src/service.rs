@@ -170,7 +170,7 @@ impl HostService for VmDriver {
         };
         if record.desired == Desired::Running
             && let Some(qemu) = self.vm_identity(id)
-            && let Some((cpu_nanos, rss)) = sbx_host_kit::usage::process_usage(qemu.pid)
+            && let Some((cpu_nanos, rss)) = sbx_host_kit::usage::process_usage(&qemu)
         {
             (out.running, out.cpu_nanos, out.memory_bytes) = (true, cpu_nanos, rss);
         }

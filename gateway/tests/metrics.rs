@@ -9,28 +9,14 @@ use std::io::Write as _;
 use std::process::Command;
 use std::time::Duration;
 
-use common::metrics::{scrape, value};
+use common::metrics::{scrape, start_with_metrics, value};
 use common::{DataDir, Sbxd, eventually, sbx};
 use sbx_proto::v1::WatchSandboxesRequest;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exposition_parses_and_its_families_move() {
     let data = DataDir::new();
-    let addr_file = data.path().join("metrics-addr");
-    let d = Sbxd::start(
-        data.path(),
-        "process",
-        &[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-addr-file",
-            addr_file.to_str().unwrap(),
-        ],
-    );
-    let addr = std::fs::read_to_string(&addr_file)
-        .unwrap()
-        .trim()
-        .to_string();
+    let (d, addr) = start_with_metrics(data.path(), "process", &[]);
     let before = scrape(&addr).await;
     assert_eq!(value(&before, "sbx_build_info", &[]), 1.0);
     assert_eq!(value(&before, "sbx_sandboxes", &[]), 0.0);
@@ -155,20 +141,7 @@ async fn the_exposition_parses_and_its_families_move() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_fault_and_a_restart_show_in_the_metrics() {
     let data = DataDir::new();
-    let addr_file = data.path().join("metrics-addr");
-    let flags = [
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--metrics-addr-file",
-        addr_file.to_str().unwrap(),
-    ];
-    let mut faulty = flags.to_vec();
-    faulty.extend(["--sim-fail", "create"]);
-    let mut d = Sbxd::start(data.path(), "sim", &faulty);
-    let addr = std::fs::read_to_string(&addr_file)
-        .unwrap()
-        .trim()
-        .to_string();
+    let (mut d, addr) = start_with_metrics(data.path(), "sim", &["--sim-fail", "create"]);
     sbx(
         &d.endpoint(),
         &["sandbox", "create", "f1", "--detach", "--", "sleep", "100"],
@@ -206,11 +179,7 @@ async fn a_driver_fault_and_a_restart_show_in_the_metrics() {
     );
     d.sigterm(Duration::from_secs(30));
 
-    let d = Sbxd::start(data.path(), "sim", &flags);
-    let addr = std::fs::read_to_string(&addr_file)
-        .unwrap()
-        .trim()
-        .to_string();
+    let (d, addr) = start_with_metrics(data.path(), "sim", &[]);
     let again = scrape(&addr).await;
     assert_eq!(value(&again, "sbx_build_info", &[]), 1.0);
     assert_eq!(
@@ -235,23 +204,7 @@ async fn a_driver_fault_and_a_restart_show_in_the_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_in_flight_count_what_waits_for_a_sandbox_actor() {
     let data = DataDir::new();
-    let addr_file = data.path().join("metrics-addr");
-    let d = Sbxd::start(
-        data.path(),
-        "sim",
-        &[
-            "--sim-latency-ms",
-            "1500",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-addr-file",
-            addr_file.to_str().unwrap(),
-        ],
-    );
-    let addr = std::fs::read_to_string(&addr_file)
-        .unwrap()
-        .trim()
-        .to_string();
+    let (d, addr) = start_with_metrics(data.path(), "sim", &["--sim-latency-ms", "1500"]);
     let ep = d.endpoint();
     sbx(&ep, &["sandbox", "create", "slow", "--", "sleep", "100"]).ok();
     let idle = scrape(&addr).await;
@@ -314,19 +267,7 @@ async fn the_cost_of_metrics_on_the_hot_paths() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
     let on_data = DataDir::new();
-    let addr_file = on_data.path().join("metrics-addr");
-    let on = Sbxd::start(
-        on_data.path(),
-        "process",
-        &[
-            "--log-format",
-            "json",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-addr-file",
-            addr_file.to_str().unwrap(),
-        ],
-    );
+    let (on, on_addr) = start_with_metrics(on_data.path(), "process", &["--log-format", "json"]);
     let off_data = DataDir::new();
     let off = Sbxd::start(off_data.path(), "process", &["--log-format", "json"]);
     let spec = || SandboxSpec {
@@ -432,11 +373,7 @@ async fn the_cost_of_metrics_on_the_hot_paths() {
         eo.as_secs_f64() / ef.as_secs_f64(),
         ro.as_secs_f64() / rf.as_secs_f64()
     );
-    let addr = std::fs::read_to_string(&addr_file)
-        .unwrap()
-        .trim()
-        .to_string();
-    let scraped = scrape(&addr).await;
+    let scraped = scrape(&on_addr).await;
     assert!(value(&scraped, "sbx_sandboxes", &[]) >= rounds as f64);
     drop(on);
     drop(off);
@@ -447,19 +384,7 @@ async fn the_cost_of_metrics_on_the_hot_paths() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
     let sim_data = DataDir::new();
-    let sim_addr_file = sim_data.path().join("metrics-addr");
-    let sim = Sbxd::start(
-        sim_data.path(),
-        "sim",
-        &[
-            "--log-format",
-            "json",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-addr-file",
-            sim_addr_file.to_str().unwrap(),
-        ],
-    );
+    let (sim, sim_addr) = start_with_metrics(sim_data.path(), "sim", &["--log-format", "json"]);
     let client = sim.sandboxes().await;
     futures::StreamExt::buffer_unordered(
         futures::stream::iter(0..many).map(|i| {
@@ -482,10 +407,6 @@ async fn the_cost_of_metrics_on_the_hot_paths() {
     )
     .collect::<Vec<_>>()
     .await;
-    let sim_addr = std::fs::read_to_string(&sim_addr_file)
-        .unwrap()
-        .trim()
-        .to_string();
     let mut took = Vec::new();
     let mut size = 0;
     for _ in 0..10 {

@@ -11,19 +11,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::metrics::{scrape, value};
-use common::{DataDir, Sbxd};
+use common::metrics::{scrape, start_with_metrics, value};
+use common::{DataDir, Sbxd, rss_kib};
 use futures::StreamExt;
 use sbx_proto::v1::{CreateSandboxRequest, ListEventsRequest, SandboxSpec};
-
-fn rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
 
 fn du_kib(path: &std::path::Path) -> u64 {
     let out = std::process::Command::new("du")
@@ -52,9 +43,8 @@ async fn what_the_usage_history_and_the_events_cost_per_thousand_sandboxes() {
     let many = env_or("SBX_STATS_SANDBOXES", 1000);
     let history = env_or("SBX_STATS_HISTORY", 120);
     let keeping_data = DataDir::new();
-    let addr_file = keeping_data.path().join("metrics-addr");
     let history_arg = format!("{history}s");
-    let keeping = Sbxd::start(
+    let (keeping, addr) = start_with_metrics(
         keeping_data.path(),
         "sim",
         &[
@@ -64,10 +54,6 @@ async fn what_the_usage_history_and_the_events_cost_per_thousand_sandboxes() {
             "1s",
             "--stats-history",
             &history_arg,
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-addr-file",
-            addr_file.to_str().unwrap(),
         ],
     );
     let events_data = DataDir::new();
@@ -134,10 +120,6 @@ async fn what_the_usage_history_and_the_events_cost_per_thousand_sandboxes() {
         took_keeping.as_secs_f64() / took_bare.as_secs_f64()
     );
     // Until every sandbox has a full history (bounded: the history and a minute more).
-    let addr = std::fs::read_to_string(&addr_file)
-        .unwrap()
-        .trim()
-        .to_string();
     let full = (many * history) as f64;
     let began = std::time::Instant::now();
     loop {

@@ -85,15 +85,7 @@ async fn two_vms_survive_stop_start_and_sigkill_and_a_drifted_marker_heals_itsel
     // c2. A VM's usage is its QEMU's as the host pays it: CPU time and resident memory read
     // within 10 % of QEMU's own /proc figures, against the VM's cpus and memory; its disk is
     // the image's allocated bytes against its size.
-    let rss_kib = |pid: i32| -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap()
-    };
-    let before = rss_kib(qemu_a1.pid);
+    let before = common::rss_kib(qemu_a1.pid);
     let stats = sb
         .clone()
         .get_sandbox_stats(sbx_proto::v1::GetSandboxStatsRequest {
@@ -103,7 +95,7 @@ async fn two_vms_survive_stop_start_and_sigkill_and_a_drifted_marker_heals_itsel
         .await
         .expect("stats of a VM")
         .into_inner();
-    let after = rss_kib(qemu_a1.pid);
+    let after = common::rss_kib(qemu_a1.pid);
     let now = stats.current.expect("a current sample");
     eprintln!("stats of a VM: {now:?}");
     assert!(now.running, "{now:?}");

@@ -24,7 +24,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{DataDir, Sbxd};
+use common::{DataDir, Sbxd, rss_kib};
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::{
     CreateSandboxRequest, ListSandboxesRequest, SandboxRef, SandboxSpec, StartSandboxRequest,
@@ -44,17 +44,6 @@ const RSS_GROWTH_LIMIT_KIB: u64 = 64 << 10;
 const CYCLES: usize = 160;
 /// A health probe must answer within this.
 const HEALTH_LIMIT: Duration = Duration::from_millis(100);
-
-/// sbxd's resident memory, in KiB (VmRSS of /proc/PID/status).
-fn rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
-}
 
 /// A spec of about `bytes` encoded bytes (at most 240 KiB: the limits allow 128 KiB of argv
 /// and 128 KiB of environment, each string at most 32 KiB), labelled for `labels`.

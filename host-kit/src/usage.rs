@@ -167,10 +167,18 @@ pub fn link_traffic(host_end: &str) -> Option<(u64, u64)> {
     Some((read("tx_bytes")?, read("rx_bytes")?))
 }
 
-/// CPU time (user + system, in nanoseconds) and resident memory (bytes) of the live process
-/// `pid`, from `/proc/<pid>/stat` and `/proc/<pid>/statm`.
-pub fn process_usage(pid: i32) -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// CPU time (user + system, in nanoseconds) and resident memory (bytes) of the process
+/// `identity`, from `/proc/<pid>/stat` and `/proc/<pid>/statm`; `None` unless both were read
+/// of that very process (its start time checked before and after: a recycled pid is another
+/// process, never read for it).
+pub fn process_usage(identity: &crate::ProcessIdentity) -> Option<(u64, u64)> {
+    let pid = identity.pid;
+    let read_stat = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let line = crate::procfs::parse_stat_line(&stat)?;
+        (line.identity == *identity).then_some(stat)
+    };
+    let stat = read_stat()?;
     // Fields after the command name (which may hold spaces), counted from its last ')':
     // utime and stime are fields 14 and 15, the 12th and 13th after it.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -182,6 +190,7 @@ pub fn process_usage(pid: i32) -> Option<(u64, u64)> {
     let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
     let resident_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     let rss = resident_pages.saturating_mul(rustix::param::page_size() as u64);
+    read_stat()?;
     Some((cpu_nanos, rss))
 }
 
@@ -313,7 +322,10 @@ mod tests {
 
     #[test]
     fn this_process_has_cpu_time_and_resident_memory() {
-        let (cpu, rss) = process_usage(std::process::id() as i32).unwrap();
+        let me = crate::procfs::read_stat(std::process::id() as i32)
+            .unwrap()
+            .identity;
+        let (cpu, rss) = process_usage(&me).unwrap();
         assert!(rss > 0);
         // Burn a little CPU, and see it counted.
         let start = std::time::Instant::now();
@@ -322,9 +334,16 @@ mod tests {
             x = x.wrapping_mul(31).wrapping_add(1);
         }
         std::hint::black_box(x);
-        let (later, _) = process_usage(std::process::id() as i32).unwrap();
+        let (later, _) = process_usage(&me).unwrap();
         assert!(later > cpu, "{later} > {cpu}");
-        assert_eq!(process_usage(-1), None);
+        // Another incarnation of the pid (another start time) is not read; nor is no process.
+        let recycled = crate::ProcessIdentity {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        };
+        assert_eq!(process_usage(&recycled), None);
+        let none = crate::ProcessIdentity { pid: -1, ..me };
+        assert_eq!(process_usage(&none), None);
     }
 
     #[test]

@@ -87,3 +87,26 @@ pub fn value(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
         .map(|(_, _, v)| v)
         .sum()
 }
+
+/// sbxd on `data` with `driver` and `extra` flags, serving its metrics on a loopback port of
+/// its own choosing, and that port's address.
+pub fn start_with_metrics(
+    data: &std::path::Path,
+    driver: &str,
+    extra: &[&str],
+) -> (super::Sbxd, String) {
+    let addr_file = data.join("metrics-addr");
+    let mut flags = extra.to_vec();
+    flags.extend([
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--metrics-addr-file",
+        addr_file.to_str().expect("a UTF-8 path"),
+    ]);
+    let d = super::Sbxd::start(data, driver, &flags);
+    let addr = std::fs::read_to_string(&addr_file)
+        .expect("the metrics address file")
+        .trim()
+        .to_string();
+    (d, addr)
+}

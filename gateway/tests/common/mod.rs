@@ -726,3 +726,14 @@ pub fn run_script(script: &Path, dir: &Path, env: &[(&str, &str)], limit: Durati
         took,
     }
 }
+
+/// A process's resident memory, in KiB (VmRSS of /proc/PID/status).
+pub fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
