@@ -116,6 +116,12 @@ impl ComputeDriver for RecordingDriver {
             .destructive(Destructive::Delete, &req.sandbox_id);
         self.inner.delete(req).await
     }
+    async fn pause(&self, req: pb::PauseRequest) -> Result<pb::Snapshot, DriverError> {
+        self.inner.pause(req).await
+    }
+    async fn resume(&self, req: pb::ResumeRequest) -> Result<pb::Snapshot, DriverError> {
+        self.inner.resume(req).await
+    }
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
         self.inner.get(req).await
     }

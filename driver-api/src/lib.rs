@@ -193,6 +193,27 @@ pub trait ComputeDriver: Send + Sync + 'static {
         ))
     }
 
+    /// Saves a running workload's processes and memory to disk and ends them (the `pause`
+    /// capability); the snapshot then says `Paused` under the same generation. Pause of a
+    /// paused workload does nothing; `FailedPrecondition` when it does not run. A pause that
+    /// fails leaves the workload running.
+    async fn pause(&self, req: pb::PauseRequest) -> Result<pb::Snapshot, DriverError> {
+        parse_sandbox_id(&req.sandbox_id)?;
+        Err(DriverError::Unimplemented(
+            "pausing a sandbox: this driver cannot save a workload's memory".into(),
+        ))
+    }
+
+    /// Brings a paused workload back: the same processes, memory, open files and sockets,
+    /// under the same generation. Resume of a running workload does nothing;
+    /// `FailedPrecondition` when it is not paused. A resume that fails keeps what was saved.
+    async fn resume(&self, req: pb::ResumeRequest) -> Result<pb::Snapshot, DriverError> {
+        parse_sandbox_id(&req.sandbox_id)?;
+        Err(DriverError::Unimplemented(
+            "resuming a sandbox: this driver cannot pause one".into(),
+        ))
+    }
+
     /// A sandbox's network: policy, address and recent denials (the `network` capability;
     /// without it, every sandbox has loopback only and no denials).
     async fn get_network(

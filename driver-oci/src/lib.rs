@@ -42,6 +42,14 @@
 //!   told from death by signal n. The workload can write its own run directory (it is the
 //!   init's), so a workload can misreport its own exit status, and only its own.
 //! - No network beyond loopback. At most ~35 image layers (one overlay mount's options).
+//! - No pause and resume (the `pause` capability is false). CRIU, through `runc checkpoint`
+//!   and `runc restore`, cannot save a sandbox as this driver makes it: Debian 12's criu 3.17
+//!   does not start on a kernel of 6.13 or later (it cannot parse their `[vvar_vclock]` vDSO
+//!   mapping; CRIU 4.1 can); the descriptors the driver hands the init (the log as stdout and
+//!   stderr, the run's status files, the agent's socket, made in the host's network namespace)
+//!   are outside the container, where CRIU does not find them and from where `runc restore`
+//!   cannot hand them back; and CRIU drops, without a word, the Landlock domains that keep the
+//!   workload out of the agent, the loggers and each exec (`sbx_agent::confine`).
 //!
 //! **Exec.** The init also starts `sbx-agent` ([`sbx_host_kit::agent`]) on a listening socket the
 //! driver binds in the sandbox's directory before each launch and hands to runc as fd 3

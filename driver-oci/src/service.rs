@@ -46,6 +46,8 @@ impl HostService for OciDriver {
             network: self.inner.opts.network.is_some(),
             disk_limit: true,
             stats: true,
+            // No pause and resume: see the crate docs' known limits.
+            pause: false,
             isolation: format!(
                 "OCI container ({}): user namespace (root = {}), pid/mount/uts/ipc/\
                  net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \

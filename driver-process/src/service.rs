@@ -42,6 +42,9 @@ impl HostService for ProcessDriver {
             copy_when_stopped: true,
             disk_limit: false,
             stats: true,
+            // A process sandbox's workload is the host's processes under a user namespace:
+            // nothing saves and restores them here (the oci driver's CRIU does).
+            pause: false,
             isolation: format!(
                 "pid,mount,uts,ipc,net namespaces; uid 0 of a user namespace = {}, \
                  no capabilities; {}; the host's root filesystem as that uid sees it, with a \

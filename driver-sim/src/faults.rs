@@ -26,11 +26,13 @@ pub enum SimOp {
     Logs,
     Capabilities,
     Stats,
+    Pause,
+    Resume,
 }
 
 impl SimOp {
     /// Every operation, in declaration order.
-    pub const ALL: [SimOp; 11] = [
+    pub const ALL: [SimOp; 13] = [
         SimOp::Create,
         SimOp::Start,
         SimOp::Stop,
@@ -42,6 +44,8 @@ impl SimOp {
         SimOp::Logs,
         SimOp::Capabilities,
         SimOp::Stats,
+        SimOp::Pause,
+        SimOp::Resume,
     ];
 
     /// The operation's name, lowercase, as it appears in error messages.
@@ -58,6 +62,8 @@ impl SimOp {
             SimOp::Logs => "logs",
             SimOp::Capabilities => "capabilities",
             SimOp::Stats => "stats",
+            SimOp::Pause => "pause",
+            SimOp::Resume => "resume",
         }
     }
 }

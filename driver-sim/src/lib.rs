@@ -282,6 +282,7 @@ impl ComputeDriver for SimDriver {
             disk_limit: false,
             // A simulated workload uses nothing: its figures are zeros, its state the world's.
             stats: true,
+            pause: true,
             driver: "sim".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             exec: true,
@@ -337,6 +338,16 @@ impl ComputeDriver for SimDriver {
             running: s.state == pb::State::Running as i32,
             ..Default::default()
         }))
+    }
+
+    async fn pause(&self, req: pb::PauseRequest) -> Result<pb::Snapshot, DriverError> {
+        let admission = self.admit(SimOp::Pause, &req.sandbox_id, None).await?;
+        admission.answer(parse_sandbox_id(&req.sandbox_id).and_then(|id| self.world.pause(id)))
+    }
+
+    async fn resume(&self, req: pb::ResumeRequest) -> Result<pb::Snapshot, DriverError> {
+        let admission = self.admit(SimOp::Resume, &req.sandbox_id, None).await?;
+        admission.answer(parse_sandbox_id(&req.sandbox_id).and_then(|id| self.world.resume(id)))
     }
 
     async fn list(&self) -> Result<Vec<pb::Snapshot>, DriverError> {

@@ -409,10 +409,64 @@ impl SimWorld {
             .ok_or_else(|| DriverError::NotFound {
                 sandbox_id: id.to_string(),
             })?;
-        if workload.state == pb::State::Running {
+        if matches!(workload.state, pb::State::Running | pb::State::Paused) {
             workload.state = pb::State::Stopped;
             self.append_log(id, workload, "stopped".to_string());
             self.emit(id, workload);
+        }
+        Ok(workload.snapshot(id))
+    }
+
+    /// Pauses a running workload: its state (instance, generation, files) is kept as it is,
+    /// nothing runs. A paused one is left as it is.
+    pub(crate) fn pause(&self, id: Uuid) -> Result<pb::Snapshot, DriverError> {
+        let mut state = self.lock();
+        let workload = state
+            .workloads
+            .get_mut(&id)
+            .ok_or_else(|| DriverError::NotFound {
+                sandbox_id: id.to_string(),
+            })?;
+        match workload.state {
+            pb::State::Paused => {}
+            pb::State::Running => {
+                workload.state = pb::State::Paused;
+                self.append_log(id, workload, "paused".to_string());
+                self.emit(id, workload);
+            }
+            other => {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "sandbox {id} is {}; only a running workload can be paused",
+                    other.as_str_name()
+                )));
+            }
+        }
+        Ok(workload.snapshot(id))
+    }
+
+    /// Resumes a paused workload: the same instance under the same generation. A running one
+    /// is left as it is.
+    pub(crate) fn resume(&self, id: Uuid) -> Result<pb::Snapshot, DriverError> {
+        let mut state = self.lock();
+        let workload = state
+            .workloads
+            .get_mut(&id)
+            .ok_or_else(|| DriverError::NotFound {
+                sandbox_id: id.to_string(),
+            })?;
+        match workload.state {
+            pb::State::Running => {}
+            pb::State::Paused => {
+                workload.state = pb::State::Running;
+                self.append_log(id, workload, "resumed".to_string());
+                self.emit(id, workload);
+            }
+            other => {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "sandbox {id} is {}; only a paused workload can be resumed",
+                    other.as_str_name()
+                )));
+            }
         }
         Ok(workload.snapshot(id))
     }

@@ -366,6 +366,26 @@ impl ComputeDriver for RemoteDriver {
         .await
     }
 
+    async fn pause(&self, req: pb::PauseRequest) -> Result<pb::Snapshot, DriverError> {
+        self.call(
+            "pause",
+            req,
+            true,
+            |mut c, r| async move { c.pause(r).await },
+        )
+        .await
+    }
+
+    async fn resume(&self, req: pb::ResumeRequest) -> Result<pb::Snapshot, DriverError> {
+        self.call(
+            "resume",
+            req,
+            true,
+            |mut c, r| async move { c.resume(r).await },
+        )
+        .await
+    }
+
     async fn get(&self, req: pb::GetRequest) -> Result<pb::Snapshot, DriverError> {
         self.call("get", req, true, |mut c, r| async move { c.get(r).await })
             .await

@@ -286,6 +286,17 @@ impl Driver for DriverService {
         answer(self.driver.stats(r.into_inner()).await)
     }
 
+    async fn pause(&self, r: Request<pb::PauseRequest>) -> Result<Response<pb::Snapshot>, Status> {
+        answer(self.driver.pause(r.into_inner()).await)
+    }
+
+    async fn resume(
+        &self,
+        r: Request<pb::ResumeRequest>,
+    ) -> Result<Response<pb::Snapshot>, Status> {
+        answer(self.driver.resume(r.into_inner()).await)
+    }
+
     async fn get(&self, r: Request<pb::GetRequest>) -> Result<Response<pb::Snapshot>, Status> {
         answer(self.driver.get(r.into_inner()).await)
     }
