@@ -87,6 +87,32 @@ pub struct Config {
     /// Gateways sharing one store: each serves the workspaces whose lease it holds
     /// (`crate::ownership`). `None`: this gateway serves every workspace (one gateway).
     pub ownership: Option<OwnershipSettings>,
+    /// Bounds and thresholds of sandbox lifetimes (`crate::lifetime`).
+    pub lifetimes: LifetimeSettings,
+}
+
+/// Bounds and thresholds of sandbox lifetimes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LifetimeSettings {
+    /// The longest ttl, idle timeout or delete-after a sandbox may ask (sbxd `--max-ttl`,
+    /// default 30 days): a longer one is refused at create, not discovered at the deadline.
+    pub max_ttl: Duration,
+    /// A Ready sandbox whose workload uses at least this many cores on average over its idle
+    /// window is busy, not idle (sbxd `--idle-cpu`, default 0.05).
+    pub idle_cpu_cores: f64,
+    /// The deadline of one driver pause or resume call (each moves the workload's whole
+    /// memory to or from disk): 10 minutes.
+    pub pause_timeout: Duration,
+}
+
+impl Default for LifetimeSettings {
+    fn default() -> Self {
+        LifetimeSettings {
+            max_ttl: Duration::from_secs(30 * 24 * 3600),
+            idle_cpu_cores: 0.05,
+            pause_timeout: Duration::from_secs(600),
+        }
+    }
 }
 
 /// Who this gateway is among those sharing a store, and how long a lease lasts.
@@ -130,6 +156,7 @@ impl Default for Config {
             default_resources: sbx_proto::v1::Resources::default(),
             local_node_cordoned: false,
             ownership: None,
+            lifetimes: LifetimeSettings::default(),
         }
     }
 }
@@ -259,4 +286,6 @@ pub struct Shared {
     pub ownership: Option<Arc<crate::ownership::Ownership>>,
     /// Event writes under way (`crate::journal::write`'s tasks).
     pub event_writes: std::sync::atomic::AtomicUsize,
+    /// The data calls open on each sandbox: what idleness is measured against.
+    pub activity: Arc<crate::lifetime::Activity>,
 }

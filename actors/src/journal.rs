@@ -55,6 +55,11 @@ pub fn transition(before: &Sandbox, after: &Sandbox) -> Option<(&'static str, St
                 before.reason, before.message
             ),
         )),
+        Phase::Ready if was != Phase::Ready && before.reason == "Resuming" => Some((
+            NORMAL,
+            "Resumed".into(),
+            format!("the saved processes run again under generation {generation}"),
+        )),
         // Error → Starting: told as `Recovered` once Ready (see `Kept::note`).
         Phase::Ready if was != Phase::Ready => Some((
             NORMAL,
@@ -78,8 +83,18 @@ pub fn transition(before: &Sandbox, after: &Sandbox) -> Option<(&'static str, St
         )),
         Phase::Stopped if was != Phase::Stopped => Some((
             NORMAL,
-            "Stopped".into(),
-            "the workload is stopped; its files are kept".into(),
+            // Stopped by a deadline: its reason (TtlExpired, Idle).
+            if after.reason.is_empty() {
+                "Stopped".into()
+            } else {
+                after.reason.clone()
+            },
+            said("the workload is stopped; its files are kept"),
+        )),
+        Phase::Paused if was != Phase::Paused => Some((
+            NORMAL,
+            "Paused".into(),
+            said("the workload's processes and memory are saved; nothing of it runs"),
         )),
         Phase::Completed if was != Phase::Completed => Some((
             NORMAL,

@@ -19,6 +19,7 @@ mod images;
 pub mod journal;
 mod lease;
 pub mod lifecycle;
+pub mod lifetime;
 pub mod limits;
 pub mod metrics;
 pub mod nodes;
@@ -43,7 +44,7 @@ pub use api::{
     ActorStream, DEFAULT_PAGE_SIZE, ExecInputs, ExecOptions, ForwardInputs, Gateway, Listed,
     LogOptions, MAX_PAGE_SIZE, SandboxFilter, ServiceTarget,
 };
-pub use config::{Config, DEFAULT_IMAGE, DriverSet, OwnershipSettings};
+pub use config::{Config, DEFAULT_IMAGE, DriverSet, LifetimeSettings, OwnershipSettings};
 pub use error::{ActorError, ImageFailure, Result};
 pub use images::{ImageSelector, record_name as image_record_name};
 pub use owned::sealer::Sealer;

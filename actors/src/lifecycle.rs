@@ -17,6 +17,10 @@ pub enum Observed {
     Stopping,
     /// The main process ended by itself.
     Exited(Exit),
+    /// The workload's processes and memory are saved on the driver's disk; none runs.
+    Paused {
+        generation: u64,
+    },
 }
 
 /// How a workload's main process ended.
@@ -44,6 +48,9 @@ impl Observed {
                 message: s.message.clone(),
             }),
             State::Stopping => Observed::Stopping,
+            State::Paused => Observed::Paused {
+                generation: s.generation,
+            },
             State::Stopped | State::Unspecified => Observed::Stopped,
         }
     }
@@ -97,6 +104,11 @@ pub enum Step {
     /// stale. The actor fails; its supervisor restarts it from the record, and the fresh actor
     /// adopts.
     Drift { persisted: u64, running: u64 },
+    /// Persist Pausing, then save the workload's processes and memory (driver `pause`).
+    Pause,
+    /// Persist Starting (reason Resuming), then bring the paused workload back under its own
+    /// generation (driver `resume`).
+    Resume,
 }
 
 /// Whether the record holds a start intent not yet confirmed by the driver.
@@ -195,6 +207,8 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
                     Step::Record(exit_change(exit))
                 }
             }
+            // A stop of a paused workload discards what was saved.
+            Observed::Paused { .. } => Step::Stop,
             // Never made in the driver: made now, not started.
             Observed::Absent if cur.phase == Phase::Provisioning => Step::Prepare {
                 generation: next_generation(cur),
@@ -209,7 +223,29 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
                 }
             }
         },
+        DesiredState::Paused => match obs {
+            Observed::Running { .. } => Step::Pause,
+            Observed::Paused { .. } => {
+                if cur.phase == Phase::Paused {
+                    Step::Settled
+                } else {
+                    // The reason the pause was asked for stays (see `PhaseChange::keeps_reason`).
+                    record(Phase::Paused, "", "")
+                }
+            }
+            // A stop under way finishes; what is stopped cannot be paused: it stays stopped.
+            Observed::Stopping => Step::Stop,
+            Observed::Exited(exit) => Step::Record(exit_change(exit)),
+            Observed::Stopped | Observed::Absent => Step::Record(PhaseChange {
+                phase: Phase::Stopped,
+                reason: String::new(),
+                message: "the workload was not running, so there was nothing to pause".into(),
+                desired: Some(DesiredState::Stopped),
+            }),
+        },
         DesiredState::Running | DesiredState::Unspecified => match obs {
+            // The same processes come back, under their own generation.
+            Observed::Paused { .. } => Step::Resume,
             Observed::Absent => Step::Create {
                 generation: next_generation(cur),
             },
@@ -266,6 +302,7 @@ pub fn is_transitional(phase: Phase) -> bool {
             | Phase::Starting
             | Phase::Stopping
             | Phase::Deleting
+            | Phase::Pausing
             | Phase::Unspecified
     )
 }
@@ -665,6 +702,76 @@ mod tests {
     }
 
     #[test]
+    fn pause_and_resume_are_planned_from_what_the_driver_says() {
+        let paused = Observed::Paused { generation: 3 };
+        for fresh in [true, false] {
+            // Wanted paused: a running workload is paused, a paused one recorded once.
+            check(
+                cur(D::Paused, P::Pausing, 3),
+                Observed::Running { generation: 3 },
+                fresh,
+                Step::Pause,
+            );
+            check(
+                cur(D::Paused, P::Pausing, 3),
+                paused.clone(),
+                fresh,
+                record(P::Paused, "", ""),
+            );
+            check(
+                cur(D::Paused, P::Paused, 3),
+                paused.clone(),
+                fresh,
+                Step::Settled,
+            );
+            // Wanted running: the paused workload is resumed, never made again.
+            for phase in [P::Paused, P::Starting, P::Error] {
+                check(
+                    cur(D::Running, phase, 3),
+                    paused.clone(),
+                    fresh,
+                    Step::Resume,
+                );
+            }
+            // Wanted stopped or deleted: what was saved is discarded.
+            check(
+                cur(D::Stopped, P::Paused, 3),
+                paused.clone(),
+                fresh,
+                Step::Stop,
+            );
+            check(
+                cur(D::Deleted, P::Paused, 3),
+                paused.clone(),
+                fresh,
+                Step::Delete,
+            );
+            // A workload that is not running cannot be paused: it is recorded as it is, and
+            // stopped is what is wanted from then on.
+            for obs in [Observed::Stopped, Observed::Absent] {
+                let step = plan(&cur(D::Paused, P::Pausing, 3), &obs, fresh);
+                assert!(
+                    matches!(&step, Step::Record(c) if c.phase == P::Stopped && c.desired == Some(D::Stopped)),
+                    "{obs:?}: {step:?}"
+                );
+            }
+            let step = plan(&cur(D::Paused, P::Pausing, 3), &exit(3, 0, 0), fresh);
+            assert!(
+                matches!(&step, Step::Record(c) if c.phase == P::Completed && c.desired == Some(D::Stopped)),
+                "{step:?}"
+            );
+        }
+        assert_eq!(
+            Observed::from_snapshot(&pb::Snapshot {
+                state: State::Paused as i32,
+                generation: 3,
+                ..Default::default()
+            }),
+            paused
+        );
+    }
+
+    #[test]
     fn an_old_runs_exit_does_not_cancel_a_pending_start() {
         check(
             cur(D::Running, P::Starting, 5),
@@ -685,8 +792,11 @@ mod tests {
             P::Deleting,
             P::Error,
             P::Completed,
+            P::Paused,
+            P::Pausing,
         ];
         let observations = [
+            Observed::Paused { generation: 1 },
             Observed::Absent,
             Observed::Stopped,
             Observed::Running { generation: 1 },
@@ -694,7 +804,7 @@ mod tests {
             exit(1, 0, 0),
             exit(1, 2, 0),
         ];
-        for desired in [D::Running, D::Stopped, D::Deleted] {
+        for desired in [D::Running, D::Stopped, D::Deleted, D::Paused] {
             for phase in phases {
                 for obs in &observations {
                     for fresh in [true, false] {

@@ -89,6 +89,12 @@ pub enum WorkspaceMsg {
         resources: Option<sbx_proto::v1::Resources>,
         reply: RpcReplyPort<Result<Workspace>>,
     },
+    /// Sets (Some) or clears (None) the workspace's default lifetime (checked already);
+    /// refused while the workspace is terminating.
+    SetDefaultLifetime {
+        lifetime: Option<sbx_proto::v1::Lifetime>,
+        reply: RpcReplyPort<Result<Workspace>>,
+    },
     /// The sandbox ids this supervisor owns (for tests and diagnostics).
     Children(RpcReplyPort<Vec<Uuid>>),
     /// Writes a new provider record (prepared and sealed by the caller) in this workspace.
@@ -113,6 +119,18 @@ pub enum SandboxMsg {
     Restart(RpcReplyPort<Result<Sandbox>>),
     /// Answers whether anything was deleted.
     Delete(RpcReplyPort<Result<bool>>),
+    /// Saves the workload's processes and memory (driver `pause`); answers once Paused.
+    Pause(RpcReplyPort<Result<Sandbox>>),
+    /// Brings a paused workload back (driver `resume`); answers once Ready.
+    Resume(RpcReplyPort<Result<Sandbox>>),
+    /// Moves the ttl deadline to now + `seconds` (0: no deadline); answers the sandbox as
+    /// written.
+    SetTtl {
+        seconds: u64,
+        reply: RpcReplyPort<Result<Sandbox>>,
+    },
+    /// The timer the actor armed from the sandbox's next deadline (`crate::lifetime`) rang.
+    Deadline,
     /// What a driver reported about this sandbox (a sweep or a watch event); `None` when the
     /// driver's list did not have it.
     Observe(Option<Box<pb::Snapshot>>),

@@ -7,7 +7,7 @@
 //! answers.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sbx_driver_api::{ComputeDriver, DriverError, pb};
@@ -18,6 +18,7 @@ use crate::config::Shared;
 use crate::error::{ActorError, Result, disk_full_in};
 use crate::lease::Lease;
 use crate::lifecycle::{Current, Observed, PhaseChange, Step, plan};
+use crate::lifetime::{self, Action, Busy, Due, Why};
 use crate::protocol::SandboxMsg;
 use crate::records::StoredSandbox;
 use crate::supervision::backoff;
@@ -55,6 +56,37 @@ pub struct SandboxState {
     report_attach: bool,
     /// The sandbox's events in the store, oldest first (`crate::journal`).
     journal: crate::journal::Kept,
+    /// Why the step under way was asked for by the gateway itself (a deadline: its reason and
+    /// message), recorded on the phase it ends in; `None` for a client's command.
+    why: Option<(String, String)>,
+    /// The timer armed for the sandbox's next deadline, and that deadline.
+    timer: Option<(SystemTime, tokio::task::JoinHandle<()>)>,
+    /// When the current idle window began (the sandbox became Ready, or was last busy); `None`
+    /// while it is not Ready.
+    idle_from: Option<SystemTime>,
+    /// The workload's CPU time when the idle window's CPU was first read, and when.
+    idle_cpu: Option<(SystemTime, u64)>,
+    /// The deadline last acted upon: one still due after it fired (its step failed and is
+    /// retried) is not fired again at once.
+    last_fired: Option<SystemTime>,
+}
+
+/// The CPU an idle window's workload used.
+enum WindowCpu {
+    /// Cores on average since the window's first read.
+    Cores(f64),
+    /// Read now for the first time in this window.
+    NoBaseline,
+    /// Its driver reads none (or failed to).
+    Unreadable,
+}
+
+impl Drop for SandboxState {
+    fn drop(&mut self) {
+        if let Some((_, timer)) = self.timer.take() {
+            timer.abort();
+        }
+    }
 }
 
 /// How long past its due time a scheduled retry may be late before observations act anyway.
@@ -66,6 +98,9 @@ enum Outcome {
     /// The step failed against the driver and a retry is scheduled.
     Retrying(DriverError),
     Deleted,
+    /// A pause the driver could not make: the workload runs on (recorded Ready, reason
+    /// PauseFailed), and the caller is told why.
+    PauseRefused(DriverError),
 }
 
 impl Actor for SandboxActor {
@@ -109,6 +144,11 @@ impl Actor for SandboxActor {
             attempts: 0,
             retry_due: None,
             report_attach,
+            why: None,
+            timer: None,
+            idle_from: None,
+            idle_cpu: None,
+            last_fired: None,
         })
     }
 
@@ -118,7 +158,10 @@ impl Actor for SandboxActor {
         msg: SandboxMsg,
         st: &mut SandboxState,
     ) -> Result<(), ActorProcessingErr> {
-        let result = self.handle_msg(myself, msg, st).await;
+        let result = self.handle_msg(myself.clone(), msg, st).await;
+        if result.is_ok() {
+            self.arm(&myself, st).await;
+        }
         match result {
             Err(e) if disk_full_in(&e).is_some() => {
                 // The write did not happen: the actor stays alive as its record says, not as it
@@ -207,6 +250,8 @@ impl SandboxActor {
                 }
                 st.stored.sandbox.set_desired_state(DesiredState::Running);
                 st.attempts = 0;
+                st.why = None;
+                rearm_ttl(st);
                 let assumed = match st.stored.sandbox.phase() {
                     Phase::Stopped | Phase::Completed | Phase::Error => Some(Observed::Stopped),
                     _ => None,
@@ -232,6 +277,7 @@ impl SandboxActor {
                 }
                 st.stored.sandbox.set_desired_state(DesiredState::Stopped);
                 st.attempts = 0;
+                st.why = None;
                 let assumed = (phase == Phase::Ready).then_some(Observed::Running {
                     generation: st.stored.sandbox.generation,
                 });
@@ -249,6 +295,8 @@ impl SandboxActor {
                 }
                 st.stored.sandbox.set_desired_state(DesiredState::Running);
                 st.attempts = 0;
+                st.why = None;
+                rearm_ttl(st);
                 set_phase(
                     st,
                     Phase::Stopping,
@@ -270,6 +318,37 @@ impl SandboxActor {
                 };
                 let _ = reply.send(Ok(st.stored.sandbox.clone()));
                 self.after(&myself, st, outcome).await;
+            }
+            SandboxMsg::Pause(reply) => {
+                if caller_gone(&reply, st, "pause") {
+                    return Ok(());
+                }
+                let answer = self.pause(&myself, st).await?;
+                let _ = reply.send(answer);
+            }
+            SandboxMsg::Resume(reply) => {
+                if caller_gone(&reply, st, "resume") {
+                    return Ok(());
+                }
+                let answer = self.resume(&myself, st).await?;
+                let _ = reply.send(answer);
+            }
+            SandboxMsg::SetTtl { seconds, reply } => {
+                if caller_gone(&reply, st, "set the ttl of") {
+                    return Ok(());
+                }
+                if let Err(e) = refuse_if_deleting(st, "set the ttl of") {
+                    let _ = reply.send(Err(e));
+                    return Ok(());
+                }
+                st.stored.sandbox.expires_at = (seconds > 0)
+                    .then(|| (SystemTime::now() + Duration::from_secs(seconds)).into());
+                self.persist(st).await?;
+                let _ = reply.send(Ok(st.stored.sandbox.clone()));
+            }
+            SandboxMsg::Deadline => {
+                st.timer = None;
+                self.deadline(&myself, st).await?;
             }
             SandboxMsg::SetSettings { values, reply } => {
                 if caller_gone(&reply, st, "set settings") {
@@ -337,7 +416,11 @@ impl SandboxActor {
 }
 
 fn desired(st: &SandboxState) -> DesiredState {
-    match st.stored.sandbox.desired_state() {
+    desired_of(&st.stored.sandbox)
+}
+
+fn desired_of(sb: &sbx_proto::v1::Sandbox) -> DesiredState {
+    match sb.desired_state() {
         DesiredState::Unspecified => DesiredState::Running,
         d => d,
     }
@@ -405,7 +488,7 @@ impl SandboxActor {
                     return Ok(Outcome::Settled);
                 }
                 Step::Record(change) => {
-                    apply(st, &change);
+                    apply(st, change);
                     st.attempts = 0;
                     self.persist(st).await?;
                     return Ok(Outcome::Settled);
@@ -475,7 +558,8 @@ impl SandboxActor {
                 }
                 Step::Stop => {
                     if st.stored.sandbox.phase() != Phase::Stopping {
-                        set_phase(st, Phase::Stopping, "", "");
+                        let (reason, message) = st.why.clone().unwrap_or_default();
+                        set_phase(st, Phase::Stopping, &reason, &message);
                     }
                     self.persist_if_changed(st).await?;
                     match self.stop_workload(st, &driver).await {
@@ -514,6 +598,61 @@ impl SandboxActor {
                     st.attempts = 0;
                     return Ok(Outcome::Settled);
                 }
+                Step::Pause => {
+                    if st.stored.sandbox.phase() != Phase::Pausing {
+                        let (reason, message) = st.why.clone().unwrap_or_else(|| {
+                            (
+                                lifetime::PAUSED_BY_CALL.to_string(),
+                                "paused by a PauseSandbox call".to_string(),
+                            )
+                        });
+                        set_phase(st, Phase::Pausing, &reason, &message);
+                    }
+                    self.persist_if_changed(st).await?;
+                    let request = pb::PauseRequest {
+                        sandbox_id: st.stored.id().to_string(),
+                    };
+                    let within = st.shared.config.lifetimes.pause_timeout;
+                    match with_deadline_of(st, "pause", within, driver.pause(request)).await {
+                        Ok(snapshot) => next = Some(Observed::from_snapshot(&snapshot)),
+                        Err(DriverError::NotFound { .. }) => next = Some(Observed::Absent),
+                        Err(e) if e.is_transient() => {
+                            return self.driver_failed(myself, st, e).await;
+                        }
+                        Err(e) => {
+                            // The driver keeps a workload it could not save running: so is it
+                            // recorded, and wanted.
+                            st.stored.sandbox.set_desired_state(DesiredState::Running);
+                            set_phase(
+                                st,
+                                Phase::Ready,
+                                "PauseFailed",
+                                &format!("the driver could not pause the sandbox: {e}; it runs on"),
+                            );
+                            st.attempts = 0;
+                            self.persist(st).await?;
+                            return Ok(Outcome::PauseRefused(e));
+                        }
+                    }
+                }
+                Step::Resume => {
+                    set_phase(
+                        st,
+                        Phase::Starting,
+                        "Resuming",
+                        "bringing the saved processes back",
+                    );
+                    self.persist_if_changed(st).await?;
+                    let request = pb::ResumeRequest {
+                        sandbox_id: st.stored.id().to_string(),
+                    };
+                    let within = st.shared.config.lifetimes.pause_timeout;
+                    match with_deadline_of(st, "resume", within, driver.resume(request)).await {
+                        Ok(snapshot) => next = Some(Observed::from_snapshot(&snapshot)),
+                        Err(DriverError::NotFound { .. }) => next = Some(Observed::Absent),
+                        Err(e) => return self.driver_failed(myself, st, e).await,
+                    }
+                }
                 Step::Drift { persisted, running } => {
                     tracing::warn!(sandbox = %st.stored.id(), persisted, running, "generation drift: the actor restarts to reconcile");
                     return Err(format!(
@@ -533,12 +672,286 @@ impl SandboxActor {
         .await
     }
 
-    /// After a convergence: schedule the retry it asked for.
+    /// After a convergence: an actor whose sandbox is gone stops; a step that settled is no
+    /// longer the one a deadline asked for.
     async fn after(&self, myself: &ActorRef<SandboxMsg>, st: &mut SandboxState, outcome: Outcome) {
-        if let Outcome::Deleted = outcome {
-            myself.stop(Some(DELETED.to_string()));
+        match outcome {
+            Outcome::Deleted => myself.stop(Some(DELETED.to_string())),
+            Outcome::Settled | Outcome::PauseRefused(_) => st.why = None,
+            Outcome::Retrying(_) => {}
         }
-        let _ = st;
+    }
+
+    /// A PauseSandbox call: only a Ready sandbox on a driver that can pause is paused.
+    async fn pause(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        st: &mut SandboxState,
+    ) -> Result<Result<sbx_proto::v1::Sandbox>, ActorProcessingErr> {
+        if let Err(e) = refuse_if_deleting(st, "pause") {
+            return Ok(Err(e));
+        }
+        let phase = st.stored.sandbox.phase();
+        if desired(st) == DesiredState::Paused && phase == Phase::Paused {
+            return Ok(Ok(st.stored.sandbox.clone()));
+        }
+        if phase != Phase::Ready || desired(st) != DesiredState::Running {
+            return Ok(Err(ActorError::FailedPrecondition(format!(
+                "cannot pause sandbox {:?}: it is {phase:?}, not Ready",
+                st.stored.sandbox.name
+            ))));
+        }
+        if let Err(e) = self.can_pause(st).await {
+            return Ok(Err(e));
+        }
+        st.why = Some((
+            lifetime::PAUSED_BY_CALL.to_string(),
+            "paused by a PauseSandbox call".to_string(),
+        ));
+        let outcome = self.begin_pause(myself, st).await?;
+        let answer = settled_in(st, &outcome, Phase::Paused, "pause");
+        self.after(myself, st, outcome).await;
+        Ok(answer)
+    }
+
+    /// Wants the sandbox paused and converges there.
+    async fn begin_pause(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        st: &mut SandboxState,
+    ) -> Result<Outcome, ActorProcessingErr> {
+        st.stored.sandbox.set_desired_state(DesiredState::Paused);
+        st.attempts = 0;
+        let assumed = (st.stored.sandbox.phase() == Phase::Ready).then_some(Observed::Running {
+            generation: st.stored.sandbox.generation,
+        });
+        self.converge(myself, st, assumed).await
+    }
+
+    /// A ResumeSandbox call (and an automatic resume before a use).
+    async fn resume(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        st: &mut SandboxState,
+    ) -> Result<Result<sbx_proto::v1::Sandbox>, ActorProcessingErr> {
+        if let Err(e) = refuse_if_deleting(st, "resume") {
+            return Ok(Err(e));
+        }
+        let phase = st.stored.sandbox.phase();
+        if desired(st) == DesiredState::Running && phase == Phase::Ready {
+            return Ok(Ok(st.stored.sandbox.clone()));
+        }
+        if desired(st) != DesiredState::Paused && phase != Phase::Paused {
+            return Ok(Err(ActorError::FailedPrecondition(format!(
+                "cannot resume sandbox {:?}: it is {phase:?}, not Paused (start it instead)",
+                st.stored.sandbox.name
+            ))));
+        }
+        st.stored.sandbox.set_desired_state(DesiredState::Running);
+        st.attempts = 0;
+        st.why = None;
+        rearm_ttl(st);
+        let outcome = self.converge(myself, st, None).await?;
+        let answer = settled_in(st, &outcome, Phase::Ready, "resume");
+        self.after(myself, st, outcome).await;
+        Ok(answer)
+    }
+
+    /// FailedPrecondition unless the sandbox's driver has the `pause` capability.
+    async fn can_pause(&self, st: &SandboxState) -> Result<()> {
+        let driver = self.driver(st)?;
+        let caps = with_deadline(st, "capabilities", driver.capabilities()).await?;
+        if caps.pause {
+            return Ok(());
+        }
+        Err(ActorError::FailedPrecondition(format!(
+            "sandbox {:?} runs on the {} driver, which cannot pause a sandbox (no `pause` \
+             capability); stop it instead",
+            st.stored.sandbox.name, caps.driver
+        )))
+    }
+
+    /// The timer of the sandbox's next deadline rang: act on it, unless it moved (a ttl call,
+    /// a use) or its sandbox turned out busy.
+    async fn deadline(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        st: &mut SandboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = SystemTime::now();
+        let Some(due) = lifetime::next(&st.stored.sandbox, st.idle_from) else {
+            return Ok(());
+        };
+        if due.at > now + Duration::from_millis(20) {
+            // Moved since it was armed; the new one is armed after this message.
+            return Ok(());
+        }
+        if due.why == Why::Idle {
+            let from = st.idle_from.unwrap_or(now);
+            let (open, last_end) = st.shared.activity.of(st.stored.id());
+            let busy = match self.window_cpu(st, now).await {
+                WindowCpu::Cores(cores) => lifetime::busy(
+                    from,
+                    now,
+                    open,
+                    last_end,
+                    Some(cores),
+                    st.shared.config.lifetimes.idle_cpu_cores,
+                ),
+                WindowCpu::Unreadable => lifetime::busy(from, now, open, last_end, None, 0.0),
+                // The window's first CPU read is only now: measure one whole window from here.
+                WindowCpu::NoBaseline => Busy::Until(now),
+            };
+            if let Busy::Until(from) = busy {
+                tracing::debug!(sandbox = %st.stored.id(), open, "not idle: a new idle window");
+                st.idle_from = Some(from);
+                return Ok(());
+            }
+        }
+        st.last_fired = Some(due.at);
+        self.fire(myself, st, due).await
+    }
+
+    /// Does what a deadline says, recording why.
+    async fn fire(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        st: &mut SandboxState,
+        due: Due,
+    ) -> Result<(), ActorProcessingErr> {
+        let l = lifetime::lifetime_of(&st.stored.sandbox);
+        let reason = due.why.as_str().to_string();
+        let message = match due.why {
+            Why::TtlExpired => "its ttl deadline passed".to_string(),
+            Why::Idle => format!(
+                "idle for {} s: no exec, copy, port-forward, log follow or routed request, and \
+                 under {} cores of CPU",
+                l.idle_timeout_seconds, st.shared.config.lifetimes.idle_cpu_cores
+            ),
+            Why::DeleteAfter => format!("finished for {} s (delete_after)", l.delete_after_seconds),
+        };
+        tracing::info!(sandbox = %st.stored.id(), action = due.action.as_str(), reason = %reason, "a lifetime deadline came");
+        if due.why == Why::TtlExpired && due.action != Action::Delete {
+            // Fired once: the same write that changes what is wanted clears the deadline.
+            st.stored.sandbox.expires_at = None;
+        }
+        st.attempts = 0;
+        let running = (st.stored.sandbox.phase() == Phase::Ready).then_some(Observed::Running {
+            generation: st.stored.sandbox.generation,
+        });
+        let outcome = match due.action {
+            Action::Delete => {
+                st.stored.sandbox.set_desired_state(DesiredState::Deleted);
+                set_phase(st, Phase::Deleting, &reason, &message);
+                self.persist(st).await?;
+                self.converge(myself, st, Some(Observed::Absent)).await?
+            }
+            Action::Stop => {
+                st.why = Some((reason, message));
+                st.stored.sandbox.set_desired_state(DesiredState::Stopped);
+                self.converge(myself, st, running).await?
+            }
+            Action::Pause => {
+                st.why = Some((reason.clone(), message.clone()));
+                let outcome = match self.can_pause(st).await {
+                    Ok(()) => self.begin_pause(myself, st).await?,
+                    Err(e) => Outcome::PauseRefused(DriverError::FailedPrecondition(e.to_string())),
+                };
+                match outcome {
+                    // A deadline's pause the driver cannot make stops the sandbox instead
+                    // (its files kept): it never runs on past its lifetime.
+                    Outcome::PauseRefused(e) => {
+                        st.why = Some((
+                            reason,
+                            format!("{message}; it could not be paused ({e}), so it was stopped"),
+                        ));
+                        st.stored.sandbox.set_desired_state(DesiredState::Stopped);
+                        st.attempts = 0;
+                        let running = (st.stored.sandbox.phase() == Phase::Ready).then_some(
+                            Observed::Running {
+                                generation: st.stored.sandbox.generation,
+                            },
+                        );
+                        self.converge(myself, st, running).await?
+                    }
+                    other => other,
+                }
+            }
+        };
+        self.after(myself, st, outcome).await;
+        Ok(())
+    }
+
+    /// The cores the workload used on average since the idle window's CPU was last read, and
+    /// a new read for the next window.
+    async fn window_cpu(&self, st: &mut SandboxState, now: SystemTime) -> WindowCpu {
+        let before = st.idle_cpu.take();
+        let Some(cpu) = self.read_cpu(st).await else {
+            return WindowCpu::Unreadable;
+        };
+        st.idle_cpu = Some((now, cpu));
+        match before {
+            Some((then, was)) => {
+                let secs = now
+                    .duration_since(then)
+                    .unwrap_or_default()
+                    .as_secs_f64()
+                    .max(0.001);
+                WindowCpu::Cores(cpu.saturating_sub(was) as f64 / 1e9 / secs)
+            }
+            None => WindowCpu::NoBaseline,
+        }
+    }
+
+    /// The workload's CPU time (nanoseconds), from its driver; `None` when it reads none.
+    async fn read_cpu(&self, st: &SandboxState) -> Option<u64> {
+        let driver = self.driver(st).ok()?;
+        let request = pb::StatsRequest {
+            sandbox_id: st.stored.id().to_string(),
+        };
+        match with_deadline(st, "stats", driver.stats(request)).await {
+            Ok(usage) => Some(usage.cpu_nanos),
+            Err(e) => {
+                tracing::debug!(sandbox = %st.stored.id(), error = %e, "no CPU figure for idleness");
+                None
+            }
+        }
+    }
+
+    /// Arms one timer for the sandbox's next deadline (after every message: what a step
+    /// changed, the deadline follows), and takes the idle window's first CPU read.
+    async fn arm(&self, myself: &ActorRef<SandboxMsg>, st: &mut SandboxState) {
+        if st.idle_from.is_some()
+            && st.idle_cpu.is_none()
+            && lifetime::lifetime_of(&st.stored.sandbox).idle_timeout_seconds > 0
+            && let Some(cpu) = self.read_cpu(st).await
+        {
+            st.idle_cpu = Some((SystemTime::now(), cpu));
+        }
+        let due = lifetime::next(&st.stored.sandbox, st.idle_from);
+        let Some(due) = due else {
+            if let Some((_, timer)) = st.timer.take() {
+                timer.abort();
+            }
+            return;
+        };
+        if st.timer.as_ref().is_some_and(|(at, _)| *at == due.at) {
+            return;
+        }
+        if let Some((_, timer)) = st.timer.take() {
+            timer.abort();
+        }
+        let mut delay = lifetime::delay_until(due.at, SystemTime::now());
+        if st.last_fired == Some(due.at) {
+            // Fired already and still due (its step is being retried): not again at once.
+            delay = delay.max(Duration::from_secs(1));
+        }
+        let me = myself.clone();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = me.cast(SandboxMsg::Deadline);
+        });
+        st.timer = Some((due.at, timer));
     }
 
     /// A driver call failed: settle in Error for errors a retry cannot fix, retry with
@@ -677,6 +1090,7 @@ impl SandboxActor {
     }
 
     async fn persist_if_changed(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
+        keep_lifetime(st);
         if st.stored.to_update().body != st.stored.record.body {
             self.persist(st).await?;
         }
@@ -794,6 +1208,7 @@ impl SandboxActor {
     /// Writes the actor's view of the sandbox, checked against the version it last wrote.
     async fn persist(&self, st: &mut SandboxState) -> Result<(), ActorProcessingErr> {
         refuse_unless_held(st)?;
+        keep_lifetime(st);
         let before = StoredSandbox::from_record(st.stored.record.clone()).map(|s| s.sandbox);
         let written = st.shared.store.update(st.stored.to_update()).await?;
         st.stored = StoredSandbox::from_record(written)?;
@@ -818,6 +1233,7 @@ impl SandboxActor {
             Ok(_) | Err(sbx_storage::StoreError::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
         }
+        st.shared.activity.forget(st.stored.id());
         let (cpu, memory) = crate::nodes::asks_of(&st.stored.sandbox);
         st.shared.drivers.nodes().release(
             crate::nodes::node_id_of(&st.stored.sandbox),
@@ -912,11 +1328,84 @@ fn create_request(st: &SandboxState) -> pb::CreateRequest {
     }
 }
 
-fn apply(st: &mut SandboxState, change: &PhaseChange) {
-    set_phase(st, change.phase, &change.reason, &change.message);
-    if let Some(desired) = change.desired {
+fn apply(st: &mut SandboxState, change: PhaseChange) {
+    let PhaseChange {
+        phase,
+        reason,
+        message,
+        desired,
+    } = change;
+    if phase == Phase::Paused && reason.is_empty() {
+        // Paused keeps the reason its pause was asked for (recorded on Pausing).
+        st.stored.sandbox.set_phase(phase);
+    } else if phase == Phase::Stopped
+        && reason.is_empty()
+        && let Some((reason, message)) = st.why.clone()
+    {
+        // Stopped by a deadline: its reason.
+        set_phase(st, phase, &reason, &message);
+    } else {
+        set_phase(st, phase, &reason, &message);
+    }
+    if let Some(desired) = desired {
         st.stored.sandbox.set_desired_state(desired);
     }
+}
+
+/// A start or resume gives the sandbox a ttl deadline again when the one it had passed (or
+/// fired): now + its ttl.
+fn rearm_ttl(st: &mut SandboxState) {
+    st.stored.sandbox.expires_at =
+        lifetime::rearmed_expiry(&st.stored.sandbox, SystemTime::now()).map(Into::into);
+}
+
+/// The answer to a pause or resume: the sandbox, once it settled in `wanted`; else why not.
+fn settled_in(
+    st: &SandboxState,
+    outcome: &Outcome,
+    wanted: Phase,
+    what: &str,
+) -> Result<sbx_proto::v1::Sandbox> {
+    let sb = &st.stored.sandbox;
+    match outcome {
+        Outcome::Settled if sb.phase() == wanted => Ok(sb.clone()),
+        Outcome::PauseRefused(e) => Err(ActorError::Driver(e.clone())),
+        Outcome::Retrying(e) => Err(ActorError::Unavailable(format!(
+            "the {what} of sandbox {:?} failed ({e}) and is retried",
+            sb.name
+        ))),
+        _ => Err(ActorError::FailedPrecondition(format!(
+            "the {what} of sandbox {:?} did not happen: it is {:?} ({}: {})",
+            sb.name,
+            sb.phase(),
+            sb.reason,
+            sb.message
+        ))),
+    }
+}
+
+/// What the record says of the sandbox's lifetime, brought up to date before each write:
+/// when it finished (what `delete_after` counts from), its idle window, its next deadline.
+fn keep_lifetime(st: &mut SandboxState) {
+    let now = SystemTime::now();
+    let sb = &mut st.stored.sandbox;
+    if lifetime::is_finished(sb) {
+        if sb.finished_at.is_none() {
+            sb.finished_at = Some(now.into());
+        }
+    } else {
+        sb.finished_at = None;
+    }
+    if sb.phase() == Phase::Ready && desired_of(sb) == DesiredState::Running {
+        if st.idle_from.is_none() {
+            st.idle_from = Some(now);
+            st.idle_cpu = None;
+        }
+    } else {
+        st.idle_from = None;
+        st.idle_cpu = None;
+    }
+    sb.next = lifetime::next(sb, st.idle_from).map(Due::to_public);
 }
 
 /// Runs a driver call under the configured deadline: a driver that never answers costs one
@@ -926,7 +1415,16 @@ async fn with_deadline<T>(
     operation: &'static str,
     call: impl Future<Output = Result<T, DriverError>>,
 ) -> Result<T, DriverError> {
-    let after: Duration = st.shared.config.driver_call_timeout;
+    with_deadline_of(st, operation, st.shared.config.driver_call_timeout, call).await
+}
+
+/// [`with_deadline`] with a deadline of its own (a pause moves a whole memory to disk).
+async fn with_deadline_of<T>(
+    st: &SandboxState,
+    operation: &'static str,
+    after: Duration,
+    call: impl Future<Output = Result<T, DriverError>>,
+) -> Result<T, DriverError> {
     let began = std::time::Instant::now();
     let result = tokio::time::timeout(after, call)
         .await

@@ -197,12 +197,18 @@ impl WorkspaceSupervisor {
                 reply,
             } => {
                 let (node_id, node) = node;
+                // A ttl counts from creation.
+                let ttl = spec.lifetime.as_ref().map_or(0, |l| l.ttl_seconds);
+                let expires_at = (ttl > 0).then(|| {
+                    (std::time::SystemTime::now() + std::time::Duration::from_secs(ttl)).into()
+                });
                 let sandbox = Sandbox {
                     name,
                     node,
                     node_id: node_id.map(|id| id.to_string()).unwrap_or_default(),
                     spec: Some(spec),
                     generation: 1,
+                    expires_at,
                     ..Default::default()
                 };
                 let result = self
@@ -248,6 +254,11 @@ impl WorkspaceSupervisor {
             WorkspaceMsg::SetDefaultResources { resources, reply } => {
                 let result =
                     Self::update_workspace(st, |w| w.default_resources = resources).await?;
+                let _ = reply.send(result);
+            }
+            WorkspaceMsg::SetDefaultLifetime { lifetime, reply } => {
+                let result =
+                    Self::update_workspace(st, move |w| w.default_lifetime = lifetime).await?;
                 let _ = reply.send(result);
             }
             WorkspaceMsg::Supervise(id) => self.supervise(&myself, st, id).await,

@@ -50,6 +50,12 @@ pub enum CliError {
     #[error("expected seconds (30) or a duration (30s, 2m, 1h, 1m30s), up to 10 days")]
     InvalidDuration { input: String },
 
+    /// A lifetime's duration (`--ttl`, `--idle-timeout`, `--delete-after`) is not one.
+    #[error(
+        "expected a duration of 0 or more: seconds (30) or 30s, 10m, 2h, 7d, 1d12h; got {input:?}"
+    )]
+    InvalidLifetime { input: String },
+
     /// A `--label`/`--env` argument is not `KEY=VALUE` with a non-empty key.
     #[error("expected KEY=VALUE with a non-empty KEY, got {input:?}")]
     InvalidKeyValue { input: String },

@@ -18,6 +18,7 @@ pub mod files;
 pub mod forward;
 pub mod identity;
 pub mod image;
+pub mod lifetime;
 pub mod limits;
 pub mod meta;
 pub mod network;
@@ -375,6 +376,10 @@ pub enum WorkspaceCommand {
     /// none (copied in at create; existing sandboxes keep theirs).
     #[command(subcommand)]
     Limits(limits::WorkspaceLimitsCommand),
+    /// Show or set the lifetime (ttl, idle timeout, delete-after) new sandboxes of a workspace
+    /// get when they give none (copied in at create; existing sandboxes keep theirs).
+    #[command(subcommand)]
+    Lifetime(lifetime::WorkspaceLifetimeCommand),
 }
 
 /// Names one workspace: exactly one of NAME or `--id`.
@@ -453,6 +458,14 @@ pub enum SandboxCommand {
     /// Restart a sandbox's workload under a new generation (files are kept) and wait until it
     /// is Ready.
     Restart(SandboxActionArgs),
+    /// Save a Ready sandbox's processes and memory to disk and free its memory and CPU; answers
+    /// once it is Paused. Needs a driver that can pause (`sbx version` lists it).
+    Pause(SandboxActionArgs),
+    /// Bring a paused sandbox back: the same processes, memory, open files and sockets;
+    /// answers once it is Ready.
+    Resume(SandboxActionArgs),
+    /// Move a sandbox's ttl deadline to now + DURATION (0: no deadline), as E2B's set_timeout.
+    Ttl(lifetime::SandboxTtlArgs),
     /// Delete a sandbox and its files. A NAME that does not exist fails with SANDBOX_NOT_FOUND
     /// (exit 1); an --id that does not exist succeeds with deleted=false (nothing to delete).
     #[command(visible_alias = "rm")]
@@ -629,6 +642,8 @@ pub struct SandboxCreateArgs {
     /// sandbox network allow|deny|set`.
     #[arg(long = "allow", value_name = "ENTRY")]
     pub allow: Vec<String>,
+    #[command(flatten)]
+    pub lifetime: lifetime::LifetimeFlags,
     /// Print the sandbox as soon as it is created, without waiting for Ready.
     #[arg(short = 'd', long)]
     pub detach: bool,

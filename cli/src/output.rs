@@ -52,6 +52,23 @@ pub struct SandboxView {
     /// The most recent refused destination, `DEST:PORT/PROTO`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network_last_denial: Option<String>,
+    /// Its lifetime (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifetime: Option<super::lifetime::LifetimeView>,
+    /// The ttl's deadline (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// What the gateway does by itself next: `{action, at, reason}` (absent: nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<NextView>,
+}
+
+/// `Sandbox.next` as JSON/YAML shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NextView {
+    pub action: String,
+    pub at: Option<String>,
+    pub reason: String,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -163,6 +180,13 @@ pub fn sandbox_view(sandbox: &Sandbox) -> SandboxView {
             .network_last_denial
             .as_ref()
             .map(|d| denial_target(&d.destination, d.port, &d.protocol)),
+        lifetime: spec.lifetime.as_ref().map(super::lifetime::lifetime_view),
+        expires_at: rfc3339(sandbox.expires_at.as_ref()),
+        next: sandbox.next.as_ref().map(|n| NextView {
+            action: n.action.clone(),
+            at: rfc3339(n.at.as_ref()),
+            reason: n.reason.clone(),
+        }),
     }
 }
 
@@ -429,6 +453,9 @@ pub fn render_sandbox(
             }
             if !spec.image_digest.is_empty() && style.headers {
                 out.push_str(&format!("IMAGE: {} ({})\n", spec.image, spec.image_digest));
+            }
+            if style.headers {
+                out.push_str(&super::lifetime::sandbox_lines(sandbox));
             }
             Ok(out)
         }

@@ -40,6 +40,7 @@ fn sandbox(name: &str, phase: Phase) -> Sandbox {
             network: None,
             node: String::new(),
             node_selector: HashMap::new(),
+            lifetime: None,
         }),
         desired_state: DesiredState::Running as i32,
         phase: phase as i32,
@@ -54,6 +55,9 @@ fn sandbox(name: &str, phase: Phase) -> Sandbox {
         resource_version: 17,
         network_denied: 0,
         network_last_denial: None,
+        expires_at: None,
+        finished_at: None,
+        next: None,
         node: String::new(),
         node_id: String::new(),
     }
@@ -210,6 +214,7 @@ fn workspace_outputs() {
         updated_at: at(T0),
         resource_version: 4,
         default_network: None,
+        default_lifetime: None,
         default_resources: None,
     };
     check(

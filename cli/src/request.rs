@@ -164,6 +164,7 @@ pub fn create_sandbox_request(
             network: mode_and_allow(args.network, &args.allow)?,
             node: args.node.clone().unwrap_or_default(),
             node_selector: key_value_map("--node-selector", &args.node_selector)?,
+            lifetime: args.lifetime.lifetime()?,
         }),
         stopped: args.stopped || !args.uploads.is_empty(),
     })

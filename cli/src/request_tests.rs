@@ -98,6 +98,7 @@ fn sandbox_create_builds_the_request() {
                 network: None,
                 node: String::new(),
                 node_selector: Default::default(),
+                lifetime: None,
             }),
             stopped: false,
         },

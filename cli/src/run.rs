@@ -114,6 +114,9 @@ async fn run_workspace(target: &Target, cmd: WorkspaceCommand) -> Result<u8, Cli
         WorkspaceCommand::Limits(cmd) => {
             return super::limits::run_workspace_limits(target, cmd).await;
         }
+        WorkspaceCommand::Lifetime(cmd) => {
+            return super::lifetime::run_workspace_lifetime(target, cmd).await;
+        }
         WorkspaceCommand::Get(args) => {
             let req = GetWorkspaceRequest {
                 workspace: Some(request::workspace_ref(&args.target)),
@@ -171,6 +174,9 @@ async fn run_sandbox(target: &Target, cmd: SandboxCommand) -> Result<u8, CliErro
         SandboxCommand::Stop(args) => lifecycle(target, &args, Lifecycle::Stop).await,
         SandboxCommand::Start(args) => lifecycle(target, &args, Lifecycle::Start).await,
         SandboxCommand::Restart(args) => lifecycle(target, &args, Lifecycle::Restart).await,
+        SandboxCommand::Pause(args) => lifecycle(target, &args, Lifecycle::Pause).await,
+        SandboxCommand::Resume(args) => lifecycle(target, &args, Lifecycle::Resume).await,
+        SandboxCommand::Ttl(args) => super::lifetime::run_sandbox_ttl(target, args).await,
         SandboxCommand::Delete(args) => {
             let reference = sandbox_ref(&args.scope, &args.target);
             let what = describe_sandbox_ref(&reference);
@@ -291,13 +297,18 @@ enum Lifecycle {
     Stop,
     Start,
     Restart,
+    Pause,
+    Resume,
 }
 
 impl Lifecycle {
-    fn goal(self) -> Goal {
+    /// What to wait for after the call; `None`: its answer is the end (pause and resume answer
+    /// once Paused, once Ready).
+    fn goal(self) -> Option<Goal> {
         match self {
-            Lifecycle::Stop => Goal::Stopped,
-            Lifecycle::Start | Lifecycle::Restart => Goal::Ready,
+            Lifecycle::Stop => Some(Goal::Stopped),
+            Lifecycle::Start | Lifecycle::Restart => Some(Goal::Ready),
+            Lifecycle::Pause | Lifecycle::Resume => None,
         }
     }
 }
@@ -322,16 +333,26 @@ async fn lifecycle(
                 .restart_sandbox(RestartSandboxRequest { sandbox })
                 .await?
         }
+        Lifecycle::Pause => {
+            client
+                .pause_sandbox(sbx_proto::v1::PauseSandboxRequest { sandbox })
+                .await?
+        }
+        Lifecycle::Resume => {
+            client
+                .resume_sandbox(sbx_proto::v1::ResumeSandboxRequest { sandbox })
+                .await?
+        }
     }
     .into_inner();
-    let sandbox = if args.detach {
-        answer
-    } else {
+    let sandbox = if let (false, Some(goal)) = (args.detach, call.goal()) {
         let options = WaitOptions {
             timeout: Duration::from_secs(args.timeout),
             settle: Duration::ZERO,
         };
-        present(follow(&client, answer, call.goal(), options).await?)?
+        present(follow(&client, answer, goal, options).await?)?
+    } else {
+        answer
     };
     print(&render_sandbox(
         &target.output,

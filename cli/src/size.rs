@@ -124,6 +124,19 @@ mod tests {
 /// A duration in whole seconds: `30` (seconds), `30s`, `2m`, `1h`, or a combination
 /// (`1h2m3s`); at most 10 days.
 pub fn parse_secs(input: &str) -> Result<u64, CliError> {
+    parse_secs_up_to(input, MAX_SECS)
+}
+
+/// A lifetime's duration (`--ttl`, `--idle-timeout`, `--delete-after`, `sbx sandbox ttl`): as
+/// [`parse_secs`], with days too (`7d`, `1d12h`), up to 100 years (the gateway refuses what is
+/// past its `--max-ttl`, naming the field). A negative one is refused here.
+pub fn parse_lifetime(input: &str) -> Result<u64, CliError> {
+    parse_secs_up_to(input, 100 * 365 * 86_400).map_err(|_| CliError::InvalidLifetime {
+        input: input.to_string(),
+    })
+}
+
+fn parse_secs_up_to(input: &str, max: u64) -> Result<u64, CliError> {
     let bad = || CliError::InvalidDuration {
         input: input.to_string(),
     };
@@ -132,7 +145,7 @@ pub fn parse_secs(input: &str) -> Result<u64, CliError> {
         return Err(bad());
     }
     if let Ok(secs) = text.parse::<u64>() {
-        return (secs <= MAX_SECS).then_some(secs).ok_or_else(bad);
+        return (secs <= max).then_some(secs).ok_or_else(bad);
     }
     let mut total: u64 = 0;
     let mut digits = String::new();
@@ -143,6 +156,7 @@ pub fn parse_secs(input: &str) -> Result<u64, CliError> {
             continue;
         }
         let unit = match c {
+            'd' => 86_400,
             'h' => 3600,
             'm' => 60,
             's' => 1,
@@ -159,7 +173,7 @@ pub fn parse_secs(input: &str) -> Result<u64, CliError> {
             .ok_or_else(bad)?;
         digits.clear();
     }
-    if !digits.is_empty() || total > MAX_SECS {
+    if !digits.is_empty() || total > max {
         return Err(bad());
     }
     Ok(total)
@@ -199,9 +213,20 @@ mod duration_tests {
             "-1",
             "1.5s",
             "999999999h",
-            "10d",
+            "11d",
+            "1h1d",
         ] {
             assert!(parse_secs(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_secs("1d2h").unwrap(), 93_600);
+        // A lifetime takes days and more than 10 of them, never a negative or a fraction.
+        assert_eq!(parse_lifetime("30d").unwrap(), 30 * 86_400);
+        assert_eq!(parse_lifetime("0").unwrap(), 0);
+        for bad in ["-5m", "-1", "1.5h", "101000d", "ten minutes"] {
+            assert!(
+                matches!(parse_lifetime(bad), Err(CliError::InvalidLifetime { .. })),
+                "{bad}"
+            );
         }
         assert_eq!(parse_secs_u32("2m").unwrap(), 120);
     }

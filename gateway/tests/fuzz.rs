@@ -466,6 +466,7 @@ fn spec() -> BoxedStrategy<SandboxSpec> {
                 network: None,
                 node: String::new(),
                 node_selector: Default::default(),
+                lifetime: None,
             },
         )
         .boxed()

@@ -43,6 +43,17 @@ where
 {
     Box::pin(stream.map(move |r| r.map(convert).map_err(ActorError::Driver)))
 }
+
+/// `stream`, holding `in_use` (a use of its sandbox, for idleness) until it is dropped.
+fn in_use<U: Send + 'static>(
+    stream: ActorStream<U>,
+    in_use: crate::lifetime::InUse,
+) -> ActorStream<U> {
+    Box::pin(stream.map(move |item| {
+        let _held = &in_use;
+        item
+    }))
+}
 use crate::records::StoredSandbox;
 use crate::validate::{self, SandboxSelector};
 
@@ -77,9 +88,10 @@ impl Gateway {
         input: ExecInputs,
     ) -> Result<ActorStream<v1::ExecOutput>> {
         validate::exec(&command, &opts.env, &opts.workdir)?;
-        let sb = self.resolve_sandbox(sel).await?;
+        let sb = self.resolve_for_use(sel, "exec into").await?;
         require_ready(&sb.sandbox, "exec into")?;
         let driver = self.driver_of(&sb).await?;
+        let using = self.shared.activity.begin(sb.id());
         // The sandbox's credentials and settings as they are now, then the exec's own
         // variables on top.
         let mut env: std::collections::HashMap<String, String> = crate::owned::run_env(
@@ -105,7 +117,10 @@ impl Gateway {
             driver.exec_io(request, input).await?,
             translate::exec_output,
         );
-        Ok(Box::pin(translate::until_refused(output, refused)))
+        Ok(in_use(
+            Box::pin(translate::until_refused(output, refused)),
+            using,
+        ))
     }
 
     /// A path of a Ready sandbox as a tar stream.
@@ -115,15 +130,19 @@ impl Gateway {
         path: String,
     ) -> Result<ActorStream<v1::CopyChunk>> {
         let path = copy_path(path)?;
-        let sb = self.resolve_sandbox(sel).await?;
+        let sb = self.resolve_for_use(sel, "copy from").await?;
         require_settled(&sb.sandbox, "copy from")?;
         let driver = self.driver_of(&sb).await?;
+        let using = self.shared.activity.begin(sb.id());
         let req = pb::CopyFromRequest {
             sandbox_id: sb.id().to_string(),
             path,
         };
         let chunks = driver.copy_from(req).await?;
-        Ok(public(chunks, |c| v1::CopyChunk { data: c.data }))
+        Ok(in_use(
+            public(chunks, |c| v1::CopyChunk { data: c.data }),
+            using,
+        ))
     }
 
     /// Unpacks the tar `data` in a sandbox at `path` (Ready, or stopped where its driver
@@ -135,9 +154,10 @@ impl Gateway {
         data: ByteStream,
     ) -> Result<()> {
         let path = copy_path(path)?;
-        let sb = self.resolve_sandbox(sel).await?;
+        let sb = self.resolve_for_use(sel, "copy into").await?;
         require_settled(&sb.sandbox, "copy into")?;
         let driver = self.driver_of(&sb).await?;
+        let _using = self.shared.activity.begin(sb.id());
         let req = pb::CopyToStart {
             sandbox_id: sb.id().to_string(),
             path,
@@ -158,16 +178,17 @@ impl Gateway {
                 "port {port} is not a TCP port (1-65535)"
             )));
         }
-        let sb = self.resolve_sandbox(sel).await?;
+        let sb = self.resolve_for_use(sel, "forward a port of").await?;
         require_ready(&sb.sandbox, "forward a port of")?;
         let driver = self.driver_of(&sb).await?;
+        let using = self.shared.activity.begin(sb.id());
         let req = pb::PortForwardStart {
             sandbox_id: sb.id().to_string(),
             port,
         };
         let input = input.filter_map(|i| std::future::ready(translate::forward_input(i)));
         let output = driver.port_forward(req, Box::pin(input)).await?;
-        Ok(public(output, translate::forward_output))
+        Ok(in_use(public(output, translate::forward_output), using))
     }
 
     /// The log of the sandbox `sel` names, as `opts` asks (follow, tail, timestamps, since).
@@ -178,6 +199,8 @@ impl Gateway {
     ) -> Result<ActorStream<v1::LogChunk>> {
         let sb = self.resolve_sandbox(sel).await?;
         let driver = self.driver_of(&sb).await?;
+        // Following a log is watching the sandbox work: a use, for idleness.
+        let using = opts.follow.then(|| self.shared.activity.begin(sb.id()));
         let req = pb::LogsRequest {
             sandbox_id: sb.id().to_string(),
             follow: opts.follow,
@@ -185,7 +208,11 @@ impl Gateway {
             timestamps: opts.timestamps,
             since: opts.since,
         };
-        Ok(public(driver.logs(req).await?, translate::log_chunk))
+        let chunks = public(driver.logs(req).await?, translate::log_chunk);
+        Ok(match using {
+            Some(using) => in_use(chunks, using),
+            None => chunks,
+        })
     }
 
     /// The driver a sandbox runs on: its node's, or the local driver its spec names. Gateways

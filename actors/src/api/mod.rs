@@ -43,6 +43,7 @@ use crate::validate::{self, SandboxSelector, WorkspaceSelector};
 mod data;
 pub use data::{ActorStream, ExecInputs, ForwardInputs, LogOptions};
 mod events;
+mod lifetimes;
 mod limits;
 pub(crate) mod network;
 pub mod nodes;
@@ -162,6 +163,7 @@ impl Gateway {
             startup: StartupTracker::default(),
             ownership,
             event_writes: Default::default(),
+            activity: Default::default(),
         });
         if shared.ownership.is_some() {
             shared.drivers.nodes().set_fencing();
@@ -559,6 +561,8 @@ impl Gateway {
             .await?;
         self.apply_default_limits(&mut spec, &ws.workspace, driver.as_ref())
             .await?;
+        self.settle_lifetime(&mut spec, &ws.workspace, driver.as_ref())
+            .await?;
         placed.settle(&spec);
         let mut provider_ids = Vec::with_capacity(providers.len());
         for p in providers {
@@ -793,7 +797,7 @@ impl Gateway {
     async fn command<R: Send + 'static>(
         &self,
         sb: &StoredSandbox,
-        msg: fn(RpcReplyPort<Result<R>>) -> SandboxMsg,
+        msg: impl Fn(RpcReplyPort<Result<R>>) -> SandboxMsg,
     ) -> Result<Option<R>> {
         let ws = sb
             .record

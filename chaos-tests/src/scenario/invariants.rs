@@ -48,6 +48,13 @@ async fn unsettled(h: &Harness) -> Result<Vec<String>, String> {
                 matches!(sb.phase(), Phase::Stopped | Phase::Completed | Phase::Error)
                     && !(sb.phase() == Phase::Error && sb.reason.starts_with("Driver"))
             }
+            // Paused: the driver holds the saved workload under the recorded generation.
+            DesiredState::Paused => {
+                sb.phase() == Phase::Paused
+                    && h.world.snapshot(record.id).is_some_and(|s| {
+                        s.state() == pb::State::Paused && s.generation == sb.generation
+                    })
+            }
             DesiredState::Deleted => false,
         };
         if !ok {

@@ -53,6 +53,8 @@ fn unsettled(data: &Path, sandboxes: &[Sandbox]) -> Vec<String> {
                     && !(s.phase() == Phase::Error && s.reason.starts_with("Driver"))
                     && live == 0
             }
+            // Paused: saved, nothing of it runs.
+            DesiredState::Paused => s.phase() == Phase::Paused && live == 0,
             DesiredState::Deleted => false,
         };
         if !ok {

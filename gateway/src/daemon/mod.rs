@@ -354,6 +354,19 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub events_max: u32,
 
+    /// The longest ttl, idle timeout or delete-after a sandbox (or a workspace's default
+    /// lifetime) may ask: 30d, 12h, … A longer one is refused at create, naming the field.
+    #[arg(long, env = "SBX_MAX_TTL", default_value = "30d", value_name = "DURATION",
+          value_parser = access::parse_ttl)]
+    pub max_ttl: Duration,
+
+    /// A Ready sandbox with an idle timeout is busy, not idle, while its workload uses at
+    /// least this many cores on average over the idle window (its cgroup's CPU time, or its
+    /// VM's): a build or a model call in progress is never stopped as idle.
+    #[arg(long, env = "SBX_IDLE_CPU", default_value_t = 0.05, value_name = "CORES",
+          value_parser = parse_idle_cpu)]
+    pub idle_cpu: f64,
+
     /// The memory limit of a sandbox that sets none itself and whose workspace has no default
     /// (`sbx workspace limits set`): 512Mi, 1Gi, 2G, … (0: no limit). On drivers that limit
     /// memory (oci, process where the host has the controller, vm: its RAM); shown by `sbx
@@ -471,6 +484,16 @@ fn driver_help() -> String {
 const VM: &str = "vm";
 
 /// The default driver-call deadline.
+/// `--idle-cpu`: cores, from 0.001 to 64.
+fn parse_idle_cpu(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(c) if (0.001..=64.0).contains(&c) => Ok(c),
+        _ => Err(format!(
+            "{text:?} is not a number of cores from 0.001 to 64 (0.05 is 5% of a core)"
+        )),
+    }
+}
+
 /// `--stats-interval`: a duration, or 0 for none.
 fn parse_stats_interval(text: &str) -> Result<Duration, String> {
     if text.trim() == "0" {

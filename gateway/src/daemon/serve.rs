@@ -341,6 +341,11 @@ async fn serve_on(
         stats: stats_settings(&args)?,
         events_per_sandbox: args.events_per_sandbox as usize,
         events_max: args.events_max as usize,
+        lifetimes: sbx_actors::LifetimeSettings {
+            max_ttl: args.max_ttl,
+            idle_cpu_cores: args.idle_cpu,
+            ..Default::default()
+        },
         // Gateways sharing a store take turns at each workspace, under leases.
         ownership: match &args.store.store {
             Some(_) => Some(sbx_actors::OwnershipSettings {

@@ -26,6 +26,7 @@ impl GatewayService for SbxService {
                     copy: c.copy,
                     port_forward: c.port_forward,
                     copy_when_stopped: c.copy_when_stopped,
+                    pause: c.pause,
                     images: c.images,
                     error: String::new(),
                 },

@@ -188,6 +188,55 @@ impl SandboxService for SbxService {
         Ok(Response::new(sandbox))
     }
 
+    async fn set_sandbox_ttl(
+        &self,
+        request: Request<v1::SetSandboxTtlRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        let caller = auth::caller(&request)?;
+        let req = request.into_inner();
+        let sel = selector(req.sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        let sandbox = self
+            .gateway
+            .set_sandbox_ttl(&sel, req.ttl_seconds)
+            .await
+            .map_err(|e| error_for(&caller, e))?;
+        audit(&caller, "set sandbox ttl", &sandbox.id);
+        Ok(Response::new(sandbox))
+    }
+
+    async fn pause_sandbox(
+        &self,
+        request: Request<v1::PauseSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        let caller = auth::caller(&request)?;
+        let sel = selector(request.into_inner().sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        let sandbox = self
+            .gateway
+            .pause_sandbox(&sel)
+            .await
+            .map_err(|e| error_for(&caller, e))?;
+        audit(&caller, "pause sandbox", &sandbox.id);
+        Ok(Response::new(sandbox))
+    }
+
+    async fn resume_sandbox(
+        &self,
+        request: Request<v1::ResumeSandboxRequest>,
+    ) -> Result<Response<Sandbox>, Status> {
+        let caller = auth::caller(&request)?;
+        let sel = selector(request.into_inner().sandbox)?;
+        self.sandbox_access(&caller, &sel, Role::Editor).await?;
+        let sandbox = self
+            .gateway
+            .resume_sandbox(&sel)
+            .await
+            .map_err(|e| error_for(&caller, e))?;
+        audit(&caller, "resume sandbox", &sandbox.id);
+        Ok(Response::new(sandbox))
+    }
+
     async fn restart_sandbox(
         &self,
         request: Request<RestartSandboxRequest>,

@@ -69,6 +69,24 @@ impl WorkspaceService for SbxService {
         Ok(Response::new(workspace))
     }
 
+    async fn set_workspace_lifetime(
+        &self,
+        request: Request<sbx_proto::v1::SetWorkspaceLifetimeRequest>,
+    ) -> Result<Response<Workspace>, Status> {
+        let caller = auth::caller(&request)?;
+        let req = request.into_inner();
+        let sel = WorkspaceSelector::from_ref(&req.workspace.unwrap_or_default())
+            .map_err(|e| actor_error_to_status(&e))?;
+        self.workspace_access(&caller, &sel, Role::Admin).await?;
+        let workspace = self
+            .gateway
+            .set_workspace_lifetime(&sel, req.default_lifetime)
+            .await
+            .map_err(|e| error_for(&caller, e))?;
+        audit(&caller, "set workspace default lifetime", &workspace.id);
+        Ok(Response::new(workspace))
+    }
+
     async fn get_workspace(
         &self,
         request: Request<GetWorkspaceRequest>,
