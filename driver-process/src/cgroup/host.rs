@@ -17,8 +17,9 @@ impl CgroupHost {
     }
 
     /// The pure part of [`CgroupHost::detect`]: v1 hierarchies holding `memory` or `cpu` win
-    /// (a hybrid host's unified mount usually has no controllers); otherwise a cgroup2 mount is
-    /// used with the controllers its `cgroup.controllers` lists.
+    /// (a hybrid host's unified mount usually has no controllers), together with those holding
+    /// `cpuacct` or `pids` (the sandbox's CPU time and process count are read there); otherwise
+    /// a cgroup2 mount is used with the controllers its `cgroup.controllers` lists.
     pub fn from_tables(
         mountinfo: &str,
         own_cgroups: &str,
@@ -28,24 +29,30 @@ impl CgroupHost {
         let own = parse_own_cgroups(own_cgroups);
         let mut v1_bases: Vec<CgroupBase> = Vec::new();
         for mount in mounts.iter().filter(|m| m.fstype == "cgroup") {
-            let memory = mount.super_options.iter().any(|o| o == "memory");
-            let cpu = mount.super_options.iter().any(|o| o == "cpu");
-            if !(memory || cpu) {
+            let used: Vec<&str> = V1_CONTROLLERS
+                .into_iter()
+                .filter(|c| mount.super_options.iter().any(|o| o == c))
+                .collect();
+            if used.is_empty() {
                 continue;
             }
             let own_path = own
                 .iter()
-                .find(|(controllers, _)| {
-                    controllers
-                        .iter()
-                        .any(|c| (memory && c == "memory") || (cpu && c == "cpu"))
-                })
+                .find(|(controllers, _)| controllers.iter().any(|c| used.contains(&c.as_str())))
                 .map(|(_, path)| path.as_str())
                 .unwrap_or("/");
             let dir = own_dir(&mount.mount_point, &mount.root, own_path);
-            v1_bases.push(CgroupBase { dir, memory, cpu });
+            v1_bases.push(CgroupBase {
+                dir,
+                memory: used.contains(&"memory"),
+                cpu: used.contains(&"cpu"),
+                cpuacct: used.contains(&"cpuacct"),
+                pids: used.contains(&"pids"),
+            });
         }
-        if !v1_bases.is_empty() {
+        // cpuacct and pids alone (their hierarchies without memory or cpu) do not make a v1
+        // host: they are joined for their figures next to the limits, not instead of them.
+        if v1_bases.iter().any(|b| b.memory || b.cpu) {
             return CgroupHost {
                 version: Some(CgroupVersion::V1),
                 bases: v1_bases,
@@ -63,6 +70,8 @@ impl CgroupHost {
             let base = CgroupBase {
                 memory: has("memory"),
                 cpu: has("cpu"),
+                cpuacct: false,
+                pids: false,
                 dir,
             };
             return CgroupHost {
@@ -76,6 +85,10 @@ impl CgroupHost {
         }
     }
 }
+
+/// The v1 controllers whose hierarchies a sandbox's workload joins: `memory` and `cpu` for
+/// their limits, `cpuacct` and `pids` for their figures (CPU time, process count).
+const V1_CONTROLLERS: [&str; 4] = ["memory", "cpu", "cpuacct", "pids"];
 
 /// A line of `/proc/self/mountinfo`, the fields we need.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,6 +175,21 @@ mod tests {
         assert_eq!(got, expected);
     }
 
+    /// A v1 base carrying `controllers` (of memory, cpu, cpuacct, pids).
+    fn v1(dir: &str, controllers: &[&str]) -> CgroupBase {
+        let has = |c: &str| controllers.contains(&c);
+        CgroupBase {
+            dir: dir.into(),
+            memory: has("memory"),
+            cpu: has("cpu"),
+            cpuacct: has("cpuacct"),
+            pids: has("pids"),
+        }
+    }
+
+    /// Every v1 controller on a hierarchy of its own (this machine's setup): the workload joins
+    /// cpuacct and pids next to cpu and memory, each under the driver's own cgroup there;
+    /// cpuset and the rest are left alone.
     #[test]
     fn hybrid_host_uses_v1_under_own_cgroups() {
         check(
@@ -171,21 +199,38 @@ mod tests {
             CgroupHost {
                 version: Some(CgroupVersion::V1),
                 bases: vec![
-                    CgroupBase {
-                        dir: "/sys/fs/cgroup/cpu".into(),
-                        memory: false,
-                        cpu: true,
-                    },
-                    CgroupBase {
-                        dir: "/sys/fs/cgroup/memory/api/abc".into(),
-                        memory: true,
-                        cpu: false,
-                    },
+                    v1("/sys/fs/cgroup/cpu", &["cpu"]),
+                    v1("/sys/fs/cgroup/cpuacct", &["cpuacct"]),
+                    v1("/sys/fs/cgroup/memory/api/abc", &["memory"]),
+                    v1("/sys/fs/cgroup/pids", &["pids"]),
+                ],
+            },
+        );
+        let mut with_others = HYBRID_MOUNTS.to_string();
+        with_others.push_str(
+            "\n36 30 0:32 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n\
+             37 30 0:33 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd",
+        );
+        let own = "9:name=systemd:/sbxd.service\n8:pids:/sbxd.service\n7:cpuset:/\n\
+                   4:memory:/api/abc\n2:cpuacct:/acct\n1:cpu:/\n0::/\n";
+        check(
+            &with_others,
+            own,
+            Some(""),
+            CgroupHost {
+                version: Some(CgroupVersion::V1),
+                bases: vec![
+                    v1("/sys/fs/cgroup/cpu", &["cpu"]),
+                    v1("/sys/fs/cgroup/cpuacct/acct", &["cpuacct"]),
+                    v1("/sys/fs/cgroup/memory/api/abc", &["memory"]),
+                    v1("/sys/fs/cgroup/pids/sbxd.service", &["pids"]),
                 ],
             },
         );
     }
 
+    /// `cpu,cpuacct` co-mounted (the common systemd layout): one base for both, as before;
+    /// a separate pids hierarchy is joined too.
     #[test]
     fn comounted_cpu_and_cpuacct_is_one_base() {
         let mounts = "31 30 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct";
@@ -195,10 +240,49 @@ mod tests {
             None,
             CgroupHost {
                 version: Some(CgroupVersion::V1),
+                bases: vec![v1("/sys/fs/cgroup/cpu,cpuacct/x", &["cpu", "cpuacct"])],
+            },
+        );
+        let mounts = format!(
+            "{mounts}\n\
+             32 30 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
+             33 30 0:29 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids"
+        );
+        check(
+            &mounts,
+            "5:pids:/p\n4:memory:/m\n3:cpu,cpuacct:/x\n",
+            None,
+            CgroupHost {
+                version: Some(CgroupVersion::V1),
+                bases: vec![
+                    v1("/sys/fs/cgroup/cpu,cpuacct/x", &["cpu", "cpuacct"]),
+                    v1("/sys/fs/cgroup/memory/m", &["memory"]),
+                    v1("/sys/fs/cgroup/pids/p", &["pids"]),
+                ],
+            },
+        );
+    }
+
+    /// cpuacct and pids hierarchies without a memory or cpu one do not make a v1 host: the
+    /// cgroup2 mount is used, as it was, and no v1 accounting base is kept.
+    #[test]
+    fn cpuacct_and_pids_alone_do_not_make_a_v1_host() {
+        let mounts = "\
+32 30 0:28 / /sys/fs/cgroup/cpuacct rw - cgroup cgroup rw,cpuacct
+34 30 0:30 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+35 30 0:31 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw";
+        check(
+            mounts,
+            "8:pids:/\n2:cpuacct:/\n0::/\n",
+            Some("cpu memory\n"),
+            CgroupHost {
+                version: Some(CgroupVersion::V2),
                 bases: vec![CgroupBase {
-                    dir: "/sys/fs/cgroup/cpu,cpuacct/x".into(),
-                    memory: false,
+                    dir: "/sys/fs/cgroup/unified".into(),
+                    memory: true,
                     cpu: true,
+                    cpuacct: false,
+                    pids: false,
                 }],
             },
         );
@@ -217,6 +301,8 @@ mod tests {
                     dir: "/sys/fs/cgroup".into(),
                     memory: true,
                     cpu: true,
+                    cpuacct: false,
+                    pids: false,
                 }],
             },
         );
@@ -230,6 +316,8 @@ mod tests {
                     dir: "/sys/fs/cgroup/system.slice/sbxd.service".into(),
                     memory: false,
                     cpu: false,
+                    cpuacct: false,
+                    pids: false,
                 }],
             },
         );

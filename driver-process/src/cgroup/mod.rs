@@ -2,6 +2,12 @@
 //! per sandbox under a configurable parent, applying cpu and memory limits, counting OOM kills,
 //! killing every process in a sandbox's cgroup and removing it.
 //!
+//! On v1 the workload also joins a cgroup of the `cpuacct` and `pids` hierarchies where the
+//! host mounts them apart from `cpu` and `memory` (a hybrid host often mounts every controller
+//! on its own): those carry no limit, but `cpuacct.usage` and `pids.current` are where a
+//! sandbox's CPU time and process count are read (`stats`). Where `cpuacct` is co-mounted with
+//! `cpu` the cpu cgroup is that one already. v2 counts CPU time in `cpu.stat` of the one cgroup.
+//!
 //! The parent is made under the driver's *own* cgroup in each hierarchy (as read from
 //! `/proc/self/cgroup`), so the sandboxes of a driver that runs in a delegated or limited cgroup
 //! stay inside it. Where a limit cannot be applied, the caller gets a warning in words; nothing
@@ -37,14 +43,20 @@ pub struct CgroupBase {
     pub dir: PathBuf,
     pub memory: bool,
     pub cpu: bool,
+    /// v1: this hierarchy carries `cpuacct` (CPU time, read by `stats`). Always false on v2,
+    /// whose `cpu.stat` counts it.
+    pub cpuacct: bool,
+    /// v1: this hierarchy carries `pids` (the process count, read by `stats`). Always false on
+    /// v2, where the driver delegates no pids controller.
+    pub pids: bool,
 }
 
 /// The host's cgroup setup as found when the driver opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupHost {
     pub version: Option<CgroupVersion>,
-    /// v1: one base per hierarchy we use (memory, cpu; one if they are co-mounted).
-    /// v2: the one unified base.
+    /// v1: one base per hierarchy we use (memory, cpu, and for their figures cpuacct and
+    /// pids; one for those co-mounted). v2: the one unified base.
     pub bases: Vec<CgroupBase>,
 }
 
@@ -54,6 +66,8 @@ pub struct CgroupHost {
 pub struct SandboxCgroups {
     pub version: Option<CgroupVersion>,
     /// Every directory the workload joins: one per v1 hierarchy, or the one v2 directory.
+    /// Records made before the driver joined v1 `cpuacct` and `pids` list only the cpu and
+    /// memory ones: their `stats` then read no CPU time or pids, and nothing else differs.
     pub dirs: Vec<PathBuf>,
     /// Where the memory controller (limit, OOM counter) of the sandbox lives, if anywhere.
     pub memory_dir: Option<PathBuf>,
@@ -344,6 +358,90 @@ mod tests {
                 .any(|w| w.starts_with("cpu limit not applied")),
             "{warnings:?}"
         );
+    }
+
+    /// A record from before the driver joined v1 cpuacct and pids lists only its cpu and
+    /// memory dirs; one whose dirs are gone altogether (removed by hand, a reboot) must fail
+    /// nothing either: no pids, nothing to kill, a remove that succeeds, zero figures.
+    #[test]
+    fn missing_dirs_fail_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gone = SandboxCgroups {
+            version: Some(CgroupVersion::V1),
+            dirs: vec![tmp.path().join("cpu/p/x"), tmp.path().join("memory/p/x")],
+            memory_dir: Some(tmp.path().join("memory/p/x")),
+            cpu_dir: Some(tmp.path().join("cpu/p/x")),
+        };
+        assert!(gone.pids().is_empty());
+        assert_eq!(gone.kill_all(), 0);
+        assert_eq!(gone.oom_kills(), 0);
+        gone.remove().unwrap();
+        assert_eq!(
+            sbx_host_kit::usage::cgroup_usage(&gone.dirs),
+            sbx_host_kit::usage::CgroupUsage::default()
+        );
+    }
+
+    /// The v1 code path on this machine's real mounts (skipped elsewhere): the sandbox gets a
+    /// cgroup in every hierarchy found, cpuacct and pids included where they are mounted on
+    /// their own, so a busy process put in all of them shows its CPU time and count in the
+    /// figures `stats` reads; kill and remove leave no directory behind.
+    #[test]
+    fn v1_hierarchies_on_the_real_mounts_count_cpu_time_and_pids() {
+        let host = CgroupHost::detect();
+        if host.version != Some(CgroupVersion::V1) {
+            eprintln!("no cgroup v1 here: {host:?}");
+            return;
+        }
+        let parent = format!("sbx-v1-unit-{}", Uuid::new_v4().simple());
+        let id = Uuid::new_v4();
+        let (made, warnings) = host.create_sandbox(&parent, id, Limits::default());
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let expected: Vec<PathBuf> = host
+            .parent_dirs(&parent)
+            .iter()
+            .map(|p| p.join(leaf_name(id)))
+            .collect();
+        assert_eq!(made.dirs, expected);
+        let has_file = |file: &str| made.dirs.iter().any(|d| d.join(file).exists());
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mounted = |c: &str| {
+            mountinfo.lines().any(|l| {
+                l.split_once(" - cgroup ").is_some_and(|(_, r)| {
+                    r.rsplit(' ')
+                        .next()
+                        .unwrap_or("")
+                        .split(',')
+                        .any(|o| o == c)
+                })
+            })
+        };
+        assert_eq!(has_file("cpuacct.usage"), mounted("cpuacct"), "{made:?}");
+        assert_eq!(has_file("pids.current"), mounted("pids"), "{made:?}");
+
+        let mut busy = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        for dir in &made.dirs {
+            fs::write(dir.join("cgroup.procs"), busy.id().to_string()).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let usage = sbx_host_kit::usage::cgroup_usage(&made.dirs);
+        assert_eq!(made.pids(), vec![busy.id() as i32]);
+        assert_eq!(made.kill_all(), 1);
+        busy.wait().unwrap();
+        if mounted("cpuacct") {
+            assert!(usage.cpu_nanos >= 100_000_000, "{usage:?}");
+        }
+        if mounted("pids") {
+            assert_eq!(usage.pids, 1, "{usage:?}");
+        }
+        made.remove().unwrap();
+        for (dir, parent_dir) in made.dirs.iter().zip(host.parent_dirs(&parent)) {
+            assert!(!dir.exists(), "{} left", dir.display());
+            fs::remove_dir(parent_dir).unwrap();
+        }
     }
 
     /// The v2 code path on this machine's real cgroup2 mount (on a hybrid host it carries no
