@@ -30,9 +30,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use process_support::checks::{check_invariants, delete_everything, quiesce};
+use process_support::checks::{check_invariants, clear_ttls, delete_everything, quiesce};
 use process_support::client::{
-    Ledger, PROBE_WORKSPACE, bounded, client, clients, sb_name, spec, ws_name,
+    Ledger, PROBE_WORKSPACE, TtlAsk, bounded, client, clients, sb_name, spec, ws_name,
 };
 use process_support::disk::{Tmpfs, keep_evidence};
 use process_support::faults::{inject_faults, workloads_survive_both_kills};
@@ -60,6 +60,11 @@ struct Report {
     refused: BTreeMap<String, u64>,
     creates_acknowledged: u64,
     deletes_acknowledged: u64,
+    /// Deadlines clients gave (ttls at create, ttl calls), and acknowledged sandboxes gone
+    /// with a ttl due (one gone with nothing else to explain it is checked not to be gone
+    /// before its deadline).
+    ttls_given: usize,
+    gone_with_ttl_due: u64,
     faults: BTreeMap<&'static str, u64>,
     checks: u64,
     /// Sandboxes alive at the end of the fault phase (all deleted by the final clean-up).
@@ -196,6 +201,10 @@ async fn exercise(run: &Arc<Run>, began: Instant) -> Result<Report, String> {
 
     let settled = quiesce(run).await?;
     let mut checks = check_invariants(run, &settled).await?;
+    // The phases after this one check that sandboxes stay exactly as they are: no deadline
+    // may change them meanwhile.
+    checks += clear_ttls(run, &settled).await?;
+    let settled = quiesce(run).await?;
     let ready_at_end = settled.iter().filter(|s| s.phase() == Phase::Ready).count();
     checks += workloads_survive_both_kills(run, &settled).await?;
     checks += damaged_store_is_refused_and_restored(run, &settled).await?;
@@ -384,6 +393,38 @@ async fn the_checks_catch_an_orphan_workload_and_a_lost_create() {
         .delete_requested_names
         .push(((ws_name(1), sb_name(1)), Instant::now()));
     check_invariants(&run, &settled).await.unwrap();
+
+    // A sandbox gone when the only thing that could delete it is a ttl not yet due.
+    let early = uuid::Uuid::new_v4().to_string();
+    {
+        let mut ledger = lock(&run.ledger);
+        ledger
+            .created
+            .insert(early.clone(), (ws_name(2), sb_name(2)));
+        ledger.ttl_asks.push(TtlAsk {
+            target: Ok(early.clone()),
+            deletes: true,
+            not_before: Instant::now() + Duration::from_secs(60),
+            not_after: None,
+        });
+    }
+    let err = check_invariants(&run, &settled).await.unwrap_err();
+    assert!(err.contains("before any deadline"), "{err}");
+    lock(&run.ledger).ttl_asks.last_mut().unwrap().not_before = Instant::now();
+    check_invariants(&run, &settled).await.unwrap();
+    // A sandbox that outlived the ttl it was created with.
+    lock(&run.ledger)
+        .created
+        .insert(created.id.clone(), (ws_name(0), sb_name(0)));
+    lock(&run.ledger).ttl_asks.push(TtlAsk {
+        target: Ok(created.id.clone()),
+        deletes: true,
+        not_before: Instant::now() - Duration::from_secs(60),
+        not_after: Some(Instant::now() - Duration::from_secs(30)),
+    });
+    let err = check_invariants(&run, &settled).await.unwrap_err();
+    assert!(err.contains("outlived its ttl"), "{err}");
+    lock(&run.ledger).ttl_asks.pop();
     assert!(delete_everything(&run).await.unwrap() > 0);
     assert!(workload_pids(&run.data, &created.id).is_empty());
 }

@@ -15,6 +15,10 @@ use super::client::{bounded, clients};
 use super::{cgroups_under, managed_driver, mounts_under, runs, workloads_by_sandbox};
 use crate::{QUIESCE, Run, lock};
 
+/// How long past its latest possible deadline a sandbox may still exist when the checks run
+/// (its delete was under way, or the deadline came during the last restart).
+const TTL_SLACK: Duration = Duration::from_secs(15);
+
 pub async fn all_sandboxes(run: &Run) -> Result<Vec<Sandbox>, String> {
     let (mut sb, _) = clients(run)?;
     let mut out = Vec::new();
@@ -108,6 +112,7 @@ pub async fn check_invariants(run: &Run, sandboxes: &[Sandbox]) -> Result<u64, S
     let ws_ids: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
     let ids: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
     let ledger = lock(&run.ledger);
+    lock(&run.report).ttls_given = ledger.ttl_asks.len();
     // 1. Every acknowledged create exists, unless a delete that could cover it was asked for.
     for (id, (ws, name)) in &ledger.created {
         checks += 1;
@@ -125,9 +130,40 @@ pub async fn check_invariants(run: &Run, sandboxes: &[Sandbox]) -> Result<u64, S
                 .delete_requested_workspaces
                 .iter()
                 .any(|(w, answered)| w == ws && after(answered));
+        let now = Instant::now();
+        let asks: Vec<_> = ledger
+            .ttl_asks_of(id, ws, name, sent)
+            .filter(|a| a.deletes)
+            .collect();
+        if !ids.contains(id.as_str()) && asks.iter().any(|a| a.not_before <= now) {
+            lock(&run.report).gone_with_ttl_due += 1;
+        }
         if !ids.contains(id.as_str()) && !excused {
+            // Gone by a ttl: only once its deadline could have come.
+            checks += 1;
+            if asks.is_empty() {
+                return Err(format!(
+                    "acknowledged sandbox {ws}/{name} ({id}) is gone and nobody deleted it"
+                ));
+            }
+            if asks.iter().all(|a| a.not_before > now) {
+                return Err(format!(
+                    "sandbox {ws}/{name} ({id}) is gone before any deadline it was given: {asks:?}"
+                ));
+            }
+
+        }
+        // A ttl that deletes, given at create and never moved, whose deadline passed well
+        // before now (sbxd SIGKILLed or not), has deleted its sandbox: a deadline is never lost.
+        checks += 1;
+        if ids.contains(id.as_str())
+            && asks.len() == 1
+            && asks[0].target.as_ref().is_ok_and(|t| t == id)
+            && asks[0].not_after.is_some_and(|by| by + TTL_SLACK < now)
+        {
             return Err(format!(
-                "acknowledged sandbox {ws}/{name} ({id}) is gone and nobody deleted it"
+                "sandbox {ws}/{name} ({id}) outlived its ttl by more than {TTL_SLACK:?}: {:?}",
+                asks[0]
             ));
         }
     }
@@ -180,6 +216,27 @@ pub async fn check_invariants(run: &Run, sandboxes: &[Sandbox]) -> Result<u64, S
         }
     }
     Ok(checks)
+}
+
+/// Removes the ttl deadline of every sandbox that has one (a ttl call of 0), so that the
+/// checks after this one find sandboxes as they left them.
+pub async fn clear_ttls(run: &Run, sandboxes: &[Sandbox]) -> Result<u64, String> {
+    let (mut sb, _) = clients(run)?;
+    let mut cleared = 0;
+    for s in sandboxes.iter().filter(|s| s.expires_at.is_some()) {
+        let r = bounded(sb.set_sandbox_ttl(sbx_proto::v1::SetSandboxTtlRequest {
+            sandbox: super::client::by_id(&s.id),
+            ttl_seconds: 0,
+        }))
+        .await;
+        match r {
+            Ok(_) => cleared += 1,
+            // Deleted by its ttl meanwhile.
+            Err(e) if e.code() == tonic::Code::NotFound => {}
+            Err(e) => return Err(format!("clearing the ttl of {}: {e:?}", s.id)),
+        }
+    }
+    Ok(cleared)
 }
 
 /// Deletes every workspace (cascade) and checks that nothing is left: no workload, no cgroup

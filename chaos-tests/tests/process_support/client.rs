@@ -11,7 +11,8 @@ use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
 use sbx_proto::v1::{
     CreateSandboxRequest, CreateWorkspaceRequest, DeleteSandboxRequest, DeleteWorkspaceRequest,
-    GetSandboxRequest, ListSandboxesRequest, RestartSandboxRequest, SandboxRef, SandboxSpec,
+    GetSandboxRequest, Lifetime, LifetimeAction, ListSandboxesRequest, PauseSandboxRequest, Phase,
+    RestartSandboxRequest, ResumeSandboxRequest, SandboxRef, SandboxSpec, SetSandboxTtlRequest,
     StartSandboxRequest, StopSandboxRequest, WorkspaceRef,
 };
 use tonic::Code;
@@ -33,6 +34,40 @@ pub struct Ledger {
     /// created only after that.
     pub delete_requested_names: Vec<((String, String), Instant)>,
     pub delete_requested_workspaces: Vec<(String, Instant)>,
+    /// Deletes a ttl asked for (at create, or by a ttl call): each is the sandbox's own
+    /// doing, and none may happen before its deadline.
+    pub ttl_asks: Vec<TtlAsk>,
+}
+
+/// A deadline a client gave a sandbox: at create (`--ttl`, deleting or stopping) or by a ttl
+/// call (deleting: a sandbox without a lifetime deletes when its ttl comes).
+#[derive(Debug, Clone)]
+pub struct TtlAsk {
+    /// By id, or by (workspace, name) when the create was not acknowledged (its id unknown)
+    /// or the ttl call named the sandbox by name.
+    pub target: Result<String, (String, String)>,
+    pub deletes: bool,
+    /// The deadline is no earlier than this: the request was sent then, with the ttl.
+    pub not_before: Instant,
+    /// And no later than this (the answer came, the deadline was written before it); `None`
+    /// when it was not acknowledged.
+    pub not_after: Option<Instant>,
+}
+
+impl Ledger {
+    /// The ttl asks that name sandbox `id` (of `ws`/`name`, whose create was sent at `sent`).
+    pub fn ttl_asks_of<'a>(
+        &'a self,
+        id: &'a str,
+        ws: &'a str,
+        name: &'a str,
+        sent: Option<Instant>,
+    ) -> impl Iterator<Item = &'a TtlAsk> + 'a {
+        self.ttl_asks.iter().filter(move |a| match &a.target {
+            Ok(target) => target == id,
+            Err((w, n)) => w == ws && n == name && sent.is_none_or(|s| a.not_before >= s),
+        })
+    }
 }
 
 /// The workspace of the injector's probes (see `faults.rs`): no client names it, so no client
@@ -97,9 +132,26 @@ pub fn spec() -> Option<SandboxSpec> {
     })
 }
 
+/// A create's ttl: its seconds, and whether it deletes (else it stops).
+type Ttl = Option<(u64, bool)>;
+
+fn spec_with(ttl: Ttl) -> Option<SandboxSpec> {
+    let mut spec = spec()?;
+    spec.lifetime = ttl.map(|(secs, deletes)| Lifetime {
+        ttl_seconds: secs,
+        on_ttl: if deletes {
+            LifetimeAction::Delete
+        } else {
+            LifetimeAction::Stop
+        } as i32,
+        ..Default::default()
+    });
+    Some(spec)
+}
+
 #[derive(Debug, Clone)]
 enum Op {
-    Create { ws: String, name: String },
+    Create { ws: String, name: String, ttl: Ttl },
     ById { cmd: Cmd, id: String },
     ByName { cmd: Cmd, ws: String, name: String },
     DeleteWorkspace { ws: String },
@@ -113,6 +165,11 @@ enum Cmd {
     Restart,
     Delete,
     Get,
+    /// A ttl call: the sandbox deletes itself this many seconds later.
+    Ttl(u64),
+    /// Refused on the process driver (it cannot pause): never acknowledged.
+    Pause,
+    Resume,
 }
 
 fn pick_op(run: &Run, rng: &mut Rng) -> Op {
@@ -120,9 +177,20 @@ fn pick_op(run: &Run, rng: &mut Rng) -> Op {
     let name = sb_name(rng.below(NAMES as u64) as usize);
     let mut known: Vec<String> = lock(&run.ledger).created.keys().cloned().collect();
     known.sort();
-    let cmd = [Cmd::Start, Cmd::Stop, Cmd::Restart, Cmd::Delete, Cmd::Get][rng.below(5) as usize];
+    let cmd = match rng.below(9) {
+        0 => Cmd::Start,
+        1 => Cmd::Stop,
+        2 => Cmd::Restart,
+        3 => Cmd::Delete,
+        4 => Cmd::Ttl(2 + rng.below(4)),
+        5 => Cmd::Pause,
+        6 => Cmd::Resume,
+        _ => Cmd::Get,
+    };
+    // Two creates in five live 2–5 s, then delete or stop themselves.
+    let ttl = rng.chance(0.4).then(|| (2 + rng.below(4), rng.chance(0.5)));
     match rng.below(100) {
-        0..35 => Op::Create { ws, name },
+        0..35 => Op::Create { ws, name, ttl },
         35..65 if !known.is_empty() => Op::ById {
             cmd,
             id: known[rng.below(known.len() as u64) as usize].clone(),
@@ -174,18 +242,32 @@ pub async fn bounded<T>(
 async fn perform(run: &Run, op: &Op) -> Result<bool, String> {
     let (mut sb, mut ws_client) = clients(run)?;
     match op {
-        Op::Create { ws, name } => {
+        Op::Create { ws, name, ttl } => {
             let sent = Instant::now();
             let r = bounded(sb.create_sandbox(CreateSandboxRequest {
                 providers: Default::default(),
                 workspace: ws.clone(),
                 name: name.clone(),
-                spec: spec(),
+                spec: spec_with(*ttl),
                 stopped: false,
             }))
             .await;
             let missing_ws = matches!(&r, Err(s) if s.code() == Code::NotFound);
-            match judge(run, r)? {
+            let answered = Instant::now();
+            let r = judge(run, r)?;
+            if let Some((secs, deletes)) = *ttl {
+                // An unacknowledged create may still have been made (with its ttl).
+                lock(&run.ledger).ttl_asks.push(TtlAsk {
+                    target: match &r {
+                        Some(created) => Ok(created.id.clone()),
+                        None => Err((ws.clone(), name.clone())),
+                    },
+                    deletes,
+                    not_before: sent + Duration::from_secs(secs),
+                    not_after: r.as_ref().map(|_| answered + Duration::from_secs(secs)),
+                });
+            }
+            match r {
                 Some(created) => {
                     let mut ledger = lock(&run.ledger);
                     ledger.created_sent.insert(created.id.clone(), sent);
@@ -213,9 +295,25 @@ async fn perform(run: &Run, op: &Op) -> Result<bool, String> {
             if let Cmd::Delete = cmd {
                 lock(&run.ledger).delete_requested_ids.insert(id.clone());
             }
+            if let Cmd::Ttl(secs) = cmd {
+                lock(&run.ledger).ttl_asks.push(TtlAsk {
+                    target: Ok(id.clone()),
+                    deletes: true,
+                    not_before: Instant::now() + Duration::from_secs(*secs),
+                    not_after: None,
+                });
+            }
             command(run, &mut sb, *cmd, by_id(id), Some(id)).await
         }
         Op::ByName { cmd, ws, name } => {
+            if let Cmd::Ttl(secs) = cmd {
+                lock(&run.ledger).ttl_asks.push(TtlAsk {
+                    target: Err((ws.clone(), name.clone())),
+                    deletes: true,
+                    not_before: Instant::now() + Duration::from_secs(*secs),
+                    not_after: None,
+                });
+            }
             let result = command(run, &mut sb, *cmd, by_name(ws, name), None).await;
             if let Cmd::Delete = cmd {
                 lock(&run.ledger)
@@ -297,6 +395,40 @@ async fn command(
             bounded(sb.get_sandbox(GetSandboxRequest { sandbox })).await,
         )?
         .is_some(),
+        Cmd::Ttl(ttl_seconds) => judge(
+            run,
+            bounded(sb.set_sandbox_ttl(SetSandboxTtlRequest {
+                sandbox,
+                ttl_seconds,
+            }))
+            .await,
+        )?
+        .is_some(),
+        Cmd::Pause => {
+            let r = bounded(sb.pause_sandbox(PauseSandboxRequest { sandbox })).await;
+            if let Ok(s) = r {
+                return Err(format!(
+                    "a pause was acknowledged by the process driver, which cannot pause: {s:?}"
+                ));
+            }
+            judge(run, r)?;
+            false
+        }
+        // Nothing is ever paused here: a resume answers a Ready sandbox as it is, or is
+        // refused.
+        Cmd::Resume => {
+            match judge(
+                run,
+                bounded(sb.resume_sandbox(ResumeSandboxRequest { sandbox })).await,
+            )? {
+                Some(s) if s.phase() != Phase::Ready => {
+                    return Err(format!(
+                        "a resume answered a sandbox that is not Ready: {s:?}"
+                    ));
+                }
+                answer => answer.is_some(),
+            }
+        }
         Cmd::Delete => {
             match judge(
                 run,
