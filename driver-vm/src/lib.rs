@@ -48,6 +48,20 @@
 //! gets QMP `quit`, then SIGKILL. **Start** boots again on the same disk; **delete** removes
 //! disk and state.
 //!
+//! **Pause** ([`pause`]) saves the VM's state (RAM and devices: QEMU's migration stream) to
+//! `memory` in the sandbox's directory and ends its QEMU; the record says paused (durably), the
+//! snapshot `Paused` under the same generation, and nothing watches for the VM's end meanwhile.
+//! **Resume** launches QEMU with the same arguments, stopped and waiting for the state
+//! (`-S -incoming defer`), loads the file, records the new QEMU (same generation, same run)
+//! and lets it go on (`cont`); the file goes. The guest's processes keep their pids, memory,
+//! files, sockets, and the agents their reads on the virtio ports (the FIFOs are new, the
+//! guest does not see it); its clock stands still while paused. Measured under TCG, the
+//! guest's memory filled with data that is not zeros: a 1 GiB guest (760 MiB saved) pauses in
+//! 0.7–0.8 s and resumes in 0.8–0.9 s; 256 MiB (88 MiB saved) in 0.14–0.16 s and 0.15–0.18 s
+//! (the `vm_pause_and_resume_timing` test) — the host's page cache and disk set the pace. A stop of a paused VM discards the saved state, like pulling
+//! its plug at the pause (what the guest had not written to its disk is lost; ext4's journal
+//! keeps the disk whole); a start of a paused VM boots afresh the same way.
+//!
 //! Known limits:
 //! - A 30th exec or connection of one VM waits for one of the 29 to end. A command that stops reading
 //!   its stdin while more input comes holds its agent's one reader, so until it ends neither
@@ -66,6 +80,7 @@ mod assets;
 mod cpio;
 mod files;
 mod guest;
+mod pause;
 mod qemu;
 mod record;
 mod service;
@@ -322,19 +337,18 @@ fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
     let mut records = records::find_records::<VmRecord>(&record::vms_dir(state_dir), |_, _| {})?;
     for (&id, rec) in records.iter_mut() {
         let paths = VmPaths::new(state_dir, id);
+        let mut changed = false;
         let recorded = rec.qemu.filter(procfs::is_alive);
         let found = recorded.or_else(|| qemu::read_identity(&paths.pidfile));
+        // The live QEMU of the sandbox, with its QMP status (empty when QMP did not answer).
+        let mut live = None;
         if let Some(identity) = found.filter(procfs::is_alive) {
             match qemu::query(&paths.qmp_socket) {
                 Ok((name, status)) if name == id.to_string() => {
                     tracing::info!(sandbox_id = %id, %identity, %status, "found the vm again");
-                    if rec.qemu != Some(identity) {
-                        rec.qemu = Some(identity);
-                        let file = records::record_file(&paths.dir);
-                        if let Err(e) = records::write_json_atomically(&file, rec) {
-                            tracing::warn!(sandbox_id = %id, error = %e, "record not updated");
-                        }
-                    }
+                    changed = rec.qemu != Some(identity);
+                    rec.qemu = Some(identity);
+                    live = Some((identity, status));
                 }
                 Ok((name, _)) => {
                     tracing::error!(sandbox_id = %id, %identity, %name, "the process in the pidfile is another vm; not ours");
@@ -344,11 +358,26 @@ fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
                     // Alive with the recorded start time: it is ours, even if QMP is busy.
                     tracing::warn!(sandbox_id = %id, %identity, error = %e, "qmp did not answer");
                     rec.qemu = rec.qemu.or(Some(identity));
+                    // Only the recorded process is surely ours to end (a pidfile QEMU did not
+                    // remove may name a pid now another's).
+                    if recorded.is_some() {
+                        live = Some((identity, String::new()));
+                    }
                 }
             }
             if rec.desired == Desired::Stopped {
                 tracing::warn!(sandbox_id = %id, "finishing an interrupted stop");
                 force_quit(&paths, identity);
+            }
+        }
+        let live = live
+            .as_ref()
+            .map(|(identity, status)| (*identity, status.as_str()));
+        let settled = pause::settle_at_open(&paths, rec, live);
+        if changed || settled {
+            let file = records::record_file(&paths.dir);
+            if let Err(e) = records::write_json_atomically(&file, rec) {
+                tracing::warn!(sandbox_id = %id, error = %e, "record not updated");
             }
         }
     }
@@ -369,6 +398,19 @@ impl Inner {
 
     fn is_alive(rec: &VmRecord) -> bool {
         rec.qemu.as_ref().is_some_and(procfs::is_alive)
+    }
+
+    /// Whether `rec`'s run is paused: it says so, or — a copy taken before a pause recorded
+    /// itself and ended its QEMU — the record now does. The poller's copy of a VM being
+    /// paused must not make it look exited.
+    fn is_paused(&self, rec: &VmRecord, alive: bool) -> bool {
+        rec.desired == Desired::Running
+            && (rec.paused
+                || (!alive
+                    && rec.qemu.is_some()
+                    && self.records.get(rec.sandbox_id).is_some_and(|now| {
+                        now.paused && now.desired == Desired::Running && now.run_id == rec.run_id
+                    })))
     }
 
     /// What the console says about the current run of a VM that is gone (read once per run).
@@ -448,22 +490,33 @@ impl HostDriver for Inner {
     }
 
     /// What the sandbox looks like now, from its record, its generation marker, `/proc` and
-    /// (for a VM that is gone) its console.
+    /// (for a VM that is gone) its console. A paused VM is paused, whatever its QEMU does.
     fn snapshot(&self, rec: &VmRecord) -> pb::Snapshot {
         let paths = self.paths(rec.sandbox_id);
         let alive = Self::is_alive(rec);
-        let report = if !alive && rec.qemu.is_some() && rec.desired == Desired::Running {
+        let paused = self.is_paused(rec, alive);
+        let report = if !paused && !alive && rec.qemu.is_some() && rec.desired == Desired::Running {
             self.finished_report(rec)
         } else {
             RunReport::default()
         };
-        let mut observed = observe::observe(RunFacts {
-            desired: rec.desired,
-            init_recorded: rec.qemu.is_some(),
-            alive,
-            exit_status: report.exit,
-            oom_killed: false,
-        });
+        let mut observed = if paused {
+            observe::Observed {
+                state: pb::State::Paused,
+                exit_code: 0,
+                exit_signal: 0,
+                reason: "",
+                message: String::new(),
+            }
+        } else {
+            observe::observe(RunFacts {
+                desired: rec.desired,
+                init_recorded: rec.qemu.is_some(),
+                alive,
+                exit_status: report.exit,
+                oom_killed: false,
+            })
+        };
         if let Some(why) = &report.fatal {
             observed.reason = "GuestFailed";
             observed.message = format!("the guest's init could not run the command: {why}");
@@ -503,7 +556,11 @@ impl HostDriver for Inner {
             .map(|m| m.len())
             .unwrap_or(0);
         rec.qemu = None;
+        // A boot afresh (a start of a paused VM too): a saved state would not match the disk
+        // once the new guest writes it.
+        rec.paused = false;
         self.records.save(&rec)?;
+        pause::remove_saved(&paths);
 
         let mut initramfs = std::fs::read(&self.assets.initramfs)
             .map_err(|e| internal("reading the shared initramfs", e))?;
@@ -530,22 +587,7 @@ impl HostDriver for Inner {
                     .map_err(|e| internal("waiting for a boot slot", e))?
             }
         };
-        let launch = qemu::VmLaunch {
-            qemu: &self.qemu,
-            name: id.to_string(),
-            accel: self.accel,
-            kernel: &self.assets.kernel,
-            initramfs: &paths.initramfs,
-            disk: &paths.disk,
-            console_log: &paths.console_log,
-            qmp_socket: &paths.qmp_socket,
-            agent: &paths.agent,
-            exec: &paths.exec,
-            pidfile: &paths.pidfile,
-            memory_mib: rec.spec.memory_mib,
-            cpus: rec.spec.cpus,
-            tsc_khz: self.tsc_khz,
-        };
+        let launch = self.launch_of(id, &rec, &paths, &paths.initramfs, false);
         let launched = launch.launch().await;
         // QEMU read the initramfs into memory at start (and copies it from there on a reset):
         // the run's own variables (credentials) leave the disk.
@@ -572,8 +614,14 @@ impl HostDriver for Inner {
 
     /// Ends the VM: the power button, then (after `grace` + 10 s for the guest to end its
     /// command, sync and reset) QMP `quit`, then SIGKILL. `grace` zero skips the power button.
-    /// Bounded: fails if QEMU is still alive 5 s after SIGKILL.
+    /// Bounded: fails if QEMU is still alive 5 s after SIGKILL. A paused VM being stopped or
+    /// deleted (desired stopped) has its saved state discarded; a paused VM's QEMU (one still
+    /// ending after its pause) is stopped, so no power button for it.
     async fn terminate(&self, rec: &VmRecord, grace: Duration) -> Result<(), DriverError> {
+        let grace = if rec.paused { Duration::ZERO } else { grace };
+        if rec.paused && rec.desired == Desired::Stopped {
+            self.discard_saved(rec)?;
+        }
         let Some(identity) = rec.qemu.filter(procfs::is_alive) else {
             return Ok(());
         };
@@ -615,6 +663,37 @@ impl HostDriver for Inner {
                 "the vm of sandbox {} ({identity}) is still alive after SIGKILL",
                 rec.sandbox_id
             )))
+        }
+    }
+}
+
+impl Inner {
+    /// How QEMU is launched for sandbox `id`: booting from `initramfs`, or (`incoming`)
+    /// stopped, waiting to load a paused VM's saved state.
+    fn launch_of<'a>(
+        &'a self,
+        id: Uuid,
+        rec: &VmRecord,
+        paths: &'a VmPaths,
+        initramfs: &'a Path,
+        incoming: bool,
+    ) -> qemu::VmLaunch<'a> {
+        qemu::VmLaunch {
+            qemu: &self.qemu,
+            name: id.to_string(),
+            accel: self.accel,
+            kernel: &self.assets.kernel,
+            initramfs,
+            disk: &paths.disk,
+            console_log: &paths.console_log,
+            qmp_socket: &paths.qmp_socket,
+            agent: &paths.agent,
+            exec: &paths.exec,
+            pidfile: &paths.pidfile,
+            memory_mib: rec.spec.memory_mib,
+            cpus: rec.spec.cpus,
+            tsc_khz: self.tsc_khz,
+            incoming,
         }
     }
 }

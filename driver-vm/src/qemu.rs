@@ -1,8 +1,10 @@
 //! QEMU: the command line of a sandbox's microVM, its launch (daemonized, so it outlives the
-//! driver), its identity (pid from QEMU's pidfile + the process's start time), and QMP, the
-//! machine protocol on a Unix socket in the sandbox's directory.
+//! driver), its identity (pid from QEMU's pidfile + the process's start time), QMP, the
+//! machine protocol on a Unix socket in the sandbox's directory, and the saving and loading of
+//! a VM's state (QEMU's migration, to and from a file whose descriptor goes over QMP).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IoSlice, Write};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -67,6 +69,9 @@ pub struct VmLaunch<'a> {
     pub cpus: u32,
     /// The host's TSC rate: under TCG, microvm has no timer to calibrate the TSC against.
     pub tsc_khz: Option<u64>,
+    /// Started to load a saved state, not to boot: stopped (`-S`), waiting for
+    /// `migrate-incoming` (`-incoming defer`, see [`load_state`]).
+    pub incoming: bool,
 }
 
 /// The guest kernel's command line.
@@ -135,6 +140,9 @@ impl VmLaunch<'_> {
             "-pidfile".into(),
             p(self.pidfile),
         ];
+        if self.incoming {
+            args.extend(["-S".into(), "-incoming".into(), "defer".into()]);
+        }
         for k in 0..EXEC_CHANNELS {
             args.extend([
                 "-chardev".into(),
@@ -243,9 +251,35 @@ impl Qmp {
 
     /// Runs `command` and returns its `return` value (events in between are skipped).
     pub fn execute(&mut self, command: &str) -> Result<Value, String> {
-        let line = format!("{}\n", json!({ "execute": command }));
+        self.call(command, None, None)
+    }
+
+    /// Runs `command` with `arguments`, and `fd` passed along (SCM_RIGHTS, for `getfd`).
+    pub fn call(
+        &mut self,
+        command: &str,
+        arguments: Option<Value>,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<Value, String> {
+        let mut message = json!({ "execute": command });
+        if let Some(arguments) = arguments {
+            message["arguments"] = arguments;
+        }
+        let line = format!("{message}\n");
+        let mut sent = 0;
+        if let Some(fd) = fd {
+            use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
+            sent = sendmsg::<UnixAddr>(
+                self.writer.as_raw_fd(),
+                &[IoSlice::new(line.as_bytes())],
+                &[ControlMessage::ScmRights(&[fd.as_raw_fd()])],
+                MsgFlags::empty(),
+                None,
+            )
+            .map_err(|e| format!("{command}: sending the file descriptor: {e}"))?;
+        }
         self.writer
-            .write_all(line.as_bytes())
+            .write_all(&line.as_bytes()[sent..])
             .map_err(|e| format!("{command}: {e}"))?;
         loop {
             let message = self.read_message()?;
@@ -291,6 +325,179 @@ pub fn command(socket: &Path, command: &str) -> Result<(), String> {
     Qmp::connect(socket, Duration::from_secs(3))?
         .execute(command)
         .map(|_| ())
+}
+
+/// The name a saved state's file descriptor goes by in QEMU (`getfd`, then `fd:<name>`).
+const STATE_FD: &str = "sbx-state";
+
+/// The migration's bandwidth cap, bytes per second: none to speak of (QEMU's default, 32 MiB/s
+/// for live migration over a network, would make a 1 GiB save take half a minute).
+const UNCAPPED: u64 = 1 << 40;
+
+/// How long a VM's state may take to save or load: a minute, plus a minute per GiB of memory.
+pub fn state_transfer_limit(memory_mib: u64) -> Duration {
+    Duration::from_secs(60 + 60 * memory_mib.div_ceil(1024))
+}
+
+/// What a finished migration reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Migrated {
+    /// Bytes of the stream QEMU wrote (or read).
+    pub transferred: u64,
+    /// RAM pages sent whole, and pages found to hold only zeros (sent as a flag).
+    pub normal_pages: u64,
+    pub zero_pages: u64,
+}
+
+/// Saves a running VM's state to `file`: QMP `stop`, then `migrate` to the file's descriptor,
+/// polled until `completed` (QEMU's error on `failed`), within `limit`. On success the VM is
+/// left stopped (`postmigrate`), its disk flushed, for the caller to make the file durable and
+/// end it; on failure it is cancelled and running again ([`resume_after_failed_save`]), and
+/// the error says what QEMU said.
+/// Hands QEMU `file` (QMP `getfd`) and starts `command` (`migrate` or `migrate-incoming`)
+/// through it.
+fn migrate_through(
+    qmp: &mut Qmp,
+    command: &str,
+    file: std::os::fd::BorrowedFd<'_>,
+) -> Result<(), String> {
+    qmp.call("getfd", Some(json!({ "fdname": STATE_FD })), Some(file))?;
+    qmp.call(
+        command,
+        Some(json!({ "uri": format!("fd:{STATE_FD}") })),
+        None,
+    )?;
+    Ok(())
+}
+
+pub fn save_state(
+    socket: &Path,
+    file: &std::fs::File,
+    limit: Duration,
+) -> Result<Migrated, String> {
+    use std::os::fd::AsFd;
+    let deadline = Instant::now() + limit;
+    let mut qmp = Qmp::connect(socket, Duration::from_secs(10))?;
+    qmp.call(
+        "migrate-set-parameters",
+        Some(json!({ "max-bandwidth": UNCAPPED })),
+        None,
+    )?;
+    qmp.execute("stop")?;
+    let saved = (|| {
+        migrate_through(&mut qmp, "migrate", file.as_fd())?;
+        wait_migrated(&mut qmp, deadline, limit)
+    })();
+    match saved {
+        Ok(migrated) => Ok(migrated),
+        Err(e) => {
+            drop(qmp);
+            match resume_after_failed_save(socket) {
+                Ok(()) => Err(e),
+                Err(again) => Err(format!("{e}; and the vm could not be resumed: {again}")),
+            }
+        }
+    }
+}
+
+/// Runs a VM whose save failed (or whose saved state could not be kept) again: the migration
+/// cancelled if it still runs, the descriptor let go, `cont`.
+pub fn resume_after_failed_save(socket: &Path) -> Result<(), String> {
+    let mut qmp = Qmp::connect(socket, Duration::from_secs(10))?;
+    let _ = qmp.execute("migrate_cancel");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = qmp.execute("query-migrate")?;
+        let status = status.get("status").and_then(Value::as_str).unwrap_or("");
+        if !matches!(
+            status,
+            "setup" | "active" | "cancelling" | "device" | "pre-switchover"
+        ) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the migration is still {status} 10 s after its cancel"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Taken by a migrate that started; left over by one that did not.
+    let _ = qmp.call("closefd", Some(json!({ "fdname": STATE_FD })), None);
+    qmp.execute("cont").map(|_| ())
+}
+
+/// Loads a saved state from `file` into a VM launched `incoming` (stopped, `-incoming defer`):
+/// `migrate-incoming` from the file's descriptor, polled until `completed`, within `limit`.
+/// The VM is left stopped, for the caller to `cont`. A load that fails ends QEMU (it exits on a
+/// failed incoming migration); the error says so.
+pub fn load_state(
+    socket: &Path,
+    file: &std::fs::File,
+    limit: Duration,
+) -> Result<Migrated, String> {
+    use std::os::fd::AsFd;
+    let deadline = Instant::now() + limit;
+    let mut qmp = Qmp::connect(socket, Duration::from_secs(10))?;
+    let loaded = (|| {
+        migrate_through(&mut qmp, "migrate-incoming", file.as_fd())?;
+        let migrated = wait_migrated(&mut qmp, deadline, limit)?;
+        // Completed, the VM leaves `inmigrate` for `paused` (it was started with -S).
+        loop {
+            let status = qmp.execute("query-status")?;
+            if status.get("status").and_then(Value::as_str) != Some("inmigrate") {
+                return Ok(migrated);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("the vm still loads its state after {limit:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })();
+    loaded.map_err(|e| {
+        if e.contains("closed the connection") || e.contains("reading qmp") {
+            format!(
+                "qemu ended while loading the saved state (the file does not match this vm, or \
+                 is damaged): {e}"
+            )
+        } else {
+            e
+        }
+    })
+}
+
+/// Polls `query-migrate` until the migration completed, failed or ran past `deadline`.
+fn wait_migrated(qmp: &mut Qmp, deadline: Instant, limit: Duration) -> Result<Migrated, String> {
+    loop {
+        let info = qmp.execute("query-migrate")?;
+        match info.get("status").and_then(Value::as_str) {
+            Some("completed") => {
+                let ram = info.get("ram");
+                let field = |name: &str| {
+                    ram.and_then(|r| r.get(name))
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0)
+                };
+                return Ok(Migrated {
+                    transferred: field("transferred"),
+                    normal_pages: field("normal"),
+                    zero_pages: field("duplicate"),
+                });
+            }
+            Some(status @ ("failed" | "cancelled")) => {
+                let why = info
+                    .get("error-desc")
+                    .and_then(Value::as_str)
+                    .unwrap_or("qemu gave no reason");
+                return Err(format!("the migration {status}: {why}"));
+            }
+            _ => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("the migration did not complete within {limit:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The host's TSC rate in kHz, from `/proc/cpuinfo` (the first CPU's "cpu MHz").
@@ -402,6 +609,7 @@ mod tests {
             memory_mib: 256,
             cpus: 1,
             tsc_khz: Some(2_445_412),
+            incoming: false,
         };
         let args = launch.args().join(" ");
         assert!(
@@ -426,6 +634,12 @@ mod tests {
             "{args}"
         );
         assert!(args.ends_with("-daemonize"), "{args}");
+        assert!(!args.contains("-incoming"), "{args}");
+        launch.incoming = true;
+        let args = launch.args().join(" ");
+        assert!(args.contains(" -S -incoming defer "), "{args}");
+        assert!(args.ends_with("-daemonize"), "{args}");
+        launch.incoming = false;
         launch.accel = Accel::Kvm;
         let args = launch.args().join(" ");
         assert!(args.contains("-accel kvm -cpu host"), "{args}");

@@ -7,6 +7,9 @@
 //! - `qmp.sock`, `agent.in` + `agent.out` (FIFOs: the init's control channel), `exec-<k>.in` +
 //!   `exec-<k>.out` (FIFOs: the exec channels of the guest's `sbx-agent`s), `qemu.pid`,
 //!   `initramfs.cpio`: the current boot's.
+//! - `memory`: a paused VM's saved state (QEMU's migration stream: its RAM and devices),
+//!   written as `memory.part` and renamed when complete; removed once the VM runs again, or
+//!   by a stop. Mode 0600: the guest's memory holds whatever the guest held (credentials).
 //!
 //! The record and the marker are written atomically by the kit (`host::records`, which also
 //! checks the record's format and deletes through `<state_dir>/trash/`).
@@ -50,6 +53,11 @@ pub struct VmRecord {
     pub console_offset: u64,
     pub qemu: Option<ProcessIdentity>,
     pub warnings: Vec<String>,
+    /// The current run is paused: its state saved in `memory`, no QEMU runs (`qemu` names the
+    /// last one). Meaningful only while `desired` is running (a stop discards the state).
+    /// Absent in records older than pausing: false.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 host_record!(VmRecord, RECORD_FORMAT);
@@ -70,6 +78,9 @@ pub struct VmPaths {
     pub exec: PathBuf,
     pub pidfile: PathBuf,
     pub initramfs: PathBuf,
+    /// A paused VM's saved state, complete; and the file a pause writes it to first.
+    pub memory: PathBuf,
+    pub memory_part: PathBuf,
 }
 
 impl VmPaths {
@@ -84,6 +95,8 @@ impl VmPaths {
             exec: dir.join("exec"),
             pidfile: dir.join("qemu.pid"),
             initramfs: dir.join("initramfs.cpio"),
+            memory: dir.join("memory"),
+            memory_part: dir.join("memory.part"),
             dir,
         }
     }
@@ -150,9 +163,22 @@ mod tests {
                 start_ticks: 7,
             }),
             warnings: vec![],
+            paused: true,
         };
         write_record(&paths, &record).unwrap();
         assert_eq!(read_record(&paths).unwrap(), record);
+        // A record written before pausing existed reads as not paused.
+        let mut old: serde_json::Value =
+            serde_json::from_slice(&fs::read(record_file(&paths.dir)).unwrap()).unwrap();
+        old.as_object_mut().unwrap().remove("paused");
+        fs::write(record_file(&paths.dir), serde_json::to_vec(&old).unwrap()).unwrap();
+        assert_eq!(
+            read_record(&paths).unwrap(),
+            VmRecord {
+                paused: false,
+                ..record.clone()
+            }
+        );
 
         assert!(
             read_generation(&paths)

@@ -1,8 +1,8 @@
 //! The driver contract for [`VmDriver`]: capabilities and create (the disk made). Every
 //! lifecycle call runs as its own task; start, stop, delete, a create of a known sandbox and
 //! the reads (get, list, watch, logs) are the host kit's
-//! ([`sbx_host_kit::host_compute_driver!`]); exec is in `streams.rs`, copy and port-forward
-//! (through exec) in `files.rs`.
+//! ([`sbx_host_kit::host_compute_driver!`]); pause and resume are in `pause.rs`, exec in
+//! `streams.rs`, copy and port-forward (through exec) in `files.rs`.
 
 use std::sync::Arc;
 
@@ -90,7 +90,19 @@ async fn make_disk(path: &std::path::Path, size_mib: u64) -> Result<(), DriverEr
     std::fs::rename(&tmp, path).map_err(|e| internal("placing the disk image", e))
 }
 
-sbx_host_kit::host_compute_driver!(VmDriver, create = create);
+// The kit's impl with pause and resume added (the kit's macro has no arm for them yet: its
+// `@impl` arm takes the extra methods of the networked drivers the same way).
+sbx_host_kit::host_compute_driver!(@impl VmDriver, create {
+    async fn pause(&self, req: pb::PauseRequest) -> Result<pb::Snapshot, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { inner.pause(req).await }).await
+    }
+
+    async fn resume(&self, req: pb::ResumeRequest) -> Result<pb::Snapshot, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { inner.resume(req).await }).await
+    }
+});
 
 #[async_trait]
 impl HostService for VmDriver {
@@ -113,6 +125,7 @@ impl HostService for VmDriver {
             copy_when_stopped: false,
             disk_limit: false,
             stats: true,
+            pause: true,
             isolation: format!(
                 "QEMU microVM ({}), its own kernel ({}); a persistent ext4 disk at /sandbox; \
                  no network",
@@ -159,7 +172,8 @@ impl HostService for VmDriver {
     /// A VM's usage is its QEMU process's, as the host pays it: CPU time (under TCG the
     /// emulation's own work included) and resident memory (guest memory it touched included),
     /// against the VM's cpus and memory; its disk is the image's allocated bytes against its
-    /// size. The guest's processes are not counted from here (no pids).
+    /// size. The guest's processes are not counted from here (no pids). A paused VM has no
+    /// QEMU: not running, no CPU or memory (its saved state is on the driver's disk).
     async fn stats(&self, req: pb::StatsRequest) -> Result<pb::SandboxUsage, DriverError> {
         let id = sbx_driver_api::parse_sandbox_id(&req.sandbox_id)?;
         let record = self.inner.records.require(id)?;
@@ -262,6 +276,7 @@ async fn create(
         console_offset: 0,
         qemu: None,
         warnings,
+        paused: false,
     };
     lifecycle::first_run(inner, rec, req.generation, req.stopped, run_env).await
 }

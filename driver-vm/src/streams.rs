@@ -139,6 +139,11 @@ impl VmDriver {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         validate_command("exec", &req.command, &req.env)?;
         let rec = self.inner.records.require(id)?;
+        if rec.desired == Desired::Running && rec.paused {
+            return Err(DriverError::FailedPrecondition(format!(
+                "sandbox {id} is paused; {what} needs a running vm (resume it first)"
+            )));
+        }
         if rec.desired != Desired::Running || !Inner::is_alive(&rec) {
             return Err(DriverError::FailedPrecondition(format!(
                 "sandbox {id} is not running; {what} needs a running vm"

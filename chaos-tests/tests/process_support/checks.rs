@@ -151,7 +151,6 @@ pub async fn check_invariants(run: &Run, sandboxes: &[Sandbox]) -> Result<u64, S
                     "sandbox {ws}/{name} ({id}) is gone before any deadline it was given: {asks:?}"
                 ));
             }
-
         }
         // A ttl that deletes, given at create and never moved, whose deadline passed well
         // before now (sbxd SIGKILLed or not), has deleted its sandbox: a deadline is never lost.
