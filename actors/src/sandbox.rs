@@ -760,7 +760,17 @@ impl SandboxActor {
     /// FailedPrecondition unless the sandbox's driver has the `pause` capability.
     async fn can_pause(&self, st: &SandboxState) -> Result<()> {
         let driver = self.driver(st)?;
-        let caps = with_deadline(st, "capabilities", driver.capabilities()).await?;
+        let caps = with_deadline(st, "capabilities", driver.capabilities())
+            .await
+            .map_err(|e| {
+                if e.is_transient() {
+                    ActorError::Unavailable(format!(
+                        "could not ask the driver whether it can pause: {e}; try again"
+                    ))
+                } else {
+                    e.into()
+                }
+            })?;
         if caps.pause {
             return Ok(());
         }

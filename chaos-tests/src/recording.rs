@@ -32,6 +32,8 @@ pub struct DestructiveCall {
     pub sandbox_id: String,
     /// Its number in the order of all calls.
     pub seq: u64,
+    /// When the driver got it (a ttl's call must not come before the ttl's deadline).
+    pub at: std::time::SystemTime,
 }
 
 #[derive(Default)]
@@ -61,6 +63,7 @@ impl Recording {
                 op,
                 sandbox_id: sandbox_id.to_string(),
                 seq,
+                at: std::time::SystemTime::now(),
             });
     }
 }

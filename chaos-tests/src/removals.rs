@@ -115,6 +115,7 @@ mod tests {
             op,
             sandbox_id: id.to_string(),
             seq,
+            at: std::time::SystemTime::now(),
         }
     }
 

@@ -163,6 +163,8 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
         ));
     }
     let mut unverified = 0;
+    // Stops and deletes only a due ttl explains; Paused records checked against the driver.
+    let (mut by_ttl, mut paused_checked) = (0u64, 0u64);
     for call in calls {
         checks += 1;
         let Ok(id) = Uuid::parse_str(&call.sandbox_id) else {
@@ -190,15 +192,21 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
             placed.created_at,
             call.seq,
         ) {
+            if ledger.ttl_explains(call.op, id, &placed.workspace, &placed.name, call.at) {
+                by_ttl += 1;
+                continue;
+            }
             return Err(format!(
-                "the driver was asked to {:?} sandbox {}/{} ({id}) at call {}, and no client had asked for that \
-                 (first created in the driver at call {}; requests naming it: {})",
+                "the driver was asked to {:?} sandbox {}/{} ({id}) at call {} ({:?}), and no client had asked for that \
+                 (first created in the driver at call {}; requests naming it: {}; ttls: {})",
                 call.op,
                 placed.workspace,
                 placed.name,
                 call.seq,
+                call.at,
                 placed.created_at,
-                ledger.naming(id, &placed.workspace, &placed.name)
+                ledger.naming(id, &placed.workspace, &placed.name),
+                ledger.ttls_naming(id, &placed.workspace, &placed.name)
             ));
         }
     }
@@ -244,6 +252,20 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
                 .is_some_and(|s| s.state() == pb::State::Running)
         {
             return Err(format!("{} is Stopped but its workload runs", record.id));
+        }
+        // A paused sandbox is never lost: the driver holds its saved workload, of its run.
+        if sb.phase() == Phase::Paused {
+            checks += 1;
+            paused_checked += 1;
+            match &snap {
+                Some(s) if s.state() == pb::State::Paused && s.generation == sb.generation => {}
+                other => {
+                    return Err(format!(
+                        "{} is Paused at generation {} but the driver has {other:?}",
+                        record.id, sb.generation
+                    ));
+                }
+            }
         }
     }
     for running in h.world.running_ids() {
@@ -301,6 +323,8 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
     drop(ledger);
     let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
     report.invariant_checks += checks;
+    report.calls_by_ttl += by_ttl;
+    report.paused_checked += paused_checked;
     report.unverified_calls += unverified;
     report.removals_checked += removed.len() as u64;
     report.removal_observer_lagged += h.removals.lagged();

@@ -17,7 +17,7 @@ use sbx_actors::{
 };
 use sbx_drivers::sim::{SimDriver, SimFaultHandle, SimFaults, SimWorld};
 use sbx_drivers::{ComputeDriver, pb};
-use sbx_proto::v1::{DesiredState, Phase, Sandbox, SandboxSpec};
+use sbx_proto::v1::{DesiredState, Lifetime, LifetimeAction, Phase, Sandbox, SandboxSpec};
 use sbx_storage::{Kind, ListQuery, ObjectStore, Scope, SledStore};
 use serde::{Deserialize, Serialize};
 use tokio::sync::RwLock;
@@ -49,6 +49,10 @@ pub struct ChaosConfig {
     /// Inject faults at all (off: a control run that checks the checks).
     pub faults: bool,
     pub gateway_restarts: bool,
+    /// Some creates give their sandbox a ttl (off: every answer follows from the operations
+    /// alone, not from the clock — what a replay that must give the same answers needs).
+    #[serde(default = "on")]
+    pub ttls: bool,
     /// Write the round's journal here whatever its outcome (a failing round writes it into
     /// its kept directory anyway).
     #[serde(skip)]
@@ -66,9 +70,14 @@ impl ChaosConfig {
             max_ops_per_client: 5_000,
             faults: true,
             gateway_restarts: true,
+            ttls: true,
             journal: None,
         }
     }
+}
+
+fn on() -> bool {
+    true
 }
 
 /// What a run did, for the closing note of a soak.
@@ -93,6 +102,15 @@ pub struct ChaosReport {
     /// missed events went unchecked).
     pub removal_observer_lagged: u64,
     pub invariant_checks: u64,
+    /// Creates that gave a ttl, and driver stops and deletes only a due ttl explained (each
+    /// checked to come at or after the earliest its deadline could be).
+    pub ttls_given: u64,
+    pub calls_by_ttl: u64,
+    /// Pauses and resumes acknowledged; Paused records checked against the driver's saved
+    /// workload (a paused sandbox is never lost).
+    pub pauses_acknowledged: u64,
+    pub resumes_acknowledged: u64,
+    pub paused_checked: u64,
 }
 
 /// What clients asked for and what was acknowledged.
@@ -103,6 +121,18 @@ struct Ledger {
     deleted_ids: HashSet<Uuid>,
     /// Every stop, restart and delete a client sent, with when, on the driver's call clock.
     requests: Vec<Request>,
+    /// The stops and deletes ttls asked for (at create), each not before its deadline.
+    ttls: Vec<TtlAsk>,
+}
+
+/// A ttl a create gave its sandbox: the driver may stop or delete that sandbox by itself, but
+/// never before the deadline (which is no earlier than the create's sending plus the ttl).
+#[derive(Debug, Clone)]
+struct TtlAsk {
+    op: Destructive,
+    /// By id when the create was acknowledged; by name when not (the sandbox may exist).
+    target: Target,
+    not_before: std::time::SystemTime,
 }
 
 /// A request that may legitimately make the driver stop or delete a sandbox.
@@ -191,6 +221,52 @@ impl Ledger {
                         Target::Workspace(ws) => ws == workspace,
                     }
             })
+            || self
+                .ttls
+                .iter()
+                .any(|t| t.op == Destructive::Delete && t.names(id, workspace, name))
+    }
+
+    /// Whether a ttl given at create could have made the driver `op` sandbox `id` (of
+    /// `workspace/name`) at `at`: only at or after its deadline.
+    fn ttl_explains(
+        &self,
+        op: Destructive,
+        id: Uuid,
+        workspace: &str,
+        name: &str,
+        at: std::time::SystemTime,
+    ) -> bool {
+        self.ttls
+            .iter()
+            .any(|t| t.op == op && t.names(id, workspace, name) && at >= t.not_before)
+    }
+}
+
+impl Ledger {
+    /// The ttls that name this sandbox, for a violation's message.
+    fn ttls_naming(&self, id: Uuid, workspace: &str, name: &str) -> String {
+        let shown: Vec<String> = self
+            .ttls
+            .iter()
+            .filter(|t| t.names(id, workspace, name))
+            .map(|t| format!("{:?} not before {:?}", t.op, t.not_before))
+            .collect();
+        if shown.is_empty() {
+            "none".into()
+        } else {
+            shown.join(", ")
+        }
+    }
+}
+
+impl TtlAsk {
+    fn names(&self, id: Uuid, workspace: &str, name: &str) -> bool {
+        match &self.target {
+            Target::Id(target) => *target == id,
+            Target::Name(ws, n) => ws == workspace && n == name,
+            Target::Workspace(_) => false,
+        }
     }
 }
 
@@ -415,6 +491,45 @@ fn spec() -> SandboxSpec {
     }
 }
 
+/// A create, with its ttl: the ttl is in the ledger before the create is sent (an
+/// unacknowledged create may still be made, with its ttl), by name until its id is known.
+async fn create_with(
+    h: &Harness,
+    gw: &Gateway,
+    ws: &str,
+    name: &str,
+    ttl: Option<(u64, TtlAction)>,
+) -> Result<Sandbox, ActorError> {
+    let mut spec = spec();
+    if let Some((secs, action)) = ttl {
+        let (op, on) = match action {
+            TtlAction::Delete => (Some(Destructive::Delete), LifetimeAction::Delete),
+            TtlAction::Stop => (Some(Destructive::Stop), LifetimeAction::Stop),
+            TtlAction::Pause => (None, LifetimeAction::Pause),
+        };
+        spec.lifetime = Some(Lifetime {
+            ttl_seconds: secs,
+            on_ttl: on as i32,
+            ..Default::default()
+        });
+        let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
+        report.ttls_given += 1;
+        drop(report);
+        if let Some(op) = op {
+            h.ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .ttls
+                .push(TtlAsk {
+                    op,
+                    target: Target::Name(ws.to_string(), name.to_string()),
+                    not_before: std::time::SystemTime::now() + Duration::from_secs(secs),
+                });
+        }
+    }
+    gw.create_sandbox(Some(ws), name, spec).await
+}
+
 /// One client: random operations, some sent twice at once.
 async fn client(h: Arc<Harness>, index: usize) -> Result<(), String> {
     let mut rng = Rng::new(h.cfg.seed ^ (0xC11E_u64 << 16) ^ index as u64);
@@ -448,6 +563,9 @@ pub enum Op {
     Create {
         ws: String,
         name: String,
+        /// A ttl in seconds and what it does (a journal from before ttls has none).
+        #[serde(default)]
+        ttl: Option<(u64, TtlAction)>,
     },
     ById {
         kind: Cmd,
@@ -491,6 +609,16 @@ pub enum Cmd {
     Restart,
     Delete,
     Get,
+    Pause,
+    Resume,
+}
+
+/// What a create's ttl does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TtlAction {
+    Delete,
+    Stop,
+    Pause,
 }
 
 impl Op {
@@ -509,29 +637,60 @@ impl Op {
 fn pick_op(h: &Harness, rng: &mut Rng) -> Op {
     let ws = workspace_name(rng.below(h.cfg.workspaces as u64) as usize);
     let name = sandbox_name(rng.below(h.cfg.names as u64) as usize);
-    let known: Vec<Uuid> = h
-        .ledger
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .created
-        .keys()
-        .copied()
+    let ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
+    let known: Vec<Uuid> = ledger.created.keys().copied().collect();
+    // Sandboxes a ttl stops or deletes: no client stops or deletes them, by id, by name or
+    // by their workspace (theirs are workspaces of their own, `t` + a client workspace's
+    // name, which no client names), so that the driver's stop or delete of one is the ttl's
+    // alone, and is checked against its deadline.
+    let timed: HashSet<Uuid> = ledger
+        .ttls
+        .iter()
+        .filter_map(|t| match t.target {
+            Target::Id(id) => Some(id),
+            _ => None,
+        })
         .collect();
-    let cmd = match rng.below(5) {
+    drop(ledger);
+    let cmd = match rng.below(7) {
         0 => Cmd::Start,
         1 => Cmd::Stop,
         2 => Cmd::Restart,
         3 => Cmd::Delete,
+        4 => Cmd::Pause,
+        5 => Cmd::Resume,
         _ => Cmd::Get,
     };
+    // Two creates in five live 1–4 s, then delete, stop or pause themselves.
+    let ttl = (h.cfg.ttls && rng.chance(0.4)).then(|| {
+        let action = match rng.below(3) {
+            0 => TtlAction::Delete,
+            1 => TtlAction::Stop,
+            _ => TtlAction::Pause,
+        };
+        (1 + rng.below(4), action)
+    });
+    let destructive = matches!(cmd, Cmd::Stop | Cmd::Restart | Cmd::Delete);
     match rng.below(100) {
-        0..30 => Op::Create { ws, name },
+        0..30 => match ttl {
+            Some((_, TtlAction::Delete | TtlAction::Stop)) => Op::Create {
+                ws: format!("t{ws}"),
+                name,
+                ttl,
+            },
+            _ => Op::Create { ws, name, ttl },
+        },
         30..65 if !known.is_empty() => {
             let mut ids = known;
             ids.sort();
+            let id = ids[rng.below(ids.len() as u64) as usize];
             Op::ById {
-                kind: cmd,
-                id: ids[rng.below(ids.len() as u64) as usize],
+                kind: if destructive && timed.contains(&id) {
+                    Cmd::Get
+                } else {
+                    cmd
+                },
+                id,
             }
         }
         30..85 => Op::ByName {
@@ -569,12 +728,19 @@ async fn perform(h: &Harness, op: &Op) -> Result<Answer, String> {
 async fn perform_inner(h: &Harness, op: &Op, answer: &mut Answer) -> Result<bool, String> {
     let gw = gw_of(h).await;
     match op {
-        Op::Create { ws, name } => match gw.create_sandbox(Some(ws), name, spec()).await {
+        Op::Create { ws, name, ttl } => match create_with(h, &gw, ws, name, *ttl).await {
             Ok(sb) => {
                 let id = Uuid::parse_str(&sb.id).map_err(|e| e.to_string())?;
                 answer.created = Some(id);
                 let mut ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
                 ledger.created.insert(id, (ws.clone(), name.clone()));
+                // The sandbox is known by its id from now on.
+                for t in ledger.ttls.iter_mut().rev() {
+                    if t.target == Target::Name(ws.clone(), name.clone()) {
+                        t.target = Target::Id(id);
+                        break;
+                    }
+                }
                 drop(ledger);
                 h.report
                     .lock()
@@ -701,7 +867,7 @@ fn note_request(h: &Harness, kind: Cmd, target: Target, sent: u64, acknowledged:
     let op = match kind {
         Cmd::Delete => Destructive::Delete,
         Cmd::Stop | Cmd::Restart => Destructive::Stop,
-        Cmd::Start | Cmd::Get => return,
+        Cmd::Start | Cmd::Get | Cmd::Pause | Cmd::Resume => return,
     };
     let answered = if acknowledged {
         h.recording.now()
@@ -733,6 +899,22 @@ async fn command(
         Cmd::Stop => gw.stop_sandbox(sel).await.map(|_| ()),
         Cmd::Restart => gw.restart_sandbox(sel).await.map(|_| ()),
         Cmd::Get => gw.get_sandbox(sel).await.map(|_| ()),
+        Cmd::Pause | Cmd::Resume => {
+            let done = if kind == Cmd::Pause {
+                gw.pause_sandbox(sel).await
+            } else {
+                gw.resume_sandbox(sel).await
+            };
+            if done.is_ok() {
+                let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
+                if kind == Cmd::Pause {
+                    report.pauses_acknowledged += 1;
+                } else {
+                    report.resumes_acknowledged += 1;
+                }
+            }
+            done.map(|_| ())
+        }
         Cmd::Delete => match gw.delete_sandbox(sel).await {
             Ok(true) => {
                 if let Some(id) = id {
