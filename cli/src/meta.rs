@@ -46,7 +46,7 @@ pub struct DriverView {
     pub kind: String,
     pub isolation: String,
     /// What exec and its neighbours can do on it: "stdin", "tty", "cp", "cp-when-stopped",
-    /// "port-forward", "images".
+    /// "port-forward", "images", "pause".
     pub features: Vec<String>,
     /// Why its capabilities are unknown, or empty.
     pub error: String,
@@ -61,6 +61,7 @@ impl DriverView {
             (d.copy_when_stopped, "cp-when-stopped"),
             (d.port_forward, "port-forward"),
             (d.images, "images"),
+            (d.pause, "pause"),
         ]
         .iter()
         .filter(|(has, _)| *has)
