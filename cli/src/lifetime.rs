@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::connect::{Target, connect};
 use super::output::{Style, render_structured};
 use super::reply::print;
-use super::{CliError, OutputArgs, OutputFormat, SandboxTargetArgs, WorkspaceTarget};
+use super::{CliError, OutputArgs, OutputFormat, SandboxTarget, WorkspaceScope, WorkspaceTarget};
 
 /// What a deadline does, as the flags name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -39,20 +39,23 @@ impl From<ActionArg> for LifetimeAction {
 pub struct LifetimeFlags {
     /// A deadline this long after creation (30s, 10m, 2h, 7d): then --on-ttl happens. `sbx
     /// sandbox ttl` moves it. (--timeout is how long create waits for Ready.)
-    #[arg(long, value_name = "DURATION", value_parser = super::size::parse_lifetime)]
+    #[arg(long, value_name = "DURATION", value_parser = super::size::parse_lifetime,
+          allow_hyphen_values = true)]
     pub ttl: Option<u64>,
     /// What the ttl does: delete (the default), stop or pause.
     #[arg(long = "on-ttl", value_enum, value_name = "ACTION")]
     pub on_ttl: Option<ActionArg>,
     /// Stop or pause the sandbox once it has been idle this long: no exec, cp, port-forward,
     /// log follow or routed request, and its workload under the gateway's --idle-cpu.
-    #[arg(long = "idle-timeout", value_name = "DURATION", value_parser = super::size::parse_lifetime)]
+    #[arg(long = "idle-timeout", value_name = "DURATION", value_parser = super::size::parse_lifetime,
+          allow_hyphen_values = true)]
     pub idle_timeout: Option<u64>,
     /// What idleness does: stop (the default) or pause.
     #[arg(long = "on-idle", value_enum, value_name = "ACTION")]
     pub on_idle: Option<ActionArg>,
     /// Delete the sandbox once it has been Stopped or Completed this long.
-    #[arg(long = "delete-after", value_name = "DURATION", value_parser = super::size::parse_lifetime)]
+    #[arg(long = "delete-after", value_name = "DURATION", value_parser = super::size::parse_lifetime,
+          allow_hyphen_values = true)]
     pub delete_after: Option<u64>,
     /// A use (exec, cp, port-forward, routed request) of a paused sandbox resumes it first.
     /// Default: when a deadline paused it, not when `sbx sandbox pause` did.
@@ -107,13 +110,50 @@ impl LifetimeFlags {
     }
 }
 
+/// `sbx sandbox ttl NAME DURATION` or `sbx sandbox ttl --id UUID DURATION`: a name is
+/// optional where an id is given, and a required DURATION cannot follow an optional
+/// positional in clap, so the two are read as they come and told apart here.
 #[derive(Debug, Clone, Args)]
 pub struct SandboxTtlArgs {
     #[command(flatten)]
-    pub target: SandboxTargetArgs,
-    /// The new ttl, from now: 30s, 10m, 2h, 7d (0: no deadline).
-    #[arg(value_name = "DURATION", value_parser = super::size::parse_lifetime)]
-    pub ttl: u64,
+    pub scope: WorkspaceScope,
+    /// The sandbox's name, then the new ttl from now: 30s, 10m, 2h, 7d (0: no deadline). With
+    /// --id, the ttl alone.
+    #[arg(value_name = "NAME|DURATION", allow_hyphen_values = true)]
+    pub first: String,
+    /// The new ttl, after NAME.
+    #[arg(value_name = "DURATION", allow_hyphen_values = true)]
+    pub second: Option<String>,
+    /// The sandbox's UUID (authoritative: acts on that sandbox or on nothing).
+    #[arg(long, value_name = "UUID")]
+    pub id: Option<uuid::Uuid>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+impl SandboxTtlArgs {
+    /// The sandbox named and the ttl asked.
+    pub fn resolve(&self) -> Result<(SandboxTarget, u64), CliError> {
+        let (name, ttl) = match (&self.id, &self.second) {
+            (Some(_), None) => (None, &self.first),
+            (Some(_), Some(_)) => {
+                return Err(CliError::Usage(
+                    "give NAME DURATION or --id UUID DURATION, not both a name and an id".into(),
+                ));
+            }
+            (None, Some(ttl)) => (Some(super::parse_name(&self.first)?), ttl),
+            (None, None) => {
+                return Err(CliError::Usage(
+                    "give NAME DURATION (or --id UUID DURATION): the sandbox and its new ttl"
+                        .into(),
+                ));
+            }
+        };
+        Ok((
+            SandboxTarget { name, id: self.id },
+            super::size::parse_lifetime(ttl)?,
+        ))
+    }
 }
 
 /// `sbx workspace lifetime …`
@@ -309,19 +349,17 @@ pub async fn run_workspace_lifetime(
 
 /// `sbx sandbox ttl NAME DURATION`.
 pub async fn run_sandbox_ttl(target: &Target, args: SandboxTtlArgs) -> Result<u8, CliError> {
+    let (sandbox, ttl_seconds) = args.resolve()?;
     let mut client = SandboxServiceClient::new(connect(target).await?);
     let sandbox = client
         .set_sandbox_ttl(sbx_proto::v1::SetSandboxTtlRequest {
-            sandbox: Some(super::request::sandbox_ref(
-                &args.target.scope,
-                &args.target.target,
-            )),
-            ttl_seconds: args.ttl,
+            sandbox: Some(super::request::sandbox_ref(&args.scope, &sandbox)),
+            ttl_seconds,
         })
         .await?
         .into_inner();
     print(&super::output::render_sandbox(
-        &args.target.output,
+        &args.output,
         &sandbox,
         std::time::SystemTime::now(),
     )?)?;

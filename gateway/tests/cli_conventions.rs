@@ -82,9 +82,9 @@ fn version_with_and_without_a_gateway() {
         "{up:?}"
     );
     assert!(text.contains("Default Driver: sim\n"), "{up:?}");
-    // The sim models stdin (its `cat`), nothing else of the data plane.
+    // The sim models stdin (its `cat`) and pause, nothing else of the data plane.
     assert!(
-        text.contains("Driver sim: sim (exec with stdin); "),
+        text.contains("Driver sim: sim (exec with stdin, pause); "),
         "{up:?}"
     );
     let json = sbx(&ep, &["version", "-o", "json"]).json();
