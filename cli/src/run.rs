@@ -57,16 +57,20 @@ pub fn run_to_exit_code(cli: Cli) -> u8 {
 
 /// The exit code and the stderr line (if any) for a command's result: `Ok(code)` → `code`;
 /// a closed stdout → [`BROKEN_PIPE_EXIT`], silently; Ctrl-C while waiting → [`INTERRUPTED_EXIT`]
-/// and `error: …`; any other error → 1 and `error: …`.
+/// and `error: …`; a usage error (arguments that do not go together, a duration that is none,
+/// a command given by hand) → 2, as clap's own; any other error → 1 and `error: …`.
 pub fn outcome(result: Result<u8, CliError>) -> (u8, Option<String>) {
     match result {
         Ok(code) => (code, None),
         Err(CliError::Io(err)) if err.kind() == std::io::ErrorKind::BrokenPipe => {
             (BROKEN_PIPE_EXIT, None)
         }
-        Err(err @ (CliError::Usage(_) | CliError::NotATerminal)) => {
-            (2, Some(format!("error: {err}")))
-        }
+        Err(
+            err @ (CliError::Usage(_)
+            | CliError::NotATerminal
+            | CliError::InvalidLifetime { .. }
+            | CliError::InvalidDuration { .. }),
+        ) => (2, Some(format!("error: {err}"))),
         Err(err @ CliError::ExecTimedOut { .. }) => (TIMED_OUT_EXIT, Some(format!("error: {err}"))),
         Err(err @ (CliError::Interrupted { .. } | CliError::ExecAbandoned)) => {
             (INTERRUPTED_EXIT, Some(format!("error: {err}")))

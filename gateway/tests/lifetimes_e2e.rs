@@ -233,7 +233,7 @@ async fn a_ttl_deletes_on_time_moves_when_asked_and_survives_sigkill_firing_once
     let stopped = phase_is(&sb, &c.id, Phase::Stopped).await;
     let after = secs_since(created(&c));
     assert!(
-        after >= 5.0 && after < 7.0,
+        (5.0..7.0).contains(&after),
         "c stopped {after:.3} s after creation"
     );
     assert_eq!(stopped.reason, "TtlExpired", "{stopped:?}");
@@ -338,7 +338,7 @@ async fn idleness_stops_only_what_is_idle() {
     let stopped = phase_is(&sb, &typing.id, Phase::Stopped).await;
     let after = secs_since(ended);
     assert!(
-        after > 2.5 && after < 6.0,
+        (2.5..6.0).contains(&after),
         "stopped {after:.3} s after its exec ended"
     );
     assert_eq!(stopped.reason, "Idle");
@@ -503,4 +503,111 @@ async fn bad_lifetimes_are_refused_at_create_naming_the_field() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert_eq!(get(&sb, &s.id).await.unwrap().phase(), Phase::Ready);
     d.assert_healthy().await;
+}
+
+#[test]
+fn the_cli_sets_shows_moves_pauses_and_resumes() {
+    use common::sbx;
+    let data = DataDir::new();
+    let d = Sbxd::start(data.path(), "sim", &[]);
+    let ep = d.endpoint();
+    sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "agent",
+            "--ttl",
+            "30m",
+            "--on-ttl",
+            "pause",
+            "--idle-timeout",
+            "5m",
+            "--",
+            "sleep",
+            "infinity",
+        ],
+    )
+    .ok();
+    let shown = sbx(&ep, &["sandbox", "get", "agent"]);
+    let text = shown.ok();
+    assert!(
+        text.contains("LIFETIME: ttl 30m (pause), idle 5m (stop)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("NEXT: stop at ") && text.contains("(Idle)"),
+        "{text}"
+    );
+    let json = sbx(&ep, &["sandbox", "get", "agent", "-o", "json"]).json();
+    assert_eq!(json["lifetime"]["ttl_seconds"], 1800, "{json}");
+    assert_eq!(json["next"]["reason"], "Idle", "{json}");
+
+    // The ttl call, by name and by id: the deadline moves to now + the ttl.
+    let before = SystemTime::now();
+    let moved = sbx(&ep, &["sandbox", "ttl", "agent", "2h", "-o", "json"]).json();
+    let id = moved["id"].as_str().unwrap().to_string();
+    let expires = moved["expires_at"].as_str().unwrap().to_string();
+    assert!(expires.len() > 10, "{moved}");
+    let by_id = sbx(&ep, &["sandbox", "ttl", "--id", &id, "0", "-o", "json"]).json();
+    assert!(by_id.get("expires_at").is_none(), "0 removes it: {by_id}");
+    let _ = before;
+    for bad in [
+        &["sandbox", "ttl", "agent"][..],
+        &["sandbox", "ttl", "agent", "-1h"],
+    ] {
+        let run = sbx(&ep, bad);
+        assert_eq!(run.code, 2, "{run:?}");
+    }
+
+    // Pause and resume; a use of what a call paused is refused, saying how to resume.
+    let paused = sbx(&ep, &["sandbox", "pause", "agent", "-o", "json"]).json();
+    assert_eq!(
+        (paused["phase"].as_str(), paused["reason"].as_str()),
+        (Some("Paused"), Some("Paused"))
+    );
+    let refused = sbx(&ep, &["sandbox", "exec", "agent", "--", "echo", "hi"]);
+    assert_ne!(refused.code, 0);
+    assert!(refused.stderr.contains("sbx sandbox resume"), "{refused:?}");
+    let resumed = sbx(&ep, &["sandbox", "resume", "agent", "-o", "json"]).json();
+    assert_eq!(resumed["phase"], "Ready", "{resumed}");
+    assert_eq!(
+        sbx(&ep, &["sandbox", "exec", "agent", "--", "echo", "hi"]).ok(),
+        "hi\n"
+    );
+
+    // A workspace's default lifetime, copied into a sandbox created without one.
+    sbx(
+        &ep,
+        &[
+            "workspace",
+            "lifetime",
+            "set",
+            "default",
+            "--ttl",
+            "1h",
+            "--on-ttl",
+            "stop",
+        ],
+    )
+    .ok();
+    let shown = sbx(&ep, &["workspace", "lifetime", "get", "default"]);
+    assert!(shown.ok().starts_with("ttl 1h (stop)"), "{shown:?}");
+    sbx(
+        &ep,
+        &[
+            "sandbox", "create", "plain", "-d", "--", "sleep", "infinity",
+        ],
+    )
+    .ok();
+    let plain = sbx(&ep, &["sandbox", "get", "plain", "-o", "json"]).json();
+    assert_eq!(plain["lifetime"]["on_ttl"], "stop", "{plain}");
+    let run = sbx(&ep, &["workspace", "lifetime", "set", "default"]);
+    assert_eq!(run.code, 2, "nothing to set: {run:?}");
+    sbx(&ep, &["workspace", "lifetime", "set", "default", "--clear"]).ok();
+    assert!(
+        sbx(&ep, &["workspace", "lifetime", "get", "default"])
+            .ok()
+            .starts_with("none")
+    );
 }
