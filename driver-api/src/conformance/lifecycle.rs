@@ -319,3 +319,143 @@ async fn watch_body(s: &mut Session<'_>) {
         }
     }
 }
+
+/// Pause and resume (the `pause` capability). Without it, both are refused and the workload
+/// runs on. With it: a paused workload reports `Paused` under its generation (in get, list,
+/// and to a new driver instance), refuses exec, is resumed under the same generation; a second
+/// pause or resume does nothing; a sandbox that does not run cannot be paused nor a running
+/// one resumed into anything else; stop of a paused one stops it (a start makes a new run),
+/// delete removes it.
+pub async fn pause_and_resume_keep_the_run(h: &dyn DriverHarness) {
+    run_check(h, "pause_and_resume_keep_the_run", |s| {
+        Box::pin(pause_body(s))
+    })
+    .await;
+}
+
+async fn pause(s: &Session<'_>, id: &str) -> Result<pb::Snapshot, DriverError> {
+    let req = pb::PauseRequest {
+        sandbox_id: id.to_string(),
+    };
+    s.call(&format!("pause {id}"), s.driver().pause(req)).await
+}
+
+async fn resume(s: &Session<'_>, id: &str) -> Result<pb::Snapshot, DriverError> {
+    let req = pb::ResumeRequest {
+        sandbox_id: id.to_string(),
+    };
+    s.call(&format!("resume {id}"), s.driver().resume(req))
+        .await
+}
+
+async fn pause_body(s: &mut Session<'_>) {
+    let check = s.check();
+    let caps = s.capabilities().await;
+    let first = s.create_running("alpha", "napper", 1).await;
+    let id = first.sandbox_id.clone();
+    if !caps.pause {
+        for (what, answer) in [
+            ("pause", pause(s, &id).await),
+            ("resume", resume(s, &id).await),
+        ] {
+            assert!(
+                matches!(answer, Err(DriverError::Unimplemented(_))),
+                "[{check}] {what} on a driver without the pause capability must be \
+                 Unimplemented, got {answer:?}"
+            );
+        }
+        assert_untouched(s, &id, &first, "a refused pause").await;
+        return;
+    }
+    let refused = resume(s, &id).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_ok_and(|r| state_of(r) == pb::State::Running && r.generation == 1),
+        "[{check}] resume of a running sandbox must do nothing, got {refused:?}"
+    );
+    let paused = pause(s, &id)
+        .await
+        .unwrap_or_else(|e| panic!("[{check}] pause failed: {e}"));
+    assert_eq!(
+        (state_of(&paused), paused.generation),
+        (pb::State::Paused, 1),
+        "[{check}] pause answered {paused:?}"
+    );
+    let again = pause(s, &id).await;
+    assert!(
+        again
+            .as_ref()
+            .is_ok_and(|a| state_of(a) == pb::State::Paused),
+        "[{check}] a second pause must do nothing, got {again:?}"
+    );
+    let listed = s.listed(&id).await;
+    assert!(
+        listed.len() == 1 && state_of(&listed[0]) == pb::State::Paused,
+        "[{check}] list must show it paused: {listed:?}"
+    );
+    if caps.exec {
+        let exec = s.try_exec(&id, s.h.exec_echo("asleep")).await;
+        assert!(
+            exec.is_err(),
+            "[{check}] exec into a paused sandbox must be refused"
+        );
+    }
+    // A new driver instance finds it paused.
+    s.kill_and_reopen().await;
+    let found = s.get(&id).await;
+    assert_eq!(
+        (state_of(&found), found.generation),
+        (pb::State::Paused, 1),
+        "[{check}] a reopened driver found {found:?}"
+    );
+    let resumed = resume(s, &id)
+        .await
+        .unwrap_or_else(|e| panic!("[{check}] resume failed: {e}"));
+    assert_eq!(
+        (state_of(&resumed), resumed.generation),
+        (pb::State::Running, 1),
+        "[{check}] resume answered {resumed:?}"
+    );
+    if caps.exec {
+        let ran = s.exec(&id, s.h.exec_echo("awake")).await;
+        assert_eq!(
+            (ran.exit_code, ran.stdout.as_str()),
+            (Some(0), "awake\n"),
+            "[{check}] exec after resume: stderr {:?}",
+            ran.stderr
+        );
+    }
+    // Stop of a paused sandbox stops it; a start is a new run.
+    pause(s, &id)
+        .await
+        .unwrap_or_else(|e| panic!("[{check}] second pause failed: {e}"));
+    let stopped = s.stop(&id).await;
+    assert_eq!(
+        state_of(&stopped),
+        pb::State::Stopped,
+        "[{check}] stop of a paused sandbox"
+    );
+    let refused = pause(s, &id).await;
+    assert!(
+        matches!(refused, Err(DriverError::FailedPrecondition(_))),
+        "[{check}] pause of a stopped sandbox must be FailedPrecondition, got {refused:?}"
+    );
+    let refused = resume(s, &id).await;
+    assert!(
+        matches!(refused, Err(DriverError::FailedPrecondition(_))),
+        "[{check}] resume of a stopped sandbox must be FailedPrecondition, got {refused:?}"
+    );
+    s.start(&id, 2).await;
+    s.wait_for_state(&id, pb::State::Running).await;
+    // Delete of a paused sandbox removes it.
+    pause(s, &id)
+        .await
+        .unwrap_or_else(|e| panic!("[{check}] third pause failed: {e}"));
+    assert!(s.delete(&id).await, "[{check}] delete of a paused sandbox");
+    let gone = s.try_get(&id).await;
+    assert!(
+        matches!(gone, Err(DriverError::NotFound { .. })),
+        "[{check}] a deleted paused sandbox must be NotFound, got {gone:?}"
+    );
+}

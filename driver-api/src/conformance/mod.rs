@@ -94,7 +94,8 @@ pub use identity::{
 };
 pub use lifecycle::{
     exec_returns_stdout_and_exit_code, generation_round_trip_and_mismatch,
-    idempotent_stop_start_delete, self_exit_shows_exited_with_code, watch_reports_self_exit,
+    idempotent_stop_start_delete, pause_and_resume_keep_the_run, self_exit_shows_exited_with_code,
+    watch_reports_self_exit,
 };
 
 /// What the suite needs from a driver's test: a way to open (and crash) driver instances on
@@ -237,6 +238,7 @@ macro_rules! conformance_suite {
                 port_forward_to_a_closed_port_fails,
                 self_exit_shows_exited_with_code,
                 watch_reports_self_exit,
+                pause_and_resume_keep_the_run,
             ]
         }
     };
