@@ -101,7 +101,7 @@ pub struct LifetimeSettings {
     /// window is busy, not idle (sbxd `--idle-cpu`, default 0.05).
     pub idle_cpu_cores: f64,
     /// The deadline of one driver pause or resume call (each moves the workload's whole
-    /// memory to or from disk): 10 minutes.
+    /// memory to or from disk): 30 minutes (a vm driver allows itself a minute and a minute per GiB).
     pub pause_timeout: Duration,
 }
 
@@ -110,7 +110,7 @@ impl Default for LifetimeSettings {
         LifetimeSettings {
             max_ttl: Duration::from_secs(30 * 24 * 3600),
             idle_cpu_cores: 0.05,
-            pause_timeout: Duration::from_secs(600),
+            pause_timeout: Duration::from_secs(30 * 60),
         }
     }
 }

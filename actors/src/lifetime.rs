@@ -142,9 +142,10 @@ pub fn next(sb: &Sandbox, idle_from: Option<SystemTime>) -> Option<Due> {
         && wanted == DesiredState::Running
         && sb.phase() == Phase::Ready
         && let Some(from) = idle_from
+        && let Some(at) = after(from, l.idle_timeout_seconds)
     {
         candidates.push(Due {
-            at: from + Duration::from_secs(l.idle_timeout_seconds),
+            at,
             action: on_idle(&l),
             why: Why::Idle,
         });
@@ -152,9 +153,10 @@ pub fn next(sb: &Sandbox, idle_from: Option<SystemTime>) -> Option<Due> {
     if l.delete_after_seconds > 0
         && is_finished(sb)
         && let Some(finished) = time_of(&sb.finished_at)
+        && let Some(at) = after(finished, l.delete_after_seconds)
     {
         candidates.push(Due {
-            at: finished + Duration::from_secs(l.delete_after_seconds),
+            at,
             action: Action::Delete,
             why: Why::DeleteAfter,
         });
@@ -163,16 +165,20 @@ pub fn next(sb: &Sandbox, idle_from: Option<SystemTime>) -> Option<Due> {
 }
 
 /// The ttl deadline a run (a start or a resume at `now`) gets: the one it has while it is
-/// still ahead, else now + ttl (none without a ttl).
+/// still ahead (however it was set), else now + its ttl (none without one).
 pub fn rearmed_expiry(sb: &Sandbox, now: SystemTime) -> Option<SystemTime> {
-    let ttl = lifetime_of(sb).ttl_seconds;
-    if ttl == 0 {
-        return None;
-    }
     match time_of(&sb.expires_at) {
         Some(at) if at > now => Some(at),
-        _ => Some(now + Duration::from_secs(ttl)),
+        _ => after(now, lifetime_of(sb).ttl_seconds),
     }
+}
+
+/// `at` + `secs` seconds; `None` for 0 seconds, or past what the clock can say.
+pub fn after(at: SystemTime, secs: u64) -> Option<SystemTime> {
+    if secs == 0 {
+        return None;
+    }
+    at.checked_add(Duration::from_secs(secs))
 }
 
 /// Whether a use of a Paused sandbox resumes it first: as its lifetime says, else when its
@@ -453,8 +459,14 @@ mod tests {
         sb.expires_at = ts(30);
         assert_eq!(rearmed_expiry(&sb, at(10)), Some(at(30)));
         assert_eq!(rearmed_expiry(&sb, at(30)), Some(at(90)));
-        let none = sandbox(Lifetime::default(), DesiredState::Running, Phase::Ready);
+        let mut none = sandbox(Lifetime::default(), DesiredState::Running, Phase::Ready);
         assert_eq!(rearmed_expiry(&none, at(10)), None);
+        // A deadline a ttl call gave a sandbox created without one is kept while ahead.
+        none.expires_at = ts(100);
+        assert_eq!(rearmed_expiry(&none, at(10)), Some(at(100)));
+        assert_eq!(rearmed_expiry(&none, at(100)), None);
+        // No deadline past what the clock can say.
+        assert_eq!(after(at(0), u64::MAX), None);
     }
 
     #[test]

@@ -66,9 +66,20 @@ pub struct SandboxState {
     idle_from: Option<SystemTime>,
     /// The workload's CPU time when the idle window's CPU was first read, and when.
     idle_cpu: Option<(SystemTime, u64)>,
+    /// The idle window (its start) whose first CPU read was tried.
+    idle_cpu_read_for: Option<SystemTime>,
     /// The deadline last acted upon: one still due after it fired (its step failed and is
     /// retried) is not fired again at once.
     last_fired: Option<SystemTime>,
+}
+
+/// One read of a workload's CPU time.
+enum CpuRead {
+    Nanos(u64),
+    /// Its driver reads no usage (Unimplemented): idleness is use alone.
+    NoStats,
+    /// The read failed now (the driver did not answer): not known.
+    Failed,
 }
 
 /// The CPU an idle window's workload used.
@@ -148,6 +159,7 @@ impl Actor for SandboxActor {
             timer: None,
             idle_from: None,
             idle_cpu: None,
+            idle_cpu_read_for: None,
             last_fired: None,
         })
     }
@@ -252,8 +264,12 @@ impl SandboxActor {
                 st.attempts = 0;
                 st.why = None;
                 rearm_ttl(st);
+                // An Error of a failed driver step is looked at, not assumed down: a resume that
+                // failed leaves the workload paused in the driver, and a start then resumes it
+                // rather than losing it. An Error of the workload's own end is down.
                 let assumed = match st.stored.sandbox.phase() {
-                    Phase::Stopped | Phase::Completed | Phase::Error => Some(Observed::Stopped),
+                    Phase::Stopped | Phase::Completed => Some(Observed::Stopped),
+                    Phase::Error if current(st).exited => Some(Observed::Stopped),
                     _ => None,
                 };
                 let outcome = self.converge(&myself, st, assumed).await?;
@@ -341,8 +357,16 @@ impl SandboxActor {
                     let _ = reply.send(Err(e));
                     return Ok(());
                 }
-                st.stored.sandbox.expires_at = (seconds > 0)
-                    .then(|| (SystemTime::now() + Duration::from_secs(seconds)).into());
+                // The deadline moves to now + the ttl, and the ttl is this one from now on (a
+                // later start or resume that finds the deadline passed re-arms it from this):
+                // E2B's set_timeout. 0 removes both.
+                let sb = &mut st.stored.sandbox;
+                sb.expires_at = lifetime::after(SystemTime::now(), seconds).map(Into::into);
+                sb.spec
+                    .get_or_insert_with(Default::default)
+                    .lifetime
+                    .get_or_insert_with(Default::default)
+                    .ttl_seconds = seconds;
                 self.persist(st).await?;
                 let _ = reply.send(Ok(st.stored.sandbox.clone()));
             }
@@ -415,6 +439,18 @@ impl SandboxActor {
     }
 }
 
+/// Whether `reason` is one a deadline records (`crate::lifetime::Why`).
+fn is_deadline_reason(reason: &str) -> bool {
+    [Why::TtlExpired, Why::Idle, Why::DeleteAfter]
+        .iter()
+        .any(|w| w.as_str() == reason)
+}
+
+/// The deadline's reason and message a record holds (a pause or stop a deadline began).
+fn deadline_reason(sb: &sbx_proto::v1::Sandbox) -> Option<(String, String)> {
+    is_deadline_reason(&sb.reason).then(|| (sb.reason.clone(), sb.message.clone()))
+}
+
 fn desired(st: &SandboxState) -> DesiredState {
     desired_of(&st.stored.sandbox)
 }
@@ -434,9 +470,11 @@ fn current(st: &SandboxState) -> Current {
         phase,
         generation: sb.generation,
         // A recorded exit: Completed, or Error for the workload's own reason (a failed driver
-        // step's reasons are DriverRejected and DriverUnavailable).
+        // step's reasons are DriverRejected, DriverUnavailable and PauseFailed).
         exited: phase == Phase::Completed
-            || (phase == Phase::Error && !sb.reason.starts_with("Driver")),
+            || (phase == Phase::Error
+                && !sb.reason.starts_with("Driver")
+                && sb.reason != "PauseFailed"),
     }
 }
 
@@ -600,12 +638,18 @@ impl SandboxActor {
                 }
                 Step::Pause => {
                     if st.stored.sandbox.phase() != Phase::Pausing {
-                        let (reason, message) = st.why.clone().unwrap_or_else(|| {
-                            (
-                                lifetime::PAUSED_BY_CALL.to_string(),
-                                "paused by a PauseSandbox call".to_string(),
-                            )
-                        });
+                        // Whose pause this is: the step's, else a deadline's the record holds
+                        // (a pause tried again after a failure), else a call's.
+                        let (reason, message) = st
+                            .why
+                            .clone()
+                            .or_else(|| deadline_reason(&st.stored.sandbox))
+                            .unwrap_or_else(|| {
+                                (
+                                    lifetime::PAUSED_BY_CALL.to_string(),
+                                    "paused by a PauseSandbox call".to_string(),
+                                )
+                            });
                         set_phase(st, Phase::Pausing, &reason, &message);
                     }
                     self.persist_if_changed(st).await?;
@@ -619,20 +663,7 @@ impl SandboxActor {
                         Err(e) if e.is_transient() => {
                             return self.driver_failed(myself, st, e).await;
                         }
-                        Err(e) => {
-                            // The driver keeps a workload it could not save running: so is it
-                            // recorded, and wanted.
-                            st.stored.sandbox.set_desired_state(DesiredState::Running);
-                            set_phase(
-                                st,
-                                Phase::Ready,
-                                "PauseFailed",
-                                &format!("the driver could not pause the sandbox: {e}; it runs on"),
-                            );
-                            st.attempts = 0;
-                            self.persist(st).await?;
-                            return Ok(Outcome::PauseRefused(e));
-                        }
+                        Err(e) => return self.pause_gave_up(myself, st, e).await,
                     }
                 }
                 Step::Resume => {
@@ -680,6 +711,53 @@ impl SandboxActor {
             Outcome::Settled | Outcome::PauseRefused(_) => st.why = None,
             Outcome::Retrying(_) => {}
         }
+    }
+
+    /// A pause the driver did not make (it refused, or failed every attempt). A deadline's is
+    /// a stop instead, so the sandbox never runs on past its lifetime (its files kept; the
+    /// stop is the next step, with the deadline's reason). A call's leaves the workload as the
+    /// driver keeps it, running, and wanted so (Ready when the driver said why it refused,
+    /// Error when it did not answer: the next look records what runs), reason PauseFailed.
+    async fn pause_gave_up(
+        &self,
+        myself: &ActorRef<SandboxMsg>,
+        st: &mut SandboxState,
+        e: DriverError,
+    ) -> Result<Outcome, ActorProcessingErr> {
+        st.attempts = 0;
+        st.retry_due = None;
+        let deadline = st
+            .why
+            .clone()
+            .filter(|(reason, _)| is_deadline_reason(reason))
+            .or_else(|| deadline_reason(&st.stored.sandbox));
+        match deadline {
+            Some((reason, message)) => {
+                let message = format!("{message}; it could not be paused ({e}), so it was stopped");
+                tracing::warn!(sandbox = %st.stored.id(), "{message}");
+                st.why = Some((reason.clone(), message.clone()));
+                st.stored.sandbox.set_desired_state(DesiredState::Stopped);
+                set_phase(st, Phase::Stopping, &reason, &message);
+                self.persist(st).await?;
+                myself.send_message(SandboxMsg::Retry)?;
+            }
+            None => {
+                st.stored.sandbox.set_desired_state(DesiredState::Running);
+                let phase = if e.is_transient() {
+                    Phase::Error
+                } else {
+                    Phase::Ready
+                };
+                set_phase(
+                    st,
+                    phase,
+                    "PauseFailed",
+                    &format!("the driver could not pause the sandbox: {e}; it runs on"),
+                );
+                self.persist(st).await?;
+            }
+        }
+        Ok(Outcome::PauseRefused(e))
     }
 
     /// A PauseSandbox call: only a Ready sandbox on a driver that can pause is paused.
@@ -741,17 +819,34 @@ impl SandboxActor {
         if desired(st) == DesiredState::Running && phase == Phase::Ready {
             return Ok(Ok(st.stored.sandbox.clone()));
         }
-        if desired(st) != DesiredState::Paused && phase != Phase::Paused {
-            return Ok(Err(ActorError::FailedPrecondition(format!(
+        let not_paused = || {
+            Err(ActorError::FailedPrecondition(format!(
                 "cannot resume sandbox {:?}: it is {phase:?}, not Paused (start it instead)",
                 st.stored.sandbox.name
-            ))));
+            )))
+        };
+        let mut look = None;
+        if desired(st) != DesiredState::Paused && !matches!(phase, Phase::Paused | Phase::Pausing) {
+            // A resume that failed (Error, or Starting with its retry pending) left the
+            // workload paused in the driver: look, and resume it if so.
+            if !matches!(phase, Phase::Error | Phase::Starting) {
+                return Ok(not_paused());
+            }
+            let observed = match self.driver(st) {
+                Ok(driver) => self.observe(st, &driver).await,
+                Err(e) => Err(e),
+            };
+            match observed {
+                Ok(obs @ Observed::Paused { .. }) => look = Some(obs),
+                Ok(_) => return Ok(not_paused()),
+                Err(e) => return Ok(Err(e.into())),
+            }
         }
         st.stored.sandbox.set_desired_state(DesiredState::Running);
         st.attempts = 0;
         st.why = None;
         rearm_ttl(st);
-        let outcome = self.converge(myself, st, None).await?;
+        let outcome = self.converge(myself, st, look).await?;
         let answer = settled_in(st, &outcome, Phase::Ready, "resume");
         self.after(myself, st, outcome).await;
         Ok(answer)
@@ -792,8 +887,9 @@ impl SandboxActor {
         let Some(due) = lifetime::next(&st.stored.sandbox, st.idle_from) else {
             return Ok(());
         };
-        if due.at > now + Duration::from_millis(20) {
-            // Moved since it was armed; the new one is armed after this message.
+        if due.at > now {
+            // Moved since it was armed (or the clock stepped): the new one is armed after
+            // this message. Never acted on before its time.
             return Ok(());
         }
         if due.why == Why::Idle {
@@ -861,32 +957,32 @@ impl SandboxActor {
                 st.stored.sandbox.set_desired_state(DesiredState::Stopped);
                 self.converge(myself, st, running).await?
             }
-            Action::Pause => {
-                st.why = Some((reason.clone(), message.clone()));
-                let outcome = match self.can_pause(st).await {
-                    Ok(()) => self.begin_pause(myself, st).await?,
-                    Err(e) => Outcome::PauseRefused(DriverError::FailedPrecondition(e.to_string())),
-                };
-                match outcome {
-                    // A deadline's pause the driver cannot make stops the sandbox instead
-                    // (its files kept): it never runs on past its lifetime.
-                    Outcome::PauseRefused(e) => {
-                        st.why = Some((
-                            reason,
-                            format!("{message}; it could not be paused ({e}), so it was stopped"),
-                        ));
-                        st.stored.sandbox.set_desired_state(DesiredState::Stopped);
-                        st.attempts = 0;
-                        let running = (st.stored.sandbox.phase() == Phase::Ready).then_some(
-                            Observed::Running {
-                                generation: st.stored.sandbox.generation,
-                            },
-                        );
-                        self.converge(myself, st, running).await?
-                    }
-                    other => other,
+            Action::Pause => match self.can_pause(st).await {
+                // A pause that fails is stopped instead (`pause_gave_up`).
+                Ok(()) => {
+                    st.why = Some((reason, message));
+                    self.begin_pause(myself, st).await?
                 }
-            }
+                // The driver did not answer: nothing changed; the deadline is tried again in a
+                // second (`arm`), its memory not thrown away for a hiccup.
+                Err(ActorError::Unavailable(why)) => {
+                    tracing::warn!(sandbox = %st.stored.id(), "a deadline's pause waits: {why}");
+                    if due.why == Why::TtlExpired {
+                        st.stored.sandbox.expires_at = Some(due.at.into());
+                    }
+                    return Ok(());
+                }
+                // A driver that cannot pause (its capability changed since the create): the
+                // sandbox never runs on past its lifetime, it is stopped (its files kept).
+                Err(e) => {
+                    st.why = Some((
+                        reason,
+                        format!("{message}; it could not be paused ({e}), so it was stopped"),
+                    ));
+                    st.stored.sandbox.set_desired_state(DesiredState::Stopped);
+                    self.converge(myself, st, running).await?
+                }
+            },
         };
         self.after(myself, st, outcome).await;
         Ok(())
@@ -896,34 +992,41 @@ impl SandboxActor {
     /// a new read for the next window.
     async fn window_cpu(&self, st: &mut SandboxState, now: SystemTime) -> WindowCpu {
         let before = st.idle_cpu.take();
-        let Some(cpu) = self.read_cpu(st).await else {
-            return WindowCpu::Unreadable;
+        let cpu = match self.read_cpu(st).await {
+            CpuRead::Nanos(cpu) => cpu,
+            CpuRead::NoStats => return WindowCpu::Unreadable,
+            // Not known, so not idle: a new window, read again at its start.
+            CpuRead::Failed => return WindowCpu::NoBaseline,
         };
         st.idle_cpu = Some((now, cpu));
         match before {
-            Some((then, was)) => {
+            // A counter below its baseline was restarted (a new run): not a figure.
+            Some((then, was)) if cpu >= was => {
                 let secs = now
                     .duration_since(then)
                     .unwrap_or_default()
                     .as_secs_f64()
                     .max(0.001);
-                WindowCpu::Cores(cpu.saturating_sub(was) as f64 / 1e9 / secs)
+                WindowCpu::Cores((cpu - was) as f64 / 1e9 / secs)
             }
-            None => WindowCpu::NoBaseline,
+            _ => WindowCpu::NoBaseline,
         }
     }
 
-    /// The workload's CPU time (nanoseconds), from its driver; `None` when it reads none.
-    async fn read_cpu(&self, st: &SandboxState) -> Option<u64> {
-        let driver = self.driver(st).ok()?;
+    /// The workload's CPU time (nanoseconds), from its driver.
+    async fn read_cpu(&self, st: &SandboxState) -> CpuRead {
+        let Ok(driver) = self.driver(st) else {
+            return CpuRead::Failed;
+        };
         let request = pb::StatsRequest {
             sandbox_id: st.stored.id().to_string(),
         };
         match with_deadline(st, "stats", driver.stats(request)).await {
-            Ok(usage) => Some(usage.cpu_nanos),
+            Ok(usage) => CpuRead::Nanos(usage.cpu_nanos),
+            Err(DriverError::Unimplemented(_)) => CpuRead::NoStats,
             Err(e) => {
-                tracing::debug!(sandbox = %st.stored.id(), error = %e, "no CPU figure for idleness");
-                None
+                tracing::debug!(sandbox = %st.stored.id(), error = %e, "no CPU figure for idleness now");
+                CpuRead::Failed
             }
         }
     }
@@ -931,12 +1034,16 @@ impl SandboxActor {
     /// Arms one timer for the sandbox's next deadline (after every message: what a step
     /// changed, the deadline follows), and takes the idle window's first CPU read.
     async fn arm(&self, myself: &ActorRef<SandboxMsg>, st: &mut SandboxState) {
+        // Once per idle window: a driver that fails the read is not asked after every message.
         if st.idle_from.is_some()
             && st.idle_cpu.is_none()
+            && st.idle_cpu_read_for != st.idle_from
             && lifetime::lifetime_of(&st.stored.sandbox).idle_timeout_seconds > 0
-            && let Some(cpu) = self.read_cpu(st).await
         {
-            st.idle_cpu = Some((SystemTime::now(), cpu));
+            st.idle_cpu_read_for = st.idle_from;
+            if let CpuRead::Nanos(cpu) = self.read_cpu(st).await {
+                st.idle_cpu = Some((SystemTime::now(), cpu));
+            }
         }
         let due = lifetime::next(&st.stored.sandbox, st.idle_from);
         let Some(due) = due else {
@@ -1035,6 +1142,9 @@ impl SandboxActor {
             return Ok(Outcome::Settled);
         }
         st.attempts += 1;
+        if st.attempts >= cfg.max_driver_attempts && desired(st) == DesiredState::Paused {
+            return self.pause_gave_up(myself, st, e).await;
+        }
         if st.attempts >= cfg.max_driver_attempts {
             let msg = format!(
                 "the driver failed {} attempts, last: {e}; start or restart tries again, and so does the reconciler",
@@ -1350,9 +1460,13 @@ fn apply(st: &mut SandboxState, change: PhaseChange) {
         st.stored.sandbox.set_phase(phase);
     } else if phase == Phase::Stopped
         && reason.is_empty()
-        && let Some((reason, message)) = st.why.clone()
+        && let Some((reason, message)) = st.why.clone().or_else(|| {
+            (st.stored.sandbox.phase() == Phase::Stopping)
+                .then(|| deadline_reason(&st.stored.sandbox))
+                .flatten()
+        })
     {
-        // Stopped by a deadline: its reason.
+        // Stopped by a deadline: its reason (kept on Stopping across an actor's restart).
         set_phase(st, phase, &reason, &message);
     } else {
         set_phase(st, phase, &reason, &message);

@@ -199,9 +199,8 @@ impl WorkspaceSupervisor {
                 let (node_id, node) = node;
                 // A ttl counts from creation.
                 let ttl = spec.lifetime.as_ref().map_or(0, |l| l.ttl_seconds);
-                let expires_at = (ttl > 0).then(|| {
-                    (std::time::SystemTime::now() + std::time::Duration::from_secs(ttl)).into()
-                });
+                let expires_at =
+                    crate::lifetime::after(std::time::SystemTime::now(), ttl).map(Into::into);
                 let sandbox = Sandbox {
                     name,
                     node,

@@ -53,7 +53,8 @@ pub struct LifetimeFlags {
     /// What idleness does: stop (the default) or pause.
     #[arg(long = "on-idle", value_enum, value_name = "ACTION")]
     pub on_idle: Option<ActionArg>,
-    /// Delete the sandbox once it has been Stopped or Completed this long.
+    /// Delete the sandbox once it has been Stopped, Completed or ended in Error by itself
+    /// (a non-zero exit) this long.
     #[arg(long = "delete-after", value_name = "DURATION", value_parser = super::size::parse_lifetime,
           allow_hyphen_values = true)]
     pub delete_after: Option<u64>,

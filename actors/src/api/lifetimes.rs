@@ -151,10 +151,12 @@ impl Gateway {
     ) -> Result<StoredSandbox> {
         let sb = self.resolve_sandbox(sel).await?;
         let phase = sb.sandbox.phase();
-        if !matches!(phase, Phase::Paused | Phase::Pausing) {
+        // Being resumed (by a call, or another use): wait for it in the actor's mailbox.
+        let resuming = phase == Phase::Starting && sb.sandbox.reason == "Resuming";
+        if !resuming && !matches!(phase, Phase::Paused | Phase::Pausing) {
             return Ok(sb);
         }
-        if !crate::lifetime::auto_resumes(&sb.sandbox) {
+        if !resuming && !crate::lifetime::auto_resumes(&sb.sandbox) {
             return Err(ActorError::FailedPrecondition(format!(
                 "cannot {what} sandbox {:?}: it is paused ({}); resume it first (sbx sandbox \
                  resume), or create it with auto_resume",

@@ -41,6 +41,11 @@ impl fmt::Display for RemoteTarget {
     }
 }
 
+/// The deadline of a pause or a resume, each moving a workload's whole memory to or from
+/// disk (at about 1 s per GiB measured on the vm driver): 30 minutes, however short the
+/// other calls' deadline.
+const MOVING_MEMORY: Duration = Duration::from_secs(30 * 60);
+
 /// A driver served by another process: a driver host (`sbx-driver-host`, or `sbxd driver`)
 /// on a Unix socket, or a node (`sbxd node`) over TCP.
 ///
@@ -234,8 +239,15 @@ impl RemoteDriver {
     where
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        self.call_with(operation, message, send_deadline, None, call)
-            .await
+        self.call_with(
+            operation,
+            message,
+            send_deadline,
+            None,
+            self.call_timeout,
+            call,
+        )
+        .await
     }
 
     /// [`RemoteDriver::call`] with one more header (`name`, `value`).
@@ -248,6 +260,7 @@ impl RemoteDriver {
             &'static str,
             tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
         )>,
+        within: Duration,
         call: impl FnOnce(DriverClient<Channel>, tonic::Request<Req>) -> Fut,
     ) -> Result<Resp, DriverError>
     where
@@ -255,19 +268,19 @@ impl RemoteDriver {
     {
         let mut request = tonic::Request::new(message);
         if send_deadline {
-            request.set_timeout(self.call_timeout);
+            request.set_timeout(within);
         }
         self.decorate(&mut request);
         if let Some((name, value)) = header {
             request.metadata_mut().insert(name, value);
         }
         let ctx = self.context(operation);
-        match tokio::time::timeout(self.call_timeout, call(self.client.clone(), request)).await {
+        match tokio::time::timeout(within, call(self.client.clone(), request)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) => Err(status_to_driver_error(&status, ctx)),
             Err(_) => Err(DriverError::DeadlineExceeded {
                 operation,
-                after: self.call_timeout,
+                after: within,
             }),
         }
     }
@@ -305,9 +318,14 @@ impl ComputeDriver for RemoteDriver {
             }),
             None => None,
         };
-        self.call_with("create", req, true, header, |mut c, r| async move {
-            c.create(r).await
-        })
+        self.call_with(
+            "create",
+            req,
+            true,
+            header,
+            self.call_timeout,
+            |mut c, r| async move { c.create(r).await },
+        )
         .await
     }
 
@@ -367,22 +385,18 @@ impl ComputeDriver for RemoteDriver {
     }
 
     async fn pause(&self, req: pb::PauseRequest) -> Result<pb::Snapshot, DriverError> {
-        self.call(
-            "pause",
-            req,
-            true,
-            |mut c, r| async move { c.pause(r).await },
-        )
+        let within = self.call_timeout.max(MOVING_MEMORY);
+        self.call_with("pause", req, true, None, within, |mut c, r| async move {
+            c.pause(r).await
+        })
         .await
     }
 
     async fn resume(&self, req: pb::ResumeRequest) -> Result<pb::Snapshot, DriverError> {
-        self.call(
-            "resume",
-            req,
-            true,
-            |mut c, r| async move { c.resume(r).await },
-        )
+        let within = self.call_timeout.max(MOVING_MEMORY);
+        self.call_with("resume", req, true, None, within, |mut c, r| async move {
+            c.resume(r).await
+        })
         .await
     }
 

@@ -357,7 +357,7 @@ pub struct ServeArgs {
     /// The longest ttl, idle timeout or delete-after a sandbox (or a workspace's default
     /// lifetime) may ask: 30d, 12h, … A longer one is refused at create, naming the field.
     #[arg(long, env = "SBX_MAX_TTL", default_value = "30d", value_name = "DURATION",
-          value_parser = access::parse_ttl)]
+          value_parser = parse_max_ttl)]
     pub max_ttl: Duration,
 
     /// A Ready sandbox with an idle timeout is busy, not idle, while its workload uses at
@@ -484,6 +484,15 @@ fn driver_help() -> String {
 const VM: &str = "vm";
 
 /// The default driver-call deadline.
+/// `--max-ttl`: a duration of at most 100 years (a deadline past what a clock says is none).
+fn parse_max_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = access::parse_ttl(text)?;
+    if ttl > Duration::from_secs(100 * 365 * 86_400) {
+        return Err(format!("{text:?} is more than 100 years (36500d)"));
+    }
+    Ok(ttl)
+}
+
 /// `--idle-cpu`: cores, from 0.001 to 64.
 fn parse_idle_cpu(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {

@@ -1,0 +1,149 @@
+//! Lifetimes in the actors, on the sim driver: a deadline's pause the driver cannot make stops
+//! the sandbox instead (it never runs on past its lifetime), a call's leaves it running and
+//! says why; a ttl set by a call survives a restart of the sandbox; a use waits for a resume
+//! under way.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Env, by_id, sleep_spec, test_config, wait_phase};
+use sbx_driver_sim::{SimFaults, SimOp};
+use sbx_proto::v1::{DesiredState, Lifetime, LifetimeAction, Phase, SandboxSpec};
+
+const T: Duration = Duration::from_secs(10);
+
+fn with_ttl(secs: u64, on: LifetimeAction) -> SandboxSpec {
+    SandboxSpec {
+        lifetime: Some(Lifetime {
+            ttl_seconds: secs,
+            on_ttl: on as i32,
+            ..Default::default()
+        }),
+        ..sleep_spec()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlines_pause_that_fails_stops_the_sandbox_and_a_calls_leaves_it_running() {
+    let faults = SimFaults::default().with_error_rate_for(SimOp::Pause, 1.0);
+    let env = Env::with(test_config(), faults).await;
+    let gw = env.gw();
+
+    // Its ttl pauses it; every pause fails: once the attempts are spent it is stopped, with
+    // the ttl's reason, its files kept.
+    let timed = gw
+        .create_sandbox(None, "timed", with_ttl(1, LifetimeAction::Pause))
+        .await
+        .unwrap();
+    let sel = by_id(&timed);
+    wait_phase(gw, &sel, Phase::Ready, T).await;
+    let stopped = wait_phase(gw, &sel, Phase::Stopped, T).await;
+    assert_eq!(stopped.reason, "TtlExpired", "{stopped:?}");
+    assert!(
+        stopped.message.contains("could not be paused"),
+        "{}",
+        stopped.message
+    );
+    assert_eq!(stopped.desired_state(), DesiredState::Stopped);
+    assert!(stopped.expires_at.is_none(), "fired once");
+
+    // A call's pause that fails: the workload runs on, wanted running, and the call says why.
+    let plain = gw
+        .create_sandbox(None, "plain", sleep_spec())
+        .await
+        .unwrap();
+    let sel = by_id(&plain);
+    wait_phase(gw, &sel, Phase::Ready, T).await;
+    let err = gw.pause_sandbox(&sel).await.unwrap_err();
+    assert!(
+        err.to_string().contains("injected") && err.to_string().contains("retried"),
+        "{err}"
+    );
+    // Once its attempts are spent, it is wanted running again, and says why.
+    let began = std::time::Instant::now();
+    let after = loop {
+        let now = gw.get_sandbox(&sel).await.unwrap();
+        if now.reason == "PauseFailed" || began.elapsed() > T {
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(after.desired_state(), DesiredState::Running, "{after:?}");
+    assert_eq!(after.reason, "PauseFailed", "{after:?}");
+    // The next look records it Ready (it never stopped running).
+    gw.reconcile_now().await.unwrap();
+    wait_phase(gw, &sel, Phase::Ready, T).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_a_call_gave_survives_a_restart_and_becomes_the_sandboxs_ttl() {
+    let env = Env::new().await;
+    let gw = env.gw();
+    let s = gw
+        .create_sandbox(None, "later", sleep_spec())
+        .await
+        .unwrap();
+    let sel = by_id(&s);
+    wait_phase(gw, &sel, Phase::Ready, T).await;
+    let moved = gw.set_sandbox_ttl(&sel, 3600).await.unwrap();
+    let deadline = moved.expires_at.expect("a deadline");
+    let ttl = moved.spec.as_ref().unwrap().lifetime.unwrap().ttl_seconds;
+    assert_eq!(ttl, 3600, "the call's ttl is the sandbox's from now on");
+    let restarted = gw.restart_sandbox(&sel).await.unwrap();
+    assert_eq!(restarted.expires_at, Some(deadline), "kept while ahead");
+    // 0 removes the deadline and the ttl: a start does not bring it back.
+    let cleared = gw.set_sandbox_ttl(&sel, 0).await.unwrap();
+    assert!(
+        cleared.expires_at.is_none() && cleared.next.is_none(),
+        "{cleared:?}"
+    );
+    gw.stop_sandbox(&sel).await.unwrap();
+    let started = gw.start_sandbox(&sel).await.unwrap();
+    assert!(started.expires_at.is_none(), "{started:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uses_during_a_resume_wait_for_it_and_two_resume_once() {
+    let env = Env::new().await;
+    let gw = env.gw();
+    let s = gw
+        .create_sandbox(None, "napper", with_ttl(1, LifetimeAction::Pause))
+        .await
+        .unwrap();
+    let sel = by_id(&s);
+    wait_phase(gw, &sel, Phase::Ready, T).await;
+    wait_phase(gw, &sel, Phase::Paused, T).await;
+    env.world.clear_audit();
+    // Two execs at once: both run, after one resume.
+    let exec = |text: &'static str| {
+        let sel = sel.clone();
+        async move {
+            let mut out = gw
+                .exec(
+                    &sel,
+                    vec!["echo".into(), text.into()],
+                    Default::default(),
+                    5,
+                )
+                .await
+                .unwrap();
+            let mut said = Vec::new();
+            while let Some(chunk) = futures::StreamExt::next(&mut out).await {
+                if let Some(sbx_proto::v1::exec_output::Chunk::Stdout(b)) = chunk.unwrap().chunk {
+                    said.extend(b);
+                }
+            }
+            String::from_utf8(said).unwrap()
+        }
+    };
+    let (a, b) = tokio::join!(exec("one"), exec("two"));
+    assert_eq!((a.as_str(), b.as_str()), ("one\n", "two\n"));
+    let resumes = env
+        .world
+        .audit()
+        .iter()
+        .filter(|e| e.op == SimOp::Resume)
+        .count();
+    assert_eq!(resumes, 1, "one resume for both uses");
+}
