@@ -403,7 +403,7 @@ impl std::fmt::Debug for Authenticator {
 impl Authenticator {
     /// Whether the identities hold a grant not bound to a workspace's id yet, and something
     /// to bind it with.
-    fn has_unbound(&self) -> bool {
+    pub fn has_unbound(&self) -> bool {
         self.workspaces.get().is_some()
             && self
                 .identities

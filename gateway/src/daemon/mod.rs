@@ -10,6 +10,7 @@ pub mod certs;
 pub mod connections;
 pub mod driver_spec;
 pub mod drivers;
+pub mod e2b;
 pub mod forward;
 pub mod images;
 pub mod managed;
@@ -410,6 +411,24 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH", requires = "service_listen")]
     pub service_addr_file: Option<PathBuf>,
 
+    /// Serve the E2B API's control plane over HTTP on host:port, for the unmodified E2B SDKs
+    /// (E2B_API_URL=http://HOST:PORT; the API key is an sbx token, scoped as every token):
+    /// create, get, list, set_timeout, pause, connect and kill. Off unless given. Plain HTTP:
+    /// keep it on loopback. Port 0 picks a free port (see --e2b-addr-file).
+    #[arg(long, env = "SBX_E2B_LISTEN", value_name = "HOST:PORT")]
+    pub e2b_listen: Option<String>,
+
+    /// Write the E2B listener's bound address (host:port) to this file once serving.
+    #[arg(long, value_name = "PATH", requires = "e2b_listen")]
+    pub e2b_addr_file: Option<PathBuf>,
+
+    /// An E2B template name and the image it stands for, NAME=IMAGE (repeatable): a create
+    /// with templateID NAME runs IMAGE. Other template ids are image references; `base` is
+    /// the default image.
+    #[arg(long = "e2b-template", value_name = "NAME=IMAGE", value_parser = parse_template,
+          requires = "e2b_listen")]
+    pub e2b_templates: Vec<(String, String)>,
+
     /// Serve Prometheus metrics (OpenMetrics text) at http://HOST:PORT/metrics: API requests,
     /// driver calls, actor restarts, sandboxes by phase, the watch history (docs/OPERATIONS.md
     /// lists them). Off unless given. Without authentication, so a loopback address only. Port
@@ -484,6 +503,16 @@ fn driver_help() -> String {
 const VM: &str = "vm";
 
 /// The default driver-call deadline.
+/// `--e2b-template NAME=IMAGE`.
+fn parse_template(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, image)) if !name.trim().is_empty() && !image.trim().is_empty() => {
+            Ok((name.trim().to_string(), image.trim().to_string()))
+        }
+        _ => Err(format!("{text:?} is not NAME=IMAGE")),
+    }
+}
+
 /// `--max-ttl`: a duration of at most 100 years (a deadline past what a clock says is none).
 fn parse_max_ttl(text: &str) -> Result<Duration, String> {
     let ttl = access::parse_ttl(text)?;

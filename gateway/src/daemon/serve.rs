@@ -429,6 +429,33 @@ async fn serve_on(
         None => None,
     };
 
+    let e2b_bound = match &args.e2b_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                DaemonError::Setup(format!("cannot listen for the E2B API on {addr}: {e}"))
+            })?;
+            let bound = listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| addr.clone());
+            if !listener.local_addr().is_ok_and(|a| a.ip().is_loopback()) {
+                tracing::warn!(%bound, "the E2B API is served off loopback over plain HTTP: its API keys travel in the clear");
+            }
+            tracing::info!(%bound, "serving the E2B API");
+            tokio::spawn(super::e2b::serve(
+                listener,
+                super::e2b::E2b {
+                    gateway: Arc::clone(&gateway),
+                    auth: Arc::clone(&auth),
+                    templates: Arc::new(args.e2b_templates.iter().cloned().collect()),
+                },
+                shutdown.clone(),
+            ));
+            Some(bound)
+        }
+        None => None,
+    };
+
     let (health, health_server) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -548,6 +575,9 @@ async fn serve_on(
         }
         if let (Some(path), Some(metrics)) = (&args.metrics_addr_file, &metrics_bound) {
             write_addr_file(path, metrics)?;
+        }
+        if let (Some(path), Some(e2b)) = (&args.e2b_addr_file, &e2b_bound) {
+            write_addr_file(path, e2b)?;
         }
         tracing::info!(%bound, driver = driver_name, "serving");
         tokio::spawn(report_disk_full(

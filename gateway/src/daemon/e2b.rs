@@ -1,0 +1,679 @@
+//! The E2B API's control plane (`sbxd serve --e2b-listen ADDR`): the REST calls the unmodified
+//! E2B SDKs make (`e2b` on PyPI and npm, 2.x) to create, find, list, time out, pause, resume
+//! and kill sandboxes, translated onto the same `Gateway` calls the gRPC API makes — no second
+//! path to a sandbox.
+//!
+//! - **Who calls:** the SDK's `X-API-KEY` is an sbx token (`sbxd token create`), checked as a
+//!   bearer token is, and scoped as every token is: a key of workspace A never sees or touches
+//!   B's sandboxes. A sandbox is created in the key's workspace (its one grant), else in
+//!   `default`. With `--auth none`, every key is a gateway-wide admin.
+//! - **Ids:** an E2B sandbox id is the sbx sandbox's UUID in its simple form (32 lowercase hex
+//!   digits: `[a-z0-9]`, no `-`), so it names the sandbox by its identity, never by a name.
+//! - **Templates are images:** `templateID` is a name given by `--e2b-template NAME=IMAGE`, else
+//!   an image reference; `base` (the SDK's default) is the gateway's default image. On a driver
+//!   without images it names nothing and is kept only to be answered back.
+//! - **Lifetimes:** `timeout` (300 s unless given) is the sandbox's ttl; it deletes, or pauses
+//!   with `autoPause`; `set_timeout` is `SetSandboxTtl`; `pause` and `connect` are pause and
+//!   resume (`connect` of a running sandbox answers 200 and only ever extends its deadline).
+//! - **Answers:** every error is JSON `{"code": STATUS, "message": …}` (the SDKs read both),
+//!   with `Should-Retry: false` (the SDKs would otherwise retry 5xx on their own).
+//!
+//! The in-sandbox daemon's API (commands, files: E2B's "envd") is not served yet: the
+//! sandbox's `envdVersion` says so (`0.1.0`, the oldest the SDKs accept).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use sbx_actors::{ActorError, Gateway, SandboxFilter, SandboxSelector};
+use sbx_proto::v1::{Lifetime, LifetimeAction, Phase, Sandbox, SandboxSpec};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::auth::{Authenticator, Caller, Role};
+
+type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The largest request body the control plane reads (a create's metadata and variables).
+const MAX_BODY: usize = 1 << 20;
+
+/// A sandbox's lifetime when the create gives no `timeout`: E2B's default.
+const DEFAULT_TIMEOUT_SECONDS: u64 = 300;
+
+/// The in-sandbox daemon's version the sandboxes report: the oldest the SDKs accept, as
+/// nothing of it is served yet.
+const ENVD_VERSION: &str = "0.1.0";
+
+/// What the E2B listener needs.
+#[derive(Clone)]
+pub struct E2b {
+    pub gateway: Arc<Gateway>,
+    pub auth: Arc<Authenticator>,
+    /// `--e2b-template NAME=IMAGE`.
+    pub templates: Arc<BTreeMap<String, String>>,
+}
+
+/// Serves the E2B control plane on `listener` until `shutdown`.
+pub async fn serve(listener: TcpListener, e2b: E2b, shutdown: CancellationToken) {
+    super::service_routes::serve_http1(listener, "e2b", shutdown, move |req| {
+        let e2b = e2b.clone();
+        async move {
+            match handle(&e2b, req).await {
+                Ok(response) => response,
+                Err(e) => e.response(),
+            }
+        }
+    })
+    .await
+}
+
+/// An answer that is an error: its HTTP status and message.
+#[derive(Debug)]
+struct Failure {
+    status: StatusCode,
+    message: String,
+}
+
+impl Failure {
+    fn new(status: StatusCode, message: impl Into<String>) -> Failure {
+        Failure {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn response(self) -> Response<Body> {
+        let mut response = json_response(
+            self.status,
+            &json!({"code": self.status.as_u16(), "message": self.message}),
+        );
+        response
+            .headers_mut()
+            .insert("should-retry", "false".parse().expect("a header value"));
+        response
+    }
+}
+
+impl From<ActorError> for Failure {
+    fn from(e: ActorError) -> Failure {
+        let status = match &e {
+            ActorError::SandboxNotFound { .. }
+            | ActorError::WorkspaceNotFound(_)
+            | ActorError::ObjectNotFound { .. } => StatusCode::NOT_FOUND,
+            ActorError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+            ActorError::NameTaken { .. } => StatusCode::CONFLICT,
+            ActorError::FailedPrecondition(_) | ActorError::WorkspaceTerminating(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            ActorError::DiskFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
+            ActorError::Unavailable(_) | ActorError::HeldElsewhere { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Failure::new(status, e.to_string())
+    }
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    let mut response = Response::new(
+        Full::new(Bytes::from(value.to_string()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        "application/json".parse().expect("a header value"),
+    );
+    response
+}
+
+fn empty(status: StatusCode) -> Response<Body> {
+    let mut response = Response::new(
+        Full::new(Bytes::new())
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response
+}
+
+/// The caller the request's `X-API-KEY` names (an sbx token). Grants `sbxd token create`
+/// wrote since the identities were last read are bound first, as for a gRPC call.
+async fn caller(e2b: &E2b, req: &Request<Incoming>) -> Result<Caller, Failure> {
+    if e2b.auth.has_unbound() {
+        e2b.auth.bind_unbound().await;
+    }
+    let key = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty());
+    // The key is checked as a bearer token is, by the same authenticator.
+    let mut probe = hyper::Request::new(());
+    if let Some(key) = key.filter(|_| !e2b.auth.none) {
+        let value = format!("Bearer {key}")
+            .parse()
+            .map_err(|_| Failure::new(StatusCode::UNAUTHORIZED, "the API key is not text"))?;
+        probe
+            .headers_mut()
+            .insert(hyper::header::AUTHORIZATION, value);
+    } else if key.is_none() && !e2b.auth.none {
+        return Err(Failure::new(
+            StatusCode::UNAUTHORIZED,
+            "no API key: give an sbx token (sbxd token create) as the X-API-KEY header \
+             (E2B_API_KEY)",
+        ));
+    }
+    e2b.auth
+        .authenticate(&probe)
+        .map_err(|status| Failure::new(StatusCode::UNAUTHORIZED, status.message().to_string()))
+}
+
+/// The workspace a caller's new sandboxes go to: its one granted workspace, else `default`.
+fn workspace_of(caller: &Caller) -> Result<Option<String>, Failure> {
+    match &caller.grants {
+        None => Ok(None),
+        Some(grants) if grants.len() == 1 => Ok(grants.values().next().cloned()),
+        Some(_) => Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the key of {} holds several workspaces: give it one (an E2B key names where its \
+                 sandboxes go)",
+                caller.name
+            ),
+        )),
+    }
+}
+
+/// The sandbox an E2B id names, if the caller may act on it as `role`. A sandbox of a
+/// workspace the caller does not hold is answered as absent (a key never learns of others').
+async fn sandbox_of(e2b: &E2b, caller: &Caller, id: &str, role: Role) -> Result<Sandbox, Failure> {
+    let not_found = || Failure::new(StatusCode::NOT_FOUND, format!("sandbox {id} was not found"));
+    let uuid = e2b_id_to_uuid(id).ok_or_else(not_found)?;
+    let sandbox = match e2b.gateway.get_sandbox(&SandboxSelector::Id(uuid)).await {
+        Ok(s) => s,
+        Err(ActorError::SandboxNotFound { .. }) => return Err(not_found()),
+        Err(e) => return Err(e.into()),
+    };
+    if !caller.may(&sandbox.workspace_id, role) {
+        return Err(not_found());
+    }
+    Ok(sandbox)
+}
+
+/// The E2B id of a sandbox: its UUID without dashes.
+pub fn e2b_id(sandbox_id: &str) -> String {
+    Uuid::parse_str(sandbox_id)
+        .map(|u| u.simple().to_string())
+        .unwrap_or_else(|_| sandbox_id.to_string())
+}
+
+/// The UUID an E2B id is (32 hex digits; a dashed UUID is taken too).
+pub fn e2b_id_to_uuid(id: &str) -> Option<Uuid> {
+    if id.len() != 32 && id.len() != 36 {
+        return None;
+    }
+    Uuid::parse_str(id).ok()
+}
+
+async fn body_json<T: for<'de> Deserialize<'de> + Default>(
+    req: Request<Incoming>,
+) -> Result<T, Failure> {
+    let bytes = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| {
+            Failure::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body could not be read (at most {MAX_BODY} bytes): {e}"),
+            )
+        })?
+        .to_bytes();
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        Failure::new(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not the JSON asked: {e}"),
+        )
+    })
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: HashMap<String, String>,
+    #[serde(default)]
+    env_vars: HashMap<String, String>,
+    #[serde(default)]
+    auto_pause: bool,
+    auto_resume: Option<AutoResume>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct AutoResume {
+    #[serde(default)]
+    enabled: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Timeout {
+    timeout: Option<u64>,
+}
+
+async fn handle(e2b: &E2b, req: Request<Incoming>) -> Result<Response<Body>, Failure> {
+    let caller = caller(e2b, &req).await?;
+    let path = req.uri().path().trim_end_matches('/').to_string();
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let method = req.method().clone();
+    match (method, parts.as_slice()) {
+        (Method::POST, ["sandboxes"] | ["v2", "sandboxes"]) => create(e2b, &caller, req).await,
+        (Method::GET, ["v2", "sandboxes"] | ["sandboxes"]) => list(e2b, &caller, &req).await,
+        (Method::GET, ["sandboxes", id]) => {
+            let sandbox = sandbox_of(e2b, &caller, id, Role::Viewer).await?;
+            Ok(json_response(StatusCode::OK, &detail(e2b, &sandbox)))
+        }
+        (Method::DELETE, ["sandboxes", id]) => {
+            let sandbox = sandbox_of(e2b, &caller, id, Role::Editor).await?;
+            let uuid = Uuid::parse_str(&sandbox.id)
+                .map_err(|_| Failure::new(StatusCode::NOT_FOUND, "no such sandbox"))?;
+            e2b.gateway
+                .delete_sandbox(&SandboxSelector::Id(uuid))
+                .await?;
+            Ok(empty(StatusCode::NO_CONTENT))
+        }
+        (Method::POST, ["sandboxes", id, "timeout"]) => {
+            let sandbox = sandbox_of(e2b, &caller, id, Role::Editor).await?;
+            let body: Timeout = body_json(req).await?;
+            let seconds = body
+                .timeout
+                .ok_or_else(|| Failure::new(StatusCode::BAD_REQUEST, "timeout is required"))?;
+            e2b.gateway
+                .set_sandbox_ttl(&selector(&sandbox)?, seconds.max(1))
+                .await?;
+            Ok(empty(StatusCode::NO_CONTENT))
+        }
+        (Method::POST, ["sandboxes", id, "pause"]) => {
+            let sandbox = sandbox_of(e2b, &caller, id, Role::Editor).await?;
+            if sandbox.phase() == Phase::Paused {
+                return Err(Failure::new(
+                    StatusCode::CONFLICT,
+                    format!("sandbox {id} is already paused"),
+                ));
+            }
+            e2b.gateway.pause_sandbox(&selector(&sandbox)?).await?;
+            Ok(empty(StatusCode::NO_CONTENT))
+        }
+        (Method::POST, ["sandboxes", id, "connect"] | ["v2", "sandboxes", id, "connect"]) => {
+            connect(e2b, &caller, id, req).await
+        }
+        (method, _) => Err(Failure::new(
+            StatusCode::NOT_FOUND,
+            format!("no E2B call {method} {path} here"),
+        )),
+    }
+}
+
+fn selector(sandbox: &Sandbox) -> Result<SandboxSelector, Failure> {
+    Uuid::parse_str(&sandbox.id)
+        .map(SandboxSelector::Id)
+        .map_err(|_| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "a sandbox without an id"))
+}
+
+/// `POST /v2/sandboxes`: made, started, answered once Ready (201).
+async fn create(
+    e2b: &E2b,
+    caller: &Caller,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Failure> {
+    let new: NewSandbox = body_json(req).await?;
+    let workspace = workspace_of(caller)?;
+    let ws_name = workspace.clone().unwrap_or_else(|| "default".to_string());
+    let ws = e2b
+        .gateway
+        .get_workspace(&sbx_actors::WorkspaceSelector::Name(ws_name.clone()))
+        .await?;
+    caller
+        .require(&ws_name, Some(&ws.id), Role::Editor)
+        .map_err(|s| Failure::new(StatusCode::FORBIDDEN, s.message().to_string()))?;
+    let template = new.template_id.unwrap_or_else(|| "base".to_string());
+    let image = match e2b.templates.get(&template) {
+        Some(image) => image.clone(),
+        None if template == "base" => String::new(),
+        None => template.clone(),
+    };
+    let timeout = new.timeout.unwrap_or(DEFAULT_TIMEOUT_SECONDS).max(1);
+    let mut labels: HashMap<String, String> = new.metadata;
+    labels.insert("e2b.template".into(), template_label(&template));
+    let spec = SandboxSpec {
+        command: vec!["sleep".into(), "infinity".into()],
+        env: new.env_vars,
+        labels,
+        image,
+        lifetime: Some(Lifetime {
+            ttl_seconds: timeout,
+            on_ttl: if new.auto_pause {
+                LifetimeAction::Pause
+            } else {
+                LifetimeAction::Delete
+            } as i32,
+            auto_resume: new.auto_resume.map(|a| a.enabled),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let name = format!("e2b-{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let created = e2b
+        .gateway
+        .create_sandbox(Some(&ws_name), &name, spec)
+        .await?;
+    let ready = ready(e2b, &created).await?;
+    let mut answer = sandbox_answer(&ready, &template);
+    answer["alias"] = json!(template);
+    Ok(json_response(StatusCode::CREATED, &answer))
+}
+
+/// A label value for a template name (an image reference holds `/`, `:` and `@`).
+fn template_label(template: &str) -> String {
+    let cleaned: String = template
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(63)
+        .collect();
+    cleaned
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+/// Waits (at most 120 s) until the sandbox is Ready; a sandbox that fails is an error naming why.
+async fn ready(e2b: &E2b, sandbox: &Sandbox) -> Result<Sandbox, Failure> {
+    let sel = selector(sandbox)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let now = e2b.gateway.get_sandbox(&sel).await?;
+        match now.phase() {
+            Phase::Ready => return Ok(now),
+            Phase::Error | Phase::Completed | Phase::Stopped => {
+                return Err(Failure::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!(
+                        "sandbox {} did not start: {:?} ({}: {})",
+                        e2b_id(&now.id),
+                        now.phase(),
+                        now.reason,
+                        now.message
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Failure::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!("sandbox {} was not Ready within 120 s", e2b_id(&now.id)),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn template_of(sandbox: &Sandbox) -> String {
+    let spec = sandbox.spec.clone().unwrap_or_default();
+    spec.labels.get("e2b.template").cloned().unwrap_or_else(|| {
+        if spec.image.is_empty() {
+            "base".into()
+        } else {
+            spec.image
+        }
+    })
+}
+
+/// What create and connect answer (E2B's `Sandbox`).
+fn sandbox_answer(sandbox: &Sandbox, template: &str) -> Value {
+    json!({
+        "templateID": template,
+        "sandboxID": e2b_id(&sandbox.id),
+        "clientID": "sbx",
+        "envdVersion": ENVD_VERSION,
+        "domain": null,
+    })
+}
+
+fn rfc3339(t: Option<&sbx_proto::Timestamp>) -> String {
+    let at = t
+        .and_then(|t| SystemTime::try_from(*t).ok())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    sbx_agent::log::rfc3339_nanos(at)
+}
+
+/// E2B's `SandboxDetail` / `ListedSandbox` of a sandbox.
+fn detail(_e2b: &E2b, sandbox: &Sandbox) -> Value {
+    let spec = sandbox.spec.clone().unwrap_or_default();
+    let resources = spec.resources.unwrap_or_default();
+    let state = match sandbox.phase() {
+        Phase::Paused | Phase::Pausing | Phase::Stopped | Phase::Completed => "paused",
+        _ => "running",
+    };
+    // No deadline: the furthest a ttl may go (shown as a time the SDKs can parse).
+    let end = sandbox
+        .expires_at
+        .as_ref()
+        .map(|t| rfc3339(Some(t)))
+        .unwrap_or_else(|| {
+            sbx_agent::log::rfc3339_nanos(SystemTime::now() + Duration::from_secs(30 * 86_400))
+        });
+    let metadata: BTreeMap<String, String> = spec
+        .labels
+        .iter()
+        .filter(|(k, _)| *k != "e2b.template")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    json!({
+        "templateID": template_of(sandbox),
+        "sandboxID": e2b_id(&sandbox.id),
+        "clientID": "sbx",
+        "alias": template_of(sandbox),
+        "startedAt": rfc3339(sandbox.created_at.as_ref()),
+        "endAt": end,
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": resources.cpu_millis.div_ceil(1000).max(1),
+        "memoryMB": resources.memory_bytes >> 20,
+        "diskSizeMB": resources.disk_bytes >> 20,
+        "state": state,
+        "metadata": metadata,
+    })
+}
+
+/// `GET /v2/sandboxes`: the caller's sandboxes, by `metadata` (`k=v&k2=v2`, each part
+/// percent-encoded) and `state` (`running,paused`), `limit` a page, `nextToken` the next.
+async fn list(
+    e2b: &E2b,
+    caller: &Caller,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>, Failure> {
+    let query: HashMap<String, String> = req
+        .uri()
+        .query()
+        .map(|q| form_pairs(q).into_iter().collect())
+        .unwrap_or_default();
+    let mut selector = Vec::new();
+    if let Some(metadata) = query.get("metadata") {
+        for (k, v) in form_pairs(metadata) {
+            selector.push(format!("{k}={v}"));
+        }
+    }
+    let states: Vec<String> = query
+        .get("state")
+        .map(|s| s.split(',').map(|p| p.trim().to_string()).collect())
+        .unwrap_or_default();
+    let limit: u32 = query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(100)
+        .clamp(1, 1000);
+    let filter = SandboxFilter {
+        workspace: workspace_of(caller)?,
+        all_workspaces: caller.grants.is_none() && workspace_of(caller)?.is_none(),
+        label_selector: selector.join(","),
+    };
+    let page = e2b
+        .gateway
+        .list_sandboxes(
+            &filter,
+            limit,
+            query.get("nextToken").map(String::as_str).unwrap_or(""),
+        )
+        .await?;
+    let listed: Vec<Value> = page
+        .items
+        .iter()
+        .filter(|s| caller.sees(&s.workspace_id))
+        .map(|s| detail(e2b, s))
+        .filter(|d| states.is_empty() || states.iter().any(|w| d["state"] == json!(w)))
+        .collect();
+    let mut response = json_response(StatusCode::OK, &Value::Array(listed));
+    if !page.next_page_token.is_empty()
+        && let Ok(token) = page.next_page_token.parse()
+    {
+        response.headers_mut().insert("x-next-token", token);
+    }
+    Ok(response)
+}
+
+/// `POST /v2/sandboxes/{id}/connect`: a paused sandbox is resumed (201); a running one is
+/// answered as it is (200), its deadline moved to now + `timeout` only when that is later.
+async fn connect(
+    e2b: &E2b,
+    caller: &Caller,
+    id: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Failure> {
+    let sandbox = sandbox_of(e2b, caller, id, Role::Editor).await?;
+    let body: Timeout = body_json(req).await?;
+    let sel = selector(&sandbox)?;
+    let paused = matches!(sandbox.phase(), Phase::Paused | Phase::Pausing);
+    let sandbox = if paused {
+        e2b.gateway.resume_sandbox(&sel).await?
+    } else {
+        sandbox
+    };
+    if let Some(timeout) = body.timeout {
+        let wanted = SystemTime::now() + Duration::from_secs(timeout);
+        let current = sandbox
+            .expires_at
+            .as_ref()
+            .and_then(|t| SystemTime::try_from(*t).ok());
+        if current.is_some_and(|c| c < wanted) {
+            e2b.gateway.set_sandbox_ttl(&sel, timeout.max(1)).await?;
+        }
+    }
+    let status = if paused {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json_response(
+        status,
+        &sandbox_answer(&sandbox, &template_of(&sandbox)),
+    ))
+}
+
+/// `k=v&k2=v2` with each part percent-decoded (`+` a space).
+fn form_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = |b: u8| (b as char).to_digit(16);
+                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                    (Some(hi), Some(lo)) => {
+                        out.push((hi * 16 + lo) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_the_uuid_without_dashes_and_nothing_else() {
+        let u = Uuid::new_v4();
+        let id = e2b_id(&u.to_string());
+        assert_eq!(id.len(), 32);
+        assert!(
+            id.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_eq!(e2b_id_to_uuid(&id), Some(u));
+        for bad in ["", "web", "../etc", "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz"] {
+            assert_eq!(e2b_id_to_uuid(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn query_pairs_are_decoded_once_and_parts_again() {
+        // What the Python SDK sends for metadata={"sandbox_test_id": "test 1"}.
+        let outer = form_pairs("metadata=sandbox_test_id%3Dtest%25201&state=running%2Cpaused");
+        assert_eq!(outer[0].1, "sandbox_test_id=test%201");
+        assert_eq!(
+            form_pairs(&outer[0].1),
+            vec![("sandbox_test_id".into(), "test 1".into())]
+        );
+        assert_eq!(outer[1].1, "running,paused");
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+
+    #[test]
+    fn template_labels_are_label_values() {
+        assert_eq!(template_label("base"), "base");
+        assert_eq!(
+            template_label("docker.io/library/debian:bookworm"),
+            "docker.io_library_debian_bookworm"
+        );
+        assert_eq!(template_label("@@"), "");
+    }
+}

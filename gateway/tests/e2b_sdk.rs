@@ -1,0 +1,179 @@
+//! The E2B control plane (`sbxd serve --e2b-listen`) driven by the unmodified E2B Python SDK
+//! (`e2b` from PyPI, pinned in `.ci/run`), through a real sbxd on the process driver with
+//! token authentication: create with metadata and a timeout, get_info, list by metadata and
+//! by pages, a second key's workspace isolation, a wrong key refused, connect, pause refused
+//! by a driver that cannot, set_timeout that deletes, kill (`tests/e2b/control_plane.py`).
+//! Then what the SDK never sends: malformed JSON, unknown calls and oversize bodies get a JSON
+//! error, and sbxd keeps serving.
+//!
+//! Needs the SDK in a virtualenv: `SBX_E2B_PYTHON`, else `target/e2b-venv/bin/python` (what
+//! `.ci/run` makes: `python3 -m venv target/e2b-venv && target/e2b-venv/bin/pip install
+//! e2b==2.63.0`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{DataDir, SBXD, Sbxd, run_bounded, sbx};
+
+fn python() -> PathBuf {
+    let path = std::env::var_os("SBX_E2B_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2b-venv/bin/python")
+        });
+    assert!(
+        path.exists(),
+        "the E2B SDK's python is not at {} (set SBX_E2B_PYTHON, or: python3 -m venv \
+         target/e2b-venv && target/e2b-venv/bin/pip install e2b==2.63.0)",
+        path.display()
+    );
+    path
+}
+
+fn token(data: &Path, name: &str, role: &str, workspace: Option<&str>) -> String {
+    let mut command = Command::new(SBXD);
+    command
+        .args(["token", "create", "--data-dir"])
+        .arg(data)
+        .args(["--name", name, "--role", role]);
+    if let Some(w) = workspace {
+        command.args(["--workspace", w]);
+    }
+    let made = run_bounded(&mut command, &format!("sbxd token create --name {name}"));
+    assert_eq!(made.code, 0, "{made:?}");
+    made.stdout.lines().last().unwrap_or_default().to_string()
+}
+
+/// One raw HTTP/1.1 request to `addr`; answers (status, body).
+fn raw(addr: &str, request: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+#[test]
+fn the_e2b_python_sdk_drives_sbx_unmodified() {
+    let python = python();
+    let data = DataDir::new();
+    let e2b_file = data.path().join("e2b-addr");
+    let e2b_arg = e2b_file.display().to_string();
+    let d = Sbxd::start(
+        data.path(),
+        "process",
+        &[
+            "--auth",
+            "token",
+            "--e2b-listen",
+            "127.0.0.1:0",
+            "--e2b-addr-file",
+            &e2b_arg,
+        ],
+    );
+    let admin = token(data.path(), "admin", "admin", None);
+    let ep = d.endpoint();
+    for ws in ["a", "b"] {
+        let made = run_bounded(
+            Command::new(common::SBX)
+                .args(["workspace", "create", ws])
+                .env("SBX_ENDPOINT", &ep)
+                .env("SBX_TOKEN", &admin),
+            "sbx workspace create",
+        );
+        assert_eq!(made.code, 0, "{made:?}");
+    }
+    let key_a = token(data.path(), "agent-a", "editor", Some("a"));
+    let key_b = token(data.path(), "agent-b", "editor", Some("b"));
+    let addr = std::fs::read_to_string(&e2b_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let url = format!("http://{addr}");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/control_plane.py");
+    let run = run_bounded(
+        Command::new(&python)
+            .arg(&script)
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            .env_remove("E2B_API_KEY")
+            .env_remove("E2B_DEBUG")
+            .env("KEY_A", &key_a)
+            .env("KEY_B", &key_b),
+        "the E2B SDK script",
+    );
+    eprintln!("{}{}", run.stdout, run.stderr);
+    assert_eq!(run.code, 0, "sbxd log:\n{}", d.log_text());
+    assert!(run.stdout.ends_with("done\n"), "{run:?}");
+
+    // What no SDK sends: a JSON error each time, never a panic; sbxd serves on.
+    let auth = format!("X-API-KEY: {key_a}\r\n");
+    let cases: Vec<(String, u16)> = vec![
+        (
+            format!(
+                "POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 9\r\n\
+                 Connection: close\r\n\r\n{{not json"
+            ),
+            400,
+        ),
+        (
+            format!("GET /v9/nothing HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"),
+            404,
+        ),
+        (
+            format!(
+                "GET /sandboxes/..%2f..%2fetc HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+            ),
+            404,
+        ),
+        (
+            "GET /v2/sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_string(),
+            401,
+        ),
+    ];
+    for (request, want) in cases {
+        let (status, body) = raw(&addr, request.as_bytes());
+        assert_eq!(status, want, "{request:?}: {body}");
+        let json: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        assert_eq!(json["code"], want, "{body}");
+        assert!(json["message"].is_string(), "{body}");
+    }
+    let big = 2 << 20;
+    let mut oversize = format!(
+        "POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {big}\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    oversize.extend(std::iter::repeat_n(b' ', big));
+    let (status, body) = raw(&addr, &oversize);
+    assert_eq!(status, 413, "{body}");
+    // Still serving, both listeners.
+    let (status, _) = raw(
+        &addr,
+        format!("GET /v2/sandboxes HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n")
+            .as_bytes(),
+    );
+    assert_eq!(status, 200);
+    let listed = run_bounded(
+        Command::new(common::SBX)
+            .args(["sandbox", "list", "-A"])
+            .env("SBX_ENDPOINT", &ep)
+            .env("SBX_TOKEN", &admin),
+        "sbx sandbox list",
+    );
+    assert_eq!(listed.code, 0, "{listed:?}");
+    let _ = sbx;
+}
