@@ -406,15 +406,7 @@ async fn serve_on(
     };
     let service_bound = match &args.service_listen {
         Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                DaemonError::Setup(format!(
-                    "cannot listen for service endpoints on {addr}: {e}"
-                ))
-            })?;
-            let bound = listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| addr.clone());
+            let (listener, bound) = bind_plain(addr, "service endpoints").await?;
             if !listener.local_addr().is_ok_and(|a| a.ip().is_loopback()) {
                 tracing::warn!(%bound, "service endpoints are served off loopback, without authentication: whoever reaches this address reaches every exposed port");
             }
@@ -431,13 +423,7 @@ async fn serve_on(
 
     let e2b_bound = match &args.e2b_listen {
         Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                DaemonError::Setup(format!("cannot listen for the E2B API on {addr}: {e}"))
-            })?;
-            let bound = listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| addr.clone());
+            let (listener, bound) = bind_plain(addr, "the E2B API").await?;
             if !listener.local_addr().is_ok_and(|a| a.ip().is_loopback()) {
                 tracing::warn!(%bound, "the E2B API is served off loopback over plain HTTP: its API keys travel in the clear");
             }
@@ -857,6 +843,22 @@ async fn report_disk_full(
     health
         .set_service_status(WRITES_HEALTH_SERVICE, ServingStatus::NotServing)
         .await;
+}
+
+/// Binds a plain HTTP listener of sbxd's (`what` names it in the error), and its bound
+/// address as text.
+async fn bind_plain(
+    addr: &str,
+    what: &str,
+) -> Result<(tokio::net::TcpListener, String), DaemonError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| DaemonError::Setup(format!("cannot listen for {what} on {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| addr.to_string());
+    Ok((listener, bound))
 }
 
 #[cfg(test)]
