@@ -143,6 +143,14 @@ fn the_e2b_python_sdk_drives_sbx_unmodified() {
             "GET /v2/sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_string(),
             401,
         ),
+        // The in-sandbox API: a sandbox that is not there is "not found" to /health (502),
+        // and a call into one without its access token is refused.
+        (
+            "GET /health HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: 0123456789abcdef0123456789abcdef\r\n\
+             Connection: close\r\n\r\n"
+                .to_string(),
+            502,
+        ),
     ];
     for (request, want) in cases {
         let (status, body) = raw(&addr, request.as_bytes());
@@ -152,6 +160,56 @@ fn the_e2b_python_sdk_drives_sbx_unmodified() {
         assert_eq!(json["code"], want, "{body}");
         assert!(json["message"].is_string(), "{body}");
     }
+    // A sandbox made raw: its in-sandbox API wants its access token, and refuses a bad
+    // envelope in band (a Connect stream answers 200 and ends with the error).
+    let body = r#"{"templateID":"base","timeout":60}"#;
+    let (status, made) = raw(
+        &addr,
+        format!(
+            "POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 201, "{made}");
+    let made: serde_json::Value = serde_json::from_str(&made).unwrap();
+    let id = made["sandboxID"].as_str().unwrap().to_string();
+    let access = made["envdAccessToken"].as_str().unwrap().to_string();
+    let list = |token: &str| {
+        raw(
+            &addr,
+            format!(
+                "POST /process.Process/List HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\n\
+                 X-Access-Token: {token}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\
+                 Connection: close\r\n\r\n{{}}"
+            )
+            .as_bytes(),
+        )
+    };
+    let (status, body) = list("wrong");
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("\"unauthenticated\""), "{body}");
+    let (status, body) = list(&access);
+    assert_eq!((status, body.as_str()), (200, r#"{"processes":[]}"#));
+    let (status, body) = raw(
+        &addr,
+        format!(
+            "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\n\
+             X-Access-Token: {access}\r\nContent-Type: application/connect+json\r\n\
+             Content-Length: 3\r\nConnection: close\r\n\r\nxyz"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("invalid_argument"), "{body}");
+    let (status, _) = raw(
+        &addr,
+        format!("DELETE /sandboxes/{id} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n")
+            .as_bytes(),
+    );
+    assert_eq!(status, 204);
+
     let big = 2 << 20;
     let mut oversize = format!(
         "POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {big}\r\nConnection: close\r\n\r\n"

@@ -18,8 +18,8 @@
 //! - **Answers:** every error is JSON `{"code": STATUS, "message": …}` (the SDKs read both),
 //!   with `Should-Retry: false` (the SDKs would otherwise retry 5xx on their own).
 //!
-//! The in-sandbox daemon's API (commands, files: E2B's "envd") is not served yet: the
-//! sandbox's `envdVersion` says so (`0.1.0`, the oldest the SDKs accept).
+//! The in-sandbox daemon's API (E2B's "envd") is `e2b_envd`: the processes of `commands` and
+//! `pty`. Files are not served yet.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -39,7 +39,7 @@ use uuid::Uuid;
 
 use crate::auth::{Authenticator, Caller, Role};
 
-type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+pub(super) type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The largest request body the control plane reads (a create's metadata and variables).
 const MAX_BODY: usize = 1 << 20;
@@ -47,9 +47,10 @@ const MAX_BODY: usize = 1 << 20;
 /// A sandbox's lifetime when the create gives no `timeout`: E2B's default.
 const DEFAULT_TIMEOUT_SECONDS: u64 = 300;
 
-/// The in-sandbox daemon's version the sandboxes report: the oldest the SDKs accept, as
-/// nothing of it is served yet.
-const ENVD_VERSION: &str = "0.1.0";
+/// The in-sandbox daemon's version the sandboxes report: what the SDKs gate the features
+/// served here on (commands with `stdin: false` from 0.3.0, the default user from 0.4.0,
+/// `close_stdin` from 0.5.2; file uploads as octet streams would need 0.5.7).
+const ENVD_VERSION: &str = "0.5.2";
 
 /// What the E2B listener needs.
 #[derive(Clone)]
@@ -58,6 +59,10 @@ pub struct E2b {
     pub auth: Arc<Authenticator>,
     /// `--e2b-template NAME=IMAGE`.
     pub templates: Arc<BTreeMap<String, String>>,
+    /// The gateway's secret key: each sandbox's access token is an HMAC under it.
+    pub secrets: Arc<sbx_actors::Sealer>,
+    /// The processes started through the in-sandbox API (`e2b_envd`).
+    pub processes: Arc<super::e2b_envd::Processes>,
 }
 
 /// Serves the E2B control plane on `listener` until `shutdown`.
@@ -76,7 +81,7 @@ pub async fn serve(listener: TcpListener, e2b: E2b, shutdown: CancellationToken)
 
 /// An answer that is an error: its HTTP status and message.
 #[derive(Debug)]
-struct Failure {
+pub(super) struct Failure {
     status: StatusCode,
     message: String,
 }
@@ -122,7 +127,7 @@ impl From<ActorError> for Failure {
     }
 }
 
-fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+pub(super) fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
     let mut response = Response::new(
         Full::new(Bytes::from(value.to_string()))
             .map_err(|never| match never {})
@@ -277,6 +282,15 @@ struct Timeout {
 }
 
 async fn handle(e2b: &E2b, req: Request<Incoming>) -> Result<Response<Body>, Failure> {
+    // The in-sandbox API: the SDK names the sandbox in a header on every such call.
+    if let Some(id) = req
+        .headers()
+        .get("e2b-sandbox-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    {
+        return Ok(super::e2b_envd::handle(e2b, &id, req).await);
+    }
     let caller = caller(e2b, &req).await?;
     let path = req.uri().path().trim_end_matches('/').to_string();
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
@@ -383,7 +397,7 @@ async fn create(
         .create_sandbox(Some(&ws_name), &name, spec)
         .await?;
     let ready = ready(e2b, &created).await?;
-    let mut answer = sandbox_answer(&ready, &template);
+    let mut answer = sandbox_answer(e2b, &ready, &template);
     answer["alias"] = json!(template);
     Ok(json_response(StatusCode::CREATED, &answer))
 }
@@ -450,12 +464,13 @@ fn template_of(sandbox: &Sandbox) -> String {
 }
 
 /// What create and connect answer (E2B's `Sandbox`).
-fn sandbox_answer(sandbox: &Sandbox, template: &str) -> Value {
+fn sandbox_answer(e2b: &E2b, sandbox: &Sandbox, template: &str) -> Value {
     json!({
         "templateID": template,
         "sandboxID": e2b_id(&sandbox.id),
         "clientID": "sbx",
         "envdVersion": ENVD_VERSION,
+        "envdAccessToken": super::e2b_envd::access_token(e2b, &sandbox.id),
         "domain": null,
     })
 }
@@ -595,7 +610,7 @@ async fn connect(
     };
     Ok(json_response(
         status,
-        &sandbox_answer(&sandbox, &template_of(&sandbox)),
+        &sandbox_answer(e2b, &sandbox, &template_of(&sandbox)),
     ))
 }
 

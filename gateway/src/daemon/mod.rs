@@ -11,6 +11,7 @@ pub mod connections;
 pub mod driver_spec;
 pub mod drivers;
 pub mod e2b;
+pub mod e2b_envd;
 pub mod forward;
 pub mod images;
 pub mod managed;

@@ -434,6 +434,12 @@ async fn serve_on(
                     gateway: Arc::clone(&gateway),
                     auth: Arc::clone(&auth),
                     templates: Arc::new(args.e2b_templates.iter().cloned().collect()),
+                    // The same key file the gateway's config opened: the same key.
+                    secrets: Arc::new(
+                        sbx_actors::Sealer::open_or_create(&data_dir.join("secrets.key"))
+                            .map_err(|e| DaemonError::Setup(e.to_string()))?,
+                    ),
+                    processes: Default::default(),
                 },
                 shutdown.clone(),
             ));

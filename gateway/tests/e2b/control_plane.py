@@ -73,6 +73,48 @@ except e2b.SandboxException as e:
     check("pause refused where the driver cannot", "cannot pause" in str(e), str(e))
 check("still running", sbx.get_info().state.value == "running")
 
+# Commands, through the in-sandbox API: output, exit codes, envs, cwd, streaming, background.
+r = sbx.commands.run("echo hello; echo oops >&2")
+check("run: stdout", r.stdout == "hello\n", r)
+check("run: stderr", r.stderr == "oops\n", r)
+check("run: exit 0", r.exit_code == 0, r)
+try:
+    sbx.commands.run("exit 3")
+    check("run: a non-zero exit raises", False, "returned")
+except e2b.CommandExitException as e:
+    check("run: a non-zero exit raises", e.exit_code == 3, e)
+r = sbx.commands.run("echo $GREETING from $(pwd)", envs={"GREETING": "hi"}, cwd="/tmp")
+check("run: envs and cwd", r.stdout == "hi from /tmp\n", r)
+seen = []
+sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.1; done", on_stdout=lambda line: seen.append(line))
+check("run: streamed output", "".join(seen).split() == ["1", "2", "3"], seen)
+bg = sbx.commands.run("sleep 600", background=True)
+check("background: a pid", bg.pid > 0, bg.pid)
+check("background: listed", bg.pid in [p.pid for p in sbx.commands.list()])
+check("background: killed", sbx.commands.kill(bg.pid) is True)
+try:
+    bg.wait()
+    check("background: ends killed", False, "exited 0")
+except e2b.CommandExitException as e:
+    check("background: ends killed", e.exit_code != 0, e)
+check("kill of what is gone", sbx.commands.kill(bg.pid) is False)
+check("is_running", sbx.is_running() is True)
+
+# A terminal: input typed in, a resize, the output, the shell's exit; another one killed.
+from e2b import PtySize
+term = sbx.pty.create(PtySize(rows=24, cols=80))
+sbx.pty.send_stdin(term.pid, b"stty size\n")
+time.sleep(0.5)
+sbx.pty.resize(term.pid, PtySize(rows=30, cols=100))
+sbx.pty.send_stdin(term.pid, b"stty size; echo typed-$((6*7)); exit\n")
+typed = []
+term.wait(on_pty=lambda data: typed.append(bytes(data)))
+out = b"".join(typed)
+check("pty: input and output", b"typed-42" in out and b"24 80" in out, out[-300:])
+check("pty: resize", b"30 100" in out, out[-300:])
+other_term = sbx.pty.create(PtySize(rows=24, cols=80))
+check("pty: killed", sbx.pty.kill(other_term.pid) is True)
+
 # set_timeout: gone once it passes.
 sbx.set_timeout(2)
 time.sleep(4.5)
@@ -81,6 +123,7 @@ try:
     check("set_timeout deletes", False, "still there")
 except e2b.SandboxNotFoundException:
     check("set_timeout deletes", True)
+check("is_running once gone", sbx.is_running() is False)
 
 # kill: True, then False for what is gone.
 check("kill", other.kill() is True)

@@ -1,0 +1,597 @@
+//! E2B's in-sandbox daemon API ("envd"), the part the SDKs' `commands` speak, served by the
+//! E2B listener for requests that carry `E2b-Sandbox-Id` (the SDK sends it on every in-sandbox
+//! call; REST calls never do): `GET /health`, and the Connect protocol's `process.Process`
+//! (`Start`, `Connect`, `List`, `SendInput`, `CloseStdin`, `SendSignal`, `Update`) in its JSON
+//! form. Nothing new listens inside the sandbox: a process is an exec through the gateway (the
+//! same call as `sbx sandbox exec`), with stdin, a terminal and signals.
+//!
+//! - **Access:** each sandbox's `envdAccessToken` (answered by create and connect) is an HMAC of
+//!   its id under the gateway's secret key; a call without the right `X-Access-Token` is
+//!   `unauthenticated`.
+//! - **Processes:** a started process gets a pid of this gateway's own (per sandbox, from 1):
+//!   the SDK addresses processes by pid, an exec has none. It runs until it ends, whoever
+//!   listens: a client that goes away leaves it running, reachable again by `Connect(pid)`
+//!   (output from then on). `connect-timeout-ms` bounds its life, as envd's does.
+//! - **Streams:** `application/connect+json`, HTTP 200, 5-byte envelopes; `start{pid}` first,
+//!   output as base64 `data`, then `end{exitCode, exited, status}`, then the end-of-stream
+//!   frame (an error ends the stream in band, as Connect says).
+//! - **A sandbox that is gone** (deleted, paused, not Ready): `/health` answers 502 with "was
+//!   not found", as E2B's proxy does, so `is_running()` is false.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use sbx_actors::{ExecOptions, SandboxSelector};
+use sbx_proto::v1::{Phase, Sandbox, exec_input, exec_output};
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+use uuid::Uuid;
+
+use super::e2b::{Body, E2b};
+
+/// The largest request the daemon API reads (a SendInput's bytes, base64).
+const MAX_REQUEST: usize = 8 << 20;
+
+/// Events kept for a slow listener of one process before it lags (and is ended).
+const EVENT_BUFFER: usize = 4096;
+
+/// The processes this gateway started in sandboxes, by sandbox and pid.
+#[derive(Default)]
+pub struct Processes {
+    by_sandbox: Mutex<HashMap<Uuid, Table>>,
+}
+
+#[derive(Default)]
+struct Table {
+    next_pid: u32,
+    running: HashMap<u32, Arc<Process>>,
+}
+
+struct Process {
+    config: Value,
+    tag: Option<String>,
+    input: mpsc::Sender<exec_input::Input>,
+    events: broadcast::Sender<Value>,
+}
+
+impl Processes {
+    fn add(&self, sandbox: Uuid, process: Process) -> (u32, Arc<Process>) {
+        let mut all = sbx_actors_locked(&self.by_sandbox);
+        let table = all.entry(sandbox).or_default();
+        table.next_pid += 1;
+        let pid = table.next_pid;
+        let process = Arc::new(process);
+        table.running.insert(pid, Arc::clone(&process));
+        (pid, process)
+    }
+
+    fn get(&self, sandbox: Uuid, pid: u32) -> Option<Arc<Process>> {
+        sbx_actors_locked(&self.by_sandbox)
+            .get(&sandbox)
+            .and_then(|t| t.running.get(&pid).cloned())
+    }
+
+    fn remove(&self, sandbox: Uuid, pid: u32) {
+        let mut all = sbx_actors_locked(&self.by_sandbox);
+        if let Some(table) = all.get_mut(&sandbox) {
+            table.running.remove(&pid);
+        }
+    }
+
+    fn list(&self, sandbox: Uuid) -> Vec<Value> {
+        sbx_actors_locked(&self.by_sandbox)
+            .get(&sandbox)
+            .map(|t| {
+                let mut all: Vec<(u32, Value)> = t
+                    .running
+                    .iter()
+                    .map(|(pid, p)| {
+                        let mut info = json!({"config": p.config, "pid": pid});
+                        if let Some(tag) = &p.tag {
+                            info["tag"] = json!(tag);
+                        }
+                        (*pid, info)
+                    })
+                    .collect();
+                all.sort_by_key(|(pid, _)| *pid);
+                all.into_iter().map(|(_, v)| v).collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn sbx_actors_locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The access token of sandbox `id`: what create and connect answer, what every call into it
+/// must carry.
+pub fn access_token(e2b: &E2b, id: &str) -> String {
+    format!(
+        "{}{}",
+        e2b.secrets.fingerprint(&format!("e2b-envd-a:{id}")),
+        e2b.secrets.fingerprint(&format!("e2b-envd-b:{id}"))
+    )
+}
+
+/// A Connect error (unary): its code string and HTTP status.
+fn connect_error(code: &str, message: impl Into<String>) -> Response<Body> {
+    let status = match code {
+        "invalid_argument" | "failed_precondition" | "out_of_range" => StatusCode::BAD_REQUEST,
+        "unauthenticated" => StatusCode::UNAUTHORIZED,
+        "permission_denied" => StatusCode::FORBIDDEN,
+        "not_found" => StatusCode::NOT_FOUND,
+        "already_exists" | "aborted" => StatusCode::CONFLICT,
+        "resource_exhausted" => StatusCode::TOO_MANY_REQUESTS,
+        "unimplemented" => StatusCode::NOT_IMPLEMENTED,
+        "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+        "deadline_exceeded" => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    super::e2b::json_response(status, &json!({"code": code, "message": message.into()}))
+}
+
+/// The Connect code of a gateway error.
+fn code_of(e: &sbx_actors::ActorError) -> &'static str {
+    use sbx_actors::ActorError as E;
+    match e {
+        E::SandboxNotFound { .. } | E::ObjectNotFound { .. } => "not_found",
+        E::InvalidArgument(_) => "invalid_argument",
+        E::FailedPrecondition(_) => "failed_precondition",
+        E::Unavailable(_) | E::HeldElsewhere { .. } => "unavailable",
+        E::Driver(d) if d.is_transient() => "unavailable",
+        E::Driver(sbx_drivers::DriverError::InvalidArgument(_)) => "invalid_argument",
+        E::Driver(sbx_drivers::DriverError::NotFound { .. }) => "not_found",
+        _ => "internal",
+    }
+}
+
+/// An enveloped stream message: flags, big-endian length, the JSON.
+fn frame(flags: u8, value: &Value) -> Bytes {
+    let json = value.to_string().into_bytes();
+    let mut out = Vec::with_capacity(json.len() + 5);
+    out.push(flags);
+    out.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    out.extend_from_slice(&json);
+    Bytes::from(out)
+}
+
+/// The messages of an enveloped request body (a streaming call's; one for Start and Connect).
+fn unframe(mut body: &[u8]) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    while !body.is_empty() {
+        if body.len() < 5 {
+            return Err("a Connect envelope shorter than its 5-byte header".into());
+        }
+        let flags = body[0];
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        if body.len() < 5 + len {
+            return Err(format!(
+                "a Connect envelope says {len} bytes and holds fewer"
+            ));
+        }
+        if flags & 0x01 != 0 {
+            return Err("compressed Connect messages are not accepted".into());
+        }
+        let message: Value = serde_json::from_slice(&body[5..5 + len])
+            .map_err(|e| format!("a Connect message is not JSON: {e}"))?;
+        if flags & 0x02 == 0 {
+            out.push(message);
+        }
+        body = &body[5 + len..];
+    }
+    Ok(out)
+}
+
+/// A server stream's answer: HTTP 200, `application/connect+json`, the frames `frames` yields.
+fn stream_response(frames: mpsc::Receiver<Bytes>) -> Response<Body> {
+    let frames = tokio_stream::wrappers::ReceiverStream::new(frames);
+    let body = StreamBody::new(frames.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))));
+    let mut response = Response::new(BodyExt::map_err(body, |never| match never {}).boxed());
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        "application/connect+json".parse().expect("a header value"),
+    );
+    response
+}
+
+/// A server stream that is only an error (in band, as Connect streams answer).
+fn stream_error(code: &str, message: &str) -> Response<Body> {
+    let end = frame(0x02, &json!({"error": {"code": code, "message": message}}));
+    let (tx, rx) = mpsc::channel(1);
+    let _ = tx.try_send(end);
+    stream_response(rx)
+}
+
+/// Serves one in-sandbox call; `id` is the request's `E2b-Sandbox-Id`.
+pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let Some(uuid) = super::e2b::e2b_id_to_uuid(id) else {
+        return gone(id);
+    };
+    let sandbox = match e2b.gateway.get_sandbox(&SandboxSelector::Id(uuid)).await {
+        Ok(s) => s,
+        Err(_) => return gone(id),
+    };
+    let token = req
+        .headers()
+        .get("x-access-token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let expected = access_token(e2b, &sandbox.id);
+    let authorized: bool =
+        subtle::ConstantTimeEq::ct_eq(token.as_bytes(), expected.as_bytes()).into();
+    if path == "/health" {
+        return health(&sandbox, id);
+    }
+    if !authorized {
+        return connect_error(
+            "unauthenticated",
+            "the sandbox's access token (X-Access-Token) is missing or wrong",
+        );
+    }
+    let streaming = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/connect+json"));
+    let timeout_ms: Option<u64> = req
+        .headers()
+        .get("connect-timeout-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let bytes = match Limited::new(req.into_body(), MAX_REQUEST).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return connect_error("resource_exhausted", format!("the request: {e}")),
+    };
+    let message = if streaming {
+        match unframe(&bytes) {
+            Ok(mut messages) if messages.len() == 1 => messages.remove(0),
+            Ok(messages) => {
+                return stream_error(
+                    "invalid_argument",
+                    &format!("one request message expected, got {}", messages.len()),
+                );
+            }
+            Err(e) => return stream_error("invalid_argument", &e),
+        }
+    } else {
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                return connect_error("invalid_argument", format!("the request is not JSON: {e}"));
+            }
+        }
+    };
+    match path.as_str() {
+        "/process.Process/Start" if streaming => {
+            start(e2b, &sandbox, uuid, &message, timeout_ms).await
+        }
+        "/process.Process/Connect" if streaming => connect(e2b, uuid, &message),
+        "/process.Process/List" => super::e2b::json_response(
+            StatusCode::OK,
+            &json!({"processes": e2b.processes.list(uuid)}),
+        ),
+        "/process.Process/SendInput"
+        | "/process.Process/CloseStdin"
+        | "/process.Process/SendSignal"
+        | "/process.Process/Update" => unary(e2b, uuid, &path, &message).await,
+        _ => connect_error("unimplemented", format!("{path} is not served here")),
+    }
+}
+
+/// `/health`: 204 while the sandbox runs, else 502 saying it "was not found".
+fn health(sandbox: &Sandbox, id: &str) -> Response<Body> {
+    if sandbox.phase() == Phase::Ready {
+        let mut r = Response::new(
+            Full::new(Bytes::new())
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        return r;
+    }
+    gone(id)
+}
+
+/// What E2B's proxy answers for a sandbox that does not run.
+fn gone(id: &str) -> Response<Body> {
+    super::e2b::json_response(
+        StatusCode::BAD_GATEWAY,
+        &json!({"sandboxId": id, "message": "The sandbox was not found", "code": 502}),
+    )
+}
+
+/// `Start`: the command as an exec of the sandbox, its events to this caller and to any later
+/// `Connect`.
+async fn start(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    uuid: Uuid,
+    message: &Value,
+    timeout_ms: Option<u64>,
+) -> Response<Body> {
+    let process = &message["process"];
+    let Some(cmd) = process["cmd"].as_str().filter(|c| !c.is_empty()) else {
+        return stream_error("invalid_argument", "process.cmd is required");
+    };
+    let mut command = vec![cmd.to_string()];
+    for arg in process["args"].as_array().into_iter().flatten() {
+        match arg.as_str() {
+            Some(a) => command.push(a.to_string()),
+            None => return stream_error("invalid_argument", "process.args must be strings"),
+        }
+    }
+    let mut env = HashMap::new();
+    for (k, v) in process["envs"].as_object().into_iter().flatten() {
+        match v.as_str() {
+            Some(v) => {
+                env.insert(k.clone(), v.to_string());
+            }
+            None => return stream_error("invalid_argument", "process.envs must be strings"),
+        }
+    }
+    let pty = message["pty"]["size"]
+        .as_object()
+        .map(|size| sbx_proto::v1::Tty {
+            rows: size.get("rows").and_then(Value::as_u64).unwrap_or(24) as u32,
+            cols: size.get("cols").and_then(Value::as_u64).unwrap_or(80) as u32,
+            term: String::new(),
+        });
+    // envd's default: stdin open unless asked otherwise (the SDK's run() sends false).
+    let stdin = message["stdin"].as_bool().unwrap_or(true) || pty.is_some();
+    let opts = ExecOptions {
+        env,
+        timeout_seconds: timeout_ms
+            .map_or(0, |ms| ms.div_ceil(1000).min(u64::from(u32::MAX)) as u32),
+        workdir: process["cwd"].as_str().unwrap_or("").to_string(),
+        stdin,
+        tty: pty.clone(),
+    };
+    let (input_tx, input_rx) = mpsc::channel::<exec_input::Input>(64);
+    let inputs: sbx_actors::ExecInputs =
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(input_rx));
+    let output = match e2b
+        .gateway
+        .exec_io(&SandboxSelector::Id(uuid), command, opts, inputs)
+        .await
+    {
+        Ok(o) => o,
+        Err(e) => return stream_error(code_of(&e), &e.to_string()),
+    };
+    let (events, first) = broadcast::channel(EVENT_BUFFER);
+    let (pid, _) = e2b.processes.add(
+        uuid,
+        Process {
+            config: process.clone(),
+            tag: message["tag"].as_str().map(str::to_string),
+            input: input_tx,
+            events: events.clone(),
+        },
+    );
+    tracing::debug!(sandbox = %sandbox.id, pid, "e2b: a process started");
+    let processes = Arc::clone(&e2b.processes);
+    let on_terminal = pty.is_some();
+    tokio::spawn(async move {
+        let mut output = output;
+        let mut ended = false;
+        while let Some(item) = output.next().await {
+            let event = match item {
+                Ok(chunk) => match chunk.chunk {
+                    Some(exec_output::Chunk::Stdout(b)) if on_terminal => {
+                        json!({"event": {"data": {"pty": B64.encode(b)}}})
+                    }
+                    Some(exec_output::Chunk::Stdout(b)) => {
+                        json!({"event": {"data": {"stdout": B64.encode(b)}}})
+                    }
+                    Some(exec_output::Chunk::Stderr(b)) => {
+                        json!({"event": {"data": {"stderr": B64.encode(b)}}})
+                    }
+                    Some(exec_output::Chunk::Exit(exit)) => {
+                        ended = true;
+                        end_event(&exit)
+                    }
+                    None => continue,
+                },
+                Err(e) => {
+                    ended = true;
+                    json!({"error": {"code": code_of(&e), "message": e.to_string()}})
+                }
+            };
+            let _ = events.send(event);
+        }
+        if !ended {
+            let _ = events.send(json!({"error": {"code": "unavailable", "message": "the connection to the process ended"}}));
+        }
+        processes.remove(uuid, pid);
+    });
+    listen(pid, first)
+}
+
+fn end_event(exit: &sbx_proto::v1::ExecExit) -> Value {
+    let (code, status) = if exit.signal != 0 {
+        (-1, format!("signal: {}", signal_name(exit.signal)))
+    } else {
+        (exit.code, format!("exit status {}", exit.code))
+    };
+    let mut end = json!({"exitCode": code, "exited": exit.signal == 0, "status": status});
+    if code != 0 {
+        end["error"] = json!(status);
+    }
+    json!({"event": {"end": end}})
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        9 => "killed",
+        15 => "terminated",
+        2 => "interrupt",
+        _ => "signaled",
+    }
+}
+
+/// A process's events as a Connect stream: `start{pid}`, what comes, the end-of-stream frame.
+fn listen(pid: u32, mut events: broadcast::Receiver<Value>) -> Response<Body> {
+    let frames = async_stream(move |tx: mpsc::Sender<Bytes>| async move {
+        if tx
+            .send(frame(0, &json!({"event": {"start": {"pid": pid}}})))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        loop {
+            match events.recv().await {
+                Ok(event) if event.get("error").is_some() => {
+                    let _ = tx.send(frame(0x02, &event)).await;
+                    return;
+                }
+                Ok(event) => {
+                    let last = event["event"].get("end").is_some();
+                    if tx.send(frame(0, &event)).await.is_err() {
+                        return;
+                    }
+                    if last {
+                        let _ = tx.send(frame(0x02, &json!({}))).await;
+                        return;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    let _ = tx
+                        .send(frame(
+                            0x02,
+                            &json!({"error": {"code": "resource_exhausted", "message": format!("this listener fell {n} events behind the process's output")}}),
+                        ))
+                        .await;
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => {
+                    let _ = tx.send(frame(0x02, &json!({}))).await;
+                    return;
+                }
+            }
+        }
+    });
+    stream_response(frames)
+}
+
+/// A stream fed by a task (`body` sends into it); the task ends with the stream's reader.
+fn async_stream<F, Fut>(body: F) -> mpsc::Receiver<Bytes>
+where
+    F: FnOnce(mpsc::Sender<Bytes>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(body(tx));
+    rx
+}
+
+fn pid_of(message: &Value) -> Option<u32> {
+    message["process"]["pid"]
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok())
+}
+
+/// `Connect(pid)`: the process's events from now on.
+fn connect(e2b: &E2b, uuid: Uuid, message: &Value) -> Response<Body> {
+    match pid_of(message).and_then(|pid| e2b.processes.get(uuid, pid).map(|p| (pid, p))) {
+        Some((pid, process)) => listen(pid, process.events.subscribe()),
+        None => stream_error("not_found", "no process with that pid runs in this sandbox"),
+    }
+}
+
+/// SendInput, CloseStdin, SendSignal, Update: input to a running process.
+async fn unary(e2b: &E2b, uuid: Uuid, path: &str, message: &Value) -> Response<Body> {
+    let Some(process) = pid_of(message).and_then(|pid| e2b.processes.get(uuid, pid)) else {
+        return connect_error("not_found", "no process with that pid runs in this sandbox");
+    };
+    let input = match path {
+        "/process.Process/SendInput" => {
+            let data = message["input"]["stdin"]
+                .as_str()
+                .or_else(|| message["input"]["pty"].as_str())
+                .unwrap_or("");
+            match B64.decode(data) {
+                Ok(bytes) => exec_input::Input::Stdin(bytes),
+                Err(e) => {
+                    return connect_error("invalid_argument", format!("input is not base64: {e}"));
+                }
+            }
+        }
+        "/process.Process/CloseStdin" => exec_input::Input::CloseStdin(true),
+        "/process.Process/SendSignal" => {
+            let signal = match &message["signal"] {
+                Value::String(s) if s == "SIGNAL_SIGKILL" => 9,
+                Value::String(s) if s == "SIGNAL_SIGTERM" => 15,
+                Value::Number(n) if matches!(n.as_i64(), Some(9 | 15)) => {
+                    n.as_i64().unwrap_or(9) as i32
+                }
+                other => {
+                    return connect_error(
+                        "invalid_argument",
+                        format!("signal {other} is not SIGNAL_SIGKILL or SIGNAL_SIGTERM"),
+                    );
+                }
+            };
+            exec_input::Input::Signal(signal)
+        }
+        _ => {
+            let size = &message["pty"]["size"];
+            exec_input::Input::Resize(sbx_proto::v1::TerminalSize {
+                rows: size["rows"].as_u64().unwrap_or(24) as u32,
+                cols: size["cols"].as_u64().unwrap_or(80) as u32,
+            })
+        }
+    };
+    if process.input.send(input).await.is_err() {
+        return connect_error("not_found", "the process has ended");
+    }
+    super::e2b::json_response(StatusCode::OK, &json!({}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_round_trip_and_bad_ones_are_refused() {
+        let one = frame(0, &json!({"a": 1}));
+        let end = frame(0x02, &json!({}));
+        let both = [one.as_ref(), end.as_ref()].concat();
+        assert_eq!(unframe(&both).unwrap(), vec![json!({"a": 1})]);
+        assert!(unframe(&one[..3]).is_err());
+        assert!(unframe(&one[..one.len() - 1]).is_err());
+        let mut compressed = one.to_vec();
+        compressed[0] = 1;
+        assert!(unframe(&compressed).is_err());
+        let mut not_json = frame(0, &json!("x")).to_vec();
+        not_json[5] = b'{';
+        assert!(unframe(&not_json).is_err());
+    }
+
+    #[test]
+    fn ends_say_the_exit_as_envd_does() {
+        let exit = |code, signal| sbx_proto::v1::ExecExit {
+            code,
+            signal,
+            timed_out: false,
+        };
+        assert_eq!(
+            end_event(&exit(0, 0)),
+            json!({"event": {"end": {"exitCode": 0, "exited": true, "status": "exit status 0"}}})
+        );
+        assert_eq!(
+            end_event(&exit(3, 0))["event"]["end"]["error"],
+            "exit status 3"
+        );
+        let killed = end_event(&exit(-1, 9));
+        assert_eq!(killed["event"]["end"]["exitCode"], -1);
+        assert_eq!(killed["event"]["end"]["status"], "signal: killed");
+    }
+}
