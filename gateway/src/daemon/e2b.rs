@@ -615,7 +615,7 @@ async fn connect(
 }
 
 /// `k=v&k2=v2` with each part percent-decoded (`+` a space).
-fn form_pairs(query: &str) -> Vec<(String, String)> {
+pub(super) fn form_pairs(query: &str) -> Vec<(String, String)> {
     query
         .split('&')
         .filter(|p| !p.is_empty())

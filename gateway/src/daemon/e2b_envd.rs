@@ -236,6 +236,9 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
             "the sandbox's access token (X-Access-Token) is missing or wrong",
         );
     }
+    if path == "/files" {
+        return files(e2b, uuid, req).await;
+    }
     let streaming = req
         .headers()
         .get(hyper::header::CONTENT_TYPE)
@@ -282,6 +285,11 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         | "/process.Process/CloseStdin"
         | "/process.Process/SendSignal"
         | "/process.Process/Update" => unary(e2b, uuid, &path, &message).await,
+        "/filesystem.Filesystem/Stat"
+        | "/filesystem.Filesystem/ListDir"
+        | "/filesystem.Filesystem/MakeDir"
+        | "/filesystem.Filesystem/Move"
+        | "/filesystem.Filesystem/Remove" => filesystem(e2b, uuid, &path, &message).await,
         _ => connect_error("unimplemented", format!("{path} is not served here")),
     }
 }
@@ -555,6 +563,335 @@ async fn unary(e2b: &E2b, uuid: Uuid, path: &str, message: &Value) -> Response<B
     super::e2b::json_response(StatusCode::OK, &json!({}))
 }
 
+// ---------------------------------------------------------------------------------------------
+// Files: each operation is a short script run as an exec in the sandbox (its own userland's
+// `stat`, `find`, `mkdir`, `mv`, `rm`, `cat`), relative paths resolved against the exec's
+// `$HOME`. Its exit status says which refusal it was.
+
+/// The largest upload one `/files` POST takes (the SDK sends a file in one request).
+const MAX_UPLOAD: u64 = 1 << 30;
+
+/// The exit statuses the scripts use: not found, not a directory (or a directory where a
+/// file is wanted), already exists.
+const NOT_FOUND: i32 = 44;
+const NOT_A_DIRECTORY: i32 = 45;
+const EXISTS: i32 = 46;
+
+/// Every script's start: `$p` is `$1` made absolute against `$HOME` (or `/`); `entry PATH`
+/// prints `PATH|TYPE|SIZE|MODE|PERMISSIONS|OWNER|GROUP|MTIME`.
+const PRELUDE: &str = r#"cd "$HOME" 2>/dev/null || cd /
+abs() { case "$1" in /*) printf '%s' "$1";; *) printf '%s/%s' "${PWD%/}" "$1";; esac; }
+p=$(abs "$1")
+entry() { printf '%s|' "$1"; stat -c '%F|%s|%a|%A|%U|%G|%Y' -- "$1"; }
+"#;
+
+/// What a script answered: exit status, stdout, stderr.
+struct Ran {
+    code: i32,
+    stdout: Vec<u8>,
+    stderr: String,
+}
+
+/// Runs `body` (after [`PRELUDE`]) with `args` in the sandbox, `stdin` as its input.
+async fn script(
+    e2b: &E2b,
+    uuid: Uuid,
+    body: &str,
+    args: &[&str],
+    stdin: Option<Bytes>,
+) -> Result<Ran, sbx_actors::ActorError> {
+    let mut command = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("{PRELUDE}{body}"),
+        "sh".to_string(),
+    ];
+    command.extend(args.iter().map(|a| a.to_string()));
+    let (tx, rx) = mpsc::channel::<exec_input::Input>(8);
+    let feeding = stdin.is_some();
+    match stdin {
+        Some(data) => {
+            tokio::spawn(async move {
+                for piece in data.chunks(64 * 1024) {
+                    if tx
+                        .send(exec_input::Input::Stdin(piece.to_vec()))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                let _ = tx.send(exec_input::Input::CloseStdin(true)).await;
+            });
+        }
+        None => drop(tx),
+    }
+    let opts = ExecOptions {
+        stdin: feeding,
+        ..Default::default()
+    };
+    let mut output = e2b
+        .gateway
+        .exec_io(
+            &SandboxSelector::Id(uuid),
+            command,
+            opts,
+            Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        )
+        .await?;
+    let (mut stdout, mut stderr, mut code) = (Vec::new(), Vec::new(), -1);
+    while let Some(chunk) = output.next().await {
+        match chunk?.chunk {
+            Some(exec_output::Chunk::Stdout(b)) => stdout.extend(b),
+            Some(exec_output::Chunk::Stderr(b)) => stderr.extend(b),
+            Some(exec_output::Chunk::Exit(exit)) => code = exit.code,
+            None => {}
+        }
+    }
+    Ok(Ran {
+        code,
+        stdout,
+        stderr: String::from_utf8_lossy(&stderr).trim().to_string(),
+    })
+}
+
+/// An `entry` line as an `EntryInfo` (the path may hold `|`: the fields are split from the
+/// right).
+fn entry_info(line: &str) -> Option<Value> {
+    let mut fields: Vec<&str> = line.rsplitn(8, '|').collect();
+    if fields.len() != 8 {
+        return None;
+    }
+    fields.reverse();
+    let path = fields[0];
+    let kind = match fields[1] {
+        "directory" => "FILE_TYPE_DIRECTORY",
+        "symbolic link" => "FILE_TYPE_SYMLINK",
+        t if t.contains("file") => "FILE_TYPE_FILE",
+        _ => "FILE_TYPE_UNSPECIFIED",
+    };
+    let mode = u32::from_str_radix(fields[3], 8).unwrap_or(0);
+    let mtime: u64 = fields[7].trim().parse().unwrap_or(0);
+    let name = path.rsplit('/').next().unwrap_or(path);
+    Some(json!({
+        "name": name,
+        "type": kind,
+        "path": path,
+        "size": fields[2],
+        "mode": mode,
+        "permissions": fields[4],
+        "owner": fields[5],
+        "group": fields[6],
+        "modifiedTime": sbx_agent::log::rfc3339_nanos(
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime)
+        ),
+    }))
+}
+
+/// A script's refusal as a Connect error.
+fn refused(ran: &Ran, path: &str) -> Response<Body> {
+    match ran.code {
+        NOT_FOUND => connect_error("not_found", format!("path '{path}' does not exist")),
+        NOT_A_DIRECTORY => connect_error(
+            "invalid_argument",
+            format!("path '{path}' is not a directory"),
+        ),
+        EXISTS => connect_error("already_exists", format!("path '{path}' already exists")),
+        _ => connect_error("internal", format!("{path}: {}", ran.stderr)),
+    }
+}
+
+/// Stat, ListDir, MakeDir, Move, Remove.
+async fn filesystem(e2b: &E2b, uuid: Uuid, rpc: &str, message: &Value) -> Response<Body> {
+    let text = |field: &str| message[field].as_str().unwrap_or("").to_string();
+    let (body, args, key): (&str, Vec<String>, &str) = match rpc {
+        "/filesystem.Filesystem/Stat" => (
+            r#"[ -e "$p" ] || [ -L "$p" ] || exit 44; entry "$p""#,
+            vec![text("path")],
+            "entry",
+        ),
+        "/filesystem.Filesystem/ListDir" => {
+            let depth = message["depth"].as_u64().unwrap_or(1).clamp(1, 64);
+            (
+                r#"[ -e "$p" ] || exit 44; [ -d "$p" ] || exit 45
+find "$p" -mindepth 1 -maxdepth "$2" | while IFS= read -r f; do entry "$f"; done"#,
+                vec![text("path"), depth.to_string()],
+                "entries",
+            )
+        }
+        "/filesystem.Filesystem/MakeDir" => (
+            r#"[ -e "$p" ] && exit 46; mkdir -p -- "$p" && entry "$p""#,
+            vec![text("path")],
+            "entry",
+        ),
+        "/filesystem.Filesystem/Move" => (
+            r#"[ -e "$p" ] || [ -L "$p" ] || exit 44; d=$(abs "$2")
+mkdir -p -- "$(dirname -- "$d")" && mv -- "$p" "$d" && entry "$d""#,
+            vec![text("source"), text("destination")],
+            "entry",
+        ),
+        _ => (
+            r#"[ -e "$p" ] || [ -L "$p" ] || exit 44; rm -rf -- "$p""#,
+            vec![text("path")],
+            "",
+        ),
+    };
+    if args[0].is_empty() {
+        return connect_error("invalid_argument", "a path is required");
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ran = match script(e2b, uuid, body, &refs, None).await {
+        Ok(r) => r,
+        Err(e) => return connect_error(code_of(&e), e.to_string()),
+    };
+    if ran.code != 0 {
+        return refused(&ran, &args[0]);
+    }
+    let out = String::from_utf8_lossy(&ran.stdout);
+    let entries: Vec<Value> = out.lines().filter_map(entry_info).collect();
+    let answer = match key {
+        "entries" => json!({"entries": entries}),
+        "entry" => match entries.into_iter().next() {
+            Some(e) => json!({"entry": e}),
+            None => return connect_error("internal", format!("no entry for {}", args[0])),
+        },
+        _ => json!({}),
+    };
+    super::e2b::json_response(StatusCode::OK, &answer)
+}
+
+/// A `/files` refusal: JSON `{code, message}` with its HTTP status.
+fn file_error(status: StatusCode, message: String) -> Response<Body> {
+    super::e2b::json_response(
+        status,
+        &json!({"code": status.as_u16(), "message": message}),
+    )
+}
+
+/// `GET /files?path=P` (the file's bytes) and `POST /files[?path=P]` (multipart: each `file`
+/// part written to its path, the query's or the part's filename).
+async fn files(e2b: &E2b, uuid: Uuid, req: Request<Incoming>) -> Response<Body> {
+    let query: HashMap<String, String> = req
+        .uri()
+        .query()
+        .map(|q| super::e2b::form_pairs(q).into_iter().collect())
+        .unwrap_or_default();
+    let path = query.get("path").cloned().unwrap_or_default();
+    if req.method() == hyper::Method::GET {
+        return download(e2b, uuid, &path).await;
+    }
+    let boundary = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|c| multer::parse_boundary(c).ok());
+    let Some(boundary) = boundary else {
+        return file_error(
+            StatusCode::BAD_REQUEST,
+            "an upload is multipart/form-data with `file` parts".into(),
+        );
+    };
+    let stream = http_body_util::BodyStream::new(req.into_body()).filter_map(|frame| async move {
+        match frame {
+            Ok(f) => f.into_data().ok().map(Ok::<Bytes, hyper::Error>),
+            Err(e) => Some(Err(e)),
+        }
+    });
+    let constraints =
+        multer::Constraints::new().size_limit(multer::SizeLimit::new().whole_stream(MAX_UPLOAD));
+    let mut multipart = multer::Multipart::with_constraints(stream, boundary, constraints);
+    let mut written = Vec::new();
+    loop {
+        let field = match multipart.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return file_error(StatusCode::BAD_REQUEST, format!("the upload: {e}")),
+        };
+        let target = if path.is_empty() {
+            field.file_name().unwrap_or("").to_string()
+        } else {
+            path.clone()
+        };
+        if target.is_empty() {
+            return file_error(StatusCode::BAD_REQUEST, "a file part names no path".into());
+        }
+        let data = match field.bytes().await {
+            Ok(d) => d,
+            Err(e) => return file_error(StatusCode::BAD_REQUEST, format!("the upload: {e}")),
+        };
+        let ran = match script(
+            e2b,
+            uuid,
+            r#"[ -d "$p" ] && exit 45; mkdir -p -- "$(dirname -- "$p")" && cat > "$p" && printf '%s' "$p""#,
+            &[&target],
+            Some(data),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => return file_error(StatusCode::BAD_GATEWAY, e.to_string()),
+        };
+        if ran.code != 0 {
+            return file_error(
+                StatusCode::BAD_REQUEST,
+                format!("cannot write '{target}': {}", ran.stderr),
+            );
+        }
+        let full = String::from_utf8_lossy(&ran.stdout).to_string();
+        let name = full.rsplit('/').next().unwrap_or(&full).to_string();
+        written.push(json!({"path": full, "name": name, "type": "file"}));
+    }
+    if written.is_empty() {
+        return file_error(
+            StatusCode::BAD_REQUEST,
+            "the upload holds no file part".into(),
+        );
+    }
+    super::e2b::json_response(StatusCode::OK, &Value::Array(written))
+}
+
+/// `GET /files?path=P`: the file's bytes, or why not.
+async fn download(e2b: &E2b, uuid: Uuid, path: &str) -> Response<Body> {
+    if path.is_empty() {
+        return file_error(StatusCode::BAD_REQUEST, "path is required".into());
+    }
+    let ran = match script(
+        e2b,
+        uuid,
+        r#"[ -e "$p" ] || exit 44; [ -d "$p" ] && exit 45; cat -- "$p""#,
+        &[path],
+        None,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => return file_error(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
+    match ran.code {
+        0 => {
+            let mut r = Response::new(
+                Full::new(Bytes::from(ran.stdout))
+                    .map_err(|never| match never {})
+                    .boxed(),
+            );
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                "application/octet-stream".parse().expect("a header value"),
+            );
+            r
+        }
+        NOT_FOUND => file_error(
+            StatusCode::NOT_FOUND,
+            format!("path '{path}' does not exist"),
+        ),
+        NOT_A_DIRECTORY => file_error(
+            StatusCode::BAD_REQUEST,
+            format!("path '{path}' is a directory"),
+        ),
+        _ => file_error(StatusCode::INTERNAL_SERVER_ERROR, ran.stderr),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,6 +910,21 @@ mod tests {
         let mut not_json = frame(0, &json!("x")).to_vec();
         not_json[5] = b'{';
         assert!(unframe(&not_json).is_err());
+    }
+
+    #[test]
+    fn entries_read_as_envd_says_them() {
+        let e = entry_info("/home/a|b.txt|regular file|12|644|-rw-r--r--|root|root|0").unwrap();
+        assert_eq!(e["path"], "/home/a|b.txt");
+        assert_eq!(e["name"], "a|b.txt");
+        assert_eq!(e["type"], "FILE_TYPE_FILE");
+        assert_eq!(
+            (e["size"].clone(), e["mode"].clone()),
+            (json!("12"), json!(420))
+        );
+        let d = entry_info("/d|directory|4096|755|drwxr-xr-x|u|g|5").unwrap();
+        assert_eq!(d["type"], "FILE_TYPE_DIRECTORY");
+        assert_eq!(entry_info("garbage"), None);
     }
 
     #[test]

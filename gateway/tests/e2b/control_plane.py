@@ -100,6 +100,34 @@ except e2b.CommandExitException as e:
 check("kill of what is gone", sbx.commands.kill(bg.pid) is False)
 check("is_running", sbx.is_running() is True)
 
+# Files: write, read, list, exists, get_info, rename, make_dir, remove; 50 MB byte-exact.
+base = "/tmp/e2b-files"
+sbx.commands.run(f"rm -rf {base}")
+info_w = sbx.files.write(f"{base}/hello.txt", "hello files")
+check("files: write", info_w.path == f"{base}/hello.txt" and info_w.name == "hello.txt", info_w)
+check("files: read", sbx.files.read(f"{base}/hello.txt") == "hello files")
+names = sorted(e.name for e in sbx.files.list(base))
+check("files: list", names == ["hello.txt"], names)
+check("files: exists", sbx.files.exists(f"{base}/hello.txt") is True)
+check("files: not exists", sbx.files.exists(f"{base}/nope") is False)
+got = sbx.files.get_info(f"{base}/hello.txt")
+check("files: get_info", got.size == 11 and got.type.value == "file", got)
+moved = sbx.files.rename(f"{base}/hello.txt", f"{base}/moved.txt")
+check("files: rename", moved.path == f"{base}/moved.txt", moved)
+check("files: make_dir", sbx.files.make_dir(f"{base}/sub/deeper") is True)
+check("files: make_dir twice", sbx.files.make_dir(f"{base}/sub/deeper") is False)
+sbx.files.remove(f"{base}/moved.txt")
+check("files: remove", sbx.files.exists(f"{base}/moved.txt") is False)
+try:
+    sbx.files.read(f"{base}/nope")
+    check("files: read of what is not there", False, "read")
+except e2b.FileNotFoundException:
+    check("files: read of what is not there", True)
+big = os.urandom(50 * 1024 * 1024)
+sbx.files.write(f"{base}/big.bin", big)
+back = sbx.files.read(f"{base}/big.bin", format="bytes")
+check("files: 50 MB round trip", bytes(back) == big, len(back))
+
 # A terminal: input typed in, a resize, the output, the shell's exit; another one killed.
 from e2b import PtySize
 term = sbx.pty.create(PtySize(rows=24, cols=80))
