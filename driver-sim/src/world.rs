@@ -420,33 +420,24 @@ impl SimWorld {
     /// Pauses a running workload: its state (instance, generation, files) is kept as it is,
     /// nothing runs. A paused one is left as it is.
     pub(crate) fn pause(&self, id: Uuid) -> Result<pb::Snapshot, DriverError> {
-        let mut state = self.lock();
-        let workload = state
-            .workloads
-            .get_mut(&id)
-            .ok_or_else(|| DriverError::NotFound {
-                sandbox_id: id.to_string(),
-            })?;
-        match workload.state {
-            pb::State::Paused => {}
-            pb::State::Running => {
-                workload.state = pb::State::Paused;
-                self.append_log(id, workload, "paused".to_string());
-                self.emit(id, workload);
-            }
-            other => {
-                return Err(DriverError::FailedPrecondition(format!(
-                    "sandbox {id} is {}; only a running workload can be paused",
-                    other.as_str_name()
-                )));
-            }
-        }
-        Ok(workload.snapshot(id))
+        self.switch(id, pb::State::Running, pb::State::Paused, "paused")
     }
 
     /// Resumes a paused workload: the same instance under the same generation. A running one
     /// is left as it is.
     pub(crate) fn resume(&self, id: Uuid) -> Result<pb::Snapshot, DriverError> {
+        self.switch(id, pb::State::Paused, pb::State::Running, "resumed")
+    }
+
+    /// Moves a workload from state `from` to `to` (logged as `said`); one already in `to` is
+    /// left as it is, one in neither is refused.
+    fn switch(
+        &self,
+        id: Uuid,
+        from: pb::State,
+        to: pb::State,
+        said: &str,
+    ) -> Result<pb::Snapshot, DriverError> {
         let mut state = self.lock();
         let workload = state
             .workloads
@@ -454,19 +445,16 @@ impl SimWorld {
             .ok_or_else(|| DriverError::NotFound {
                 sandbox_id: id.to_string(),
             })?;
-        match workload.state {
-            pb::State::Running => {}
-            pb::State::Paused => {
-                workload.state = pb::State::Running;
-                self.append_log(id, workload, "resumed".to_string());
-                self.emit(id, workload);
-            }
-            other => {
-                return Err(DriverError::FailedPrecondition(format!(
-                    "sandbox {id} is {}; only a paused workload can be resumed",
-                    other.as_str_name()
-                )));
-            }
+        if workload.state == from {
+            workload.state = to;
+            self.append_log(id, workload, said.to_string());
+            self.emit(id, workload);
+        } else if workload.state != to {
+            return Err(DriverError::FailedPrecondition(format!(
+                "sandbox {id} is {}; only a {} workload can be {said}",
+                workload.state.as_str_name(),
+                from.as_str_name()
+            )));
         }
         Ok(workload.snapshot(id))
     }

@@ -300,7 +300,7 @@ async fn handle(e2b: &E2b, req: Request<Incoming>) -> Result<Response<Body>, Fai
         (Method::GET, ["v2", "sandboxes"] | ["sandboxes"]) => list(e2b, &caller, &req).await,
         (Method::GET, ["sandboxes", id]) => {
             let sandbox = sandbox_of(e2b, &caller, id, Role::Viewer).await?;
-            Ok(json_response(StatusCode::OK, &detail(e2b, &sandbox)))
+            Ok(json_response(StatusCode::OK, &detail(&sandbox)))
         }
         (Method::DELETE, ["sandboxes", id]) => {
             let sandbox = sandbox_of(e2b, &caller, id, Role::Editor).await?;
@@ -483,7 +483,7 @@ fn rfc3339(t: Option<&sbx_proto::Timestamp>) -> String {
 }
 
 /// E2B's `SandboxDetail` / `ListedSandbox` of a sandbox.
-fn detail(_e2b: &E2b, sandbox: &Sandbox) -> Value {
+fn detail(sandbox: &Sandbox) -> Value {
     let spec = sandbox.spec.clone().unwrap_or_default();
     let resources = spec.resources.unwrap_or_default();
     let state = match sandbox.phase() {
@@ -564,7 +564,7 @@ async fn list(
         .items
         .iter()
         .filter(|s| caller.sees(&s.workspace_id))
-        .map(|s| detail(e2b, s))
+        .map(detail)
         .filter(|d| states.is_empty() || states.iter().any(|w| d["state"] == json!(w)))
         .collect();
     let mut response = json_response(StatusCode::OK, &Value::Array(listed));

@@ -62,7 +62,7 @@ struct Process {
 
 impl Processes {
     fn add(&self, sandbox: Uuid, process: Process) -> (u32, Arc<Process>) {
-        let mut all = sbx_actors_locked(&self.by_sandbox);
+        let mut all = sbx_drivers::locked(&self.by_sandbox);
         let table = all.entry(sandbox).or_default();
         table.next_pid += 1;
         let pid = table.next_pid;
@@ -72,20 +72,20 @@ impl Processes {
     }
 
     fn get(&self, sandbox: Uuid, pid: u32) -> Option<Arc<Process>> {
-        sbx_actors_locked(&self.by_sandbox)
+        sbx_drivers::locked(&self.by_sandbox)
             .get(&sandbox)
             .and_then(|t| t.running.get(&pid).cloned())
     }
 
     fn remove(&self, sandbox: Uuid, pid: u32) {
-        let mut all = sbx_actors_locked(&self.by_sandbox);
+        let mut all = sbx_drivers::locked(&self.by_sandbox);
         if let Some(table) = all.get_mut(&sandbox) {
             table.running.remove(&pid);
         }
     }
 
     fn list(&self, sandbox: Uuid) -> Vec<Value> {
-        sbx_actors_locked(&self.by_sandbox)
+        sbx_drivers::locked(&self.by_sandbox)
             .get(&sandbox)
             .map(|t| {
                 let mut all: Vec<(u32, Value)> = t
@@ -104,10 +104,6 @@ impl Processes {
             })
             .unwrap_or_default()
     }
-}
-
-fn sbx_actors_locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The access token of sandbox `id`: what create and connect answer, what every call into it
