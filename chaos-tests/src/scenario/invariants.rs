@@ -57,16 +57,21 @@ async fn unsettled(h: &Harness) -> Result<Vec<String>, String> {
             }
             DesiredState::Deleted => false,
         };
-        if !ok {
+        // A ttl still ahead is not settled either: it would stop, pause or delete the sandbox
+        // in the middle of the checks (the round's ttls are seconds long, so this ends).
+        let due = sbx_actors::lifetime::next(&sb, None);
+        if !ok || due.is_some() {
             out.push(format!(
-                "{}/{} {} desired {:?} phase {:?} ({}: {})",
+                "{}/{} {} desired {:?} phase {:?} ({}: {}){}",
                 sb.workspace,
                 sb.name,
                 sb.id,
                 sb.desired_state(),
                 sb.phase(),
                 sb.reason,
-                sb.message
+                sb.message,
+                due.map(|d| format!(", {:?} due by {:?}", d.action, d.why))
+                    .unwrap_or_default()
             ));
         }
     }

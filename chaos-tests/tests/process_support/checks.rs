@@ -61,16 +61,19 @@ fn unsettled(data: &Path, sandboxes: &[Sandbox]) -> Vec<String> {
             DesiredState::Paused => s.phase() == Phase::Paused && live == 0,
             DesiredState::Deleted => false,
         };
-        if !ok {
+        // A deadline still ahead is not settled either: a ttl would stop or delete the sandbox
+        // in the middle of the checks (the round's ttls are seconds long, so this ends).
+        if !ok || s.next.is_some() {
             out.push(format!(
-                "{}/{} {} desired {:?} phase {:?} ({}: {}) workloads {live}",
+                "{}/{} {} desired {:?} phase {:?} ({}: {}) workloads {live} next {:?}",
                 s.workspace,
                 s.name,
                 s.id,
                 s.desired_state(),
                 s.phase(),
                 s.reason,
-                s.message
+                s.message,
+                s.next
             ));
         }
     }
