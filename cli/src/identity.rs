@@ -41,6 +41,10 @@ pub struct IdentityCreateArgs {
     /// No token: a client certificate with this name is its credential.
     #[arg(long)]
     pub cert_only: bool,
+    /// The token in E2B's API-key form (`e2b_` + 40 hex digits), for the E2B SDKs against
+    /// `sbxd serve --e2b-listen`; it works as any other token.
+    #[arg(long, conflicts_with = "cert_only")]
+    pub e2b: bool,
 }
 
 #[derive(Debug, Args)]
@@ -74,6 +78,7 @@ pub async fn run_identity(target: &Target, cmd: IdentityCommand) -> Result<u8, C
                     workspaces: args.workspaces,
                     ttl_seconds: args.ttl.unwrap_or(0),
                     cert_only: args.cert_only,
+                    e2b_key: args.e2b,
                 })
                 .await?
                 .into_inner();

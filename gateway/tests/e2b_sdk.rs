@@ -32,12 +32,15 @@ fn python() -> PathBuf {
     path
 }
 
-fn token(data: &Path, name: &str, role: &str, workspace: Option<&str>) -> String {
+fn token(data: &Path, name: &str, role: &str, workspace: Option<&str>, e2b: bool) -> String {
     let mut command = Command::new(SBXD);
     command
         .args(["token", "create", "--data-dir"])
         .arg(data)
         .args(["--name", name, "--role", role]);
+    if e2b {
+        command.arg("--e2b");
+    }
     if let Some(w) = workspace {
         command.args(["--workspace", w]);
     }
@@ -84,7 +87,7 @@ fn the_e2b_python_sdk_drives_sbx_unmodified() {
             &e2b_arg,
         ],
     );
-    let admin = token(data.path(), "admin", "admin", None);
+    let admin = token(data.path(), "admin", "admin", None, false);
     let ep = d.endpoint();
     for ws in ["a", "b"] {
         let made = run_bounded(
@@ -96,8 +99,12 @@ fn the_e2b_python_sdk_drives_sbx_unmodified() {
         );
         assert_eq!(made.code, 0, "{made:?}");
     }
-    let key_a = token(data.path(), "agent-a", "editor", Some("a"));
-    let key_b = token(data.path(), "agent-b", "editor", Some("b"));
+    // Keys in E2B's form (`--e2b`): `e2b_` and 40 hex digits, as the SDKs and tools expect.
+    let key_a = token(data.path(), "agent-a", "editor", Some("a"), true);
+    let key_b = token(data.path(), "agent-b", "editor", Some("b"), true);
+    for key in [&key_a, &key_b] {
+        assert!(key.starts_with("e2b_") && key.len() == 44, "{key}");
+    }
     let addr = std::fs::read_to_string(&e2b_file)
         .unwrap()
         .trim()

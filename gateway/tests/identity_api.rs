@@ -70,6 +70,7 @@ async fn an_admin_makes_and_revokes_identities_over_the_api() {
                 workspaces: vec!["default".into()],
                 ttl_seconds: 3600,
                 cert_only: false,
+                e2b_key: false,
             },
             &root,
         ))
@@ -95,6 +96,32 @@ async fn an_admin_makes_and_revokes_identities_over_the_api() {
     assert_eq!(names, ["root", "team-admin", "reader"]);
     let file = std::fs::read_to_string(data.path().join("auth/identities.json")).unwrap();
     assert!(!file.contains(&made.token[4..]));
+
+    // A token in E2B's API-key form, for the E2B SDKs: a token like any other.
+    let agent = ids
+        .create_identity(with_token(
+            CreateIdentityRequest {
+                name: "agent".into(),
+                role: "viewer".into(),
+                workspaces: vec!["default".into()],
+                e2b_key: true,
+                ..Default::default()
+            },
+            &root,
+        ))
+        .await
+        .expect("create an identity with an E2B key")
+        .into_inner();
+    let key = &agent.token;
+    assert!(
+        key.len() == 44
+            && key.starts_with("e2b_")
+            && key[4..].chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')),
+        "{key}"
+    );
+    assert_eq!(list_default(&channel, key).await, Ok(0));
+    let file = std::fs::read_to_string(data.path().join("auth/identities.json")).unwrap();
+    assert!(!file.contains(&key[4..]));
 
     // Not for a workspace-scoped admin, nor a viewer, nor without a credential.
     for (who, token) in [("team-admin", &team_admin), ("reader", &made.token)] {

@@ -456,10 +456,10 @@ fn bearer(headers: &http::HeaderMap) -> Result<Option<&str>, Status> {
         .trim();
     if token.is_empty()
         || token.len() > tokens::MAX_TOKEN_BYTES
-        || !token.starts_with(tokens::TOKEN_PREFIX)
+        || !(token.starts_with(tokens::TOKEN_PREFIX) || token.starts_with(tokens::E2B_TOKEN_PREFIX))
     {
         return Err(Status::unauthenticated(
-            "the bearer token is malformed (sbx tokens begin with sbx_)",
+            "the bearer token is malformed (sbx tokens begin with sbx_, or e2b_ in E2B's key form)",
         ));
     }
     Ok(Some(token))

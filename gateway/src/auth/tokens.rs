@@ -40,6 +40,10 @@ const FORMAT: u32 = 2;
 /// What every token begins with, so that one is recognised in a leak scan.
 pub const TOKEN_PREFIX: &str = "sbx_";
 
+/// What a token made in E2B's API-key form begins with (`--e2b`): `e2b_` and 40 hex digits
+/// (20 random bytes), the form E2B's SDKs and tools take for a key.
+pub const E2B_TOKEN_PREFIX: &str = "e2b_";
+
 /// The longest bearer token looked at; anything longer is malformed.
 pub const MAX_TOKEN_BYTES: usize = 256;
 
@@ -221,6 +225,8 @@ pub struct NewIdentity {
     pub ttl: Option<Duration>,
     /// Also a token (else the identity is for a client certificate only).
     pub with_token: bool,
+    /// The token in E2B's API-key form (`e2b_` + 40 hex digits) rather than sbx's.
+    pub e2b: bool,
 }
 
 /// Adds an identity; returns its token (once: only its hash is kept).
@@ -238,9 +244,15 @@ pub fn create(data: &Path, new: &NewIdentity) -> Result<Option<String>, TokenErr
         }
     }
     let token = new.with_token.then(|| {
-        let mut bytes = [0u8; 32];
-        rand::fill(&mut bytes);
-        format!("{TOKEN_PREFIX}{}", hex::encode(bytes))
+        if new.e2b {
+            let mut bytes = [0u8; 20];
+            rand::fill(&mut bytes);
+            format!("{E2B_TOKEN_PREFIX}{}", hex::encode(bytes))
+        } else {
+            let mut bytes = [0u8; 32];
+            rand::fill(&mut bytes);
+            format!("{TOKEN_PREFIX}{}", hex::encode(bytes))
+        }
     });
     edit(data, |file| {
         if file.identities.iter().any(|i| i.name == new.name) {
@@ -434,6 +446,7 @@ mod tests {
                 .collect(),
             ttl,
             with_token: true,
+            e2b: false,
         }
     }
 
@@ -500,6 +513,20 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(token.starts_with(TOKEN_PREFIX) && token.len() == 4 + 64);
+        // E2B's key form: found by itself the same way.
+        let mut e2b = new("agent", Role::Editor, &["a"], None);
+        e2b.e2b = true;
+        let key = create(data.path(), &e2b).unwrap().unwrap();
+        assert!(
+            key.starts_with(E2B_TOKEN_PREFIX) && key.len() == 4 + 40,
+            "{key}"
+        );
+        assert!(
+            key[4..]
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_eq!(ids.by_token(&key).unwrap().unwrap().name, "agent");
         let stored = std::fs::read_to_string(file_path(data.path())).unwrap();
         assert!(!stored.contains(&token[4..]), "the token itself is stored");
         let mode = std::fs::metadata(file_path(data.path()))

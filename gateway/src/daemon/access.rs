@@ -44,6 +44,10 @@ pub struct TokenCreateArgs {
     /// No token: the identity is for a client certificate (mutual TLS) with this name only.
     #[arg(long)]
     pub cert_only: bool,
+    /// Print the token in E2B's API-key form (`e2b_` + 40 hex digits) for the E2B SDKs
+    /// (`sbxd serve --e2b-listen`): give it as E2B_API_KEY. It works as any other token.
+    #[arg(long, conflicts_with = "cert_only")]
+    pub e2b: bool,
     #[command(flatten)]
     pub data: DataDirArg,
 }
@@ -227,6 +231,7 @@ pub fn run_token(command: TokenCommand) -> ExitCode {
                 workspace_ids: BTreeMap::new(),
                 ttl: args.ttl,
                 with_token: !args.cert_only,
+                e2b: args.e2b,
             };
             let token = tokens::create(&data, &new).map_err(|e| e.to_string())?;
             let scope = if new.workspaces.is_empty() {

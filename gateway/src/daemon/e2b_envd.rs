@@ -38,6 +38,13 @@ use super::e2b::{Body, E2b};
 /// The largest request the daemon API reads (a SendInput's bytes, base64).
 const MAX_REQUEST: usize = 8 << 20;
 
+/// The in-sandbox daemon's port: `E2b-Sandbox-Port` names it (or nothing does) for the calls
+/// served here; any other port is a server inside the sandbox.
+pub const ENVD_PORT: u32 = 49983;
+
+/// E2B's header for the token of a sandbox's other ports.
+const TRAFFIC_TOKEN: &str = "e2b-traffic-access-token";
+
 /// Events kept for a slow listener of one process before it lags (and is ended).
 const EVENT_BUFFER: usize = 4096;
 
@@ -215,14 +222,52 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         Ok(s) => s,
         Err(_) => return gone(id),
     };
-    let token = req
-        .headers()
-        .get("x-access-token")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
     let expected = access_token(e2b, &sandbox.id);
-    let authorized: bool =
-        subtle::ConstantTimeEq::ct_eq(token.as_bytes(), expected.as_bytes()).into();
+    let authorized = |header: &str| -> bool {
+        let token = req
+            .headers()
+            .get(header)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        subtle::ConstantTimeEq::ct_eq(token.as_bytes(), expected.as_bytes()).into()
+    };
+    let port = match req.headers().get("e2b-sandbox-port") {
+        None => ENVD_PORT,
+        Some(v) => match v.to_str().ok().and_then(|p| p.trim().parse::<u16>().ok()) {
+            Some(p) if p > 0 => u32::from(p),
+            _ => {
+                return super::e2b::json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"code": 400, "message": "E2b-Sandbox-Port is not a TCP port (1-65535)"}),
+                );
+            }
+        },
+    };
+    if port != ENVD_PORT {
+        // A server in the sandbox: reached by who holds the sandbox's access token (as the
+        // SDK's X-Access-Token, or E2B's traffic token header), never by anyone who can guess
+        // an id. Neither token goes on into the sandbox.
+        if !(authorized("x-access-token") || authorized(TRAFFIC_TOKEN)) {
+            return super::e2b::json_response(
+                StatusCode::UNAUTHORIZED,
+                &json!({"code": 401, "message": format!(
+                    "port {port} of sandbox {id} wants the sandbox's access token \
+                     (X-Access-Token or {TRAFFIC_TOKEN})"
+                )}),
+            );
+        }
+        let mut req = req;
+        for header in [
+            "x-access-token",
+            TRAFFIC_TOKEN,
+            "e2b-sandbox-id",
+            "e2b-sandbox-port",
+        ] {
+            req.headers_mut().remove(header);
+        }
+        return super::service_routes::forward(&e2b.gateway, uuid, port, req).await;
+    }
+    let authorized = authorized("x-access-token");
     if path == "/health" {
         return health(&sandbox, id);
     }

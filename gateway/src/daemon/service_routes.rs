@@ -137,10 +137,23 @@ async fn route(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
             return text(status, e.to_string());
         }
     };
+    forward(gateway, target.sandbox_id, target.port, req).await
+}
+
+/// `req` sent to `port` of sandbox `sandbox_id` over a fresh forwarded connection (the
+/// driver's port-forward, as `sbx port-forward` uses), and the sandbox's answer; 502 when the
+/// sandbox is not Ready or nothing answers on the port. Also how the E2B listener reaches a
+/// sandbox's ports (`E2b-Sandbox-Port`).
+pub(super) async fn forward(
+    gateway: &Gateway,
+    sandbox_id: uuid::Uuid,
+    port: u32,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Input>(16);
     let input: ForwardInputs = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
     let output = match gateway
-        .port_forward(&SandboxSelector::Id(target.sandbox_id), target.port, input)
+        .port_forward(&SandboxSelector::Id(sandbox_id), port, input)
         .await
     {
         Ok(o) => o,
@@ -171,10 +184,7 @@ async fn route(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
         Ok(response) => response.map(|b| b.map_err(Into::into).boxed()),
         Err(e) => text(
             StatusCode::BAD_GATEWAY,
-            format!(
-                "port {} of sandbox {} did not answer the request: {e}",
-                target.port, target.sandbox_id
-            ),
+            format!("port {port} of sandbox {sandbox_id} did not answer the request: {e}"),
         ),
     }
 }

@@ -97,6 +97,7 @@ impl IdentityService for SbxService {
             workspace_ids,
             ttl: (req.ttl_seconds > 0).then(|| Duration::from_secs(req.ttl_seconds)),
             with_token: !req.cert_only,
+            e2b: req.e2b_key,
         };
         let data = self.identities_dir()?.to_path_buf();
         let made = new.clone();

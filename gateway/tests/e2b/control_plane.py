@@ -100,6 +100,31 @@ except e2b.CommandExitException as e:
 check("kill of what is gone", sbx.commands.kill(bg.pid) is False)
 check("is_running", sbx.is_running() is True)
 
+# A server inside the sandbox, reached through E2b-Sandbox-Port with the sandbox's token.
+import httpx
+
+sbx.commands.run("mkdir -p /tmp/site && echo served-from-inside > /tmp/site/index.html")
+server = sbx.commands.run(
+    "cd /tmp/site && exec python3 -m http.server 8123 --bind 127.0.0.1", background=True
+)
+port_headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8123"}
+url = os.environ["E2B_SANDBOX_URL"] + "/index.html"
+answer = None
+for _ in range(50):
+    answer = httpx.get(url, headers={**port_headers, "X-Access-Token": sbx._envd_access_token})
+    if answer.status_code == 200:
+        break
+    time.sleep(0.2)
+check("port: served from inside", answer.text == "served-from-inside\n", (answer.status_code, answer.text))
+refused = httpx.get(url, headers=port_headers)
+check("port: refused without the sandbox's token", refused.status_code == 401, refused.status_code)
+nothing = httpx.get(
+    url,
+    headers={**port_headers, "E2b-Sandbox-Port": "8124", "X-Access-Token": sbx._envd_access_token},
+)
+check("port: nothing listening is 502", nothing.status_code == 502, nothing.status_code)
+check("port: server stopped", sbx.commands.kill(server.pid) is True)
+
 # Files: write, read, list, exists, get_info, rename, make_dir, remove; 50 MB byte-exact.
 base = "/tmp/e2b-files"
 sbx.commands.run(f"rm -rf {base}")
