@@ -298,6 +298,10 @@ async fn handle(e2b: &E2b, req: Request<Incoming>) -> Result<Response<Body>, Fai
     match (method, parts.as_slice()) {
         (Method::POST, ["sandboxes"] | ["v2", "sandboxes"]) => create(e2b, &caller, req).await,
         (Method::GET, ["v2", "sandboxes"] | ["sandboxes"]) => list(e2b, &caller, &req).await,
+        (Method::GET, ["sandboxes", id, "metrics"]) => {
+            let sandbox = sandbox_of(e2b, &caller, id, Role::Viewer).await?;
+            metrics(e2b, &sandbox, req.uri().query().unwrap_or("")).await
+        }
         (Method::GET, ["sandboxes", id]) => {
             let sandbox = sandbox_of(e2b, &caller, id, Role::Viewer).await?;
             Ok(json_response(StatusCode::OK, &detail(&sandbox)))
@@ -355,6 +359,11 @@ async fn create(
     caller: &Caller,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Failure> {
+    let idempotency = req
+        .headers()
+        .get("idempotency-key")
+        .map(|v| v.as_bytes().to_vec())
+        .filter(|k| !k.is_empty());
     let new: NewSandbox = body_json(req).await?;
     let workspace = workspace_of(caller)?;
     let ws_name = workspace.clone().unwrap_or_else(|| "default".to_string());
@@ -391,15 +400,44 @@ async fn create(
         }),
         ..Default::default()
     };
-    let name = format!("e2b-{}", &Uuid::new_v4().simple().to_string()[..12]);
-    let created = e2b
+    // A create with an Idempotency-Key (the SDKs retry creates on 429 and 5xx) is named by the
+    // key and the caller: a retry meets the name the first one took, in the workspace's own
+    // supervisor, and is answered that sandbox instead of making a second.
+    let name = match &idempotency {
+        Some(key) => idempotent_name(&caller.name, key),
+        None => format!("e2b-{}", &Uuid::new_v4().simple().to_string()[..12]),
+    };
+    let created = match e2b
         .gateway
         .create_sandbox(Some(&ws_name), &name, spec)
-        .await?;
+        .await
+    {
+        Ok(created) => created,
+        Err(ActorError::NameTaken { .. }) if idempotency.is_some() => {
+            e2b.gateway
+                .get_sandbox(&SandboxSelector::Name {
+                    workspace: Some(ws_name.clone()),
+                    name: name.clone(),
+                })
+                .await?
+        }
+        Err(e) => return Err(e.into()),
+    };
     let ready = ready(e2b, &created).await?;
     let mut answer = sandbox_answer(e2b, &ready, &template);
     answer["alias"] = json!(template);
     Ok(json_response(StatusCode::CREATED, &answer))
+}
+
+/// The name of the sandbox a create with Idempotency-Key `key` from `caller` makes: the same
+/// for the same pair, and no other pair's (a SHA-256 of both, 20 hex digits).
+fn idempotent_name(caller: &str, key: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(caller.as_bytes());
+    h.update([0u8]);
+    h.update(key);
+    format!("e2b-idem-{}", &hex::encode(h.finalize())[..20])
 }
 
 /// A label value for a template name (an image reference holds `/`, `:` and `@`).
@@ -518,6 +556,87 @@ fn detail(sandbox: &Sandbox) -> Value {
         "state": state,
         "metadata": metadata,
     })
+}
+
+/// `GET /sandboxes/{id}/metrics?start=&end=` (unix seconds): the samples the gateway kept of
+/// the sandbox's usage (`sbxd serve --stats-interval`, as `sbx sandbox stats --history`) and
+/// one read now, those between `start` and `end`, oldest first, in E2B's `SandboxMetric`
+/// form. CPU is counted against the sandbox's CPU limit, else the machine's cores; memory
+/// against its limit, else the machine's memory. Page cache is not read (`memCache` 0).
+async fn metrics(e2b: &E2b, sandbox: &Sandbox, query: &str) -> Result<Response<Body>, Failure> {
+    let pairs: HashMap<String, String> = form_pairs(query).into_iter().collect();
+    let bound = |name: &str| -> Result<Option<u64>, Failure> {
+        pairs
+            .get(name)
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| {
+                    Failure::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("{name} is a time in unix seconds, not {v:?}"),
+                    )
+                })
+            })
+            .transpose()
+    };
+    let (start, end) = (bound("start")?, bound("end")?);
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    // Everything kept unless a start says how far back.
+    let history = Duration::from_secs(start.map_or(7 * 86_400, |s| now.saturating_sub(s) + 1));
+    let stats = e2b
+        .gateway
+        .sandbox_stats(&selector(sandbox)?, history)
+        .await?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let memory = host_memory_bytes();
+    let samples: Vec<Value> = stats
+        .history
+        .iter()
+        .chain(stats.current.iter())
+        .filter_map(|s| {
+            let at = s.time.as_ref()?;
+            let secs = u64::try_from(at.seconds).ok()?;
+            if start.is_some_and(|b| secs < b) || end.is_some_and(|b| secs > b) {
+                return None;
+            }
+            let cpu_count = if s.cpu_limit_cores > 0.0 {
+                s.cpu_limit_cores.ceil() as u64
+            } else {
+                cores
+            };
+            let mem_total = if s.memory_limit_bytes > 0 {
+                s.memory_limit_bytes
+            } else {
+                memory
+            };
+            Some(json!({
+                "timestamp": rfc3339(Some(at)),
+                "timestampUnix": secs,
+                "cpuCount": cpu_count,
+                "cpuUsedPct": (s.cpu_cores / cpu_count as f64 * 100.0).clamp(0.0, 100.0),
+                "memUsed": s.memory_bytes,
+                "memTotal": mem_total,
+                "memCache": 0,
+                "diskUsed": s.disk_used_bytes,
+                "diskTotal": s.disk_limit_bytes,
+            }))
+        })
+        .collect();
+    Ok(json_response(StatusCode::OK, &Value::Array(samples)))
+}
+
+/// The machine's memory (`MemTotal` of /proc/meminfo), 0 when it cannot be read.
+fn host_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
 }
 
 /// `GET /v2/sandboxes`: the caller's sandboxes, by `metadata` (`k=v&k2=v2`, each part

@@ -30,6 +30,18 @@ check("get_info metadata", info.metadata == {"sandbox_test_id": "sdk-1"}, info.m
 ahead = (info.end_at - info.started_at).total_seconds()
 check("get_info end_at is the timeout", 110 <= ahead <= 130, ahead)
 
+# A create retried with the same Idempotency-Key is the same sandbox; another key another.
+once = Sandbox.create(idempotency_key="retry-1", timeout=60, api_key=KEY_A)
+twice = Sandbox.create(idempotency_key="retry-1", timeout=60, api_key=KEY_A)
+check("idempotent create", once.sandbox_id == twice.sandbox_id, (once.sandbox_id, twice.sandbox_id))
+third = Sandbox.create(idempotency_key="retry-2", timeout=60, api_key=KEY_A)
+check("another key, another sandbox", third.sandbox_id != once.sandbox_id)
+check("idempotent sandboxes killed", once.kill() and third.kill())
+
+# Usage samples: at least the one read now, in E2B's form.
+samples = sbx.get_metrics()
+check("metrics", len(samples) >= 1 and samples[-1].cpu_count >= 1 and samples[-1].mem_used > 0, samples)
+
 # List, filtered by metadata, and paged.
 other = Sandbox.create(metadata={"sandbox_test_id": "sdk-2"}, timeout=120, api_key=KEY_A)
 listed = Sandbox.list(query=SandboxQuery(metadata={"sandbox_test_id": "sdk-1"}), api_key=KEY_A)
