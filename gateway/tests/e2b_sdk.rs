@@ -11,6 +11,7 @@
 //! e2b==2.63.0`).
 
 mod common;
+mod vm_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -49,6 +50,28 @@ fn token(data: &Path, name: &str, role: &str, workspace: Option<&str>, e2b: bool
     made.stdout.lines().last().unwrap_or_default().to_string()
 }
 
+/// sbxd on `driver` with token authentication and its E2B listener on a free loopback port
+/// (`extra` adds flags); answers it and the listener's host:port.
+fn e2b_sbxd(data: &Path, driver: &str, extra: &[&str]) -> (Sbxd, String) {
+    let e2b_file = data.join("e2b-addr");
+    let e2b_arg = e2b_file.display().to_string();
+    let mut args = vec![
+        "--auth",
+        "token",
+        "--e2b-listen",
+        "127.0.0.1:0",
+        "--e2b-addr-file",
+        &e2b_arg,
+    ];
+    args.extend_from_slice(extra);
+    let d = Sbxd::start(data, driver, &args);
+    let addr = std::fs::read_to_string(&e2b_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    (d, addr)
+}
+
 /// One raw HTTP/1.1 request to `addr`; answers (status, body).
 fn raw(addr: &str, request: &[u8]) -> (u16, String) {
     use std::io::{Read, Write};
@@ -73,20 +96,7 @@ fn raw(addr: &str, request: &[u8]) -> (u16, String) {
 fn the_e2b_python_sdk_drives_sbx_unmodified() {
     let python = python();
     let data = DataDir::new();
-    let e2b_file = data.path().join("e2b-addr");
-    let e2b_arg = e2b_file.display().to_string();
-    let d = Sbxd::start(
-        data.path(),
-        "process",
-        &[
-            "--auth",
-            "token",
-            "--e2b-listen",
-            "127.0.0.1:0",
-            "--e2b-addr-file",
-            &e2b_arg,
-        ],
-    );
+    let (d, addr) = e2b_sbxd(data.path(), "process", &[]);
     let admin = token(data.path(), "admin", "admin", None, false);
     let ep = d.endpoint();
     for ws in ["a", "b"] {
@@ -105,10 +115,6 @@ fn the_e2b_python_sdk_drives_sbx_unmodified() {
     for key in [&key_a, &key_b] {
         assert!(key.starts_with("e2b_") && key.len() == 44, "{key}");
     }
-    let addr = std::fs::read_to_string(&e2b_file)
-        .unwrap()
-        .trim()
-        .to_string();
     let url = format!("http://{addr}");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/control_plane.py");
     let run = run_bounded(
@@ -241,4 +247,112 @@ fn the_e2b_python_sdk_drives_sbx_unmodified() {
     );
     assert_eq!(listed.code, 0, "{listed:?}");
     let _ = sbx;
+}
+
+/// `pause` and `connect` through the SDK on the vm driver, which pauses: the sandbox is listed
+/// paused, is not running, pauses only once, and `connect` resumes it with its memory (a file
+/// in the guest's /tmp) kept (`tests/e2b/paused.py`).
+#[test]
+fn the_e2b_sdk_pauses_a_vm_sandbox_and_connect_resumes_it_with_its_memory() {
+    vm_support::require_vm_tools();
+    let python = python();
+    let data = DataDir::new();
+    let _reaper = vm_support::QemuReaper(data.path().to_path_buf());
+    let cache = vm_support::asset_cache().display().to_string();
+    let (d, addr) = e2b_sbxd(
+        data.path(),
+        "vm",
+        &[
+            "--vm-asset-cache",
+            &cache,
+            "--vm-boot-timeout",
+            vm_support::BOOT_TIMEOUT_SECS,
+        ],
+    );
+    let key = token(data.path(), "agent", "editor", Some("default"), true);
+    let url = format!("http://{addr}");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/paused.py");
+    let run = run_bounded(
+        Command::new(&python)
+            .arg(&script)
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            .env("E2B_API_KEY", &key)
+            .env_remove("E2B_DEBUG"),
+        "the E2B SDK pause script",
+    );
+    eprintln!("{}{}", run.stdout, run.stderr);
+    assert_eq!(run.code, 0, "sbxd log:\n{}", d.log_text());
+    assert!(run.stdout.ends_with("done\n"), "{run:?}");
+}
+
+/// The E2B listener over TLS (`--e2b-tls-cert`, a certificate for `api.DOMAIN`, `*.DOMAIN`
+/// and 127.0.0.1) with `--e2b-domain`: the unmodified SDK works over https trusting the
+/// test's CA, and requests by Host reach the control plane (`api.DOMAIN`) and a sandbox's API
+/// (`49983-ID.DOMAIN`) (`tests/e2b/domain.py`); plain HTTP to the TLS listener gets nothing,
+/// and a listener off loopback without TLS is refused at start.
+#[test]
+fn the_e2b_listener_serves_tls_and_routes_by_host_under_its_domain() {
+    let python = python();
+    let data = DataDir::new();
+    let certs = data.path().join("e2b-tls");
+    let made = run_bounded(
+        Command::new(SBXD)
+            .args(["certs", "init", "--dir"])
+            .arg(&certs)
+            .args(["--name", "api.e2b.test", "*.e2b.test", "127.0.0.1"]),
+        "sbxd certs init",
+    );
+    assert_eq!(made.code, 0, "{made:?}");
+    let pem = |f: &str| certs.join(f).display().to_string();
+    let (d, addr) = e2b_sbxd(
+        data.path(),
+        "process",
+        &[
+            "--e2b-tls-cert",
+            &pem("server.pem"),
+            "--e2b-tls-key",
+            &pem("server-key.pem"),
+            "--e2b-domain",
+            "e2b.test",
+        ],
+    );
+    let key = token(data.path(), "agent", "editor", Some("default"), true);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/domain.py");
+    let run = run_bounded(
+        Command::new(&python)
+            .arg(&script)
+            .env("E2B_DOMAIN", "e2b.test")
+            .env("E2B_API_KEY", &key)
+            .env("SSL_CERT_FILE", pem("ca.pem"))
+            .env("E2B_API_URL", format!("https://{addr}"))
+            .env("E2B_SANDBOX_URL", format!("https://{addr}"))
+            .env_remove("E2B_DEBUG"),
+        "the E2B SDK domain script",
+    );
+    eprintln!("{}{}", run.stdout, run.stderr);
+    assert_eq!(run.code, 0, "sbxd log:\n{}", d.log_text());
+    assert!(run.stdout.ends_with("done\n"), "{run:?}");
+    // Plain HTTP to the TLS listener: no answer in HTTP.
+    let (status, _) = raw(
+        &addr,
+        b"GET /v2/sandboxes HTTP/1.1\r\nHost: api.e2b.test\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 0, "plain HTTP was answered");
+    drop(d);
+
+    // Off loopback, plain HTTP is refused at start.
+    let refused = run_bounded(
+        Command::new(SBXD)
+            .args(["serve", "--driver", "process", "--data-dir"])
+            .arg(data.path().join("other"))
+            .args(["--listen", "127.0.0.1:0", "--e2b-listen", "0.0.0.0:0"]),
+        "sbxd serve --e2b-listen 0.0.0.0:0",
+    );
+    assert_ne!(refused.code, 0, "{refused:?}");
+    assert!(
+        refused.stderr.contains("needs TLS: --e2b-tls-cert"),
+        "{}",
+        refused.stderr
+    );
 }

@@ -199,6 +199,29 @@ pub fn rustls_client_config(ca: &Path) -> Result<rustls::ClientConfig, TlsError>
         .map(|b| b.with_root_certificates(roots).with_no_client_auth())
 }
 
+/// A plain rustls server configuration presenting `cert` with `key` (checked as for
+/// [`server_config`]), speaking HTTP/1.1 (ALPN), for HTTP listeners other than gRPC's (the
+/// E2B API's).
+pub fn rustls_server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, TlsError> {
+    let provider = crypto_provider();
+    let (cert_pem, key_pem) = checked_identity(cert, key, "TLS certificate", "TLS key", &provider)?;
+    let chain = certificates(cert, "TLS certificate", &cert_pem)?;
+    let private_key = private_key(key, "TLS key", &key_pem)?;
+    let bad = |reason: String| TlsError::BadKey {
+        what: "TLS key",
+        path: key.to_owned(),
+        reason,
+    };
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, private_key)
+        .map_err(|e| bad(e.to_string()))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
 /// ring, installed as the process's default provider unless one is installed already.
 fn crypto_provider() -> Arc<CryptoProvider> {
     if CryptoProvider::get_default().is_none() {

@@ -53,7 +53,9 @@ pub struct CertsInitArgs {
     pub dir: Option<PathBuf>,
 
     /// DNS name or IP address the server certificate is for; repeat or list several
-    /// (default: localhost 127.0.0.1 ::1). The first is also its common name.
+    /// (default: localhost 127.0.0.1 ::1). The first is also its common name. A wildcard
+    /// `*.DOMAIN` covers the names one label under DOMAIN (the E2B listener's
+    /// PORT-ID.DOMAIN hosts, with `sbxd serve --e2b-domain DOMAIN`).
     #[arg(long = "name", value_name = "NAME", num_args = 1..)]
     pub names: Vec<String>,
 
@@ -395,7 +397,13 @@ fn server_names(names: &[String]) -> Result<Vec<(String, SanType)>, CertsError> 
         let san = match name.parse::<IpAddr>() {
             Ok(ip) => SanType::IpAddress(ip),
             Err(_) => {
-                rustls::pki_types::DnsName::try_from(name.as_str()).map_err(|_| bad())?;
+                // A wildcard (`*.DOMAIN`, one whole leftmost label) covers every name one
+                // label under DOMAIN: the E2B listener's PORT-ID.DOMAIN hosts.
+                let checked = name.strip_prefix("*.").unwrap_or(&name);
+                rustls::pki_types::DnsName::try_from(checked).map_err(|_| bad())?;
+                if !checked.contains('.') && checked != name {
+                    return Err(bad());
+                }
                 SanType::DnsName(name.as_str().try_into().map_err(|_| bad())?)
             }
         };
@@ -482,4 +490,29 @@ fn write_all(dir: &Path, files: Vec<(PathBuf, String, u32)>) -> Result<Vec<PathB
         .and_then(|d| d.sync_all())
         .map_err(write_err(dir))?;
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_names_take_addresses_names_and_one_leftmost_wildcard() {
+        let names = |list: &[&str]| {
+            server_names(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .map(|v| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            names(&["api.e2b.test", "*.e2b.test", "127.0.0.1", "api.e2b.test"]).unwrap(),
+            ["api.e2b.test", "*.e2b.test", "127.0.0.1"]
+        );
+        for bad in [
+            "*", "*.com", "a.*.test", "*a.test", "**.test", "bad name", "",
+        ] {
+            assert!(
+                matches!(names(&[bad]), Err(CertsError::BadServerName { .. })),
+                "{bad:?} was taken"
+            );
+        }
+    }
 }

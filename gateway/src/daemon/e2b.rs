@@ -63,20 +63,55 @@ pub struct E2b {
     pub secrets: Arc<sbx_actors::Sealer>,
     /// The processes started through the in-sandbox API (`e2b_envd`).
     pub processes: Arc<super::e2b_envd::Processes>,
+    /// `--e2b-domain`: requests are routed by Host as well.
+    pub domain: Option<String>,
 }
 
-/// Serves the E2B control plane on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, e2b: E2b, shutdown: CancellationToken) {
-    super::service_routes::serve_http1(listener, "e2b", shutdown, move |req| {
-        let e2b = e2b.clone();
-        async move {
-            match handle(&e2b, req).await {
-                Ok(response) => response,
-                Err(e) => e.response(),
+/// Serves the E2B API on `listener` (over TLS when `tls` is given, under `limits`) until
+/// `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    limits: super::connections::Limits,
+    e2b: E2b,
+    shutdown: CancellationToken,
+) {
+    super::service_routes::serve_http1_bounded(
+        listener,
+        "e2b",
+        tls,
+        Some(limits),
+        shutdown,
+        move |req| {
+            let e2b = e2b.clone();
+            async move {
+                match handle(&e2b, req).await {
+                    Ok(response) => response,
+                    Err(e) => e.response(),
+                }
             }
-        }
-    })
+        },
+    )
     .await
+}
+
+/// With `--e2b-domain`: the sandbox id and port a Host of the form `PORT-ID.DOMAIN` names
+/// (`api.DOMAIN`, and anything else, is the control plane's: `None`).
+fn routed_host(host: &str, domain: &str) -> Option<(String, u16)> {
+    let host = host.rsplit_once(':').map_or(host, |(name, port)| {
+        if port.chars().all(|c| c.is_ascii_digit()) {
+            name
+        } else {
+            host
+        }
+    });
+    let label = host
+        .to_ascii_lowercase()
+        .strip_suffix(&format!(".{}", domain.to_ascii_lowercase()))?
+        .to_string();
+    let (port, id) = label.split_once('-')?;
+    let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
+    (!id.is_empty() && !id.contains('.')).then(|| (id.to_string(), port))
 }
 
 /// An answer that is an error: its HTTP status and message.
@@ -281,7 +316,26 @@ struct Timeout {
     timeout: Option<u64>,
 }
 
-async fn handle(e2b: &E2b, req: Request<Incoming>) -> Result<Response<Body>, Failure> {
+async fn handle(e2b: &E2b, mut req: Request<Incoming>) -> Result<Response<Body>, Failure> {
+    // E2B's own domain layout: PORT-ID.DOMAIN is a sandbox's port, as the headers say it.
+    if let Some(domain) = &e2b.domain {
+        let host = super::service_routes::host_of(&req);
+        if let Some((id, port)) = routed_host(&host, domain) {
+            let headers = req.headers_mut();
+            for (name, value) in [
+                ("e2b-sandbox-id", id),
+                ("e2b-sandbox-port", port.to_string()),
+            ] {
+                let value = value.parse().map_err(|_| {
+                    Failure::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("the Host {host:?} names no sandbox"),
+                    )
+                })?;
+                headers.insert(name, value);
+            }
+        }
+    }
     // The in-sandbox API: the SDK names the sandbox in a header on every such call.
     if let Some(id) = req
         .headers()
@@ -799,6 +853,30 @@ mod tests {
         );
         assert_eq!(outer[1].1, "running,paused");
         assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+
+    #[test]
+    fn hosts_under_the_domain_name_a_port_of_a_sandbox() {
+        let id = "0123456789abcdef0123456789abcdef";
+        for (host, want) in [
+            (
+                format!("49983-{id}.e2b.test"),
+                Some((id.to_string(), 49983)),
+            ),
+            (
+                format!("8080-{id}.E2B.test:443"),
+                Some((id.to_string(), 8080)),
+            ),
+            ("api.e2b.test".to_string(), None),
+            (format!("49983-{id}.other.test"), None),
+            (format!("0-{id}.e2b.test"), None),
+            (format!("99999-{id}.e2b.test"), None),
+            (format!("x-{id}.e2b.test"), None),
+            (format!("80-a.{id}.e2b.test"), None),
+            ("e2b.test".to_string(), None),
+        ] {
+            assert_eq!(routed_host(&host, "e2b.test"), want, "{host}");
+        }
     }
 
     #[test]

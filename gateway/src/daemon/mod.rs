@@ -412,12 +412,35 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH", requires = "service_listen")]
     pub service_addr_file: Option<PathBuf>,
 
-    /// Serve the E2B API's control plane over HTTP on host:port, for the unmodified E2B SDKs
-    /// (E2B_API_URL=http://HOST:PORT; the API key is an sbx token, scoped as every token):
-    /// create, get, list, set_timeout, pause, connect and kill. Off unless given. Plain HTTP:
-    /// keep it on loopback. Port 0 picks a free port (see --e2b-addr-file).
+    /// Serve the E2B API on host:port, for the unmodified E2B SDKs (E2B_API_URL and
+    /// E2B_SANDBOX_URL=http://HOST:PORT; the API key is an sbx token, scoped as every token):
+    /// the control plane (create, get, list, set_timeout, pause, connect, metrics, kill) and
+    /// the in-sandbox API (commands, pty, files, a sandbox's ports). Off unless given. Off
+    /// loopback it needs --e2b-tls-cert and --e2b-tls-key. Port 0 picks a free port (see
+    /// --e2b-addr-file). Held to --max-connections and --handshake-timeout as --listen is.
     #[arg(long, env = "SBX_E2B_LISTEN", value_name = "HOST:PORT")]
     pub e2b_listen: Option<String>,
+
+    /// The E2B listener's certificate (PEM; for the names its clients dial, e.g.
+    /// api.DOMAIN and *.DOMAIN with --e2b-domain): it then speaks HTTPS.
+    #[arg(long, value_name = "PATH", requires_all = ["e2b_listen", "e2b_tls_key"])]
+    pub e2b_tls_cert: Option<PathBuf>,
+
+    /// The private key of --e2b-tls-cert (PEM).
+    #[arg(long, value_name = "PATH", requires = "e2b_tls_cert")]
+    pub e2b_tls_key: Option<PathBuf>,
+
+    /// Route the E2B listener's requests by Host as E2B's own domain does, for SDKs given
+    /// E2B_DOMAIN=DOMAIN instead of the two URLs: api.DOMAIN is the control plane, and
+    /// PORT-ID.DOMAIN is port PORT of sandbox ID (49983: the in-sandbox API). The names must
+    /// resolve to this listener (a wildcard DNS record) and, with TLS, be in its certificate.
+    #[arg(
+        long,
+        env = "SBX_E2B_DOMAIN",
+        value_name = "DOMAIN",
+        requires = "e2b_listen"
+    )]
+    pub e2b_domain: Option<String>,
 
     /// Write the E2B listener's bound address (host:port) to this file once serving.
     #[arg(long, value_name = "PATH", requires = "e2b_listen")]

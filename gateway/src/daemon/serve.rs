@@ -148,6 +148,17 @@ enum Listener {
     Unix(tokio::net::UnixListener),
 }
 
+/// `--max-connections` and `--handshake-timeout`, for each listener that serves callers.
+fn connection_limits(args: &ServeArgs) -> super::connections::Limits {
+    super::connections::Limits {
+        max_connections: args
+            .max_connections
+            .map(|n| n as usize)
+            .unwrap_or_else(super::connections::default_max_connections),
+        handshake_timeout: Duration::from_secs(args.handshake_timeout),
+    }
+}
+
 /// Checks what `--listen`, `--auth` and the TLS flags ask for together, binds, and says
 /// where clients dial (host:port, or unix://PATH).
 async fn bind(args: &ServeArgs, data_dir: &Path) -> Result<(Listener, String), DaemonError> {
@@ -424,12 +435,32 @@ async fn serve_on(
     let e2b_bound = match &args.e2b_listen {
         Some(addr) => {
             let (listener, bound) = bind_plain(addr, "the E2B API").await?;
+            let tls = match (&args.e2b_tls_cert, &args.e2b_tls_key) {
+                (Some(cert), Some(key)) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
+                    sbx_tls::rustls_server_config(cert, key)
+                        .map_err(|e| DaemonError::Security(format!("--e2b-tls-cert: {e}")))?,
+                ))),
+                _ => None,
+            };
             if !listener.local_addr().is_ok_and(|a| a.ip().is_loopback()) {
-                tracing::warn!(%bound, "the E2B API is served off loopback over plain HTTP: its API keys travel in the clear");
+                if tls.is_none() {
+                    return Err(DaemonError::Security(format!(
+                        "--e2b-listen {addr} is not a loopback address, so it needs TLS: \
+                         --e2b-tls-cert and --e2b-tls-key (its API keys would travel in the clear)"
+                    )));
+                }
+                if auth.none {
+                    return Err(DaemonError::Security(format!(
+                        "--auth none is accepted on a loopback address only, not on \
+                         --e2b-listen {addr}"
+                    )));
+                }
             }
-            tracing::info!(%bound, "serving the E2B API");
+            tracing::info!(%bound, tls = tls.is_some(), domain = ?args.e2b_domain, "serving the E2B API");
             tokio::spawn(super::e2b::serve(
                 listener,
+                tls,
+                connection_limits(&args),
                 super::e2b::E2b {
                     gateway: Arc::clone(&gateway),
                     auth: Arc::clone(&auth),
@@ -440,6 +471,7 @@ async fn serve_on(
                             .map_err(|e| DaemonError::Setup(e.to_string()))?,
                     ),
                     processes: Default::default(),
+                    domain: args.e2b_domain.clone(),
                 },
                 shutdown.clone(),
             ));
@@ -525,13 +557,7 @@ async fn serve_on(
     // an earlier one is unacknowledged waits for the client's delayed ACK (40 ms on Linux), a
     // floor under every answer (docs/BENCHMARKS.md, oci create→Ready).
     let stopped = async move { stop_accepting.cancelled().await };
-    let limits = super::connections::Limits {
-        max_connections: args
-            .max_connections
-            .map(|n| n as usize)
-            .unwrap_or_else(super::connections::default_max_connections),
-        handshake_timeout: Duration::from_secs(args.handshake_timeout),
-    };
+    let limits = connection_limits(&args);
     tracing::info!(
         max_connections = limits.max_connections,
         handshake_timeout = ?limits.handshake_timeout,

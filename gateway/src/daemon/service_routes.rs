@@ -65,6 +65,29 @@ pub async fn serve_http1<H, Fut, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_http1_bounded(listener, what, None, None, shutdown, handle).await
+}
+
+/// [`serve_http1`] over TLS when `tls` is given, and under `limits` when given: at most
+/// `max_connections` open (past it a new connection is closed at once), and the TLS handshake
+/// and each request's head each due within `handshake_timeout` — what the gRPC listener's
+/// connections are held to (`connections.rs`).
+pub async fn serve_http1_bounded<H, Fut, B>(
+    listener: TcpListener,
+    what: &'static str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    limits: Option<super::connections::Limits>,
+    shutdown: CancellationToken,
+    handle: H,
+) where
+    H: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let places = limits.map(|l| Arc::new(tokio::sync::Semaphore::new(l.max_connections)));
+    let mut refused = 0u64;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -78,18 +101,73 @@ pub async fn serve_http1<H, Fut, B>(
                 continue;
             }
         };
+        let place = match &places {
+            None => None,
+            Some(places) => match Arc::clone(places).try_acquire_owned() {
+                Ok(place) => Some(place),
+                Err(_) => {
+                    // Dropping it closes it.
+                    refused += 1;
+                    if refused == 1 || refused.is_power_of_two() {
+                        tracing::warn!(
+                            max = limits.map_or(0, |l| l.max_connections),
+                            refused,
+                            "the {what} listener's connection limit is reached: new \
+                             connections are closed (--max-connections)"
+                        );
+                    }
+                    continue;
+                }
+            },
+        };
         let _ = stream.set_nodelay(true);
         let handle = handle.clone();
         let shutdown = shutdown.clone();
+        let tls = tls.clone();
+        let deadline = limits.map(|l| l.handshake_timeout);
         tokio::spawn(async move {
+            let _place = place;
             let service = hyper::service::service_fn(move |req| {
                 let answer = handle(req);
                 async move { Ok::<_, std::convert::Infallible>(answer.await) }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            if let Some(deadline) = deadline {
+                builder
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(deadline);
+            }
+            let served = async {
+                match tls {
+                    None => {
+                        builder
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await
+                    }
+                    Some(acceptor) => {
+                        let handshake = acceptor.accept(stream);
+                        let tls_stream = match deadline {
+                            Some(d) => match tokio::time::timeout(d, handshake).await {
+                                Ok(r) => r,
+                                Err(_) => {
+                                    tracing::debug!(%peer, "a {what} connection did not finish its TLS handshake in time");
+                                    return Ok(());
+                                }
+                            },
+                            None => handshake.await,
+                        };
+                        match tls_stream {
+                            Ok(s) => builder.serve_connection(TokioIo::new(s), service).await,
+                            Err(e) => {
+                                tracing::debug!(%peer, error = %e, "a {what} TLS handshake failed");
+                                Ok(())
+                            }
+                        }
+                    }
+                }
+            };
             tokio::select! {
-                result = conn => if let Err(e) = result {
+                result = served => if let Err(e) = result {
                     tracing::debug!(%peer, error = %e, "a {what} connection ended with an error");
                 },
                 _ = shutdown.cancelled() => {}
@@ -112,15 +190,19 @@ fn text(status: StatusCode, message: String) -> Response<Body> {
     response
 }
 
-/// One request: its Host to an endpoint, then the request over a fresh forwarded connection.
-async fn route(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
-    let host = req
-        .headers()
+/// The host a request names: its Host header, else its URI's authority ("" when neither).
+pub(super) fn host_of<B>(req: &Request<B>) -> String {
+    req.headers()
         .get(hyper::header::HOST)
         .and_then(|h| h.to_str().ok())
         .map(str::to_string)
         .or_else(|| req.uri().authority().map(|a| a.to_string()))
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// One request: its Host to an endpoint, then the request over a fresh forwarded connection.
+async fn route(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
+    let host = host_of(&req);
     let target = match gateway.route_service_host(&host).await {
         Ok(t) => t,
         Err(e) => {
