@@ -16,7 +16,7 @@ mod vm_support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{DataDir, SBXD, Sbxd, run_bounded, sbx};
+use common::{DataDir, SBXD, e2b_sbxd, run_bounded, sbx, token};
 
 fn python() -> PathBuf {
     let path = std::env::var_os("SBX_E2B_PYTHON")
@@ -31,45 +31,6 @@ fn python() -> PathBuf {
         path.display()
     );
     path
-}
-
-fn token(data: &Path, name: &str, role: &str, workspace: Option<&str>, e2b: bool) -> String {
-    let mut command = Command::new(SBXD);
-    command
-        .args(["token", "create", "--data-dir"])
-        .arg(data)
-        .args(["--name", name, "--role", role]);
-    if e2b {
-        command.arg("--e2b");
-    }
-    if let Some(w) = workspace {
-        command.args(["--workspace", w]);
-    }
-    let made = run_bounded(&mut command, &format!("sbxd token create --name {name}"));
-    assert_eq!(made.code, 0, "{made:?}");
-    made.stdout.lines().last().unwrap_or_default().to_string()
-}
-
-/// sbxd on `driver` with token authentication and its E2B listener on a free loopback port
-/// (`extra` adds flags); answers it and the listener's host:port.
-fn e2b_sbxd(data: &Path, driver: &str, extra: &[&str]) -> (Sbxd, String) {
-    let e2b_file = data.join("e2b-addr");
-    let e2b_arg = e2b_file.display().to_string();
-    let mut args = vec![
-        "--auth",
-        "token",
-        "--e2b-listen",
-        "127.0.0.1:0",
-        "--e2b-addr-file",
-        &e2b_arg,
-    ];
-    args.extend_from_slice(extra);
-    let d = Sbxd::start(data, driver, &args);
-    let addr = std::fs::read_to_string(&e2b_file)
-        .unwrap()
-        .trim()
-        .to_string();
-    (d, addr)
 }
 
 /// One raw HTTP/1.1 request to `addr`; answers (status, body).
@@ -131,6 +92,20 @@ fn the_e2b_python_sdk_drives_sbx_unmodified() {
     eprintln!("{}{}", run.stdout, run.stderr);
     assert_eq!(run.code, 0, "sbxd log:\n{}", d.log_text());
     assert!(run.stdout.ends_with("done\n"), "{run:?}");
+    // Each call that changed a sandbox left an audit line naming the key's identity.
+    let log = d.log_text();
+    for action in [
+        "e2b create sandbox",
+        "e2b kill sandbox",
+        "e2b set sandbox timeout",
+        "e2b connect sandbox",
+    ] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("sbx::audit") && l.contains(action) && l.contains("agent-a")),
+            "no audit line for {action}:\n{log}"
+        );
+    }
 
     // What no SDK sends: a JSON error each time, never a panic; sbxd serves on.
     let auth = format!("X-API-KEY: {key_a}\r\n");

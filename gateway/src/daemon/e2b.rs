@@ -349,19 +349,45 @@ async fn handle(e2b: &E2b, mut req: Request<Incoming>) -> Result<Response<Body>,
     let path = req.uri().path().trim_end_matches('/').to_string();
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let method = req.method().clone();
-    match (method, parts.as_slice()) {
-        (Method::POST, ["sandboxes"] | ["v2", "sandboxes"]) => create(e2b, &caller, req).await,
-        (Method::GET, ["v2", "sandboxes"] | ["sandboxes"]) => list(e2b, &caller, &req).await,
+    // Calls that change a sandbox leave an audit line, as their gRPC counterparts do.
+    let action = match (&method, parts.as_slice()) {
+        (&Method::DELETE, ["sandboxes", id]) => Some(("e2b kill sandbox", *id)),
+        (&Method::POST, ["sandboxes", id, "timeout"]) => Some(("e2b set sandbox timeout", *id)),
+        (&Method::POST, ["sandboxes", id, "pause"]) => Some(("e2b pause sandbox", *id)),
+        (&Method::POST, ["sandboxes", id, "connect"] | ["v2", "sandboxes", id, "connect"]) => {
+            Some(("e2b connect sandbox", *id))
+        }
+        _ => None,
+    };
+    let answer = route(e2b, &caller, method, &parts, &path, req).await;
+    if let (Some((action, object)), Ok(_)) = (action, &answer) {
+        crate::service::audit(&caller, action, object);
+    }
+    answer
+}
+
+/// One control-plane call of `caller`, by method and path parts.
+async fn route(
+    e2b: &E2b,
+    caller: &Caller,
+    method: Method,
+    parts: &[&str],
+    path: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Failure> {
+    match (method, parts) {
+        (Method::POST, ["sandboxes"] | ["v2", "sandboxes"]) => create(e2b, caller, req).await,
+        (Method::GET, ["v2", "sandboxes"] | ["sandboxes"]) => list(e2b, caller, &req).await,
         (Method::GET, ["sandboxes", id, "metrics"]) => {
-            let sandbox = sandbox_of(e2b, &caller, id, Role::Viewer).await?;
+            let sandbox = sandbox_of(e2b, caller, id, Role::Viewer).await?;
             metrics(e2b, &sandbox, req.uri().query().unwrap_or("")).await
         }
         (Method::GET, ["sandboxes", id]) => {
-            let sandbox = sandbox_of(e2b, &caller, id, Role::Viewer).await?;
+            let sandbox = sandbox_of(e2b, caller, id, Role::Viewer).await?;
             Ok(json_response(StatusCode::OK, &detail(&sandbox)))
         }
         (Method::DELETE, ["sandboxes", id]) => {
-            let sandbox = sandbox_of(e2b, &caller, id, Role::Editor).await?;
+            let sandbox = sandbox_of(e2b, caller, id, Role::Editor).await?;
             let uuid = Uuid::parse_str(&sandbox.id)
                 .map_err(|_| Failure::new(StatusCode::NOT_FOUND, "no such sandbox"))?;
             e2b.gateway
@@ -370,7 +396,7 @@ async fn handle(e2b: &E2b, mut req: Request<Incoming>) -> Result<Response<Body>,
             Ok(empty(StatusCode::NO_CONTENT))
         }
         (Method::POST, ["sandboxes", id, "timeout"]) => {
-            let sandbox = sandbox_of(e2b, &caller, id, Role::Editor).await?;
+            let sandbox = sandbox_of(e2b, caller, id, Role::Editor).await?;
             let body: Timeout = body_json(req).await?;
             let seconds = body
                 .timeout
@@ -381,7 +407,7 @@ async fn handle(e2b: &E2b, mut req: Request<Incoming>) -> Result<Response<Body>,
             Ok(empty(StatusCode::NO_CONTENT))
         }
         (Method::POST, ["sandboxes", id, "pause"]) => {
-            let sandbox = sandbox_of(e2b, &caller, id, Role::Editor).await?;
+            let sandbox = sandbox_of(e2b, caller, id, Role::Editor).await?;
             if sandbox.phase() == Phase::Paused {
                 return Err(Failure::new(
                     StatusCode::CONFLICT,
@@ -392,7 +418,7 @@ async fn handle(e2b: &E2b, mut req: Request<Incoming>) -> Result<Response<Body>,
             Ok(empty(StatusCode::NO_CONTENT))
         }
         (Method::POST, ["sandboxes", id, "connect"] | ["v2", "sandboxes", id, "connect"]) => {
-            connect(e2b, &caller, id, req).await
+            connect(e2b, caller, id, req).await
         }
         (method, _) => Err(Failure::new(
             StatusCode::NOT_FOUND,
@@ -477,6 +503,7 @@ async fn create(
         }
         Err(e) => return Err(e.into()),
     };
+    crate::service::audit(caller, "e2b create sandbox", &e2b_id(&created.id));
     let ready = ready(e2b, &created).await?;
     let mut answer = sandbox_answer(e2b, &ready, &template);
     answer["alias"] = json!(template);

@@ -10,6 +10,7 @@
 //! client following a stream never holds shutdown up.
 
 mod access;
+pub(crate) use access::audit;
 mod identities;
 mod images;
 mod info;

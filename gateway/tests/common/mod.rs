@@ -458,6 +458,47 @@ pub fn run_bounded(command: &mut Command, what: &str) -> CliRun {
     }
 }
 
+/// `sbxd token create` over data dir `data`: a token named `name` with `role`, granted on
+/// `workspace` (gateway-wide when `None`), in E2B's key form when `e2b`; answers the token.
+pub fn token(data: &Path, name: &str, role: &str, workspace: Option<&str>, e2b: bool) -> String {
+    let mut command = Command::new(SBXD);
+    command
+        .args(["token", "create", "--data-dir"])
+        .arg(data)
+        .args(["--name", name, "--role", role]);
+    if e2b {
+        command.arg("--e2b");
+    }
+    if let Some(w) = workspace {
+        command.args(["--workspace", w]);
+    }
+    let made = run_bounded(&mut command, &format!("sbxd token create --name {name}"));
+    assert_eq!(made.code, 0, "{made:?}");
+    made.stdout.lines().last().unwrap_or_default().to_string()
+}
+
+/// sbxd on `driver` with token authentication and its E2B listener on a free loopback port
+/// (`extra` adds flags); answers it and the listener's host:port.
+pub fn e2b_sbxd(data: &Path, driver: &str, extra: &[&str]) -> (Sbxd, String) {
+    let e2b_file = data.join("e2b-addr");
+    let e2b_arg = e2b_file.display().to_string();
+    let mut args = vec![
+        "--auth",
+        "token",
+        "--e2b-listen",
+        "127.0.0.1:0",
+        "--e2b-addr-file",
+        &e2b_arg,
+    ];
+    args.extend_from_slice(extra);
+    let d = Sbxd::start(data, driver, &args);
+    let addr = std::fs::read_to_string(&e2b_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    (d, addr)
+}
+
 /// A long-running CLI command (watch, logs -f) whose stdout lines arrive on a channel.
 /// Killed by pid on drop.
 pub struct CliStream {
