@@ -180,6 +180,30 @@ fn the_e2b_python_sdk_drives_sbx_unmodified() {
     assert!(body.contains("\"unauthenticated\""), "{body}");
     let (status, body) = list(&access);
     assert_eq!((status, body.as_str()), (200, r#"{"processes":[]}"#));
+    // A quiet process's stream carries keepalives at the interval the client asks.
+    let start = r#"{"process":{"cmd":"/bin/sh","args":["-c","sleep 2.6; echo awake"]}}"#;
+    let mut envelope = vec![0u8];
+    envelope.extend_from_slice(&(start.len() as u32).to_be_bytes());
+    envelope.extend_from_slice(start.as_bytes());
+    let mut request = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\n\
+         X-Access-Token: {access}\r\nContent-Type: application/connect+json\r\n\
+         Keepalive-Ping-Interval: 1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        envelope.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&envelope);
+    let (status, body) = raw(&addr, &request);
+    assert_eq!(status, 200, "{body}");
+    let keepalives = body.matches(r#""keepalive":{}"#).count();
+    let (first_keepalive, output) = (
+        body.find(r#""keepalive""#).unwrap_or(usize::MAX),
+        body.find(r#""data""#).unwrap_or(0),
+    );
+    assert!(
+        keepalives >= 2 && first_keepalive < output && body.contains(r#""end""#),
+        "{keepalives} keepalives in {body:?}"
+    );
     let (status, body) = raw(
         &addr,
         format!(

@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -285,6 +286,13 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         .get(hyper::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|c| c.starts_with("application/connect+json"));
+    // Seconds between keepalive events on a process stream, as the client asks (1 s to 1 h).
+    let keepalive = req
+        .headers()
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|s| Duration::from_secs(s.clamp(1, 3600)));
     let timeout_ms: Option<u64> = req
         .headers()
         .get("connect-timeout-ms")
@@ -315,9 +323,9 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
     };
     match path.as_str() {
         "/process.Process/Start" if streaming => {
-            start(e2b, &sandbox, uuid, &message, timeout_ms).await
+            start(e2b, &sandbox, uuid, &message, timeout_ms, keepalive).await
         }
-        "/process.Process/Connect" if streaming => connect(e2b, uuid, &message),
+        "/process.Process/Connect" if streaming => connect(e2b, uuid, &message, keepalive),
         "/process.Process/List" => super::e2b::json_response(
             StatusCode::OK,
             &json!({"processes": e2b.processes.list(uuid)}),
@@ -365,6 +373,7 @@ async fn start(
     uuid: Uuid,
     message: &Value,
     timeout_ms: Option<u64>,
+    keepalive: Option<Duration>,
 ) -> Response<Body> {
     let process = &message["process"];
     let Some(cmd) = process["cmd"].as_str().filter(|c| !c.is_empty()) else {
@@ -460,7 +469,7 @@ async fn start(
         }
         processes.remove(uuid, pid);
     });
-    listen(pid, first)
+    listen(pid, first, keepalive)
 }
 
 fn end_event(exit: &sbx_proto::v1::ExecExit) -> Value {
@@ -486,7 +495,11 @@ fn signal_name(signal: i32) -> &'static str {
 }
 
 /// A process's events as a Connect stream: `start{pid}`, what comes, the end-of-stream frame.
-fn listen(pid: u32, mut events: broadcast::Receiver<Value>) -> Response<Body> {
+fn listen(
+    pid: u32,
+    mut events: broadcast::Receiver<Value>,
+    keepalive: Option<Duration>,
+) -> Response<Body> {
     let frames = async_stream(move |tx: mpsc::Sender<Bytes>| async move {
         if tx
             .send(frame(0, &json!({"event": {"start": {"pid": pid}}})))
@@ -495,8 +508,29 @@ fn listen(pid: u32, mut events: broadcast::Receiver<Value>) -> Response<Body> {
         {
             return;
         }
+        // A process silent for long still says it lives, every interval the client asked for
+        // (`Keepalive-Ping-Interval`), so that no reader times out on a quiet command.
+        let mut ticks = keepalive.map(|every| {
+            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
         loop {
-            match events.recv().await {
+            let received = tokio::select! {
+                received = events.recv() => received,
+                _ = async {
+                    match ticks.as_mut() {
+                        Some(t) => t.tick().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if tx.send(frame(0, &json!({"event": {"keepalive": {}}}))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            match received {
                 Ok(event) if event.get("error").is_some() => {
                     let _ = tx.send(frame(0x02, &event)).await;
                     return;
@@ -548,9 +582,9 @@ fn pid_of(message: &Value) -> Option<u32> {
 }
 
 /// `Connect(pid)`: the process's events from now on.
-fn connect(e2b: &E2b, uuid: Uuid, message: &Value) -> Response<Body> {
+fn connect(e2b: &E2b, uuid: Uuid, message: &Value, keepalive: Option<Duration>) -> Response<Body> {
     match pid_of(message).and_then(|pid| e2b.processes.get(uuid, pid).map(|p| (pid, p))) {
-        Some((pid, process)) => listen(pid, process.events.subscribe()),
+        Some((pid, process)) => listen(pid, process.events.subscribe(), keepalive),
         None => stream_error("not_found", "no process with that pid runs in this sandbox"),
     }
 }

@@ -64,11 +64,15 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(local, "wb") as f:
         f.write(data)
     w_sdk, w_sbx, r_sdk, r_sbx = [], [], [], []
+    # The process driver's sandboxes share the host's /tmp: a directory of this sandbox's own.
+    scratch = f"/tmp/e2b-bench-{box.sandbox_id}"
+    box.files.make_dir(scratch)
     for _ in range(3):
-        w_sdk.append(timed(lambda: box.files.write("/tmp/e2b-big.bin", data)))
-        w_sbx.append(timed(lambda: cli("sandbox", "cp", "-w", "w", local, f"{name}:/tmp/sbx-big.bin")))
-        r_sdk.append(timed(lambda: box.files.read("/tmp/e2b-big.bin", format="bytes")))
-        r_sbx.append(timed(lambda: cli("sandbox", "cp", "-w", "w", f"{name}:/tmp/sbx-big.bin", os.path.join(tmp, "back.bin"))))
+        w_sdk.append(timed(lambda: box.files.write(f"{scratch}/e2b-big.bin", data)))
+        w_sbx.append(timed(lambda: cli("sandbox", "cp", "-w", "w", local, f"{name}:{scratch}/sbx-big.bin")))
+        r_sdk.append(timed(lambda: box.files.read(f"{scratch}/e2b-big.bin", format="bytes")))
+        r_sbx.append(timed(lambda: cli("sandbox", "cp", "-w", "w", f"{name}:{scratch}/sbx-big.bin", os.path.join(tmp, "back.bin"))))
+    box.commands.run(f"rm -rf {scratch}")
     mb = 50
     for what, sdk, sbx in [("write 50 MB", w_sdk, w_sbx), ("read 50 MB", r_sdk, r_sbx)]:
         s, c = statistics.median(sdk), statistics.median(sbx)

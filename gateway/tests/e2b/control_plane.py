@@ -23,6 +23,9 @@ def check(what, ok, detail=""):
 # Create, with metadata and a timeout; the answer names the sandbox by an E2B id.
 sbx = Sandbox.create(metadata={"sandbox_test_id": "sdk-1"}, timeout=120, api_key=KEY_A)
 check("create", len(sbx.sandbox_id) == 32 and sbx.sandbox_id.isalnum(), sbx.sandbox_id)
+# The process driver's sandboxes share the host's /tmp (README, known limits): every file
+# this script makes is under a directory of this sandbox's own, removed at the end.
+scratch = f"/tmp/e2b-test-{sbx.sandbox_id}"
 
 info = sbx.get_info()
 check("get_info running", info.state.value == "running", info)
@@ -115,9 +118,10 @@ check("is_running", sbx.is_running() is True)
 # A server inside the sandbox, reached through E2b-Sandbox-Port with the sandbox's token.
 import httpx
 
-sbx.commands.run("mkdir -p /tmp/site && echo served-from-inside > /tmp/site/index.html")
+site = f"{scratch}/site"
+sbx.commands.run(f"mkdir -p {site} && echo served-from-inside > {site}/index.html")
 server = sbx.commands.run(
-    "cd /tmp/site && exec python3 -m http.server 8123 --bind 127.0.0.1", background=True
+    f"cd {site} && exec python3 -m http.server 8123 --bind 127.0.0.1", background=True
 )
 port_headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8123"}
 url = os.environ["E2B_SANDBOX_URL"] + "/index.html"
@@ -138,8 +142,7 @@ check("port: nothing listening is 502", nothing.status_code == 502, nothing.stat
 check("port: server stopped", sbx.commands.kill(server.pid) is True)
 
 # Files: write, read, list, exists, get_info, rename, make_dir, remove; 50 MB byte-exact.
-base = "/tmp/e2b-files"
-sbx.commands.run(f"rm -rf {base}")
+base = f"{scratch}/files"
 info_w = sbx.files.write(f"{base}/hello.txt", "hello files")
 check("files: write", info_w.path == f"{base}/hello.txt" and info_w.name == "hello.txt", info_w)
 check("files: read", sbx.files.read(f"{base}/hello.txt") == "hello files")
@@ -179,6 +182,9 @@ check("pty: input and output", b"typed-42" in out and b"24 80" in out, out[-300:
 check("pty: resize", b"30 100" in out, out[-300:])
 other_term = sbx.pty.create(PtySize(rows=24, cols=80))
 check("pty: killed", sbx.pty.kill(other_term.pid) is True)
+
+sbx.commands.run(f"rm -rf {scratch}")
+check("scratch removed", sbx.files.exists(scratch) is False)
 
 # set_timeout: gone once it passes.
 sbx.set_timeout(2)

@@ -40,8 +40,11 @@ sbx = Sandbox.create(timeout=120)
 check("create over https", len(sbx.sandbox_id) == 32, sbx.sandbox_id)
 r = sbx.commands.run("echo over tls")
 check("a command over https", r.stdout == "over tls\n", r)
-sbx.files.write("/tmp/tls.txt", "kept")
-check("files over https", sbx.files.read("/tmp/tls.txt") == "kept")
+# The process driver's sandboxes share the host's /tmp: a file of this sandbox's own.
+scratch = f"/tmp/e2b-tls-{sbx.sandbox_id}.txt"
+sbx.files.write(scratch, "kept")
+check("files over https", sbx.files.read(scratch) == "kept")
+sbx.files.remove(scratch)
 
 status, body = by_host(f"api.{DOMAIN}", "GET", "/v2/sandboxes", {"X-API-KEY": KEY})
 listed = [s["sandboxID"] for s in json.loads(body)] if status == 200 else body

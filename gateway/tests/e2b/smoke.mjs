@@ -74,8 +74,9 @@ await refused('background: ends killed', () => bg.wait(), CommandExitError)
 check('kill of what is gone', (await sbx.commands.kill(bg.pid)) === false)
 
 // Files: write, read, list, exists, rename, makeDir, remove; 5 MB byte-exact.
-const base = '/tmp/e2b-js-files'
-await sbx.commands.run(`rm -rf ${base}`)
+// The process driver's sandboxes share the host's /tmp: a directory of this sandbox's own,
+// removed at the end.
+const base = `/tmp/e2b-js-${sbx.sandboxId}`
 const w = await sbx.files.write(`${base}/hello.txt`, 'hello files')
 check('files: write', w.path === `${base}/hello.txt` && w.name === 'hello.txt', w)
 check('files: read', (await sbx.files.read(`${base}/hello.txt`)) === 'hello files')
@@ -93,6 +94,8 @@ const big = randomBytes(5 * 1024 * 1024)
 await sbx.files.write(`${base}/big.bin`, new Blob([big]))
 const back = await sbx.files.read(`${base}/big.bin`, { format: 'bytes' })
 check('files: 5 MB round trip', Buffer.from(back).equals(big), back.length)
+await sbx.files.remove(base)
+check('files: scratch removed', (await sbx.files.exists(base)) === false)
 
 // getInfo and list by metadata.
 const info = await sbx.getInfo()
