@@ -63,6 +63,8 @@ pub struct E2b {
     pub secrets: Arc<sbx_actors::Sealer>,
     /// The processes started through the in-sandbox API (`e2b_envd`).
     pub processes: Arc<super::e2b_envd::Processes>,
+    /// The sync SDK's directory watchers (`e2b_watch`).
+    pub watchers: Arc<super::e2b_watch::Watchers>,
     /// `--e2b-domain`: requests are routed by Host as well.
     pub domain: Option<String>,
 }

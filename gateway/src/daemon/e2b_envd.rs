@@ -125,7 +125,7 @@ pub fn access_token(e2b: &E2b, id: &str) -> String {
 }
 
 /// A Connect error (unary): its code string and HTTP status.
-fn connect_error(code: &str, message: impl Into<String>) -> Response<Body> {
+pub(super) fn connect_error(code: &str, message: impl Into<String>) -> Response<Body> {
     let status = match code {
         "invalid_argument" | "failed_precondition" | "out_of_range" => StatusCode::BAD_REQUEST,
         "unauthenticated" => StatusCode::UNAUTHORIZED,
@@ -142,7 +142,7 @@ fn connect_error(code: &str, message: impl Into<String>) -> Response<Body> {
 }
 
 /// The Connect code of a gateway error.
-fn code_of(e: &sbx_actors::ActorError) -> &'static str {
+pub(super) fn code_of(e: &sbx_actors::ActorError) -> &'static str {
     use sbx_actors::ActorError as E;
     match e {
         E::SandboxNotFound { .. } | E::ObjectNotFound { .. } => "not_found",
@@ -157,7 +157,7 @@ fn code_of(e: &sbx_actors::ActorError) -> &'static str {
 }
 
 /// An enveloped stream message: flags, big-endian length, the JSON.
-fn frame(flags: u8, value: &Value) -> Bytes {
+pub(super) fn frame(flags: u8, value: &Value) -> Bytes {
     let json = value.to_string().into_bytes();
     let mut out = Vec::with_capacity(json.len() + 5);
     out.push(flags);
@@ -194,7 +194,7 @@ fn unframe(mut body: &[u8]) -> Result<Vec<Value>, String> {
 }
 
 /// A server stream's answer: HTTP 200, `application/connect+json`, the frames `frames` yields.
-fn stream_response(frames: mpsc::Receiver<Bytes>) -> Response<Body> {
+pub(super) fn stream_response(frames: mpsc::Receiver<Bytes>) -> Response<Body> {
     let frames = tokio_stream::wrappers::ReceiverStream::new(frames);
     let body = StreamBody::new(frames.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))));
     let mut response = Response::new(BodyExt::map_err(body, |never| match never {}).boxed());
@@ -206,7 +206,7 @@ fn stream_response(frames: mpsc::Receiver<Bytes>) -> Response<Body> {
 }
 
 /// A server stream that is only an error (in band, as Connect streams answer).
-fn stream_error(code: &str, message: &str) -> Response<Body> {
+pub(super) fn stream_error(code: &str, message: &str) -> Response<Body> {
     let end = frame(0x02, &json!({"error": {"code": code, "message": message}}));
     let (tx, rx) = mpsc::channel(1);
     let _ = tx.try_send(end);
@@ -339,6 +339,14 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         | "/filesystem.Filesystem/MakeDir"
         | "/filesystem.Filesystem/Move"
         | "/filesystem.Filesystem/Remove" => filesystem(e2b, uuid, &path, &message).await,
+        "/filesystem.Filesystem/WatchDir" if streaming => {
+            super::e2b_watch::stream(e2b, uuid, &message, keepalive).await
+        }
+        "/filesystem.Filesystem/CreateWatcher"
+        | "/filesystem.Filesystem/GetWatcherEvents"
+        | "/filesystem.Filesystem/RemoveWatcher" => {
+            super::e2b_watch::unary(e2b, uuid, &path, &message).await
+        }
         _ => connect_error("unimplemented", format!("{path} is not served here")),
     }
 }
@@ -565,7 +573,7 @@ fn listen(
 }
 
 /// A stream fed by a task (`body` sends into it); the task ends with the stream's reader.
-fn async_stream<F, Fut>(body: F) -> mpsc::Receiver<Bytes>
+pub(super) fn async_stream<F, Fut>(body: F) -> mpsc::Receiver<Bytes>
 where
     F: FnOnce(mpsc::Sender<Bytes>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -661,14 +669,14 @@ entry() { printf '%s|' "$1"; stat -c '%F|%s|%a|%A|%U|%G|%Y' -- "$1"; }
 "#;
 
 /// What a script answered: exit status, stdout, stderr.
-struct Ran {
-    code: i32,
-    stdout: Vec<u8>,
-    stderr: String,
+pub(super) struct Ran {
+    pub(super) code: i32,
+    pub(super) stdout: Vec<u8>,
+    pub(super) stderr: String,
 }
 
 /// Runs `body` (after [`PRELUDE`]) with `args` in the sandbox, `stdin` as its input.
-async fn script(
+pub(super) async fn script(
     e2b: &E2b,
     uuid: Uuid,
     body: &str,
@@ -764,7 +772,7 @@ fn entry_info(line: &str) -> Option<Value> {
 }
 
 /// A script's refusal as a Connect error.
-fn refused(ran: &Ran, path: &str) -> Response<Body> {
+pub(super) fn refused(ran: &Ran, path: &str) -> Response<Body> {
     match ran.code {
         NOT_FOUND => connect_error("not_found", format!("path '{path}' does not exist")),
         NOT_A_DIRECTORY => connect_error(

@@ -471,6 +471,7 @@ async fn serve_on(
                             .map_err(|e| DaemonError::Setup(e.to_string()))?,
                     ),
                     processes: Default::default(),
+                    watchers: Default::default(),
                     domain: args.e2b_domain.clone(),
                 },
                 shutdown.clone(),

@@ -183,6 +183,37 @@ check("pty: resize", b"30 100" in out, out[-300:])
 other_term = sbx.pty.create(PtySize(rows=24, cols=80))
 check("pty: killed", sbx.pty.kill(other_term.pid) is True)
 
+# Watching a directory (the sync SDK's watcher calls): a write, a create, a nested create
+# (recursive), a remove; a stopped watcher answers no more.
+from e2b import FilesystemEventType
+
+watched = f"{scratch}/watched"
+sbx.files.make_dir(f"{watched}/sub")
+sbx.files.write(f"{watched}/a.txt", "one")
+handle = sbx.files.watch_dir(watched, recursive=True)
+sbx.files.write(f"{watched}/a.txt", "one and two")
+sbx.files.write(f"{watched}/b.txt", "new")
+sbx.files.write(f"{watched}/sub/c.txt", "nested")
+seen = {(e.name, e.type) for e in handle.get_new_events()}
+check("watch: a write", ("a.txt", FilesystemEventType.WRITE) in seen, seen)
+check("watch: a create", ("b.txt", FilesystemEventType.CREATE) in seen, seen)
+check("watch: a nested create", ("sub/c.txt", FilesystemEventType.CREATE) in seen, seen)
+sbx.files.remove(f"{watched}/b.txt")
+seen = [(e.name, e.type) for e in handle.get_new_events()]
+check("watch: a remove, and only it", seen == [("b.txt", FilesystemEventType.REMOVE)], seen)
+check("watch: nothing new", handle.get_new_events() == [])
+handle.stop()
+try:
+    handle.get_new_events()
+    check("watch: stopped", False, "answered")
+except e2b.SandboxException:
+    check("watch: stopped", True)
+try:
+    sbx.files.watch_dir(f"{scratch}/nope")
+    check("watch: a missing directory", False, "watched")
+except e2b.SandboxException as e:
+    check("watch: a missing directory", "does not exist" in str(e) or isinstance(e, e2b.FileNotFoundException), e)
+
 sbx.commands.run(f"rm -rf {scratch}")
 check("scratch removed", sbx.files.exists(scratch) is False)
 

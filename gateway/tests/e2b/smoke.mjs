@@ -94,6 +94,18 @@ const big = randomBytes(5 * 1024 * 1024)
 await sbx.files.write(`${base}/big.bin`, new Blob([big]))
 const back = await sbx.files.read(`${base}/big.bin`, { format: 'bytes' })
 check('files: 5 MB round trip', Buffer.from(back).equals(big), back.length)
+
+// Watching a directory (the JS SDK's WatchDir stream): a create arrives while it watches.
+const events = []
+const watching = await sbx.files.watchDir(base, (event) => events.push(event))
+await sbx.files.write(`${base}/watched.txt`, 'seen')
+const waited = Date.now()
+while (!events.some((e) => e.name === 'watched.txt' && e.type === 'create') && Date.now() - waited < 10_000) {
+  await new Promise((resolve) => setTimeout(resolve, 100))
+}
+check('watchDir: a create arrives', events.some((e) => e.name === 'watched.txt' && e.type === 'create'), events)
+await watching.stop()
+
 await sbx.files.remove(base)
 check('files: scratch removed', (await sbx.files.exists(base)) === false)
 
