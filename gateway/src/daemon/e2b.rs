@@ -722,8 +722,14 @@ fn host_memory_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// The most sandboxes one listing looks through (ten store pages).
+const MAX_LISTED: usize = 10_000;
+
 /// `GET /v2/sandboxes`: the caller's sandboxes, by `metadata` (`k=v&k2=v2`, each part
-/// percent-encoded) and `state` (`running,paused`), `limit` a page, `nextToken` the next.
+/// percent-encoded), `state` (`running,paused`), `template` (its id or alias) and
+/// `startedAfter` (RFC 3339), newest first unless `order=asc`; `limit` a page, `nextToken`
+/// the next (a cursor: the start time and id of the page's last sandbox, so a page never
+/// repeats or skips one as sandboxes come and go).
 async fn list(
     e2b: &E2b,
     caller: &Caller,
@@ -734,6 +740,7 @@ async fn list(
         .query()
         .map(|q| form_pairs(q).into_iter().collect())
         .unwrap_or_default();
+    let bad = |what: String| Failure::new(StatusCode::BAD_REQUEST, what);
     let mut selector = Vec::new();
     if let Some(metadata) = query.get("metadata") {
         for (k, v) in form_pairs(metadata) {
@@ -744,38 +751,113 @@ async fn list(
         .get("state")
         .map(|s| s.split(',').map(|p| p.trim().to_string()).collect())
         .unwrap_or_default();
-    let limit: u32 = query
+    let limit: usize = query
         .get("limit")
         .and_then(|l| l.parse().ok())
         .unwrap_or(100)
         .clamp(1, 1000);
+    let ascending = match query.get("order").map(String::as_str) {
+        None | Some("" | "desc") => false,
+        Some("asc") => true,
+        Some(other) => return Err(bad(format!("order is asc or desc, not {other:?}"))),
+    };
+    let started_after = match query.get("startedAfter").filter(|t| !t.is_empty()) {
+        None => None,
+        Some(text) => Some(
+            key_time(text)
+                .ok_or_else(|| bad(format!("startedAfter is an RFC 3339 time, not {text:?}")))?,
+        ),
+    };
+    let cursor = match query.get("nextToken").filter(|t| !t.is_empty()) {
+        None => None,
+        Some(token) => Some(
+            parse_cursor(token)
+                .ok_or_else(|| bad(format!("nextToken {token:?} is not one this listing gave")))?,
+        ),
+    };
     let filter = SandboxFilter {
         workspace: workspace_of(caller)?,
         all_workspaces: caller.grants.is_none() && workspace_of(caller)?.is_none(),
         label_selector: selector.join(","),
     };
-    let page = e2b
-        .gateway
-        .list_sandboxes(
-            &filter,
-            limit,
-            query.get("nextToken").map(String::as_str).unwrap_or(""),
-        )
-        .await?;
-    let listed: Vec<Value> = page
-        .items
+    let mut all = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = e2b.gateway.list_sandboxes(&filter, 1000, &token).await?;
+        all.extend(
+            page.items
+                .into_iter()
+                .filter(|s| caller.sees(&s.workspace_id)),
+        );
+        token = page.next_page_token;
+        if token.is_empty() || all.len() >= MAX_LISTED {
+            break;
+        }
+    }
+    let template = query.get("template").filter(|t| !t.is_empty());
+    let mut keyed: Vec<((i64, i32, String), &Sandbox)> = all
         .iter()
-        .filter(|s| caller.sees(&s.workspace_id))
-        .map(detail)
-        .filter(|d| states.is_empty() || states.iter().any(|w| d["state"] == json!(w)))
+        .filter(|s| template.is_none_or(|t| template_of(s) == template_label(t)))
+        .map(|s| (sort_key(s), s))
+        .filter(|(key, _)| started_after.is_none_or(|after| (key.0, key.1) >= after))
+        .filter(|(key, _)| match &cursor {
+            None => true,
+            Some(c) if ascending => key > c,
+            Some(c) => key < c,
+        })
         .collect();
+    keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    if !ascending {
+        keyed.reverse();
+    }
+    let mut listed = Vec::new();
+    let mut last = None;
+    let mut more = false;
+    for (key, sandbox) in keyed {
+        let d = detail(sandbox);
+        if !states.is_empty() && !states.iter().any(|w| d["state"] == json!(w)) {
+            continue;
+        }
+        if listed.len() == limit {
+            more = true;
+            break;
+        }
+        listed.push(d);
+        last = Some(key);
+    }
     let mut response = json_response(StatusCode::OK, &Value::Array(listed));
-    if !page.next_page_token.is_empty()
-        && let Ok(token) = page.next_page_token.parse()
+    if more
+        && let Some((secs, nanos, id)) = last
+        && let Ok(token) = format!("{secs}.{nanos:09}.{id}").parse()
     {
         response.headers_mut().insert("x-next-token", token);
     }
     Ok(response)
+}
+
+/// A sandbox's place in a listing: its start (creation) time, then its id.
+fn sort_key(sandbox: &Sandbox) -> (i64, i32, String) {
+    let at = sandbox.created_at.unwrap_or_default();
+    (at.seconds, at.nanos, sandbox.id.clone())
+}
+
+/// A `nextToken`: `SECONDS.NANOS.ID`.
+fn parse_cursor(token: &str) -> Option<(i64, i32, String)> {
+    let mut parts = token.splitn(3, '.');
+    let secs = parts.next()?.parse().ok()?;
+    let nanos = parts.next()?.parse().ok()?;
+    let id = parts.next()?.to_string();
+    Uuid::parse_str(&id).ok()?;
+    Some((secs, nanos, id))
+}
+
+/// An RFC 3339 time (one without an offset is taken as UTC) as (seconds, nanos).
+fn key_time(text: &str) -> Option<(i64, i32)> {
+    let parsed = text
+        .parse::<sbx_proto::Timestamp>()
+        .or_else(|_| format!("{text}Z").parse::<sbx_proto::Timestamp>())
+        .ok()?;
+    Some((parsed.seconds, parsed.nanos))
 }
 
 /// `POST /v2/sandboxes/{id}/connect`: a paused sandbox is resumed (201); a running one is
@@ -906,6 +988,23 @@ mod tests {
         ] {
             assert_eq!(routed_host(&host, "e2b.test"), want, "{host}");
         }
+    }
+
+    #[test]
+    fn cursors_and_times_read_back() {
+        let id = Uuid::new_v4().to_string();
+        let token = format!("{}.{:09}.{id}", 1_796_400_000, 5);
+        assert_eq!(parse_cursor(&token), Some((1_796_400_000, 5, id.clone())));
+        for bad in ["", "1.2", "1.2.not-an-id", "x.0.{id}"] {
+            assert_eq!(parse_cursor(bad), None, "{bad}");
+        }
+        assert_eq!(key_time("2026-12-04T19:20:00Z"), Some((1_796_412_000, 0)));
+        assert_eq!(
+            key_time("2026-12-04T20:20:00.5+01:00"),
+            Some((1_796_412_000, 500_000_000))
+        );
+        assert_eq!(key_time("2026-12-04T19:20:00"), Some((1_796_412_000, 0)));
+        assert_eq!(key_time("yesterday"), None);
     }
 
     #[test]

@@ -412,11 +412,28 @@ async fn start(
         });
     // envd's default: stdin open unless asked otherwise (the SDK's run() sends false).
     let stdin = message["stdin"].as_bool().unwrap_or(true) || pty.is_some();
+    // A relative cwd is under the home directory, as envd takes it: the command starts in a
+    // shell that goes there first (an absolute one is the exec's own working directory).
+    let cwd = process["cwd"].as_str().unwrap_or("").to_string();
+    let workdir = if cwd.is_empty() || cwd.starts_with('/') {
+        cwd
+    } else {
+        let mut wrapped = vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            r#"cd "$HOME" 2>/dev/null || cd /; cd -- "$1" && shift && exec "$@""#.to_string(),
+            "sh".to_string(),
+            cwd,
+        ];
+        wrapped.append(&mut command);
+        command = wrapped;
+        String::new()
+    };
     let opts = ExecOptions {
         env,
         timeout_seconds: timeout_ms
             .map_or(0, |ms| ms.div_ceil(1000).min(u64::from(u32::MAX)) as u32),
-        workdir: process["cwd"].as_str().unwrap_or("").to_string(),
+        workdir,
         stdin,
         tty: pty.clone(),
     };
@@ -458,6 +475,15 @@ async fn start(
                     }
                     Some(exec_output::Chunk::Stderr(b)) => {
                         json!({"event": {"data": {"stderr": B64.encode(b)}}})
+                    }
+                    // The request's deadline ended it: a Connect error, as envd's own deadline
+                    // is (the SDKs raise their timeout error on it).
+                    Some(exec_output::Chunk::Exit(exit)) if exit.timed_out => {
+                        ended = true;
+                        json!({"error": {
+                            "code": "deadline_exceeded",
+                            "message": "the command ran past its timeout and was killed",
+                        }})
                     }
                     Some(exec_output::Chunk::Exit(exit)) => {
                         ended = true;
@@ -813,11 +839,8 @@ mkdir -p -- "$(dirname -- "$d")" && mv -- "$p" "$d" && entry "$d""#,
             vec![text("source"), text("destination")],
             "entry",
         ),
-        _ => (
-            r#"[ -e "$p" ] || [ -L "$p" ] || exit 44; rm -rf -- "$p""#,
-            vec![text("path")],
-            "",
-        ),
+        // Removing what is not there succeeds, as envd's does.
+        _ => (r#"rm -rf -- "$p""#, vec![text("path")], ""),
     };
     if args[0].is_empty() {
         return connect_error("invalid_argument", "a path is required");
@@ -831,7 +854,9 @@ mkdir -p -- "$(dirname -- "$d")" && mv -- "$p" "$d" && entry "$d""#,
         return refused(&ran, &args[0]);
     }
     let out = String::from_utf8_lossy(&ran.stdout);
-    let entries: Vec<Value> = out.lines().filter_map(entry_info).collect();
+    let mut entries: Vec<Value> = out.lines().filter_map(entry_info).collect();
+    // By path, as envd lists (`find` answers in the directory's own order).
+    entries.sort_by(|a, b| a["path"].as_str().cmp(&b["path"].as_str()));
     let answer = match key {
         "entries" => json!({"entries": entries}),
         "entry" => match entries.into_iter().next() {

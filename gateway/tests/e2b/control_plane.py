@@ -4,6 +4,7 @@ Environment: E2B_API_URL and E2B_SANDBOX_URL (sbxd's --e2b-listen), KEY_A (an sb
 workspace a), KEY_B (of workspace b). Prints one line per check; any failure raises.
 """
 
+import datetime
 import os
 import time
 
@@ -50,11 +51,28 @@ other = Sandbox.create(metadata={"sandbox_test_id": "sdk-2"}, timeout=120, api_k
 listed = Sandbox.list(query=SandboxQuery(metadata={"sandbox_test_id": "sdk-1"}), api_key=KEY_A)
 ids = [s.sandbox_id for s in listed.next_items()]
 check("list by metadata", ids == [sbx.sandbox_id], ids)
+# Newest first unless asked otherwise; by start time and template.
+from e2b import SandboxQuery as Q
+
+both = Q(metadata={"sandbox_test_id": "sdk-1"})
+newest = [s.sandbox_id for s in Sandbox.list(api_key=KEY_A).next_items()]
+check("list: newest first", newest[:2] == [other.sandbox_id, sbx.sandbox_id], newest)
+oldest = [s.sandbox_id for s in Sandbox.list(order="asc", api_key=KEY_A).next_items()]
+check("list: oldest first", oldest == list(reversed(newest)), oldest)
+since = Sandbox.list(query=Q(started_after=info.started_at), api_key=KEY_A).next_items()
+check("list: started after", {s.sandbox_id for s in since} == {sbx.sandbox_id, other.sandbox_id}, since)
+later = Sandbox.list(
+    query=Q(started_after=other.get_info().started_at + datetime.timedelta(seconds=1)), api_key=KEY_A
+).next_items()
+check("list: started after all of them", later == [], later)
+check("list: by template", len(Sandbox.list(query=Q(template="base"), api_key=KEY_A).next_items()) == 2)
+check("list: another template", Sandbox.list(query=Q(template="nope"), api_key=KEY_A).next_items() == [])
 pages = Sandbox.list(limit=1, api_key=KEY_A)
 first = pages.next_items()
 check("list pages", len(first) == 1 and pages.has_next, (first, pages.has_next))
 second = pages.next_items()
 check("list second page", len(second) == 1 and second[0].sandbox_id != first[0].sandbox_id, second)
+check("list: no third page", pages.has_next is False)
 
 # Another workspace's key sees none of it and touches none of it.
 listed_b = Sandbox.list(api_key=KEY_B).next_items()
@@ -100,6 +118,16 @@ except e2b.CommandExitException as e:
     check("run: a non-zero exit raises", e.exit_code == 3, e)
 r = sbx.commands.run("echo $GREETING from $(pwd)", envs={"GREETING": "hi"}, cwd="/tmp")
 check("run: envs and cwd", r.stdout == "hi from /tmp\n", r)
+home = sbx.commands.run("cd && pwd").stdout.strip()
+sbx.commands.run("mkdir -p ~/rel-dir")
+r = sbx.commands.run("pwd", cwd="rel-dir")
+check("run: a relative cwd is under the home directory", r.stdout == f"{home}/rel-dir\n", (home, r))
+sbx.commands.run("rmdir ~/rel-dir")
+try:
+    sbx.commands.run("sleep 5", timeout=1)
+    check("run: past its timeout", False, "returned")
+except e2b.TimeoutException:
+    check("run: past its timeout", True)
 seen = []
 sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.1; done", on_stdout=lambda line: seen.append(line))
 check("run: streamed output", "".join(seen).split() == ["1", "2", "3"], seen)
@@ -146,8 +174,12 @@ base = f"{scratch}/files"
 info_w = sbx.files.write(f"{base}/hello.txt", "hello files")
 check("files: write", info_w.path == f"{base}/hello.txt" and info_w.name == "hello.txt", info_w)
 check("files: read", sbx.files.read(f"{base}/hello.txt") == "hello files")
-names = sorted(e.name for e in sbx.files.list(base))
-check("files: list", names == ["hello.txt"], names)
+sbx.files.make_dir(f"{base}/b-dir")
+sbx.files.write(f"{base}/a.txt", "a")
+names = [e.name for e in sbx.files.list(base)]
+check("files: list, by name", names == ["a.txt", "b-dir", "hello.txt"], names)
+sbx.files.remove(f"{base}/a.txt")
+sbx.files.remove(f"{base}/b-dir")
 check("files: exists", sbx.files.exists(f"{base}/hello.txt") is True)
 check("files: not exists", sbx.files.exists(f"{base}/nope") is False)
 got = sbx.files.get_info(f"{base}/hello.txt")
@@ -158,6 +190,8 @@ check("files: make_dir", sbx.files.make_dir(f"{base}/sub/deeper") is True)
 check("files: make_dir twice", sbx.files.make_dir(f"{base}/sub/deeper") is False)
 sbx.files.remove(f"{base}/moved.txt")
 check("files: remove", sbx.files.exists(f"{base}/moved.txt") is False)
+sbx.files.remove(f"{base}/moved.txt")
+check("files: removing what is not there", sbx.files.exists(f"{base}/moved.txt") is False)
 try:
     sbx.files.read(f"{base}/nope")
     check("files: read of what is not there", False, "read")
