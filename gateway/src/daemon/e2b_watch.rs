@@ -5,8 +5,8 @@
 //! There is no inotify on this side of the wall: nothing new listens inside a sandbox. A
 //! watcher compares listings of the directory instead — each a script of the sandbox's own
 //! `find` and `stat`, run as an exec, as the other file calls are — and reports what changed
-//! between two: a name that appeared (`CREATE`), went (`REMOVE`), or whose file changed size
-//! or modification second (`WRITE`). So a rename is a `REMOVE` and a `CREATE`, changes that
+//! between two: a name that appeared (`CREATE`, and `WRITE` too for a file with content),
+//! went (`REMOVE`), or whose file changed size or modification second (`WRITE`). So a rename is a `REMOVE` and a `CREATE`, changes that
 //! cancel out between two listings are not seen, and a write that keeps a file's size within
 //! the same second is not either. `GetWatcherEvents` lists at each call; `WatchDir` lists
 //! every [`POLL`].
@@ -120,8 +120,12 @@ fn changes(before: &Listing, after: &Listing) -> Vec<Value> {
             Some(_) => {}
         }
     }
-    for name in after.keys().filter(|n| !before.contains_key(*n)) {
+    for (name, now) in after.iter().filter(|(n, _)| !before.contains_key(*n)) {
         out.push(event(name, "EVENT_TYPE_CREATE"));
+        // A file that came with content was written too (inotify says both).
+        if now.0 == "regular file" {
+            out.push(event(name, "EVENT_TYPE_WRITE"));
+        }
     }
     out
 }
@@ -338,6 +342,7 @@ mod tests {
             ("turns", "EVENT_TYPE_REMOVE"),
             ("turns", "EVENT_TYPE_CREATE"),
             ("sub/new", "EVENT_TYPE_CREATE"),
+            ("sub/new", "EVENT_TYPE_WRITE"),
         ];
         assert_eq!(
             events,
