@@ -509,6 +509,9 @@ impl SandboxActor {
             Err(e) => return self.driver_failed(myself, st, e).await,
         };
         let mut next = initial;
+        // A pause refused once as out of place is looked at again (the workload may have
+        // ended between the look and the call); a second refusal is the driver's answer.
+        let mut pause_refused = false;
         for _ in 0..MAX_STEPS {
             let obs = match next.take() {
                 Some(obs) => obs,
@@ -662,6 +665,10 @@ impl SandboxActor {
                         Err(DriverError::NotFound { .. }) => next = Some(Observed::Absent),
                         Err(e) if e.is_transient() => {
                             return self.driver_failed(myself, st, e).await;
+                        }
+                        Err(DriverError::FailedPrecondition(why)) if !pause_refused => {
+                            tracing::debug!(sandbox = %st.stored.id(), %why, "the pause was refused; looking again");
+                            pause_refused = true;
                         }
                         Err(e) => return self.pause_gave_up(myself, st, e).await,
                     }

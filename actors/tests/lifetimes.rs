@@ -1,7 +1,7 @@
 //! Lifetimes in the actors, on the sim driver: a deadline's pause the driver cannot make stops
 //! the sandbox instead (it never runs on past its lifetime), a call's leaves it running and
 //! says why; a ttl set by a call survives a restart of the sandbox; a use waits for a resume
-//! under way.
+//! under way; a pause that meets a workload which ended meanwhile records the exit.
 
 mod common;
 
@@ -146,4 +146,40 @@ async fn uses_during_a_resume_wait_for_it_and_two_resume_once() {
         .filter(|e| e.op == SimOp::Resume)
         .count();
     assert_eq!(resumes, 1, "one resume for both uses");
+}
+
+/// A pause that meets a workload which ended between the actor's look and the driver's call
+/// (the driver refuses: it is not running) looks again and records the exit; the call is
+/// refused as out of place, never passed on as the driver's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_that_meets_a_workload_ended_meanwhile_records_the_exit() {
+    let env = Env::with(test_config(), SimFaults::default()).await;
+    let gw = env.gw();
+    let made = gw.create_sandbox(None, "ends", sleep_spec()).await.unwrap();
+    let sel = by_id(&made);
+    wait_phase(gw, &sel, Phase::Ready, T).await;
+    let id = uuid::Uuid::parse_str(&made.id).unwrap();
+    // Every driver call now waits 150 ms after it is recorded: the workload ends inside the
+    // pause call's wait, after the actor looked.
+    env.driver
+        .faults()
+        .set_faults(SimFaults::default().with_latency(Duration::from_millis(150)));
+    env.world.clear_audit();
+    let ends = async {
+        let began = std::time::Instant::now();
+        while !env.world.audit().iter().any(|a| a.op == SimOp::Pause) {
+            assert!(began.elapsed() < T, "no pause reached the driver");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(env.world.exit(id, 0).is_some(), "it was running");
+    };
+    let (answer, ()) = tokio::join!(gw.pause_sandbox(&sel), ends);
+    let err = answer.unwrap_err();
+    assert!(
+        matches!(err, sbx_actors::ActorError::FailedPrecondition(_)),
+        "{err:?}"
+    );
+    let now = gw.get_sandbox(&sel).await.unwrap();
+    assert_eq!(now.phase(), Phase::Completed, "{now:?}");
+    assert_eq!(now.desired_state(), DesiredState::Stopped, "{now:?}");
 }
