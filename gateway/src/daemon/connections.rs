@@ -39,6 +39,17 @@ pub struct Limits {
     pub handshake_timeout: Duration,
 }
 
+impl Default for Limits {
+    /// The default cap and `--handshake-timeout`'s default (10 s), for listeners without
+    /// those flags (a node's metrics).
+    fn default() -> Self {
+        Limits {
+            max_connections: default_max_connections(),
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 /// The default cap: the descriptor limit less [`RESERVED_FDS`], at least 16, at most 4,096.
 pub fn default_max_connections() -> usize {
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
@@ -135,7 +146,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
         {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                "no HTTP/2 preface within the handshake timeout",
+                "no HTTP/2 preface, request or TLS hello within the handshake timeout",
             )));
         }
         polled

@@ -78,22 +78,15 @@ pub async fn serve(
     e2b: E2b,
     shutdown: CancellationToken,
 ) {
-    super::service_routes::serve_http1_bounded(
-        listener,
-        "e2b",
-        tls,
-        Some(limits),
-        shutdown,
-        move |req| {
-            let e2b = e2b.clone();
-            async move {
-                match handle(&e2b, req).await {
-                    Ok(response) => response,
-                    Err(e) => e.response(),
-                }
+    super::service_routes::serve_http1(listener, "e2b", tls, limits, shutdown, move |req| {
+        let e2b = e2b.clone();
+        async move {
+            match handle(&e2b, req).await {
+                Ok(response) => response,
+                Err(e) => e.response(),
             }
-        },
-    )
+        }
+    })
     .await
 }
 

@@ -38,9 +38,14 @@ pub fn of_gateway(gateway: Arc<Gateway>) -> Render {
     })
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, render: Render, shutdown: CancellationToken) {
-    super::service_routes::serve_http1(listener, "metrics", shutdown, move |req| {
+/// Serves `GET /metrics` on `listener` (under `limits`) until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    limits: super::connections::Limits,
+    render: Render,
+    shutdown: CancellationToken,
+) {
+    super::service_routes::serve_http1(listener, "metrics", None, limits, shutdown, move |req| {
         let render = Arc::clone(&render);
         async move { answer(&render, &req).await }
     })

@@ -565,6 +565,7 @@ pub async fn run(args: NodeArgs) -> Result<(), DaemonError> {
         let render = node_metrics(Arc::clone(&driver), Arc::clone(&fences));
         tokio::spawn(super::metrics::serve(
             listener,
+            super::connections::Limits::default(),
             render,
             metrics_stop.clone(),
         ));

@@ -408,6 +408,7 @@ async fn serve_on(
             tracing::info!(bound = %local, "serving metrics at /metrics");
             tokio::spawn(super::metrics::serve(
                 listener,
+                connection_limits(&args),
                 super::metrics::of_gateway(Arc::clone(&gateway)),
                 shutdown.clone(),
             ));
@@ -424,6 +425,7 @@ async fn serve_on(
             tracing::info!(%bound, domain = %args.service_domain, "serving service endpoints");
             tokio::spawn(super::service_routes::serve(
                 listener,
+                connection_limits(&args),
                 Arc::clone(&gateway),
                 shutdown.clone(),
             ));

@@ -41,9 +41,14 @@ type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 /// Bytes in flight between hyper's client and a forwarded connection, each way.
 const BRIDGE_BYTES: usize = 64 * 1024;
 
-/// Serves service endpoints on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: CancellationToken) {
-    serve_http1(listener, "service", shutdown, move |req| {
+/// Serves service endpoints on `listener` (under `limits`) until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    limits: super::connections::Limits,
+    gateway: Arc<Gateway>,
+    shutdown: CancellationToken,
+) {
+    serve_http1(listener, "service", None, limits, shutdown, move |req| {
         let gateway = Arc::clone(&gateway);
         async move { route(&gateway, req).await }
     })
@@ -51,32 +56,16 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>, shutdown: Cance
 }
 
 /// Accepts connections on `listener` until `shutdown` and answers each one's HTTP/1.1
-/// requests with `handle` (one task per connection, ended at `shutdown` too); `what` names
-/// the listener in logs. The loop of sbxd's plain HTTP listeners (service endpoints, metrics).
+/// requests with `handle` (one task per connection, ended at `shutdown` too), over TLS when
+/// `tls` is given; `what` names the listener in logs. The loop of sbxd's HTTP listeners
+/// (service endpoints, metrics, the E2B API). Its connections are held to `limits` as the
+/// gRPC listener's are (`connections::bounded`: at most `max_connections` open, the first
+/// bytes within `handshake_timeout`), and so are the TLS handshake and each request's head.
 pub async fn serve_http1<H, Fut, B>(
     listener: TcpListener,
     what: &'static str,
-    shutdown: CancellationToken,
-    handle: H,
-) where
-    H: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Response<B>> + Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    serve_http1_bounded(listener, what, None, None, shutdown, handle).await
-}
-
-/// [`serve_http1`] over TLS when `tls` is given, and under `limits` when given: at most
-/// `max_connections` open (past it a new connection is closed at once), and the TLS handshake
-/// and each request's head each due within `handshake_timeout` — what the gRPC listener's
-/// connections are held to (`connections.rs`).
-pub async fn serve_http1_bounded<H, Fut, B>(
-    listener: TcpListener,
-    what: &'static str,
     tls: Option<tokio_rustls::TlsAcceptor>,
-    limits: Option<super::connections::Limits>,
+    limits: super::connections::Limits,
     shutdown: CancellationToken,
     handle: H,
 ) where
@@ -86,89 +75,64 @@ pub async fn serve_http1_bounded<H, Fut, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let places = limits.map(|l| Arc::new(tokio::sync::Semaphore::new(l.max_connections)));
-    let mut refused = 0u64;
+    use tonic::transport::server::Connected;
+    let incoming = super::connections::bounded(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        limits,
+    );
+    let mut incoming = std::pin::pin!(incoming);
+    let deadline = limits.handshake_timeout;
     loop {
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            accepted = incoming.next() => accepted,
             _ = shutdown.cancelled() => return,
         };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
+        let stream = match accepted {
+            None => return,
+            Some(Ok(stream)) => stream,
+            Some(Err(e)) => {
                 tracing::warn!(error = %e, "the {what} listener could not accept a connection");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
         };
-        let place = match &places {
-            None => None,
-            Some(places) => match Arc::clone(places).try_acquire_owned() {
-                Ok(place) => Some(place),
-                Err(_) => {
-                    // Dropping it closes it.
-                    refused += 1;
-                    if refused == 1 || refused.is_power_of_two() {
-                        tracing::warn!(
-                            max = limits.map_or(0, |l| l.max_connections),
-                            refused,
-                            "the {what} listener's connection limit is reached: new \
-                             connections are closed (--max-connections)"
-                        );
-                    }
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
+        let peer = stream.connect_info().remote_addr();
         let handle = handle.clone();
         let shutdown = shutdown.clone();
         let tls = tls.clone();
-        let deadline = limits.map(|l| l.handshake_timeout);
         tokio::spawn(async move {
-            let _place = place;
             let service = hyper::service::service_fn(move |req| {
                 let answer = handle(req);
                 async move { Ok::<_, std::convert::Infallible>(answer.await) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
-            if let Some(deadline) = deadline {
-                builder
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(deadline);
-            }
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(deadline);
             let served = async {
-                match tls {
-                    None => {
-                        builder
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await
+                let Some(acceptor) = tls else {
+                    return builder
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                };
+                match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => builder.serve_connection(TokioIo::new(s), service).await,
+                    Ok(Err(e)) => {
+                        tracing::debug!(?peer, error = %e, "a {what} TLS handshake failed");
+                        Ok(())
                     }
-                    Some(acceptor) => {
-                        let handshake = acceptor.accept(stream);
-                        let tls_stream = match deadline {
-                            Some(d) => match tokio::time::timeout(d, handshake).await {
-                                Ok(r) => r,
-                                Err(_) => {
-                                    tracing::debug!(%peer, "a {what} connection did not finish its TLS handshake in time");
-                                    return Ok(());
-                                }
-                            },
-                            None => handshake.await,
-                        };
-                        match tls_stream {
-                            Ok(s) => builder.serve_connection(TokioIo::new(s), service).await,
-                            Err(e) => {
-                                tracing::debug!(%peer, error = %e, "a {what} TLS handshake failed");
-                                Ok(())
-                            }
-                        }
+                    Err(_) => {
+                        tracing::debug!(
+                            ?peer,
+                            "a {what} connection did not finish its TLS handshake in time"
+                        );
+                        Ok(())
                     }
                 }
             };
             tokio::select! {
                 result = served => if let Err(e) = result {
-                    tracing::debug!(%peer, error = %e, "a {what} connection ended with an error");
+                    tracing::debug!(?peer, error = %e, "a {what} connection ended with an error");
                 },
                 _ = shutdown.cancelled() => {}
             }
@@ -315,4 +279,70 @@ async fn bridge(
         let _ = writer.shutdown().await;
     };
     tokio::join!(up, down);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::daemon::connections::Limits;
+
+    /// What `read` gives once the peer closed: 0 bytes, or a reset.
+    async fn closed(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(within, stream.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn http_listeners_close_silent_connections_and_those_past_the_cap() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let limits = Limits {
+            max_connections: 1,
+            handshake_timeout: Duration::from_millis(300),
+        };
+        tokio::spawn(serve_http1(
+            listener,
+            "test",
+            None,
+            limits,
+            stop.clone(),
+            |_req| async { Response::new(Full::new(Bytes::from_static(b"answered"))) },
+        ));
+        // A connection that sends nothing holds the one place...
+        let began = Instant::now();
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // ...so the next is closed at once...
+        let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(closed(&mut second, Duration::from_millis(200)).await);
+        // ...and the silent one at the handshake deadline, not before.
+        assert!(closed(&mut silent, Duration::from_secs(3)).await);
+        assert!(
+            began.elapsed() >= Duration::from_millis(250),
+            "{:?}",
+            began.elapsed()
+        );
+        // Its place is free again: a request is answered.
+        let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+        third
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(3), third.read_to_string(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("answered"),
+            "{answer}"
+        );
+        stop.cancel();
+    }
 }
