@@ -18,8 +18,8 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
-use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
+use ring::{hkdf, hmac};
 use uuid::Uuid;
 
 use crate::error::{ActorError, Result};
@@ -30,6 +30,10 @@ const KEY_FILE_LEN: usize = 64;
 pub struct Sealer {
     cipher: LessSafeKey,
     fingerprint: hmac::Key,
+    /// Derived from the fingerprint half by HKDF under its own salt: the tokens it makes
+    /// ([`Sealer::token`]) are not HMACs any fingerprint, which users may ask for any value,
+    /// could give away.
+    tokens: hmac::Key,
     rng: SystemRandom,
     /// Where the key came from, for errors ("an in-memory key" for tests).
     origin: String,
@@ -101,6 +105,13 @@ impl Sealer {
         Ok(Sealer {
             cipher: LessSafeKey::new(cipher),
             fingerprint: hmac::Key::new(hmac::HMAC_SHA256, &bytes[32..]),
+            tokens: hkdf::Salt::new(hkdf::HKDF_SHA256, b"sbx bearer tokens of objects")
+                .extract(&bytes[32..])
+                .expand(&[b"v1"], hmac::HMAC_SHA256)
+                .map_err(|_| {
+                    ActorError::Internal("the secrets key does not make a token key".into())
+                })?
+                .into(),
             rng: SystemRandom::new(),
             origin,
         })
@@ -146,6 +157,16 @@ impl Sealer {
             .open_in_place(nonce, Aad::from(associated(provider, name)), &mut body)
             .map_err(|_| refuse())?;
         String::from_utf8(plain.to_vec()).map_err(|_| refuse())
+    }
+
+    /// A bearer token for `value` (an object's id) and `purpose`: the whole HMAC-SHA256 under
+    /// the token key, 64 hex digits. Unlike a fingerprint it cannot be had by asking for the
+    /// fingerprint of a chosen value.
+    pub fn token(&self, purpose: &str, value: &str) -> String {
+        let mut message = purpose.as_bytes().to_vec();
+        message.push(0);
+        message.extend_from_slice(value.as_bytes());
+        hex::encode(hmac::sign(&self.tokens, &message).as_ref())
     }
 
     /// The first 16 hex digits of HMAC-SHA256(value) under the fingerprint key.
@@ -205,6 +226,22 @@ mod tests {
         assert_eq!(s.fingerprint("hunter2"), s.fingerprint("hunter2"));
         assert_ne!(s.fingerprint("hunter2"), s.fingerprint("hunter3"));
         assert_eq!(s.fingerprint("x").len(), 16);
+    }
+
+    #[test]
+    fn tokens_are_per_purpose_and_value_and_no_fingerprint_gives_one_away() {
+        let s = Sealer::ephemeral();
+        let id = Uuid::new_v4().to_string();
+        let token = s.token("e2b envd", &id);
+        assert_eq!(token.len(), 64);
+        assert_eq!(token, s.token("e2b envd", &id));
+        assert_ne!(token, s.token("e2b envd", &Uuid::new_v4().to_string()));
+        assert_ne!(token, s.token("other", &id));
+        assert_ne!(token, Sealer::ephemeral().token("e2b envd", &id));
+        // Fingerprints of the token's own message, or of the id, say nothing of it.
+        for value in [format!("e2b envd\0{id}"), id.clone()] {
+            assert!(!token.contains(&s.fingerprint(&value)), "{value}");
+        }
     }
 
     #[test]

@@ -116,12 +116,11 @@ impl Processes {
 
 /// The access token of sandbox `id`: what create and connect answer, what every call into it
 /// must carry.
+/// A token of the gateway's token key, never a fingerprint: a user may ask for the
+/// fingerprint of any value (a provider's credential), so one made of fingerprints of
+/// `…:{id}` could be had by anyone who knows the id.
 pub fn access_token(e2b: &E2b, id: &str) -> String {
-    format!(
-        "{}{}",
-        e2b.secrets.fingerprint(&format!("e2b-envd-a:{id}")),
-        e2b.secrets.fingerprint(&format!("e2b-envd-b:{id}"))
-    )
+    e2b.secrets.token("e2b envd access", id)
 }
 
 /// A Connect error (unary): its code string and HTTP status.
