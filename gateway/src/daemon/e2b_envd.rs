@@ -550,6 +550,8 @@ fn listen(
         });
         loop {
             let received = tokio::select! {
+                // The client left: this listener ends now, not at the process's next output.
+                _ = tx.closed() => return,
                 received = events.recv() => received,
                 _ = async {
                     match ticks.as_mut() {
@@ -684,6 +686,7 @@ const MAX_UPLOAD: u64 = 1 << 30;
 const NOT_FOUND: i32 = 44;
 const NOT_A_DIRECTORY: i32 = 45;
 const EXISTS: i32 = 46;
+const NOT_A_FILE: i32 = 47;
 
 /// Every script's start: `$p` is `$1` made absolute against `$HOME` (or `/`); `entry PATH`
 /// prints `PATH|TYPE|SIZE|MODE|PERMISSIONS|OWNER|GROUP|MTIME`.
@@ -700,13 +703,38 @@ pub(super) struct Ran {
     pub(super) stderr: String,
 }
 
-/// Runs `body` (after [`PRELUDE`]) with `args` in the sandbox, `stdin` as its input.
+/// How much of a script's output the gateway holds, and for how long the script may run: the
+/// sandbox writes that output (its own `stat`, `find`, `cat`), so neither may be its to set.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bounds {
+    pub(super) stdout: usize,
+    pub(super) seconds: u32,
+}
+
+/// A listing or a file's facts: 16 MiB of output, a minute.
+pub(super) const FACTS: Bounds = Bounds {
+    stdout: 16 << 20,
+    seconds: 60,
+};
+
+/// A file's bytes in or out: [`MAX_UPLOAD`], ten minutes.
+const CONTENT: Bounds = Bounds {
+    stdout: MAX_UPLOAD as usize,
+    seconds: 600,
+};
+
+/// What a script's stderr keeps (it only goes into messages).
+const MAX_STDERR: usize = 64 << 10;
+
+/// Runs `body` (after [`PRELUDE`]) with `args` in the sandbox, `stdin` as its input, within
+/// `bounds`: output past them ends the script, refused as `FailedPrecondition`.
 pub(super) async fn script(
     e2b: &E2b,
     uuid: Uuid,
     body: &str,
     args: &[&str],
     stdin: Option<Bytes>,
+    bounds: Bounds,
 ) -> Result<Ran, sbx_actors::ActorError> {
     let mut command = vec![
         "sh".to_string(),
@@ -736,6 +764,7 @@ pub(super) async fn script(
     }
     let opts = ExecOptions {
         stdin: feeding,
+        timeout_seconds: bounds.seconds,
         ..Default::default()
     };
     let mut output = e2b
@@ -750,8 +779,26 @@ pub(super) async fn script(
     let (mut stdout, mut stderr, mut code) = (Vec::new(), Vec::new(), -1);
     while let Some(chunk) = output.next().await {
         match chunk?.chunk {
-            Some(exec_output::Chunk::Stdout(b)) => stdout.extend(b),
-            Some(exec_output::Chunk::Stderr(b)) => stderr.extend(b),
+            Some(exec_output::Chunk::Stdout(b)) => {
+                if stdout.len() + b.len() > bounds.stdout {
+                    // Dropping the stream ends the exec.
+                    return Err(sbx_actors::ActorError::FailedPrecondition(format!(
+                        "the answer is larger than the {} bytes the gateway takes",
+                        bounds.stdout
+                    )));
+                }
+                stdout.extend(b)
+            }
+            Some(exec_output::Chunk::Stderr(b)) => {
+                let room = MAX_STDERR.saturating_sub(stderr.len());
+                stderr.extend(&b[..b.len().min(room)]);
+            }
+            Some(exec_output::Chunk::Exit(exit)) if exit.timed_out => {
+                return Err(sbx_actors::ActorError::FailedPrecondition(format!(
+                    "the sandbox did not answer within {} s",
+                    bounds.seconds
+                )));
+            }
             Some(exec_output::Chunk::Exit(exit)) => code = exit.code,
             None => {}
         }
@@ -790,8 +837,11 @@ fn entry_info(line: &str) -> Option<Value> {
         "permissions": fields[4],
         "owner": fields[5],
         "group": fields[6],
+        // The sandbox's `stat` says it: a time past what the clock holds is none.
         "modifiedTime": sbx_agent::log::rfc3339_nanos(
-            std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime)
+            std::time::UNIX_EPOCH
+                .checked_add(std::time::Duration::from_secs(mtime))
+                .unwrap_or(std::time::UNIX_EPOCH)
         ),
     }))
 }
@@ -845,7 +895,7 @@ mkdir -p -- "$(dirname -- "$d")" && mv -- "$p" "$d" && entry "$d""#,
         return connect_error("invalid_argument", "a path is required");
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ran = match script(e2b, uuid, body, &refs, None).await {
+    let ran = match script(e2b, uuid, body, &refs, None, FACTS).await {
         Ok(r) => r,
         Err(e) => return connect_error(code_of(&e), e.to_string()),
     };
@@ -932,6 +982,7 @@ async fn files(e2b: &E2b, uuid: Uuid, req: Request<Incoming>) -> Response<Body> 
             r#"[ -d "$p" ] && exit 45; mkdir -p -- "$(dirname -- "$p")" && cat > "$p" && printf '%s' "$p""#,
             &[&target],
             Some(data),
+            CONTENT,
         )
         .await
         {
@@ -965,9 +1016,11 @@ async fn download(e2b: &E2b, uuid: Uuid, path: &str) -> Response<Body> {
     let ran = match script(
         e2b,
         uuid,
-        r#"[ -e "$p" ] || exit 44; [ -d "$p" ] && exit 45; cat -- "$p""#,
+        // A regular file only (through links): a device or a FIFO is no file's bytes.
+        r#"[ -e "$p" ] || exit 44; [ -d "$p" ] && exit 45; [ -f "$p" ] || exit 47; cat -- "$p""#,
         &[path],
         None,
+        CONTENT,
     )
     .await
     {
@@ -994,6 +1047,10 @@ async fn download(e2b: &E2b, uuid: Uuid, path: &str) -> Response<Body> {
         NOT_A_DIRECTORY => file_error(
             StatusCode::BAD_REQUEST,
             format!("path '{path}' is a directory"),
+        ),
+        NOT_A_FILE => file_error(
+            StatusCode::BAD_REQUEST,
+            format!("path '{path}' is not a regular file"),
         ),
         _ => file_error(StatusCode::INTERNAL_SERVER_ERROR, ran.stderr),
     }

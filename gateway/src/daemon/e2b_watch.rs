@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use super::e2b::{Body, E2b};
 use super::e2b_envd::{
-    async_stream, code_of, connect_error, frame, refused, script, stream_response,
+    FACTS, async_stream, code_of, connect_error, frame, refused, script, stream_response,
 };
 
 /// How often a `WatchDir` stream lists its directory.
@@ -62,7 +62,7 @@ async fn list(
     const BODY: &str = r#"[ -e "$p" ] || exit 44; [ -d "$p" ] || exit 45
 printf '%s\n' "$p"
 find "$p" -mindepth 1 -maxdepth "$2" | while IFS= read -r f; do printf '%s|' "$f"; stat -c '%F|%s|%Y' -- "$f"; done"#;
-    let ran = script(e2b, uuid, BODY, &[path, &depth.to_string()], None)
+    let ran = script(e2b, uuid, BODY, &[path, &depth.to_string()], None, FACTS)
         .await
         .map_err(|e| connect_error(code_of(&e), e.to_string()))?;
     if ran.code != 0 {

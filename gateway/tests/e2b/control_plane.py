@@ -197,6 +197,14 @@ try:
     check("files: read of what is not there", False, "read")
 except e2b.FileNotFoundException:
     check("files: read of what is not there", True)
+# A device is no file's bytes: /dev/zero would never end (the gateway holds what it reads).
+began = time.monotonic()
+try:
+    sbx.files.read("/dev/zero", format="bytes")
+    check("files: a device is refused", False, "read")
+except e2b.SandboxException as e:
+    check("files: a device is refused", "not a regular file" in str(e), e)
+check("files: refused at once", time.monotonic() - began < 5, time.monotonic() - began)
 big = os.urandom(50 * 1024 * 1024)
 sbx.files.write(f"{base}/big.bin", big)
 back = sbx.files.read(f"{base}/big.bin", format="bytes")
