@@ -19,7 +19,7 @@
 //!   with `Should-Retry: false` (the SDKs would otherwise retry 5xx on their own).
 //!
 //! The in-sandbox daemon's API (E2B's "envd") is `e2b_envd`: the processes of `commands` and
-//! `pty`. Files are not served yet.
+//! `pty`, `files` and a sandbox's ports; `e2b_watch` watches directories.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -1,13 +1,15 @@
-//! E2B's in-sandbox daemon API ("envd"), the part the SDKs' `commands` speak, served by the
-//! E2B listener for requests that carry `E2b-Sandbox-Id` (the SDK sends it on every in-sandbox
-//! call; REST calls never do): `GET /health`, and the Connect protocol's `process.Process`
-//! (`Start`, `Connect`, `List`, `SendInput`, `CloseStdin`, `SendSignal`, `Update`) in its JSON
-//! form. Nothing new listens inside the sandbox: a process is an exec through the gateway (the
+//! E2B's in-sandbox daemon API ("envd"), what the SDKs' `commands`, `pty` and `files` speak,
+//! served by the E2B listener for requests that carry `E2b-Sandbox-Id` (the SDK sends it on
+//! every in-sandbox call; REST calls never do): `GET /health`; the Connect protocol's
+//! `process.Process` (`Start`, `Connect`, `List`, `SendInput`, `CloseStdin`, `SendSignal`,
+//! `Update`) and `filesystem.Filesystem` (`Stat`, `ListDir`, `MakeDir`, `Move`, `Remove`; the
+//! watcher calls are `e2b_watch`'s) in their JSON form; `/files` (download, multipart upload);
+//! and, for an `E2b-Sandbox-Port` other than [`ENVD_PORT`], a server in the sandbox. Nothing new listens inside the sandbox: a process is an exec through the gateway (the
 //! same call as `sbx sandbox exec`), with stdin, a terminal and signals.
 //!
 //! - **Access:** each sandbox's `envdAccessToken` (answered by create and connect) is an HMAC of
-//!   its id under the gateway's secret key; a call without the right `X-Access-Token` is
-//!   `unauthenticated`.
+//!   its id under the gateway's token key (`Sealer::token`); a call without the right
+//!   `X-Access-Token` is `unauthenticated`.
 //! - **Processes:** a started process gets a pid of this gateway's own (per sandbox, from 1):
 //!   the SDK addresses processes by pid, an exec has none. It runs until it ends, whoever
 //!   listens: a client that goes away leaves it running, reachable again by `Connect(pid)`
@@ -891,7 +893,7 @@ mkdir -p -- "$(dirname -- "$d")" && mv -- "$p" "$d" && entry "$d""#,
         // Removing what is not there succeeds, as envd's does.
         _ => (r#"rm -rf -- "$p""#, vec![text("path")], ""),
     };
-    if args[0].is_empty() {
+    if args.iter().any(String::is_empty) {
         return connect_error("invalid_argument", "a path is required");
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
