@@ -1500,6 +1500,11 @@ fn settled_in(
     let sb = &st.stored.sandbox;
     match outcome {
         Outcome::Settled if sb.phase() == wanted => Ok(sb.clone()),
+        // A driver that did not answer (its attempts spent): a client may try again.
+        Outcome::PauseRefused(e) if e.is_transient() => Err(ActorError::Unavailable(format!(
+            "the {what} of sandbox {:?} failed ({e}); it runs on, wanted running",
+            sb.name
+        ))),
         Outcome::PauseRefused(e) => Err(ActorError::Driver(e.clone())),
         Outcome::Retrying(e) => Err(ActorError::Unavailable(format!(
             "the {what} of sandbox {:?} failed ({e}) and is retried",

@@ -1,7 +1,8 @@
 //! Lifetimes in the actors, on the sim driver: a deadline's pause the driver cannot make stops
 //! the sandbox instead (it never runs on past its lifetime), a call's leaves it running and
 //! says why; a ttl set by a call survives a restart of the sandbox; a use waits for a resume
-//! under way; a pause that meets a workload which ended meanwhile records the exit.
+//! under way; a pause that meets a workload which ended meanwhile records the exit; a pause
+//! that fails its last attempt is refused as unavailable.
 
 mod common;
 
@@ -182,4 +183,30 @@ async fn a_pause_that_meets_a_workload_ended_meanwhile_records_the_exit() {
     let now = gw.get_sandbox(&sel).await.unwrap();
     assert_eq!(now.phase(), Phase::Completed, "{now:?}");
     assert_eq!(now.desired_state(), DesiredState::Stopped, "{now:?}");
+}
+
+/// A call's pause whose driver fails on the last attempt the sandbox had left gives up at
+/// once: the call is refused as unavailable (a client retries), never passed on as the
+/// driver's own error, and the workload runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_that_fails_its_last_attempt_is_refused_as_unavailable() {
+    let mut cfg = test_config();
+    cfg.max_driver_attempts = 1;
+    let env = Env::with(cfg, SimFaults::default()).await;
+    let gw = env.gw();
+    let made = gw.create_sandbox(None, "last", sleep_spec()).await.unwrap();
+    let sel = by_id(&made);
+    wait_phase(gw, &sel, Phase::Ready, T).await;
+    env.driver
+        .faults()
+        .set_faults(SimFaults::default().with_error_rate_for(SimOp::Pause, 1.0));
+    let err = gw.pause_sandbox(&sel).await.unwrap_err();
+    assert!(
+        matches!(err, sbx_actors::ActorError::Unavailable(_)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("injected"), "{err}");
+    let now = gw.get_sandbox(&sel).await.unwrap();
+    assert_eq!(now.desired_state(), DesiredState::Running, "{now:?}");
+    assert_eq!(now.reason, "PauseFailed", "{now:?}");
 }
