@@ -16,7 +16,7 @@ use sbx_actors::{
     ActorError, Config, DriverSet, Gateway, RestartPolicy, SandboxSelector, WorkspaceSelector,
 };
 use sbx_drivers::sim::{SimDriver, SimFaultHandle, SimFaults, SimWorld};
-use sbx_drivers::{ComputeDriver, pb};
+use sbx_drivers::{ComputeDriver, DriverError, pb};
 use sbx_proto::v1::{DesiredState, Lifetime, LifetimeAction, Phase, Sandbox, SandboxSpec};
 use sbx_storage::{Kind, ListQuery, ObjectStore, Scope, SledStore};
 use serde::{Deserialize, Serialize};
@@ -943,7 +943,14 @@ async fn command(
 /// Errors a client must expect from a gateway under faults; anything else is a violation.
 fn expected(h: &Harness, e: ActorError, answer: &mut Answer) -> Result<bool, String> {
     answer.refusal = Some(e.to_string());
-    if let ActorError::Unavailable(_) = e {
+    // A driver call that failed under the faults (an injected error, a hang past the call's
+    // timeout) is an honest answer: the client sees UNAVAILABLE or DEADLINE_EXCEEDED and
+    // tries again. What the driver refused on purpose is not expected here.
+    let driver_failed = matches!(
+        &e,
+        ActorError::Driver(DriverError::Unavailable(_) | DriverError::DeadlineExceeded { .. })
+    );
+    if matches!(e, ActorError::Unavailable(_)) || driver_failed {
         h.report
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -958,6 +965,7 @@ fn expected(h: &Harness, e: ActorError, answer: &mut Answer) -> Result<bool, Str
         | ActorError::ObjectNotFound { .. }
         | ActorError::ProviderInUse { .. }
         | ActorError::Unavailable(_) => Ok(false),
+        _ if driver_failed => Ok(false),
         other => Err(format!("unexpected error from the gateway: {other}")),
     }
 }
