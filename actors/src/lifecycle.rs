@@ -97,8 +97,8 @@ pub enum Step {
     Stop,
     /// Persist Deleting, then delete the workload and the record.
     Delete,
-    /// A freshly started actor found the workload running under another generation: take it
-    /// over as it is, persisting the driver's generation.
+    /// A freshly started actor found the workload running (or, wanted paused, paused) under
+    /// another generation: take it over as it is, persisting the driver's generation.
     Adopt { generation: u64 },
     /// A long-lived actor found the workload running under another generation: its view is
     /// stale. The actor fails; its supervisor restarts it from the record, and the fresh actor
@@ -225,6 +225,21 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
         },
         DesiredState::Paused => match obs {
             Observed::Running { .. } => Step::Pause,
+            // Saved under another generation (a driver that forgot its generations): taken
+            // over as it is, as a running one would be, so the record says what the driver
+            // holds and a resume brings back what the record names.
+            Observed::Paused { generation } if *generation != cur.generation => {
+                if fresh {
+                    Step::Adopt {
+                        generation: *generation,
+                    }
+                } else {
+                    Step::Drift {
+                        persisted: cur.generation,
+                        running: *generation,
+                    }
+                }
+            }
             Observed::Paused { .. } => {
                 if cur.phase == Phase::Paused {
                     Step::Settled
@@ -724,6 +739,25 @@ mod tests {
                 fresh,
                 Step::Settled,
             );
+            // Saved under another generation (the driver forgot its own): a fresh actor
+            // adopts it, a long-lived one fails so that a fresh one does.
+            let other = Observed::Paused { generation: 0 };
+            let expected = if fresh {
+                Step::Adopt { generation: 0 }
+            } else {
+                Step::Drift {
+                    persisted: 3,
+                    running: 0,
+                }
+            };
+            for phase in [P::Pausing, P::Paused] {
+                check(
+                    cur(D::Paused, phase, 3),
+                    other.clone(),
+                    fresh,
+                    expected.clone(),
+                );
+            }
             // Wanted running: the paused workload is resumed, never made again.
             for phase in [P::Paused, P::Starting, P::Error] {
                 check(

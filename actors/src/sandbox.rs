@@ -626,12 +626,17 @@ impl SandboxActor {
                 Step::Adopt { generation } => {
                     let before = st.stored.sandbox.generation;
                     st.stored.sandbox.generation = generation;
+                    let (phase, what) = if desired(st) == DesiredState::Paused {
+                        (Phase::Paused, "paused")
+                    } else {
+                        (Phase::Ready, "running")
+                    };
                     set_phase(
                         st,
-                        Phase::Ready,
+                        phase,
                         "Adopted",
                         &format!(
-                            "re-attached to the running workload under its generation {generation} (the record said {before})"
+                            "re-attached to the {what} workload under its generation {generation} (the record said {before})"
                         ),
                     );
                     tracing::info!(sandbox = %st.stored.id(), before, generation, "adopted a running workload after generation drift");

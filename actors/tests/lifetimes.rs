@@ -2,7 +2,8 @@
 //! the sandbox instead (it never runs on past its lifetime), a call's leaves it running and
 //! says why; a ttl set by a call survives a restart of the sandbox; a use waits for a resume
 //! under way; a pause that meets a workload which ended meanwhile records the exit; a pause
-//! that fails its last attempt is refused as unavailable.
+//! that fails its last attempt is refused as unavailable; a paused sandbox whose driver forgot
+//! its generation is adopted, still paused.
 
 mod common;
 
@@ -209,4 +210,38 @@ async fn a_pause_that_fails_its_last_attempt_is_refused_as_unavailable() {
     let now = gw.get_sandbox(&sel).await.unwrap();
     assert_eq!(now.desired_state(), DesiredState::Running, "{now:?}");
     assert_eq!(now.reason, "PauseFailed", "{now:?}");
+}
+
+/// A paused sandbox whose driver forgot its generations (a driver restart) is taken over as
+/// it is: the record takes the driver's generation and stays Paused, and a resume brings it
+/// back Ready under that generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sandbox_whose_driver_forgot_its_generation_is_adopted_paused() {
+    let env = Env::new().await;
+    let gw = env.gw();
+    let made = gw.create_sandbox(None, "kept", sleep_spec()).await.unwrap();
+    let sel = by_id(&made);
+    wait_phase(gw, &sel, Phase::Ready, T).await;
+    let paused = gw.pause_sandbox(&sel).await.unwrap();
+    assert!(paused.generation > 0, "{paused:?}");
+    let id = uuid::Uuid::parse_str(&made.id).unwrap();
+    env.world.crash_forget_generations();
+    let began = std::time::Instant::now();
+    let adopted = loop {
+        gw.reconcile_now().await.unwrap();
+        let now = gw.get_sandbox(&sel).await.unwrap();
+        if now.generation == 0 || began.elapsed() > T {
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(adopted.generation, 0, "{adopted:?}");
+    assert_eq!(adopted.phase(), Phase::Paused, "{adopted:?}");
+    assert_eq!(adopted.desired_state(), DesiredState::Paused, "{adopted:?}");
+    assert_eq!(adopted.reason, "Adopted", "{adopted:?}");
+    let resumed = gw.resume_sandbox(&sel).await.unwrap();
+    assert_eq!(resumed.phase(), Phase::Ready, "{resumed:?}");
+    let held = env.world.snapshot(id).unwrap();
+    assert_eq!(held.state(), sbx_driver_api::pb::State::Running, "{held:?}");
+    assert_eq!(held.generation, resumed.generation, "{held:?} {resumed:?}");
 }
