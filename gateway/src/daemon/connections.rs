@@ -20,9 +20,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::transport::server::Connected;
 
 /// What a connection must send before its deadline: the client preface (24 bytes) and the
 /// 9-byte header of the SETTINGS frame that follows it.
@@ -118,14 +117,6 @@ impl<IO> Guarded<IO> {
     }
 }
 
-impl<IO: Connected> Connected for Guarded<IO> {
-    type ConnectInfo = IO::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
-    }
-}
-
 impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -153,35 +144,60 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, data)
-    }
+/// For a connection wrapper that changes only what is read: its writes, and what the server
+/// asks of the connection (`Connected`), go to its `io` field as they are.
+macro_rules! only_reads_change {
+    ($wrapper:ident) => {
+        impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for $wrapper<IO> {
+            fn poll_write(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                data: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                std::pin::Pin::new(&mut self.io).poll_write(cx, data)
+            }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
+            fn poll_flush(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::pin::Pin::new(&mut self.io).poll_flush(cx)
+            }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
+            fn poll_shutdown(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+            }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
+            fn poll_write_vectored(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+            }
 
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
+            fn is_write_vectored(&self) -> bool {
+                self.io.is_write_vectored()
+            }
+        }
+
+        impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected
+            for $wrapper<IO>
+        {
+            type ConnectInfo = IO::ConnectInfo;
+
+            fn connect_info(&self) -> Self::ConnectInfo {
+                self.io.connect_info()
+            }
+        }
+    };
 }
+pub(crate) use only_reads_change;
+
+only_reads_change!(Guarded);
 
 #[cfg(test)]
 mod tests {

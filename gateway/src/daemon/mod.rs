@@ -14,6 +14,7 @@ pub mod e2b;
 pub mod e2b_envd;
 pub mod e2b_watch;
 pub mod forward;
+pub mod h2_authority;
 pub mod images;
 pub mod managed;
 pub mod metrics;

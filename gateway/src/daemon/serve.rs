@@ -575,7 +575,11 @@ async fn serve_on(
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
         Listener::Unix(listener) => {
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            // Stock clients that send the socket's path as the authority are served too.
+            let incoming = tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                |accepted| accepted.map(super::h2_authority::AuthorityFix::new),
+            );
             let incoming = super::connections::bounded(incoming, limits);
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
