@@ -76,6 +76,8 @@ pub struct PhaseChange {
     /// A new desired state, when the observation changes what is wanted (a workload that
     /// exited by itself is no longer wanted running).
     pub desired: Option<DesiredState>,
+    /// The main process's exit code and signal, when the change records its own end.
+    pub exit: Option<(i32, i32)>,
 }
 
 /// The next step towards the desired state.
@@ -139,6 +141,12 @@ pub fn exit_change(exit: &Exit) -> PhaseChange {
             "Signaled".to_string(),
             format!("main process was killed by signal {}", exit.signal),
         )
+    } else if exit.code == 127 && exit.message.contains("command not found") {
+        (
+            Phase::Error,
+            "CommandNotFound".to_string(),
+            format!("main process exited with status {}", exit.code),
+        )
     } else {
         (
             Phase::Error,
@@ -173,6 +181,7 @@ pub fn exit_change(exit: &Exit) -> PhaseChange {
         reason,
         message,
         desired: Some(DesiredState::Stopped),
+        exit: Some((if exit.signal != 0 { -1 } else { exit.code }, exit.signal)),
     }
 }
 
@@ -182,6 +191,7 @@ fn record(phase: Phase, reason: &str, message: &str) -> Step {
         reason: reason.into(),
         message: message.into(),
         desired: None,
+        exit: None,
     })
 }
 
@@ -256,6 +266,7 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
                 reason: String::new(),
                 message: "the workload was not running, so there was nothing to pause".into(),
                 desired: Some(DesiredState::Stopped),
+                exit: None,
             }),
         },
         DesiredState::Running | DesiredState::Unspecified => match obs {

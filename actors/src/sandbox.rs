@@ -480,6 +480,12 @@ fn current(st: &SandboxState) -> Current {
 
 fn set_phase(st: &mut SandboxState, phase: Phase, reason: &str, message: &str) {
     let sb = &mut st.stored.sandbox;
+    // How the last run ended is told until something else happens to the workload (a
+    // start, a stop); an exit being recorded sets it again after this (`apply`).
+    if phase != sb.phase() && !matches!(phase, Phase::Completed | Phase::Error) {
+        sb.exit_code = None;
+        sb.exit_signal = 0;
+    }
     sb.set_phase(phase);
     sb.reason = reason.to_string();
     sb.message = message.to_string();
@@ -1466,6 +1472,7 @@ fn apply(st: &mut SandboxState, change: PhaseChange) {
         reason,
         message,
         desired,
+        exit,
     } = change;
     if phase == Phase::Paused && reason.is_empty() {
         // Paused keeps the reason its pause was asked for (recorded on Pausing).
@@ -1485,6 +1492,10 @@ fn apply(st: &mut SandboxState, change: PhaseChange) {
     }
     if let Some(desired) = desired {
         st.stored.sandbox.set_desired_state(desired);
+    }
+    if let Some((code, signal)) = exit {
+        st.stored.sandbox.exit_code = Some(code);
+        st.stored.sandbox.exit_signal = signal;
     }
 }
 

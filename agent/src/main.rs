@@ -28,8 +28,26 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+        // Whether `run` would find CMD; with --record, a CMD not found is said on stdout (the
+        // sandbox's log) as a stderr record of the log's, `command not found: CMD`, so that
+        // `logs` shows it on stderr, as the workload's own stderr would.
         Some("which") => {
-            let found = args.get(1).is_some_and(|c| sbx_agent::signals::which(c));
+            let (record, name) = match args.get(1).map(String::as_str) {
+                Some("--record") => (true, args.get(2)),
+                _ => (false, args.get(1)),
+            };
+            let found = name.is_some_and(|c| sbx_agent::signals::which(c));
+            if !found && record {
+                use std::io::Write;
+                let mut said = Vec::new();
+                let words = format!("command not found: {}\n", name.map_or("", |n| n.as_str()));
+                sbx_agent::log::Recorder::new(sbx_agent::log::Stream::Stderr).push(
+                    words.as_bytes(),
+                    std::time::SystemTime::now(),
+                    &mut said,
+                );
+                let _ = std::io::stdout().write_all(&said);
+            }
             return if found {
                 ExitCode::SUCCESS
             } else {

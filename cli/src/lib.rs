@@ -18,6 +18,7 @@ pub mod files;
 pub mod forward;
 pub mod identity;
 pub mod image;
+pub mod job;
 pub mod lifetime;
 pub mod limits;
 pub mod meta;
@@ -164,8 +165,11 @@ pub enum Command {
     /// created, started, stopped, exited, OOM-killed, failed driver steps, recovered from
     /// Error, re-attached or restarted by the reconciler; --watch keeps printing new ones.
     Events(events::EventsArgs),
-    /// Wait until the gateway serves (`--for serving`) or a sandbox is Ready, Stopped or
-    /// deleted (`--for ready|stopped|deleted NAME`).
+    /// Run a command in a new sandbox as a job, as `docker run` does: create it, stream its
+    /// output, wait for its end and exit with its exit code (--rm: delete it after).
+    Run(Box<job::RunArgs>),
+    /// Wait until the gateway serves (`--for serving`) or a sandbox is Ready, Stopped,
+    /// Completed or deleted (`--for ready|stopped|completed|deleted NAME`).
     Wait(WaitArgs),
     /// Print the client's version, and the gateway's at --endpoint: its version, its default
     /// driver and what each of its drivers can do (stdin, tty, cp, port-forward, images).
@@ -259,8 +263,11 @@ pub enum WaitCondition {
     Serving,
     /// The sandbox is Ready (or Completed), and stays Ready for --settle.
     Ready,
-    /// The sandbox runs no workload: Stopped, Completed or Error.
+    /// The sandbox runs no workload: Stopped, Completed or Error (one that runs is waited
+    /// for until it ends).
     Stopped,
+    /// The sandbox's main process exited 0 (Completed); an exit non-zero fails the wait.
+    Completed,
     /// The sandbox is gone.
     Deleted,
 }
@@ -274,10 +281,13 @@ pub enum WaitCondition {
         --addr-file it reads the address from that file (as `sbxd serve --addr-file` writes \
         it: unix:///PATH or HOST:PORT) on every try, and prints it: \
         `SBX_ENDPOINT=$(sbx wait --for serving --addr-file F)`.\n\n\
-        `sbx wait --for ready|stopped|deleted NAME` follows the sandbox on the gateway's watch \
-        stream and returns the moment it gets there (printing it, except for deleted); it \
-        fails when the sandbox cannot get there by itself (Error while waiting for ready, \
-        deleted while waiting for ready or stopped)."
+        `sbx wait --for ready|stopped|completed|deleted NAME` follows the sandbox on the \
+        gateway's watch stream and returns the moment it gets there (printing it, except for \
+        deleted); it fails when the sandbox cannot get there by itself (Error while waiting \
+        for ready or completed, deleted while waiting for ready, stopped or completed, \
+        stopped while waiting for completed). Stopped and completed wait for a sandbox that \
+        runs until its workload ends: `sbx wait --for completed job` exits 0 once the job's \
+        main process exited 0."
 )]
 pub struct WaitArgs {
     /// The condition.

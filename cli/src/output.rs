@@ -61,6 +61,12 @@ pub struct SandboxView {
     /// What the gateway does by itself next: `{action, at, reason}` (absent: nothing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<NextView>,
+    /// How the main process ended, once it ended by itself: its exit code (-1 when a signal
+    /// killed it) and that signal (absent: it runs, or never ended by itself).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "is_zero_i32")]
+    pub exit_signal: i32,
 }
 
 /// `Sandbox.next` as JSON/YAML shows it.
@@ -72,6 +78,10 @@ pub struct NextView {
 }
 
 fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero_i32(n: &i32) -> bool {
     *n == 0
 }
 
@@ -187,6 +197,8 @@ pub fn sandbox_view(sandbox: &Sandbox) -> SandboxView {
             at: rfc3339(n.at.as_ref()),
             reason: n.reason.clone(),
         }),
+        exit_code: sandbox.exit_code,
+        exit_signal: sandbox.exit_signal,
     }
 }
 

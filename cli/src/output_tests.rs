@@ -58,6 +58,8 @@ fn sandbox(name: &str, phase: Phase) -> Sandbox {
         expires_at: None,
         finished_at: None,
         next: None,
+        exit_code: None,
+        exit_signal: 0,
         node: String::new(),
         node_id: String::new(),
     }
@@ -118,6 +120,7 @@ fn sandbox_json_has_the_documented_fields() {
     let mut sb = sandbox("web", Phase::Error);
     sb.reason = "ExitedNonZero".into();
     sb.message = "exit status 3".into();
+    sb.exit_code = Some(3);
     let got: serde_json::Value =
         serde_json::from_str(&render_sandbox(OutputFormat::Json, &sb, now_plus(0)).unwrap())
             .unwrap();
@@ -145,6 +148,7 @@ fn sandbox_json_has_the_documented_fields() {
             "cpu_millis": 250,
             "memory_bytes": 67108864,
             "disk_bytes": 0,
+            "exit_code": 3,
         })
     );
 }

@@ -94,6 +94,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Node(cmd) => super::node::run_node(&target()?, cmd).await,
         Command::Events(args) => super::events::run_events(&target()?, args).await,
         Command::Wait(args) => run_wait(&target()?, &args).await,
+        Command::Run(args) => super::job::run_job(&target()?, &args).await,
         Command::Version(args) => super::meta::run_version(&target()?, &args).await,
         Command::Config(cmd) => super::config::run_config(&flags, &cmd),
         Command::Completion(args) => super::meta::run_completion(&args),
@@ -375,6 +376,17 @@ async fn follow(
     goal: Goal,
     options: WaitOptions,
 ) -> Result<Observation, CliError> {
+    follow_with(client, answer, goal, options, progress_for_stderr()).await
+}
+
+/// [`follow`] with `progress` instead of stderr's.
+pub(crate) async fn follow_with(
+    client: &SandboxServiceClient<Channel>,
+    answer: Sandbox,
+    goal: Goal,
+    options: WaitOptions,
+    mut progress: Box<dyn super::wait::Progress>,
+) -> Result<Observation, CliError> {
     // Followed by id only: the id is the identity; the name could meanwhile mean another
     // sandbox (deleted and re-created by someone else).
     if answer.id.is_empty() {
@@ -386,7 +398,6 @@ async fn follow(
         goal: goal.name(),
     };
     let mut source = WatchSource::new(client.clone(), &answer);
-    let mut progress = progress_for_stderr();
     let waited = tokio::select! {
         waited = wait_for(
             goal,
@@ -534,7 +545,8 @@ async fn run_wait(target: &Target, args: &WaitArgs) -> Result<u8, CliError> {
             return Ok(0);
         }
         WaitCondition::Ready => Goal::Ready,
-        WaitCondition::Stopped => Goal::Stopped,
+        WaitCondition::Stopped => Goal::Ended,
+        WaitCondition::Completed => Goal::Completed,
         WaitCondition::Deleted => Goal::Deleted,
     };
     if !named {

@@ -62,8 +62,14 @@ const HEALTH_TRY_TIMEOUT: Duration = Duration::from_secs(2);
 pub enum Goal {
     /// Ready (or Completed: its main process exited 0).
     Ready,
-    /// Stopped (or Completed/Error: no workload runs).
+    /// Stopped (or Completed/Error: no workload runs), after a stop was asked for: a start by
+    /// someone else abandons the wait.
     Stopped,
+    /// The workload ended, by itself or stopped (Stopped, Completed, Error): a sandbox that
+    /// runs is waited for until it ends (`sbx wait --for stopped`, `sbx run`).
+    Ended,
+    /// The main process exited 0 (Completed); an Error fails the wait with its reason.
+    Completed,
     /// Gone from the gateway.
     Deleted,
 }
@@ -72,7 +78,8 @@ impl Goal {
     pub fn name(self) -> &'static str {
         match self {
             Goal::Ready => "Ready",
-            Goal::Stopped => "Stopped",
+            Goal::Stopped | Goal::Ended => "Stopped",
+            Goal::Completed => "Completed",
             Goal::Deleted => "deleted",
         }
     }
@@ -170,6 +177,23 @@ pub fn wait_step(goal: Goal, observation: &Observation) -> WaitStep {
             _ if desired == Some(DesiredState::Running) => abandoned(),
             _ => WaitStep::Pending,
         },
+        Goal::Ended => match phase {
+            Some(Phase::Deleting) => abandoned(),
+            _ if desired == Some(DesiredState::Deleted) => abandoned(),
+            Some(Phase::Stopped | Phase::Completed | Phase::Error) => WaitStep::Done,
+            _ => WaitStep::Pending,
+        },
+        Goal::Completed => match phase {
+            Some(Phase::Completed) => WaitStep::Done,
+            Some(Phase::Error) => WaitStep::Failed(CliError::SandboxFailed {
+                name: sandbox.name.clone(),
+                reason: or_unknown(&sandbox.reason),
+                message: or_unknown(&sandbox.message),
+            }),
+            Some(Phase::Deleting | Phase::Stopped) => abandoned(),
+            _ if desired == Some(DesiredState::Deleted) => abandoned(),
+            _ => WaitStep::Pending,
+        },
         Goal::Deleted => WaitStep::Pending,
     }
 }
@@ -188,6 +212,14 @@ pub trait Progress {
     fn observed(&mut self, sandbox: &Sandbox);
     /// Called once when the wait ends, however it ends.
     fn finish(&mut self);
+}
+
+/// No progress at all (`sbx run`, whose stderr is the workload's).
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn observed(&mut self, _: &Sandbox) {}
+    fn finish(&mut self) {}
 }
 
 /// Progress as plain lines, `sandbox NAME: Phase`, one per phase change (for logs and pipes).
@@ -977,6 +1009,22 @@ mod tests {
         check(S, Error, DesiredState::Stopped, "done");
         check(S, Starting, Running, "abandoned");
         check(S, Deleting, DesiredState::Deleted, "abandoned");
+        // Ended: a sandbox that runs is waited for; however it ends, the wait is done.
+        let (e, c) = (Goal::Ended, Goal::Completed);
+        for phase in [Provisioning, Starting, Ready] {
+            check(e, phase, Running, "pending");
+            check(c, phase, Running, "pending");
+        }
+        check(e, Stopping, DesiredState::Stopped, "pending");
+        for phase in [Stopped, Completed, Error] {
+            check(e, phase, DesiredState::Stopped, "done");
+        }
+        check(e, Deleting, DesiredState::Deleted, "abandoned");
+        // Completed: only an exit 0; a failure says why, a stop or delete abandons.
+        check(c, Completed, DesiredState::Stopped, "done");
+        check(c, Error, DesiredState::Stopped, "failed");
+        check(c, Stopped, DesiredState::Stopped, "abandoned");
+        check(c, Deleting, DesiredState::Deleted, "abandoned");
         check(Gone, Ready, Running, "pending");
         check(Gone, Deleting, DesiredState::Deleted, "pending");
     }

@@ -101,8 +101,9 @@ pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
 pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the command, passes SIGTERM on to every process of
 # the sandbox, reaps orphans, and records the command's status in files the driver made and
 # handed over open: fd 4 takes the status, fd 5 the name of a command not found, fd 6 the
-# agent's words; fd 3 is the agent's listening socket, fds 7 and 8 the log opened for reading
-# and its previous part (the loggers keep the log within LOG_MAX bytes with them). Exec
+# agent's words, fd 9 `launched` once the command is found (what the driver's start waits
+# for, with the status); fd 3 is the agent's listening socket, fds 7 and 8 the log opened for
+# reading and its previous part (the loggers keep the log within LOG_MAX bytes with them). Exec
 # terminals come from the devpts instance at /dev/.sbx-pts, host root's. `$1` is a tmpfs of
 # the sandbox's own (its FIFOs and the stop mark), which host code never opens.
 # A stop's TERM (which pid 1 of a namespace would drop without a trap) is passed on to every
@@ -114,12 +115,14 @@ run="$1"; logmax="$2"; shift 2
 trap ': > "$run/stopping"; kill -TERM -1 2>/dev/null' TERM INT
 # Looked up as `sbx-agent run` will run it (a program on PATH, not one of this busybox's
 # applets or a shell builtin, which `command -v` would also find).
-if ! /dev/.sbx/sbx-agent which "$1" 3<&- 4>&- 5>&- 6>&- 7<&- 8>&-; then
-  echo "command not found: $1" >&2
+# Not found, it says so in the log as a stderr record.
+if ! /dev/.sbx/sbx-agent which --record "$1" 3<&- 4>&- 5>&- 6>&- 7<&- 8>&- 9>&-; then
   printf '%s\n' "$1" >&5
   printf '127\n' >&4
   exit 127
 fi
+printf 'launched\n' >&9
+exec 9>&-
 # The main process's stdout and stderr each go through a FIFO to a logger (`sbx-agent log`),
 # which appends them to the log (this shell's stdout) as timestamped records of their stream.
 # A logger opens its FIFO once it is ready for signals, and the main process's open of it
@@ -617,16 +620,20 @@ impl Inner {
         std::fs::create_dir_all(&run.dir).map_err(|e| io("making the run directory", e))?;
         std::fs::set_permissions(&run.dir, std::fs::Permissions::from_mode(0o711))
             .map_err(|e| io("setting the run directory's mode", e))?;
-        let mut handed = Vec::new();
-        for name in record::INIT_OUTPUTS {
-            let file = std::fs::OpenOptions::new()
+        let made = |name: &str| {
+            std::fs::OpenOptions::new()
                 .append(true)
                 .create_new(true)
                 .mode(0o600)
                 .open(run.dir.join(name))
-                .map_err(|e| io(&format!("making the run's {name}"), e))?;
-            handed.push(std::os::fd::OwnedFd::from(file));
+                .map(std::os::fd::OwnedFd::from)
+                .map_err(|e| io(&format!("making the run's {name}"), e))
+        };
+        let mut handed = Vec::new();
+        for name in record::INIT_OUTPUTS {
+            handed.push(made(name)?);
         }
+        let launched_file = made(record::LAUNCHED)?;
         // No container holds the id here (no `runc delete` first, ≈ 3 ms a launch): a known
         // sandbox is terminated (its container deleted) before every new run, a new id has
         // never had one, and `open` deletes the containers no record owns.
@@ -696,7 +703,7 @@ impl Inner {
         fds.extend(handed);
         let (log_read, log_previous) = sbx_host_kit::logfile::rotation_files(&paths.log)
             .map_err(|e| io("opening the log for its rotation", e))?;
-        fds.extend([log_read, log_previous]);
+        fds.extend([log_read, log_previous, launched_file]);
         ptys::mount_exec_devpts(&paths.exec_pts)?;
         let launched = self
             .runtime
@@ -735,6 +742,9 @@ impl Inner {
         let line = format!("{}\n", stat.trim_end());
         write_host_file(&run.init(), line.as_bytes(), 0o444)
             .map_err(|e| io("recording the init", e))?;
+        // Started means the main command was found, or it has ended (a command not found is
+        // then the start's answer, never a Ready a moment before an Error).
+        run.wait_launched(sbx_host_kit::run::LAUNCH_WAIT).await;
         Ok(())
     }
 }

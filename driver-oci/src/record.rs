@@ -24,8 +24,8 @@
 //! <state_dir>/sandboxes/<id>/run-<run_id>/      one run, host root's (0711, never bound
 //!                                               into the sandbox): `init` (the init's /proc
 //!                                               stat line, written by the driver), `pid`
-//!                                               (runc's), `exit`, `not-found`, `agent.log`
-//!                                               (made by the driver, written by the init
+//!                                               (runc's), `exit`, `not-found`, `agent.log`,
+//!                                               `launched` (made by the driver, written by the init
 //!                                               through descriptors), `hostname` and
 //!                                               `resolv.conf` (0444, bound read-only)
 //! <state_dir>/trash/                            sandboxes being deleted
@@ -179,6 +179,10 @@ pub const PID_FILE: &str = "pid";
 /// it open as fds 4, 5 and 6 (in this order): the main process's status, the name of a main
 /// command not found, the exec agent's log.
 pub const INIT_OUTPUTS: [&str; 3] = ["exit", "not-found", "agent.log"];
+
+/// The run directory's file the sandbox's init writes `launched` to once the main command is
+/// found, made by the driver and handed to it open as fd 9 (after the log's two).
+pub const LAUNCHED: &str = sbx_host_kit::run::LAUNCHED;
 
 /// Where the runtime writes the pid of the run's container init.
 pub fn pid_file(run: &RunDir) -> PathBuf {

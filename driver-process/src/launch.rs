@@ -82,7 +82,8 @@ jail() {
 /// each (no `mv`: one exec less per launch); a reader takes them only once they end with their
 /// newline, so a half-written file is never read as a shorter number. A main command not found
 /// (looked up as the workload would, from `/sandbox` on its PATH) is recorded in `not-found`
-/// with status 127 (see [`sbx_host_kit::run`]). A hidden path that is a
+/// with status 127 (see [`sbx_host_kit::run`]); a command found, by `launched`, which the
+/// launch waits for. A hidden path that is a
 /// directory gets an empty read-only tmpfs, any other file `/dev/null`; a missing one nothing.
 const SHIM: &str = concat!(
     jail_fn!(),
@@ -128,12 +129,13 @@ shift
 trap ': > stopping; kill -TERM -1 2>/dev/null' TERM
 printf '%s
 ' "$stat" > init || exit 125
-if ! (cd /sandbox && PATH="$userpath" && command -v "$1") >/dev/null 2>&1; then
-  echo "command not found: $1" >&2
+if ! (cd /sandbox && PATH="$userpath" /proc/self/fd/4 which --record "$1" 3<&- 6<&- 7<&-); then
   printf '%s
 ' "$1" > not-found; printf '127
 ' > exit; exit 127
 fi
+printf 'launched
+' > launched || exit 125
 mkfifo stdout.fifo stderr.fifo || { echo "sbx: cannot make the log FIFOs" >&2; exit 125; }
 /proc/self/fd/4 log stdout stdout.fifo --rotate "$logmax" 6 7 3<&- &
 out=$!
@@ -390,6 +392,9 @@ pub async fn launch(
     loop {
         if let Some(identity) = run.read_init() {
             reap_in_background(child);
+            // Started means the main command was found, or it has ended (a command not
+            // found is then the start's answer, never a Ready a moment before an Error).
+            run.wait_launched(sbx_host_kit::run::LAUNCH_WAIT).await;
             return Ok(identity);
         }
         if let Ok(Some(status)) = child.try_wait() {

@@ -1032,3 +1032,64 @@ async fn auth_cost() {
         ratio(99)
     );
 }
+
+/// The commands `sbxd certs init` prints work as pasted: the serve line listens (TLS, client
+/// certificates required) and the client line, with its certificate's identity, reaches it.
+/// Only the port changes (7070 → a free one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commands_certs_init_prints_work_as_pasted() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let x = data.path().join("x");
+    let made = run_bounded(
+        Command::new(SBXD)
+            .args(["certs", "init", "--dir"])
+            .arg(&x)
+            .args(["--client", "alice"]),
+        "sbxd certs init",
+    );
+    assert_eq!(made.code, 0, "{made:?}");
+    let line = |start: &str| -> Vec<String> {
+        let found = made
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no {start:?} line in:\n{}", made.stdout));
+        found.split_whitespace().map(String::from).collect()
+    };
+    let serve = line("sbxd serve ");
+    assert!(
+        serve
+            .windows(2)
+            .any(|w| w == ["--listen", "127.0.0.1:7070"]),
+        "{serve:?}"
+    );
+    let extra: Vec<String> = serve[2..]
+        .iter()
+        .map(|a| a.replace("127.0.0.1:7070", "127.0.0.1:0"))
+        .collect();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let mut d = Sbxd::spawn_with_env(data.path(), "sim", "", &extra, &[("SBX_AUTH", "token")]);
+    d.wait_serving();
+    identity(data.path(), "alice", "viewer", &[], &["--cert-only"]);
+    let port = d.addr.rsplit(':').next().unwrap().to_string();
+    let client = line("sbx --tls-ca ");
+    assert!(
+        client
+            .windows(2)
+            .any(|w| w == ["--endpoint", "https://localhost:7070"]),
+        "{client:?}"
+    );
+    let client: Vec<String> = client[1..]
+        .iter()
+        .map(|a| a.replace("localhost:7070", &format!("localhost:{port}")))
+        .collect();
+    let ran = run_bounded(
+        Command::new(common::SBX).args(&client),
+        "the printed sbx line",
+    );
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert!(
+        ran.stdout.contains("sim") && !ran.stdout.contains("not reachable"),
+        "{ran:?}"
+    );
+}

@@ -83,6 +83,10 @@ fn the_tour_runs_as_pasted() {
         "the note survived the restart\n{report}"
     );
     assert!(
+        out.contains("hi\nexit 7\n"),
+        "sbx run prints the job's output and exits with its code\n{report}"
+    );
+    assert!(
         out.contains("sbx.local/busybox"),
         "the built-in image is listed\n{report}"
     );

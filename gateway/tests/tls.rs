@@ -396,7 +396,7 @@ fn certs_init_writes_the_files_with_their_modes() {
     // Nothing else in the directory (no temporary file left behind).
     assert_eq!(std::fs::read_dir(&target).unwrap().count(), written.len());
 
-    let described = certs::describe(&written);
+    let described = certs::describe(&written, &[]);
     for want in [
         format!(
             "--tls-cert {} --tls-key {} --tls-client-ca {}",
@@ -450,7 +450,7 @@ async fn certs_init_adds_clients_to_an_existing_ca() {
     );
     assert_eq!(std::fs::read(p(&pki, "ca.pem")).unwrap(), ca_before);
     assert_eq!(std::fs::read(p(&pki, "server.pem")).unwrap(), server_before);
-    let described = certs::describe(&written);
+    let described = certs::describe(&written, &[]);
     assert!(
         described.contains(&format!(
             "sbx --tls-ca {} --tls-cert {} --tls-key {}",

@@ -9,7 +9,9 @@
 //! final newline), so a half-written file reads as not there yet. When the main command is
 //! not found (checked by the init before it runs it), the init writes its name to
 //! `not-found` and `127` to `exit`: the Error then says `command not found: NAME`, not what
-//! a wrapper or the runtime would have said.
+//! a wrapper or the runtime would have said. Otherwise it writes `launched` to [`LAUNCHED`]
+//! just before it runs the command: a start returns once either is there
+//! ([`RunDir::wait_launched`]).
 //!
 //! **Invariant:** the run directory is host root's: the sandbox's init writes its words into
 //! files the driver made and handed it open (the oci driver passes them as descriptors), so
@@ -38,6 +40,14 @@ const MAX_EXIT: u64 = 32;
 /// The most of `not-found` (a command's name) that is read, and shown.
 const MAX_NOT_FOUND: u64 = 512;
 const SHOWN_NOT_FOUND: usize = 128;
+
+/// The run's file the init writes `launched` to once the main command is found, before it
+/// runs it.
+pub const LAUNCHED: &str = "launched";
+
+/// How long a start waits for the init to say the main command was found, or for it to end
+/// ([`RunDir::wait_launched`]). Past it the start answers anyway: the next look tells.
+pub const LAUNCH_WAIT: Duration = Duration::from_secs(10);
 
 /// The files of one run of the workload.
 #[derive(Debug, Clone)]
@@ -97,6 +107,27 @@ impl RunDir {
         self.line("exit", MAX_EXIT)?.trim().parse().ok()
     }
 
+    /// Whether the init said the main command was found (it runs it next).
+    pub fn launched(&self) -> bool {
+        self.line(LAUNCHED, 16).is_some_and(|l| l == "launched\n")
+    }
+
+    /// Waits (at most `limit`, looking every 2 ms) until the init says the main command was
+    /// found, or has written the main process's status and ended: what a start waits for, so
+    /// that a command not found is the start's answer. Answers whether either happened.
+    pub async fn wait_launched(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if self.launched() || (self.read_exit().is_some() && self.live_init().is_none()) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// The main command the init did not find, if it wrote one: the sandbox's words, so
     /// shown short and printable.
     pub fn read_not_found(&self) -> Option<String> {
@@ -108,7 +139,8 @@ impl RunDir {
     }
 
     /// The run observed: [`observe::observe`] of its [`RunDir::facts`], and a status 127
-    /// with a `not-found` file told as the command not found (by name).
+    /// with a `not-found` file told as the command not found (by name, reason
+    /// `CommandNotFound`).
     pub fn observe(
         &self,
         desired: Desired,
@@ -120,6 +152,7 @@ impl RunDir {
             && observed.exit_code == 127
             && let Some(command) = self.read_not_found()
         {
+            observed.reason = "CommandNotFound";
             observed.message =
                 format!("command not found: {command} (the main process exited with code 127)");
         }

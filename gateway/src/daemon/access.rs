@@ -311,7 +311,7 @@ pub fn run_certs(command: CertsCommand) -> ExitCode {
                     .join("tls"),
             };
             let written = super::certs::init(&args, &dir).map_err(|e| e.to_string())?;
-            println!("{}", super::certs::describe(&written));
+            println!("{}", super::certs::describe(&written, &args.names));
             Ok(())
         })(),
     })

@@ -233,9 +233,44 @@ pub fn init(args: &CertsInitArgs, dir: &Path) -> Result<Vec<PathBuf>, CertsError
     write_all(dir, files)
 }
 
+/// The port the commands [`describe`] prints use (any free port works).
+pub const SUGGESTED_PORT: u16 = 7070;
+
+/// Where the printed commands have sbxd listen and sbx connect, from the server certificate's
+/// names (`names` as given to `--name`; empty: the defaults): a first name that is an IP
+/// address is listened on as it is; a DNS name means every interface (`0.0.0.0`), or loopback
+/// for `localhost`. The endpoint is the first name that is not a wildcard.
+pub fn suggested_addresses(names: &[String]) -> (String, String) {
+    let names: Vec<&str> = if names.is_empty() {
+        DEFAULT_SERVER_NAMES.to_vec()
+    } else {
+        names.iter().map(String::as_str).collect()
+    };
+    let host = names
+        .iter()
+        .find(|n| !n.starts_with("*."))
+        .copied()
+        .unwrap_or("localhost");
+    let port = SUGGESTED_PORT;
+    let (listen, endpoint) = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => {
+            let at = std::net::SocketAddr::new(ip, port);
+            (at.to_string(), format!("https://{at}"))
+        }
+        Err(_) if host == "localhost" => (
+            format!("127.0.0.1:{port}"),
+            format!("https://localhost:{port}"),
+        ),
+        Err(_) => (format!("0.0.0.0:{port}"), format!("https://{host}:{port}")),
+    };
+    (listen, endpoint)
+}
+
 /// What each file is for and the flags that use them, for the command to print: one line per
-/// path, then the sbxd and sbx flags for the server and each client certificate written.
-pub fn describe(paths: &[PathBuf]) -> String {
+/// path, then the sbxd and sbx commands for the server and each client certificate written,
+/// whole (`--listen` and `--endpoint` from [`suggested_addresses`] of `names`), to be pasted.
+pub fn describe(paths: &[PathBuf], names: &[String]) -> String {
+    let (listen, endpoint) = suggested_addresses(names);
     let file_name = |p: &Path| {
         p.file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -259,7 +294,7 @@ pub fn describe(paths: &[PathBuf]) -> String {
             ("server.pem", _) => {
                 let _ = writeln!(
                     commands,
-                    "sbxd serve --tls-cert {} --tls-key {} --tls-client-ca {}",
+                    "sbxd serve --listen {listen} --tls-cert {} --tls-key {} --tls-client-ca {}",
                     path.display(),
                     sibling("server-key.pem"),
                     sibling("ca.pem"),
@@ -274,7 +309,7 @@ pub fn describe(paths: &[PathBuf]) -> String {
             (_, Some(name)) => {
                 let _ = writeln!(
                     commands,
-                    "sbx --tls-ca {} --tls-cert {} --tls-key {}",
+                    "sbx --tls-ca {} --tls-cert {} --tls-key {} --endpoint {endpoint} version",
                     sibling("ca.pem"),
                     path.display(),
                     sibling(&format!("client-{name}-key.pem")),
