@@ -20,6 +20,7 @@
 //!
 //! Precedence, per setting: a flag, then the environment (`SBX_ENDPOINT`, `SBX_TOKEN`), then
 //! the context (`--context NAME`, else `current-context`), then the default (the endpoint:
+//! `unix:///run/sbx/sbxd.sock`, the packaged service's, when it exists, else
 //! `unix://<sbxd's default data dir>/sbxd.sock`; no token, no TLS).
 
 use std::collections::BTreeMap;
@@ -254,8 +255,15 @@ pub fn resolve(
     })
 }
 
-/// The default endpoint: sbxd's socket in its default data dir.
+/// Where the packaged sbxd (its systemd unit, `packaging/sbxd.service`) puts its socket.
+pub const SERVICE_SOCKET: &str = "/run/sbx/sbxd.sock";
+
+/// The default endpoint: the packaged service's socket when it is there, else sbxd's socket
+/// in its default data dir.
 pub fn default_endpoint() -> Result<String, CliError> {
+    if std::path::Path::new(SERVICE_SOCKET).exists() {
+        return Ok(format!("unix://{SERVICE_SOCKET}"));
+    }
     let root = rustix::process::geteuid().is_root();
     let dir =
         sbx_proto::local::default_data_dir(root).ok_or_else(|| CliError::InvalidEndpoint {

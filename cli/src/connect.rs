@@ -304,22 +304,62 @@ pub async fn connect(target: &Target) -> Result<Channel, CliError> {
                     cause: error_chain(&err),
                 })?
                 .connect_timeout(CONNECT_TIMEOUT);
+            super::error::note_dialed_tcp();
             if *tls {
                 super::error::note_dialed_tls();
                 dialer = dialer
                     .tls_config(tls_config(&target.tls)?)
                     .map_err(|err| CliError::Tls(error_chain(&err)))?;
             }
-            dialer
-                .connect()
-                .await
-                .map_err(|err| CliError::Unreachable {
-                    endpoint,
-                    cause: error_chain(&err),
-                })?
+            dialer.connect().await.map_err(|err| {
+                let cause = error_chain(&err);
+                let cause = match tcp_mismatch_hint(&cause, *tls) {
+                    Some(hint) => format!("{cause} ({hint})"),
+                    None => cause,
+                };
+                CliError::Unreachable { endpoint, cause }
+            })?
         }
     };
     Ok(InterceptedService::new(channel, credentials))
+}
+
+/// What a failed TCP dial most likely means and the flag that mends it, from the words of
+/// the error (`cause`) and whether TLS was dialed: a CA sbx does not trust, a name the
+/// certificate lacks, TLS to a plain listener, or plain HTTP/2 to a TLS one.
+pub fn tcp_mismatch_hint(cause: &str, tls: bool) -> Option<&'static str> {
+    let said = |words: &[&str]| words.iter().any(|w| cause.contains(w));
+    if tls && said(&["UnknownIssuer", "unknown issuer", "UnknownCA"]) {
+        Some(
+            "the gateway's certificate is signed by a CA sbx does not trust: pass that CA with \
+             --tls-ca (sbxd certs init writes it as ca.pem)",
+        )
+    } else if tls && said(&["NotValidForName", "not valid for name"]) {
+        Some(
+            "the gateway's certificate does not name the host dialed: dial a name it has (sbxd \
+             certs init --name), or set --tls-server-name",
+        )
+    } else if tls
+        && said(&[
+            "InvalidContentType",
+            "corrupt message",
+            "invalid message",
+            "WrongVersion",
+            "wrong version",
+        ])
+    {
+        Some(
+            "the gateway does not speak TLS there: dial http:// (or HOST:PORT) without the --tls \
+             flags, or start sbxd with --tls-cert and --tls-key",
+        )
+    } else if !tls && said(&["h2 protocol error", "frame with invalid size"]) {
+        Some(
+            "the gateway may expect TLS there: dial https://HOST:PORT with --tls-ca CA.pem (the \
+             CA that signed its certificate)",
+        )
+    } else {
+        None
+    }
 }
 
 /// Why a Unix socket could not be dialed, and what to do about it.
@@ -381,6 +421,52 @@ fn tls_config(tls: &TlsSettings) -> Result<ClientTlsConfig, CliError> {
     };
     sbx_tls::client_config(tls.ca.as_deref(), identity, tls.server_name.as_deref())
         .map_err(|err| CliError::Tls(err.to_string()))
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::tcp_mismatch_hint;
+
+    /// The words each mismatch was seen to give here (`sbx` against sbxd, both ways).
+    #[test]
+    fn each_mismatch_names_its_flag() {
+        let plain_to_tls = "h2 protocol error: http2 error";
+        assert!(
+            tcp_mismatch_hint(plain_to_tls, false)
+                .unwrap()
+                .contains("https://")
+        );
+        let tls_to_plain = "transport error: received corrupt message of type InvalidContentType";
+        assert!(
+            tcp_mismatch_hint(tls_to_plain, true)
+                .unwrap()
+                .contains("http://")
+        );
+        let unknown_ca = "transport error: invalid peer certificate: UnknownIssuer";
+        assert!(
+            tcp_mismatch_hint(unknown_ca, true)
+                .unwrap()
+                .contains("--tls-ca")
+        );
+        let name = "invalid peer certificate: NotValidForName";
+        assert!(
+            tcp_mismatch_hint(name, true)
+                .unwrap()
+                .contains("--tls-server-name")
+        );
+        for (cause, tls) in [
+            (plain_to_tls, false),
+            (tls_to_plain, true),
+            (unknown_ca, true),
+        ] {
+            let hint = tcp_mismatch_hint(cause, tls).unwrap();
+            assert!(!hint.contains("  ") && !hint.contains('\n'), "{hint:?}");
+        }
+        // A refused connection is not a mismatch.
+        let refused = "tcp connect error: Connection refused (os error 111)";
+        assert_eq!(tcp_mismatch_hint(refused, true), None);
+        assert_eq!(tcp_mismatch_hint(refused, false), None);
+    }
 }
 
 #[cfg(test)]

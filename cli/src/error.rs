@@ -257,6 +257,10 @@ pub enum CliError {
 pub const CREDENTIAL_HINT: &str = "pass --token or set SBX_TOKEN, or save one: `sbx config \
     set-context NAME --endpoint URL --token … --use`";
 
+/// What to do about IMAGE_NOT_FOUND: the two ways an image gets into the store.
+pub const IMAGE_HINT: &str = "pull it from a registry with `sbx image pull REF`, or load a \
+    tar with `sbx image import FILE --name REF`; `sbx image list` shows what the store has";
+
 /// The contexts there are, for [`CliError::NoSuchContext`].
 fn known_contexts(known: &[String]) -> String {
     if known.is_empty() {
@@ -281,6 +285,9 @@ pub fn describe_status(status: &tonic::Status) -> String {
         Some(info) if info.reason == "WORKSPACE_NOT_EMPTY" => {
             format!("{}: {}", info.reason, name_the_cascade_flag(&message))
         }
+        Some(info) if info.reason == "IMAGE_NOT_FOUND" => {
+            format!("{}: {message} ({IMAGE_HINT})", info.reason)
+        }
         Some(info) if !info.reason.is_empty() => say_once(&format!("{}: {message}", info.reason)),
         _ => message,
     };
@@ -300,6 +307,11 @@ pub fn describe_status(status: &tonic::Status) -> String {
                  (--tls-cert) one signed by its client CA, and is there one if it asks for it?)"
             )
         }
+        // Plain HTTP/2 to a TLS listener: the connection is made, the first call fails.
+        _ if dialed_tcp() => match super::connect::tcp_mismatch_hint(&message, dialed_tls()) {
+            Some(hint) => format!("{message} ({hint})"),
+            None => message,
+        },
         _ => message,
     }
 }
@@ -389,6 +401,18 @@ static DIALED_TLS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 /// Notes that this process dialed the gateway with TLS.
 pub fn note_dialed_tls() {
     DIALED_TLS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether this process dialed the gateway over TCP (with TLS or without), not its socket.
+static DIALED_TCP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes that this process dialed the gateway over TCP.
+pub fn note_dialed_tcp() {
+    DIALED_TCP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn dialed_tcp() -> bool {
+    DIALED_TCP.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn dialed_tls() -> bool {
@@ -515,6 +539,23 @@ mod tests {
                 "failed precondition: failed precondition: x",
             ),
             "failed precondition: x",
+        );
+    }
+
+    #[test]
+    fn image_not_found_says_how_images_get_in() {
+        let status = tonic::Status::with_error_details(
+            Code::NotFound,
+            "image \"debian:bookworm\" not found",
+            ErrorDetails::with_error_info(
+                "IMAGE_NOT_FOUND",
+                "sbx.v1",
+                std::collections::HashMap::new(),
+            ),
+        );
+        check(
+            status,
+            &format!("IMAGE_NOT_FOUND: image \"debian:bookworm\" not found ({IMAGE_HINT})"),
         );
     }
 

@@ -49,15 +49,50 @@ pub fn main() -> std::process::ExitCode {
         Err(err) => {
             // Help and version go to stdout with status 0; usage errors to stderr with 2.
             let _ = err.print();
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            if let Some(hint) = missing_separator_hint(err.kind(), &args) {
+                eprintln!("\n{hint}");
+            }
             return std::process::ExitCode::from(clamp_exit(err.exit_code()));
         }
     };
     std::process::ExitCode::from(run::run_to_exit_code(cli))
 }
 
+/// The commands whose workload command comes after `--`.
+const TAKES_A_COMMAND: [&str; 3] = ["exec", "create", "run"];
+
+/// A usage error from a command that takes a command after `--`, given one without it (`sbx
+/// sandbox exec web ls`: clap says only `unexpected argument 'ls'`): where it goes.
+pub fn missing_separator_hint(kind: clap::error::ErrorKind, args: &[String]) -> Option<String> {
+    use clap::error::ErrorKind;
+    if !matches!(
+        kind,
+        ErrorKind::UnknownArgument | ErrorKind::ArgumentConflict | ErrorKind::TooManyValues
+    ) || args.iter().any(|a| a == "--")
+    {
+        return None;
+    }
+    let verb = args
+        .iter()
+        .find(|a| TAKES_A_COMMAND.contains(&a.as_str()))?;
+    let example = match verb.as_str() {
+        "exec" => "sbx sandbox exec NAME -- ls -l /sandbox",
+        "create" => "sbx sandbox create NAME -- sleep infinity",
+        _ => "sbx run --rm IMAGE -- sh -c 'echo hi'",
+    };
+    Some(format!(
+        "hint: the command to run goes after `--`, as in `{example}`"
+    ))
+}
+
 fn clamp_exit(code: i32) -> u8 {
     u8::try_from(code).unwrap_or(1)
 }
+
+/// The help heading of the connection flags every command takes: listed after each
+/// command's own options, not before them.
+const CONNECTION: &str = "Connection options (every command)";
 
 /// The `sbx` command line.
 #[derive(Debug, Parser)]
@@ -73,7 +108,8 @@ fn clamp_exit(code: i32) -> u8 {
 )]
 pub struct Cli {
     /// The gateway: unix:///PATH (sbxd's socket), http://HOST:PORT, https://HOST:PORT, or
-    /// HOST:PORT (http; https when TLS settings are given). Default: sbxd's socket,
+    /// HOST:PORT (http; https when TLS settings are given). Default: the packaged service's
+    /// socket, unix:///run/sbx/sbxd.sock, when it exists; else sbxd's socket,
     /// unix://<data dir>/sbxd.sock, where the data dir is /var/lib/sbx for root, else
     /// $XDG_STATE_HOME/sbx, else ~/.local/state/sbx. Overrides SBX_ENDPOINT, which overrides
     /// the context's endpoint.
@@ -82,36 +118,36 @@ pub struct Cli {
     // from the environment counts as given, and clap then writes `--endpoint <URL>` into every
     // usage line of a usage error, as if it were required (and would show a token's value as
     // the env default in --help).
-    #[arg(long, global = true, value_name = "URL")]
+    #[arg(long, global = true, help_heading = CONNECTION, value_name = "URL")]
     pub endpoint: Option<String>,
 
     /// The bearer token sent on every call (`authorization: Bearer …`). Overrides SBX_TOKEN,
     /// which overrides the context's token. Not needed on sbxd's own Unix socket as the user
     /// who runs sbxd. Prefer SBX_TOKEN or a context: a flag is visible in `ps`.
-    #[arg(long, global = true, value_name = "TOKEN", value_parser = connect::Token::parse)]
+    #[arg(long, global = true, help_heading = CONNECTION, value_name = "TOKEN", value_parser = connect::Token::parse)]
     pub token: Option<connect::Token>,
 
     /// The context to use from the config file (`sbx config`), instead of its
     /// current-context.
-    #[arg(long, global = true, value_name = "NAME")]
+    #[arg(long, global = true, help_heading = CONNECTION, value_name = "NAME")]
     pub context: Option<String>,
 
     /// TLS: the CA certificate (PEM) that signed the gateway's certificate (`sbxd certs
     /// init` makes one); without it, the system's trusted roots. Overrides the context's.
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, help_heading = CONNECTION, value_name = "PATH")]
     pub tls_ca: Option<std::path::PathBuf>,
 
     /// TLS: a client certificate (PEM) to present, with --tls-key. Overrides the context's.
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, help_heading = CONNECTION, value_name = "PATH")]
     pub tls_cert: Option<std::path::PathBuf>,
 
     /// TLS: the client certificate's private key (PEM). Overrides the context's.
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, help_heading = CONNECTION, value_name = "PATH")]
     pub tls_key: Option<std::path::PathBuf>,
 
     /// TLS: the name the gateway's certificate must carry (default: the endpoint's host).
     /// Overrides the context's.
-    #[arg(long, global = true, value_name = "NAME")]
+    #[arg(long, global = true, help_heading = CONNECTION, value_name = "NAME")]
     pub tls_server_name: Option<String>,
 
     #[command(subcommand)]

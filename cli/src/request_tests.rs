@@ -662,3 +662,25 @@ fn a_create_may_leave_the_command_to_the_image() {
     assert_eq!(spec.image, "busybox");
     assert_eq!(spec.image_digest, "", "the pin is the gateway's to set");
 }
+
+#[test]
+fn a_command_without_its_separator_gets_a_hint() {
+    let argv = |line: &str| -> Vec<String> { line.split_whitespace().map(String::from).collect() };
+    let kind = |line: &str| {
+        Cli::try_parse_from(std::iter::once("sbx".to_string()).chain(argv(line)))
+            .unwrap_err()
+            .kind()
+    };
+    for line in [
+        "sandbox exec web ls -l",
+        "sandbox create web sleep 1",
+        "run --rm img echo hi",
+    ] {
+        let hint = crate::missing_separator_hint(kind(line), &argv(line))
+            .unwrap_or_else(|| panic!("no hint for {line:?}"));
+        assert!(hint.contains("goes after `--`"), "{hint}");
+    }
+    // Other usage errors get none.
+    let line = "sandbox list --nope";
+    assert_eq!(crate::missing_separator_hint(kind(line), &argv(line)), None);
+}

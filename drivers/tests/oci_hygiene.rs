@@ -20,11 +20,17 @@ async fn a_command_not_found_is_told_by_its_name() {
     let (code, out, err) = exec(&driver, &id.to_string(), &["echo", "a  b", "-n"]).await;
     assert_eq!((code, out.as_str()), (0, "a  b -n\n"), "{err}");
 
-    let (main, _) = create(&driver, &env, "lost", env.spec(&["nosuchmain"])).await;
+    let (main, made) = create(&driver, &env, "lost", env.spec(&["nosuchmain"])).await;
+    // The create's own answer is the end: the start waited for the init to look.
+    assert_eq!(
+        (made.state(), made.exit_code, made.reason.as_str()),
+        (pb::State::Exited, 127, "CommandNotFound"),
+        "{made:?}"
+    );
     let ended = wait_for(&driver, main, pb::State::Exited).await;
     assert_eq!(
         (ended.exit_code, ended.reason.as_str()),
-        (127, "Error"),
+        (127, "CommandNotFound"),
         "{ended:?}"
     );
     assert!(

@@ -31,14 +31,20 @@ async fn a_command_not_found_is_told_by_its_name() {
     );
 
     let main = Uuid::new_v4();
-    driver
+    let made = driver
         .create(create_req(main, "lost", spec(&["nosuchmain"]), 1))
         .await
         .unwrap();
+    // The create's own answer is the end: the start waited for the shim to look.
+    assert_eq!(
+        (made.state(), made.exit_code, made.reason.as_str()),
+        (pb::State::Exited, 127, "CommandNotFound"),
+        "{made:?}"
+    );
     let ended = wait_for_state(&driver, main, pb::State::Exited, SETTLE).await;
     assert_eq!(
         (ended.exit_code, ended.reason.as_str()),
-        (127, "Error"),
+        (127, "CommandNotFound"),
         "{ended:?}"
     );
     assert!(

@@ -9,39 +9,26 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use common::{CliRun, CliStream, DataDir, Sbxd, assert_oci_left_nothing, sbx, unique};
+use common::{CliRun, CliStream};
 use sbx_proto::Timestamp;
 
 /// The workload: a line to each stream, a second's pause, then one more to stdout; then it
 /// stays up.
 const TALKER: &str = "echo out1; echo err1 >&2; sleep 1; echo out2; sleep 3600";
 
-struct World {
-    sbxd: Sbxd,
-    data: DataDir,
-    /// The oci driver's cgroup parent (None: the process driver).
-    cgroup_parent: Option<String>,
+/// The logs' world: [`common::DriverWorld`] and its `box`.
+struct World(common::DriverWorld);
+
+impl std::ops::Deref for World {
+    type Target = common::DriverWorld;
+    fn deref(&self) -> &common::DriverWorld {
+        &self.0
+    }
 }
 
 impl World {
     fn new(driver: &str) -> World {
-        let data = DataDir::new();
-        let (sbxd, cgroup_parent) = if driver == "oci" {
-            let parent = format!("sbx-gateway-tests-logs-{}", unique());
-            let sbxd = Sbxd::start(data.path(), "", &["--oci-cgroup-parent", &parent]);
-            (sbxd, Some(parent))
-        } else {
-            (Sbxd::start(data.path(), driver, &[]), None)
-        };
-        World {
-            sbxd,
-            data,
-            cgroup_parent,
-        }
-    }
-
-    fn sbx(&self, args: &[&str]) -> CliRun {
-        sbx(&self.sbxd.endpoint(), args)
+        World(common::DriverWorld::new(driver, "logs"))
     }
 
     /// `sbx sandbox logs ARGS… box`.
@@ -68,12 +55,8 @@ impl World {
         }
     }
 
-    fn finish(mut self) {
-        self.sbx(&["sandbox", "delete", "box"]).ok();
-        self.sbxd.sigterm(Duration::from_secs(30));
-        if let Some(parent) = &self.cgroup_parent {
-            assert_oci_left_nothing(self.data.path(), parent);
-        }
+    fn finish(self) {
+        self.0.finish();
     }
 }
 

@@ -373,3 +373,35 @@ async fn shutdown_grace_bounds_a_slow_call() {
         "the call cut off at shutdown cannot have succeeded"
     );
 }
+
+/// `--listen` keeps the Unix socket beside TCP: its owner is an admin there, with no token,
+/// while a TCP caller without one is refused; `--no-socket` leaves the socket out.
+#[test]
+fn listen_keeps_the_socket_for_the_local_admin_unless_told_not_to() {
+    let data = DataDir::new();
+    let token = [("SBX_AUTH", "token")];
+    let mut d = Sbxd::spawn_with_env(data.path(), "sim", "127.0.0.1:0", &[], &token);
+    d.wait_serving();
+    assert!(
+        !d.addr.starts_with("unix://"),
+        "the address file names TCP: {}",
+        d.addr
+    );
+    let socket = format!("unix://{}", data.path().join("sbxd.sock").display());
+    let local = common::sbx(&socket, &["sandbox", "list", "-o", "json"]);
+    assert_eq!(local.json(), serde_json::json!([]), "{local:?}");
+    let remote = common::sbx(&d.endpoint(), &["sandbox", "list"]);
+    assert_ne!(remote.code, 0, "{remote:?}");
+    assert!(remote.stderr.contains("unauthenticated"), "{remote:?}");
+    d.sigterm(Duration::from_secs(30));
+
+    let bare = DataDir::new();
+    let mut d = Sbxd::spawn_with_env(bare.path(), "sim", "127.0.0.1:0", &["--no-socket"], &token);
+    d.wait_serving();
+    assert!(!bare.path().join("sbxd.sock").exists());
+    d.sigterm(Duration::from_secs(30));
+    // --no-socket alone would serve nothing.
+    let (code, _, err) = run_sbxd(&["serve", "--driver", "sim", "--no-socket"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--listen"), "{err}");
+}

@@ -10,50 +10,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{CliRun, DataDir, Sbxd, assert_oci_left_nothing, sbx, unique};
-
-struct World {
-    sbxd: Sbxd,
-    data: DataDir,
-    cgroup_parent: Option<String>,
-}
-
-impl World {
-    fn new(driver: &str) -> World {
-        let data = DataDir::new();
-        let (sbxd, cgroup_parent) = if driver == "oci" {
-            let parent = format!("sbx-gateway-tests-jobs-{}", unique());
-            let sbxd = Sbxd::start(data.path(), "", &["--oci-cgroup-parent", &parent]);
-            (sbxd, Some(parent))
-        } else {
-            (Sbxd::start(data.path(), driver, &[]), None)
-        };
-        World {
-            sbxd,
-            data,
-            cgroup_parent,
-        }
-    }
-
-    fn sbx(&self, args: &[&str]) -> CliRun {
-        sbx(&self.sbxd.endpoint(), args)
-    }
-
-    fn finish(mut self) {
-        let left = self.sbx(&["sandbox", "list", "-o", "json"]).json();
-        for sb in left.as_array().unwrap() {
-            self.sbx(&["sandbox", "delete", sb["name"].as_str().unwrap()])
-                .ok();
-        }
-        self.sbxd.sigterm(Duration::from_secs(30));
-        if let Some(parent) = &self.cgroup_parent {
-            assert_oci_left_nothing(self.data.path(), parent);
-        }
-    }
-}
+type World = common::DriverWorld;
 
 fn a_missing_command_fails_the_create(driver: &str) {
-    let w = World::new(driver);
+    let w = World::new(driver, "jobs");
     for i in 0..5 {
         let name = format!("bad-{i}");
         let made = w.sbx(&["sandbox", "create", &name, "--", "no-such-command"]);
@@ -88,7 +48,7 @@ fn a_missing_command_fails_the_create_process() {
 }
 
 fn run_is_docker_run(driver: &str, image: &[&str]) {
-    let w = World::new(driver);
+    let w = World::new(driver, "jobs");
     let mut argv = vec!["run", "--rm"];
     argv.extend_from_slice(image);
     argv.extend_from_slice(&["--", "sh", "-c", "echo hi; echo oops >&2; exit 7"]);
@@ -156,7 +116,7 @@ fn run_prints_the_output_exits_with_the_code_and_rm_leaves_nothing_process() {
 
 #[test]
 fn wait_for_completed_and_stopped_wait_for_a_job_that_will_end() {
-    let w = World::new("process");
+    let w = World::new("process", "jobs");
     w.sbx(&[
         "sandbox",
         "create",
@@ -218,7 +178,7 @@ fn wait_for_completed_and_stopped_wait_for_a_job_that_will_end() {
 /// The README tour's job, 50 times: made with an upload, waited for, its logs complete.
 #[test]
 fn the_tours_job_logs_are_complete_once_it_completed() {
-    let w = World::new("oci");
+    let w = World::new("oci", "jobs");
     let files = tempfile::tempdir().unwrap();
     std::fs::write(files.path().join("note"), "kept\n").unwrap();
     let upload = format!("{}:/sandbox/in", files.path().display());

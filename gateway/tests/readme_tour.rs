@@ -63,7 +63,11 @@ fn the_tour_runs_as_pasted() {
         "the tour must not need a registry"
     );
     let tmp = DataDir::new();
-    let bin_dir = Path::new(SBX).parent().unwrap();
+    // `SBX_TOUR_BIN_DIR`: the binaries to tour with (scripts/package-check: the installed
+    // package's, /usr/bin); else those this test was built with.
+    let built = Path::new(SBX).parent().unwrap().to_path_buf();
+    let bin_dir = std::env::var_os("SBX_TOUR_BIN_DIR").map_or(built, std::path::PathBuf::from);
+    let bin_dir = bin_dir.as_path();
     let script = rewrite(&tour, bin_dir, tmp.path());
     let script_path = tmp.path().join("tour.sh");
     std::fs::write(&script_path, &script).unwrap();

@@ -191,14 +191,19 @@ pub enum LogFormat {
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Serve gRPC on TCP at host:port instead of the Unix socket. Port 0 picks a free port
-    /// (see --addr-file). An address that is not loopback needs TLS (--tls-cert, --tls-key).
+    /// Also serve gRPC on TCP at host:port (the Unix socket stays, for the local admin, unless
+    /// --no-socket). Port 0 picks a free port (see --addr-file, which then names it). An
+    /// address that is not loopback needs TLS (--tls-cert, --tls-key).
     #[arg(long, env = "SBX_LISTEN", value_name = "HOST:PORT")]
     pub listen: Option<String>,
 
-    /// The Unix socket to serve on when there is no --listen (mode 0600, or 0660 with
-    /// --socket-group). Default: DATA/sbxd.sock. The uid sbxd runs as is a gateway-wide admin
-    /// there; other callers need a token.
+    /// With --listen: serve on TCP only, without the Unix socket.
+    #[arg(long, requires = "listen")]
+    pub no_socket: bool,
+
+    /// The Unix socket to serve on (mode 0600, or 0660 with --socket-group). Default:
+    /// DATA/sbxd.sock. The uid sbxd runs as is a gateway-wide admin there; other callers need
+    /// a token.
     #[arg(long, env = "SBX_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
 

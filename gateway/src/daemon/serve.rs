@@ -142,10 +142,29 @@ fn check_store(store: &SledStore, path: &Path, accept: bool) -> Result<(), Daemo
 /// actors retry, and the reconciler recovers sandboxes once it answers).
 const REMOTE_DRIVER_READY: Duration = Duration::from_secs(10);
 
-/// Where sbxd listens.
+/// Where sbxd listens: TCP (`--listen`) with the Unix socket beside it unless
+/// `--no-socket` (the socket and its `unix://PATH`), or the Unix socket alone.
 enum Listener {
-    Tcp(TcpListener),
+    Tcp(TcpListener, Option<(tokio::net::UnixListener, String)>),
     Unix(tokio::net::UnixListener),
+}
+
+/// The Unix socket's connections, read through [`super::h2_authority`] (stock clients that
+/// send the socket's path as the authority are served too) and bounded.
+fn unix_incoming(
+    listener: tokio::net::UnixListener,
+    limits: super::connections::Limits,
+) -> impl futures::Stream<
+    Item = std::io::Result<
+        super::connections::Guarded<super::h2_authority::AuthorityFix<tokio::net::UnixStream>>,
+    >,
+> + Send
++ 'static {
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+        |accepted| accepted.map(super::h2_authority::AuthorityFix::new),
+    );
+    super::connections::bounded(incoming, limits)
 }
 
 /// `--max-connections` and `--handshake-timeout`, for each listener that serves callers.
@@ -163,6 +182,14 @@ fn connection_limits(args: &ServeArgs) -> super::connections::Limits {
 /// where clients dial (host:port, or unix://PATH).
 async fn bind(args: &ServeArgs, data_dir: &Path) -> Result<(Listener, String), DaemonError> {
     let refuse = |why: String| Err(DaemonError::Security(why));
+    let socket = || -> Result<(tokio::net::UnixListener, String), DaemonError> {
+        let path = args
+            .socket
+            .clone()
+            .unwrap_or_else(|| data_dir.join(super::SOCKET_NAME));
+        let listener = bind_socket(&path, args.socket_group.as_deref())?;
+        Ok((listener, format!("unix://{}", path.display())))
+    };
     let Some(addr) = &args.listen else {
         if args.tls_cert.is_some() {
             return refuse(
@@ -171,18 +198,13 @@ async fn bind(args: &ServeArgs, data_dir: &Path) -> Result<(Listener, String), D
                     .to_string(),
             );
         }
-        let path = args
-            .socket
-            .clone()
-            .unwrap_or_else(|| data_dir.join(super::SOCKET_NAME));
-        let listener = bind_socket(&path, args.socket_group.as_deref())?;
-        return Ok((
-            Listener::Unix(listener),
-            format!("unix://{}", path.display()),
-        ));
+        let (listener, at) = socket()?;
+        return Ok((Listener::Unix(listener), at));
     };
-    if args.socket.is_some() || args.socket_group.is_some() {
-        return refuse("--socket and --socket-group go without --listen".to_string());
+    if args.no_socket && (args.socket.is_some() || args.socket_group.is_some()) {
+        return refuse(
+            "--socket and --socket-group set up the socket that --no-socket leaves out".to_string(),
+        );
     }
     let listener = TcpListener::bind(addr)
         .await
@@ -208,7 +230,12 @@ async fn bind(args: &ServeArgs, data_dir: &Path) -> Result<(Listener, String), D
             ));
         }
     }
-    Ok((Listener::Tcp(listener), bound.to_string()))
+    let beside = if args.no_socket {
+        None
+    } else {
+        Some(socket()?)
+    };
+    Ok((Listener::Tcp(listener, beside), bound.to_string()))
 }
 
 /// Binds the Unix socket at `path`, mode 0600 (0660 for `group`), made under a temporary
@@ -568,21 +595,32 @@ async fn serve_on(
         "connection limits"
     );
     let mut server = match listener {
-        Listener::Tcp(listener) => {
+        Listener::Tcp(listener, beside) => {
             let incoming =
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             let incoming = super::connections::bounded(incoming, limits);
-            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+            let tcp = router
+                .clone()
+                .serve_with_incoming_shutdown(incoming, stopped);
+            match beside {
+                None => tokio::spawn(tcp),
+                Some((socket, at)) => {
+                    tracing::info!(
+                        bound = %at,
+                        "also serving on the Unix socket (its owner is an admin there; --no-socket leaves it out)"
+                    );
+                    let stop = shutdown.clone();
+                    let local = router
+                        .serve_with_incoming_shutdown(unix_incoming(socket, limits), async move {
+                            stop.cancelled().await
+                        });
+                    tokio::spawn(async move { tokio::try_join!(tcp, local).map(|_| ()) })
+                }
+            }
         }
-        Listener::Unix(listener) => {
-            // Stock clients that send the socket's path as the authority are served too.
-            let incoming = tokio_stream::StreamExt::map(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
-                |accepted| accepted.map(super::h2_authority::AuthorityFix::new),
-            );
-            let incoming = super::connections::bounded(incoming, limits);
-            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
-        }
+        Listener::Unix(listener) => tokio::spawn(
+            router.serve_with_incoming_shutdown(unix_incoming(listener, limits), stopped),
+        ),
     };
     tracing::info!(%bound, "listening; re-attaching sandboxes");
 

@@ -778,3 +778,51 @@ pub fn rss_kib(pid: i32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
 }
+
+/// One sbxd on `oci` (the default driver, under a cgroup parent of the test's own) or another
+/// driver, for tests that drive it through `sbx`; [`DriverWorld::finish`] deletes every
+/// sandbox, stops sbxd and, on oci, checks that nothing is left.
+#[allow(dead_code)]
+pub struct DriverWorld {
+    pub sbxd: Sbxd,
+    pub data: DataDir,
+    /// The oci driver's cgroup parent (None: another driver).
+    pub cgroup_parent: Option<String>,
+}
+
+#[allow(dead_code)]
+impl DriverWorld {
+    /// `tag` names the cgroup parent (`sbx-gateway-tests-TAG-…`).
+    pub fn new(driver: &str, tag: &str) -> DriverWorld {
+        let data = DataDir::new();
+        let (sbxd, cgroup_parent) = if driver == "oci" {
+            let parent = format!("sbx-gateway-tests-{tag}-{}", unique());
+            let sbxd = Sbxd::start(data.path(), "", &["--oci-cgroup-parent", &parent]);
+            (sbxd, Some(parent))
+        } else {
+            (Sbxd::start(data.path(), driver, &[]), None)
+        };
+        DriverWorld {
+            sbxd,
+            data,
+            cgroup_parent,
+        }
+    }
+
+    pub fn sbx(&self, args: &[&str]) -> CliRun {
+        sbx(&self.sbxd.endpoint(), args)
+    }
+
+    pub fn finish(mut self) {
+        let left = self.sbx(&["sandbox", "list", "-o", "json"]).json();
+        for sb in left.as_array().into_iter().flatten() {
+            if let Some(name) = sb["name"].as_str() {
+                self.sbx(&["sandbox", "delete", name]).ok();
+            }
+        }
+        self.sbxd.sigterm(Duration::from_secs(30));
+        if let Some(parent) = &self.cgroup_parent {
+            assert_oci_left_nothing(self.data.path(), parent);
+        }
+    }
+}
