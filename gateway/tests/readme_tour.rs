@@ -108,6 +108,10 @@ fn the_tour_runs_as_pasted() {
         "removing the pinned image is refused\n{report}"
     );
     assert!(
+        !err.contains("sbx::audit") && !out.contains("sbx::audit"),
+        "sbxd's log goes to its file, not between the tour's lines\n{report}"
+    );
+    assert!(
         oci_containers(&tmp.path().join("data")).is_empty(),
         "the tour's cascade delete leaves no container\n{report}"
     );

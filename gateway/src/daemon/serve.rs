@@ -630,9 +630,9 @@ async fn serve_on(
     };
     if attached {
         set_health(&health, ServingStatus::Serving).await;
-        if let Some(path) = &args.addr_file {
-            write_addr_file(path, &bound)?;
-        }
+        // The other listeners' files first: the main one says sbxd serves, and whoever waits
+        // for it then finds the others there (they were written after it, and a reader that
+        // came between found none).
         if let (Some(path), Some(service)) = (&args.service_addr_file, &service_bound) {
             write_addr_file(path, service)?;
         }
@@ -641,6 +641,9 @@ async fn serve_on(
         }
         if let (Some(path), Some(e2b)) = (&args.e2b_addr_file, &e2b_bound) {
             write_addr_file(path, e2b)?;
+        }
+        if let Some(path) = &args.addr_file {
+            write_addr_file(path, &bound)?;
         }
         tracing::info!(%bound, driver = driver_name, "serving");
         tokio::spawn(report_disk_full(
