@@ -15,7 +15,8 @@
 //! table, so the server's table stays empty and nothing depends on the two tables agreeing.
 //! A connection that does not open with the HTTP/2 preface passes untouched. A header block
 //! past [`MAX_HEADER_BLOCK`], a block cut by another frame, or one that does not decode ends
-//! the connection (the server would end it for each of those too).
+//! the connection (the server would end it for each of those too), and so does a block that
+//! decodes to a header list past [`MAX_HEADER_LIST`].
 
 use std::io;
 use std::pin::Pin;
@@ -37,6 +38,9 @@ const PRIORITY: u8 = 0x20;
 const MAX_FRAME: usize = 16_384;
 /// The most a request's header block may hold here (the server's own list limit is lower).
 pub const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// The most a request's header list may decode to here (a gRPC request's is well under
+/// 8 KiB).
+pub const MAX_HEADER_LIST: usize = 1 << 20;
 /// The HPACK table size the server allows its clients (h2 advertises none: the default).
 const TABLE_SIZE: usize = 4_096;
 /// What replaces an authority that is not one.
@@ -182,12 +186,22 @@ impl<IO> AuthorityFix<IO> {
             self.state = State::Block(block);
             return Ok(());
         }
+        // Decoded, a block can be far larger than it came (each one-byte index may name a
+        // 4 KiB entry of the table): what it decodes to is bounded too, as RFC 9113 counts a
+        // header list (each field's name and value, and 32).
         let mut fields = Vec::new();
+        let mut list_size = 0usize;
         self.decoder
             .decode_with_cb(&block.fragment, |name, value| {
-                fields.push((name.into_owned(), value.into_owned()))
+                list_size = list_size.saturating_add(name.len() + value.len() + 32);
+                if list_size <= MAX_HEADER_LIST {
+                    fields.push((name.into_owned(), value.into_owned()));
+                }
             })
             .map_err(|e| refused(&format!("a header block that does not decode: {e}")))?;
+        if list_size > MAX_HEADER_LIST {
+            return Err(refused("a header list larger than the gateway takes"));
+        }
         let mut encoded = Vec::with_capacity(block.fragment.len() + 64);
         for (name, value) in &fields {
             let value: &[u8] = if name == b":authority" && !is_authority(value) {
@@ -603,6 +617,20 @@ mod tests {
         input.extend_from_slice(&[0x20, 0, 0, HEADERS, 0, 0, 0, 0, 1]);
         let err = through(input, 64).await.unwrap_err();
         assert!(err.to_string().contains("larger than"), "{err}");
+
+        // A small block that decodes to a huge list: one 4 KB entry in the table, then a
+        // thousand one-byte references to it (4 MB decoded).
+        let mut block = Vec::new();
+        block.push(0x40); // a literal with incremental indexing, a new name
+        for s in [&b"x-big"[..], &[b'y'; 4000][..]] {
+            loona_hpack::encoder::encode_integer_into(s.len(), 7, 0, &mut block).unwrap();
+            block.extend_from_slice(s);
+        }
+        block.extend(std::iter::repeat_n(0x80 | 62, 1000)); // index 62: the entry just added
+        let mut input = PREFACE.to_vec();
+        frame(HEADERS, END_HEADERS, 1, &block, &mut input);
+        let err = through(input, 4096).await.unwrap_err();
+        assert!(err.to_string().contains("header list larger"), "{err}");
 
         // Padding past the payload.
         let mut input = PREFACE.to_vec();
