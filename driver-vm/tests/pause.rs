@@ -126,9 +126,20 @@ impl Drop for VmEnv {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            let _ = std::process::Command::new("umount")
+            // Lazily: the driver's tasks may still hold a file of the state directory until
+            // the test's runtime shuts down (after this drop), and a plain umount is then
+            // refused as busy, leaving the tmpfs mounted for good. Detached now, it goes once
+            // the last of them closes, and the temp dir's removal finds an empty directory.
+            let unmounted = std::process::Command::new("umount")
+                .arg("--lazy")
                 .arg(self.state.path())
                 .status();
+            if !unmounted.is_ok_and(|s| s.success()) {
+                eprintln!(
+                    "the test's tmpfs at {} could not be unmounted",
+                    self.state.path().display()
+                );
+            }
         }
     }
 }
