@@ -141,12 +141,6 @@ pub fn exit_change(exit: &Exit) -> PhaseChange {
             "Signaled".to_string(),
             format!("main process was killed by signal {}", exit.signal),
         )
-    } else if exit.code == 127 && exit.message.contains("command not found") {
-        (
-            Phase::Error,
-            "CommandNotFound".to_string(),
-            format!("main process exited with status {}", exit.code),
-        )
     } else {
         (
             Phase::Error,
@@ -195,6 +189,19 @@ fn record(phase: Phase, reason: &str, message: &str) -> Step {
     })
 }
 
+/// A workload the driver holds under another generation than the record's: a fresh actor
+/// adopts it; a long-lived one fails, so that its supervisor starts a fresh one that does.
+fn drifted(cur: &Current, generation: u64, fresh: bool) -> Step {
+    if fresh {
+        Step::Adopt { generation }
+    } else {
+        Step::Drift {
+            persisted: cur.generation,
+            running: generation,
+        }
+    }
+}
+
 /// The next step for a sandbox. `fresh` is true for the first look of a newly (re)started
 /// actor, which adopts a drifted workload instead of failing.
 pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
@@ -239,16 +246,7 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
             // over as it is, as a running one would be, so the record says what the driver
             // holds and a resume brings back what the record names.
             Observed::Paused { generation } if *generation != cur.generation => {
-                if fresh {
-                    Step::Adopt {
-                        generation: *generation,
-                    }
-                } else {
-                    Step::Drift {
-                        persisted: cur.generation,
-                        running: *generation,
-                    }
-                }
+                drifted(cur, *generation, fresh)
             }
             Observed::Paused { .. } => {
                 if cur.phase == Phase::Paused {
@@ -287,18 +285,7 @@ pub fn plan(cur: &Current, obs: &Observed, fresh: bool) -> Step {
                     record(Phase::Ready, "", "")
                 }
             }
-            Observed::Running { generation } => {
-                if fresh {
-                    Step::Adopt {
-                        generation: *generation,
-                    }
-                } else {
-                    Step::Drift {
-                        persisted: cur.generation,
-                        running: *generation,
-                    }
-                }
-            }
+            Observed::Running { generation } => drifted(cur, *generation, fresh),
             Observed::Exited(exit) => {
                 if start_pending(cur.phase) && exit.generation != cur.generation {
                     // An old run ended; the start the user asked for has not happened yet.

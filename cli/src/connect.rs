@@ -332,12 +332,12 @@ pub fn tcp_mismatch_hint(cause: &str, tls: bool) -> Option<&'static str> {
     if tls && said(&["UnknownIssuer", "unknown issuer", "UnknownCA"]) {
         Some(
             "the gateway's certificate is signed by a CA sbx does not trust: pass that CA with \
-             --tls-ca (sbxd certs init writes it as ca.pem)",
+             --tls-ca; sbxd certs init writes it as ca.pem",
         )
     } else if tls && said(&["NotValidForName", "not valid for name"]) {
         Some(
-            "the gateway's certificate does not name the host dialed: dial a name it has (sbxd \
-             certs init --name), or set --tls-server-name",
+            "the gateway's certificate does not name the host dialed: dial a name it has, as \
+             sbxd certs init --name gave them, or set --tls-server-name",
         )
     } else if tls
         && said(&[
@@ -349,13 +349,13 @@ pub fn tcp_mismatch_hint(cause: &str, tls: bool) -> Option<&'static str> {
         ])
     {
         Some(
-            "the gateway does not speak TLS there: dial http:// (or HOST:PORT) without the --tls \
+            "the gateway does not speak TLS there: dial http://HOST:PORT without the --tls \
              flags, or start sbxd with --tls-cert and --tls-key",
         )
     } else if !tls && said(&["h2 protocol error", "frame with invalid size"]) {
         Some(
-            "the gateway may expect TLS there: dial https://HOST:PORT with --tls-ca CA.pem (the \
-             CA that signed its certificate)",
+            "the gateway may expect TLS there: dial https://HOST:PORT with --tls-ca and the CA \
+             that signed its certificate",
         )
     } else {
         None
@@ -427,39 +427,30 @@ fn tls_config(tls: &TlsSettings) -> Result<ClientTlsConfig, CliError> {
 mod hint_tests {
     use super::tcp_mismatch_hint;
 
-    /// The words each mismatch was seen to give here (`sbx` against sbxd, both ways).
+    /// The words each mismatch was seen to give here (`sbx` against sbxd, both ways), the
+    /// flag each hint must name, and one line of plain words.
     #[test]
     fn each_mismatch_names_its_flag() {
-        let plain_to_tls = "h2 protocol error: http2 error";
-        assert!(
-            tcp_mismatch_hint(plain_to_tls, false)
-                .unwrap()
-                .contains("https://")
-        );
-        let tls_to_plain = "transport error: received corrupt message of type InvalidContentType";
-        assert!(
-            tcp_mismatch_hint(tls_to_plain, true)
-                .unwrap()
-                .contains("http://")
-        );
-        let unknown_ca = "transport error: invalid peer certificate: UnknownIssuer";
-        assert!(
-            tcp_mismatch_hint(unknown_ca, true)
-                .unwrap()
-                .contains("--tls-ca")
-        );
-        let name = "invalid peer certificate: NotValidForName";
-        assert!(
-            tcp_mismatch_hint(name, true)
-                .unwrap()
-                .contains("--tls-server-name")
-        );
-        for (cause, tls) in [
-            (plain_to_tls, false),
-            (tls_to_plain, true),
-            (unknown_ca, true),
+        for (cause, tls, flag) in [
+            ("h2 protocol error: http2 error", false, "https://"),
+            (
+                "transport error: received corrupt message of type InvalidContentType",
+                true,
+                "http://",
+            ),
+            (
+                "transport error: invalid peer certificate: UnknownIssuer",
+                true,
+                "--tls-ca",
+            ),
+            (
+                "invalid peer certificate: NotValidForName",
+                true,
+                "--tls-server-name",
+            ),
         ] {
-            let hint = tcp_mismatch_hint(cause, tls).unwrap();
+            let hint = tcp_mismatch_hint(cause, tls).unwrap_or_else(|| panic!("none for {cause}"));
+            assert!(hint.contains(flag), "{cause}: {hint}");
             assert!(!hint.contains("  ") && !hint.contains('\n'), "{hint:?}");
         }
         // A refused connection is not a mismatch.

@@ -162,14 +162,23 @@ async fn run_to_end(
     this: SandboxRef,
     timeout: Duration,
 ) -> Result<u8, CliError> {
-    let options = WaitOptions {
-        timeout,
+    // One deadline for the start and the end together.
+    let began = std::time::Instant::now();
+    let options = || WaitOptions {
+        timeout: timeout.saturating_sub(began.elapsed()),
         settle: Duration::ZERO,
     };
     let printed = Arc::new(Mutex::new(Printed::default()));
     // The output is followed once the workload runs (a failure to start has its words in the
     // log, printed below).
-    let started = follow_with(client, created, Goal::Ready, options, Box::new(NoProgress)).await;
+    let started = follow_with(
+        client,
+        created,
+        Goal::Ready,
+        options(),
+        Box::new(NoProgress),
+    )
+    .await;
     let (ended, follower) = match started {
         Ok(Observation::Present(sandbox)) => {
             let follower = tokio::spawn(print_followed(
@@ -177,8 +186,14 @@ async fn run_to_end(
                 this.clone(),
                 Arc::clone(&printed),
             ));
-            let ended =
-                follow_with(client, sandbox, Goal::Ended, options, Box::new(NoProgress)).await;
+            let ended = follow_with(
+                client,
+                sandbox,
+                Goal::Ended,
+                options(),
+                Box::new(NoProgress),
+            )
+            .await;
             (ended, Some(follower))
         }
         Ok(gone) => (Ok(gone), None),

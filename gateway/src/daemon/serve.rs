@@ -142,11 +142,11 @@ fn check_store(store: &SledStore, path: &Path, accept: bool) -> Result<(), Daemo
 /// actors retry, and the reconciler recovers sandboxes once it answers).
 const REMOTE_DRIVER_READY: Duration = Duration::from_secs(10);
 
-/// Where sbxd listens: TCP (`--listen`) with the Unix socket beside it unless
-/// `--no-socket` (the socket and its `unix://PATH`), or the Unix socket alone.
-enum Listener {
-    Tcp(TcpListener, Option<(tokio::net::UnixListener, String)>),
-    Unix(tokio::net::UnixListener),
+/// Where sbxd listens: TCP with `--listen`, and the Unix socket unless `--no-socket` (at
+/// least one of them).
+struct Listeners {
+    tcp: Option<TcpListener>,
+    socket: Option<tokio::net::UnixListener>,
 }
 
 /// The Unix socket's connections, read through [`super::h2_authority`] (stock clients that
@@ -179,17 +179,14 @@ fn connection_limits(args: &ServeArgs) -> super::connections::Limits {
 }
 
 /// Checks what `--listen`, `--auth` and the TLS flags ask for together, binds, and says
-/// where clients dial (host:port, or unix://PATH).
-async fn bind(args: &ServeArgs, data_dir: &Path) -> Result<(Listener, String), DaemonError> {
+/// where clients dial (host:port, or unix://PATH without --listen).
+async fn bind(args: &ServeArgs, data_dir: &Path) -> Result<(Listeners, String), DaemonError> {
     let refuse = |why: String| Err(DaemonError::Security(why));
-    let socket = || -> Result<(tokio::net::UnixListener, String), DaemonError> {
-        let path = args
-            .socket
-            .clone()
-            .unwrap_or_else(|| data_dir.join(super::SOCKET_NAME));
-        let listener = bind_socket(&path, args.socket_group.as_deref())?;
-        Ok((listener, format!("unix://{}", path.display())))
-    };
+    let socket_path = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| data_dir.join(super::SOCKET_NAME));
+    let socket = || bind_socket(&socket_path, args.socket_group.as_deref());
     let Some(addr) = &args.listen else {
         if args.tls_cert.is_some() {
             return refuse(
@@ -198,8 +195,11 @@ async fn bind(args: &ServeArgs, data_dir: &Path) -> Result<(Listener, String), D
                     .to_string(),
             );
         }
-        let (listener, at) = socket()?;
-        return Ok((Listener::Unix(listener), at));
+        let listeners = Listeners {
+            tcp: None,
+            socket: Some(socket()?),
+        };
+        return Ok((listeners, format!("unix://{}", socket_path.display())));
     };
     if args.no_socket && (args.socket.is_some() || args.socket_group.is_some()) {
         return refuse(
@@ -230,12 +230,20 @@ async fn bind(args: &ServeArgs, data_dir: &Path) -> Result<(Listener, String), D
             ));
         }
     }
-    let beside = if args.no_socket {
+    let socket = if args.no_socket {
         None
     } else {
+        tracing::info!(
+            socket = %socket_path.display(),
+            "serving on the Unix socket too (its owner is an admin there; --no-socket leaves it out)"
+        );
         Some(socket()?)
     };
-    Ok((Listener::Tcp(listener, beside), bound.to_string()))
+    let listeners = Listeners {
+        tcp: Some(listener),
+        socket,
+    };
+    Ok((listeners, bound.to_string()))
 }
 
 /// Binds the Unix socket at `path`, mode 0600 (0660 for `group`), made under a temporary
@@ -314,7 +322,7 @@ async fn serve_on(
 ) -> Result<(), DaemonError> {
     // Bound before the actors start, so that a taken port fails fast; connections wait in the
     // backlog until the server runs, a moment later.
-    let (listener, bound) = bind(&args, data_dir).await?;
+    let (listeners, bound) = bind(&args, data_dir).await?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(
             crate::tls::server_config(cert, key, args.tls_client_ca.as_deref())
@@ -594,34 +602,36 @@ async fn serve_on(
         keepalive = ?keepalive,
         "connection limits"
     );
-    let mut server = match listener {
-        Listener::Tcp(listener, beside) => {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let incoming = super::connections::bounded(incoming, limits);
-            let tcp = router
-                .clone()
-                .serve_with_incoming_shutdown(incoming, stopped);
-            match beside {
-                None => tokio::spawn(tcp),
-                Some((socket, at)) => {
-                    tracing::info!(
-                        bound = %at,
-                        "also serving on the Unix socket (its owner is an admin there; --no-socket leaves it out)"
-                    );
-                    let stop = shutdown.clone();
-                    let local = router
-                        .serve_with_incoming_shutdown(unix_incoming(socket, limits), async move {
-                            stop.cancelled().await
-                        });
-                    tokio::spawn(async move { tokio::try_join!(tcp, local).map(|_| ()) })
-                }
+    // One router on each listener; the server task ends when both have.
+    let tcp = listeners.tcp.map(|listener| {
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = super::connections::bounded(incoming, limits);
+        router
+            .clone()
+            .serve_with_incoming_shutdown(incoming, stopped)
+    });
+    let local = listeners.socket.map(|socket| {
+        let stop = shutdown.clone();
+        router.serve_with_incoming_shutdown(unix_incoming(socket, limits), async move {
+            stop.cancelled().await
+        })
+    });
+    let mut server = tokio::spawn(async move {
+        let tcp = async move {
+            match tcp {
+                Some(served) => served.await,
+                None => Ok(()),
             }
-        }
-        Listener::Unix(listener) => tokio::spawn(
-            router.serve_with_incoming_shutdown(unix_incoming(listener, limits), stopped),
-        ),
-    };
+        };
+        let local = async move {
+            match local {
+                Some(served) => served.await,
+                None => Ok(()),
+            }
+        };
+        tokio::try_join!(tcp, local).map(|_| ())
+    });
     tracing::info!(%bound, "listening; re-attaching sandboxes");
 
     let attached = tokio::select! {
