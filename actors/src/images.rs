@@ -146,6 +146,8 @@ pub fn image_message(info: &ImageInfo) -> Image {
             env: info.config.env.clone(),
             working_dir: info.config.working_dir.clone(),
             user: info.config.user.clone(),
+            labels: info.config.labels.clone().into_iter().collect(),
+            exposed_ports: info.config.exposed_ports.clone(),
         }),
         layers: info
             .layers
@@ -494,6 +496,60 @@ impl Images {
         Err(ActorError::Unavailable(format!(
             "image {name}: {MAX_WRITE_ATTEMPTS} concurrent writes of its record in a row; try again"
         )))
+    }
+
+    /// The image store itself (for reads that need no record).
+    pub fn content_store(&self) -> Result<ImageStore> {
+        self.content().cloned()
+    }
+
+    /// What the store holds of the image with this manifest digest.
+    pub async fn content_of(&self, digest: &str) -> Result<ImageInfo> {
+        let content = self.content()?.clone();
+        let digest = digest.to_string();
+        tokio::task::spawn_blocking(move || content.get(&digest))
+            .await
+            .map_err(|e| ActorError::Internal(format!("image lookup task: {e}")))?
+            .map_err(Into::into)
+    }
+
+    /// A new image from `parent` (see [`ImageStore::derive`]), recorded under `name`.
+    pub async fn derive(
+        &self,
+        name: &str,
+        parent: Option<ImageInfo>,
+        layer: Option<PathBuf>,
+        config: sbx_images::ImageConfig,
+    ) -> Result<(Image, ImageInfo)> {
+        let name = record_name(name)?;
+        let content = self.content()?.clone();
+        let added = {
+            let _adding = self.adding.read().await;
+            let shown = name.clone();
+            let derived = tokio::task::spawn_blocking(move || {
+                content.derive(&shown, parent.as_ref(), layer.as_deref(), &config)
+            })
+            .await
+            .map_err(|e| ActorError::Internal(format!("image build task: {e}")));
+            match derived {
+                Ok(Ok(info)) => {
+                    let _pinning = self.lock.read().await;
+                    self.record(&name, &info).await.map(|image| (image, info))
+                }
+                Ok(Err(e)) => Err(self.failed_add(e.into())),
+                Err(e) => Err(self.failed_add(e)),
+            }
+        };
+        self.collect_if_owed().await;
+        added
+    }
+
+    /// Records `name` as the image with this digest (a re-tag when it names another).
+    pub async fn tag(&self, name: &str, info: &ImageInfo) -> Result<Image> {
+        let name = record_name(name)?;
+        let _adding = self.adding.read().await;
+        let _pinning = self.lock.read().await;
+        self.record(&name, info).await
     }
 
     pub async fn get(&self, selector: &ImageSelector) -> Result<Image> {

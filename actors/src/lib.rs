@@ -12,6 +12,7 @@
 //! [`Gateway`] is the API the gRPC layer calls.
 
 mod api;
+pub mod build;
 mod config;
 mod error;
 mod events;

@@ -36,6 +36,10 @@ pub enum CliError {
     #[error("the pull of {reference} ended without an image")]
     PullWithoutImage { reference: String },
 
+    /// A build stream ended without the image it promises last.
+    #[error("the build of {context} ended without an image")]
+    BuildWithoutImage { context: String },
+
     /// A `--memory` SIZE is not a number with an optional known unit suffix. The message
     /// leaves the input out: clap prints it beside the flag (`invalid value '12Q' for
     /// '--memory <SIZE>': …`).

@@ -14,8 +14,9 @@ use std::time::SystemTime;
 
 use sbx_proto::v1::image_service_client::ImageServiceClient;
 use sbx_proto::v1::{
-    DeleteImageRequest, GetImageRequest, ImportImageHeader, ImportImageRequest, ListImagesRequest,
-    PullProgress, import_image_request, pull_image_response, pull_progress,
+    BuildImageInput, BuildImageStart, DeleteImageRequest, GetImageRequest, ImportImageHeader,
+    ImportImageRequest, ListImagesRequest, PullProgress, build_image_input, build_image_output,
+    import_image_request, pull_image_response, pull_progress,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -25,7 +26,7 @@ use super::connect::connect;
 use super::output::{human_bytes, render_image, render_images, short_digest};
 use super::reply::{found_or_absent, print, print_deleted, print_list};
 use super::request::{self, describe_image_ref, image_ref};
-use super::{CliError, ImageCommand, ImageImportArgs, ImagePullArgs};
+use super::{CliError, ImageBuildArgs, ImageCommand, ImageImportArgs, ImagePullArgs};
 
 /// Bytes per import message (the gateway accepts messages up to 8 MiB).
 pub const CHUNK: usize = 1 << 20;
@@ -34,6 +35,7 @@ pub async fn run_image(target: &Target, cmd: ImageCommand) -> Result<u8, CliErro
     match cmd {
         ImageCommand::Pull(args) => pull(target, &args).await?,
         ImageCommand::Import(args) => import(target, &args).await?,
+        ImageCommand::Build(args) => build(target, &args).await?,
         ImageCommand::List(args) => {
             let client = ImageServiceClient::new(connect(target).await?);
             let images = super::reply::collect_pages(|token| {
@@ -235,7 +237,7 @@ async fn import(target: &Target, args: &ImageImportArgs) -> Result<(), CliError>
         .as_ref()
         .map(|t| t.path().to_path_buf())
         .unwrap_or_else(|| args.path.clone());
-    let mut file = std::fs::File::open(&file_path).map_err(|e| source_error(e.to_string()))?;
+    let file = std::fs::File::open(&file_path).map_err(|e| source_error(e.to_string()))?;
     let (tx, rx) = mpsc::channel(4);
     let header = ImportImageRequest {
         part: Some(import_image_request::Part::Header(ImportImageHeader {
@@ -245,21 +247,8 @@ async fn import(target: &Target, args: &ImageImportArgs) -> Result<(), CliError>
     tx.send(header)
         .await
         .map_err(|_| source_error("the upload ended early".into()))?;
-    let reader = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            let n = file.read(&mut buf)?;
-            if n == 0 {
-                return Ok(());
-            }
-            let msg = ImportImageRequest {
-                part: Some(import_image_request::Part::Chunk(buf[..n].to_vec())),
-            };
-            if tx.blocking_send(msg).is_err() {
-                // The call ended (the gateway refused): its status says why.
-                return Ok(());
-            }
-        }
+    let reader = send_chunks(file, tx, |chunk| ImportImageRequest {
+        part: Some(import_image_request::Part::Chunk(chunk)),
     });
     let mut client = ImageServiceClient::new(connect(target).await?);
     let answer = client.import_image(ReceiverStream::new(rx)).await;
@@ -271,6 +260,116 @@ async fn import(target: &Target, args: &ImageImportArgs) -> Result<(), CliError>
     drop(tarred);
     let rendered = render_images(&args.output, &images, SystemTime::now())?;
     print_list(&rendered, "No images imported.")
+}
+
+/// Sends `file` as [`CHUNK`]-byte messages made by `message`, from a blocking task; ends
+/// quietly when the call has ended (the gateway refused: its status says why).
+fn send_chunks<M: Send + 'static>(
+    mut file: std::fs::File,
+    tx: mpsc::Sender<M>,
+    message: impl Fn(Vec<u8>) -> M + Send + 'static,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            if tx.blocking_send(message(buf[..n].to_vec())).is_err() {
+                return Ok(());
+            }
+        }
+    })
+}
+
+/// `sbx image build`: the context tarred into a temp file and streamed after the start;
+/// steps and RUN output on stderr as they come, the image on stdout.
+async fn build(target: &Target, args: &ImageBuildArgs) -> Result<(), CliError> {
+    use build_image_input::Input;
+    use build_image_output::Output;
+    let shown = args.context.display().to_string();
+    let source_error = |path: &str, cause: String| CliError::ImportSource {
+        path: path.to_string(),
+        cause,
+    };
+    if !args.context.is_dir() {
+        return Err(source_error(
+            &shown,
+            "the build context must be a directory".into(),
+        ));
+    }
+    let dockerfile_path = args
+        .file
+        .clone()
+        .unwrap_or_else(|| args.context.join("Dockerfile"));
+    let dockerfile = std::fs::read_to_string(&dockerfile_path)
+        .map_err(|e| source_error(&dockerfile_path.display().to_string(), e.to_string()))?;
+    let tarred = tar_directory(&args.context)
+        .map_err(|e| source_error(&shown, format!("tarring it: {e}")))?;
+    let file =
+        std::fs::File::open(tarred.path()).map_err(|e| source_error(&shown, e.to_string()))?;
+    let (tx, rx) = mpsc::channel(4);
+    let start = BuildImageInput {
+        input: Some(Input::Start(BuildImageStart {
+            workspace: args.workspace.clone().unwrap_or_default(),
+            name: args.tag.clone().unwrap_or_default(),
+            dockerfile,
+            build_args: args.build_args.iter().cloned().collect(),
+            allow: args.allow.clone(),
+            no_cache: args.no_cache,
+            driver: args.driver.clone().unwrap_or_default(),
+            run_timeout_seconds: args
+                .run_timeout
+                .map_or(0, |s| u32::try_from(s).unwrap_or(u32::MAX)),
+        })),
+    };
+    tx.send(start)
+        .await
+        .map_err(|_| source_error(&shown, "the upload ended early".into()))?;
+    let reader = send_chunks(file, tx, |chunk| BuildImageInput {
+        input: Some(Input::Context(chunk)),
+    });
+    let mut client = ImageServiceClient::new(connect(target).await?);
+    let mut stream = client
+        .build_image(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let mut stderr = std::io::stderr();
+    let mut at_line_start = true;
+    while let Some(msg) = stream.message().await? {
+        match msg.output {
+            Some(Output::Step(step)) => {
+                if !at_line_start {
+                    eprintln!();
+                }
+                eprintln!(
+                    "step {}/{}: {}{}",
+                    step.index,
+                    step.count,
+                    step.instruction,
+                    if step.cached { "  (cached)" } else { "" }
+                );
+                at_line_start = true;
+            }
+            Some(Output::Log(log)) => {
+                use std::io::Write as _;
+                let _ = stderr.write_all(&log.data);
+                let _ = stderr.flush();
+                at_line_start = log.data.ends_with(b"\n");
+            }
+            Some(Output::Image(image)) => {
+                if !at_line_start {
+                    eprintln!();
+                }
+                let _ = reader.await;
+                drop(tarred);
+                return print(&render_image(&args.output, &image, SystemTime::now())?);
+            }
+            None => {}
+        }
+    }
+    Err(CliError::BuildWithoutImage { context: shown })
 }
 
 /// Tars `dir`'s contents (paths relative to it, symlinks kept as links) into a temp file.

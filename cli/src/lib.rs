@@ -857,6 +857,60 @@ pub enum ImageCommand {
     /// Delete an image. Refused while a sandbox pins its digest.
     #[command(visible_alias = "rm")]
     Delete(ImageTargetArgs),
+    /// Build an image from a Dockerfile, each RUN in a sandbox (no network unless --allow),
+    /// each step cached.
+    Build(ImageBuildArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "\
+Examples:
+  sbx image build -t app:v1 .                       ./Dockerfile, the current directory as context
+  sbx image build -t app:v1 -f ci/Dockerfile src    another Dockerfile, src/ as context
+  sbx image build -t tools --allow deb.debian.org:80 .   RUN may reach that host (port 80)
+
+Supported: FROM (an image of the store, pulled when missing, or scratch), RUN, COPY and ADD from
+the context (numeric --chown, --chmod), ENV, ARG, WORKDIR, USER, ENTRYPOINT, CMD, LABEL, EXPOSE,
+SHELL. Refused with the line named: multi-stage builds, ADD of a URL or an archive, RUN flags,
+HEALTHCHECK, ONBUILD, STOPSIGNAL, VOLUME.
+
+Each RUN runs in a sandbox of the workspace, from the build's state so far, and is deleted
+after. Each step's result is kept as the image sbx.local/build-cache:KEY; a step whose inputs
+did not change is not run again (--no-cache runs every step). Step lines and RUN output go to
+stderr; the image is printed on stdout.")]
+pub struct ImageBuildArgs {
+    /// The build context: the directory whose files COPY and ADD name (sent to the gateway
+    /// as a tar; .dockerignore is not read).
+    #[arg(value_name = "CONTEXT", id = "build_context")]
+    pub context: std::path::PathBuf,
+    /// The result's name, NAME[:TAG] (default: none; the image is shown by digest).
+    #[arg(short = 't', long = "tag", value_name = "NAME[:TAG]", value_parser = parse_image_reference)]
+    pub tag: Option<String>,
+    /// The Dockerfile (default: CONTEXT/Dockerfile).
+    #[arg(short = 'f', long = "file", value_name = "PATH")]
+    pub file: Option<std::path::PathBuf>,
+    /// A value for an ARG the Dockerfile declares, NAME=VALUE; repeatable.
+    #[arg(long = "build-arg", value_name = "NAME=VALUE", value_parser = parse_key_value)]
+    pub build_args: Vec<(String, String)>,
+    /// What every RUN may reach, as `sbx sandbox create --allow` takes it; repeatable.
+    /// Without it a RUN has loopback only.
+    #[arg(long = "allow", value_name = "ENTRY")]
+    pub allow: Vec<String>,
+    /// Run every step, whatever the cache holds.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// The workspace RUN steps run in (default: "default").
+    #[arg(short = 'w', long, value_name = "WORKSPACE", value_parser = parse_name)]
+    pub workspace: Option<String>,
+    /// The driver RUN steps run on (default: the gateway's; it must keep a sandbox's changes,
+    /// as oci does).
+    #[arg(long, value_name = "DRIVER")]
+    pub driver: Option<String>,
+    /// The longest one RUN may take: 90s, 10m, 1h (default 30m).
+    #[arg(long, value_name = "DURATION", value_parser = size::parse_lifetime)]
+    pub run_timeout: Option<u64>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// A clap value parser: an image reference by the gateway's rule (`sbx_proto::image_ref`),

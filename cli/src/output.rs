@@ -589,6 +589,10 @@ pub struct ImageView {
     pub env: Vec<String>,
     pub working_dir: String,
     pub user: String,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub exposed_ports: Vec<String>,
     pub layers: Vec<ImageLayerView>,
     pub created_at: Option<String>,
     pub updated_at: Option<String>,
@@ -615,6 +619,8 @@ pub fn image_view(image: &Image) -> ImageView {
         env: config.env,
         working_dir: config.working_dir,
         user: config.user,
+        labels: config.labels.into_iter().collect(),
+        exposed_ports: config.exposed_ports,
         layers: image
             .layers
             .iter()

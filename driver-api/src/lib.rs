@@ -89,6 +89,17 @@ where
 pub type ForwardInputStream = Pin<Box<dyn Stream<Item = pb::PortForwardInput> + Send + 'static>>;
 
 /// An input stream with nothing in it (an exec without stdin).
+/// Refuses a copy of a sandbox's root-filesystem changes (`CopyFromRequest.changes`), for a
+/// driver that keeps none apart from the rest.
+pub fn refuse_changes(req: &pb::CopyFromRequest) -> Result<(), DriverError> {
+    match req.changes {
+        true => Err(DriverError::Unimplemented(
+            "a sandbox's root-filesystem changes: this driver keeps none apart".into(),
+        )),
+        false => Ok(()),
+    }
+}
+
 pub fn no_exec_input() -> ExecInputStream {
     Box::pin(futures::stream::empty())
 }

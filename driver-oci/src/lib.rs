@@ -60,6 +60,7 @@
 
 mod bundle;
 mod cgroup;
+mod changes;
 mod copy;
 mod disk;
 mod mountinfo;

@@ -73,6 +73,9 @@ impl HostService for OciDriver {
         &self,
         req: pb::CopyFromRequest,
     ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        if req.changes {
+            return self.copy_changes(&req.sandbox_id).await;
+        }
         self.copy_via(&req.sandbox_id).await?.copy_from(&req).await
     }
 
@@ -305,6 +308,7 @@ mod tests {
                 working_dir: workdir.into(),
                 user: "app".into(),
                 labels: Default::default(),
+                exposed_ports: Vec::new(),
             },
             layers: Vec::new(),
             size: 0,

@@ -70,6 +70,7 @@ impl HostService for ProcessDriver {
         &self,
         req: pb::CopyFromRequest,
     ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        sbx_driver_api::refuse_changes(&req)?;
         self.copy_via(&req.sandbox_id, &req.path)
             .await?
             .copy_from(&req)

@@ -150,6 +150,7 @@ impl HostService for VmDriver {
         &self,
         req: pb::CopyFromRequest,
     ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
+        sbx_driver_api::refuse_changes(&req)?;
         self.copy_from_vm(req).await
     }
 

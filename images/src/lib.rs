@@ -92,6 +92,7 @@ pub use error::ImageError;
 pub use mirror::{MIRROR_REPOSITORY, Mirror, PushReport};
 pub use pull::client_protocol;
 use spec::{Compression, ConfigFile, ContainerConfig, Descriptor, Document, Manifest};
+pub use unpack::MergedEntry;
 
 /// Where the sandbox's ids live on the host: container id N is host id base + N, for N < size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +136,8 @@ pub struct ImageConfig {
     pub working_dir: String,
     pub user: String,
     pub labels: BTreeMap<String, String>,
+    /// `8080/tcp`, as EXPOSE says them.
+    pub exposed_ports: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -680,6 +683,86 @@ impl ImageStore {
         self.write_manifest(image, &config_bytes, vec![layer])
     }
 
+    /// A new image: `parent`'s layers (none: an image from scratch), then `layer` when given
+    /// (an uncompressed layer tar in a file, stored as a blob and unpacked as every layer is),
+    /// run as `config` says. Blocking: call it from `spawn_blocking`.
+    pub fn derive(
+        &self,
+        image: &str,
+        parent: Option<&ImageInfo>,
+        layer: Option<&Path>,
+        config: &ImageConfig,
+    ) -> Result<ImageInfo, ImageError> {
+        self.writable("building an image")?;
+        let mut layers: Vec<Descriptor> = Vec::new();
+        let mut diff_ids: Vec<String> = Vec::new();
+        if let Some(parent) = parent {
+            for l in &parent.layers {
+                layers.push(Descriptor::new(&l.media_type, l.digest.clone(), l.size));
+                diff_ids.push(l.diff_id.clone());
+            }
+        }
+        if let Some(path) = layer {
+            let mut file =
+                File::open(path).map_err(|e| ImageError::io(image, "open the new layer", e))?;
+            let (digest, size) = self.store_blob(image, &mut file, None)?;
+            let mut budget = self.limits().budget(image);
+            let diff_id =
+                self.unpack_layer(image, &digest, Compression::None, None, &mut budget)?;
+            layers.push(Descriptor::new(spec::LAYER_TAR, digest, size));
+            diff_ids.push(diff_id);
+        }
+        self.limits().check_layers(image, layers.len())?;
+        let listed = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
+        let file = ConfigFile {
+            architecture: parent.map_or("amd64", |p| p.architecture.as_str()).into(),
+            os: "linux".into(),
+            config: Some(ContainerConfig {
+                env: listed(&config.env),
+                entrypoint: listed(&config.entrypoint),
+                cmd: listed(&config.cmd),
+                working_dir: (!config.working_dir.is_empty()).then(|| config.working_dir.clone()),
+                user: (!config.user.is_empty()).then(|| config.user.clone()),
+                labels: (!config.labels.is_empty()).then(|| config.labels.clone()),
+                exposed_ports: (!config.exposed_ports.is_empty()).then(|| {
+                    config
+                        .exposed_ports
+                        .iter()
+                        .map(|p| (p.clone(), serde_json::json!({})))
+                        .collect()
+                }),
+            }),
+            rootfs: spec::RootFs {
+                kind: "layers".into(),
+                diff_ids,
+            },
+        };
+        let config_bytes =
+            serde_json::to_vec(&file).map_err(|e| ImageError::malformed(image, e.to_string()))?;
+        self.write_manifest(image, &config_bytes, layers)
+    }
+
+    /// What `path` (absolute, inside the image) is in `info`'s merged root filesystem, or
+    /// None. Refused (InvalidArgument) when an ancestor is a symlink: the path is not one the
+    /// image holds as written.
+    pub fn lookup(&self, info: &ImageInfo, path: &str) -> Result<Option<MergedEntry>, ImageError> {
+        let mut layers = self.layer_dirs(info);
+        layers.reverse();
+        let parts: Vec<&std::ffi::OsStr> = Path::new(path)
+            .components()
+            .filter_map(|c| match c {
+                std::path::Component::Normal(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        unpack::merged_lookup(&layers, &parts, self.idmap()).map_err(|at| {
+            ImageError::InvalidArgument {
+                image: info.digest.clone(),
+                why: format!("{at} is a symlink in the image; name the path it points to"),
+            }
+        })
+    }
+
     /// Stores an image config and an OCI manifest for it and these (stored) layers.
     fn write_manifest(
         &self,
@@ -758,6 +841,10 @@ fn image_info(
             working_dir: c.working_dir.unwrap_or_default(),
             user: c.user.unwrap_or_default(),
             labels: c.labels.unwrap_or_default(),
+            exposed_ports: c
+                .exposed_ports
+                .map(|p| p.into_keys().collect())
+                .unwrap_or_default(),
         },
         os: config.os.clone(),
         architecture: config.architecture.clone(),

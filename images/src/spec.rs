@@ -109,6 +109,9 @@ pub struct ContainerConfig {
     pub user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
+    /// `{"8080/tcp": {}}`, as OCI writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exposed_ports: Option<BTreeMap<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -566,3 +566,84 @@ fn copy_entry(
             .map_err(|e| layer.io(shown, "write the file", e))?;
     }
 }
+
+/// An entry of an image's root filesystem as its layers merge it (see
+/// [`crate::ImageStore::lookup`]): owners as the sandbox sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MergedEntry {
+    pub is_dir: bool,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: i64,
+}
+
+/// What `rel` (components of a path, no `..`) is in the merged view of `layers` (highest
+/// first): found in the highest layer that has it, unless a layer above whites it out or
+/// makes an ancestor opaque. Walked from each layer's root by directory fds, never through
+/// a symlink: `Err(path)` names an ancestor that is one.
+pub(crate) fn merged_lookup(
+    layers: &[std::path::PathBuf],
+    rel: &[&OsStr],
+    ids: IdMap,
+) -> Result<Option<MergedEntry>, String> {
+    let Some((name, ancestors)) = rel.split_last() else {
+        return Ok(None);
+    };
+    'layers: for layer in layers {
+        let Ok(mut dir) = openat(
+            nix::fcntl::AT_FDCWD,
+            layer.as_path(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue;
+        };
+        let mut opaque_above = false;
+        for (i, part) in ancestors.iter().enumerate() {
+            match fstatat(&dir, *part, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Err(_) if opaque_above => return Ok(None),
+                Err(_) => continue 'layers,
+                Ok(st) => match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+                    SFlag::S_IFDIR => {}
+                    SFlag::S_IFLNK => {
+                        let shown: Vec<_> = ancestors[..=i]
+                            .iter()
+                            .map(|p| p.to_string_lossy())
+                            .collect();
+                        return Err(format!("/{}", shown.join("/")));
+                    }
+                    // A whiteout, or a file where a directory would be.
+                    _ => return Ok(None),
+                },
+            }
+            dir = match open_dir(&dir, part) {
+                Ok(d) => d,
+                Err(_) => continue 'layers,
+            };
+            if matches!(File::from(dir.try_clone().map_err(|e| e.to_string())?)
+                .get_xattr("trusted.overlay.opaque"), Ok(Some(v)) if v == b"y")
+            {
+                opaque_above = true;
+            }
+        }
+        match fstatat(&dir, *name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Err(_) if opaque_above => return Ok(None),
+            Err(_) => continue,
+            Ok(st) => {
+                let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+                if kind == SFlag::S_IFCHR && st.st_rdev == 0 {
+                    return Ok(None);
+                }
+                return Ok(Some(MergedEntry {
+                    is_dir: kind == SFlag::S_IFDIR,
+                    mode: st.st_mode & 0o7777,
+                    uid: st.st_uid.saturating_sub(ids.host_uid),
+                    gid: st.st_gid.saturating_sub(ids.host_gid),
+                    mtime: st.st_mtime,
+                }));
+            }
+        }
+    }
+    Ok(None)
+}

@@ -137,12 +137,27 @@ impl Gateway {
         let req = pb::CopyFromRequest {
             sandbox_id: sb.id().to_string(),
             path,
+            changes: false,
         };
         let chunks = driver.copy_from(req).await?;
         Ok(in_use(
             public(chunks, |c| v1::CopyChunk { data: c.data }),
             using,
         ))
+    }
+
+    /// What a sandbox whose workload has ended changed in its root filesystem, as an OCI
+    /// layer tar (`CopyFromRequest.changes`; the `oci` driver keeps them apart).
+    pub async fn copy_changes(&self, sel: &SandboxSelector) -> Result<ActorStream<v1::CopyChunk>> {
+        let sb = self.resolve_sandbox(sel).await?;
+        let driver = self.driver_of(&sb).await?;
+        let req = pb::CopyFromRequest {
+            sandbox_id: sb.id().to_string(),
+            path: String::new(),
+            changes: true,
+        };
+        let chunks = driver.copy_from(req).await?;
+        Ok(public(chunks, |c| v1::CopyChunk { data: c.data }))
     }
 
     /// Unpacks the tar `data` in a sandbox at `path` (Ready, or stopped where its driver

@@ -86,7 +86,7 @@ pub struct Gateway {
     root_task: std::sync::Mutex<Option<JoinHandle<()>>>,
     router: Router,
     /// Image records, the image store and the lock between image deletes and sandbox creates.
-    images: Images,
+    pub(crate) images: Images,
     /// Asks every node what it is, every few seconds; aborted at shutdown.
     node_probe: std::sync::Mutex<Option<JoinHandle<()>>>,
     /// Reads the store's change log into the event hub (a store with one).

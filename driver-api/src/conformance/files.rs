@@ -121,6 +121,7 @@ async fn try_copy_from(s: &Session<'_>, id: &str, path: &str) -> Result<Vec<u8>,
     let req = pb::CopyFromRequest {
         sandbox_id: id.to_string(),
         path: path.to_string(),
+        changes: false,
     };
     let mut stream = s.call(&what, s.driver().copy_from(req)).await?;
     let read = async {

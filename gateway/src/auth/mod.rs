@@ -151,6 +151,8 @@ pub fn need(path: &str) -> Option<(Need, bool)> {
         ("sbx.v1.ServiceEndpointService", "DeleteService") => (Workspace(Editor), true),
         ("sbx.v1.ImageService", "PullImage") => (Gateway(Editor), true),
         ("sbx.v1.ImageService", "ImportImage") => (Gateway(Editor), true),
+        // Writes images (gateway-wide) and runs sandboxes in a workspace (checked too).
+        ("sbx.v1.ImageService", "BuildImage") => (Gateway(Editor), true),
         ("sbx.v1.ImageService", "ListImages") => (Gateway(Viewer), false),
         ("sbx.v1.ImageService", "GetImage") => (Gateway(Viewer), false),
         ("sbx.v1.ImageService", "DeleteImage") => (Gateway(Admin), true),

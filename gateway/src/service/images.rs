@@ -16,9 +16,10 @@ use sbx_actors::{ActorError, ImageFailure, ImageSelector};
 use sbx_drivers::image::{PullOptions, PullProgress, RegistryAuth};
 use sbx_proto::v1::image_service_server::ImageService;
 use sbx_proto::v1::{
-    DeleteImageRequest, DeleteImageResponse, GetImageRequest, Image, ImportImageRequest,
-    ImportImageResponse, ListImagesRequest, ListImagesResponse, PullImageRequest,
-    PullImageResponse, PullLayerBytes, PullLayerDone, PullResolved, import_image_request,
+    BuildImageInput, BuildImageOutput, BuildLog, BuildStep, DeleteImageRequest,
+    DeleteImageResponse, GetImageRequest, Image, ImportImageRequest, ImportImageResponse,
+    ListImagesRequest, ListImagesResponse, PullImageRequest, PullImageResponse, PullLayerBytes,
+    PullLayerDone, PullResolved, build_image_input, build_image_output, import_image_request,
     pull_image_response, pull_progress,
 };
 use tokio::sync::mpsc;
@@ -26,6 +27,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::SbxService;
+use super::access::audit;
 use super::status::actor_error_to_status;
 use super::streams::{ResponseStream, forward};
 
@@ -72,6 +74,21 @@ pub fn progress_message(p: PullProgress) -> sbx_proto::v1::PullProgress {
     sbx_proto::v1::PullProgress { event: Some(event) }
 }
 
+/// An image added by a pull or a build, pushed to the image mirror (when the gateway has one)
+/// before it is answered.
+async fn mirrored(
+    result: Result<Image, ActorError>,
+    mirror: Option<&std::sync::Arc<super::mirror::ImageMirror>>,
+) -> Result<Image, ActorError> {
+    match (result, mirror) {
+        (Ok(image), Some(mirror)) => mirror
+            .push_added(std::slice::from_ref(&image))
+            .await
+            .map(|()| image),
+        (result, _) => result,
+    }
+}
+
 #[tonic::async_trait]
 impl ImageService for SbxService {
     type PullImageStream = ResponseStream<PullImageResponse>;
@@ -113,13 +130,7 @@ impl ImageService for SbxService {
                 }
             };
             // Pushed to the image mirror before it is answered (see `super::mirror`).
-            let result = match (result, &mirror) {
-                (Ok(image), Some(mirror)) => mirror
-                    .push_added(std::slice::from_ref(&image))
-                    .await
-                    .map(|()| image),
-                (result, _) => result,
-            };
+            let result = mirrored(result, mirror.as_ref()).await;
             let last = result.map_err(status).map(|image| PullImageResponse {
                 message: Some(pull_image_response::Message::Image(image)),
             });
@@ -153,49 +164,21 @@ impl ImageService for SbxService {
         if !name.is_empty() {
             sbx_actors::image_record_name(&name).map_err(status)?;
         }
-        let (dir, limit) = self.gateway.image_spool().map_err(status)?;
-        let spool = tempfile::Builder::new()
-            .prefix("upload-")
-            .tempfile_in(&dir)
-            .map_err(|e| {
-                status(ActorError::Internal(format!(
-                    "cannot create an upload file in {}: {e}",
-                    dir.display()
-                )))
-            })?;
-        let mut file = spool.as_file();
-        let mut received: u64 = 0;
-        while let Some(msg) = stream.next().await {
-            let chunk = match msg?.part {
-                Some(import_image_request::Part::Chunk(bytes)) => bytes,
-                _ => {
-                    return Err(status(ActorError::InvalidArgument(
-                        "only the first message of an import is a header; the rest are chunks"
-                            .into(),
-                    )));
-                }
-            };
-            received += chunk.len() as u64;
-            if received > limit {
-                return Err(status(ActorError::Image {
-                    kind: ImageFailure::InvalidArgument,
-                    message: format!(
-                        "the import is over the gateway's limit of {limit} bytes{}",
-                        if name.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" (image {name})")
-                        }
-                    ),
-                }));
-            }
-            file.write_all(&chunk).map_err(|e| {
-                status(ActorError::Internal(format!(
-                    "writing the upload to {}: {e}",
-                    spool.path().display()
-                )))
-            })?;
-        }
+        let (spool, received) = self
+            .spool_upload(
+                &mut stream,
+                |m: ImportImageRequest| match m.part {
+                    Some(import_image_request::Part::Chunk(bytes)) => Some(bytes),
+                    _ => None,
+                },
+                "only the first message of an import is a header; the rest are chunks",
+                &if name.is_empty() {
+                    "the import".to_string()
+                } else {
+                    format!("the import of {name}")
+                },
+            )
+            .await?;
         if received == 0 {
             return Err(status(ActorError::InvalidArgument(
                 "the import sent no bytes".into(),
@@ -247,6 +230,15 @@ impl ImageService for SbxService {
             .map_err(status)
     }
 
+    type BuildImageStream = ResponseStream<BuildImageOutput>;
+
+    async fn build_image(
+        &self,
+        request: Request<Streaming<BuildImageInput>>,
+    ) -> Result<Response<Self::BuildImageStream>, Status> {
+        self.build(request).await
+    }
+
     async fn delete_image(
         &self,
         request: Request<DeleteImageRequest>,
@@ -254,5 +246,174 @@ impl ImageService for SbxService {
         let sel = selector(request.into_inner().image)?;
         let deleted = self.gateway.delete_image(&sel).await.map_err(status)?;
         Ok(Response::new(DeleteImageResponse { deleted }))
+    }
+}
+
+impl SbxService {
+    /// Writes the byte chunks of an upload (what `chunk` finds in each message; a message
+    /// without one is refused with `not_chunk`) to a new file in the image spool, up to the
+    /// gateway's import limit. Answers the file (removed when dropped) and its size.
+    async fn spool_upload<M, S>(
+        &self,
+        stream: &mut S,
+        chunk: impl Fn(M) -> Option<Vec<u8>>,
+        not_chunk: &str,
+        what: &str,
+    ) -> Result<(tempfile::NamedTempFile, u64), Status>
+    where
+        S: futures::Stream<Item = Result<M, Status>> + Unpin,
+    {
+        let (dir, limit) = self.gateway.image_spool().map_err(status)?;
+        let spool = tempfile::Builder::new()
+            .prefix("upload-")
+            .tempfile_in(&dir)
+            .map_err(|e| {
+                status(ActorError::Internal(format!(
+                    "cannot create an upload file in {}: {e}",
+                    dir.display()
+                )))
+            })?;
+        let mut file = spool.as_file();
+        let mut received: u64 = 0;
+        while let Some(msg) = stream.next().await {
+            let Some(bytes) = chunk(msg?) else {
+                return Err(status(ActorError::InvalidArgument(not_chunk.into())));
+            };
+            received += bytes.len() as u64;
+            if received > limit {
+                return Err(status(ActorError::Image {
+                    kind: ImageFailure::InvalidArgument,
+                    message: format!("{what} is over the gateway's limit of {limit} bytes"),
+                }));
+            }
+            file.write_all(&bytes).map_err(|e| {
+                status(ActorError::Internal(format!(
+                    "writing the upload to {}: {e}",
+                    spool.path().display()
+                )))
+            })?;
+        }
+        Ok((spool, received))
+    }
+
+    /// `BuildImage` (see `sbx_actors::build`): the start, the context spooled, then the
+    /// build, its steps and output streamed as they come.
+    pub(super) async fn build(
+        &self,
+        request: Request<Streaming<BuildImageInput>>,
+    ) -> Result<Response<ResponseStream<BuildImageOutput>>, Status> {
+        use build_image_input::Input;
+        use build_image_output::Output;
+        let caller = crate::auth::caller(&request)?;
+        let mut stream = caller.until_revoked(request.into_inner());
+        let start = match stream.next().await {
+            Some(Ok(BuildImageInput {
+                input: Some(Input::Start(start)),
+            })) => start,
+            Some(Err(e)) => return Err(e),
+            _ => {
+                return Err(status(ActorError::InvalidArgument(
+                    "a build starts with its start message (the Dockerfile and options)".into(),
+                )));
+            }
+        };
+        let workspace = (!start.workspace.is_empty()).then(|| start.workspace.clone());
+        self.require_by_name(
+            &caller,
+            workspace
+                .as_deref()
+                .unwrap_or(sbx_proto::names::DEFAULT_WORKSPACE),
+            crate::auth::Role::Editor,
+        )
+        .await?;
+        if !start.name.is_empty() {
+            sbx_actors::image_record_name(&start.name).map_err(status)?;
+        }
+        let (context, received) = self
+            .spool_upload(
+                &mut stream,
+                |m: BuildImageInput| match m.input {
+                    Some(Input::Context(bytes)) => Some(bytes),
+                    _ => None,
+                },
+                "only the first message of a build is its start; the rest are the context",
+                "the build context",
+            )
+            .await?;
+        audit(
+            &caller,
+            "build image",
+            if start.name.is_empty() {
+                "(unnamed)"
+            } else {
+                &start.name
+            },
+        );
+        let req = sbx_actors::build::BuildRequest {
+            workspace,
+            name: (!start.name.is_empty()).then(|| start.name.clone()),
+            dockerfile: start.dockerfile,
+            build_args: start.build_args.into_iter().collect(),
+            allow: start.allow,
+            no_cache: start.no_cache,
+            driver: start.driver,
+            run_timeout: (start.run_timeout_seconds > 0)
+                .then(|| std::time::Duration::from_secs(start.run_timeout_seconds.into())),
+            context: (received > 0).then(|| context.path().to_path_buf()),
+        };
+        let (tx, rx) = mpsc::channel(PROGRESS_BUFFER);
+        let (events_tx, mut events) = mpsc::channel(PROGRESS_BUFFER);
+        let gateway = self.gateway.clone();
+        let mirror = self.image_mirror.clone();
+        tokio::spawn(async move {
+            // Held until the build is over: the context's file.
+            let _context = context;
+            let relay_tx = tx.clone();
+            let relay = tokio::spawn(async move {
+                while let Some(event) = events.recv().await {
+                    let output = match event {
+                        sbx_actors::build::BuildEvent::Step {
+                            index,
+                            count,
+                            text,
+                            cached,
+                        } => Output::Step(BuildStep {
+                            index,
+                            count,
+                            instruction: text,
+                            cached,
+                        }),
+                        sbx_actors::build::BuildEvent::Log { data, stderr } => {
+                            Output::Log(BuildLog { data, stderr })
+                        }
+                    };
+                    let msg = BuildImageOutput {
+                        output: Some(output),
+                    };
+                    if relay_tx.send(Ok(msg)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            let result = tokio::select! {
+                result = gateway.build_image(req, events_tx) => result,
+                () = tx.closed() => {
+                    tracing::info!("the build's caller went away; the build ends");
+                    relay.abort();
+                    return;
+                }
+            };
+            // Every event is passed on before the result.
+            let _ = relay.await;
+            let result = mirrored(result, mirror.as_ref()).await;
+            let last = result.map_err(status).map(|image| BuildImageOutput {
+                output: Some(Output::Image(image)),
+            });
+            let _ = tx.send(last).await;
+        });
+        Ok(Response::new(forward(
+            ReceiverStream::new(rx),
+            self.shutdown.clone(),
+        )))
     }
 }

@@ -1,0 +1,468 @@
+//! COPY and ADD: a layer made from the build context (a tar the client sent, spooled to a
+//! file), without running anything. The entries a source names are written under the
+//! destination as Docker places them: a directory's contents into the destination, a file as
+//! the destination (or into it, when it ends in `/` or several sources are copied). Owners are
+//! root's unless `--chown` names numeric ids; `--chmod` sets the mode of every entry copied.
+//! Sources are paths inside the context (`..` cannot leave it); `*`, `?` and `[…]` match
+//! within one path component.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Component, Path, PathBuf};
+
+use crate::error::{ActorError, Result};
+
+/// A directory on the destination's way, as the parent image has it (None: it has none).
+pub type ParentDir = Option<sbx_images::MergedEntry>;
+
+/// One COPY, its words expanded.
+#[derive(Debug, Clone)]
+pub struct CopySpec {
+    pub sources: Vec<String>,
+    /// Absolute (a relative one is joined to WORKDIR by the caller).
+    pub dest: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: Option<u32>,
+}
+
+/// Parses `--chown=UID[:GID]` (numeric: names would need the image's /etc/passwd).
+pub fn chown(value: &str) -> Result<(u32, u32)> {
+    let (u, g) = value.split_once(':').unwrap_or((value, value));
+    match (u.parse(), g.parse()) {
+        (Ok(u), Ok(g)) => Ok((u, g)),
+        _ => Err(ActorError::InvalidArgument(format!(
+            "--chown={value}: give numeric ids (UID[:GID]); names are not looked up"
+        ))),
+    }
+}
+
+/// Parses `--chmod=OCTAL`.
+pub fn chmod(value: &str) -> Result<u32> {
+    u32::from_str_radix(value, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| {
+            ActorError::InvalidArgument(format!("--chmod={value}: give an octal mode such as 755"))
+        })
+}
+
+/// A path inside the context as components (`.` and empty ones dropped); None when it
+/// leaves the context.
+fn context_path(given: &str) -> Option<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for c in Path::new(given.trim_start_matches('/')).components() {
+        match c {
+            Component::Normal(p) => out.push(p.to_string_lossy().into_owned()),
+            Component::CurDir | Component::RootDir => {}
+            Component::ParentDir => {
+                out.pop()?;
+            }
+            Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+/// `*`, `?` and `[…]` within one component.
+fn glob(pattern: &[char], name: &[char]) -> bool {
+    match (pattern.first(), name.first()) {
+        (None, None) => true,
+        (Some('*'), _) => {
+            glob(&pattern[1..], name) || (!name.is_empty() && glob(pattern, &name[1..]))
+        }
+        (Some('?'), Some(_)) => glob(&pattern[1..], &name[1..]),
+        (Some('['), Some(c)) => match pattern.iter().position(|p| *p == ']') {
+            Some(end) if end > 1 => {
+                let set = &pattern[1..end];
+                let (negate, set) = match set.first() {
+                    Some('!' | '^') => (true, &set[1..]),
+                    _ => (false, set),
+                };
+                let mut hit = false;
+                let mut i = 0;
+                while i < set.len() {
+                    if i + 2 < set.len() && set[i + 1] == '-' {
+                        hit |= set[i] <= *c && *c <= set[i + 2];
+                        i += 3;
+                    } else {
+                        hit |= set[i] == *c;
+                        i += 1;
+                    }
+                }
+                hit != negate && glob(&pattern[end + 1..], &name[1..])
+            }
+            _ => *c == '[' && glob(&pattern[1..], &name[1..]),
+        },
+        (Some(p), Some(c)) => p == c && glob(&pattern[1..], &name[1..]),
+        _ => false,
+    }
+}
+
+fn matches(pattern: &[String], path: &[String]) -> bool {
+    pattern.len() <= path.len()
+        && pattern.iter().zip(path).all(|(p, n)| {
+            let p: Vec<char> = p.chars().collect();
+            let n: Vec<char> = n.chars().collect();
+            glob(&p, &n)
+        })
+}
+
+/// What the context holds: every entry's path and whether it is a directory (read once).
+pub struct Context {
+    path: PathBuf,
+    entries: Vec<(Vec<String>, bool)>,
+}
+
+fn bad_context(e: impl std::fmt::Display) -> ActorError {
+    ActorError::InvalidArgument(format!("the build context is not a readable tar: {e}"))
+}
+
+impl Context {
+    pub fn index(path: &Path) -> Result<Context> {
+        let file = File::open(path).map_err(bad_context)?;
+        let mut archive = tar::Archive::new(std::io::BufReader::new(file));
+        let mut entries = Vec::new();
+        for entry in archive.entries().map_err(bad_context)? {
+            let entry = entry.map_err(bad_context)?;
+            let name = entry
+                .path()
+                .map_err(bad_context)?
+                .to_string_lossy()
+                .into_owned();
+            let Some(parts) = context_path(&name) else {
+                return Err(bad_context(format!("{name:?} leaves the context")));
+            };
+            if parts.is_empty() {
+                continue;
+            }
+            entries.push((parts, entry.header().entry_type().is_dir()));
+        }
+        Ok(Context {
+            path: path.to_path_buf(),
+            entries,
+        })
+    }
+
+    /// An empty context (no COPY can find anything).
+    pub fn empty() -> Context {
+        Context {
+            path: PathBuf::new(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Writes the layer of `copy` to `out`. `parent_dirs` says what each ancestor of the
+    /// destination is in the parent image, so the layer keeps them as they are.
+    pub fn copy_layer(
+        &self,
+        copy: &CopySpec,
+        parent_dir: &dyn Fn(&str) -> Result<ParentDir>,
+        out: &Path,
+    ) -> Result<u64> {
+        // Which context paths each source names (a pattern may name several).
+        let mut roots: Vec<(Vec<String>, bool)> = Vec::new();
+        for source in &copy.sources {
+            let Some(pattern) = context_path(source) else {
+                return Err(ActorError::InvalidArgument(format!(
+                    "COPY {source}: the source leaves the build context"
+                )));
+            };
+            let before = roots.len();
+            if pattern.is_empty() {
+                roots.push((Vec::new(), true));
+            } else {
+                for (path, is_dir) in &self.entries {
+                    if path.len() == pattern.len() && matches(&pattern, path) {
+                        roots.push((path.clone(), *is_dir));
+                    }
+                }
+                // A directory the tar only implies (its entries, but no entry of its own).
+                if roots.len() == before
+                    && self
+                        .entries
+                        .iter()
+                        .any(|(p, _)| p.len() > pattern.len() && matches(&pattern, p))
+                {
+                    roots.push((pattern.clone(), true));
+                }
+            }
+            if roots.len() == before {
+                return Err(ActorError::InvalidArgument(format!(
+                    "COPY {source}: no such file or directory in the build context"
+                )));
+            }
+        }
+        let into_dir = copy.dest.ends_with('/') || roots.len() > 1 || roots.iter().any(|r| r.1);
+        // Normal form (no trailing `/`, no `.`): the lookups and the written set agree.
+        let dest: PathBuf = Path::new(&copy.dest).components().collect();
+        // Where each context path lands (None: not copied).
+        let place = |path: &[String]| -> Option<PathBuf> {
+            for (root, is_dir) in &roots {
+                if path.len() >= root.len() && path[..root.len()] == root[..] {
+                    let rest = &path[root.len()..];
+                    return Some(match (is_dir, into_dir) {
+                        (true, _) => rest.iter().fold(dest.clone(), |d, p| d.join(p)),
+                        (false, true) => dest.join(root.last().map_or("", |s| s.as_str())),
+                        (false, false) => dest.clone(),
+                    });
+                }
+            }
+            None
+        };
+
+        let file = File::create_new(out)
+            .map_err(|e| ActorError::Internal(format!("creating the COPY layer: {e}")))?;
+        let mut tar = tar::Builder::new(BufWriter::new(file));
+        let io = |e: std::io::Error| ActorError::Internal(format!("writing the COPY layer: {e}"));
+        // The destination's ancestors (and itself when it is a directory), as the parent
+        // image has them, or root's 0755 where it has none.
+        let mut written: BTreeSet<PathBuf> = BTreeSet::new();
+        let mut dirs: Vec<PathBuf> = dest.ancestors().map(Path::to_path_buf).collect();
+        dirs.reverse();
+        if !into_dir {
+            dirs.pop();
+        }
+        for dir in dirs.into_iter().filter(|d| d != Path::new("/")) {
+            let shown = dir.to_string_lossy().into_owned();
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_size(0);
+            match parent_dir(&shown)? {
+                Some(e) if !e.is_dir => {
+                    return Err(ActorError::InvalidArgument(format!(
+                        "COPY to {}: {shown} is a file in the image, not a directory",
+                        copy.dest
+                    )));
+                }
+                Some(e) => {
+                    h.set_mode(e.mode);
+                    h.set_uid(e.uid.into());
+                    h.set_gid(e.gid.into());
+                    h.set_mtime(e.mtime.max(0) as u64);
+                }
+                None => {
+                    h.set_mode(0o755);
+                    h.set_uid(0);
+                    h.set_gid(0);
+                    h.set_mtime(0);
+                }
+            }
+            tar.append_data(&mut h, relative(&dir), std::io::empty())
+                .map_err(io)?;
+            written.insert(dir);
+        }
+
+        let source = File::open(&self.path).map_err(bad_context)?;
+        let mut archive = tar::Archive::new(std::io::BufReader::new(source));
+        let mut bytes = 0u64;
+        for entry in archive.entries().map_err(bad_context)? {
+            let mut entry = entry.map_err(bad_context)?;
+            let name = entry
+                .path()
+                .map_err(bad_context)?
+                .to_string_lossy()
+                .into_owned();
+            let Some(parts) = context_path(&name) else {
+                continue;
+            };
+            let Some(target) = place(&parts) else {
+                continue;
+            };
+            // The destination directory itself is written above; a path twice, once.
+            if target == Path::new("/") || !written.insert(target.clone()) {
+                continue;
+            }
+            let kind = entry.header().entry_type();
+            let mut h = tar::Header::new_gnu();
+            h.set_uid(copy.uid.into());
+            h.set_gid(copy.gid.into());
+            h.set_mtime(entry.header().mtime().unwrap_or(0));
+            let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
+            h.set_mode(copy.mode.unwrap_or(mode));
+            match kind {
+                tar::EntryType::Directory => {
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_size(0);
+                    tar.append_data(&mut h, relative(&target), std::io::empty())
+                        .map_err(io)?;
+                }
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    let size = entry.header().size().map_err(bad_context)?;
+                    h.set_entry_type(tar::EntryType::Regular);
+                    h.set_size(size);
+                    tar.append_data(&mut h, relative(&target), (&mut entry).take(size))
+                        .map_err(io)?;
+                    bytes += size;
+                }
+                tar::EntryType::Symlink => {
+                    let link = entry
+                        .link_name()
+                        .map_err(bad_context)?
+                        .ok_or_else(|| bad_context(format!("symlink {name:?} has no target")))?
+                        .into_owned();
+                    h.set_entry_type(tar::EntryType::Symlink);
+                    h.set_size(0);
+                    h.set_mode(0o777);
+                    tar.append_link(&mut h, relative(&target), &link)
+                        .map_err(io)?;
+                }
+                other => {
+                    return Err(ActorError::InvalidArgument(format!(
+                        "COPY: {name:?} in the build context is a {other:?} entry; only files, \
+                         directories and symlinks are copied"
+                    )));
+                }
+            }
+        }
+        tar.into_inner()
+            .and_then(|mut w| w.flush().map(|_| w))
+            .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
+            .and_then(|f| f.sync_all())
+            .map_err(io)?;
+        Ok(bytes)
+    }
+}
+
+fn relative(path: &Path) -> PathBuf {
+    path.strip_prefix("/").unwrap_or(path).to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tar_of(entries: &[(&str, Option<&[u8]>)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            match data {
+                Some(d) => {
+                    h.set_entry_type(tar::EntryType::Regular);
+                    h.set_size(d.len() as u64);
+                    h.set_mode(0o640);
+                    b.append_data(&mut h, path, *d).unwrap();
+                }
+                None => {
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_size(0);
+                    h.set_mode(0o750);
+                    b.append_data(&mut h, path, std::io::empty()).unwrap();
+                }
+            }
+        }
+        b.into_inner().unwrap()
+    }
+
+    /// (path, is_dir, mode, uid) of every entry of a layer.
+    fn listing(layer: &Path) -> Vec<(String, bool, u32, u64)> {
+        let mut a = tar::Archive::new(File::open(layer).unwrap());
+        a.entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.path().unwrap().to_string_lossy().into_owned(),
+                    e.header().entry_type().is_dir(),
+                    e.header().mode().unwrap(),
+                    e.header().uid().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn layer(
+        entries: &[(&str, Option<&[u8]>)],
+        copy: CopySpec,
+    ) -> Result<Vec<(String, bool, u32, u64)>> {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = dir.path().join("ctx.tar");
+        std::fs::write(&ctx, tar_of(entries)).unwrap();
+        let context = Context::index(&ctx)?;
+        let out = dir.path().join("layer.tar");
+        let tmp_exists = |p: &str| -> Result<ParentDir> {
+            Ok((p == "/tmp").then_some(sbx_images::MergedEntry {
+                is_dir: true,
+                mode: 0o1777,
+                uid: 0,
+                gid: 0,
+                mtime: 1,
+            }))
+        };
+        context.copy_layer(&copy, &tmp_exists, &out)?;
+        Ok(listing(&out))
+    }
+
+    fn spec(sources: &[&str], dest: &str) -> CopySpec {
+        CopySpec {
+            sources: sources.iter().map(|s| s.to_string()).collect(),
+            dest: dest.into(),
+            uid: 0,
+            gid: 0,
+            mode: None,
+        }
+    }
+
+    #[test]
+    fn a_file_lands_as_the_destination_or_in_it() {
+        let ctx = [
+            ("app.py", Some(&b"print(1)"[..])),
+            ("lib/", None),
+            ("lib/x.py", Some(b"x")),
+        ];
+        let got = layer(&ctx, spec(&["app.py"], "/srv/main.py")).unwrap();
+        assert_eq!(
+            got.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+            ["srv", "srv/main.py"]
+        );
+        let got = layer(&ctx, spec(&["app.py"], "/tmp/")).unwrap();
+        // The parent image's /tmp is kept as it is (1777), not made 0755.
+        assert_eq!(got[0], ("tmp".into(), true, 0o1777, 0));
+        assert_eq!(got[1].0, "tmp/app.py");
+        assert_eq!(got[1].2, 0o640);
+    }
+
+    #[test]
+    fn a_directory_copies_its_contents_and_patterns_match_one_component() {
+        let ctx = [
+            ("app.py", Some(&b"1"[..])),
+            ("b.py", Some(b"2")),
+            ("lib/", None),
+            ("lib/x.py", Some(b"x")),
+            ("README", Some(b"r")),
+        ];
+        let got = layer(&ctx, spec(&["lib"], "/opt/lib")).unwrap();
+        let names: Vec<_> = got.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(names, ["opt", "opt/lib", "opt/lib/x.py"]);
+        let got = layer(&ctx, spec(&["*.py"], "/app")).unwrap();
+        let names: Vec<_> = got.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(names, ["app", "app/app.py", "app/b.py"]);
+        let mut copy = spec(&["."], "/w");
+        copy.uid = 1000;
+        copy.mode = Some(0o700);
+        let got = layer(&ctx, copy).unwrap();
+        assert!(
+            got.iter()
+                .any(|e| e.0 == "w/lib/x.py" && e.3 == 1000 && e.2 == 0o700)
+        );
+    }
+
+    #[test]
+    fn sources_outside_or_missing_are_refused() {
+        let ctx = [("a", Some(&b"1"[..]))];
+        let e = layer(&ctx, spec(&["../etc/passwd"], "/x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("leaves the build context"), "{e}");
+        let e = layer(&ctx, spec(&["nope"], "/x")).unwrap_err().to_string();
+        assert!(
+            e.contains("no such file or directory in the build context"),
+            "{e}"
+        );
+        assert!(chown("app").is_err());
+        assert_eq!(chown("1:2").unwrap(), (1, 2));
+        assert_eq!(chmod("0755").unwrap(), 0o755);
+        assert!(chmod("9").is_err());
+    }
+}

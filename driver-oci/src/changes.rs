@@ -1,0 +1,261 @@
+//! What an oci sandbox changed in its root filesystem, as an OCI image layer: the overlay's
+//! writable layer (`upper/`) written as a tar while no workload runs (an image build's `RUN`
+//! step is kept this way).
+//!
+//! `upper/` is the sandbox's to write, so this host code reads it the way `safefs` reads
+//! anything a sandbox had a hand in: every entry is reached from its parent's directory fd,
+//! never by a path; `O_NOFOLLOW` everywhere; a regular file is opened `O_NONBLOCK` and used
+//! only when `fstat` of the open file is the regular file `fstatat` saw (a FIFO or a swap
+//! between the two calls is refused, not read). The sandbox's lock is held for the whole
+//! walk, so no run of it writes meanwhile.
+//!
+//! Overlay's own format becomes the OCI one: a whiteout (a 0:0 character device) is written
+//! as an empty `.wh.<name>`, an opaque directory (`trusted.overlay.opaque=y`) gets a
+//! `.wh..wh..opq` entry. Owners are written as the sandbox sees them (host id − the id map's
+//! base); an entry owned outside the map refuses the layer. Device nodes and sockets are left
+//! out (no sandbox can make a device node in its user namespace). What the runtime made only
+//! as mount points — `/proc`, `/sys`, `/dev`, `/sandbox` as empty directories,
+//! `/etc/hostname` and `/etc/resolv.conf` as empty files — is left out too.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{OFlag, openat, readlinkat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
+use nix::{dir::Dir, fcntl::AtFlags};
+use sbx_images::IdMap;
+
+/// The deepest directory nesting written (deeper is refused: no image needs it).
+const MAX_DEPTH: usize = 256;
+
+/// Mount points the runtime may have made in `upper/`: left out while they are empty.
+const MOUNT_POINTS: &[&str] = &[
+    "proc",
+    "sys",
+    "dev",
+    "sandbox",
+    "etc/hostname",
+    "etc/resolv.conf",
+];
+
+/// How many entries of each kind a layer holds.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LayerStats {
+    pub entries: u64,
+    pub whiteouts: u64,
+    pub bytes: u64,
+}
+
+/// Writes the changes under `upper` as an (uncompressed) OCI layer tar to `out`.
+pub fn write_layer(upper: &Path, ids: IdMap, out: impl Write) -> io::Result<LayerStats> {
+    let root = open_dir_at(None, upper.as_os_str())?;
+    let mut walk = Walk {
+        tar: tar::Builder::new(out),
+        ids,
+        links: HashMap::new(),
+        stats: LayerStats::default(),
+    };
+    walk.dir(&root, Path::new(""), 0)?;
+    walk.tar.into_inner()?.flush()?;
+    Ok(walk.stats)
+}
+
+struct Walk<W: Write> {
+    tar: tar::Builder<W>,
+    ids: IdMap,
+    /// Regular files with more than one link, by (device, inode): where the first was written.
+    links: HashMap<(u64, u64), PathBuf>,
+    stats: LayerStats,
+}
+
+fn refused(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why)
+}
+
+fn open_dir_at(parent: Option<&OwnedFd>, name: &OsStr) -> io::Result<OwnedFd> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = match parent {
+        Some(p) => openat(p.as_fd(), name, flags, Mode::empty()),
+        None => openat(nix::fcntl::AT_FDCWD, name, flags, Mode::empty()),
+    }?;
+    Ok(fd)
+}
+
+fn kind(st: &FileStat) -> SFlag {
+    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
+}
+
+impl<W: Write> Walk<W> {
+    fn owner(&self, st: &FileStat, at: &Path) -> io::Result<(u64, u64)> {
+        let shift = |host: u32, base: u32| host.checked_sub(base).filter(|id| *id < self.ids.size);
+        match (
+            shift(st.st_uid, self.ids.host_uid),
+            shift(st.st_gid, self.ids.host_gid),
+        ) {
+            (Some(uid), Some(gid)) => Ok((uid.into(), gid.into())),
+            _ => Err(refused(format!(
+                "/{} is owned by host ids {}:{}, outside the sandbox's",
+                at.display(),
+                st.st_uid,
+                st.st_gid
+            ))),
+        }
+    }
+
+    fn header(&self, st: &FileStat, at: &Path, kind: tar::EntryType) -> io::Result<tar::Header> {
+        let (uid, gid) = self.owner(st, at)?;
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(st.st_mode & 0o7777);
+        h.set_uid(uid);
+        h.set_gid(gid);
+        h.set_mtime(st.st_mtime.max(0) as u64);
+        h.set_size(0);
+        Ok(h)
+    }
+
+    fn dir(&mut self, fd: &OwnedFd, at: &Path, depth: usize) -> io::Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(refused(format!(
+                "/{} is nested deeper than {MAX_DEPTH} directories",
+                at.display()
+            )));
+        }
+        let dup = fd.try_clone()?;
+        let mut names: Vec<Vec<u8>> = Dir::from_fd(dup)?
+            .iter()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_bytes().to_vec())
+            .filter(|n| n != b"." && n != b"..")
+            .collect();
+        // The same changes make the same tar.
+        names.sort();
+        for name in names {
+            let name = OsStr::from_bytes(&name);
+            let path = at.join(name);
+            self.entry(fd, name, &path, depth)?;
+        }
+        Ok(())
+    }
+
+    fn entry(&mut self, dir: &OwnedFd, name: &OsStr, path: &Path, depth: usize) -> io::Result<()> {
+        let st = fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+        let shown = path.to_string_lossy();
+        let mount_point = MOUNT_POINTS.contains(&shown.as_ref());
+        match kind(&st) {
+            SFlag::S_IFDIR => {
+                let sub = open_dir_at(Some(dir), name)?;
+                if mount_point && dir_is_empty(&sub)? {
+                    return Ok(());
+                }
+                let mut h = self.header(&st, path, tar::EntryType::Directory)?;
+                self.tar.append_data(&mut h, path, io::empty())?;
+                self.stats.entries += 1;
+                if xattr_opaque(&File::from(sub.try_clone()?)) {
+                    self.whiteout(&path.join(".wh..wh..opq"))?;
+                }
+                self.dir(&sub, path, depth + 1)
+            }
+            SFlag::S_IFREG => {
+                if mount_point && st.st_size == 0 {
+                    return Ok(());
+                }
+                self.file(dir, name, path, &st)
+            }
+            SFlag::S_IFLNK => {
+                let target = readlinkat(dir.as_fd(), name)?;
+                let mut h = self.header(&st, path, tar::EntryType::Symlink)?;
+                self.tar.append_link(&mut h, path, Path::new(&target))?;
+                self.stats.entries += 1;
+                Ok(())
+            }
+            SFlag::S_IFCHR if st.st_rdev == 0 => {
+                let wh = match path.parent() {
+                    Some(parent) => parent.join(format!(".wh.{}", name.to_string_lossy())),
+                    None => PathBuf::from(format!(".wh.{}", name.to_string_lossy())),
+                };
+                self.whiteout(&wh)
+            }
+            SFlag::S_IFIFO => {
+                let mut h = self.header(&st, path, tar::EntryType::Fifo)?;
+                self.tar.append_data(&mut h, path, io::empty())?;
+                self.stats.entries += 1;
+                Ok(())
+            }
+            // Sockets and device nodes: nothing a layer carries.
+            _ => Ok(()),
+        }
+    }
+
+    fn whiteout(&mut self, path: &Path) -> io::Result<()> {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_size(0);
+        self.tar.append_data(&mut h, path, io::empty())?;
+        self.stats.whiteouts += 1;
+        Ok(())
+    }
+
+    fn file(
+        &mut self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        path: &Path,
+        seen: &FileStat,
+    ) -> io::Result<()> {
+        if seen.st_nlink > 1 {
+            let key = (seen.st_dev, seen.st_ino);
+            if let Some(first) = self.links.get(&key).cloned() {
+                let mut h = self.header(seen, path, tar::EntryType::Link)?;
+                self.tar.append_link(&mut h, path, &first)?;
+                self.stats.entries += 1;
+                return Ok(());
+            }
+            self.links.insert(key, path.to_path_buf());
+        }
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let fd = openat(dir.as_fd(), name, flags, Mode::empty())?;
+        let st = fstat(fd.as_fd())?;
+        if kind(&st) != SFlag::S_IFREG || st.st_ino != seen.st_ino || st.st_dev != seen.st_dev {
+            return Err(refused(format!(
+                "/{} changed while it was read",
+                path.display()
+            )));
+        }
+        let mut h = self.header(&st, path, tar::EntryType::Regular)?;
+        let size = st.st_size.max(0) as u64;
+        h.set_size(size);
+        // Exactly the size fstat said: a file that grew is cut there, one that shrank is an
+        // error of the tar writer (the sandbox runs nothing meanwhile, so neither happens).
+        let file = File::from(fd);
+        self.tar
+            .append_data(&mut h, path, io::Read::take(file, size))?;
+        self.stats.entries += 1;
+        self.stats.bytes += size;
+        Ok(())
+    }
+}
+
+fn dir_is_empty(fd: &OwnedFd) -> io::Result<bool> {
+    let dup = fd.try_clone()?;
+    let mut dir = Dir::from_fd(dup)?;
+    Ok(!dir
+        .iter()
+        .filter_map(|e| e.ok())
+        .any(|e| !matches!(e.file_name().to_bytes(), b"." | b"..")))
+}
+
+/// Whether overlay marked this directory opaque (it replaced a lower one).
+fn xattr_opaque(dir: &File) -> bool {
+    use xattr::FileExt;
+    matches!(dir.get_xattr("trusted.overlay.opaque"), Ok(Some(v)) if v == b"y")
+}

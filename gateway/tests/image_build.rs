@@ -1,0 +1,200 @@
+//! `sbx image build` through the real sbxd on the oci driver (needs root, runc,
+//! busybox-static): a Dockerfile with FROM, ARG, ENV, WORKDIR, COPY, RUN, USER and CMD builds;
+//! a sandbox from the result shows each; a second build of the same input runs nothing (every
+//! RUN and COPY answered from the cache, the same digest); a change to a copied file re-runs
+//! from that step; a RUN has no network but loopback without `--allow`; a failing RUN fails
+//! the build naming its line and code; no build leaves a sandbox behind.
+
+mod common;
+
+use std::path::Path;
+
+type World = common::DriverWorld;
+
+const DOCKERFILE: &str = r#"# a small application image
+FROM sbx.local/busybox:latest
+ARG GREETING=hello
+ENV APP_HOME=/srv/app MODE=test
+WORKDIR $APP_HOME
+COPY app.sh ./
+COPY data/ ./data/
+RUN echo "$GREETING from run" > built.txt \
+    && chmod 755 app.sh && touch gone \
+    && mkdir -p /home/user && chown 1000:1000 /home/user
+RUN rm gone && ls /sys/class/net > /netifs
+USER 1000
+RUN id -u > /home/user/uid.txt
+LABEL org.example.team="tools" version=1
+EXPOSE 8080
+CMD ["sh", "-c", "cat /srv/app/built.txt"]
+"#;
+
+fn context(dir: &Path, app: &str) {
+    std::fs::create_dir_all(dir.join("data/nested")).unwrap();
+    std::fs::write(dir.join("Dockerfile"), DOCKERFILE).unwrap();
+    std::fs::write(dir.join("app.sh"), app).unwrap();
+    std::fs::write(dir.join("data/nested/x.txt"), "nested data\n").unwrap();
+}
+
+/// The step lines of a build's stderr.
+fn steps(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.starts_with("step ")).collect()
+}
+
+fn exec(w: &World, sandbox: &str, script: &str) -> String {
+    let out = w.sbx(&["sandbox", "exec", sandbox, "--", "sh", "-c", script]);
+    assert_eq!(out.code, 0, "{script}: {out:?}");
+    out.stdout.trim().to_string()
+}
+
+#[test]
+fn a_dockerfile_builds_runs_and_rebuilds_from_the_cache() {
+    let w = World::new("oci", "build");
+    let ctx = tempfile::tempdir().unwrap();
+    context(ctx.path(), "#!/bin/sh\necho app v1\n");
+    let dir = ctx.path().to_str().unwrap();
+
+    let first = w.sbx(&["image", "build", "-t", "app:v1", dir, "-o", "json"]);
+    assert_eq!(first.code, 0, "{first:?}");
+    let image = first.json();
+    let lines = steps(&first.stderr);
+    assert_eq!(lines.len(), 13, "{}", first.stderr);
+    assert!(
+        lines.iter().all(|l| !l.ends_with("(cached)")),
+        "nothing is cached the first time: {lines:#?}"
+    );
+    assert!(
+        lines[6].starts_with("step 7/13: RUN echo \"$GREETING from run\" > built.txt && chmod"),
+        "{lines:#?}"
+    );
+    assert_eq!(image["name"], "docker.io/library/app:v1", "{image}");
+
+    // The result shows every instruction.
+    let made = w.sbx(&[
+        "sandbox", "create", "s1", "--image", "app:v1", "--", "sleep", "3600",
+    ]);
+    assert_eq!(made.code, 0, "{made:?}");
+    assert_eq!(exec(&w, "s1", "pwd"), "/srv/app", "WORKDIR");
+    assert_eq!(
+        exec(&w, "s1", "echo $MODE $APP_HOME"),
+        "test /srv/app",
+        "ENV"
+    );
+    assert_eq!(exec(&w, "s1", "id -u"), "1000", "USER");
+    assert_eq!(
+        exec(&w, "s1", "cat built.txt"),
+        "hello from run",
+        "RUN with ARG"
+    );
+    assert_eq!(
+        exec(&w, "s1", "./app.sh"),
+        "app v1",
+        "COPY, then RUN's chmod"
+    );
+    assert_eq!(
+        exec(&w, "s1", "cat data/nested/x.txt"),
+        "nested data",
+        "COPY of a dir"
+    );
+    assert_eq!(
+        exec(&w, "s1", "stat -c '%u %a' app.sh data /home/user"),
+        "0 755\n0 755\n1000 755",
+        "owners: COPY root's, RUN's chown kept"
+    );
+    assert_eq!(
+        exec(
+            &w,
+            "s1",
+            "cat /home/user/uid.txt; stat -c %u /home/user/uid.txt"
+        ),
+        "1000\n1000",
+        "a RUN after USER runs as that user, its files are its"
+    );
+    assert_eq!(
+        exec(&w, "s1", "test -e gone && echo there || echo removed"),
+        "removed",
+        "a file a later RUN removed is gone (a whiteout)"
+    );
+    assert_eq!(
+        exec(&w, "s1", "cat /netifs"),
+        "lo",
+        "a RUN without --allow has loopback only"
+    );
+    let got = w.sbx(&["image", "get", "app:v1", "-o", "json"]).json();
+    assert_eq!(got["cmd"][2], "cat /srv/app/built.txt", "{got}");
+    assert_eq!(got["user"], "1000", "{got}");
+    assert_eq!(got["exposed_ports"][0], "8080/tcp", "{got}");
+    assert_eq!(got["labels"]["org.example.team"], "tools", "{got}");
+    assert_eq!(got["labels"]["version"], "1", "{got}");
+    // CMD: the image runs as built.
+    let ran = w.sbx(&["run", "--rm", "app:v1"]);
+    assert_eq!(
+        (ran.code, ran.stdout.as_str()),
+        (0, "hello from run\n"),
+        "{ran:?}"
+    );
+
+    // The same input again: every step from the cache, the same image.
+    let again = w.sbx(&["image", "build", "-t", "app:v1", dir, "-o", "json"]);
+    assert_eq!(again.code, 0, "{again:?}");
+    for l in steps(&again.stderr) {
+        if l.contains(": RUN ") || l.contains(": COPY ") {
+            assert!(l.ends_with("(cached)"), "{l}: {}", again.stderr);
+        }
+    }
+    assert_eq!(again.json()["digest"], image["digest"]);
+
+    // A changed file: it and every step after it run again.
+    std::fs::write(ctx.path().join("app.sh"), "#!/bin/sh\necho app v2\n").unwrap();
+    let changed = w.sbx(&["image", "build", "-t", "app:v2", dir, "-o", "json"]);
+    assert_eq!(changed.code, 0, "{changed:?}");
+    let lines = steps(&changed.stderr);
+    assert!(
+        !lines[4].ends_with("(cached)"),
+        "COPY app.sh runs: {lines:#?}"
+    );
+    assert!(
+        !lines[5].ends_with("(cached)"),
+        "after a change nothing is taken from the cache: {lines:#?}"
+    );
+    assert!(
+        !lines[6].ends_with("(cached)"),
+        "the RUN after it runs: {lines:#?}"
+    );
+    assert_ne!(changed.json()["digest"], image["digest"]);
+    let ran = w.sbx(&["run", "--rm", "app:v2", "--", "./app.sh"]);
+    assert_eq!(ran.stdout, "app v2\n", "{ran:?}");
+    w.sbx(&["sandbox", "delete", "s1"]).ok();
+
+    // A failing RUN fails the build, naming its line and its code; nothing is left.
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM sbx.local/busybox:latest\nRUN echo before\nRUN echo failing >&2; exit 3\n",
+    )
+    .unwrap();
+    let failed = w.sbx(&["image", "build", "-t", "bad:v1", dir]);
+    assert_ne!(failed.code, 0, "{failed:?}");
+    assert!(
+        failed.stderr.contains("RUN at line 3 exited with code 3"),
+        "{failed:?}"
+    );
+    assert!(
+        failed.stderr.contains("failing"),
+        "its output is shown: {failed:?}"
+    );
+    let left = w.sbx(&["sandbox", "list", "-o", "json"]).json();
+    assert_eq!(left, serde_json::json!([]), "no build sandbox is left");
+    let missing = w.sbx(&["image", "get", "bad:v1"]);
+    assert_ne!(missing.code, 0, "a failed build names no image");
+
+    // What the builder does not do is refused by line, before anything runs.
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM sbx.local/busybox:latest\nADD https://example.test/x /x\n",
+    )
+    .unwrap();
+    let refused = w.sbx(&["image", "build", dir]);
+    assert_ne!(refused.code, 0);
+    assert!(refused.stderr.contains("line 2: ADD https"), "{refused:?}");
+    w.finish();
+}
