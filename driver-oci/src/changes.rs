@@ -170,7 +170,14 @@ impl<W: Write> Walk<W> {
             SFlag::S_IFLNK => {
                 let target = readlinkat(dir.as_fd(), name)?;
                 let mut h = self.header(&st, path, tar::EntryType::Symlink)?;
-                self.tar.append_link(&mut h, path, Path::new(&target))?;
+                // The target byte for byte (`append_link` would normalise `/` to `//`), and
+                // a long one through the GNU long-link entry `append_link` writes.
+                if target.as_bytes().len() <= 100 {
+                    h.set_link_name_literal(target.as_bytes())?;
+                    self.tar.append_data(&mut h, path, io::empty())?;
+                } else {
+                    self.tar.append_link(&mut h, path, Path::new(&target))?;
+                }
                 self.stats.entries += 1;
                 Ok(())
             }
@@ -258,4 +265,82 @@ fn dir_is_empty(fd: &OwnedFd) -> io::Result<bool> {
 fn xattr_opaque(dir: &File) -> bool {
     use xattr::FileExt;
     matches!(dir.get_xattr("trusted.overlay.opaque"), Ok(Some(v)) if v == b"y")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (path, kind, uid, link target) of every entry.
+    fn listing(tar: &[u8]) -> Vec<(String, tar::EntryType, u64, String)> {
+        tar::Archive::new(tar)
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.path().unwrap().to_string_lossy().into_owned(),
+                    e.header().entry_type(),
+                    e.header().uid().unwrap(),
+                    e.link_name()
+                        .unwrap()
+                        .map(|l| l.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn links_fifos_and_whiteouts_are_written_as_they_are_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let upper = dir.path();
+        let me = nix::unistd::geteuid().as_raw();
+        let ids = IdMap {
+            host_uid: me,
+            host_gid: nix::unistd::getegid().as_raw(),
+            size: 65536,
+        };
+        std::fs::create_dir_all(upper.join("etc")).unwrap();
+        std::fs::write(upper.join("etc/hostname"), "").unwrap();
+        std::fs::write(upper.join("etc/app.conf"), "x=1\n").unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", upper.join("shadow-link")).unwrap();
+        std::os::unix::fs::symlink("/", upper.join("root-link")).unwrap();
+        std::fs::hard_link(upper.join("etc/app.conf"), upper.join("hard")).unwrap();
+        nix::unistd::mkfifo(&upper.join("pipe"), Mode::from_bits_truncate(0o644)).unwrap();
+        std::fs::create_dir(upper.join("proc")).unwrap();
+        let mut out = Vec::new();
+        let stats = write_layer(upper, ids, &mut out).unwrap();
+        let got = listing(&out);
+        let find = |p: &str| got.iter().find(|e| e.0 == p).cloned();
+        assert_eq!(
+            find("shadow-link").map(|e| (e.1, e.3)),
+            Some((tar::EntryType::Symlink, "/etc/shadow".into()))
+        );
+        assert_eq!(
+            find("root-link").map(|e| (e.1, e.3)),
+            Some((tar::EntryType::Symlink, "/".into()))
+        );
+        assert_eq!(find("pipe").map(|e| e.1), Some(tar::EntryType::Fifo));
+        // The first name of the file is its data; the second a link to it.
+        assert_eq!(
+            find("etc/app.conf").map(|e| e.1),
+            Some(tar::EntryType::Regular)
+        );
+        assert_eq!(
+            find("hard").map(|e| (e.1, e.3)),
+            Some((tar::EntryType::Link, "etc/app.conf".into()))
+        );
+        assert_eq!(
+            find("etc/app.conf").map(|e| e.2),
+            Some(0),
+            "owners as inside"
+        );
+        // Mount points the runtime made, empty, are not changes.
+        assert!(
+            find("proc").is_none() && find("etc/hostname").is_none(),
+            "{got:?}"
+        );
+        assert_eq!(stats.bytes, 4);
+    }
 }

@@ -22,6 +22,7 @@ RUN echo "$GREETING from run" > built.txt \
     && chmod 755 app.sh && touch gone \
     && mkdir -p /home/user && chown 1000:1000 /home/user
 RUN rm gone && ls /sys/class/net > /netifs
+RUN ln -s /etc/shadow shadow-link && mkfifo pipe && ln built.txt hard-link && mkdir -p deep/a/b && ln -s / deep/a/b/root
 USER 1000
 RUN id -u > /home/user/uid.txt
 LABEL org.example.team="tools" version=1
@@ -58,13 +59,13 @@ fn a_dockerfile_builds_runs_and_rebuilds_from_the_cache() {
     assert_eq!(first.code, 0, "{first:?}");
     let image = first.json();
     let lines = steps(&first.stderr);
-    assert_eq!(lines.len(), 13, "{}", first.stderr);
+    assert_eq!(lines.len(), 14, "{}", first.stderr);
     assert!(
         lines.iter().all(|l| !l.ends_with("(cached)")),
         "nothing is cached the first time: {lines:#?}"
     );
     assert!(
-        lines[6].starts_with("step 7/13: RUN echo \"$GREETING from run\" > built.txt && chmod"),
+        lines[6].starts_with("step 7/14: RUN echo \"$GREETING from run\" > built.txt && chmod"),
         "{lines:#?}"
     );
     assert_eq!(image["name"], "docker.io/library/app:v1", "{image}");
@@ -119,6 +120,18 @@ fn a_dockerfile_builds_runs_and_rebuilds_from_the_cache() {
         exec(&w, "s1", "cat /netifs"),
         "lo",
         "a RUN without --allow has loopback only"
+    );
+    // What a RUN planted for the host's reader of its changes came through as what it is:
+    // links as links (never followed to the host's files), a FIFO as a FIFO (never opened:
+    // the build did not hang), a hard link as a second name of the same file.
+    assert_eq!(
+        exec(
+            &w,
+            "s1",
+            "readlink shadow-link; readlink deep/a/b/root; test -p pipe && echo fifo; stat -c %h hard-link; cat hard-link"
+        ),
+        "/etc/shadow\n/\nfifo\n2\nhello from run",
+        "planted entries are kept as they are"
     );
     let got = w.sbx(&["image", "get", "app:v1", "-o", "json"]).json();
     assert_eq!(got["cmd"][2], "cat /srv/app/built.txt", "{got}");

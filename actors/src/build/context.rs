@@ -298,15 +298,23 @@ impl Context {
                 }
                 tar::EntryType::Symlink => {
                     let link = entry
-                        .link_name()
-                        .map_err(bad_context)?
+                        .link_name_bytes()
                         .ok_or_else(|| bad_context(format!("symlink {name:?} has no target")))?
                         .into_owned();
                     h.set_entry_type(tar::EntryType::Symlink);
                     h.set_size(0);
                     h.set_mode(0o777);
-                    tar.append_link(&mut h, relative(&target), &link)
-                        .map_err(io)?;
+                    // Byte for byte (`append_link` would make `/` into `//`); a long target
+                    // through the GNU long-link entry.
+                    if link.len() <= 100 {
+                        h.set_link_name_literal(&link).map_err(io)?;
+                        tar.append_data(&mut h, relative(&target), std::io::empty())
+                    } else {
+                        use std::os::unix::ffi::OsStrExt;
+                        let link = Path::new(std::ffi::OsStr::from_bytes(&link));
+                        tar.append_link(&mut h, relative(&target), link)
+                    }
+                    .map_err(io)?;
                 }
                 other => {
                     return Err(ActorError::InvalidArgument(format!(
