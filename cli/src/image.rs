@@ -26,7 +26,10 @@ use super::connect::connect;
 use super::output::{human_bytes, render_image, render_images, short_digest};
 use super::reply::{found_or_absent, print, print_deleted, print_list};
 use super::request::{self, describe_image_ref, image_ref};
-use super::{CliError, ImageBuildArgs, ImageCommand, ImageImportArgs, ImagePullArgs};
+use super::{CliError, ImageBuildArgs, ImageCommand, ImageImportArgs, ImagePullArgs, PullPolicy};
+use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
+use sbx_proto::v1::{CreateSandboxRequest, PullImageRequest, Sandbox};
+use tonic_types::StatusExt;
 
 /// Bytes per import message (the gateway accepts messages up to 8 MiB).
 pub const CHUNK: usize = 1 << 20;
@@ -92,6 +95,68 @@ pub async fn run_image(target: &Target, cmd: ImageCommand) -> Result<u8, CliErro
         }
     }
     Ok(0)
+}
+
+/// A create that pulls its image as `policy` says: `always` before it; `missing` when the
+/// gateway answers IMAGE_NOT_FOUND, then once more. Pull progress goes to stderr.
+pub async fn create_pulling(
+    target: &Target,
+    client: &mut SandboxServiceClient<super::connect::Channel>,
+    req: CreateSandboxRequest,
+    policy: PullPolicy,
+) -> Result<Sandbox, CliError> {
+    let image = req
+        .spec
+        .as_ref()
+        .map(|s| s.image.clone())
+        .filter(|i| !i.is_empty() && !sbx_proto::image_ref::is_digest(i));
+    if let (PullPolicy::Always, Some(image)) = (policy, &image) {
+        pull_for_create(target, image).await?;
+    }
+    match client.create_sandbox(req.clone()).await {
+        Ok(created) => Ok(created.into_inner()),
+        Err(status)
+            if policy == PullPolicy::Missing
+                && image.is_some()
+                && status
+                    .get_details_error_info()
+                    .is_some_and(|i| i.reason == "IMAGE_NOT_FOUND") =>
+        {
+            let image = image.unwrap_or_default();
+            eprintln!(
+                "image {image} is not in the gateway's store: pulling it (--pull never would not)"
+            );
+            pull_for_create(target, &image).await?;
+            Ok(client.create_sandbox(req).await?.into_inner())
+        }
+        Err(status) => Err(status.into()),
+    }
+}
+
+/// The pull a create asks for, with the same progress as `sbx image pull` (on stderr).
+async fn pull_for_create(target: &Target, reference: &str) -> Result<(), CliError> {
+    let req = PullImageRequest {
+        reference: reference.to_string(),
+        ..Default::default()
+    };
+    let mut client = ImageServiceClient::new(connect(target).await?);
+    let mut stream = client.pull_image(req).await?.into_inner();
+    let mut shown = Progress::for_stderr();
+    while let Some(msg) = stream.message().await? {
+        match msg.message {
+            Some(pull_image_response::Message::Progress(p)) => shown.show(&p),
+            Some(pull_image_response::Message::Image(image)) => {
+                shown.finish();
+                eprintln!("pulled {} ({})", image.name, short_digest(&image.digest));
+                return Ok(());
+            }
+            None => {}
+        }
+    }
+    shown.finish();
+    Err(CliError::PullWithoutImage {
+        reference: reference.to_string(),
+    })
 }
 
 async fn pull(target: &Target, args: &ImagePullArgs) -> Result<(), CliError> {

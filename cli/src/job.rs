@@ -45,6 +45,10 @@ pub struct RunArgs {
     /// The image to run, as an option.
     #[arg(long = "image", id = "image_flag", value_name = "REF")]
     pub image_flag: Option<String>,
+    /// When the image is pulled from its registry first: when the store lacks it
+    /// (missing), before every run (always), or never.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = super::PullPolicy::Missing)]
+    pub pull: super::PullPolicy,
     /// Delete the sandbox once the run ends, however it ends.
     #[arg(long)]
     pub rm: bool,
@@ -101,6 +105,7 @@ impl RunArgs {
             memory: self.memory,
             disk: self.disk,
             image: self.image.clone().or_else(|| self.image_flag.clone()),
+            pull: self.pull,
             driver: self.driver.clone(),
             node: None,
             node_selector: Vec::new(),
@@ -134,7 +139,7 @@ pub async fn run_job(target: &Target, args: &RunArgs) -> Result<u8, CliError> {
     let req =
         request::create_sandbox_request(&create, request::generate_sandbox_name(&mut rand::rng()))?;
     let mut client = SandboxServiceClient::new(connect(target).await?);
-    let created = client.create_sandbox(req).await?.into_inner();
+    let created = super::image::create_pulling(target, &mut client, req, create.pull).await?;
     let this = SandboxRef {
         id: created.id.clone(),
         workspace: String::new(),

@@ -652,6 +652,10 @@ pub struct SandboxCreateArgs {
     /// or sha256:… (default: the gateway's default image). The gateway pins its digest.
     #[arg(long, value_name = "REF")]
     pub image: Option<String>,
+    /// When the image is pulled from its registry first: when the store lacks it
+    /// (missing), before every create (always), or never.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = PullPolicy::Missing)]
+    pub pull: PullPolicy,
     /// The compute driver to run the sandbox on (default: the gateway's default driver).
     #[arg(long, value_name = "DRIVER")]
     pub driver: Option<String>,
@@ -911,6 +915,18 @@ pub struct ImageBuildArgs {
     pub run_timeout: Option<u64>,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// When `sbx sandbox create` and `sbx run` pull their image first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PullPolicy {
+    /// Never: a create of an image the store lacks fails (IMAGE_NOT_FOUND).
+    Never,
+    /// When the gateway answers IMAGE_NOT_FOUND: pulled (progress on stderr), then created.
+    #[default]
+    Missing,
+    /// Before the create, every time (a tag that moved is re-pulled).
+    Always,
 }
 
 /// A clap value parser: an image reference by the gateway's rule (`sbx_proto::image_ref`),

@@ -434,7 +434,7 @@ async fn create_sandbox(target: &Target, args: &SandboxCreateArgs) -> Result<u8,
         check_uploads(target, args).await?;
     }
     let mut client = SandboxServiceClient::new(connect(target).await?);
-    let created = client.create_sandbox(req).await?.into_inner();
+    let created = super::image::create_pulling(target, &mut client, req, args.pull).await?;
     let options = WaitOptions {
         timeout: Duration::from_secs(args.timeout),
         settle: Duration::from_millis(args.settle),

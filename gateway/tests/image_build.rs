@@ -3,11 +3,14 @@
 //! a sandbox from the result shows each; a second build of the same input runs nothing (every
 //! RUN and COPY answered from the cache, the same digest); a change to a copied file re-runs
 //! from that step; a RUN has no network but loopback without `--allow`; a failing RUN fails
-//! the build naming its line and code; no build leaves a sandbox behind.
+//! the build naming its line and code; no build leaves a sandbox behind. An image the store
+//! lacks is pulled by a create, a run and a build's FROM (`--pull never|missing|always`).
 
 mod common;
 
 use std::path::Path;
+
+use sbx_drivers::image::fixtures::{self, LocalRegistry, TarEntry};
 
 type World = common::DriverWorld;
 
@@ -209,5 +212,138 @@ fn a_dockerfile_builds_runs_and_rebuilds_from_the_cache() {
     let refused = w.sbx(&["image", "build", dir]);
     assert_ne!(refused.code, 0);
     assert!(refused.stderr.contains("line 2: ADD https"), "{refused:?}");
+    w.finish();
+}
+
+/// An image with busybox and `/etc/marker`, as an OCI layout pushed to a loopback registry.
+fn pushed_image(registry: &LocalRegistry, dir: &Path, marker: &str, reference: &str) {
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static");
+    let layer = fixtures::tar_bytes(&[
+        TarEntry::dir("bin/"),
+        TarEntry::file("bin/busybox", &busybox).mode(0o755),
+        TarEntry::symlink("bin/sh", "busybox"),
+        TarEntry::symlink("bin/cat", "busybox"),
+        TarEntry::symlink("bin/sleep", "busybox"),
+        TarEntry::dir("etc/"),
+        TarEntry::file("etc/marker", marker.as_bytes()),
+    ]);
+    fixtures::write_oci_layout(dir, &[layer], "v1");
+    registry.push(dir, reference, &[]);
+}
+
+#[test]
+fn an_image_missing_from_the_store_is_pulled_by_create_run_and_build() {
+    if !LocalRegistry::available(
+        "an_image_missing_from_the_store_is_pulled_by_create_run_and_build",
+    ) {
+        return;
+    }
+    let w = World::new("oci", "pull");
+    let work = tempfile::tempdir().unwrap();
+    let registry = LocalRegistry::start(&work.path().join("registry"));
+    let reference = format!("{}/sbx-test/pulled:v1", registry.addr);
+    pushed_image(&registry, &work.path().join("v1"), "one\n", &reference);
+
+    // --pull never: the store lacks it, the create fails and says how to get it.
+    let never = w.sbx(&[
+        "sandbox", "create", "a", "--image", &reference, "--pull", "never", "--", "sleep", "60",
+    ]);
+    assert_ne!(never.code, 0, "{never:?}");
+    assert!(never.stderr.contains("IMAGE_NOT_FOUND"), "{never:?}");
+    assert!(!never.stderr.contains("pulling"), "{never:?}");
+
+    // The default (missing): pulled, with progress, then created.
+    let made = w.sbx(&[
+        "sandbox", "create", "a", "--image", &reference, "--", "sleep", "60",
+    ]);
+    assert_eq!(made.code, 0, "{made:?}");
+    assert!(
+        made.stderr
+            .contains("is not in the gateway's store: pulling it"),
+        "{made:?}"
+    );
+    assert!(made.stderr.contains("pulled "), "{made:?}");
+    assert_eq!(exec(&w, "a", "cat /etc/marker"), "one");
+    // Now it is there: no pull.
+    let again = w.sbx(&[
+        "run",
+        "--rm",
+        "--image",
+        &reference,
+        "--",
+        "cat",
+        "/etc/marker",
+    ]);
+    assert_eq!(
+        (again.code, again.stdout.as_str()),
+        (0, "one\n"),
+        "{again:?}"
+    );
+    assert!(!again.stderr.contains("pulling"), "{again:?}");
+
+    // The tag moves in the registry: missing keeps the store's, always takes the new one.
+    pushed_image(&registry, &work.path().join("v2"), "two\n", &reference);
+    let kept = w.sbx(&[
+        "run",
+        "--rm",
+        "--image",
+        &reference,
+        "--",
+        "cat",
+        "/etc/marker",
+    ]);
+    assert_eq!(kept.stdout, "one\n", "{kept:?}");
+    let fresh = w.sbx(&[
+        "run",
+        "--rm",
+        "--pull",
+        "always",
+        "--image",
+        &reference,
+        "--",
+        "cat",
+        "/etc/marker",
+    ]);
+    assert_eq!(
+        (fresh.code, fresh.stdout.as_str()),
+        (0, "two\n"),
+        "{fresh:?}"
+    );
+
+    // A build FROM an image the store lacks pulls it too.
+    let other = format!("{}/sbx-test/base:v1", registry.addr);
+    pushed_image(&registry, &work.path().join("base"), "base\n", &other);
+    let ctx = work.path().join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        format!("FROM {other}\nRUN cat /etc/marker > /copied\n"),
+    )
+    .unwrap();
+    let built = w.sbx(&[
+        "image",
+        "build",
+        "-t",
+        "from-pulled:v1",
+        ctx.to_str().unwrap(),
+    ]);
+    assert_eq!(built.code, 0, "{built:?}");
+    assert!(
+        built
+            .stderr
+            .contains("is not in the image store: pulling it"),
+        "{built:?}"
+    );
+    let ran = w.sbx(&[
+        "run",
+        "--rm",
+        "--image",
+        "from-pulled:v1",
+        "--",
+        "cat",
+        "/copied",
+    ]);
+    assert_eq!(ran.stdout, "base\n", "{ran:?}");
+    w.sbx(&["sandbox", "delete", "a"]).ok();
     w.finish();
 }
