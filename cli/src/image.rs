@@ -28,7 +28,7 @@ use super::reply::{found_or_absent, print, print_deleted, print_list};
 use super::request::{self, describe_image_ref, image_ref};
 use super::{CliError, ImageBuildArgs, ImageCommand, ImageImportArgs, ImagePullArgs, PullPolicy};
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
-use sbx_proto::v1::{CreateSandboxRequest, PullImageRequest, Sandbox};
+use sbx_proto::v1::{CreateSandboxRequest, Image, PullImageRequest, Sandbox};
 use tonic_types::StatusExt;
 
 /// Bytes per import message (the gateway accepts messages up to 8 MiB).
@@ -139,6 +139,14 @@ async fn pull_for_create(target: &Target, reference: &str) -> Result<(), CliErro
         reference: reference.to_string(),
         ..Default::default()
     };
+    let image = pulled(target, req).await?;
+    eprintln!("pulled {} ({})", image.name, short_digest(&image.digest));
+    Ok(())
+}
+
+/// A pull, its progress shown on stderr as it comes; the image it ends with.
+async fn pulled(target: &Target, req: PullImageRequest) -> Result<Image, CliError> {
+    let reference = req.reference.clone();
     let mut client = ImageServiceClient::new(connect(target).await?);
     let mut stream = client.pull_image(req).await?.into_inner();
     let mut shown = Progress::for_stderr();
@@ -147,16 +155,13 @@ async fn pull_for_create(target: &Target, reference: &str) -> Result<(), CliErro
             Some(pull_image_response::Message::Progress(p)) => shown.show(&p),
             Some(pull_image_response::Message::Image(image)) => {
                 shown.finish();
-                eprintln!("pulled {} ({})", image.name, short_digest(&image.digest));
-                return Ok(());
+                return Ok(image);
             }
             None => {}
         }
     }
     shown.finish();
-    Err(CliError::PullWithoutImage {
-        reference: reference.to_string(),
-    })
+    Err(CliError::PullWithoutImage { reference })
 }
 
 async fn pull(target: &Target, args: &ImagePullArgs) -> Result<(), CliError> {
@@ -168,24 +173,8 @@ async fn pull(target: &Target, args: &ImagePullArgs) -> Result<(), CliError> {
         None
     };
     let req = request::pull_image_request(args, password);
-    let mut client = ImageServiceClient::new(connect(target).await?);
-    let mut stream = client.pull_image(req).await?.into_inner();
-    let mut shown = Progress::for_stderr();
-    while let Some(msg) = stream.message().await? {
-        match msg.message {
-            Some(pull_image_response::Message::Progress(p)) => shown.show(&p),
-            Some(pull_image_response::Message::Image(image)) => {
-                shown.finish();
-                print(&render_image(&args.output, &image, SystemTime::now())?)?;
-                return Ok(());
-            }
-            None => {}
-        }
-    }
-    shown.finish();
-    Err(CliError::PullWithoutImage {
-        reference: args.reference.clone(),
-    })
+    let image = pulled(target, req).await?;
+    print(&render_image(&args.output, &image, SystemTime::now())?)
 }
 
 /// One plain progress line for an event, or `None` for byte counts that are not the end of a
