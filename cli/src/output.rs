@@ -467,6 +467,7 @@ pub fn render_sandbox(
                 out.push_str(&format!("IMAGE: {} ({})\n", spec.image, spec.image_digest));
             }
             if style.headers {
+                out.push_str(&network_lines(sandbox));
                 out.push_str(&super::lifetime::sandbox_lines(sandbox));
             }
             Ok(out)
@@ -476,6 +477,44 @@ pub fn render_sandbox(
             render_structured(style.format, &sandbox_view(sandbox))
         }
     }
+}
+
+/// What `sbx sandbox get` says of a sandbox's network: what it may reach, and what it tried
+/// and was refused (a name lookup too), with the command that would admit it.
+pub fn network_lines(sandbox: &Sandbox) -> String {
+    use sbx_proto::v1::NetworkMode;
+    let policy = sandbox
+        .spec
+        .as_ref()
+        .and_then(|s| s.network.clone())
+        .unwrap_or_default();
+    let mut out = match policy.mode() {
+        NetworkMode::Policy if policy.allow.is_empty() => {
+            "NETWORK: an address, no egress (nothing allowed; names resolve to nothing)\n".into()
+        }
+        NetworkMode::Policy => format!("NETWORK: allows {}\n", policy.allow.join(", ")),
+        _ => "NETWORK: none: loopback only (no address; no name resolves, nothing is reachable)\n"
+            .to_string(),
+    };
+    if sandbox.network_denied > 0 {
+        let last = sandbox
+            .network_last_denial
+            .as_ref()
+            .map(|d| {
+                let target = denial_target(&d.destination, d.port, &d.protocol);
+                let host = sanitize(&d.destination);
+                format!(
+                    ", last {target}: not in its allowlist (admit it: sbx sandbox network allow {} {host}:PORT)",
+                    sandbox.name
+                )
+            })
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "DENIED: {} in the last 10 minutes{last}\n",
+            sandbox.network_denied
+        ));
+    }
+    out
 }
 
 /// A list: a table (empty string when there are no rows, so the caller can say so),

@@ -456,7 +456,7 @@ fn a_sandbox_shows_its_image_and_pinned_digest() {
     spec.image_digest = digest.clone();
     let table = render_sandbox(OutputFormat::Table, &sb, now_plus(5)).unwrap();
     assert!(
-        table.ends_with(&format!("IMAGE: busybox ({digest})\n")),
+        table.contains(&format!("\nIMAGE: busybox ({digest})\n")),
         "{table}"
     );
     let value: serde_json::Value =
@@ -514,4 +514,38 @@ fn pull_progress_lines_skip_partial_byte_counts() {
         Some("layer sha256:121212121212: unpacked".into())
     );
     assert_eq!(progress_line(&PullProgress { event: None }), None);
+}
+
+#[test]
+fn a_sandbox_says_what_its_network_lets_it_reach_and_what_was_refused() {
+    use sbx_proto::v1::{NetworkDenial, NetworkMode, NetworkPolicy};
+    let mut sb = sandbox("web", Phase::Ready);
+    let table = render_sandbox(OutputFormat::Table, &sb, now_plus(5)).unwrap();
+    assert!(
+        table.contains("NETWORK: none: loopback only (no address; no name resolves"),
+        "{table}"
+    );
+    sb.spec.as_mut().unwrap().network = Some(NetworkPolicy {
+        mode: NetworkMode::Policy as i32,
+        allow: Vec::new(),
+    });
+    sb.network_denied = 2;
+    sb.network_last_denial = Some(NetworkDenial {
+        destination: "deb.debian.org".into(),
+        protocol: "dns".into(),
+        port: 0,
+        packets: 2,
+    });
+    let table = render_sandbox(OutputFormat::Table, &sb, now_plus(5)).unwrap();
+    assert!(table.contains("NETWORK: an address, no egress"), "{table}");
+    assert!(
+        table.contains(
+            "DENIED: 2 in the last 10 minutes, last deb.debian.org/dns: not in its allowlist \
+             (admit it: sbx sandbox network allow web deb.debian.org:PORT)"
+        ),
+        "{table}"
+    );
+    sb.spec.as_mut().unwrap().network.as_mut().unwrap().allow = vec!["10.0.0.1:80".into()];
+    let table = render_sandbox(OutputFormat::Table, &sb, now_plus(5)).unwrap();
+    assert!(table.contains("NETWORK: allows 10.0.0.1:80\n"), "{table}");
 }

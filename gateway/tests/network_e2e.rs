@@ -891,7 +891,17 @@ fn bad_network_input_is_refused_with_its_reason_and_an_overlapping_cidr_at_start
     // A sandbox made with mode none has no network to change.
     sbx(
         &ep,
-        &["sandbox", "create", "-n", "plain", "--", "sleep", "3600"],
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "plain",
+            "--network",
+            "none",
+            "--",
+            "sleep",
+            "3600",
+        ],
     )
     .ok();
     let change = sbx(
@@ -1055,4 +1065,109 @@ fn bad_network_input_is_refused_with_its_reason_and_an_overlapping_cidr_at_start
     }
     assert_eq!(w.left_on_host(), Vec::<String>::new());
     drop(up);
+}
+
+/// `sbxd network cleanup --network-name NAME`, as an operator runs it.
+fn network_cleanup(name: &str) -> CliRun {
+    common::run_bounded(
+        Command::new(common::SBXD).args(["network", "cleanup", "--network-name", name]),
+        "sbxd network cleanup",
+    )
+}
+
+#[test]
+fn the_network_is_on_by_default_a_refused_lookup_is_explained_and_cleanup_removes_it() {
+    if !runnable() {
+        return;
+    }
+    let mut w = World::new("auto", 0);
+    // What sbxd does with no --network-cidr (tests run with SBX_NETWORK_CIDR=off: one
+    // network per host, and they run at once), under a name of this test's own.
+    w.cidr = "auto".into();
+    let ep = w.start();
+    let log = w.sbxd.as_ref().unwrap().log_text();
+    let chosen = sbx_drivers::network::AUTO_CANDIDATES
+        .iter()
+        .find(|c| log.contains(&format!("cidr={c}")))
+        .unwrap_or_else(|| panic!("the log says which network auto chose: {log}"));
+    let kept = std::fs::read_to_string(
+        w.data
+            .path()
+            .join("drivers/oci/network")
+            .join(sbx_drivers::network::AUTO_FILE),
+    )
+    .unwrap();
+    assert_eq!(&kept, chosen, "the choice is kept for later starts");
+
+    // A sandbox that asks for nothing: an address on it, no egress.
+    w.sandboxes.push("plain");
+    sbx(
+        &ep,
+        &["sandbox", "create", "-n", "plain", "--", "sleep", "3600"],
+    )
+    .ok();
+    let net = network(&ep, "plain");
+    assert_eq!(net["mode"], "policy", "{net}");
+    assert_eq!(net["allow"], serde_json::json!([]), "{net}");
+    let (base, len) = sbx_drivers::network::parse_cidr(chosen).unwrap();
+    let address: std::net::Ipv4Addr = net["address"].as_str().unwrap().parse().unwrap();
+    assert!(
+        sbx_drivers::network::policy::overlaps(address, 32, base, len),
+        "{address} is on {chosen}"
+    );
+
+    // A name lookup fails inside, and `sbx sandbox get` says why and what would admit it.
+    let lookup = exec(&ep, "plain", "nslookup deb.debian.org 2>&1");
+    assert!(
+        !lookup.stdout.contains("Address: 1"),
+        "nothing resolves: {lookup:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let shown = loop {
+        let got = sbx(&ep, &["sandbox", "get", "plain"]);
+        if got.stdout.contains("DENIED:") || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert!(
+        shown.stdout.contains("NETWORK: an address, no egress"),
+        "{shown:?}"
+    );
+    assert!(
+        shown.stdout.contains("deb.debian.org")
+            && shown
+                .stdout
+                .contains("not in its allowlist (admit it: sbx sandbox network allow plain deb.debian.org:PORT)"),
+        "{shown:?}"
+    );
+
+    // Cleanup is refused while sbxd serves the network, and then removes it.
+    let busy = network_cleanup(&w.name);
+    assert_eq!(busy.code, 2, "{busy:?}");
+    assert!(busy.stderr.contains("still serves network"), "{busy:?}");
+    sbx(&ep, &["sandbox", "delete", "plain"]).ok();
+    w.sandboxes.clear();
+    w.sbxd.as_mut().unwrap().sigterm(Duration::from_secs(30));
+    w.sbxd = None;
+    let bridge = format!("{}0", w.name);
+    assert!(
+        sbx_drivers::network::link::link_exists(&bridge),
+        "sbxd leaves its bridge"
+    );
+    let cleaned = network_cleanup(&w.name);
+    assert_eq!(cleaned.code, 0, "{cleaned:?}");
+    assert!(
+        cleaned.stdout.contains(&format!(
+            "removed nftables table inet {}, bridge {bridge}",
+            w.name
+        )),
+        "{cleaned:?}"
+    );
+    assert!(!sbx_drivers::network::link::link_exists(&bridge));
+    let again = network_cleanup(&w.name);
+    assert!(
+        again.stdout.contains("nothing of it is on this host"),
+        "{again:?}"
+    );
 }

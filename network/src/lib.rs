@@ -94,6 +94,67 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetworkError {
     move |source| NetworkError::Io { what, source }
 }
 
+/// The networks `--network-cidr auto` tries, in this order: the first that overlaps nothing
+/// the host routes or holds an address in is taken.
+pub const AUTO_CANDIDATES: &[&str] = &[
+    "10.213.0.0/16",
+    "10.214.0.0/16",
+    "10.215.0.0/16",
+    "172.29.0.0/16",
+    "172.30.0.0/16",
+    "192.168.213.0/24",
+];
+
+/// The file under a network's state directory that keeps what `auto` chose, so that a
+/// restarted gateway (and its sandboxes' leases) keep the same network.
+pub const AUTO_FILE: &str = "auto-cidr";
+
+/// What `--network-cidr auto` means on this host for the network named `name` whose state
+/// is `state_dir`: the choice made before (kept in [`AUTO_FILE`]), else the first of
+/// [`AUTO_CANDIDATES`] that collides with nothing on the host, recorded (fsynced) first.
+pub fn auto_cidr(state_dir: &Path, name: &str) -> Result<String, NetworkError> {
+    let file = state_dir.join(AUTO_FILE);
+    if let Ok(kept) = std::fs::read_to_string(&file) {
+        let kept = kept.trim().to_string();
+        parse_cidr(&kept)?;
+        return Ok(kept);
+    }
+    let bridge = format!("{name}0");
+    let host = link::host_networks(&bridge)?;
+    let free = AUTO_CANDIDATES
+        .iter()
+        .find(|c| {
+            let Ok((net, len)) = parse_cidr(c) else {
+                return false;
+            };
+            !host
+                .iter()
+                .any(|(other, other_len, _)| policy::overlaps(net, len, *other, *other_len))
+        })
+        .ok_or_else(|| {
+            NetworkError::Config(format!(
+                "every network --network-cidr auto tries ({}) overlaps one of the host's; give one with --network-cidr",
+                AUTO_CANDIDATES.join(", ")
+            ))
+        })?;
+    std::fs::create_dir_all(state_dir)
+        .and_then(|()| {
+            use std::io::Write;
+            let tmp = state_dir.join(format!("{AUTO_FILE}.tmp"));
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(free.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &file)
+        })
+        .map_err(|e| {
+            NetworkError::Config(format!(
+                "recording the chosen network in {}: {e}",
+                file.display()
+            ))
+        })?;
+    Ok(free.to_string())
+}
+
 /// Parses `A.B.C.D/LEN` into a network whose host bits are zero, with room for a gateway and
 /// at least one sandbox.
 pub fn parse_cidr(text: &str) -> Result<(Ipv4Addr, u8), NetworkError> {
@@ -704,4 +765,93 @@ pub fn status(
         );
     }
     Ok(out)
+}
+
+/// What [`cleanup`] removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Cleaned {
+    pub table: bool,
+    pub bridge: bool,
+    /// Sandbox namespaces removed (with `force`).
+    pub namespaces: Vec<String>,
+}
+
+/// The sandbox namespaces of network `name` on the host (`/run/netns/<name>-<uuid>`).
+pub fn sandbox_namespaces(name: &str) -> Vec<String> {
+    let prefix = format!("{name}-");
+    let mut found: Vec<String> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| {
+            n.strip_prefix(&prefix)
+                .is_some_and(|rest| Uuid::parse_str(rest).is_ok())
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Removes what network `name` left on the host once no gateway uses it: its nftables table
+/// and its bridge. Refused while a resolver answers on the bridge's address (a gateway, or
+/// its driver, still serves the network), and while sandbox namespaces of it remain (their
+/// workloads outlive sbxd and may still run) unless `force`, which removes those too.
+pub fn cleanup(name: &str, force: bool) -> Result<Cleaned, NetworkError> {
+    let bridge = format!("{name}0");
+    let mut cleaned = Cleaned::default();
+    if link::link_exists(&bridge) {
+        let addrs: serde_json::Value =
+            serde_json::from_str(&link::ip(&["-j", "-4", "addr", "show", "dev", &bridge])?)
+                .unwrap_or(serde_json::Value::Null);
+        let held: Vec<Ipv4Addr> = addrs
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|l| {
+                l.get("addr_info")
+                    .and_then(serde_json::Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|a| {
+                a.get("local")
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(|s| s.parse().ok())
+            })
+            .collect();
+        for addr in held {
+            if let Err(e) = std::net::UdpSocket::bind((addr, RESOLVER_PORT))
+                && e.kind() == std::io::ErrorKind::AddrInUse
+            {
+                return Err(NetworkError::Config(format!(
+                    "a resolver answers on {addr}:{RESOLVER_PORT}: an sbxd (or its driver) still serves network {name:?}; stop it first"
+                )));
+            }
+        }
+    }
+    let namespaces = sandbox_namespaces(name);
+    if !namespaces.is_empty() && !force {
+        return Err(NetworkError::Config(format!(
+            "{} sandbox namespace(s) of network {name:?} remain ({}…): their workloads may still run; delete those sandboxes first (start sbxd, `sbx sandbox delete`), or --force to cut them off",
+            namespaces.len(),
+            namespaces[0]
+        )));
+    }
+    for ns in namespaces {
+        link::ip(&["netns", "delete", &ns])?;
+        cleaned.namespaces.push(ns);
+    }
+    if nft::list("look for the table", &["list", "table", "inet", name]).is_ok() {
+        nft::apply(
+            "delete the table",
+            vec![serde_json::json!({ "delete": { "table": { "family": "inet", "name": name } } })],
+        )?;
+        cleaned.table = true;
+    }
+    if link::link_exists(&bridge) {
+        link::ip(&["link", "delete", "dev", &bridge])?;
+        cleaned.bridge = true;
+    }
+    Ok(cleaned)
 }

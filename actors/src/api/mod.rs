@@ -556,6 +556,19 @@ impl Gateway {
         });
         if unset && ws.workspace.default_network.is_some() {
             spec.network = ws.workspace.default_network.clone();
+        } else if unset
+            && self
+                .images
+                .driver_capabilities(&spec.driver, driver.as_ref())
+                .await?
+                .network
+        {
+            // On a gateway with a network: an address and the resolver, no egress. What it
+            // tried to reach is then in its denials (a name lookup too), not just lost.
+            spec.network = Some(sbx_proto::v1::NetworkPolicy {
+                mode: sbx_proto::v1::NetworkMode::Policy as i32,
+                allow: Vec::new(),
+            });
         }
         self.refuse_network_without_driver(&spec, driver.as_ref())
             .await?;

@@ -132,17 +132,22 @@ pub struct OciArgs {
     )]
     pub cgroup_parent: String,
 
-    /// Give sandboxes made with `--network policy` (oci and process drivers) a network: a
-    /// bridge (<--network-name>0) holding this IPv4 network's first address, an address per
-    /// sandbox leased by its UUID, and their egress policies enforced by one nftables table
-    /// (`inet <--network-name>`).
-    /// Refused at startup if it overlaps a network the host routes. Turns on IPv4 forwarding.
-    /// Off unless given; then every sandbox has loopback only. Suggested: 10.213.0.0/16.
+    /// The sandbox network (oci and process drivers): a bridge (<--network-name>0) holding
+    /// this IPv4 network's first address, an address per sandbox leased by its UUID, and
+    /// their egress policies enforced by one nftables table (`inet <--network-name>`). A
+    /// sandbox on it reaches nothing but what its allowlist admits (none by default).
+    /// `auto` (the default): the first of 10.213.0.0/16, 10.214.0.0/16, 10.215.0.0/16,
+    /// 172.29.0.0/16, 172.30.0.0/16, 192.168.213.0/24 that overlaps nothing the host routes,
+    /// kept for later starts (the log says which); when the network cannot be set up (no
+    /// nft, no ip), sbxd says why and runs without. `off`: no network, every sandbox has
+    /// loopback only. A CIDR: that one, refused at startup if it overlaps a network the host
+    /// routes. Turns on IPv4 forwarding.
     #[arg(
         id = "network_cidr",
         long = "network-cidr",
         env = "SBX_NETWORK_CIDR",
-        value_name = "CIDR"
+        value_name = "CIDR|auto|off",
+        default_value = "auto"
     )]
     pub network_cidr: Option<String>,
 
@@ -305,9 +310,8 @@ impl OciArgs {
     /// The `--network-*` flags alone (the process driver's host gets these, not the oci
     /// ones); none when the network is off.
     pub fn network_flags(&self) -> Vec<OsString> {
-        let Some(cidr) = &self.network_cidr else {
-            return Vec::new();
-        };
+        // Always said: a host's own default (auto) must not stand in for `off`.
+        let cidr = self.network_cidr.as_deref().unwrap_or("off");
         let mut flags: Vec<OsString> = vec!["--network-cidr".into(), cidr.into()];
         flags.push("--network-name".into());
         flags.push(self.network_name.clone().into());
@@ -324,9 +328,32 @@ impl OciArgs {
         &self,
         state_dir: &std::path::Path,
     ) -> Result<Option<Arc<crate::network::Network>>, DriverError> {
-        let Some(cidr) = &self.network_cidr else {
-            return Ok(None);
+        let auto = match self.network_cidr.as_deref() {
+            None | Some("off") => return Ok(None),
+            Some("auto") => true,
+            Some(_) => false,
         };
+        let net_dir = state_dir.join("network");
+        let cidr = match auto {
+            true => {
+                let (dir, name) = (net_dir.clone(), self.network_name.clone());
+                let chosen =
+                    tokio::task::spawn_blocking(move || crate::network::auto_cidr(&dir, &name))
+                        .await
+                        .map_err(|e| {
+                            DriverError::Internal(format!("choosing the sandbox network: {e}"))
+                        })?;
+                match chosen {
+                    Ok(cidr) => cidr,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no sandbox network (--network-cidr auto): sandboxes get loopback only; give --network-cidr CIDR, or --network-cidr off to say so");
+                        return Ok(None);
+                    }
+                }
+            }
+            false => self.network_cidr.clone().unwrap_or_default(),
+        };
+        let cidr = &cidr;
         let (network, prefix) = crate::network::parse_cidr(cidr)
             .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
         let dns_upstream = self.network_dns.or_else(|| {
@@ -345,11 +372,23 @@ impl OciArgs {
             state_dir: state_dir.join("network"),
             dns_upstream,
         };
-        let net = tokio::task::spawn_blocking(move || crate::network::Network::open(config))
+        let opened = tokio::task::spawn_blocking(move || crate::network::Network::open(config))
             .await
-            .map_err(|e| DriverError::Internal(format!("opening the sandbox network: {e}")))?
-            .map_err(|e| DriverError::Unavailable(format!("the sandbox network: {e}")))?;
-        tracing::info!(cidr = %cidr, bridge = %net.bridge_name(), resolver = ?dns_upstream, "the sandbox network is up");
+            .map_err(|e| DriverError::Internal(format!("opening the sandbox network: {e}")))?;
+        let net = match opened {
+            Ok(net) => net,
+            // auto is best effort: a host without nft or ip runs without a network, saying so.
+            Err(e) if auto => {
+                tracing::warn!(error = %e, cidr = %cidr, "no sandbox network (--network-cidr auto): sandboxes get loopback only; give --network-cidr CIDR, or --network-cidr off to say so");
+                return Ok(None);
+            }
+            Err(e) => {
+                return Err(DriverError::Unavailable(format!(
+                    "the sandbox network: {e}"
+                )));
+            }
+        };
+        tracing::info!(cidr = %cidr, chosen = if auto { "auto" } else { "--network-cidr" }, bridge = %net.bridge_name(), resolver = ?dns_upstream, "the sandbox network is up");
         Ok(Some(Arc::new(net)))
     }
 }

@@ -67,6 +67,7 @@ pub fn main() -> std::process::ExitCode {
         Command::Token(command) => return access::run_token(command),
         Command::Certs(command) => return access::run_certs(command),
         Command::Store(command) => return access::run_store(command),
+        Command::Network(NetworkCommand::Cleanup(args)) => return network_cleanup(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -139,6 +140,71 @@ pub enum Command {
     /// restore it from one (while sbxd is not running on it).
     #[command(subcommand)]
     Store(access::StoreCommand),
+    /// The sandbox network's leftovers on this host.
+    #[command(subcommand)]
+    Network(NetworkCommand),
+}
+
+/// `sbxd network …`.
+#[derive(Debug, Subcommand)]
+pub enum NetworkCommand {
+    /// Remove the sandbox network's bridge (<NAME>0) and nftables table (`inet <NAME>`) once
+    /// no sbxd uses them: refused while a resolver still answers on the bridge (an sbxd or
+    /// its driver serves the network), and while sandbox namespaces of it remain (their
+    /// workloads outlive sbxd) unless --force.
+    Cleanup(NetworkCleanupArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NetworkCleanupArgs {
+    /// The network's name, as `sbxd serve --network-name` gave it.
+    #[arg(
+        long,
+        env = "SBX_NETWORK_NAME",
+        default_value = "sbx",
+        value_name = "NAME"
+    )]
+    pub network_name: String,
+    /// Also delete the sandbox namespaces that remain (their sandboxes lose their network).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `sbxd network cleanup`: says what it removed (or that nothing was there); exit 2 when
+/// refused.
+fn network_cleanup(args: &NetworkCleanupArgs) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    match sbx_drivers::network::cleanup(&args.network_name, args.force) {
+        Ok(done) => {
+            let mut said = Vec::new();
+            if done.table {
+                said.push(format!("nftables table inet {}", args.network_name));
+            }
+            if done.bridge {
+                said.push(format!("bridge {}0", args.network_name));
+            }
+            if !done.namespaces.is_empty() {
+                said.push(format!("{} sandbox namespace(s)", done.namespaces.len()));
+            }
+            if said.is_empty() {
+                println!(
+                    "network {:?}: nothing of it is on this host",
+                    args.network_name
+                );
+            } else {
+                println!(
+                    "network {:?}: removed {}",
+                    args.network_name,
+                    said.join(", ")
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// `--data-dir` of the offline commands (`sbxd store …`, `sbxd token …`).
