@@ -347,3 +347,43 @@ fn an_image_missing_from_the_store_is_pulled_by_create_run_and_build() {
     w.sbx(&["sandbox", "delete", "a"]).ok();
     w.finish();
 }
+
+/// The README's `sbx image build` example, run as pasted against this test's sbxd (`sbx` is
+/// the binary under test, on PATH by a function; nothing else is rewritten).
+#[test]
+fn the_readme_build_example_runs_as_pasted() {
+    let w = World::new("oci", "readme-build");
+    let block = common::sh_block_after(&common::readme(), "`sbx image build -t NAME[:TAG]");
+    assert!(block.contains("sbx image build -t hello:v1 ."), "{block}");
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("block.sh");
+    std::fs::write(
+        &script,
+        format!("sbx() {{ {:?} \"$@\"; }}\n{block}", common::SBX),
+    )
+    .unwrap();
+    let endpoint = w.sbxd.endpoint();
+    let ran = common::run_script(
+        &script,
+        dir.path(),
+        &[("SBX_ENDPOINT", &endpoint)],
+        std::time::Duration::from_secs(120),
+    );
+    assert!(
+        ran.status.is_some_and(|s| s.success()),
+        "the README's build example failed:\n{}\n{}",
+        ran.out,
+        ran.err
+    );
+    assert!(ran.out.contains("hi from the image\n"), "{}", ran.out);
+    let builds: Vec<&str> = ran.err.split("step 1/6").collect();
+    assert_eq!(builds.len(), 3, "two builds: {}", ran.err);
+    assert!(!builds[1].contains("(cached)"), "{}", ran.err);
+    assert!(
+        builds[2].contains("step 4/6: COPY hello.sh .  (cached)")
+            && builds[2].contains("step 5/6: RUN chmod +x hello.sh  (cached)"),
+        "{}",
+        ran.err
+    );
+    w.finish();
+}

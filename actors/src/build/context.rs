@@ -194,7 +194,9 @@ impl Context {
                 )));
             }
         }
-        let into_dir = copy.dest.ends_with('/') || roots.len() > 1 || roots.iter().any(|r| r.1);
+        // `/dst/`, `.` (WORKDIR) and `/dst/.` name a directory, as they do for Docker.
+        let names_dir = copy.dest.ends_with('/') || copy.dest.ends_with("/.") || copy.dest == ".";
+        let into_dir = names_dir || roots.len() > 1 || roots.iter().any(|r| r.1);
         // Normal form (no trailing `/`, no `.`): the lookups and the written set agree.
         let dest: PathBuf = Path::new(&copy.dest).components().collect();
         // Where each context path lands (None: not copied).
@@ -423,6 +425,12 @@ mod tests {
         assert_eq!(
             got.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
             ["srv", "srv/main.py"]
+        );
+        // `.` after WORKDIR is the directory itself.
+        let got = layer(&ctx, spec(&["app.py"], "/srv/.")).unwrap();
+        assert_eq!(
+            got.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+            ["srv", "srv/app.py"]
         );
         let got = layer(&ctx, spec(&["app.py"], "/tmp/")).unwrap();
         // The parent image's /tmp is kept as it is (1777), not made 0755.
