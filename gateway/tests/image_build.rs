@@ -387,3 +387,151 @@ fn the_readme_build_example_runs_as_pasted() {
     );
     w.finish();
 }
+
+/// The Dockerfile both builders build in [`build_vs_buildah_bud`]: a busybox root from the
+/// context, config steps, a COPY and two RUNs.
+const BENCH_DOCKERFILE: &str = "FROM scratch\nCOPY rootfs/ /\nENV MODE=bench\nWORKDIR /app\nCOPY app.sh .\n\
+     RUN chmod 755 app.sh && echo built > /app/out\n\
+     RUN i=0; while [ $i -lt 200 ]; do echo $i > /tmp/f$i; i=$((i+1)); done\n\
+     CMD [\"./app.sh\"]\n";
+
+/// Median of `n` timings of `f` (each run must succeed).
+fn median_of(n: usize, mut f: impl FnMut() -> std::time::Duration) -> std::time::Duration {
+    let mut times: Vec<_> = (0..n).map(|_| f()).collect();
+    times.sort();
+    times[n / 2]
+}
+
+/// `sbx image build` against `buildah bud` (Debian's buildah 1.28, runc, overlay storage, its
+/// own root), the same Dockerfile and context (FROM scratch, a busybox root copied in); a
+/// fresh build (every step run) and a rebuild with nothing changed (all from the cache),
+/// medians of 5. Run by hand (see docs/BENCHMARKS.md):
+/// `cargo nextest run -p sbx-gateway --test image_build --run-ignored only --no-capture build_vs_buildah_bud`
+#[test]
+#[ignore = "a benchmark: run by hand, see docs/BENCHMARKS.md"]
+fn build_vs_buildah_bud() {
+    use std::process::Command;
+    use std::time::Instant;
+    assert!(
+        fixtures::have("buildah"),
+        "needs buildah (apt-get install buildah)"
+    );
+    let w = World::new("oci", "bench-build");
+    let work = tempfile::tempdir().unwrap();
+    let ctx = work.path().join("ctx");
+    std::fs::create_dir_all(ctx.join("rootfs/bin")).unwrap();
+    std::fs::create_dir_all(ctx.join("rootfs/tmp")).unwrap();
+    std::fs::copy("/bin/busybox", ctx.join("rootfs/bin/busybox")).expect("busybox-static");
+    std::os::unix::fs::symlink("busybox", ctx.join("rootfs/bin/sh")).unwrap();
+    std::os::unix::fs::symlink("busybox", ctx.join("rootfs/bin/cat")).unwrap();
+    std::os::unix::fs::symlink("busybox", ctx.join("rootfs/bin/chmod")).unwrap();
+    std::fs::write(ctx.join("Dockerfile"), BENCH_DOCKERFILE).unwrap();
+    std::fs::write(ctx.join("app.sh"), "#!/bin/sh\ncat /app/out\n").unwrap();
+    let ctx_s = ctx.to_str().unwrap();
+    let root = work.path().join("buildah-root");
+    let runroot = work.path().join("buildah-runroot");
+    // buildah's overlay mounts under its root go however the benchmark ends.
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-R").arg(&self.0).output();
+            let _ = Command::new("umount").arg(self.0.join("overlay")).output();
+        }
+    }
+    let _unmount = Unmount(root.clone());
+    let buildah = |args: &[&str]| {
+        let out = Command::new("buildah")
+            .arg("--root")
+            .arg(&root)
+            .arg("--runroot")
+            .arg(&runroot)
+            .arg("--storage-driver")
+            .arg("overlay")
+            .args(args)
+            .output()
+            .expect("buildah runs");
+        assert!(
+            out.status.success(),
+            "buildah {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    let mut round = 0;
+    let sbx_fresh = median_of(5, || {
+        round += 1;
+        let t = Instant::now();
+        let tag = format!("bench:s{round}");
+        let out = w.sbx(&["image", "build", "--no-cache", "-t", &tag, ctx_s]);
+        assert_eq!(out.code, 0, "{out:?}");
+        t.elapsed()
+    });
+    let buildah_fresh = median_of(5, || {
+        let t = Instant::now();
+        buildah(&[
+            "bud",
+            "--no-cache",
+            "--layers",
+            "--tls-verify=false",
+            "-t",
+            "bench:fresh",
+            ctx_s,
+        ]);
+        t.elapsed()
+    });
+    let sbx_cached = median_of(5, || {
+        let t = Instant::now();
+        let out = w.sbx(&["image", "build", "-t", "bench:cached", ctx_s]);
+        assert_eq!(out.code, 0, "{out:?}");
+        assert!(
+            out.stderr.matches("(cached)").count() == 4,
+            "{}",
+            out.stderr
+        );
+        t.elapsed()
+    });
+    let buildah_cached = median_of(5, || {
+        let t = Instant::now();
+        buildah(&[
+            "bud",
+            "--layers",
+            "--tls-verify=false",
+            "-t",
+            "bench:cached",
+            ctx_s,
+        ]);
+        t.elapsed()
+    });
+    // The result runs the same on both: sbx's is checked here.
+    let ran = w.sbx(&["run", "--rm", "bench:cached"]);
+    assert_eq!(ran.stdout, "built\n", "{ran:?}");
+    let ratio = |a: std::time::Duration, b: std::time::Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!("fresh build (every step run), median of 5:");
+    println!(
+        "  sbx image build   {:>8.1} ms",
+        sbx_fresh.as_secs_f64() * 1e3
+    );
+    println!(
+        "  buildah bud       {:>8.1} ms",
+        buildah_fresh.as_secs_f64() * 1e3
+    );
+    println!(
+        "  sbx / buildah     {:>8.2}",
+        ratio(sbx_fresh, buildah_fresh)
+    );
+    println!("rebuild, nothing changed (every step from the cache), median of 5:");
+    println!(
+        "  sbx image build   {:>8.1} ms",
+        sbx_cached.as_secs_f64() * 1e3
+    );
+    println!(
+        "  buildah bud       {:>8.1} ms",
+        buildah_cached.as_secs_f64() * 1e3
+    );
+    println!(
+        "  sbx / buildah     {:>8.2}",
+        ratio(sbx_cached, buildah_cached)
+    );
+    buildah(&["rmi", "--all", "--force"]);
+    w.finish();
+}
