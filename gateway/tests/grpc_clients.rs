@@ -1,13 +1,15 @@
 //! Stock gRPC clients on sbxd's Unix socket, with no options: grpc-python from PyPI (which
 //! sends the socket's path as the `:authority`, refused by the HTTP/2 server underneath until
-//! `daemon/h2_authority.rs`) runs the README's Python example, and Node's `@grpc/grpc-js`
-//! makes, runs in and deletes a sandbox. Both with token authentication on, as the socket's
-//! owner (an admin there).
+//! `daemon/h2_authority.rs`) runs the README's Python example, Node's `@grpc/grpc-js` makes,
+//! runs in and deletes a sandbox, and grpc-go (Debian's, which sends the path too) makes and
+//! deletes one. All with token authentication on, as the socket's owner (an admin there).
 //!
 //! Needs the clients `.ci/run` installs: `SBX_GRPC_PYTHON`, else `target/grpc-venv/bin/python`
 //! (`python3 -m venv target/grpc-venv && target/grpc-venv/bin/pip install grpcio==1.85.3
 //! grpcio-tools==1.85.1`), and `SBX_GRPC_NODE_MODULES`, else `target/grpc-node/node_modules`
-//! (`npm install --prefix target/grpc-node @grpc/grpc-js@1.14.7 @grpc/proto-loader@0.8.1`).
+//! (`npm install --prefix target/grpc-node @grpc/grpc-js@1.14.7 @grpc/proto-loader@0.8.1`),
+//! and `go` with grpc-go in /usr/share/gocode (`apt-get install golang-go
+//! golang-google-grpc-dev`; `SBX_GO` names another `go`).
 
 mod common;
 
@@ -129,5 +131,49 @@ fn stock_grpc_js_on_the_unix_socket_makes_runs_and_deletes() {
     assert_eq!(
         ran.stdout, "driver process\nphase PHASE_READY\nexec \"from-node\\n\" 5\ndeleted true\n",
         "{ran:?}"
+    );
+}
+
+#[test]
+fn stock_grpc_go_on_the_unix_socket_makes_and_deletes() {
+    // Built here, offline, from Debian's packages (golang-go, golang-google-grpc-dev: grpc-go
+    // 1.33 in GOPATH mode), as `.ci/run` installs them.
+    let go = std::env::var_os("SBX_GO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "go".into());
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/grpc/go/client.go");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("grpc-go");
+    let binary = out.join("client");
+    let built = run_bounded(
+        Command::new(&go)
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg(&src)
+            .env("GO111MODULE", "off")
+            .env("GOPATH", "/usr/share/gocode")
+            .env("GOCACHE", out.join("cache"))
+            .env("GOFLAGS", ""),
+        "go build of the grpc-go client",
+    );
+    assert_eq!(
+        built.code, 0,
+        "{built:?} (apt-get install golang-go golang-google-grpc-dev)"
+    );
+    let data = DataDir::new();
+    let (d, socket) = socket_sbxd(data.path());
+    let ran = run_bounded(
+        Command::new(&binary).arg(&socket).arg("go-box"),
+        "the grpc-go client",
+    );
+    assert_eq!(ran.code, 0, "{ran:?}\n{}", d.log_text());
+    assert_eq!(
+        ran.stdout, "driver process\ncreated go-box phase 2\ndeleted true\n",
+        "{ran:?}"
+    );
+    // grpc-go sent the socket's path as the authority (its dialer's target), and was served.
+    assert!(
+        d.log_text().contains("taken as localhost"),
+        "{}",
+        d.log_text()
     );
 }
