@@ -295,12 +295,17 @@ pub fn describe_status(status: &tonic::Status) -> String {
         Some(info) if !info.reason.is_empty() => say_once(&format!("{}: {message}", info.reason)),
         _ => message,
     };
+    // One style for what the gateway refused: `REASON: message`, the reason the gateway's
+    // (ErrorInfo) or, without one, the code's name.
+    let reasoned = |code: &str| match has_reason_prefix(&message) {
+        true => message.clone(),
+        false => say_once(&format!("{code}: {message}")),
+    };
     match status.code() {
         tonic::Code::Unauthenticated => {
-            let message = say_once(&format!("unauthenticated: {message}"));
-            format!("{message} ({CREDENTIAL_HINT})")
+            format!("{} ({CREDENTIAL_HINT})", reasoned("UNAUTHENTICATED"))
         }
-        tonic::Code::PermissionDenied => say_once(&format!("permission denied: {message}")),
+        tonic::Code::PermissionDenied => reasoned("PERMISSION_DENIED"),
         // With TLS 1.3 a gateway that refuses the client's certificate does so after the
         // handshake seemed to succeed: the first call sees only the connection go.
         tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled
@@ -318,6 +323,16 @@ pub fn describe_status(status: &tonic::Status) -> String {
         },
         _ => message,
     }
+}
+
+/// Whether `message` starts with a reason as the gateway names them (`SANDBOX_NOT_FOUND:`).
+fn has_reason_prefix(message: &str) -> bool {
+    message.split_once(": ").is_some_and(|(head, _)| {
+        head.len() >= 3
+            && head
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b == b'_' || b.is_ascii_digit())
+    })
 }
 
 /// Whether a status is the transport's: the connection went, nobody answered.
@@ -462,7 +477,7 @@ mod tests {
         let text = CliError::Rpc(tonic::Status::unauthenticated("no credential")).to_string();
         assert_eq!(
             text,
-            format!("unauthenticated: no credential ({CREDENTIAL_HINT})")
+            format!("UNAUTHENTICATED: no credential ({CREDENTIAL_HINT})")
         );
         assert!(
             text.contains("--token") && text.contains("SBX_TOKEN"),
@@ -470,18 +485,18 @@ mod tests {
         );
         assert!(text.contains("sbx config set-context"), "{text}");
         let text = CliError::Rpc(tonic::Status::unauthenticated("")).to_string();
-        assert!(text.starts_with("unauthenticated: "), "{text}");
+        assert!(text.starts_with("UNAUTHENTICATED: "), "{text}");
         check(
             tonic::Status::permission_denied(
                 "role viewer in workspace \"prod\" cannot create sandboxes (needs editor)",
             ),
-            "permission denied: role viewer in workspace \"prod\" cannot create sandboxes \
+            "PERMISSION_DENIED: role viewer in workspace \"prod\" cannot create sandboxes \
              (needs editor)",
         );
         // A message that says it already is not repeated.
         check(
             tonic::Status::permission_denied("permission denied: needs admin"),
-            "permission denied: needs admin",
+            "PERMISSION_DENIED: needs admin",
         );
         let none = CliError::NoSuchContext {
             name: "prod".into(),

@@ -286,7 +286,7 @@ fn unauthenticated_says_how_to_give_a_credential() {
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.starts_with("error: unauthenticated: "), "{err}");
+    assert!(err.starts_with("error: UNAUTHENTICATED: "), "{err}");
     assert!(err.contains("pass --token or set SBX_TOKEN"), "{err}");
     assert!(err.contains("sbx config set-context NAME"), "{err}");
     assert!(

@@ -327,7 +327,7 @@ async fn roles_and_workspaces_bound_what_a_caller_sees_and_does() {
         &viewer,
         &["sandbox", "create", "-w", "a", "-n", "v1", "--", "true"],
     );
-    assert_refused(&created, "permission denied");
+    assert_refused(&created, "permission_denied");
     assert!(created.stderr.contains("view-a"), "{created:?}");
     let err = sandboxes_as(&channel, &viewer)
         .create_sandbox(CreateSandboxRequest {
@@ -356,7 +356,7 @@ async fn roles_and_workspaces_bound_what_a_caller_sees_and_does() {
     assert_eq!(names, ["sa"], "{listed}");
     assert_refused(
         &sbx_as(&ep, &viewer, &["sandbox", "delete", "-w", "a", "sa"]),
-        "permission denied",
+        "permission_denied",
     );
 
     // An editor of A: B's sandbox by name is refused, by id not found like an unknown id.
@@ -371,7 +371,7 @@ async fn roles_and_workspaces_bound_what_a_caller_sees_and_does() {
         .to_string();
     assert_refused(
         &sbx_as(&ep, &editor, &["sandbox", "get", "-w", "b", "sb"]),
-        "permission denied",
+        "permission_denied",
     );
     let mut as_editor = sandboxes_as(&channel, &editor);
     let by_name = |name: &str, ws: &str| SandboxRef {
@@ -447,7 +447,7 @@ async fn roles_and_workspaces_bound_what_a_caller_sees_and_does() {
         &["sandbox", "cp", "-w", "b", &local, "sb:/sandbox/x"],
     ] {
         let answer = sbx_as(&ep, &editor, verb);
-        assert_refused(&answer, "permission denied");
+        assert_refused(&answer, "permission_denied");
         assert!(answer.stderr.contains("\"b\""), "{verb:?}: {answer:?}");
     }
     let err = as_editor
@@ -555,7 +555,7 @@ fn assert_watch_ended(watch: &mut CliStream, stderr: &Path, since: Instant, what
     let said = std::fs::read_to_string(stderr).unwrap_or_default();
     assert_eq!(status.code(), Some(1), "{what}: {said}");
     assert!(
-        said.contains("unauthenticated") && said.contains("revoked or expired"),
+        said.contains("UNAUTHENTICATED") && said.contains("revoked or expired"),
         "{what}: {said}"
     );
     assert!(took <= STREAM_END, "{what}: the watch ended after {took:?}");

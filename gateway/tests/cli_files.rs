@@ -612,6 +612,12 @@ fn copy_errors_name_the_path_and_the_state() {
         missing_stopped.stderr.contains("/no/such/file"),
         "{missing_stopped:?}"
     );
+    // The caller's mistake, said as one (not as the driver's).
+    assert!(
+        missing_stopped.stderr.contains("INVALID_ARGUMENT: ")
+            && !missing_stopped.stderr.contains("DRIVER_"),
+        "{missing_stopped:?}"
+    );
     assert_eq!(common::oci_containers(w.data.path()), Vec::<String>::new());
     w.sbx(&["sandbox", "start", "box"]).ok();
     assert_eq!(w.sh("cat /tmp/f").ok(), "copied while stopped\n");

@@ -392,7 +392,7 @@ fn listen_keeps_the_socket_for_the_local_admin_unless_told_not_to() {
     assert_eq!(local.json(), serde_json::json!([]), "{local:?}");
     let remote = common::sbx(&d.endpoint(), &["sandbox", "list"]);
     assert_ne!(remote.code, 0, "{remote:?}");
-    assert!(remote.stderr.contains("unauthenticated"), "{remote:?}");
+    assert!(remote.stderr.contains("UNAUTHENTICATED"), "{remote:?}");
     d.sigterm(Duration::from_secs(30));
 
     let bare = DataDir::new();

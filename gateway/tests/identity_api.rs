@@ -201,7 +201,7 @@ async fn an_admin_makes_and_revokes_identities_over_the_api() {
     assert!(!listed.stdout.contains(&token[4..]));
     let refused = common::sbx(&ep, &["--token", &token, "identity", "list"]);
     assert_eq!(refused.code, 1, "{refused:?}");
-    assert!(refused.stderr.contains("permission denied"), "{refused:?}");
+    assert!(refused.stderr.contains("PERMISSION_DENIED"), "{refused:?}");
     common::sbx(&ep, &["--token", &root, "identity", "revoke", "ci"]).ok();
     assert_eq!(
         list_default(&channel, &token).await,

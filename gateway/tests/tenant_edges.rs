@@ -37,8 +37,7 @@ fn sbx_as(endpoint: &str, token: &str, args: &[&str]) -> CliRun {
 fn assert_denied(run: &CliRun, what: &str) {
     assert_eq!(run.code, 1, "{what}: {run:?}");
     assert!(
-        run.stderr.to_lowercase().contains("permission denied")
-            || run.stderr.to_lowercase().contains("not found"),
+        run.stderr.contains("PERMISSION_DENIED") || run.stderr.to_lowercase().contains("not found"),
         "{what}: {run:?}"
     );
 }

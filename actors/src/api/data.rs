@@ -35,6 +35,15 @@ pub struct LogOptions {
     pub since: Option<sbx_proto::Timestamp>,
 }
 
+/// A copy's path the driver refused (missing, not a directory, an entry it would not
+/// unpack) is the caller's mistake, said as one: INVALID_ARGUMENT, not the driver's reason.
+fn callers_path(e: sbx_driver_api::DriverError) -> ActorError {
+    match e {
+        sbx_driver_api::DriverError::InvalidArgument(m) => ActorError::InvalidArgument(m),
+        e => ActorError::Driver(e),
+    }
+}
+
 /// A driver's stream in the public API's words.
 fn public<T, U>(stream: DriverStream<T>, convert: fn(T) -> U) -> ActorStream<U>
 where
@@ -139,7 +148,7 @@ impl Gateway {
             path,
             changes: false,
         };
-        let chunks = driver.copy_from(req).await?;
+        let chunks = driver.copy_from(req).await.map_err(callers_path)?;
         Ok(in_use(
             public(chunks, |c| v1::CopyChunk { data: c.data }),
             using,
@@ -177,7 +186,7 @@ impl Gateway {
             sandbox_id: sb.id().to_string(),
             path,
         };
-        driver.copy_to(req, data).await?;
+        driver.copy_to(req, data).await.map_err(callers_path)?;
         Ok(())
     }
 
