@@ -535,3 +535,63 @@ fn build_vs_buildah_bud() {
     buildah(&["rmi", "--all", "--force"]);
     w.finish();
 }
+
+#[test]
+fn a_build_whose_caller_goes_away_deletes_its_running_step() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let w = World::new("oci", "build-gone");
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM sbx.local/busybox:latest\nRUN sleep 600\n",
+    )
+    .unwrap();
+    let mut build = Command::new(common::SBX)
+        .args(["image", "build", "-t", "never:v1"])
+        .arg(ctx.path())
+        .env("SBX_ENDPOINT", w.sbxd.endpoint())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let listed = |w: &World| -> Vec<String> {
+        let list = w.sbx(&["sandbox", "list", "-o", "json"]).json();
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {}",
+                    s["name"].as_str().unwrap(),
+                    s["phase"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listed(&w)
+        .iter()
+        .any(|s| s.starts_with("build-") && s.ends_with("Ready"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the RUN's sandbox never ran: {:?}",
+            listed(&w)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The caller goes (as a Ctrl-C or a dropped connection would): the step's sandbox goes
+    // too, long before its ttl.
+    build.kill().unwrap();
+    build.wait().unwrap();
+    let gone_by = Instant::now() + Duration::from_secs(30);
+    while !listed(&w).is_empty() {
+        assert!(Instant::now() < gone_by, "left behind: {:?}", listed(&w));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let missing = w.sbx(&["image", "get", "never:v1"]);
+    assert_ne!(missing.code, 0, "an abandoned build names no image");
+    w.finish();
+}

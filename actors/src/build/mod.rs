@@ -62,6 +62,9 @@ pub struct BuildRequest {
     pub run_timeout: Option<Duration>,
     /// The context tar, spooled (None: no context; a COPY then finds nothing).
     pub context: Option<PathBuf>,
+    /// Cancelled when the build's caller went away: the running RUN's sandbox is deleted and
+    /// the build ends there.
+    pub cancel: tokio_util::sync::CancellationToken,
 }
 
 /// What a build says while it runs.
@@ -236,6 +239,11 @@ impl Gateway {
         };
         let build_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
         for (i, parsed) in steps.iter().enumerate() {
+            if req.cancel.is_cancelled() {
+                return Err(ActorError::FailedPrecondition(
+                    "the build's caller went away".into(),
+                ));
+            }
             let index = i as u32 + 1;
             let step_event = |cached: bool| BuildEvent::Step {
                 index,
@@ -384,6 +392,7 @@ impl Gateway {
                     let layer = spool.join(format!("build-{}.tar", uuid::Uuid::new_v4()));
                     let _layer = TempFile(layer.clone());
                     let run = RunStep {
+                        cancel: req.cancel.clone(),
                         line,
                         argv,
                         env: run_env,
@@ -679,6 +688,13 @@ impl Gateway {
                 Phase::Completed | Phase::Error | Phase::Stopped => break sandbox,
                 _ => {}
             }
+            if run.cancel.is_cancelled() {
+                follower.abort();
+                return Err(ActorError::FailedPrecondition(format!(
+                    "RUN at line {}: the build's caller went away",
+                    run.line
+                )));
+            }
             if started.elapsed() > timeout {
                 follower.abort();
                 return Err(ActorError::FailedPrecondition(format!(
@@ -687,7 +703,10 @@ impl Gateway {
                     timeout.as_secs()
                 )));
             }
-            tokio::time::sleep(POLL).await;
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                () = run.cancel.cancelled() => {}
+            }
         };
         follower.abort();
         let _ = follower.await;
@@ -754,6 +773,7 @@ impl Gateway {
 
 /// One RUN to run.
 struct RunStep {
+    cancel: tokio_util::sync::CancellationToken,
     line: usize,
     argv: Vec<String>,
     env: Vec<(String, String)>,

@@ -360,7 +360,9 @@ impl SbxService {
             run_timeout: (start.run_timeout_seconds > 0)
                 .then(|| std::time::Duration::from_secs(start.run_timeout_seconds.into())),
             context: (received > 0).then(|| context.path().to_path_buf()),
+            cancel: tokio_util::sync::CancellationToken::new(),
         };
+        let cancel = req.cancel.clone();
         let (tx, rx) = mpsc::channel(PROGRESS_BUFFER);
         let (events_tx, mut events) = mpsc::channel(PROGRESS_BUFFER);
         let gateway = self.gateway.clone();
@@ -395,10 +397,15 @@ impl SbxService {
                     }
                 }
             });
+            let build = gateway.build_image(req, events_tx);
+            tokio::pin!(build);
             let result = tokio::select! {
-                result = gateway.build_image(req, events_tx) => result,
+                result = &mut build => result,
                 () = tx.closed() => {
+                    // The build ends at its next step, deleting the RUN sandbox it runs.
                     tracing::info!("the build's caller went away; the build ends");
+                    cancel.cancel();
+                    let _ = (&mut build).await;
                     relay.abort();
                     return;
                 }
