@@ -602,3 +602,58 @@ fn references_normalise_and_bad_ones_are_refused() {
         );
     }
 }
+
+#[test]
+fn merged_lookup_follows_the_layers_whiteouts_and_opaque_directories() {
+    use std::ffi::OsStr;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (lower, upper) = (dir.path().join("lower"), dir.path().join("upper"));
+    let ids = IdMap {
+        host_uid: nix::unistd::geteuid().as_raw(),
+        host_gid: nix::unistd::getegid().as_raw(),
+        size: 65536,
+    };
+    for d in ["tmp", "etc", "gone", "old/inside", "srv"] {
+        std::fs::create_dir_all(lower.join(d)).unwrap();
+    }
+    std::fs::set_permissions(lower.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::create_dir_all(upper.join("old")).unwrap();
+    xattr::set(upper.join("old"), "trusted.overlay.opaque", b"y").unwrap();
+    // A whiteout: a 0:0 character device.
+    nix::sys::stat::mknod(
+        &upper.join("gone"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        0,
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("/etc", upper.join("link")).unwrap();
+    std::fs::create_dir(upper.join("srv")).unwrap();
+    std::fs::set_permissions(upper.join("srv"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let layers = [upper.clone(), lower.clone()];
+    let look = |p: &str| {
+        let parts: Vec<&OsStr> = p.split('/').map(OsStr::new).collect();
+        unpack::merged_lookup(&layers, &parts, ids)
+    };
+    let tmp = look("tmp").unwrap().unwrap();
+    assert!(tmp.is_dir && tmp.mode == 0o1777 && tmp.uid == 0, "{tmp:?}");
+    assert_eq!(
+        look("srv").unwrap().unwrap().mode,
+        0o700,
+        "the highest layer wins"
+    );
+    assert_eq!(look("gone").unwrap(), None, "whited out");
+    assert_eq!(
+        look("old/inside").unwrap(),
+        None,
+        "below an opaque directory"
+    );
+    assert!(look("old").unwrap().is_some());
+    assert_eq!(look("nothing").unwrap(), None);
+    assert_eq!(
+        look("link/passwd").unwrap_err(),
+        "/link",
+        "never through a symlink"
+    );
+}
