@@ -156,7 +156,16 @@ impl<W: Write> Walk<W> {
                 let mut h = self.header(&st, path, tar::EntryType::Directory)?;
                 self.tar.append_data(&mut h, path, io::empty())?;
                 self.stats.entries += 1;
-                if xattr_opaque(&File::from(sub.try_clone()?)) {
+                let as_file = File::from(sub.try_clone()?);
+                // A directory overlay renamed (`redirect_dir`) holds its contents elsewhere:
+                // written as it is, the layer would lose them.
+                if has_xattr(&as_file, "trusted.overlay.redirect") {
+                    return Err(refused(format!(
+                        "/{} was renamed by overlay's redirect_dir, which a layer cannot say",
+                        path.display()
+                    )));
+                }
+                if xattr_opaque(&as_file) {
                     self.whiteout(&path.join(".wh..wh..opq"))?;
                 }
                 self.dir(&sub, path, depth + 1)
@@ -182,9 +191,13 @@ impl<W: Write> Walk<W> {
                 Ok(())
             }
             SFlag::S_IFCHR if st.st_rdev == 0 => {
+                // The name byte for byte: a lossy one would white out another name.
+                let mut wh_name = b".wh.".to_vec();
+                wh_name.extend_from_slice(name.as_bytes());
+                let wh_name = OsStr::from_bytes(&wh_name);
                 let wh = match path.parent() {
-                    Some(parent) => parent.join(format!(".wh.{}", name.to_string_lossy())),
-                    None => PathBuf::from(format!(".wh.{}", name.to_string_lossy())),
+                    Some(parent) => parent.join(wh_name),
+                    None => PathBuf::from(wh_name),
                 };
                 self.whiteout(&wh)
             }
@@ -238,12 +251,20 @@ impl<W: Write> Walk<W> {
                 path.display()
             )));
         }
+        let file = File::from(fd);
+        // A metadata-only copy-up (`metacopy`) holds no data of its own: its zeros are not
+        // the file.
+        if has_xattr(&file, "trusted.overlay.metacopy") {
+            return Err(refused(format!(
+                "/{} is a metadata-only copy (overlay's metacopy), which a layer cannot say",
+                path.display()
+            )));
+        }
         let mut h = self.header(&st, path, tar::EntryType::Regular)?;
         let size = st.st_size.max(0) as u64;
         h.set_size(size);
         // Exactly the size fstat said: a file that grew is cut there, one that shrank is an
         // error of the tar writer (the sandbox runs nothing meanwhile, so neither happens).
-        let file = File::from(fd);
         self.tar
             .append_data(&mut h, path, io::Read::take(file, size))?;
         self.stats.entries += 1;
@@ -259,6 +280,12 @@ fn dir_is_empty(fd: &OwnedFd) -> io::Result<bool> {
         .iter()
         .filter_map(|e| e.ok())
         .any(|e| !matches!(e.file_name().to_bytes(), b"." | b"..")))
+}
+
+/// Whether the entry carries the extended attribute `name` at all.
+fn has_xattr(file: &File, name: &str) -> bool {
+    use xattr::FileExt;
+    matches!(file.get_xattr(name), Ok(Some(_)))
 }
 
 /// Whether overlay marked this directory opaque (it replaced a lower one).
@@ -342,5 +369,35 @@ mod tests {
             "{got:?}"
         );
         assert_eq!(stats.bytes, 4);
+    }
+
+    #[test]
+    fn what_overlay_keeps_elsewhere_refuses_the_layer() {
+        let ids = IdMap {
+            host_uid: nix::unistd::geteuid().as_raw(),
+            host_gid: nix::unistd::getegid().as_raw(),
+            size: 65536,
+        };
+        // A metadata-only copy-up: its data is in a lower layer, not in this file.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tool"), vec![0u8; 16]).unwrap();
+        xattr::set(dir.path().join("tool"), "trusted.overlay.metacopy", b"").unwrap();
+        let e = write_layer(dir.path(), ids, Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/tool is a metadata-only copy"), "{e}");
+        // A renamed directory: its contents are named by the redirect.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("moved")).unwrap();
+        xattr::set(
+            dir.path().join("moved"),
+            "trusted.overlay.redirect",
+            b"/old",
+        )
+        .unwrap();
+        let e = write_layer(dir.path(), ids, Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/moved was renamed"), "{e}");
     }
 }

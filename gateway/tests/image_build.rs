@@ -582,6 +582,19 @@ fn a_build_whose_caller_goes_away_deletes_its_running_step() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Nobody puts anything into a build's step: it becomes a gateway-wide image.
+    let step = listed(&w)
+        .into_iter()
+        .find(|s| s.starts_with("build-"))
+        .unwrap();
+    let step = step.split(' ').next().unwrap().to_string();
+    let exec = w.sbx(&["sandbox", "exec", &step, "--", "touch", "/planted"]);
+    assert!(
+        exec.code != 0
+            && exec.stderr.contains("FAILED_PRECONDITION")
+            && exec.stderr.contains("runs a step of an image build"),
+        "{exec:?}"
+    );
     // The caller goes (as a Ctrl-C or a dropped connection would): the step's sandbox goes
     // too, long before its ttl.
     build.kill().unwrap();
@@ -593,5 +606,116 @@ fn a_build_whose_caller_goes_away_deletes_its_running_step() {
     }
     let missing = w.sbx(&["image", "get", "never:v1"]);
     assert_ne!(missing.code, 0, "an abandoned build names no image");
+    w.finish();
+}
+
+#[test]
+fn no_cache_never_leaves_a_stale_image_and_docker_semantics_hold() {
+    let w = World::new("oci", "build-nocache");
+    let ctx = tempfile::tempdir().unwrap();
+    let dir = ctx.path().to_str().unwrap();
+    // A RUN whose result differs every time, and a config step after it.
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "ARG V=global\nFROM sbx.local/busybox:latest\nARG V\nCOPY f /f\n\
+         RUN echo \"$V $(cat /proc/sys/kernel/random/uuid)\" > /stamp\n\
+         CMD [\"--flag\"]\nENTRYPOINT [\"echo\"]\nLABEL after=run\n",
+    )
+    .unwrap();
+    std::fs::write(ctx.path().join("f"), "f\n").unwrap();
+    let stamp = |tag: &str| {
+        let ran = w.sbx(&["run", "--rm", "--image", tag, "--", "cat", "/stamp"]);
+        assert_eq!(ran.code, 0, "{ran:?}");
+        ran.stdout
+    };
+    let first = w
+        .sbx(&["image", "build", "-t", "s:1", dir, "-o", "json"])
+        .json();
+    let one = stamp("s:1");
+    assert!(
+        one.starts_with("global "),
+        "an ARG declared again takes the global value: {one}"
+    );
+    // ENTRYPOINT after a CMD of the same Dockerfile keeps that CMD.
+    let ran = w.sbx(&["run", "--rm", "s:1"]);
+    assert_eq!(ran.stdout, "--flag\n", "{ran:?}");
+
+    // --no-cache runs the RUN again: the result is the new run's, not the cached one.
+    let fresh = w
+        .sbx(&[
+            "image",
+            "build",
+            "--no-cache",
+            "-t",
+            "s:2",
+            dir,
+            "-o",
+            "json",
+        ])
+        .json();
+    assert_ne!(fresh["digest"], first["digest"]);
+    let two = stamp("s:2");
+    assert_ne!(
+        one, two,
+        "the image --no-cache answered is the one it built"
+    );
+    // A build after it takes what --no-cache left, whole.
+    let again = w
+        .sbx(&["image", "build", "-t", "s:3", dir, "-o", "json"])
+        .json();
+    assert_eq!(again["digest"], fresh["digest"]);
+    assert_eq!(stamp("s:3"), two);
+
+    // A file's time changed, not its bytes (a fresh checkout): still from the cache.
+    let f = std::fs::File::options()
+        .write(true)
+        .open(ctx.path().join("f"))
+        .unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(3600))
+        .unwrap();
+    let touched = w.sbx(&["image", "build", "-t", "s:4", dir]);
+    assert_eq!(touched.code, 0, "{touched:?}");
+    assert!(
+        touched.stderr.contains("COPY f /f  (cached)")
+            && touched.stderr.contains("(cached)\nstep 6/8"),
+        "{}",
+        touched.stderr
+    );
+    w.finish();
+}
+
+#[test]
+fn a_step_that_changes_more_than_the_image_limit_fails_the_build() {
+    let w = World::with_flags("oci", "build-big", &["--image-max-size", "8Mi"]);
+    let ctx = tempfile::tempdir().unwrap();
+    // Sparse: nothing to the sandbox, 64 MiB of zeros to whoever reads it as a layer.
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM sbx.local/busybox:latest\nRUN truncate -s 64M /big\n",
+    )
+    .unwrap();
+    let built = w.sbx(&[
+        "image",
+        "build",
+        "-t",
+        "big:1",
+        ctx.path().to_str().unwrap(),
+    ]);
+    assert_ne!(built.code, 0, "{built:?}");
+    assert!(
+        built.stderr.contains("changed more than 8388608 bytes"),
+        "{built:?}"
+    );
+    let left = w.sbx(&["sandbox", "list", "-o", "json"]).json();
+    assert_eq!(left, serde_json::json!([]));
+    let tmp = w.data.path().join("images/tmp");
+    let spooled: Vec<_> = std::fs::read_dir(&tmp)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        spooled.is_empty(),
+        "nothing of it stays in {}: {spooled:?}",
+        tmp.display()
+    );
     w.finish();
 }

@@ -257,7 +257,12 @@ async fn images_through_sbxd_and_the_cli() {
     );
     let cli = sbx(
         ep,
-        &["sandbox", "create", "--image", "nope:1", "--", "sleep"],
+        // --pull never: the default would ask docker.io for it (this test reaches no
+        // registry but its own); `an_image_missing_from_the_store_is_pulled_by_create_run_and_build`
+        // tests the pull.
+        &[
+            "sandbox", "create", "--image", "nope:1", "--pull", "never", "--", "sleep",
+        ],
     );
     assert!(
         cli.code == 1 && cli.stderr.contains("IMAGE_NOT_FOUND"),

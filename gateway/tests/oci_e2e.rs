@@ -543,6 +543,8 @@ async fn bad_images_are_refused_clearly_and_leave_nothing_behind() {
             "ghost",
             "--image",
             "local/nothing:v1",
+            "--pull",
+            "never",
             "--",
             "true",
         ],

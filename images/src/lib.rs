@@ -713,6 +713,9 @@ impl ImageStore {
             diff_ids.push(diff_id);
         }
         self.limits().check_layers(image, layers.len())?;
+        // The whole image counts, its parent's layers too.
+        let sizes: Vec<u64> = layers.iter().map(|l| l.size).collect();
+        self.limits().check_manifest(image, &sizes)?;
         let listed = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
         let file = ConfigFile {
             architecture: parent.map_or("amd64", |p| p.architecture.as_str()).into(),

@@ -150,6 +150,20 @@ impl Gateway {
         what: &str,
     ) -> Result<StoredSandbox> {
         let sb = self.resolve_sandbox(sel).await?;
+        // An image build's step: what runs in it becomes a gateway-wide image, so no call
+        // puts anything in it (reading its files is harmless).
+        if what != "copy from"
+            && sb
+                .sandbox
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.labels.contains_key(crate::build::BUILD_LABEL))
+        {
+            return Err(ActorError::FailedPrecondition(format!(
+                "cannot {what} sandbox {:?}: it runs a step of an image build, whose changes                  become the image",
+                sb.sandbox.name
+            )));
+        }
         let phase = sb.sandbox.phase();
         // Being resumed (by a call, or another use): wait for it in the actor's mailbox.
         let resuming = phase == Phase::Starting && sb.sandbox.reason == "Resuming";

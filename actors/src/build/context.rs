@@ -65,39 +65,79 @@ fn context_path(given: &str) -> Option<Vec<String>> {
     Some(out)
 }
 
-/// `*`, `?` and `[…]` within one component.
-fn glob(pattern: &[char], name: &[char]) -> bool {
-    match (pattern.first(), name.first()) {
-        (None, None) => true,
-        (Some('*'), _) => {
-            glob(&pattern[1..], name) || (!name.is_empty() && glob(pattern, &name[1..]))
-        }
-        (Some('?'), Some(_)) => glob(&pattern[1..], &name[1..]),
-        (Some('['), Some(c)) => match pattern.iter().position(|p| *p == ']') {
-            Some(end) if end > 1 => {
-                let set = &pattern[1..end];
-                let (negate, set) = match set.first() {
-                    Some('!' | '^') => (true, &set[1..]),
-                    _ => (false, set),
-                };
-                let mut hit = false;
-                let mut i = 0;
-                while i < set.len() {
-                    if i + 2 < set.len() && set[i + 1] == '-' {
-                        hit |= set[i] <= *c && *c <= set[i + 2];
-                        i += 3;
-                    } else {
-                        hit |= set[i] == *c;
-                        i += 1;
+/// One piece of a component's pattern.
+enum Tok {
+    Char(char),
+    Any,
+    Star,
+    Class(Vec<(char, char)>, bool),
+}
+
+fn tokens(pattern: &[char]) -> Vec<Tok> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < pattern.len() {
+        match pattern[i] {
+            '*' => out.push(Tok::Star),
+            '?' => out.push(Tok::Any),
+            '[' => match pattern[i + 1..].iter().position(|p| *p == ']') {
+                Some(len) if len > 0 => {
+                    let set = &pattern[i + 1..i + 1 + len];
+                    let (negate, set) = match set.first() {
+                        Some('!' | '^') => (true, &set[1..]),
+                        _ => (false, set),
+                    };
+                    let mut ranges = Vec::new();
+                    let mut j = 0;
+                    while j < set.len() {
+                        if j + 2 < set.len() && set[j + 1] == '-' {
+                            ranges.push((set[j], set[j + 2]));
+                            j += 3;
+                        } else {
+                            ranges.push((set[j], set[j]));
+                            j += 1;
+                        }
                     }
+                    out.push(Tok::Class(ranges, negate));
+                    i += len + 1;
                 }
-                hit != negate && glob(&pattern[end + 1..], &name[1..])
-            }
-            _ => *c == '[' && glob(&pattern[1..], &name[1..]),
-        },
-        (Some(p), Some(c)) => p == c && glob(&pattern[1..], &name[1..]),
-        _ => false,
+                _ => out.push(Tok::Char('[')),
+            },
+            c => out.push(Tok::Char(c)),
+        }
+        i += 1;
     }
+    out
+}
+
+/// `*`, `?` and `[…]` within one component, matched in linear passes (the last `*` is the
+/// only point a mismatch goes back to: no pattern makes it exponential).
+fn glob(pattern: &[char], name: &[char]) -> bool {
+    let toks = tokens(pattern);
+    let one = |t: &Tok, c: char| match t {
+        Tok::Char(p) => *p == c,
+        Tok::Any => true,
+        Tok::Class(ranges, negate) => ranges.iter().any(|(a, b)| *a <= c && c <= *b) != *negate,
+        Tok::Star => false,
+    };
+    let (mut t, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        if t < toks.len() && matches!(toks[t], Tok::Star) {
+            star = Some((t, n));
+            t += 1;
+        } else if t < toks.len() && one(&toks[t], name[n]) {
+            t += 1;
+            n += 1;
+        } else if let Some((st, sn)) = star {
+            t = st + 1;
+            n = sn + 1;
+            star = Some((st, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    toks[t..].iter().all(|t| matches!(t, Tok::Star))
 }
 
 fn matches(pattern: &[String], path: &[String]) -> bool {
@@ -160,7 +200,7 @@ impl Context {
         copy: &CopySpec,
         parent_dir: &dyn Fn(&str) -> Result<ParentDir>,
         out: &Path,
-    ) -> Result<u64> {
+    ) -> Result<String> {
         // Which context paths each source names (a pattern may name several).
         let mut roots: Vec<(Vec<String>, bool)> = Vec::new();
         for source in &copy.sources {
@@ -194,11 +234,14 @@ impl Context {
                 )));
             }
         }
-        // `/dst/`, `.` (WORKDIR) and `/dst/.` name a directory, as they do for Docker.
+        // `/dst/`, `.` (WORKDIR), `/dst/.` and a directory the image has name a directory, as
+        // they do for Docker.
         let names_dir = copy.dest.ends_with('/') || copy.dest.ends_with("/.") || copy.dest == ".";
-        let into_dir = names_dir || roots.len() > 1 || roots.iter().any(|r| r.1);
         // Normal form (no trailing `/`, no `.`): the lookups and the written set agree.
         let dest: PathBuf = Path::new(&copy.dest).components().collect();
+        let is_dir = dest != Path::new("/")
+            && parent_dir(&dest.to_string_lossy())?.is_some_and(|e| e.is_dir);
+        let into_dir = names_dir || is_dir || roots.len() > 1 || roots.iter().any(|r| r.1);
         // Where each context path lands (None: not copied).
         let place = |path: &[String]| -> Option<PathBuf> {
             for (root, is_dir) in &roots {
@@ -258,7 +301,9 @@ impl Context {
 
         let source = File::open(&self.path).map_err(bad_context)?;
         let mut archive = tar::Archive::new(std::io::BufReader::new(source));
-        let mut bytes = 0u64;
+        // What the layer holds, without times: a fresh checkout of the same files keeps the
+        // cache (Docker's rule). Each entry: its path, kind, mode, owner, then its bytes.
+        let mut content = ring::digest::Context::new(&ring::digest::SHA256);
         for entry in archive.entries().map_err(bad_context)? {
             let mut entry = entry.map_err(bad_context)?;
             let name = entry
@@ -283,6 +328,16 @@ impl Context {
             h.set_mtime(entry.header().mtime().unwrap_or(0));
             let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
             h.set_mode(copy.mode.unwrap_or(mode));
+            note(
+                &mut content,
+                &[
+                    target.to_string_lossy().as_bytes(),
+                    &[kind.as_byte()],
+                    &copy.mode.unwrap_or(mode).to_be_bytes(),
+                    &copy.uid.to_be_bytes(),
+                    &copy.gid.to_be_bytes(),
+                ],
+            );
             match kind {
                 tar::EntryType::Directory => {
                     h.set_entry_type(tar::EntryType::Directory);
@@ -294,15 +349,20 @@ impl Context {
                     let size = entry.header().size().map_err(bad_context)?;
                     h.set_entry_type(tar::EntryType::Regular);
                     h.set_size(size);
-                    tar.append_data(&mut h, relative(&target), (&mut entry).take(size))
+                    content.update(&size.to_be_bytes());
+                    let data = Hashing {
+                        inner: (&mut entry).take(size),
+                        ctx: &mut content,
+                    };
+                    tar.append_data(&mut h, relative(&target), data)
                         .map_err(io)?;
-                    bytes += size;
                 }
                 tar::EntryType::Symlink => {
                     let link = entry
                         .link_name_bytes()
                         .ok_or_else(|| bad_context(format!("symlink {name:?} has no target")))?
                         .into_owned();
+                    note(&mut content, &[&link]);
                     h.set_entry_type(tar::EntryType::Symlink);
                     h.set_size(0);
                     h.set_mode(0o777);
@@ -331,7 +391,30 @@ impl Context {
             .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
             .and_then(|f| f.sync_all())
             .map_err(io)?;
-        Ok(bytes)
+        // The directories written first are the parent image's: its digest is in the key.
+        Ok(hex::encode(content.finish().as_ref()))
+    }
+}
+
+/// Adds `parts` to a digest, each after its length (no two lists hash alike).
+fn note(ctx: &mut ring::digest::Context, parts: &[&[u8]]) {
+    for p in parts {
+        ctx.update(&(p.len() as u64).to_be_bytes());
+        ctx.update(p);
+    }
+}
+
+/// A reader that adds what it reads to a digest.
+struct Hashing<'a, R> {
+    inner: R,
+    ctx: &'a mut ring::digest::Context,
+}
+
+impl<R: Read> Read for Hashing<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.ctx.update(&buf[..n]);
+        Ok(n)
     }
 }
 
@@ -461,6 +544,41 @@ mod tests {
         assert!(
             got.iter()
                 .any(|e| e.0 == "w/lib/x.py" && e.3 == 1000 && e.2 == 0o700)
+        );
+    }
+
+    #[test]
+    fn a_destination_the_image_has_as_a_directory_is_copied_into() {
+        // `/tmp` is a directory in the parent image: `COPY app.py /tmp` puts it inside.
+        let ctx = [("app.py", Some(&b"1"[..]))];
+        let got = layer(&ctx, spec(&["app.py"], "/tmp")).unwrap();
+        assert_eq!(
+            got.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+            ["tmp", "tmp/app.py"]
+        );
+    }
+
+    #[test]
+    fn patterns_match_in_linear_time_with_classes() {
+        let g = |p: &str, n: &str| {
+            glob(
+                &p.chars().collect::<Vec<_>>(),
+                &n.chars().collect::<Vec<_>>(),
+            )
+        };
+        assert!(g("*.py", "app.py") && !g("*.py", "app.pyc"));
+        assert!(g("a?c", "abc") && !g("a?c", "ac"));
+        assert!(g("[a-c]x", "bx") && !g("[!a-c]x", "bx") && g("[^a-c]x", "dx"));
+        assert!(g("*", "") && g("**", "x") && !g("?", ""));
+        assert!(g("[x", "[x"), "an unclosed class is a plain bracket");
+        // What backtracking at every star would take ages over.
+        let name = "a".repeat(5000);
+        let started = std::time::Instant::now();
+        assert!(!g("*a*a*a*a*a*a*a*a*a*a*b", &name));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
         );
     }
 

@@ -25,6 +25,8 @@ pub enum Step {
         dest: String,
         chown: Option<String>,
         chmod: Option<String>,
+        /// ADD: its sources are checked again once expanded ([`refuse_add_source`]).
+        add: bool,
     },
     Env(String),
     Arg(String),
@@ -133,9 +135,35 @@ pub fn parse(text: &str) -> Result<Vec<Parsed>> {
                         refuse_add_source(line, &p.value)?;
                     }
                 }
-                copy_step(line, "ADD", &a.options, &a.src, &a.dest)?
+                match copy_step(line, "ADD", &a.options, &a.src, &a.dest)? {
+                    Step::Copy {
+                        sources,
+                        dest,
+                        chown,
+                        chmod,
+                        ..
+                    } => Step::Copy {
+                        sources,
+                        dest,
+                        chown,
+                        chmod,
+                        add: true,
+                    },
+                    other => other,
+                }
             }
-            Instruction::Env(e) => Step::Env(e.arguments.value.to_string()),
+            Instruction::Env(e) => {
+                // Its form is checked now, before anything runs (values expand later).
+                let pairs =
+                    pairs(&e.arguments.value, &BTreeMap::new(), true).map_err(|e| match e {
+                        ActorError::InvalidArgument(m) => refuse(line, m),
+                        e => e,
+                    })?;
+                if let Some((k, _)) = pairs.iter().find(|(_, v)| v.is_none()) {
+                    return Err(refuse(line, format!("ENV {k} has no value")));
+                }
+                Step::Env(e.arguments.value.to_string())
+            }
             Instruction::Arg(a) => Step::Arg(a.arguments.value.to_string()),
             Instruction::Workdir(w) => Step::Workdir(w.arguments.value.to_string()),
             Instruction::User(u) => Step::User(u.arguments.value.to_string()),
@@ -147,6 +175,12 @@ pub fn parse(text: &str) -> Result<Vec<Parsed>> {
             }
             Instruction::Expose(e) => {
                 Step::Expose(e.arguments.iter().map(|a| a.value.to_string()).collect())
+            }
+            Instruction::Shell(s) if s.arguments.is_empty() => {
+                return Err(refuse(
+                    line,
+                    "SHELL needs a JSON array, such as [\"/bin/bash\", \"-c\"]",
+                ));
             }
             Instruction::Shell(s) => {
                 Step::Shell(s.arguments.iter().map(|a| a.value.to_string()).collect())
@@ -280,11 +314,12 @@ fn copy_step(
         dest: dest.value.to_string(),
         chown,
         chmod,
+        add: false,
     })
 }
 
 /// ADD is COPY from the context; what it does beyond that is refused, not done differently.
-fn refuse_add_source(line: usize, src: &str) -> Result<()> {
+pub fn refuse_add_source(line: usize, src: &str) -> Result<()> {
     if src.contains("://") || src.starts_with("git@") {
         return Err(refuse(
             line,
@@ -574,7 +609,8 @@ mod tests {
                 sources: vec!["a".into(), "b".into()],
                 dest: "/dst/".into(),
                 chown: Some("1:2".into()),
-                chmod: None
+                chmod: None,
+                add: false,
             }
         );
         assert_eq!(kinds[3].0, 6);
@@ -608,6 +644,10 @@ mod tests {
                 "RUN --network is not supported",
             ),
             ("FROM a\nHEALTHCHECK NONE\n", "HEALTHCHECK is not supported"),
+            (
+                "FROM a\nRUN true\nENV ONLY\n",
+                "line 3: \"ONLY\": a name without a value",
+            ),
             ("ARG X\n", "expected at least one FROM"),
         ] {
             let e = parse(text).unwrap_err().to_string();

@@ -42,6 +42,9 @@ use crate::images::ImageSelector;
 use crate::validate::SandboxSelector;
 use dockerfile::Step;
 
+/// The label a build's RUN sandboxes carry (its value: the sandbox's name); no exec, copy
+/// into or forward reaches a sandbox with it.
+pub const BUILD_LABEL: &str = "sbx.build";
 /// The name cache images are recorded under (the key as the tag).
 pub const CACHE_REPOSITORY: &str = "sbx.local/build-cache";
 /// The longest one RUN may take unless the request says otherwise.
@@ -91,24 +94,6 @@ fn sha256_hex(parts: &[&[u8]]) -> String {
     hex::encode(ctx.finish().as_ref())
 }
 
-fn file_sha256(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)
-        .map_err(|e| ActorError::Internal(format!("reading a layer: {e}")))?;
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .map_err(|e| ActorError::Internal(format!("reading a layer: {e}")))?;
-        if n == 0 {
-            break;
-        }
-        ctx.update(&buf[..n]);
-    }
-    Ok(hex::encode(ctx.finish().as_ref()))
-}
-
 fn cache_name(key: &str) -> String {
     format!("{CACHE_REPOSITORY}:{key}")
 }
@@ -133,6 +118,10 @@ struct State {
     key: String,
     /// ARG values in scope (declared, with their value).
     args: BTreeMap<String, String>,
+    /// The ARGs declared before FROM, with their values.
+    global_args: BTreeMap<String, String>,
+    /// Whether this Dockerfile set CMD (an ENTRYPOINT after it keeps it).
+    cmd_set: bool,
     shell: Vec<String>,
 }
 
@@ -161,26 +150,45 @@ impl State {
         self.committed = false;
     }
 
+    /// The image a step ended with (run or from the cache) roots the keys after it: a step
+    /// run again (`--no-cache`, a cache entry gone) that made another image changes every
+    /// key after it, so nothing later is taken from the cache on the old one.
+    fn took(&mut self, info: ImageInfo) {
+        self.key = sha256_hex(&[b"image", info.digest.as_bytes()]);
+        self.image = Some(info);
+        self.committed = true;
+    }
+
     fn advance(&mut self, what: &[&[u8]]) {
         let mut parts: Vec<&[u8]> = vec![self.key.as_bytes()];
         parts.extend_from_slice(what);
         self.key = sha256_hex(&parts);
     }
 
-    /// A path the Dockerfile gives, made absolute against WORKDIR.
+    /// A path the Dockerfile gives, made absolute against WORKDIR, `.` and `..` resolved
+    /// by name (`..` stops at `/`); a trailing `/` or `/.` is kept (it says "a directory").
     fn absolute(&self, path: &str) -> String {
-        if path.starts_with('/') {
-            return path.to_string();
-        }
         let base = match self.config.working_dir.as_str() {
             "" => "/",
             w => w,
         };
-        let mut out = PathBuf::from(base)
-            .join(path)
-            .to_string_lossy()
-            .into_owned();
-        if path.ends_with('/') && !out.ends_with('/') {
+        let joined = match path.starts_with('/') {
+            true => path.to_string(),
+            false => format!("{base}/{path}"),
+        };
+        let mut parts: Vec<&str> = Vec::new();
+        for part in joined.split('/') {
+            match part {
+                "" | "." => {}
+                ".." => {
+                    parts.pop();
+                }
+                p => parts.push(p),
+            }
+        }
+        let mut out = format!("/{}", parts.join("/"));
+        let says_dir = path.ends_with('/') || path.ends_with("/.") || path == "." || path == "..";
+        if says_dir && !out.ends_with('/') {
             out.push('/');
         }
         out
@@ -227,6 +235,8 @@ impl Gateway {
             committed: false,
             key: String::new(),
             args: BTreeMap::new(),
+            global_args: BTreeMap::new(),
+            cmd_set: false,
             shell: vec!["/bin/sh".into(), "-c".into()],
         };
         let say = |e: BuildEvent| {
@@ -271,16 +281,20 @@ impl Gateway {
                             .map_or("scratch", |i| &i.digest)
                             .as_bytes(),
                     ]);
-                    // ARGs before FROM are for FROM only (unless declared again).
-                    state.args.clear();
+                    // ARGs before FROM are for FROM only, unless declared again after it
+                    // (then with the value they had before FROM, as Docker does).
+                    state.global_args = std::mem::take(&mut state.args);
                 }
                 Step::Arg(text) => {
                     say(step_event(false)).await;
                     let vars = state.vars();
                     for (name, default) in dockerfile::pairs(text, &vars, false)? {
-                        let value = match req.build_args.get(&name) {
-                            Some(v) => v.clone(),
-                            None => default.unwrap_or_default(),
+                        let value = match (req.build_args.get(&name), default) {
+                            (Some(v), _) => v.clone(),
+                            (None, Some(d)) => d,
+                            (None, None) => {
+                                state.global_args.get(&name).cloned().unwrap_or_default()
+                            }
                         };
                         state.advance(&[b"ARG", name.as_bytes(), value.as_bytes()]);
                         state.args.insert(name, value);
@@ -299,7 +313,11 @@ impl Gateway {
                 Step::Workdir(path) => {
                     say(step_event(false)).await;
                     let path = dockerfile::expand(path, &state.vars())?;
-                    state.config.working_dir = state.absolute(&path);
+                    let dir = state.absolute(&path);
+                    state.config.working_dir = match dir.len() > 1 {
+                        true => dir.trim_end_matches('/').to_string(),
+                        false => dir,
+                    };
                     state.committed = false;
                     state.advance(&[b"WORKDIR", state.config.working_dir.clone().as_bytes()]);
                 }
@@ -312,14 +330,18 @@ impl Gateway {
                 Step::Entrypoint(form) => {
                     say(step_event(false)).await;
                     state.config.entrypoint = form.argv(&state.shell);
-                    // As Docker: a new ENTRYPOINT drops the CMD the base image had.
-                    state.config.cmd.clear();
+                    // As Docker: a new ENTRYPOINT drops the CMD the base image had (not
+                    // one this Dockerfile set).
+                    if !state.cmd_set {
+                        state.config.cmd.clear();
+                    }
                     state.committed = false;
                     state.advance(&[b"ENTRYPOINT", format!("{form:?}").as_bytes()]);
                 }
                 Step::Cmd(form) => {
                     say(step_event(false)).await;
                     state.config.cmd = form.argv(&state.shell);
+                    state.cmd_set = true;
                     state.committed = false;
                     state.advance(&[b"CMD", format!("{form:?}").as_bytes()]);
                 }
@@ -352,12 +374,6 @@ impl Gateway {
                 }
                 Step::Shell(shell) => {
                     say(step_event(false)).await;
-                    if shell.is_empty() {
-                        return Err(refuse(
-                            line,
-                            "SHELL needs a JSON array, such as [\"/bin/bash\", \"-c\"]",
-                        ));
-                    }
                     state.shell = shell.clone();
                     state.advance(&[b"SHELL", format!("{shell:?}").as_bytes()]);
                 }
@@ -373,7 +389,7 @@ impl Gateway {
                         })
                         .map(|(k, v)| (k.clone(), v.clone()))
                         .collect();
-                    self.build_commit(&mut state).await?;
+                    self.build_commit(&mut state, req.no_cache).await?;
                     let before = state.key.clone();
                     state.advance(&[
                         b"RUN",
@@ -410,19 +426,23 @@ impl Gateway {
                         )
                         .await?;
                     tracing::debug!(before, key = %state.key, digest = %info.digest, "build step kept");
-                    state.image = Some(info);
-                    state.committed = true;
+                    state.took(info);
                 }
                 Step::Copy {
                     sources,
                     dest,
                     chown,
                     chmod,
+                    add,
                 } => {
                     let vars = state.vars();
                     let mut expanded = Vec::new();
                     for s in sources {
-                        expanded.push(dockerfile::expand(s, &vars)?);
+                        let s = dockerfile::expand(s, &vars)?;
+                        if *add {
+                            dockerfile::refuse_add_source(line, &s)?;
+                        }
+                        expanded.push(s);
                     }
                     let dest = state.absolute(&dockerfile::expand(dest, &vars)?);
                     let (uid, gid) = match chown {
@@ -438,18 +458,13 @@ impl Gateway {
                     };
                     let layer = spool.join(format!("build-{}.tar", uuid::Uuid::new_v4()));
                     let _layer = TempFile(layer.clone());
-                    self.build_copy_layer(&context, &copy, state.image.clone(), &layer)
+                    let digest = self
+                        .build_copy_layer(&context, &copy, state.image.clone(), &layer)
                         .await
                         .map_err(|e| match e {
                             ActorError::InvalidArgument(m) => refuse(line, m),
                             e => e,
                         })?;
-                    let digest = {
-                        let layer = layer.clone();
-                        tokio::task::spawn_blocking(move || file_sha256(&layer))
-                            .await
-                            .map_err(|e| ActorError::Internal(format!("layer hash task: {e}")))??
-                    };
                     state.advance(&[
                         b"COPY",
                         digest.as_bytes(),
@@ -469,12 +484,11 @@ impl Gateway {
                             state.config.clone(),
                         )
                         .await?;
-                    state.image = Some(info);
-                    state.committed = true;
+                    state.took(info);
                 }
             }
         }
-        self.build_commit(&mut state).await?;
+        self.build_commit(&mut state, req.no_cache).await?;
         let info = state.image.ok_or_else(|| {
             ActorError::InvalidArgument(
                 "FROM scratch and nothing after it: the image would be empty".into(),
@@ -482,11 +496,8 @@ impl Gateway {
         })?;
         match &req.name {
             Some(name) => self.images.tag(name, &info).await,
-            None => {
-                self.images
-                    .get(&ImageSelector::Name(cache_name(&state.key)))
-                    .await
-            }
+            // This build's image, whatever another build re-tagged meanwhile.
+            None => Ok(crate::images::image_message(&info)),
         }
     }
 
@@ -533,8 +544,7 @@ impl Gateway {
     async fn build_from_cache(&self, state: &mut State) -> Result<bool> {
         match self.build_cached(&state.key).await? {
             Some(hit) => {
-                state.image = Some(hit);
-                state.committed = true;
+                state.took(hit);
                 Ok(true)
             }
             None => Ok(false),
@@ -542,11 +552,15 @@ impl Gateway {
     }
 
     /// Makes the state's config an image of its own (a RUN runs from it; the result is one).
-    async fn build_commit(&self, state: &mut State) -> Result<()> {
+    async fn build_commit(&self, state: &mut State, no_cache: bool) -> Result<()> {
         if state.committed {
             return Ok(());
         }
-        if let Some(hit) = self.build_cached(&state.key).await? {
+        let hit = match no_cache {
+            true => None,
+            false => self.build_cached(&state.key).await?,
+        };
+        if let Some(hit) = hit {
             state.image = Some(hit);
         } else {
             let (_, info) = self
@@ -570,7 +584,7 @@ impl Gateway {
         copy: &context::CopySpec,
         parent: Option<ImageInfo>,
         out: &Path,
-    ) -> Result<()> {
+    ) -> Result<String> {
         let store = self.images.content_store()?;
         let (context, copy, out) = (context.clone(), copy.clone(), out.to_path_buf());
         tokio::task::spawn_blocking(move || {
@@ -580,7 +594,7 @@ impl Gateway {
                     None => Ok(None),
                 }
             };
-            context.copy_layer(&copy, &lookup, &out).map(|_| ())
+            context.copy_layer(&copy, &lookup, &out)
         })
         .await
         .map_err(|e| ActorError::Internal(format!("COPY layer task: {e}")))?
@@ -609,7 +623,7 @@ impl Gateway {
         let spec = SandboxSpec {
             command: run.argv.clone(),
             env: run.env.iter().cloned().collect(),
-            labels: [("sbx.build".to_string(), run.name.clone())].into(),
+            labels: [(BUILD_LABEL.to_string(), run.name.clone())].into(),
             driver: req.driver.clone(),
             image: run.image.clone(),
             network: Some(network),
@@ -667,8 +681,7 @@ impl Gateway {
                 };
                 while let Some(Ok(chunk)) = stream.next().await {
                     let stderr = chunk.stream == LogStream::Stderr as i32;
-                    counted.lock().unwrap_or_else(|p| p.into_inner())[stderr as usize] +=
-                        chunk.data.len();
+                    let len = chunk.data.len();
                     if events
                         .send(BuildEvent::Log {
                             data: chunk.data,
@@ -679,6 +692,8 @@ impl Gateway {
                     {
                         return;
                     }
+                    // Counted once passed on: an abort in the send leaves it to the re-read.
+                    counted.lock().unwrap_or_else(|p| p.into_inner())[stderr as usize] += len;
                 }
             })
         };
@@ -754,13 +769,26 @@ impl Gateway {
                 shown_argv(&run.argv)
             )));
         }
+        // Bounded as a pulled image is (`--image-max-size`): a sparse file of terabytes costs
+        // the sandbox nothing, its layer would fill the gateway's disk.
+        let limit = self.images.content_store()?.limits().max_size;
         let mut stream = self.copy_changes(sel).await?;
         let mut file = tokio::fs::File::create_new(layer)
             .await
             .map_err(|e| ActorError::Internal(format!("creating a layer: {e}")))?;
         use tokio::io::AsyncWriteExt;
+        let mut written = 0u64;
         while let Some(chunk) = stream.next().await {
-            file.write_all(&chunk?.data)
+            let data = chunk?.data;
+            written += data.len() as u64;
+            if written > limit {
+                return Err(ActorError::FailedPrecondition(format!(
+                    "RUN at line {} changed more than {limit} bytes of the root filesystem \
+                     (sbxd --image-max-size)",
+                    run.line
+                )));
+            }
+            file.write_all(&data)
                 .await
                 .map_err(|e| ActorError::Internal(format!("writing a layer: {e}")))?;
         }

@@ -313,6 +313,9 @@ impl OciArgs {
         // Always said: a host's own default (auto) must not stand in for `off`.
         let cidr = self.network_cidr.as_deref().unwrap_or("off");
         let mut flags: Vec<OsString> = vec!["--network-cidr".into(), cidr.into()];
+        if cidr == "off" {
+            return flags;
+        }
         flags.push("--network-name".into());
         flags.push(self.network_name.clone().into());
         if let Some(dns) = &self.network_dns {

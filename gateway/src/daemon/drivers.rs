@@ -201,6 +201,8 @@ mod tests {
             "serve",
             "--driver",
             "managed:vm",
+            "--network-cidr",
+            "off",
             "--process-cgroup-parent",
             "cg",
             "--vm-accel",
@@ -235,6 +237,9 @@ mod tests {
                 "cg",
                 "--hide",
                 "/d",
+                // Said even when off: the host's own default (auto) must not stand in.
+                "--network-cidr",
+                "off",
                 "--uid-pool",
                 "1000000:268435456",
                 "--uid-lease-dir",

@@ -340,6 +340,12 @@ impl SbxService {
                 "the build context",
             )
             .await?;
+        if !caller.still_valid() {
+            return Err(Status::unauthenticated(format!(
+                "{} was revoked or expired during the upload; nothing is built",
+                caller.name
+            )));
+        }
         audit(
             &caller,
             "build image",

@@ -794,13 +794,20 @@ pub struct DriverWorld {
 impl DriverWorld {
     /// `tag` names the cgroup parent (`sbx-gateway-tests-TAG-…`).
     pub fn new(driver: &str, tag: &str) -> DriverWorld {
+        DriverWorld::with_flags(driver, tag, &[])
+    }
+
+    /// [`DriverWorld::new`], sbxd given `flags` too.
+    pub fn with_flags(driver: &str, tag: &str, flags: &[&str]) -> DriverWorld {
         let data = DataDir::new();
         let (sbxd, cgroup_parent) = if driver == "oci" {
             let parent = format!("sbx-gateway-tests-{tag}-{}", unique());
-            let sbxd = Sbxd::start(data.path(), "", &["--oci-cgroup-parent", &parent]);
+            let mut all = vec!["--oci-cgroup-parent", parent.as_str()];
+            all.extend_from_slice(flags);
+            let sbxd = Sbxd::start(data.path(), "", &all);
             (sbxd, Some(parent))
         } else {
-            (Sbxd::start(data.path(), driver, &[]), None)
+            (Sbxd::start(data.path(), driver, flags), None)
         };
         DriverWorld {
             sbxd,
