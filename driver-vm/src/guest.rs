@@ -12,7 +12,9 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// A script that exports `env` and then `exec`s `command` (the argv, each word quoted).
+/// A script that exports `env` and then `exec`s `command` (the argv, each word quoted). Run
+/// with `--sbx-check` it only looks the command up, as the `exec` will (after the exports),
+/// and says on stderr when it is not found (status 127).
 pub fn command_script<'a>(
     env: impl IntoIterator<Item = (&'a String, &'a String)>,
     command: &[String],
@@ -22,6 +24,12 @@ pub fn command_script<'a>(
         script.push_str(&format!("export {key}={}\n", shell_quote(value)));
     }
     let argv: Vec<String> = command.iter().map(|a| shell_quote(a)).collect();
+    if let Some(first) = argv.first() {
+        script.push_str(&format!(
+            "if [ \"${{1-}}\" = --sbx-check ]; then command -v {first} >/dev/null 2>&1 && exit 0; \
+             echo \"sbx: command not found: \"{first} >&2; exit 127; fi\n"
+        ));
+    }
     script.push_str(&format!("exec {}\n", argv.join(" ")));
     script
 }
@@ -46,6 +54,8 @@ pub struct RunReport {
     pub exit: Option<i32>,
     /// The init could not go on (no disk, for example).
     pub fatal: Option<String>,
+    /// The init did not find the command (it then ends the run with 127, never `ready`).
+    pub not_found: bool,
 }
 
 /// How much of the console log's start and end a report reads.
@@ -83,6 +93,8 @@ pub fn read_report(console_log: &Path, offset: u64, run_id: &str) -> RunReport {
         };
         if rest == "ready" {
             report.ready = true;
+        } else if rest == "notfound" {
+            report.not_found = true;
         } else if let Some(code) = rest.strip_prefix("exit ") {
             report.exit = code.trim().parse().ok();
         } else if let Some(why) = rest.strip_prefix("fatal ") {
@@ -132,6 +144,28 @@ mod tests {
             String::from_utf8_lossy(&out.stdout),
             "it's $HOME `x`|a b'c|"
         );
+        // --sbx-check looks the command up, after the exports, and runs nothing.
+        let check = |argv: &[&str], env: &BTreeMap<String, String>| {
+            let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+            let script = command_script(env, &argv);
+            std::process::Command::new("sh")
+                .args(["-c", &script, "sh", "--sbx-check"])
+                .output()
+                .unwrap()
+        };
+        let found = check(&["sh", "-c", "echo ran"], &env);
+        assert_eq!((found.status.code(), found.stdout.len()), (Some(0), 0));
+        let missing = check(&["no-such-command-here"], &env);
+        assert_eq!(missing.status.code(), Some(127));
+        assert_eq!(
+            String::from_utf8_lossy(&missing.stderr),
+            "sbx: command not found: no-such-command-here\n"
+        );
+        // Found through the PATH the spec exports.
+        let path: BTreeMap<String, String> = [("PATH".to_string(), "/nowhere".to_string())]
+            .into_iter()
+            .collect();
+        assert_eq!(check(&["sh"], &path).status.code(), Some(127));
     }
 
     #[test]
@@ -148,7 +182,8 @@ mod tests {
             RunReport {
                 ready: true,
                 exit: None,
-                fatal: None
+                fatal: None,
+                not_found: false,
             }
         );
         std::fs::write(&log, format!("{earlier}{now}\nsbx-guest: r2 exit 137\r\n")).unwrap();

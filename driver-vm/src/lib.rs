@@ -9,7 +9,10 @@
 //! state directory), starts `sbx-agent serve-port` (the agent crate, the same static binary
 //! the oci and process drivers run) on each of [`EXEC_CHANNELS`] (29) more ports,
 //! `sbx.exec.<k>` (`exec-<k>.in`/`exec-<k>.out`),
-//! and says on the console when the command is running and how it ended.
+//! and says on the console when the command is running and how it ended. It looks the
+//! command up first (the command script's `--sbx-check`, after the spec's exports): a missing
+//! one is said (`notfound`) and ends the run with 127 without `ready`, so the start answers
+//! once the VM has ended and its snapshot says `CommandNotFound`.
 //!
 //! **Exec** ([`streams`]) goes through those agents, one exec per port at a time (a port is
 //! one stream, not a listener), so 29 at once per VM and more wait for the first port freed: output reaches the caller as the command writes it, with no
@@ -444,6 +447,11 @@ impl Inner {
             if report.ready {
                 return Ok(());
             }
+            // The command is not there: the guest ends the run at once (exit 127). Answered
+            // once it has, so the start's snapshot says so, never Running.
+            if report.not_found && !Self::is_alive(rec) {
+                return Ok(());
+            }
             if !Self::is_alive(rec) {
                 return Err(DriverError::Internal(format!(
                     "the vm ended while booting; its console ends with: {}",
@@ -462,6 +470,11 @@ impl Inner {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A command name as the sandbox's words are shown: short and printable.
+fn safefs_printable(text: &str) -> String {
+    sbx_host_kit::safefs::printable(text, 200)
 }
 
 impl HostDriver for Inner {
@@ -517,7 +530,13 @@ impl HostDriver for Inner {
                 oom_killed: false,
             })
         };
-        if let Some(why) = &report.fatal {
+        if report.not_found && observed.exit_code == 127 {
+            observed.reason = "CommandNotFound";
+            observed.message = format!(
+                "command not found: {} (the main process exited with code 127)",
+                safefs_printable(rec.spec.command.first().map_or("", |c| c.as_str()))
+            );
+        } else if let Some(why) = &report.fatal {
             observed.reason = "GuestFailed";
             observed.message = format!("the guest's init could not run the command: {why}");
         } else if observed.reason == "Lost" {

@@ -323,3 +323,38 @@ async fn managed_vm_driver_gets_the_vm_flags_and_hands_its_vm_to_an_in_process_d
     )
     .await;
 }
+
+/// Jobs that tell the truth on vm too: the guest looks the command up before it says it
+/// runs, so a missing one fails the create itself, with `command not found` and 127 in the
+/// record; `sbx run` of a command that is there exits with its code.
+#[test]
+fn a_missing_command_fails_the_vm_create_and_run_gives_the_exit_code() {
+    vm_support::require_vm_tools();
+    let data = DataDir::new();
+    let _reaper = QemuReaper(data.path().to_path_buf());
+    let d = start_sbxd(data.path(), "vm");
+    let ep = d.endpoint();
+    let made = common::sbx(&ep, &["sandbox", "create", "bad", "--", "no-such-command"]);
+    assert_ne!(made.code, 0, "{made:?}");
+    assert!(
+        made.stderr.contains("command not found: no-such-command"),
+        "{made:?}"
+    );
+    let got = common::sbx(&ep, &["sandbox", "get", "bad", "-o", "json"]).json();
+    assert_eq!(got["phase"], "Error", "{got}");
+    assert_eq!(got["reason"], "CommandNotFound", "{got}");
+    assert_eq!(got["exit_code"], 127, "{got}");
+    let logs = common::sbx(&ep, &["sandbox", "logs", "bad"]);
+    assert!(
+        logs.stdout
+            .contains("sbx: command not found: no-such-command")
+            || logs
+                .stderr
+                .contains("sbx: command not found: no-such-command"),
+        "{logs:?}"
+    );
+    let ran = common::sbx(&ep, &["run", "--rm", "--", "sh", "-c", "echo hi; exit 7"]);
+    assert_eq!(ran.code, 7, "{ran:?}");
+    assert!(ran.stdout.contains("hi"), "{ran:?}");
+    common::sbx(&ep, &["sandbox", "delete", "bad"]).ok();
+}

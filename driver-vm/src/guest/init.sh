@@ -99,16 +99,24 @@ fi
   done ) &
 
 cd /sandbox
-# Through `sbx-agent run`: a background job of this shell starts with SIGINT and SIGQUIT
-# ignored, which the command would keep.
-setsid /bin/sbx-agent run sh /etc/sbx/command < /dev/null > /dev/ttyS0 2>&1 &
-child=$!
-say "ready"
-while :; do
-  wait "$child"
-  code=$?
-  kill -0 "$child" 2>/dev/null || break
-done
+# The command is looked up first, as its shell will (after its exports, in /sandbox): a
+# missing one is said ("notfound") and the run ends with 127 without "ready", so the start
+# answers "command not found" instead of a Ready that turns into an Error.
+if sh /etc/sbx/command --sbx-check < /dev/null > /dev/ttyS0 2>&1; then
+  # Through `sbx-agent run`: a background job of this shell starts with SIGINT and SIGQUIT
+  # ignored, which the command would keep.
+  setsid /bin/sbx-agent run sh /etc/sbx/command < /dev/null > /dev/ttyS0 2>&1 &
+  child=$!
+  say "ready"
+  while :; do
+    wait "$child"
+    code=$?
+    kill -0 "$child" 2>/dev/null || break
+  done
+else
+  code=127
+  say "notfound"
+fi
 say "exit $code"
 cd /
 sync
