@@ -833,3 +833,19 @@ impl DriverWorld {
         }
     }
 }
+
+impl Drop for DriverWorld {
+    /// The oci driver's cgroup parent, empty once its sandboxes are gone, goes too (however
+    /// the test ended; a parent still holding a cgroup stays, for the leak check to name).
+    fn drop(&mut self) {
+        if let Some(parent) = &self.cgroup_parent {
+            for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let _ = std::fs::remove_dir(hierarchy.path().join(parent));
+            }
+        }
+    }
+}
