@@ -239,8 +239,13 @@ async fn a_ttl_deletes_on_time_moves_when_asked_and_survives_sigkill_firing_once
     assert_eq!(stopped.reason, "TtlExpired", "{stopped:?}");
     assert!(stopped.expires_at.is_none(), "a ttl that fired is cleared");
     assert!(stopped.next.is_none(), "{:?}", stopped.next);
-    // Once, and still once after another SIGKILL and restart.
+    // Once, and still once after another SIGKILL and restart. Events are written by tasks
+    // of their own, a moment after the change they tell of: read until it is there (5 s).
     let told = |r: &Vec<String>| r.iter().filter(|r| *r == "TtlExpired").count();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while told(&reasons(&sb, &c.id).await) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(told(&reasons(&sb, &c.id).await), 1);
     d.sigkill();
     d = Sbxd::start(data.path(), "process", &[]);
