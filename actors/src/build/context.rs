@@ -155,6 +155,15 @@ pub struct Context {
     entries: Vec<(Vec<String>, bool)>,
 }
 
+/// An entry's path in the context tar, as text.
+fn entry_name<R: Read>(entry: &tar::Entry<'_, R>) -> Result<String> {
+    Ok(entry
+        .path()
+        .map_err(bad_context)?
+        .to_string_lossy()
+        .into_owned())
+}
+
 fn bad_context(e: impl std::fmt::Display) -> ActorError {
     ActorError::InvalidArgument(format!("the build context is not a readable tar: {e}"))
 }
@@ -166,11 +175,7 @@ impl Context {
         let mut entries = Vec::new();
         for entry in archive.entries().map_err(bad_context)? {
             let entry = entry.map_err(bad_context)?;
-            let name = entry
-                .path()
-                .map_err(bad_context)?
-                .to_string_lossy()
-                .into_owned();
+            let name = entry_name(&entry)?;
             let Some(parts) = context_path(&name) else {
                 return Err(bad_context(format!("{name:?} leaves the context")));
             };
@@ -306,11 +311,7 @@ impl Context {
         let mut content = ring::digest::Context::new(&ring::digest::SHA256);
         for entry in archive.entries().map_err(bad_context)? {
             let mut entry = entry.map_err(bad_context)?;
-            let name = entry
-                .path()
-                .map_err(bad_context)?
-                .to_string_lossy()
-                .into_owned();
+            let name = entry_name(&entry)?;
             let Some(parts) = context_path(&name) else {
                 continue;
             };
