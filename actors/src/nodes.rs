@@ -165,13 +165,14 @@ fn unfit(c: &Candidate, ask: &Ask) -> Option<String> {
     }
     let cap = &c.capacity;
     let used = &c.allocated;
-    if cap.cpu_millis > 0 && used.cpu_millis + ask.cpu_millis > cap.cpu_millis {
+    if cap.cpu_millis > 0 && used.cpu_millis.saturating_add(ask.cpu_millis) > cap.cpu_millis {
         return Some(format!(
             "{}m of {}m cpu placed, the sandbox asks {}m",
             used.cpu_millis, cap.cpu_millis, ask.cpu_millis
         ));
     }
-    if cap.memory_bytes > 0 && used.memory_bytes + ask.memory_bytes > cap.memory_bytes {
+    if cap.memory_bytes > 0 && used.memory_bytes.saturating_add(ask.memory_bytes) > cap.memory_bytes
+    {
         return Some(format!(
             "{} of {} bytes of memory placed, the sandbox asks {}",
             used.memory_bytes, cap.memory_bytes, ask.memory_bytes
@@ -187,15 +188,19 @@ fn unfit(c: &Candidate, ask: &Ask) -> Option<String> {
 fn load_after(c: &Candidate, ask: &Ask) -> f64 {
     let cap = &c.capacity;
     let used = &c.allocated;
-    fraction(used.cpu_millis + ask.cpu_millis, cap.cpu_millis)
-        .max(fraction(
-            used.memory_bytes + ask.memory_bytes,
-            cap.memory_bytes,
-        ))
-        .max(fraction(
-            u64::from(used.max_sandboxes) + 1,
-            u64::from(cap.max_sandboxes),
-        ))
+    // Asks come from callers and may be as large as a u64 holds: sums saturate.
+    fraction(
+        used.cpu_millis.saturating_add(ask.cpu_millis),
+        cap.cpu_millis,
+    )
+    .max(fraction(
+        used.memory_bytes.saturating_add(ask.memory_bytes),
+        cap.memory_bytes,
+    ))
+    .max(fraction(
+        u64::from(used.max_sandboxes) + 1,
+        u64::from(cap.max_sandboxes),
+    ))
 }
 
 /// The node `ask` goes on (an index into `candidates`), or why none can take it: one line
@@ -316,9 +321,9 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 fn add(into: &mut NodeCapacity, cpu: u64, memory: u64, sign: i8) {
     if sign >= 0 {
-        into.cpu_millis += cpu;
-        into.memory_bytes += memory;
-        into.max_sandboxes += 1;
+        into.cpu_millis = into.cpu_millis.saturating_add(cpu);
+        into.memory_bytes = into.memory_bytes.saturating_add(memory);
+        into.max_sandboxes = into.max_sandboxes.saturating_add(1);
     } else {
         into.cpu_millis = into.cpu_millis.saturating_sub(cpu);
         into.memory_bytes = into.memory_bytes.saturating_sub(memory);
@@ -877,5 +882,26 @@ mod tests {
         assert_eq!(place(&nodes, &ask(1_000_000, 1 << 40)), Ok(1), "a before b");
         nodes[1].allocated.max_sandboxes = 1;
         assert_eq!(place(&nodes, &ask(1, 1)), Ok(0), "fewer sandboxes first");
+    }
+
+    /// An ask as large as a u64 holds, on a node that already holds something, is refused
+    /// where capacity is bounded and placed where it is not, and counting it adds no panic
+    /// (the fuzz test found the sums overflowing).
+    #[test]
+    fn asks_as_large_as_a_u64_are_refused_or_placed_without_overflow() {
+        let mut nodes = vec![node("a", 4000, 8 << 30)];
+        nodes[0].allocated.cpu_millis = 100;
+        nodes[0].allocated.memory_bytes = 1 << 30;
+        let err = place(&nodes, &ask(0, u64::MAX)).unwrap_err();
+        assert!(err.contains("bytes of memory placed"), "{err}");
+        let err = place(&nodes, &ask(u64::MAX, 0)).unwrap_err();
+        assert!(err.contains("cpu placed"), "{err}");
+        let mut unbounded = vec![node("b", 0, 0)];
+        unbounded[0].allocated.memory_bytes = 1 << 30;
+        unbounded[0].allocated.cpu_millis = 5;
+        assert_eq!(place(&unbounded, &ask(u64::MAX, u64::MAX)), Ok(0));
+        add(&mut unbounded[0].allocated, u64::MAX, u64::MAX, 1);
+        assert_eq!(unbounded[0].allocated.memory_bytes, u64::MAX);
+        assert_eq!(place(&unbounded, &ask(1, 1)), Ok(0));
     }
 }
