@@ -29,4 +29,5 @@ pub mod port;
 pub mod server;
 pub mod signals;
 pub mod tools;
+pub mod user;
 pub mod wire;

@@ -13,7 +13,7 @@ const LISTEN_FD: i32 = 3;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("serve-port") {
-        return serve_port(args.get(1).map(String::as_str));
+        return serve_port(&args[1..]);
     }
     match args.first().map(String::as_str) {
         Some(tool @ ("pack" | "unpack" | "connect")) => {
@@ -71,14 +71,16 @@ fn main() -> ExitCode {
         }
         Some("--help" | "-h") | None => {
             println!(
-                "usage: sbx-agent serve [--pts DIR] | serve-port PATH | run CMD [ARGS…] | pack PATH | \
+                "usage: sbx-agent serve [--pts DIR] | serve-port PATH [--workdir DIR] | run [--user USER] [--workdir DIR] \
+                 [--] CMD [ARGS…] | pack PATH | \
                  unpack DEST | connect PORT | offline …\n\n\
                  serve: serves exec, copy and port-forward on the listening Unix socket \
                  inherited as fd {LISTEN_FD}; exec terminals from the devpts instance at \
                  --pts DIR (else /dev/ptmx's).\n\
                  serve-port: serves exec on a vm guest's virtio-serial port, one at a time.\n\
                  run: becomes CMD with every signal at its default action (a shell's \
-                 background job starts with SIGINT ignored).\n\
+                 background job starts with SIGINT ignored), as USER (an image's User, \
+                 names looked up in /etc/passwd and /etc/group) in DIR when given.\n\
                  pack: writes the tar of PATH to stdout (rooted at PATH's name).\n\
                  unpack: reads a tar from stdin into DEST (entries that leave DEST refused).\n\
                  connect: carries stdin to 127.0.0.1:PORT and the connection to stdout; \
@@ -175,12 +177,26 @@ fn outcome(command: &str, result: Result<(), String>) -> ExitCode {
     }
 }
 
-/// `sbx-agent serve-port PATH`: serves exec on the virtio-serial port at PATH (a `vm`
-/// guest's `sbx.exec`), one exec at a time; see the library's `port` module.
-fn serve_port(path: Option<&str>) -> ExitCode {
-    let Some(path) = path else {
-        eprintln!("usage: sbx-agent serve-port PATH (a virtio-serial port, /dev/vportNpM)");
-        return ExitCode::from(2);
+/// `sbx-agent serve-port PATH [--workdir DIR]`: serves exec on the virtio-serial port at
+/// PATH (a `vm` guest's `sbx.exec`), one exec at a time, an exec without a directory of its
+/// own starting in DIR (a sandbox image's WorkingDir; when it is not there, where the agent
+/// started); see the library's `port` module.
+fn serve_port(args: &[String]) -> ExitCode {
+    let path = match args {
+        [path] => path.as_str(),
+        [path, flag, dir] if flag == "--workdir" => {
+            if !dir.is_empty() && std::env::set_current_dir(dir).is_err() {
+                eprintln!("sbx-agent serve-port: the working directory {dir} cannot be entered");
+            }
+            path.as_str()
+        }
+        _ => {
+            eprintln!(
+                "usage: sbx-agent serve-port PATH [--workdir DIR] (PATH: a virtio-serial \
+                 port, /dev/vportNpM)"
+            );
+            return ExitCode::from(2);
+        }
     };
     // The guest's init starts it as a background job, with SIGINT ignored.
     sbx_agent::signals::reset();

@@ -68,9 +68,27 @@ pub fn which(cmd: &str) -> bool {
 /// CMD (looked up on PATH). Returns only when CMD cannot be run: the message and the shell's
 /// exit status for it (127 not found, 126 not executable).
 pub fn run(args: &[String]) -> (String, u8) {
-    let Some((cmd, rest)) = args.split_first() else {
-        return ("usage: sbx-agent run CMD [ARGS…]".to_string(), 2);
+    const USAGE: &str = "usage: sbx-agent run [--user USER] [--workdir DIR] [--] CMD [ARGS…]";
+    let (mut user, mut workdir, mut rest) = (None, None, args);
+    loop {
+        match rest {
+            [flag, value, more @ ..] if flag == "--user" => (user, rest) = (Some(value), more),
+            [flag, value, more @ ..] if flag == "--workdir" => {
+                (workdir, rest) = (Some(value), more)
+            }
+            [flag, more @ ..] if flag == "--" => {
+                rest = more;
+                break;
+            }
+            _ => break,
+        }
+    }
+    let Some((cmd, rest)) = rest.split_first() else {
+        return (USAGE.to_string(), 2);
     };
+    if let Err(e) = become_user(user.map(String::as_str), workdir.map(String::as_str)) {
+        return (format!("sbx-agent run: {e}"), 126);
+    }
     reset();
     close_on_exec_above(2);
     if let Err(e) = crate::confine::Domain::new().and_then(|d| d.enter())
@@ -88,4 +106,60 @@ pub fn run(args: &[String]) -> (String, u8) {
         std::io::ErrorKind::PermissionDenied => (format!("permission denied: {cmd}"), 126),
         _ => (format!("{cmd}: {err}"), 126),
     }
+}
+
+/// `run --user USER --workdir DIR`, as a container runtime does it: USER (an image's `User`,
+/// names looked up in this root's `/etc/passwd` and `/etc/group`) with its groups, and DIR
+/// (made by root first when missing) as the directory. Runs as root, before the exec.
+fn become_user(user: Option<&str>, workdir: Option<&str>) -> Result<(), String> {
+    use nix::unistd::{Gid, Uid, setgroups, setresgid, setresuid};
+    let resolved = match user {
+        Some(user) => Some(crate::user::resolve(
+            user,
+            || read_small("/etc/passwd"),
+            || read_small("/etc/group"),
+        )?),
+        None => None,
+    };
+    if let Some(dir) = workdir.filter(|d| !d.is_empty())
+        && std::fs::symlink_metadata(dir).is_err()
+    {
+        std::fs::create_dir_all(dir).map_err(|e| format!("the working directory {dir}: {e}"))?;
+    }
+    if let Some(u) = resolved {
+        let groups: Vec<Gid> = u
+            .additional_gids
+            .iter()
+            .map(|g| Gid::from_raw(*g))
+            .collect();
+        setgroups(&groups).map_err(|e| format!("setgroups: {e}"))?;
+        let gid = Gid::from_raw(u.gid);
+        setresgid(gid, gid, gid).map_err(|e| format!("setgid {}: {e}", u.gid))?;
+        let uid = Uid::from_raw(u.uid);
+        setresuid(uid, uid, uid).map_err(|e| format!("setuid {}: {e}", u.uid))?;
+    }
+    if let Some(dir) = workdir.filter(|d| !d.is_empty()) {
+        std::env::set_current_dir(dir).map_err(|e| format!("the working directory {dir}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// A small regular file's text (at most 1 MiB), or nothing: a FIFO or a device where a
+/// name is looked up is read as no file, never waited on.
+fn read_small(path: &str) -> String {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return String::new();
+    };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return String::new();
+    }
+    let mut text = String::new();
+    let _ = file.take(1 << 20).read_to_string(&mut text);
+    text
 }

@@ -79,13 +79,7 @@ const READ_ONLY: &[&str] = &[
     "/proc/sysrq-trigger",
 ];
 
-/// Who a process runs as, inside the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ProcessUser {
-    pub uid: u32,
-    pub gid: u32,
-    pub additional_gids: Vec<u32>,
-}
+pub use sbx_agent::user::ProcessUser;
 
 /// What one run of a sandbox is made of.
 #[derive(Debug, Clone)]

@@ -13,9 +13,9 @@ use std::os::fd::AsFd;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
-use super::bundle::ProcessUser;
 use super::mountinfo::is_mount_point;
 use super::record::SandboxPaths;
+use sbx_agent::user::ProcessUser;
 use sbx_images::IdMap;
 
 /// The overlay's mount options for these layers (lowest first) and writable dirs.
@@ -176,84 +176,12 @@ fn read_in_root(rootfs: &Path, path: &str) -> Option<String> {
 pub fn resolve_user(user: &str, rootfs: &Path) -> Result<ProcessUser, String> {
     let passwd = || read_in_root(rootfs, "/etc/passwd").unwrap_or_default();
     let group = || read_in_root(rootfs, "/etc/group").unwrap_or_default();
-    resolve_user_in(user, passwd, group)
-}
-
-/// [`resolve_user`] on file contents, for tests.
-fn resolve_user_in(
-    user: &str,
-    passwd: impl FnOnce() -> String,
-    group: impl FnOnce() -> String,
-) -> Result<ProcessUser, String> {
-    if user.is_empty() {
-        return Ok(ProcessUser::default());
-    }
-    let (who, grp) = match user.split_once(':') {
-        Some((u, g)) => (u, Some(g)),
-        None => (user, None),
-    };
-    let passwd = passwd();
-    // name:x:uid:gid:...
-    let entry = passwd.lines().find_map(|line| {
-        let f: Vec<&str> = line.split(':').collect();
-        let (name, uid, gid) = (
-            f.first()?,
-            f.get(2)?.parse::<u32>().ok()?,
-            f.get(3)?.parse::<u32>().ok()?,
-        );
-        (*name == who || who.parse::<u32>() == Ok(uid)).then_some((name.to_string(), uid, gid))
-    });
-    let uid = match who.parse::<u32>() {
-        Ok(uid) => uid,
-        Err(_) => match &entry {
-            Some((_, uid, _)) => *uid,
-            None => return Err(format!("user {who:?} is not in the image's /etc/passwd")),
-        },
-    };
-    let groups = group();
-    let gid = match grp {
-        Some(g) => match g.parse::<u32>() {
-            Ok(gid) => gid,
-            Err(_) => groups
-                .lines()
-                .find_map(|line| {
-                    let f: Vec<&str> = line.split(':').collect();
-                    (f.first() == Some(&g)).then(|| f.get(2)?.parse::<u32>().ok())?
-                })
-                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
-        },
-        None => entry.as_ref().map(|(_, _, gid)| *gid).unwrap_or(0),
-    };
-    // Supplementary groups: those that list the user's name.
-    let additional_gids = match &entry {
-        Some((name, _, _)) => groups
-            .lines()
-            .filter_map(|line| {
-                let f: Vec<&str> = line.split(':').collect();
-                let members = f.get(3)?;
-                let gid = f.get(2)?.parse::<u32>().ok()?;
-                (members.split(',').any(|m| m == name) && gid != 0).then_some(gid)
-            })
-            .collect(),
-        None => Vec::new(),
-    };
-    Ok(ProcessUser {
-        uid,
-        gid,
-        additional_gids,
-    })
+    sbx_agent::user::resolve(user, passwd, group)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n";
-    const GROUP: &str = "root:x:0:\nstaff:x:50:app\napps:x:1001:\n";
-
-    fn check(user: &str) -> Result<ProcessUser, String> {
-        resolve_user_in(user, || PASSWD.to_string(), || GROUP.to_string())
-    }
 
     #[test]
     fn a_workloads_fifo_or_link_as_etc_passwd_neither_hangs_nor_reads_the_host() {
@@ -274,23 +202,6 @@ mod tests {
         std::fs::remove_file(root.join("etc/passwd")).unwrap();
         std::fs::write(root.join("etc/passwd"), "app:x:1000:1000::/:/bin/sh\n").unwrap();
         assert_eq!(resolve_user("app", root).unwrap().uid, 1000);
-    }
-
-    #[test]
-    fn users_resolve_by_number_and_name() {
-        let user = |uid, gid, extra: &[u32]| ProcessUser {
-            uid,
-            gid,
-            additional_gids: extra.to_vec(),
-        };
-        assert_eq!(check("").unwrap(), user(0, 0, &[]));
-        assert_eq!(check("app").unwrap(), user(1000, 1001, &[50]));
-        assert_eq!(check("1000").unwrap(), user(1000, 1001, &[50]));
-        assert_eq!(check("1000:7").unwrap(), user(1000, 7, &[50]));
-        assert_eq!(check("app:staff").unwrap(), user(1000, 50, &[50]));
-        assert_eq!(check("4242").unwrap(), user(4242, 0, &[]));
-        assert!(check("nobody-here").unwrap_err().contains("nobody-here"));
-        assert!(check("app:nogroup").unwrap_err().contains("nogroup"));
     }
 
     #[test]

@@ -16,12 +16,9 @@ use sbx_driver_api::{
     ByteStream, DriverError, DriverStream, ExecInputStream, ForwardInputStream, pb,
 };
 use sbx_host_kit::service::HostService;
-use sbx_host_kit::{Desired, internal, lifecycle, validate_command};
+use sbx_host_kit::{Desired, internal, lifecycle};
 use sbx_host_kit::{running, usage};
 use sbx_images::{ImageError, ImageInfo};
-
-/// The PATH a workload gets when its image sets none.
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 sbx_host_kit::host_compute_driver!(OciDriver, create = create, networked);
 
@@ -179,46 +176,22 @@ fn image_run(
     spec: &pb::SandboxSpec,
     hostname: &str,
     layers: Vec<std::path::PathBuf>,
-) -> ImageRun {
-    let args = if spec.command.is_empty() {
-        image
-            .config
-            .entrypoint
-            .iter()
-            .chain(&image.config.cmd)
-            .cloned()
-            .collect()
-    } else {
-        spec.command.clone()
-    };
-    let mut env: Vec<(String, String)> = Vec::new();
-    let mut set = |key: &str, value: &str| match env.iter_mut().find(|(k, _)| k == key) {
-        Some(slot) => slot.1 = value.to_string(),
-        None => env.push((key.to_string(), value.to_string())),
-    };
-    set("PATH", DEFAULT_PATH);
-    set("HOSTNAME", hostname);
-    for kv in &image.config.env {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        set(k, v);
-    }
-    let mut spec_env: Vec<(&String, &String)> = spec.env.iter().collect();
-    spec_env.sort();
-    for (k, v) in spec_env {
-        set(k, v);
-    }
-    ImageRun {
+) -> Result<ImageRun, DriverError> {
+    let process = sbx_host_kit::image_process::image_process(
+        &image.config,
+        &spec.command,
+        &spec.env,
+        hostname,
+    );
+    process.validate(&spec.image)?;
+    Ok(ImageRun {
         digest: image.digest.clone(),
         layers,
-        args,
-        env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
-        cwd: if image.config.working_dir.is_empty() {
-            "/".to_string()
-        } else {
-            image.config.working_dir.clone()
-        },
-        user: image.config.user.clone(),
-    }
+        args: process.args,
+        env: process.env,
+        cwd: process.cwd,
+        user: process.user,
+    })
 }
 
 /// A create (see [`ComputeDriver::create`]), run detached by the service: a caller that stops
@@ -228,24 +201,7 @@ async fn create(inner: &Inner, mut req: pb::CreateRequest) -> Result<pb::Snapsho
     let run_env = sbx_host_kit::command::run_env(std::mem::take(&mut req.run_env))?;
     let spec = req.spec.unwrap_or_default();
     let image = inner.image(&spec.image)?;
-    let run = image_run(&image, &spec, &req.name, inner.images.layer_dirs(&image));
-    let env_pairs: Vec<(String, String)> = run
-        .env
-        .iter()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) => (k.to_string(), v.to_string()),
-            None => (kv.clone(), String::new()),
-        })
-        .collect();
-    validate_command("the spec", &run.args, env_pairs.iter().map(|(k, v)| (k, v))).map_err(
-        |e| match run.args.is_empty() {
-            true => DriverError::InvalidArgument(format!(
-                "the spec has no command and image {} has no Entrypoint or Cmd: give a command",
-                spec.image
-            )),
-            false => e,
-        },
-    )?;
+    let run = image_run(&image, &spec, &req.name, inner.images.layer_dirs(&image))?;
     let network_allow = inner.network_allow(spec.network.as_ref())?;
     let _serialised = inner.records.lock(id).await;
     if let Some(existing) = inner.records.get(id) {
@@ -341,20 +297,25 @@ mod tests {
             &spec(&[], &[("LANG", "en"), ("X", "1")]),
             "web",
             vec![],
-        );
+        )
+        .unwrap();
         assert_eq!(run.args, ["/entry", "a", "b"]);
         assert_eq!(run.env, ["PATH=/opt/bin", "HOSTNAME=web", "LANG=en", "X=1"]);
         assert_eq!((run.cwd.as_str(), run.user.as_str()), ("/work", "app"));
-        let run = image_run(&img, &spec(&["sh", "-c", "x"], &[]), "web", vec![]);
+        let run = image_run(&img, &spec(&["sh", "-c", "x"], &[]), "web", vec![]).unwrap();
         assert_eq!(run.args, ["sh", "-c", "x"], "a spec command replaces both");
     }
 
     #[test]
     fn defaults_when_the_image_says_nothing() {
         let img = image(&[], &[], &[], "");
-        let run = image_run(&img, &spec(&[], &[]), "web", vec![]);
-        assert!(run.args.is_empty());
-        assert_eq!(run.env[0], format!("PATH={DEFAULT_PATH}"));
+        let err = image_run(&img, &spec(&[], &[]), "web", vec![]).unwrap_err();
+        assert!(err.to_string().contains("no Entrypoint or Cmd"), "{err}");
+        let run = image_run(&img, &spec(&["true"], &[]), "web", vec![]).unwrap();
+        assert_eq!(
+            run.env[0],
+            format!("PATH={}", sbx_host_kit::image_process::DEFAULT_PATH)
+        );
         assert_eq!(run.cwd, "/");
         // The daemon's own environment never leaks in.
         assert!(

@@ -358,12 +358,15 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), DriverError> {
 
 /// The per-run archive appended to the shared initramfs: `/etc/sbx/run.env` and
 /// `/etc/sbx/command`.
-pub fn run_archive(run_env: &str, command: &str) -> Vec<u8> {
+pub fn run_archive(run_env: &str, command: &str, process_env: Option<&str>) -> Vec<u8> {
     let mut archive = Archive::new();
     archive.dir("etc");
     archive.dir("etc/sbx");
     archive.file("etc/sbx/run.env", 0o644, run_env.as_bytes());
     archive.file("etc/sbx/command", 0o644, command.as_bytes());
+    if let Some(env) = process_env {
+        archive.file("etc/sbx/process.env", 0o644, env.as_bytes());
+    }
     archive.finish()
 }
 

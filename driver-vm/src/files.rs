@@ -22,7 +22,8 @@ use pb::exec_output::Chunk;
 use pb::port_forward_output::Output;
 use sbx_driver_api::{DriverError, DriverStream, ExecInputStream, no_exec_input, pb};
 
-/// The agent in the guest's initramfs (`guest/init.sh` starts it from there).
+/// The agent in the guest's initramfs (`guest/init.sh` starts it from there); in a sandbox
+/// of an image, where execs run in the image's root, its copy there (`guest::AGENT_IN_ROOT`).
 const AGENT: &str = "/bin/sbx-agent";
 
 /// What one of the exec's output messages is to an operation.
@@ -52,9 +53,17 @@ impl ToolRun {
         arg: String,
         input: Option<ExecInputStream>,
     ) -> Result<ToolRun, DriverError> {
+        let agent = match sandbox
+            .parse()
+            .ok()
+            .and_then(|id| driver.inner.records.get(id))
+        {
+            Some(rec) if rec.spec.process.is_some() => super::guest::AGENT_IN_ROOT,
+            _ => AGENT,
+        };
         let req = pb::ExecRequest {
             sandbox_id: sandbox.to_string(),
-            command: vec![AGENT.to_string(), tool.to_string(), arg],
+            command: vec![agent.to_string(), tool.to_string(), arg],
             stdin: input.is_some(),
             ..Default::default()
         };

@@ -34,16 +34,77 @@ pub fn command_script<'a>(
     script
 }
 
+/// Where the guest's init mounts an image's root disk, and where the agent is inside it
+/// (`/dev` in the guest is its own devtmpfs, in memory: nothing is written to the image).
+pub const GUEST_ROOT: &str = "/sbx/root";
+pub const AGENT_IN_ROOT: &str = "/dev/.sbx/sbx-agent";
+
+/// `/etc/sbx/process.env` of a sandbox of an image: its process's environment as exports,
+/// which the init gives the exec agents too (an exec sees the image's Env, as on oci).
+pub fn process_env(process: &super::record::GuestProcess) -> String {
+    let mut script = String::new();
+    for kv in &process.env {
+        let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+        script.push_str(&format!("export {key}={}\n", shell_quote(value)));
+    }
+    script
+}
+
+/// The command script of a sandbox of an image: the process's environment
+/// ([`process_env`]'s file, sourced) and `run_env`'s variables (which win) exported, then the
+/// agent, in the image's root ([`GUEST_ROOT`], by `chroot`), becoming the process as the
+/// image's User in its WorkingDir. `--sbx-check` looks the command up there the same way.
+pub fn image_script<'a>(
+    process: &super::record::GuestProcess,
+    run_env: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> String {
+    let mut script = String::from(". /etc/sbx/process.env\n");
+    for (key, value) in run_env {
+        script.push_str(&format!("export {key}={}\n", shell_quote(value)));
+    }
+    let argv: Vec<String> = process.args.iter().map(|a| shell_quote(a)).collect();
+    let chrooted = format!("/bin/chroot {GUEST_ROOT} {AGENT_IN_ROOT}");
+    if let Some(first) = argv.first() {
+        script.push_str(&format!(
+            "if [ \"${{1-}}\" = --sbx-check ]; then {chrooted} which {first} && exit 0; \
+             echo \"sbx: command not found: \"{first} >&2; exit 127; fi\n"
+        ));
+    }
+    script.push_str(&format!(
+        "exec {chrooted} run --user {} --workdir {} -- {}\n",
+        shell_quote(&process.user),
+        shell_quote(&process.cwd),
+        argv.join(" ")
+    ));
+    script
+}
+
 /// `/etc/sbx/run.env`: what this run of the guest is.
-pub fn run_env(run_id: &str, generation: u64, hostname: &str, grace: Duration) -> String {
-    format!(
+/// With `workdir` (a sandbox of an image: its WorkingDir), the guest mounts the image's root
+/// disk and runs everything in it, execs starting there.
+pub fn run_env(
+    run_id: &str,
+    generation: u64,
+    hostname: &str,
+    grace: Duration,
+    workdir: Option<&str>,
+) -> String {
+    let mut text = format!(
         "SBX_RUN_ID={}\nSBX_GENERATION={generation}\nSBX_HOSTNAME={}\nSBX_GRACE={}\n\
          SBX_EXEC_CHANNELS={}\n",
         shell_quote(run_id),
         shell_quote(hostname),
         grace.as_secs().max(1),
         super::qemu::EXEC_CHANNELS
-    )
+    );
+    if let Some(dir) = workdir {
+        text.push_str(&format!(
+            "SBX_ROOT_SERIAL={}\nSBX_WORKDIR={}\n",
+            super::qemu::ROOT_SERIAL,
+            shell_quote(dir)
+        ));
+    }
+    text
 }
 
 /// What the guest said about one run on the console.

@@ -80,6 +80,7 @@
 //!   `/proc/cpuinfo` (`tsc_early_khz`): microvm has no timer to calibrate against.
 
 mod assets;
+mod base;
 mod cpio;
 mod files;
 mod guest;
@@ -130,6 +131,12 @@ pub struct VmDriverOptions {
     pub memory_mib: u64,
     /// Size of a new sandbox's persistent disk.
     pub disk_mib: u64,
+    /// The gateway's image store (read only): a spec's image (a manifest digest there) is
+    /// the guest's root. Without it, only specs without an image are taken.
+    pub images: Option<sbx_images::ImageStore>,
+    /// Free space in an image's base disk: what a sandbox can add to its root filesystem
+    /// (sparse: it costs the host nothing until written).
+    pub root_free_mib: u64,
     /// How long a boot may take until the guest says its command runs (counted from when
     /// the boot gets its slot, see `max_parallel_boots`).
     pub boot_timeout: Duration,
@@ -152,6 +159,8 @@ impl Default for VmDriverOptions {
             accel: Accel::Auto,
             memory_mib: 256,
             disk_mib: 256,
+            images: None,
+            root_free_mib: 2048,
             boot_timeout: Duration::from_secs(45),
             max_parallel_boots: 0,
             default_grace: Duration::from_secs(5),
@@ -174,6 +183,8 @@ struct Inner {
     opts: VmDriverOptions,
     qemu: PathBuf,
     assets: GuestAssets,
+    /// The images' base disks.
+    bases: Arc<base::Bases>,
     /// KVM or TCG, decided once at open.
     accel: Accel,
     tsc_khz: Option<u64>,
@@ -238,14 +249,14 @@ impl VmDriver {
     /// between KVM and TCG, and finds every VM a previous instance left (see the module docs).
     pub async fn open(state_dir: PathBuf, opts: VmDriverOptions) -> Result<Self, DriverError> {
         let qemu = qemu::find_qemu(opts.qemu.as_deref())?;
-        for tool in ["qemu-img", "mkfs.ext4"] {
+        for tool in ["qemu-img", "mkfs.ext4", "e2fsck", "unshare"] {
             if qemu::find_program(tool).is_none() {
                 return Err(DriverError::Unavailable(format!(
                     "the vm driver needs {tool} on PATH; install {}",
-                    if tool == "qemu-img" {
-                        "qemu-utils"
-                    } else {
-                        "e2fsprogs"
+                    match tool {
+                        "qemu-img" => "qemu-utils",
+                        "unshare" => "util-linux",
+                        _ => "e2fsprogs",
                     }
                 )));
             }
@@ -289,7 +300,9 @@ impl VmDriver {
             (0, _) => cpus,
             (n, _) => n,
         };
+        let bases = Arc::new(base::Bases::new(&state_dir, opts.root_free_mib)?);
         let inner = Inner {
+            bases,
             boots: tokio::sync::Semaphore::new(slots),
             state_dir,
             opts,
@@ -583,9 +596,9 @@ impl HostDriver for Inner {
 
         let mut initramfs = std::fs::read(&self.assets.initramfs)
             .map_err(|e| internal("reading the shared initramfs", e))?;
-        initramfs.extend(assets::run_archive(
-            &guest::run_env(&rec.run_id, generation, &rec.name, self.opts.default_grace),
-            &guest::command_script(
+        let command = match &rec.spec.process {
+            Some(process) => guest::image_script(process, &run_env),
+            None => guest::command_script(
                 rec.spec
                     .env
                     .iter()
@@ -593,6 +606,17 @@ impl HostDriver for Inner {
                     .chain(&run_env),
                 &rec.spec.command,
             ),
+        };
+        initramfs.extend(assets::run_archive(
+            &guest::run_env(
+                &rec.run_id,
+                generation,
+                &rec.name,
+                self.opts.default_grace,
+                rec.spec.process.as_ref().map(|p| p.cwd.as_str()),
+            ),
+            &command,
+            rec.spec.process.as_ref().map(guest::process_env).as_deref(),
         ));
         std::fs::write(&paths.initramfs, initramfs)
             .map_err(|e| internal("writing the run's initramfs", e))?;
@@ -704,6 +728,7 @@ impl Inner {
             kernel: &self.assets.kernel,
             initramfs,
             disk: &paths.disk,
+            root: rec.spec.process.is_some().then_some(paths.root.as_path()),
             console_log: &paths.console_log,
             qmp_socket: &paths.qmp_socket,
             agent: &paths.agent,

@@ -383,6 +383,7 @@ mod tests {
                 memory_mib: 256,
                 cpus: 1,
                 image: String::new(),
+                process: None,
             },
             desired,
             run_id: "r".into(),

@@ -57,6 +57,9 @@ pub struct VmLaunch<'a> {
     pub kernel: &'a Path,
     pub initramfs: &'a Path,
     pub disk: &'a Path,
+    /// A sandbox of an image: its root disk (a qcow2 over the image's base), serial
+    /// `sbx-root` in the guest.
+    pub root: Option<&'a Path>,
     pub console_log: &'a Path,
     pub qmp_socket: &'a Path,
     /// The control channel's base path (ping, stop): FIFOs `<agent>.in` and `<agent>.out`.
@@ -140,6 +143,17 @@ impl VmLaunch<'_> {
             "-pidfile".into(),
             p(self.pidfile),
         ];
+        if let Some(root) = self.root {
+            args.extend([
+                "-drive".into(),
+                format!(
+                    "id=root,file={},format=qcow2,if=none,cache=writeback,discard=unmap",
+                    p(root)
+                ),
+                "-device".into(),
+                format!("virtio-blk-device,drive=root,serial={ROOT_SERIAL}"),
+            ]);
+        }
         if self.incoming {
             args.extend(["-S".into(), "-incoming".into(), "defer".into()]);
         }
@@ -193,6 +207,9 @@ impl VmLaunch<'_> {
         })
     }
 }
+
+/// The serial of a sandbox's root disk, by which the guest's init finds it.
+pub const ROOT_SERIAL: &str = "sbx-root";
 
 /// How many execs a VM runs at once: each has a virtio port of its own (`sbx.exec.<k>`), served
 /// by its own `sbx-agent` in the guest; more wait for one to be free. A forwarded connection
@@ -601,6 +618,7 @@ mod tests {
             kernel: p,
             initramfs: p,
             disk: Path::new("/state/disk.img"),
+            root: None,
             console_log: p,
             qmp_socket: Path::new("/state/qmp.sock"),
             agent: p,

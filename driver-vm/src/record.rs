@@ -3,6 +3,9 @@
 //! - `generation`: the generation marker, written (durably) before each launch from the
 //!   generation the gateway sent, and read back on every observation;
 //! - `disk.img`: the persistent disk (raw, ext4), `/sandbox` in the guest;
+//! - `root.qcow2`: a sandbox of an image: its root filesystem's changes, copy-on-write over
+//!   the image's base disk (`<state_dir>/bases/<hex>.ext4`, its backing file), kept until
+//!   delete;
 //! - `console.log`: the guest's console, appended across boots (the sandbox's log);
 //! - `qmp.sock`, `agent.in` + `agent.out` (FIFOs: the init's control channel), `exec-<k>.in` +
 //!   `exec-<k>.out` (FIFOs: the exec channels of the guest's `sbx-agent`s), `qemu.pid`,
@@ -35,6 +38,24 @@ pub struct VmSpec {
     pub memory_mib: u64,
     pub cpus: u32,
     pub image: String,
+    /// What runs when the sandbox has an image: the guest's root is the image's (its base
+    /// disk under `root.qcow2`). Absent: the busybox initramfs is the root and `command` runs.
+    #[serde(default)]
+    pub process: Option<GuestProcess>,
+}
+
+/// The main process of a sandbox of an image (see `sbx_host_kit::image_process`), as the
+/// guest runs it in the image's root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestProcess {
+    /// The image's manifest digest: the base disk is built from it.
+    pub digest: String,
+    pub args: Vec<String>,
+    /// `KEY=value`, in order.
+    pub env: Vec<String>,
+    pub cwd: String,
+    /// The image's User, resolved by the guest in its root's `/etc/passwd` at each start.
+    pub user: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +88,7 @@ pub struct VmPaths {
     pub dir: PathBuf,
     pub generation: PathBuf,
     pub disk: PathBuf,
+    pub root: PathBuf,
     pub console_log: PathBuf,
     pub qmp_socket: PathBuf,
     /// The exec agent's channel: QEMU's `pipe` chardev on `<agent>.in` (to the guest) and
@@ -89,6 +111,7 @@ impl VmPaths {
         VmPaths {
             generation: dir.join("generation"),
             disk: dir.join("disk.img"),
+            root: dir.join("root.qcow2"),
             console_log: dir.join("console.log"),
             qmp_socket: dir.join("qmp.sock"),
             agent: dir.join("agent"),
@@ -153,6 +176,7 @@ mod tests {
                 memory_mib: 256,
                 cpus: 1,
                 image: String::new(),
+                process: None,
             },
             desired: Desired::Running,
             run_id: "r1".into(),

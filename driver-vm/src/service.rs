@@ -8,13 +8,18 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::record::{RECORD_FORMAT, VmRecord, VmSpec};
+use std::path::Path;
+
+use super::base::Made;
+use super::record::{GuestProcess, RECORD_FORMAT, VmRecord, VmSpec};
 use super::{Inner, VmDriver, qemu};
 use sbx_driver_api::{
     ByteStream, DriverError, DriverStream, ExecInputStream, ForwardInputStream, pb,
 };
+use sbx_host_kit::image_process::image_process;
 use sbx_host_kit::service::HostService;
 use sbx_host_kit::{Desired, internal, lifecycle, validate_command};
+use sbx_images::ImageError;
 
 /// The least memory a guest boots with.
 const MIN_MEMORY_MIB: u64 = 128;
@@ -43,28 +48,8 @@ pub(super) fn validate_env_names<'a>(
 /// under a temporary name and renamed, so a killed driver never leaves half a disk.
 async fn make_disk(path: &std::path::Path, size_mib: u64) -> Result<(), DriverError> {
     let tmp = path.with_extension("img.tmp");
-    let run = |program: &str, args: Vec<String>| {
-        let program = program.to_string();
-        async move {
-            let out = tokio::process::Command::new(&program)
-                .args(&args)
-                .stdin(std::process::Stdio::null())
-                .output()
-                .await
-                .map_err(|e| internal(&format!("running {program}"), e))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(DriverError::Internal(format!(
-                    "{program} failed ({}): {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )))
-            }
-        }
-    };
     let tmp_s = tmp.display().to_string();
-    run(
+    run_tool(
         "qemu-img",
         vec![
             "create".into(),
@@ -76,7 +61,7 @@ async fn make_disk(path: &std::path::Path, size_mib: u64) -> Result<(), DriverEr
         ],
     )
     .await?;
-    run(
+    run_tool(
         "mkfs.ext4",
         vec![
             "-q".into(),
@@ -88,6 +73,25 @@ async fn make_disk(path: &std::path::Path, size_mib: u64) -> Result<(), DriverEr
     )
     .await?;
     std::fs::rename(&tmp, path).map_err(|e| internal("placing the disk image", e))
+}
+
+/// Runs a tool to its end: an error with its stderr when it fails.
+async fn run_tool(program: &str, args: Vec<String>) -> Result<(), DriverError> {
+    let out = tokio::process::Command::new(program)
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| internal(&format!("running {program}"), e))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(DriverError::Internal(format!(
+            "{program} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
 }
 
 // The kit's impl with pause and resume added (the kit's macro has no arm for them yet: its
@@ -117,7 +121,7 @@ impl HostService for VmDriver {
             cpu_limit: true,
             memory_limit: true,
             persistent_storage: true,
-            images: false,
+            images: self.inner.opts.images.is_some(),
             exec_stdin: true,
             exec_tty: true,
             copy: true,
@@ -213,8 +217,11 @@ async fn create(
     let id = lifecycle::create_id(&req)?;
     let run_env = sbx_host_kit::command::run_env(std::mem::take(&mut req.run_env))?;
     let spec = req.spec.unwrap_or_default();
-    validate_command("the spec", &spec.command, &spec.env)?;
-    validate_env_names("the spec", spec.env.keys())?;
+    let process = inner.image_process(&spec, &req.name)?;
+    if process.is_none() {
+        validate_command("the spec", &spec.command, &spec.env)?;
+        validate_env_names("the spec", spec.env.keys())?;
+    }
     // A guest has no network device: loopback only, and a policy is refused.
     sbx_network::requested(spec.network.as_ref(), None)?;
     let inner = inner.as_ref();
@@ -229,6 +236,11 @@ async fn create(
     if !paths.disk.exists() {
         make_disk(&paths.disk, inner.opts.disk_mib).await?;
     }
+    if let Some(p) = &process
+        && !paths.root.exists()
+    {
+        inner.make_root(p, &paths.root).await?;
+    }
     let resources = spec.resources.unwrap_or_default();
     let memory_mib = match resources.memory_bytes {
         0 => inner.opts.memory_mib,
@@ -236,12 +248,6 @@ async fn create(
     };
     let cpus = resources.cpu_millis.div_ceil(1000).max(1);
     let mut warnings = Vec::new();
-    if !spec.image.is_empty() {
-        warnings.push(format!(
-            "image {:?} ignored: the vm driver boots every guest from its busybox initramfs",
-            spec.image
-        ));
-    }
     if inner.assets.compressed_kernel {
         warnings.push(
             "the kernel boots from its compressed image (slower): no xz, zstd or gzip on the \
@@ -270,6 +276,7 @@ async fn create(
             memory_mib,
             cpus,
             image: spec.image,
+            process,
         },
         desired: Desired::Running,
         run_id: String::new(),
@@ -280,6 +287,87 @@ async fn create(
         paused: false,
     };
     lifecycle::first_run(inner, rec, req.generation, req.stopped, run_env).await
+}
+
+impl Inner {
+    /// What a sandbox of an image runs, from the spec's image (a manifest digest in the
+    /// gateway's image store); `None` for a spec without one, which boots the busybox
+    /// initramfs as its root.
+    fn image_process(
+        &self,
+        spec: &pb::SandboxSpec,
+        hostname: &str,
+    ) -> Result<Option<GuestProcess>, DriverError> {
+        if spec.image.is_empty() {
+            return Ok(None);
+        }
+        let Some(store) = &self.opts.images else {
+            return Err(DriverError::InvalidArgument(format!(
+                "image {}: this vm driver was opened without the gateway's image store; give \
+                 no image to boot the busybox initramfs",
+                spec.image
+            )));
+        };
+        let info = store.get(&spec.image).map_err(|e| match e {
+            ImageError::NotFound { .. } => DriverError::InvalidArgument(format!(
+                "image {} is not in the image store at {}",
+                spec.image,
+                store.root().display()
+            )),
+            other => DriverError::InvalidArgument(format!("image {}: {other}", spec.image)),
+        })?;
+        let p = image_process(&info.config, &spec.command, &spec.env, hostname);
+        let env = p.validate(&spec.image)?;
+        validate_env_names(
+            "the image's and the spec's environment",
+            env.iter().map(|(k, _)| k),
+        )?;
+        Ok(Some(GuestProcess {
+            digest: info.digest,
+            args: p.args,
+            env: p.env,
+            cwd: p.cwd,
+            user: p.user,
+        }))
+    }
+
+    /// The sandbox's root disk: a qcow2 whose backing file is the image's base (built first
+    /// when it is not there), made under a temporary name and renamed.
+    async fn make_root(&self, process: &GuestProcess, path: &Path) -> Result<(), DriverError> {
+        let Some(store) = self.opts.images.clone() else {
+            return Err(DriverError::FailedPrecondition(
+                "the sandbox has an image and the driver no image store".to_string(),
+            ));
+        };
+        let info = store.get(&process.digest).map_err(|e| {
+            DriverError::FailedPrecondition(format!("image {}: {e}", process.digest))
+        })?;
+        let bases = Arc::clone(&self.bases);
+        let started = std::time::Instant::now();
+        let (base, made) = tokio::task::spawn_blocking(move || bases.ensure(&store, &info))
+            .await
+            .map_err(|e| internal("the base disk's build", e))??;
+        if made == Made::Built {
+            tracing::info!(digest = %process.digest, took = ?started.elapsed(), base = %base.display(), "built an image's base disk");
+        }
+        let tmp = path.with_extension("qcow2.tmp");
+        run_tool(
+            "qemu-img",
+            vec![
+                "create".into(),
+                "-q".into(),
+                "-f".into(),
+                "qcow2".into(),
+                "-F".into(),
+                "raw".into(),
+                "-b".into(),
+                base.display().to_string(),
+                tmp.display().to_string(),
+            ],
+        )
+        .await?;
+        std::fs::rename(&tmp, path).map_err(|e| internal("placing the root disk", e))
+    }
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ pub mod agent;
 pub mod command;
 pub mod contract;
 pub mod feed;
+pub mod image_process;
 pub mod lifecycle;
 pub mod lock;
 pub mod logfile;

@@ -5,7 +5,9 @@
 #                      (shell assignments)
 #   /etc/sbx/command   the sandbox's command (env exports + exec of the quoted argv)
 # It loads the modules listed in /etc/sbx/modules (in order), mounts the persistent disk
-# (/dev/vda, ext4) at /sandbox, starts sbx-agent (exec: streamed output, stdin, a pty; copy
+# (/dev/vda, ext4) at /sandbox — and, for a sandbox of an image (SBX_ROOT_SERIAL and
+# SBX_WORKDIR in run.env), the image's root disk, where the command and execs then run —
+# starts sbx-agent (exec: streamed output, stdin, a pty; copy
 # and port-forward as commands run through exec) on each virtio port named sbx.exec.<k> and
 # answers ping/stop on the one named sbx.agent, runs the command
 # with its output on the console, and reports on the console, each on its own line:
@@ -40,11 +42,49 @@ hostname "$SBX_HOSTNAME"
 # Loopback: a server inside the sandbox is reachable from its other processes (and execs).
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
 
+# The persistent disk (/dev/vda); with an image, also its root disk, found by its serial
+# ($SBX_ROOT_SERIAL), the persistent disk being the other one.
+disks_wanted=1
+[ -n "${SBX_ROOT_SERIAL:-}" ] && disks_wanted=2
 waited=0
-until [ -b /dev/vda ]; do
-  waited=$((waited + 1)); [ "$waited" -le 100 ] || die "no disk /dev/vda"; sleep 0.1
+while :; do
+  data=""; rootdev=""; found=0
+  for b in /sys/block/vd*; do
+    [ -e "$b" ] || continue
+    found=$((found + 1))
+    if [ -n "${SBX_ROOT_SERIAL:-}" ] && [ "$(cat "$b/serial" 2>/dev/null)" = "$SBX_ROOT_SERIAL" ]; then
+      rootdev="/dev/${b##*/}"
+    elif [ -z "$data" ]; then
+      data="/dev/${b##*/}"
+    fi
+  done
+  [ "$found" -ge "$disks_wanted" ] && [ -b "$data" ] && { [ "$disks_wanted" = 1 ] || [ -b "$rootdev" ]; } && break
+  waited=$((waited + 1)); [ "$waited" -le 100 ] || die "no disks (found $found of $disks_wanted)"; sleep 0.1
 done
-mount -t ext4 /dev/vda /sandbox || die "cannot mount /dev/vda at /sandbox"
+mount -t ext4 "$data" /sandbox || die "cannot mount $data at /sandbox"
+
+# A sandbox of an image: its root disk at $root, with /proc, /sys, /dev (this guest's own,
+# in memory) and /sandbox in it, and the agent copied to /dev/.sbx; the command and every
+# exec run there (chroot). The mount points are made in the image's root when it lacks
+# them, as a container runtime does.
+root=""
+if [ -n "${SBX_ROOT_SERIAL:-}" ]; then
+  root=/sbx/root
+  mkdir -p "$root"
+  mount -t ext4 -o noinit_itable "$rootdev" "$root" || die "cannot mount the root disk $rootdev"
+  for d in proc sys dev sandbox; do
+    [ -d "$root/$d" ] || mkdir -p "$root/$d" || die "cannot make /$d in the image's root"
+  done
+  mount -t proc proc "$root/proc"
+  mount -t sysfs sys "$root/sys"
+  mount -t devtmpfs dev "$root/dev"
+  mkdir -p "$root/dev/pts" "$root/dev/shm" /dev/.sbx
+  mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts "$root/dev/pts"
+  mount -t tmpfs -o mode=1777 shm "$root/dev/shm"
+  mount --bind /sandbox "$root/sandbox"
+  cp /bin/sbx-agent /dev/.sbx/sbx-agent || die "cannot place the agent"
+  chmod 0755 /dev/.sbx/sbx-agent
+fi
 
 stopping=0
 child=""
@@ -80,7 +120,12 @@ port_named() {
 if port_named "sbx.exec.$((SBX_EXEC_CHANNELS - 1))" > /dev/null; then
   for p in /sys/class/virtio-ports/*; do
     case "$(cat "$p/name" 2>/dev/null)" in
-      sbx.exec.*) ( cd /sandbox && exec /bin/sbx-agent serve-port "/dev/${p##*/}" < /dev/null > /dev/ttyS0 2>&1 ) & ;;
+      sbx.exec.*)
+        if [ -n "$root" ]; then
+          ( . /etc/sbx/process.env; exec /bin/chroot "$root" /dev/.sbx/sbx-agent serve-port "/dev/${p##*/}" --workdir "$SBX_WORKDIR" < /dev/null > /dev/ttyS0 2>&1 ) &
+        else
+          ( cd /sandbox && exec /bin/sbx-agent serve-port "/dev/${p##*/}" < /dev/null > /dev/ttyS0 2>&1 ) &
+        fi ;;
     esac
   done
 else
@@ -120,5 +165,10 @@ fi
 say "exit $code"
 cd /
 sync
+if [ -n "$root" ]; then
+  umount "$root/sandbox" 2>/dev/null
+  for m in dev/shm dev/pts dev proc sys; do umount -l "$root/$m" 2>/dev/null; done
+  umount "$root" 2>/dev/null || mount -o remount,ro "$root"
+fi
 umount /sandbox 2>/dev/null || { sync; mount -o remount,ro /sandbox; }
 reboot -f

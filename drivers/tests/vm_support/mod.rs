@@ -37,7 +37,21 @@ impl VmEnv {
     }
 
     pub async fn open(&self) -> VmDriver {
-        VmDriver::open(self.state.path().to_path_buf(), options())
+        self.open_with(options()).await
+    }
+
+    /// A driver with `images` as its image store.
+    pub async fn open_with_images(&self, images: sbx_drivers::image::ImageStore) -> VmDriver {
+        self.open_with(VmDriverOptions {
+            images: Some(images),
+            root_free_mib: 256,
+            ..options()
+        })
+        .await
+    }
+
+    pub async fn open_with(&self, opts: VmDriverOptions) -> VmDriver {
+        VmDriver::open(self.state.path().to_path_buf(), opts)
             .await
             .unwrap_or_else(|e| {
                 panic!("the vm driver did not open (CI installs qemu-system-x86, qemu-utils, linux-image-amd64, busybox-static): {e}")
@@ -57,4 +71,10 @@ impl VmEnv {
         }
         assert!(left.is_empty(), "vms left running: {left:?}");
     }
+}
+
+/// The static busybox the image tests import (Debian's busybox-static).
+pub fn busybox() -> PathBuf {
+    sbx_drivers::find_static_busybox(None, &sbx_drivers::BUSYBOX_PATHS)
+        .expect("these tests need busybox-static")
 }

@@ -1,0 +1,292 @@
+//! An image's base disk: its layers as one read-only ext4 filesystem, built once per manifest
+//! digest at `<state_dir>/bases/<hex>.ext4`, the backing file of every sandbox's root disk
+//! (`root.qcow2`, copy-on-write) of that image.
+//!
+//! **Why ext4 made by `mkfs.ext4 -d`** (e2fsprogs): the guest's kernel already mounts ext4
+//! for `/sandbox`, so no module is added; `-d` fills the filesystem from a directory in one
+//! pass, with owners, modes, hard links, devices and timestamps; the root is read-write in
+//! the guest through its qcow2 layer, which erofs and squashfs (read-only filesystems) would
+//! need an overlay in the guest for. The file is sparse: its free space (`free_mib`, room
+//! for what the sandbox writes to its root) costs nothing until written, and then only in
+//! the sandbox's own qcow2.
+//!
+//! **How.** The layers are unpacked in the image store with their owners shifted to the
+//! store's id map (host uid 200000 + N). In a mount namespace of its own (nothing is seen by
+//! the host, and the mount goes when the build ends, however it ends), the build mounts them
+//! as one read-only overlay (whiteouts applied, as a container sees them) and runs
+//! `mkfs.ext4 -d` on it inside a user namespace mapping the store's ids back to 0..65536: what
+//! mkfs reads as each file's owner is then the image's own, so the disk holds the image's
+//! uids, not the host's. Both the overlay and the disk file are handed to it as descriptors
+//! (`/proc/self/fd/N`), so nothing in the driver's private state directory is walked by it.
+//!
+//! **Never half-used.** The disk is built under a temporary name, checked with `e2fsck -fn`,
+//! synced and renamed into place; a build killed halfway leaves only a temporary file, which
+//! the next build of any image removes. A base is checked again (`e2fsck -fn`) the first time
+//! a driver process uses it; one missing or damaged is built anew from the layers (sandboxes
+//! already made on a damaged base keep it: their roots were on it).
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+use nix::fcntl::{Flock, FlockArg};
+
+use sbx_driver_api::DriverError;
+use sbx_host_kit::{internal, locked};
+use sbx_images::{IdMap, ImageInfo, ImageStore};
+
+/// The bases of one driver, and which were checked by this process.
+#[derive(Debug)]
+pub struct Bases {
+    dir: PathBuf,
+    checked: Mutex<HashSet<String>>,
+    /// Free space in a new base, in MiB.
+    free_mib: u64,
+}
+
+/// What a build took, for logs and the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Made {
+    /// The base was there and sound.
+    Found,
+    /// It was built now (first use of the image, or the old one was damaged).
+    Built,
+}
+
+impl Bases {
+    pub fn new(state_dir: &Path, free_mib: u64) -> Result<Bases, DriverError> {
+        let dir = state_dir.join("bases");
+        std::fs::create_dir_all(&dir).map_err(|e| internal("making the bases directory", e))?;
+        Ok(Bases {
+            dir,
+            checked: Mutex::new(HashSet::new()),
+            free_mib,
+        })
+    }
+
+    /// Where the base of the image with this manifest digest is.
+    pub fn path(&self, digest: &str) -> PathBuf {
+        let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+        self.dir.join(format!("{hex}.ext4"))
+    }
+
+    /// The image's base, built first when it is missing or damaged. Blocking (seconds for a
+    /// large image): call it off the async threads. Builds of one image wait for each other.
+    pub fn ensure(
+        &self,
+        store: &ImageStore,
+        info: &ImageInfo,
+    ) -> Result<(PathBuf, Made), DriverError> {
+        let path = self.path(&info.digest);
+        if locked(&self.checked).contains(&info.digest) && path.is_file() {
+            return Ok((path, Made::Found));
+        }
+        let lock_path = path.with_extension("lock");
+        let lock_file = File::create(&lock_path).map_err(|e| internal("the base's lock", e))?;
+        let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
+            .map_err(|(_, e)| internal("locking the base", e))?;
+        if path.is_file() {
+            match fsck(&path) {
+                Ok(()) => {
+                    locked(&self.checked).insert(info.digest.clone());
+                    return Ok((path, Made::Found));
+                }
+                Err(why) => {
+                    tracing::warn!(base = %path.display(), %why, "a damaged base disk is built again");
+                }
+            }
+        }
+        self.remove_leftovers();
+        let tmp = self
+            .dir
+            .join(format!("tmp-{}.ext4", uuid::Uuid::new_v4().simple()));
+        let built = self.build(store, info, &tmp);
+        if let Err(e) = built {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| internal("placing the base disk", e))?;
+        if let Ok(dir) = File::open(&self.dir) {
+            let _ = dir.sync_all();
+        }
+        locked(&self.checked).insert(info.digest.clone());
+        Ok((path, Made::Built))
+    }
+
+    /// Temporary files and mount points of builds that did not finish (a driver killed
+    /// mid-build). Only while holding some base's lock: another build may be under way for
+    /// another image, so only what is older than an hour goes.
+    fn remove_leftovers(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t < hour_ago);
+            if old && name.starts_with("tmp-") {
+                let _ = std::fs::remove_file(entry.path());
+                let _ = std::fs::remove_dir(entry.path());
+            }
+        }
+    }
+
+    fn build(&self, store: &ImageStore, info: &ImageInfo, tmp: &Path) -> Result<(), DriverError> {
+        let layers = store.layer_dirs(info);
+        let (bytes, entries) = measure(&layers);
+        // The filesystem's own overhead (inode tables, journal, directories) on top of the
+        // files, then the free space; sparse, so only what mkfs writes takes room.
+        let size = bytes + bytes / 5 + entries * 512 + (64 << 20) + (self.free_mib << 20);
+        let size = size.div_ceil(1 << 20) << 20;
+        let inodes = entries + 65_536;
+        let file = File::create(tmp).map_err(|e| internal("making the base disk", e))?;
+        file.set_len(size)
+            .map_err(|e| internal("sizing the base disk", e))?;
+        let ids = store.idmap();
+        // mkfs runs as the store's root (in its user namespace): the file must be that
+        // user's to open again through /proc/self/fd.
+        nix::unistd::chown(
+            tmp,
+            Some(nix::unistd::Uid::from_raw(ids.host_uid)),
+            Some(nix::unistd::Gid::from_raw(ids.host_gid)),
+        )
+        .map_err(|e| internal("handing the base disk to the build", e))?;
+        drop(file);
+        let mountpoint = self
+            .dir
+            .join(format!("tmp-mnt-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir(&mountpoint).map_err(|e| internal("making a mount point", e))?;
+        let empty = self.dir.join("empty");
+        std::fs::create_dir_all(&empty).map_err(|e| internal("making an empty layer", e))?;
+        let result = run_mkfs(&layers, &empty, &mountpoint, tmp, ids, inodes);
+        let _ = std::fs::remove_dir(&mountpoint);
+        result?;
+        fsck(tmp).map_err(|why| {
+            DriverError::Internal(format!(
+                "the base disk of image {} failed its check after the build: {why}",
+                info.digest
+            ))
+        })?;
+        File::open(tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| internal("syncing the base disk", e))
+    }
+}
+
+/// The bytes the layers' files take and how many entries they hold (an upper bound of the
+/// merged tree's: a file replaced in a higher layer counts twice).
+fn measure(layers: &[PathBuf]) -> (u64, u64) {
+    let (mut bytes, mut entries) = (0u64, 0u64);
+    let mut stack: Vec<PathBuf> = layers.to_vec();
+    // Bounded by the layers' own size: each entry is visited once.
+    while let Some(dir) = stack.pop() {
+        let Ok(read) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in read.flatten() {
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            entries += 1;
+            bytes += meta.blocks() * 512;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    (bytes, entries)
+}
+
+/// The build itself: the overlay in a mount namespace of its own, mkfs in a user namespace
+/// that maps the store's ids back (see the module docs).
+fn run_mkfs(
+    layers: &[PathBuf],
+    empty: &Path,
+    mountpoint: &Path,
+    disk: &Path,
+    ids: IdMap,
+    inodes: u64,
+) -> Result<(), DriverError> {
+    // Highest first, as overlayfs lists them, by name relative to the layers' directory (the
+    // mount options fit a page); an empty one last, so that one layer is an overlay too.
+    let Some(parent) = layers.first().and_then(|l| l.parent()) else {
+        return Err(DriverError::InvalidArgument(
+            "the image has no layers".to_string(),
+        ));
+    };
+    let mut lower: Vec<String> = layers
+        .iter()
+        .rev()
+        .map(|l| {
+            l.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    lower.push(empty.display().to_string());
+    let users = format!("{},0,{}", ids.host_uid, ids.size);
+    let groups = format!("{},0,{}", ids.host_gid, ids.size);
+    const SCRIPT: &str = r#"set -e
+cd "$1"
+mount -t overlay -o "ro,lowerdir=$2" sbx-base "$3"
+exec 3< "$3"
+exec 4<> "$4"
+cd /
+exec unshare --user --map-users="$5" --map-groups="$6" --setuid 0 --setgid 0 \
+  mkfs.ext4 -q -F -L root -N "$7" -E lazy_itable_init=1,lazy_journal_init=1 \
+  -d /proc/self/fd/3 /proc/self/fd/4
+"#;
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            SCRIPT,
+            "sh",
+        ])
+        .arg(parent)
+        .arg(lower.join(":"))
+        .arg(mountpoint)
+        .arg(disk)
+        .arg(users)
+        .arg(groups)
+        .arg(inodes.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| internal("running unshare for the base disk's build", e))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(DriverError::Internal(format!(
+            "building the base disk failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// `e2fsck -fn`: a full check that changes nothing.
+fn fsck(disk: &Path) -> Result<(), String> {
+    let out = Command::new("e2fsck")
+        .args(["-f", "-n"])
+        .arg(disk)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running e2fsck: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let text = String::from_utf8_lossy(&out.stdout);
+        let tail: String = text.lines().rev().take(3).collect::<Vec<_>>().join("; ");
+        Err(format!("e2fsck -fn said {} ({tail})", out.status))
+    }
+}
