@@ -27,6 +27,7 @@ const MODULES: &[&str] = &[
     "crc32c_generic",
     "ext4",
     "virtio_console",
+    "virtio_net",
     "button",
     "evdev",
 ];

@@ -80,7 +80,8 @@ pub fn image_script<'a>(
 }
 
 /// `/etc/sbx/run.env`: what this run of the guest is.
-/// With `workdir` (a sandbox of an image: its WorkingDir), the guest mounts the image's root
+/// With `network` (address, gateway) the guest sets up its NIC and names the gateway's
+/// resolver in `/etc/resolv.conf`. With `workdir` (a sandbox of an image: its WorkingDir), the guest mounts the image's root
 /// disk and runs everything in it, execs starting there.
 pub fn run_env(
     run_id: &str,
@@ -88,6 +89,7 @@ pub fn run_env(
     hostname: &str,
     grace: Duration,
     workdir: Option<&str>,
+    network: Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)>,
 ) -> String {
     let mut text = format!(
         "SBX_RUN_ID={}\nSBX_GENERATION={generation}\nSBX_HOSTNAME={}\nSBX_GRACE={}\n\
@@ -97,6 +99,9 @@ pub fn run_env(
         grace.as_secs().max(1),
         super::qemu::EXEC_CHANNELS
     );
+    if let Some((address, gateway)) = network {
+        text.push_str(&format!("SBX_NET_ADDR={address}\nSBX_NET_GW={gateway}\n"));
+    }
     if let Some(dir) = workdir {
         text.push_str(&format!(
             "SBX_ROOT_SERIAL={}\nSBX_WORKDIR={}\n",

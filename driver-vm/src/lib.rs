@@ -137,6 +137,9 @@ pub struct VmDriverOptions {
     /// Free space in an image's base disk: what a sandbox can add to its root filesystem
     /// (sparse: it costs the host nothing until written).
     pub root_free_mib: u64,
+    /// The gateway's sandbox network: a sandbox with a policy gets a tap in its namespace
+    /// (see `sbx_network::guest`) and its address; `None`: loopback only.
+    pub network: Option<Arc<sbx_network::Network>>,
     /// How long a boot may take until the guest says its command runs (counted from when
     /// the boot gets its slot, see `max_parallel_boots`).
     pub boot_timeout: Duration,
@@ -161,6 +164,7 @@ impl Default for VmDriverOptions {
             disk_mib: 256,
             images: None,
             root_free_mib: 2048,
+            network: None,
             boot_timeout: Duration::from_secs(45),
             max_parallel_boots: 0,
             default_grace: Duration::from_secs(5),
@@ -294,6 +298,14 @@ impl VmDriver {
         })
         .await
         .map_err(|e| internal("finding the vms", e))??;
+        // The table still holds every attached sandbox's list; the resolver is told them
+        // again, so the names they may resolve still resolve.
+        sbx_host_kit::sandbox_network::restore(
+            opts.network.as_ref(),
+            found
+                .values()
+                .map(|r| (r.sandbox_id, r.network_allow.as_ref())),
+        );
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let slots = match (opts.max_parallel_boots, accel) {
             (0, Accel::Kvm) => 4 * cpus,
@@ -510,6 +522,17 @@ impl HostDriver for Inner {
         Duration::ZERO
     }
 
+    /// The sandbox's namespace (its tap and veth), rules and address lease go with it.
+    async fn before_removal(&self, rec: &VmRecord) -> Result<(), DriverError> {
+        sbx_host_kit::sandbox_network::release(
+            self.opts.network.as_ref(),
+            rec.sandbox_id,
+            rec.network_allow.as_ref(),
+            "vm",
+        )
+        .await
+    }
+
     fn forget(&self, id: Uuid) {
         locked(&self.finished).remove(&id);
         self.exec_channels.remove(id);
@@ -566,7 +589,14 @@ impl HostDriver for Inner {
             }
         };
         let instance = rec.qemu.map(|identity| format!("qemu {identity}"));
-        observed.into_snapshot(rec, generation, instance, warnings)
+        let mut snapshot = observed.into_snapshot(rec, generation, instance, warnings);
+        sbx_host_kit::sandbox_network::note_denials(
+            self.opts.network.as_ref(),
+            rec.sandbox_id,
+            rec.network_allow.as_ref(),
+            &mut snapshot,
+        );
+        snapshot
     }
 
     /// Boots the VM under `generation`: the marker and the record (desired running, a new run)
@@ -594,6 +624,7 @@ impl HostDriver for Inner {
         self.records.save(&rec)?;
         pause::remove_saved(&paths);
 
+        let attached = self.attach(&rec).await?;
         let mut initramfs = std::fs::read(&self.assets.initramfs)
             .map_err(|e| internal("reading the shared initramfs", e))?;
         let command = match &rec.spec.process {
@@ -614,6 +645,7 @@ impl HostDriver for Inner {
                 &rec.name,
                 self.opts.default_grace,
                 rec.spec.process.as_ref().map(|p| p.cwd.as_str()),
+                attached.as_ref().map(|a| (a.address, a.gateway)),
             ),
             &command,
             rec.spec.process.as_ref().map(guest::process_env).as_deref(),
@@ -630,7 +662,14 @@ impl HostDriver for Inner {
                     .map_err(|e| internal("waiting for a boot slot", e))?
             }
         };
-        let launch = self.launch_of(id, &rec, &paths, &paths.initramfs, false);
+        let launch = self.launch_of(
+            id,
+            &rec,
+            &paths,
+            &paths.initramfs,
+            false,
+            attached.as_ref().map(|a| a.netns_path.as_path()),
+        );
         let launched = launch.launch().await;
         // QEMU read the initramfs into memory at start (and copies it from there on a reset):
         // the run's own variables (credentials) leave the disk.
@@ -711,6 +750,29 @@ impl HostDriver for Inner {
 }
 
 impl Inner {
+    /// The sandbox's place on the gateway's network (its namespace, tap, filters, address
+    /// and policy; made when missing, kept when whole), or `None` for loopback only.
+    async fn attach(&self, rec: &VmRecord) -> Result<Option<sbx_network::Attachment>, DriverError> {
+        let Some(allow) = &rec.network_allow else {
+            return Ok(None);
+        };
+        let Some(net) = &self.opts.network else {
+            return Err(DriverError::FailedPrecondition(format!(
+                "sandbox {} was made on the gateway's network with an egress policy, and this \
+                 sbxd has no network: start sbxd with the same --network-cidr and --network-name",
+                rec.sandbox_id
+            )));
+        };
+        let entries = sbx_network::parse_allowlist(allow)
+            .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+        let (net, id) = (Arc::clone(net), rec.sandbox_id);
+        let attached = tokio::task::spawn_blocking(move || net.attach_guest(id, &entries))
+            .await
+            .map_err(|e| internal("attaching the sandbox's network", e))?
+            .map_err(|e| DriverError::Unavailable(format!("the sandbox's network: {e}")))?;
+        Ok(Some(attached))
+    }
+
     /// How QEMU is launched for sandbox `id`: booting from `initramfs`, or (`incoming`)
     /// stopped, waiting to load a paused VM's saved state.
     fn launch_of<'a>(
@@ -720,6 +782,7 @@ impl Inner {
         paths: &'a VmPaths,
         initramfs: &'a Path,
         incoming: bool,
+        netns: Option<&'a Path>,
     ) -> qemu::VmLaunch<'a> {
         qemu::VmLaunch {
             qemu: &self.qemu,
@@ -729,6 +792,7 @@ impl Inner {
             initramfs,
             disk: &paths.disk,
             root: rec.spec.process.is_some().then_some(paths.root.as_path()),
+            net: netns.map(|ns| (ns, sbx_network::guest::guest_mac(id))),
             console_log: &paths.console_log,
             qmp_socket: &paths.qmp_socket,
             agent: &paths.agent,

@@ -143,7 +143,15 @@ impl Inner {
         } else {
             self.assets.initramfs.as_path()
         };
-        let launch = self.launch_of(id, &rec, &paths, initramfs, true);
+        let attached = self.attach(&rec).await?;
+        let launch = self.launch_of(
+            id,
+            &rec,
+            &paths,
+            initramfs,
+            true,
+            attached.as_ref().map(|a| a.netns_path.as_path()),
+        );
         let identity = launch.launch().await.map_err(|e| kept(id, e))?;
         // Still paused until it is recorded running: a terminate below ends this QEMU.
         let loading = VmRecord {
@@ -395,6 +403,7 @@ mod tests {
             }),
             warnings: vec![],
             paused,
+            network_allow: None,
         }
     }
 

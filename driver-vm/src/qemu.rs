@@ -60,6 +60,9 @@ pub struct VmLaunch<'a> {
     /// A sandbox of an image: its root disk (a qcow2 over the image's base), serial
     /// `sbx-root` in the guest.
     pub root: Option<&'a Path>,
+    /// On the gateway's network: QEMU runs in the sandbox's namespace (`nsenter`) and its NIC
+    /// (this MAC) is on the namespace's tap (`sbx_network::guest`).
+    pub net: Option<(&'a Path, String)>,
     pub console_log: &'a Path,
     pub qmp_socket: &'a Path,
     /// The control channel's base path (ping, stop): FIFOs `<agent>.in` and `<agent>.out`.
@@ -154,6 +157,17 @@ impl VmLaunch<'_> {
                 format!("virtio-blk-device,drive=root,serial={ROOT_SERIAL}"),
             ]);
         }
+        if let Some((_, mac)) = &self.net {
+            args.extend([
+                "-netdev".into(),
+                format!(
+                    "tap,id=net0,ifname={},script=no,downscript=no",
+                    sbx_network::guest::TAP
+                ),
+                "-device".into(),
+                format!("virtio-net-device,netdev=net0,mac={mac}"),
+            ]);
+        }
         if self.incoming {
             args.extend(["-S".into(), "-incoming".into(), "defer".into()]);
         }
@@ -181,7 +195,19 @@ impl VmLaunch<'_> {
             nix::unistd::mkfifo(&end, nix::sys::stat::Mode::from_bits_truncate(0o600))
                 .map_err(|e| DriverError::Internal(format!("mkfifo {}: {e}", end.display())))?;
         }
-        let output = tokio::process::Command::new(self.qemu)
+        // In the sandbox's network namespace, when it has one: nsenter enters it and becomes
+        // QEMU (no fork), so the pidfile's process is QEMU's either way.
+        let mut command = match &self.net {
+            Some((netns, _)) => {
+                let mut c = tokio::process::Command::new("nsenter");
+                c.arg(format!("--net={}", netns.display()))
+                    .arg("--")
+                    .arg(self.qemu);
+                c
+            }
+            None => tokio::process::Command::new(self.qemu),
+        };
+        let output = command
             .args(self.args())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
@@ -619,6 +645,7 @@ mod tests {
             initramfs: p,
             disk: Path::new("/state/disk.img"),
             root: None,
+            net: None,
             console_log: p,
             qmp_socket: Path::new("/state/qmp.sock"),
             agent: p,

@@ -79,6 +79,19 @@ pub struct VmRecord {
     /// Absent in records older than pausing: false.
     #[serde(default)]
     pub paused: bool,
+    /// On the gateway's network with this egress allowlist (entries as the spec gave them);
+    /// `None`: loopback only. Absent in records older than the vm's network: none.
+    #[serde(default)]
+    pub network_allow: Option<Vec<String>>,
+}
+
+impl sbx_host_kit::sandbox_network::NetworkedRecord for VmRecord {
+    fn network_allow(&self) -> Option<&Vec<String>> {
+        self.network_allow.as_ref()
+    }
+    fn set_network_allow(&mut self, allow: Option<Vec<String>>) {
+        self.network_allow = allow;
+    }
 }
 
 host_record!(VmRecord, RECORD_FORMAT);
@@ -188,6 +201,7 @@ mod tests {
             }),
             warnings: vec![],
             paused: true,
+            network_allow: Some(vec!["example.com:443".into()]),
         };
         write_record(&paths, &record).unwrap();
         assert_eq!(read_record(&paths).unwrap(), record);

@@ -106,13 +106,33 @@ sbx_host_kit::host_compute_driver!(@impl VmDriver, create {
         let inner = Arc::clone(&self.inner);
         lifecycle::detach(async move { inner.resume(req).await }).await
     }
+
+    async fn update_network(
+        &self,
+        req: pb::UpdateNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move {
+            let network = inner.opts.network.as_ref();
+            sbx_host_kit::sandbox_network::update(&inner.records, network, req).await
+        })
+        .await
+    }
+
+    async fn get_network(
+        &self,
+        req: pb::GetNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        let network = self.inner.opts.network.as_ref();
+        sbx_host_kit::sandbox_network::get(&self.inner.records, network, req).await
+    }
 });
 
 #[async_trait]
 impl HostService for VmDriver {
     async fn capabilities(&self) -> Result<pb::CapabilitiesResponse, DriverError> {
         Ok(pb::CapabilitiesResponse {
-            network: false,
+            network: self.inner.opts.network.is_some(),
             driver: "vm".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             exec: true,
@@ -131,13 +151,21 @@ impl HostService for VmDriver {
             stats: true,
             pause: true,
             isolation: format!(
-                "QEMU microVM ({}), its own kernel ({}); a persistent ext4 disk at /sandbox; \
-                 no network",
+                "QEMU microVM ({}), its own kernel ({}); {}a persistent ext4 disk at \
+                 /sandbox; {}",
                 match self.inner.accel {
                     qemu::Accel::Kvm => "KVM",
                     _ => "TCG emulation",
                 },
-                self.inner.assets.kernel_version
+                self.inner.assets.kernel_version,
+                match self.inner.opts.images {
+                    Some(_) => "the image's root filesystem on a copy-on-write disk; ",
+                    None => "",
+                },
+                match self.inner.opts.network {
+                    Some(_) => "a NIC on a tap that passes only its own address and MAC",
+                    None => "no network",
+                }
             ),
         })
     }
@@ -193,6 +221,13 @@ impl HostService for VmDriver {
         {
             (out.running, out.cpu_nanos, out.memory_bytes) = (true, cpu_nanos, rss);
         }
+        // What crossed its link (the veth into the bridge), as for any networked sandbox.
+        if record.network_allow.is_some()
+            && let Some(network) = &self.inner.opts.network
+            && let Some((rx, tx)) = sbx_host_kit::usage::link_traffic(&network.host_link(id))
+        {
+            (out.has_network, out.network_rx_bytes, out.network_tx_bytes) = (true, rx, tx);
+        }
         let disk = super::record::VmPaths::new(&self.inner.state_dir, id).disk;
         if let Ok(meta) = std::fs::symlink_metadata(&disk)
             && meta.is_file()
@@ -222,8 +257,8 @@ async fn create(
         validate_command("the spec", &spec.command, &spec.env)?;
         validate_env_names("the spec", spec.env.keys())?;
     }
-    // A guest has no network device: loopback only, and a policy is refused.
-    sbx_network::requested(spec.network.as_ref(), None)?;
+    // On the gateway's network (a tap in the sandbox's namespace) or loopback only.
+    let network_allow = sbx_network::requested(spec.network.as_ref(), inner.opts.network.as_ref())?;
     let inner = inner.as_ref();
     let _serialised = inner.records.lock(id).await;
     if let Some(existing) = inner.records.get(id) {
@@ -285,6 +320,7 @@ async fn create(
         qemu: None,
         warnings,
         paused: false,
+        network_allow,
     };
     lifecycle::first_run(inner, rec, req.generation, req.stopped, run_env).await
 }

@@ -275,11 +275,12 @@ const SIM: DriverFactory = DriverFactory {
 
 const VM: DriverFactory = DriverFactory {
     name: "vm",
-    about: "QEMU microVMs with a persistent disk at /sandbox (see the --vm-* flags); they \
-            outlive sbxd and are re-attached after a restart. Needs qemu-system-x86, \
-            qemu-utils, e2fsprogs, a kernel (linux-image-amd64) and busybox-static.",
+    about: "QEMU microVMs booted from the sandbox's image (its root filesystem kept until \
+            delete) with a persistent disk at /sandbox (see the --vm-* flags); they outlive \
+            sbxd and are re-attached after a restart. Needs qemu-system-x86, qemu-utils, \
+            e2fsprogs, a kernel (linux-image-amd64) and busybox-static.",
     needs_state_dir: true,
-    needs_images: false,
+    needs_images: true,
     hint: " (see sbxd serve --help for the --vm-* flags)",
     // It answers once it has prepared the guest's kernel and initramfs (seconds, the first
     // time) and, with `--vm-accel auto`, probed KVM with a throwaway boot (up to 20 s).
@@ -290,6 +291,8 @@ const VM: DriverFactory = DriverFactory {
             let settings = &ctx.settings;
             let defaults = VmDriverOptions::default();
             let opts = VmDriverOptions {
+                images: Some(ctx.images("vm")?),
+                network: settings.oci.open_network(&state_dir).await?,
                 default_grace: or_default(settings.default_grace, defaults.default_grace),
                 poll_interval: or_default(settings.poll_interval, defaults.poll_interval),
                 ..settings.vm.driver_options()
@@ -299,7 +302,16 @@ const VM: DriverFactory = DriverFactory {
             Ok(Arc::new(driver) as Arc<dyn ComputeDriver>)
         })
     },
-    host_flags: |ctx| ctx.settings.vm.to_flags(),
+    host_flags: |ctx| {
+        let mut flags: Vec<OsString> = Vec::new();
+        if let Some(images) = &ctx.images {
+            flags.push("--image-store".into());
+            flags.push(images.root().into());
+        }
+        flags.extend(ctx.settings.oci.network_flags());
+        flags.extend(ctx.settings.vm.to_flags());
+        flags
+    },
 };
 
 /// The example driver (`sbx_driver_example`), in this crate's tests only.

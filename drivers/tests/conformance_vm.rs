@@ -13,14 +13,40 @@ use sbx_drivers::conformance::DriverHarness;
 use sbx_drivers::{ComputeDriver, pb};
 use vm_support::VmEnv;
 
+/// The vm driver with an image store holding the busybox image, which every sandbox of the
+/// suite runs as its root (the guest's init mounts it, and the command and execs run there).
 struct VmHarness {
     env: VmEnv,
+    _store_dir: tempfile::TempDir,
+    images: sbx_drivers::image::ImageStore,
+    image: String,
+}
+
+impl VmHarness {
+    fn new() -> VmHarness {
+        let store_dir = tempfile::tempdir().expect("temp dir");
+        let images = sbx_drivers::image::ImageStore::open(
+            store_dir.path().join("images"),
+            sbx_drivers::image::IdMap::default(),
+        )
+        .expect("an image store");
+        let image = images
+            .import_busybox(&vm_support::busybox(), "sbx.local/busybox:latest")
+            .expect("the busybox image")
+            .digest;
+        VmHarness {
+            env: VmEnv::new(),
+            _store_dir: store_dir,
+            images,
+            image,
+        }
+    }
 }
 
 #[async_trait]
 impl DriverHarness for VmHarness {
     async fn open(&self) -> Arc<dyn ComputeDriver> {
-        Arc::new(self.env.open().await)
+        Arc::new(self.env.open_with_images(self.images.clone()).await)
     }
 
     async fn kill(&self, driver: Arc<dyn ComputeDriver>) {
@@ -30,6 +56,7 @@ impl DriverHarness for VmHarness {
     fn long_running_spec(&self) -> pb::SandboxSpec {
         pb::SandboxSpec {
             command: vec!["sleep".into(), "3600".into()],
+            image: self.image.clone(),
             ..Default::default()
         }
     }
@@ -49,7 +76,7 @@ impl DriverHarness for VmHarness {
 // state saved only the driver's open, which with the asset cache is milliseconds.
 sbx_drivers::conformance_suite! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    harness: VmHarness { env: VmEnv::new() },
+    harness: VmHarness::new(),
     after_each: |h| h.env.assert_no_vm_left(),
 }
 
@@ -65,7 +92,7 @@ async fn vm_forwards_more_connections_than_exec_channels() {
 
     const CONNECTIONS: usize = 20;
     const PORT: u32 = 7777;
-    let h = VmHarness { env: VmEnv::new() };
+    let h = VmHarness::new();
     let driver = h.open().await;
     let began = std::time::Instant::now();
     let created = driver

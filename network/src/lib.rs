@@ -22,6 +22,7 @@
 //!   and port, with a packet count), and names refused from the resolver.
 
 pub mod fixtures;
+pub mod guest;
 pub mod link;
 pub mod nft;
 pub mod policy;
@@ -424,28 +425,7 @@ impl Network {
             .map(|out| out.contains(&format!(" {address}/32 ")))
             .unwrap_or(false);
         if !configured {
-            let host_end = Self::veth_name(id);
-            if link::link_exists(&host_end) {
-                link::ip(&["link", "delete", "dev", &host_end])?;
-            }
-            let _ = link::ip_in(&ns, &["link", "delete", "dev", "eth0"]);
-            link::ip(&[
-                "link", "add", "name", &host_end, "type", "veth", "peer", "name", "eth0", "netns",
-                &ns,
-            ])?;
-            link::ip(&["link", "set", "dev", &host_end, "master", self.bridge()])?;
-            link::ip(&[
-                "link",
-                "set",
-                "dev",
-                &host_end,
-                "type",
-                "bridge_slave",
-                "isolated",
-                "on",
-            ])?;
-            link::ip(&["link", "set", "dev", &host_end, "up"])?;
-            link::ip_in(&ns, &["link", "set", "dev", "lo", "up"])?;
+            self.make_veth(id, &ns)?;
             link::ip_in(
                 &ns,
                 &["addr", "add", &format!("{address}/32"), "dev", "eth0"],
@@ -481,6 +461,33 @@ impl Network {
             gateway,
             netns_path: Path::new("/run/netns").join(ns),
         })
+    }
+
+    /// The veth of `id` (made again when one was there): its host end in the bridge,
+    /// isolated from the other ports, and up; `eth0` in `ns`; `ns`'s loopback up.
+    fn make_veth(&self, id: Uuid, ns: &str) -> Result<(), NetworkError> {
+        let host_end = Self::veth_name(id);
+        if link::link_exists(&host_end) {
+            link::ip(&["link", "delete", "dev", &host_end])?;
+        }
+        let _ = link::ip_in(ns, &["link", "delete", "dev", "eth0"]);
+        link::ip(&[
+            "link", "add", "name", &host_end, "type", "veth", "peer", "name", "eth0", "netns", ns,
+        ])?;
+        link::ip(&["link", "set", "dev", &host_end, "master", self.bridge()])?;
+        link::ip(&[
+            "link",
+            "set",
+            "dev",
+            &host_end,
+            "type",
+            "bridge_slave",
+            "isolated",
+            "on",
+        ])?;
+        link::ip(&["link", "set", "dev", &host_end, "up"])?;
+        link::ip_in(ns, &["link", "set", "dev", "lo", "up"])?;
+        Ok(())
     }
 
     /// Replaces `id`'s allowlist, in one transaction: a connection already admitted keeps

@@ -16,14 +16,30 @@ pub struct IpError {
 
 /// `ip ARGS…`; its stdout.
 pub fn ip(args: &[&str]) -> Result<String, IpError> {
+    iproute2("ip", args)
+}
+
+/// `tc -n NETNS ARGS…`: traffic control inside a named network namespace.
+pub fn tc_in(netns: &str, args: &[&str]) -> Result<String, IpError> {
+    let mut all = vec!["-n", netns];
+    all.extend_from_slice(args);
+    iproute2("tc", &all)
+}
+
+/// One of iproute2's programs with these arguments; its stdout.
+fn iproute2(program: &str, args: &[&str]) -> Result<String, IpError> {
     let err = |detail: String| IpError {
-        args: args.join(" "),
+        args: match program {
+            "ip" => args.join(" "),
+            _ => format!("({program}) {}", args.join(" ")),
+        },
         detail,
     };
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| err(format!("cannot run ip (install Debian's iproute2): {e}")))?;
+    let out = Command::new(program).args(args).output().map_err(|e| {
+        err(format!(
+            "cannot run {program} (install Debian's iproute2): {e}"
+        ))
+    })?;
     if !out.status.success() {
         let text = String::from_utf8_lossy(&out.stderr);
         return Err(err(format!(

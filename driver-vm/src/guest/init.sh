@@ -41,6 +41,20 @@ done < /etc/sbx/modules
 hostname "$SBX_HOSTNAME"
 # Loopback: a server inside the sandbox is reachable from its other processes (and execs).
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
+# On the gateway's network: the leased address (a /32) and the routes through the gateway,
+# as an oci sandbox's namespace has them. The host passes on only what comes from this
+# address and this NIC's MAC.
+if [ -n "${SBX_NET_ADDR:-}" ]; then
+  waited=0
+  until [ -e /sys/class/net/eth0 ]; do
+    waited=$((waited + 1)); [ "$waited" -le 100 ] || die "no network device eth0"; sleep 0.1
+  done
+  ip link set eth0 up || die "cannot bring eth0 up"
+  ip addr add "$SBX_NET_ADDR/32" dev eth0 || die "cannot set the address $SBX_NET_ADDR"
+  ip route add "$SBX_NET_GW" dev eth0 scope link || die "cannot route to $SBX_NET_GW"
+  ip route add default via "$SBX_NET_GW" dev eth0 || die "cannot set the default route"
+  mkdir -p /etc && echo "nameserver $SBX_NET_GW" > /etc/resolv.conf
+fi
 
 # The persistent disk (/dev/vda); with an image, also its root disk, found by its serial
 # ($SBX_ROOT_SERIAL), the persistent disk being the other one.
@@ -82,6 +96,15 @@ if [ -n "${SBX_ROOT_SERIAL:-}" ]; then
   mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts "$root/dev/pts"
   mount -t tmpfs -o mode=1777 shm "$root/dev/shm"
   mount --bind /sandbox "$root/sandbox"
+  # The gateway's resolver as the image's /etc/resolv.conf (bound over it, as a container
+  # runtime does; written when the image has none).
+  if [ -n "${SBX_NET_ADDR:-}" ] && [ -d "$root/etc" ]; then
+    if [ -f "$root/etc/resolv.conf" ] && [ ! -L "$root/etc/resolv.conf" ]; then
+      mount --bind /etc/resolv.conf "$root/etc/resolv.conf"
+    else
+      rm -f "$root/etc/resolv.conf"; cp /etc/resolv.conf "$root/etc/resolv.conf"
+    fi
+  fi
   cp /bin/sbx-agent /dev/.sbx/sbx-agent || die "cannot place the agent"
   chmod 0755 /dev/.sbx/sbx-agent
 fi
@@ -167,6 +190,7 @@ cd /
 sync
 if [ -n "$root" ]; then
   umount "$root/sandbox" 2>/dev/null
+  umount "$root/etc/resolv.conf" 2>/dev/null
   for m in dev/shm dev/pts dev proc sys; do umount -l "$root/$m" 2>/dev/null; done
   umount "$root" 2>/dev/null || mount -o remount,ro "$root"
 fi

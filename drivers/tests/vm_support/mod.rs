@@ -60,16 +60,42 @@ impl VmEnv {
 
     /// No QEMU process of this test's state directory is left running.
     pub fn assert_no_vm_left(&self) {
+        let left: Vec<String> = self
+            .vms_left()
+            .into_iter()
+            .map(|(pid, cmdline)| format!("{pid}: {cmdline}"))
+            .collect();
+        assert!(left.is_empty(), "vms left running: {left:?}");
+    }
+
+    /// The QEMU processes of this test's state directory (pid, command line).
+    fn vms_left(&self) -> Vec<(i32, String)> {
         let state = self.state.path().display().to_string();
         let mut left = Vec::new();
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             if cmdline.contains("qemu-system") && cmdline.contains(&state) {
-                left.push(format!("{:?}: {cmdline}", entry.file_name()));
+                left.push((pid, cmdline));
             }
         }
-        assert!(left.is_empty(), "vms left running: {left:?}");
+        left
+    }
+}
+
+/// A test that fails half-way leaves its VMs (daemonized, they outlive the driver): they are
+/// ended with the test's state directory, by pid (only QEMUs booted on that directory).
+impl Drop for VmEnv {
+    fn drop(&mut self) {
+        for (pid, _) in self.vms_left() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
     }
 }
 

@@ -240,7 +240,9 @@ pub async fn sh(
     )
 }
 
-/// Asserts what `/sandbox/data` and `/sandbox/boots` hold in the sandbox's guest.
+/// Asserts what `/sandbox/data` and `/sandbox/boots` hold in the sandbox's guest. Ready
+/// means the command was started, not that it has written yet: its line of this boot is
+/// waited for (at most 10 s).
 pub async fn assert_files(
     sb: &SandboxServiceClient<Channel>,
     id: &str,
@@ -248,8 +250,15 @@ pub async fn assert_files(
     boots: usize,
     when: &str,
 ) {
-    let (code, out, err) = sh(sb, id, "cat /sandbox/data /sandbox/boots").await;
     let expected = format!("{data}\n{}", "boot\n".repeat(boots));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (code, out, err) = loop {
+        let (code, out, err) = sh(sb, id, "cat /sandbox/data /sandbox/boots").await;
+        if out == expected || std::time::Instant::now() >= deadline {
+            break (code, out, err);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     assert_eq!(
         (code, out.as_str()),
         (0, expected.as_str()),
