@@ -137,7 +137,41 @@ pub fn write_oci_layout_uncompressed(dir: &Path, layer_tars: &[Vec<u8>], ref_nam
     write_layout(dir, layer_tars, ref_name, false)
 }
 
+/// [`write_oci_layout`] with the image config's `config` object given (Env, Cmd, WorkingDir,
+/// User, …) instead of the fixture's `Cmd ["sh"]`.
+pub fn write_oci_layout_with_config(
+    dir: &Path,
+    layer_tars: &[Vec<u8>],
+    ref_name: &str,
+    config: serde_json::Value,
+) -> String {
+    let bytes = serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": config,
+        "rootfs": { "type": "layers", "diff_ids": layer_tars.iter().map(|t| sha256(t)).collect::<Vec<_>>() },
+    }))
+    .expect("encode a config");
+    write_layout_of(dir, layer_tars, ref_name, true, &bytes)
+}
+
 fn write_layout(dir: &Path, layer_tars: &[Vec<u8>], ref_name: &str, gzipped: bool) -> String {
+    write_layout_of(
+        dir,
+        layer_tars,
+        ref_name,
+        gzipped,
+        &config_json(layer_tars, &["sh"]),
+    )
+}
+
+fn write_layout_of(
+    dir: &Path,
+    layer_tars: &[Vec<u8>],
+    ref_name: &str,
+    gzipped: bool,
+    config: &[u8],
+) -> String {
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).expect("create blobs/");
     let put = |bytes: &[u8]| {
@@ -145,8 +179,7 @@ fn write_layout(dir: &Path, layer_tars: &[Vec<u8>], ref_name: &str, gzipped: boo
         std::fs::write(blobs.join(&digest["sha256:".len()..]), bytes).expect("write a blob");
         (digest, bytes.len())
     };
-    let config = config_json(layer_tars, &["sh"]);
-    let (config_digest, config_size) = put(&config);
+    let (config_digest, config_size) = put(config);
     let layers: Vec<_> = layer_tars
         .iter()
         .map(|t| {
