@@ -14,6 +14,28 @@
 //! one is said (`notfound`) and ends the run with 127 without `ready`, so the start answers
 //! once the VM has ended and its snapshot says `CommandNotFound`.
 //!
+//! **The image** ([`base`]). A spec's image (a manifest digest in the gateway's image store,
+//! which sbxd hands the driver) is the guest's root filesystem: its layers become one
+//! read-only ext4 *base disk* per image (built once, with the image's own uids), and each
+//! sandbox gets a qcow2 over it (`root.qcow2`, copy-on-write), so every change to its root
+//! persists across stop, start, driver restarts and pause until delete. The init mounts it
+//! (found by its serial, `sbx-root`) with `/proc`, `/sys`, `/dev`, and `/sandbox` bound in,
+//! copies the agent to `/dev/.sbx` (the guest's own devtmpfs: nothing is written to the
+//! image) and runs the command and every exec there (`chroot`): the spec's command or the
+//! image's Entrypoint + Cmd, the image's Env with the spec's over it, its WorkingDir (execs
+//! start there too) and its User (resolved by the guest's agent in the root's own
+//! `/etc/passwd`) — as the oci driver does (`sbx_host_kit::image_process`). A spec without
+//! an image (a driver used without a store) boots the busybox initramfs as its root, the
+//! command run in `/sandbox`.
+//!
+//! **The network** (`sbx_network::guest`). A sandbox with a network policy gets, in its
+//! network namespace (host root's), a tap that QEMU (started there with `nsenter`) opens for
+//! the guest's virtio NIC, joined by tc to the veth into the gateway's bridge; only IPv4 and
+//! ARP from the guest's own MAC (from its id) and leased address pass. The guest's init sets
+//! that address, its routes and `/etc/resolv.conf` (the gateway's resolver); the gateway's
+//! table applies the sandbox's policy, live updates and denials as for any sandbox; delete
+//! removes namespace, tap, veth, rules and lease.
+//!
 //! **Exec** ([`streams`]) goes through those agents, one exec per port at a time (a port is
 //! one stream, not a listener), so 29 at once per VM and more wait for the first port freed: output reaches the caller as the command writes it, with no
 //! cap (3 MiB in 0.1 s under TCG), and stdin, a pty (devpts is mounted in the guest), its
@@ -70,12 +92,16 @@
 //!   its stdin while more input comes holds its agent's one reader, so until it ends neither
 //!   its SIGKILL nor a later exec on that port gets through (that exec fails after 15 s,
 //!   Unavailable, saying why).
-//! - The spec's environment variable names must be shell identifiers (the command runs
-//!   through a script); an exec's may be anything.
-//! - The spec's `image` is ignored (every guest runs the busybox initramfs), with a warning.
-//! - No network device: only the loopback, which the init brings up (a server in the guest
-//!   answers its other processes and execs on 127.0.0.1). The console log grows without rotation and also holds the kernel's
-//!   few messages (it boots `quiet`).
+//! - The spec's and the image's environment variable names must be shell identifiers (the
+//!   command runs through a script); an exec's may be anything.
+//! - The main process's stdout and stderr both go to the console (one log stream, not
+//!   two), which grows without rotation and also holds the kernel's few messages (it boots
+//!   `quiet`).
+//! - A base disk stays in `<state_dir>/bases` after its image is deleted (sandboxes' roots
+//!   are on it; nothing collects bases no sandbox uses yet). A damaged base is built again
+//!   for new sandboxes; those made on it keep their roots on it.
+//! - A stopped VM's files are not copied (`copy_when_stopped` is false): `cp` needs it
+//!   running.
 //! - Under TCG a boot takes seconds and the guest's clock rate comes from the host's
 //!   `/proc/cpuinfo` (`tsc_early_khz`): microvm has no timer to calibrate against.
 
