@@ -290,3 +290,61 @@ fn fsck(disk: &Path) -> Result<(), String> {
         Err(format!("e2fsck -fn said {} ({tail})", out.status))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Built once with the image's own owners; found again; built anew when the file is
+    /// missing or damaged, never used as it is. Needs root (the user namespace's map) and
+    /// e2fsprogs, as the driver does.
+    #[test]
+    fn a_base_is_built_with_the_images_owners_and_rebuilt_when_missing_or_damaged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(tmp.path().join("images"), IdMap::default()).unwrap();
+        let busybox = sbx_images::find_static_busybox(None, &sbx_images::BUSYBOX_PATHS)
+            .expect("busybox-static");
+        let info = store
+            .import_busybox(&busybox, "sbx.local/busybox:latest")
+            .unwrap();
+        let state = tmp.path().join("vm");
+        let bases = Bases::new(&state, 16).unwrap();
+        let (path, made) = bases.ensure(&store, &info).unwrap();
+        assert_eq!(made, Made::Built);
+        // The store's layer is owned by its shifted root (200000); the disk by the image's.
+        let stat = Command::new("debugfs")
+            .args(["-R", "stat /bin/busybox"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&stat.stdout);
+        assert!(text.contains("User:     0   Group:     0"), "{text}");
+        assert_eq!(bases.ensure(&store, &info).unwrap().1, Made::Found);
+        // A new driver process checks it before use: sound, found.
+        let again = Bases::new(&state, 16).unwrap();
+        assert_eq!(again.ensure(&store, &info).unwrap().1, Made::Found);
+        // Damaged (its superblock overwritten): built anew, and sound.
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.seek(SeekFrom::Start(1024)).unwrap();
+            f.write_all(&[0xff; 1024]).unwrap();
+        }
+        let again = Bases::new(&state, 16).unwrap();
+        assert!(fsck(&path).is_err(), "the damage is seen");
+        assert_eq!(again.ensure(&store, &info).unwrap().1, Made::Built);
+        assert!(fsck(&path).is_ok());
+        // Missing: built anew.
+        std::fs::remove_file(&path).unwrap();
+        let again = Bases::new(&state, 16).unwrap();
+        assert_eq!(again.ensure(&store, &info).unwrap().1, Made::Built);
+        // No temporary file or mount point is left.
+        let left: Vec<_> = std::fs::read_dir(state.join("bases"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("tmp-"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
