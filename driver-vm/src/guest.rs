@@ -64,10 +64,11 @@ pub fn image_script<'a>(
     }
     let argv: Vec<String> = process.args.iter().map(|a| shell_quote(a)).collect();
     let chrooted = format!("/bin/chroot {GUEST_ROOT} {AGENT_IN_ROOT}");
+    // A command not found is said as a stderr record of the log (`which --record`).
     if let Some(first) = argv.first() {
         script.push_str(&format!(
-            "if [ \"${{1-}}\" = --sbx-check ]; then {chrooted} which {first} && exit 0; \
-             echo \"sbx: command not found: \"{first} >&2; exit 127; fi\n"
+            "if [ \"${{1-}}\" = --sbx-check ]; then {chrooted} which --record {first} && exit 0; \
+             exit 127; fi\n"
         ));
     }
     script.push_str(&format!(

@@ -94,9 +94,9 @@
 //!   Unavailable, saying why).
 //! - The spec's and the image's environment variable names must be shell identifiers (the
 //!   command runs through a script); an exec's may be anything.
-//! - The main process's stdout and stderr both go to the console (one log stream, not
-//!   two), which grows without rotation and also holds the kernel's few messages (it boots
-//!   `quiet`).
+//! - The console (the log) grows without rotation and also holds the kernel's few messages
+//!   (it boots `quiet`) and the init's lines, read as stdout; the main process's stdout and
+//!   stderr reach it through the agent's loggers (`sbx-agent log`) as records, apart.
 //! - A base disk stays in `<state_dir>/bases` after its image is deleted (sandboxes' roots
 //!   are on it; nothing collects bases no sandbox uses yet). A damaged base is built again
 //!   for new sandboxes; those made on it keep their roots on it.

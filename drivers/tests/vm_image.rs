@@ -39,7 +39,9 @@ fn image(store: &ImageStore) -> ImageInfo {
         cmd: vec![
             "sh".into(),
             "-c".into(),
-            "id -u > whoami; pwd >> whoami; exec sleep 3600".into(),
+            "id -u > whoami; pwd >> whoami; echo to-stdout; echo to-stderr >&2; \
+             exec sleep 3600"
+                .into(),
         ],
         working_dir: "/app".into(),
         user: "app".into(),
@@ -147,6 +149,47 @@ async fn vm_runs_its_image_and_keeps_its_root_until_delete() {
             "/app"
         ],
         "{err}"
+    );
+    // The main process's stdout and stderr, apart in the log.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let chunks = loop {
+        let mut stream = driver
+            .logs(pb::LogsRequest {
+                sandbox_id: a.clone(),
+                timestamps: true,
+                ..Default::default()
+            })
+            .await
+            .expect("logs");
+        let mut chunks = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.expect("a log chunk");
+            chunks.push((
+                chunk.stream,
+                String::from_utf8_lossy(&chunk.data).into_owned(),
+            ));
+        }
+        let seen = |text: &str| chunks.iter().any(|(_, d)| d.contains(text));
+        if (seen("to-stdout") && seen("to-stderr")) || std::time::Instant::now() > deadline {
+            break chunks;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let stream_of = |text: &str| {
+        chunks
+            .iter()
+            .find(|(_, d)| d.trim_end() == text)
+            .map(|(s, _)| *s)
+    };
+    assert_eq!(
+        stream_of("to-stdout"),
+        Some(pb::LogStream::Stdout as i32),
+        "{chunks:?}"
+    );
+    assert_eq!(
+        stream_of("to-stderr"),
+        Some(pb::LogStream::Stderr as i32),
+        "{chunks:?}"
     );
     // The root is the image's, not the initramfs's: no init script of ours in it.
     let (code, _, _) = sh(&driver, &a, "test -e /etc/sbx/run.env").await;

@@ -344,13 +344,11 @@ fn a_missing_command_fails_the_vm_create_and_run_gives_the_exit_code() {
     assert_eq!(got["phase"], "Error", "{got}");
     assert_eq!(got["reason"], "CommandNotFound", "{got}");
     assert_eq!(got["exit_code"], 127, "{got}");
+    // Said on the log's stderr, as the workload's own stderr would be.
     let logs = common::sbx(&ep, &["sandbox", "logs", "bad"]);
     assert!(
-        logs.stdout
-            .contains("sbx: command not found: no-such-command")
-            || logs
-                .stderr
-                .contains("sbx: command not found: no-such-command"),
+        logs.stderr.contains("command not found: no-such-command")
+            && !logs.stdout.contains("command not found"),
         "{logs:?}"
     );
     let ran = common::sbx(&ep, &["run", "--rm", "--", "sh", "-c", "echo hi; exit 7"]);

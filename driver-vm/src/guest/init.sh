@@ -171,9 +171,18 @@ cd /sandbox
 # missing one is said ("notfound") and the run ends with 127 without "ready", so the start
 # answers "command not found" instead of a Ready that turns into an Error.
 if sh /etc/sbx/command --sbx-check < /dev/null > /dev/ttyS0 2>&1; then
+  # Its stdout and stderr each through a logger of the agent's (`sbx-agent log`), which
+  # writes them to the console as records that keep the two streams apart (the CRI log
+  # format the other drivers' logs have), each record whole in one write.
+  mkdir -p /tmp/sbx-log
+  mkfifo /tmp/sbx-log/out /tmp/sbx-log/err
+  /bin/sbx-agent log stdout /tmp/sbx-log/out > /dev/ttyS0 2>&1 &
+  outlog=$!
+  /bin/sbx-agent log stderr /tmp/sbx-log/err > /dev/ttyS0 2>&1 &
+  errlog=$!
   # Through `sbx-agent run`: a background job of this shell starts with SIGINT and SIGQUIT
   # ignored, which the command would keep.
-  setsid /bin/sbx-agent run sh /etc/sbx/command < /dev/null > /dev/ttyS0 2>&1 &
+  setsid /bin/sbx-agent run sh /etc/sbx/command < /dev/null > /tmp/sbx-log/out 2> /tmp/sbx-log/err &
   child=$!
   say "ready"
   while :; do
@@ -181,6 +190,10 @@ if sh /etc/sbx/command --sbx-check < /dev/null > /dev/ttyS0 2>&1; then
     code=$?
     kill -0 "$child" 2>/dev/null || break
   done
+  # The loggers write what is left in their FIFOs (a background process of the command's
+  # may hold them open) and end.
+  kill -USR1 "$outlog" "$errlog" 2>/dev/null
+  wait "$outlog" "$errlog" 2>/dev/null
 else
   code=127
   say "notfound"
