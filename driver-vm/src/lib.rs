@@ -110,6 +110,7 @@ mod base;
 mod cpio;
 mod files;
 mod guest;
+mod helper;
 mod pause;
 mod qemu;
 mod record;
@@ -229,6 +230,9 @@ struct Inner {
     /// What the console said about a finished run, by sandbox: (run id, report). A run's
     /// report does not change once its VM is gone, so the log is read once.
     finished: Mutex<HashMap<Uuid, (String, RunReport)>>,
+    /// The stopped sandboxes whose disks a helper guest has booted for a copy, with the
+    /// helper's run id ([`helper`]).
+    helpers: Mutex<HashMap<Uuid, String>>,
     /// Watch events: every change the driver makes or its poller sees.
     feed: SnapshotFeed,
     /// An exclusive `flock` on `<state_dir>/driver.lock` (see `host::lock`).
@@ -352,6 +356,7 @@ impl VmDriver {
             exec_channels: streams::ExecChannels::default(),
             exec_ids: AtomicU64::new(1),
             finished: Mutex::new(HashMap::new()),
+            helpers: Mutex::new(HashMap::new()),
             feed: SnapshotFeed::new(),
             _instance_lock: instance_lock,
         };

@@ -146,7 +146,7 @@ impl HostService for VmDriver {
             exec_tty: true,
             copy: true,
             port_forward: true,
-            copy_when_stopped: false,
+            copy_when_stopped: true,
             disk_limit: false,
             stats: true,
             pause: true,
@@ -183,7 +183,9 @@ impl HostService for VmDriver {
         req: pb::CopyFromRequest,
     ) -> Result<DriverStream<pb::CopyChunk>, DriverError> {
         sbx_driver_api::refuse_changes(&req)?;
-        self.copy_from_vm(req).await
+        let helper = self.inner.helper_for(&req.sandbox_id).await?;
+        let stream = self.copy_from_vm(req).await?;
+        Ok(super::helper::hold(stream, helper))
     }
 
     async fn copy_to(
@@ -191,6 +193,7 @@ impl HostService for VmDriver {
         req: pb::CopyToStart,
         data: ByteStream,
     ) -> Result<pb::CopyToResponse, DriverError> {
+        let _helper = self.inner.helper_for(&req.sandbox_id).await?;
         self.copy_to_vm(req, data).await
     }
 

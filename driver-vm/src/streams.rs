@@ -139,25 +139,27 @@ impl VmDriver {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         validate_command("exec", &req.command, &req.env)?;
         let rec = self.inner.records.require(id)?;
+        // A stopped sandbox's helper guest (a copy): its run, not the sandbox's.
+        let helper = locked(&self.inner.helpers).get(&id).cloned();
         if rec.desired == Desired::Running && rec.paused {
             return Err(DriverError::FailedPrecondition(format!(
                 "sandbox {id} is paused; {what} needs a running vm (resume it first)"
             )));
         }
-        if rec.desired != Desired::Running || !Inner::is_alive(&rec) {
+        if helper.is_none() && (rec.desired != Desired::Running || !Inner::is_alive(&rec)) {
             return Err(DriverError::FailedPrecondition(format!(
                 "sandbox {id} is not running; {what} needs a running vm"
             )));
         }
         let n = self.inner.exec_ids.fetch_add(1, Ordering::Relaxed);
         let mut turn = self.inner.exec_channels.turn(id).await;
-        let in_step = turn.in_step.take().as_deref() == Some(rec.run_id.as_str());
-        let token = format!("{}-{n}", rec.run_id);
+        let run_id = helper.unwrap_or(rec.run_id);
+        let in_step = turn.in_step.take().as_deref() == Some(run_id.as_str());
+        let token = format!("{run_id}-{n}");
         let exec = qemu::exec_channel(&self.inner.paths(id).exec, turn.k);
         let (rd, wr) = greet(&exec, &token, !in_step).await.map_err(|why| {
             DriverError::Unavailable(format!("sandbox {id}'s exec agent in the vm: {why}"))
         })?;
-        let run_id = rec.run_id;
         exec_over(rd, wr, req, input, move |mut rd, mut wr, end| async move {
             let in_step = match end {
                 ExecEnd::Over => true,

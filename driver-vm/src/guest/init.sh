@@ -170,7 +170,13 @@ cd /sandbox
 # The command is looked up first, as its shell will (after its exports, in /sandbox): a
 # missing one is said ("notfound") and the run ends with 127 without "ready", so the start
 # answers "command not found" instead of a Ready that turns into an Error.
-if sh /etc/sbx/command --sbx-check < /dev/null > /dev/ttyS0 2>&1; then
+if [ "${SBX_HELPER:-}" = 1 ]; then
+  # A helper guest (a copy into or out of a stopped sandbox): the disks and the exec agents,
+  # no command; it runs until it is stopped.
+  say "ready"
+  while [ "$stopping" = 0 ]; do sleep 0.2; done
+  code=0
+elif sh /etc/sbx/command --sbx-check < /dev/null > /dev/ttyS0 2>&1; then
   # Its stdout and stderr each through a logger of the agent's (`sbx-agent log`), which
   # writes them to the console as records that keep the two streams apart (the CRI log
   # format the other drivers' logs have), each record whole in one write.

@@ -1,0 +1,157 @@
+//! A copy into or out of a stopped VM: its disks are booted in a *helper guest* — the same
+//! kernel, init, disks and agents, with no command run (`SBX_HELPER=1` in its run
+//! environment) and no network — and the copy runs through the helper's exec channels as it
+//! would in the running VM, then the helper powers off (its init syncs and unmounts the disks).
+//! So a guest-written filesystem is never mounted, nor parsed, by the host: only by the
+//! guest's own kernel, as when the sandbox runs.
+//!
+//! The sandbox's lock is held from the helper's boot to its end, so a start (or a stop, or a
+//! delete) of the sandbox waits for the copy. The helper is no run of the sandbox: its record
+//! is not changed (still stopped, its QEMU none) and its console lines carry a run id of the
+//! helper's own, so the sandbox's state and exit status are untouched. A driver killed while a
+//! helper runs finds its QEMU at open by the pidfile and ends it (the record says stopped).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OwnedMutexGuard;
+use uuid::Uuid;
+
+use super::record::VmRecord;
+use super::{Inner, assets, guest};
+use sbx_driver_api::DriverError;
+use sbx_host_kit::{Desired, HostDriver, internal, locked};
+
+/// A booted helper of sandbox `id`: ended (powered off) when dropped.
+pub(super) struct Helper {
+    inner: Arc<Inner>,
+    rec: VmRecord,
+    /// The sandbox's lock, handed to the task that ends the helper.
+    lock: Option<OwnedMutexGuard<()>>,
+}
+
+impl std::fmt::Debug for Helper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Helper")
+            .field("sandbox", &self.rec.sandbox_id)
+            .field("run", &self.rec.run_id)
+            .finish()
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        locked(&self.inner.helpers).remove(&self.rec.sandbox_id);
+        let (inner, rec) = (Arc::clone(&self.inner), self.rec.clone());
+        // The lock goes with this task: nothing else runs on the sandbox until its helper is
+        // gone.
+        let held = self.lock.take();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _held = held;
+                if let Err(e) = inner.terminate(&rec, Duration::from_secs(2)).await {
+                    tracing::warn!(sandbox_id = %rec.sandbox_id, error = %e, "the copy's helper vm did not end");
+                }
+            });
+        }
+    }
+}
+
+impl Inner {
+    /// For a copy of sandbox `id` (as the request names it): a helper booted on its disks
+    /// when it is stopped; `None` when its VM runs (or is paused, or unknown: the copy then
+    /// answers as an exec would).
+    pub(super) async fn helper_for(
+        self: &Arc<Self>,
+        sandbox: &str,
+    ) -> Result<Option<Helper>, DriverError> {
+        let Ok(id) = sandbox.parse::<Uuid>() else {
+            return Ok(None);
+        };
+        let lock = self.records.lock(id).await;
+        let Some(rec) = self.records.get(id) else {
+            return Ok(None);
+        };
+        if rec.desired == Desired::Running {
+            return Ok(None);
+        }
+        let paths = self.paths(id);
+        let mut helper = VmRecord {
+            run_id: format!("helper{}", Uuid::new_v4().simple()),
+            console_offset: std::fs::metadata(&paths.console_log)
+                .map(|m| m.len())
+                .unwrap_or(0),
+            qemu: None,
+            paused: false,
+            network_allow: None,
+            ..rec.clone()
+        };
+        let mut initramfs = std::fs::read(&self.assets.initramfs)
+            .map_err(|e| internal("reading the shared initramfs", e))?;
+        let env = guest::run_env(
+            &helper.run_id,
+            0,
+            &helper.name,
+            Duration::from_secs(1),
+            helper.spec.process.as_ref().map(|p| p.cwd.as_str()),
+            None,
+        ) + "SBX_HELPER=1\n";
+        let no_run = std::collections::BTreeMap::new();
+        let command = match &helper.spec.process {
+            Some(process) => guest::image_script(process, &no_run),
+            None => guest::command_script(std::iter::empty(), &helper.spec.command),
+        };
+        initramfs.extend(assets::run_archive(
+            &env,
+            &command,
+            helper
+                .spec
+                .process
+                .as_ref()
+                .map(guest::process_env)
+                .as_deref(),
+        ));
+        let file = paths.dir.join("helper.cpio");
+        std::fs::write(&file, initramfs)
+            .map_err(|e| internal("writing the helper's initramfs", e))?;
+        let _slot = self
+            .boots
+            .acquire()
+            .await
+            .map_err(|e| internal("waiting for a boot slot", e))?;
+        let launched = self
+            .launch_of(id, &helper, &paths, &file, false, None)
+            .launch()
+            .await;
+        let _ = std::fs::remove_file(&file);
+        helper.qemu = Some(launched?);
+        locked(&self.helpers).insert(id, helper.run_id.clone());
+        let booted = Helper {
+            inner: Arc::clone(self),
+            rec: helper,
+            lock: Some(lock),
+        };
+        self.wait_booted(&booted.rec).await?;
+        tracing::info!(sandbox_id = %id, "a helper vm serves a copy of the stopped sandbox");
+        Ok(Some(booted))
+    }
+}
+
+/// Whether the stream of a copy still needs its helper: it is held by the stream until the
+/// stream ends or is dropped.
+pub(super) fn hold<T: Send + 'static>(
+    stream: sbx_driver_api::DriverStream<T>,
+    helper: Option<Helper>,
+) -> sbx_driver_api::DriverStream<T> {
+    match helper {
+        None => stream,
+        Some(helper) => Box::pin(futures::stream::unfold(
+            (stream, Some(helper)),
+            |(mut stream, helper)| async move {
+                use futures::StreamExt;
+                let item = stream.next().await?;
+                Some((item, (stream, helper)))
+            },
+        )),
+    }
+}
