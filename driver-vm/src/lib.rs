@@ -100,8 +100,8 @@
 //! - A base disk stays in `<state_dir>/bases` after its image is deleted (sandboxes' roots
 //!   are on it; nothing collects bases no sandbox uses yet). A damaged base is built again
 //!   for new sandboxes; those made on it keep their roots on it.
-//! - A stopped VM's files are not copied (`copy_when_stopped` is false): `cp` needs it
-//!   running.
+//! - A copy into or out of a stopped VM boots a helper guest on its disks ([`helper`]): a
+//!   boot's seconds under TCG.
 //! - Under TCG a boot takes seconds and the guest's clock rate comes from the host's
 //!   `/proc/cpuinfo` (`tsc_early_khz`): microvm has no timer to calibrate against.
 
