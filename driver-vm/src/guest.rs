@@ -123,6 +123,9 @@ pub struct RunReport {
     pub fatal: Option<String>,
     /// The init did not find the command (it then ends the run with 127, never `ready`).
     pub not_found: bool,
+    /// The guest's kernel killed a process for want of memory during the run (its
+    /// `/proc/vmstat` `oom_kill` grew), and the command ended by SIGKILL: the init says `oom`.
+    pub oom: bool,
 }
 
 /// How much of the console log's start and end a report reads.
@@ -162,6 +165,8 @@ pub fn read_report(console_log: &Path, offset: u64, run_id: &str) -> RunReport {
             report.ready = true;
         } else if rest == "notfound" {
             report.not_found = true;
+        } else if rest == "oom" {
+            report.oom = true;
         } else if let Some(code) = rest.strip_prefix("exit ") {
             report.exit = code.trim().parse().ok();
         } else if let Some(why) = rest.strip_prefix("fatal ") {
@@ -251,10 +256,19 @@ mod tests {
                 exit: None,
                 fatal: None,
                 not_found: false,
+                oom: false,
             }
         );
         std::fs::write(&log, format!("{earlier}{now}\nsbx-guest: r2 exit 137\r\n")).unwrap();
         assert_eq!(read_report(&log, offset, "r2").exit, Some(137));
+        assert!(!read_report(&log, offset, "r2").oom);
+        std::fs::write(
+            &log,
+            format!("{earlier}{now}\nsbx-guest: r2 oom\nsbx-guest: r2 exit 137\n"),
+        )
+        .unwrap();
+        assert!(read_report(&log, offset, "r2").oom);
+        assert!(!read_report(&log, 0, "r1").oom, "another run's line");
         assert_eq!(read_report(&log, 0, "r1").exit, Some(9));
         assert_eq!(
             read_report(&dir.path().join("none"), 0, "r2"),

@@ -594,7 +594,7 @@ impl HostDriver for Inner {
                 init_recorded: rec.qemu.is_some(),
                 alive,
                 exit_status: report.exit,
-                oom_killed: false,
+                oom_killed: report.oom,
             })
         };
         if report.not_found && observed.exit_code == 127 {

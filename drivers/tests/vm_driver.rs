@@ -486,3 +486,66 @@ async fn vm_a_create_given_up_by_its_caller_boots_once() {
         .unwrap();
     env.assert_no_vm_left();
 }
+
+/// A command that takes more memory than its VM has is killed by the guest's kernel, and the
+/// sandbox says so: Exited, reason OOMKilled, exit 137 — not a plain SIGKILL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_a_command_past_its_memory_is_oom_killed() {
+    let env = VmEnv::new();
+    let driver = env.open().await;
+    let id = uuid::Uuid::new_v4().to_string();
+    driver
+        .create(pb::CreateRequest {
+            sandbox_id: id.clone(),
+            workspace: "team-a".into(),
+            name: "hungry".into(),
+            spec: Some(pb::SandboxSpec {
+                // A string that doubles until the kernel ends it.
+                command: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "sleep 1; x=0123456789; while :; do x=\"$x$x\"; done".into(),
+                ],
+                resources: Some(pb::Resources {
+                    memory_bytes: 256 << 20,
+                    // (the least a guest boots with)
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            generation: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| {
+            let console = std::fs::read_to_string(
+                driver.sandbox_dir(id.parse().unwrap()).join("console.log"),
+            )
+            .unwrap_or_default();
+            panic!("create: {e}; the console: {console}")
+        });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let snap = loop {
+        let snap = driver
+            .get(pb::GetRequest {
+                sandbox_id: id.clone(),
+            })
+            .await
+            .expect("get");
+        if snap.state == pb::State::Exited as i32 || Instant::now() > deadline {
+            break snap;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(snap.state, pb::State::Exited as i32, "{snap:?}");
+    assert_eq!(
+        (snap.reason.as_str(), snap.exit_code),
+        ("OOMKilled", 137),
+        "{snap:?}"
+    );
+    driver
+        .delete(pb::DeleteRequest { sandbox_id: id })
+        .await
+        .expect("delete");
+    env.assert_no_vm_left();
+}

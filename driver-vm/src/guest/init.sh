@@ -188,6 +188,7 @@ elif sh /etc/sbx/command --sbx-check < /dev/null > /dev/ttyS0 2>&1; then
   errlog=$!
   # Through `sbx-agent run`: a background job of this shell starts with SIGINT and SIGQUIT
   # ignored, which the command would keep.
+  oom_before=$(sed -n 's/^oom_kill //p' /proc/vmstat)
   setsid /bin/sbx-agent run sh /etc/sbx/command < /dev/null > /tmp/sbx-log/out 2> /tmp/sbx-log/err &
   child=$!
   say "ready"
@@ -196,6 +197,11 @@ elif sh /etc/sbx/command --sbx-check < /dev/null > /dev/ttyS0 2>&1; then
     code=$?
     kill -0 "$child" 2>/dev/null || break
   done
+  # Ended by SIGKILL while the kernel killed for want of memory: said, so the run reads as
+  # OOMKilled (the guest's memory is the spec's limit).
+  if [ "$code" = 137 ] && [ "$(sed -n 's/^oom_kill //p' /proc/vmstat)" != "$oom_before" ]; then
+    say "oom"
+  fi
   # The loggers write what is left in their FIFOs (a background process of the command's
   # may hold them open) and end.
   kill -USR1 "$outlog" "$errlog" 2>/dev/null
