@@ -71,7 +71,7 @@ fn main() -> ExitCode {
         }
         Some("--help" | "-h") | None => {
             println!(
-                "usage: sbx-agent serve [--pts DIR] | serve-port PATH [--workdir DIR] | run [--user USER] [--workdir DIR] \
+                "usage: sbx-agent serve [--pts DIR] | serve-port PATH [--workdir DIR] [--user USER] | run [--user USER] [--workdir DIR] \
                  [--] CMD [ARGS…] | pack PATH | \
                  unpack DEST | connect PORT | offline …\n\n\
                  serve: serves exec, copy and port-forward on the listening Unix socket \
@@ -177,27 +177,37 @@ fn outcome(command: &str, result: Result<(), String>) -> ExitCode {
     }
 }
 
-/// `sbx-agent serve-port PATH [--workdir DIR]`: serves exec on the virtio-serial port at
-/// PATH (a `vm` guest's `sbx.exec`), one exec at a time, an exec without a directory of its
-/// own starting in DIR (a sandbox image's WorkingDir; when it is not there, where the agent
-/// started); see the library's `port` module.
+/// `sbx-agent serve-port PATH [--workdir DIR] [--user USER]`: serves exec on the
+/// virtio-serial port at PATH (a `vm` guest's `sbx.exec`), one exec at a time, an exec
+/// without a directory of its own starting in DIR (a sandbox image's WorkingDir; when it is
+/// not there, where the agent started), as USER (the image's User, as an oci sandbox's agent
+/// and execs run: the port is opened first); see the library's `port` module.
 fn serve_port(args: &[String]) -> ExitCode {
-    let path = match args {
-        [path] => path.as_str(),
-        [path, flag, dir] if flag == "--workdir" => {
-            if !dir.is_empty() && std::env::set_current_dir(dir).is_err() {
-                eprintln!("sbx-agent serve-port: the working directory {dir} cannot be entered");
-            }
-            path.as_str()
-        }
-        _ => {
-            eprintln!(
-                "usage: sbx-agent serve-port PATH [--workdir DIR] (PATH: a virtio-serial \
-                 port, /dev/vportNpM)"
-            );
-            return ExitCode::from(2);
-        }
+    const USAGE: &str = "usage: sbx-agent serve-port PATH [--workdir DIR] [--user USER] (PATH: \
+                         a virtio-serial port, /dev/vportNpM)";
+    let Some((path, mut rest)) = args.split_first() else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
     };
+    let (mut workdir, mut user) = (None, None);
+    loop {
+        match rest {
+            [] => break,
+            [flag, dir, more @ ..] if flag == "--workdir" => (workdir, rest) = (Some(dir), more),
+            [flag, who, more @ ..] if flag == "--user" => (user, rest) = (Some(who), more),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let path = path.as_str();
+    if let Some(dir) = workdir
+        && !dir.is_empty()
+        && std::env::set_current_dir(dir).is_err()
+    {
+        eprintln!("sbx-agent serve-port: the working directory {dir} cannot be entered");
+    }
     // The guest's init starts it as a background job, with SIGINT ignored.
     sbx_agent::signals::reset();
     sbx_agent::signals::ignore_broken_pipe();
@@ -205,7 +215,20 @@ fn serve_port(args: &[String]) -> ExitCode {
         eprintln!("sbx-agent serve-port: {message}");
         return ExitCode::from(2);
     }
-    match sbx_agent::port::serve(std::path::Path::new(path)) {
+    let port = match sbx_agent::port::open(std::path::Path::new(path)) {
+        Ok(port) => port,
+        Err(e) => {
+            eprintln!("sbx-agent: the exec port {path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(user) = user.filter(|u| !u.is_empty())
+        && let Err(e) = sbx_agent::signals::become_user(Some(user), None)
+    {
+        eprintln!("sbx-agent serve-port: {e}");
+        return ExitCode::from(2);
+    }
+    match sbx_agent::port::serve_file(port) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sbx-agent: the exec port {path}: {e}");

@@ -35,7 +35,16 @@ const NOT_CONNECTED_RETRY: Duration = Duration::from_millis(100);
 
 /// Serves execs on the port at `path`, one turn after the other, for ever.
 pub fn serve(path: &Path) -> io::Result<()> {
-    let port = File::options().read(true).write(true).open(path)?;
+    serve_file(open(path)?)
+}
+
+/// The port at `path`, opened to serve (before the agent drops to a user who may not open it).
+pub fn open(path: &Path) -> io::Result<File> {
+    File::options().read(true).write(true).open(path)
+}
+
+/// [`serve`] on a port already open.
+pub fn serve_file(port: File) -> io::Result<()> {
     let out = Arc::new(Mutex::new(port.try_clone()?));
     let mut input = Input::new(port);
     let mut running: Option<Running> = None;

@@ -111,7 +111,7 @@ pub fn run(args: &[String]) -> (String, u8) {
 /// `run --user USER --workdir DIR`, as a container runtime does it: USER (an image's `User`,
 /// names looked up in this root's `/etc/passwd` and `/etc/group`) with its groups, and DIR
 /// (made by root first when missing) as the directory. Runs as root, before the exec.
-fn become_user(user: Option<&str>, workdir: Option<&str>) -> Result<(), String> {
+pub fn become_user(user: Option<&str>, workdir: Option<&str>) -> Result<(), String> {
     use nix::unistd::{Gid, Uid, setgroups, setresgid, setresuid};
     let resolved = match user {
         Some(user) => Some(crate::user::resolve(

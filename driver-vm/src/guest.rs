@@ -82,14 +82,14 @@ pub fn image_script<'a>(
 
 /// `/etc/sbx/run.env`: what this run of the guest is.
 /// With `network` (address, gateway) the guest sets up its NIC and names the gateway's
-/// resolver in `/etc/resolv.conf`. With `workdir` (a sandbox of an image: its WorkingDir), the guest mounts the image's root
+/// resolver in `/etc/resolv.conf`. With `image` (WorkingDir and User: a sandbox of an image: its WorkingDir), the guest mounts the image's root
 /// disk and runs everything in it, execs starting there.
 pub fn run_env(
     run_id: &str,
     generation: u64,
     hostname: &str,
     grace: Duration,
-    workdir: Option<&str>,
+    image: Option<(&str, &str)>,
     network: Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)>,
 ) -> String {
     let mut text = format!(
@@ -103,11 +103,12 @@ pub fn run_env(
     if let Some((address, gateway)) = network {
         text.push_str(&format!("SBX_NET_ADDR={address}\nSBX_NET_GW={gateway}\n"));
     }
-    if let Some(dir) = workdir {
+    if let Some((dir, user)) = image {
         text.push_str(&format!(
-            "SBX_ROOT_SERIAL={}\nSBX_WORKDIR={}\n",
+            "SBX_ROOT_SERIAL={}\nSBX_WORKDIR={}\nSBX_USER={}\n",
             super::qemu::ROOT_SERIAL,
-            shell_quote(dir)
+            shell_quote(dir),
+            shell_quote(user)
         ));
     }
     text

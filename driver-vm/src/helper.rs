@@ -93,7 +93,9 @@ impl Inner {
             0,
             &helper.name,
             Duration::from_secs(1),
-            helper.spec.process.as_ref().map(|p| p.cwd.as_str()),
+            // As root of the guest, whatever the image's User: a stopped sandbox's copy is
+            // its root's, as on oci (`sbx-agent offline`).
+            helper.spec.process.as_ref().map(|p| (p.cwd.as_str(), "")),
             None,
         ) + "SBX_HELPER=1\n";
         let no_run = std::collections::BTreeMap::new();

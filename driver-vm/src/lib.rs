@@ -24,7 +24,8 @@
 //! image) and runs the command and every exec there (`chroot`): the spec's command or the
 //! image's Entrypoint + Cmd, the image's Env with the spec's over it, its WorkingDir (execs
 //! start there too) and its User (resolved by the guest's agent in the root's own
-//! `/etc/passwd`) — as the oci driver does (`sbx_host_kit::image_process`). A spec without
+//! `/etc/passwd`; the exec agents drop to it once their port is open, so execs, copies and
+//! forwards run as it, as an oci sandbox's do) — as the oci driver does (`sbx_host_kit::image_process`). A spec without
 //! an image (a driver used without a store) boots the busybox initramfs as its root, the
 //! command run in `/sandbox`.
 //!
@@ -675,7 +676,10 @@ impl HostDriver for Inner {
                 generation,
                 &rec.name,
                 self.opts.default_grace,
-                rec.spec.process.as_ref().map(|p| p.cwd.as_str()),
+                rec.spec
+                    .process
+                    .as_ref()
+                    .map(|p| (p.cwd.as_str(), p.user.as_str())),
                 attached.as_ref().map(|a| (a.address, a.gateway)),
             ),
             &command,

@@ -1,7 +1,8 @@
 //! The vm driver runs the sandbox's image: the guest's root is the image's (a base disk built
 //! once per image, a copy-on-write root disk per sandbox), its Cmd, Env, WorkingDir and User
-//! apply, the image's own owners are on its files, a change to the root survives a stop and
-//! a start and a new driver, and two sandboxes of one image do not see each other's changes.
+//! apply (the User to execs too, as on oci), the image's own owners are on its files, a
+//! change to the root survives a stop and a start and a new driver, and two sandboxes of one
+//! image do not see each other's changes.
 //! Delete leaves neither the VM nor the root disk.
 
 mod vm_support;
@@ -144,7 +145,7 @@ async fn vm_runs_its_image_and_keeps_its_root_until_delete() {
             "1000:1000",
             "bar-from-image",
             "/app",
-            "0",
+            "1000",
             "1000",
             "/app"
         ],
@@ -195,10 +196,14 @@ async fn vm_runs_its_image_and_keeps_its_root_until_delete() {
     let (code, _, _) = sh(&driver, &a, "test -e /etc/sbx/run.env").await;
     assert_eq!(code, 1, "the initramfs is not the root");
 
-    // A change under /etc in one sandbox; the other, of the same image, does not see it.
-    let (code, _, err) = sh(&driver, &a, "echo changed-in-a > /etc/changed; sync").await;
+    // Execs run as the image's User too, as on oci: /etc is not its to write.
+    let (code, _, _) = sh(&driver, &a, "echo no > /etc/changed").await;
+    assert_ne!(code, 0, "the image's User wrote /etc");
+    // A change to the root filesystem in one sandbox (in its User's home); the other, of the
+    // same image, does not see it.
+    let (code, _, err) = sh(&driver, &a, "echo changed-in-a > /app/changed; sync").await;
     assert_eq!(code, 0, "{err}");
-    let (code, _, _) = sh(&driver, &b, "test -e /etc/changed").await;
+    let (code, _, _) = sh(&driver, &b, "test -e /app/changed").await;
     assert_eq!(code, 1, "b sees a's change");
 
     // Kept across a stop and a start...
@@ -217,12 +222,12 @@ async fn vm_runs_its_image_and_keeps_its_root_until_delete() {
         })
         .await
         .expect("start");
-    let (code, out, err) = sh(&driver, &a, "cat /etc/changed").await;
+    let (code, out, err) = sh(&driver, &a, "cat /app/changed").await;
     assert_eq!((code, out.trim()), (0, "changed-in-a"), "{err}");
     // ... and a new driver (the VMs outlive it).
     drop(driver);
     let driver = env.open_with_images(store.clone()).await;
-    let (code, out, err) = sh(&driver, &a, "cat /etc/changed; cat /etc/marker").await;
+    let (code, out, err) = sh(&driver, &a, "cat /app/changed; cat /etc/marker").await;
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "changed-in-a\nmarker-from-image\n");
 

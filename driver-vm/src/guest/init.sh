@@ -145,7 +145,7 @@ if port_named "sbx.exec.$((SBX_EXEC_CHANNELS - 1))" > /dev/null; then
     case "$(cat "$p/name" 2>/dev/null)" in
       sbx.exec.*)
         if [ -n "$root" ]; then
-          ( . /etc/sbx/process.env; exec /bin/chroot "$root" /dev/.sbx/sbx-agent serve-port "/dev/${p##*/}" --workdir "$SBX_WORKDIR" < /dev/null > /dev/ttyS0 2>&1 ) &
+          ( . /etc/sbx/process.env; exec /bin/chroot "$root" /dev/.sbx/sbx-agent serve-port "/dev/${p##*/}" --workdir "$SBX_WORKDIR" --user "${SBX_USER:-}" < /dev/null > /dev/ttyS0 2>&1 ) &
         else
           ( cd /sandbox && exec /bin/sbx-agent serve-port "/dev/${p##*/}" < /dev/null > /dev/ttyS0 2>&1 ) &
         fi ;;
