@@ -819,7 +819,8 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
 
 /// The vm driver on the same network: the guest holds its leased address itself (on a NIC
 /// whose tap is in the sandbox's namespace), and reaches what its policy admits, by address
-/// and by a name through the gateway's resolver, and nothing else; a live allow; the guest,
+/// and by a name through the gateway's resolver, and nothing else (a second address, the
+/// gateway's port, the host, another sandbox); a live allow; the guest,
 /// root in its own kernel, changes its address or its MAC and then reaches nothing; a SIGKILL
 /// of sbxd keeps its address and rules; delete leaves nothing. In the `vm` test group.
 #[test]
@@ -945,7 +946,23 @@ fn vm_sandbox_gets_the_network_policy_and_resolver_and_cannot_spoof() {
     );
     assert_eq!(created.code, 0, "{created:?}");
     assert_eq!(connect(&ep, "vother", &upa, 83), "hello 83");
+    // Another sandbox is not reachable: a server in vother (busybox nc, one connection),
+    // refused from vweb, then reached from vother itself (so it was listening).
     let other_net = network(&ep, "vother");
+    let listener = std::thread::spawn({
+        let ep = ep.clone();
+        move || exec(&ep, "vother", "echo peer | timeout 30 nc -l -p 9000")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let other_addr = other_net["address"].as_str().unwrap().to_string();
+    let to_peer = connect(&ep, "vweb", &other_addr, 9000);
+    assert!(to_peer.starts_with("refused"), "another sandbox: {to_peer}");
+    assert_eq!(
+        connect(&ep, "vother", "127.0.0.1", 9000),
+        "peer",
+        "it listened"
+    );
+    let _ = listener.join();
     let other = other_net["address"].as_str().unwrap().to_string();
     let other = other.as_str();
     let readdress = |from: &str, to: &str| {
