@@ -407,6 +407,9 @@ mod tests {
                    kernel/fs/ext4/ext4.ko: kernel/lib/crc16.ko kernel/fs/mbcache.ko kernel/fs/jbd2/jbd2.ko\n\
                    kernel/lib/crc16.ko:\nkernel/fs/mbcache.ko:\nkernel/fs/jbd2/jbd2.ko:\n\
                    kernel/drivers/char/virtio_console.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko\n\
+                   kernel/drivers/net/virtio_net.ko: kernel/drivers/net/net_failover.ko kernel/net/core/failover.ko kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko\n\
+                   kernel/drivers/net/net_failover.ko: kernel/net/core/failover.ko\n\
+                   kernel/net/core/failover.ko:\n\
                    kernel/drivers/acpi/button.ko:\n";
         std::fs::write(dir.path().join("modules.dep"), dep).unwrap();
         // evdev is built in here.
@@ -425,6 +428,7 @@ mod tests {
         assert!(pos("virtio") < pos("virtio_mmio"));
         assert!(pos("jbd2") < pos("ext4") && pos("crc16") < pos("ext4"));
         assert_eq!(order.iter().filter(|m| *m == "virtio").count(), 1);
+        assert!(pos("failover") < pos("net_failover") && pos("net_failover") < pos("virtio_net"));
         assert!(!order.contains(&"evdev".to_string()));
 
         // Neither a module nor built in: the error names it.

@@ -352,7 +352,10 @@ mod tests {
                 ("backend", "vm")
             ]
         );
-        assert_eq!(needing_images("backend"), [("backend", "oci")]);
+        assert_eq!(
+            needing_images("backend"),
+            [("backend", "oci"), ("backend", "vm")]
+        );
     }
 
     #[tokio::test]

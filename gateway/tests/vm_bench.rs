@@ -250,7 +250,7 @@ async fn vm_reattach_running_vms_after_sigkill() {
     let mut d = Sbxd::start(
         data.path(),
         "vm",
-        &["--vm-accel", "tcg", "--vm-memory-mib", "128"],
+        &["--vm-accel", "tcg", "--vm-memory-mib", "256"],
     );
     let sb = d.sandboxes().await;
     let began = Instant::now();
@@ -291,7 +291,7 @@ async fn vm_reattach_running_vms_after_sigkill() {
         data.path(),
         "vm",
         "127.0.0.1:0",
-        &["--vm-accel", "tcg", "--vm-memory-mib", "128"],
+        &["--vm-accel", "tcg", "--vm-memory-mib", "256"],
     );
     d.wait_serving();
     let serving = spawned.elapsed();

@@ -403,7 +403,7 @@ pub fn parse_pids_limit(text: &str) -> Result<i64, String> {
 
 /// The smallest guest memory the vm flags take: a Debian kernel and the busybox initramfs
 /// do not boot in less (the vm driver raises a sandbox's own request to the same floor).
-pub const VM_MIN_MEMORY_MIB: u64 = 128;
+pub const VM_MIN_MEMORY_MIB: u64 = 256;
 /// The largest guest memory the vm flags take (1 TiB): beyond it is surely a typo.
 pub const VM_MAX_MEMORY_MIB: u64 = 1024 * 1024;
 /// The smallest persistent disk: an ext4 file system with its journal needs a few MiB.
@@ -434,7 +434,7 @@ pub struct VmArgs {
     )]
     pub accel: Accel,
 
-    /// Guest memory in MiB for sandboxes whose spec asks for none (at least 128).
+    /// Guest memory in MiB for sandboxes whose spec asks for none (at least 256).
     #[arg(
         long = "vm-memory-mib",
         env = "SBX_VM_MEMORY_MIB",
@@ -769,14 +769,14 @@ mod tests {
         let err = parse_vm_accel("hvf").unwrap_err();
         assert!(err.contains("hvf") && err.contains("tcg"), "{err}");
 
-        assert_eq!(parse_vm_memory_mib("128"), Ok(128));
+        assert_eq!(parse_vm_memory_mib("256"), Ok(256));
         assert_eq!(parse_vm_disk_mib(" 16 "), Ok(16));
         assert_eq!(parse_vm_boot_timeout("1"), Ok(1));
         for (parse, bad, mentions) in [
             (
                 parse_vm_memory_mib as fn(&str) -> Result<u64, String>,
-                "127",
-                "at least 128",
+                "255",
+                "at least 256",
             ),
             (parse_vm_memory_mib, "2G", "not a whole number"),
             (parse_vm_memory_mib, "-1", "not a whole number"),
@@ -796,6 +796,8 @@ mod tests {
     fn vm_backend_needs_a_state_dir_and_takes_the_vm_flags() {
         let err = host(&["--backend", "vm", "--socket", "/s"]).unwrap_err();
         assert!(err.to_string().contains("--state-dir"), "{err}");
+        let err = host(&["--backend", "vm", "--socket", "/s", "--state-dir", "/d"]).unwrap_err();
+        assert!(err.to_string().contains("--image-store"), "{err}");
 
         let args = host(&[
             "--backend",
@@ -804,6 +806,8 @@ mod tests {
             "/s",
             "--state-dir",
             "/d",
+            "--image-store",
+            "/i",
             "--vm-accel",
             "tcg",
             "--vm-memory-mib",
@@ -830,13 +834,15 @@ mod tests {
             "/s",
             "--state-dir",
             "/d",
+            "--image-store",
+            "/i",
             "--vm-memory-mib",
             "64",
         ])
         .unwrap_err()
         .to_string();
         assert!(
-            err.contains("--vm-memory-mib") && err.contains("at least 128"),
+            err.contains("--vm-memory-mib") && err.contains("at least 256"),
             "{err}"
         );
     }
@@ -863,6 +869,8 @@ mod tests {
                 "/s",
                 "--state-dir",
                 "/d",
+                "--image-store",
+                "/i",
             ]
             .map(OsString::from)
             .to_vec();

@@ -309,7 +309,11 @@ mod tests {
         );
         let joined = vm.join(" ");
         assert!(
-            joined.starts_with("--cgroup-parent cg --vm-accel tcg ")
+            joined.starts_with(&format!(
+                "--cgroup-parent cg --image-store {} ",
+                images.root().display()
+            )) && joined.contains("--vm-accel tcg ")
+                && joined.contains("--network-cidr")
                 && joined.contains("--vm-boot-timeout 45")
                 && joined.ends_with("--vm-kernel /k"),
             "{joined}"

@@ -972,7 +972,7 @@ mod tests {
     fn bad_vm_values_are_usage_errors_naming_the_flag() {
         for (flag, value, mentions) in [
             ("--vm-accel", "xen", "auto, kvm or tcg"),
-            ("--vm-memory-mib", "100", "at least 128"),
+            ("--vm-memory-mib", "100", "at least 256"),
             ("--vm-memory-mib", "lots", "not a whole number"),
             ("--vm-disk-mib", "8", "at least 16"),
             ("--vm-boot-timeout", "0", "at least 1"),
