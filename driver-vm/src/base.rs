@@ -1,6 +1,7 @@
 //! An image's base disk: its layers as one read-only ext4 filesystem, built once per manifest
-//! digest at `<state_dir>/bases/<hex>.ext4`, the backing file of every sandbox's root disk
-//! (`root.qcow2`, copy-on-write) of that image.
+//! digest at `<state_dir>/bases/<hex>-<build>.ext4` (`<hex>.current` names the image's current
+//! one), the backing file of every sandbox's root disk (`root.qcow2`, copy-on-write) of that
+//! image. Host root's, mode 0444, in a 0700 directory.
 //!
 //! **Why ext4 made by `mkfs.ext4 -d`** (e2fsprogs): the guest's kernel already mounts ext4
 //! for `/sandbox`, so no module is added; `-d` fills the filesystem from a directory in one
@@ -19,15 +20,16 @@
 //! uids, not the host's. Both the overlay and the disk file are handed to it as descriptors
 //! (`/proc/self/fd/N`), so nothing in the driver's private state directory is walked by it.
 //!
-//! **Never half-used.** The disk is built under a temporary name, checked with `e2fsck -fn`,
-//! synced and renamed into place; a build killed halfway leaves only a temporary file, which
-//! the next build of any image removes. A base is checked again (`e2fsck -fn`) the first time
-//! a driver process uses it; one missing or damaged is built anew from the layers (sandboxes
-//! already made on a damaged base keep it: their roots were on it).
+//! **Never half-used, never replaced under a sandbox.** The disk is built under a temporary
+//! name, checked with `e2fsck -fn`, synced and renamed to a name of its own build, and only
+//! then does the image's pointer name it; a build killed halfway leaves only a temporary
+//! file, which a later build removes. A base is checked again (`e2fsck -fn`) the first time a
+//! driver process uses it; one missing or damaged gets a new build, and the pointer moves to
+//! it. The old file is left where it is: sandboxes made on it have their roots over it.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -42,7 +44,8 @@ use sbx_images::{IdMap, ImageInfo, ImageStore};
 #[derive(Debug)]
 pub struct Bases {
     dir: PathBuf,
-    checked: Mutex<HashSet<String>>,
+    /// The current base of each image this process has checked.
+    checked: Mutex<HashMap<String, PathBuf>>,
     /// Free space in a new base, in MiB.
     free_mib: u64,
 }
@@ -60,42 +63,62 @@ impl Bases {
     pub fn new(state_dir: &Path, free_mib: u64) -> Result<Bases, DriverError> {
         let dir = state_dir.join("bases");
         std::fs::create_dir_all(&dir).map_err(|e| internal("making the bases directory", e))?;
+        // Host root's alone: a base is the root filesystem of every VM of its image.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| internal("making the bases directory private", e))?;
         Ok(Bases {
             dir,
-            checked: Mutex::new(HashSet::new()),
+            checked: Mutex::new(HashMap::new()),
             free_mib,
         })
     }
 
-    /// Where the base of the image with this manifest digest is.
-    pub fn path(&self, digest: &str) -> PathBuf {
+    /// The file naming the image's current base (`<hex>.current`).
+    fn pointer(&self, digest: &str) -> PathBuf {
         let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
-        self.dir.join(format!("{hex}.ext4"))
+        self.dir.join(format!("{hex}.current"))
+    }
+
+    /// The image's current base, as its pointer names it (a base of this image's, in this
+    /// directory).
+    fn current(&self, digest: &str) -> Option<PathBuf> {
+        let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+        let name = std::fs::read_to_string(self.pointer(digest)).ok()?;
+        let name = name.trim();
+        let ok =
+            name.starts_with(&format!("{hex}-")) && name.ends_with(".ext4") && !name.contains('/');
+        ok.then(|| self.dir.join(name))
     }
 
     /// The image's base, built first when it is missing or damaged. Blocking (seconds for a
     /// large image): call it off the async threads. Builds of one image wait for each other.
+    /// A base is never replaced in place: sandboxes' roots are copy-on-write over the very
+    /// file they were made on, so a new build gets a name of its own and the pointer moves.
     pub fn ensure(
         &self,
         store: &ImageStore,
         info: &ImageInfo,
     ) -> Result<(PathBuf, Made), DriverError> {
-        let path = self.path(&info.digest);
-        if locked(&self.checked).contains(&info.digest) && path.is_file() {
-            return Ok((path, Made::Found));
+        if let Some(path) = locked(&self.checked).get(&info.digest)
+            && path.is_file()
+        {
+            return Ok((path.clone(), Made::Found));
         }
-        let lock_path = path.with_extension("lock");
+        let lock_path = self.pointer(&info.digest).with_extension("lock");
         let lock_file = File::create(&lock_path).map_err(|e| internal("the base's lock", e))?;
         let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
             .map_err(|(_, e)| internal("locking the base", e))?;
-        if path.is_file() {
-            match fsck(&path) {
-                Ok(()) => {
-                    locked(&self.checked).insert(info.digest.clone());
+        if let Some(path) = self.current(&info.digest) {
+            match path.is_file().then(|| fsck(&path)) {
+                Some(Ok(())) => {
+                    locked(&self.checked).insert(info.digest.clone(), path.clone());
                     return Ok((path, Made::Found));
                 }
-                Err(why) => {
-                    tracing::warn!(base = %path.display(), %why, "a damaged base disk is built again");
+                Some(Err(why)) => {
+                    tracing::warn!(base = %path.display(), %why, "a damaged base disk: new sandboxes get a new one");
+                }
+                None => {
+                    tracing::warn!(base = %path.display(), "a missing base disk is built again");
                 }
             }
         }
@@ -108,11 +131,13 @@ impl Bases {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
+        let hex = info.digest.strip_prefix("sha256:").unwrap_or(&info.digest);
+        let name = format!("{hex}-{}.ext4", uuid::Uuid::new_v4().simple());
+        let path = self.dir.join(&name);
         std::fs::rename(&tmp, &path).map_err(|e| internal("placing the base disk", e))?;
-        if let Ok(dir) = File::open(&self.dir) {
-            let _ = dir.sync_all();
-        }
-        locked(&self.checked).insert(info.digest.clone());
+        sbx_host_kit::records::write_atomically(&self.pointer(&info.digest), name.as_bytes())
+            .map_err(|e| internal("naming the image's base disk", e))?;
+        locked(&self.checked).insert(info.digest.clone(), path.clone());
         Ok((path, Made::Built))
     }
 
@@ -174,6 +199,16 @@ impl Bases {
                 info.digest
             ))
         })?;
+        // Host root's, read-only: mkfs wrote it as the store's root (host uid 200000, which is
+        // the host side of other sandboxes' root).
+        nix::unistd::chown(
+            tmp,
+            Some(nix::unistd::Uid::from_raw(0)),
+            Some(nix::unistd::Gid::from_raw(0)),
+        )
+        .map_err(|e| internal("handing the base disk back to root", e))?;
+        std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o444))
+            .map_err(|e| internal("making the base disk read-only", e))?;
         File::open(tmp)
             .and_then(|f| f.sync_all())
             .map_err(|e| internal("syncing the base disk", e))
@@ -332,12 +367,24 @@ mod tests {
         }
         let again = Bases::new(&state, 16).unwrap();
         assert!(fsck(&path).is_err(), "the damage is seen");
-        assert_eq!(again.ensure(&store, &info).unwrap().1, Made::Built);
-        assert!(fsck(&path).is_ok());
+        let (rebuilt, made) = again.ensure(&store, &info).unwrap();
+        assert_eq!(made, Made::Built);
+        assert_ne!(rebuilt, path, "a new build, not the old file replaced");
+        assert!(
+            path.is_file(),
+            "the old file stays for the sandboxes made on it"
+        );
+        assert!(fsck(&rebuilt).is_ok());
         // Missing: built anew.
-        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&rebuilt).unwrap();
         let again = Bases::new(&state, 16).unwrap();
-        assert_eq!(again.ensure(&store, &info).unwrap().1, Made::Built);
+        let (third, made) = again.ensure(&store, &info).unwrap();
+        assert_eq!(made, Made::Built);
+        // Host root's and read-only, in a private directory.
+        let meta = std::fs::metadata(&third).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o444));
+        let dir = std::fs::metadata(state.join("bases")).unwrap();
+        assert_eq!(dir.mode() & 0o777, 0o700);
         // No temporary file or mount point is left.
         let left: Vec<_> = std::fs::read_dir(state.join("bases"))
             .unwrap()

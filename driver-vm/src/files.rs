@@ -68,7 +68,12 @@ impl ToolRun {
             ..Default::default()
         };
         let out = driver
-            .exec_for(what, req, input.unwrap_or_else(no_exec_input))
+            .exec_for(
+                what,
+                req,
+                input.unwrap_or_else(no_exec_input),
+                tool != "connect",
+            )
             .await?;
         Ok(ToolRun {
             tool,

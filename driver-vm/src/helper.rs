@@ -75,6 +75,14 @@ impl Inner {
         if rec.desired == Desired::Running {
             return Ok(None);
         }
+        // A stop that did not finish: its QEMU still runs on the disks (and owns the files a
+        // launch would replace).
+        if Inner::is_alive(&rec) {
+            return Err(DriverError::FailedPrecondition(format!(
+                "sandbox {id} is stopped but its vm has not ended (a stop did not finish); stop \
+                 it again, then copy"
+            )));
+        }
         let paths = self.paths(id);
         let mut helper = VmRecord {
             run_id: format!("helper{}", Uuid::new_v4().simple()),

@@ -498,7 +498,8 @@ impl Inner {
             if let Some(why) = report.fatal {
                 self.terminate(rec, Duration::ZERO).await?;
                 return Err(DriverError::FailedPrecondition(format!(
-                    "the guest could not start the command: {why}"
+                    "the guest could not start the command: {}",
+                    safefs_printable(&why)
                 )));
             }
             if report.ready {
@@ -602,11 +603,21 @@ impl HostDriver for Inner {
             observed.reason = "CommandNotFound";
             observed.message = format!(
                 "command not found: {} (the main process exited with code 127)",
-                safefs_printable(rec.spec.command.first().map_or("", |c| c.as_str()))
+                safefs_printable(
+                    rec.spec
+                        .process
+                        .as_ref()
+                        .map_or(&rec.spec.command, |p| &p.args)
+                        .first()
+                        .map_or("", |c| c.as_str())
+                )
             );
         } else if let Some(why) = &report.fatal {
             observed.reason = "GuestFailed";
-            observed.message = format!("the guest's init could not run the command: {why}");
+            observed.message = format!(
+                "the guest's init could not run the command: {}",
+                safefs_printable(why)
+            );
         } else if observed.reason == "Lost" {
             observed.message = "the VM ended without the guest reporting an exit (QEMU was \
                                 killed, or the guest crashed)"
@@ -640,6 +651,8 @@ impl HostDriver for Inner {
         run_env: RunEnv,
     ) -> Result<pb::Snapshot, DriverError> {
         let id = rec.sandbox_id;
+        // The run's variables are exported by the guest's shell: names must be identifiers.
+        service::validate_env_names("the run's environment", run_env.keys())?;
         let paths = self.paths(id);
         record::write_generation(&paths, generation)
             .map_err(|e| internal("writing the generation marker", e))?;

@@ -125,7 +125,7 @@ impl VmDriver {
         req: pb::ExecRequest,
         input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
-        self.exec_for("exec", req, input).await
+        self.exec_for("exec", req, input, false).await
     }
 
     /// [`exec_stream`](Self::exec_stream) on behalf of `what` (`exec`, `copying files`,
@@ -135,12 +135,16 @@ impl VmDriver {
         what: &str,
         req: pb::ExecRequest,
         input: ExecInputStream,
+        copy: bool,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
         let id = parse_sandbox_id(&req.sandbox_id)?;
         validate_command("exec", &req.command, &req.env)?;
         let rec = self.inner.records.require(id)?;
-        // A stopped sandbox's helper guest (a copy): its run, not the sandbox's.
-        let helper = locked(&self.inner.helpers).get(&id).cloned();
+        // A stopped sandbox's helper guest serves its copy (`copy`), and nothing else: an
+        // exec of a stopped sandbox is refused as before.
+        let helper = copy
+            .then(|| locked(&self.inner.helpers).get(&id).cloned())
+            .flatten();
         if rec.desired == Desired::Running && rec.paused {
             return Err(DriverError::FailedPrecondition(format!(
                 "sandbox {id} is paused; {what} needs a running vm (resume it first)"

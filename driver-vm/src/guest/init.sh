@@ -86,7 +86,8 @@ if [ -n "${SBX_ROOT_SERIAL:-}" ]; then
   root=/sbx/root
   mkdir -p "$root"
   mount -t ext4 -o noinit_itable "$rootdev" "$root" || die "cannot mount the root disk $rootdev"
-  for d in proc sys dev sandbox; do
+  for d in proc sys dev sandbox etc; do
+    [ -L "$root/$d" ] && die "the image's /$d is a symbolic link, where the guest mounts its own"
     [ -d "$root/$d" ] || mkdir -p "$root/$d" || die "cannot make /$d in the image's root"
   done
   mount -t proc proc "$root/proc"
@@ -98,7 +99,7 @@ if [ -n "${SBX_ROOT_SERIAL:-}" ]; then
   mount --bind /sandbox "$root/sandbox"
   # The gateway's resolver as the image's /etc/resolv.conf (bound over it, as a container
   # runtime does; written when the image has none).
-  if [ -n "${SBX_NET_ADDR:-}" ] && [ -d "$root/etc" ]; then
+  if [ -n "${SBX_NET_ADDR:-}" ]; then
     if [ -f "$root/etc/resolv.conf" ] && [ ! -L "$root/etc/resolv.conf" ]; then
       mount --bind /etc/resolv.conf "$root/etc/resolv.conf"
     else
@@ -145,7 +146,11 @@ if port_named "sbx.exec.$((SBX_EXEC_CHANNELS - 1))" > /dev/null; then
     case "$(cat "$p/name" 2>/dev/null)" in
       sbx.exec.*)
         if [ -n "$root" ]; then
-          ( . /etc/sbx/process.env; exec /bin/chroot "$root" /dev/.sbx/sbx-agent serve-port "/dev/${p##*/}" --workdir "$SBX_WORKDIR" --user "${SBX_USER:-}" < /dev/null > /dev/ttyS0 2>&1 ) &
+          # The init's values are taken before the image's Env is sourced (it may name any of
+          # them): as positional arguments, which sourcing cannot change.
+          ( set -- "$root" "/dev/${p##*/}" "$SBX_WORKDIR" "${SBX_USER:-}"
+            . /etc/sbx/process.env
+            exec /bin/chroot "$1" /dev/.sbx/sbx-agent serve-port "$2" --workdir "$3" --user "$4" < /dev/null > /dev/ttyS0 2>&1 ) &
         else
           ( cd /sandbox && exec /bin/sbx-agent serve-port "/dev/${p##*/}" < /dev/null > /dev/ttyS0 2>&1 ) &
         fi ;;
