@@ -98,9 +98,10 @@
 //! - The console (the log) grows without rotation and also holds the kernel's few messages
 //!   (it boots `quiet`) and the init's lines, read as stdout; the main process's stdout and
 //!   stderr reach it through the agent's loggers (`sbx-agent log`) as records, apart.
-//! - A base disk stays in `<state_dir>/bases` after its image is deleted (sandboxes' roots
-//!   are on it; nothing collects bases no sandbox uses yet). A damaged base is built again
-//!   for new sandboxes; those made on it keep their roots on it.
+//! - A base disk stays in `<state_dir>/bases` after its image is deleted, and an old build
+//!   after a new one replaced it as the image's current (sandboxes' roots may be on it;
+//!   nothing collects bases no sandbox uses yet). A damaged base gets a new build for new
+//!   sandboxes; those made on it keep their roots over it.
 //! - A copy into or out of a stopped VM boots a helper guest on its disks ([`helper`]): a
 //!   boot's seconds under TCG.
 //! - Under TCG a boot takes seconds and the guest's clock rate comes from the host's
