@@ -12,7 +12,7 @@
 //! helper runs finds its QEMU at open by the pidfile and ends it (the record says stopped).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedMutexGuard;
 use uuid::Uuid;
@@ -22,12 +22,20 @@ use super::{Inner, assets, guest};
 use sbx_driver_api::DriverError;
 use sbx_host_kit::{Desired, HostDriver, internal, locked};
 
-/// A booted helper of sandbox `id`: ended (powered off) when dropped.
+/// A booted helper of sandbox `id`: ended (powered off) when dropped, or by its watchdog
+/// once the copy has moved no byte for the driver's `copy_idle_limit` (the helper holds the
+/// sandbox's lock, so a caller that stops reading or sending must not hold its start, stop
+/// and delete for ever; the copy then fails, its exec cut).
 pub(super) struct Helper {
     inner: Arc<Inner>,
     rec: VmRecord,
-    /// The sandbox's lock, handed to the task that ends the helper.
-    lock: Option<OwnedMutexGuard<()>>,
+    /// The sandbox's lock, taken by whichever ends the helper first (this or the watchdog)
+    /// and held until its QEMU is gone.
+    lock: Arc<std::sync::Mutex<Option<OwnedMutexGuard<()>>>>,
+    /// When the copy last moved a byte.
+    last: Arc<std::sync::Mutex<Instant>>,
+    /// Set when the watchdog ended the helper.
+    idled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Helper {
@@ -39,13 +47,37 @@ impl std::fmt::Debug for Helper {
     }
 }
 
-impl Drop for Helper {
-    fn drop(&mut self) {
-        locked(&self.inner.helpers).remove(&self.rec.sandbox_id);
-        let (inner, rec) = (Arc::clone(&self.inner), self.rec.clone());
-        // The lock goes with this task: nothing else runs on the sandbox until its helper is
-        // gone.
-        let held = self.lock.take();
+impl Helper {
+    /// The copy moved bytes.
+    pub(super) fn touch(&self) {
+        *locked(&self.last) = Instant::now();
+    }
+
+    /// The copy's error, said plainly when the watchdog ended the helper under it.
+    pub(super) fn explain(&self, e: DriverError) -> DriverError {
+        if self.idled.load(std::sync::atomic::Ordering::SeqCst) {
+            DriverError::Unavailable(format!(
+                "the copy moved no data for {}s and was ended: its helper vm held the stopped \
+                 sandbox (its start, stop and delete wait for a copy)",
+                self.inner.opts.copy_idle_limit.as_secs()
+            ))
+        } else {
+            e
+        }
+    }
+
+    /// Ends the helper (once: the lock goes to the first caller) in a task of its own, which
+    /// holds the sandbox's lock until the QEMU is gone.
+    fn end(
+        inner: &Arc<Inner>,
+        rec: &VmRecord,
+        lock: &std::sync::Mutex<Option<OwnedMutexGuard<()>>>,
+    ) {
+        let Some(held) = locked(lock).take() else {
+            return;
+        };
+        locked(&inner.helpers).remove(&rec.sandbox_id);
+        let (inner, rec) = (Arc::clone(inner), rec.clone());
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 let _held = held;
@@ -54,6 +86,12 @@ impl Drop for Helper {
                 }
             });
         }
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        Helper::end(&self.inner, &self.rec, &self.lock);
     }
 }
 
@@ -139,29 +177,64 @@ impl Inner {
         let booted = Helper {
             inner: Arc::clone(self),
             rec: helper,
-            lock: Some(lock),
+            lock: Arc::new(std::sync::Mutex::new(Some(lock))),
+            last: Arc::new(std::sync::Mutex::new(Instant::now())),
+            idled: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         self.wait_booted(&booted.rec).await?;
+        booted.touch();
+        // The watchdog: ends a helper whose copy has gone quiet; gone with the helper.
+        let (inner, rec) = (Arc::clone(self), booted.rec.clone());
+        let (lock, last) = (Arc::downgrade(&booted.lock), Arc::clone(&booted.last));
+        let idled = Arc::clone(&booted.idled);
+        let limit = self.opts.copy_idle_limit;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1).min(limit)).await;
+                let Some(lock) = lock.upgrade() else { return };
+                if locked(&lock).is_none() {
+                    return;
+                }
+                if locked(&last).elapsed() >= limit {
+                    tracing::warn!(sandbox_id = %rec.sandbox_id, ?limit, "a copy through a helper vm moved nothing: ended");
+                    idled.store(true, std::sync::atomic::Ordering::SeqCst);
+                    Helper::end(&inner, &rec, &lock);
+                    return;
+                }
+            }
+        });
+
         tracing::info!(sandbox_id = %id, "a helper vm serves a copy of the stopped sandbox");
         Ok(Some(booted))
     }
 }
 
-/// Whether the stream of a copy still needs its helper: it is held by the stream until the
-/// stream ends or is dropped.
+/// The stream of a copy out of a stopped sandbox, holding its helper until the stream ends or
+/// is dropped (or its watchdog ends a copy gone quiet).
 pub(super) fn hold<T: Send + 'static>(
     stream: sbx_driver_api::DriverStream<T>,
     helper: Option<Helper>,
 ) -> sbx_driver_api::DriverStream<T> {
-    match helper {
-        None => stream,
-        Some(helper) => Box::pin(futures::stream::unfold(
-            (stream, Some(helper)),
-            |(mut stream, helper)| async move {
-                use futures::StreamExt;
-                let item = stream.next().await?;
-                Some((item, (stream, helper)))
-            },
-        )),
-    }
+    let Some(helper) = helper else {
+        return stream;
+    };
+    Box::pin(futures::stream::unfold(
+        (stream, helper),
+        |(mut stream, helper)| async move {
+            use futures::StreamExt;
+            let item = stream.next().await?;
+            helper.touch();
+            Some((item.map_err(|e| helper.explain(e)), (stream, helper)))
+        },
+    ))
+}
+
+/// The data of a copy into a stopped sandbox, each chunk telling `helper` the copy moves.
+pub(super) fn watched(
+    data: sbx_driver_api::ByteStream,
+    helper: &Helper,
+) -> sbx_driver_api::ByteStream {
+    use futures::StreamExt;
+    let last = Arc::clone(&helper.last);
+    Box::pin(data.inspect(move |_| *locked(&last) = Instant::now()))
 }

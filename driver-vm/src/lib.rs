@@ -166,6 +166,9 @@ pub struct VmDriverOptions {
     /// Free space in an image's base disk: what a sandbox can add to its root filesystem
     /// (sparse: it costs the host nothing until written).
     pub root_free_mib: u64,
+    /// How long a copy into or out of a stopped sandbox (through a helper guest, which holds
+    /// the sandbox's lock) may go without a byte before it is ended.
+    pub copy_idle_limit: Duration,
     /// The gateway's sandbox network: a sandbox with a policy gets a tap in its namespace
     /// (see `sbx_network::guest`) and its address; `None`: loopback only.
     pub network: Option<Arc<sbx_network::Network>>,
@@ -194,6 +197,7 @@ impl Default for VmDriverOptions {
             images: None,
             root_free_mib: 2048,
             network: None,
+            copy_idle_limit: Duration::from_secs(60),
             boot_timeout: Duration::from_secs(45),
             max_parallel_boots: 0,
             default_grace: Duration::from_secs(5),

@@ -195,8 +195,16 @@ impl HostService for VmDriver {
         req: pb::CopyToStart,
         data: ByteStream,
     ) -> Result<pb::CopyToResponse, DriverError> {
-        let _helper = self.inner.helper_for(&req.sandbox_id).await?;
-        self.copy_to_vm(req, data).await
+        let Some(helper) = self.inner.helper_for(&req.sandbox_id).await? else {
+            return self.copy_to_vm(req, data).await;
+        };
+        // Through a helper (the sandbox's lock held): a caller gone quiet has the helper ended
+        // by its watchdog, and the copy fails.
+        let data = super::helper::watched(data, &helper);
+        let copied = self.copy_to_vm(req, data).await;
+        let copied = copied.map_err(|e| helper.explain(e));
+        drop(helper);
+        copied
     }
 
     async fn port_forward(

@@ -549,3 +549,72 @@ async fn vm_a_command_past_its_memory_is_oom_killed() {
         .expect("delete");
     env.assert_no_vm_left();
 }
+
+/// A copy into a stopped VM boots a helper guest that holds the sandbox's lock: a caller that
+/// then sends nothing has the copy ended after the driver's idle limit (here 3 s), and the
+/// sandbox starts at once after — the lock and the disks are let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_a_quiet_copy_into_a_stopped_sandbox_is_ended_and_lets_go_of_it() {
+    let env = VmEnv::new();
+    let driver = env
+        .open_with(VmDriverOptions {
+            copy_idle_limit: Duration::from_secs(3),
+            ..vm_support::options()
+        })
+        .await;
+    let id = uuid::Uuid::new_v4().to_string();
+    driver
+        .create(pb::CreateRequest {
+            sandbox_id: id.clone(),
+            workspace: "team-a".into(),
+            name: "quiet".into(),
+            spec: Some(pb::SandboxSpec {
+                command: vec!["sleep".into(), "3600".into()],
+                ..Default::default()
+            }),
+            generation: 1,
+            stopped: true,
+            ..Default::default()
+        })
+        .await
+        .expect("create stopped");
+    let began = Instant::now();
+    let quiet: sbx_drivers::ByteStream = Box::pin(futures::stream::pending());
+    let copied = tokio::time::timeout(
+        Duration::from_secs(120),
+        driver.copy_to(
+            pb::CopyToStart {
+                sandbox_id: id.clone(),
+                path: "/sandbox".into(),
+            },
+            quiet,
+        ),
+    )
+    .await
+    .expect("the quiet copy ends by itself");
+    eprintln!(
+        "the quiet copy ended after {:?}: {copied:?}",
+        began.elapsed()
+    );
+    assert!(
+        matches!(&copied, Err(sbx_drivers::DriverError::Unavailable(m)) if m.contains("moved no data for 3s")),
+        "{copied:?}"
+    );
+    let started = tokio::time::timeout(
+        Duration::from_secs(120),
+        driver.start(pb::StartRequest {
+            sandbox_id: id.clone(),
+            generation: 2,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("the start is not held by the copy")
+    .expect("start");
+    assert_eq!(started.state, pb::State::Running as i32, "{started:?}");
+    driver
+        .delete(pb::DeleteRequest { sandbox_id: id })
+        .await
+        .expect("delete");
+    env.assert_no_vm_left();
+}
