@@ -18,7 +18,7 @@ use sbx_driver_api::{
 use sbx_host_kit::service::HostService;
 use sbx_host_kit::{Desired, internal, lifecycle};
 use sbx_host_kit::{running, usage};
-use sbx_images::{ImageError, ImageInfo};
+use sbx_images::ImageInfo;
 
 sbx_host_kit::host_compute_driver!(OciDriver, create = create, networked);
 
@@ -132,13 +132,7 @@ impl Inner {
                     .to_string(),
             ));
         }
-        self.images.get(digest).map_err(|e| match e {
-            ImageError::NotFound { .. } => DriverError::InvalidArgument(format!(
-                "image {digest} is not in the image store at {}",
-                self.images.root().display()
-            )),
-            other => DriverError::InvalidArgument(format!("image {digest}: {other}")),
-        })
+        sbx_host_kit::image_process::stored_image(&self.images, digest)
     }
 
     /// The sandbox's directories: walkable to the rootfs by the sandbox's root (its host gid)

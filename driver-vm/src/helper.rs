@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::OwnedMutexGuard;
 use uuid::Uuid;
 
+use super::Inner;
 use super::record::VmRecord;
-use super::{Inner, assets, guest};
 use sbx_driver_api::DriverError;
+use sbx_host_kit::command::RunEnv;
 use sbx_host_kit::{Desired, HostDriver, internal, locked};
 
 /// A booted helper of sandbox `id`: ended (powered off) when dropped, or by its watchdog
@@ -132,33 +133,7 @@ impl Inner {
             network_allow: None,
             ..rec.clone()
         };
-        let mut initramfs = std::fs::read(&self.assets.initramfs)
-            .map_err(|e| internal("reading the shared initramfs", e))?;
-        let env = guest::run_env(
-            &helper.run_id,
-            0,
-            &helper.name,
-            Duration::from_secs(1),
-            // As root of the guest, whatever the image's User: a stopped sandbox's copy is
-            // its root's, as on oci (`sbx-agent offline`).
-            helper.spec.process.as_ref().map(|p| (p.cwd.as_str(), "")),
-            None,
-        ) + "SBX_HELPER=1\n";
-        let no_run = std::collections::BTreeMap::new();
-        let command = match &helper.spec.process {
-            Some(process) => guest::image_script(process, &no_run),
-            None => guest::command_script(std::iter::empty(), &helper.spec.command),
-        };
-        initramfs.extend(assets::run_archive(
-            &env,
-            &command,
-            helper
-                .spec
-                .process
-                .as_ref()
-                .map(guest::process_env)
-                .as_deref(),
-        ));
+        let initramfs = self.boot_initramfs(&helper, 0, &RunEnv::new(), None, true)?;
         let file = paths.dir.join("helper.cpio");
         std::fs::write(&file, initramfs)
             .map_err(|e| internal("writing the helper's initramfs", e))?;

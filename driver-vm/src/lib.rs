@@ -675,34 +675,13 @@ impl HostDriver for Inner {
         pause::remove_saved(&paths);
 
         let attached = self.attach(&rec).await?;
-        let mut initramfs = std::fs::read(&self.assets.initramfs)
-            .map_err(|e| internal("reading the shared initramfs", e))?;
-        let command = match &rec.spec.process {
-            Some(process) => guest::image_script(process, &run_env),
-            None => guest::command_script(
-                rec.spec
-                    .env
-                    .iter()
-                    .filter(|(k, _)| !run_env.contains_key(*k))
-                    .chain(&run_env),
-                &rec.spec.command,
-            ),
-        };
-        initramfs.extend(assets::run_archive(
-            &guest::run_env(
-                &rec.run_id,
-                generation,
-                &rec.name,
-                self.opts.default_grace,
-                rec.spec
-                    .process
-                    .as_ref()
-                    .map(|p| (p.cwd.as_str(), p.user.as_str())),
-                attached.as_ref().map(|a| (a.address, a.gateway)),
-            ),
-            &command,
-            rec.spec.process.as_ref().map(guest::process_env).as_deref(),
-        ));
+        let initramfs = self.boot_initramfs(
+            &rec,
+            generation,
+            &run_env,
+            attached.as_ref().map(|a| (a.address, a.gateway)),
+            false,
+        )?;
         std::fs::write(&paths.initramfs, initramfs)
             .map_err(|e| internal("writing the run's initramfs", e))?;
         let _slot = match self.boots.try_acquire() {
@@ -803,27 +782,65 @@ impl HostDriver for Inner {
 }
 
 impl Inner {
+    /// What one boot of `rec`'s guest starts from: the shared initramfs with the run's own
+    /// archive appended (run.env, the command script, the image's environment). A `helper`
+    /// boot (a copy of a stopped sandbox, [`helper`]) runs no command, as the guest's root,
+    /// with no network.
+    fn boot_initramfs(
+        &self,
+        rec: &VmRecord,
+        generation: u64,
+        run_env: &RunEnv,
+        network: Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)>,
+        helper: bool,
+    ) -> Result<Vec<u8>, DriverError> {
+        let mut initramfs = std::fs::read(&self.assets.initramfs)
+            .map_err(|e| internal("reading the shared initramfs", e))?;
+        let command = match &rec.spec.process {
+            Some(process) => guest::image_script(process, run_env),
+            None => guest::command_script(
+                rec.spec
+                    .env
+                    .iter()
+                    .filter(|(k, _)| !run_env.contains_key(*k))
+                    .chain(run_env),
+                &rec.spec.command,
+            ),
+        };
+        // A helper's copy is the guest root's, whatever the image's User, as a stopped oci
+        // sandbox's is (`sbx-agent offline`).
+        let image = rec.spec.process.as_ref().map(|p| {
+            let user = if helper { "" } else { p.user.as_str() };
+            (p.cwd.as_str(), user)
+        });
+        let mut env = guest::run_env(
+            &rec.run_id,
+            generation,
+            &rec.name,
+            self.opts.default_grace,
+            image,
+            network,
+        );
+        if helper {
+            env.push_str("SBX_HELPER=1\n");
+        }
+        initramfs.extend(assets::run_archive(
+            &env,
+            &command,
+            rec.spec.process.as_ref().map(guest::process_env).as_deref(),
+        ));
+        Ok(initramfs)
+    }
+
     /// The sandbox's place on the gateway's network (its namespace, tap, filters, address
     /// and policy; made when missing, kept when whole), or `None` for loopback only.
     async fn attach(&self, rec: &VmRecord) -> Result<Option<sbx_network::Attachment>, DriverError> {
-        let Some(allow) = &rec.network_allow else {
-            return Ok(None);
-        };
-        let Some(net) = &self.opts.network else {
-            return Err(DriverError::FailedPrecondition(format!(
-                "sandbox {} was made on the gateway's network with an egress policy, and this \
-                 sbxd has no network: start sbxd with the same --network-cidr and --network-name",
-                rec.sandbox_id
-            )));
-        };
-        let entries = sbx_network::parse_allowlist(allow)
-            .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
-        let (net, id) = (Arc::clone(net), rec.sandbox_id);
-        let attached = tokio::task::spawn_blocking(move || net.attach_guest(id, &entries))
-            .await
-            .map_err(|e| internal("attaching the sandbox's network", e))?
-            .map_err(|e| DriverError::Unavailable(format!("the sandbox's network: {e}")))?;
-        Ok(Some(attached))
+        sbx_host_kit::sandbox_network::attach_guest(
+            self.opts.network.as_ref(),
+            rec.sandbox_id,
+            rec.network_allow.as_ref(),
+        )
+        .await
     }
 
     /// How QEMU is launched for sandbox `id`: booting from `initramfs`, or (`incoming`)

@@ -16,10 +16,10 @@ use super::{Inner, VmDriver, qemu};
 use sbx_driver_api::{
     ByteStream, DriverError, DriverStream, ExecInputStream, ForwardInputStream, pb,
 };
-use sbx_host_kit::image_process::image_process;
+use sbx_host_kit::image_process::{image_process, stored_image};
 use sbx_host_kit::service::HostService;
 use sbx_host_kit::{Desired, internal, lifecycle, validate_command};
-use sbx_images::ImageError;
+use sbx_images::ImageInfo;
 
 /// The least memory a guest boots with: measured, 192 MiB ran out of memory while booting
 /// (the kernel, the initramfs in memory, the agents of 29 exec channels and two loggers),
@@ -265,8 +265,8 @@ async fn create(
     let id = lifecycle::create_id(&req)?;
     let run_env = sbx_host_kit::command::run_env(std::mem::take(&mut req.run_env))?;
     let spec = req.spec.unwrap_or_default();
-    let process = inner.image_process(&spec, &req.name)?;
-    if process.is_none() {
+    let image = inner.image_process(&spec, &req.name)?;
+    if image.is_none() {
         validate_command("the spec", &spec.command, &spec.env)?;
         validate_env_names("the spec", spec.env.keys())?;
     }
@@ -284,11 +284,15 @@ async fn create(
     if !paths.disk.exists() {
         make_disk(&paths.disk, inner.opts.disk_mib).await?;
     }
-    if let Some(p) = &process
-        && !paths.root.exists()
-    {
-        inner.make_root(p, &paths.root).await?;
-    }
+    let process = match image {
+        Some((process, info)) => {
+            if !paths.root.exists() {
+                inner.make_root(info, &paths.root).await?;
+            }
+            Some(process)
+        }
+        None => None,
+    };
     let resources = spec.resources.unwrap_or_default();
     let memory_mib = match resources.memory_bytes {
         0 => inner.opts.memory_mib,
@@ -346,7 +350,7 @@ impl Inner {
         &self,
         spec: &pb::SandboxSpec,
         hostname: &str,
-    ) -> Result<Option<GuestProcess>, DriverError> {
+    ) -> Result<Option<(GuestProcess, ImageInfo)>, DriverError> {
         if spec.image.is_empty() {
             return Ok(None);
         }
@@ -357,47 +361,39 @@ impl Inner {
                 spec.image
             )));
         };
-        let info = store.get(&spec.image).map_err(|e| match e {
-            ImageError::NotFound { .. } => DriverError::InvalidArgument(format!(
-                "image {} is not in the image store at {}",
-                spec.image,
-                store.root().display()
-            )),
-            other => DriverError::InvalidArgument(format!("image {}: {other}", spec.image)),
-        })?;
+        let info = stored_image(store, &spec.image)?;
         let p = image_process(&info.config, &spec.command, &spec.env, hostname);
         let env = p.validate(&spec.image)?;
         validate_env_names(
             "the image's and the spec's environment",
             env.iter().map(|(k, _)| k),
         )?;
-        Ok(Some(GuestProcess {
-            digest: info.digest,
+        let process = GuestProcess {
+            digest: info.digest.clone(),
             args: p.args,
             env: p.env,
             cwd: p.cwd,
             user: p.user,
-        }))
+        };
+        Ok(Some((process, info)))
     }
 
     /// The sandbox's root disk: a qcow2 whose backing file is the image's base (built first
     /// when it is not there), made under a temporary name and renamed.
-    async fn make_root(&self, process: &GuestProcess, path: &Path) -> Result<(), DriverError> {
+    async fn make_root(&self, info: ImageInfo, path: &Path) -> Result<(), DriverError> {
         let Some(store) = self.opts.images.clone() else {
             return Err(DriverError::FailedPrecondition(
                 "the sandbox has an image and the driver no image store".to_string(),
             ));
         };
-        let info = store.get(&process.digest).map_err(|e| {
-            DriverError::FailedPrecondition(format!("image {}: {e}", process.digest))
-        })?;
+        let digest = info.digest.clone();
         let bases = Arc::clone(&self.bases);
         let started = std::time::Instant::now();
         let (base, made) = tokio::task::spawn_blocking(move || bases.ensure(&store, &info))
             .await
             .map_err(|e| internal("the base disk's build", e))??;
         if made == Made::Built {
-            tracing::info!(digest = %process.digest, took = ?started.elapsed(), base = %base.display(), "built an image's base disk");
+            tracing::info!(%digest, took = ?started.elapsed(), base = %base.display(), "built an image's base disk");
         }
         let tmp = path.with_extension("qcow2.tmp");
         run_tool(

@@ -2,7 +2,19 @@
 //! driver that runs images (`oci` in a container, `vm` in its guest).
 
 use sbx_driver_api::DriverError;
-use sbx_images::ImageConfig;
+use sbx_images::{ImageConfig, ImageError, ImageInfo, ImageStore};
+
+/// The image a create names by its manifest digest, which must be in the store: an
+/// `InvalidArgument` saying so otherwise.
+pub fn stored_image(store: &ImageStore, digest: &str) -> Result<ImageInfo, DriverError> {
+    store.get(digest).map_err(|e| match e {
+        ImageError::NotFound { .. } => DriverError::InvalidArgument(format!(
+            "image {digest} is not in the image store at {}",
+            store.root().display()
+        )),
+        other => DriverError::InvalidArgument(format!("image {digest}: {other}")),
+    })
+}
 
 /// PATH when neither the image nor the spec sets one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

@@ -29,6 +29,29 @@ pub async fn attach(
     id: Uuid,
     allow: Option<&Vec<String>>,
 ) -> Result<Option<Attachment>, DriverError> {
+    attach_with(network, id, allow, Network::attach).await
+}
+
+/// [`attach`] for a workload with a kernel of its own, which holds its address itself (a vm
+/// guest: `sbx_network::guest`).
+pub async fn attach_guest(
+    network: Option<&Arc<Network>>,
+    id: Uuid,
+    allow: Option<&Vec<String>>,
+) -> Result<Option<Attachment>, DriverError> {
+    attach_with(network, id, allow, Network::attach_guest).await
+}
+
+async fn attach_with(
+    network: Option<&Arc<Network>>,
+    id: Uuid,
+    allow: Option<&Vec<String>>,
+    how: fn(
+        &Network,
+        Uuid,
+        &[sbx_network::AllowEntry],
+    ) -> Result<Attachment, sbx_network::NetworkError>,
+) -> Result<Option<Attachment>, DriverError> {
     let Some(allow) = allow else {
         return Ok(None);
     };
@@ -41,7 +64,7 @@ pub async fn attach(
     let entries =
         parse_allowlist(allow).map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
     let net = Arc::clone(net);
-    let attached = tokio::task::spawn_blocking(move || net.attach(id, &entries))
+    let attached = tokio::task::spawn_blocking(move || how(&net, id, &entries))
         .await
         .map_err(|e| internal("attaching the sandbox's network", e))?
         .map_err(|e| DriverError::Unavailable(format!("the sandbox's network: {e}")))?;
