@@ -16,7 +16,6 @@
 //! packets meet the gateway's table like any sandbox's, by their (now true) source address.
 
 use std::net::Ipv4Addr;
-use std::process::Command;
 
 use uuid::Uuid;
 
@@ -51,19 +50,7 @@ fn sysctls(netns: &str) -> Result<(), IpError> {
         "net.ipv6.conf.all.disable_ipv6=1",
         "net.ipv6.conf.default.disable_ipv6=1",
     ] {
-        let out = Command::new("ip")
-            .args(["netns", "exec", netns, "sysctl", "-q", "-w", setting])
-            .output()
-            .map_err(|e| IpError {
-                args: format!("netns exec {netns} sysctl -w {setting}"),
-                detail: e.to_string(),
-            })?;
-        if !out.status.success() {
-            return Err(IpError {
-                args: format!("netns exec {netns} sysctl -w {setting}"),
-                detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
-        }
+        link::ip(&["netns", "exec", netns, "sysctl", "-q", "-w", setting])?;
     }
     Ok(())
 }

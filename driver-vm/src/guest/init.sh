@@ -78,7 +78,7 @@ done
 mount -t ext4 "$data" /sandbox || die "cannot mount $data at /sandbox"
 
 # A sandbox of an image: its root disk at $root, with /proc, /sys, /dev (this guest's own,
-# in memory) and /sandbox in it, and the agent copied to /dev/.sbx; the command and every
+# in memory), /sandbox and the resolver's /etc/resolv.conf in it, and the agent copied to /dev/.sbx; the command and every
 # exec run there (chroot). The mount points are made in the image's root when it lacks
 # them, as a container runtime does.
 root=""
@@ -172,7 +172,8 @@ fi
   done ) &
 
 cd /sandbox
-# The command is looked up first, as its shell will (after its exports, in /sandbox): a
+# The command is looked up first, as its shell will (after its exports; in the image's
+# root, or in /sandbox without an image): a
 # missing one is said ("notfound") and the run ends with 127 without "ready", so the start
 # answers "command not found" instead of a Ready that turns into an Error.
 if [ "${SBX_HELPER:-}" = 1 ]; then
