@@ -17,9 +17,16 @@
 //! reach their own processes (and what those start) and nothing else of the sandbox — not an
 //! exec, not the agent, not the loggers, not the init. The agent itself is in no domain.
 //!
-//! The domain restricts nothing else: its ruleset handles one right, executing a file, and
-//! grants it beneath `/` — every file that can be run can still be run. A process may add
-//! domains of its own inside it (Landlock stacks them).
+//! The domain restricts nothing else. A ruleset denies what it *handles* and does not grant,
+//! so it handles only what it must and grants all of it beneath `/`: executing a file (the
+//! one right every Landlock ABI has, so that the ruleset is not empty) and, from ABI 2 on,
+//! `REFER` — the right to link or rename a file into another directory. `REFER` is the one
+//! right the kernel handles in every ruleset whether it is named or not: a domain that does
+//! not grant it refuses every cross-directory `link(2)` and `rename(2)` with `EXDEV`, which
+//! breaks `git clone` of a local repository, `git push` to a bare one and `mv`'s rename (it
+//! falls back to a copy without a word). Every other right of later ABIs (truncate, device
+//! ioctls, the network, scoping of signals and abstract sockets) is handled only when named,
+//! and none is. A process may add domains of its own inside it (Landlock stacks them).
 //!
 //! What the workload still sees of an exec, and why: that it runs and its command line (`ps`
 //! reads `/proc/<pid>/cmdline` and `stat`, which the kernel shows every process of the same
@@ -36,8 +43,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::libc;
 
-/// `LANDLOCK_ACCESS_FS_EXECUTE`, the one right the ruleset handles.
+/// `LANDLOCK_ACCESS_FS_EXECUTE` (ABI 1).
 const ACCESS_FS_EXECUTE: u64 = 1;
+/// `LANDLOCK_ACCESS_FS_REFER` (ABI 2): handled by every ruleset of an ABI that has it.
+const ACCESS_FS_REFER: u64 = 1 << 13;
+/// `LANDLOCK_CREATE_RULESET_VERSION`: `landlock_create_ruleset` answers the kernel's ABI.
+const CREATE_RULESET_VERSION: u32 = 1;
 /// `LANDLOCK_RULE_PATH_BENEATH`.
 const RULE_PATH_BENEATH: libc::c_int = 1;
 
@@ -61,13 +72,45 @@ pub struct Domain {
     ruleset: OwnedFd,
 }
 
+/// The rights a ruleset of Landlock ABI `abi` handles, all of them granted beneath `/`:
+/// executing, and linking or renaming across directories where the ABI has that right (see
+/// the module docs).
+pub fn handled_rights(abi: i64) -> u64 {
+    if abi >= 2 {
+        ACCESS_FS_EXECUTE | ACCESS_FS_REFER
+    } else {
+        ACCESS_FS_EXECUTE
+    }
+}
+
+/// The kernel's Landlock ABI version. An error when the kernel has no Landlock.
+#[allow(unsafe_code)]
+pub fn abi() -> io::Result<i64> {
+    // SAFETY: with a null attribute and size 0, the version flag makes the call a query
+    // that reads and writes no memory.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<RulesetAttr>(),
+            0usize,
+            CREATE_RULESET_VERSION,
+        )
+    };
+    if version < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(version)
+}
+
 impl Domain {
-    /// The ruleset (executing allowed beneath `/`). An error when the kernel has no Landlock
-    /// (`ENOSYS`, or `EOPNOTSUPP` when it is built in but off): see [`unsupported`].
+    /// The ruleset ([`handled_rights`] of the kernel's ABI, granted beneath `/`). An error
+    /// when the kernel has no Landlock (`ENOSYS`, or `EOPNOTSUPP` when it is built in but
+    /// off): see [`unsupported`].
     #[allow(unsafe_code)]
     pub fn new() -> io::Result<Domain> {
+        let rights = handled_rights(abi()?);
         let attr = RulesetAttr {
-            handled_access_fs: ACCESS_FS_EXECUTE,
+            handled_access_fs: rights,
         };
         // SAFETY: `attr` is a live, initialised `landlock_ruleset_attr` of the size passed;
         // the kernel only reads it. The result is a new descriptor (close-on-exec) or -1.
@@ -90,7 +133,7 @@ impl Domain {
             rustix::fs::Mode::empty(),
         )?;
         let rule = PathBeneathAttr {
-            allowed_access: ACCESS_FS_EXECUTE,
+            allowed_access: rights,
             parent_fd: root.as_raw_fd(),
         };
         // SAFETY: both descriptors are open and ours; `rule` is a live, initialised
@@ -150,6 +193,59 @@ pub fn unsupported(e: &io::Error) -> bool {
 mod tests {
     use super::*;
     use std::process::Command;
+
+    /// Inside a domain, a file is linked and renamed into another directory (`REFER`, which
+    /// every ruleset of ABI 2 and later handles, is granted), and a file still runs. On a
+    /// ruleset that handles only executing, both fail with `EXDEV` (what broke `git clone`).
+    /// A thread of its own enters the domain (Landlock confines the calling thread) and ends.
+    #[test]
+    fn in_a_domain_links_and_renames_cross_directories() {
+        let domain = match Domain::new() {
+            Ok(domain) => domain,
+            Err(e) if unsupported(&e) => {
+                eprintln!("no Landlock on this kernel: {e}");
+                return;
+            }
+            Err(e) => panic!("a ruleset: {e}"),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(a.join("deeper")).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        std::fs::write(a.join("f"), b"data").unwrap();
+        std::fs::write(a.join("deeper/g"), b"more").unwrap();
+        let (a2, b2) = (a.clone(), b.clone());
+        let results = std::thread::spawn(move || {
+            domain.enter().unwrap();
+            [
+                std::fs::hard_link(a2.join("f"), b2.join("linked")),
+                std::fs::rename(a2.join("f"), b2.join("renamed")),
+                std::fs::rename(a2.join("deeper"), b2.join("moved-dir")),
+                std::process::Command::new("true").status().map(|_| ()),
+            ]
+        })
+        .join()
+        .unwrap();
+        for (what, result) in ["link", "rename", "rename of a directory", "exec"]
+            .iter()
+            .zip(&results)
+        {
+            assert!(result.is_ok(), "{what} across directories in a domain: {result:?}");
+        }
+        assert_eq!(std::fs::read(b.join("linked")).unwrap(), b"data");
+        assert_eq!(std::fs::read(b.join("renamed")).unwrap(), b"data");
+        assert_eq!(std::fs::read(b.join("moved-dir/g")).unwrap(), b"more");
+    }
+
+    /// The rights a ruleset handles follow the ABI: `REFER` from 2 on, never anything that
+    /// would deny more than executing.
+    #[test]
+    fn the_handled_rights_follow_the_abi() {
+        assert_eq!(handled_rights(1), ACCESS_FS_EXECUTE);
+        for abi in 2..=7 {
+            assert_eq!(handled_rights(abi), ACCESS_FS_EXECUTE | ACCESS_FS_REFER);
+        }
+    }
 
     /// A child in a domain of its own cannot open the descriptors or enter the working
     /// directory of a process outside it (its parent, the test: the same user, dumpable, so
