@@ -112,6 +112,18 @@ pub struct OciArgs {
     )]
     pub pids_limit: i64,
 
+    /// The most processes every oci sandbox of this gateway may run together (the pids.max
+    /// of --oci-cgroup-parent): many sandboxes at their own limit cannot take the host's
+    /// pids. Default: half of kernel.pid_max (or of kernel.threads-max, the lower).
+    #[arg(
+        id = "oci_pids_total",
+        long = "oci-pids-total",
+        env = "SBX_OCI_PIDS_TOTAL",
+        value_parser = parse_pids_total,
+        value_name = "N"
+    )]
+    pub pids_total: Option<u64>,
+
     /// The static busybox the sandbox init runs on (bound read-only into every sandbox at
     /// /dev/.sbx). Default: /bin/busybox, else /usr/bin/busybox (Debian's busybox-static).
     #[arg(
@@ -212,6 +224,20 @@ pub struct OciArgs {
         value_parser = parse_log_max
     )]
     pub log_max: u64,
+
+    /// The most ptys a sandbox holds in each of its two terminal instances (oci and process):
+    /// its own /dev/pts, and the one its execs' terminals come from. A sandbox that opens
+    /// more gets ENOSPC; neither instance can take the ptys the kernel keeps for the host's
+    /// own terminals (kernel.pty.reserve).
+    #[arg(
+        id = "max_ptys",
+        long = "max-ptys",
+        env = "SBX_MAX_PTYS",
+        default_value_t = crate::ptys::DEFAULT_MAX_PTYS,
+        value_parser = crate::ptys::parse_max_ptys,
+        value_name = "N"
+    )]
+    pub max_ptys: u32,
 }
 
 /// `--log-max`: a size (see `sbx_proto::quantity`) of at least `sbx_agent::log::MIN_CAP`.
@@ -242,6 +268,7 @@ impl Default for OciArgs {
         OciArgs {
             runtime: PathBuf::from("runc"),
             pids_limit: opts.pids_limit,
+            pids_total: opts.pids_total,
             busybox: None,
             cgroup_parent: opts.cgroup_parent,
             network_cidr: None,
@@ -250,6 +277,7 @@ impl Default for OciArgs {
             uid_pool: (crate::uidpool::DEFAULT_START, crate::uidpool::DEFAULT_COUNT),
             uid_lease_dir: PathBuf::from(crate::uidpool::DEFAULT_LEASE_DIR),
             log_max: opts.log_max,
+            max_ptys: opts.max_ptys,
         }
     }
 }
@@ -261,8 +289,10 @@ impl OciArgs {
             busybox: self.busybox.clone(),
             cgroup_parent: self.cgroup_parent.clone(),
             pids_limit: self.pids_limit,
+            pids_total: self.pids_total,
             uid_pool: Some(self.uid_pool()),
             log_max: self.log_max,
+            max_ptys: self.max_ptys,
             ..OciDriverOptions::default()
         }
     }
@@ -277,7 +307,7 @@ impl OciArgs {
     }
 
     /// What a driver host running sandboxes of its own (oci or process) is told of them:
-    /// `--uid-pool`, `--uid-lease-dir` and `--log-max`.
+    /// `--uid-pool`, `--uid-lease-dir`, `--log-max` and `--max-ptys`.
     pub fn sandbox_flags(&self) -> Vec<OsString> {
         vec![
             "--uid-pool".into(),
@@ -286,6 +316,8 @@ impl OciArgs {
             self.uid_lease_dir.clone().into(),
             "--log-max".into(),
             self.log_max.to_string().into(),
+            "--max-ptys".into(),
+            self.max_ptys.to_string().into(),
         ]
     }
 
@@ -298,6 +330,10 @@ impl OciArgs {
             "--oci-cgroup-parent".into(),
             self.cgroup_parent.clone().into(),
         ];
+        if let Some(total) = self.pids_total {
+            flags.push("--oci-pids-total".into());
+            flags.push(total.to_string().into());
+        }
         if let Some(busybox) = &self.busybox {
             flags.push("--oci-busybox".into());
             flags.push(busybox.into());
@@ -394,6 +430,11 @@ impl OciArgs {
         tracing::info!(cidr = %cidr, chosen = if auto { "auto" } else { "--network-cidr" }, bridge = %net.bridge_name(), resolver = ?dns_upstream, "the sandbox network is up");
         Ok(Some(Arc::new(net)))
     }
+}
+
+/// `--oci-pids-total`: at least 64, at most 4 Mi.
+pub fn parse_pids_total(text: &str) -> Result<u64, String> {
+    parse_bounded(text, "processes", 64, 4 << 20)
 }
 
 /// A pids limit: at least 16 (the init, a shell and a few commands), at most 4 Mi.
