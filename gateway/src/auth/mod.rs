@@ -191,6 +191,25 @@ static PUBLIC_METHODS: std::sync::LazyLock<BTreeSet<String>> = std::sync::LazyLo
         .collect()
 });
 
+/// The methods served besides the API's own: health and reflection.
+const SERVED_BESIDES: [&str; 4] = [
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+];
+
+/// What a request's path may be called in a metric's label or an audit line: the method, if
+/// it is one this gateway serves (the API's, health's, reflection's), else `other` — so that
+/// no caller grows a label set or a log line by what it sends.
+pub fn method_label(path: &str) -> &str {
+    if PUBLIC_METHODS.contains(path) || SERVED_BESIDES.contains(&path) {
+        path
+    } else {
+        "other"
+    }
+}
+
 /// How a caller proved who it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Proof {
@@ -616,9 +635,10 @@ impl<S> AuthService<S> {
         let caller = match self.auth.authenticate(&req) {
             Ok(caller) => caller,
             Err(status) => {
+                // A stranger's call: named only by a method this gateway serves.
                 tracing::info!(
                     target: "sbx::audit",
-                    method = %path,
+                    method = %method_label(&path),
                     outcome = ?status.code(),
                     "refused: not authenticated"
                 );
@@ -644,7 +664,7 @@ impl<S> AuthService<S> {
                 target: "sbx::audit",
                 who = %caller.name,
                 proof = %caller.proof,
-                method = %path,
+                method = %method_label(&path),
                 outcome = ?status.code(),
                 "refused: not allowed"
             );
