@@ -6,6 +6,12 @@
 //! each layer — its bytes and one 4 KiB block for the entry itself, so empty files count — as
 //! it is unpacked, against one budget for the whole image. What was refused is removed (the
 //! actors collect the blobs an add left once it failed).
+//!
+//! A layer an image build writes (a RUN's changes, streamed from the driver) is paid for the
+//! same way before it reaches the disk: [`LayerMeter`] reads each tar header as the stream
+//! passes and takes the entry's size from the image's budget before any byte of its data is
+//! written. A sparse file is its apparent size there (`truncate -s 20G` costs the sandbox
+//! nothing and is 20 GiB of zeros in a tar), so it is refused from its header alone.
 
 use super::ImageError;
 
@@ -125,6 +131,21 @@ impl Budget {
         self.spend(size.saturating_add(ENTRY_COST), "unpack to")
     }
 
+    /// [`Budget::take`] for the entry at `path`, the refusal naming it.
+    pub fn take_named(&mut self, path: &str, size: u64) -> Result<(), ImageError> {
+        self.take(size).map_err(|e| match e {
+            ImageError::TooLarge { image, why, limit } => ImageError::TooLarge {
+                image,
+                why: format!(
+                    "{path} is {} (its apparent size: a sparse file counts whole), and {why}",
+                    sbx_proto::quantity::human_bytes(size)
+                ),
+                limit,
+            },
+            e => e,
+        })
+    }
+
     /// A layer already in the store (unpacked for another image): its compressed size counts,
     /// a lower bound of what it takes.
     pub fn take_cached(&mut self, size: u64) -> Result<(), ImageError> {
@@ -143,6 +164,191 @@ impl Budget {
                 ),
                 self.limits.size_limit(),
             ));
+        }
+        Ok(())
+    }
+}
+
+/// The tar block: headers and data are padded to it.
+const BLOCK: u64 = 512;
+/// The longest data of a GNU long-name or PAX entry: names and a few records, never more.
+const MAX_EXTENSION: u64 = 1 << 20;
+
+/// Pays for an uncompressed layer tar as it streams past (see the module docs): feed it each
+/// chunk before writing it. Its own small tar reader (a header at a time, across chunks)
+/// follows the stream as `tar::Archive` does (the first zero block ends the archive; GNU
+/// long names and PAX records name and size the entry after them), so what it pays for is
+/// what an unpack later reads.
+#[derive(Debug)]
+pub struct LayerMeter {
+    budget: Budget,
+    /// The header being read.
+    header: Vec<u8>,
+    /// Bytes of the current entry's data and padding still to pass.
+    data_left: u64,
+    /// The current entry's data, kept: a long name's or PAX records' (`kept_len` of it).
+    kept: Option<(tar::EntryType, Vec<u8>)>,
+    kept_len: u64,
+    /// What extension entries said of the entry after them.
+    next_name: Option<Vec<u8>>,
+    next_size: Option<u64>,
+    /// Bytes after the end-of-archive block.
+    trailer: u64,
+    ended: bool,
+}
+
+impl LayerMeter {
+    pub fn new(budget: Budget) -> LayerMeter {
+        LayerMeter {
+            budget,
+            header: Vec::with_capacity(BLOCK as usize),
+            data_left: 0,
+            kept: None,
+            kept_len: 0,
+            next_name: None,
+            next_size: None,
+            trailer: 0,
+            ended: false,
+        }
+    }
+
+    fn malformed(&self, why: impl std::fmt::Display) -> ImageError {
+        ImageError::malformed(&self.budget.image, format!("the layer tar: {why}"))
+    }
+
+    /// Takes `chunk`, the stream's next bytes: Err (and nothing of `chunk` may be written)
+    /// when an entry it starts is past the budget, or the stream is not a tar.
+    pub fn feed(&mut self, mut chunk: &[u8]) -> Result<(), ImageError> {
+        while !chunk.is_empty() {
+            if self.ended {
+                // The end-of-archive blocks and a writer's padding: a few KiB, never more.
+                self.trailer += chunk.len() as u64;
+                if self.trailer > MAX_EXTENSION {
+                    return Err(self.malformed("more than 1 MiB after its end"));
+                }
+                return Ok(());
+            }
+            if self.data_left > 0 {
+                let n = self.data_left.min(chunk.len() as u64) as usize;
+                if let Some((_, data)) = &mut self.kept {
+                    let want = (self.kept_len as usize).saturating_sub(data.len()).min(n);
+                    data.extend_from_slice(&chunk[..want]);
+                }
+                self.data_left -= n as u64;
+                chunk = &chunk[n..];
+                if self.data_left == 0 {
+                    self.extension_done()?;
+                }
+                continue;
+            }
+            let n = (BLOCK as usize - self.header.len()).min(chunk.len());
+            self.header.extend_from_slice(&chunk[..n]);
+            chunk = &chunk[n..];
+            if self.header.len() == BLOCK as usize {
+                let block = std::mem::replace(&mut self.header, Vec::with_capacity(BLOCK as usize));
+                self.entry(&block)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A whole header block.
+    fn entry(&mut self, block: &[u8]) -> Result<(), ImageError> {
+        if block.iter().all(|b| *b == 0) {
+            if self.next_name.is_some() || self.next_size.is_some() {
+                return Err(self.malformed("an extension entry describes no entry"));
+            }
+            self.ended = true;
+            return Ok(());
+        }
+        let header = tar::Header::from_byte_slice(block);
+        let sum = block[..148]
+            .iter()
+            .chain(&block[156..])
+            .fold(8 * 32u32, |a, b| a + u32::from(*b));
+        if header.cksum().ok() != Some(sum) {
+            return Err(self.malformed("a header's checksum does not match"));
+        }
+        let kind = header.entry_type();
+        let size = header
+            .entry_size()
+            .map_err(|e| self.malformed(format!("a header's size: {e}")))?;
+        let padded = |size: u64| size.div_ceil(BLOCK).checked_mul(BLOCK);
+        // As `tar::Archive`: only a GNU or ustar header is an extension's.
+        let extension = header.as_gnu().is_some() || header.as_ustar().is_some();
+        match kind {
+            tar::EntryType::GNULongName
+            | tar::EntryType::GNULongLink
+            | tar::EntryType::XHeader
+            | tar::EntryType::XGlobalHeader
+                if extension =>
+            {
+                if size > MAX_EXTENSION {
+                    return Err(self.malformed(format!(
+                        "a {kind:?} entry of {size} bytes (at most {MAX_EXTENSION})"
+                    )));
+                }
+                // Its header block too: every byte that passes is paid for.
+                self.budget.take_cached(size + BLOCK)?;
+                if kind == tar::EntryType::XGlobalHeader {
+                    // `tar::Archive` hands it out as an entry: what was said before it was
+                    // said of it.
+                    self.next_name = None;
+                    self.next_size = None;
+                }
+                self.kept = matches!(kind, tar::EntryType::GNULongName | tar::EntryType::XHeader)
+                    .then(|| (kind, Vec::with_capacity(size as usize)));
+                self.kept_len = size;
+                self.data_left = size.div_ceil(BLOCK) * BLOCK;
+                if self.data_left == 0 {
+                    self.extension_done()?;
+                }
+                Ok(())
+            }
+            // An old GNU sparse entry: its data is not its size, and no writer of a build's
+            // layer makes one.
+            tar::EntryType::GNUSparse => Err(self.malformed("a GNU sparse entry")),
+            _ => {
+                let size = self.next_size.take().unwrap_or(size);
+                let name = self
+                    .next_name
+                    .take()
+                    .unwrap_or_else(|| header.path_bytes().into_owned());
+                let shown = format!(
+                    "/{}",
+                    String::from_utf8_lossy(&name).trim_start_matches("./")
+                );
+                self.budget.take_named(shown.trim_end_matches('/'), size)?;
+                self.data_left = padded(size).ok_or_else(|| self.malformed("a size past u64"))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The data of a long-name or PAX entry has passed: what it says of the next entry.
+    fn extension_done(&mut self) -> Result<(), ImageError> {
+        let Some((kind, data)) = self.kept.take() else {
+            return Ok(());
+        };
+        if kind == tar::EntryType::GNULongName {
+            let name = data.split(|b| *b == 0).next().unwrap_or_default().to_vec();
+            self.next_name = Some(name);
+            return Ok(());
+        }
+        for record in tar::PaxExtensions::new(&data) {
+            let record = record.map_err(|e| self.malformed(format!("a PAX record: {e}")))?;
+            match record.key() {
+                Ok("size") => {
+                    let size = record
+                        .value()
+                        .ok()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .ok_or_else(|| self.malformed("a PAX size that is not a number"))?;
+                    self.next_size = Some(size);
+                }
+                Ok("path") => self.next_name = Some(record.value_bytes().to_vec()),
+                _ => {}
+            }
         }
         Ok(())
     }
@@ -184,5 +390,138 @@ mod tests {
             "{e}"
         );
         limits.check_manifest("img", &[10, 20]).unwrap();
+    }
+
+    /// A PAX record, its length counted in.
+    fn pax_record(key: &str, value: &str) -> Vec<u8> {
+        let body = format!(" {key}={value}\n");
+        let mut len = body.len() + 1;
+        while format!("{len}{body}").len() != len {
+            len += 1;
+        }
+        format!("{len}{body}").into_bytes()
+    }
+
+    fn header(path: &str, kind: tar::EntryType, size: u64) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_path(path).unwrap();
+        h.set_mode(0o644);
+        h.set_size(size);
+        h.set_cksum();
+        h
+    }
+
+    fn limits(max_size: u64) -> ImageLimits {
+        ImageLimits {
+            max_layers: 127,
+            max_size,
+            max_files: 1000,
+        }
+    }
+
+    /// Feeds `tar` in chunks of `step` bytes; the error, and how many bytes had passed before
+    /// the chunk it came with.
+    fn meter(limit: u64, tar: &[u8], step: usize) -> Result<(), (ImageError, usize)> {
+        let mut m = LayerMeter::new(limits(limit).budget("img"));
+        let mut passed = 0;
+        for chunk in tar.chunks(step) {
+            m.feed(chunk).map_err(|e| (e, passed))?;
+            passed += chunk.len();
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_layer_meter_pays_for_each_entry_from_its_header_before_its_data() {
+        // Files, a directory, a link and a long name, in any chunking: within the budget.
+        let mut b = tar::Builder::new(Vec::new());
+        let long = format!("dir/{}", "n".repeat(150));
+        for (path, data) in [
+            ("dir/", &b""[..]),
+            ("dir/a", &[7u8; 1000][..]),
+            (long.as_str(), &[1u8; 3000][..]),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(match path.ends_with('/') {
+                true => tar::EntryType::Directory,
+                false => tar::EntryType::Regular,
+            });
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            b.append_data(&mut h, path, data).unwrap();
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        h.set_mode(0o777);
+        b.append_link(&mut h, "dir/l", "/etc/shadow").unwrap();
+        let fine = b.into_inner().unwrap();
+        for step in [1, 7, 511, 512, 4096, fine.len()] {
+            meter(10 * ENTRY_COST, &fine, step).unwrap_or_else(|e| panic!("{step}: {:?}", e.0));
+        }
+        // Less room: the long-named file is refused by name, before its data passes.
+        let (e, passed) = meter(4 * ENTRY_COST, &fine, 512).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains(&format!("/{long} is 2.9KiB")), "{e}");
+        assert!(e.contains("--image-max-size"), "{e}");
+        let header_at = fine
+            .windows(long.len())
+            .rposition(|w| w == long.as_bytes())
+            .unwrap();
+        assert!(passed <= header_at + 512, "{passed} bytes passed");
+
+        // A sparse file's header: 20 GiB, refused from the header alone.
+        let big = header("big", tar::EntryType::Regular, 20 << 30);
+        let (e, passed) = meter(20 << 30, big.as_bytes(), 512).unwrap_err();
+        let e = e.to_string();
+        assert_eq!(passed, 0);
+        assert!(
+            e.contains("/big is 20.0GiB (its apparent size")
+                && e.contains("(the limit: 20.0GiB, --image-max-size)"),
+            "{e}"
+        );
+
+        // A PAX size is the entry's size, whatever its header says; a PAX path names it.
+        let mut pax = pax_record("size", &(30u64 << 20).to_string());
+        pax.extend(pax_record("path", "pax/named"));
+        let mut tar = Vec::new();
+        let mut x = header("PaxHeaders/x", tar::EntryType::XHeader, pax.len() as u64);
+        x.set_cksum();
+        tar.extend_from_slice(x.as_bytes());
+        tar.extend_from_slice(&pax);
+        tar.resize(tar.len().div_ceil(512) * 512, 0);
+        tar.extend_from_slice(header("short", tar::EntryType::Regular, 0).as_bytes());
+        let e = meter(16 << 20, &tar, 100).unwrap_err().0.to_string();
+        assert!(e.contains("/pax/named is 30.0MiB"), "{e}");
+    }
+
+    #[test]
+    fn a_layer_meter_refuses_what_is_not_a_layer_tar() {
+        let mut bad = header("f", tar::EntryType::Regular, 0);
+        bad.as_mut_bytes()[0] = b'g';
+        let e = meter(1 << 20, bad.as_bytes(), 512)
+            .unwrap_err()
+            .0
+            .to_string();
+        assert!(e.contains("checksum"), "{e}");
+        let sparse = header("s", tar::EntryType::GNUSparse, 0);
+        let e = meter(1 << 20, sparse.as_bytes(), 512)
+            .unwrap_err()
+            .0
+            .to_string();
+        assert!(e.contains("GNU sparse"), "{e}");
+        let name = header("././@LongLink", tar::EntryType::GNULongName, 2 << 20);
+        let e = meter(1 << 40, name.as_bytes(), 512)
+            .unwrap_err()
+            .0
+            .to_string();
+        assert!(e.contains("at most 1048576"), "{e}");
+        // After the end: a writer's zero blocks, not gigabytes of anything.
+        let mut tail = vec![0u8; 1024];
+        meter(1 << 20, &tail, 300).unwrap();
+        tail.resize(3 << 20, 0);
+        let e = meter(1 << 20, &tail, 1 << 16).unwrap_err().0.to_string();
+        assert!(e.contains("after its end"), "{e}");
     }
 }
