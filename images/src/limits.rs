@@ -174,6 +174,15 @@ const BLOCK: u64 = 512;
 /// The longest data of a GNU long-name or PAX entry: names and a few records, never more.
 const MAX_EXTENSION: u64 = 1 << 20;
 
+/// The most extension blocks of an old GNU sparse entry's map (86,016 holes and chunks).
+const MAX_SPARSE_BLOCKS: u64 = 4096;
+
+/// An entry's path as the sandbox sees it: `/dir/name`.
+fn shown_path(name: &[u8]) -> String {
+    let name = String::from_utf8_lossy(name);
+    format!("/{}", name.trim_start_matches("./").trim_end_matches('/'))
+}
+
 /// Pays for an uncompressed layer tar as it streams past (see the module docs): feed it each
 /// chunk before writing it. Its own small tar reader (a header at a time, across chunks)
 /// follows the stream as `tar::Archive` does (the first zero block ends the archive; GNU
@@ -192,6 +201,10 @@ pub struct LayerMeter {
     /// What extension entries said of the entry after them.
     next_name: Option<Vec<u8>>,
     next_size: Option<u64>,
+    /// Extension blocks of an old GNU sparse entry's map still to come (their count so far),
+    /// then its stored data (padded).
+    sparse_map: Option<u64>,
+    sparse_data: u64,
     /// Bytes after the end-of-archive block.
     trailer: u64,
     ended: bool,
@@ -207,6 +220,8 @@ impl LayerMeter {
             kept_len: 0,
             next_name: None,
             next_size: None,
+            sparse_map: None,
+            sparse_data: 0,
             trailer: 0,
             ended: false,
         }
@@ -246,7 +261,10 @@ impl LayerMeter {
             chunk = &chunk[n..];
             if self.header.len() == BLOCK as usize {
                 let block = std::mem::replace(&mut self.header, Vec::with_capacity(BLOCK as usize));
-                self.entry(&block)?;
+                match self.sparse_map {
+                    Some(count) => self.sparse_block(&block, count)?,
+                    None => self.entry(&block)?,
+                }
             }
         }
         Ok(())
@@ -305,24 +323,61 @@ impl LayerMeter {
                 }
                 Ok(())
             }
-            // An old GNU sparse entry: its data is not its size, and no writer of a build's
-            // layer makes one.
-            tar::EntryType::GNUSparse => Err(self.malformed("a GNU sparse entry")),
+            // An old GNU sparse entry: what it unpacks to is its real size; its stored data
+            // follows the blocks of its sparse map that do not fit in the header.
+            tar::EntryType::GNUSparse => {
+                let Some(gnu) = header.as_gnu() else {
+                    return Err(self.malformed("a GNU sparse entry without a GNU header"));
+                };
+                let real = gnu
+                    .real_size()
+                    .map_err(|e| self.malformed(format!("a sparse entry's size: {e}")))?;
+                let stored = self.next_size.take().unwrap_or(size);
+                let name = self
+                    .next_name
+                    .take()
+                    .unwrap_or_else(|| header.path_bytes().into_owned());
+                let shown = shown_path(&name);
+                self.budget.take_named(&shown, real.max(stored))?;
+                let data = padded(stored).ok_or_else(|| self.malformed("a size past u64"))?;
+                match gnu.is_extended() {
+                    true => {
+                        self.sparse_map = Some(0);
+                        self.sparse_data = data;
+                    }
+                    false => self.data_left = data,
+                }
+                Ok(())
+            }
             _ => {
                 let size = self.next_size.take().unwrap_or(size);
                 let name = self
                     .next_name
                     .take()
                     .unwrap_or_else(|| header.path_bytes().into_owned());
-                let shown = format!(
-                    "/{}",
-                    String::from_utf8_lossy(&name).trim_start_matches("./")
-                );
-                self.budget.take_named(shown.trim_end_matches('/'), size)?;
+                self.budget.take_named(&shown_path(&name), size)?;
                 self.data_left = padded(size).ok_or_else(|| self.malformed("a size past u64"))?;
                 Ok(())
             }
         }
+    }
+
+    /// One more block of a sparse entry's map (`count` before it); its last says so.
+    fn sparse_block(&mut self, block: &[u8], count: u64) -> Result<(), ImageError> {
+        if count >= MAX_SPARSE_BLOCKS {
+            return Err(self.malformed(format!(
+                "a sparse map of more than {MAX_SPARSE_BLOCKS} blocks"
+            )));
+        }
+        self.budget.take_cached(BLOCK)?;
+        // `isextended`, after the block's 21 (offset, length) pairs.
+        if block[504] != 0 {
+            self.sparse_map = Some(count + 1);
+        } else {
+            self.sparse_map = None;
+            self.data_left = std::mem::take(&mut self.sparse_data);
+        }
+        Ok(())
     }
 
     /// The data of a long-name or PAX entry has passed: what it says of the next entry.
@@ -357,6 +412,7 @@ impl LayerMeter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     #[test]
     fn a_budget_counts_bytes_and_entries_and_names_the_limit() {
@@ -497,6 +553,38 @@ mod tests {
     }
 
     #[test]
+    fn a_layer_meter_pays_for_a_gnu_sparse_entry_by_its_real_size_and_reads_past_its_map() {
+        // 8 MiB apparent, 40 chunks of data: a sparse map longer than its header holds.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(8 << 20).unwrap();
+        for i in 0..40u64 {
+            use std::os::unix::fs::FileExt;
+            file.write_all_at(&[1u8; 4096], i * (128 << 10)).unwrap();
+        }
+        let mut b = tar::Builder::new(Vec::new());
+        b.sparse(true);
+        b.append_path_with_name(&path, "sparse").unwrap();
+        let mut h = header("after", tar::EntryType::Regular, 3 << 20);
+        h.set_cksum();
+        b.append(&h, std::io::repeat(0).take(3 << 20)).unwrap();
+        let tar = b.into_inner().unwrap();
+        let first = tar::Header::from_byte_slice(&tar[..512]);
+        assert_eq!(first.entry_type(), tar::EntryType::GNUSparse);
+        assert!(first.as_gnu().unwrap().is_extended());
+        for step in [1, 100, 512, 1 << 16] {
+            meter(16 << 20, &tar, step).unwrap_or_else(|e| panic!("{step}: {:?}", e.0));
+        }
+        // Its real size is what it costs.
+        let e = meter(4 << 20, &tar, 512).unwrap_err().0.to_string();
+        assert!(e.contains("/sparse is 8.0MiB"), "{e}");
+        // Past its map and data, the next header is read where it is.
+        let e = meter(10 << 20, &tar, 512).unwrap_err().0.to_string();
+        assert!(e.contains("/after is 3.0MiB"), "{e}");
+    }
+
+    #[test]
     fn a_layer_meter_refuses_what_is_not_a_layer_tar() {
         let mut bad = header("f", tar::EntryType::Regular, 0);
         bad.as_mut_bytes()[0] = b'g';
@@ -505,12 +593,6 @@ mod tests {
             .0
             .to_string();
         assert!(e.contains("checksum"), "{e}");
-        let sparse = header("s", tar::EntryType::GNUSparse, 0);
-        let e = meter(1 << 20, sparse.as_bytes(), 512)
-            .unwrap_err()
-            .0
-            .to_string();
-        assert!(e.contains("GNU sparse"), "{e}");
         let name = header("././@LongLink", tar::EntryType::GNULongName, 2 << 20);
         let e = meter(1 << 40, name.as_bytes(), 512)
             .unwrap_err()
