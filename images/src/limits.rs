@@ -11,7 +11,9 @@
 //! same way before it reaches the disk: [`LayerMeter`] reads each tar header as the stream
 //! passes and takes the entry's size from the image's budget before any byte of its data is
 //! written. A sparse file is its apparent size there (`truncate -s 20G` costs the sandbox
-//! nothing and is 20 GiB of zeros in a tar), so it is refused from its header alone.
+//! nothing and is 20 GiB of zeros in a tar), so it is refused from its header alone. Every
+//! unpack reads its layer through a meter too (an unlimited one: the unpack pays per entry
+//! itself), for the bound on extension entries the `tar` crate would read whole into memory.
 
 use super::ImageError;
 

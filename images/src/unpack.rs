@@ -11,6 +11,8 @@
 //! - files are created with `O_CREAT | O_EXCL | O_NOFOLLOW`; an earlier entry of the same name
 //!   is removed first (the later entry wins); symlinks are created as symlinks;
 //! - a hard link must name an entry already unpacked by this layer;
+//! - a GNU long name or PAX entry past 1 MiB refuses the layer from its header (the `tar`
+//!   crate would read it whole into memory first): see [`LayerMeter`];
 //! - character and block devices are skipped (counted and logged); fifos are created;
 //! - `.wh.NAME` becomes an overlayfs whiteout (a 0:0 character device), `.wh..wh..opq` sets
 //!   `trusted.overlay.opaque=y` on its directory;
