@@ -528,6 +528,20 @@ impl Authenticator {
     }
 }
 
+/// The request's connection carried an authenticated call (`connections::prove`, by its two
+/// addresses, over TLS or not).
+fn prove_connection<B>(req: &http::Request<B>) {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let info = req.extensions().get::<TcpConnectInfo>().or_else(|| {
+        req.extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .map(|tls| tls.get_ref())
+    });
+    if let Some((Some(local), Some(remote))) = info.map(|i| (i.local_addr(), i.remote_addr())) {
+        crate::daemon::connections::prove(local, remote);
+    }
+}
+
 /// The caller's uid on the Unix socket.
 fn peer_uid<B>(req: &http::Request<B>) -> Option<u32> {
     req.extensions()
@@ -670,6 +684,7 @@ impl<S> AuthService<S> {
             );
             return Box::pin(async move { Ok(status.into_http()) });
         }
+        prove_connection(&req);
         let who = caller.name.clone();
         let proof = caller.proof.to_string();
         req.extensions_mut().insert(caller);

@@ -249,7 +249,9 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         // A server in the sandbox: reached by who holds the sandbox's access token (as the
         // SDK's X-Access-Token, or E2B's traffic token header), never by anyone who can guess
         // an id. Neither token goes on into the sandbox.
-        if !(authorized("x-access-token") || authorized(TRAFFIC_TOKEN)) {
+        if authorized("x-access-token") || authorized(TRAFFIC_TOKEN) {
+            super::e2b::prove(&req);
+        } else {
             return super::e2b::json_response(
                 StatusCode::UNAUTHORIZED,
                 &json!({"code": 401, "message": format!(
@@ -270,6 +272,9 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         return super::service_routes::forward(&e2b.gateway, uuid, port, req).await;
     }
     let authorized = authorized("x-access-token");
+    if authorized {
+        super::e2b::prove(&req);
+    }
     if path == "/health" {
         return health(&sandbox, id);
     }

@@ -58,7 +58,13 @@ pub async fn serve(
 
 async fn answer<B>(render: &Render, req: &Request<B>) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
-        (&hyper::Method::GET, "/metrics") => (StatusCode::OK, CONTENT_TYPE, render().await),
+        (&hyper::Method::GET, "/metrics") => {
+            // A scrape (on loopback, where the metrics are): what this listener is for.
+            if let Some(proof) = req.extensions().get::<super::connections::ConnProof>() {
+                proof.prove();
+            }
+            (StatusCode::OK, CONTENT_TYPE, render().await)
+        }
         (_, "/metrics") => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain; charset=utf-8",
