@@ -13,7 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sbx_drivers::network::fixtures::{
-    Held, SERVER, Upstream, connect_from, query_timing, resolve_from, runnable,
+    self, Answer, Attached, Held, SERVER, Upstream, connect_from, conntrack_entries_from,
+    query_timing, reply_sections_from, resolve_from, runnable,
 };
 use sbx_drivers::network::{Network, NetworkConfig, parse_allowlist};
 use uuid::Uuid;
@@ -809,5 +810,248 @@ lat.sort(); print(lat[len(lat) * 99 // 100] * 1000, lat[len(lat) // 2] * 1000)"#
     net.teardown().unwrap();
     guard.net = None;
     assert_eq!(left_on_host(&name, &[a, b, c]), Vec::<String>::new());
+    drop(up);
+}
+
+#[test]
+fn an_answer_into_a_network_the_host_is_attached_to_is_refused_unless_the_policy_names_it() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("l{:04x}", std::process::id() & 0xffff);
+    let name = format!("t{tag}");
+    let third = 15;
+    // Two networks the host is attached to, as a LAN or a container bridge is: the
+    // upstream's own veth (10.251.15.0/30, private) and one whose addresses are public by
+    // IANA's registry (192.52.193.200/30) — only the host's on-link route says it is local.
+    let lan = Attached::new(&tag, Ipv4Addr::new(192, 52, 193, 200), &[80]);
+    let public = fixtures::public_addr(third);
+    let up = Upstream::with_names(
+        &tag,
+        third,
+        &[80],
+        &[
+            ("public.sbx.test", public),
+            ("lan.sbx.test", lan.peer),
+            ("bridge.sbx.test", Ipv4Addr::new(10, 251, third, 2)),
+            ("private.sbx.test", Ipv4Addr::new(10, 252, third, 1)),
+            ("doc.sbx.test", Ipv4Addr::new(203, 0, 113, 9)),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut guard = Net {
+        net: None,
+        ids: vec![a, b],
+        name: name.clone(),
+    };
+    let mut cfg = config(&name, third, dir.path());
+    cfg.dns_upstream = Some((up.addr, 53).into());
+    guard.net = Some(Network::open(cfg).expect("network"));
+    let net = guard.net.as_ref().unwrap();
+    let names = [
+        "public.sbx.test:80",
+        "lan.sbx.test:80",
+        "bridge.sbx.test:80",
+        "private.sbx.test:80",
+        "doc.sbx.test:80",
+    ];
+    let at = net.attach(a, &parse_allowlist(&names).unwrap()).unwrap();
+    let gw = at.gateway;
+    let (ns_a, ns_b) = (format!("{name}-{a}"), format!("{name}-{b}"));
+
+    // A public address, reached through a route: admitted, reached.
+    assert_eq!(
+        resolve_from(&ns_a, gw, "public.sbx.test"),
+        format!("rcode 0 {public}")
+    );
+    assert_eq!(connect_from(&ns_a, public, 80), "hello 80");
+    // Into a network the host is attached to, public or private, or into a private or
+    // documentation range: refused, recorded, nothing admitted.
+    for (bad, addr) in [
+        ("lan.sbx.test", lan.peer),
+        ("bridge.sbx.test", up.addr),
+        ("private.sbx.test", up.second),
+    ] {
+        assert_eq!(resolve_from(&ns_a, gw, bad), "rcode 5", "{bad} -> {addr}");
+        let reached = connect_from(&ns_a, addr, 80);
+        assert!(reached.starts_with("error"), "{bad} -> {addr}: {reached}");
+    }
+    // (No connect to it: the host has no route of the test's for it.)
+    assert_eq!(resolve_from(&ns_a, gw, "doc.sbx.test"), "rcode 5");
+    let refused = net.refused_names(a);
+    for bad in [
+        "lan.sbx.test",
+        "bridge.sbx.test",
+        "private.sbx.test",
+        "doc.sbx.test",
+    ] {
+        assert!(
+            refused.iter().any(|(n, c)| n == bad && *c >= 1),
+            "{bad} is recorded as a denial: {refused:?}"
+        );
+    }
+    let (denied, _) = net.denial_summary(a);
+    assert!(denied >= 4, "the sandbox's denials count them: {denied}");
+
+    // A policy that names the network (on another port) admits the name's answers into it,
+    // to the name's port.
+    let named = parse_allowlist(&[
+        "lan.sbx.test:80",
+        "192.52.193.200/30:81",
+        "bridge.sbx.test:80",
+        &format!("10.251.{third}.0/30:81"),
+    ])
+    .unwrap();
+    net.attach(b, &named).unwrap();
+    assert!(
+        connect_from(&ns_b, lan.peer, 80).starts_with("error"),
+        "nothing admitted to :80 before the name is resolved"
+    );
+    assert_eq!(
+        resolve_from(&ns_b, gw, "lan.sbx.test"),
+        format!("rcode 0 {}", lan.peer)
+    );
+    assert_eq!(connect_from(&ns_b, lan.peer, 80), "hello 80");
+    assert_eq!(
+        resolve_from(&ns_b, gw, "bridge.sbx.test"),
+        format!("rcode 0 {}", up.addr)
+    );
+    assert_eq!(connect_from(&ns_b, up.addr, 80), "hello 80");
+
+    for id in [a, b] {
+        net.detach(id).unwrap();
+    }
+    net.teardown().unwrap();
+    guard.net = None;
+    assert_eq!(left_on_host(&name, &[a, b]), Vec::<String>::new());
+    drop(up);
+    drop(lan);
+}
+
+#[test]
+fn a_sandbox_gets_only_the_question_and_its_answer_records() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("x{:04x}", std::process::id() & 0xffff);
+    let name = format!("t{tag}");
+    let third = 16;
+    let public = fixtures::public_addr(third);
+    let up = Upstream::with_answers(
+        &tag,
+        third,
+        &[],
+        &[("extra.sbx.test", Answer::WithExtra(public))],
+        None,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let a = Uuid::new_v4();
+    let mut guard = Net {
+        net: None,
+        ids: vec![a],
+        name: name.clone(),
+    };
+    let mut cfg = config(&name, third, dir.path());
+    cfg.dns_upstream = Some((up.addr, 53).into());
+    guard.net = Some(Network::open(cfg).expect("network"));
+    let net = guard.net.as_ref().unwrap();
+    let at = net
+        .attach(a, &parse_allowlist(&["extra.sbx.test:80"]).unwrap())
+        .unwrap();
+    let ns_a = format!("{name}-{a}");
+    // The upstream's own reply carries an NS record and a TXT record besides the answer.
+    assert_eq!(
+        reply_sections_from(&up.ns, up.addr, "extra.sbx.test"),
+        "rcode 0 an 1 ns 1 ar 1 smuggled"
+    );
+    // The sandbox gets the answer and nothing else.
+    assert_eq!(
+        reply_sections_from(&ns_a, at.gateway, "extra.sbx.test"),
+        "rcode 0 an 1 ns 0 ar 0"
+    );
+    assert_eq!(
+        resolve_from(&ns_a, at.gateway, "extra.sbx.test"),
+        format!("rcode 0 {public}")
+    );
+    net.detach(a).unwrap();
+    net.teardown().unwrap();
+    guard.net = None;
+    assert_eq!(left_on_host(&name, &[a]), Vec::<String>::new());
+    drop(up);
+}
+
+#[test]
+fn one_sandbox_adds_at_most_its_budget_of_conntrack_entries() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("c{:04x}", std::process::id() & 0xffff);
+    let name = format!("t{tag}");
+    let third = 17;
+    let public = fixtures::public_addr(third);
+    let up = Upstream::with_names(&tag, third, &[], &[("up.sbx.test", public)]);
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut guard = Net {
+        net: None,
+        ids: vec![a, b],
+        name: name.clone(),
+    };
+    let mut cfg = config(&name, third, dir.path());
+    cfg.dns_upstream = Some((up.addr, 53).into());
+    guard.net = Some(Network::open(cfg).expect("network"));
+    let net = guard.net.as_ref().unwrap();
+    let list = parse_allowlist(&[format!("{public}:1024-65535/udp"), "up.sbx.test:80".into()])
+        .unwrap();
+    let at = net.attach(a, &list).unwrap();
+    net.attach(b, &list).unwrap();
+    let (ns_a, ns_b) = (format!("{name}-{a}"), format!("{name}-{b}"));
+    let budget = 4096;
+
+    // 20,000 new UDP flows, each a datagram to another port of an address the policy admits.
+    let flows = format!(
+        r#"import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sent = 0
+for port in range(2000, 22000):
+    try:
+        s.sendto(b"x", ("{public}", port)); sent += 1
+    except OSError:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+print(sent)"#
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns_a, "python3", "-c", &flows])
+        .output()
+        .unwrap();
+    let tried: usize = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{out:?}"));
+    let entries = conntrack_entries_from(at.address);
+    println!("20,000 new flows tried ({tried} sent): {entries} conntrack entries from the sandbox");
+    assert!(
+        entries <= budget + 64,
+        "one sandbox added {entries} conntrack entries (budget {budget})"
+    );
+    assert!(entries >= budget / 2, "the flows were made: {entries}");
+    // The resolver is behind the same budget (a query from a new port is a new flow): a
+    // sandbox at its budget gets no answer, another sandbox still does.
+    assert!(
+        resolve_from(&ns_a, at.gateway, "up.sbx.test").starts_with("error"),
+        "a sandbox at its budget opens no new flow to the resolver either"
+    );
+    assert_eq!(
+        resolve_from(&ns_b, at.gateway, "up.sbx.test"),
+        format!("rcode 0 {public}")
+    );
+
+    for id in [a, b] {
+        net.detach(id).unwrap();
+    }
+    net.teardown().unwrap();
+    guard.net = None;
+    assert_eq!(left_on_host(&name, &[a, b]), Vec::<String>::new());
     drop(up);
 }

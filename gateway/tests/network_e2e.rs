@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{CliRun, DataDir, Sbxd, assert_oci_left_nothing, sbx, unique};
-use sbx_drivers::network::fixtures::{Upstream, runnable};
+use sbx_drivers::network::fixtures::{Answer, Upstream, public_addr, runnable};
 
 /// One test's gateway with its own network name, CIDR and cgroup parent; on drop its
 /// sandboxes are deleted (while sbxd runs), then sbxd, the table and the bridge go.
@@ -1403,4 +1403,223 @@ fn the_network_is_on_by_default_a_refused_lookup_is_explained_and_cleanup_remove
         again.stdout.contains("nothing of it is on this host"),
         "{again:?}"
     );
+}
+
+/// The flooding sandboxes of [`a_flood_of_lookups_from_twenty_sandboxes_leaves_another_its_answers`].
+const FLOODERS: [&str; 20] = [
+    "f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9", "f10", "f11", "f12", "f13", "f14",
+    "f15", "f16", "f17", "f18", "f19",
+];
+
+/// Twenty lookups of `name` one after another inside sandbox `name`, bounded by 60 s: how
+/// many were answered with `addr`, and how long they took.
+fn lookups(ep: &str, sandbox: &str, name: &str, addr: &str) -> (usize, Duration) {
+    let t = Instant::now();
+    let run = exec(
+        ep,
+        sandbox,
+        &format!("timeout 60 sh -c 'for i in $(seq 20); do nslookup {name} 2>&1; done'"),
+    );
+    let took = t.elapsed();
+    let answered = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("Address") && l.trim_end().ends_with(addr))
+        .count();
+    (answered, took)
+}
+
+#[test]
+fn a_flood_of_lookups_from_twenty_sandboxes_leaves_another_its_answers() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("d{:04x}", std::process::id() & 0xffff);
+    let third = 25;
+    let public = public_addr(third);
+    let up = Upstream::with_answers(
+        &tag,
+        third,
+        &[80],
+        &[
+            ("fast.sbx.test", Answer::A(public)),
+            ("slow.sbx.test", Answer::Silent),
+        ],
+        None,
+    );
+    let mut w = World::new(&tag, third);
+    w.dns = Some(up.addr.to_string());
+    let ep = w.start();
+    w.sandboxes = vec!["victim"];
+    w.sandboxes.extend(FLOODERS);
+    sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "victim",
+            "--allow",
+            "fast.sbx.test:80",
+            "--",
+            "sleep",
+            "3600",
+        ],
+    )
+    .ok();
+    let public = public.to_string();
+    let (quiet, quiet_took) = lookups(&ep, "victim", "fast.sbx.test", &public);
+    assert_eq!(quiet, 20, "without a flood");
+    // Each flooder: 64 loops of lookups of a name whose upstream never answers, each loop
+    // starting at its own moment (busybox's nslookup gives up after 5 s), so that the
+    // resolver always has as many of its queries as it takes.
+    let flood = "for i in $(seq 64); do (usleep $((RANDOM * 150)); while true; do \
+                 nslookup slow.sbx.test >/dev/null 2>&1; done) & done; wait";
+    for f in FLOODERS {
+        sbx(
+            &ep,
+            &[
+                "sandbox",
+                "create",
+                "-n",
+                f,
+                "--allow",
+                "slow.sbx.test:80",
+                "--",
+                "sh",
+                "-c",
+                flood,
+            ],
+        )
+        .ok();
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    if std::env::var_os("SBX_DEBUG_FLOOD").is_some() {
+        let pid = w.sbxd.as_ref().unwrap().pid();
+        for _ in 0..5 {
+            let n = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .unwrap()
+                .flatten()
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.starts_with("sbx-resolve"))
+                })
+                .count();
+            let ps = exec(&ep, "f3", "ps | grep -c nslookup");
+            eprintln!("resolver threads: {n}; nslookups in f3: {}", ps.stdout.trim());
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    let (flooded, flooded_took) = lookups(&ep, "victim", "fast.sbx.test", &public);
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64();
+    eprintln!(
+        "the victim's lookups (20, one after another, through `sbx sandbox exec`): \
+         {quiet}/20 in {quiet_took:.2?} ({:.1}/s) alone; {flooded}/20 in {flooded_took:.2?} \
+         ({:.1}/s) while {} sandboxes flood a name whose upstream never answers",
+        rate(quiet, quiet_took),
+        rate(flooded, flooded_took),
+        FLOODERS.len()
+    );
+    assert_eq!(flooded, 20, "every lookup answered while the others flood");
+    assert!(
+        flooded_took < Duration::from_secs(10),
+        "answered promptly: {flooded_took:?}"
+    );
+    assert_eq!(connect(&ep, "victim", &public, 80), "hello 80");
+
+    for name in w.sandboxes.clone() {
+        sbx(&ep, &["sandbox", "delete", name]).ok();
+    }
+    w.sandboxes.clear();
+    assert_eq!(w.left_on_host(), Vec::<String>::new());
+    assert_oci_left_nothing(w.data.path(), &w.cgroup_parent);
+    drop(up);
+}
+
+#[test]
+fn a_second_sbxd_on_the_same_network_name_is_refused_naming_the_first() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("k{:04x}", std::process::id() & 0xffff);
+    let third = 26;
+    let public = public_addr(third);
+    let up = Upstream::with_names(&tag, third, &[80], &[("fast.sbx.test", public)]);
+    let public = public.to_string();
+    let mut w = World::new(&tag, third);
+    w.dns = Some(up.addr.to_string());
+    let ep = w.start();
+    let first = w.sbxd.as_ref().unwrap().pid();
+    w.sandboxes = vec!["s"];
+    sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "s",
+            "--allow",
+            "fast.sbx.test:80",
+            "--",
+            "sleep",
+            "3600",
+        ],
+    )
+    .ok();
+    let looked_up = exec(&ep, "s", "nslookup fast.sbx.test");
+    assert!(looked_up.stdout.contains(&public), "{looked_up:?}");
+
+    // Another sbxd, its own data and network, the same --network-name.
+    let data = DataDir::new();
+    let addr_file = data.path().join("addr");
+    let mut second = Command::new(common::SBXD)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .arg("--addr-file")
+        .arg(&addr_file)
+        .args([
+            "--oci-cgroup-parent",
+            &w.cgroup_parent,
+            "--network-cidr",
+            &format!("10.253.{}.0/24", third + 1),
+            "--network-name",
+            &w.name,
+        ])
+        .env("SBX_AUTH", "none")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if addr_file.exists() || began.elapsed() > Duration::from_secs(60) {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!(
+                "a second sbxd serves network {:?} (the first is pid {first}): {:?}",
+                w.name,
+                std::io::read_to_string(second.stderr.take().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let said = std::io::read_to_string(second.stderr.take().unwrap()).unwrap();
+    assert!(!status.success(), "{status}: {said}");
+    assert!(
+        said.contains(&format!("pid {first}")) && said.contains(&w.name),
+        "the refusal names the network and the sbxd that serves it: {said}"
+    );
+    // The first one's sandbox still resolves its names and reaches what they answer.
+    let again = exec(&ep, "s", "nslookup fast.sbx.test");
+    assert!(again.stdout.contains(&public), "{again:?}");
+    assert_eq!(connect(&ep, "s", &public, 80), "hello 80");
+
+    sbx(&ep, &["sandbox", "delete", "s"]).ok();
+    w.sandboxes.clear();
+    assert_eq!(w.left_on_host(), Vec::<String>::new());
+    drop(up);
 }
