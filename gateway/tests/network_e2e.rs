@@ -5,7 +5,8 @@
 //! nothing on the host. Needs root, runc, busybox-static, ip, nft and python3.
 //!
 //! Every packet goes to namespaces this test makes: the "upstream" (its own addresses in
-//! 10.251/16 and 10.252/16, its own servers) and the sandboxes. Everything made — sandboxes,
+//! 10.251/16 and 10.252/16, and public ones in 192.52.193/24 the host routes to it while the
+//! test runs, its own servers) and the sandboxes. Everything made — sandboxes,
 //! namespaces, veths, the bridge, the nftables table — is removed at the end, also when the
 //! test fails (drop guards), and the test checks that nothing is left.
 
@@ -225,11 +226,13 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         20,
         &[80, 81, 8080],
         &[
-            ("up.sbx.test", std::net::Ipv4Addr::new(10, 251, 20, 2)),
+            ("up.sbx.test", public_addr(20)),
             ("second.sbx.test", std::net::Ipv4Addr::new(10, 252, 20, 1)),
         ],
     );
     let upa = up.addr.to_string();
+    // What up.sbx.test answers: an address the resolver calls public.
+    let public = up.public.to_string();
     let mut w = World::new(&tag, 20);
     w.dns = Some(upa.clone());
     let ep = w.start();
@@ -471,18 +474,18 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
     let resolv = exec(&ep, "named", "cat /etc/resolv.conf").ok().to_string();
     assert_eq!(resolv.trim(), format!("nameserver {gateway}"));
     assert!(
-        connect(&ep, "named", &upa, 80).starts_with("refused"),
+        connect(&ep, "named", &public, 80).starts_with("refused"),
         "nothing admitted before the name is resolved"
     );
     let looked_up = exec(&ep, "named", "nslookup up.sbx.test");
-    assert!(looked_up.stdout.contains(&upa), "{looked_up:?}");
+    assert!(looked_up.stdout.contains(&public), "{looked_up:?}");
     assert_eq!(
-        connect(&ep, "named", &upa, 80),
+        connect(&ep, "named", &public, 80),
         "hello 80",
         "the name's answer, admitted"
     );
     assert!(
-        connect(&ep, "named", &upa, 81).starts_with("refused"),
+        connect(&ep, "named", &public, 81).starts_with("refused"),
         "its port only"
     );
     let off_list = exec(&ep, "named", "nslookup second.sbx.test");
@@ -502,7 +505,7 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
     );
     let web_lookup = exec(&ep, "web", "nslookup up.sbx.test");
     assert!(
-        !web_lookup.stdout.contains(&format!("Address: {upa}")),
+        !web_lookup.stdout.contains(&format!("Address: {public}")),
         "web's list holds no names: {web_lookup:?}"
     );
 
@@ -591,13 +594,13 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         "still enforced"
     );
     assert_eq!(
-        connect(&ep, "named", &upa, 80),
+        connect(&ep, "named", &public, 80),
         "hello 80",
         "the admission survived"
     );
     let again = exec(&ep, "named", "nslookup up.sbx.test");
     assert!(
-        again.stdout.contains(&upa),
+        again.stdout.contains(&public),
         "the resolver answers after the restart: {again:?}"
     );
     let off_again = exec(&ep, "named", "nslookup second.sbx.test");
@@ -669,13 +672,10 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
         return;
     }
     let tag = format!("p{:04x}", std::process::id() & 0xffff);
-    let up = Upstream::with_names(
-        &tag,
-        22,
-        &[80, 81],
-        &[("up.sbx.test", std::net::Ipv4Addr::new(10, 251, 22, 2))],
-    );
+    let up = Upstream::with_names(&tag, 22, &[80, 81], &[("up.sbx.test", public_addr(22))]);
     let upa = up.addr.to_string();
+    // What up.sbx.test answers: an address the resolver calls public.
+    let public = up.public.to_string();
     let mut w = World::new(&tag, 22);
     w.driver = "process";
     w.dns = Some(upa.clone());
@@ -732,7 +732,7 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
         "256 KiB each way: rx {rx0} → {rx1}, tx {tx0} → {tx1}"
     );
     assert!(
-        !connect(&ep, &upa, 81).starts_with("hello"),
+        !connect(&ep, &public, 81).starts_with("hello"),
         "nothing admitted for the name before it is resolved"
     );
     let resolv = exec(&ep, "pweb", "cat /etc/resolv.conf").ok().to_string();
@@ -742,8 +742,8 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
         "the sandbox's own resolv.conf, not the host's"
     );
     let looked_up = exec(&ep, "pweb", "busybox nslookup up.sbx.test");
-    assert!(looked_up.stdout.contains(&upa), "{looked_up:?}");
-    assert_eq!(connect(&ep, &upa, 81), "hello 81");
+    assert!(looked_up.stdout.contains(&public), "{looked_up:?}");
+    assert_eq!(connect(&ep, &public, 81), "hello 81");
     assert!(!connect(&ep, &up.second.to_string(), 80).starts_with("hello"));
     // What the policy refused is an event of the sandbox (at most one a minute).
     let began = Instant::now();
@@ -808,9 +808,13 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
     let ep = w.start();
     assert_eq!(network(&ep, "pweb")["address"], addr.as_str());
     assert_eq!(connect(&ep, &upa, 80), "hello 80");
-    assert_eq!(connect(&ep, &upa, 81), "hello 81", "the admission survived");
+    assert_eq!(
+        connect(&ep, &public, 81),
+        "hello 81",
+        "the admission survived"
+    );
     let again = exec(&ep, "pweb", "busybox nslookup up.sbx.test");
-    assert!(again.stdout.contains(&upa), "{again:?}");
+    assert!(again.stdout.contains(&public), "{again:?}");
 
     sbx(&ep, &["sandbox", "delete", "pweb"]).ok();
     assert_eq!(w.left_on_host(), Vec::<String>::new());
@@ -833,9 +837,11 @@ fn vm_sandbox_gets_the_network_policy_and_resolver_and_cannot_spoof() {
         &tag,
         23,
         &[80, 81, 82, 83],
-        &[("up.sbx.test", std::net::Ipv4Addr::new(10, 251, 23, 2))],
+        &[("up.sbx.test", public_addr(23))],
     );
     let upa = up.addr.to_string();
+    // What up.sbx.test answers: an address the resolver calls public.
+    let public = up.public.to_string();
     let mut w = World::new(&tag, 23);
     w.driver = "vm";
     w.dns = Some(upa.clone());
@@ -887,13 +893,13 @@ fn vm_sandbox_gets_the_network_policy_and_resolver_and_cannot_spoof() {
         tx1 >= tx0 + 262_144 && rx1 >= rx0 + 262_144,
         "256 KiB each way: rx {rx0} → {rx1}, tx {tx0} → {tx1}"
     );
-    assert!(connect(&ep, "vweb", &upa, 81).starts_with("refused"));
+    assert!(connect(&ep, "vweb", &public, 81).starts_with("refused"));
     let resolv = exec(&ep, "vweb", "cat /etc/resolv.conf").ok().to_string();
     assert_eq!(resolv.trim(), format!("nameserver {gateway}"));
     let looked_up = exec(&ep, "vweb", "nslookup up.sbx.test");
-    assert!(looked_up.stdout.contains(&upa), "{looked_up:?}");
+    assert!(looked_up.stdout.contains(&public), "{looked_up:?}");
     assert_eq!(
-        connect(&ep, "vweb", &upa, 81),
+        connect(&ep, "vweb", &public, 81),
         "hello 81",
         "admitted by name"
     );
@@ -1494,28 +1500,28 @@ fn a_flood_of_lookups_from_twenty_sandboxes_leaves_another_its_answers() {
         .ok();
     }
     std::thread::sleep(Duration::from_secs(5));
-    if std::env::var_os("SBX_DEBUG_FLOOD").is_some() {
-        let pid = w.sbxd.as_ref().unwrap().pid();
-        for _ in 0..5 {
-            let n = std::fs::read_dir(format!("/proc/{pid}/task"))
-                .unwrap()
-                .flatten()
-                .filter(|t| {
-                    std::fs::read_to_string(t.path().join("comm"))
-                        .is_ok_and(|c| c.starts_with("sbx-resolve"))
-                })
-                .count();
-            let ps = exec(&ep, "f3", "ps | grep -c nslookup");
-            eprintln!("resolver threads: {n}; nslookups in f3: {}", ps.stdout.trim());
-            std::thread::sleep(Duration::from_secs(1));
-        }
-    }
+    // The flood is on: sbxd's resolver has threads waiting on the upstream for (at least two
+    // queries of) every flooder.
+    let pid = w.sbxd.as_ref().unwrap().pid();
+    let waiting = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim_end() == "sbx-resolve")
+        })
+        .count();
+    assert!(
+        waiting >= 2 * FLOODERS.len(),
+        "{waiting} queries of the flooders wait on the upstream"
+    );
     let (flooded, flooded_took) = lookups(&ep, "victim", "fast.sbx.test", &public);
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64();
     eprintln!(
         "the victim's lookups (20, one after another, through `sbx sandbox exec`): \
          {quiet}/20 in {quiet_took:.2?} ({:.1}/s) alone; {flooded}/20 in {flooded_took:.2?} \
-         ({:.1}/s) while {} sandboxes flood a name whose upstream never answers",
+         ({:.1}/s) while {} sandboxes flood a name whose upstream never answers ({waiting} of \
+         their queries waiting on it)",
         rate(quiet, quiet_took),
         rate(flooded, flooded_took),
         FLOODERS.len()
@@ -1608,6 +1614,7 @@ fn a_second_sbxd_on_the_same_network_name_is_refused_naming_the_first() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let said = std::io::read_to_string(second.stderr.take().unwrap()).unwrap();
+    eprintln!("the second sbxd: {status}; it said: {}", said.trim());
     assert!(!status.success(), "{status}: {said}");
     assert!(
         said.contains(&format!("pid {first}")) && said.contains(&w.name),

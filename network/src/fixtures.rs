@@ -36,10 +36,10 @@ pub fn runnable() -> bool {
 
 /// A namespace with servers, made by the test: `addr` on a veth to the host (a network the
 /// host is attached to, as a LAN or a container bridge is), `second` another address of it
-/// the host routes there too, and `public` a third, outside every special-purpose range, the
-/// host routes there as well (a /32 route through `addr` the fixture adds before any packet
-/// and removes with the veth, also when the test fails): what a sandbox's resolver admits as
-/// a "remote" server. TCP servers on `ports` of every address answer each connection with
+/// the host routes there too, and `public` and `public2` two more, outside every
+/// special-purpose range, the host routes there as well (/32 routes through `addr` the
+/// fixture adds before any packet and removes with the veth, also when the test fails): what
+/// a sandbox's resolver admits as "remote" servers. TCP servers on `ports` of every address answer each connection with
 /// "hello <port>\n" and then echo what they read; with names, a DNS answerer on UDP port 53
 /// answers A queries for them as [`Answer`] says (TTL 30 s), NXDOMAIN for others; given the
 /// name `@log` (its "address" a file path), it appends one line per query it receives:
@@ -50,6 +50,7 @@ pub struct Upstream {
     pub addr: Ipv4Addr,
     pub second: Ipv4Addr,
     pub public: Ipv4Addr,
+    pub public2: Ipv4Addr,
     servers: Option<Child>,
 }
 
@@ -59,6 +60,11 @@ pub struct Upstream {
 /// for it takes nothing from the host.
 pub fn public_addr(third: u8) -> Ipv4Addr {
     Ipv4Addr::new(192, 52, 193, third)
+}
+
+/// The second public address of [`Upstream`] made with `third` (below 128).
+pub fn public2_addr(third: u8) -> Ipv4Addr {
+    Ipv4Addr::new(192, 52, 193, 128 + third)
 }
 
 /// How the upstream's DNS answerer answers a name's A query.
@@ -141,8 +147,8 @@ threading.Event().wait()
 
 impl Upstream {
     /// Made at 10.251.`third`.2 (the host's end .1), the second address 10.252.`third`.1, the
-    /// public one [`public_addr`]`(third)`; `tag` (at most 6 characters) names the namespace
-    /// and veth.
+    /// public ones [`public_addr`]`(third)` and [`public2_addr`]`(third)` (`third` below
+    /// 128); `tag` (at most 6 characters) names the namespace and veth.
     pub fn new(tag: &str, third: u8, ports: &[u16]) -> Upstream {
         Upstream::with_names(tag, third, ports, &[])
     }
@@ -177,7 +183,12 @@ impl Upstream {
         let host_veth = format!("sbxtu{tag}");
         let addr = Ipv4Addr::new(10, 251, third, 2);
         let second = Ipv4Addr::new(10, 252, third, 1);
+        assert!(
+            third < 128,
+            "the public addresses are 192.52.193.THIRD and .128+THIRD"
+        );
         let public = public_addr(third);
+        let public2 = public2_addr(third);
         // Dropped (the namespace, veth and routes removed) if a step below fails.
         let mut up = Upstream {
             ns: ns.clone(),
@@ -185,6 +196,7 @@ impl Upstream {
             addr,
             second,
             public,
+            public2,
             servers: None,
         };
         ip(&["netns", "add", &ns]);
@@ -199,7 +211,7 @@ impl Upstream {
             &host_veth,
         ]);
         ip(&["link", "set", "dev", &host_veth, "up"]);
-        for routed in [second, public] {
+        for routed in [second, public, public2] {
             ip(&[
                 "route",
                 "add",
@@ -220,8 +232,16 @@ impl Upstream {
             "dev",
             "eth0",
         ]);
-        for local in [second, public] {
-            ip(&["-n", &ns, "addr", "add", &format!("{local}/32"), "dev", "lo"]);
+        for local in [second, public, public2] {
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{local}/32"),
+                "dev",
+                "lo",
+            ]);
         }
         ip(&["-n", &ns, "link", "set", "dev", "eth0", "up"]);
         // No route back to the sandboxes' network: their replies come back only because the
@@ -264,9 +284,15 @@ impl Drop for Upstream {
         }
         // The routes go with the veth; said first so that none outlives the test even if the
         // veth's delete failed.
-        for routed in [self.second, self.public] {
+        for routed in [self.second, self.public, self.public2] {
             let _ = Command::new("ip")
-                .args(["route", "delete", &format!("{routed}/32"), "dev", &self.host_veth])
+                .args([
+                    "route",
+                    "delete",
+                    &format!("{routed}/32"),
+                    "dev",
+                    &self.host_veth,
+                ])
                 .output();
         }
         let _ = Command::new("ip")
@@ -309,7 +335,15 @@ impl Attached {
         ip(&["addr", "add", &format!("{host_end}/30"), "dev", &host_veth]);
         ip(&["link", "set", "dev", &host_veth, "up"]);
         ip(&["-n", &ns, "link", "set", "dev", "lo", "up"]);
-        ip(&["-n", &ns, "addr", "add", &format!("{peer}/30"), "dev", "eth0"]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{peer}/30"),
+            "dev",
+            "eth0",
+        ]);
         ip(&["-n", &ns, "link", "set", "dev", "eth0", "up"]);
         let mut args = vec![
             "netns".to_string(),
