@@ -128,7 +128,9 @@ pub fn on_link_routes() -> Result<Vec<(Ipv4Addr, u8)>, IpError> {
                 None => (dst, 32),
             };
             let addr: Ipv4Addr = addr.parse().ok()?;
-            (len >= crate::resolver::ATTACHED_MIN_PREFIX && len <= 32).then_some((addr, len))
+            (crate::resolver::ATTACHED_MIN_PREFIX..=32)
+                .contains(&len)
+                .then_some((addr, len))
         })
         .collect())
 }

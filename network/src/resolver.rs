@@ -117,6 +117,9 @@ struct Client {
     networks: Vec<(Ipv4Addr, u8)>,
 }
 
+/// The host's on-link routes as read at an instant.
+type Routes = (Instant, Vec<(Ipv4Addr, u8)>);
+
 /// An admitted address, the name it was answered for, and until when.
 type Admission = (Ipv4Addr, String, Instant);
 
@@ -134,7 +137,7 @@ pub struct Shared {
     /// Queries each sandbox's budgets refused since this process began answering it.
     over_budget: Mutex<HashMap<Uuid, u64>>,
     /// The host's on-link routes, and when they were read.
-    routes: Mutex<Option<(Instant, Vec<(Ipv4Addr, u8)>)>>,
+    routes: Mutex<Option<Routes>>,
 }
 
 impl Shared {
