@@ -236,8 +236,11 @@ impl Table {
             cmds.push(json!({ "flush": self.obj("chain", json!({ "name": chain })) }));
         }
         // Per source: its conntrack count (an element per sandbox with connections, gone when
-        // it has none), and what the budgets refused it. Made anew (the counts start again)
-        // when the budget changed: an element keeps the budget it was made with.
+        // it has none), and what the budgets refused it; room for every address of the
+        // network (an update of a full set fails, and with it the rule: the refusal would not
+        // happen). `ct_budget` is made anew (the counts start again) when the budget changed:
+        // an element keeps the budget it was made with.
+        let sandboxes = 1u64 << (32 - u32::from(self.prefix.clamp(8, 32)));
         let budget = format!("budget {}", self.conntrack_max);
         match comment("set", "ct_budget") {
             Some(c) if c == budget => {}
@@ -245,7 +248,6 @@ impl Table {
                 if has("set", "ct_budget") {
                     cmds.push(json!({ "delete": self.obj("set", json!({ "name": "ct_budget" })) }));
                 }
-                let sandboxes = 1u64 << (32 - u32::from(self.prefix.clamp(8, 32)));
                 cmds.push(json!({ "add": self.obj("set", json!({
                     "name": "ct_budget",
                     "type": "ipv4_addr",
@@ -259,7 +261,7 @@ impl Table {
                 cmds.push(json!({ "add": self.obj("set", json!({
                     "name": counted,
                     "type": "ipv4_addr",
-                    "size": 65535,
+                    "size": sandboxes,
                     "stmt": [{ "counter": null }],
                 })) }));
             }
@@ -717,4 +719,83 @@ pub fn parse_denials(doc: &Value) -> Vec<Denial> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(conntrack_max: u32) -> Table {
+        Table {
+            name: "t".into(),
+            bridge: "t0".into(),
+            network: Ipv4Addr::new(10, 9, 0, 0),
+            prefix: 16,
+            conntrack_max,
+        }
+    }
+
+    /// The `delete` and `add` commands of `cmds` that name set `name`.
+    fn set_ops(cmds: &[Value], name: &str) -> Vec<String> {
+        cmds.iter()
+            .filter_map(|c| {
+                let (op, body) = c.as_object()?.iter().next()?;
+                (body.pointer("/set/name")?.as_str()? == name).then(|| op.clone())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_conntrack_budget_is_kept_across_a_restart_and_made_anew_when_it_changes() {
+        let fresh = table(4096).setup(None);
+        assert_eq!(set_ops(&fresh, "ct_budget"), ["add"]);
+        assert_eq!(set_ops(&fresh, "ct_refused"), ["add"]);
+        let made = fresh
+            .iter()
+            .find_map(|c| c.pointer("/add/set").filter(|s| s["name"] == "ct_budget"))
+            .unwrap();
+        assert_eq!(made["comment"], "budget 4096");
+        assert_eq!(made["size"], 65536, "room for every address of a /16");
+        let rule = fresh
+            .iter()
+            .find(|c| c.pointer("/add/rule/chain") == Some(&json!("admit")))
+            .unwrap();
+        assert!(
+            rule.to_string()
+                .contains(r#"{"ct count":{"inv":true,"val":4096}}"#),
+            "{rule}"
+        );
+        let existing = json!({ "nftables": [
+            { "set": { "family": "inet", "table": "t", "name": "ct_budget", "comment": "budget 4096" } },
+            { "set": { "family": "inet", "table": "t", "name": "ct_refused" } },
+            { "set": { "family": "inet", "table": "t", "name": "dns_refused" } },
+        ] });
+        let again = table(4096).setup(Some(&existing));
+        assert!(
+            set_ops(&again, "ct_budget").is_empty(),
+            "kept: its counts go on"
+        );
+        assert!(set_ops(&again, "ct_refused").is_empty());
+        let changed = table(100).setup(Some(&existing));
+        assert_eq!(set_ops(&changed, "ct_budget"), ["delete", "add"]);
+        assert!(
+            set_ops(&changed, "ct_refused").is_empty(),
+            "the refusals stay"
+        );
+    }
+
+    #[test]
+    fn counts_by_source_are_read_back() {
+        let doc = json!({ "nftables": [
+            { "metainfo": {} },
+            { "set": { "name": "ct_refused", "elem": [
+                { "elem": { "val": "10.9.0.2", "counter": { "packets": 15904, "bytes": 1 } } },
+                { "elem": { "val": "10.9.0.3", "counter": { "packets": 0, "bytes": 0 } } },
+            ] } },
+        ] });
+        let by = counted_by_source(&doc);
+        assert_eq!(by.get(&Ipv4Addr::new(10, 9, 0, 2)), Some(&15904));
+        assert_eq!(by.get(&Ipv4Addr::new(10, 9, 0, 3)), Some(&0));
+        assert_eq!(by.len(), 2);
+    }
 }
