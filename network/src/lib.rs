@@ -260,19 +260,26 @@ struct Summaries {
     ct_refused: HashMap<Ipv4Addr, u64>,
 }
 
+/// The lock file of network `name`.
+fn lock_path(name: &str) -> PathBuf {
+    Path::new(LOCK_DIR).join(format!("{name}.lock"))
+}
+
 /// Takes the exclusive lock of network `name` (see the module's doc), waiting up to
-/// [`LOCK_WAIT`]; writes this process's pid into it.
+/// [`LOCK_WAIT`]; writes this process's pid into it. The file is removed only by a holder
+/// (once the network is gone), so a lock taken on a file no longer at the path is let go
+/// and taken again on the one there.
 fn lock_name(name: &str) -> Result<nix::fcntl::Flock<std::fs::File>, NetworkError> {
     use nix::errno::Errno;
     use nix::fcntl::{Flock, FlockArg};
     use std::io::{Read, Seek, Write};
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
         .create(LOCK_DIR)
         .map_err(io(format!("creating {LOCK_DIR}")))?;
-    let path = Path::new(LOCK_DIR).join(format!("{name}.lock"));
+    let path = lock_path(name);
     let open = || {
         std::fs::OpenOptions::new()
             .read(true)
@@ -289,6 +296,21 @@ fn lock_name(name: &str) -> Result<nix::fcntl::Flock<std::fs::File>, NetworkErro
     loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(mut lock) => {
+                let still_there = match (lock.metadata(), std::fs::symlink_metadata(&path)) {
+                    (Ok(held), Ok(there)) => held.dev() == there.dev() && held.ino() == there.ino(),
+                    _ => false,
+                };
+                if !still_there {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(NetworkError::Config(format!(
+                            "{} was removed and made again for {LOCK_WAIT:?}: something else is at work on network {name:?}",
+                            path.display()
+                        )));
+                    }
+                    drop(lock);
+                    file = open()?;
+                    continue;
+                }
                 lock.set_len(0)
                     .and_then(|()| lock.rewind())
                     .and_then(|()| writeln!(lock, "{}", std::process::id()))
@@ -316,14 +338,6 @@ fn lock_name(name: &str) -> Result<nix::fcntl::Flock<std::fs::File>, NetworkErro
                 return Err(io(format!("locking {}", path.display()))(e.into()));
             }
         }
-    }
-}
-
-/// Whether network `name`'s lock is held (a live gateway serves it), and by what.
-fn lock_holder(name: &str) -> Option<String> {
-    match lock_name(name) {
-        Err(NetworkError::InUse { holder, .. }) => Some(holder),
-        _ => None,
     }
 }
 
@@ -700,7 +714,7 @@ impl Network {
         let connections = sums.ct_refused.get(&address).copied().unwrap_or(0);
         drop(sums);
         BudgetRefusals {
-            dns_queries: kernel_dns + self.names.over_budget(id),
+            dns_queries: kernel_dns + self.names.over_budget(address),
             connections,
         }
     }
@@ -824,6 +838,8 @@ impl Network {
         if link::link_exists(self.bridge()) {
             link::ip(&["link", "delete", "dev", self.bridge()])?;
         }
+        // The network is gone: its lock file with it (held, so no one else is at it).
+        let _ = std::fs::remove_file(lock_path(&self.config.name));
         Ok(())
     }
 
@@ -975,11 +991,16 @@ pub fn sandbox_namespaces(name: &str) -> Vec<String> {
 pub fn cleanup(name: &str, force: bool) -> Result<Cleaned, NetworkError> {
     let bridge = format!("{name}0");
     let mut cleaned = Cleaned::default();
-    if let Some(holder) = lock_holder(name) {
-        return Err(NetworkError::Config(format!(
-            "an sbxd ({holder}) still serves network {name:?}; stop it first"
-        )));
-    }
+    // Held to the end: no gateway opens the network while it is being removed.
+    let _lock = match lock_name(name) {
+        Ok(lock) => lock,
+        Err(NetworkError::InUse { holder, .. }) => {
+            return Err(NetworkError::Config(format!(
+                "an sbxd ({holder}) still serves network {name:?}; stop it first"
+            )));
+        }
+        Err(e) => return Err(e),
+    };
     if link::link_exists(&bridge) {
         let addrs: serde_json::Value =
             serde_json::from_str(&link::ip(&["-j", "-4", "addr", "show", "dev", &bridge])?)
@@ -1033,5 +1054,42 @@ pub fn cleanup(name: &str, force: bool) -> Result<Cleaned, NetworkError> {
         link::ip(&["link", "delete", "dev", &bridge])?;
         cleaned.bridge = true;
     }
+    let _ = std::fs::remove_file(lock_path(name));
     Ok(cleaned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_network_name_has_one_owner_at_a_time_named_by_its_pid() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: {LOCK_DIR} is root's");
+            return;
+        }
+        let name = format!("lk{:05x}", std::process::id() & 0xfffff);
+        let first = lock_name(&name).unwrap();
+        let began = std::time::Instant::now();
+        let err = lock_name(&name).unwrap_err();
+        assert!(
+            began.elapsed() >= LOCK_WAIT,
+            "waited for the owner to let go"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("pid {}", std::process::id())) && text.contains(&name),
+            "{text}"
+        );
+        drop(first);
+        // Free once the owner lets go; and a holder may remove the file (the network gone):
+        // the next owner takes the one made again, not the removed one.
+        let second = lock_name(&name).unwrap();
+        std::fs::remove_file(lock_path(&name)).unwrap();
+        drop(second);
+        let third = lock_name(&name).unwrap();
+        assert!(lock_path(&name).exists());
+        std::fs::remove_file(lock_path(&name)).unwrap();
+        drop(third);
+    }
 }

@@ -75,11 +75,13 @@ pub const RESERVED_PER_SANDBOX: usize = 2;
 /// the upstream at once.)
 pub const SHARED_IN_FLIGHT: usize = 64;
 /// Queries a second one sandbox is answered, sustained (a token bucket; the kernel drops
-/// past [`nft::DNS_RATE`] before they reach the resolver). A program looking up a hundred
-/// names a second is not ordinary; an upstream is asked no faster on any sandbox's behalf.
-pub const QUERIES_PER_SECOND: f64 = 100.0;
-/// The bucket's depth: a program starting up may look up this many names at once.
-pub const QUERY_BURST: f64 = 200.0;
+/// past [`nft::DNS_RATE`] before they reach the resolver): 125 lookups a second (each an A
+/// and an AAAA query) is past what an ordinary program keeps up, and an upstream is asked no
+/// faster on any one sandbox's behalf.
+pub const QUERIES_PER_SECOND: f64 = 250.0;
+/// The bucket's depth (the kernel's burst): a program starting up, or a test looking a name
+/// up a few hundred times in a row, is answered every time.
+pub const QUERY_BURST: f64 = 500.0;
 /// The stack of a thread answering one query (it parses and writes small messages and runs
 /// `nft`): threads waiting on an upstream cost no more than this of address space each.
 const ANSWER_STACK: usize = 512 * 1024;
@@ -134,8 +136,6 @@ pub struct Shared {
     admitted: Mutex<HashMap<Uuid, Vec<Admission>>>,
     refused: Mutex<HashMap<Uuid, BTreeMap<String, u64>>>,
     budgets: Budgets,
-    /// Queries each sandbox's budgets refused since this process began answering it.
-    over_budget: Mutex<HashMap<Uuid, u64>>,
     /// The host's on-link routes, and when they were read.
     routes: Mutex<Option<Routes>>,
 }
@@ -149,23 +149,15 @@ impl Shared {
             admitted: Mutex::new(HashMap::new()),
             refused: Mutex::new(HashMap::new()),
             budgets: Budgets::new(Limits::default()),
-            over_budget: Mutex::new(HashMap::new()),
             routes: Mutex::new(None),
         }
     }
 
-    /// How many of `id`'s queries its budgets refused (in flight, per second) since this
-    /// process began answering it.
-    pub fn over_budget(&self, id: Uuid) -> u64 {
-        locked(&self.over_budget).get(&id).copied().unwrap_or(0)
-    }
-
-    /// Counts a query of `source` its budgets refused, for the sandbox that holds it.
-    fn count_over_budget(&self, source: Ipv4Addr) {
-        let id = locked(&self.clients).get(&source).map(|c| c.id);
-        if let Some(id) = id {
-            *locked(&self.over_budget).entry(id).or_insert(0) += 1;
-        }
+    /// How many queries from `address` its budgets refused (in flight, per second) since
+    /// this process began answering it, or since the sandbox that held it before was
+    /// forgotten.
+    pub fn over_budget(&self, address: Ipv4Addr) -> u64 {
+        self.budgets.refused(address)
     }
 
     /// The host's own addresses and the networks it is attached to, as of now (the routes as
@@ -270,10 +262,10 @@ impl Shared {
     pub fn forget(&self, id: Uuid, address: Option<Ipv4Addr>) {
         if let Some(a) = address {
             locked(&self.clients).remove(&a);
+            self.budgets.forget(a);
         }
         locked(&self.admitted).remove(&id);
         locked(&self.refused).remove(&id);
-        locked(&self.over_budget).remove(&id);
     }
 
     /// The names refused to `id`, most asked first.
@@ -444,6 +436,9 @@ struct Share {
 #[derive(Debug, Default)]
 struct Shares {
     by_source: HashMap<Ipv4Addr, Share>,
+    /// Queries refused per source (kept until its sandbox is forgotten: at most one entry
+    /// per address of the network).
+    refused: HashMap<Ipv4Addr, u64>,
     /// Queries in flight past their source's reserved ones, of every source.
     shared: usize,
     pruned: Option<Instant>,
@@ -467,10 +462,33 @@ impl Budgets {
         }
     }
 
-    /// Counts a query of `source` in at `now`, unless a budget refuses it.
+    /// Counts a query of `source` in at `now`, unless a budget refuses it (counted, for
+    /// [`Budgets::refused`]).
     pub fn enter(&self, source: Ipv4Addr, now: Instant) -> Result<(), OverBudget> {
-        let l = self.limits;
         let mut shares = locked(&self.shares);
+        let entered = self.admit(&mut shares, source, now);
+        if entered.is_err() {
+            *shares.refused.entry(source).or_insert(0) += 1;
+        }
+        entered
+    }
+
+    /// How many queries of `source` were refused.
+    pub fn refused(&self, source: Ipv4Addr) -> u64 {
+        locked(&self.shares)
+            .refused
+            .get(&source)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Forgets `source`'s refusals (its sandbox is gone; the address may go to another).
+    pub fn forget(&self, source: Ipv4Addr) {
+        locked(&self.shares).refused.remove(&source);
+    }
+
+    fn admit(&self, shares: &mut Shares, source: Ipv4Addr, now: Instant) -> Result<(), OverBudget> {
+        let l = self.limits;
         // Sources whose bucket is full again and that have nothing in flight are forgotten
         // (a new one starts full): the map holds the sources of the last few minutes only.
         if shares
@@ -544,7 +562,6 @@ fn serve(socket: UdpSocket, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
         let SocketAddr::V4(from) = from else { continue };
         let source = *from.ip();
         if shared.budgets.enter(source, Instant::now()).is_err() {
-            shared.count_over_budget(source);
             continue;
         }
         let (Ok(reply_socket), query) = (socket.try_clone(), buf[..n].to_vec()) else {
@@ -1097,6 +1114,14 @@ mod tests {
             }
         }
         assert_eq!(again, 5, "half a second at 10 a second");
+        // Every refusal above is counted for its source, until it is forgotten.
+        assert_eq!(
+            (b.refused(src(2)), b.refused(src(3)), b.refused(src(4))),
+            (1, 1, 1)
+        );
+        assert_eq!(b.refused(c), 10 + 1 + 25);
+        b.forget(c);
+        assert_eq!(b.refused(c), 0);
     }
 
     #[test]
