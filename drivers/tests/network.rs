@@ -41,6 +41,10 @@ impl Drop for Net {
         let _ = Command::new("ip")
             .args(["link", "delete", "dev", &format!("{}0", self.name)])
             .output();
+        let _ = std::fs::remove_file(
+            std::path::Path::new(sbx_drivers::network::LOCK_DIR)
+                .join(format!("{}.lock", self.name)),
+        );
         for id in &self.ids {
             let _ = Command::new("ip")
                 .args(["netns", "delete", &format!("{}-{id}", self.name)])
@@ -90,6 +94,10 @@ fn left_on_host(name: &str, ids: &[Uuid]) -> Vec<String> {
         .success()
     {
         left.push(format!("table inet {name}"));
+    }
+    let lock = std::path::Path::new(sbx_drivers::network::LOCK_DIR).join(format!("{name}.lock"));
+    if lock.exists() {
+        left.push(format!("lock file {}", lock.display()));
     }
     left
 }

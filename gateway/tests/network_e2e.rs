@@ -157,6 +157,10 @@ impl Drop for World {
         let _ = Command::new("ip")
             .args(["link", "delete", "dev", &format!("{}0", self.name)])
             .output();
+        let _ = std::fs::remove_file(
+            std::path::Path::new(sbx_drivers::network::LOCK_DIR)
+                .join(format!("{}.lock", self.name)),
+        );
         for ns in std::fs::read_dir("/run/netns")
             .into_iter()
             .flatten()

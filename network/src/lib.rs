@@ -244,7 +244,7 @@ pub struct Network {
     /// Denials per source address as of the last look at the `denied` set, and when.
     summaries: Mutex<Summaries>,
     /// The network name's lock, held as long as this lives.
-    _lock: nix::fcntl::Flock<std::fs::File>,
+    lock: NameLock,
 }
 
 /// How often, at most, [`Network::denial_summary`] reads the `denied` set again.
@@ -265,11 +265,30 @@ fn lock_path(name: &str) -> PathBuf {
     Path::new(LOCK_DIR).join(format!("{name}.lock"))
 }
 
+/// A network name's lock, held while this lives. Dropped, it removes its file first (while
+/// still held, so no one else's lock goes with it) unless `keep`: a network opened stays on
+/// the host for the next gateway, and so does its file; one that failed to open, or was
+/// removed, leaves nothing.
+#[derive(Debug)]
+struct NameLock {
+    path: PathBuf,
+    keep: bool,
+    _held: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl Drop for NameLock {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 /// Takes the exclusive lock of network `name` (see the module's doc), waiting up to
 /// [`LOCK_WAIT`]; writes this process's pid into it. The file is removed only by a holder
 /// (once the network is gone), so a lock taken on a file no longer at the path is let go
 /// and taken again on the one there.
-fn lock_name(name: &str) -> Result<nix::fcntl::Flock<std::fs::File>, NetworkError> {
+fn lock_name(name: &str) -> Result<NameLock, NetworkError> {
     use nix::errno::Errno;
     use nix::fcntl::{Flock, FlockArg};
     use std::io::{Read, Seek, Write};
@@ -315,7 +334,11 @@ fn lock_name(name: &str) -> Result<nix::fcntl::Flock<std::fs::File>, NetworkErro
                     .and_then(|()| lock.rewind())
                     .and_then(|()| writeln!(lock, "{}", std::process::id()))
                     .map_err(io(format!("writing {}", path.display())))?;
-                return Ok(lock);
+                return Ok(NameLock {
+                    path,
+                    keep: false,
+                    _held: lock,
+                });
             }
             Err((back, Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
                 file = back;
@@ -405,7 +428,7 @@ impl Network {
             conntrack_max: config.conntrack_max,
         };
         let names = Arc::new(resolver::Shared::new(table.clone(), config.dns_upstream));
-        let net = Network {
+        let mut net = Network {
             config,
             table,
             leases: Mutex::new(HashMap::new()),
@@ -413,7 +436,7 @@ impl Network {
             names,
             resolver: Mutex::new(None),
             summaries: Mutex::new(Summaries::default()),
-            _lock: lock,
+            lock,
         };
         std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1")
             .map_err(io("turning on IPv4 forwarding"))?;
@@ -422,7 +445,10 @@ impl Network {
             link::ip(&["link", "add", "name", &bridge, "type", "bridge"])?;
         }
         match net.set_up(&bridge) {
-            Ok(()) => Ok(net),
+            Ok(()) => {
+                net.lock.keep = true;
+                Ok(net)
+            }
             Err(e) => {
                 // Leave the host as it was: a bridge this call made goes again.
                 if made_bridge {
@@ -839,7 +865,7 @@ impl Network {
             link::ip(&["link", "delete", "dev", self.bridge()])?;
         }
         // The network is gone: its lock file with it (held, so no one else is at it).
-        let _ = std::fs::remove_file(lock_path(&self.config.name));
+        let _ = std::fs::remove_file(&self.lock.path);
         Ok(())
     }
 
@@ -991,7 +1017,8 @@ pub fn sandbox_namespaces(name: &str) -> Vec<String> {
 pub fn cleanup(name: &str, force: bool) -> Result<Cleaned, NetworkError> {
     let bridge = format!("{name}0");
     let mut cleaned = Cleaned::default();
-    // Held to the end: no gateway opens the network while it is being removed.
+    // Held to the end (and its file removed then): no gateway opens the network while it is
+    // being removed.
     let _lock = match lock_name(name) {
         Ok(lock) => lock,
         Err(NetworkError::InUse { holder, .. }) => {
@@ -1054,7 +1081,6 @@ pub fn cleanup(name: &str, force: bool) -> Result<Cleaned, NetworkError> {
         link::ip(&["link", "delete", "dev", &bridge])?;
         cleaned.bridge = true;
     }
-    let _ = std::fs::remove_file(lock_path(name));
     Ok(cleaned)
 }
 
@@ -1084,12 +1110,17 @@ mod tests {
         drop(first);
         // Free once the owner lets go; and a holder may remove the file (the network gone):
         // the next owner takes the one made again, not the removed one.
-        let second = lock_name(&name).unwrap();
+        let mut second = lock_name(&name).unwrap();
+        second.keep = true;
         std::fs::remove_file(lock_path(&name)).unwrap();
         drop(second);
-        let third = lock_name(&name).unwrap();
+        let mut third = lock_name(&name).unwrap();
+        third.keep = true;
         assert!(lock_path(&name).exists());
-        std::fs::remove_file(lock_path(&name)).unwrap();
         drop(third);
+        assert!(lock_path(&name).exists(), "kept");
+        // Not kept: the file goes with the lock.
+        drop(lock_name(&name).unwrap());
+        assert!(!lock_path(&name).exists());
     }
 }
