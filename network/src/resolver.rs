@@ -490,7 +490,7 @@ impl Budgets {
     fn admit(&self, shares: &mut Shares, source: Ipv4Addr, now: Instant) -> Result<(), OverBudget> {
         let l = self.limits;
         // Sources whose bucket is full again and that have nothing in flight are forgotten
-        // (a new one starts full): the map holds the sources of the last few minutes only.
+        // (a new one starts full): the map holds the sources of the last seconds only.
         if shares
             .pruned
             .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(10))
