@@ -187,6 +187,21 @@ pub struct OciArgs {
     )]
     pub network_dns: Option<std::net::SocketAddr>,
 
+    /// The connections each sandbox on the network may have in the host's connection
+    /// tracking table at once (the table, `nf_conntrack_max`, is shared by every connection
+    /// of the host: without a bound one sandbox fills it). One more is refused and counted.
+    /// No ordinary program comes near the default; 64 sandboxes at it fill a table of
+    /// 262,144.
+    #[arg(
+        id = "network_conntrack_max",
+        long = "network-conntrack-max",
+        env = "SBX_NETWORK_CONNTRACK_MAX",
+        default_value_t = crate::network::DEFAULT_CONNTRACK_MAX,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub network_conntrack_max: u32,
+
     /// The host ids sandboxes (oci and process) take their own range of 65536 from: START:COUNT
     /// as in /etc/subuid, COUNT a multiple of 65536 (the default holds 4096 sandboxes at once).
     /// Root's /etc/subuid and /etc/subgid must grant it for the process driver (newuidmap);
@@ -274,6 +289,7 @@ impl Default for OciArgs {
             network_cidr: None,
             network_name: crate::network::DEFAULT_NAME.to_string(),
             network_dns: None,
+            network_conntrack_max: crate::network::DEFAULT_CONNTRACK_MAX,
             uid_pool: (crate::uidpool::DEFAULT_START, crate::uidpool::DEFAULT_COUNT),
             uid_lease_dir: PathBuf::from(crate::uidpool::DEFAULT_LEASE_DIR),
             log_max: opts.log_max,
@@ -358,6 +374,10 @@ impl OciArgs {
             flags.push("--network-dns".into());
             flags.push(dns.to_string().into());
         }
+        if self.network_conntrack_max != crate::network::DEFAULT_CONNTRACK_MAX {
+            flags.push("--network-conntrack-max".into());
+            flags.push(self.network_conntrack_max.to_string().into());
+        }
         flags
     }
 
@@ -410,12 +430,19 @@ impl OciArgs {
             prefix,
             state_dir: state_dir.join("network"),
             dns_upstream,
+            conntrack_max: self.network_conntrack_max,
         };
         let opened = tokio::task::spawn_blocking(move || crate::network::Network::open(config))
             .await
             .map_err(|e| DriverError::Internal(format!("opening the sandbox network: {e}")))?;
         let net = match opened {
             Ok(net) => net,
+            // Another gateway's network: never a silent start without one, auto or not.
+            Err(e @ crate::network::NetworkError::InUse { .. }) => {
+                return Err(DriverError::Unavailable(format!(
+                    "the sandbox network: {e}"
+                )));
+            }
             // auto is best effort: a host without nft or ip runs without a network, saying so.
             Err(e) if auto => {
                 tracing::warn!(error = %e, cidr = %cidr, "no sandbox network (--network-cidr auto): sandboxes get loopback only; give --network-cidr CIDR, or --network-cidr off to say so");
