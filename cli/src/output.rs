@@ -513,7 +513,7 @@ pub fn refusal_lines(sandbox: &Sandbox) -> String {
         ),
         (
             r.connections,
-            "new connections (sbxd --network-max-connections)",
+            "new connections (sbxd --network-conntrack-max)",
         ),
     ]
     .into_iter()

@@ -16,7 +16,7 @@ mod vm_support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{DataDir, SBXD, e2b_sbxd, run_bounded, sbx, token};
+use common::{DataDir, e2b_sbxd, run_bounded, sbx, token};
 
 fn python() -> PathBuf {
     let path = std::env::var_os("SBX_E2B_PYTHON")
@@ -296,7 +296,7 @@ fn the_e2b_listener_serves_tls_and_routes_by_host_under_its_domain() {
     let data = DataDir::new();
     let certs = data.path().join("e2b-tls");
     let made = run_bounded(
-        Command::new(SBXD)
+        common::sbxd_command()
             .args(["certs", "init", "--dir"])
             .arg(&certs)
             .args(["--name", "api.e2b.test", "*.e2b.test", "127.0.0.1"]),
@@ -342,7 +342,7 @@ fn the_e2b_listener_serves_tls_and_routes_by_host_under_its_domain() {
 
     // Off loopback, plain HTTP is refused at start.
     let refused = run_bounded(
-        Command::new(SBXD)
+        common::sbxd_command()
             .args(["serve", "--driver", "process", "--data-dir"])
             .arg(data.path().join("other"))
             .args(["--listen", "127.0.0.1:0", "--e2b-listen", "0.0.0.0:0"]),

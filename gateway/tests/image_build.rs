@@ -902,7 +902,7 @@ struct NetworkGuard(String);
 
 impl Drop for NetworkGuard {
     fn drop(&mut self) {
-        let _ = std::process::Command::new(common::SBXD)
+        let _ = common::sbxd_command()
             .args(["network", "cleanup", "--network-name", &self.0])
             .output();
         let _ = std::process::Command::new("nft")

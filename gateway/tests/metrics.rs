@@ -6,7 +6,6 @@
 mod common;
 
 use std::io::Write as _;
-use std::process::Command;
 use std::time::Duration;
 
 use common::metrics::{scrape, start_with_metrics, value};
@@ -237,7 +236,7 @@ async fn commands_in_flight_count_what_waits_for_a_sandbox_actor() {
 fn metrics_off_loopback_are_refused_at_start() {
     let data = DataDir::new();
     let run = common::run_bounded(
-        Command::new(common::SBXD)
+        common::sbxd_command()
             .args(["serve", "--driver", "sim", "--listen", "127.0.0.1:0"])
             .args(["--metrics-listen", "0.0.0.0:0", "--data-dir"])
             .arg(data.path())

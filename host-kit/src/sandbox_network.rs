@@ -145,9 +145,10 @@ pub fn note_denials(
 /// What the network refused the sandbox past its budgets: `(DNS queries, connections)`;
 /// zeros without a network.
 pub fn budget_refusals(network: Option<&Arc<Network>>, id: Uuid) -> (u64, u64) {
-    // The network's counts land with the network's budgets (see `sbx_network`).
-    let _ = (network, id);
-    (0, 0)
+    network.map_or((0, 0), |net| {
+        let r = net.budget_refusals(id);
+        (r.dns_queries, r.connections)
+    })
 }
 
 /// Replaces a networked sandbox's allowlist: the record first, then the firewall (a driver
