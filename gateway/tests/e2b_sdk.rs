@@ -15,6 +15,7 @@ mod vm_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use common::{DataDir, e2b_sbxd, run_bounded, sbx, token};
 
@@ -436,4 +437,168 @@ fn large_files_stream_through_the_sdk_in_bounded_memory() {
         "sbxd grew by {} KiB during 4 x 200 MiB downloads and a 200 MiB upload",
         peak - baseline
     );
+}
+
+/// A sandbox's access token dies with the key that made it (`tests/e2b/revoked.py`): before
+/// `sbxd token revoke`, commands, files, a port and /health go through with it (and /health
+/// wants it); after, each is refused, across a restart of sbxd too. Every call through the
+/// token left an audit line naming the key's identity, and every refused one a `refused`
+/// line.
+#[test]
+fn a_sandbox_token_dies_with_the_key_that_made_it() {
+    use std::io::{BufRead, Write};
+    let python = python();
+    let data = DataDir::new();
+    let (mut d, addr) = e2b_sbxd(data.path(), "process", &[]);
+    let key = token(data.path(), "agent-r", "admin", None, true);
+    let url = format!("http://{addr}");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/revoked.py");
+    let mut child = Command::new(&python)
+        .arg(&script)
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env_remove("E2B_API_KEY")
+        .env("KEY", &key)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut said = String::new();
+    let began = std::time::Instant::now();
+    while !said.ends_with("ready\n") {
+        let mut line = String::new();
+        if stdout.read_line(&mut line).unwrap() == 0 || began.elapsed().as_secs() > 120 {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the script ended before the revoke: {said}{}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                d.log_text()
+            );
+        }
+        said.push_str(&line);
+    }
+    let revoked = run_bounded(
+        common::sbxd_command()
+            .args(["token", "revoke", "--data-dir"])
+            .arg(data.path())
+            .arg("agent-r"),
+        "sbxd token revoke",
+    );
+    assert_eq!(revoked.code, 0, "{revoked:?}");
+    child.stdin.take().unwrap().write_all(b"revoked\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    said.push_str(&rest);
+    let out = child.wait_with_output().unwrap();
+    eprintln!("{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "sbxd log:\n{}", d.log_text());
+    assert!(said.ends_with("done\n"), "{said}");
+    let log = d.log_text();
+    let audited = |needle: &str| {
+        log.lines()
+            .filter(|l| l.contains("sbx::audit") && l.contains(needle))
+            .count()
+    };
+    assert!(
+        audited("e2b /process.Process/Start") >= 1 && audited("agent-r") >= 3,
+        "the calls through the token were not audited with their caller:\n{log}"
+    );
+    assert!(
+        audited("refused") >= 5,
+        "the refused calls were not audited:\n{log}"
+    );
+    // Across a restart, the revoked key's token stays dead.
+    let (token, id) = said
+        .lines()
+        .find_map(|l| {
+            let mut w = l.strip_prefix("token ")?.split_whitespace();
+            Some((w.next()?.to_string(), w.next()?.to_string()))
+        })
+        .expect("the script said its token");
+    d.sigterm(std::time::Duration::from_secs(30));
+    let (d, addr) = e2b_sbxd(data.path(), "process", &[]);
+    let request = format!(
+        "GET /health HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\n\
+         Connection: close\r\n\r\n"
+    );
+    let (status, body) = raw(&addr, request.as_bytes());
+    assert_eq!(status, 401, "{body}");
+    drop(d);
+}
+
+/// A viewer's key holds no one's places: 4,096 connections from one peer (127.0.0.2) that
+/// send `POST /sandboxes` with a viewer's key and a body that never comes are answered 403 at
+/// once (the role is checked before a byte of the body is read), the peer holds at most its
+/// share (128), and another tenant's create (an editor's key, from 127.0.0.1) is served
+/// meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dripping_bodies_of_a_viewer_leave_another_tenant_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum;
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(hard.unwrap_or(65536).min(65536)),
+            maximum: hard,
+        },
+    )
+    .unwrap();
+    let data = DataDir::new();
+    let (d, addr) = e2b_sbxd(data.path(), "process", &[]);
+    let viewer = token(data.path(), "viewer-x", "viewer", None, true);
+    let editor = token(data.path(), "editor-y", "editor", None, true);
+    let target: std::net::SocketAddr = addr.parse().unwrap();
+    let head = format!(
+        "POST /sandboxes HTTP/1.1\r\nHost: x\r\nX-API-KEY: {viewer}\r\nContent-Type: \
+         application/json\r\nContent-Length: 100000\r\n\r\n{{"
+    );
+    let mut held = Vec::new();
+    let mut forbidden = 0;
+    for _ in 0..4096 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let Ok(mut conn) = socket.connect(target).await else {
+            continue;
+        };
+        if conn.write_all(head.as_bytes()).await.is_ok() {
+            held.push(conn);
+        }
+    }
+    // Each answered (403, or closed past the peer's share) without waiting for its body.
+    for conn in held.iter_mut().take(256) {
+        let mut buf = [0u8; 512];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await
+            && String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 403")
+        {
+            forbidden += 1;
+        }
+    }
+    let began = std::time::Instant::now();
+    let body = r#"{"templateID":"base","timeout":60}"#;
+    let request = format!(
+        "POST /sandboxes HTTP/1.1\r\nHost: x\r\nX-API-KEY: {editor}\r\nContent-Type: \
+         application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (status, answer) = tokio::task::spawn_blocking(move || raw(&addr, request.as_bytes()))
+        .await
+        .unwrap();
+    let took = began.elapsed();
+    eprintln!(
+        "{} held, {forbidden} of the first 256 answered 403; the other tenant's create: {status} in {took:?}",
+        held.len()
+    );
+    assert_eq!(status, 201, "{answer}\n{}", d.log_text());
+    assert!(
+        took < Duration::from_secs(10),
+        "the other tenant waited {took:?}"
+    );
+    assert!(
+        forbidden >= 100,
+        "the viewer's creates were not refused at once"
+    );
+    drop(held);
 }

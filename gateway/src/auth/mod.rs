@@ -219,6 +219,9 @@ pub enum Proof {
     SocketOwner(u32),
     /// `--auth none`.
     NoAuth,
+    /// An E2B sandbox access token, minted for the named identity's key
+    /// (`daemon::e2b_token`): the caller is that identity, for that one sandbox.
+    SandboxToken,
 }
 
 impl std::fmt::Display for Proof {
@@ -228,6 +231,7 @@ impl std::fmt::Display for Proof {
             Proof::Certificate => f.write_str("client certificate"),
             Proof::SocketOwner(uid) => write!(f, "socket owner uid {uid}"),
             Proof::NoAuth => f.write_str("--auth none"),
+            Proof::SandboxToken => f.write_str("E2B sandbox token"),
         }
     }
 }
@@ -270,6 +274,13 @@ impl Caller {
             role: id.role,
             check: Some(check),
         }
+    }
+
+    /// What a token minted for this caller is bound to besides its name: the hash of the key
+    /// it authenticated with (empty for a caller with no stored token). A new key for the
+    /// name, or none, is another binding.
+    pub fn key_binding(&self) -> &str {
+        self.token_sha256.as_deref().unwrap_or("")
     }
 
     /// Whether the caller's grant is for some workspaces only.
@@ -422,6 +433,29 @@ impl std::fmt::Debug for Authenticator {
 }
 
 impl Authenticator {
+    /// The live identity `name` as the caller of an E2B sandbox token, with its key's binding
+    /// ([`Caller::key_binding`]); `None` when no live identity has that name (revoked,
+    /// expired, never made). Under `--auth none`, `anonymous` is the gateway-wide admin.
+    pub fn token_holder(self: &Arc<Self>, name: &str) -> Result<Option<(Caller, String)>, Status> {
+        if self.none && name == "anonymous" {
+            return Ok(Some((
+                Caller::admin("anonymous", Proof::SandboxToken),
+                String::new(),
+            )));
+        }
+        let Some(id) = self.identities.by_name(name).map_err(|e| {
+            tracing::error!(error = %e, "the identities file cannot be read");
+            Status::unavailable("the gateway cannot read its identities; see its log")
+        })?
+        else {
+            return Ok(None);
+        };
+        let binding = id.token_sha256.clone();
+        let mut caller = Caller::stored(id, Proof::Token, Arc::clone(self));
+        caller.proof = Proof::SandboxToken;
+        Ok(Some((caller, binding)))
+    }
+
     /// Whether the identities hold a grant not bound to a workspace's id yet, and something
     /// to bind it with.
     pub fn has_unbound(&self) -> bool {

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use sbx_actors::{ActorError, Gateway, SandboxFilter, SandboxSelector};
@@ -61,6 +61,8 @@ pub struct E2b {
     pub templates: Arc<BTreeMap<String, String>>,
     /// The gateway's secret key: each sandbox's access token is an HMAC under it.
     pub secrets: Arc<sbx_actors::Sealer>,
+    /// The file transfers under way (`e2b_envd::Transfers`).
+    pub transfers: Arc<super::e2b_envd::Transfers>,
     /// The processes started through the in-sandbox API (`e2b_envd`).
     pub processes: Arc<super::e2b_envd::Processes>,
     /// The sync SDK's directory watchers (`e2b_watch`).
@@ -274,16 +276,9 @@ pub fn e2b_id_to_uuid(id: &str) -> Option<Uuid> {
 async fn body_json<T: for<'de> Deserialize<'de> + Default>(
     req: Request<Incoming>,
 ) -> Result<T, Failure> {
-    let bytes = Limited::new(req.into_body(), MAX_BODY)
-        .collect()
+    let bytes = super::e2b_envd::read_body(req.into_body(), MAX_BODY)
         .await
-        .map_err(|e| {
-            Failure::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the request body could not be read (at most {MAX_BODY} bytes): {e}"),
-            )
-        })?
-        .to_bytes();
+        .map_err(|e| Failure::new(StatusCode::PAYLOAD_TOO_LARGE, e))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -449,7 +444,7 @@ async fn create(
         .get("idempotency-key")
         .map(|v| v.as_bytes().to_vec())
         .filter(|k| !k.is_empty());
-    let new: NewSandbox = body_json(req).await?;
+    // Who may create is known from the key alone: checked before a byte of the body is read.
     let workspace = workspace_of(caller)?;
     let ws_name = workspace.clone().unwrap_or_else(|| "default".to_string());
     let ws = e2b
@@ -459,6 +454,7 @@ async fn create(
     caller
         .require(&ws_name, Some(&ws.id), Role::Editor)
         .map_err(|s| Failure::new(StatusCode::FORBIDDEN, s.message().to_string()))?;
+    let new: NewSandbox = body_json(req).await?;
     let template = new.template_id.unwrap_or_else(|| "base".to_string());
     let image = match e2b.templates.get(&template) {
         Some(image) => image.clone(),
@@ -510,7 +506,7 @@ async fn create(
     };
     crate::service::audit(caller, "e2b create sandbox", &e2b_id(&created.id));
     let ready = ready(e2b, &created).await?;
-    let mut answer = sandbox_answer(e2b, &ready, &template);
+    let mut answer = sandbox_answer(e2b, caller, &ready, &template);
     answer["alias"] = json!(template);
     Ok(json_response(StatusCode::CREATED, &answer))
 }
@@ -588,13 +584,13 @@ fn template_of(sandbox: &Sandbox) -> String {
 }
 
 /// What create and connect answer (E2B's `Sandbox`).
-fn sandbox_answer(e2b: &E2b, sandbox: &Sandbox, template: &str) -> Value {
+fn sandbox_answer(e2b: &E2b, caller: &Caller, sandbox: &Sandbox, template: &str) -> Value {
     json!({
         "templateID": template,
         "sandboxID": e2b_id(&sandbox.id),
         "clientID": "sbx",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": super::e2b_envd::access_token(e2b, &sandbox.id),
+        "envdAccessToken": super::e2b_token::mint(e2b, caller, &sandbox.id),
         "domain": null,
     })
 }
@@ -897,7 +893,7 @@ async fn connect(
     };
     Ok(json_response(
         status,
-        &sandbox_answer(e2b, &sandbox, &template_of(&sandbox)),
+        &sandbox_answer(e2b, caller, &sandbox, &template_of(&sandbox)),
     ))
 }
 

@@ -116,13 +116,109 @@ impl Processes {
     }
 }
 
-/// The access token of sandbox `id`: what create and connect answer, what every call into it
-/// must carry.
-/// A token of the gateway's token key, never a fingerprint: a user may ask for the
-/// fingerprint of any value (a provider's credential), so one made of fingerprints of
-/// `…:{id}` could be had by anyone who knows the id.
-pub fn access_token(e2b: &E2b, id: &str) -> String {
-    e2b.secrets.token("e2b envd access", id)
+/// File transfers (`/files`) one key may have at once…
+pub const PER_CALLER: usize = 8;
+/// …and the gateway in all.
+pub const PER_GATEWAY: usize = 64;
+
+/// The file transfers under way, in all and by key.
+#[derive(Debug, Default)]
+pub struct Transfers {
+    by_caller: Mutex<HashMap<String, usize>>,
+}
+
+/// A transfer's turn, given back when it ends (a download's when its last byte is sent).
+pub struct Turn {
+    transfers: Arc<Transfers>,
+    caller: String,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut by = sbx_drivers::locked(&self.transfers.by_caller);
+        if let Some(n) = by.get_mut(&self.caller) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                by.remove(&self.caller);
+            }
+        }
+    }
+}
+
+impl Transfers {
+    /// A turn for `caller`, unless it or the gateway has as many transfers as it may.
+    pub fn enter(self: &Arc<Self>, caller: &str) -> Option<Turn> {
+        let mut by = sbx_drivers::locked(&self.by_caller);
+        let all: usize = by.values().sum();
+        let mine = by.get(caller).copied().unwrap_or(0);
+        if mine >= PER_CALLER || all >= PER_GATEWAY {
+            return None;
+        }
+        *by.entry(caller.to_string()).or_insert(0) += 1;
+        Some(Turn {
+            transfers: Arc::clone(self),
+            caller: caller.to_string(),
+        })
+    }
+}
+
+/// How long a request's body may take to arrive whole (its head has its own deadline): a
+/// body dripped a byte at a time holds its connection no longer.
+pub(super) const BODY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A request body of at most `limit` bytes, read within [`BODY_DEADLINE`]; why not, else.
+pub(super) async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, String> {
+    match tokio::time::timeout(BODY_DEADLINE, Limited::new(body, limit).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) => Err(format!("the request body (at most {limit} bytes): {e}")),
+        Err(_) => Err(format!(
+            "the request body did not arrive within {} s",
+            BODY_DEADLINE.as_secs()
+        )),
+    }
+}
+
+/// The in-sandbox calls served here, by path: what an audit line may call a request (any
+/// other path is `other`).
+const RPCS: &[&str] = &[
+    "/files",
+    "/health",
+    "/process.Process/Start",
+    "/process.Process/Connect",
+    "/process.Process/List",
+    "/process.Process/SendInput",
+    "/process.Process/CloseStdin",
+    "/process.Process/SendSignal",
+    "/process.Process/Update",
+    "/filesystem.Filesystem/Stat",
+    "/filesystem.Filesystem/ListDir",
+    "/filesystem.Filesystem/MakeDir",
+    "/filesystem.Filesystem/Move",
+    "/filesystem.Filesystem/Remove",
+    "/filesystem.Filesystem/WatchDir",
+    "/filesystem.Filesystem/CreateWatcher",
+    "/filesystem.Filesystem/GetWatcherEvents",
+    "/filesystem.Filesystem/RemoveWatcher",
+];
+
+/// A request's path as an audit line may say it.
+fn rpc_label(path: &str) -> &str {
+    RPCS.iter()
+        .find(|r| **r == path)
+        .copied()
+        .unwrap_or("other")
+}
+
+/// The audit line of an in-sandbox call refused for its token (no caller to name but what
+/// the refusal says).
+fn audit_refused(id: &str, what: &str, why: &super::e2b_token::Refused) {
+    tracing::info!(
+        target: "sbx::audit",
+        action = %format!("e2b {what}"),
+        object = %super::e2b::e2b_id(id),
+        reason = %why,
+        "refused"
+    );
 }
 
 /// A Connect error (unary): its code string and HTTP status.
@@ -224,14 +320,15 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         Ok(s) => s,
         Err(_) => return gone(id),
     };
-    let expected = access_token(e2b, &sandbox.id);
-    let authorized = |header: &str| -> bool {
+    // The caller the request's sandbox token stands for (`e2b_token`): the identity whose
+    // key the token was minted for, while that key and its grant last.
+    let verified = |header: &str| {
         let token = req
             .headers()
             .get(header)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        subtle::ConstantTimeEq::ct_eq(token.as_bytes(), expected.as_bytes()).into()
+        super::e2b_token::verify(e2b, token, &sandbox.id, &sandbox.workspace_id)
     };
     let port = match req.headers().get("e2b-sandbox-port") {
         None => ENVD_PORT,
@@ -249,17 +346,25 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         // A server in the sandbox: reached by who holds the sandbox's access token (as the
         // SDK's X-Access-Token, or E2B's traffic token header), never by anyone who can guess
         // an id. Neither token goes on into the sandbox.
-        if authorized("x-access-token") || authorized(TRAFFIC_TOKEN) {
-            super::e2b::prove(&req);
-        } else {
-            return super::e2b::json_response(
-                StatusCode::UNAUTHORIZED,
-                &json!({"code": 401, "message": format!(
-                    "port {port} of sandbox {id} wants the sandbox's access token \
-                     (X-Access-Token or {TRAFFIC_TOKEN})"
-                )}),
-            );
-        }
+        let caller = match verified("x-access-token").or_else(|_| verified(TRAFFIC_TOKEN)) {
+            Ok(caller) => caller,
+            Err(why) => {
+                audit_refused(&sandbox.id, "port forward", &why);
+                return super::e2b::json_response(
+                    StatusCode::UNAUTHORIZED,
+                    &json!({"code": 401, "message": format!(
+                        "port {port} of sandbox {id} wants the sandbox's access token \
+                         (X-Access-Token or {TRAFFIC_TOKEN})"
+                    )}),
+                );
+            }
+        };
+        super::e2b::prove(&req);
+        crate::service::audit(
+            &caller,
+            "e2b port forward",
+            &format!("{}:{port}", super::e2b::e2b_id(&sandbox.id)),
+        );
         let mut req = req;
         for header in [
             "x-access-token",
@@ -271,21 +376,40 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         }
         return super::service_routes::forward(&e2b.gateway, uuid, port, req).await;
     }
-    let authorized = authorized("x-access-token");
-    if authorized {
-        super::e2b::prove(&req);
-    }
+    // Every call, /health included, wants the token: nobody learns whether a sandbox is
+    // there without it.
+    let caller = match verified("x-access-token") {
+        Ok(caller) => caller,
+        Err(why) => {
+            audit_refused(&sandbox.id, rpc_label(&path), &why);
+            return connect_error(
+                "unauthenticated",
+                "the sandbox's access token (X-Access-Token) is missing or wrong",
+            );
+        }
+    };
+    super::e2b::prove(&req);
     if path == "/health" {
         return health(&sandbox, id);
     }
-    if !authorized {
-        return connect_error(
-            "unauthenticated",
-            "the sandbox's access token (X-Access-Token) is missing or wrong",
-        );
-    }
+    crate::service::audit(
+        &caller,
+        &format!("e2b {}", rpc_label(&path)),
+        &super::e2b::e2b_id(&sandbox.id),
+    );
     if path == "/files" {
-        return files(e2b, uuid, req).await;
+        // Bounded per caller and per gateway: a file streams in constant memory, but each
+        // holds an exec, a connection and a task for its length.
+        let Some(turn) = e2b.transfers.enter(&caller.name) else {
+            return file_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "too many file transfers at once (at most {PER_CALLER} of one key, \
+                     {PER_GATEWAY} in all): try again when one has ended"
+                ),
+            );
+        };
+        return files(e2b, uuid, req, turn).await;
     }
     let streaming = req
         .headers()
@@ -304,9 +428,9 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         .get("connect-timeout-ms")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
-    let bytes = match Limited::new(req.into_body(), MAX_REQUEST).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return connect_error("resource_exhausted", format!("the request: {e}")),
+    let bytes = match read_body(req.into_body(), MAX_REQUEST).await {
+        Ok(b) => b,
+        Err(e) => return connect_error("resource_exhausted", e),
     };
     let message = if streaming {
         match unframe(&bytes) {
@@ -965,7 +1089,7 @@ fn file_error(status: StatusCode, message: String) -> Response<Body> {
 
 /// `GET /files?path=P` (the file's bytes) and `POST /files[?path=P]` (multipart: each `file`
 /// part written to its path, the query's or the part's filename).
-async fn files(e2b: &E2b, uuid: Uuid, req: Request<Incoming>) -> Response<Body> {
+async fn files(e2b: &E2b, uuid: Uuid, req: Request<Incoming>, turn: Turn) -> Response<Body> {
     let query: HashMap<String, String> = req
         .uri()
         .query()
@@ -973,7 +1097,7 @@ async fn files(e2b: &E2b, uuid: Uuid, req: Request<Incoming>) -> Response<Body> 
         .unwrap_or_default();
     let path = query.get("path").cloned().unwrap_or_default();
     if req.method() == hyper::Method::GET {
-        return download(e2b, uuid, &path).await;
+        return download(e2b, uuid, &path, turn).await;
     }
     let boundary = req
         .headers()
@@ -1096,7 +1220,7 @@ async fn upload(
 /// sandbox waits while the client does not read: nothing of the file is held whole), or why
 /// not. A file that fails part-way (removed, unreadable) ends the body with an error, so the
 /// client sees a broken transfer, never a short file as a whole one.
-async fn download(e2b: &E2b, uuid: Uuid, path: &str) -> Response<Body> {
+async fn download(e2b: &E2b, uuid: Uuid, path: &str, turn: Turn) -> Response<Body> {
     if path.is_empty() {
         return file_error(StatusCode::BAD_REQUEST, "path is required".into());
     }
@@ -1150,6 +1274,8 @@ async fn download(e2b: &E2b, uuid: Uuid, path: &str) -> Response<Body> {
             // the pace is still the client's, and a client gone ends the exec.
             let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Error>>(2);
             tokio::spawn(async move {
+                // The transfer's turn lasts as long as its bytes flow.
+                let _turn = turn;
                 let mut frames = std::pin::pin!(frames);
                 while let Some(frame) = frames.next().await {
                     if tx.send(frame).await.is_err() {
@@ -1184,6 +1310,24 @@ async fn download(e2b: &E2b, uuid: Uuid, path: &str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key has at most PER_CALLER transfers at once, the gateway PER_GATEWAY; a turn
+    /// ended is given back.
+    #[test]
+    fn file_transfers_are_bounded_per_key_and_in_all() {
+        let transfers = Arc::new(Transfers::default());
+        let mine: Vec<Turn> = (0..PER_CALLER)
+            .map(|_| transfers.enter("a").expect("a turn"))
+            .collect();
+        assert!(transfers.enter("a").is_none(), "past the key's bound");
+        let mut others = Vec::new();
+        for i in 0..(PER_GATEWAY - PER_CALLER) {
+            others.push(transfers.enter(&format!("k{}", i % 7)).expect("another key's turn"));
+        }
+        assert!(transfers.enter("b").is_none(), "past the gateway's bound");
+        drop(mine);
+        assert!(transfers.enter("a").is_some(), "a turn given back");
+    }
 
     #[test]
     fn envelopes_round_trip_and_bad_ones_are_refused() {

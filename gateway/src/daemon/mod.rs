@@ -12,6 +12,7 @@ pub mod driver_spec;
 pub mod drivers;
 pub mod e2b;
 pub mod e2b_envd;
+pub mod e2b_token;
 pub mod e2b_watch;
 pub mod forward;
 pub mod h2_authority;

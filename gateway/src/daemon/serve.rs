@@ -516,6 +516,7 @@ async fn serve_on(
                         sbx_actors::Sealer::open_or_create(&data_dir.join("secrets.key"))
                             .map_err(|e| DaemonError::Setup(e.to_string()))?,
                     ),
+                    transfers: Default::default(),
                     processes: Default::default(),
                     watchers: Default::default(),
                     domain: args.e2b_domain.clone(),

@@ -50,8 +50,10 @@ status, body = by_host(f"api.{DOMAIN}", "GET", "/v2/sandboxes", {"X-API-KEY": KE
 listed = [s["sandboxID"] for s in json.loads(body)] if status == 200 else body
 check("api.DOMAIN is the control plane", listed == [sbx.sandbox_id], (status, listed))
 sandbox_host = f"49983-{sbx.sandbox_id}.{DOMAIN}"
-status, _ = by_host(sandbox_host, "GET", "/health")
+status, _ = by_host(sandbox_host, "GET", "/health", {"X-Access-Token": sbx._envd_access_token})
 check("49983-ID.DOMAIN is the sandbox's API", status == 204, status)
+status, _ = by_host(sandbox_host, "GET", "/health")
+check("its /health wants the sandbox's token", status == 401, status)
 status, body = by_host(
     sandbox_host,
     "POST",
