@@ -192,6 +192,20 @@ pub fn auto_resumes(sb: &Sandbox) -> bool {
 /// The reason of a sandbox paused by a PauseSandbox call.
 pub const PAUSED_BY_CALL: &str = "Paused";
 
+/// The reason of a sandbox its idle timeout paused (`Why::Idle`'s).
+pub const PAUSED_IDLE: &str = "Idle";
+
+/// Whether a request routed to a service endpoint of the Paused sandbox (nobody's, never
+/// authenticated) may resume it at `now`: only when its lifetime says `wake_on_request`, its
+/// idleness paused it, and its ttl (if it has one) is still ahead — a resume whose deadline
+/// passed would be given a new one ([`rearmed_expiry`]), and a wake must never move the ttl.
+/// A ttl's pause stands until a caller resumes it, and so does a PauseSandbox call's.
+pub fn wakes_on_request(sb: &Sandbox, now: SystemTime) -> bool {
+    let lifetime = lifetime_of(sb);
+    let ttl_ahead = lifetime.ttl_seconds == 0 || time_of(&sb.expires_at).is_some_and(|at| at > now);
+    lifetime.wake_on_request && sb.reason == PAUSED_IDLE && ttl_ahead
+}
+
 /// How busy a sandbox was over an idle window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Busy {
@@ -493,6 +507,49 @@ mod tests {
             Busy::Until(now)
         );
         assert_eq!(busy(from, now, 0, None, Some(0.049), threshold), Busy::Idle);
+    }
+
+    #[test]
+    fn a_routed_request_wakes_only_what_its_idleness_paused_and_only_when_asked() {
+        for (wake, reason, wakes) in [
+            (false, "Idle", false),
+            (false, "TtlExpired", false),
+            (false, "Paused", false),
+            (true, "Idle", true),
+            (true, "TtlExpired", false),
+            (true, "Paused", false),
+        ] {
+            let mut sb = sandbox(
+                Lifetime {
+                    idle_timeout_seconds: 60,
+                    wake_on_request: wake,
+                    ..Default::default()
+                },
+                DesiredState::Paused,
+                Phase::Paused,
+            );
+            sb.reason = reason.into();
+            let now = at(100);
+            assert_eq!(
+                wakes_on_request(&sb, now),
+                wakes,
+                "wake_on_request {wake}, {reason}"
+            );
+            // With a ttl: only while its deadline is ahead (a wake never gives a new one).
+            sb.spec
+                .as_mut()
+                .unwrap()
+                .lifetime
+                .as_mut()
+                .unwrap()
+                .ttl_seconds = 30;
+            sb.expires_at = Some(at(130).into());
+            assert_eq!(wakes_on_request(&sb, now), wakes, "ttl ahead, {reason}");
+            sb.expires_at = Some(at(90).into());
+            assert!(!wakes_on_request(&sb, now), "ttl passed, {reason}");
+            sb.expires_at = None;
+            assert!(!wakes_on_request(&sb, now), "ttl fired, {reason}");
+        }
     }
 
     #[test]

@@ -65,6 +65,12 @@ pub struct LifetimeFlags {
     /// A use of a paused sandbox is refused until `sbx sandbox resume`.
     #[arg(long = "no-auto-resume")]
     pub no_auto_resume: bool,
+    /// A request routed to one of the sandbox's service endpoints (which nobody
+    /// authenticates) may wake it when its idle timeout paused it; never when its ttl or `sbx
+    /// sandbox pause` did, and a wake leaves the ttl where it was. Off by default: a
+    /// stranger's request wakes nothing.
+    #[arg(long = "wake-on-request")]
+    pub wake_on_request: bool,
 }
 
 impl LifetimeFlags {
@@ -76,7 +82,8 @@ impl LifetimeFlags {
             || self.on_idle.is_some()
             || self.delete_after.is_some()
             || self.auto_resume
-            || self.no_auto_resume;
+            || self.no_auto_resume
+            || self.wake_on_request;
         if !given {
             return Ok(None);
         }
@@ -107,6 +114,7 @@ impl LifetimeFlags {
             } else {
                 None
             },
+            wake_on_request: self.wake_on_request,
         }))
     }
 }
@@ -235,6 +243,9 @@ pub fn lifetime_text(l: &Lifetime) -> String {
         Some(true) => parts.push("auto-resume".into()),
         Some(false) => parts.push("no auto-resume".into()),
         None => {}
+    }
+    if l.wake_on_request {
+        parts.push("wakes on request".into());
     }
     if parts.is_empty() {
         "none".into()

@@ -180,3 +180,134 @@ async fn a_vm_paused_by_its_ttl_resumes_for_an_exec_with_its_processes() {
     );
     assert!(vm_support::qemus_under(data).is_empty());
 }
+
+/// One HTTP/1.0 GET of `/` through the service listener at `routes` for `host`: its status
+/// line ("" when nothing answered within the deadline).
+fn routed_get(routes: &str, host: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut conn) = std::net::TcpStream::connect(routes) else {
+        return String::new();
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let _ = conn.write_all(format!("GET / HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes());
+    let mut all = Vec::new();
+    let _ = conn.read_to_end(&mut all);
+    String::from_utf8_lossy(&all)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A stranger's request wakes nothing it should not: two VMs serving a page through a service
+/// endpoint, both paused by their idle timeout; a routed request (nobody's) to the one made
+/// without `wake_on_request` is refused and it stays paused; the one made with it wakes,
+/// serves the page, and keeps its ttl's deadline exactly where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_a_routed_request_wakes_only_what_asked_and_never_moves_its_ttl() {
+    use sbx_proto::v1::ExposeServiceRequest;
+    use sbx_proto::v1::service_endpoint_service_client::ServiceEndpointServiceClient;
+    vm_support::require_vm_tools();
+    let data = DataDir::new();
+    let _reaper = QemuReaper(data.path().to_path_buf());
+    let routes_file = data.path().join("routes");
+    let cache = vm_support::asset_cache().display().to_string();
+    let d = common::Sbxd::start(
+        data.path(),
+        "vm",
+        &[
+            "--vm-asset-cache",
+            &cache,
+            "--vm-boot-timeout",
+            vm_support::BOOT_TIMEOUT_SECS,
+            "--service-listen",
+            "127.0.0.1:0",
+            "--service-addr-file",
+            routes_file.to_str().unwrap(),
+            // An idle guest under TCG still takes some CPU: idleness here is no use.
+            "--idle-cpu",
+            "4",
+        ],
+    );
+    let routes = std::fs::read_to_string(&routes_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut sb = d.sandboxes().await;
+    let serve = "mkdir -p /tmp/www && echo awake > /tmp/www/index.html && \
+                 exec httpd -f -p 127.0.0.1:8000 -h /tmp/www";
+    let mut ids = Vec::new();
+    for (name, wake) in [("asleep", false), ("waker", true)] {
+        let made = sb
+            .create_sandbox(CreateSandboxRequest {
+                name: name.into(),
+                spec: Some(SandboxSpec {
+                    command: vec!["sh".into(), "-c".into(), serve.into()],
+                    lifetime: Some(Lifetime {
+                        ttl_seconds: 3600,
+                        idle_timeout_seconds: 4,
+                        on_idle: LifetimeAction::Pause as i32,
+                        wake_on_request: wake,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        ids.push(made.id.clone());
+        ServiceEndpointServiceClient::new(d.channel().await)
+            .expose_service(ExposeServiceRequest {
+                sandbox: by_id(&made.id),
+                port: 8000,
+                name: name.into(),
+            })
+            .await
+            .unwrap();
+    }
+    let host = |name: &str| format!("{name}--{name}--default.localhost");
+    let mut before = Vec::new();
+    for id in &ids {
+        let paused = wait_for(&d, &sb, id, Phase::Paused, READY_LIMIT * 2, |s| {
+            s.reason == "Idle"
+        })
+        .await;
+        before.push(paused.expires_at);
+    }
+    // Not asked: refused, and still paused.
+    let answer = routed_get(&routes, &host("asleep"));
+    assert!(
+        !answer.contains(" 200"),
+        "a paused sandbox answered: {answer}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = get(&sb, &ids[0]).await;
+    assert_eq!(
+        still.phase(),
+        Phase::Paused,
+        "a stranger's request woke it: {still:?}"
+    );
+    // Asked: woken, served, its ttl where it was.
+    let began = Instant::now();
+    let answer = routed_get(&routes, &host("waker"));
+    eprintln!(
+        "a routed request woke a paused VM and was answered in {:?}",
+        began.elapsed()
+    );
+    assert!(
+        answer.contains(" 200"),
+        "the woken sandbox did not answer: {answer}\n{}",
+        d.log_text()
+    );
+    let woken = get(&sb, &ids[1]).await;
+    assert_eq!(woken.phase(), Phase::Ready);
+    assert_eq!(woken.expires_at, before[1], "a wake moved the ttl");
+    for id in &ids {
+        sb.delete_sandbox(sbx_proto::v1::DeleteSandboxRequest { sandbox: by_id(id) })
+            .await
+            .unwrap();
+    }
+}

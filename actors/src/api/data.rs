@@ -197,12 +197,35 @@ impl Gateway {
         port: u32,
         input: ForwardInputs,
     ) -> Result<ActorStream<v1::PortForwardOutput>> {
+        self.forward_for(sel, port, input, super::lifetimes::Use::Caller)
+            .await
+    }
+
+    /// [`Gateway::port_forward`] for a request routed to a service endpoint: a paused sandbox
+    /// wakes only as `lifetime::wakes_on_request` says.
+    pub async fn routed_forward(
+        &self,
+        sel: &SandboxSelector,
+        port: u32,
+        input: ForwardInputs,
+    ) -> Result<ActorStream<v1::PortForwardOutput>> {
+        self.forward_for(sel, port, input, super::lifetimes::Use::Routed)
+            .await
+    }
+
+    async fn forward_for(
+        &self,
+        sel: &SandboxSelector,
+        port: u32,
+        input: ForwardInputs,
+        who: super::lifetimes::Use,
+    ) -> Result<ActorStream<v1::PortForwardOutput>> {
         if port == 0 || port > u32::from(u16::MAX) {
             return Err(ActorError::InvalidArgument(format!(
                 "port {port} is not a TCP port (1-65535)"
             )));
         }
-        let sb = self.resolve_for_use(sel, "forward a port of").await?;
+        let sb = self.resolve_for(sel, "forward a port of", who).await?;
         require_ready(&sb.sandbox, "forward a port of")?;
         let driver = self.driver_of(&sb).await?;
         let using = self.shared.activity.begin(sb.id());

@@ -149,6 +149,18 @@ impl Gateway {
         sel: &SandboxSelector,
         what: &str,
     ) -> Result<StoredSandbox> {
+        self.resolve_for(sel, what, Use::Caller).await
+    }
+
+    /// [`Gateway::resolve_for_use`] for `who` uses it: a caller (auto_resume's rule), or a
+    /// request routed to a service endpoint (wake_on_request's, stricter: see
+    /// `lifetime::wakes_on_request`).
+    pub(super) async fn resolve_for(
+        &self,
+        sel: &SandboxSelector,
+        what: &str,
+        who: Use,
+    ) -> Result<StoredSandbox> {
         let sb = self.resolve_sandbox(sel).await?;
         // An image build's step: what runs in it becomes a gateway-wide image, so no call
         // puts anything in it (reading its files is harmless).
@@ -170,12 +182,24 @@ impl Gateway {
         if !resuming && !matches!(phase, Phase::Paused | Phase::Pausing) {
             return Ok(sb);
         }
-        if !resuming && !crate::lifetime::auto_resumes(&sb.sandbox) {
-            return Err(ActorError::FailedPrecondition(format!(
-                "cannot {what} sandbox {:?}: it is paused ({}); resume it first (sbx sandbox \
-                 resume), or create it with auto_resume",
-                sb.sandbox.name, sb.sandbox.reason
-            )));
+        let wakes = match who {
+            Use::Caller => crate::lifetime::auto_resumes(&sb.sandbox),
+            Use::Routed => {
+                crate::lifetime::wakes_on_request(&sb.sandbox, std::time::SystemTime::now())
+            }
+        };
+        if !resuming && !wakes {
+            return Err(ActorError::FailedPrecondition(match who {
+                Use::Caller => format!(
+                    "cannot {what} sandbox {:?}: it is paused ({}); resume it first (sbx \
+                     sandbox resume), or create it with auto_resume",
+                    sb.sandbox.name, sb.sandbox.reason
+                ),
+                // Said to whoever sent a request: nothing of the sandbox but that it sleeps.
+                Use::Routed => "the sandbox is paused: a request wakes it only when it was \
+                                created with --wake-on-request and its idleness paused it"
+                    .to_string(),
+            }));
         }
         tracing::info!(sandbox = %sb.id(), what, "resuming a paused sandbox for a use");
         self.command(&sb, SandboxMsg::Resume)
@@ -183,4 +207,13 @@ impl Gateway {
             .ok_or_else(|| super::not_found_id(sb.id()))?;
         self.resolve_sandbox(&SandboxSelector::Id(sb.id())).await
     }
+}
+
+/// Who uses a sandbox, for whether a use resumes a paused one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// A caller of the API (authenticated): exec, copy, port-forward.
+    Caller,
+    /// A request routed to a service endpoint (nobody authenticates it).
+    Routed,
 }

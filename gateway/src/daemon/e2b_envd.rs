@@ -374,7 +374,14 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         ] {
             req.headers_mut().remove(header);
         }
-        return super::service_routes::forward(&e2b.gateway, uuid, port, req).await;
+        return super::service_routes::forward(
+            &e2b.gateway,
+            uuid,
+            port,
+            req,
+            super::service_routes::Wake::AsCaller,
+        )
+        .await;
     }
     // Every call, /health included, wants the token: nobody learns whether a sandbox is
     // there without it.
@@ -1322,7 +1329,11 @@ mod tests {
         assert!(transfers.enter("a").is_none(), "past the key's bound");
         let mut others = Vec::new();
         for i in 0..(PER_GATEWAY - PER_CALLER) {
-            others.push(transfers.enter(&format!("k{}", i % 7)).expect("another key's turn"));
+            others.push(
+                transfers
+                    .enter(&format!("k{}", i % 7))
+                    .expect("another key's turn"),
+            );
         }
         assert!(transfers.enter("b").is_none(), "past the gateway's bound");
         drop(mine);

@@ -194,7 +194,23 @@ async fn route(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
     if let Some(proof) = req.extensions().get::<super::connections::ConnProof>() {
         proof.prove();
     }
-    forward(gateway, target.sandbox_id, target.port, req).await
+    forward(
+        gateway,
+        target.sandbox_id,
+        target.port,
+        req,
+        Wake::OnRequest,
+    )
+    .await
+}
+
+/// Whether a forwarded request may resume a paused sandbox: as a caller's use would
+/// (`auto_resume`: the E2B API's requests, which carry the sandbox's token), or only as the
+/// sandbox's `wake_on_request` allows (a service endpoint's, which nobody authenticates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wake {
+    AsCaller,
+    OnRequest,
 }
 
 /// `req` sent to `port` of sandbox `sandbox_id` over a fresh forwarded connection (the
@@ -206,13 +222,16 @@ pub(super) async fn forward(
     sandbox_id: uuid::Uuid,
     port: u32,
     req: Request<Incoming>,
+    wake: Wake,
 ) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Input>(16);
     let input: ForwardInputs = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
-    let output = match gateway
-        .port_forward(&SandboxSelector::Id(sandbox_id), port, input)
-        .await
-    {
+    let sel = SandboxSelector::Id(sandbox_id);
+    let opened = match wake {
+        Wake::AsCaller => gateway.port_forward(&sel, port, input).await,
+        Wake::OnRequest => gateway.routed_forward(&sel, port, input).await,
+    };
+    let output = match opened {
         Ok(o) => o,
         // Gateways sharing a store: the sandbox is served by another gateway. Said without
         // naming it (these requests are not authenticated: the gateways' ids and addresses
