@@ -230,7 +230,10 @@ mod tests {
             .iter()
             .zip(&results)
         {
-            assert!(result.is_ok(), "{what} across directories in a domain: {result:?}");
+            assert!(
+                result.is_ok(),
+                "{what} across directories in a domain: {result:?}"
+            );
         }
         assert_eq!(std::fs::read(b.join("linked")).unwrap(), b"data");
         assert_eq!(std::fs::read(b.join("renamed")).unwrap(), b"data");

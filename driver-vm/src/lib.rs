@@ -142,9 +142,11 @@ use sbx_host_kit::command::RunEnv;
 use sbx_host_kit::feed::{self, SnapshotFeed};
 use sbx_host_kit::procfs::{self, ProcessIdentity};
 use sbx_host_kit::records::{self, RecordCache};
+use sbx_host_kit::uidpool::{self, UidPool};
 use sbx_host_kit::{
     Alive, Desired, HostDriver, RunFacts, internal, lock_state_dir, locked, now_ms, observe,
 };
+use sbx_images::IdMap;
 
 /// How the vm driver is set up.
 #[derive(Debug, Clone)]
@@ -183,6 +185,12 @@ pub struct VmDriverOptions {
     pub default_grace: Duration,
     /// How often the watch task looks for VMs that changed by themselves.
     pub poll_interval: Duration,
+    /// The most a sandbox's console log and its previous part keep on disk together (the
+    /// console's logger rotates it, `qemu.rs`).
+    pub log_max: u64,
+    /// The host's pool of uid ranges: each sandbox leases one, and its QEMU runs as the
+    /// range's first uid and gid (the console's logger as the second).
+    pub uid_pool: UidPool,
 }
 
 impl Default for VmDriverOptions {
@@ -202,6 +210,8 @@ impl Default for VmDriverOptions {
             max_parallel_boots: 0,
             default_grace: Duration::from_secs(5),
             poll_interval: Duration::from_millis(500),
+            log_max: sbx_host_kit::logfile::DEFAULT_LOG_MAX,
+            uid_pool: UidPool::default(),
         }
     }
 }
@@ -224,6 +234,11 @@ struct Inner {
     bases: Arc<base::Bases>,
     /// KVM or TCG, decided once at open.
     accel: Accel,
+    /// Under KVM: the group of `/dev/kvm`, which each VM's QEMU gets as its one supplementary
+    /// group (it runs as the sandbox's own uid).
+    kvm_group: Option<u32>,
+    /// The static `sbx-agent` on the host (`<state_dir>/sbx-agent`): the consoles' logger.
+    agent: PathBuf,
     tsc_khz: Option<u64>,
     /// Boot slots (see [`VmDriverOptions::max_parallel_boots`]).
     boots: tokio::sync::Semaphore,
@@ -302,7 +317,10 @@ impl VmDriver {
             }
         }
         let vms = record::vms_dir(&state_dir);
-        std::fs::create_dir_all(&vms).map_err(|e| internal("making the state directory", e))?;
+        make_private_dir(&vms).map_err(|e| internal("making the state directory", e))?;
+        if let Some(images) = &opts.images {
+            uidpool::check_apart(&opts.uid_pool, &images.idmap())?;
+        }
         let trash = records::trash_dir(&state_dir);
         std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
         // The lock waits (briefly) for a previous instance: not on an async worker thread.
@@ -328,9 +346,11 @@ impl VmDriver {
         };
         tracing::info!(%accel, kernel = %assets.kernel.display(), "vm driver ready");
         records::empty_trash(&trash, |_| {})?;
+        let agent = sbx_host_kit::agent::install(&state_dir)?;
         let found = tokio::task::spawn_blocking({
             let state_dir = state_dir.clone();
-            move || find_vms(&state_dir)
+            let pool = opts.uid_pool.clone();
+            move || find_vms(&state_dir, &pool)
         })
         .await
         .map_err(|e| internal("finding the vms", e))??;
@@ -349,8 +369,16 @@ impl VmDriver {
             (n, _) => n,
         };
         let bases = Arc::new(base::Bases::new(&state_dir, opts.root_free_mib)?);
+        let kvm_group = (accel == Accel::Kvm)
+            .then(|| {
+                use std::os::unix::fs::MetadataExt;
+                std::fs::metadata("/dev/kvm").ok().map(|m| m.gid())
+            })
+            .flatten();
         let inner = Inner {
             bases,
+            kvm_group,
+            agent,
             boots: tokio::sync::Semaphore::new(slots),
             state_dir,
             opts,
@@ -398,11 +426,17 @@ impl VmDriver {
 /// launch and the record's update), each confirmed over QMP to be named after the sandbox.
 /// Finishes stops that a killed driver left halfway; removes directories of creates that
 /// never wrote a record.
-fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
+fn find_vms(state_dir: &Path, pool: &UidPool) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
     let mut records = records::find_records::<VmRecord>(&record::vms_dir(state_dir), |_, _| {})?;
     for (&id, rec) in records.iter_mut() {
         let paths = VmPaths::new(state_dir, id);
+        keep_private(&paths);
+        uidpool::reclaim_at_open(Some(pool), rec.id_map, &paths.dir, id);
         let mut changed = false;
+        if rec.spec.process.is_some() && rec.root_base.is_none() {
+            rec.root_base = base::backing_of(&paths.root, &state_dir.join("bases"));
+            changed = rec.root_base.is_some();
+        }
         let recorded = rec.qemu.filter(procfs::is_alive);
         let found = recorded.or_else(|| qemu::read_identity(&paths.pidfile));
         // The live QEMU of the sandbox, with its QMP status (empty when QMP did not answer).
@@ -447,6 +481,64 @@ fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
         }
     }
     Ok(records)
+}
+
+/// Makes `dir` (and what is missing above it) host root's, 0700 (a directory made before
+/// now is narrowed).
+fn make_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// A sandbox directory made by an earlier version, made private at open: the directory 0700,
+/// every file in it 0600 (its disks were 0644), a boot's initramfs (which held the run's
+/// credentials) removed. Only the directory's own regular files, never through a link.
+fn keep_private(paths: &VmPaths) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(&paths.initramfs);
+    let _ = std::fs::remove_file(paths.dir.join("helper.cpio"));
+    if let Err(e) = std::fs::set_permissions(&paths.dir, std::fs::Permissions::from_mode(0o700)) {
+        tracing::warn!(dir = %paths.dir.display(), error = %e, "the sandbox directory not made private");
+    }
+    for entry in std::fs::read_dir(&paths.dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let Ok(meta) = entry.path().symlink_metadata() else {
+            continue;
+        };
+        if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+            let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600));
+        }
+    }
+}
+
+/// A boot's initramfs in memory, never on the disk: a memfd holding `bytes`, which QEMU reads
+/// through `/proc/self/fd` (a memfd is open to whoever holds it) and the caller empties once
+/// the guest has booted from it ([`forget_initramfs`]; not sooner: QMP answers while QEMU may
+/// still be making the machine).
+fn initramfs_in_memory(bytes: &[u8]) -> Result<std::os::fd::OwnedFd, DriverError> {
+    use std::io::Write;
+    let fd =
+        nix::sys::memfd::memfd_create(c"sbx-initramfs", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .map_err(|e| internal("making the boot's initramfs in memory", e))?;
+    let mut file = File::from(fd);
+    file.write_all(bytes)
+        .map_err(|e| internal("writing the boot's initramfs in memory", e))?;
+    Ok(file.into())
+}
+
+/// Empties a boot's in-memory initramfs once the guest booted from it (QEMU keeps its
+/// descriptor for its life; the run's credentials then stay only in the guest).
+fn forget_initramfs(fd: &std::os::fd::OwnedFd) {
+    if let Err(e) = nix::unistd::ftruncate(fd, 0) {
+        tracing::warn!(error = %e, "the boot's initramfs not emptied");
+    }
 }
 
 /// Ends a VM at once: QMP `quit`, then SIGKILL. Does not wait.
@@ -571,6 +663,15 @@ impl HostDriver for Inner {
         .await
     }
 
+    /// The sandbox's uid range goes back to the pool once its files are gone.
+    fn after_removal(&self, rec: &VmRecord) {
+        uidpool::release_for(
+            Some(&self.opts.uid_pool),
+            rec.id_map,
+            &self.paths(rec.sandbox_id).dir,
+        );
+    }
+
     fn forget(&self, id: Uuid) {
         locked(&self.finished).remove(&id);
         self.exec_channels.remove(id);
@@ -674,16 +775,15 @@ impl HostDriver for Inner {
         self.records.save(&rec)?;
         pause::remove_saved(&paths);
 
+        self.ids_of(&mut rec)?;
         let attached = self.attach(&rec).await?;
-        let initramfs = self.boot_initramfs(
+        let initramfs = initramfs_in_memory(&self.boot_initramfs(
             &rec,
             generation,
             &run_env,
             attached.as_ref().map(|a| (a.address, a.gateway)),
             false,
-        )?;
-        std::fs::write(&paths.initramfs, initramfs)
-            .map_err(|e| internal("writing the run's initramfs", e))?;
+        )?)?;
         let _slot = match self.boots.try_acquire() {
             Ok(slot) => slot,
             Err(_) => {
@@ -698,20 +798,19 @@ impl HostDriver for Inner {
             id,
             &rec,
             &paths,
-            &paths.initramfs,
+            std::os::fd::AsFd::as_fd(&initramfs),
             false,
             attached.as_ref().map(|a| a.netns_path.as_path()),
-        );
+        )?;
         let launched = launch.launch().await;
-        // QEMU read the initramfs into memory at start (and copies it from there on a reset):
-        // the run's own variables (credentials) leave the disk.
-        if !run_env.is_empty() {
-            let _ = std::fs::remove_file(&paths.initramfs);
-        }
         let identity = launched?;
         rec.qemu = Some(identity);
         self.records.save(&rec)?;
-        if let Err(e) = self.wait_booted(&rec).await {
+        let booted = self.wait_booted(&rec).await;
+        // The guest runs from the initramfs QEMU loaded (and copies from its own memory on a
+        // reset): the run's credentials leave the memfd.
+        forget_initramfs(&initramfs);
+        if let Err(e) = booted {
             // The launch did not complete: the sandbox says NotStarted, and a retried create
             // or start boots it again. Only once its QEMU is gone: a live one stays tracked.
             if !Self::is_alive(&rec) {
@@ -843,36 +942,65 @@ impl Inner {
         .await
     }
 
+    /// The sandbox's host ids (its QEMU's uid and gid): leased for a sandbox whose record has
+    /// none yet (made before QEMU ran unprivileged), and recorded.
+    fn ids_of(&self, rec: &mut VmRecord) -> Result<IdMap, DriverError> {
+        if let Some(map) = rec.id_map {
+            return Ok(map);
+        }
+        let map = self.opts.uid_pool.lease(&self.paths(rec.sandbox_id).dir)?;
+        rec.id_map = Some(map);
+        self.records.save(rec)?;
+        Ok(map)
+    }
+
     /// How QEMU is launched for sandbox `id`: booting from `initramfs`, or (`incoming`)
-    /// stopped, waiting to load a paused VM's saved state.
+    /// stopped, waiting to load a paused VM's saved state. The record names its ids
+    /// ([`Inner::ids_of`]).
     fn launch_of<'a>(
         &'a self,
         id: Uuid,
-        rec: &VmRecord,
+        rec: &'a VmRecord,
         paths: &'a VmPaths,
-        initramfs: &'a Path,
+        initramfs: std::os::fd::BorrowedFd<'a>,
         incoming: bool,
         netns: Option<&'a Path>,
-    ) -> qemu::VmLaunch<'a> {
-        qemu::VmLaunch {
+    ) -> Result<qemu::VmLaunch<'a>, DriverError> {
+        let root = match (&rec.spec.process, &rec.root_base) {
+            (None, _) => None,
+            (Some(_), Some(base)) => Some((paths.root.as_path(), base.as_path())),
+            (Some(_), None) => {
+                return Err(DriverError::Internal(format!(
+                    "sandbox {id}: the base disk under its root disk is not known; delete it \
+                     and create it again"
+                )));
+            }
+        };
+        let ids = rec.id_map.ok_or_else(|| {
+            DriverError::Internal(format!("sandbox {id} has no host ids to run its vm as"))
+        })?;
+        Ok(qemu::VmLaunch {
             qemu: &self.qemu,
             name: id.to_string(),
             accel: self.accel,
             kernel: &self.assets.kernel,
             initramfs,
             disk: &paths.disk,
-            root: rec.spec.process.is_some().then_some(paths.root.as_path()),
+            root,
             net: netns.map(|ns| (ns, sbx_network::guest::guest_mac(id))),
             console_log: &paths.console_log,
             qmp_socket: &paths.qmp_socket,
-            agent: &paths.agent,
-            exec: &paths.exec,
+            chan: &paths.chan,
             pidfile: &paths.pidfile,
             memory_mib: rec.spec.memory_mib,
             cpus: rec.spec.cpus,
             tsc_khz: self.tsc_khz,
             incoming,
-        }
+            ids,
+            kvm_group: self.kvm_group,
+            logger: &self.agent,
+            log_max: self.opts.log_max,
+        })
     }
 }
 

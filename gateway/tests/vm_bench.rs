@@ -143,7 +143,7 @@ fn qemu_identities(data: &Path) -> Vec<(String, i32, u64)> {
             } else if path.file_name().is_some_and(|n| n == "qemu.pid") {
                 let pid: i32 = std::fs::read_to_string(&path)
                     .ok()
-                    .and_then(|t| t.trim().parse().ok())
+                    .and_then(|t| t.split_whitespace().next()?.parse().ok())
                     .unwrap_or(0);
                 if let Some(start) = common::proc_start_time(pid) {
                     let id = dir.file_name().unwrap().to_string_lossy().into_owned();
