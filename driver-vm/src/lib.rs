@@ -54,11 +54,33 @@
 //! once, each of 10 KB there and back in 2.4 s under TCG. With 4 ports a boot took 3.1 s
 //! under TCG, with 29 3.8–4.6 s (each port is a chardev, a guest device and an idle agent).
 //! QEMU runs
-//! daemonized, so the VM outlives the driver and the gateway; QMP listens on a Unix socket in
-//! the sandbox's state directory ([`record`] lists the files).
+//! in a session of its own, so the VM outlives the driver and the gateway; QMP listens on a
+//! Unix socket in the sandbox's state directory ([`record`] lists the files).
 //!
-//! **Identity.** A VM is found again after a restart of the driver through QEMU's pidfile and
-//! the process's start time (a reused pid is never taken for it), confirmed over QMP: the VM's
+//! **QEMU's sandbox** (`qemu.rs`). Each sandbox leases a uid range from the host's pool
+//! (`host::uidpool`, as oci and process sandboxes do; released at delete): its QEMU runs as the
+//! range's first uid and gid, so no two VMs share a uid and none is root. It is started
+//! unprivileged (`setsid`, `nsenter` into the sandbox's network namespace or `unshare --net`
+//! into an empty one, `setpriv` to the uid with no capability — none permitted, effective,
+//! inheritable or in its bounding set — and `no_new_privs`), then QEMU installs its own
+//! seccomp filter (`-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,
+//! resourcecontrol=deny`) before it runs the guest. QEMU 7.2 cannot drop privileges itself
+//! under that filter (`-runas` needs set*id, `-daemonize` a fork, both refused once the filter
+//! is in), so it starts without them, and every host file it uses is handed over open: the
+//! kernel and the initramfs as descriptors it reads through `/proc/self/fd`, the disks (and an
+//! image's base disk, read only) as `-add-fd` fd sets under `-blockdev`, QMP's socket bound by
+//! the driver, the console a pipe. It names files only in its working directory `chan/` (host
+//! root's, its group the VM's, 0710): the FIFOs of the control and exec channels, its own
+//! 0600. The tap in the sandbox's namespace has no owner, and only this QEMU is in that
+//! namespace: it opens it with no capability. Measured under TCG: a boot (create → Running)
+//! takes as long as before (see the closing note of the change for the figures).
+//!
+//! **Host files.** The sandbox's directory is host root's, 0700; every file in it 0600, made
+//! with that mode (`record.rs` lists them). A boot's initramfs (the run's credentials, the
+//! spec's environment) is never a file: a memfd, emptied once the guest booted from it.
+//!
+//! **Identity.** A VM is found again after a restart of the driver through its pidfile (the
+//! driver's: pid and start time, so a reused pid is never taken for it), confirmed over QMP: the VM's
 //! name (`-name`) must be the sandbox id, and `query-status` must answer. Sandboxes are found
 //! by id only; the name is the guest's hostname, reported back and never matched.
 //!
@@ -95,9 +117,26 @@
 //!   Unavailable, saying why).
 //! - The spec's and the image's environment variable names must be shell identifiers (the
 //!   command runs through a script); an exec's may be anything.
-//! - The console (the log) grows without rotation and also holds the kernel's few messages
-//!   (it boots `quiet`) and the init's lines, read as stdout; the main process's stdout and
-//!   stderr reach it through the agent's loggers (`sbx-agent log`) as records, apart.
+//! - The console (the log) also holds the kernel's few messages (it boots `quiet`), the
+//!   init's lines and QEMU's own, read as stdout; the main process's stdout and stderr reach
+//!   it through the guest agent's loggers (`sbx-agent log`) as records, apart. It is kept
+//!   within the driver's `log_max` (with `console.log.1`) by a logger on the host (`sbx-agent
+//!   log console`, the second uid of the sandbox's range), which outlives the driver and ends
+//!   with QEMU; a guest writing faster than the disk waits on its UART, never longer. A logger
+//!   killed (by host root) leaves QEMU without its console: QEMU then ends on SIGPIPE at its
+//!   next console write, and the run is reported lost — not silently.
+//! - What remains of QEMU's attack surface: a guest that takes QEMU over (a device-emulation
+//!   bug) is the sandbox's uid on the host, with no capability, under QEMU's seccomp filter
+//!   (a deny list: most system calls stay allowed). It holds the sandbox's own disks, the
+//!   image's base (read only), its console pipe, QMP's socket, the FIFOs in `chan/`, and
+//!   (networked) the tap in the sandbox's namespace, whose filters it cannot change (no
+//!   CAP_NET_ADMIN); it can read what every local user can (world-readable host files, other
+//!   users' world-readable processes' `/proc` entries), open sockets in its own namespace (an
+//!   empty one without a network) and reach the host kernel's whole system call surface that
+//!   the filter leaves (io_uring, user namespaces where the host allows unprivileged ones: the
+//!   host's sysctls decide). Not confined by Landlock or a mount namespace, no cgroup limit on
+//!   its memory beyond the guest's RAM (QEMU's own allocations are not capped), and the KVM
+//!   probe's throwaway boot at open still runs as host root (a stock kernel, no guest input).
 //! - A base disk stays in `<state_dir>/bases` after its image is deleted, and an old build
 //!   after a new one replaced it as the image's current (sandboxes' roots may be on it;
 //!   nothing collects bases no sandbox uses yet). A damaged base gets a new build for new
