@@ -178,7 +178,7 @@ pub fn read_report(console_log: &Path, offset: u64, run_id: &str) -> RunReport {
 /// The guest's lines about `run_id` in `text`, added to `report`.
 fn parse_report(text: &[u8], run_id: &str, mut report: RunReport) -> RunReport {
     let prefix = format!("sbx-guest: {run_id} ");
-    for line in String::from_utf8_lossy(&text).lines() {
+    for line in String::from_utf8_lossy(text).lines() {
         let Some(rest) = line.trim_end_matches('\r').strip_prefix(&prefix) else {
             continue;
         };
