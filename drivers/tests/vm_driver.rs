@@ -4,7 +4,8 @@
 //! marker is what the driver reports, and a start under another generation says so instead of
 //! rebooting; exec and logs work, the guest's loopback is up, exec output is streamed (the
 //! first line of `echo; sleep 3; echo` seconds before the exit) and not capped (3 MiB whole);
-//! delete leaves nothing. And clear errors for what is missing.
+//! delete leaves nothing; an exec that ends amid its stdin leaves the exec port serving. And
+//! clear errors for what is missing.
 
 mod vm_support;
 
