@@ -557,6 +557,22 @@ fn keep_private(paths: &VmPaths) {
     }
 }
 
+/// What the guest boots from for run `run_id` of `command` in a sandbox of no image and no
+/// network: the shared initramfs (`shared`, the bytes of the assets' `initramfs.cpio`) with
+/// the run's archive appended, as the driver makes a boot's. For a bare QEMU boot of the
+/// driver's guest to compare the driver with (`gateway/tests/vm_bench.rs`); the driver's own
+/// boots never leave it in a file.
+pub fn plain_initramfs(shared: &[u8], run_id: &str, command: &[String]) -> Vec<u8> {
+    let env = guest::run_env(run_id, 1, "bare", Duration::from_secs(1), None, None);
+    let mut initramfs = shared.to_vec();
+    initramfs.extend(assets::run_archive(
+        &env,
+        &guest::command_script(std::iter::empty(), command),
+        None,
+    ));
+    initramfs
+}
+
 /// A boot's initramfs in memory, never on the disk: a memfd holding `bytes`, which QEMU reads
 /// through `/proc/self/fd` (a memfd is open to whoever holds it) and the caller empties once
 /// the guest has booted from it ([`forget_initramfs`]; not sooner: QMP answers while QEMU may
