@@ -169,6 +169,8 @@ pub struct Kept {
     from_error: Option<(String, String)>,
     /// When the last `NetworkDenied` was written (they are rate-limited).
     last_denied: Option<std::time::Instant>,
+    /// When the last `BudgetRefused` was written (rate-limited alike).
+    last_refused: Option<std::time::Instant>,
 }
 
 /// At most one `NetworkDenied` event per sandbox this often.
@@ -183,6 +185,48 @@ impl Kept {
     /// The `NetworkDenied` event of a sandbox whose refused connection attempts went from
     /// `before` to `now` (counted over the driver's last ten minutes), the latest refused
     /// being `last`; at most one per [`DENIALS_EVERY`].
+    /// The `BudgetRefused` event of a sandbox whose refusals of what the host shares went
+    /// from `before` to `now`; at most one per [`DENIALS_EVERY`], naming what grew.
+    pub fn note_refusals(
+        &mut self,
+        before: Option<&sbx_proto::v1::BudgetRefusals>,
+        now: Option<&sbx_proto::v1::BudgetRefusals>,
+    ) -> Option<(&'static str, String, String)> {
+        let zero = sbx_proto::v1::BudgetRefusals::default();
+        let (before, now) = (before.unwrap_or(&zero), now.unwrap_or(&zero));
+        let grew: Vec<String> = [
+            (before.ptys, now.ptys, "terminals (its pty budget)"),
+            (before.pids, now.pids, "processes (its pids limit)"),
+            (
+                before.dns_queries,
+                now.dns_queries,
+                "DNS queries (its resolver budget)",
+            ),
+            (
+                before.connections,
+                now.connections,
+                "connections (its budget of tracked connections)",
+            ),
+        ]
+        .into_iter()
+        .filter(|(b, n, _)| n > b)
+        .map(|(_, n, what)| format!("{n} {what}"))
+        .collect();
+        if grew.is_empty()
+            || self
+                .last_refused
+                .is_some_and(|t| t.elapsed() < DENIALS_EVERY)
+        {
+            return None;
+        }
+        self.last_refused = Some(std::time::Instant::now());
+        Some((
+            WARNING,
+            "BudgetRefused".into(),
+            format!("the host refused it, past its budgets: {}", grew.join(", ")),
+        ))
+    }
+
     pub fn note_denials(
         &mut self,
         before: u64,
@@ -483,6 +527,24 @@ mod tests {
             packets: 3,
         };
         assert_eq!(kept.note_denials(0, 0, None), None, "nothing refused");
+        // Budget refusals: an event naming what grew, then none within the minute.
+        let some = sbx_proto::v1::BudgetRefusals {
+            ptys: 2,
+            dns_queries: 5,
+            ..Default::default()
+        };
+        assert_eq!(kept.note_refusals(None, None), None);
+        let (kind, reason, message) = kept.note_refusals(None, Some(&some)).unwrap();
+        assert_eq!((kind, reason.as_str()), (WARNING, "BudgetRefused"));
+        assert!(message.contains("2 terminals"), "{message}");
+        assert!(message.contains("5 DNS queries"), "{message}");
+        assert!(!message.contains("processes"), "{message}");
+        let more = sbx_proto::v1::BudgetRefusals { ptys: 3, ..some };
+        assert_eq!(
+            kept.note_refusals(Some(&some), Some(&more)),
+            None,
+            "rate-limited"
+        );
         let (kind, reason, message) = kept.note_denials(0, 3, Some(&last)).unwrap();
         assert_eq!((kind, reason.as_str()), (WARNING, "NetworkDenied"));
         assert!(

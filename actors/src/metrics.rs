@@ -36,6 +36,15 @@ pub struct ApiLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionLabels {
+    /// The listener (`api`, `e2b`, `service`, `metrics`).
+    pub listener: String,
+    /// `limit` (every place taken), `peer_limit` (the peer's share taken), `unproven` (closed
+    /// with no authenticated request within the proof timeout).
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
     pub method: String,
 }
@@ -101,6 +110,7 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     pub api_requests: Family<ApiLabels, Counter>,
     pub api_duration: Family<MethodLabels, Histogram>,
+    pub connections_refused: Family<ConnectionLabels, Counter>,
     pub driver_calls: Family<DriverCallLabels, Counter>,
     pub driver_duration: Family<DriverOpLabels, Histogram>,
     pub actor_restarts: Family<ActorLabels, Counter>,
@@ -147,6 +157,12 @@ impl Metrics {
             "Time from an API request's arrival to its answer's head (a stream's first message)",
             Unit::Seconds,
             api_duration.clone(),
+        );
+        let connections_refused = Family::<ConnectionLabels, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Connections closed by the listeners' bounds, by listener and reason (limit, peer_limit, unproven)",
+            connections_refused.clone(),
         );
         let driver_calls = Family::<DriverCallLabels, Counter>::default();
         registry.register(
@@ -264,6 +280,7 @@ impl Metrics {
             registry: Mutex::new(registry),
             api_requests,
             api_duration,
+            connections_refused,
             driver_calls,
             driver_duration,
             actor_restarts,

@@ -1311,7 +1311,8 @@ impl SandboxActor {
         }
     }
 
-    /// Records what the driver last saw the sandbox's egress policy refuse, if that changed:
+    /// Records what the driver last saw the sandbox's egress policy refuse, and what the host
+    /// refused it past its budgets, if that changed:
     /// one write and one MODIFIED event per change, and the driver's look is itself at most
     /// every few seconds (a sandbox hammering a refused port costs that, not a write per
     /// packet).
@@ -1324,20 +1325,33 @@ impl SandboxActor {
             .network_last_denial
             .clone()
             .map(crate::translate::public_denial);
+        let refusals = s
+            .budget_refusals
+            .map(crate::translate::public_refusals)
+            .filter(|r| *r != sbx_proto::v1::BudgetRefusals::default());
         let sandbox = &st.stored.sandbox;
         if desired(st) == DesiredState::Deleted
-            || (sandbox.network_denied == s.network_denied && sandbox.network_last_denial == last)
+            || (sandbox.network_denied == s.network_denied
+                && sandbox.network_last_denial == last
+                && sandbox.budget_refusals == refusals)
         {
             return Ok(());
         }
         let before = sandbox.network_denied;
+        let refused_before = sandbox.budget_refusals;
         st.stored.sandbox.network_denied = s.network_denied;
         st.stored.sandbox.network_last_denial = last;
+        st.stored.sandbox.budget_refusals = refusals;
         self.persist(st).await?;
         let event = st.journal.note_denials(
             before,
             s.network_denied,
             st.stored.sandbox.network_last_denial.as_ref(),
+        );
+        tell(st, event);
+        let event = st.journal.note_refusals(
+            refused_before.as_ref(),
+            st.stored.sandbox.budget_refusals.as_ref(),
         );
         tell(st, event);
         Ok(())

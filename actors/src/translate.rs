@@ -19,6 +19,16 @@ pub(crate) fn public_denial(d: pb::NetworkDenial) -> NetworkDenial {
     }
 }
 
+/// The driver's count of budget refusals, in the public API's words.
+pub(crate) fn public_refusals(r: pb::BudgetRefusals) -> v1::BudgetRefusals {
+    v1::BudgetRefusals {
+        ptys: r.ptys,
+        pids: r.pids,
+        dns_queries: r.dns_queries,
+        connections: r.connections,
+    }
+}
+
 /// A terminal as the driver takes it.
 pub(crate) fn tty(t: v1::Tty) -> pb::Tty {
     pb::Tty {

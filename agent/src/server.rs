@@ -551,6 +551,17 @@ pub(crate) fn start(req: &ExecRequest, sender: &Arc<Sender>) -> io::Result<Optio
         Err(e) => {
             let name = String::from_utf8_lossy(program.as_bytes()).into_owned();
             match e.kind() {
+                // The exec instance's `max=` is reached (ENOSPC from its ptmx).
+                _ if req.tty.is_some()
+                    && e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error()) =>
+                {
+                    sender.finish(&Frame::Error {
+                        failure: Failure::Exhausted,
+                        message: "no terminal is left for the exec: every pty the sandbox may \
+                                  hold is in use"
+                            .into(),
+                    });
+                }
                 io::ErrorKind::PermissionDenied => {
                     let _ = sender.send(&Frame::Stderr(
                         format!("permission denied: {name}\n").into_bytes(),

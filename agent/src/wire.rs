@@ -96,6 +96,10 @@ pub enum Failure {
     Invalid = 1,
     /// The agent could not do what was asked (a pty, a spawn that failed for another reason).
     Internal = 2,
+    /// The sandbox has spent a budget the host gives it: no terminal is left in its exec pty
+    /// instance (`max=` of the devpts the driver mounted). Neither the caller's fault nor the
+    /// agent's; the driver counts it as a refusal.
+    Exhausted = 3,
 }
 
 /// A terminal for the command.
@@ -396,6 +400,7 @@ impl Frame {
             Kind::Error => {
                 let failure = match p.u8()? {
                     1 => Failure::Invalid,
+                    3 => Failure::Exhausted,
                     _ => Failure::Internal,
                 };
                 let rest = p.take(p.0.len())?;
@@ -483,6 +488,10 @@ mod tests {
         round_trip(Frame::Error {
             failure: Failure::Invalid,
             message: "workdir /nope does not exist".into(),
+        });
+        round_trip(Frame::Error {
+            failure: Failure::Exhausted,
+            message: "no terminal is left".into(),
         });
     }
 

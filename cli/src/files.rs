@@ -6,7 +6,9 @@
 //! ([`sbx_archive`], the same code as inside the sandbox) connected to the gRPC
 //! stream by a bounded channel of 64 KiB chunks. A download refuses entries that would leave
 //! the local destination (`..`, absolute paths, paths through symlinks), so a hostile
-//! sandbox cannot write outside it.
+//! sandbox cannot write outside it, and is unpacked as an untrusted archive
+//! ([`sbx_archive::unpack_untrusted`]): no setuid-root program, device node, FIFO or hard
+//! link to a file outside the copy, however `sbx` runs (root, in the README's tour).
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -79,12 +81,14 @@ pub fn parse_upload(arg: &str) -> Result<Upload, String> {
     })
 }
 
-/// Copies `src` to `dst` (exactly one of them in a sandbox of `workspace`).
+/// Copies `src` to `dst` (exactly one of them in a sandbox of `workspace`); a copy out keeps
+/// modes as `modes` says.
 pub async fn copy(
     client: &mut SandboxServiceClient<Channel>,
     workspace: Option<String>,
     src: Location,
     dst: Location,
+    modes: sbx_archive::Modes,
 ) -> Result<u8, CliError> {
     let sandbox = |name: String| SandboxRef {
         id: String::new(),
@@ -96,7 +100,14 @@ pub async fn copy(
             upload(client, sandbox(name), &from, path).await
         }
         (Location::Sandbox { name, path }, Location::Local(to)) => {
-            download(client, sandbox(name), path, &to).await
+            let from = format!("{name}:{path}");
+            let done = download(client, sandbox(name), path, &to, modes).await?;
+            if let Some(skipped) = done.skipped() {
+                eprintln!(
+                    "sbx: skipped {skipped} in {from}: a copy out makes no device node or FIFO"
+                );
+            }
+            Ok(0)
         }
         (Location::Local(_), Location::Local(_)) => Err(CliError::Usage(
             "one side of a copy must be in a sandbox (NAME:/path)".into(),
@@ -205,12 +216,14 @@ impl Read for ChannelReader {
     }
 }
 
+/// Copies `path` in `sandbox` to local `to`, unpacked as an untrusted archive with `modes`.
 async fn download(
     client: &mut SandboxServiceClient<Channel>,
     sandbox: SandboxRef,
     path: String,
     to: &Path,
-) -> Result<u8, CliError> {
+    modes: sbx_archive::Modes,
+) -> Result<sbx_archive::Unpacked, CliError> {
     let mut stream = client
         .copy_from_sandbox(CopyFromSandboxRequest {
             sandbox: Some(sandbox),
@@ -227,7 +240,7 @@ async fn download(
                 pending: Vec::new(),
                 at: 0,
             };
-            sbx_archive::unpack(input, &to)
+            sbx_archive::unpack_untrusted(input, &to, modes)
         })
     };
     let mut failed = None;
@@ -256,8 +269,7 @@ async fn download(
     unpacked.map_err(|e| CliError::LocalPath {
         path: to.to_path_buf(),
         source: e,
-    })?;
-    Ok(0)
+    })
 }
 
 #[cfg(test)]

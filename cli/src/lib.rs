@@ -520,8 +520,14 @@ pub enum SandboxCommand {
     /// sbx's exit code (killed by signal N: 128+N).
     Exec(SandboxExecArgs),
     /// Copy files or a directory tree between here and a sandbox, as `docker cp` does: one
-    /// side is NAME:/path. Into DST when it is an existing directory, else as DST; modes,
-    /// times and symlinks are kept. The sandbox must be Ready.
+    /// side is NAME:/path. Into DST when it is an existing directory, else as DST; times and
+    /// symlinks are kept, modes as --preserve says. The sandbox must be Ready.
+    ///
+    /// A copy out is unpacked here as `tar --no-same-owner --no-same-permissions` would,
+    /// since the sandbox may send anything: files belong to you, their modes are the
+    /// owner/group/other bits less your umask (no setuid, setgid or sticky bit), device
+    /// nodes and FIFOs are skipped (stderr says how many), and a hard link is made only to a
+    /// file of the same copy. A copy in keeps every mode bit.
     Cp(SandboxCpArgs),
     /// Forward local TCP ports to ports on a sandbox's loopback, as `kubectl port-forward`
     /// does; runs until interrupted (Ctrl-C).
@@ -783,6 +789,12 @@ pub struct SandboxCpArgs {
     /// Where to: a local path, or NAME:/path in a sandbox (the other side of SRC).
     #[arg(value_name = "DST", value_parser = files::parse_location)]
     pub dst: files::Location,
+    /// On a copy out, keep the modes the sandbox sent (sticky bits too, your umask not
+    /// applied), as `tar --same-permissions` does; but setuid and setgid are dropped whenever
+    /// you are root (euid or egid 0), so a copy out never makes a setuid-root program.
+    /// Owners are never taken from the sandbox. A copy in keeps every mode bit anyway.
+    #[arg(long)]
+    pub preserve: bool,
 }
 
 #[derive(Debug, Clone, Args)]

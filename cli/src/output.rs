@@ -52,6 +52,9 @@ pub struct SandboxView {
     /// The most recent refused destination, `DEST:PORT/PROTO`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network_last_denial: Option<String>,
+    /// What the host refused it past its budgets (absent when nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_refusals: Option<RefusalsView>,
     /// Its lifetime (absent: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lifetime: Option<super::lifetime::LifetimeView>,
@@ -190,6 +193,12 @@ pub fn sandbox_view(sandbox: &Sandbox) -> SandboxView {
             .network_last_denial
             .as_ref()
             .map(|d| denial_target(&d.destination, d.port, &d.protocol)),
+        budget_refusals: sandbox.budget_refusals.as_ref().map(|r| RefusalsView {
+            ptys: r.ptys,
+            pids: r.pids,
+            dns_queries: r.dns_queries,
+            connections: r.connections,
+        }),
         lifetime: spec.lifetime.as_ref().map(super::lifetime::lifetime_view),
         expires_at: rfc3339(sandbox.expires_at.as_ref()),
         next: sandbox.next.as_ref().map(|n| NextView {
@@ -468,6 +477,7 @@ pub fn render_sandbox(
             }
             if style.headers {
                 out.push_str(&network_lines(sandbox));
+                out.push_str(&refusal_lines(sandbox));
                 out.push_str(&super::lifetime::sandbox_lines(sandbox));
             }
             Ok(out)
@@ -477,6 +487,46 @@ pub fn render_sandbox(
             render_structured(style.format, &sandbox_view(sandbox))
         }
     }
+}
+
+/// What the host refused a sandbox past its budgets, in `sandbox_view`'s JSON.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RefusalsView {
+    pub ptys: u64,
+    pub pids: u64,
+    pub dns_queries: u64,
+    pub connections: u64,
+}
+
+/// What `sbx sandbox get` says of the host's budgets a sandbox ran into (nothing when none):
+/// one `REFUSED:` line naming each count and the flag that sets the budget.
+pub fn refusal_lines(sandbox: &Sandbox) -> String {
+    let Some(r) = sandbox.budget_refusals.as_ref() else {
+        return String::new();
+    };
+    let said: Vec<String> = [
+        (r.ptys, "terminals (sbxd --max-ptys)"),
+        (r.pids, "processes (sbxd --oci-pids-limit)"),
+        (
+            r.dns_queries,
+            "DNS queries (the resolver's budget per sandbox)",
+        ),
+        (
+            r.connections,
+            "new connections (sbxd --network-conntrack-max)",
+        ),
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    if said.is_empty() {
+        return String::new();
+    }
+    format!(
+        "REFUSED: past its budgets on this host: {}\n",
+        said.join(", ")
+    )
 }
 
 /// What `sbx sandbox get` says of a sandbox's network: what it may reach, and what it tried

@@ -62,6 +62,7 @@ fn sandbox(name: &str, phase: Phase) -> Sandbox {
         exit_signal: 0,
         node: String::new(),
         node_id: String::new(),
+        budget_refusals: None,
     }
 }
 
@@ -548,4 +549,33 @@ fn a_sandbox_says_what_its_network_lets_it_reach_and_what_was_refused() {
     sb.spec.as_mut().unwrap().network.as_mut().unwrap().allow = vec!["10.0.0.1:80".into()];
     let table = render_sandbox(OutputFormat::Table, &sb, now_plus(5)).unwrap();
     assert!(table.contains("NETWORK: allows 10.0.0.1:80\n"), "{table}");
+}
+
+/// What the host refused a sandbox past its budgets: one line naming each non-zero count and
+/// the flag behind it, in the text and in JSON; nothing at all when nothing was refused.
+#[test]
+fn budget_refusals_render_only_when_something_was_refused() {
+    let mut sb = Sandbox {
+        name: "busy".into(),
+        ..Sandbox::default()
+    };
+    assert_eq!(refusal_lines(&sb), "");
+    sb.budget_refusals = Some(sbx_proto::v1::BudgetRefusals::default());
+    assert_eq!(refusal_lines(&sb), "");
+    sb.budget_refusals = Some(sbx_proto::v1::BudgetRefusals {
+        ptys: 472,
+        dns_queries: 9,
+        ..Default::default()
+    });
+    check(
+        refusal_lines(&sb),
+        "REFUSED: past its budgets on this host: 472 terminals (sbxd --max-ptys), 9 DNS queries \
+         (the resolver's budget per sandbox)\n",
+    );
+    let json = serde_json::to_value(sandbox_view(&sb)).unwrap();
+    assert_eq!(json["budget_refusals"]["ptys"], 472);
+    assert_eq!(json["budget_refusals"]["pids"], 0);
+    sb.budget_refusals = None;
+    let json = serde_json::to_value(sandbox_view(&sb)).unwrap();
+    assert!(json.get("budget_refusals").is_none(), "{json}");
 }

@@ -241,7 +241,12 @@ async fn run_sandbox(target: &Target, cmd: SandboxCommand) -> Result<u8, CliErro
         }
         SandboxCommand::Cp(args) => {
             let mut client = SandboxServiceClient::new(connect(target).await?);
-            super::files::copy(&mut client, args.workspace, args.src, args.dst).await
+            let modes = if args.preserve {
+                sbx_archive::Modes::Preserve
+            } else {
+                sbx_archive::Modes::Umask
+            };
+            super::files::copy(&mut client, args.workspace, args.src, args.dst, modes).await
         }
         SandboxCommand::PortForward(args) => {
             let client = SandboxServiceClient::new(connect(target).await?);

@@ -95,6 +95,8 @@ pub struct RunSpec<'a> {
     pub cpu_millis: u32,
     pub memory_bytes: u64,
     pub pids_limit: i64,
+    /// The most ptys the sandbox's own `/dev/pts` holds (`host::ptys`).
+    pub max_ptys: u32,
     pub volume: &'a Path,
     pub init_dir: &'a Path,
     pub run_dir: &'a Path,
@@ -151,6 +153,7 @@ fn bind(destination: &str, source: &Path, options: &[&str]) -> Mount {
 
 /// The runtime config of one run.
 pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
+    let max_ptys = format!("max={}", run.max_ptys);
     let mut mounts = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
         mount(
@@ -170,6 +173,9 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
                 "ptmxmode=0666",
                 "mode=0620",
                 "gid=5",
+                // Mounted inside the container's mount namespace, the instance cannot take
+                // the host's reserve of ptys; `max` keeps one sandbox from the others' share.
+                &max_ptys,
             ],
         ),
         mount(
@@ -371,6 +377,7 @@ mod tests {
             cpu_millis,
             memory_bytes,
             pids_limit: 512,
+            max_ptys: 128,
             volume: &volume,
             init_dir: &init,
             run_dir: &run,

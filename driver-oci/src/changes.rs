@@ -16,6 +16,14 @@
 //! out (no sandbox can make a device node in its user namespace). What the runtime made only
 //! as mount points — `/proc`, `/sys`, `/dev`, `/sandbox` as empty directories,
 //! `/etc/hostname` and `/etc/resolv.conf` as empty files — is left out too.
+//!
+//! A name beginning `.wh.` that the sandbox made itself (a file, a directory, a link, a FIFO)
+//! refuses the layer, naming the path: in a layer that prefix says "deleted" (`.wh.passwd`
+//! deletes `passwd`, `.wh..wh..opq` hides a directory's lower contents), so written as it is
+//! it would delete or hide the base's files in the result. The OCI layer spec says as much
+//! ("it is not possible to create a filesystem which has a file or directory with a name
+//! beginning with `.wh.`"); the same trick was reported against buildah (podman issue 3582,
+//! `RUN mkdir .wh.sbin`). Only the whiteouts written here from overlay's own are `.wh.` names.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -32,6 +40,9 @@ use sbx_images::IdMap;
 
 /// The deepest directory nesting written (deeper is refused: no image needs it).
 const MAX_DEPTH: usize = 256;
+
+/// What a layer's name begins with when it says "deleted" (see the module docs).
+const WHITEOUT_PREFIX: &[u8] = b".wh.";
 
 /// Mount points the runtime may have made in `upper/`: left out while they are empty.
 const MOUNT_POINTS: &[&str] = &[
@@ -146,6 +157,14 @@ impl<W: Write> Walk<W> {
     fn entry(&mut self, dir: &OwnedFd, name: &OsStr, path: &Path, depth: usize) -> io::Result<()> {
         let st = fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
         let shown = path.to_string_lossy();
+        // Whatever its kind: even the deletion of such a name (overlay's 0:0 device) would be
+        // written `.wh..wh.NAME`, which readers take for aufs bookkeeping, not a deletion.
+        if name.as_bytes().starts_with(WHITEOUT_PREFIX) {
+            return Err(refused(format!(
+                "/{shown}: a name beginning with .wh. is how a layer says a file was deleted, \
+                 so a layer cannot hold it (rename it)"
+            )));
+        }
         let mount_point = MOUNT_POINTS.contains(&shown.as_ref());
         match kind(&st) {
             SFlag::S_IFDIR => {
@@ -399,5 +418,51 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("/moved was renamed"), "{e}");
+    }
+
+    #[test]
+    fn a_name_a_layer_reads_as_a_deletion_refuses_the_layer_and_overlays_own_is_written() {
+        let ids = IdMap {
+            host_uid: nix::unistd::geteuid().as_raw(),
+            host_gid: nix::unistd::getegid().as_raw(),
+            size: 65536,
+        };
+        type Make = fn(&Path);
+        let made: [(&str, Make); 4] = [
+            ("etc/.wh.passwd", |p| std::fs::write(p, "").unwrap()),
+            ("etc/.wh..wh..opq", |p| std::fs::write(p, "").unwrap()),
+            (".wh.home", |p| std::fs::create_dir(p).unwrap()),
+            ("etc/.wh.group", |p| {
+                std::os::unix::fs::symlink("passwd", p).unwrap()
+            }),
+        ];
+        for (path, make) in made {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir(dir.path().join("etc")).unwrap();
+            make(&dir.path().join(path));
+            let e = write_layer(dir.path(), ids, Vec::new()).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+            let e = e.to_string();
+            assert!(
+                e.starts_with(&format!("/{path}: a name beginning with .wh.")),
+                "{e}"
+            );
+        }
+        // Overlay's whiteout (a 0:0 character device) and opaque directory are the layer's.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("etc")).unwrap();
+        nix::sys::stat::mknod(
+            &dir.path().join("etc/passwd"),
+            SFlag::S_IFCHR,
+            Mode::empty(),
+            0,
+        )
+        .unwrap();
+        xattr::set(dir.path().join("etc"), "trusted.overlay.opaque", b"y").unwrap();
+        let mut out = Vec::new();
+        let stats = write_layer(dir.path(), ids, &mut out).unwrap();
+        let names: Vec<String> = listing(&out).into_iter().map(|e| e.0).collect();
+        assert_eq!(names, ["etc", "etc/.wh..wh..opq", "etc/.wh.passwd"]);
+        assert_eq!(stats.whiteouts, 2);
     }
 }

@@ -65,10 +65,16 @@ impl OciDriver {
                 buf: Vec::with_capacity(CHUNK),
             };
             if let Err(e) = super::changes::write_layer(&upper, ids, out) {
+                // What the sandbox made that a layer cannot say (a `.wh.` name, an owner
+                // outside its ids…) is the sandbox's doing, not a failure of ours.
+                let error = match e.kind() {
+                    std::io::ErrorKind::InvalidData => DriverError::FailedPrecondition(format!(
+                        "sandbox {id}'s changes cannot be a layer: {e}"
+                    )),
+                    _ => DriverError::Internal(format!("reading sandbox {id}'s changes: {e}")),
+                };
                 // A reader that went away is not an error worth saying.
-                let _ = tx.blocking_send(Err(DriverError::Internal(format!(
-                    "reading sandbox {id}'s changes: {e}"
-                ))));
+                let _ = tx.blocking_send(Err(error));
             }
         });
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))

@@ -176,6 +176,9 @@ pub struct OciDriverOptions {
     pub uid_pool: Option<UidPool>,
     /// The most processes (threads included) one sandbox may have.
     pub pids_limit: i64,
+    /// The most processes every sandbox of this driver may have together: the `pids.max` of
+    /// `cgroup_parent` (`host::budgets`). `None`: half of what the kernel allows.
+    pub pids_total: Option<u64>,
     /// How long a stop waits after SIGTERM before SIGKILL when the request says 0.
     pub default_grace: Duration,
     /// How often the watch task looks for workloads that changed by themselves.
@@ -183,6 +186,9 @@ pub struct OciDriverOptions {
     /// The most bytes a sandbox's log keeps on disk, with its previous part (see the agent's
     /// `log` module); at least `sbx_agent::log::MIN_CAP`.
     pub log_max: u64,
+    /// The most ptys each devpts instance of a sandbox holds (its `/dev/pts`, and the exec
+    /// instance): see `host::ptys`.
+    pub max_ptys: u32,
     /// The gateway's sandbox network, shared with its other host drivers; `None`: sandboxes
     /// have loopback only and a create with network mode policy is refused.
     pub network: Option<Arc<Network>>,
@@ -197,9 +203,11 @@ impl Default for OciDriverOptions {
             id_map: IdMap::default(),
             uid_pool: Some(UidPool::default()),
             pids_limit: 1024,
+            pids_total: None,
             default_grace: Duration::from_secs(5),
             poll_interval: Duration::from_millis(250),
             log_max: sbx_host_kit::logfile::DEFAULT_LOG_MAX,
+            max_ptys: sbx_host_kit::ptys::DEFAULT_MAX_PTYS,
             network: None,
         }
     }
@@ -270,6 +278,18 @@ impl OciDriver {
         }
         let instance_lock = lock_state_dir(&state_dir)?;
         install_init(&record::init_dir(&state_dir), &busybox)?;
+        let pids_total = opts
+            .pids_total
+            .unwrap_or_else(sbx_host_kit::budgets::default_parent_pids);
+        match sbx_host_kit::budgets::cap_parent_pids(&opts.cgroup_parent, pids_total) {
+            Ok(file) => {
+                tracing::debug!(file = %file.display(), pids_total, "every sandbox together is capped")
+            }
+            Err(why) => tracing::warn!(
+                cgroup_parent = %opts.cgroup_parent,
+                "the sandboxes together have no pids cap: {why}"
+            ),
+        }
         // A root filesystem may still be mounted in the trash, or in a half-made sandbox.
         let unmount_rootfs = |dir: &Path| {
             let paths = SandboxPaths::of_dir(dir.to_path_buf());
@@ -525,6 +545,11 @@ impl HostDriver for Inner {
             record.network_allow.as_ref(),
             &mut snapshot,
         );
+        snapshot.budget_refusals = sbx_host_kit::budgets::refusals(
+            record.sandbox_id,
+            &sbx_host_kit::usage::hierarchy_dirs(&record.cgroup_path),
+            sandbox_network::budget_refusals(self.opts.network.as_ref(), record.sandbox_id),
+        );
         snapshot
     }
 
@@ -680,6 +705,7 @@ impl Inner {
             cpu_millis: record.cpu_millis,
             memory_bytes: record.memory_bytes,
             pids_limit: self.opts.pids_limit,
+            max_ptys: self.opts.max_ptys,
             volume: &paths.volume,
             init_dir: &init_dir,
             run_dir: &run.dir,
@@ -705,7 +731,7 @@ impl Inner {
         let (log_read, log_previous) = sbx_host_kit::logfile::rotation_files(&paths.log)
             .map_err(|e| io("opening the log for its rotation", e))?;
         fds.extend([log_read, log_previous, launched_file]);
-        ptys::mount_exec_devpts(&paths.exec_pts)?;
+        ptys::mount_exec_devpts(&paths.exec_pts, self.opts.max_ptys)?;
         let launched = self
             .runtime
             .run_detached(&id, &paths.bundle, &record::pid_file(&run), &paths.log, fds)

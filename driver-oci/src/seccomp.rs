@@ -12,6 +12,24 @@
 //! library falls back to `clone`, whose flags seccomp can inspect (clone3 passes them in
 //! memory, which a filter cannot read).
 //!
+//! Sockets of the families ordinary programs use, and no others ([`SOCKET_FAMILIES`]): local
+//! (`AF_UNIX`), IPv4 and IPv6 (`AF_INET`, `AF_INET6`) and netlink (`AF_NETLINK`: `ip`, and
+//! glibc's `getaddrinfo` asks it which address families the host has). Every other family is
+//! answered `EAFNOSUPPORT`, as a kernel built without it would answer, so a program that
+//! probes falls back. Among them `AF_VSOCK`, which would let a sandbox bind and listen in the
+//! host's vsock space, outside its network namespace and the sandbox network's rules, and the
+//! families with a long record of kernel bugs and no use in a sandbox (`AF_ALG`, `AF_KEY`,
+//! `AF_PACKET` — refused by the kernel too without `CAP_NET_RAW` over the host's network
+//! namespace —, `AF_BLUETOOTH`, `AF_RDS`, `AF_TIPC`, `AF_XDP`, …). The family is compared
+//! as the whole 64-bit argument: a value with high bits set, which the kernel would truncate
+//! to an allowed `int`, matches nothing allowed. `socketpair` makes `AF_UNIX` pairs only.
+//!
+//! The profile is for x86-64 (and its x32 ABI), not for 32-bit x86: an i386 program makes its
+//! sockets through `socketcall`, whose arguments are in memory where no filter can read them,
+//! so the family could not be checked there (libseccomp drops the condition: every family
+//! would open). A 32-bit x86 program in an oci sandbox is therefore killed at its first system
+//! call (the filter's action for an architecture it does not list).
+//!
 //! Names the host's libseccomp does not know are skipped by the runtime, so the list can
 //! name calls newer than some kernels.
 
@@ -28,6 +46,14 @@ pub const CLONE_NAMESPACE_FLAGS: u64 = 0x0002_0000 | 0x7C00_0000 | 0x0200_0000;
 const EPERM: u32 = 1;
 /// `ENOSYS`, the answer to `clone3`.
 const ENOSYS: u32 = 38;
+/// `EAFNOSUPPORT`, the answer to a socket of a family not in [`SOCKET_FAMILIES`].
+const EAFNOSUPPORT: u32 = 97;
+
+/// The socket families a sandbox may open (see the module docs): `AF_UNIX`, `AF_INET`,
+/// `AF_INET6`, `AF_NETLINK`.
+pub const SOCKET_FAMILIES: &[u64] = &[1, 2, 10, 16];
+/// `AF_UNIX`, the one family `socketpair` may make.
+const AF_UNIX: u64 = 1;
 
 /// The system calls allowed without conditions.
 pub const ALLOWED: &[&str] = &[
@@ -282,8 +308,6 @@ pub const ALLOWED: &[&str] = &[
     "sigaltstack",
     "signalfd",
     "signalfd4",
-    "socket",
-    "socketpair",
     "splice",
     "stat",
     "statfs",
@@ -353,6 +377,37 @@ pub fn default_profile() -> LinuxSeccomp {
         Some(ENOSYS),
         Vec::new(),
     ));
+    // socket: the allowed families; every other answers EAFNOSUPPORT (the numbers between
+    // and around them, one rule each below the highest allowed, and one rule for the rest).
+    for family in SOCKET_FAMILIES {
+        syscalls.push(rule(
+            &["socket"],
+            LinuxSeccompAction::ScmpActAllow,
+            None,
+            vec![(0, *family, None, LinuxSeccompOperator::ScmpCmpEq)],
+        ));
+    }
+    let highest = *SOCKET_FAMILIES.iter().max().expect("families are listed");
+    for family in (0..highest).filter(|f| !SOCKET_FAMILIES.contains(f)) {
+        syscalls.push(rule(
+            &["socket"],
+            LinuxSeccompAction::ScmpActErrno,
+            Some(EAFNOSUPPORT),
+            vec![(0, family, None, LinuxSeccompOperator::ScmpCmpEq)],
+        ));
+    }
+    syscalls.push(rule(
+        &["socket"],
+        LinuxSeccompAction::ScmpActErrno,
+        Some(EAFNOSUPPORT),
+        vec![(0, highest, None, LinuxSeccompOperator::ScmpCmpGt)],
+    ));
+    syscalls.push(rule(
+        &["socketpair"],
+        LinuxSeccompAction::ScmpActAllow,
+        None,
+        vec![(0, AF_UNIX, None, LinuxSeccompOperator::ScmpCmpEq)],
+    ));
     for persona in PERSONAS {
         syscalls.push(rule(
             &["personality"],
@@ -364,11 +419,8 @@ pub fn default_profile() -> LinuxSeccomp {
     LinuxSeccompBuilder::default()
         .default_action(LinuxSeccompAction::ScmpActErrno)
         .default_errno_ret(EPERM)
-        .architectures(vec![
-            Arch::ScmpArchX86_64,
-            Arch::ScmpArchX86,
-            Arch::ScmpArchX32,
-        ])
+        // Not ScmpArchX86: see the module docs (socketcall).
+        .architectures(vec![Arch::ScmpArchX86_64, Arch::ScmpArchX32])
         .syscalls(syscalls)
         .build()
         .expect("the seccomp profile is complete")
@@ -443,6 +495,9 @@ mod tests {
         "settimeofday",
         "syslog",
         "iopl",
+        // Allowed only with arguments (see `socket_families_are_fenced`).
+        "socket",
+        "socketpair",
     ];
 
     #[test]
@@ -477,5 +532,63 @@ mod tests {
             .find(|r| r["names"] == serde_json::json!(["clone3"]))
             .unwrap();
         assert_eq!(clone3["errnoRet"], 38);
+    }
+
+    /// `socket` is allowed for the listed families alone, compared exactly; every other
+    /// family below the highest has an EAFNOSUPPORT rule and the rest one above it; AF_VSOCK
+    /// (40) is among the refused; `socketpair` makes AF_UNIX pairs only.
+    #[test]
+    fn socket_families_are_fenced() {
+        let json = serde_json::to_value(default_profile()).unwrap();
+        let rules = json["syscalls"].as_array().unwrap();
+        let socket: Vec<_> = rules
+            .iter()
+            .filter(|r| r["names"] == serde_json::json!(["socket"]))
+            .collect();
+        let mut allowed = Vec::new();
+        let mut refused_exactly = Vec::new();
+        let mut refused_above = None;
+        for r in &socket {
+            let arg = &r["args"][0];
+            assert_eq!(arg["index"], 0, "{r}");
+            let value = arg["value"].as_u64().unwrap();
+            match (r["action"].as_str().unwrap(), arg["op"].as_str().unwrap()) {
+                ("SCMP_ACT_ALLOW", "SCMP_CMP_EQ") => allowed.push(value),
+                ("SCMP_ACT_ERRNO", "SCMP_CMP_EQ") => {
+                    assert_eq!(r["errnoRet"], 97);
+                    refused_exactly.push(value)
+                }
+                ("SCMP_ACT_ERRNO", "SCMP_CMP_GT") => {
+                    assert_eq!(r["errnoRet"], 97);
+                    refused_above = Some(value)
+                }
+                other => panic!("an unexpected socket rule {other:?}: {r}"),
+            }
+        }
+        allowed.sort_unstable();
+        assert_eq!(allowed, [1, 2, 10, 16]);
+        let above = refused_above.expect("a rule for every family above the allowed");
+        for family in 0..=64u64 {
+            let refused = refused_exactly.contains(&family) || family > above;
+            assert_ne!(
+                allowed.contains(&family),
+                refused,
+                "family {family} is both or neither allowed and refused"
+            );
+        }
+        assert!(40 > above, "AF_VSOCK (40) must be refused");
+        // No i386: its socketcall would hide the family from every rule above.
+        assert_eq!(
+            json["architectures"],
+            serde_json::json!(["SCMP_ARCH_X86_64", "SCMP_ARCH_X32"])
+        );
+        let pair: Vec<_> = rules
+            .iter()
+            .filter(|r| r["names"] == serde_json::json!(["socketpair"]))
+            .collect();
+        assert_eq!(pair.len(), 1);
+        assert_eq!(pair[0]["action"], "SCMP_ACT_ALLOW");
+        assert_eq!(pair[0]["args"][0]["value"], 1);
+        assert_eq!(pair[0]["args"][0]["op"], "SCMP_CMP_EQ");
     }
 }

@@ -60,11 +60,12 @@ jail() {
     };
 }
 
-/// The shim: `sh SHIM_FILE RUN_DIR PERSIST_DIR HOSTNAME LOG LOG_MAX AGENT UNSHARE SETPRIV
-/// UID_MAP GID_MAP CGROUP_DIR… -- HIDDEN_PATH… -- COMMAND…`, with the exec agent's listening
-/// socket as fd 3. It mounts, in the sandbox's own mount namespace, a devpts instance of its
-/// own over `/dev/pts` (see `host::ptys`: host root's ptys, which no process of the sandbox
-/// opens by path; the agent and glibc's `openpty` open a terminal's side through its master),
+/// The shim: `sh SHIM_FILE RUN_DIR PERSIST_DIR HOSTNAME LOG LOG_MAX MAX_PTYS AGENT UNSHARE
+/// SETPRIV UID_MAP GID_MAP CGROUP_DIR… -- HIDDEN_PATH… -- COMMAND…`, with the exec agent's
+/// listening socket as fd 3. It mounts, in the sandbox's own mount namespace, a devpts instance
+/// of its own of at most MAX_PTYS ptys over `/dev/pts` (see `host::ptys`: host root's ptys,
+/// which no process of the sandbox opens by path, and none from the host's reserve; the agent
+/// and glibc's `openpty` open a terminal's side through its master),
 /// so neither the host's terminals nor an exec's are the workload's to open; the loggers get
 /// the log opened for reading and its previous part (`LOG.1`) as fds 6 and 7 and keep the two
 /// within LOG_MAX bytes. The agent (`sbx-agent`, see [`sbx_host_kit::agent`]) is opened as fd 4 before the
@@ -88,8 +89,8 @@ jail() {
 const SHIM: &str = concat!(
     jail_fn!(),
     r#"
-run="$1"; persist="$2"; host="$3"; log="$4"; logmax="$5"; agent="$6"; unshare="$7"; setpriv="$8"; uidmap="$9"
-shift 9; gidmap="$1"; shift
+run="$1"; persist="$2"; host="$3"; log="$4"; logmax="$5"; maxptys="$6"; agent="$7"; unshare="$8"; setpriv="$9"
+shift 9; uidmap="$1"; gidmap="$2"; shift 2
 exec >>"$log" 2>&1 || exit 125
 userpath="${PATH-}"; PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
@@ -109,7 +110,7 @@ fi
 cd "$run" || exit 125
 exec 4<"$agent" || { echo "sbx: cannot open the exec agent $agent" >&2; exit 125; }
 exec 6<"$log" 7<>"$log.1" || { echo "sbx: cannot open the log for its rotation" >&2; exit 125; }
-mount -t devpts -o newinstance,ptmxmode=0666,mode=0600,uid=0,gid=0,max=64 sbx-exec-pts /dev/pts || { echo "sbx: cannot mount the sandbox's own /dev/pts" >&2; exit 125; }
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0600,uid=0,gid=0,max="$maxptys" sbx-exec-pts /dev/pts || { echo "sbx: cannot mount the sandbox's own /dev/pts" >&2; exit 125; }
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
   if [ -d "$1" ]; then
     mount -t tmpfs -o ro,nosuid,nodev,noexec,mode=0555,size=4k sbx-hidden "$1"
@@ -298,6 +299,8 @@ pub struct LaunchSettings<'a> {
     pub timeout: Duration,
     /// The log's cap (see [`SHIM`]).
     pub log_max: u64,
+    /// The most ptys of the sandbox's devpts instance (see [`SHIM`]).
+    pub max_ptys: u32,
 }
 
 /// Makes the run directory of `record.run_id` and starts the workload. Returns the identity of
@@ -315,6 +318,7 @@ pub async fn launch(
         hidden,
         timeout,
         log_max,
+        max_ptys,
     } = *settings;
     let io = |what: &str, e: std::io::Error| DriverError::Internal(format!("{what}: {e}"));
     let run = paths.run(&record.run_id);
@@ -363,6 +367,7 @@ pub async fn launch(
         .arg(&record.name)
         .arg(&paths.log)
         .arg(log_max.to_string())
+        .arg(max_ptys.to_string())
         .arg(&tools.agent)
         .args(tools.jail.shell_args(&id_map))
         .args(&record.cgroups.dirs)
@@ -458,12 +463,12 @@ mod tests {
     use super::*;
 
     /// The shim mounts its exec devpts with the options the oci driver uses (one literal there,
-    /// since the shim is one string made at compile time).
+    /// since the shim is one string made at compile time; its budget is the shim's argument).
     #[test]
     fn the_shims_exec_devpts_has_the_drivers_options() {
         let mount = format!(
             "mount -t devpts -o {} sbx-exec-pts /dev/pts",
-            sbx_host_kit::ptys::EXEC_DEVPTS_OPTIONS
+            sbx_host_kit::ptys::exec_devpts_options(0).replace("max=0", "max=\"$maxptys\"")
         );
         assert!(SHIM.contains(&mount), "the shim does not run {mount:?}");
     }

@@ -143,6 +143,8 @@ pub struct ProcessDriverOptions {
     /// The most bytes a sandbox's log keeps on disk, with its previous part (see the agent's
     /// `log` module); at least `sbx_agent::log::MIN_CAP`.
     pub log_max: u64,
+    /// The most ptys the sandbox's devpts instance holds (see `host::ptys`).
+    pub max_ptys: u32,
 }
 
 impl Default for ProcessDriverOptions {
@@ -157,6 +159,7 @@ impl Default for ProcessDriverOptions {
             hidden_paths: Vec::new(),
             network: None,
             log_max: sbx_host_kit::logfile::DEFAULT_LOG_MAX,
+            max_ptys: sbx_host_kit::ptys::DEFAULT_MAX_PTYS,
         }
     }
 }
@@ -378,6 +381,11 @@ impl HostDriver for Inner {
             record.network_allow.as_ref(),
             &mut snapshot,
         );
+        snapshot.budget_refusals = sbx_host_kit::budgets::refusals(
+            record.sandbox_id,
+            &record.cgroups.dirs,
+            sandbox_network::budget_refusals(self.opts.network.as_ref(), record.sandbox_id),
+        );
         snapshot
     }
 
@@ -409,6 +417,7 @@ impl HostDriver for Inner {
             hidden: &self.hidden,
             timeout: self.opts.launch_timeout,
             log_max: self.opts.log_max,
+            max_ptys: self.opts.max_ptys,
         };
         if let Err(e) = launch::launch(
             &self.tools,

@@ -234,6 +234,7 @@ const PROCESS: DriverFactory = DriverFactory {
                 poll_interval: or_default(settings.poll_interval, defaults.poll_interval),
                 uid_pool: Some(settings.oci.uid_pool()),
                 log_max: settings.oci.log_max,
+                max_ptys: settings.oci.max_ptys,
                 ..defaults
             };
             let driver = tokio::task::spawn_blocking(move || ProcessDriver::open(state_dir, opts))

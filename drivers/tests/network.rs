@@ -13,7 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sbx_drivers::network::fixtures::{
-    Held, SERVER, Upstream, connect_from, query_timing, resolve_from, runnable,
+    self, Answer, Attached, Held, SERVER, Upstream, connect_from, conntrack_entries_from,
+    query_timing, reply_sections_from, resolve_from, runnable,
 };
 use sbx_drivers::network::{Network, NetworkConfig, parse_allowlist};
 use uuid::Uuid;
@@ -40,6 +41,10 @@ impl Drop for Net {
         let _ = Command::new("ip")
             .args(["link", "delete", "dev", &format!("{}0", self.name)])
             .output();
+        let _ = std::fs::remove_file(
+            std::path::Path::new(sbx_drivers::network::LOCK_DIR)
+                .join(format!("{}.lock", self.name)),
+        );
         for id in &self.ids {
             let _ = Command::new("ip")
                 .args(["netns", "delete", &format!("{}-{id}", self.name)])
@@ -55,6 +60,7 @@ fn config(name: &str, third: u8, dir: &std::path::Path) -> NetworkConfig {
         prefix: 24,
         state_dir: dir.into(),
         dns_upstream: None,
+        conntrack_max: sbx_drivers::network::DEFAULT_CONNTRACK_MAX,
     }
 }
 
@@ -88,6 +94,10 @@ fn left_on_host(name: &str, ids: &[Uuid]) -> Vec<String> {
         .success()
     {
         left.push(format!("table inet {name}"));
+    }
+    let lock = std::path::Path::new(sbx_drivers::network::LOCK_DIR).join(format!("{name}.lock"));
+    if lock.exists() {
+        left.push(format!("lock file {}", lock.display()));
     }
     left
 }
@@ -226,13 +236,14 @@ fn egress_is_default_deny_with_a_live_allowlist_and_nothing_is_left_behind() {
     // A new gateway instance over the same state (the old one gone, its resolver with it):
     // same addresses, nothing re-made, the held connection still up, the policy still
     // enforced.
-    // While one holds the network, a second cannot take its resolver's port: refused, naming
-    // the address.
-    let second = Network::open(config(&name, 7, dir.path())).expect_err("port 53 is taken");
+    // While one holds the network, a second cannot take its name: refused, naming the
+    // process that holds it.
+    let second = Network::open(config(&name, 7, dir.path())).expect_err("the name is taken");
     assert!(
-        second
-            .to_string()
-            .contains(&format!("cannot listen on {}:53", at_a.gateway)),
+        second.to_string().contains(&format!(
+            "served by another sbxd (pid {}",
+            std::process::id()
+        )),
         "{second}"
     );
     drop(guard.net.take());
@@ -284,14 +295,18 @@ fn hostname_entries_admit_what_the_gateways_resolver_answered_and_nothing_else()
     let tag = format!("h{:04x}", std::process::id() & 0xffff);
     let name = format!("t{tag}");
     let third = 13;
+    // The names answer the upstream's public addresses (an answer into a network the host
+    // is attached to, or a private one, is refused: see
+    // an_answer_into_a_network_the_host_is_attached_to_is_refused_unless_the_policy_names_it).
+    let (public, public2) = (fixtures::public_addr(third), fixtures::public2_addr(third));
     let up = Upstream::with_names(
         &tag,
         third,
         &[80, 81, 8080],
         &[
-            ("up.sbx.test", Ipv4Addr::new(10, 251, third, 2)),
-            ("second.sbx.test", Ipv4Addr::new(10, 252, third, 1)),
-            ("c.wild.sbx.test", Ipv4Addr::new(10, 252, third, 1)),
+            ("up.sbx.test", public),
+            ("second.sbx.test", public2),
+            ("c.wild.sbx.test", public2),
         ],
     );
     let dir = tempfile::tempdir().unwrap();
@@ -311,22 +326,22 @@ fn hostname_entries_admit_what_the_gateways_resolver_answered_and_nothing_else()
     let (ns_a, ns_b) = (format!("{name}-{a}"), format!("{name}-{b}"));
     let gw = at.gateway;
 
-    let before = connect_from(&ns_a, up.addr, 80);
+    let before = connect_from(&ns_a, public, 80);
     assert!(
         before.starts_with("error"),
         "nothing admitted before the name is resolved: {before}"
     );
     assert_eq!(
         resolve_from(&ns_a, gw, "up.sbx.test"),
-        format!("rcode 0 {}", up.addr)
+        format!("rcode 0 {}", public)
     );
     assert_eq!(
-        connect_from(&ns_a, up.addr, 80),
+        connect_from(&ns_a, public, 80),
         "hello 80",
         "the resolved address, the entry's port"
     );
     assert!(
-        connect_from(&ns_a, up.addr, 81).starts_with("error"),
+        connect_from(&ns_a, public, 81).starts_with("error"),
         "only the entry's port"
     );
     assert_eq!(
@@ -334,15 +349,15 @@ fn hostname_entries_admit_what_the_gateways_resolver_answered_and_nothing_else()
         "rcode 5",
         "a name off the list: REFUSED by the gateway (the upstream would answer it)"
     );
-    assert!(connect_from(&ns_a, up.second, 80).starts_with("error"));
+    assert!(connect_from(&ns_a, public2, 80).starts_with("error"));
     assert_eq!(
         resolve_from(&ns_a, gw, "c.wild.sbx.test"),
-        format!("rcode 0 {}", up.second),
+        format!("rcode 0 {}", public2),
         "below a wildcard"
     );
-    assert_eq!(connect_from(&ns_a, up.second, 8080), "hello 8080");
+    assert_eq!(connect_from(&ns_a, public2, 8080), "hello 8080");
     assert!(
-        connect_from(&ns_a, up.second, 80).starts_with("error"),
+        connect_from(&ns_a, public2, 80).starts_with("error"),
         "the wildcard's port only"
     );
     assert_eq!(resolve_from(&ns_a, gw, "nowhere.sbx.test"), "rcode 5");
@@ -352,7 +367,7 @@ fn hostname_entries_admit_what_the_gateways_resolver_answered_and_nothing_else()
         "another sandbox's list is not this one's"
     );
     assert!(
-        connect_from(&ns_b, up.addr, 80).starts_with("error"),
+        connect_from(&ns_b, public, 80).starts_with("error"),
         "nor are its admissions"
     );
     let refused = net.refused_names(a);
@@ -364,18 +379,18 @@ fn hostname_entries_admit_what_the_gateways_resolver_answered_and_nothing_else()
 
     // A live update: up.sbx.test's admission moves to its new port without a new query; the
     // wildcard is gone, and with it what it admitted.
-    let (mut held, greeting) = Held::open(&ns_a, up.second, 8080);
+    let (mut held, greeting) = Held::open(&ns_a, public2, 8080);
     assert_eq!(greeting, "hello 8080");
     net.set_policy(a, &parse_allowlist(&["up.sbx.test:81"]).unwrap())
         .unwrap();
     assert_eq!(
-        connect_from(&ns_a, up.addr, 81),
+        connect_from(&ns_a, public, 81),
         "hello 81",
         "admitted again under the new list"
     );
-    assert!(connect_from(&ns_a, up.addr, 80).starts_with("error"));
+    assert!(connect_from(&ns_a, public, 80).starts_with("error"));
     assert!(
-        connect_from(&ns_a, up.second, 8080).starts_with("error"),
+        connect_from(&ns_a, public2, 8080).starts_with("error"),
         "the wildcard's admission went with it"
     );
     assert_eq!(
@@ -398,13 +413,13 @@ fn hostname_entries_admit_what_the_gateways_resolver_answered_and_nothing_else()
     net.restore(a, &list);
     net.attach(a, &list).unwrap();
     assert_eq!(
-        connect_from(&ns_a, up.addr, 81),
+        connect_from(&ns_a, public, 81),
         "hello 81",
         "the admission survived the restart"
     );
     assert_eq!(
         resolve_from(&ns_a, gw, "up.sbx.test"),
-        format!("rcode 0 {}", up.addr)
+        format!("rcode 0 {}", public)
     );
     assert_eq!(held.echo("after"), "after");
     drop(held);
@@ -433,6 +448,7 @@ fn a_network_overlapping_the_hosts_is_refused_at_open() {
         prefix: 16,
         state_dir: dir.path().into(),
         dns_upstream: None,
+        conntrack_max: sbx_drivers::network::DEFAULT_CONNTRACK_MAX,
     };
     let err = Network::open(cfg).expect_err("overlap").to_string();
     assert!(
@@ -508,7 +524,7 @@ fn the_network_costs_measured_side_by_side() {
         &tag,
         11,
         &[80],
-        &[("up.sbx.test", Ipv4Addr::new(10, 251, 11, 2))],
+        &[("up.sbx.test", fixtures::public_addr(11))],
     );
     let sink = Command::new("ip")
         .args(["netns", "exec", &up.ns, "python3", "-c", SINK])
@@ -536,6 +552,7 @@ fn the_network_costs_measured_side_by_side() {
         prefix: 24,
         state_dir: dir.path().into(),
         dns_upstream: Some((up.addr, 53).into()),
+        conntrack_max: sbx_drivers::network::DEFAULT_CONNTRACK_MAX,
     };
     guard.net = Some(Network::open(net_config).expect("network"));
     let net = guard.net.as_ref().unwrap();
@@ -670,7 +687,7 @@ fn answers_cannot_rebind_a_sandbox_queries_carry_only_their_question_and_a_flood
         third,
         &[80],
         &[
-            ("up.sbx.test", Ipv4Addr::new(10, 251, third, 2)),
+            ("up.sbx.test", fixtures::public_addr(third)),
             ("bridge.sbx.test", gw),
             ("neighbour.sbx.test", neighbour),
             ("host.sbx.test", host_side),
@@ -724,7 +741,7 @@ fn answers_cannot_rebind_a_sandbox_queries_carry_only_their_question_and_a_flood
     );
     assert_eq!(
         resolve_from(&ns_a, gw, "up.sbx.test"),
-        format!("rcode 0 {}", up.addr),
+        format!("rcode 0 {}", up.public),
         "an ordinary answer still admits"
     );
 
@@ -809,5 +826,338 @@ lat.sort(); print(lat[len(lat) * 99 // 100] * 1000, lat[len(lat) // 2] * 1000)"#
     net.teardown().unwrap();
     guard.net = None;
     assert_eq!(left_on_host(&name, &[a, b, c]), Vec::<String>::new());
+    drop(up);
+}
+
+#[test]
+fn an_answer_into_a_network_the_host_is_attached_to_is_refused_unless_the_policy_names_it() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("l{:04x}", std::process::id() & 0xffff);
+    let name = format!("t{tag}");
+    let third = 15;
+    // Two networks the host is attached to, as a LAN or a container bridge is: the
+    // upstream's own veth (10.251.15.0/30, private) and one whose addresses are public by
+    // IANA's registry (192.52.193.200/30) — only the host's on-link route says it is local.
+    let lan = Attached::new(&tag, Ipv4Addr::new(192, 52, 193, 200), &[80]);
+    let public = fixtures::public_addr(third);
+    let up = Upstream::with_names(
+        &tag,
+        third,
+        &[80],
+        &[
+            ("public.sbx.test", public),
+            ("lan.sbx.test", lan.peer),
+            ("bridge.sbx.test", Ipv4Addr::new(10, 251, third, 2)),
+            ("private.sbx.test", Ipv4Addr::new(10, 252, third, 1)),
+            ("doc.sbx.test", Ipv4Addr::new(203, 0, 113, 9)),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut guard = Net {
+        net: None,
+        ids: vec![a, b],
+        name: name.clone(),
+    };
+    let mut cfg = config(&name, third, dir.path());
+    cfg.dns_upstream = Some((up.addr, 53).into());
+    guard.net = Some(Network::open(cfg).expect("network"));
+    let net = guard.net.as_ref().unwrap();
+    let names = [
+        "public.sbx.test:80",
+        "lan.sbx.test:80",
+        "bridge.sbx.test:80",
+        "private.sbx.test:80",
+        "doc.sbx.test:80",
+    ];
+    let at = net.attach(a, &parse_allowlist(&names).unwrap()).unwrap();
+    let gw = at.gateway;
+    let (ns_a, ns_b) = (format!("{name}-{a}"), format!("{name}-{b}"));
+
+    // A public address, reached through a route: admitted, reached.
+    assert_eq!(
+        resolve_from(&ns_a, gw, "public.sbx.test"),
+        format!("rcode 0 {public}")
+    );
+    assert_eq!(connect_from(&ns_a, public, 80), "hello 80");
+    // Into a network the host is attached to, public or private, or into a private or
+    // documentation range: refused, recorded, nothing admitted.
+    for (bad, addr) in [
+        ("lan.sbx.test", lan.peer),
+        ("bridge.sbx.test", up.addr),
+        ("private.sbx.test", up.second),
+    ] {
+        assert_eq!(resolve_from(&ns_a, gw, bad), "rcode 5", "{bad} -> {addr}");
+        let reached = connect_from(&ns_a, addr, 80);
+        assert!(reached.starts_with("error"), "{bad} -> {addr}: {reached}");
+    }
+    // (No connect to it: the host has no route of the test's for it.)
+    assert_eq!(resolve_from(&ns_a, gw, "doc.sbx.test"), "rcode 5");
+    let refused = net.refused_names(a);
+    for bad in [
+        "lan.sbx.test",
+        "bridge.sbx.test",
+        "private.sbx.test",
+        "doc.sbx.test",
+    ] {
+        assert!(
+            refused.iter().any(|(n, c)| n == bad && *c >= 1),
+            "{bad} is recorded as a denial: {refused:?}"
+        );
+    }
+    let (denied, _) = net.denial_summary(a);
+    assert!(denied >= 4, "the sandbox's denials count them: {denied}");
+
+    // A policy that names the network (on another port) admits the name's answers into it,
+    // to the name's port.
+    let named = parse_allowlist(&[
+        "lan.sbx.test:80",
+        "192.52.193.200/30:81",
+        "bridge.sbx.test:80",
+        &format!("10.251.{third}.0/30:81"),
+    ])
+    .unwrap();
+    net.attach(b, &named).unwrap();
+    assert!(
+        connect_from(&ns_b, lan.peer, 80).starts_with("error"),
+        "nothing admitted to :80 before the name is resolved"
+    );
+    assert_eq!(
+        resolve_from(&ns_b, gw, "lan.sbx.test"),
+        format!("rcode 0 {}", lan.peer)
+    );
+    assert_eq!(connect_from(&ns_b, lan.peer, 80), "hello 80");
+    assert_eq!(
+        resolve_from(&ns_b, gw, "bridge.sbx.test"),
+        format!("rcode 0 {}", up.addr)
+    );
+    assert_eq!(connect_from(&ns_b, up.addr, 80), "hello 80");
+
+    for id in [a, b] {
+        net.detach(id).unwrap();
+    }
+    net.teardown().unwrap();
+    guard.net = None;
+    assert_eq!(left_on_host(&name, &[a, b]), Vec::<String>::new());
+    drop(up);
+    drop(lan);
+}
+
+#[test]
+fn a_sandbox_gets_only_the_question_and_its_answer_records() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("x{:04x}", std::process::id() & 0xffff);
+    let name = format!("t{tag}");
+    let third = 16;
+    let public = fixtures::public_addr(third);
+    let up = Upstream::with_answers(
+        &tag,
+        third,
+        &[],
+        &[("extra.sbx.test", Answer::WithExtra(public))],
+        None,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let a = Uuid::new_v4();
+    let mut guard = Net {
+        net: None,
+        ids: vec![a],
+        name: name.clone(),
+    };
+    let mut cfg = config(&name, third, dir.path());
+    cfg.dns_upstream = Some((up.addr, 53).into());
+    guard.net = Some(Network::open(cfg).expect("network"));
+    let net = guard.net.as_ref().unwrap();
+    let at = net
+        .attach(a, &parse_allowlist(&["extra.sbx.test:80"]).unwrap())
+        .unwrap();
+    let ns_a = format!("{name}-{a}");
+    // The upstream's own reply carries an NS record and a TXT record besides the answer.
+    assert_eq!(
+        reply_sections_from(&up.ns, up.addr, "extra.sbx.test"),
+        "rcode 0 an 1 ns 1 ar 1 smuggled"
+    );
+    // The sandbox gets the answer and nothing else.
+    assert_eq!(
+        reply_sections_from(&ns_a, at.gateway, "extra.sbx.test"),
+        "rcode 0 an 1 ns 0 ar 0"
+    );
+    assert_eq!(
+        resolve_from(&ns_a, at.gateway, "extra.sbx.test"),
+        format!("rcode 0 {public}")
+    );
+    net.detach(a).unwrap();
+    net.teardown().unwrap();
+    guard.net = None;
+    assert_eq!(left_on_host(&name, &[a]), Vec::<String>::new());
+    drop(up);
+}
+
+#[test]
+fn one_sandbox_adds_at_most_its_budget_of_conntrack_entries() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("c{:04x}", std::process::id() & 0xffff);
+    let name = format!("t{tag}");
+    let third = 17;
+    let public = fixtures::public_addr(third);
+    let up = Upstream::with_names(&tag, third, &[], &[("up.sbx.test", public)]);
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut guard = Net {
+        net: None,
+        ids: vec![a, b],
+        name: name.clone(),
+    };
+    let mut cfg = config(&name, third, dir.path());
+    cfg.dns_upstream = Some((up.addr, 53).into());
+    guard.net = Some(Network::open(cfg).expect("network"));
+    let net = guard.net.as_ref().unwrap();
+    let list =
+        parse_allowlist(&[format!("{public}:1024-65535/udp"), "up.sbx.test:80".into()]).unwrap();
+    let at = net.attach(a, &list).unwrap();
+    net.attach(b, &list).unwrap();
+    let (ns_a, ns_b) = (format!("{name}-{a}"), format!("{name}-{b}"));
+    let budget = 4096;
+
+    // 20,000 new UDP flows, each a datagram to another port of an address the policy admits.
+    let flows = format!(
+        r#"import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sent = 0
+for port in range(2000, 22000):
+    try:
+        s.sendto(b"x", ("{public}", port)); sent += 1
+    except OSError:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+print(sent)"#
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns_a, "python3", "-c", &flows])
+        .output()
+        .unwrap();
+    let tried: usize = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{out:?}"));
+    let entries = conntrack_entries_from(at.address);
+    println!("20,000 new flows tried ({tried} sent): {entries} conntrack entries from the sandbox");
+    assert!(
+        entries <= budget + 64,
+        "one sandbox added {entries} conntrack entries (budget {budget})"
+    );
+    assert!(entries >= budget / 2, "the flows were made: {entries}");
+    // The resolver is behind the same budget (a query from a new port is a new flow): a
+    // sandbox at its budget gets no answer, another sandbox still does.
+    assert!(
+        resolve_from(&ns_a, at.gateway, "up.sbx.test").starts_with("error"),
+        "a sandbox at its budget opens no new flow to the resolver either"
+    );
+    assert_eq!(
+        resolve_from(&ns_b, at.gateway, "up.sbx.test"),
+        format!("rcode 0 {public}")
+    );
+    // Each refusal is counted, for its sandbox only (read from the table: at most
+    // DENIAL_REFRESH old, so after it).
+    std::thread::sleep(sbx_drivers::network::DENIAL_REFRESH);
+    let refused = net.budget_refusals(a);
+    assert!(
+        refused.connections as usize >= tried.saturating_sub(budget + 64),
+        "{refused:?} of {tried} flows"
+    );
+    assert_eq!(net.budget_refusals(b).connections, 0);
+
+    for id in [a, b] {
+        net.detach(id).unwrap();
+    }
+    net.teardown().unwrap();
+    guard.net = None;
+    assert_eq!(left_on_host(&name, &[a, b]), Vec::<String>::new());
+    drop(up);
+}
+
+#[test]
+fn a_sandbox_past_its_dns_budget_is_counted_and_another_is_still_answered() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("q{:04x}", std::process::id() & 0xffff);
+    let name = format!("t{tag}");
+    let third = 18;
+    let public = fixtures::public_addr(third);
+    let up = Upstream::with_answers(
+        &tag,
+        third,
+        &[],
+        &[
+            ("fast.sbx.test", Answer::A(public)),
+            ("slow.sbx.test", Answer::Silent),
+        ],
+        None,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut guard = Net {
+        net: None,
+        ids: vec![a, b],
+        name: name.clone(),
+    };
+    let mut cfg = config(&name, third, dir.path());
+    cfg.dns_upstream = Some((up.addr, 53).into());
+    guard.net = Some(Network::open(cfg).expect("network"));
+    let net = guard.net.as_ref().unwrap();
+    let list = parse_allowlist(&["fast.sbx.test:80", "slow.sbx.test:80"]).unwrap();
+    let at = net.attach(a, &list).unwrap();
+    net.attach(b, &list).unwrap();
+    let (ns_a, ns_b) = (format!("{name}-{a}"), format!("{name}-{b}"));
+    // a: 300 queries at once (one socket, one flow) for the name whose upstream never
+    // answers: its budget lets 4 wait on the upstream, the rest are dropped and counted.
+    let gw = at.gateway;
+    let flood = format!(
+        r#"import socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(300):
+    s.sendto(struct.pack(">HHHHHH", i, 256, 1, 0, 0, 0) + b"\4slow\3sbx\4test\0\0\1\0\1", ("{gw}", 53))
+print("sent")"#
+    );
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns_a, "python3", "-c", &flood])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "sent",
+        "{out:?}"
+    );
+    // b is answered at once meanwhile, every time.
+    let t = Instant::now();
+    for _ in 0..20 {
+        assert_eq!(
+            resolve_from(&ns_b, gw, "fast.sbx.test"),
+            format!("rcode 0 {public}")
+        );
+    }
+    let took = t.elapsed();
+    let refused = net.budget_refusals(a);
+    println!(
+        "a's budgets refused {refused:?}; b answered 20 of 20 meanwhile ({took:?}, each a python3 started in its namespace)"
+    );
+    assert!(
+        refused.dns_queries >= 250,
+        "the dropped queries are counted: {refused:?}"
+    );
+    assert_eq!(net.budget_refusals(b).dns_queries, 0);
+
+    for id in [a, b] {
+        net.detach(id).unwrap();
+    }
+    net.teardown().unwrap();
+    guard.net = None;
+    assert_eq!(left_on_host(&name, &[a, b]), Vec::<String>::new());
     drop(up);
 }

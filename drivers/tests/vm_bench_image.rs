@@ -196,6 +196,7 @@ async fn vm_image_boot_network_and_memory_measured_side_by_side() {
             prefix: 24,
             state_dir: net_dir.path().into(),
             dns_upstream: None,
+            conntrack_max: sbx_drivers::network::DEFAULT_CONNTRACK_MAX,
         })
         .expect("the network"),
     );

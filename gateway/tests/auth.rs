@@ -28,7 +28,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{CliRun, CliStream, SBX, SBXD, Sbxd, run_bounded, sbx};
+use common::{CliRun, CliStream, SBX, Sbxd, run_bounded, sbx};
 use prost::Message;
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
@@ -58,7 +58,7 @@ fn secured(data: &Path, extra: &[&str]) -> Sbxd {
 
 /// `sbxd token create` on `data`: the identity's token (None with `--cert-only`).
 fn identity(data: &Path, name: &str, role: &str, workspaces: &[&str], extra: &[&str]) -> String {
-    let mut command = Command::new(SBXD);
+    let mut command = common::sbxd_command();
     command
         .args(["token", "create", "--data-dir"])
         .arg(data)
@@ -74,7 +74,7 @@ fn identity(data: &Path, name: &str, role: &str, workspaces: &[&str], extra: &[&
 
 fn revoke(data: &Path, name: &str) {
     let gone = run_bounded(
-        Command::new(SBXD)
+        common::sbxd_command()
             .args(["token", "revoke", "--data-dir"])
             .arg(data)
             .arg(name),
@@ -609,7 +609,7 @@ async fn revoked_and_expired_tokens_stop_at_once() {
     let refused = sbx_as(&ep, &brief, &["sandbox", "list"]);
     assert_refused(&refused, "not valid");
     let listed = run_bounded(
-        Command::new(SBXD)
+        common::sbxd_command()
             .args(["token", "list", "--data-dir"])
             .arg(data.path()),
         "sbxd token list",
@@ -630,7 +630,7 @@ async fn revoked_and_expired_tokens_stop_at_once() {
 /// `sbxd certs init --dir DIR ARGS…`.
 fn certs_init(dir: &Path, args: &[&str]) {
     let made = run_bounded(
-        Command::new(SBXD)
+        common::sbxd_command()
             .args(["certs", "init", "--dir"])
             .arg(dir)
             .args(args),
@@ -1041,7 +1041,7 @@ async fn the_commands_certs_init_prints_work_as_pasted() {
     let data = tempfile::tempdir().expect("temp dir");
     let x = data.path().join("x");
     let made = run_bounded(
-        Command::new(SBXD)
+        common::sbxd_command()
             .args(["certs", "init", "--dir"])
             .arg(&x)
             .args(["--client", "alice"]),

@@ -2,7 +2,8 @@
 //! driver: oci, busybox image; needs root and runc) and the real `sbx` binary: a tree with
 //! modes, times, symlinks and a 3 MB file round-trips byte-exact both ways, named as
 //! `docker cp` names it; hostile archives and symlinks on either side write nothing outside
-//! the destination (checked on the host); errors name what they are about; a forwarded
+//! the destination (checked on the host); a setuid program and a FIFO the sandbox's root
+//! leaves are copied out by root as neither; errors name what they are about; a forwarded
 //! busybox httpd serves one, twenty concurrent and a half-closed connection; a port nobody
 //! listens on closes that connection only. Each test ends its sbxd by pid and checks that no
 //! container, mount, cgroup or `sbx` child is left.
@@ -548,6 +549,97 @@ async fn escapes_write_nothing_outside_the_destination() {
         "{victim:?}'s time changed through the symlink"
     );
     w.finish();
+}
+
+/// Issue 41's attack on a copy out: the sandbox's root leaves a setuid-root program and a FIFO
+/// in `/sandbox`; root copies the directory out (as in the README's tour). The copy has no
+/// setuid bit, so `nobody` running it gets euid 65534, not 0; the FIFO is not made, and stderr
+/// says so; a 0666 file gets the caller's umask. `--preserve` keeps the modes (0666 stays
+/// 0666) but still no setuid for a root caller.
+///
+/// The program is the host's `/usr/bin/id` (coreutils: it keeps the euid it is given and
+/// prints it; busybox's `sh`, `id` and most applets drop a setuid bit themselves, so a copy of
+/// busybox shows nothing), copied in as bytes: what matters is that the sandbox's root set the
+/// bit.
+#[test]
+fn a_copy_out_as_root_makes_no_setuid_program_and_no_fifo() {
+    let w = World::new();
+    w.sh("mkdir /sandbox/out").ok();
+    w.cp("/usr/bin/id", "box:/sandbox/out/id").ok();
+    let made = w
+        .sh(
+            "cd /sandbox/out && chmod 4755 id && mkfifo pipe && touch open && chmod 666 open \
+             && stat -c '%a %F' id pipe open",
+        )
+        .ok()
+        .to_string();
+    assert_eq!(
+        made, "4755 regular file\n644 fifo\n666 regular empty file\n",
+        "in the sandbox"
+    );
+    // Where `nobody` can reach the copy.
+    std::fs::set_permissions(w.tmp.path(), PermissionsExt::from_mode(0o755)).unwrap();
+    let out = w.local("out");
+    let copied = w.cp("box:/sandbox/out", out.to_str().unwrap());
+    assert_eq!(copied.code, 0, "{copied:?}");
+    let id = out.join("id");
+    let mode = std::fs::metadata(&id).unwrap().mode() & 0o7777;
+    let as_nobody = run_bounded_as_nobody(&id, &["-u"]);
+    assert_eq!(
+        as_nobody, "65534\n",
+        "nobody ran the copy ({mode:o}) with euid {as_nobody:?}"
+    );
+    assert_eq!(mode & 0o7000, 0, "copied out as {mode:o}: {copied:?}");
+    let umask = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        .expect("a umask in /proc/self/status");
+    let open = std::fs::metadata(out.join("open")).unwrap().mode() & 0o7777;
+    assert_eq!(
+        format!("{open:o}"),
+        format!("{:o}", 0o666 & !umask),
+        "umask {umask:o}"
+    );
+    // The FIFO: skipped, and said.
+    assert!(
+        std::fs::symlink_metadata(out.join("pipe")).is_err(),
+        "the FIFO was made on the host"
+    );
+    assert!(
+        copied.stderr.contains("1 FIFO") && copied.stderr.contains("box:/sandbox/out"),
+        "{copied:?}"
+    );
+    // --preserve keeps the archive's modes, never setuid-root.
+    let kept = w.local("kept");
+    let preserved = w.sbx(&[
+        "sandbox",
+        "cp",
+        "--preserve",
+        "box:/sandbox/out",
+        kept.to_str().unwrap(),
+    ]);
+    assert_eq!(preserved.code, 0, "{preserved:?}");
+    for (name, want) in [("id", "755"), ("open", "666")] {
+        let mode = std::fs::metadata(kept.join(name)).unwrap().mode() & 0o7777;
+        assert_eq!(format!("{mode:o}"), want, "{name} with --preserve as root");
+    }
+    w.finish();
+}
+
+/// Runs `program ARGS` as user and group 65534 with no other groups (setpriv), bounded;
+/// answers its stdout (its exit must be 0).
+fn run_bounded_as_nobody(program: &Path, args: &[&str]) -> String {
+    let run = common::run_bounded(
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(program)
+            .args(args),
+        "setpriv as nobody",
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    run.stdout
 }
 
 #[test]

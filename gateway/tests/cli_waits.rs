@@ -8,10 +8,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{DataDir, SBXD, Sbxd, oci_containers, sbx};
+use common::{DataDir, Sbxd, oci_containers, sbx};
 use serde_json::Value;
 
 fn field<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -36,7 +36,7 @@ impl Daemon {
         let log = std::fs::File::create(cwd.join(format!("sbxd-{}.log", common::unique())))
             .expect("log file");
         Daemon(
-            Command::new(SBXD)
+            common::sbxd_command()
                 .arg("serve")
                 .args(["--listen", "127.0.0.1:0"])
                 .args(args)

@@ -33,21 +33,28 @@ impl Drop for Daemon {
 
 /// sbxd under a descriptor limit of 1,024, plain TCP on loopback, short timeouts.
 fn start(data: &Path) -> (Daemon, String) {
+    start_with(
+        data,
+        &[
+            "--auth",
+            "none",
+            "--handshake-timeout",
+            "1",
+            "--keepalive",
+            "1",
+        ],
+    )
+}
+
+/// [`start`] with `flags` instead of `--auth none` and its timeouts.
+fn start_with(data: &Path, flags: &[&str]) -> (Daemon, String) {
     let addr_file = data.join("addr");
     let log = std::fs::File::create(data.join("sbxd.log")).unwrap();
     let child = Command::new("prlimit")
         .args(["--nofile=1024:1024", "--"])
         .arg(SBXD)
-        .args([
-            "serve",
-            "--driver",
-            "sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--auth",
-            "none",
-        ])
-        .args(["--handshake-timeout", "1", "--keepalive", "1"])
+        .args(["serve", "--driver", "sim", "--listen", "127.0.0.1:0"])
+        .args(flags)
         .arg("--data-dir")
         .arg(data.join("d"))
         .arg("--addr-file")
@@ -239,4 +246,136 @@ async fn idle_connections_are_closed_while_a_real_client_keeps_working() {
         !log.contains("Too many open files"),
         "sbxd ran out of descriptors:\n{log}"
     );
+}
+
+/// A stranger holds no one else's place: 4,096 HTTP/2 connections from one peer (127.0.0.2)
+/// that send the preface and then nothing a credential backs take at most their share
+/// (`--max-connections-per-peer`, 128), a real client (from 127.0.0.1, with a token) is served
+/// in under a second meanwhile, and the stranger's connections are closed at the proof
+/// timeout (here 2 s) although they answer the server; the refusals are counted per reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_connections_leave_a_real_client_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The test's own descriptors: 4,096 connections and then some.
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum;
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(hard.unwrap_or(65536).min(65536)),
+            maximum: hard,
+        },
+    )
+    .unwrap();
+    let data = DataDir::new();
+    let metrics_file = data.path().join("metrics-addr");
+    let (daemon, addr) = start_with(
+        data.path(),
+        &[
+            "--auth",
+            "token",
+            "--proof-timeout",
+            "2",
+            "--handshake-timeout",
+            "1",
+            "--keepalive",
+            "30",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-addr-file",
+            metrics_file.to_str().unwrap(),
+        ],
+    );
+    let token = common::token(&data.path().join("d"), "real", "admin", None, false);
+    let target: std::net::SocketAddr = addr.parse().unwrap();
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..4096 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let Ok(mut conn) = socket.connect(target).await else {
+            refused += 1;
+            continue;
+        };
+        if conn.write_all(PREFACE).await.is_err() || conn.write_all(&EMPTY_SETTINGS).await.is_err()
+        {
+            refused += 1;
+            continue;
+        }
+        held.push(conn);
+    }
+    // The real client: a fresh connection and a call, timed.
+    let began = Instant::now();
+    let listed = common::run_bounded(
+        Command::new(common::SBX)
+            .args(["sandbox", "list", "-o", "json"])
+            .env("SBX_ENDPOINT", &addr)
+            .env("SBX_TOKEN", &token),
+        "sbx sandbox list",
+    );
+    let took = began.elapsed();
+    eprintln!("a real client answered in {took:?} beside the stranger's connections");
+    assert_eq!(listed.code, 0, "{listed:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "the real client waited {took:?}"
+    );
+    // How many of the stranger's are still open after a moment: at most its share.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut open = 0;
+    for conn in held.iter_mut() {
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(1), conn.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {}
+            _ => open += 1,
+        }
+    }
+    eprintln!(
+        "{} connected, {refused} refused at once; {open} still open",
+        held.len()
+    );
+    assert!(open <= 128, "one peer holds {open} connections");
+    // The proof timeout: every one of them closed within it (2 s) and some slack, although
+    // each answered what the server sent (its reads kept going).
+    let closing = Instant::now();
+    let mut left = held.len();
+    let mut closed = vec![false; held.len()];
+    while left > 0 && closing.elapsed() < Duration::from_secs(10) {
+        for (i, conn) in held.iter_mut().enumerate() {
+            if closed[i] {
+                continue;
+            }
+            let mut buf = [0u8; 256];
+            if let Ok(Ok(0) | Err(_)) =
+                tokio::time::timeout(Duration::from_millis(1), conn.read(&mut buf)).await
+            {
+                closed[i] = true;
+                left -= 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        left, 0,
+        "{left} of the stranger's connections still open after 10 s"
+    );
+    let metrics = std::fs::read_to_string(&metrics_file).unwrap();
+    let scraped = common::metrics::scrape(metrics.trim()).await;
+    let by = |reason| {
+        common::metrics::value(
+            &scraped,
+            "sbx_connections_refused_total",
+            &[("listener", "api"), ("reason", reason)],
+        )
+    };
+    eprintln!(
+        "refused: peer_limit {}, unproven {}",
+        by("peer_limit"),
+        by("unproven")
+    );
+    assert!(by("peer_limit") >= 3900.0, "{}", by("peer_limit"));
+    assert!(by("unproven") >= 1.0);
+    let log = std::fs::read_to_string(data.path().join("sbxd.log")).unwrap_or_default();
+    let lines = log.matches("a peer holds as many connections").count();
+    assert_eq!(lines, 1, "the refusal is logged once per peer:\n{log}");
+    drop(daemon);
 }

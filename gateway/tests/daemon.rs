@@ -3,14 +3,14 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{DataDir, SBXD, Sbxd};
+use common::{DataDir, Sbxd};
 
 /// Runs sbxd to completion (at most 30 s; killed by pid after) and answers (code, stderr).
 fn run_sbxd(args: &[&str]) -> (i32, String, String) {
-    let mut child = Command::new(SBXD)
+    let mut child = common::sbxd_command()
         .args(args)
         .env("SBX_LOG", "warn")
         // Plain TCP on loopback, as the tests' clients dial it (`--auth` overrides).

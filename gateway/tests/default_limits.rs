@@ -162,7 +162,7 @@ fn sandboxes_get_the_gateways_limits_unless_their_workspace_or_they_say_otherwis
 
     // An sbxd given a default below what a sandbox can start with does not start.
     let bad = common::run_bounded(
-        std::process::Command::new(common::SBXD).args([
+        common::sbxd_command().args([
             "serve",
             "--data-dir",
             &data.path().join("other").display().to_string(),

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{DataDir, SBX, SBXD, Sbxd, run_bounded};
+use common::{DataDir, SBX, Sbxd, run_bounded};
 
 #[test]
 #[ignore = "benchmark; run with --ignored --nocapture"]
@@ -35,7 +35,7 @@ fn the_e2b_sdk_against_the_sbx_cli() {
         ],
     );
     let token = |name: &str, role: &str, ws: Option<&str>| {
-        let mut command = Command::new(SBXD);
+        let mut command = common::sbxd_command();
         command
             .args(["token", "create", "--data-dir"])
             .arg(data.path())

@@ -171,7 +171,7 @@ async fn a_bearer_token_travels_with_a_forwarded_request_and_is_checked_again() 
     let a_data = DataDir::new();
     let token = |name: &str, role: &str| {
         let made = common::run_bounded(
-            Command::new(common::SBXD)
+            common::sbxd_command()
                 .args(["token", "create", "--data-dir"])
                 .arg(a_data.path())
                 .args(["--name", name, "--role", role]),

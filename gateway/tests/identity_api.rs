@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{DataDir, SBXD, Sbxd};
+use common::{DataDir, Sbxd};
 use sbx_proto::v1::identity_service_client::IdentityServiceClient;
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::{
@@ -18,7 +18,7 @@ use tonic::transport::Channel;
 
 /// `sbxd token create` on the data dir: the token (its last line).
 fn mint(data: &std::path::Path, name: &str, role: &str, workspaces: &[&str]) -> String {
-    let mut cmd = std::process::Command::new(SBXD);
+    let mut cmd = common::sbxd_command();
     cmd.args(["token", "create", "--data-dir"])
         .arg(data)
         .args(["--name", name, "--role", role]);

@@ -684,16 +684,114 @@ fn no_cache_never_leaves_a_stale_image_and_docker_semantics_hold() {
     w.finish();
 }
 
+/// A tmpfs mounted on a temp dir, unmounted when dropped (also when the test fails).
+struct Tmpfs {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("fs");
+        std::fs::create_dir(&path).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &path,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={size}").as_str()),
+        )
+        .expect("mount a tmpfs");
+        Tmpfs { _dir: dir, path }
+    }
+
+    /// Bytes free on it now.
+    fn free(&self) -> u64 {
+        let st = nix::sys::statvfs::statvfs(&self.path).expect("statvfs");
+        st.blocks_available() * st.fragment_size()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// The lowest of `free()` seen every 10 ms until dropped.
+struct LowWater {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl LowWater {
+    fn watch(fs: &Tmpfs) -> LowWater {
+        let path = fs.path.clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let free = || {
+                let st = nix::sys::statvfs::statvfs(&path).expect("statvfs");
+                st.blocks_available() * st.fragment_size()
+            };
+            let mut low = free();
+            // Bounded: 120 s of samples at most.
+            for _ in 0..12_000 {
+                if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                low = low.min(free());
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            low
+        });
+        LowWater {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn lowest(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for LowWater {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A sparse file costs its sandbox nothing; read as a layer, its apparent size is zeros. The
+/// step is refused from the entry's header, against the image's size limit (the default,
+/// 20 GiB), before a byte of it is written: the store's filesystem (a tmpfs of this test's
+/// own, so nothing else moves it) never holds more than a few MiB more than before.
 #[test]
 fn a_step_that_changes_more_than_the_image_limit_fails_the_build() {
-    let w = World::with_flags("oci", "build-big", &["--image-max-size", "8Mi"]);
+    let fs = Tmpfs::mount("512m");
+    let data = common::DataDir {
+        dir: tempfile::tempdir_in(&fs.path).unwrap(),
+    };
+    let parent = format!("sbx-gateway-tests-build-big-{}", common::unique());
+    let sbxd = common::Sbxd::start(data.path(), "", &["--oci-cgroup-parent", &parent]);
+    let w = World {
+        sbxd,
+        data,
+        cgroup_parent: Some(parent),
+    };
     let ctx = tempfile::tempdir().unwrap();
-    // Sparse: nothing to the sandbox, 64 MiB of zeros to whoever reads it as a layer.
     std::fs::write(
         ctx.path().join("Dockerfile"),
-        "FROM sbx.local/busybox:latest\nRUN truncate -s 64M /big\n",
+        "FROM sbx.local/busybox:latest\nRUN truncate -s 20G /big\n",
     )
     .unwrap();
+    // The base image is in the store before the watch starts.
+    w.sbx(&["image", "get", "sbx.local/busybox:latest"]).ok();
+    let before = fs.free();
+    let low = LowWater::watch(&fs);
+    let started = std::time::Instant::now();
     let built = w.sbx(&[
         "image",
         "build",
@@ -701,11 +799,26 @@ fn a_step_that_changes_more_than_the_image_limit_fails_the_build() {
         "big:1",
         ctx.path().to_str().unwrap(),
     ]);
+    let took = started.elapsed();
+    let lowest = low.lowest();
+    let dropped = before.saturating_sub(lowest);
+    eprintln!(
+        "refused in {took:?}; the store's filesystem dropped by {dropped} bytes at most; {}",
+        built.stderr.trim()
+    );
     assert_ne!(built.code, 0, "{built:?}");
     assert!(
-        built.stderr.contains("changed more than 8388608 bytes"),
+        built.stderr.contains("RUN at line 2")
+            && built.stderr.contains("/big is 20.0GiB (its apparent size")
+            && built.stderr.contains("--image-max-size"),
         "{built:?}"
     );
+    assert!(
+        dropped < 8 << 20,
+        "the store's filesystem dropped by {} MiB meanwhile",
+        dropped >> 20
+    );
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
     let left = w.sbx(&["sandbox", "list", "-o", "json"]).json();
     assert_eq!(left, serde_json::json!([]));
     let tmp = w.data.path().join("images/tmp");
@@ -717,5 +830,179 @@ fn a_step_that_changes_more_than_the_image_limit_fails_the_build() {
         "nothing of it stays in {}: {spooled:?}",
         tmp.display()
     );
+    w.finish();
+    drop(fs);
+}
+
+/// OCI layers say "deleted" with a name: `.wh.NAME` whites NAME out, `.wh..wh..opq` hides a
+/// directory's lower contents. A RUN that makes an entry so named (a file, a directory, a
+/// link) would delete or hide the base's files in the result; the build fails instead,
+/// naming the path, and no image is made. A real deletion is still a whiteout.
+#[test]
+fn a_run_that_names_an_entry_like_a_whiteout_fails_the_build_naming_it() {
+    let w = World::new("oci", "build-wh");
+    let ctx = tempfile::tempdir().unwrap();
+    let dir = ctx.path().to_str().unwrap();
+    let cases = [
+        // Would delete the base's /etc/passwd.
+        ("touch /etc/.wh.passwd", "/etc/.wh.passwd"),
+        // Would hide every file the base has in /etc.
+        ("touch /etc/.wh..wh..opq", "/etc/.wh..wh..opq"),
+        // A directory of that name (its contents after it).
+        ("mkdir -p /.wh.home/x", "/.wh.home"),
+        // A symlink, and a hard link to a file of the step's own.
+        ("ln -s passwd /etc/.wh.group", "/etc/.wh.group"),
+        ("echo x > /tmp/f && ln /tmp/f /tmp/.wh.f2", "/tmp/.wh.f2"),
+    ];
+    for (i, (run, path)) in cases.iter().enumerate() {
+        std::fs::write(
+            ctx.path().join("Dockerfile"),
+            format!("FROM sbx.local/busybox:latest\nRUN {run}\n"),
+        )
+        .unwrap();
+        let tag = format!("wh:{i}");
+        let built = w.sbx(&["image", "build", "-t", &tag, dir]);
+        assert_ne!(built.code, 0, "{run}: the build made an image: {built:?}");
+        assert!(
+            built.stderr.contains("RUN at line 2") && built.stderr.contains(path),
+            "{run}: {built:?}"
+        );
+        assert_ne!(w.sbx(&["image", "get", &tag]).code, 0, "{run}: no image");
+    }
+    // A deletion is still a whiteout; what the step did not touch is there.
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM sbx.local/busybox:latest\nRUN rm /etc/group\n",
+    )
+    .unwrap();
+    let built = w.sbx(&["image", "build", "-t", "wh:ok", dir]);
+    assert_eq!(built.code, 0, "{built:?}");
+    let ran = w.sbx(&[
+        "run",
+        "--rm",
+        "--image",
+        "wh:ok",
+        "--",
+        "sh",
+        "-c",
+        "test -e /etc/group && echo group; head -c 5 /etc/passwd",
+    ]);
+    assert_eq!((ran.code, ran.stdout.as_str()), (0, "root:"), "{ran:?}");
+    assert_eq!(
+        w.sbx(&["sandbox", "list", "-o", "json"]).json(),
+        serde_json::json!([]),
+        "no build sandbox is left"
+    );
+    w.finish();
+}
+
+/// The sandbox network of [`a_step_with_network_is_not_the_cached_step_without`], removed
+/// from the host however the test ends.
+struct NetworkGuard(String);
+
+impl Drop for NetworkGuard {
+    fn drop(&mut self) {
+        let _ = common::sbxd_command()
+            .args(["network", "cleanup", "--network-name", &self.0])
+            .output();
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", &self.0])
+            .output();
+        let _ = std::process::Command::new("ip")
+            .args(["link", "delete", "dev", &format!("{}0", self.0)])
+            .output();
+        for ns in std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let n = ns.file_name().to_string_lossy().into_owned();
+            if n.starts_with(&format!("{}-", self.0)) {
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "delete", &n])
+                    .output();
+            }
+        }
+    }
+}
+
+/// A RUN's network allowance is part of its cache key: the same step with and without
+/// `--allow` runs twice (what one fetched is never the other's), and an allowance given again
+/// in another order or case is the same key.
+#[test]
+fn a_step_with_network_is_not_the_cached_step_without() {
+    let name = format!("nbc{:04x}", std::process::id() & 0xffff);
+    let _net = NetworkGuard(name.clone());
+    let w = World::with_flags(
+        "oci",
+        "build-allow",
+        &["--network-name", &name, "--network-cidr", "10.253.141.0/24"],
+    );
+    let ctx = tempfile::tempdir().unwrap();
+    let dir = ctx.path().to_str().unwrap();
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        // The interfaces of the step's own network namespace (/proc/net is the reader's).
+        "FROM sbx.local/busybox:latest\n\
+         RUN sed -n 's/^ *\\([^:]*\\):.*/\\1/p' /proc/net/dev | sort | tr '\\n' ' ' > /netifs\n",
+    )
+    .unwrap();
+    let run_line = |out: &common::CliRun| -> String {
+        assert_eq!(out.code, 0, "{out:?}");
+        steps(&out.stderr)
+            .into_iter()
+            .find(|l| l.contains(": RUN "))
+            .unwrap_or_else(|| panic!("no RUN step: {}", out.stderr))
+            .to_string()
+    };
+    let netifs = |tag: &str| {
+        let ran = w.sbx(&["run", "--rm", "--image", tag, "--", "cat", "/netifs"]);
+        assert_eq!(ran.code, 0, "{ran:?}");
+        ran.stdout.trim().to_string()
+    };
+    let none = w.sbx(&["image", "build", "-t", "net:none", dir]);
+    assert!(!run_line(&none).ends_with("(cached)"), "{}", none.stderr);
+    assert_eq!(netifs("net:none"), "lo");
+
+    let allowed = w.sbx(&[
+        "image",
+        "build",
+        "-t",
+        "net:allowed",
+        "--allow",
+        "pkg.sbx.test:80",
+        "--allow",
+        "10.253.141.250:443/tcp",
+        dir,
+    ]);
+    assert!(
+        !run_line(&allowed).ends_with("(cached)"),
+        "the step with network is not the one without: {}",
+        allowed.stderr
+    );
+    assert_eq!(netifs("net:allowed"), "eth0 lo", "it ran with its network");
+
+    // The same allowance, in another order and case: the same step.
+    let again = w.sbx(&[
+        "image",
+        "build",
+        "-t",
+        "net:again",
+        "--allow",
+        "10.253.141.250:443/tcp",
+        "--allow",
+        "PKG.sbx.test:80",
+        dir,
+    ]);
+    assert!(run_line(&again).ends_with("(cached)"), "{}", again.stderr);
+    assert_eq!(netifs("net:again"), "eth0 lo");
+    // Without: the first build's.
+    let without = w.sbx(&["image", "build", "-t", "net:without", dir]);
+    assert!(
+        run_line(&without).ends_with("(cached)"),
+        "{}",
+        without.stderr
+    );
+    assert_eq!(netifs("net:without"), "lo");
     w.finish();
 }

@@ -6,7 +6,6 @@
 mod common;
 
 use std::io::Write as _;
-use std::process::Command;
 use std::time::Duration;
 
 use common::metrics::{scrape, start_with_metrics, value};
@@ -237,7 +236,7 @@ async fn commands_in_flight_count_what_waits_for_a_sandbox_actor() {
 fn metrics_off_loopback_are_refused_at_start() {
     let data = DataDir::new();
     let run = common::run_bounded(
-        Command::new(common::SBXD)
+        common::sbxd_command()
             .args(["serve", "--driver", "sim", "--listen", "127.0.0.1:0"])
             .args(["--metrics-listen", "0.0.0.0:0", "--data-dir"])
             .arg(data.path())
@@ -437,5 +436,89 @@ async fn the_cost_of_metrics_on_the_hot_paths() {
     println!(
         "a scrape with {many} sandboxes (sim driver): p50 {:?} (10 scrapes), {size} bytes",
         p50(&mut took)
+    );
+}
+
+/// A stranger grows nothing: 20,000 unauthenticated calls to made-up methods (`/sbx.<uuid>/M`)
+/// and 200 with 12 KiB `/grpc.…` paths leave `/metrics` within 10% of its size and sbxd's
+/// resident size within 64 MiB, every one counted (as `unauthenticated`), and the log's audit
+/// lines for them name no path they sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_grows_neither_the_metrics_nor_the_log() {
+    let data = DataDir::new();
+    let (d, addr) = start_with_metrics(data.path(), "sim", &["--auth", "token"]);
+    // Warmed: the families a stranger's call touches exist before the first measure.
+    let channel = d.channel().await;
+    let call = move |path: String| {
+        let channel = channel.clone();
+        async move {
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.unwrap();
+            let path = tonic::codegen::http::uri::PathAndQuery::try_from(path).unwrap();
+            grpc.unary(
+                tonic::Request::new(()),
+                path,
+                tonic_prost::ProstCodec::<(), ()>::default(),
+            )
+            .await
+        }
+    };
+    let refused = call("/sbx.v1.GatewayService/GetGatewayInfo".into()).await;
+    assert_eq!(refused.unwrap_err().code(), tonic::Code::Unauthenticated);
+    let size = |text: &Vec<(String, std::collections::BTreeMap<String, String>, f64)>| {
+        text.iter()
+            .map(|(n, l, _)| n.len() + l.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>())
+            .sum::<usize>()
+    };
+    let before = scrape(&addr).await;
+    let rss_before = common::rss_kib(d.pid());
+    let long = format!("/grpc.{}/M", "x".repeat(12 << 10));
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..16 {
+        let call = call.clone();
+        let long = long.clone();
+        tasks.spawn(async move {
+            for i in 0..1250 {
+                let path = if worker == 0 && i < 200 {
+                    long.clone()
+                } else {
+                    format!("/sbx.{}/M", uuid::Uuid::new_v4().simple())
+                };
+                let answer = call(path).await;
+                assert_eq!(answer.unwrap_err().code(), tonic::Code::Unauthenticated);
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let after = scrape(&addr).await;
+    let rss_after = common::rss_kib(d.pid());
+    let (b, a) = (size(&before), size(&after));
+    eprintln!("metrics {b} -> {a} bytes of names and labels; sbxd {rss_before} -> {rss_after} KiB");
+    assert!(
+        (a as f64) < b as f64 * 1.1,
+        "the metrics grew from {b} to {a} bytes of names and labels"
+    );
+    assert!(
+        rss_after.saturating_sub(rss_before) < 64 << 10,
+        "sbxd grew by {} KiB",
+        rss_after - rss_before
+    );
+    let counted = value(
+        &after,
+        "sbx_api_requests_total",
+        &[("method", "unauthenticated"), ("code", "UNAUTHENTICATED")],
+    );
+    assert!(counted >= 20_000.0, "{counted} strangers' calls counted");
+    let log = d.log_text();
+    assert!(
+        !log.contains(&long[..200]),
+        "the log holds a stranger's long path"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("sbx::audit") && l.contains("/sbx.") && l.contains("/M ")),
+        "an audit line names a stranger's made-up method"
     );
 }

@@ -5,7 +5,8 @@
 //! nothing on the host. Needs root, runc, busybox-static, ip, nft and python3.
 //!
 //! Every packet goes to namespaces this test makes: the "upstream" (its own addresses in
-//! 10.251/16 and 10.252/16, its own servers) and the sandboxes. Everything made — sandboxes,
+//! 10.251/16 and 10.252/16, and public ones in 192.52.193/24 the host routes to it while the
+//! test runs, its own servers) and the sandboxes. Everything made — sandboxes,
 //! namespaces, veths, the bridge, the nftables table — is removed at the end, also when the
 //! test fails (drop guards), and the test checks that nothing is left.
 
@@ -16,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{CliRun, DataDir, Sbxd, assert_oci_left_nothing, sbx, unique};
-use sbx_drivers::network::fixtures::{Upstream, runnable};
+use sbx_drivers::network::fixtures::{Answer, Upstream, public_addr, runnable};
 
 /// One test's gateway with its own network name, CIDR and cgroup parent; on drop its
 /// sandboxes are deleted (while sbxd runs), then sbxd, the table and the bridge go.
@@ -156,6 +157,10 @@ impl Drop for World {
         let _ = Command::new("ip")
             .args(["link", "delete", "dev", &format!("{}0", self.name)])
             .output();
+        let _ = std::fs::remove_file(
+            std::path::Path::new(sbx_drivers::network::LOCK_DIR)
+                .join(format!("{}.lock", self.name)),
+        );
         for ns in std::fs::read_dir("/run/netns")
             .into_iter()
             .flatten()
@@ -225,11 +230,13 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         20,
         &[80, 81, 8080],
         &[
-            ("up.sbx.test", std::net::Ipv4Addr::new(10, 251, 20, 2)),
+            ("up.sbx.test", public_addr(20)),
             ("second.sbx.test", std::net::Ipv4Addr::new(10, 252, 20, 1)),
         ],
     );
     let upa = up.addr.to_string();
+    // What up.sbx.test answers: an address the resolver calls public.
+    let public = up.public.to_string();
     let mut w = World::new(&tag, 20);
     w.dns = Some(upa.clone());
     let ep = w.start();
@@ -471,18 +478,18 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
     let resolv = exec(&ep, "named", "cat /etc/resolv.conf").ok().to_string();
     assert_eq!(resolv.trim(), format!("nameserver {gateway}"));
     assert!(
-        connect(&ep, "named", &upa, 80).starts_with("refused"),
+        connect(&ep, "named", &public, 80).starts_with("refused"),
         "nothing admitted before the name is resolved"
     );
     let looked_up = exec(&ep, "named", "nslookup up.sbx.test");
-    assert!(looked_up.stdout.contains(&upa), "{looked_up:?}");
+    assert!(looked_up.stdout.contains(&public), "{looked_up:?}");
     assert_eq!(
-        connect(&ep, "named", &upa, 80),
+        connect(&ep, "named", &public, 80),
         "hello 80",
         "the name's answer, admitted"
     );
     assert!(
-        connect(&ep, "named", &upa, 81).starts_with("refused"),
+        connect(&ep, "named", &public, 81).starts_with("refused"),
         "its port only"
     );
     let off_list = exec(&ep, "named", "nslookup second.sbx.test");
@@ -502,7 +509,7 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
     );
     let web_lookup = exec(&ep, "web", "nslookup up.sbx.test");
     assert!(
-        !web_lookup.stdout.contains(&format!("Address: {upa}")),
+        !web_lookup.stdout.contains(&format!("Address: {public}")),
         "web's list holds no names: {web_lookup:?}"
     );
 
@@ -591,13 +598,13 @@ fn an_egress_policy_admits_what_it_lists_changes_live_and_survives_a_sigkill() {
         "still enforced"
     );
     assert_eq!(
-        connect(&ep, "named", &upa, 80),
+        connect(&ep, "named", &public, 80),
         "hello 80",
         "the admission survived"
     );
     let again = exec(&ep, "named", "nslookup up.sbx.test");
     assert!(
-        again.stdout.contains(&upa),
+        again.stdout.contains(&public),
         "the resolver answers after the restart: {again:?}"
     );
     let off_again = exec(&ep, "named", "nslookup second.sbx.test");
@@ -669,13 +676,10 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
         return;
     }
     let tag = format!("p{:04x}", std::process::id() & 0xffff);
-    let up = Upstream::with_names(
-        &tag,
-        22,
-        &[80, 81],
-        &[("up.sbx.test", std::net::Ipv4Addr::new(10, 251, 22, 2))],
-    );
+    let up = Upstream::with_names(&tag, 22, &[80, 81], &[("up.sbx.test", public_addr(22))]);
     let upa = up.addr.to_string();
+    // What up.sbx.test answers: an address the resolver calls public.
+    let public = up.public.to_string();
     let mut w = World::new(&tag, 22);
     w.driver = "process";
     w.dns = Some(upa.clone());
@@ -732,7 +736,7 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
         "256 KiB each way: rx {rx0} → {rx1}, tx {tx0} → {tx1}"
     );
     assert!(
-        !connect(&ep, &upa, 81).starts_with("hello"),
+        !connect(&ep, &public, 81).starts_with("hello"),
         "nothing admitted for the name before it is resolved"
     );
     let resolv = exec(&ep, "pweb", "cat /etc/resolv.conf").ok().to_string();
@@ -742,8 +746,8 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
         "the sandbox's own resolv.conf, not the host's"
     );
     let looked_up = exec(&ep, "pweb", "busybox nslookup up.sbx.test");
-    assert!(looked_up.stdout.contains(&upa), "{looked_up:?}");
-    assert_eq!(connect(&ep, &upa, 81), "hello 81");
+    assert!(looked_up.stdout.contains(&public), "{looked_up:?}");
+    assert_eq!(connect(&ep, &public, 81), "hello 81");
     assert!(!connect(&ep, &up.second.to_string(), 80).starts_with("hello"));
     // What the policy refused is an event of the sandbox (at most one a minute).
     let began = Instant::now();
@@ -808,9 +812,13 @@ fn a_process_sandbox_gets_the_same_network_policy_and_resolver() {
     let ep = w.start();
     assert_eq!(network(&ep, "pweb")["address"], addr.as_str());
     assert_eq!(connect(&ep, &upa, 80), "hello 80");
-    assert_eq!(connect(&ep, &upa, 81), "hello 81", "the admission survived");
+    assert_eq!(
+        connect(&ep, &public, 81),
+        "hello 81",
+        "the admission survived"
+    );
     let again = exec(&ep, "pweb", "busybox nslookup up.sbx.test");
-    assert!(again.stdout.contains(&upa), "{again:?}");
+    assert!(again.stdout.contains(&public), "{again:?}");
 
     sbx(&ep, &["sandbox", "delete", "pweb"]).ok();
     assert_eq!(w.left_on_host(), Vec::<String>::new());
@@ -833,9 +841,11 @@ fn vm_sandbox_gets_the_network_policy_and_resolver_and_cannot_spoof() {
         &tag,
         23,
         &[80, 81, 82, 83],
-        &[("up.sbx.test", std::net::Ipv4Addr::new(10, 251, 23, 2))],
+        &[("up.sbx.test", public_addr(23))],
     );
     let upa = up.addr.to_string();
+    // What up.sbx.test answers: an address the resolver calls public.
+    let public = up.public.to_string();
     let mut w = World::new(&tag, 23);
     w.driver = "vm";
     w.dns = Some(upa.clone());
@@ -887,13 +897,13 @@ fn vm_sandbox_gets_the_network_policy_and_resolver_and_cannot_spoof() {
         tx1 >= tx0 + 262_144 && rx1 >= rx0 + 262_144,
         "256 KiB each way: rx {rx0} → {rx1}, tx {tx0} → {tx1}"
     );
-    assert!(connect(&ep, "vweb", &upa, 81).starts_with("refused"));
+    assert!(connect(&ep, "vweb", &public, 81).starts_with("refused"));
     let resolv = exec(&ep, "vweb", "cat /etc/resolv.conf").ok().to_string();
     assert_eq!(resolv.trim(), format!("nameserver {gateway}"));
     let looked_up = exec(&ep, "vweb", "nslookup up.sbx.test");
-    assert!(looked_up.stdout.contains(&upa), "{looked_up:?}");
+    assert!(looked_up.stdout.contains(&public), "{looked_up:?}");
     assert_eq!(
-        connect(&ep, "vweb", &upa, 81),
+        connect(&ep, "vweb", &public, 81),
         "hello 81",
         "admitted by name"
     );
@@ -1403,4 +1413,224 @@ fn the_network_is_on_by_default_a_refused_lookup_is_explained_and_cleanup_remove
         again.stdout.contains("nothing of it is on this host"),
         "{again:?}"
     );
+}
+
+/// The flooding sandboxes of [`a_flood_of_lookups_from_twenty_sandboxes_leaves_another_its_answers`].
+const FLOODERS: [&str; 20] = [
+    "f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9", "f10", "f11", "f12", "f13", "f14",
+    "f15", "f16", "f17", "f18", "f19",
+];
+
+/// Twenty lookups of `name` one after another inside sandbox `name`, bounded by 60 s: how
+/// many were answered with `addr`, and how long they took.
+fn lookups(ep: &str, sandbox: &str, name: &str, addr: &str) -> (usize, Duration) {
+    let t = Instant::now();
+    let run = exec(
+        ep,
+        sandbox,
+        &format!("timeout 60 sh -c 'for i in $(seq 20); do nslookup {name} 2>&1; done'"),
+    );
+    let took = t.elapsed();
+    let answered = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("Address") && l.trim_end().ends_with(addr))
+        .count();
+    (answered, took)
+}
+
+#[test]
+fn a_flood_of_lookups_from_twenty_sandboxes_leaves_another_its_answers() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("d{:04x}", std::process::id() & 0xffff);
+    let third = 25;
+    let public = public_addr(third);
+    let up = Upstream::with_answers(
+        &tag,
+        third,
+        &[80],
+        &[
+            ("fast.sbx.test", Answer::A(public)),
+            ("slow.sbx.test", Answer::Silent),
+        ],
+        None,
+    );
+    let mut w = World::new(&tag, third);
+    w.dns = Some(up.addr.to_string());
+    let ep = w.start();
+    w.sandboxes = vec!["victim"];
+    w.sandboxes.extend(FLOODERS);
+    sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "victim",
+            "--allow",
+            "fast.sbx.test:80",
+            "--",
+            "sleep",
+            "3600",
+        ],
+    )
+    .ok();
+    let public = public.to_string();
+    let (quiet, quiet_took) = lookups(&ep, "victim", "fast.sbx.test", &public);
+    assert_eq!(quiet, 20, "without a flood");
+    // Each flooder: 64 loops of lookups of a name whose upstream never answers, each loop
+    // starting at its own moment (busybox's nslookup gives up after 5 s), so that the
+    // resolver always has as many of its queries as it takes.
+    let flood = "for i in $(seq 64); do (usleep $((RANDOM * 150)); while true; do \
+                 nslookup slow.sbx.test >/dev/null 2>&1; done) & done; wait";
+    for f in FLOODERS {
+        sbx(
+            &ep,
+            &[
+                "sandbox",
+                "create",
+                "-n",
+                f,
+                "--allow",
+                "slow.sbx.test:80",
+                "--",
+                "sh",
+                "-c",
+                flood,
+            ],
+        )
+        .ok();
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    // The flood is on: sbxd's resolver has threads waiting on the upstream for (at least two
+    // queries of) every flooder.
+    let pid = w.sbxd.as_ref().unwrap().pid();
+    let waiting = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim_end() == "sbx-resolve")
+        })
+        .count();
+    assert!(
+        waiting >= 2 * FLOODERS.len(),
+        "{waiting} queries of the flooders wait on the upstream"
+    );
+    let (flooded, flooded_took) = lookups(&ep, "victim", "fast.sbx.test", &public);
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64();
+    eprintln!(
+        "the victim's lookups (20, one after another, through `sbx sandbox exec`): \
+         {quiet}/20 in {quiet_took:.2?} ({:.1}/s) alone; {flooded}/20 in {flooded_took:.2?} \
+         ({:.1}/s) while {} sandboxes flood a name whose upstream never answers ({waiting} of \
+         their queries waiting on it)",
+        rate(quiet, quiet_took),
+        rate(flooded, flooded_took),
+        FLOODERS.len()
+    );
+    assert_eq!(flooded, 20, "every lookup answered while the others flood");
+    assert!(
+        flooded_took < Duration::from_secs(10),
+        "answered promptly: {flooded_took:?}"
+    );
+    assert_eq!(connect(&ep, "victim", &public, 80), "hello 80");
+
+    for name in w.sandboxes.clone() {
+        sbx(&ep, &["sandbox", "delete", name]).ok();
+    }
+    w.sandboxes.clear();
+    assert_eq!(w.left_on_host(), Vec::<String>::new());
+    assert_oci_left_nothing(w.data.path(), &w.cgroup_parent);
+    drop(up);
+}
+
+#[test]
+fn a_second_sbxd_on_the_same_network_name_is_refused_naming_the_first() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("k{:04x}", std::process::id() & 0xffff);
+    let third = 26;
+    let public = public_addr(third);
+    let up = Upstream::with_names(&tag, third, &[80], &[("fast.sbx.test", public)]);
+    let public = public.to_string();
+    let mut w = World::new(&tag, third);
+    w.dns = Some(up.addr.to_string());
+    let ep = w.start();
+    let first = w.sbxd.as_ref().unwrap().pid();
+    w.sandboxes = vec!["s"];
+    sbx(
+        &ep,
+        &[
+            "sandbox",
+            "create",
+            "-n",
+            "s",
+            "--allow",
+            "fast.sbx.test:80",
+            "--",
+            "sleep",
+            "3600",
+        ],
+    )
+    .ok();
+    let looked_up = exec(&ep, "s", "nslookup fast.sbx.test");
+    assert!(looked_up.stdout.contains(&public), "{looked_up:?}");
+
+    // Another sbxd, its own data and network, the same --network-name.
+    let data = DataDir::new();
+    let addr_file = data.path().join("addr");
+    let mut second = Command::new(common::SBXD)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .arg("--addr-file")
+        .arg(&addr_file)
+        .args([
+            "--oci-cgroup-parent",
+            &w.cgroup_parent,
+            "--network-cidr",
+            &format!("10.253.{}.0/24", third + 1),
+            "--network-name",
+            &w.name,
+        ])
+        .env("SBX_AUTH", "none")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if addr_file.exists() || began.elapsed() > Duration::from_secs(60) {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!(
+                "a second sbxd serves network {:?} (the first is pid {first}): {:?}",
+                w.name,
+                std::io::read_to_string(second.stderr.take().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let said = std::io::read_to_string(second.stderr.take().unwrap()).unwrap();
+    eprintln!("the second sbxd: {status}; it said: {}", said.trim());
+    assert!(!status.success(), "{status}: {said}");
+    assert!(
+        said.contains(&format!("pid {first}")) && said.contains(&w.name),
+        "the refusal names the network and the sbxd that serves it: {said}"
+    );
+    // The first one's sandbox still resolves its names and reaches what they answer.
+    let again = exec(&ep, "s", "nslookup fast.sbx.test");
+    assert!(again.stdout.contains(&public), "{again:?}");
+    assert_eq!(connect(&ep, "s", &public, 80), "hello 80");
+
+    sbx(&ep, &["sandbox", "delete", "s"]).ok();
+    w.sandboxes.clear();
+    assert_eq!(w.left_on_host(), Vec::<String>::new());
+    drop(up);
 }

@@ -10,11 +10,10 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::node::{CALL_TIMEOUT, Node, REFUSAL_TIMEOUT, certs_init};
-use common::{SBXD, run_bounded};
+use common::run_bounded;
 use sbx_drivers::{ComputeDriver, DriverError, pb};
 
 /// The arguments of a sim node on 127.0.0.1:0 over `state`, then `extra`.
@@ -231,7 +230,7 @@ async fn mutual_tls_admits_only_clients_with_a_certificate_of_its_ca() {
 fn refused(args: &[&str], mentions: &[&str]) -> String {
     let began = Instant::now();
     let run = run_bounded(
-        Command::new(SBXD).arg("node").args(args),
+        common::sbxd_command().arg("node").args(args),
         &format!("sbxd node {args:?}"),
     );
     assert!(

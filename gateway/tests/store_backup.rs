@@ -12,10 +12,9 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use common::{CliRun, DataDir, SBXD, Sbxd, eventually, kept_across_restart};
+use common::{CliRun, DataDir, Sbxd, eventually, kept_across_restart};
 use sbx_proto::v1::{
     CreateSandboxRequest, CreateWorkspaceRequest, DeleteSandboxRequest, ListWorkspacesRequest,
     Phase, Sandbox, SandboxRef, SandboxSpec, Workspace,
@@ -24,7 +23,7 @@ use sbx_proto::v1::{
 const STOP: Duration = Duration::from_secs(30);
 
 fn store(args: &[&str], data: &Path) -> CliRun {
-    let mut cmd = Command::new(SBXD);
+    let mut cmd = common::sbxd_command();
     cmd.arg("store")
         .args(args)
         .arg("--data-dir")
@@ -103,7 +102,7 @@ async fn populated(data: &Path) -> (BTreeMap<String, Workspace>, BTreeMap<String
 /// `sbxd serve` on `data` that must fail: its exit code and stderr (a served store keeps it
 /// running, and `run_bounded` fails the test then).
 fn refused_start(data: &Path) -> (i32, String) {
-    let mut cmd = Command::new(SBXD);
+    let mut cmd = common::sbxd_command();
     cmd.args(["serve", "--driver", "sim", "--listen", "127.0.0.1:0"])
         .arg("--data-dir")
         .arg(data)

@@ -8,16 +8,15 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
-use common::{DataDir, SBXD, Sbxd};
+use common::{DataDir, Sbxd};
 use sbx_proto::v1::{CreateSandboxRequest, ListSandboxesRequest, SandboxSpec};
 
 const SANDBOXES: usize = 200;
 
 fn store_check(data: &std::path::Path) -> (i32, String, String) {
-    let mut cmd = Command::new(SBXD);
+    let mut cmd = common::sbxd_command();
     cmd.args(["store", "check", "--data-dir"]).arg(data);
     let run = common::run_bounded(&mut cmd, "sbxd store check");
     (run.code, run.stdout, run.stderr)
@@ -26,7 +25,7 @@ fn store_check(data: &std::path::Path) -> (i32, String, String) {
 /// `sbxd serve` on `data` that must fail: its exit code and stderr (a served store would
 /// keep it running, and `run_bounded` fails the test then).
 fn refused_start(data: &std::path::Path) -> (i32, String) {
-    let mut cmd = Command::new(SBXD);
+    let mut cmd = common::sbxd_command();
     cmd.args([
         "serve",
         "--driver",

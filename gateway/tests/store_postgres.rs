@@ -8,10 +8,9 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use common::{CliRun, DataDir, SBXD, Sbxd, eventually, kept_across_restart};
+use common::{CliRun, DataDir, Sbxd, eventually, kept_across_restart};
 use sbx_proto::v1::{CreateSandboxRequest, CreateWorkspaceRequest, Phase, Sandbox, SandboxSpec};
 use sbx_storage::conformance::postgres_server::TestPostgres;
 
@@ -73,7 +72,7 @@ fn all_kept(listed: &BTreeMap<String, Sandbox>) -> BTreeMap<String, Sandbox> {
 }
 
 fn migrate(data: &Path, url: &str, password_file: &str) -> CliRun {
-    let mut cmd = Command::new(SBXD);
+    let mut cmd = common::sbxd_command();
     cmd.args([
         "store",
         "migrate",
@@ -145,7 +144,7 @@ async fn a_gateway_on_postgres_keeps_its_sandboxes_across_restarts() {
 
     // A wrong password: sbxd refuses to start and says why.
     std::fs::write(&password_file, "wrong\n").unwrap();
-    let mut cmd = Command::new(SBXD);
+    let mut cmd = common::sbxd_command();
     cmd.args(["serve", "--driver", "sim", "--listen", "127.0.0.1:0"])
         .args(["--store", &url, "--store-password-file", &password_file])
         .arg("--data-dir")
@@ -249,7 +248,7 @@ async fn a_gateway_talks_to_postgres_over_tls_with_the_ca_it_is_given() {
     d.sigterm(STOP);
 
     let refused = |extra: &[&str], what: &str| {
-        let mut cmd = Command::new(SBXD);
+        let mut cmd = common::sbxd_command();
         cmd.args(["serve", "--driver", "sim", "--listen", "127.0.0.1:0"])
             .args(["--store", &url, "--store-password-file", &password_file])
             .args(extra)

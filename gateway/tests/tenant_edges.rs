@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use common::{CliRun, SBXD, Sbxd, run_bounded, sbx};
 
@@ -15,7 +14,7 @@ fn secured(data: &Path) -> Sbxd {
 
 /// `sbxd token create` on `data`: the identity's token.
 fn identity(data: &Path, name: &str, role: &str, workspaces: &[&str]) -> String {
-    let mut command = Command::new(SBXD);
+    let mut command = common::sbxd_command();
     command
         .args(["token", "create", "--data-dir"])
         .arg(data)
@@ -44,7 +43,7 @@ fn assert_denied(run: &CliRun, what: &str) {
 
 fn token_list(data: &Path) -> String {
     run_bounded(
-        Command::new(SBXD)
+        common::sbxd_command()
             .args(["token", "list", "--data-dir"])
             .arg(data),
         "sbxd token list",

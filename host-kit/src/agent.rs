@@ -125,6 +125,11 @@ fn agent_error(failure: Failure, message: String) -> DriverError {
     match failure {
         Failure::Invalid => DriverError::InvalidArgument(message),
         Failure::Internal => DriverError::Internal(format!("the sandbox's agent: {message}")),
+        Failure::Exhausted => DriverError::FailedPrecondition(format!(
+            "{}: {message}; close a terminal in the sandbox, or start sbxd with a larger \
+             --max-ptys",
+            crate::ptys::PTYS_SPENT
+        )),
     }
 }
 

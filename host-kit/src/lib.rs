@@ -41,6 +41,7 @@
 //! from that other driver.
 
 pub mod agent;
+pub mod budgets;
 pub mod command;
 pub mod contract;
 pub mod feed;

@@ -272,6 +272,7 @@ pub async fn delete<D: HostDriver>(
     records.remove(id)?;
     driver.after_removal(&record);
     driver.forget(id);
+    crate::ptys::forget(id);
     feed::publish_deleted(driver, id, last);
     records.forget_lock(id);
     Ok(pb::DeleteResponse { deleted: true })

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use futures::StreamExt;
+
 use sbx_driver_api::{
     DriverError, DriverStream, ExecInputStream, ForwardInputStream, parse_sandbox_id, pb,
 };
@@ -53,7 +55,16 @@ pub async fn exec<D: RunsInit>(
     validate_command("exec", &req.command, &req.env)?;
     let dir = running_dir(driver, &req.sandbox_id, "exec")?;
     let sandbox = req.sandbox_id.clone();
-    agent::exec(&dir, &sandbox, req, input).await
+    let id = parse_sandbox_id(&sandbox)?;
+    let stream = agent::exec(&dir, &sandbox, req, input)
+        .await
+        .inspect_err(|e| crate::ptys::note_refusal(id, e))?;
+    // A terminal refused comes as the stream's error: counted as it passes.
+    Ok(Box::pin(stream.inspect(move |item| {
+        if let Err(e) = item {
+            crate::ptys::note_refusal(id, e);
+        }
+    })))
 }
 
 /// A port forward: a connection to a port on the running sandbox's loopback, through its

@@ -142,6 +142,15 @@ pub fn note_denials(
     }
 }
 
+/// What the network refused the sandbox past its budgets: `(DNS queries, connections)`;
+/// zeros without a network.
+pub fn budget_refusals(network: Option<&Arc<Network>>, id: Uuid) -> (u64, u64) {
+    network.map_or((0, 0), |net| {
+        let r = net.budget_refusals(id);
+        (r.dns_queries, r.connections)
+    })
+}
+
 /// Replaces a networked sandbox's allowlist: the record first, then the firewall (a driver
 /// killed between the two applies the record's list at the next attach).
 pub async fn update<R: NetworkedRecord>(

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use sbx_driver_api::pb;
 
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+pub(crate) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// A v1 memory limit at or above this is "no limit" (the kernel reports `PAGE_COUNTER_MAX`
 /// pages rounded to bytes, 0x7FFFFFFFFFFFF000 on x86_64).
 const V1_NO_LIMIT: u64 = 1 << 60;

@@ -657,3 +657,52 @@ fn merged_lookup_follows_the_layers_whiteouts_and_opaque_directories() {
         "never through a symlink"
     );
 }
+
+/// A reader that counts what was read from it.
+struct Counted<R> {
+    inner: R,
+    read: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// The `tar` crate reads a GNU long name or PAX entry whole into memory before the unpack
+/// sees an entry: one of 256 MiB (a gzip of a few hundred KiB in a pulled layer; 20 GiB
+/// would end sbxd) is refused from its header, having read no more than a block past it.
+#[test]
+fn an_extension_entry_is_refused_from_its_header_not_read_into_memory() {
+    use std::io::Read;
+    let (_dir, store) = store();
+    for kind in [EntryType::GNULongName, EntryType::XHeader] {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_path("././@LongLink").unwrap();
+        h.set_mode(0o644);
+        h.set_size(256 << 20);
+        h.set_cksum();
+        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        let stream = Counted {
+            inner: (&h.as_bytes()[..]).chain(std::io::repeat(b'a').take(256 << 20)),
+            read: read.clone(),
+        };
+        let dest = store.tmp_path("long");
+        std::fs::create_dir(&dest).unwrap();
+        let layer = unpack::Layer {
+            image: "test",
+            digest: "sha256:x",
+            idmap: IdMap::default(),
+        };
+        let e = unpack::unpack(&layer, stream, &dest, &mut store.limits().budget("t"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 1048576"), "{kind:?}: {e}");
+        assert!(read.get() <= 1 << 20, "{kind:?}: read {} bytes", read.get());
+        std::fs::remove_dir_all(&dest).unwrap();
+    }
+}

@@ -11,6 +11,8 @@
 //! - files are created with `O_CREAT | O_EXCL | O_NOFOLLOW`; an earlier entry of the same name
 //!   is removed first (the later entry wins); symlinks are created as symlinks;
 //! - a hard link must name an entry already unpacked by this layer;
+//! - a GNU long name or PAX entry past 1 MiB refuses the layer from its header (the `tar`
+//!   crate would read it whole into memory first): see [`LayerMeter`];
 //! - character and block devices are skipped (counted and logged); fifos are created;
 //! - `.wh.NAME` becomes an overlayfs whiteout (a 0:0 character device), `.wh..wh..opq` sets
 //!   `trusted.overlay.opaque=y` on its directory;
@@ -40,7 +42,7 @@ use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fchownat, linkat, symlinkat, 
 use tar::EntryType;
 use xattr::FileExt;
 
-use super::limits::Budget;
+use super::limits::{Budget, LayerMeter};
 use super::{IdMap, ImageError};
 
 /// The overlayfs attribute that makes a directory hide what lower layers have under it.
@@ -60,6 +62,28 @@ pub struct Layer<'a> {
 pub struct UnpackStats {
     pub entries: u64,
     pub devices_skipped: u64,
+}
+
+/// The layer as the `tar` crate reads it, each header checked by a [`LayerMeter`] before the
+/// crate sees it (the budget is the unpack's own, paid per entry below: the meter's is
+/// unlimited). The crate reads a GNU long name or PAX entry whole into memory, whatever its
+/// size: a gzip of a few hundred KiB can say 20 GiB; the meter refuses one past 1 MiB.
+struct Checked<R> {
+    inner: R,
+    meter: LayerMeter,
+    refused: Option<ImageError>,
+}
+
+impl<R: Read> Read for Checked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Err(e) = self.meter.feed(&buf[..n]) {
+            let shown = e.to_string();
+            self.refused = Some(e);
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, shown));
+        }
+        Ok(n)
+    }
 }
 
 /// A relative path inside the layer, as its normal components.
@@ -89,13 +113,26 @@ pub fn unpack(
         stats: UnpackStats::default(),
         budget,
     };
-    let mut archive = tar::Archive::new(reader);
-    let entries = archive
-        .entries()
-        .map_err(|e| layer.malformed(format!("not a tar stream: {e}")))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| layer.malformed(format!("reading the tar stream: {e}")))?;
-        u.entry(entry)?;
+    let mut checked = Checked {
+        inner: reader,
+        meter: LayerMeter::new(Budget::unlimited(layer.image)),
+        refused: None,
+    };
+    let walked = (|| {
+        let mut archive = tar::Archive::new(&mut checked);
+        let entries = archive
+            .entries()
+            .map_err(|e| layer.malformed(format!("not a tar stream: {e}")))?;
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| layer.malformed(format!("reading the tar stream: {e}")))?;
+            u.entry(entry)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = walked {
+        // Why the stream was cut, when the meter cut it.
+        return Err(checked.refused.take().unwrap_or(e));
     }
     u.finish()?;
     Ok(u.stats)

@@ -20,6 +20,15 @@
 //!   sandbox the names its list holds and admits the addresses it answered.
 //! - **Denials** are read from the table's `denied` set (per source, destination, protocol
 //!   and port, with a packet count), and names refused from the resolver.
+//! - **Budgets** on what every sandbox of the host shares: the resolver's (queries in flight
+//!   and a second, [`resolver`]) and the host's connection tracking table (a `ct count` per
+//!   sandbox, [`nft`]); what they refused each sandbox is [`Network::budget_refusals`].
+//! - **One gateway per network name**: the bridge, the table and the namespaces are named
+//!   after it, so a second gateway on the same name would take the first's table over (its
+//!   sandboxes would lose their resolver). Opening a network takes an exclusive `flock` on
+//!   `/run/sbx/network/<name>.lock` (holding the owner's pid) for as long as the [`Network`]
+//!   lives; a second open is refused, naming that pid. The kernel lets go of it when the
+//!   owner dies, however it dies.
 
 pub mod fixtures;
 pub mod guest;
@@ -39,7 +48,7 @@ use uuid::Uuid;
 /// resolver binds it.
 pub const RESOLVER_PORT: u16 = 53;
 
-pub use nft::Denial;
+pub use nft::{DEFAULT_CONNTRACK_MAX, Denial};
 pub use policy::{AllowEntry, PolicyError, parse_allowlist, parse_entry};
 
 use sbx_driver_api::locked;
@@ -62,6 +71,29 @@ pub struct NetworkConfig {
     /// Where the gateway's resolver asks the names sandboxes may resolve; `None`: such names
     /// are answered SERVFAIL.
     pub dns_upstream: Option<SocketAddr>,
+    /// The connections each sandbox may have in the host's connection tracking table at
+    /// once ([`DEFAULT_CONNTRACK_MAX`]; `sbxd serve --network-conntrack-max`).
+    pub conntrack_max: u32,
+}
+
+/// Where the lock of each network name is ([`Network::open`]).
+pub const LOCK_DIR: &str = "/run/sbx/network";
+
+/// How long [`Network::open`] waits for a previous owner of the name (in this process, being
+/// dropped) to let go.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What a sandbox's budgets on the host's shared resources refused it
+/// ([`Network::budget_refusals`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BudgetRefusals {
+    /// DNS queries to the gateway's resolver refused by a budget: past its queries in flight
+    /// or a second at the resolver (since this process began answering the sandbox), and
+    /// past [`nft::DNS_RATE`] a second in the kernel (since the sandbox was attached).
+    pub dns_queries: u64,
+    /// New connections refused because the sandbox had its conntrack budget's worth in the
+    /// host's table (since the sandbox was attached).
+    pub connections: u64,
 }
 
 /// Why the network cannot be set up or a sandbox cannot be attached.
@@ -79,6 +111,15 @@ pub enum NetworkError {
     },
     #[error("the sandbox network {0} has no free address left")]
     Exhausted(String),
+    #[error(
+        "the sandbox network {name:?} is served by another sbxd ({holder}, holding {lock}): give this one another --network-name (and --network-cidr), or stop that one"
+    )]
+    InUse {
+        name: String,
+        /// `pid N`, or what is known of the holder.
+        holder: String,
+        lock: String,
+    },
     #[error(transparent)]
     Ip(#[from] link::IpError),
     #[error(transparent)]
@@ -202,6 +243,8 @@ pub struct Network {
     resolver: Mutex<Option<resolver::Resolver>>,
     /// Denials per source address as of the last look at the `denied` set, and when.
     summaries: Mutex<Summaries>,
+    /// The network name's lock, held as long as this lives.
+    lock: NameLock,
 }
 
 /// How often, at most, [`Network::denial_summary`] reads the `denied` set again.
@@ -211,6 +254,114 @@ pub const DENIAL_REFRESH: std::time::Duration = std::time::Duration::from_secs(3
 struct Summaries {
     at: Option<std::time::Instant>,
     by_source: HashMap<Ipv4Addr, (u64, Denial)>,
+    /// What the kernel's budgets refused per source: DNS queries past the rate, and new
+    /// connections past the conntrack budget.
+    dns_refused: HashMap<Ipv4Addr, u64>,
+    ct_refused: HashMap<Ipv4Addr, u64>,
+}
+
+/// The lock file of network `name`.
+fn lock_path(name: &str) -> PathBuf {
+    Path::new(LOCK_DIR).join(format!("{name}.lock"))
+}
+
+/// A network name's lock, held while this lives. Dropped, it removes its file first (while
+/// still held, so no one else's lock goes with it) unless `keep`: a network opened stays on
+/// the host for the next gateway, and so does its file; one that failed to open, or was
+/// removed, leaves nothing.
+#[derive(Debug)]
+struct NameLock {
+    path: PathBuf,
+    keep: bool,
+    _held: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl Drop for NameLock {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Takes the exclusive lock of network `name` (see the module's doc), waiting up to
+/// [`LOCK_WAIT`]; writes this process's pid into it. The file is removed only by a holder
+/// (once the network is gone), so a lock taken on a file no longer at the path is let go
+/// and taken again on the one there.
+fn lock_name(name: &str) -> Result<NameLock, NetworkError> {
+    use nix::errno::Errno;
+    use nix::fcntl::{Flock, FlockArg};
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(LOCK_DIR)
+        .map_err(io(format!("creating {LOCK_DIR}")))?;
+    let path = lock_path(name);
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(io(format!("opening {}", path.display())))
+    };
+    let mut file = open()?;
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(mut lock) => {
+                let still_there = match (lock.metadata(), std::fs::symlink_metadata(&path)) {
+                    (Ok(held), Ok(there)) => held.dev() == there.dev() && held.ino() == there.ino(),
+                    _ => false,
+                };
+                if !still_there {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(NetworkError::Config(format!(
+                            "{} was removed and made again for {LOCK_WAIT:?}: something else is at work on network {name:?}",
+                            path.display()
+                        )));
+                    }
+                    drop(lock);
+                    file = open()?;
+                    continue;
+                }
+                lock.set_len(0)
+                    .and_then(|()| lock.rewind())
+                    .and_then(|()| writeln!(lock, "{}", std::process::id()))
+                    .map_err(io(format!("writing {}", path.display())))?;
+                return Ok(NameLock {
+                    path,
+                    keep: false,
+                    _held: lock,
+                });
+            }
+            Err((back, Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = back;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err((mut back, Errno::EWOULDBLOCK)) => {
+                let mut text = String::new();
+                let _ = back.read_to_string(&mut text);
+                let holder = match text.trim().parse::<u32>() {
+                    Ok(pid) => format!("pid {pid}"),
+                    Err(_) => "a process that has not yet said its pid".into(),
+                };
+                return Err(NetworkError::InUse {
+                    name: name.into(),
+                    holder,
+                    lock: path.display().to_string(),
+                });
+            }
+            Err((_, e)) => {
+                return Err(io(format!("locking {}", path.display()))(e.into()));
+            }
+        }
+    }
 }
 
 impl Network {
@@ -251,6 +402,14 @@ impl Network {
                 config.name
             )));
         }
+        if config.conntrack_max == 0 {
+            return Err(NetworkError::Config(
+                "a sandbox's conntrack budget of 0 admits no connection, not even its lookups"
+                    .into(),
+            ));
+        }
+        // Before anything of the host is touched: another gateway's network is left alone.
+        let lock = lock_name(&config.name)?;
         let bridge = format!("{}0", config.name);
         for (net, len, what) in link::host_networks(&bridge)? {
             if policy::overlaps(config.network, config.prefix, net, len) {
@@ -266,9 +425,10 @@ impl Network {
             bridge: bridge.clone(),
             network: config.network,
             prefix: config.prefix,
+            conntrack_max: config.conntrack_max,
         };
         let names = Arc::new(resolver::Shared::new(table.clone(), config.dns_upstream));
-        let net = Network {
+        let mut net = Network {
             config,
             table,
             leases: Mutex::new(HashMap::new()),
@@ -276,6 +436,7 @@ impl Network {
             names,
             resolver: Mutex::new(None),
             summaries: Mutex::new(Summaries::default()),
+            lock,
         };
         std::fs::write("/proc/sys/net/ipv4/ip_forward", b"1")
             .map_err(io("turning on IPv4 forwarding"))?;
@@ -284,7 +445,10 @@ impl Network {
             link::ip(&["link", "add", "name", &bridge, "type", "bridge"])?;
         }
         match net.set_up(&bridge) {
-            Ok(()) => Ok(net),
+            Ok(()) => {
+                net.lock.keep = true;
+                Ok(net)
+            }
             Err(e) => {
                 // Leave the host as it was: a bridge this call made goes again.
                 if made_bridge {
@@ -545,33 +709,7 @@ impl Network {
         let Some(address) = self.address_of(id) else {
             return (0, None);
         };
-        let mut sums = locked(&self.summaries);
-        if sums.at.is_none_or(|at| at.elapsed() >= DENIAL_REFRESH) {
-            match nft::list(
-                "read the denials",
-                &["list", "set", "inet", &self.table.name, "denied"],
-            ) {
-                Ok(doc) => {
-                    let mut by: HashMap<Ipv4Addr, (u64, Denial)> = HashMap::new();
-                    for d in nft::parse_denials(&doc) {
-                        match by.get_mut(&d.source) {
-                            Some((n, last)) => {
-                                *n += d.packets;
-                                if d.expires > last.expires {
-                                    *last = d;
-                                }
-                            }
-                            None => {
-                                by.insert(d.source, (d.packets, d));
-                            }
-                        }
-                    }
-                    sums.by_source = by;
-                }
-                Err(e) => tracing::warn!(error = %e, "the network's denials could not be read"),
-            }
-            sums.at = Some(std::time::Instant::now());
-        }
+        let sums = self.summaries();
         let (mut total, mut last) = match sums.by_source.get(&address) {
             Some((n, d)) => (*n, Some(pb_denial(d))),
             None => (0, None),
@@ -586,6 +724,75 @@ impl Network {
                 .map(|(name, n)| dns_denial(name, n));
         }
         (total, last)
+    }
+
+    /// What `id`'s budgets on the host's shared resources refused it: DNS queries (the
+    /// resolver's budgets since this process began answering it, and the kernel's rate since
+    /// it was attached) and new connections past its conntrack budget (since it was
+    /// attached). The kernel's counts are as of a look at most [`DENIAL_REFRESH`] old, one
+    /// for every sandbox (as [`Network::denial_summary`]); a sandbox with no lease has none.
+    pub fn budget_refusals(&self, id: Uuid) -> BudgetRefusals {
+        let Some(address) = self.address_of(id) else {
+            return BudgetRefusals::default();
+        };
+        let sums = self.summaries();
+        let kernel_dns = sums.dns_refused.get(&address).copied().unwrap_or(0);
+        let connections = sums.ct_refused.get(&address).copied().unwrap_or(0);
+        drop(sums);
+        BudgetRefusals {
+            dns_queries: kernel_dns + self.names.over_budget(address),
+            connections,
+        }
+    }
+
+    /// The kernel's records of every sandbox (the `denied`, `dns_refused` and `ct_refused`
+    /// sets), read again if the last look is [`DENIAL_REFRESH`] old.
+    fn summaries(&self) -> std::sync::MutexGuard<'_, Summaries> {
+        let mut sums = locked(&self.summaries);
+        if sums.at.is_some_and(|at| at.elapsed() < DENIAL_REFRESH) {
+            return sums;
+        }
+        let set = |name: &str| {
+            nft::list(
+                "read the denials",
+                &["list", "set", "inet", &self.table.name, name],
+            )
+        };
+        match set("denied") {
+            Ok(doc) => {
+                let mut by: HashMap<Ipv4Addr, (u64, Denial)> = HashMap::new();
+                for d in nft::parse_denials(&doc) {
+                    match by.get_mut(&d.source) {
+                        Some((n, last)) => {
+                            *n += d.packets;
+                            if d.expires > last.expires {
+                                *last = d;
+                            }
+                        }
+                        None => {
+                            by.insert(d.source, (d.packets, d));
+                        }
+                    }
+                }
+                sums.by_source = by;
+            }
+            Err(e) => tracing::warn!(error = %e, "the network's denials could not be read"),
+        }
+        let counted = |name: &str| match set(name) {
+            Ok(doc) => Some(nft::counted_by_source(&doc)),
+            Err(e) => {
+                tracing::warn!(error = %e, set = name, "the network's budget refusals could not be read");
+                None
+            }
+        };
+        if let Some(by) = counted("dns_refused") {
+            sums.dns_refused = by;
+        }
+        if let Some(by) = counted("ct_refused") {
+            sums.ct_refused = by;
+        }
+        sums.at = Some(std::time::Instant::now());
+        sums
     }
 
     /// Removes everything `id` had: its rules, namespace (with its veth) and lease. Nothing
@@ -657,6 +864,8 @@ impl Network {
         if link::link_exists(self.bridge()) {
             link::ip(&["link", "delete", "dev", self.bridge()])?;
         }
+        // The network is gone: its lock file with it (held, so no one else is at it).
+        let _ = std::fs::remove_file(&self.lock.path);
         Ok(())
     }
 
@@ -801,12 +1010,24 @@ pub fn sandbox_namespaces(name: &str) -> Vec<String> {
 }
 
 /// Removes what network `name` left on the host once no gateway uses it: its nftables table
-/// and its bridge. Refused while a resolver answers on the bridge's address (a gateway, or
-/// its driver, still serves the network), and while sandbox namespaces of it remain (their
+/// and its bridge. Refused while a gateway holds the name's lock or a resolver answers on the
+/// bridge's address (a gateway, or its driver, still serves the network), and while sandbox
+/// namespaces of it remain (their
 /// workloads outlive sbxd and may still run) unless `force`, which removes those too.
 pub fn cleanup(name: &str, force: bool) -> Result<Cleaned, NetworkError> {
     let bridge = format!("{name}0");
     let mut cleaned = Cleaned::default();
+    // Held to the end (and its file removed then): no gateway opens the network while it is
+    // being removed.
+    let _lock = match lock_name(name) {
+        Ok(lock) => lock,
+        Err(NetworkError::InUse { holder, .. }) => {
+            return Err(NetworkError::Config(format!(
+                "an sbxd ({holder}) still serves network {name:?}; stop it first"
+            )));
+        }
+        Err(e) => return Err(e),
+    };
     if link::link_exists(&bridge) {
         let addrs: serde_json::Value =
             serde_json::from_str(&link::ip(&["-j", "-4", "addr", "show", "dev", &bridge])?)
@@ -861,4 +1082,45 @@ pub fn cleanup(name: &str, force: bool) -> Result<Cleaned, NetworkError> {
         cleaned.bridge = true;
     }
     Ok(cleaned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_network_name_has_one_owner_at_a_time_named_by_its_pid() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: {LOCK_DIR} is root's");
+            return;
+        }
+        let name = format!("lk{:05x}", std::process::id() & 0xfffff);
+        let first = lock_name(&name).unwrap();
+        let began = std::time::Instant::now();
+        let err = lock_name(&name).unwrap_err();
+        assert!(
+            began.elapsed() >= LOCK_WAIT,
+            "waited for the owner to let go"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("pid {}", std::process::id())) && text.contains(&name),
+            "{text}"
+        );
+        drop(first);
+        // Free once the owner lets go; and a holder may remove the file (the network gone):
+        // the next owner takes the one made again, not the removed one.
+        let mut second = lock_name(&name).unwrap();
+        second.keep = true;
+        std::fs::remove_file(lock_path(&name)).unwrap();
+        drop(second);
+        let mut third = lock_name(&name).unwrap();
+        third.keep = true;
+        assert!(lock_path(&name).exists());
+        drop(third);
+        assert!(lock_path(&name).exists(), "kept");
+        // Not kept: the file goes with the lock.
+        drop(lock_name(&name).unwrap());
+        assert!(!lock_path(&name).exists());
+    }
 }

@@ -101,3 +101,36 @@ pub fn host_networks(except: &str) -> Result<Vec<(Ipv4Addr, u8, String)>, IpErro
     }
     Ok(found)
 }
+
+/// The networks of the host's on-link routes (no gateway: a network it is attached to, such
+/// as another bridge, a container's or pod's veth, the LAN) in every routing table, from
+/// `ip -j -4 route show table all`: unicast routes only (not local, broadcast, blackhole or
+/// unreachable ones), none shorter than [`crate::resolver::ATTACHED_MIN_PREFIX`] (a catch-all
+/// such as a VPN's `0.0.0.0/1 dev tun0` is no attached network) and no default route.
+pub fn on_link_routes() -> Result<Vec<(Ipv4Addr, u8)>, IpError> {
+    let text = ip(&["-j", "-4", "route", "show", "table", "all"])?;
+    let routes: Value = serde_json::from_str(&text).map_err(|e| IpError {
+        args: "-j -4 route show table all".into(),
+        detail: e.to_string(),
+    })?;
+    Ok(routes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let kind = r.get("type").and_then(Value::as_str).unwrap_or("unicast");
+            if kind != "unicast" || r.get("gateway").is_some() || r.get("nexthops").is_some() {
+                return None;
+            }
+            let dst = r.get("dst").and_then(Value::as_str)?;
+            let (addr, len) = match dst.split_once('/') {
+                Some((a, l)) => (a, l.parse::<u8>().ok()?),
+                None => (dst, 32),
+            };
+            let addr: Ipv4Addr = addr.parse().ok()?;
+            (crate::resolver::ATTACHED_MIN_PREFIX..=32)
+                .contains(&len)
+                .then_some((addr, len))
+        })
+        .collect())
+}

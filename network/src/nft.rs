@@ -14,7 +14,20 @@
 //!   answered for its names (`h_<id>_<k>`, each element kept for its answer's TTL), replaced
 //!   whole on a policy update. Sandboxes reach the resolver (the bridge's address, UDP 53)
 //!   whatever their list says, at most [`DNS_RATE`] queries a second each (the dynamic set
-//!   `dns_rate`, one token bucket per source address; more are dropped).
+//!   `dns_rate`, one token bucket per source address; more are dropped, and counted per
+//!   source in `dns_refused`).
+//! - `admit`: every new connection a sandbox is let make — to the resolver, or one its chain
+//!   accepts — goes through here, which holds each sandbox to its **conntrack budget**
+//!   (`NetworkConfig::conntrack_max`): the dynamic set `ct_budget` keeps, per source
+//!   address, a `ct count` of the connections it has in the host's connection tracking table;
+//!   one more than the budget is rejected (`admin-prohibited`) and counted in `ct_refused`
+//!   (per source, a packet counter each). The host's table (`nf_conntrack_max`, 262,144 on a
+//!   small host) is shared by every connection of the host: without a budget one sandbox
+//!   sending datagrams from new ports fills it (500 a second to the resolver alone are
+//!   ~15,000 entries, each kept 30 s), and then every new connection of the host fails. The
+//!   set's comment records the budget, so a gateway started with another one makes it anew.
+//!   (The kernel counts a TCP connection in TIME_WAIT or CLOSE no more: those leave the
+//!   count, not the host's table, for their 2 minutes.)
 //! - `deny`: records the attempt in the dynamic set `denied` (source . destination .
 //!   protocol . port, with a packet counter, kept 10 minutes, at most 65,535 entries: the
 //!   record is rate-limited by construction) and rejects it (`admin-prohibited`, so the
@@ -43,6 +56,14 @@ const PRIORITY: i32 = -10;
 /// Queries a second (and their burst) one sandbox may send the gateway's resolver; more are
 /// dropped in the kernel.
 pub const DNS_RATE: u32 = 500;
+
+/// The connections one sandbox may have in the host's connection tracking table at once, by
+/// default (`sbxd serve --network-conntrack-max`). No ordinary program comes near it: a
+/// browser keeps a few hundred connections, a package manager tens, a crawler with 1,000 at
+/// once still fits, and a DNS lookup from a new port is one entry for 30 s (a program looking
+/// up 50 names a second holds 1,500). Sixty-four sandboxes at their budget fill a table of
+/// 262,144; a host running more raises `nf_conntrack_max` or lowers this.
+pub const DEFAULT_CONNTRACK_MAX: u32 = 4096;
 
 /// Runs one JSON document through `nft -j -f -` (one kernel transaction).
 pub fn apply(what: &str, commands: Vec<Value>) -> Result<(), NftError> {
@@ -145,6 +166,15 @@ pub struct Table {
     pub bridge: String,
     pub network: Ipv4Addr,
     pub prefix: u8,
+    /// Each sandbox's conntrack budget (see the module's `admit`).
+    pub conntrack_max: u32,
+}
+
+/// The chain every admitted new connection goes through (the conntrack budget).
+const ADMIT: &str = "admit";
+
+fn goto_admit() -> Value {
+    json!({ "goto": { "target": ADMIT } })
 }
 
 impl Table {
@@ -178,6 +208,19 @@ impl Table {
                     })
                 })
         };
+        let comment = |kind: &str, name: &str| {
+            existing
+                .and_then(|doc| doc.get("nftables"))
+                .and_then(Value::as_array)
+                .and_then(|items| {
+                    items.iter().find(|i| {
+                        i.pointer(&format!("/{kind}/name")).and_then(Value::as_str) == Some(name)
+                    })
+                })
+                .and_then(|i| i.pointer(&format!("/{kind}/comment")))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
         let t = json!({ "table": { "family": "inet", "name": self.name } });
         let mut cmds = vec![json!({ "add": t })];
         for (name, hook, kind, prio) in [
@@ -188,8 +231,41 @@ impl Table {
             cmds.push(json!({ "add": self.obj("chain", json!({ "name": name, "type": kind, "hook": hook, "prio": prio, "policy": "accept" })) }));
             cmds.push(json!({ "flush": self.obj("chain", json!({ "name": name })) }));
         }
-        cmds.push(json!({ "add": self.obj("chain", json!({ "name": "deny" })) }));
-        cmds.push(json!({ "flush": self.obj("chain", json!({ "name": "deny" })) }));
+        for chain in ["deny", ADMIT] {
+            cmds.push(json!({ "add": self.obj("chain", json!({ "name": chain })) }));
+            cmds.push(json!({ "flush": self.obj("chain", json!({ "name": chain })) }));
+        }
+        // Per source: its conntrack count (an element per sandbox with connections, gone when
+        // it has none), and what the budgets refused it; room for every address of the
+        // network (an update of a full set fails, and with it the rule: the refusal would not
+        // happen). `ct_budget` is made anew (the counts start again) when the budget changed:
+        // an element keeps the budget it was made with.
+        let sandboxes = 1u64 << (32 - u32::from(self.prefix.clamp(8, 32)));
+        let budget = format!("budget {}", self.conntrack_max);
+        match comment("set", "ct_budget") {
+            Some(c) if c == budget => {}
+            _ => {
+                if has("set", "ct_budget") {
+                    cmds.push(json!({ "delete": self.obj("set", json!({ "name": "ct_budget" })) }));
+                }
+                cmds.push(json!({ "add": self.obj("set", json!({
+                    "name": "ct_budget",
+                    "type": "ipv4_addr",
+                    "size": sandboxes,
+                    "comment": budget,
+                })) }));
+            }
+        }
+        for counted in ["ct_refused", "dns_refused"] {
+            if !has("set", counted) {
+                cmds.push(json!({ "add": self.obj("set", json!({
+                    "name": counted,
+                    "type": "ipv4_addr",
+                    "size": sandboxes,
+                    "stmt": [{ "counter": null }],
+                })) }));
+            }
+        }
         if !has("set", "denied") {
             cmds.push(json!({ "add": self.obj("set", json!({
             "name": "denied",
@@ -253,6 +329,9 @@ impl Table {
             "set": "@dns_rate",
             "stmt": [{ "limit": { "rate": DNS_RATE, "burst": DNS_RATE, "per": "second", "inv": true } }],
         } }));
+        flood.push(
+            json!({ "set": { "op": "update", "elem": saddr.clone(), "set": "@dns_refused" } }),
+        );
         flood.push(json!({ "drop": null }));
         // First in the chain: a flood's datagrams belong to an established flow once the
         // first is answered, and the rule after this accepts those.
@@ -262,7 +341,7 @@ impl Table {
             vec![iif(br), established(), json!({ "accept": null })],
         ));
         let mut accept = to_resolver;
-        accept.push(json!({ "accept": null }));
+        accept.push(goto_admit());
         cmds.push(self.rule("input", accept));
         cmds.push(self.rule("input", vec![iif(br), vmap]));
         cmds.push(self.rule(
@@ -309,6 +388,20 @@ impl Table {
             "deny",
             vec![json!({ "reject": { "type": "icmpx", "expr": "admin-prohibited" } })],
         ));
+        cmds.push(self.rule(
+            ADMIT,
+            vec![
+                json!({ "set": {
+                    "op": "add",
+                    "elem": saddr.clone(),
+                    "set": "@ct_budget",
+                    "stmt": [{ "ct count": { "val": self.conntrack_max, "inv": true } }],
+                } }),
+                json!({ "set": { "op": "update", "elem": saddr, "set": "@ct_refused" } }),
+                json!({ "reject": { "type": "icmpx", "expr": "admin-prohibited" } }),
+            ],
+        ));
+        cmds.push(self.rule(ADMIT, vec![json!({ "accept": null })]));
         cmds
     }
 
@@ -387,7 +480,7 @@ impl Table {
                 };
                 tail.push(m(dport.clone(), port));
             }
-            tail.push(json!({ "accept": null }));
+            tail.push(goto_admit());
             for (has, over) in [
                 (!class.networks.is_empty(), &set),
                 (!class.names.is_empty(), &names),
@@ -427,12 +520,18 @@ impl Table {
         json!({ "add": self.obj("element", json!({ "name": format!("h_{key}_{k}"), "elem": elems })) })
     }
 
-    /// The commands that remove the sandbox's map entry, chain and its `sets` classes' sets.
+    /// The commands that remove the sandbox's map entry, chain, its `sets` classes' sets and
+    /// what the budgets refused it (added first: there may be nothing to delete).
     pub fn remove_sandbox(&self, key: &str, addr: Ipv4Addr, sets: usize) -> Vec<Value> {
         let chain = format!("sb_{key}");
         let mut cmds = vec![
             json!({ "delete": self.obj("element", json!({ "name": "sandboxes", "elem": [addr.to_string()] })) }),
         ];
+        for counted in ["ct_refused", "dns_refused"] {
+            for op in ["add", "delete"] {
+                cmds.push(json!({ op: self.obj("element", json!({ "name": counted, "elem": [addr.to_string()] })) }));
+            }
+        }
         cmds.push(json!({ "flush": self.obj("chain", json!({ "name": chain })) }));
         cmds.push(json!({ "delete": self.obj("chain", json!({ "name": chain })) }));
         for k in 0..sets {
@@ -519,6 +618,40 @@ pub fn sandbox_sets(doc: &Value) -> std::collections::HashMap<String, usize> {
     out
 }
 
+/// The packet count of each element of a set of source addresses with a counter each (what
+/// `nft -j list set` shows of `ct_refused` and `dns_refused`).
+pub fn counted_by_source(doc: &Value) -> std::collections::HashMap<Ipv4Addr, u64> {
+    let mut out = std::collections::HashMap::new();
+    for item in doc
+        .get("nftables")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        for elem in item
+            .pointer("/set/elem")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let e = elem.get("elem").unwrap_or(elem);
+            let addr = e
+                .get("val")
+                .unwrap_or(e)
+                .as_str()
+                .and_then(|v| v.parse::<Ipv4Addr>().ok());
+            let packets = e
+                .pointer("/counter/packets")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+            if let Some(addr) = addr {
+                *out.entry(addr).or_insert(0) += packets;
+            }
+        }
+    }
+    out
+}
+
 /// One recorded denial: source, destination, protocol, port (0 for ICMP) and packets seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Denial {
@@ -586,4 +719,83 @@ pub fn parse_denials(doc: &Value) -> Vec<Denial> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(conntrack_max: u32) -> Table {
+        Table {
+            name: "t".into(),
+            bridge: "t0".into(),
+            network: Ipv4Addr::new(10, 9, 0, 0),
+            prefix: 16,
+            conntrack_max,
+        }
+    }
+
+    /// The `delete` and `add` commands of `cmds` that name set `name`.
+    fn set_ops(cmds: &[Value], name: &str) -> Vec<String> {
+        cmds.iter()
+            .filter_map(|c| {
+                let (op, body) = c.as_object()?.iter().next()?;
+                (body.pointer("/set/name")?.as_str()? == name).then(|| op.clone())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_conntrack_budget_is_kept_across_a_restart_and_made_anew_when_it_changes() {
+        let fresh = table(4096).setup(None);
+        assert_eq!(set_ops(&fresh, "ct_budget"), ["add"]);
+        assert_eq!(set_ops(&fresh, "ct_refused"), ["add"]);
+        let made = fresh
+            .iter()
+            .find_map(|c| c.pointer("/add/set").filter(|s| s["name"] == "ct_budget"))
+            .unwrap();
+        assert_eq!(made["comment"], "budget 4096");
+        assert_eq!(made["size"], 65536, "room for every address of a /16");
+        let rule = fresh
+            .iter()
+            .find(|c| c.pointer("/add/rule/chain") == Some(&json!("admit")))
+            .unwrap();
+        assert!(
+            rule.to_string()
+                .contains(r#"{"ct count":{"inv":true,"val":4096}}"#),
+            "{rule}"
+        );
+        let existing = json!({ "nftables": [
+            { "set": { "family": "inet", "table": "t", "name": "ct_budget", "comment": "budget 4096" } },
+            { "set": { "family": "inet", "table": "t", "name": "ct_refused" } },
+            { "set": { "family": "inet", "table": "t", "name": "dns_refused" } },
+        ] });
+        let again = table(4096).setup(Some(&existing));
+        assert!(
+            set_ops(&again, "ct_budget").is_empty(),
+            "kept: its counts go on"
+        );
+        assert!(set_ops(&again, "ct_refused").is_empty());
+        let changed = table(100).setup(Some(&existing));
+        assert_eq!(set_ops(&changed, "ct_budget"), ["delete", "add"]);
+        assert!(
+            set_ops(&changed, "ct_refused").is_empty(),
+            "the refusals stay"
+        );
+    }
+
+    #[test]
+    fn counts_by_source_are_read_back() {
+        let doc = json!({ "nftables": [
+            { "metainfo": {} },
+            { "set": { "name": "ct_refused", "elem": [
+                { "elem": { "val": "10.9.0.2", "counter": { "packets": 15904, "bytes": 1 } } },
+                { "elem": { "val": "10.9.0.3", "counter": { "packets": 0, "bytes": 0 } } },
+            ] } },
+        ] });
+        let by = counted_by_source(&doc);
+        assert_eq!(by.get(&Ipv4Addr::new(10, 9, 0, 2)), Some(&15904));
+        assert_eq!(by.get(&Ipv4Addr::new(10, 9, 0, 3)), Some(&0));
+        assert_eq!(by.len(), 2);
+    }
 }

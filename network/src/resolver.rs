@@ -12,42 +12,90 @@
 //! of the policy either.
 //!
 //! An answer steers the sandbox nowhere its list does not name (DNS rebinding): an address
-//! is admitted only if it lies outside the sandbox network (the bridge and every neighbour),
-//! the host's own addresses, loopback, link-local, multicast, "this network" and the reserved
-//! range ([`forbidden`]); such records are taken out of the reply, and an answer left with
-//! none is REFUSED and recorded. Only an explicit CIDR entry reaches those addresses. Only the
-//! question goes upstream — a fresh query of the resolver's own, never the sandbox's
-//! additional or authority records (a payload smuggled out inside a query for an allowed
-//! name stays here).
+//! is admitted only if it is **public** ([`admissible`]) — outside every block of IANA's
+//! special-purpose registry that is not globally reachable (private, shared, loopback,
+//! link-local, documentation, benchmarking, multicast, reserved: [`is_public`]) and outside
+//! every network the host is attached to (the networks of its interfaces' addresses, and
+//! every on-link route of its namespace in any table: another bridge, a container, libvirt
+//! or pod network, the LAN — public addresses too) — or if the sandbox's own policy names a
+//! network holding it (a CIDR entry: the operator said the sandbox may go there). The
+//! sandbox network (the bridge and every neighbour), the host's own addresses, loopback,
+//! link-local, "this network", multicast and the reserved range are never admitted, whatever
+//! the policy says ([`never`]). Such records are taken out of the reply, and an answer left
+//! with none is REFUSED and recorded.
+//!
+//! Only the question goes upstream — a fresh query of the resolver's own, never the
+//! sandbox's additional or authority records (a payload smuggled out inside a query for an
+//! allowed name stays here) — and only the question and its answer records come back: the
+//! reply is a new message with the upstream's response code, the truncation bit, the
+//! question and the answer records of the question's name and of the names its CNAME records
+//! lead to. No authority record (a negative answer's SOA included: a stub resolver does not
+//! cache), no additional record and no EDNS option reach the sandbox (nothing else of a
+//! hostile zone's reply is a channel in).
 //!
 //! Messages are read and written with `hickory-proto` (the DNS wire format, well kept, no
-//! resolver of its own pulled in); queries are served by a small pool of threads: at most
-//! [`MAX_IN_FLIGHT`] at once, and at most [`MAX_IN_FLIGHT_PER_SANDBOX`] of one sandbox, so a
-//! sandbox that floods its resolver waits for its own answers, not the others for theirs (a
-//! query over either bound is dropped at once, and the sandbox's resolver asks again). UDP
-//! only: an answer too large for a datagram comes back truncated, as the upstream sent it.
+//! resolver of its own pulled in); each query is answered by a thread of its own (an
+//! upstream that does not answer holds one for 2 × 1.5 s), within **budgets** per sandbox,
+//! answered fairly ([`Budgets`]): at most [`MAX_IN_FLIGHT_PER_SANDBOX`] of its queries at
+//! once, of which [`RESERVED_PER_SANDBOX`] (a lookup's A and AAAA) it always gets whatever
+//! the others do — only the queries past those draw on [`SHARED_IN_FLIGHT`], the bound of
+//! all sandboxes together — and at most [`QUERIES_PER_SECOND`] a second (a token bucket of
+//! [`QUERY_BURST`]). A query over a budget is dropped at once (the sandbox's stub resolver
+//! asks again) and counted for its sandbox; so a sandbox that floods waits for its own
+//! answers, never another for theirs (20 sandboxes flooding a name whose upstream never
+//! answers left another 2 of 20 lookups in 60 s before the reserved share, 20 of 20 in
+//! under a second after: `gateway/tests/network_e2e.rs`). UDP only: an answer too large for
+//! a datagram comes back truncated, as the upstream sent it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::{RData, RecordType};
+use hickory_proto::rr::{RData, Record, RecordType};
 use uuid::Uuid;
 
+use super::link;
 use super::nft;
 use super::policy::{self, AllowEntry};
 use sbx_driver_api::locked;
 
 /// The resolver's port on the bridge's address ([`crate::RESOLVER_PORT`]).
 pub const PORT: u16 = crate::RESOLVER_PORT;
-/// Queries being answered at once; one more is dropped.
-pub const MAX_IN_FLIGHT: usize = 64;
 /// Queries of one sandbox being answered at once; one more of it is dropped.
 pub const MAX_IN_FLIGHT_PER_SANDBOX: usize = 4;
+/// Of a sandbox's queries in flight, how many it always gets, whatever every other sandbox
+/// does: a lookup is two queries at once (A and AAAA).
+pub const RESERVED_PER_SANDBOX: usize = 2;
+/// Queries past their sandbox's reserved ones being answered at once, of all sandboxes
+/// together; one more past it is dropped. (So at most 2 × sandboxes + 64 threads wait on
+/// the upstream at once.)
+pub const SHARED_IN_FLIGHT: usize = 64;
+/// Queries a second one sandbox is answered, sustained (a token bucket; the kernel drops
+/// past [`nft::DNS_RATE`] before they reach the resolver): 125 lookups a second (each an A
+/// and an AAAA query) is past what an ordinary program keeps up, and an upstream is asked no
+/// faster on any one sandbox's behalf.
+pub const QUERIES_PER_SECOND: f64 = 250.0;
+/// The bucket's depth (the kernel's burst): a program starting up, or a test looking a name
+/// up a few hundred times in a row, is answered every time.
+pub const QUERY_BURST: f64 = 500.0;
+/// The stack of a thread answering one query (it parses and writes small messages and runs
+/// `nft`): threads waiting on an upstream cost no more than this of address space each.
+const ANSWER_STACK: usize = 512 * 1024;
+/// The resolver's socket's receive buffer (`SO_RCVBUFFORCE`): what the kernel lets through
+/// of every sandbox ([`nft::DNS_RATE`] each) waits here for the one thread that reads it, and
+/// a full buffer would drop any sandbox's query.
+const RECEIVE_BUFFER: usize = 4 << 20;
+/// How long the host's on-link routes are read for (a process each time); the networks of
+/// its interfaces' addresses are read afresh for every answer.
+const ROUTES_REFRESH: Duration = Duration::from_secs(1);
+/// A route or an interface's network shorter than this is no network the host is attached to
+/// but a catch-all (a VPN's `0.0.0.0/1 dev tun0`, a default route on a point-to-point link):
+/// left out, or every public address would be "local".
+pub const ATTACHED_MIN_PREFIX: u8 = 8;
 /// How long the upstream has to answer (once, then once more).
 const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);
 /// An admitted address is kept at least this long, whatever the answer's TTL…
@@ -66,7 +114,13 @@ struct Client {
     id: Uuid,
     key: String,
     classes: Vec<Vec<String>>,
+    /// Every network its list names (of every class): an answer into one of them is
+    /// admitted even if it is not public.
+    networks: Vec<(Ipv4Addr, u8)>,
 }
+
+/// The host's on-link routes as read at an instant.
+type Routes = (Instant, Vec<(Ipv4Addr, u8)>);
 
 /// An admitted address, the name it was answered for, and until when.
 type Admission = (Ipv4Addr, String, Instant);
@@ -81,6 +135,9 @@ pub struct Shared {
     clients: Mutex<HashMap<Ipv4Addr, Client>>,
     admitted: Mutex<HashMap<Uuid, Vec<Admission>>>,
     refused: Mutex<HashMap<Uuid, BTreeMap<String, u64>>>,
+    budgets: Budgets,
+    /// The host's on-link routes, and when they were read.
+    routes: Mutex<Option<Routes>>,
 }
 
 impl Shared {
@@ -91,7 +148,57 @@ impl Shared {
             clients: Mutex::new(HashMap::new()),
             admitted: Mutex::new(HashMap::new()),
             refused: Mutex::new(HashMap::new()),
+            budgets: Budgets::new(Limits::default()),
+            routes: Mutex::new(None),
         }
+    }
+
+    /// How many queries from `address` its budgets refused (in flight, per second) since
+    /// this process began answering it, or since the sandbox that held it before was
+    /// forgotten.
+    pub fn over_budget(&self, address: Ipv4Addr) -> u64 {
+        self.budgets.refused(address)
+    }
+
+    /// The host's own addresses and the networks it is attached to, as of now (the routes as
+    /// of at most [`ROUTES_REFRESH`] ago).
+    fn host_view(&self) -> Result<HostView, link::IpError> {
+        let mut routes = locked(&self.routes);
+        let stale = routes
+            .as_ref()
+            .is_none_or(|(at, _)| at.elapsed() >= ROUTES_REFRESH);
+        if stale {
+            *routes = Some((Instant::now(), link::on_link_routes()?));
+        }
+        let mut view = HostView::default();
+        if let Some((_, r)) = routes.as_ref() {
+            view.attached.extend(r.iter().copied());
+        }
+        drop(routes);
+        if let Ok(all) = nix::ifaddrs::getifaddrs() {
+            for i in all {
+                let Some(addr) = i
+                    .address
+                    .as_ref()
+                    .and_then(|a| a.as_sockaddr_in())
+                    .map(|a| a.ip())
+                else {
+                    continue;
+                };
+                view.addrs.push(addr);
+                let len = i
+                    .netmask
+                    .as_ref()
+                    .and_then(|m| m.as_sockaddr_in())
+                    .map(|m| u32::from(m.ip()).count_ones() as u8)
+                    .unwrap_or(32);
+                if (ATTACHED_MIN_PREFIX..32).contains(&len) {
+                    let net = Ipv4Addr::from(u32::from(addr) & (u32::MAX << (32 - len)));
+                    view.attached.push((net, len));
+                }
+            }
+        }
+        Ok(view)
     }
 
     /// Remembers answers found in the table at startup (seconds left each).
@@ -135,15 +242,17 @@ impl Shared {
     ) -> Result<T, nft::NftError> {
         let mut clients = locked(&self.clients);
         let out = apply()?;
+        let classes = policy::classes(entries);
         clients.insert(
             address,
             Client {
                 id,
                 key: id.simple().to_string(),
-                classes: policy::classes(entries)
-                    .into_iter()
-                    .map(|c| c.names)
+                networks: classes
+                    .iter()
+                    .flat_map(|c| c.networks.iter().copied())
                     .collect(),
+                classes: classes.into_iter().map(|c| c.names).collect(),
             },
         );
         Ok(out)
@@ -153,6 +262,7 @@ impl Shared {
     pub fn forget(&self, id: Uuid, address: Option<Ipv4Addr>) {
         if let Some(a) = address {
             locked(&self.clients).remove(&a);
+            self.budgets.forget(a);
         }
         locked(&self.admitted).remove(&id);
         locked(&self.refused).remove(&id);
@@ -255,13 +365,17 @@ impl Resolver {
     pub fn start(address: Ipv4Addr, shared: Arc<Shared>) -> std::io::Result<Resolver> {
         let socket = UdpSocket::bind((address, PORT))?;
         socket.set_read_timeout(Some(Duration::from_millis(250)))?;
+        // Root may set it past rmem_max; otherwise what the host allows.
+        use nix::sys::socket::{setsockopt, sockopt};
+        if setsockopt(&socket, sockopt::RcvBufForce, &RECEIVE_BUFFER).is_err() {
+            let _ = setsockopt(&socket, sockopt::RcvBuf, &RECEIVE_BUFFER);
+        }
         let stop = Arc::new(AtomicBool::new(false));
-        let in_flight = Arc::new(InFlight::default());
         let thread = {
             let stop = Arc::clone(&stop);
             std::thread::Builder::new()
                 .name("sbx-resolver".into())
-                .spawn(move || serve(socket, shared, stop, in_flight))?
+                .spawn(move || serve(socket, shared, stop))?
         };
         Ok(Resolver {
             stop,
@@ -279,43 +393,154 @@ impl Drop for Resolver {
     }
 }
 
-/// The queries being answered: in all, and per source address.
-#[derive(Debug, Default)]
-struct InFlight {
-    all: AtomicUsize,
-    by_source: Mutex<HashMap<Ipv4Addr, usize>>,
+/// The bounds of [`Budgets`] (the module's constants, smaller in tests).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub per_sandbox: usize,
+    pub reserved: usize,
+    pub shared: usize,
+    pub per_second: f64,
+    pub burst: f64,
 }
 
-impl InFlight {
-    /// Counts a query of `source` in, unless either bound is reached.
-    fn enter(&self, source: Ipv4Addr) -> bool {
-        let mut by_source = locked(&self.by_source);
-        let mine = by_source.entry(source).or_insert(0);
-        if *mine >= MAX_IN_FLIGHT_PER_SANDBOX {
-            return false;
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            per_sandbox: MAX_IN_FLIGHT_PER_SANDBOX,
+            reserved: RESERVED_PER_SANDBOX,
+            shared: SHARED_IN_FLIGHT,
+            per_second: QUERIES_PER_SECOND,
+            burst: QUERY_BURST,
         }
-        if self.all.fetch_add(1, Ordering::SeqCst) >= MAX_IN_FLIGHT {
-            self.all.fetch_sub(1, Ordering::SeqCst);
-            return false;
+    }
+}
+
+/// Why a query was not let in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverBudget {
+    /// Its sandbox has as many queries being answered as it may (or every shared slot is
+    /// taken and its reserved ones too).
+    InFlight,
+    /// Its sandbox asked faster than it may.
+    Rate,
+}
+
+/// One source's share: its queries being answered, and its token bucket (tokens as of `at`).
+#[derive(Debug)]
+struct Share {
+    in_flight: usize,
+    tokens: f64,
+    at: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Shares {
+    by_source: HashMap<Ipv4Addr, Share>,
+    /// Queries refused per source (kept until its sandbox is forgotten: at most one entry
+    /// per address of the network).
+    refused: HashMap<Ipv4Addr, u64>,
+    /// Queries in flight past their source's reserved ones, of every source.
+    shared: usize,
+    pruned: Option<Instant>,
+}
+
+/// The resolver's budgets per source address, answered fairly: a source's first
+/// `reserved` queries in flight are its own whatever the others do; the ones past those (to
+/// `per_sandbox`) draw on `shared`, which all sources share; and a token bucket bounds its
+/// queries a second.
+#[derive(Debug)]
+pub struct Budgets {
+    limits: Limits,
+    shares: Mutex<Shares>,
+}
+
+impl Budgets {
+    pub fn new(limits: Limits) -> Budgets {
+        Budgets {
+            limits,
+            shares: Mutex::new(Shares::default()),
         }
-        *mine += 1;
-        true
+    }
+
+    /// Counts a query of `source` in at `now`, unless a budget refuses it (counted, for
+    /// [`Budgets::refused`]).
+    pub fn enter(&self, source: Ipv4Addr, now: Instant) -> Result<(), OverBudget> {
+        let mut shares = locked(&self.shares);
+        let entered = self.admit(&mut shares, source, now);
+        if entered.is_err() {
+            *shares.refused.entry(source).or_insert(0) += 1;
+        }
+        entered
+    }
+
+    /// How many queries of `source` were refused.
+    pub fn refused(&self, source: Ipv4Addr) -> u64 {
+        locked(&self.shares)
+            .refused
+            .get(&source)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Forgets `source`'s refusals (its sandbox is gone; the address may go to another).
+    pub fn forget(&self, source: Ipv4Addr) {
+        locked(&self.shares).refused.remove(&source);
+    }
+
+    fn admit(&self, shares: &mut Shares, source: Ipv4Addr, now: Instant) -> Result<(), OverBudget> {
+        let l = self.limits;
+        // Sources whose bucket is full again and that have nothing in flight are forgotten
+        // (a new one starts full): the map holds the sources of the last seconds only.
+        if shares
+            .pruned
+            .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(10))
+        {
+            let refill = Duration::from_secs_f64(l.burst / l.per_second);
+            shares
+                .by_source
+                .retain(|_, s| s.in_flight > 0 || now.saturating_duration_since(s.at) < refill);
+            shares.pruned = Some(now);
+        }
+        let shared_full = shares.shared >= l.shared;
+        let mine = shares.by_source.entry(source).or_insert(Share {
+            in_flight: 0,
+            tokens: l.burst,
+            at: now,
+        });
+        let past_reserved = mine.in_flight >= l.reserved;
+        if mine.in_flight >= l.per_sandbox || (past_reserved && shared_full) {
+            return Err(OverBudget::InFlight);
+        }
+        let elapsed = now.saturating_duration_since(mine.at).as_secs_f64();
+        mine.tokens = (mine.tokens + elapsed * l.per_second).min(l.burst);
+        mine.at = now;
+        if mine.tokens < 1.0 {
+            return Err(OverBudget::Rate);
+        }
+        mine.tokens -= 1.0;
+        mine.in_flight += 1;
+        if past_reserved {
+            shares.shared += 1;
+        }
+        Ok(())
     }
 
     /// Counts a query of `source` out.
-    fn leave(&self, source: Ipv4Addr) {
-        let mut by_source = locked(&self.by_source);
-        if let Some(mine) = by_source.get_mut(&source) {
-            *mine = mine.saturating_sub(1);
-            if *mine == 0 {
-                by_source.remove(&source);
-            }
+    pub fn leave(&self, source: Ipv4Addr) {
+        let reserved = self.limits.reserved;
+        let mut shares = locked(&self.shares);
+        let Some(mine) = shares.by_source.get_mut(&source) else {
+            return;
+        };
+        let was_past_reserved = mine.in_flight > reserved;
+        mine.in_flight = mine.in_flight.saturating_sub(1);
+        if was_past_reserved {
+            shares.shared = shares.shared.saturating_sub(1);
         }
-        self.all.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-fn serve(socket: UdpSocket, shared: Arc<Shared>, stop: Arc<AtomicBool>, in_flight: Arc<InFlight>) {
+fn serve(socket: UdpSocket, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let mut buf = vec![0u8; 4096];
     while !stop.load(Ordering::SeqCst) {
         let (n, from) = match socket.recv_from(&mut buf) {
@@ -336,24 +561,25 @@ fn serve(socket: UdpSocket, shared: Arc<Shared>, stop: Arc<AtomicBool>, in_fligh
         };
         let SocketAddr::V4(from) = from else { continue };
         let source = *from.ip();
-        if !in_flight.enter(source) {
+        if shared.budgets.enter(source, Instant::now()).is_err() {
             continue;
         }
         let (Ok(reply_socket), query) = (socket.try_clone(), buf[..n].to_vec()) else {
-            in_flight.leave(source);
+            shared.budgets.leave(source);
             continue;
         };
-        let (shared, counter) = (Arc::clone(&shared), Arc::clone(&in_flight));
+        let worker = Arc::clone(&shared);
         let spawned = std::thread::Builder::new()
             .name("sbx-resolve".into())
+            .stack_size(ANSWER_STACK)
             .spawn(move || {
-                if let Some(reply) = answer(&shared, source, &query) {
+                if let Some(reply) = answer(&worker, source, &query) {
                     let _ = reply_socket.send_to(&reply, from);
                 }
-                counter.leave(source);
+                worker.budgets.leave(source);
             });
         if spawned.is_err() {
-            in_flight.leave(source);
+            shared.budgets.leave(source);
         }
     }
 }
@@ -432,16 +658,27 @@ fn answer_query(shared: &Shared, source: Ipv4Addr, query: &[u8]) -> Option<Vec<u
     let Some(upstream) = shared.upstream else {
         return bare(&q, ResponseCode::ServFail);
     };
-    let Some(mut reply) = ask_upstream(upstream, &q) else {
+    let Some(reply) = ask_upstream(upstream, &q) else {
         return bare(&q, ResponseCode::ServFail);
     };
-    // No record of the reply may name an address the sandbox may not be steered to (the
-    // host's addresses read only for an answer that has addresses).
-    let answered = reply.take_answers();
+    // The question's own records only; none of them may name an address the sandbox may
+    // not be steered to (the host read only for an answer that has addresses).
+    let answered = in_chain(question.name(), reply.answers());
     let had_a = answered.iter().any(|r| matches!(r.data(), RData::A(_)));
-    let host = if had_a { host_addresses() } else { Vec::new() };
+    let host = if had_a {
+        match shared.host_view() {
+            Ok(view) => view,
+            Err(e) => {
+                tracing::warn!(error = %e, "the host's routes could not be read: an answer with addresses is SERVFAIL until they can");
+                return bare(&q, ResponseCode::ServFail);
+            }
+        }
+    } else {
+        HostView::default()
+    };
+    let (network, prefix) = (shared.table.network, shared.table.prefix);
     let (kept, refused): (Vec<_>, Vec<_>) = answered.into_iter().partition(|r| match r.data() {
-        RData::A(a) => !forbidden(a.0, shared.table.network, shared.table.prefix, &host),
+        RData::A(a) => admissible(a.0, network, prefix, &host, &client.networks),
         _ => true,
     });
     if !refused.is_empty() {
@@ -451,11 +688,10 @@ fn answer_query(shared: &Shared, source: Ipv4Addr, query: &[u8]) -> Option<Vec<u
         shared.refuse(client.id, &name);
         return bare(&q, ResponseCode::Refused);
     }
-    reply.insert_answers(kept);
     if question.query_type() == RecordType::A || question.query_type() == RecordType::ANY {
         let mut addrs = Vec::new();
         let mut ttl = MAX_TTL;
-        for rec in reply.answers() {
+        for rec in &kept {
             if let RData::A(a) = rec.data() {
                 addrs.push(a.0);
                 ttl = ttl.min(u64::from(rec.ttl()));
@@ -473,15 +709,101 @@ fn answer_query(shared: &Shared, source: Ipv4Addr, query: &[u8]) -> Option<Vec<u
             }
         }
     }
-    reply.set_id(q.id());
-    reply.to_vec().ok()
+    // A new message: the question, its answers, the upstream's code and truncation bit.
+    let mut out = Message::new();
+    out.set_id(q.id())
+        .set_message_type(MessageType::Response)
+        .set_op_code(q.op_code())
+        .set_recursion_desired(q.recursion_desired())
+        .set_recursion_available(true)
+        .set_truncated(reply.truncated())
+        .set_response_code(reply.response_code())
+        .add_queries(q.queries().to_vec())
+        .insert_answers(kept);
+    out.to_vec().ok()
 }
 
-/// Whether `addr` is one no answer may admit: in the sandbox network `network/prefix` (the
-/// bridge, the neighbours), one of the host's own (`host`), or in a special range —
+/// The records of `answers` that answer `name`: those of `name` itself and of every name a
+/// CNAME record among them leads to from it, in their order (anything else an upstream put
+/// in the section is not the question's answer).
+fn in_chain(name: &hickory_proto::rr::Name, answers: &[Record]) -> Vec<Record> {
+    let lower = |n: &hickory_proto::rr::Name| n.to_ascii().to_ascii_lowercase();
+    let mut names = vec![lower(name)];
+    let mut taken = vec![false; answers.len()];
+    // Each pass takes at least one record or ends: at most as many passes as records.
+    loop {
+        let mut grew = false;
+        for (i, r) in answers.iter().enumerate() {
+            if taken[i] || !names.contains(&lower(r.name())) {
+                continue;
+            }
+            taken[i] = true;
+            grew = true;
+            if let RData::CNAME(target) = r.data() {
+                names.push(lower(&target.0));
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    answers
+        .iter()
+        .zip(taken)
+        .filter(|(_, t)| *t)
+        .map(|(r, _)| r.clone())
+        .collect()
+}
+
+/// The host as an answer may not steer a sandbox into it: its own addresses, and the
+/// networks it is attached to (its interfaces' address networks and its on-link routes).
+#[derive(Debug, Clone, Default)]
+pub struct HostView {
+    pub addrs: Vec<Ipv4Addr>,
+    pub attached: Vec<(Ipv4Addr, u8)>,
+}
+
+/// Blocks of IANA's IPv4 Special-Purpose Address Registry that are not globally reachable,
+/// and multicast (224/4, its own registry): private (10/8, 172.16/12, 192.168/16), shared
+/// (100.64/10), "this network" (0/8), loopback (127/8), link-local (169.254/16), IETF
+/// protocol assignments (192.0.0/24, but for the two in [`GLOBAL_IN_SPECIAL`]),
+/// documentation (192.0.2/24, 198.51.100/24, 203.0.113/24), benchmarking (198.18/15) and
+/// reserved (240/4, with the limited broadcast address).
+pub const NOT_GLOBAL: [(Ipv4Addr, u8); 14] = [
+    (Ipv4Addr::new(0, 0, 0, 0), 8),
+    (Ipv4Addr::new(10, 0, 0, 0), 8),
+    (Ipv4Addr::new(100, 64, 0, 0), 10),
+    (Ipv4Addr::new(127, 0, 0, 0), 8),
+    (Ipv4Addr::new(169, 254, 0, 0), 16),
+    (Ipv4Addr::new(172, 16, 0, 0), 12),
+    (Ipv4Addr::new(192, 0, 0, 0), 24),
+    (Ipv4Addr::new(192, 0, 2, 0), 24),
+    (Ipv4Addr::new(192, 168, 0, 0), 16),
+    (Ipv4Addr::new(198, 18, 0, 0), 15),
+    (Ipv4Addr::new(198, 51, 100, 0), 24),
+    (Ipv4Addr::new(203, 0, 113, 0), 24),
+    (Ipv4Addr::new(224, 0, 0, 0), 4),
+    (Ipv4Addr::new(240, 0, 0, 0), 4),
+];
+
+/// The registry's globally reachable addresses inside 192.0.0.0/24 (PCP and TURN anycast).
+pub const GLOBAL_IN_SPECIAL: [Ipv4Addr; 2] =
+    [Ipv4Addr::new(192, 0, 0, 9), Ipv4Addr::new(192, 0, 0, 10)];
+
+/// Whether `addr` is a public address: in no block of [`NOT_GLOBAL`] (but for
+/// [`GLOBAL_IN_SPECIAL`]).
+pub fn is_public(addr: Ipv4Addr) -> bool {
+    GLOBAL_IN_SPECIAL.contains(&addr)
+        || !NOT_GLOBAL
+            .iter()
+            .any(|(net, len)| policy::contains(*net, *len, addr))
+}
+
+/// Whether `addr` is one no answer may admit, whatever the sandbox's policy: in the sandbox
+/// network `network/prefix` (the bridge, the neighbours), one of the host's own (`host`), or
 /// "this network" 0/8, loopback 127/8, link-local 169.254/16, multicast 224/4, reserved
 /// 240/4 (with the broadcast address).
-pub fn forbidden(addr: Ipv4Addr, network: Ipv4Addr, prefix: u8, host: &[Ipv4Addr]) -> bool {
+pub fn never(addr: Ipv4Addr, network: Ipv4Addr, prefix: u8, host: &[Ipv4Addr]) -> bool {
     const SPECIAL: [(Ipv4Addr, u8); 5] = [
         (Ipv4Addr::new(0, 0, 0, 0), 8),
         (Ipv4Addr::new(127, 0, 0, 0), 8),
@@ -496,15 +818,29 @@ pub fn forbidden(addr: Ipv4Addr, network: Ipv4Addr, prefix: u8, host: &[Ipv4Addr
             .any(|(net, len)| policy::contains(*net, *len, addr))
 }
 
-/// The host's own IPv4 addresses, every interface's (read afresh for each answer: an address
-/// added since is refused too).
-fn host_addresses() -> Vec<Ipv4Addr> {
-    nix::ifaddrs::getifaddrs()
-        .map(|all| {
-            all.filter_map(|i| i.address?.as_sockaddr_in().map(|a| a.ip()))
-                .collect()
-        })
-        .unwrap_or_default()
+/// Whether an answer may admit `addr` for a sandbox on `network/prefix` whose policy names
+/// the networks `named`, on a host as `host` shows it: never ([`never`]); a public address
+/// ([`is_public`]) on no network the host is attached to, yes; any other only if a network
+/// of `named` holds it.
+pub fn admissible(
+    addr: Ipv4Addr,
+    network: Ipv4Addr,
+    prefix: u8,
+    host: &HostView,
+    named: &[(Ipv4Addr, u8)],
+) -> bool {
+    if never(addr, network, prefix, &host.addrs) {
+        return false;
+    }
+    let local = !is_public(addr)
+        || host
+            .attached
+            .iter()
+            .any(|(net, len)| policy::contains(*net, *len, addr));
+    !local
+        || named
+            .iter()
+            .any(|(net, len)| policy::contains(*net, *len, addr))
 }
 
 /// Sends the question of `q` — and nothing else of it: no additional, authority or answer
@@ -585,6 +921,7 @@ mod tests {
             bridge: "t0".into(),
             network: Ipv4Addr::new(10, 9, 0, 0),
             prefix: 16,
+            conntrack_max: nft::DEFAULT_CONNTRACK_MAX,
         };
         Shared::new(table, None)
     }
@@ -628,13 +965,18 @@ mod tests {
     }
 
     #[test]
-    fn answers_that_would_steer_a_sandbox_to_the_host_or_a_neighbour_are_forbidden() {
+    fn answers_that_would_steer_a_sandbox_to_the_host_or_a_neighbour_are_never_admitted() {
         let net = Ipv4Addr::new(10, 9, 0, 0);
-        let host = [Ipv4Addr::new(192, 0, 2, 7)];
+        let host = HostView {
+            addrs: vec![Ipv4Addr::new(198, 51, 100, 7)],
+            attached: Vec::new(),
+        };
+        // Not even for a policy that names every address.
+        let everything = [(Ipv4Addr::UNSPECIFIED, 0)];
         for bad in [
             Ipv4Addr::new(10, 9, 0, 1),
             Ipv4Addr::new(10, 9, 3, 4),
-            Ipv4Addr::new(192, 0, 2, 7),
+            Ipv4Addr::new(198, 51, 100, 7),
             Ipv4Addr::new(127, 0, 0, 1),
             Ipv4Addr::new(127, 8, 9, 1),
             Ipv4Addr::new(169, 254, 169, 254),
@@ -642,28 +984,162 @@ mod tests {
             Ipv4Addr::new(255, 255, 255, 255),
             Ipv4Addr::new(0, 0, 0, 0),
         ] {
-            assert!(forbidden(bad, net, 16, &host), "{bad} admitted");
+            assert!(never(bad, net, 16, &host.addrs), "{bad} admitted");
+            assert!(!admissible(bad, net, 16, &host, &everything), "{bad}");
         }
-        for good in [
-            Ipv4Addr::new(10, 10, 0, 1),
-            Ipv4Addr::new(192, 0, 2, 8),
-            Ipv4Addr::new(93, 184, 216, 34),
-        ] {
-            assert!(!forbidden(good, net, 16, &host), "{good} refused");
-        }
+        assert!(!never(Ipv4Addr::new(10, 10, 0, 1), net, 16, &host.addrs));
     }
 
     #[test]
-    fn one_source_cannot_take_every_slot() {
-        let f = InFlight::default();
-        let (a, b) = (Ipv4Addr::new(10, 9, 0, 2), Ipv4Addr::new(10, 9, 0, 3));
-        for _ in 0..MAX_IN_FLIGHT_PER_SANDBOX {
-            assert!(f.enter(a));
+    fn only_public_addresses_off_the_hosts_networks_are_admitted_unless_the_policy_names_them() {
+        let net = Ipv4Addr::new(10, 9, 0, 0);
+        let host = HostView {
+            addrs: vec![Ipv4Addr::new(192, 52, 193, 201)],
+            // A LAN with public addresses, and a container's /32 route.
+            attached: vec![
+                (Ipv4Addr::new(192, 52, 193, 200), 30),
+                (Ipv4Addr::new(93, 184, 216, 99), 32),
+            ],
+        };
+        let admitted = |a: [u8; 4], named: &[(Ipv4Addr, u8)]| {
+            admissible(Ipv4Addr::from(a), net, 16, &host, named)
+        };
+        for public in [
+            [93, 184, 216, 34],
+            [1, 1, 1, 1],
+            [100, 63, 255, 255],
+            [100, 128, 0, 1],
+            [172, 32, 0, 1],
+            [192, 0, 0, 9],
+            [192, 0, 0, 10],
+            [192, 0, 3, 1],
+            [192, 52, 193, 1],
+            [198, 20, 0, 1],
+            [223, 255, 255, 254],
+        ] {
+            assert!(admitted(public, &[]), "{public:?} refused");
         }
-        assert!(!f.enter(a), "one more of the same sandbox");
-        assert!(f.enter(b), "another sandbox still gets in");
-        f.leave(a);
-        assert!(f.enter(a));
+        for local in [
+            [10, 1, 2, 3],
+            [100, 64, 0, 1],
+            [100, 127, 255, 254],
+            [172, 16, 0, 1],
+            [172, 31, 255, 254],
+            [192, 0, 0, 8],
+            [192, 0, 0, 170],
+            [192, 0, 2, 1],
+            [192, 168, 1, 1],
+            [198, 18, 0, 1],
+            [198, 19, 255, 254],
+            [198, 51, 100, 1],
+            [203, 0, 113, 9],
+            [192, 52, 193, 202],
+            [93, 184, 216, 99],
+        ] {
+            assert!(!admitted(local, &[]), "{local:?} admitted");
+        }
+        // Named by the policy: the network, or the address itself.
+        assert!(admitted([10, 1, 2, 3], &[(Ipv4Addr::new(10, 0, 0, 0), 8)]));
+        assert!(admitted(
+            [192, 52, 193, 202],
+            &[(Ipv4Addr::new(192, 52, 193, 200), 30)]
+        ));
+        assert!(admitted(
+            [93, 184, 216, 99],
+            &[(Ipv4Addr::new(93, 184, 216, 99), 32)]
+        ));
+        assert!(!admitted(
+            [10, 1, 2, 3],
+            &[(Ipv4Addr::new(10, 2, 0, 0), 16)]
+        ));
+    }
+
+    #[test]
+    fn a_sandbox_always_gets_its_reserved_queries_and_the_rest_are_shared_and_rate_bound() {
+        let b = Budgets::new(Limits {
+            per_sandbox: 4,
+            reserved: 2,
+            shared: 3,
+            per_second: 10.0,
+            burst: 20.0,
+        });
+        let now = Instant::now();
+        let src = |n: u8| Ipv4Addr::new(10, 9, 0, n);
+        // Two flooders take every shared slot: the first 4 (2 reserved, 2 shared), the
+        // second 3 (the last shared slot; its fourth is refused).
+        for _ in 0..4 {
+            assert!(b.enter(src(2), now).is_ok());
+        }
+        assert_eq!(
+            b.enter(src(2), now),
+            Err(OverBudget::InFlight),
+            "its own bound"
+        );
+        for _ in 0..3 {
+            assert!(b.enter(src(3), now).is_ok());
+        }
+        assert_eq!(
+            b.enter(src(3), now),
+            Err(OverBudget::InFlight),
+            "the shared slots are all taken"
+        );
+        // Whatever they do, another sandbox gets its reserved two at once…
+        assert!(b.enter(src(4), now).is_ok());
+        assert!(b.enter(src(4), now).is_ok());
+        // …and no more while the shared slots are taken.
+        assert_eq!(b.enter(src(4), now), Err(OverBudget::InFlight));
+        // A shared slot let go is taken again.
+        b.leave(src(2));
+        assert!(b.enter(src(4), now).is_ok());
+        for _ in 0..3 {
+            b.leave(src(4));
+        }
+        // The rate: a burst of 20, then 10 a second.
+        let c = src(5);
+        let mut admitted = 0;
+        for _ in 0..30 {
+            if b.enter(c, now).is_ok() {
+                admitted += 1;
+                b.leave(c);
+            }
+        }
+        assert_eq!(admitted, 20, "the burst");
+        assert_eq!(b.enter(c, now), Err(OverBudget::Rate));
+        let later = now + Duration::from_millis(500);
+        let mut again = 0;
+        for _ in 0..30 {
+            if b.enter(c, later).is_ok() {
+                again += 1;
+                b.leave(c);
+            }
+        }
+        assert_eq!(again, 5, "half a second at 10 a second");
+        // Every refusal above is counted for its source, until it is forgotten.
+        assert_eq!(
+            (b.refused(src(2)), b.refused(src(3)), b.refused(src(4))),
+            (1, 1, 1)
+        );
+        assert_eq!(b.refused(c), 10 + 1 + 25);
+        b.forget(c);
+        assert_eq!(b.refused(c), 0);
+    }
+
+    #[test]
+    fn only_the_questions_own_records_are_its_answer() {
+        use hickory_proto::rr::rdata::{A, CNAME};
+        let name = |n: &str| Name::from_str(n).unwrap();
+        let rec = |owner: &str, data: RData| Record::from_rdata(name(owner), 30, data);
+        let answers = vec![
+            rec(
+                "api.example.test.",
+                RData::CNAME(CNAME(name("edge.cdn.test."))),
+            ),
+            rec("other.test.", RData::A(A::new(10, 0, 0, 1))),
+            rec("Edge.CDN.test.", RData::A(A::new(93, 184, 216, 34))),
+        ];
+        let kept = in_chain(&name("API.example.test."), &answers);
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert!(kept.iter().all(|r| r.name().to_ascii() != "other.test."));
     }
 
     #[test]

@@ -262,6 +262,7 @@ impl Context {
             None
         };
 
+        refuse_whiteout_name(&dest)?;
         let file = File::create_new(out)
             .map_err(|e| ActorError::Internal(format!("creating the COPY layer: {e}")))?;
         let mut tar = tar::Builder::new(BufWriter::new(file));
@@ -322,6 +323,7 @@ impl Context {
             if target == Path::new("/") || !written.insert(target.clone()) {
                 continue;
             }
+            refuse_whiteout_name(&target)?;
             let kind = entry.header().entry_type();
             let mut h = tar::Header::new_gnu();
             h.set_uid(copy.uid.into());
@@ -394,6 +396,24 @@ impl Context {
             .map_err(io)?;
         // The directories written first are the parent image's: its digest is in the key.
         Ok(hex::encode(content.finish().as_ref()))
+    }
+}
+
+/// Refuses a path with a component a layer reads as a deletion: `.wh.NAME` deletes NAME,
+/// `.wh..wh..opq` hides a directory's lower contents (the OCI layer format; a RUN's changes
+/// are refused alike by the oci driver).
+fn refuse_whiteout_name(path: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    match path.components().any(|c| match c {
+        Component::Normal(n) => n.as_bytes().starts_with(b".wh."),
+        _ => false,
+    }) {
+        true => Err(ActorError::InvalidArgument(format!(
+            "COPY to {}: a name beginning with .wh. is how a layer says a file was deleted, \
+             so a layer cannot hold it (rename it)",
+            path.display()
+        ))),
+        false => Ok(()),
     }
 }
 
@@ -581,6 +601,31 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+    }
+
+    #[test]
+    fn a_name_a_layer_reads_as_a_deletion_is_not_copied() {
+        let ctx = [
+            ("a", Some(&b"1"[..])),
+            (".wh.passwd", Some(&b""[..])),
+            ("conf/", None),
+            ("conf/.wh..wh..opq", Some(&b""[..])),
+        ];
+        for (sources, dest, named) in [
+            (&[".wh.passwd"][..], "/etc/", "/etc/.wh.passwd"),
+            (&["conf"][..], "/etc/", "/etc/.wh..wh..opq"),
+            (&["a"][..], "/etc/.wh.group", "/etc/.wh.group"),
+            (&["a"][..], "/.wh.etc/x", "/.wh.etc/x"),
+        ] {
+            let e = layer(&ctx, spec(sources, dest)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("COPY to {named}: a name beginning with .wh.")),
+                "{sources:?} to {dest}: {e}"
+            );
+        }
+        // A name that only holds `.wh.` further on is a name like any other.
+        let got = layer(&ctx, spec(&["a"], "/etc/a.wh.b")).unwrap();
+        assert_eq!(got.last().map(|e| e.0.as_str()), Some("etc/a.wh.b"));
     }
 
     #[test]

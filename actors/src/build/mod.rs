@@ -15,8 +15,8 @@
 //! - ENV, ARG, WORKDIR, USER, ENTRYPOINT, CMD, LABEL, EXPOSE and SHELL change the config only.
 //!
 //! **Cache.** Every step has a key: the sha256 of the key before it and of what the step is
-//! (its text, the ARG values it sees, for COPY the layer it makes); the first key is the base
-//! image's digest. An image a step made is recorded as `sbx.local/build-cache:<key>`, and a
+//! (its text, the ARG values it sees, for RUN the network the build allows it in normal form,
+//! for COPY the layer it makes); the first key is the base image's digest. An image a step made is recorded as `sbx.local/build-cache:<key>`, and a
 //! step whose key names an image already is answered from it without running. So a second
 //! build of the same Dockerfile and context runs nothing, and a change re-runs the steps from
 //! the first that sees it. The cache images are ordinary images (`sbx image list` shows them,
@@ -218,6 +218,15 @@ impl Gateway {
                 "--build-arg {unknown}: the Dockerfile declares no ARG {unknown}"
             )));
         }
+        // What a RUN may reach is part of its key: a step run with network may have fetched
+        // what the same step without could not, and the other way round. In normal form
+        // (sorted, without duplicates, names lowercase): the same allowance is the same key.
+        let allowance: Vec<String> = sbx_network::parse_allowlist(&req.allow)
+            .map_err(|e| ActorError::InvalidArgument(format!("--allow: {e}")))?
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let allowance = allowance.join("\n");
         let context = std::sync::Arc::new(match &req.context {
             Some(path) => {
                 let path = path.clone();
@@ -395,6 +404,8 @@ impl Gateway {
                         b"RUN",
                         format!("{argv:?}").as_bytes(),
                         format!("{run_env:?}").as_bytes(),
+                        b"allow",
+                        allowance.as_bytes(),
                     ]);
                     if !req.no_cache && self.build_from_cache(&mut state).await? {
                         say(step_event(true)).await;
@@ -413,6 +424,7 @@ impl Gateway {
                         argv,
                         env: run_env,
                         image: base.digest.clone(),
+                        base_size: base.size,
                         name: format!("build-{build_id}-{index}"),
                     };
                     self.build_run(&req, &run, &layer, &events).await?;
@@ -769,25 +781,42 @@ impl Gateway {
                 shown_argv(&run.argv)
             )));
         }
-        // Bounded as a pulled image is (`--image-max-size`): a sparse file of terabytes costs
-        // the sandbox nothing, its layer would fill the gateway's disk.
-        let limit = self.images.content_store()?.limits().max_size;
+        // Bounded as a pulled image is (`--image-max-size`, the base's layers counted): a
+        // sparse file of terabytes costs the sandbox nothing, its layer would fill the
+        // gateway's disk. Each entry is paid for from its header, before its data is written.
+        let refused = |e: sbx_images::ImageError| match e {
+            sbx_images::ImageError::TooLarge { image, why, limit } => ActorError::Image {
+                kind: crate::error::ImageFailure::TooLarge,
+                message: format!("{image}: {why} (the limit: {limit})"),
+            },
+            // The driver's tar is ours: one the meter cannot read is a bug.
+            e => ActorError::Internal(format!("the layer of RUN at line {}: {e}", run.line)),
+        };
+        let mut budget = self
+            .images
+            .content_store()?
+            .limits()
+            .budget(&format!("the image of RUN at line {}", run.line));
+        budget.take_cached(run.base_size).map_err(refused)?;
+        let mut meter = sbx_images::LayerMeter::new(budget);
         let mut stream = self.copy_changes(sel).await?;
         let mut file = tokio::fs::File::create_new(layer)
             .await
             .map_err(|e| ActorError::Internal(format!("creating a layer: {e}")))?;
         use tokio::io::AsyncWriteExt;
-        let mut written = 0u64;
         while let Some(chunk) = stream.next().await {
-            let data = chunk?.data;
-            written += data.len() as u64;
-            if written > limit {
-                return Err(ActorError::FailedPrecondition(format!(
-                    "RUN at line {} changed more than {limit} bytes of the root filesystem \
-                     (sbxd --image-max-size)",
-                    run.line
-                )));
-            }
+            let data = match chunk {
+                Ok(chunk) => chunk.data,
+                // What the sandbox made that a layer cannot say (a `.wh.` name…).
+                Err(ActorError::Driver(sbx_driver_api::DriverError::FailedPrecondition(m))) => {
+                    return Err(ActorError::FailedPrecondition(format!(
+                        "RUN at line {}: {m}",
+                        run.line
+                    )));
+                }
+                Err(e) => return Err(e),
+            };
+            meter.feed(&data).map_err(refused)?;
             file.write_all(&data)
                 .await
                 .map_err(|e| ActorError::Internal(format!("writing a layer: {e}")))?;
@@ -806,6 +835,8 @@ struct RunStep {
     argv: Vec<String>,
     env: Vec<(String, String)>,
     image: String,
+    /// What the image's layers take before this step's (their sizes, as a manifest says).
+    base_size: u64,
     name: String,
 }
 

@@ -67,6 +67,8 @@ impl Daemon {
             .args(["--reconcile-interval", "1", "--driver-call-timeout", "3"])
             // Plain TCP on loopback, as the chaos clients dial it.
             .args(["--auth", "none"])
+            // No sandbox network: none is needed, and the host's gateways share a name's.
+            .args(["--network-cidr", "off"])
             // The sandbox actors' plans (each observation and the step it chose) explain a
             // violation after the fact: `history` quotes them.
             .env("SBX_LOG", "info,sbx_actors::sandbox=debug")

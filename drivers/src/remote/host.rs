@@ -112,6 +112,18 @@ pub struct OciArgs {
     )]
     pub pids_limit: i64,
 
+    /// The most processes every oci sandbox of this gateway may run together (the pids.max
+    /// of --oci-cgroup-parent): many sandboxes at their own limit cannot take the host's
+    /// pids. Default: half of kernel.pid_max (or of kernel.threads-max, the lower).
+    #[arg(
+        id = "oci_pids_total",
+        long = "oci-pids-total",
+        env = "SBX_OCI_PIDS_TOTAL",
+        value_parser = parse_pids_total,
+        value_name = "N"
+    )]
+    pub pids_total: Option<u64>,
+
     /// The static busybox the sandbox init runs on (bound read-only into every sandbox at
     /// /dev/.sbx). Default: /bin/busybox, else /usr/bin/busybox (Debian's busybox-static).
     #[arg(
@@ -175,6 +187,21 @@ pub struct OciArgs {
     )]
     pub network_dns: Option<std::net::SocketAddr>,
 
+    /// The connections each sandbox on the network may have in the host's connection
+    /// tracking table at once (the table, `nf_conntrack_max`, is shared by every connection
+    /// of the host: without a bound one sandbox fills it). One more is refused and counted.
+    /// No ordinary program comes near the default; 64 sandboxes at it fill a table of
+    /// 262,144.
+    #[arg(
+        id = "network_conntrack_max",
+        long = "network-conntrack-max",
+        env = "SBX_NETWORK_CONNTRACK_MAX",
+        default_value_t = crate::network::DEFAULT_CONNTRACK_MAX,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub network_conntrack_max: u32,
+
     /// The host ids sandboxes (oci, process and vm: a VM's QEMU runs as its range's first uid)
     /// take their own range of 65536 from: START:COUNT as in /etc/subuid, COUNT a multiple of
     /// 65536 (the default holds 4096 sandboxes at once).
@@ -213,6 +240,20 @@ pub struct OciArgs {
         value_parser = parse_log_max
     )]
     pub log_max: u64,
+
+    /// The most ptys a sandbox holds in each of its two terminal instances (oci and process):
+    /// its own /dev/pts, and the one its execs' terminals come from. A sandbox that opens
+    /// more gets ENOSPC; neither instance can take the ptys the kernel keeps for the host's
+    /// own terminals (kernel.pty.reserve).
+    #[arg(
+        id = "max_ptys",
+        long = "max-ptys",
+        env = "SBX_MAX_PTYS",
+        default_value_t = crate::ptys::DEFAULT_MAX_PTYS,
+        value_parser = crate::ptys::parse_max_ptys,
+        value_name = "N"
+    )]
+    pub max_ptys: u32,
 }
 
 /// `--log-max`: a size (see `sbx_proto::quantity`) of at least `sbx_agent::log::MIN_CAP`.
@@ -243,14 +284,17 @@ impl Default for OciArgs {
         OciArgs {
             runtime: PathBuf::from("runc"),
             pids_limit: opts.pids_limit,
+            pids_total: opts.pids_total,
             busybox: None,
             cgroup_parent: opts.cgroup_parent,
             network_cidr: None,
             network_name: crate::network::DEFAULT_NAME.to_string(),
             network_dns: None,
+            network_conntrack_max: crate::network::DEFAULT_CONNTRACK_MAX,
             uid_pool: (crate::uidpool::DEFAULT_START, crate::uidpool::DEFAULT_COUNT),
             uid_lease_dir: PathBuf::from(crate::uidpool::DEFAULT_LEASE_DIR),
             log_max: opts.log_max,
+            max_ptys: opts.max_ptys,
         }
     }
 }
@@ -262,8 +306,10 @@ impl OciArgs {
             busybox: self.busybox.clone(),
             cgroup_parent: self.cgroup_parent.clone(),
             pids_limit: self.pids_limit,
+            pids_total: self.pids_total,
             uid_pool: Some(self.uid_pool()),
             log_max: self.log_max,
+            max_ptys: self.max_ptys,
             ..OciDriverOptions::default()
         }
     }
@@ -278,7 +324,7 @@ impl OciArgs {
     }
 
     /// What a driver host running sandboxes of its own (oci, process or vm) is told of them:
-    /// `--uid-pool`, `--uid-lease-dir` and `--log-max`.
+    /// `--uid-pool`, `--uid-lease-dir`, `--log-max` and `--max-ptys`.
     pub fn sandbox_flags(&self) -> Vec<OsString> {
         vec![
             "--uid-pool".into(),
@@ -287,6 +333,8 @@ impl OciArgs {
             self.uid_lease_dir.clone().into(),
             "--log-max".into(),
             self.log_max.to_string().into(),
+            "--max-ptys".into(),
+            self.max_ptys.to_string().into(),
         ]
     }
 
@@ -299,6 +347,10 @@ impl OciArgs {
             "--oci-cgroup-parent".into(),
             self.cgroup_parent.clone().into(),
         ];
+        if let Some(total) = self.pids_total {
+            flags.push("--oci-pids-total".into());
+            flags.push(total.to_string().into());
+        }
         if let Some(busybox) = &self.busybox {
             flags.push("--oci-busybox".into());
             flags.push(busybox.into());
@@ -322,6 +374,10 @@ impl OciArgs {
         if let Some(dns) = &self.network_dns {
             flags.push("--network-dns".into());
             flags.push(dns.to_string().into());
+        }
+        if self.network_conntrack_max != crate::network::DEFAULT_CONNTRACK_MAX {
+            flags.push("--network-conntrack-max".into());
+            flags.push(self.network_conntrack_max.to_string().into());
         }
         flags
     }
@@ -375,12 +431,19 @@ impl OciArgs {
             prefix,
             state_dir: state_dir.join("network"),
             dns_upstream,
+            conntrack_max: self.network_conntrack_max,
         };
         let opened = tokio::task::spawn_blocking(move || crate::network::Network::open(config))
             .await
             .map_err(|e| DriverError::Internal(format!("opening the sandbox network: {e}")))?;
         let net = match opened {
             Ok(net) => net,
+            // Another gateway's network: never a silent start without one, auto or not.
+            Err(e @ crate::network::NetworkError::InUse { .. }) => {
+                return Err(DriverError::Unavailable(format!(
+                    "the sandbox network: {e}"
+                )));
+            }
             // auto is best effort: a host without nft or ip runs without a network, saying so.
             Err(e) if auto => {
                 tracing::warn!(error = %e, cidr = %cidr, "no sandbox network (--network-cidr auto): sandboxes get loopback only; give --network-cidr CIDR, or --network-cidr off to say so");
@@ -395,6 +458,11 @@ impl OciArgs {
         tracing::info!(cidr = %cidr, chosen = if auto { "auto" } else { "--network-cidr" }, bridge = %net.bridge_name(), resolver = ?dns_upstream, "the sandbox network is up");
         Ok(Some(Arc::new(net)))
     }
+}
+
+/// `--oci-pids-total`: at least 64, at most 4 Mi.
+pub fn parse_pids_total(text: &str) -> Result<u64, String> {
+    parse_bounded(text, "processes", 64, 4 << 20)
 }
 
 /// A pids limit: at least 16 (the init, a shell and a few commands), at most 4 Mi.

@@ -191,6 +191,25 @@ static PUBLIC_METHODS: std::sync::LazyLock<BTreeSet<String>> = std::sync::LazyLo
         .collect()
 });
 
+/// The methods served besides the API's own: health and reflection.
+const SERVED_BESIDES: [&str; 4] = [
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+];
+
+/// What a request's path may be called in a metric's label or an audit line: the method, if
+/// it is one this gateway serves (the API's, health's, reflection's), else `other` — so that
+/// no caller grows a label set or a log line by what it sends.
+pub fn method_label(path: &str) -> &str {
+    if PUBLIC_METHODS.contains(path) || SERVED_BESIDES.contains(&path) {
+        path
+    } else {
+        "other"
+    }
+}
+
 /// How a caller proved who it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Proof {
@@ -509,6 +528,20 @@ impl Authenticator {
     }
 }
 
+/// The request's connection carried an authenticated call (`connections::prove`, by its two
+/// addresses, over TLS or not).
+fn prove_connection<B>(req: &http::Request<B>) {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let info = req.extensions().get::<TcpConnectInfo>().or_else(|| {
+        req.extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .map(|tls| tls.get_ref())
+    });
+    if let Some((Some(local), Some(remote))) = info.map(|i| (i.local_addr(), i.remote_addr())) {
+        crate::daemon::connections::prove(local, remote);
+    }
+}
+
 /// The caller's uid on the Unix socket.
 fn peer_uid<B>(req: &http::Request<B>) -> Option<u32> {
     req.extensions()
@@ -616,9 +649,10 @@ impl<S> AuthService<S> {
         let caller = match self.auth.authenticate(&req) {
             Ok(caller) => caller,
             Err(status) => {
+                // A stranger's call: named only by a method this gateway serves.
                 tracing::info!(
                     target: "sbx::audit",
-                    method = %path,
+                    method = %method_label(&path),
                     outcome = ?status.code(),
                     "refused: not authenticated"
                 );
@@ -644,12 +678,13 @@ impl<S> AuthService<S> {
                 target: "sbx::audit",
                 who = %caller.name,
                 proof = %caller.proof,
-                method = %path,
+                method = %method_label(&path),
                 outcome = ?status.code(),
                 "refused: not allowed"
             );
             return Box::pin(async move { Ok(status.into_http()) });
         }
+        prove_connection(&req);
         let who = caller.name.clone();
         let proof = caller.proof.to_string();
         req.extensions_mut().insert(caller);

@@ -209,9 +209,19 @@ async fn caller(e2b: &E2b, req: &Request<Incoming>) -> Result<Caller, Failure> {
              (E2B_API_KEY)",
         ));
     }
-    e2b.auth
+    let caller = e2b
+        .auth
         .authenticate(&probe)
-        .map_err(|status| Failure::new(StatusCode::UNAUTHORIZED, status.message().to_string()))
+        .map_err(|status| Failure::new(StatusCode::UNAUTHORIZED, status.message().to_string()))?;
+    prove(req);
+    Ok(caller)
+}
+
+/// The request's connection carried an authenticated call (`connections::ConnProof`).
+pub(super) fn prove<B>(req: &Request<B>) {
+    if let Some(proof) = req.extensions().get::<super::connections::ConnProof>() {
+        proof.prove();
+    }
 }
 
 /// The workspace a caller's new sandboxes go to: its one granted workspace, else `default`.

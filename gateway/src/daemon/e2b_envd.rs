@@ -249,7 +249,9 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         // A server in the sandbox: reached by who holds the sandbox's access token (as the
         // SDK's X-Access-Token, or E2B's traffic token header), never by anyone who can guess
         // an id. Neither token goes on into the sandbox.
-        if !(authorized("x-access-token") || authorized(TRAFFIC_TOKEN)) {
+        if authorized("x-access-token") || authorized(TRAFFIC_TOKEN) {
+            super::e2b::prove(&req);
+        } else {
             return super::e2b::json_response(
                 StatusCode::UNAUTHORIZED,
                 &json!({"code": 401, "message": format!(
@@ -270,6 +272,9 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         return super::service_routes::forward(&e2b.gateway, uuid, port, req).await;
     }
     let authorized = authorized("x-access-token");
+    if authorized {
+        super::e2b::prove(&req);
+    }
     if path == "/health" {
         return health(&sandbox, id);
     }
@@ -719,14 +724,63 @@ pub(super) const FACTS: Bounds = Bounds {
     seconds: 60,
 };
 
-/// A file's bytes in or out: [`MAX_UPLOAD`], ten minutes.
-const CONTENT: Bounds = Bounds {
-    stdout: MAX_UPLOAD as usize,
-    seconds: 600,
+/// How long a file's bytes may take in or out (they stream: nothing of them is gathered).
+const CONTENT_SECONDS: u32 = 600;
+
+/// What an upload's script answers (the path it wrote): a line.
+const WRITTEN: Bounds = Bounds {
+    stdout: 64 << 10,
+    seconds: CONTENT_SECONDS,
 };
 
 /// What a script's stderr keeps (it only goes into messages).
 const MAX_STDERR: usize = 64 << 10;
+
+/// The output of a script started by [`start_script`].
+type ScriptOutput = std::pin::Pin<
+    Box<
+        dyn futures::Stream<Item = Result<sbx_proto::v1::ExecOutput, sbx_actors::ActorError>>
+            + Send,
+    >,
+>;
+
+/// Starts `body` (after [`PRELUDE`]) with `args` in the sandbox for at most `seconds`; with
+/// `stdin`, what that channel carries is its input (a `CloseStdin` ends it). Its output as it
+/// comes, for the caller to pace (an exec's output is bounded end to end: the sandbox waits
+/// while the caller does not read).
+async fn start_script(
+    e2b: &E2b,
+    uuid: Uuid,
+    body: &str,
+    args: &[&str],
+    stdin: Option<mpsc::Receiver<exec_input::Input>>,
+    seconds: u32,
+) -> Result<ScriptOutput, sbx_actors::ActorError> {
+    let mut command = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("{PRELUDE}{body}"),
+        "sh".to_string(),
+    ];
+    command.extend(args.iter().map(|a| a.to_string()));
+    let feeding = stdin.is_some();
+    let rx = stdin.unwrap_or_else(|| mpsc::channel(1).1);
+    let opts = ExecOptions {
+        stdin: feeding,
+        timeout_seconds: seconds,
+        ..Default::default()
+    };
+    let output = e2b
+        .gateway
+        .exec_io(
+            &SandboxSelector::Id(uuid),
+            command,
+            opts,
+            Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        )
+        .await?;
+    Ok(Box::pin(output))
+}
 
 /// Runs `body` (after [`PRELUDE`]) with `args` in the sandbox, `stdin` as its input, within
 /// `bounds`: output past them ends the script, refused as `FailedPrecondition`.
@@ -738,46 +792,28 @@ pub(super) async fn script(
     stdin: Option<Bytes>,
     bounds: Bounds,
 ) -> Result<Ran, sbx_actors::ActorError> {
-    let mut command = vec![
-        "sh".to_string(),
-        "-c".to_string(),
-        format!("{PRELUDE}{body}"),
-        "sh".to_string(),
-    ];
-    command.extend(args.iter().map(|a| a.to_string()));
-    let (tx, rx) = mpsc::channel::<exec_input::Input>(8);
-    let feeding = stdin.is_some();
-    match stdin {
-        Some(data) => {
-            tokio::spawn(async move {
-                for piece in data.chunks(64 * 1024) {
-                    if tx
-                        .send(exec_input::Input::Stdin(piece.to_vec()))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
+    let input = stdin.map(|data| {
+        let (tx, rx) = mpsc::channel::<exec_input::Input>(8);
+        tokio::spawn(async move {
+            for piece in data.chunks(64 * 1024) {
+                if tx
+                    .send(exec_input::Input::Stdin(piece.to_vec()))
+                    .await
+                    .is_err()
+                {
+                    return;
                 }
-                let _ = tx.send(exec_input::Input::CloseStdin(true)).await;
-            });
-        }
-        None => drop(tx),
-    }
-    let opts = ExecOptions {
-        stdin: feeding,
-        timeout_seconds: bounds.seconds,
-        ..Default::default()
-    };
-    let mut output = e2b
-        .gateway
-        .exec_io(
-            &SandboxSelector::Id(uuid),
-            command,
-            opts,
-            Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)),
-        )
-        .await?;
+            }
+            let _ = tx.send(exec_input::Input::CloseStdin(true)).await;
+        });
+        rx
+    });
+    let mut output = start_script(e2b, uuid, body, args, input, bounds.seconds).await?;
+    collect(&mut output, bounds).await
+}
+
+/// What a script said until it ended, within `bounds`.
+async fn collect(output: &mut ScriptOutput, bounds: Bounds) -> Result<Ran, sbx_actors::ActorError> {
     let (mut stdout, mut stderr, mut code) = (Vec::new(), Vec::new(), -1);
     while let Some(chunk) = output.next().await {
         match chunk?.chunk {
@@ -974,22 +1010,9 @@ async fn files(e2b: &E2b, uuid: Uuid, req: Request<Incoming>) -> Response<Body> 
         if target.is_empty() {
             return file_error(StatusCode::BAD_REQUEST, "a file part names no path".into());
         }
-        let data = match field.bytes().await {
-            Ok(d) => d,
-            Err(e) => return file_error(StatusCode::BAD_REQUEST, format!("the upload: {e}")),
-        };
-        let ran = match script(
-            e2b,
-            uuid,
-            r#"[ -d "$p" ] && exit 45; mkdir -p -- "$(dirname -- "$p")" && cat > "$p" && printf '%s' "$p""#,
-            &[&target],
-            Some(data),
-            CONTENT,
-        )
-        .await
-        {
+        let ran = match upload(e2b, uuid, &target, field).await {
             Ok(r) => r,
-            Err(e) => return file_error(StatusCode::BAD_GATEWAY, e.to_string()),
+            Err(response) => return response,
         };
         if ran.code != 0 {
             return file_error(
@@ -1010,7 +1033,69 @@ async fn files(e2b: &E2b, uuid: Uuid, req: Request<Incoming>) -> Response<Body> 
     super::e2b::json_response(StatusCode::OK, &Value::Array(written))
 }
 
-/// `GET /files?path=P`: the file's bytes, or why not.
+/// One file part of an upload written to `target` as it arrives: its chunks are the input of
+/// the sandbox's `cat` (a bounded channel: the client's upload waits while the sandbox
+/// writes), so no file is held whole in the gateway. Like envd, it writes in place: an upload
+/// cut short leaves what arrived. The script's answer, or the response that says why not.
+async fn upload(
+    e2b: &E2b,
+    uuid: Uuid,
+    target: &str,
+    mut field: multer::Field<'_>,
+) -> Result<Ran, Response<Body>> {
+    let (tx, rx) = mpsc::channel::<exec_input::Input>(4);
+    let mut output = start_script(
+        e2b,
+        uuid,
+        r#"[ -d "$p" ] && exit 45; mkdir -p -- "$(dirname -- "$p")" && cat > "$p" && printf '%s' "$p""#,
+        &[target],
+        Some(rx),
+        CONTENT_SECONDS,
+    )
+    .await
+    .map_err(|e| file_error(StatusCode::BAD_GATEWAY, e.to_string()))?;
+    let feed = async move {
+        loop {
+            match field.chunk().await {
+                Ok(Some(bytes)) => {
+                    for piece in bytes.chunks(64 * 1024) {
+                        if tx
+                            .send(exec_input::Input::Stdin(piece.to_vec()))
+                            .await
+                            .is_err()
+                        {
+                            // The script ended early; what it said tells why.
+                            return Ok(());
+                        }
+                    }
+                }
+                Ok(None) => {
+                    let _ = tx.send(exec_input::Input::CloseStdin(true)).await;
+                    return Ok(());
+                }
+                Err(e) => {
+                    return Err(file_error(
+                        StatusCode::BAD_REQUEST,
+                        format!("the upload: {e}"),
+                    ));
+                }
+            }
+        }
+    };
+    let ran = async {
+        collect(&mut output, WRITTEN)
+            .await
+            .map_err(|e| file_error(StatusCode::BAD_GATEWAY, e.to_string()))
+    };
+    // A broken upload ends the script (its output stream, dropped, ends the exec).
+    let ((), ran) = futures::future::try_join(feed, ran).await?;
+    Ok(ran)
+}
+
+/// `GET /files?path=P`: the file's bytes as the sandbox's `cat` writes them, streamed (the
+/// sandbox waits while the client does not read: nothing of the file is held whole), or why
+/// not. A file that fails part-way (removed, unreadable) ends the body with an error, so the
+/// client sees a broken transfer, never a short file as a whole one.
 async fn download(e2b: &E2b, uuid: Uuid, path: &str) -> Response<Body> {
     if path.is_empty() {
         return file_error(StatusCode::BAD_REQUEST, "path is required".into());
@@ -1019,10 +1104,10 @@ async fn download(e2b: &E2b, uuid: Uuid, path: &str) -> Response<Body> {
         e2b,
         uuid,
         // A regular file only (through links): a device or a FIFO is no file's bytes.
-        r#"[ -e "$p" ] || exit 44; [ -d "$p" ] && exit 45; [ -f "$p" ] || exit 47; cat -- "$p""#,
+        r#"[ -e "$p" ] || exit 44; [ -d "$p" ] && exit 45; [ -f "$p" ] || exit 47; printf ok"#,
         &[path],
         None,
-        CONTENT,
+        FACTS,
     )
     .await
     {
@@ -1031,11 +1116,49 @@ async fn download(e2b: &E2b, uuid: Uuid, path: &str) -> Response<Body> {
     };
     match ran.code {
         0 => {
-            let mut r = Response::new(
-                Full::new(Bytes::from(ran.stdout))
-                    .map_err(|never| match never {})
-                    .boxed(),
-            );
+            let output = match start_script(
+                e2b,
+                uuid,
+                r#"exec cat -- "$p""#,
+                &[path],
+                None,
+                CONTENT_SECONDS,
+            )
+            .await
+            {
+                Ok(o) => o,
+                Err(e) => return file_error(StatusCode::BAD_GATEWAY, e.to_string()),
+            };
+            type Error = Box<dyn std::error::Error + Send + Sync>;
+            let frames = output.filter_map(|item| async move {
+                match item.map(|o| o.chunk) {
+                    Ok(Some(exec_output::Chunk::Stdout(b))) => {
+                        Some(Ok::<_, Error>(Frame::data(Bytes::from(b))))
+                    }
+                    Ok(Some(exec_output::Chunk::Exit(exit))) if exit.code == 0 => None,
+                    Ok(Some(exec_output::Chunk::Exit(exit))) => Some(Err(format!(
+                        "the file's read ended with status {}{}",
+                        exit.code,
+                        if exit.timed_out { " (timed out)" } else { "" }
+                    )
+                    .into())),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(e.to_string().into())),
+                }
+            });
+            // Through a channel of two chunks (a body must be Sync; the exec's stream is not):
+            // the pace is still the client's, and a client gone ends the exec.
+            let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Error>>(2);
+            tokio::spawn(async move {
+                let mut frames = std::pin::pin!(frames);
+                while let Some(frame) = frames.next().await {
+                    if tx.send(frame).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+            let mut r = Response::new(BodyExt::boxed(body));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
                 "application/octet-stream".parse().expect("a header value"),

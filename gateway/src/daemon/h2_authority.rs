@@ -355,6 +355,12 @@ impl<IO: AsyncRead + Unpin> AsyncRead for AuthorityFix<IO> {
 
 super::connections::only_reads_change!(AuthorityFix);
 
+impl<IO: super::connections::Peer> super::connections::Peer for AuthorityFix<IO> {
+    fn addresses(&self) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
+        self.io.addresses()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -321,6 +321,23 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: Option<u32>,
 
+    /// The most connections one peer (an IPv4 address, an IPv6 /64) holds at once on each
+    /// TCP listener (the API, E2B, service routes, metrics); past it its new ones are closed
+    /// at once, and logged once a minute per peer.
+    #[arg(long, env = "SBX_MAX_CONNECTIONS_PER_PEER", value_name = "N",
+          default_value_t = connections::DEFAULT_PER_PEER as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_peer: u32,
+
+    /// Seconds a TCP connection may stay open without carrying an authenticated request (a
+    /// call a credential backs; on the E2B API a key or a sandbox's token; on the service
+    /// routes a request that reaches an exposed service). Past it the connection is closed,
+    /// however busy it keeps itself; clients open another when they have a call to make.
+    #[arg(long, env = "SBX_PROOF_TIMEOUT", value_name = "SECS",
+          default_value_t = connections::DEFAULT_PROOF_TIMEOUT,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub proof_timeout: u64,
+
     /// Seconds a new connection has to send the HTTP/2 connection preface before it is
     /// closed.
     #[arg(long, env = "SBX_HANDSHAKE_TIMEOUT", default_value_t = 10, value_name = "SECS",

@@ -167,14 +167,23 @@ fn unix_incoming(
     super::connections::bounded(incoming, limits)
 }
 
-/// `--max-connections` and `--handshake-timeout`, for each listener that serves callers.
-fn connection_limits(args: &ServeArgs) -> super::connections::Limits {
+/// `--max-connections`, `--max-connections-per-peer`, `--handshake-timeout` and
+/// `--proof-timeout`, for the listener `name` (counted in `metrics`).
+fn connection_limits(
+    args: &ServeArgs,
+    name: &'static str,
+    metrics: &Arc<sbx_actors::metrics::Metrics>,
+) -> super::connections::Limits {
     super::connections::Limits {
         max_connections: args
             .max_connections
             .map(|n| n as usize)
             .unwrap_or_else(super::connections::default_max_connections),
+        per_peer: args.max_connections_per_peer as usize,
         handshake_timeout: Duration::from_secs(args.handshake_timeout),
+        proof_timeout: Duration::from_secs(args.proof_timeout),
+        metrics: Some(Arc::clone(metrics)),
+        listener: name,
     }
 }
 
@@ -443,7 +452,7 @@ async fn serve_on(
             tracing::info!(bound = %local, "serving metrics at /metrics");
             tokio::spawn(super::metrics::serve(
                 listener,
-                connection_limits(&args),
+                connection_limits(&args, "metrics", &gateway.metrics()),
                 super::metrics::of_gateway(Arc::clone(&gateway)),
                 shutdown.clone(),
             ));
@@ -460,7 +469,7 @@ async fn serve_on(
             tracing::info!(%bound, domain = %args.service_domain, "serving service endpoints");
             tokio::spawn(super::service_routes::serve(
                 listener,
-                connection_limits(&args),
+                connection_limits(&args, "service", &gateway.metrics()),
                 Arc::clone(&gateway),
                 shutdown.clone(),
             ));
@@ -497,7 +506,7 @@ async fn serve_on(
             tokio::spawn(super::e2b::serve(
                 listener,
                 tls,
-                connection_limits(&args),
+                connection_limits(&args, "e2b", &gateway.metrics()),
                 super::e2b::E2b {
                     gateway: Arc::clone(&gateway),
                     auth: Arc::clone(&auth),
@@ -595,9 +604,11 @@ async fn serve_on(
     // an earlier one is unacknowledged waits for the client's delayed ACK (40 ms on Linux), a
     // floor under every answer (docs/BENCHMARKS.md, oci create→Ready).
     let stopped = async move { stop_accepting.cancelled().await };
-    let limits = connection_limits(&args);
+    let limits = connection_limits(&args, "api", &gateway.metrics());
     tracing::info!(
         max_connections = limits.max_connections,
+        per_peer = limits.per_peer,
+        proof_timeout = ?limits.proof_timeout,
         handshake_timeout = ?limits.handshake_timeout,
         keepalive = ?keepalive,
         "connection limits"
@@ -606,7 +617,7 @@ async fn serve_on(
     let tcp = listeners.tcp.map(|listener| {
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let incoming = super::connections::bounded(incoming, limits);
+        let incoming = super::connections::bounded(incoming, limits.clone());
         router
             .clone()
             .serve_with_incoming_shutdown(incoming, stopped)

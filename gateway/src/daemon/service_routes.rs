@@ -76,12 +76,12 @@ pub async fn serve_http1<H, Fut, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     use tonic::transport::server::Connected;
+    let deadline = limits.handshake_timeout;
     let incoming = super::connections::bounded(
         tokio_stream::wrappers::TcpListenerStream::new(listener),
         limits,
     );
     let mut incoming = std::pin::pin!(incoming);
-    let deadline = limits.handshake_timeout;
     loop {
         let accepted = tokio::select! {
             accepted = incoming.next() => accepted,
@@ -97,11 +97,17 @@ pub async fn serve_http1<H, Fut, B>(
             }
         };
         let peer = stream.connect_info().remote_addr();
+        // Each request carries its connection's proof, for the handler to give when it
+        // authenticates the request (connections::ConnProof).
+        let proof = stream.proof();
         let handle = handle.clone();
         let shutdown = shutdown.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
+            let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                if let Some(proof) = &proof {
+                    req.extensions_mut().insert(proof.clone());
+                }
                 let answer = handle(req);
                 async move { Ok::<_, std::convert::Infallible>(answer.await) }
             });
@@ -183,6 +189,11 @@ async fn route(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
             return text(status, e.to_string());
         }
     };
+    // A request that reaches an exposed service is what this listener is for: the
+    // connection has proven itself (connections::ConnProof).
+    if let Some(proof) = req.extensions().get::<super::connections::ConnProof>() {
+        proof.prove();
+    }
     forward(gateway, target.sandbox_id, target.port, req).await
 }
 
@@ -305,6 +316,7 @@ mod tests {
         let limits = Limits {
             max_connections: 1,
             handshake_timeout: Duration::from_millis(300),
+            ..Limits::default()
         };
         tokio::spawn(serve_http1(
             listener,

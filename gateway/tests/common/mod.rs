@@ -224,7 +224,7 @@ impl Sbxd {
         } else {
             &["--listen", listen]
         };
-        let child = Command::new(SBXD)
+        let child = sbxd_command()
             .arg("serve")
             .args(listen_flag)
             .args(driver_flag)
@@ -395,6 +395,16 @@ impl Drop for Sbxd {
             let _ = self.child.wait();
         }
     }
+}
+
+/// `sbxd`, to be given its subcommand and flags, without a sandbox network unless the flags
+/// ask for one (`--network-cidr`, which overrides the environment): gateways on one host share
+/// a network name's bridge and table, and a second sbxd on a name another serves refuses to
+/// start, so a test's gateway that needs no network has none.
+pub fn sbxd_command() -> Command {
+    let mut command = Command::new(SBXD);
+    command.env("SBX_NETWORK_CIDR", "off");
+    command
 }
 
 /// What a CLI run produced.
