@@ -30,6 +30,13 @@
 //! A write to the log that fails drops those records and the logger reads on: a full disk
 //! must not stop the workload on a full pipe.
 //!
+//! **A vm's console.** `sbx-agent log console - --rotate …` (`-`: stdin) is the host's logger of a vm
+//! sandbox's serial console (the vm driver starts it next to QEMU, as an unprivileged user,
+//! reading the pipe QEMU writes the console to): the bytes are written as they come, no
+//! records (the console holds the guest's kernel, its init's lines and the guest loggers'
+//! records already), within the same cap. It is the vm's log's bound: it runs on when the
+//! driver is gone, so neither the host's disk fills nor the guest stalls on a full pipe.
+//!
 //! **The cap.** Given `--rotate MAX READ_FD PREVIOUS_FD`, the log and the part before it never
 //! hold much more than MAX bytes together: before a write would take the log past MAX/2, the
 //! logger copies the log into the previous part (PREVIOUS_FD, a file of the driver's, emptied
@@ -64,6 +71,8 @@ const READ_SIZE: usize = 64 * 1024;
 pub enum Stream {
     Stdout,
     Stderr,
+    /// A vm's serial console, written as it comes (see the module docs).
+    Console,
 }
 
 impl Stream {
@@ -72,6 +81,7 @@ impl Stream {
         match word {
             "stdout" => Some(Stream::Stdout),
             "stderr" => Some(Stream::Stderr),
+            "console" => Some(Stream::Console),
             _ => None,
         }
     }
@@ -80,6 +90,7 @@ impl Stream {
         match self {
             Stream::Stdout => "stdout",
             Stream::Stderr => "stderr",
+            Stream::Console => "console",
         }
     }
 }
@@ -108,6 +119,10 @@ impl Recorder {
 
     /// Appends to `out` the records `data` completes, stamped `now`; keeps an unended rest.
     pub fn push(&mut self, data: &[u8], now: SystemTime, out: &mut Vec<u8>) {
+        if self.stream == Stream::Console {
+            out.extend_from_slice(data);
+            return;
+        }
         let stamp = rfc3339_nanos(now);
         let mut rest = data;
         while let Some(newline) = rest.iter().position(|&b| b == b'\n') {
@@ -201,7 +216,8 @@ pub struct Rotation {
 /// `sbx-agent log STREAM FIFO [--rotate MAX READ_FD PREVIOUS_FD]`: see the module docs.
 /// Returns the exit status and, for a failure, what to say.
 pub fn run(args: &[String]) -> Result<(), String> {
-    let usage = "usage: sbx-agent log stdout|stderr FIFO [--rotate MAX READ_FD PREVIOUS_FD]";
+    let usage =
+        "usage: sbx-agent log stdout|stderr|console FIFO|- [--rotate MAX READ_FD PREVIOUS_FD]";
     let (stream, fifo, rotation) = match args {
         [stream, fifo] => (stream, fifo, None),
         [stream, fifo, flag, max, read, previous] if flag == "--rotate" => {
@@ -222,7 +238,17 @@ pub fn run(args: &[String]) -> Result<(), String> {
     drain_mask.add(Signal::SIGUSR1);
     let signals = SignalFd::with_flags(&drain_mask, SfdFlags::SFD_CLOEXEC)
         .map_err(|e| format!("a signalfd for SIGUSR1: {e}"))?;
-    let input = open_fifo(Path::new(fifo)).map_err(|e| format!("opening {fifo}: {e}"))?;
+    // `-`: the logger's stdin (a vm's console: a pipe the driver made, which the logger,
+    // another user, could not open by a path).
+    let input = if fifo == "-" {
+        std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .map(File::from)
+            .map_err(|e| format!("stdin: {e}"))?
+    } else {
+        open_fifo(Path::new(fifo)).map_err(|e| format!("opening {fifo}: {e}"))?
+    };
     let output = std::io::stdout();
     pump(stream, &input, &signals, &mut |records| match &rotation {
         None => write_whole(output.as_fd(), records),
@@ -608,6 +634,21 @@ mod tests {
         assert_eq!(&out[..prefix.len()], prefix.as_slice());
         assert_eq!(&out[prefix.len()..out.len() - 1], data.as_slice());
         assert_eq!(out.last(), Some(&b'\n'));
+    }
+
+    #[test]
+    fn a_console_is_written_as_it_comes() {
+        let mut recorder = Recorder::new(Stream::Console);
+        let mut out = Vec::new();
+        recorder.push(
+            b"[ 0.1] kernel\r\nsbx-guest: r ready\npartial",
+            at(1, 0),
+            &mut out,
+        );
+        assert!(!recorder.has_pending());
+        recorder.flush(at(2, 0), &mut out);
+        assert_eq!(out, b"[ 0.1] kernel\r\nsbx-guest: r ready\npartial");
+        assert_eq!(Stream::parse("console"), Some(Stream::Console));
     }
 
     #[test]

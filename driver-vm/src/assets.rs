@@ -351,9 +351,24 @@ fn file_stamp(path: &Path) -> Result<(u64, u128), DriverError> {
     Ok((meta.len(), mtime))
 }
 
+/// Writes a shared asset: 0644, whatever the umask, since each VM's QEMU (a uid of its
+/// sandbox's own) reads it through the descriptor the driver opens (`/proc/self/fd`, which
+/// checks the file's mode). The assets are the host's kernel, busybox, modules and our agent:
+/// nothing of a sandbox's.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), DriverError> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let tmp = path.with_extension(format!("tmp-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&tmp, bytes).map_err(|e| io_error("writing", &tmp, e))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&tmp)
+        .and_then(|mut file| {
+            file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            file.write_all(bytes)
+        })
+        .map_err(|e| io_error("writing", &tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| io_error("renaming", &tmp, e))
 }
 

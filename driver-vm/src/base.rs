@@ -217,6 +217,33 @@ impl Bases {
 
 /// The bytes the layers' files take and how many entries they hold (an upper bound of the
 /// merged tree's: a file replaced in a higher layer counts twice).
+/// The base disk a sandbox's `root.qcow2` (made by an earlier version, whose record did not
+/// say) is over, from the qcow2's header: its backing file's name, taken only if it is a
+/// regular file directly in `bases` (the header was written by `qemu-img` and, since, by a
+/// QEMU that ran as host root: read once, at open, and recorded; never again, now that the
+/// guest's QEMU, another user, writes the file).
+pub fn backing_of(root: &Path, bases: &Path) -> Option<PathBuf> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = File::open(root).ok()?;
+    let mut header = [0u8; 20];
+    file.read_exact(&mut header).ok()?;
+    if header[..4] != *b"QFI\xfb" {
+        return None;
+    }
+    let offset = u64::from_be_bytes(header[8..16].try_into().ok()?);
+    let size = u32::from_be_bytes(header[16..20].try_into().ok()?);
+    if offset == 0 || size == 0 || size > 1023 {
+        return None;
+    }
+    let mut name = vec![0u8; size as usize];
+    file.seek(SeekFrom::Start(offset)).ok()?;
+    file.read_exact(&mut name).ok()?;
+    let path = PathBuf::from(String::from_utf8(name).ok()?);
+    let file_name = path.file_name()?;
+    let meta = std::fs::symlink_metadata(bases.join(file_name)).ok()?;
+    (path.parent() == Some(bases) && meta.is_file()).then(|| bases.join(file_name))
+}
+
 fn measure(layers: &[PathBuf]) -> (u64, u64) {
     let (mut bytes, mut entries) = (0u64, 0u64);
     let mut stack: Vec<PathBuf> = layers.to_vec();

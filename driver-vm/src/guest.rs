@@ -133,16 +133,31 @@ pub struct RunReport {
 const REPORT_WINDOW: u64 = 1 << 20;
 
 /// Reads the console log from `offset` (where this run began) for the guest's lines about
-/// `run_id`. Lines of other runs, and the workload's own output, are ignored.
+/// `run_id`. Lines of other runs, and the workload's own output, are ignored. The console's
+/// logger keeps it within the driver's `log_max` by rotation (`<console>.1`, the part before):
+/// the end of that part is read too, and a log shorter than `offset` (rotated since the run
+/// began) is read from its start.
 pub fn read_report(console_log: &Path, offset: u64, run_id: &str) -> RunReport {
-    let mut report = RunReport::default();
+    let report = RunReport::default();
+    let mut text = Vec::new();
+    if let Ok(mut previous) = std::fs::File::open(sbx_host_kit::logfile::previous_path(console_log))
+    {
+        let len = previous.metadata().map(|m| m.len()).unwrap_or(0);
+        if previous
+            .seek(SeekFrom::Start(len.saturating_sub(REPORT_WINDOW)))
+            .is_ok()
+        {
+            let _ = (&mut previous).take(REPORT_WINDOW).read_to_end(&mut text);
+            text.push(b'\n');
+        }
+    }
     let Ok(mut file) = std::fs::File::open(console_log) else {
-        return report;
+        return parse_report(&text, run_id, report);
     };
     // The guest writes the console: at most the first and the last [`REPORT_WINDOW`] bytes of
     // this run are read (`ready` comes early, `exit` last), however much it printed.
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut text = Vec::new();
+    let offset = if offset > len { 0 } else { offset };
     let late = len.saturating_sub(REPORT_WINDOW).max(offset);
     for (from, upto) in [(offset, late.min(offset + REPORT_WINDOW)), (late, len)] {
         if upto <= from || file.seek(SeekFrom::Start(from)).is_err() {
@@ -157,8 +172,13 @@ pub fn read_report(console_log: &Path, offset: u64, run_id: &str) -> RunReport {
         }
         text.push(b'\n');
     }
+    parse_report(&text, run_id, report)
+}
+
+/// The guest's lines about `run_id` in `text`, added to `report`.
+fn parse_report(text: &[u8], run_id: &str, mut report: RunReport) -> RunReport {
     let prefix = format!("sbx-guest: {run_id} ");
-    for line in String::from_utf8_lossy(&text).lines() {
+    for line in String::from_utf8_lossy(text).lines() {
         let Some(rest) = line.trim_end_matches('\r').strip_prefix(&prefix) else {
             continue;
         };
@@ -275,5 +295,15 @@ mod tests {
             read_report(&dir.path().join("none"), 0, "r2"),
             RunReport::default()
         );
+        // Rotated since the run began: its `ready` in the part before, its exit in a log now
+        // shorter than where the run began.
+        std::fs::write(
+            dir.path().join("console.log.1"),
+            "sbx-guest: r3 ready\nflood\n",
+        )
+        .unwrap();
+        std::fs::write(&log, "more flood\nsbx-guest: r3 exit 7\n").unwrap();
+        let report = read_report(&log, 1 << 20, "r3");
+        assert_eq!((report.ready, report.exit), (true, Some(7)));
     }
 }

@@ -122,6 +122,8 @@ impl Inner {
                  it again, then copy"
             )));
         }
+        let mut rec = rec;
+        self.ids_of(&mut rec)?;
         let paths = self.paths(id);
         let mut helper = VmRecord {
             run_id: format!("helper{}", Uuid::new_v4().simple()),
@@ -133,20 +135,29 @@ impl Inner {
             network_allow: None,
             ..rec.clone()
         };
-        let initramfs = self.boot_initramfs(&helper, 0, &RunEnv::new(), None, true)?;
-        let file = paths.dir.join("helper.cpio");
-        std::fs::write(&file, initramfs)
-            .map_err(|e| internal("writing the helper's initramfs", e))?;
+        let initramfs = super::initramfs_in_memory(&self.boot_initramfs(
+            &helper,
+            0,
+            &RunEnv::new(),
+            None,
+            true,
+        )?)?;
         let _slot = self
             .boots
             .acquire()
             .await
             .map_err(|e| internal("waiting for a boot slot", e))?;
         let launched = self
-            .launch_of(id, &helper, &paths, &file, false, None)
+            .launch_of(
+                id,
+                &helper,
+                &paths,
+                std::os::fd::AsFd::as_fd(&initramfs),
+                false,
+                None,
+            )?
             .launch()
             .await;
-        let _ = std::fs::remove_file(&file);
         helper.qemu = Some(launched?);
         locked(&self.helpers).insert(id, helper.run_id.clone());
         let booted = Helper {
@@ -156,7 +167,9 @@ impl Inner {
             last: Arc::new(std::sync::Mutex::new(Instant::now())),
             idled: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
-        self.wait_booted(&booted.rec).await?;
+        let ready = self.wait_booted(&booted.rec).await;
+        super::forget_initramfs(&initramfs);
+        ready?;
         booted.touch();
         // The watchdog: ends a helper whose copy has gone quiet; gone with the helper.
         let (inner, rec) = (Arc::clone(self), booted.rec.clone());

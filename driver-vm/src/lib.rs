@@ -54,11 +54,33 @@
 //! once, each of 10 KB there and back in 2.4 s under TCG. With 4 ports a boot took 3.1 s
 //! under TCG, with 29 3.8–4.6 s (each port is a chardev, a guest device and an idle agent).
 //! QEMU runs
-//! daemonized, so the VM outlives the driver and the gateway; QMP listens on a Unix socket in
-//! the sandbox's state directory ([`record`] lists the files).
+//! in a session of its own, so the VM outlives the driver and the gateway; QMP listens on a
+//! Unix socket in the sandbox's state directory ([`record`] lists the files).
 //!
-//! **Identity.** A VM is found again after a restart of the driver through QEMU's pidfile and
-//! the process's start time (a reused pid is never taken for it), confirmed over QMP: the VM's
+//! **QEMU's sandbox** (`qemu.rs`). Each sandbox leases a uid range from the host's pool
+//! (`host::uidpool`, as oci and process sandboxes do; released at delete): its QEMU runs as the
+//! range's first uid and gid, so no two VMs share a uid and none is root. It is started
+//! unprivileged (`setsid`, `nsenter` into the sandbox's network namespace or `unshare --net`
+//! into an empty one, `setpriv` to the uid with no capability — none permitted, effective,
+//! inheritable or in its bounding set — and `no_new_privs`), then QEMU installs its own
+//! seccomp filter (`-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,
+//! resourcecontrol=deny`) before it runs the guest. QEMU 7.2 cannot drop privileges itself
+//! under that filter (`-runas` needs set*id, `-daemonize` a fork, both refused once the filter
+//! is in), so it starts without them, and every host file it uses is handed over open: the
+//! kernel and the initramfs as descriptors it reads through `/proc/self/fd`, the disks (and an
+//! image's base disk, read only) as `-add-fd` fd sets under `-blockdev`, QMP's socket bound by
+//! the driver, the console a pipe. It names files only in its working directory `chan/` (host
+//! root's, its group the VM's, 0710): the FIFOs of the control and exec channels, its own
+//! 0600. The tap in the sandbox's namespace has no owner, and only this QEMU is in that
+//! namespace: it opens it with no capability. Measured under TCG: a boot (create → Running)
+//! takes as long as before (see the closing note of the change for the figures).
+//!
+//! **Host files.** The sandbox's directory is host root's, 0700; every file in it 0600, made
+//! with that mode (`record.rs` lists them). A boot's initramfs (the run's credentials, the
+//! spec's environment) is never a file: a memfd, emptied once the guest booted from it.
+//!
+//! **Identity.** A VM is found again after a restart of the driver through its pidfile (the
+//! driver's: pid and start time, so a reused pid is never taken for it), confirmed over QMP: the VM's
 //! name (`-name`) must be the sandbox id, and `query-status` must answer. Sandboxes are found
 //! by id only; the name is the guest's hostname, reported back and never matched.
 //!
@@ -95,9 +117,26 @@
 //!   Unavailable, saying why).
 //! - The spec's and the image's environment variable names must be shell identifiers (the
 //!   command runs through a script); an exec's may be anything.
-//! - The console (the log) grows without rotation and also holds the kernel's few messages
-//!   (it boots `quiet`) and the init's lines, read as stdout; the main process's stdout and
-//!   stderr reach it through the agent's loggers (`sbx-agent log`) as records, apart.
+//! - The console (the log) also holds the kernel's few messages (it boots `quiet`), the
+//!   init's lines and QEMU's own, read as stdout; the main process's stdout and stderr reach
+//!   it through the guest agent's loggers (`sbx-agent log`) as records, apart. It is kept
+//!   within the driver's `log_max` (with `console.log.1`) by a logger on the host (`sbx-agent
+//!   log console`, the second uid of the sandbox's range), which outlives the driver and ends
+//!   with QEMU; a guest writing faster than the disk waits on its UART, never longer. A logger
+//!   killed (by host root) leaves QEMU without its console: QEMU then ends on SIGPIPE at its
+//!   next console write, and the run is reported lost — not silently.
+//! - What remains of QEMU's attack surface: a guest that takes QEMU over (a device-emulation
+//!   bug) is the sandbox's uid on the host, with no capability, under QEMU's seccomp filter
+//!   (a deny list: most system calls stay allowed). It holds the sandbox's own disks, the
+//!   image's base (read only), its console pipe, QMP's socket, the FIFOs in `chan/`, and
+//!   (networked) the tap in the sandbox's namespace, whose filters it cannot change (no
+//!   CAP_NET_ADMIN); it can read what every local user can (world-readable host files, other
+//!   users' world-readable processes' `/proc` entries), open sockets in its own namespace (an
+//!   empty one without a network) and reach the host kernel's whole system call surface that
+//!   the filter leaves (io_uring, user namespaces where the host allows unprivileged ones: the
+//!   host's sysctls decide). Not confined by Landlock or a mount namespace, no cgroup limit on
+//!   its memory beyond the guest's RAM (QEMU's own allocations are not capped), and the KVM
+//!   probe's throwaway boot at open still runs as host root (a stock kernel, no guest input).
 //! - A base disk stays in `<state_dir>/bases` after its image is deleted, and an old build
 //!   after a new one replaced it as the image's current (sandboxes' roots may be on it;
 //!   nothing collects bases no sandbox uses yet). A damaged base gets a new build for new
@@ -142,9 +181,11 @@ use sbx_host_kit::command::RunEnv;
 use sbx_host_kit::feed::{self, SnapshotFeed};
 use sbx_host_kit::procfs::{self, ProcessIdentity};
 use sbx_host_kit::records::{self, RecordCache};
+use sbx_host_kit::uidpool::{self, UidPool};
 use sbx_host_kit::{
     Alive, Desired, HostDriver, RunFacts, internal, lock_state_dir, locked, now_ms, observe,
 };
+use sbx_images::IdMap;
 
 /// How the vm driver is set up.
 #[derive(Debug, Clone)]
@@ -183,6 +224,12 @@ pub struct VmDriverOptions {
     pub default_grace: Duration,
     /// How often the watch task looks for VMs that changed by themselves.
     pub poll_interval: Duration,
+    /// The most a sandbox's console log and its previous part keep on disk together (the
+    /// console's logger rotates it, `qemu.rs`).
+    pub log_max: u64,
+    /// The host's pool of uid ranges: each sandbox leases one, and its QEMU runs as the
+    /// range's first uid and gid (the console's logger as the second).
+    pub uid_pool: UidPool,
 }
 
 impl Default for VmDriverOptions {
@@ -202,6 +249,8 @@ impl Default for VmDriverOptions {
             max_parallel_boots: 0,
             default_grace: Duration::from_secs(5),
             poll_interval: Duration::from_millis(500),
+            log_max: sbx_host_kit::logfile::DEFAULT_LOG_MAX,
+            uid_pool: UidPool::default(),
         }
     }
 }
@@ -224,6 +273,11 @@ struct Inner {
     bases: Arc<base::Bases>,
     /// KVM or TCG, decided once at open.
     accel: Accel,
+    /// Under KVM: the group of `/dev/kvm`, which each VM's QEMU gets as its one supplementary
+    /// group (it runs as the sandbox's own uid).
+    kvm_group: Option<u32>,
+    /// The static `sbx-agent` on the host (`<state_dir>/sbx-agent`): the consoles' logger.
+    agent: PathBuf,
     tsc_khz: Option<u64>,
     /// Boot slots (see [`VmDriverOptions::max_parallel_boots`]).
     boots: tokio::sync::Semaphore,
@@ -302,7 +356,10 @@ impl VmDriver {
             }
         }
         let vms = record::vms_dir(&state_dir);
-        std::fs::create_dir_all(&vms).map_err(|e| internal("making the state directory", e))?;
+        make_private_dir(&vms).map_err(|e| internal("making the state directory", e))?;
+        if let Some(images) = &opts.images {
+            uidpool::check_apart(&opts.uid_pool, &images.idmap())?;
+        }
         let trash = records::trash_dir(&state_dir);
         std::fs::create_dir_all(&trash).map_err(|e| internal("making the trash directory", e))?;
         // The lock waits (briefly) for a previous instance: not on an async worker thread.
@@ -328,9 +385,11 @@ impl VmDriver {
         };
         tracing::info!(%accel, kernel = %assets.kernel.display(), "vm driver ready");
         records::empty_trash(&trash, |_| {})?;
+        let agent = sbx_host_kit::agent::install(&state_dir)?;
         let found = tokio::task::spawn_blocking({
             let state_dir = state_dir.clone();
-            move || find_vms(&state_dir)
+            let pool = opts.uid_pool.clone();
+            move || find_vms(&state_dir, &pool)
         })
         .await
         .map_err(|e| internal("finding the vms", e))??;
@@ -349,8 +408,16 @@ impl VmDriver {
             (n, _) => n,
         };
         let bases = Arc::new(base::Bases::new(&state_dir, opts.root_free_mib)?);
+        let kvm_group = (accel == Accel::Kvm)
+            .then(|| {
+                use std::os::unix::fs::MetadataExt;
+                std::fs::metadata("/dev/kvm").ok().map(|m| m.gid())
+            })
+            .flatten();
         let inner = Inner {
             bases,
+            kvm_group,
+            agent,
             boots: tokio::sync::Semaphore::new(slots),
             state_dir,
             opts,
@@ -398,11 +465,17 @@ impl VmDriver {
 /// launch and the record's update), each confirmed over QMP to be named after the sandbox.
 /// Finishes stops that a killed driver left halfway; removes directories of creates that
 /// never wrote a record.
-fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
+fn find_vms(state_dir: &Path, pool: &UidPool) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
     let mut records = records::find_records::<VmRecord>(&record::vms_dir(state_dir), |_, _| {})?;
     for (&id, rec) in records.iter_mut() {
         let paths = VmPaths::new(state_dir, id);
+        keep_private(&paths);
+        uidpool::reclaim_at_open(Some(pool), rec.id_map, &paths.dir, id);
         let mut changed = false;
+        if rec.spec.process.is_some() && rec.root_base.is_none() {
+            rec.root_base = base::backing_of(&paths.root, &state_dir.join("bases"));
+            changed = rec.root_base.is_some();
+        }
         let recorded = rec.qemu.filter(procfs::is_alive);
         let found = recorded.or_else(|| qemu::read_identity(&paths.pidfile));
         // The live QEMU of the sandbox, with its QMP status (empty when QMP did not answer).
@@ -447,6 +520,80 @@ fn find_vms(state_dir: &Path) -> Result<HashMap<Uuid, VmRecord>, DriverError> {
         }
     }
     Ok(records)
+}
+
+/// Makes `dir` (and what is missing above it) host root's, 0700 (a directory made before
+/// now is narrowed).
+fn make_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// A sandbox directory made by an earlier version, made private at open: the directory 0700,
+/// every file in it 0600 (its disks were 0644), a boot's initramfs (which held the run's
+/// credentials) removed. Only the directory's own regular files, never through a link.
+fn keep_private(paths: &VmPaths) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(&paths.initramfs);
+    let _ = std::fs::remove_file(paths.dir.join("helper.cpio"));
+    if let Err(e) = std::fs::set_permissions(&paths.dir, std::fs::Permissions::from_mode(0o700)) {
+        tracing::warn!(dir = %paths.dir.display(), error = %e, "the sandbox directory not made private");
+    }
+    for entry in std::fs::read_dir(&paths.dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let Ok(meta) = entry.path().symlink_metadata() else {
+            continue;
+        };
+        if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+            let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600));
+        }
+    }
+}
+
+/// What the guest boots from for run `run_id` of `command` in a sandbox of no image and no
+/// network: the shared initramfs (`shared`, the bytes of the assets' `initramfs.cpio`) with
+/// the run's archive appended, as the driver makes a boot's. For a bare QEMU boot of the
+/// driver's guest to compare the driver with (`gateway/tests/vm_bench.rs`); the driver's own
+/// boots never leave it in a file.
+pub fn plain_initramfs(shared: &[u8], run_id: &str, command: &[String]) -> Vec<u8> {
+    let env = guest::run_env(run_id, 1, "bare", Duration::from_secs(1), None, None);
+    let mut initramfs = shared.to_vec();
+    initramfs.extend(assets::run_archive(
+        &env,
+        &guest::command_script(std::iter::empty(), command),
+        None,
+    ));
+    initramfs
+}
+
+/// A boot's initramfs in memory, never on the disk: a memfd holding `bytes`, which QEMU reads
+/// through `/proc/self/fd` (a memfd is open to whoever holds it) and the caller empties once
+/// the guest has booted from it ([`forget_initramfs`]; not sooner: QMP answers while QEMU may
+/// still be making the machine).
+fn initramfs_in_memory(bytes: &[u8]) -> Result<std::os::fd::OwnedFd, DriverError> {
+    use std::io::Write;
+    let fd =
+        nix::sys::memfd::memfd_create(c"sbx-initramfs", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .map_err(|e| internal("making the boot's initramfs in memory", e))?;
+    let mut file = File::from(fd);
+    file.write_all(bytes)
+        .map_err(|e| internal("writing the boot's initramfs in memory", e))?;
+    Ok(file.into())
+}
+
+/// Empties a boot's in-memory initramfs once the guest booted from it (QEMU keeps its
+/// descriptor for its life; the run's credentials then stay only in the guest).
+fn forget_initramfs(fd: &std::os::fd::OwnedFd) {
+    if let Err(e) = nix::unistd::ftruncate(fd, 0) {
+        tracing::warn!(error = %e, "the boot's initramfs not emptied");
+    }
 }
 
 /// Ends a VM at once: QMP `quit`, then SIGKILL. Does not wait.
@@ -571,6 +718,15 @@ impl HostDriver for Inner {
         .await
     }
 
+    /// The sandbox's uid range goes back to the pool once its files are gone.
+    fn after_removal(&self, rec: &VmRecord) {
+        uidpool::release_for(
+            Some(&self.opts.uid_pool),
+            rec.id_map,
+            &self.paths(rec.sandbox_id).dir,
+        );
+    }
+
     fn forget(&self, id: Uuid) {
         locked(&self.finished).remove(&id);
         self.exec_channels.remove(id);
@@ -674,16 +830,15 @@ impl HostDriver for Inner {
         self.records.save(&rec)?;
         pause::remove_saved(&paths);
 
+        self.ids_of(&mut rec)?;
         let attached = self.attach(&rec).await?;
-        let initramfs = self.boot_initramfs(
+        let initramfs = initramfs_in_memory(&self.boot_initramfs(
             &rec,
             generation,
             &run_env,
             attached.as_ref().map(|a| (a.address, a.gateway)),
             false,
-        )?;
-        std::fs::write(&paths.initramfs, initramfs)
-            .map_err(|e| internal("writing the run's initramfs", e))?;
+        )?)?;
         let _slot = match self.boots.try_acquire() {
             Ok(slot) => slot,
             Err(_) => {
@@ -698,20 +853,19 @@ impl HostDriver for Inner {
             id,
             &rec,
             &paths,
-            &paths.initramfs,
+            std::os::fd::AsFd::as_fd(&initramfs),
             false,
             attached.as_ref().map(|a| a.netns_path.as_path()),
-        );
+        )?;
         let launched = launch.launch().await;
-        // QEMU read the initramfs into memory at start (and copies it from there on a reset):
-        // the run's own variables (credentials) leave the disk.
-        if !run_env.is_empty() {
-            let _ = std::fs::remove_file(&paths.initramfs);
-        }
         let identity = launched?;
         rec.qemu = Some(identity);
         self.records.save(&rec)?;
-        if let Err(e) = self.wait_booted(&rec).await {
+        let booted = self.wait_booted(&rec).await;
+        // The guest runs from the initramfs QEMU loaded (and copies from its own memory on a
+        // reset): the run's credentials leave the memfd.
+        forget_initramfs(&initramfs);
+        if let Err(e) = booted {
             // The launch did not complete: the sandbox says NotStarted, and a retried create
             // or start boots it again. Only once its QEMU is gone: a live one stays tracked.
             if !Self::is_alive(&rec) {
@@ -843,36 +997,65 @@ impl Inner {
         .await
     }
 
+    /// The sandbox's host ids (its QEMU's uid and gid): leased for a sandbox whose record has
+    /// none yet (made before QEMU ran unprivileged), and recorded.
+    fn ids_of(&self, rec: &mut VmRecord) -> Result<IdMap, DriverError> {
+        if let Some(map) = rec.id_map {
+            return Ok(map);
+        }
+        let map = self.opts.uid_pool.lease(&self.paths(rec.sandbox_id).dir)?;
+        rec.id_map = Some(map);
+        self.records.save(rec)?;
+        Ok(map)
+    }
+
     /// How QEMU is launched for sandbox `id`: booting from `initramfs`, or (`incoming`)
-    /// stopped, waiting to load a paused VM's saved state.
+    /// stopped, waiting to load a paused VM's saved state. The record names its ids
+    /// ([`Inner::ids_of`]).
     fn launch_of<'a>(
         &'a self,
         id: Uuid,
-        rec: &VmRecord,
+        rec: &'a VmRecord,
         paths: &'a VmPaths,
-        initramfs: &'a Path,
+        initramfs: std::os::fd::BorrowedFd<'a>,
         incoming: bool,
         netns: Option<&'a Path>,
-    ) -> qemu::VmLaunch<'a> {
-        qemu::VmLaunch {
+    ) -> Result<qemu::VmLaunch<'a>, DriverError> {
+        let root = match (&rec.spec.process, &rec.root_base) {
+            (None, _) => None,
+            (Some(_), Some(base)) => Some((paths.root.as_path(), base.as_path())),
+            (Some(_), None) => {
+                return Err(DriverError::Internal(format!(
+                    "sandbox {id}: the base disk under its root disk is not known; delete it \
+                     and create it again"
+                )));
+            }
+        };
+        let ids = rec.id_map.ok_or_else(|| {
+            DriverError::Internal(format!("sandbox {id} has no host ids to run its vm as"))
+        })?;
+        Ok(qemu::VmLaunch {
             qemu: &self.qemu,
             name: id.to_string(),
             accel: self.accel,
             kernel: &self.assets.kernel,
             initramfs,
             disk: &paths.disk,
-            root: rec.spec.process.is_some().then_some(paths.root.as_path()),
+            root,
             net: netns.map(|ns| (ns, sbx_network::guest::guest_mac(id))),
             console_log: &paths.console_log,
             qmp_socket: &paths.qmp_socket,
-            agent: &paths.agent,
-            exec: &paths.exec,
+            chan: &paths.chan,
             pidfile: &paths.pidfile,
             memory_mib: rec.spec.memory_mib,
             cpus: rec.spec.cpus,
             tsc_khz: self.tsc_khz,
             incoming,
-        }
+            ids,
+            kvm_group: self.kvm_group,
+            logger: &self.agent,
+            log_max: self.opts.log_max,
+        })
     }
 }
 

@@ -135,23 +135,21 @@ impl Inner {
                 .await
                 .map_err(|e| internal("waiting for a boot slot", e))?,
         };
-        // The run's own initramfs is gone when the run had variables of its own
-        // (credentials): the shared one takes its place. Either is only read at a boot, and
-        // the guest does not boot again (it resets only to end).
-        let initramfs = if paths.initramfs.is_file() {
-            paths.initramfs.as_path()
-        } else {
-            self.assets.initramfs.as_path()
-        };
+        // The shared initramfs stands in for the run's own (which held its credentials and
+        // was never a file): it is only read at a boot, and the guest does not boot again (it
+        // resets only to end).
+        let initramfs = std::fs::File::open(&self.assets.initramfs)
+            .map_err(|e| internal("opening the shared initramfs", e))?;
+        self.ids_of(&mut rec)?;
         let attached = self.attach(&rec).await?;
         let launch = self.launch_of(
             id,
             &rec,
             &paths,
-            initramfs,
+            std::os::fd::AsFd::as_fd(&initramfs),
             true,
             attached.as_ref().map(|a| a.netns_path.as_path()),
-        );
+        )?;
         let identity = launch.launch().await.map_err(|e| kept(id, e))?;
         // Still paused until it is recorded running: a terminate below ends this QEMU.
         let loading = VmRecord {
@@ -404,6 +402,8 @@ mod tests {
             warnings: vec![],
             paused,
             network_allow: None,
+            id_map: None,
+            root_base: None,
         }
     }
 

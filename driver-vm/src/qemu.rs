@@ -4,7 +4,8 @@
 //! a VM's state (QEMU's migration, to and from a file whose descriptor goes over QMP).
 
 use std::io::{BufRead, BufReader, IoSlice, Write};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use serde_json::{Value, json};
 
 use sbx_driver_api::DriverError;
 use sbx_host_kit::procfs::{self, ProcessIdentity};
+use sbx_images::IdMap;
 
 /// How QEMU runs guests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -55,21 +57,22 @@ pub struct VmLaunch<'a> {
     pub name: String,
     pub accel: Accel,
     pub kernel: &'a Path,
-    pub initramfs: &'a Path,
+    /// What the guest boots from: the shared initramfs, or a boot's own in memory (a memfd);
+    /// QEMU reads it through its descriptor.
+    pub initramfs: BorrowedFd<'a>,
     pub disk: &'a Path,
-    /// A sandbox of an image: its root disk (a qcow2 over the image's base), serial
-    /// `sbx-root` in the guest.
-    pub root: Option<&'a Path>,
+    /// A sandbox of an image: its root disk (a qcow2, serial `sbx-root` in the guest) and the
+    /// base disk under it (read only).
+    pub root: Option<(&'a Path, &'a Path)>,
     /// On the gateway's network: QEMU runs in the sandbox's namespace (`nsenter`) and its NIC
-    /// (this MAC) is on the namespace's tap (`sbx_network::guest`).
+    /// (this MAC) is on the namespace's tap (`sbx_network::guest`). Without: in an empty
+    /// network namespace of its own.
     pub net: Option<(&'a Path, String)>,
     pub console_log: &'a Path,
     pub qmp_socket: &'a Path,
-    /// The control channel's base path (ping, stop): FIFOs `<agent>.in` and `<agent>.out`.
-    pub agent: &'a Path,
-    /// The exec channels' base path (the guest's `sbx-agent`s): channel `k` is the port
-    /// `sbx.exec.<k>` on `<exec>-<k>.in` and `<exec>-<k>.out` ([`exec_channel`]).
-    pub exec: &'a Path,
+    /// QEMU's directory (its working directory), where the FIFOs of the control channel
+    /// (`agent.in`/`.out`) and of the exec channels (`exec-<k>.in`/`.out`) are.
+    pub chan: &'a Path,
     pub pidfile: &'a Path,
     pub memory_mib: u64,
     pub cpus: u32,
@@ -78,6 +81,15 @@ pub struct VmLaunch<'a> {
     /// Started to load a saved state, not to boot: stopped (`-S`), waiting for
     /// `migrate-incoming` (`-incoming defer`, see [`load_state`]).
     pub incoming: bool,
+    /// The sandbox's host ids: QEMU runs as the first uid and gid, the console's logger as
+    /// the second.
+    pub ids: IdMap,
+    /// Under KVM: the group of `/dev/kvm`, QEMU's one supplementary group.
+    pub kvm_group: Option<u32>,
+    /// The static `sbx-agent` on the host: the console's logger (`sbx-agent log console`).
+    pub logger: &'a Path,
+    /// The most the console and its previous part keep on disk together.
+    pub log_max: u64,
 }
 
 /// The guest kernel's command line.
@@ -92,6 +104,24 @@ pub fn kernel_cmdline(accel: Accel, tsc_khz: Option<u64>) -> String {
     append
 }
 
+/// The descriptors QEMU is started with (what its command line names): the kernel and the
+/// initramfs (opened again through `/proc/self/fd`: QEMU loads them by name), the console's
+/// pipe, QMP's listening socket, the disks (fd sets: the block layer takes `/dev/fdset/N`).
+const FD_KERNEL: i32 = 3;
+const FD_INITRD: i32 = 4;
+const FD_CONSOLE: i32 = 5;
+const FD_QMP: i32 = 6;
+const FD_DISK: i32 = 7;
+const FD_ROOT: i32 = 8;
+const FD_BASE: i32 = 9;
+
+/// QEMU's own seccomp filter: no obsolete system calls, no set*uid/gid, no fork or exec, no
+/// scheduling or affinity changes.
+pub const SECCOMP: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+
+/// How long a QEMU may take from its start to its first QMP greeting.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl VmLaunch<'_> {
     pub fn args(&self) -> Vec<String> {
         let append = kernel_cmdline(self.accel, self.tsc_khz);
@@ -99,63 +129,85 @@ impl VmLaunch<'_> {
             Accel::Kvm => ("kvm", "host"),
             _ => ("tcg", "max"),
         };
-        let p = |p: &Path| p.display().to_string();
-        let mut args = vec![
-            "-name".to_string(),
-            self.name.clone(),
-            "-machine".into(),
-            "microvm".into(),
-            "-accel".into(),
-            accel.into(),
-            "-cpu".into(),
-            cpu.into(),
-            "-smp".into(),
-            self.cpus.max(1).to_string(),
-            "-m".into(),
-            format!("{}M", self.memory_mib),
-            "-nodefaults".into(),
-            "-no-user-config".into(),
-            "-display".into(),
-            "none".into(),
-            "-no-reboot".into(),
-            "-kernel".into(),
-            p(self.kernel),
-            "-initrd".into(),
-            p(self.initramfs),
-            "-append".into(),
-            append,
-            "-chardev".into(),
-            format!("file,id=console,path={},append=on", p(self.console_log)),
-            "-serial".into(),
-            "chardev:console".into(),
-            "-drive".into(),
-            format!(
-                "id=disk,file={},format=raw,if=none,cache=writeback",
-                p(self.disk)
-            ),
-            "-device".into(),
-            "virtio-blk-device,drive=disk".into(),
-            "-device".into(),
-            "virtio-serial-device".into(),
-            "-chardev".into(),
-            format!("pipe,id=agent,path={}", p(self.agent)),
-            "-device".into(),
-            "virtserialport,chardev=agent,name=sbx.agent".into(),
-            "-qmp".into(),
-            format!("unix:{},server=on,wait=off", p(self.qmp_socket)),
-            "-pidfile".into(),
-            p(self.pidfile),
-        ];
-        if let Some(root) = self.root {
-            args.extend([
-                "-drive".into(),
-                format!(
-                    "id=root,file={},format=qcow2,if=none,cache=writeback,discard=unmap",
-                    p(root)
-                ),
-                "-device".into(),
-                format!("virtio-blk-device,drive=root,serial={ROOT_SERIAL}"),
-            ]);
+        let mut args: Vec<String> = [
+            "-name",
+            &self.name,
+            "-machine",
+            "microvm",
+            "-accel",
+            accel,
+            "-cpu",
+            cpu,
+            "-smp",
+            &self.cpus.max(1).to_string(),
+            "-m",
+            &format!("{}M", self.memory_mib),
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-sandbox",
+            SECCOMP,
+            "-kernel",
+            &format!("/proc/self/fd/{FD_KERNEL}"),
+            "-initrd",
+            &format!("/proc/self/fd/{FD_INITRD}"),
+            "-append",
+            &append,
+            "-add-fd",
+            &format!("fd={FD_CONSOLE},set={FD_CONSOLE}"),
+            "-chardev",
+            &format!("file,id=console,path=/dev/fdset/{FD_CONSOLE},append=on"),
+            "-serial",
+            "chardev:console",
+            "-add-fd",
+            &format!("fd={FD_DISK},set={FD_DISK}"),
+            "-blockdev",
+            &format!("driver=file,node-name=disk-file,filename=/dev/fdset/{FD_DISK}"),
+            "-blockdev",
+            "driver=raw,node-name=disk,file=disk-file",
+            "-device",
+            "virtio-blk-device,drive=disk",
+            "-device",
+            "virtio-serial-device",
+            "-chardev",
+            &format!("pipe,id=agent,path={}", super::record::AGENT),
+            "-device",
+            "virtserialport,chardev=agent,name=sbx.agent",
+            "-chardev",
+            &format!("socket,id=qmp,fd={FD_QMP},server=on,wait=off"),
+            "-mon",
+            "chardev=qmp,mode=control",
+        ]
+        .map(String::from)
+        .into();
+        if self.root.is_some() {
+            args.extend(
+                [
+                    "-add-fd",
+                    &format!("fd={FD_BASE},set={FD_BASE}"),
+                    "-blockdev",
+                    &format!(
+                        "driver=file,node-name=base-file,filename=/dev/fdset/{FD_BASE},\
+                         read-only=on"
+                    ),
+                    "-blockdev",
+                    "driver=raw,node-name=base,file=base-file,read-only=on",
+                    "-add-fd",
+                    &format!("fd={FD_ROOT},set={FD_ROOT}"),
+                    "-blockdev",
+                    &format!(
+                        "driver=file,node-name=root-file,filename=/dev/fdset/{FD_ROOT},\
+                         discard=unmap"
+                    ),
+                    "-blockdev",
+                    "driver=qcow2,node-name=root,file=root-file,backing=base,discard=unmap",
+                    "-device",
+                    &format!("virtio-blk-device,drive=root,serial={ROOT_SERIAL}"),
+                ]
+                .map(String::from),
+            );
         }
         if let Some((_, mac)) = &self.net {
             args.extend([
@@ -174,64 +226,322 @@ impl VmLaunch<'_> {
         for k in 0..EXEC_CHANNELS {
             args.extend([
                 "-chardev".into(),
-                format!("pipe,id=exec{k},path={}", p(&exec_channel(self.exec, k))),
+                format!("pipe,id=exec{k},path={}-{k}", super::record::EXEC),
                 "-device".into(),
                 format!("virtserialport,chardev=exec{k},name=sbx.exec.{k}"),
             ]);
         }
-        args.push("-daemonize".into());
         args
     }
 
-    /// Starts QEMU daemonized (in its own session, stdio on /dev/null) and returns the
-    /// identity of the VM's process once QEMU has written its pidfile.
-    pub async fn launch(&self) -> Result<ProcessIdentity, DriverError> {
-        let _ = std::fs::remove_file(self.pidfile);
-        let _ = std::fs::remove_file(self.qmp_socket);
-        let bases = std::iter::once(self.agent.to_path_buf())
-            .chain((0..EXEC_CHANNELS).map(|k| exec_channel(self.exec, k)));
-        for end in bases.flat_map(|base| [fifo(&base, "in"), fifo(&base, "out")]) {
-            let _ = std::fs::remove_file(&end);
-            nix::unistd::mkfifo(&end, nix::sys::stat::Mode::from_bits_truncate(0o600))
-                .map_err(|e| DriverError::Internal(format!("mkfifo {}: {e}", end.display())))?;
-        }
-        // In the sandbox's network namespace, when it has one: nsenter enters it and becomes
-        // QEMU (no fork), so the pidfile's process is QEMU's either way.
-        let mut command = match &self.net {
+    /// The programs QEMU is started through, each becoming the next (no fork): `setsid` (a
+    /// session of its own, so it outlives the driver), `nsenter` into the sandbox's network
+    /// namespace or `unshare` into an empty one, `setpriv` to the VM's uid and gid with no
+    /// capability left (none permitted, effective, inheritable or in the bounding set) and
+    /// `no_new_privs`; then QEMU, which installs its seccomp filter ([`SECCOMP`]) before it
+    /// runs the guest.
+    pub fn wrapper(&self) -> Vec<String> {
+        let mut argv = vec!["setsid".to_string()];
+        match &self.net {
             Some((netns, _)) => {
-                let mut c = tokio::process::Command::new("nsenter");
-                c.arg(format!("--net={}", netns.display()))
-                    .arg("--")
-                    .arg(self.qemu);
-                c
+                argv.extend(["nsenter".into(), format!("--net={}", netns.display())]);
             }
-            None => tokio::process::Command::new(self.qemu),
+            None => argv.extend(["unshare".into(), "--net".into()]),
+        }
+        argv.push("--".into());
+        argv.extend(unprivileged(
+            self.ids.host_uid,
+            self.ids.host_gid,
+            self.kvm_group,
+        ));
+        argv
+    }
+
+    /// Starts QEMU as the VM's own unprivileged user (see [`VmLaunch::wrapper`]), with the
+    /// console's logger next to it ([`start_logger`]), and returns the identity of the VM's
+    /// process once QMP answers a command (QEMU has loaded the kernel and the initramfs and
+    /// runs its main loop: the greeting alone comes earlier, from QMP's own thread). The identity is in the pidfile before the call waits for anything, so a
+    /// driver killed meanwhile finds the VM at open. QEMU is not daemonized: its seccomp
+    /// filter is installed before it would fork (`spawn=deny` forbids that), and it drops no
+    /// privileges itself (`elevateprivileges=deny` forbids its `-runas`).
+    pub async fn launch(&self) -> Result<ProcessIdentity, DriverError> {
+        use command_fds::{CommandFdExt, FdMapping};
+        let io = |what: String, e: std::io::Error| DriverError::Internal(format!("{what}: {e}"));
+        let _ = std::fs::remove_file(self.pidfile);
+        make_chan(self.chan, self.ids)?;
+        let qmp = bind_qmp(self.qmp_socket)?;
+        let open = |path: &Path, write: bool| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(path)
+                .map(OwnedFd::from)
+                .map_err(|e| io(format!("opening {}", path.display()), e))
         };
-        let output = command
+        let mut fds = vec![
+            (open(self.kernel, false)?, FD_KERNEL),
+            (
+                self.initramfs
+                    .try_clone_to_owned()
+                    .map_err(|e| io("the initramfs's descriptor".into(), e))?,
+                FD_INITRD,
+            ),
+            (OwnedFd::from(qmp), FD_QMP),
+            (open(self.disk, true)?, FD_DISK),
+        ];
+        if let Some((root, base)) = self.root {
+            fds.push((open(root, true)?, FD_ROOT));
+            fds.push((open(base, false)?, FD_BASE));
+        }
+        let (console_in, console_out) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| io("a pipe for the console".into(), e.into()))?;
+        let mut logger = start_logger(
+            self.logger,
+            console_in,
+            self.console_log,
+            self.log_max,
+            self.ids,
+        )?;
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| io("the console's descriptor".into(), e))
+        };
+        fds.push((dup(&console_out)?, FD_CONSOLE));
+        let wrapper = self.wrapper();
+        let mut command = tokio::process::Command::new(&wrapper[0]);
+        command
+            .args(&wrapper[1..])
+            .arg(self.qemu)
             .args(self.args())
+            .current_dir(self.chan)
             .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .output()
+            .stdout(std::process::Stdio::from(dup(&console_out)?))
+            .stderr(std::process::Stdio::from(console_out));
+        command
+            .fd_mappings(
+                fds.into_iter()
+                    .map(|(parent_fd, child_fd)| FdMapping {
+                        parent_fd,
+                        child_fd,
+                    })
+                    .collect(),
+            )
+            .map_err(|e| DriverError::Internal(format!("handing qemu its descriptors: {e}")))?;
+        let mut child = command.spawn().map_err(|e| {
+            DriverError::Unavailable(format!("starting {}: {e}", self.qemu.display()))
+        })?;
+        // Our copies of its descriptors go: the console's pipe ends with QEMU (the logger
+        // then ends too), and a QEMU that dies closes QMP's socket for good.
+        drop(command);
+        let identity = child
+            .id()
+            .and_then(|pid| procfs::read_stat(pid as i32))
+            .map(|stat| stat.identity)
+            .ok_or_else(|| DriverError::Internal("qemu ended as it started".to_string()))?;
+        write_pidfile(self.pidfile, identity)
+            .map_err(|e| io(format!("writing {}", self.pidfile.display()), e))?;
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                // Its last words went to the console; the logger writes them out.
+                let _ = tokio::time::timeout(Duration::from_secs(2), logger.wait()).await;
+                return Err(DriverError::Internal(format!(
+                    "qemu refused to start the vm ({status}): {}",
+                    super::guest::console_tail(self.console_log, 800)
+                )));
+            }
+            let qmp = self.qmp_socket.to_path_buf();
+            // The greeting comes from QMP's own thread, possibly before the machine is made
+            // (and the initramfs read): a command runs in the main loop, which starts after.
+            let greeted = tokio::task::spawn_blocking(move || {
+                Qmp::connect(&qmp, Duration::from_millis(200))
+                    .and_then(|mut qmp| qmp.execute("query-status"))
+                    .is_ok()
+            })
             .await
-            .map_err(|e| {
-                DriverError::Unavailable(format!("starting {}: {e}", self.qemu.display()))
-            })?;
-        if !output.status.success() {
+            .unwrap_or(false);
+            if greeted {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let _ = child.start_kill();
+                return Err(DriverError::Unavailable(format!(
+                    "qemu did not answer on QMP within {START_TIMEOUT:?}; ended"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if let Ok(Some(status)) = logger.try_wait() {
+            let _ = child.start_kill();
             return Err(DriverError::Internal(format!(
-                "qemu refused to start the vm ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
+                "the console's logger ended at once ({status}); qemu ended"
             )));
         }
-        read_identity(self.pidfile).ok_or_else(|| {
-            DriverError::Internal(format!(
-                "qemu started but left no live process in its pidfile {}",
-                self.pidfile.display()
-            ))
-        })
+        // Both run on by themselves; the runtime reaps them when they end.
+        Ok(identity)
     }
+}
+
+/// `setpriv` to `uid`:`gid` with no supplementary group but `group`, no capability at all and
+/// `no_new_privs`, then `--`.
+fn unprivileged(uid: u32, gid: u32, group: Option<u32>) -> Vec<String> {
+    vec![
+        "setpriv".into(),
+        format!("--reuid={uid}"),
+        format!("--regid={gid}"),
+        match group {
+            Some(group) => format!("--groups={group}"),
+            None => "--clear-groups".into(),
+        },
+        "--inh-caps=-all".into(),
+        "--bounding-set=-all".into(),
+        "--nnp".into(),
+        "--".into(),
+    ]
+}
+
+/// QEMU's directory: host root's, its group the VM's, 0710 (QEMU reaches the FIFOs in it by
+/// name and can neither add nor remove an entry), with every FIFO made afresh, the VM's uid's,
+/// 0600. The driver opens the FIFOs by name: nothing in the directory is QEMU's to replace.
+fn make_chan(chan: &Path, ids: IdMap) -> Result<(), DriverError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let fail = |what: &str, path: &Path, e: std::io::Error| {
+        DriverError::Internal(format!("{what} {}: {e}", path.display()))
+    };
+    match std::fs::symlink_metadata(chan) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => std::fs::remove_file(chan).map_err(|e| fail("removing", chan, e))?,
+        Err(_) => {}
+    }
+    if !chan.is_dir() {
+        std::fs::DirBuilder::new()
+            .mode(0o710)
+            .create(chan)
+            .map_err(|e| fail("making", chan, e))?;
+    }
+    let nofollow = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
+    let own = |path: &Path, uid: u32, gid: u32| {
+        nix::unistd::fchownat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+            nofollow,
+        )
+        .map_err(|e| fail("handing over", path, e.into()))
+    };
+    own(chan, 0, ids.host_gid)?;
+    let meta = std::fs::symlink_metadata(chan).map_err(|e| fail("reading", chan, e))?;
+    if meta.mode() & 0o7777 != 0o710 {
+        std::fs::set_permissions(chan, std::os::unix::fs::PermissionsExt::from_mode(0o710))
+            .map_err(|e| fail("setting the mode of", chan, e))?;
+    }
+    let bases = std::iter::once(chan.join(super::record::AGENT))
+        .chain((0..EXEC_CHANNELS).map(|k| exec_channel(&chan.join(super::record::EXEC), k)));
+    // An earlier version's FIFOs, in the sandbox's directory itself, go.
+    if let Some(dir) = chan.parent() {
+        let old = std::iter::once(dir.join(super::record::AGENT))
+            .chain((0..EXEC_CHANNELS).map(|k| exec_channel(&dir.join(super::record::EXEC), k)));
+        for end in old.flat_map(|base| [fifo(&base, "in"), fifo(&base, "out")]) {
+            let _ = std::fs::remove_file(end);
+        }
+    }
+    for end in bases.flat_map(|base| [fifo(&base, "in"), fifo(&base, "out")]) {
+        let _ = std::fs::remove_file(&end);
+        nix::unistd::mkfifo(&end, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(|e| DriverError::Internal(format!("mkfifo {}: {e}", end.display())))?;
+        own(&end, ids.host_uid, ids.host_gid)?;
+    }
+    Ok(())
+}
+
+/// QMP's socket, bound by the driver (host root's, 0600, in the sandbox's 0700 directory) and
+/// handed to QEMU listening: QEMU needs no right to make anything in the directory.
+fn bind_qmp(socket: &Path) -> Result<std::os::unix::net::UnixListener, DriverError> {
+    let fail =
+        |e: std::io::Error| DriverError::Internal(format!("qmp socket {}: {e}", socket.display()));
+    let _ = std::fs::remove_file(socket);
+    let listener = std::os::unix::net::UnixListener::bind(socket).map_err(fail)?;
+    std::fs::set_permissions(socket, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(fail)?;
+    Ok(listener)
+}
+
+/// The console's logger: `sbx-agent log console -` reading the pipe QEMU writes the serial
+/// console (and its own stderr) to, writing `console` (opened `O_APPEND`) and rotating it into
+/// its previous part within `log_max` (the agent's `log` module, as the oci and process
+/// sandboxes' loggers do). It runs in a session of its own, as the second uid of the sandbox's
+/// range (no capability, `no_new_privs`), from its descriptor; the log's files are the
+/// driver's, handed over open. It ends when QEMU has (every writer of the pipe gone), so it
+/// bounds the log while the driver is away, and the guest never waits on a pipe nobody reads.
+fn start_logger(
+    agent: &Path,
+    input: OwnedFd,
+    console: &Path,
+    log_max: u64,
+    ids: IdMap,
+) -> Result<tokio::process::Child, DriverError> {
+    use command_fds::{CommandFdExt, FdMapping};
+    let fail = |what: &str, e: std::io::Error| DriverError::Internal(format!("{what}: {e}"));
+    let (read, previous) = sbx_host_kit::logfile::rotation_files(console)
+        .map_err(|e| fail(&format!("opening {}", console.display()), e))?;
+    let output = std::fs::OpenOptions::new()
+        .append(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(console)
+        .map_err(|e| fail(&format!("opening {}", console.display()), e))?;
+    let binary =
+        std::fs::File::open(agent).map_err(|e| fail(&format!("opening {}", agent.display()), e))?;
+    let mut argv = vec!["setsid".to_string()];
+    argv.extend(unprivileged(ids.host_uid + 1, ids.host_gid + 1, None));
+    argv.extend(
+        [
+            "/proc/self/fd/3",
+            "log",
+            "console",
+            "-",
+            "--rotate",
+            &log_max.to_string(),
+            "4",
+            "5",
+        ]
+        .map(String::from),
+    );
+    let mut command = tokio::process::Command::new(&argv[0]);
+    command
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::from(input))
+        .stdout(std::process::Stdio::from(output))
+        .stderr(std::process::Stdio::null());
+    command
+        .fd_mappings(vec![
+            FdMapping {
+                parent_fd: binary.into(),
+                child_fd: 3,
+            },
+            FdMapping {
+                parent_fd: read,
+                child_fd: 4,
+            },
+            FdMapping {
+                parent_fd: previous,
+                child_fd: 5,
+            },
+        ])
+        .map_err(|e| DriverError::Internal(format!("handing the logger its files: {e}")))?;
+    command
+        .spawn()
+        .map_err(|e| fail("starting the console's logger", e))
+}
+
+/// The pidfile: the VM's pid and its start time, so that a pid used again by another process
+/// is never taken for the VM (QEMU's own pidfile said the pid only).
+fn write_pidfile(pidfile: &Path, identity: ProcessIdentity) -> std::io::Result<()> {
+    sbx_host_kit::records::write_atomically(
+        pidfile,
+        format!("{} {}\n", identity.pid, identity.start_ticks).as_bytes(),
+    )
 }
 
 /// The serial of a sandbox's root disk, by which the guest's init finds it.
@@ -259,11 +569,17 @@ pub fn fifo(base: &Path, end: &str) -> PathBuf {
     PathBuf::from(path)
 }
 
-/// The process in QEMU's pidfile, with its start time (QEMU removes the file when it exits).
+/// The process in the pidfile, if that very process (same start time) is still there. A
+/// pidfile of QEMU's own (earlier versions: the pid alone) names whichever process has the pid.
 pub fn read_identity(pidfile: &Path) -> Option<ProcessIdentity> {
     let text = std::fs::read_to_string(pidfile).ok()?;
-    let pid: i32 = text.trim().parse().ok()?;
-    procfs::read_stat(pid).map(|stat| stat.identity)
+    let mut words = text.split_whitespace();
+    let pid: i32 = words.next()?.parse().ok()?;
+    let found = procfs::read_stat(pid)?.identity;
+    match words.next() {
+        None => Some(found),
+        Some(start) => (start.parse::<u64>().ok()? == found.start_ticks).then_some(found),
+    }
 }
 
 /// A QMP session: blocking, every read and write bounded by `timeout`.
@@ -637,24 +953,32 @@ mod tests {
     #[test]
     fn tcg_gets_the_tsc_rate_and_kvm_does_not() {
         let p = Path::new("/x");
+        let initramfs = std::fs::File::open("/dev/null").unwrap();
         let mut launch = VmLaunch {
             qemu: p,
             name: "0b5e1c1e-0000-4000-8000-000000000001".into(),
             accel: Accel::Tcg,
             kernel: p,
-            initramfs: p,
+            initramfs: std::os::fd::AsFd::as_fd(&initramfs),
             disk: Path::new("/state/disk.img"),
             root: None,
             net: None,
             console_log: p,
             qmp_socket: Path::new("/state/qmp.sock"),
-            agent: p,
-            exec: Path::new("/state/exec"),
+            chan: Path::new("/state/chan"),
             pidfile: p,
             memory_mib: 256,
             cpus: 1,
             tsc_khz: Some(2_445_412),
             incoming: false,
+            ids: IdMap {
+                host_uid: 1_000_000,
+                host_gid: 1_000_000,
+                size: 65_536,
+            },
+            kvm_group: None,
+            logger: p,
+            log_max: 1 << 20,
         };
         let args = launch.args().join(" ");
         assert!(
@@ -666,29 +990,78 @@ mod tests {
             args.contains("-name 0b5e1c1e-0000-4000-8000-000000000001"),
             "{args}"
         );
-        assert!(args.contains("file=/state/disk.img,format=raw"), "{args}");
+        // Nothing by a path of the host's: descriptors, and names in QEMU's own directory.
+        assert!(!args.contains("/state"), "{args}");
+        assert!(args.contains(&format!("-sandbox {SECCOMP}")), "{args}");
         assert!(
-            args.contains("unix:/state/qmp.sock,server=on,wait=off"),
+            args.contains("-kernel /proc/self/fd/3 -initrd /proc/self/fd/4"),
+            "{args}"
+        );
+        assert!(args.contains("filename=/dev/fdset/7"), "{args}");
+        assert!(
+            args.contains("socket,id=qmp,fd=6,server=on,wait=off"),
             "{args}"
         );
         assert!(
             args.contains(
-                "-chardev pipe,id=exec3,path=/state/exec-3 -device \
+                "-chardev pipe,id=exec3,path=exec-3 -device \
                  virtserialport,chardev=exec3,name=sbx.exec.3"
             ),
             "{args}"
         );
-        assert!(args.ends_with("-daemonize"), "{args}");
+        assert!(
+            !args.contains("-daemonize") && !args.contains("-runas"),
+            "{args}"
+        );
         assert!(!args.contains("-incoming"), "{args}");
+        assert!(!args.contains("sbx-root"), "{args}");
+        launch.root = Some((Path::new("/state/root.qcow2"), Path::new("/bases/b.ext4")));
+        let args = launch.args().join(" ");
+        assert!(
+            args.contains("driver=qcow2,node-name=root,file=root-file,backing=base"),
+            "{args}"
+        );
+        assert!(
+            args.contains("filename=/dev/fdset/9,read-only=on"),
+            "{args}"
+        );
         launch.incoming = true;
         let args = launch.args().join(" ");
         assert!(args.contains(" -S -incoming defer "), "{args}");
-        assert!(args.ends_with("-daemonize"), "{args}");
         launch.incoming = false;
         launch.accel = Accel::Kvm;
         let args = launch.args().join(" ");
         assert!(args.contains("-accel kvm -cpu host"), "{args}");
         assert!(!args.contains("tsc_early_khz"), "{args}");
+        // Started unprivileged: an empty network namespace, the VM's uid, no capability.
+        assert_eq!(
+            launch.wrapper().join(" "),
+            "setsid unshare --net -- setpriv --reuid=1000000 --regid=1000000 --clear-groups \
+             --inh-caps=-all --bounding-set=-all --nnp --"
+        );
+        launch.net = Some((Path::new("/run/netns/x"), "02:00:00:00:00:01".into()));
+        launch.kvm_group = Some(108);
+        assert!(launch.wrapper().join(" ").starts_with(
+            "setsid nsenter --net=/run/netns/x -- setpriv --reuid=1000000 \
+                              --regid=1000000 --groups=108 "
+        ),);
+    }
+
+    #[test]
+    fn a_pidfile_names_only_the_process_that_started_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("qemu.pid");
+        let me = procfs::read_stat(std::process::id() as i32)
+            .unwrap()
+            .identity;
+        write_pidfile(&pidfile, me).unwrap();
+        assert_eq!(read_identity(&pidfile), Some(me));
+        // The same pid, another start: another process.
+        std::fs::write(&pidfile, format!("{} {}\n", me.pid, me.start_ticks + 1)).unwrap();
+        assert_eq!(read_identity(&pidfile), None);
+        // QEMU's own pidfile (earlier versions): the pid alone.
+        std::fs::write(&pidfile, format!("{}\n", me.pid)).unwrap();
+        assert_eq!(read_identity(&pidfile), Some(me));
     }
 
     #[test]

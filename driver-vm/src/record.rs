@@ -1,18 +1,27 @@
-//! What the vm driver keeps on disk per sandbox, in `<state_dir>/vms/<id>/`:
+//! What the vm driver keeps on disk per sandbox, in `<state_dir>/vms/<id>/` (host root's,
+//! 0700; every file in it 0600, made with that mode, never widened):
 //! - `sandbox.json`: the record (spec, desired state, the current run and its QEMU process);
 //! - `generation`: the generation marker, written (durably) before each launch from the
 //!   generation the gateway sent, and read back on every observation;
 //! - `disk.img`: the persistent disk (raw, ext4), `/sandbox` in the guest;
 //! - `root.qcow2`: a sandbox of an image: its root filesystem's changes, copy-on-write over
-//!   the image's base disk (`<state_dir>/bases/<hex>.ext4`, its backing file), kept until
-//!   delete;
-//! - `console.log`: the guest's console, appended across boots (the sandbox's log);
-//! - `qmp.sock`, `agent.in` + `agent.out` (FIFOs: the init's control channel), `exec-<k>.in` +
-//!   `exec-<k>.out` (FIFOs: the exec channels of the guest's `sbx-agent`s), `qemu.pid`,
-//!   `initramfs.cpio`: the current boot's.
+//!   the image's base disk (`<state_dir>/bases/<name>.ext4`, recorded as `root_base`), kept
+//!   until delete;
+//! - `console.log` and `console.log.1`: the guest's console, appended across boots (the
+//!   sandbox's log), kept within the driver's `log_max` by the console's logger (`qemu.rs`);
+//! - `qmp.sock` (QMP: a socket the driver binds and hands QEMU), `qemu.pid` (the VM's process:
+//!   pid and start time, written by the driver);
+//! - `chan/`: QEMU's own directory (host root's, its group the VM's, 0710: QEMU reaches into
+//!   it, cannot add or remove anything), the FIFOs QEMU opens by name: `agent.in` +
+//!   `agent.out` (the init's control channel), `exec-<k>.in` + `exec-<k>.out` (the exec
+//!   channels of the guest's `sbx-agent`s), the VM's uid's, 0600;
 //! - `memory`: a paused VM's saved state (QEMU's migration stream: its RAM and devices),
 //!   written as `memory.part` and renamed when complete; removed once the VM runs again, or
 //!   by a stop. Mode 0600: the guest's memory holds whatever the guest held (credentials).
+//!
+//! No boot's initramfs is a file: it is made in memory (a memfd, emptied once QEMU has read
+//! it), so a run's credentials are never on the host's disk (`initramfs.cpio`, which earlier
+//! versions wrote, is removed at open).
 //!
 //! The record and the marker are written atomically by the kit (`host::records`, which also
 //! checks the record's format and deletes through `<state_dir>/trash/`).
@@ -28,6 +37,7 @@ use uuid::Uuid;
 use sbx_host_kit::host_record;
 use sbx_host_kit::records::write_atomically;
 use sbx_host_kit::{Desired, ProcessIdentity};
+use sbx_images::IdMap;
 
 pub const RECORD_FORMAT: u32 = 1;
 
@@ -83,6 +93,16 @@ pub struct VmRecord {
     /// `None`: loopback only. Absent in records older than the vm's network: none.
     #[serde(default)]
     pub network_allow: Option<Vec<String>>,
+    /// The sandbox's host id range, leased from the host's pool (`host::uidpool`): its QEMU
+    /// runs as the first uid and gid, the console's logger as the second. Absent in records
+    /// older than QEMU's sandboxing: leased at the next launch.
+    #[serde(default)]
+    pub id_map: Option<IdMap>,
+    /// A sandbox of an image: the base disk its `root.qcow2` is over (the driver opens it for
+    /// QEMU, never a name the qcow2's header, which the guest's QEMU writes, says). Absent
+    /// in older records: read once from the header at open.
+    #[serde(default)]
+    pub root_base: Option<PathBuf>,
 }
 
 impl sbx_host_kit::sandbox_network::NetworkedRecord for VmRecord {
@@ -104,14 +124,16 @@ pub struct VmPaths {
     pub root: PathBuf,
     pub console_log: PathBuf,
     pub qmp_socket: PathBuf,
-    /// The exec agent's channel: QEMU's `pipe` chardev on `<agent>.in` (to the guest) and
-    /// `<agent>.out` (from it). FIFOs, not a socket: the guest then always sees its port
-    /// connected, and its agent blocks in `read` instead of polling.
-    pub agent: PathBuf,
-    /// The exec channels, the same way: `<exec>-<k>.in` and `<exec>-<k>.out`, joined to the
-    /// port `sbx.exec.<k>` that a `sbx-agent serve-port` in the guest serves.
+    /// QEMU's directory (its working directory): the FIFOs below.
+    pub chan: PathBuf,
+    /// The exec channels: QEMU's `pipe` chardevs on `<exec>-<k>.in` (to the guest) and
+    /// `<exec>-<k>.out` (from it), joined to the port `sbx.exec.<k>` that a `sbx-agent
+    /// serve-port` in the guest serves. FIFOs, not a socket: the guest then always sees its
+    /// port connected, and its agent blocks in `read` instead of polling. In `chan/`; in the
+    /// sandbox's directory itself for a VM an earlier version launched (until it boots again).
     pub exec: PathBuf,
     pub pidfile: PathBuf,
+    /// Where earlier versions wrote a boot's initramfs (removed at open).
     pub initramfs: PathBuf,
     /// A paused VM's saved state, complete; and the file a pause writes it to first.
     pub memory: PathBuf,
@@ -121,14 +143,19 @@ pub struct VmPaths {
 impl VmPaths {
     pub fn new(state_dir: &Path, id: Uuid) -> VmPaths {
         let dir = vms_dir(state_dir).join(id.to_string());
+        let chan = dir.join(CHAN);
         VmPaths {
             generation: dir.join("generation"),
             disk: dir.join("disk.img"),
             root: dir.join("root.qcow2"),
             console_log: dir.join("console.log"),
             qmp_socket: dir.join("qmp.sock"),
-            agent: dir.join("agent"),
-            exec: dir.join("exec"),
+            exec: if !chan.exists() && dir.join("exec-0.in").exists() {
+                dir.join(EXEC)
+            } else {
+                chan.join(EXEC)
+            },
+            chan,
             pidfile: dir.join("qemu.pid"),
             initramfs: dir.join("initramfs.cpio"),
             memory: dir.join("memory"),
@@ -137,6 +164,12 @@ impl VmPaths {
         }
     }
 }
+
+/// QEMU's directory in the sandbox's, and the base names of the FIFOs in it (QEMU names them
+/// relative to it: its working directory).
+pub const CHAN: &str = "chan";
+pub const AGENT: &str = "agent";
+pub const EXEC: &str = "exec";
 
 pub fn vms_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("vms")
@@ -202,18 +235,27 @@ mod tests {
             warnings: vec![],
             paused: true,
             network_allow: Some(vec!["example.com:443".into()]),
+            id_map: Some(IdMap {
+                host_uid: 1_000_000,
+                host_gid: 1_000_000,
+                size: 65_536,
+            }),
+            root_base: None,
         };
         write_record(&paths, &record).unwrap();
         assert_eq!(read_record(&paths).unwrap(), record);
         // A record written before pausing existed reads as not paused.
         let mut old: serde_json::Value =
             serde_json::from_slice(&fs::read(record_file(&paths.dir)).unwrap()).unwrap();
-        old.as_object_mut().unwrap().remove("paused");
+        for newer in ["paused", "id_map", "root_base"] {
+            old.as_object_mut().unwrap().remove(newer);
+        }
         fs::write(record_file(&paths.dir), serde_json::to_vec(&old).unwrap()).unwrap();
         assert_eq!(
             read_record(&paths).unwrap(),
             VmRecord {
                 paused: false,
+                id_map: None,
                 ..record.clone()
             }
         );

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::base::Made;
 use super::record::{GuestProcess, RECORD_FORMAT, VmRecord, VmSpec};
@@ -46,23 +46,14 @@ pub(super) fn validate_env_names<'a>(
     Ok(())
 }
 
-/// Makes the sandbox's persistent disk: a raw image (`qemu-img`) with an ext4 filesystem, made
-/// under a temporary name and renamed, so a killed driver never leaves half a disk.
+/// Makes the sandbox's persistent disk: a sparse raw image (made 0600: it holds what the guest
+/// keeps in `/sandbox`) with an ext4 filesystem, made under a temporary name and renamed, so a
+/// killed driver never leaves half a disk.
 async fn make_disk(path: &std::path::Path, size_mib: u64) -> Result<(), DriverError> {
     let tmp = path.with_extension("img.tmp");
-    let tmp_s = tmp.display().to_string();
-    run_tool(
-        "qemu-img",
-        vec![
-            "create".into(),
-            "-q".into(),
-            "-f".into(),
-            "raw".into(),
-            tmp_s.clone(),
-            format!("{size_mib}M"),
-        ],
-    )
-    .await?;
+    private_file(&tmp)
+        .and_then(|file| file.set_len(size_mib << 20))
+        .map_err(|e| internal("making the disk image", e))?;
     run_tool(
         "mkfs.ext4",
         vec![
@@ -70,11 +61,27 @@ async fn make_disk(path: &std::path::Path, size_mib: u64) -> Result<(), DriverEr
             "-F".into(),
             "-L".into(),
             "sandbox".into(),
-            tmp_s,
+            tmp.display().to_string(),
         ],
     )
     .await?;
     std::fs::rename(&tmp, path).map_err(|e| internal("placing the disk image", e))
+}
+
+/// A new, empty file of the driver's at `path` (what was there goes), host root's, made 0600:
+/// the tools that fill it (`mkfs.ext4`, `qemu-img create`) keep the mode of a file that is
+/// there.
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// Runs a tool to its end: an error with its stderr when it fails.
@@ -153,13 +160,18 @@ impl HostService for VmDriver {
             stats: true,
             pause: true,
             isolation: format!(
-                "QEMU microVM ({}), its own kernel ({}); {}a persistent ext4 disk at \
-                 /sandbox; {}",
+                "QEMU microVM ({}), its own kernel ({}); QEMU runs as a host uid of the \
+                 sandbox's own ({}), with no capabilities and a seccomp filter; {}a persistent \
+                 ext4 disk at /sandbox; {}",
                 match self.inner.accel {
                     qemu::Accel::Kvm => "KVM",
                     _ => "TCG emulation",
                 },
                 self.inner.assets.kernel_version,
+                sbx_host_kit::uidpool::describe(
+                    Some(&self.inner.opts.uid_pool),
+                    &sbx_images::IdMap::default()
+                ),
                 match self.inner.opts.images {
                     Some(_) => "the image's root filesystem on a copy-on-write disk; ",
                     None => "",
@@ -280,18 +292,27 @@ async fn create(
     }
 
     let paths = inner.paths(id);
-    std::fs::create_dir_all(&paths.dir).map_err(|e| internal("making the sandbox directory", e))?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        match std::fs::DirBuilder::new().mode(0o700).create(&paths.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(internal("making the sandbox directory", e));
+            }
+            _ => {}
+        }
+    }
+    // Leased to the directory: a create killed before its record leaves a directory that
+    // open() removes, and with it the lease's owner.
+    let id_map = inner.opts.uid_pool.lease(&paths.dir)?;
     if !paths.disk.exists() {
         make_disk(&paths.disk, inner.opts.disk_mib).await?;
     }
-    let process = match image {
-        Some((process, info)) => {
-            if !paths.root.exists() {
-                inner.make_root(info, &paths.root).await?;
-            }
-            Some(process)
-        }
-        None => None,
+    let (process, root_base) = match image {
+        Some((process, info)) => (
+            Some(process),
+            Some(inner.make_root(info, &paths.root).await?),
+        ),
+        None => (None, None),
     };
     let resources = spec.resources.unwrap_or_default();
     let memory_mib = match resources.memory_bytes {
@@ -338,6 +359,8 @@ async fn create(
         warnings,
         paused: false,
         network_allow,
+        id_map: Some(id_map),
+        root_base,
     };
     lifecycle::first_run(inner, rec, req.generation, req.stopped, run_env).await
 }
@@ -378,9 +401,15 @@ impl Inner {
         Ok(Some((process, info)))
     }
 
-    /// The sandbox's root disk: a qcow2 whose backing file is the image's base (built first
-    /// when it is not there), made under a temporary name and renamed.
-    async fn make_root(&self, info: ImageInfo, path: &Path) -> Result<(), DriverError> {
+    /// The sandbox's root disk: a qcow2 (0600) whose backing file is the image's base (built
+    /// first when it is not there), made under a temporary name and renamed; the base's path.
+    /// A root disk already there (a create killed after it) is kept, over its own base.
+    async fn make_root(&self, info: ImageInfo, path: &Path) -> Result<PathBuf, DriverError> {
+        if path.exists()
+            && let Some(base) = super::base::backing_of(path, &self.state_dir.join("bases"))
+        {
+            return Ok(base);
+        }
         let Some(store) = self.opts.images.clone() else {
             return Err(DriverError::FailedPrecondition(
                 "the sandbox has an image and the driver no image store".to_string(),
@@ -396,6 +425,7 @@ impl Inner {
             tracing::info!(%digest, took = ?started.elapsed(), base = %base.display(), "built an image's base disk");
         }
         let tmp = path.with_extension("qcow2.tmp");
+        private_file(&tmp).map_err(|e| internal("making the root disk", e))?;
         run_tool(
             "qemu-img",
             vec![
@@ -411,7 +441,8 @@ impl Inner {
             ],
         )
         .await?;
-        std::fs::rename(&tmp, path).map_err(|e| internal("placing the root disk", e))
+        std::fs::rename(&tmp, path).map_err(|e| internal("placing the root disk", e))?;
+        Ok(base)
     }
 }
 

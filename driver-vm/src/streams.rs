@@ -11,7 +11,10 @@
 //! to the echo (output of an earlier turn that nobody read), then runs the exec with the
 //! same frame <-> message mapping as the socket drivers (`host::agent::exec_over`): output
 //! reaches the caller as the command writes it, with no cap, and stdin, a terminal, resizes
-//! and signals reach the command. A turn whose caller went away (or whose timeout passed)
+//! and signals reach the command. A turn that ended in the middle of a frame of stdin (the
+//! exit or the timeout came while the caller's stdin was still going out: a 64 KiB frame
+//! is more than the FIFO holds) first writes that frame's rest, or else leaves the stream out
+//! of step (the next turn pads). A turn whose caller went away (or whose timeout passed)
 //! sends SIGKILL to the command's process group and waits for its exit before the next turn;
 //! an agent's greeting also ends whatever an earlier, vanished turn left running.
 
@@ -164,16 +167,32 @@ impl VmDriver {
         let (rd, wr) = greet(&exec, &token, !in_step).await.map_err(|why| {
             DriverError::Unavailable(format!("sandbox {id}'s exec agent in the vm: {why}"))
         })?;
-        exec_over(rd, wr, req, input, move |mut rd, mut wr, end| async move {
-            let in_step = match end {
-                ExecEnd::Over => true,
-                ExecEnd::Abandoned => abandon(&mut rd, &mut wr).await,
-                ExecEnd::Broken => false,
-            };
-            if in_step {
-                turn.in_step = Some(run_id);
-            }
-        })
+        exec_over(
+            rd,
+            wr,
+            req,
+            input,
+            move |mut rd, mut wr, end, unsent| async move {
+                // The exchange may have ended in the middle of a frame of stdin (the exit comes
+                // while the caller's stdin still goes out): its rest first, so the agent reads
+                // what follows (a signal, the next turn's greeting) as a frame of its own. The
+                // agent reads on when no command runs; not written in time, the next turn pads.
+                let finished = unsent.is_empty()
+                    || matches!(
+                        tokio::time::timeout(ABANDON_TIMEOUT, wr.write_all(&unsent)).await,
+                        Ok(Ok(()))
+                    );
+                let in_step = finished
+                    && match end {
+                        ExecEnd::Over => true,
+                        ExecEnd::Abandoned => abandon(&mut rd, &mut wr).await,
+                        ExecEnd::Broken => false,
+                    };
+                if in_step {
+                    turn.in_step = Some(run_id);
+                }
+            },
+        )
         .await
     }
 }

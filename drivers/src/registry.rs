@@ -294,6 +294,8 @@ const VM: DriverFactory = DriverFactory {
             let opts = VmDriverOptions {
                 images: Some(ctx.images("vm")?),
                 network: settings.oci.open_network(&state_dir).await?,
+                uid_pool: settings.oci.uid_pool(),
+                log_max: settings.oci.log_max,
                 default_grace: or_default(settings.default_grace, defaults.default_grace),
                 poll_interval: or_default(settings.poll_interval, defaults.poll_interval),
                 ..settings.vm.driver_options()
@@ -310,6 +312,7 @@ const VM: DriverFactory = DriverFactory {
             flags.push(images.root().into());
         }
         flags.extend(ctx.settings.oci.network_flags());
+        flags.extend(ctx.settings.oci.sandbox_flags());
         flags.extend(ctx.settings.vm.to_flags());
         flags
     },

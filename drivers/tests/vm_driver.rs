@@ -4,7 +4,8 @@
 //! marker is what the driver reports, and a start under another generation says so instead of
 //! rebooting; exec and logs work, the guest's loopback is up, exec output is streamed (the
 //! first line of `echo; sleep 3; echo` seconds before the exit) and not capped (3 MiB whole);
-//! delete leaves nothing. And clear errors for what is missing.
+//! delete leaves nothing; an exec that ends amid its stdin leaves the exec port serving. And
+//! clear errors for what is missing.
 
 mod vm_support;
 
@@ -612,6 +613,107 @@ async fn vm_a_quiet_copy_into_a_stopped_sandbox_is_ended_and_lets_go_of_it() {
     .expect("the start is not held by the copy")
     .expect("start");
     assert_eq!(started.state, pb::State::Running as i32, "{started:?}");
+    driver
+        .delete(pb::DeleteRequest { sandbox_id: id })
+        .await
+        .expect("delete");
+    env.assert_no_vm_left();
+}
+
+/// A stream of `chunks` stdin messages of 64 KiB each (made as they are sent).
+fn stdin_of(chunks: usize) -> sbx_drivers::ExecInputStream {
+    Box::pin(futures::stream::iter((0..chunks).map(|_| pb::ExecInput {
+        input: Some(pb::exec_input::Input::Stdin(vec![b'x'; 64 * 1024])),
+    })))
+}
+
+/// An exec's exit (or its timeout) can come while the caller's stdin is still going out,
+/// in the middle of one of its 64 KiB frames: the exec port is one stream for the VM's life,
+/// so the next turn on it must not be read as the rest of that frame. Three commands that
+/// exit at once without reading 16 MiB of stdin, each followed by an exec that must answer;
+/// then a `cat` that reads a stream of stdin without end until its 2 s timeout, whose end
+/// must reach it (the exec's stream ends soon after the timeout) and leave the port serving.
+/// (Before: the next exec found no answer within 15 s; the timed-out one ended 10 s late.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_an_exec_that_ends_amid_its_stdin_leaves_the_port_serving() {
+    let env = VmEnv::new();
+    let driver = env.open().await;
+    let id = uuid::Uuid::new_v4().to_string();
+    driver
+        .create(pb::CreateRequest {
+            sandbox_id: id.clone(),
+            workspace: "team-a".into(),
+            name: "stdin".into(),
+            spec: Some(pb::SandboxSpec {
+                command: vec!["sleep".into(), "3600".into()],
+                ..Default::default()
+            }),
+            generation: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    let collect = |stream: sbx_drivers::DriverStream<pb::ExecOutput>| async move {
+        let mut exit = None;
+        let mut out = Vec::new();
+        let mut stream = stream;
+        while let Some(item) = stream.next().await {
+            match item.expect("exec output").chunk {
+                Some(pb::exec_output::Chunk::Stdout(b)) => out.extend(b),
+                Some(pb::exec_output::Chunk::Exit(e)) => exit = Some((e.code, e.timed_out)),
+                _ => {}
+            }
+        }
+        (exit, String::from_utf8_lossy(&out).into_owned())
+    };
+    let request = |script: &str, timeout_seconds: u32| pb::ExecRequest {
+        sandbox_id: id.clone(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        stdin: true,
+        timeout_seconds,
+        ..Default::default()
+    };
+    for round in 0..3 {
+        let stream = driver
+            .exec_io(request("exit 3", 30), stdin_of(256))
+            .await
+            .expect("exec");
+        assert_eq!(collect(stream).await.0, Some((3, false)), "round {round}");
+        let stream = tokio::time::timeout(
+            Duration::from_secs(60),
+            driver.exec_io(request("echo still serving", 30), stdin_of(0)),
+        )
+        .await
+        .expect("an answer within 60 s")
+        .unwrap_or_else(|e| panic!("round {round}: the exec after: {e}"));
+        assert_eq!(
+            collect(stream).await,
+            (Some((0, false)), "still serving\n".to_string()),
+            "round {round}"
+        );
+    }
+
+    let began = Instant::now();
+    let stream = driver
+        .exec_io(request("cat > /dev/null", 2), stdin_of(usize::MAX))
+        .await
+        .expect("exec");
+    let (exit, _) = collect(stream).await;
+    let took = began.elapsed();
+    assert_eq!(exit, Some((124, true)));
+    assert!(
+        took < Duration::from_secs(8),
+        "the timed-out exec's stream ended {took:?} after its start (timeout 2 s)"
+    );
+    let stream = driver
+        .exec_io(request("echo still serving", 30), stdin_of(0))
+        .await
+        .expect("the exec after the timeout");
+    assert_eq!(
+        collect(stream).await,
+        (Some((0, false)), "still serving\n".to_string())
+    );
+
     driver
         .delete(pb::DeleteRequest { sandbox_id: id })
         .await

@@ -5,8 +5,8 @@
 //! ```
 //!
 //! - create→Ready through sbxd (gRPC create, then the sandbox's watch until Ready) vs a bare
-//!   QEMU boot of the same kernel and initramfs (spawn → the guest's "ready" line on the
-//!   console), interleaved in one run, as a ratio; SBX_BENCH_VM_ROUNDS rounds (default 5);
+//!   QEMU boot of the same kernel and shared initramfs with a run of the same command, on a
+//!   machine of the same devices (spawn → the guest's "ready" line on the console), interleaved in one run, as a ratio; SBX_BENCH_VM_ROUNDS rounds (default 5);
 //! - the time sbxd takes to re-attach SBX_BENCH_VMS (default 20) running VMs after a SIGKILL:
 //!   from the new sbxd's spawn until it serves (it serves once every sandbox has re-attached),
 //!   and until all are listed Ready — on the same QEMU processes.
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::{DataDir, Sbxd};
 use futures::StreamExt;
-use sbx_drivers::vm::{Accel, host_tsc_khz, kernel_cmdline};
+use sbx_drivers::vm::{Accel, EXEC_CHANNELS, host_tsc_khz, kernel_cmdline, plain_initramfs};
 use sbx_proto::v1::{
     CreateSandboxRequest, DeleteSandboxRequest, ListSandboxesRequest, Phase, Sandbox, SandboxRef,
     SandboxSpec, WatchSandboxesRequest,
@@ -60,8 +60,10 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
 }
 
 /// Boots the given kernel and initramfs with QEMU directly, as the driver's command line does
-/// (microvm, TCG, a fresh raw ext4 disk, console to a file), and returns the time from spawn
-/// to the guest's "ready" line. The disk is made before the clock starts.
+/// (microvm, TCG, a fresh raw ext4 disk, console to a file, the control and exec ports, on
+/// nothing: the guest's init waits up to 10 s for the ports), as root, without the driver's
+/// confinement, and returns the time from spawn to the guest's "ready" line. The disk is made
+/// before the clock starts.
 fn bare_boot(kernel: &Path, initramfs: &Path, scratch: &Path) -> Duration {
     let disk = scratch.join("bare-disk.img");
     let console = scratch.join("bare-console.log");
@@ -107,6 +109,17 @@ fn bare_boot(kernel: &Path, initramfs: &Path, scratch: &Path) -> Duration {
             disk.display()
         ))
         .args(["-device", "virtio-blk-device,drive=disk"])
+        .args(["-device", "virtio-serial-device"])
+        .args(["-chardev", "null,id=agent"])
+        .args(["-device", "virtserialport,chardev=agent,name=sbx.agent"])
+        .args((0..EXEC_CHANNELS).flat_map(|k| {
+            [
+                "-chardev".to_string(),
+                format!("null,id=exec{k}"),
+                "-device".to_string(),
+                format!("virtserialport,chardev=exec{k},name=sbx.exec.{k}"),
+            ]
+        }))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -143,7 +156,7 @@ fn qemu_identities(data: &Path) -> Vec<(String, i32, u64)> {
             } else if path.file_name().is_some_and(|n| n == "qemu.pid") {
                 let pid: i32 = std::fs::read_to_string(&path)
                     .ok()
-                    .and_then(|t| t.trim().parse().ok())
+                    .and_then(|t| t.split_whitespace().next()?.parse().ok())
                     .unwrap_or(0);
                 if let Some(start) = common::proc_start_time(pid) {
                     let id = dir.file_name().unwrap().to_string_lossy().into_owned();
@@ -209,17 +222,20 @@ async fn vm_create_to_ready_through_sbxd_vs_bare_qemu() {
             }
         }
         through.push(started.elapsed());
-        // The bare boot uses this very sandbox's kernel and initramfs.
+        // The bare boot uses the driver's kernel and shared initramfs, with a run's archive
+        // for the same command appended (a sandbox's own is only ever in memory).
         let kernel = find_file(data.path(), "vmlinux").expect("the unpacked kernel");
-        let initramfs = find_file(data.path(), "initramfs.cpio")
-            .filter(|p| p.to_string_lossy().contains(&created.id))
-            .or_else(|| {
-                let vms = find_file(data.path(), "sandbox.json")?;
-                Some(vms.with_file_name("initramfs.cpio"))
-            })
-            .expect("the run's initramfs");
+        let shared = find_file(data.path(), "initramfs.cpio").expect("the shared initramfs");
         let copy = data.path().join("bare-initramfs.cpio");
-        std::fs::copy(&initramfs, &copy).unwrap();
+        std::fs::write(
+            &copy,
+            plain_initramfs(
+                &std::fs::read(&shared).unwrap(),
+                &format!("bare{i}"),
+                &spec().command,
+            ),
+        )
+        .unwrap();
         sb.clone()
             .delete_sandbox(DeleteSandboxRequest {
                 sandbox: Some(SandboxRef {

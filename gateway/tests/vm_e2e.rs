@@ -276,10 +276,13 @@ async fn managed_vm_driver_gets_the_vm_flags_and_hands_its_vm_to_an_in_process_d
     let (id, took) = create_vm(&d, &sb, "", "managed-vm").await;
     eprintln!("timing: create→Ready through managed:vm: {took:?}");
     let qemu = qemu_of(data, &id).expect("its qemu runs");
-    let qemu_cmdline = std::fs::read(format!("/proc/{}/cmdline", qemu.pid)).expect("cmdline");
+    // QEMU loads the kernel through the descriptor it was started with (`-kernel
+    // /proc/self/fd/3`): that descriptor is the asset cache's.
+    let kernel = std::fs::read_link(format!("/proc/{}/fd/3", qemu.pid)).expect("qemu's fd 3");
     assert!(
-        String::from_utf8_lossy(&qemu_cmdline).contains(&format!("-kernel\0{cache}/")),
-        "the guest's kernel comes from the asset cache the flag named"
+        kernel.starts_with(&cache),
+        "the guest's kernel comes from the asset cache the flag named: {}",
+        kernel.display()
     );
     let (code, _, err) = sh(&sb, &id, "echo data-M > /sandbox/data").await;
     assert_eq!(code, 0, "{err}");

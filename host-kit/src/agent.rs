@@ -483,7 +483,7 @@ pub async fn exec(
     let (rd, wr) = connect(sandbox_dir, sandbox).await?.into_split();
     // Dropping both halves closes the connection: if the command still runs, the agent ends
     // it.
-    exec_over(rd, wr, req, input, |_, _, _| async {}).await
+    exec_over(rd, wr, req, input, |_, _, _, _| async {}).await
 }
 
 /// The last message of an exec its timeout ended: exit 124 (what `timeout(1)` answers),
@@ -504,7 +504,8 @@ pub const TIMED_OUT_CODE: i32 = 124;
 /// How an exec over [`exec_over`] ended, for its `then`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExecEnd {
-    /// The agent sent the exit or an error: the stream is at a frame's end, nothing runs.
+    /// The agent sent the exit or an error: nothing runs, and the stream from the agent is at
+    /// a frame's end (the stream to it once `then`'s unsent rest is written).
     Over,
     /// The caller went away, or the timeout passed: the command may still run.
     Abandoned,
@@ -516,8 +517,11 @@ pub enum ExecEnd {
 /// `input` as the caller sends it; the frame <-> message mapping of every transport. The
 /// stream ends with the exit. When the exchange is over — the exit, the caller dropping the
 /// stream, `req.timeout_seconds` passing (then the exit is [`timed_out_exit`]) — `then` gets both halves
-/// back and how it ended (a socket is dropped, so the agent ends the command; a virtio port
-/// must be told).
+/// back, how it ended (a socket is dropped, so the agent ends the command; a virtio port
+/// must be told) and the unsent rest of a frame of input the exchange ended in the middle of
+/// (empty when none): the exit can come while the caller's stdin is still going out, and a
+/// stream that outlives the exchange (a virtio port) is at a frame's end only once that is
+/// written.
 pub async fn exec_over<R, W, F, Fut>(
     mut rd: R,
     mut wr: W,
@@ -528,7 +532,7 @@ pub async fn exec_over<R, W, F, Fut>(
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
-    F: FnOnce(R, W, ExecEnd) -> Fut + Send + 'static,
+    F: FnOnce(R, W, ExecEnd, Vec<u8>) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
     let tty = req.tty.is_some();
@@ -551,13 +555,16 @@ where
     let (tx, rx) = mpsc::channel::<Result<pb::ExecOutput, DriverError>>(64);
     let wants_stdin = req.stdin;
     tokio::spawn(async move {
+        // The frame of input being written and how much of it is, kept outside the writing
+        // future, which the exchange's end drops wherever it is.
+        let mut sending = Sending::default();
         // The caller's input, as frames. The write half stays open after the input ends: the
         // agent takes a closed connection for a caller gone.
         let send_input = async {
             let mut input = input;
             while let Some(msg) = input.next().await {
                 for frame in input_frames(msg, tty) {
-                    if wr.write_all(&frame.encode()).await.is_err() {
+                    if sending.write(&mut wr, frame.encode()).await.is_err() {
                         // The agent closed the connection (after the command's exit, which
                         // input can outlast): what it sent says how the exec ended.
                         return std::future::pending().await;
@@ -565,7 +572,7 @@ where
                 }
             }
             if wants_stdin {
-                let _ = wr.write_all(&Frame::CloseStdin.encode()).await;
+                let _ = sending.write(&mut wr, Frame::CloseStdin.encode()).await;
             }
             std::future::pending::<()>().await
         };
@@ -624,9 +631,45 @@ where
         if let Some(err) = outcome {
             let _ = tx.send(Err(err)).await;
         }
-        then(rd, wr, end).await;
+        then(rd, wr, end, sending.unsent()).await;
     });
     Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+/// A frame being written: its bytes and how many of them are written.
+#[derive(Default)]
+struct Sending {
+    frame: Vec<u8>,
+    written: usize,
+}
+
+impl Sending {
+    /// Writes `frame` whole, counting what is written as it goes: a write is cancel safe (a
+    /// dropped one wrote nothing), so when the future is dropped the count is right.
+    async fn write(
+        &mut self,
+        wr: &mut (impl tokio::io::AsyncWrite + Unpin),
+        frame: Vec<u8>,
+    ) -> std::io::Result<()> {
+        self.frame = frame;
+        self.written = 0;
+        while self.written < self.frame.len() {
+            match wr.write(&self.frame[self.written..]).await? {
+                0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                n => self.written += n,
+            }
+        }
+        Ok(())
+    }
+
+    /// The rest of a frame begun and not finished (empty when the last one was written
+    /// whole, or not begun: then the stream is at a frame's end).
+    fn unsent(mut self) -> Vec<u8> {
+        match self.written {
+            0 => Vec::new(),
+            n => self.frame.split_off(n.min(self.frame.len())),
+        }
+    }
 }
 
 /// The last line the agent of the sandbox's current run wrote to its log (`run-*/agent.log`,

@@ -202,8 +202,9 @@ pub struct OciArgs {
     )]
     pub network_conntrack_max: u32,
 
-    /// The host ids sandboxes (oci and process) take their own range of 65536 from: START:COUNT
-    /// as in /etc/subuid, COUNT a multiple of 65536 (the default holds 4096 sandboxes at once).
+    /// The host ids sandboxes (oci, process and vm: a VM's QEMU runs as its range's first uid)
+    /// take their own range of 65536 from: START:COUNT as in /etc/subuid, COUNT a multiple of
+    /// 65536 (the default holds 4096 sandboxes at once).
     /// Root's /etc/subuid and /etc/subgid must grant it for the process driver (newuidmap);
     /// it must not overlap the image store's 200000..265535.
     #[arg(
@@ -227,7 +228,7 @@ pub struct OciArgs {
     )]
     pub uid_lease_dir: PathBuf,
 
-    /// The most a sandbox's log keeps on disk (oci and process): the log and the part before
+    /// The most a sandbox's log keeps on disk (oci and process; vm: its console): the log and the part before
     /// it together, the newest output kept (10Mi, 512Ki, …; at least 1Mi). A workload that
     /// writes more loses its oldest output, never the host's disk.
     #[arg(
@@ -322,7 +323,7 @@ impl OciArgs {
         }
     }
 
-    /// What a driver host running sandboxes of its own (oci or process) is told of them:
+    /// What a driver host running sandboxes of its own (oci, process or vm) is told of them:
     /// `--uid-pool`, `--uid-lease-dir`, `--log-max` and `--max-ptys`.
     pub fn sandbox_flags(&self) -> Vec<OsString> {
         vec![

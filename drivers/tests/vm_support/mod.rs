@@ -78,7 +78,12 @@ impl VmEnv {
             };
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if cmdline.contains("qemu-system") && cmdline.contains(&state) {
+            // QEMU names no path of the host's (its files are descriptors): its working
+            // directory, the sandbox's `chan/`, says whose it is.
+            let cwd = std::fs::read_link(entry.path().join("cwd")).unwrap_or_default();
+            if cmdline.contains("qemu-system")
+                && (cmdline.contains(&state) || cwd.starts_with(&state))
+            {
                 left.push((pid, cmdline));
             }
         }

@@ -82,7 +82,13 @@ pub struct Identity {
 /// sandbox on its command line (`-name ID`).
 pub fn qemu_of(data: &Path, id: &str) -> Option<Identity> {
     let pidfile = data.join("drivers/vm/vms").join(id).join("qemu.pid");
-    let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
+    // `PID START_TICKS` (the driver's), or QEMU's own `PID`.
+    let pid: i32 = std::fs::read_to_string(pidfile)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
     let qemu = Identity {
         pid,
         start_ticks: proc_start_time(pid)?,
@@ -113,7 +119,10 @@ pub fn qemus_under(data: &Path) -> Vec<(i32, String)> {
         };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains("qemu-system") && cmdline.contains(&data) {
+        // QEMU names no path of the host's (its files are descriptors): its working
+        // directory, the sandbox's `chan/`, says whose it is.
+        let cwd = std::fs::read_link(entry.path().join("cwd")).unwrap_or_default();
+        if cmdline.contains("qemu-system") && (cmdline.contains(&data) || cwd.starts_with(&data)) {
             found.push((pid, cmdline));
         }
     }
