@@ -232,3 +232,75 @@ async fn a_bearer_token_travels_with_a_forwarded_request_and_is_checked_again() 
     let deleted = as_(&editor, &["sandbox", "delete", "t1"]);
     assert_eq!(deleted.code, 0, "{deleted:?}");
 }
+
+/// A tenant learns nothing of the store's gateways: when the workspace's holder cannot be
+/// reached (A, SIGKILLed, still within its lease), B's answer to a workspace-scoped caller is
+/// `UNAVAILABLE` without A's id or address; a gateway-wide caller is told where the holder is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_holder_is_named_to_no_tenant() {
+    let store = SharedStore::start();
+    let url = store.database("unreachable").await;
+    let a_data = DataDir::new();
+    let token = |name: &str, role: &str, workspace: Option<&str>| {
+        let mut command = common::sbxd_command();
+        command
+            .args(["token", "create", "--data-dir"])
+            .arg(a_data.path())
+            .args(["--name", name, "--role", role]);
+        if let Some(w) = workspace {
+            command.args(["--workspace", w]);
+        }
+        let made = common::run_bounded(&mut command, "sbxd token create");
+        assert_eq!(made.code, 0, "{made:?}");
+        made.stdout.lines().last().unwrap().to_string()
+    };
+    let tenant = token("tenant", "editor", Some("default"));
+    let admin = token("root", "admin", None);
+    let b_data = DataDir::new();
+    let auth_dir = b_data.path().join("auth");
+    std::fs::create_dir_all(&auth_dir).unwrap();
+    std::fs::set_permissions(
+        &auth_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let flags = [
+        "--store",
+        url.as_str(),
+        "--store-password-file",
+        store.password_file.as_str(),
+        "--auth",
+        "token",
+        "--lease-seconds",
+        "30",
+    ];
+    let mut a = Sbxd::start(a_data.path(), "sim", &flags);
+    // The grants are bound to the workspace's id at A's start; B reads the same file after.
+    let copied = auth_dir.join("identities.json");
+    std::fs::copy(a_data.path().join("auth/identities.json"), &copied).unwrap();
+    std::fs::set_permissions(&copied, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let b = Sbxd::start(b_data.path(), "sim", &flags);
+    let on_b = |tok: &str, args: &[&str]| {
+        let mut all = vec!["--token", tok];
+        all.extend_from_slice(args);
+        sbx(&b.endpoint(), &all)
+    };
+    let created = on_b(&tenant, &["sandbox", "create", "u1", "--", "sleep", "100"]);
+    assert_eq!(created.code, 0, "{created:?}\n{}", b.log_text());
+    let a_address = a.endpoint().trim_start_matches("http://").to_string();
+    a.sigkill();
+    // A stop goes to the workspace's holder (a read is the store's, and B answers it).
+    let told = on_b(&tenant, &["sandbox", "stop", "u1"]);
+    assert_ne!(told.code, 0, "{told:?}");
+    assert!(
+        !told.stderr.contains(&a_address) && !told.stderr.contains("HELD_ELSEWHERE"),
+        "a tenant was told where the holder is: {told:?}"
+    );
+    assert!(told.stderr.contains("another gateway"), "{told:?}");
+    let admin_told = on_b(&admin, &["sandbox", "stop", "u1"]);
+    assert_ne!(admin_told.code, 0, "{admin_told:?}");
+    assert!(
+        admin_told.stderr.contains(&a_address) || admin_told.stderr.contains("HELD_ELSEWHERE"),
+        "a gateway-wide caller is told where the holder is: {admin_told:?}"
+    );
+}

@@ -18,7 +18,9 @@
 //! whose caller is known by something the holder cannot check again (a client certificate,
 //! the Unix socket's peer uid) — only a bearer token travels, and the holder checks it against
 //! its own identities, so every gateway of a store must hold the same identities file; and
-//! one whose holder cannot be reached.
+//! one whose holder cannot be reached. That answer names the holder (its id and address) only
+//! to a gateway-wide caller: a tenant's grant is for some workspaces, and the store's gateways
+//! are none of its business ([`for_caller`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -187,9 +189,16 @@ where
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let scoped = req
+            .extensions()
+            .get::<crate::auth::Caller>()
+            .is_none_or(|c| c.is_scoped());
         let peers = match &self.peers {
             Some(peers) if peers.may_forward(req.headers()) => Arc::clone(peers),
-            _ => return Box::pin(self.inner.call(req)),
+            _ => {
+                let answer = self.inner.call(req);
+                return Box::pin(async move { Ok(for_caller(answer.await?, scoped)) });
+            }
         };
         let (parts, body) = req.into_parts();
         let head = Head {
@@ -235,7 +244,7 @@ where
             };
             let Some(replay) = replay else {
                 tracing::info!(path = %head.uri.path(), "not forwarded: the request was longer than the forwarding copy");
-                return Ok(response);
+                return Ok(for_caller(response, scoped));
             };
             let path = head.uri.path().to_string();
             match peers.forward(&address, head, replay).await {
@@ -245,11 +254,25 @@ where
                 }
                 Err(e) => {
                     tracing::warn!(%path, holder = %address, "cannot forward to the workspace's holder: {e}");
-                    Ok(response)
+                    Ok(for_caller(response, scoped))
                 }
             }
         })
     }
+}
+
+/// An answer that names the workspace's holder (`HELD_ELSEWHERE`), as a `scoped` caller may
+/// see it: `UNAVAILABLE` saying the workspace is served by another gateway, without that
+/// gateway's id or address. Any other answer, or any answer to a gateway-wide caller, as it is.
+fn for_caller(response: http::Response<Body>, scoped: bool) -> http::Response<Body> {
+    if !scoped || !response.headers().contains_key(HOLDER_HEADER) {
+        return response;
+    }
+    tonic::Status::unavailable(
+        "this workspace is served by another gateway of the store, which this one could not \
+         reach with the request: try again, or call the gateway that serves it",
+    )
+    .into_http()
 }
 
 /// A request's body as it passes to the handler, with a copy of its data kept for a replay.
