@@ -187,6 +187,8 @@ pub struct Given {
     pub endpoint_flag: Option<String>,
     pub endpoint_env: Option<String>,
     pub token_flag: Option<Token>,
+    /// Which flag gave `token_flag` (`--token`, `--token-file`); empty means `--token`.
+    pub token_flag_name: &'static str,
     pub token_env: Option<Token>,
     pub tls: TlsSettings,
 }
@@ -244,7 +246,14 @@ pub fn resolve(
         None => default_endpoint()?,
     };
     let token = first([
-        (token(&given.token_flag), Source::Flag("--token")),
+        (
+            token(&given.token_flag),
+            Source::Flag(if given.token_flag_name.is_empty() {
+                "--token"
+            } else {
+                given.token_flag_name
+            }),
+        ),
         (token(&given.token_env), Source::Env("SBX_TOKEN")),
         (ctx.and_then(|c| token(&c.token)), ctx_source()),
     ]);
@@ -281,16 +290,45 @@ pub fn default_endpoint() -> Result<String, CliError> {
 pub struct Flags {
     pub endpoint: Option<String>,
     pub token: Option<Token>,
+    /// Which flag gave `token`: `--token` or `--token-file` (for errors that name it).
+    pub token_flag: &'static str,
     pub context: Option<String>,
     pub tls: TlsSettings,
 }
 
+/// What sbx says when a token is given on the command line.
+pub const TOKEN_ON_COMMAND_LINE: &str = "warning: a token given with --token is on the command \
+    line, which every user of this machine can read (ps); give it as SBX_TOKEN or with \
+    --token-file FILE instead";
+
+/// The token in `file`: its first line, trimmed.
+pub fn read_token_file(file: &std::path::Path) -> Result<Token, CliError> {
+    let text = std::fs::read_to_string(file).map_err(|source| CliError::LocalPath {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    Ok(Token::new(text.lines().next().unwrap_or("").trim()))
+}
+
 impl Cli {
-    /// This command line's global flags.
-    pub fn flags(&self) -> Flags {
-        Flags {
+    /// This command line's global flags (a `--token-file` read now); warns on stderr of a
+    /// token given on the command line.
+    pub fn flags(&self) -> Result<Flags, CliError> {
+        if self.token.is_some() {
+            eprintln!("{TOKEN_ON_COMMAND_LINE}");
+        }
+        let token = match &self.token_file {
+            Some(file) => Some(read_token_file(file)?),
+            None => self.token.clone(),
+        };
+        Ok(Flags {
             endpoint: self.endpoint.clone(),
-            token: self.token.clone(),
+            token,
+            token_flag: if self.token_file.is_some() {
+                "--token-file"
+            } else {
+                "--token"
+            },
             context: self.context.clone(),
             tls: TlsSettings {
                 ca: self.tls_ca.clone(),
@@ -298,11 +336,20 @@ impl Cli {
                 key: self.tls_key.clone(),
                 server_name: self.tls_server_name.clone(),
             },
-        }
+        })
     }
 }
 
 impl Flags {
+    /// The flag that gave the token.
+    pub fn token_source(&self) -> &'static str {
+        if self.token_flag.is_empty() {
+            "--token"
+        } else {
+            self.token_flag
+        }
+    }
+
     /// The flags and the environment.
     pub fn given(&self) -> Given {
         let env = |name: &str| std::env::var(name).ok();
@@ -310,6 +357,7 @@ impl Flags {
             endpoint_flag: self.endpoint.clone(),
             endpoint_env: env("SBX_ENDPOINT"),
             token_flag: self.token.clone(),
+            token_flag_name: self.token_source(),
             token_env: env("SBX_TOKEN").map(Token::new),
             tls: self.tls.clone(),
         }
@@ -433,25 +481,12 @@ pub fn set_context(
             None => Ok(None),
         }
     };
-    let token = match &args.token_file {
-        Some(file) => {
-            let text = std::fs::read_to_string(file).map_err(|source| CliError::LocalPath {
-                path: file.clone(),
-                source,
-            })?;
-            Some(Token::new(text.trim()))
-        }
-        None => flags.token.clone(),
-    };
+    let token = flags.token.clone();
     if let Some(token) = &token
         && !token.is_empty()
     {
         // Refuse now what would fail on every call later.
-        let source = Source::Flag(if args.token_file.is_some() {
-            "--token-file"
-        } else {
-            "--token"
-        });
+        let source = Source::Flag(flags.token_source());
         super::connect::Credentials::new(Some((token, &source)))?;
     }
     if let Some(endpoint) = &flags.endpoint

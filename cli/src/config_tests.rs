@@ -118,6 +118,7 @@ fn settings_come_from_flag_then_env_then_context_then_default() {
         endpoint_flag: Some("unix:///flag.sock".into()),
         endpoint_env: Some("env:1".into()),
         token_flag: Some(Token::new("tok-flag")),
+        token_flag_name: "",
         token_env: Some(Token::new("tok-env")),
         tls: TlsSettings::default(),
     };
@@ -241,9 +242,8 @@ fn set_context_merges_removes_and_checks() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("tok");
     std::fs::write(&token_file, "tok-file\n").unwrap();
-    let args = |token_file: Option<PathBuf>| SetContextArgs {
+    let args = |_: Option<PathBuf>| SetContextArgs {
         name: "lab".into(),
-        token_file,
         use_it: false,
     };
     let mut config = Config::default();
@@ -267,9 +267,11 @@ fn set_context_merges_removes_and_checks() {
     // value removes a setting.
     let flags = Flags {
         endpoint: Some(String::new()),
+        token: Some(super::read_token_file(&token_file).unwrap()),
+        token_flag: "--token-file",
         ..Flags::default()
     };
-    assert!(!set_context(&mut config, &flags, &args(Some(token_file))).unwrap());
+    assert!(!set_context(&mut config, &flags, &args(None)).unwrap());
     let lab = &config.contexts["lab"];
     assert_eq!(lab.endpoint, None);
     assert_eq!(lab.token.as_ref().unwrap().expose(), "tok-file");

@@ -123,9 +123,16 @@ pub struct Cli {
 
     /// The bearer token sent on every call (`authorization: Bearer …`). Overrides SBX_TOKEN,
     /// which overrides the context's token. Not needed on sbxd's own Unix socket as the user
-    /// who runs sbxd. Prefer SBX_TOKEN or a context: a flag is visible in `ps`.
-    #[arg(long, global = true, help_heading = CONNECTION, value_name = "TOKEN", value_parser = connect::Token::parse)]
+    /// who runs sbxd. Every user of the machine sees a command line (`ps`): prefer SBX_TOKEN,
+    /// --token-file or a context; sbx says so when this flag is used.
+    #[arg(long, global = true, help_heading = CONNECTION, value_name = "TOKEN",
+          value_parser = connect::Token::parse, conflicts_with = "token_file")]
     pub token: Option<connect::Token>,
+
+    /// Read the bearer token from this file (its first line; keep it mode 0600): as --token,
+    /// without the token on the command line.
+    #[arg(long, global = true, help_heading = CONNECTION, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
 
     /// The context to use from the config file (`sbx config`), instead of its
     /// current-context.
@@ -267,11 +274,9 @@ pub enum ConfigCommand {
 /// `sbx config set-context`.
 #[derive(Debug, Clone, Args)]
 pub struct SetContextArgs {
-    /// The context's name (letters, digits, '-', '_', '.', '@').
+    /// The context's name (letters, digits, '-', '_', '.', '@'). Its token comes from the
+    /// global --token-file FILE (or --token).
     pub name: String,
-    /// Read the token from this file (its first and only line), instead of --token.
-    #[arg(long, value_name = "FILE", conflicts_with = "token")]
-    pub token_file: Option<std::path::PathBuf>,
     /// Also make it the current context.
     #[arg(long = "use")]
     pub use_it: bool,

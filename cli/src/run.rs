@@ -81,7 +81,7 @@ pub fn outcome(result: Result<u8, CliError>) -> (u8, Option<String>) {
 
 /// Runs one command; `Ok` carries the exit code (0, or a remote command's for exec).
 pub async fn run(cli: Cli) -> Result<u8, CliError> {
-    let flags = cli.flags();
+    let flags = cli.flags()?;
     let target = || flags.target();
     match cli.command {
         Command::Workspace(cmd) => run_workspace(&target()?, cmd).await,

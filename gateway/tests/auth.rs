@@ -1093,3 +1093,51 @@ async fn the_commands_certs_init_prints_work_as_pasted() {
         "{ran:?}"
     );
 }
+
+/// A token is never asked for on the command line: `--token` works and says on stderr that
+/// every user can read it there (`ps`); `--token-file` and SBX_TOKEN work without a word; a
+/// token file that is missing is named in the error.
+#[test]
+fn the_cli_takes_a_token_from_a_file_or_the_environment_and_warns_of_one_in_argv() {
+    let data = common::DataDir::new();
+    let d = secured(data.path(), &[]);
+    let token = identity(data.path(), "cli-user", "admin", &[], &[]);
+    let file = data.path().join("token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let flag = sbx(&d.endpoint(), &["--token", &token, "workspace", "list"]);
+    assert_eq!(flag.code, 0, "{flag:?}");
+    assert!(
+        flag.stderr.contains("every user of this machine can read")
+            && flag.stderr.contains("SBX_TOKEN")
+            && flag.stderr.contains("--token-file"),
+        "{flag:?}"
+    );
+    assert!(
+        !flag.stderr.contains(&token),
+        "the warning shows the token: {flag:?}"
+    );
+    let from_file = sbx(
+        &d.endpoint(),
+        &["--token-file", file.to_str().unwrap(), "workspace", "list"],
+    );
+    assert_eq!(from_file.code, 0, "{from_file:?}");
+    assert!(!from_file.stderr.contains("warning"), "{from_file:?}");
+    let from_env = run_bounded(
+        Command::new(SBX)
+            .args(["workspace", "list"])
+            .env("SBX_ENDPOINT", d.endpoint())
+            .env("SBX_TOKEN", &token),
+        "sbx workspace list",
+    );
+    assert_eq!(from_env.code, 0, "{from_env:?}");
+    assert!(!from_env.stderr.contains("warning"), "{from_env:?}");
+    let missing = sbx(
+        &d.endpoint(),
+        &["--token-file", "/nonexistent/token", "workspace", "list"],
+    );
+    assert_ne!(missing.code, 0);
+    assert!(missing.stderr.contains("/nonexistent/token"), "{missing:?}");
+    let help = sbx(&d.endpoint(), &["--help"]);
+    assert!(help.stdout.contains("--token-file"), "{help:?}");
+}
