@@ -245,7 +245,9 @@ mod tests {
                 "--uid-lease-dir",
                 "/var/lib/sbx/uid-leases",
                 "--log-max",
-                "10485760"
+                "10485760",
+                "--max-ptys",
+                "128"
             ]
         );
         // With a network, the process driver's host gets it too (and only its flags).
@@ -278,7 +280,9 @@ mod tests {
                 "--uid-lease-dir",
                 "/var/lib/sbx/uid-leases",
                 "--log-max",
-                "10485760"
+                "10485760",
+                "--max-ptys",
+                "128"
             ]
         );
         let oci = text(

@@ -178,6 +178,16 @@ pub(super) async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Str
     }
 }
 
+/// Reads and drops what is left of a refused request's body — at most 64 KiB, for at most a
+/// second — so that a client still sending it reads the refusal rather than a broken pipe.
+async fn drain(body: Incoming) {
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        Limited::new(body, 64 << 10).collect(),
+    )
+    .await;
+}
+
 /// The in-sandbox calls served here, by path: what an audit line may call a request (any
 /// other path is `other`).
 const RPCS: &[&str] = &[
@@ -389,6 +399,9 @@ pub async fn handle(e2b: &E2b, id: &str, req: Request<Incoming>) -> Response<Bod
         Ok(caller) => caller,
         Err(why) => {
             audit_refused(&sandbox.id, rpc_label(&path), &why);
+            // A client still sending its body would see a broken pipe, not the refusal:
+            // what a small request still sends is read (bounded) before the answer.
+            drain(req.into_body()).await;
             return connect_error(
                 "unauthenticated",
                 "the sandbox's access token (X-Access-Token) is missing or wrong",
