@@ -352,10 +352,12 @@ fn start_running(w: &World, args: &[&str], marker: &str) -> Child {
     child
 }
 
-/// Waits (at most [`QUICK`]) until `marker` shows in the sandbox's process list.
+/// Waits (at most [`QUICK`]) until a process whose whole command line is `marker` shows in
+/// the sandbox's process list (a line that merely holds it — the shell that will start it —
+/// does not count: a signal sent then could reach the shell before its trap is set).
 fn wait_running(w: &World, marker: &str) {
     let began = Instant::now();
-    while !w.processes().contains(marker) {
+    while !w.processes().lines().any(|l| l.trim() == marker) {
         assert!(began.elapsed() < QUICK, "{marker:?} never ran");
         std::thread::sleep(Duration::from_millis(100));
     }
