@@ -15,8 +15,8 @@ use common::{DriverWorld, eventually};
 use futures::StreamExt;
 use sbx_proto::v1::{ExecRequest, SandboxRef, Tty, exec_output};
 
-/// `gateway/tests/probes/NAME.c` built as a static executable into `dir`; `None` (and said)
-/// without a C compiler that links statically.
+/// `gateway/tests/probes/NAME.c` built as a static executable into `dir` (gcc and libc6-dev,
+/// which .ci/run installs: a machine without them fails the test, saying so).
 fn probe(name: &str, dir: &Path) -> Option<PathBuf> {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/probes/{name}.c"));
     let out = dir.join(name);
@@ -24,21 +24,14 @@ fn probe(name: &str, dir: &Path) -> Option<PathBuf> {
         .args(["-static", "-O1", "-o"])
         .arg(&out)
         .arg(&source)
-        .output();
-    match built {
-        Ok(o) if o.status.success() => Some(out),
-        Ok(o) => {
-            eprintln!(
-                "skipped: cc -static {name}.c: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            None
-        }
-        Err(e) => {
-            eprintln!("skipped: no C compiler: {e}");
-            None
-        }
-    }
+        .output()
+        .unwrap_or_else(|e| panic!("no C compiler (apt-get install gcc libc6-dev): {e}"));
+    assert!(
+        built.status.success(),
+        "cc -static {name}.c (apt-get install gcc libc6-dev): {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(out)
 }
 
 /// Copies `file` into the sandbox `name` at /sandbox/ (it keeps its name and mode).
