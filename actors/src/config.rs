@@ -55,7 +55,7 @@ pub struct Config {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// How often, and for how long, the gateway keeps usage samples of the sandboxes it
     /// serves (`crate::stats`). sbxd: every 5 s for an hour; the default here is the same.
-    pub stats: crate::stats::StatsSettings,
+    pub stats: StatsSettings,
     /// Events kept per sandbox (the oldest are dropped past it; 0: none kept) and in all
     /// (`crate::journal`). sbxd: 100 and 100,000; the default here is the same.
     pub events_per_sandbox: usize,
@@ -143,7 +143,7 @@ impl Default for Config {
             event_history: 10_000,
             event_history_bytes: 64 << 20,
             metrics: Arc::default(),
-            stats: crate::stats::StatsSettings::default(),
+            stats: StatsSettings::default(),
             events_per_sandbox: 100,
             events_max: 100_000,
             stop_grace: Duration::ZERO,
@@ -269,6 +269,34 @@ impl DriverSet {
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<dyn ComputeDriver>)> {
         self.drivers.iter()
+    }
+}
+
+/// How often and how long a gateway keeps samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatsSettings {
+    /// Between two samples of one sandbox; zero: no history is kept.
+    pub interval: Duration,
+    /// Samples older than this are dropped.
+    pub history: Duration,
+}
+
+impl Default for StatsSettings {
+    fn default() -> Self {
+        StatsSettings {
+            interval: Duration::from_secs(5),
+            history: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl StatsSettings {
+    /// Samples kept per sandbox, at most.
+    pub fn capacity(&self) -> usize {
+        if self.interval.is_zero() {
+            return 0;
+        }
+        (self.history.as_millis() / self.interval.as_millis()).max(1) as usize
     }
 }
 

@@ -14,8 +14,17 @@ pub enum ActorError {
     WorkspaceNotFound(String),
     /// No sandbox with this id, or this name in this workspace. `hint` says where a sandbox of
     /// that name does exist, when one does.
-    #[error("sandbox {what} not found{hint}")]
-    SandboxNotFound { what: String, hint: String },
+    /// `similar`: names of its workspace within two edits of a name not found ("did you
+    /// mean"), for a caller who may see that workspace.
+    #[error(
+        "sandbox {what} not found{hint}{}",
+        sbx_proto::names::did_you_mean(similar)
+    )]
+    SandboxNotFound {
+        what: String,
+        hint: String,
+        similar: Vec<String>,
+    },
     /// The name is already used by another object of the same kind in the same scope.
     #[error("{kind} name {name:?} is already taken{scope} (by {existing})")]
     NameTaken {
@@ -187,6 +196,26 @@ pub enum ImageFailure {
     /// The image is larger than the gateway takes (`--image-max-layers`, `--image-max-size`,
     /// `--image-max-files`); nothing of it is kept.
     TooLarge,
+    /// The image would leave less of the store's filesystem free than `--image-min-free`
+    /// keeps; nothing of it is kept.
+    NoRoom,
+    /// The add was cancelled (its caller went away or was revoked); nothing of it is kept.
+    Cancelled,
+    /// A client wrote a name of the gateway's own (`sbx.local/*`).
+    Reserved,
+}
+
+/// A refused Dockerfile or COPY (`sbx_images::build`): the caller's to fix, ours, or the
+/// image store's.
+impl From<sbx_images::build::BuildError> for ActorError {
+    fn from(e: sbx_images::build::BuildError) -> Self {
+        use sbx_images::build::BuildError;
+        match e {
+            BuildError::Invalid(m) => ActorError::InvalidArgument(m),
+            BuildError::Internal(m) => ActorError::Internal(m),
+            BuildError::Image(e) => e.into(),
+        }
+    }
 }
 
 impl From<ImageError> for ActorError {
@@ -207,6 +236,8 @@ impl From<ImageError> for ActorError {
             | ImageError::UnsafeLayer { .. } => ImageFailure::BadContent,
             ImageError::InvalidArgument { .. } => ImageFailure::InvalidArgument,
             ImageError::TooLarge { .. } => ImageFailure::TooLarge,
+            ImageError::NoRoom { .. } => ImageFailure::NoRoom,
+            ImageError::Cancelled { .. } => ImageFailure::Cancelled,
             ImageError::IdMapMismatch { .. }
             | ImageError::ReadOnly { .. }
             | ImageError::Io { .. } => ImageFailure::Store,

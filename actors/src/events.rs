@@ -23,7 +23,7 @@
 //! docs/ARCHITECTURE.md ("Watch") describes; events at or below a resume's version are skipped.
 //!
 //! On a store with a change log (PostgreSQL, shared by gateways) the hub is fed by the store
-//! instead ([`EventHub::fed_by_store`], [`follow_change_log`]): every gateway's writes, in
+//! instead ([`EventHub::fed_by_store`], [`crate::change_log::follow_change_log`]): every gateway's writes, in
 //! revision order with no gap, each delete at its own revision; the actors' own publishes are
 //! ignored there (they would come twice, and out of order).
 
@@ -141,7 +141,7 @@ impl EventHub {
         Self::with_feed(bounds, horizon, false)
     }
 
-    /// A hub fed only by the store's change log ([`follow_change_log`]) from `horizon` on.
+    /// A hub fed only by the store's change log ([`crate::change_log::follow_change_log`]) from `horizon` on.
     pub fn fed_by_store(bounds: HistoryBounds, horizon: u64) -> Self {
         Self::with_feed(bounds, horizon, true)
     }
@@ -169,7 +169,7 @@ impl EventHub {
         }
     }
 
-    fn append(&self, kind: EventType, sandbox: Sandbox) {
+    pub(crate) fn append(&self, kind: EventType, sandbox: Sandbox) {
         let event = SandboxEvent {
             r#type: kind as i32,
             resource_version: sandbox.resource_version,
@@ -279,78 +279,6 @@ impl Subscription {
             }
         }
         Ok(None)
-    }
-}
-
-/// How often a gateway on a store with a change log looks for new changes when it found none.
-pub const CHANGE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Changes read from the store at once.
-const CHANGE_BATCH: usize = 500;
-
-/// Feeds the gateway's hub from the store's change log, after revision `after`, for ever: each sandbox
-/// change as an event (created: ADDED, updated: MODIFIED, deleted: DELETED at the delete's
-/// revision), in revision order. Polls every [`CHANGE_POLL`] while there is nothing new; a
-/// store that does not answer is retried every second (watchers wait, nothing is skipped);
-/// a log trimmed past where it was reading restarts the hub there (its watchers are told
-/// they fell behind, and resume).
-pub(crate) async fn follow_change_log(shared: Arc<crate::config::Shared>, mut after: u64) {
-    use sbx_storage::{ChangeOp, StoreError};
-    let (store, hub) = (&shared.store, &shared.events);
-    let mut failing = false;
-    loop {
-        match store.changes_after(after, CHANGE_BATCH).await {
-            Ok(changes) => {
-                if failing {
-                    tracing::info!("reading the store's change log again");
-                    failing = false;
-                }
-                let idle = changes.is_empty();
-                for change in changes {
-                    after = change.revision;
-                    if change.record.kind != sbx_storage::Kind::Sandbox {
-                        continue;
-                    }
-                    let id = change.record.id;
-                    let mut sandbox = match crate::records::StoredSandbox::from_record(
-                        change.record,
-                    ) {
-                        Ok(stored) => stored.sandbox,
-                        Err(e) => {
-                            tracing::warn!(sandbox = %id, revision = after, "a change the watch cannot read, skipped: {e}");
-                            continue;
-                        }
-                    };
-                    sandbox.resource_version = change.revision;
-                    let kind = match change.op {
-                        ChangeOp::Created => EventType::Added,
-                        ChangeOp::Updated => EventType::Modified,
-                        ChangeOp::Deleted => EventType::Deleted,
-                    };
-                    hub.append(kind, sandbox);
-                }
-                if idle {
-                    tokio::time::sleep(CHANGE_POLL).await;
-                }
-            }
-            Err(StoreError::ChangesTooOld { oldest, .. }) => {
-                tracing::warn!(
-                    "the store's change log was trimmed past revision {after}, where this \
-                     gateway read; watches resume from {oldest}"
-                );
-                hub.restart_at(oldest);
-                after = oldest;
-            }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(
-                        "cannot read the store's change log (retrying every second): {e}"
-                    );
-                    failing = true;
-                }
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            }
-        }
     }
 }
 

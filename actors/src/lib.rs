@@ -12,7 +12,7 @@
 //! [`Gateway`] is the API the gRPC layer calls.
 
 mod api;
-pub mod build;
+mod change_log;
 mod config;
 mod error;
 mod events;
@@ -47,7 +47,12 @@ pub use api::{
 };
 pub use config::{Config, DEFAULT_IMAGE, DriverSet, LifetimeSettings, OwnershipSettings};
 pub use error::{ActorError, ImageFailure, Result};
-pub use images::{ImageSelector, record_name as image_record_name};
+pub use images::{
+    BUILD_CACHE_REPOSITORY, Built as BuiltImage, ImageScope, ImageSelector, Pruned as PrunedImages,
+    RESERVED_PREFIX as IMAGE_RESERVED_PREFIX, Writer as ImageWriter, image_message,
+    is_reserved as image_name_is_reserved, record_name as image_record_name,
+    reserved as image_name_reserved,
+};
 pub use owned::sealer::Sealer;
 pub use protocol::SweepReport;
 pub use protocol::{SandboxMsg, WorkspaceMsg};

@@ -31,6 +31,8 @@ pub const MAX_ARG_BYTES: usize = 32 * 1024;
 pub const MAX_ARGV_BYTES: usize = 128 * 1024;
 /// Environment variables (a spec's or an exec's).
 pub const MAX_ENV_VARS: usize = 1024;
+/// The longest exec user (`NAME:GROUP`): Linux names are at most 32 bytes each; room to spare.
+pub const MAX_USER_BYTES: usize = 256;
 /// One environment variable's value, in bytes.
 pub const MAX_ENV_VALUE_BYTES: usize = 32 * 1024;
 /// A whole environment, in bytes (each `NAME=value` plus its NUL).

@@ -143,130 +143,142 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("sbx");
-        let api_requests = Family::<ApiLabels, Counter>::default();
+        let metrics = Metrics {
+            enabled: std::sync::atomic::AtomicBool::new(false),
+            registry: Mutex::new(Registry::with_prefix("sbx")),
+            api_requests: Family::<ApiLabels, Counter>::default(),
+            api_duration: Family::<MethodLabels, Histogram>::new_with_constructor(
+                latency_histogram as fn() -> _,
+            ),
+            connections_refused: Family::<ConnectionLabels, Counter>::default(),
+            driver_calls: Family::<DriverCallLabels, Counter>::default(),
+            driver_duration: Family::<DriverOpLabels, Histogram>::new_with_constructor(
+                latency_histogram as fn() -> _,
+            ),
+            actor_restarts: Family::<ActorLabels, Counter>::default(),
+            sandboxes: Family::<SandboxLabels, Gauge>::default(),
+            watch_subscribers: Gauge::default(),
+            sandbox_commands_in_flight: Gauge::default(),
+            network_denials: Gauge::default(),
+            resolver_answers: Family::<OutcomeLabels, Counter>::default(),
+            watch_history_events: Gauge::default(),
+            watch_history_bytes: Gauge::default(),
+            stats_history_samples: Gauge::default(),
+            stats_history_bytes: Gauge::default(),
+            store_writes: Counter::default(),
+            store_commits: Counter::default(),
+            store_commit_seconds: Counter::<f64, std::sync::atomic::AtomicU64>::default(),
+            store_flushed_bytes: Counter::default(),
+        };
+        metrics.register_all();
+        metrics
+    }
+
+    /// Registers every metric under its name, in the order the exposition lists them, and
+    /// the build's version.
+    fn register_all(&self) {
+        let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         registry.register(
             "api_requests",
             "API requests answered, by gRPC method and status code",
-            api_requests.clone(),
+            self.api_requests.clone(),
         );
-        let api_duration =
-            Family::<MethodLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
         registry.register_with_unit(
             "api_request_duration",
             "Time from an API request's arrival to its answer's head (a stream's first message)",
             Unit::Seconds,
-            api_duration.clone(),
+            self.api_duration.clone(),
         );
-        let connections_refused = Family::<ConnectionLabels, Counter>::default();
         registry.register(
             "connections_refused",
             "Connections closed by the listeners' bounds, by listener and reason (limit, peer_limit, unproven)",
-            connections_refused.clone(),
+            self.connections_refused.clone(),
         );
-        let driver_calls = Family::<DriverCallLabels, Counter>::default();
         registry.register(
             "driver_calls",
             "Driver calls made by sandbox actors, by driver, operation and outcome",
-            driver_calls.clone(),
-        );
-        let driver_duration = Family::<DriverOpLabels, Histogram>::new_with_constructor(
-            latency_histogram as fn() -> _,
+            self.driver_calls.clone(),
         );
         registry.register_with_unit(
             "driver_call_duration",
             "Time of a driver call made by a sandbox actor, by driver and operation",
             Unit::Seconds,
-            driver_duration.clone(),
+            self.driver_duration.clone(),
         );
-        let actor_restarts = Family::<ActorLabels, Counter>::default();
         registry.register(
             "actor_restarts",
             "Actors restarted by their supervisor after they failed",
-            actor_restarts.clone(),
+            self.actor_restarts.clone(),
         );
-        let sandboxes = Family::<SandboxLabels, Gauge>::default();
         registry.register(
             "sandboxes",
             "Sandboxes in the store, by phase and driver (read at each scrape)",
-            sandboxes.clone(),
+            self.sandboxes.clone(),
         );
-        let sandbox_commands_in_flight = Gauge::default();
         registry.register(
             "sandbox_commands_in_flight",
             "Commands sent to sandbox actors and not yet answered: waiting in their mailboxes or running",
-            sandbox_commands_in_flight.clone(),
+            self.sandbox_commands_in_flight.clone(),
         );
-        let network_denials = Gauge::default();
         registry.register(
             "network_denials",
             "Connection attempts and DNS queries the sandboxes' egress policies refused in the last ten minutes, every sandbox together (as the store last recorded them)",
-            network_denials.clone(),
+            self.network_denials.clone(),
         );
-        let resolver_answers = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "resolver_answers",
             "Queries the sandbox network's resolver answered, by outcome (noerror, refused, servfail, notimp, dropped), in this process",
-            resolver_answers.clone(),
+            self.resolver_answers.clone(),
         );
-        let watch_subscribers = Gauge::default();
         registry.register(
             "watch_subscribers",
             "Open watches of sandbox events",
-            watch_subscribers.clone(),
+            self.watch_subscribers.clone(),
         );
-        let watch_history_events = Gauge::default();
         registry.register(
             "watch_history_events",
             "Sandbox events the watch history holds",
-            watch_history_events.clone(),
+            self.watch_history_events.clone(),
         );
-        let watch_history_bytes = Gauge::default();
         registry.register_with_unit(
             "watch_history",
             "What the watch history's events cost, as it counts them against its bound",
             Unit::Bytes,
-            watch_history_bytes.clone(),
+            self.watch_history_bytes.clone(),
         );
-        let stats_history_samples = Gauge::default();
         registry.register(
             "stats_history_samples",
             "Usage samples of sandboxes the gateway keeps (sbxd serve --stats-interval, --stats-history)",
-            stats_history_samples.clone(),
+            self.stats_history_samples.clone(),
         );
-        let stats_history_bytes = Gauge::default();
         registry.register_with_unit(
             "stats_history",
             "The memory the kept usage samples take, about",
             Unit::Bytes,
-            stats_history_bytes.clone(),
+            self.stats_history_bytes.clone(),
         );
-        let store_writes = Counter::default();
         registry.register(
             "store_writes",
             "Store writes acknowledged as durable since the store opened",
-            store_writes.clone(),
+            self.store_writes.clone(),
         );
-        let store_commits = Counter::default();
         registry.register(
             "store_commits",
             "Store commits (a sled group flush, a PostgreSQL transaction); writes / commits is \
              the mean batch",
-            store_commits.clone(),
+            self.store_commits.clone(),
         );
-        let store_commit_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register_with_unit(
             "store_commit",
             "Time spent committing; over store_commits_total, a commit's mean latency",
             Unit::Seconds,
-            store_commit_seconds.clone(),
+            self.store_commit_seconds.clone(),
         );
-        let store_flushed_bytes = Counter::default();
         registry.register_with_unit(
             "store_flushed",
             "Bytes the sled store's flushes wrote (0 on PostgreSQL)",
             Unit::Bytes,
-            store_flushed_bytes.clone(),
+            self.store_flushed_bytes.clone(),
         );
         let build = Family::<BuildLabels, Gauge>::default();
         build
@@ -275,29 +287,6 @@ impl Metrics {
             })
             .set(1);
         registry.register("build_info", "The sbx version serving (always 1)", build);
-        Metrics {
-            enabled: std::sync::atomic::AtomicBool::new(false),
-            registry: Mutex::new(registry),
-            api_requests,
-            api_duration,
-            connections_refused,
-            driver_calls,
-            driver_duration,
-            actor_restarts,
-            sandboxes,
-            watch_subscribers,
-            sandbox_commands_in_flight,
-            network_denials,
-            resolver_answers,
-            watch_history_events,
-            watch_history_bytes,
-            stats_history_samples,
-            stats_history_bytes,
-            store_writes,
-            store_commits,
-            store_commit_seconds,
-            store_flushed_bytes,
-        }
     }
 
     /// The store's cumulative commit figures, as read at a scrape (the counters follow them).

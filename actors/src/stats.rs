@@ -18,37 +18,10 @@ use sbx_storage::Kind;
 use uuid::Uuid;
 
 use crate::config::Shared;
+pub use crate::config::StatsSettings;
 
 /// Driver reads made at once by one round of the history's sampler.
 const SAMPLE_CONCURRENCY: usize = 16;
-
-/// How often and how long a gateway keeps samples.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatsSettings {
-    /// Between two samples of one sandbox; zero: no history is kept.
-    pub interval: Duration,
-    /// Samples older than this are dropped.
-    pub history: Duration,
-}
-
-impl Default for StatsSettings {
-    fn default() -> Self {
-        StatsSettings {
-            interval: Duration::from_secs(5),
-            history: Duration::from_secs(3600),
-        }
-    }
-}
-
-impl StatsSettings {
-    /// Samples kept per sandbox, at most.
-    pub fn capacity(&self) -> usize {
-        if self.interval.is_zero() {
-            return 0;
-        }
-        (self.history.as_millis() / self.interval.as_millis()).max(1) as usize
-    }
-}
 
 /// One read as kept: the counters and figures, without the limits (those of the latest read
 /// are the history's). 56 bytes.

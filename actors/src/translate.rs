@@ -9,6 +9,40 @@ use tokio::sync::oneshot;
 
 use crate::error::ActorError;
 
+/// The driver's create request for a sandbox as its record says (`id` its record's). The
+/// sandbox actor sets what the record does not say: the run's environment, and `stopped`.
+pub(crate) fn create_request(id: uuid::Uuid, sb: &v1::Sandbox) -> pb::CreateRequest {
+    let spec = sb.spec.clone().unwrap_or_default();
+    let resources = spec.resources.unwrap_or_default();
+    pb::CreateRequest {
+        run_env: Default::default(),
+        sandbox_id: id.to_string(),
+        workspace: sb.workspace.clone(),
+        name: sb.name.clone(),
+        spec: Some(pb::SandboxSpec {
+            command: spec.command,
+            env: spec.env,
+            resources: Some(pb::Resources {
+                cpu_millis: resources.cpu_millis,
+                memory_bytes: resources.memory_bytes,
+                disk_bytes: resources.disk_bytes,
+            }),
+            // A driver with images is given the digest pinned at create, never the name.
+            image: if spec.image_digest.is_empty() {
+                spec.image
+            } else {
+                spec.image_digest
+            },
+            network: spec.network.map(|n| pb::NetworkPolicy {
+                mode: n.mode,
+                allow: n.allow,
+            }),
+        }),
+        generation: sb.generation,
+        stopped: false,
+    }
+}
+
 /// The driver's word for a denial, in the public API's.
 pub(crate) fn public_denial(d: pb::NetworkDenial) -> NetworkDenial {
     NetworkDenial {

@@ -96,6 +96,10 @@ impl WorkspaceSelector {
     }
 }
 
+/// The label a build's RUN sandboxes carry (its value: the sandbox's name); no exec, copy
+/// into or forward reaches a sandbox with it (`Gateway`'s use checks, `api/lifetimes.rs`).
+pub const BUILD_LABEL: &str = "sbx.build";
+
 /// Checks a label map: at most [`limits::MAX_LABELS`], keys and values at most
 /// [`limits::MAX_LABEL_BYTES`] and by the store's rules.
 pub fn labels(labels: &HashMap<String, String>) -> Result<()> {
@@ -301,6 +305,21 @@ pub fn exec(command: &[String], env_vars: &HashMap<String, String>, workdir: &st
             "the exec working directory {} is not an absolute path (at most {} bytes, no NUL)",
             quote(workdir),
             limits::MAX_PATH_BYTES
+        )));
+    }
+    Ok(())
+}
+
+/// Checks an exec's user (`NAME`, `UID`, `NAME:GROUP`, `UID:GID`; empty: the sandbox's
+/// default): at most [`limits::MAX_USER_BYTES`], no NUL or other control character. Whether
+/// the sandbox has that user is the driver's to say (its agent looks it up inside).
+pub fn exec_user(user: &str) -> Result<()> {
+    if user.len() > limits::MAX_USER_BYTES || user.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "the exec user {} is not a user name or id (NAME, UID, NAME:GROUP or UID:GID: at \
+             most {} bytes, no control characters)",
+            quote(user),
+            limits::MAX_USER_BYTES
         )));
     }
     Ok(())
@@ -582,6 +601,11 @@ mod tests {
             "",
         ));
         refused(exec(&["true".to_string()], &env, "relative"));
+        assert!(exec_user("").is_ok() && exec_user("app:staff").is_ok());
+        assert!(exec_user(&"u".repeat(limits::MAX_USER_BYTES)).is_ok());
+        refused(exec_user(&"u".repeat(limits::MAX_USER_BYTES + 1)));
+        refused(exec_user("app\0"));
+        refused(exec_user("app\nroot"));
         refused(exec(
             &["true".to_string()],
             &env,

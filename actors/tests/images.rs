@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sbx_actors::{ActorError, Config, DriverSet, Gateway, ImageSelector, RestartPolicy};
+use sbx_actors::{
+    ActorError, Config, DriverSet, Gateway, ImageScope, ImageSelector, RestartPolicy,
+};
 use sbx_driver_sim::{SimDriver, SimFaults, SimWorld};
 use sbx_images::{IdMap, ImageStore};
 use sbx_proto::v1::{Image, Sandbox, SandboxSpec};
@@ -14,7 +16,7 @@ use sbx_storage::{Kind, ListQuery, ObjectStore, Scope, SledStore};
 use tempfile::TempDir;
 use uuid::Uuid;
 
-const DEFAULT: &str = "sbx.local/base:latest";
+const DEFAULT: &str = "localhost/base:latest";
 const T: Duration = Duration::from_secs(10);
 
 struct Env {
@@ -29,6 +31,12 @@ struct Env {
 async fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ObjectStore> = Arc::new(SledStore::open(&dir.path().join("db")).unwrap());
+    env_over(dir, store).await
+}
+
+/// A gateway over the store and the image store of `dir` (a second one after a first's
+/// shutdown: a restart).
+async fn env_over(dir: TempDir, store: Arc<dyn ObjectStore>) -> Env {
     let images = ImageStore::open(dir.path().join("images"), IdMap::default()).unwrap();
     let world = SimWorld::new();
     let plain_world = SimWorld::new();
@@ -84,9 +92,18 @@ fn rootfs_tar(dir: &Path, file: &str, content: &str) -> PathBuf {
     path
 }
 
+/// Imports into the default workspace.
 async fn import(env: &Env, name: &str, content: &str) -> Image {
+    import_into(env, name, content, default_scope(env).await).await
+}
+
+async fn import_into(env: &Env, name: &str, content: &str, scope: ImageScope) -> Image {
     let tar = rootfs_tar(env.dir.path(), "marker", content);
-    let mut images = env.gw.import_image(&tar, Some(name)).await.unwrap();
+    let mut images = env
+        .gw
+        .import_image(&tar, Some(name), scope, Default::default())
+        .await
+        .unwrap();
     assert_eq!(images.len(), 1);
     images.remove(0)
 }
@@ -122,6 +139,11 @@ async fn driver_image(world: &SimWorld, sb: &Sandbox) -> String {
 
 fn by_name(name: &str) -> ImageSelector {
     ImageSelector::parse("", name).unwrap()
+}
+
+/// The images of the default workspace (and the gateway's).
+async fn default_scope(env: &Env) -> ImageScope {
+    env.gw.image_scope(None, false).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,7 +334,8 @@ async fn an_empty_command_runs_the_image_default_and_drivers_without_images_are_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_is_refused_while_pinned_naming_every_user_then_collects() {
     let env = env().await;
-    let app = import(&env, "app:v1", "app").await;
+    // The gateway's: every workspace runs it.
+    let app = import_into(&env, "app:v1", "app", ImageScope::Gateway).await;
     let other = import(&env, "other:v1", "other").await;
     env.gw
         .create_workspace("team", Default::default())
@@ -327,7 +350,11 @@ async fn delete_is_refused_while_pinned_naming_every_user_then_collects() {
         .create_sandbox(Some("team"), "api", spec("app:v1", &["sleep"]))
         .await
         .unwrap();
-    let err = env.gw.delete_image(&by_name("app:v1")).await.unwrap_err();
+    let err = env
+        .gw
+        .delete_image(&by_name("app:v1"), default_scope(&env).await)
+        .await
+        .unwrap_err();
     match &err {
         ActorError::ImageInUse { users, digest, .. } => {
             assert_eq!(users, &vec!["default/web".to_string(), "team/api".into()]);
@@ -336,10 +363,20 @@ async fn delete_is_refused_while_pinned_naming_every_user_then_collects() {
         other => panic!("expected ImageInUse, got {other}"),
     }
     assert!(err.to_string().contains("default/web"), "{err}");
-    assert!(env.gw.get_image(&by_name("app:v1")).await.is_ok());
+    assert!(
+        env.gw
+            .get_image(&by_name("app:v1"), default_scope(&env).await)
+            .await
+            .is_ok()
+    );
 
     // An unused image goes, and its content with it; the pinned one's content stays.
-    assert!(env.gw.delete_image(&by_name("other:v1")).await.unwrap());
+    assert!(
+        env.gw
+            .delete_image(&by_name("other:v1"), default_scope(&env).await)
+            .await
+            .unwrap()
+    );
     let content = ImageStore::open(env.dir.path().join("images"), IdMap::default()).unwrap();
     assert!(
         content.get(&other.digest).is_err(),
@@ -347,7 +384,9 @@ async fn delete_is_refused_while_pinned_naming_every_user_then_collects() {
     );
     assert!(content.get(&app.digest).is_ok());
     assert!(matches!(
-        env.gw.get_image(&by_name("other:v1")).await,
+        env.gw
+            .get_image(&by_name("other:v1"), default_scope(&env).await)
+            .await,
         Err(ActorError::ImageNotFound(_))
     ));
 
@@ -362,14 +401,24 @@ async fn delete_is_refused_while_pinned_naming_every_user_then_collects() {
         assert!(env.gw.delete_sandbox(&sel).await.unwrap());
     }
     let id = ImageSelector::Id(Uuid::parse_str(&app.id).unwrap());
-    assert!(env.gw.delete_image(&id).await.unwrap());
     assert!(
-        !env.gw.delete_image(&id).await.unwrap(),
+        env.gw
+            .delete_image(&id, default_scope(&env).await)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !env.gw
+            .delete_image(&id, default_scope(&env).await)
+            .await
+            .unwrap(),
         "by id: absent is false"
     );
     assert!(content.get(&app.digest).is_err());
     assert!(matches!(
-        env.gw.delete_image(&by_name("app:v1")).await,
+        env.gw
+            .delete_image(&by_name("app:v1"), default_scope(&env).await)
+            .await,
         Err(ActorError::ImageNotFound(_))
     ));
 }
@@ -386,7 +435,12 @@ async fn a_retagged_away_digest_is_kept_while_a_sandbox_pins_it() {
     let v2 = import(&env, "app:v1", "two").await;
     let scratch = import(&env, "scratch:1", "scratch").await;
     // The record now names v2: no sandbox pins it through that record, so delete works…
-    assert!(env.gw.delete_image(&by_name("scratch:1")).await.unwrap());
+    assert!(
+        env.gw
+            .delete_image(&by_name("scratch:1"), default_scope(&env).await)
+            .await
+            .unwrap()
+    );
     // …and the collection after it keeps v1, which the sandbox still runs.
     let content = ImageStore::open(env.dir.path().join("images"), IdMap::default()).unwrap();
     assert!(
@@ -414,7 +468,11 @@ async fn creates_and_deletes_of_images_do_not_race() {
                 .create_sandbox(None, &format!("r{round}"), spec(&n1, &["sleep"]))
                 .await
         });
-        let delete = tokio::spawn(async move { e2.gw.delete_image(&by_name(&n2)).await });
+        let delete = tokio::spawn(async move {
+            e2.gw
+                .delete_image(&by_name(&n2), default_scope(&e2).await)
+                .await
+        });
         let (created, deleted) = (create.await.unwrap(), delete.await.unwrap());
         match (&created, &deleted) {
             (Ok(sb), Err(ActorError::ImageInUse { users, .. })) => {
@@ -425,4 +483,128 @@ async fn creates_and_deletes_of_images_do_not_race() {
             other => panic!("round {round}: {other:?}"),
         }
     }
+}
+
+/// A store from before image scopes: its records have no owner. After a restart they are the
+/// gateway's, as they were — every workspace runs them (each is measured) — except its build
+/// cache, which no key names any more: that goes (and its content with it), unless a sandbox
+/// pins it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_from_before_scopes_stay_the_gateways_and_their_build_cache_goes() {
+    use prost::Message;
+    let env = env().await;
+    let old = import_into(&env, "app:v1", "old", ImageScope::Gateway).await;
+    let cached = import_into(&env, "cached:v1", "cached step", ImageScope::Gateway).await;
+    let pinned = import_into(&env, "pinned:v1", "pinned step", ImageScope::Gateway).await;
+    // As the old gateway wrote them: no owner, not measured, the cache under the gateway's
+    // name.
+    for (image, name) in [
+        (&old, None),
+        (&cached, Some("sbx.local/build-cache:0123abcd")),
+        (&pinned, Some("sbx.local/build-cache:4567ef01")),
+    ] {
+        let record = env
+            .store
+            .get(Uuid::parse_str(&image.id).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut body = Image::decode(record.body.as_slice()).unwrap();
+        body.unpacked_size = 0;
+        match name {
+            None => {
+                let mut update = record;
+                update.body = body.encode_to_vec();
+                env.store.update(update).await.unwrap();
+            }
+            Some(name) => {
+                env.store
+                    .delete(record.id, record.resource_version)
+                    .await
+                    .unwrap();
+                env.store
+                    .create(sbx_storage::NewRecord {
+                        id: Uuid::new_v4(),
+                        kind: Kind::Image,
+                        workspace: None,
+                        name: name.into(),
+                        owner: None,
+                        labels: Default::default(),
+                        created_at_ms: 1,
+                        body: body.encode_to_vec(),
+                    })
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    let user = env
+        .gw
+        .create_sandbox(
+            None,
+            "user",
+            spec("sbx.local/build-cache:4567ef01", &["sleep"]),
+        )
+        .await
+        .unwrap();
+    let Env { dir, store, gw, .. } = env;
+    assert!(gw.shutdown().await);
+    drop(gw);
+    let env = env_over(dir, store).await;
+    let content = ImageStore::open_read_only(env.dir.path().join("images")).unwrap();
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let names: Vec<String> = env
+            .store
+            .list(ListQuery::new(Kind::Image, Scope::All, 0))
+            .await
+            .unwrap()
+            .records
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        if !names.contains(&"sbx.local/build-cache:0123abcd".to_string())
+            && content.get(&cached.digest).is_err()
+        {
+            assert!(
+                names.contains(&"sbx.local/build-cache:4567ef01".to_string()),
+                "a pinned step stays: {names:?}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the old build cache stays: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The old image: every workspace runs it, measured now.
+    env.gw
+        .create_workspace("team", Default::default())
+        .await
+        .unwrap();
+    for ws in [None, Some("team")] {
+        let sb = env
+            .gw
+            .create_sandbox(ws, "from-old", spec("app:v1", &["sleep"]))
+            .await
+            .unwrap();
+        assert_eq!(sb.spec.unwrap().image_digest, old.digest);
+    }
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let now = env
+            .gw
+            .get_image(&by_name("app:v1"), ImageScope::Gateway)
+            .await
+            .unwrap();
+        if now.unpacked_size > 0 {
+            assert!(now.workspace.is_empty(), "{now:?}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never measured");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(content.get(&pinned.digest).is_ok());
+    drop(user);
 }

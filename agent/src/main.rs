@@ -23,7 +23,23 @@ fn main() -> ExitCode {
             not_dumpable();
             sbx_agent::signals::reset();
             sbx_agent::signals::ignore_broken_pipe();
-            if let Err(message) = isolate_execs(&args[1..]) {
+            // `--user USER`: who an exec that names none runs as (the image's User).
+            let mut rest = args[1..].to_vec();
+            if let Some(at) = rest.iter().position(|a| a == "--user") {
+                let Some(user) = rest.get(at + 1).cloned() else {
+                    eprintln!("sbx-agent serve: --user needs a value");
+                    return ExitCode::from(2);
+                };
+                sbx_agent::server::default_user(user);
+                rest.drain(at..at + 2);
+            }
+            // `--drop-id-caps`: the agent keeps CAP_SETUID, CAP_SETGID and CAP_SETPCAP (the
+            // process driver's) for execs as other users; each exec drops them.
+            if let Some(at) = rest.iter().position(|a| a == "--drop-id-caps") {
+                sbx_agent::server::drop_id_caps();
+                rest.remove(at);
+            }
+            if let Err(message) = isolate_execs(&rest) {
                 eprintln!("sbx-agent serve: {message}");
                 return ExitCode::from(2);
             }
@@ -71,12 +87,13 @@ fn main() -> ExitCode {
         }
         Some("--help" | "-h") | None => {
             println!(
-                "usage: sbx-agent serve [--pts DIR] | serve-port PATH [--workdir DIR] [--user USER] | run [--user USER] [--workdir DIR] \
+                "usage: sbx-agent serve [--pts DIR] [--user USER] [--drop-id-caps] | serve-port PATH [--workdir DIR] [--user USER] | run [--user USER] [--workdir DIR] \
                  [--] CMD [ARGS…] | pack PATH | \
                  unpack DEST | connect PORT | offline …\n\n\
                  serve: serves exec, copy and port-forward on the listening Unix socket \
                  inherited as fd {LISTEN_FD}; exec terminals from the devpts instance at \
-                 --pts DIR (else /dev/ptmx's).\n\
+                 --pts DIR (else /dev/ptmx's); an exec that names no user runs as USER \
+                 (else root).\n\
                  serve-port: serves exec on a vm guest's virtio-serial port, one at a time.\n\
                  run: becomes CMD with every signal at its default action (a shell's \
                  background job starts with SIGINT ignored), as USER (an image's User, \
@@ -180,8 +197,8 @@ fn outcome(command: &str, result: Result<(), String>) -> ExitCode {
 /// `sbx-agent serve-port PATH [--workdir DIR] [--user USER]`: serves exec on the
 /// virtio-serial port at PATH (a `vm` guest's `sbx.exec`), one exec at a time, an exec
 /// without a directory of its own starting in DIR (a sandbox image's WorkingDir; when it is
-/// not there, where the agent started), as USER (the image's User, as an oci sandbox's agent
-/// and execs run: the port is opened first); see the library's `port` module.
+/// not there, where the agent started), as USER unless it names another (the image's User,
+/// as an oci sandbox's execs run); see the library's `port` module.
 fn serve_port(args: &[String]) -> ExitCode {
     const USAGE: &str = "usage: sbx-agent serve-port PATH [--workdir DIR] [--user USER] (PATH: \
                          a virtio-serial port, /dev/vportNpM)";
@@ -222,11 +239,10 @@ fn serve_port(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(user) = user.filter(|u| !u.is_empty())
-        && let Err(e) = sbx_agent::signals::become_user(Some(user), None)
-    {
-        eprintln!("sbx-agent serve-port: {e}");
-        return ExitCode::from(2);
+    // The agent stays root, so that an exec may name any user; one that names none runs as
+    // USER (the image's User), as the workload does.
+    if let Some(user) = user {
+        sbx_agent::server::default_user(user.clone());
     }
     match sbx_agent::port::serve_file(port) {
         Ok(()) => ExitCode::SUCCESS,

@@ -26,6 +26,19 @@
 //! pty is host root's (mode 0600, an owner the sandbox's user namespace does not map), so no
 //! process of the sandbox opens it by path either; the agent opens the terminal's side
 //! through the master (`TIOCGPTPEER`), never by its name.
+//!
+//! An exec runs as its request's user, else the agent's default user ([`default_user`]: the
+//! image's `User`, the same as the workload's), looked up in the sandbox's own `/etc/passwd`
+//! and `/etc/group` at each exec (an exec may add users). The agent itself runs as the
+//! sandbox's root, so that it can become any user the sandbox's user namespace maps: in the
+//! child, between fork and exec, `setgroups` (the user's groups from `/etc/group`), `setgid`,
+//! `setuid` — the kernel then clears every capability of a user that is not root. `HOME`,
+//! `USER` and `LOGNAME` are the user's (a request's own env wins); an exec without a directory
+//! starts in the agent's (the image's `WorkingDir`) unless that is `/`, then in the user's
+//! home; a relative directory is taken from the home. An agent given no default user (the
+//! process driver's, whose sandbox's HOME is its persistent directory) leaves an exec that
+//! names none exactly as it is, environment and directory. A user the sandbox does not have, or a
+//! uid outside the namespace's map, is refused naming it before anything runs.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -45,6 +58,7 @@ use rustix::process::{Pid, Signal, kill_process_group};
 
 use crate::confine::{self, Domain};
 use crate::feed::StdinFeed;
+use crate::user::{Account, ProcessUser};
 use crate::wire::{ExecRequest, Failure, Frame, MAX_PAYLOAD};
 
 /// How this agent keeps its execs apart from the workload and from each other, set once at
@@ -64,6 +78,28 @@ struct Isolation {
 /// nothing.
 pub fn isolate(domain: Option<Domain>, pts: Option<OwnedFd>) {
     let _ = ISOLATION.set(Isolation { domain, pts });
+}
+
+/// Who an exec without a user of its own runs as: set once at start (`serve --user`); unset,
+/// root of the sandbox (uid 0 and its passwd entry).
+static DEFAULT_USER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets who an exec that names no user runs as (an image's `User`: `NAME`, `UID`,
+/// `NAME:GROUP`, `UID:GID`). Once, before serving; a second call changes nothing.
+pub fn default_user(user: String) {
+    let _ = DEFAULT_USER.set(user);
+}
+
+/// Whether each exec drops CAP_SETUID, CAP_SETGID and CAP_SETPCAP from its bounding set
+/// before it runs ([`drop_id_caps`]).
+static DROP_ID_CAPS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Where the agent holds no capability but those it needs to become another user (the
+/// process driver's jail: CAP_SETUID, CAP_SETGID, and CAP_SETPCAP to drop them), every exec
+/// drops the three from its bounding set after its user switch, so that a command run as root
+/// gets none of them back at exec: it is as powerless as the workload.
+pub fn drop_id_caps() {
+    DROP_ID_CAPS.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// How long output may still come after the command exited, from processes it left behind
@@ -496,7 +532,29 @@ pub(crate) fn start(req: &ExecRequest, sender: &Arc<Sender>) -> io::Result<Optio
         return Ok(None);
     };
     let program = OsString::from_vec(program.clone());
-    let workdir = PathBuf::from(OsString::from_vec(req.workdir.clone()));
+    let (account, switch, untouched) = match exec_user(&req.user) {
+        Ok(found) => found,
+        Err(message) => {
+            sender.finish(&invalid(message));
+            return Ok(None);
+        }
+    };
+    let home = Path::new(&account.home);
+    let named = PathBuf::from(OsString::from_vec(req.workdir.clone()));
+    // No directory: the agent's (the image's WorkingDir) unless that is `/`, then the user's
+    // home when it is there; a relative one is the home's.
+    let workdir = if req.workdir.is_empty() {
+        let own = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        if !untouched && own == Path::new("/") && home.is_dir() {
+            home.to_path_buf()
+        } else {
+            own
+        }
+    } else if named.is_relative() {
+        home.join(&named)
+    } else {
+        named
+    };
     if !req.workdir.is_empty() && !workdir.is_dir() {
         let why = match std::fs::metadata(&workdir) {
             Ok(_) => "is not a directory".to_string(),
@@ -517,12 +575,7 @@ pub(crate) fn start(req: &ExecRequest, sender: &Arc<Sender>) -> io::Result<Optio
         .map(|(_, v)| OsString::from_vec(v.clone()))
         .or_else(|| std::env::var_os("PATH"))
         .unwrap_or_default();
-    let base = if req.workdir.is_empty() {
-        std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"))
-    } else {
-        workdir.clone()
-    };
-    let Some(resolved) = find_program(&program, &path_var, &base) else {
+    let Some(resolved) = find_program(&program, &path_var, &workdir) else {
         // The user's name for the command, never a wrapper's.
         let name = String::from_utf8_lossy(program.as_bytes()).into_owned();
         let _ = sender.send(&Frame::Stderr(
@@ -537,16 +590,28 @@ pub(crate) fn start(req: &ExecRequest, sender: &Arc<Sender>) -> io::Result<Optio
     let mut cmd = Command::new(&resolved);
     cmd.arg0(&program);
     cmd.args(req.argv[1..].iter().map(|a| OsString::from_vec(a.clone())));
+    if !untouched {
+        cmd.env("HOME", &account.home)
+            .env("USER", &account.name)
+            .env("LOGNAME", &account.name);
+    }
     for (k, v) in &req.env {
         cmd.env(OsString::from_vec(k.clone()), OsString::from_vec(v.clone()));
     }
-    if !req.workdir.is_empty() {
-        cmd.current_dir(&workdir);
+    cmd.current_dir(&workdir);
+    // The bounding set first: the drop needs CAP_SETPCAP, which a switch to a user other than
+    // root clears; the switch needs only the effective set, which the drop leaves.
+    if DROP_ID_CAPS.load(std::sync::atomic::Ordering::Relaxed) {
+        drop_id_caps_in_child(&mut cmd);
+    }
+    if switch {
+        become_in_child(&mut cmd, &account.ids);
     }
     if let Some(domain) = ISOLATION.get().and_then(|i| i.domain.as_ref()) {
         enter_in_child(&mut cmd, domain.raw());
     }
-    let (mut child, io) = match spawn(&mut cmd, req) {
+    let owner = switch.then_some(&account.ids);
+    let (mut child, io) = match spawn(&mut cmd, req, owner) {
         Ok(started) => started,
         Err(e) => {
             let name = String::from_utf8_lossy(program.as_bytes()).into_owned();
@@ -611,7 +676,11 @@ pub(crate) fn start(req: &ExecRequest, sender: &Arc<Sender>) -> io::Result<Optio
 }
 
 /// Starts the command with pipes, or on a new pty as its controlling terminal.
-fn spawn(cmd: &mut Command, req: &ExecRequest) -> io::Result<(Child, Stdio3)> {
+fn spawn(
+    cmd: &mut Command,
+    req: &ExecRequest,
+    owner: Option<&ProcessUser>,
+) -> io::Result<(Child, Stdio3)> {
     match &req.tty {
         None => {
             cmd.stdin(if req.stdin {
@@ -627,6 +696,17 @@ fn spawn(cmd: &mut Command, req: &ExecRequest) -> io::Result<(Child, Stdio3)> {
         }
         Some(tty) => {
             let (master, slave) = open_pty(tty.rows, tty.cols)?;
+            // The terminal is the user's, as login(1) makes it: `tty`, `mesg` and programs
+            // that check their terminal's owner work. Where the devpts instance's owner is one
+            // the sandbox does not map (the host's exec instance: see the module docs) the
+            // kernel refuses, and the terminal stays the host's, still open to the command.
+            if let Some(user) = owner {
+                let _ = rustix::fs::fchown(
+                    &slave,
+                    Some(rustix::process::Uid::from_raw(user.uid)),
+                    Some(rustix::process::Gid::from_raw(user.gid)),
+                );
+            }
             let term = if tty.term.is_empty() {
                 "xterm"
             } else {
@@ -665,6 +745,137 @@ fn set_controlling_terminal(cmd: &mut Command) {
         cmd.pre_exec(|| {
             rustix::process::setsid()?;
             rustix::process::ioctl_tiocsctty(rustix::stdio::stdin())?;
+            Ok(())
+        });
+    }
+}
+
+/// The account an exec runs as (its request's user, else the default one), whether the
+/// child must switch to it (it is not who the agent is), and whether the exec is left as the
+/// agent is, environment too: no user named and no default set (the process driver's agent,
+/// whose sandbox's HOME is its persistent directory, and a vm guest without an image). An
+/// error names what is wrong.
+fn exec_user(requested: &[u8]) -> Result<(Account, bool, bool), String> {
+    let requested = std::str::from_utf8(requested)
+        .map_err(|_| "the user is not UTF-8".to_string())?
+        .to_string();
+    let untouched = requested.is_empty() && DEFAULT_USER.get().is_none();
+    let who = if requested.is_empty() {
+        DEFAULT_USER.get().cloned().unwrap_or_default()
+    } else {
+        requested
+    };
+    let account = crate::user::account(
+        &who,
+        || crate::user::read_small("/etc/passwd"),
+        || crate::user::read_small("/etc/group"),
+    )
+    .map_err(|e| format!("{e}: the command cannot run as {who:?}"))?;
+    let ids = &account.ids;
+    let (uid, gid) = (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    );
+    if untouched || (ids.uid == uid && ids.gid == gid && ids.additional_gids.is_empty()) {
+        return Ok((account, false, untouched));
+    }
+    if !rustix::process::geteuid().is_root() {
+        return Err(format!(
+            "this sandbox's agent runs as uid {uid}, not root: it cannot run a command as \
+             {who:?} (uid {}, gid {})",
+            ids.uid, ids.gid
+        ));
+    }
+    for (what, id, map) in [
+        ("uid", ids.uid, "/proc/self/uid_map"),
+        ("gid", ids.gid, "/proc/self/gid_map"),
+    ] {
+        let map = crate::user::read_small(map);
+        if !id_mapped(&map, id) {
+            return Err(format!(
+                "{what} {id} of {who:?} is not in this sandbox's user namespace, which maps \
+                 {what}s {}: the command cannot run as it",
+                ranges(&map)
+            ));
+        }
+    }
+    Ok((account, true, false))
+}
+
+/// Whether `id` is inside one of the ranges of a `/proc/PID/uid_map` (`inside outside count`
+/// a line). An empty or unreadable map (no `/proc`) says nothing: the kernel has the last word.
+fn id_mapped(map: &str, id: u32) -> bool {
+    let ranges = map_ranges(map);
+    ranges.is_empty()
+        || ranges
+            .iter()
+            .any(|(first, count)| u64::from(id) >= *first && u64::from(id) < first + count)
+}
+
+fn map_ranges(map: &str) -> Vec<(u64, u64)> {
+    map.lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let inside = f.next()?.parse::<u64>().ok()?;
+            let _outside = f.next()?;
+            let count = f.next()?.parse::<u64>().ok()?;
+            Some((inside, count))
+        })
+        .collect()
+}
+
+/// A map's ranges as people write them (`0–65535`).
+fn ranges(map: &str) -> String {
+    map_ranges(map)
+        .iter()
+        .map(|(first, count)| format!("{first}–{}", first + count.saturating_sub(1)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// In the child, between fork and exec: the user's groups, gid and uid (in that order: the
+/// uid last, while the capabilities to set the others are still there).
+#[allow(unsafe_code)]
+fn become_in_child(cmd: &mut Command, user: &ProcessUser) {
+    use nix::unistd::{Gid, Uid, setgroups, setresgid, setresuid};
+    let groups: Vec<Gid> = user
+        .additional_gids
+        .iter()
+        .map(|g| Gid::from_raw(*g))
+        .collect();
+    let (uid, gid) = (Uid::from_raw(user.uid), Gid::from_raw(user.gid));
+    // SAFETY: the closure runs in the forked child before exec and makes three system calls
+    // (setgroups, setresgid, setresuid) on memory allocated before the fork; it allocates
+    // nothing and touches no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            setgroups(&groups)?;
+            setresgid(gid, gid, gid)?;
+            setresuid(uid, uid, uid)?;
+            Ok(())
+        });
+    }
+}
+
+/// In the child, between fork and exec: CAP_SETUID, CAP_SETGID and CAP_SETPCAP out of the
+/// bounding set (CAP_SETPCAP, which the drop needs, last), so that the command's exec gives
+/// none of them back; before the user switch, which still uses the effective set.
+#[allow(unsafe_code)]
+fn drop_id_caps_in_child(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and makes three prctl calls
+    // with integers; it allocates nothing and touches no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            // linux/capability.h: CAP_SETGID 6, CAP_SETUID 7, CAP_SETPCAP 8.
+            for cap in [6u64, 7, 8] {
+                // EINVAL: a capability this kernel does not know; nothing to drop.
+                if nix::libc::prctl(nix::libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                    let e = io::Error::last_os_error();
+                    if e.raw_os_error() != Some(nix::libc::EINVAL) {
+                        return Err(e);
+                    }
+                }
+            }
             Ok(())
         });
     }

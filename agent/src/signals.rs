@@ -116,8 +116,8 @@ pub fn become_user(user: Option<&str>, workdir: Option<&str>) -> Result<(), Stri
     let resolved = match user {
         Some(user) => Some(crate::user::resolve(
             user,
-            || read_small("/etc/passwd"),
-            || read_small("/etc/group"),
+            || crate::user::read_small("/etc/passwd"),
+            || crate::user::read_small("/etc/group"),
         )?),
         None => None,
     };
@@ -142,24 +142,4 @@ pub fn become_user(user: Option<&str>, workdir: Option<&str>) -> Result<(), Stri
         std::env::set_current_dir(dir).map_err(|e| format!("the working directory {dir}: {e}"))?;
     }
     Ok(())
-}
-
-/// A small regular file's text (at most 1 MiB), or nothing: a FIFO or a device where a
-/// name is looked up is read as no file, never waited on.
-fn read_small(path: &str) -> String {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let Ok(file) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(path)
-    else {
-        return String::new();
-    };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
-        return String::new();
-    }
-    let mut text = String::new();
-    let _ = file.take(1 << 20).read_to_string(&mut text);
-    text
 }

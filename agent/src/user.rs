@@ -9,6 +9,17 @@ pub struct ProcessUser {
     pub additional_gids: Vec<u32>,
 }
 
+/// Who a process runs as, with what its environment says of it: its name (`USER`, `LOGNAME`)
+/// and home (`HOME`, and where an exec without a directory starts).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Account {
+    pub ids: ProcessUser,
+    /// The passwd entry's name; a uid without an entry is named by its number.
+    pub name: String,
+    /// The passwd entry's home; without an entry `/` (`/root` for uid 0, as Docker says).
+    pub home: String,
+}
+
 /// Resolves an image's `User` (`""`, `uid`, `uid:gid`, `name`, `name:group`, …) against the
 /// contents of its `/etc/passwd` and `/etc/group` (read only when needed). A numeric uid
 /// without a gid takes the passwd entry's group when there is one, else 0. A name that is
@@ -21,6 +32,16 @@ pub fn resolve(
     if user.is_empty() {
         return Ok(ProcessUser::default());
     }
+    account(user, passwd, group).map(|a| a.ids)
+}
+
+/// [`resolve`], with the account's name and home; an empty `user` is root (uid 0).
+pub fn account(
+    user: &str,
+    passwd: impl FnOnce() -> String,
+    group: impl FnOnce() -> String,
+) -> Result<Account, String> {
+    let user = if user.is_empty() { "0" } else { user };
     let (who, grp) = match user.split_once(':') {
         Some((u, g)) => (u, Some(g)),
         None => (user, None),
@@ -34,12 +55,14 @@ pub fn resolve(
             f.get(2)?.parse::<u32>().ok()?,
             f.get(3)?.parse::<u32>().ok()?,
         );
-        (*name == who || who.parse::<u32>() == Ok(uid)).then_some((name.to_string(), uid, gid))
+        let home = f.get(5).copied().unwrap_or("");
+        (*name == who || who.parse::<u32>() == Ok(uid))
+            .then(|| (name.to_string(), uid, gid, home.to_string()))
     });
     let uid = match who.parse::<u32>() {
         Ok(uid) => uid,
         Err(_) => match &entry {
-            Some((_, uid, _)) => *uid,
+            Some((_, uid, _, _)) => *uid,
             None => return Err(format!("user {who:?} is not in the image's /etc/passwd")),
         },
     };
@@ -55,11 +78,11 @@ pub fn resolve(
                 })
                 .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
         },
-        None => entry.as_ref().map(|(_, _, gid)| *gid).unwrap_or(0),
+        None => entry.as_ref().map(|(_, _, gid, _)| *gid).unwrap_or(0),
     };
     // Supplementary groups: those that list the user's name.
     let additional_gids = match &entry {
-        Some((name, _, _)) => groups
+        Some((name, _, _, _)) => groups
             .lines()
             .filter_map(|line| {
                 let f: Vec<&str> = line.split(':').collect();
@@ -70,11 +93,41 @@ pub fn resolve(
             .collect(),
         None => Vec::new(),
     };
-    Ok(ProcessUser {
-        uid,
-        gid,
-        additional_gids,
+    let (name, home) = match entry {
+        Some((name, _, _, home)) if home.starts_with('/') => (name, home),
+        Some((name, ..)) => (name, "/".to_string()),
+        None if uid == 0 => ("root".to_string(), "/root".to_string()),
+        None => (uid.to_string(), "/".to_string()),
+    };
+    Ok(Account {
+        ids: ProcessUser {
+            uid,
+            gid,
+            additional_gids,
+        },
+        name,
+        home,
     })
+}
+
+/// A small regular file's text (at most 1 MiB), or nothing: a FIFO or a device where a
+/// name is looked up is read as no file, never waited on.
+pub(crate) fn read_small(path: &str) -> String {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return String::new();
+    };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return String::new();
+    }
+    let mut text = String::new();
+    let _ = file.take(1 << 20).read_to_string(&mut text);
+    text
 }
 
 #[cfg(test)]
@@ -103,5 +156,22 @@ mod tests {
         assert_eq!(check("4242").unwrap(), user(4242, 0, &[]));
         assert!(check("nobody-here").unwrap_err().contains("nobody-here"));
         assert!(check("app:nogroup").unwrap_err().contains("nogroup"));
+    }
+
+    #[test]
+    fn accounts_carry_the_name_and_home_of_their_entry() {
+        let acct = |u: &str| account(u, || PASSWD.to_string(), || GROUP.to_string()).unwrap();
+        let name = |a: Account| a.name;
+        let home = |a: Account| a.home;
+        assert_eq!(name(acct("")), "root");
+        assert_eq!(home(acct("")), "/root");
+        assert_eq!(name(acct("1000:7")), "app");
+        assert_eq!(home(acct("app")), "/home/app");
+        // A uid without an entry: named by its number, at home in `/`.
+        assert_eq!(name(acct("4242")), "4242");
+        assert_eq!(home(acct("4242")), "/");
+        // Root without an entry is at home in /root, as under Docker.
+        let bare = account("0", String::new, String::new).unwrap();
+        assert_eq!((bare.name.as_str(), bare.home.as_str()), ("root", "/root"));
     }
 }

@@ -14,6 +14,12 @@
 //!
 //! Strings and byte strings in a payload are a `u32` length and the bytes; lists a `u32`
 //! count and their items. The format is versioned by [`VERSION`], the request's first byte.
+//!
+//! Fields added since version 1 come at the end of a request, and only when set: an agent
+//! reads them when its request has bytes left, so an older request reads as before. An older
+//! agent (one still running in a sandbox started before the host kit was upgraded) refuses a
+//! request that sets a newer field ("bytes left over") rather than run it without: an exec
+//! that names a user never runs as the agent's own.
 
 use std::io::{self, Read, Write};
 
@@ -123,6 +129,9 @@ pub struct ExecRequest {
     pub stdin: bool,
     /// A terminal: stdin, stdout and stderr are then one pty, and output comes as stdout.
     pub tty: Option<Tty>,
+    /// Who the command runs as (`NAME`, `UID`, `NAME:GROUP`, `UID:GID`); empty: the agent's
+    /// default user. Sent after the terminal, only when set (see the module docs).
+    pub user: Vec<u8>,
 }
 
 /// One frame, decoded.
@@ -245,6 +254,9 @@ impl ExecRequest {
                 put_bytes(out, t.term.as_bytes());
             }
         }
+        if !self.user.is_empty() {
+            put_bytes(out, &self.user);
+        }
     }
 
     fn decode(p: &mut Payload<'_>) -> io::Result<ExecRequest> {
@@ -265,12 +277,18 @@ impl ExecRequest {
                 term: String::from_utf8(p.bytes()?).map_err(|_| bad("TERM is not UTF-8"))?,
             }),
         };
+        let user = if p.0.is_empty() {
+            Vec::new()
+        } else {
+            p.bytes()?
+        };
         Ok(ExecRequest {
             argv,
             env,
             workdir,
             stdin,
             tty,
+            user,
         })
     }
 }
@@ -461,8 +479,13 @@ mod tests {
                 cols: 80,
                 term: "xterm-256color".into(),
             }),
+            user: b"app:staff".to_vec(),
         }));
         round_trip(Frame::Exec(ExecRequest::default()));
+        round_trip(Frame::Exec(ExecRequest {
+            user: b"1000".to_vec(),
+            ..ExecRequest::default()
+        }));
         round_trip(Frame::Forward { port: 8080 });
         round_trip(Frame::CopyIn {
             path: b"/sandbox/in".to_vec(),
@@ -493,6 +516,34 @@ mod tests {
             failure: Failure::Exhausted,
             message: "no terminal is left".into(),
         });
+    }
+
+    #[test]
+    fn a_request_without_a_user_is_the_version_1_request() {
+        // What an agent of before the user field reads, byte for byte: a request that sets
+        // no user is unchanged; one that does has a field an older agent refuses (bytes left
+        // over) instead of running the command as itself.
+        let old = Frame::Exec(ExecRequest {
+            argv: vec![b"id".to_vec()],
+            ..ExecRequest::default()
+        })
+        .encode();
+        let expected: &[u8] = &[
+            1, 0, 0, 0, 21, VERSION, 0, 0, 0, 1, 0, 0, 0, 2, b'i', b'd', 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0,
+        ];
+        assert_eq!(old, expected);
+        let mut named = Frame::Exec(ExecRequest {
+            argv: vec![b"id".to_vec()],
+            user: b"nobody".to_vec(),
+            ..ExecRequest::default()
+        })
+        .encode();
+        assert_eq!(named.len(), old.len() + 4 + 6);
+        // Cut the user field off the payload: an older agent's reading (it stops at the tty).
+        named.truncate(old.len());
+        named[1..5].copy_from_slice(&21u32.to_be_bytes());
+        assert_eq!(named, expected);
     }
 
     #[test]

@@ -19,9 +19,17 @@
 //! a misspelt `tls_ca` does not silently dial without the CA.
 //!
 //! Precedence, per setting: a flag, then the environment (`SBX_ENDPOINT`, `SBX_TOKEN`), then
-//! the context (`--context NAME`, else `current-context`), then the default (the endpoint:
-//! `unix:///run/sbx/sbxd.sock`, the packaged service's, when it exists, else
-//! `unix://<sbxd's default data dir>/sbxd.sock`; no token, no TLS).
+//! the context (`--context NAME`, else `current-context`), then the default (no token, no
+//! TLS). The default endpoint is looked for, in this order, at the packaged service's socket,
+//! `/run/sbx/sbxd.sock` (`packaging/sbxd.service` serves there), then at the socket of sbxd in
+//! this user's default data dir, `DATA/sbxd.sock` (`sbxd serve` with no flags: DATA is
+//! /var/lib/sbx for root, else $XDG_STATE_HOME/sbx, else ~/.local/state/sbx): the first that
+//! answers is the gateway, looked for again on every dial, so `sbx wait --for serving` waits
+//! for a socket that is not there yet. When none answers, the error names every place looked
+//! at, in order (the flag, the environment and the context included). It used to be the
+//! service's socket when it existed, else the data dir's: right after `systemctl start sbxd`,
+//! before the service made its socket, `sbx wait --for serving` waited its whole timeout at
+//! the data dir's socket, where nothing would ever serve.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -29,9 +37,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::connect::{Address, Source, Target, TlsSettings, Token};
-use super::output::{Style, render_table};
-use super::{Cli, CliError, ConfigCommand, OutputFormat, SetContextArgs};
+use super::connect::{Address, DefaultSocket, Search, Source, Target, TlsSettings, Token};
+use super::{Cli, CliError};
 
 /// The config file: the current context and the contexts by name.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -156,7 +163,8 @@ impl Config {
         Ok(())
     }
 
-    fn no_such(&self, name: &str, path: &Path) -> CliError {
+    /// The error for a context `name` the file at `path` lacks, listing the ones it has.
+    pub fn no_such(&self, name: &str, path: &Path) -> CliError {
         CliError::NoSuchContext {
             name: name.to_string(),
             path: path.to_path_buf(),
@@ -194,13 +202,14 @@ pub struct Given {
 }
 
 /// Where a call goes and with what, by the precedence in the module doc. `context` is the
-/// selected one, its relative TLS paths taken from `config_dir`; `default_endpoint` is
-/// asked only when nothing else names one.
+/// selected one, its relative TLS paths taken from `config_dir`; `default_sockets` (the
+/// places the gateway is looked for, in order, and those that could not be named) is asked
+/// only when nothing else names one.
 pub fn resolve(
     given: &Given,
     context: Option<(&str, &Context)>,
     config_dir: &Path,
-    default_endpoint: impl FnOnce() -> Result<String, CliError>,
+    default_sockets: impl FnOnce() -> (Vec<DefaultSocket>, Vec<String>),
 ) -> Result<Target, CliError> {
     fn first<T>(candidates: impl IntoIterator<Item = (Option<T>, Source)>) -> Option<(T, Source)> {
         candidates
@@ -241,9 +250,36 @@ pub fn resolve(
         (nonempty(&given.endpoint_env), Source::Env("SBX_ENDPOINT")),
         (ctx.and_then(|c| nonempty(&c.endpoint)), ctx_source()),
     ]);
-    let endpoint = match endpoint {
-        Some((endpoint, _)) => endpoint,
-        None => default_endpoint()?,
+    let (endpoint, search) = match endpoint {
+        Some((endpoint, _)) => (endpoint, None),
+        None => {
+            let (sockets, missing) = default_sockets();
+            let unset = |value: &Option<String>, unset: &str| match value {
+                Some(_) => "set empty".to_string(),
+                None => unset.to_string(),
+            };
+            let search = Search {
+                unnamed: vec![
+                    format!("--endpoint ({})", unset(&given.endpoint_flag, "not given")),
+                    format!("SBX_ENDPOINT ({})", unset(&given.endpoint_env, "not set")),
+                    match ctx_name {
+                        Some(name) => format!("context {name:?} (it names no endpoint)"),
+                        None => "the context (none: no --context, no current-context)".into(),
+                    },
+                ],
+                sockets,
+                missing,
+            };
+            let endpoint = match search.pick() {
+                Some(socket) => format!("unix://{}", socket.path.display()),
+                None => {
+                    return Err(CliError::NoGateway {
+                        looked: search.looked(&[]),
+                    });
+                }
+            };
+            (endpoint, Some(search))
+        }
     };
     let token = first([
         (
@@ -261,28 +297,38 @@ pub fn resolve(
         address: Address::parse(&endpoint, !tls.is_empty())?,
         token,
         tls,
+        search,
     })
 }
 
 /// Where the packaged sbxd (its systemd unit, `packaging/sbxd.service`) puts its socket.
 pub const SERVICE_SOCKET: &str = "/run/sbx/sbxd.sock";
 
-/// The default endpoint: the packaged service's socket when it is there, else sbxd's socket
-/// in its default data dir.
-pub fn default_endpoint() -> Result<String, CliError> {
-    if std::path::Path::new(SERVICE_SOCKET).exists() {
-        return Ok(format!("unix://{SERVICE_SOCKET}"));
-    }
+/// The places the default endpoint is looked for, in order: the packaged service's socket,
+/// then sbxd's socket in this user's default data dir (left out, and said, when there is no
+/// data dir: no HOME, no XDG_STATE_HOME).
+pub fn default_sockets() -> (Vec<DefaultSocket>, Vec<String>) {
     let root = rustix::process::geteuid().is_root();
-    let dir =
-        sbx_proto::local::default_data_dir(root).ok_or_else(|| CliError::InvalidEndpoint {
-            endpoint: "(the default)".to_string(),
-            cause: "no data directory: set XDG_STATE_HOME or HOME, or name the gateway with \
-                --endpoint or SBX_ENDPOINT"
-                .to_string(),
-        })?;
-    let socket = dir.join(sbx_proto::local::SOCKET_NAME);
-    Ok(format!("unix://{}", socket.display()))
+    default_sockets_for(sbx_proto::local::default_data_dir(root))
+}
+
+/// [`default_sockets`] for the data dir `data_dir`.
+pub fn default_sockets_for(data_dir: Option<PathBuf>) -> (Vec<DefaultSocket>, Vec<String>) {
+    let mut sockets = vec![DefaultSocket {
+        path: PathBuf::from(SERVICE_SOCKET),
+        whose: "the sbx package's service",
+    }];
+    let mut missing = Vec::new();
+    match data_dir {
+        Some(dir) => sockets.push(DefaultSocket {
+            path: dir.join(sbx_proto::local::SOCKET_NAME),
+            whose: "sbxd serve's default, in your data dir",
+        }),
+        None => {
+            missing.push("your data dir's socket (none: set XDG_STATE_HOME or HOME)".to_string())
+        }
+    }
+    (sockets, missing)
 }
 
 /// The global flags of one command line: where, with what, which context.
@@ -374,212 +420,8 @@ impl Flags {
         };
         let context = config.select(self.context.as_deref(), &path)?;
         let dir = path.parent().unwrap_or(Path::new("")).to_path_buf();
-        resolve(&self.given(), context, &dir, default_endpoint)
+        resolve(&self.given(), context, &dir, default_sockets)
     }
-}
-
-/// `sbx config …`: edits and shows the config file; never dials.
-pub fn run_config(flags: &Flags, cmd: &ConfigCommand) -> Result<u8, CliError> {
-    let path = config_path()?;
-    let mut config = Config::load(&path)?;
-    let mut out = String::new();
-    match cmd {
-        ConfigCommand::SetContext(args) => {
-            let created = set_context(&mut config, flags, args)?;
-            if args.use_it {
-                config.current_context = Some(args.name.clone());
-            }
-            config.save(&path)?;
-            out.push_str(&format!(
-                "context {:?} {} in {}{}\n",
-                args.name,
-                if created { "created" } else { "updated" },
-                path.display(),
-                if args.use_it {
-                    "; it is the current context"
-                } else {
-                    ""
-                },
-            ));
-        }
-        ConfigCommand::UseContext { name } => {
-            if !config.contexts.contains_key(name) {
-                return Err(config.no_such(name, &path));
-            }
-            config.current_context = Some(name.clone());
-            config.save(&path)?;
-            out.push_str(&format!("current context: {name}\n"));
-        }
-        ConfigCommand::GetContexts { no_headers } => {
-            out = render_contexts(&config, !no_headers);
-            if out.is_empty() {
-                eprintln!(
-                    "no contexts in {} (create one with `sbx config set-context NAME --endpoint \
-                     URL …`)",
-                    path.display()
-                );
-            }
-        }
-        ConfigCommand::CurrentContext => match &config.current_context {
-            Some(name) => out.push_str(&format!("{name}\n")),
-            None => {
-                return Err(CliError::Config {
-                    path,
-                    cause: "no current context is set (`sbx config use-context NAME`)".to_string(),
-                });
-            }
-        },
-        ConfigCommand::DeleteContext { name } => {
-            if config.contexts.remove(name).is_none() {
-                return Err(config.no_such(name, &path));
-            }
-            let was_current = config.current_context.as_deref() == Some(name.as_str());
-            if was_current {
-                config.current_context = None;
-            }
-            config.save(&path)?;
-            out.push_str(&format!(
-                "context {name:?} deleted from {}{}\n",
-                path.display(),
-                if was_current {
-                    "; no context is current now"
-                } else {
-                    ""
-                }
-            ));
-        }
-    }
-    super::reply::print(&out)?;
-    Ok(0)
-}
-
-/// Creates or updates the context `args.name` with the settings given (the global
-/// `--endpoint`, `--token`, `--tls-*` flags, and `--token-file`); an empty value removes a
-/// setting; paths are saved absolute. Answers whether it was created.
-pub fn set_context(
-    config: &mut Config,
-    flags: &Flags,
-    args: &SetContextArgs,
-) -> Result<bool, CliError> {
-    check_context_name(&args.name)?;
-    let created = !config.contexts.contains_key(&args.name);
-    let context = config.contexts.entry(args.name.clone()).or_default();
-    fn put<T>(slot: &mut Option<T>, given: Option<T>, empty: impl Fn(&T) -> bool) {
-        if let Some(value) = given {
-            *slot = if empty(&value) { None } else { Some(value) };
-        }
-    }
-    let absolute = |p: &Option<PathBuf>| -> Result<Option<PathBuf>, CliError> {
-        match p {
-            Some(p) if p.as_os_str().is_empty() => Ok(Some(PathBuf::new())),
-            Some(p) => std::path::absolute(p)
-                .map(Some)
-                .map_err(|source| CliError::LocalPath {
-                    path: p.clone(),
-                    source,
-                }),
-            None => Ok(None),
-        }
-    };
-    let token = flags.token.clone();
-    if let Some(token) = &token
-        && !token.is_empty()
-    {
-        // Refuse now what would fail on every call later.
-        let source = Source::Flag(flags.token_source());
-        super::connect::Credentials::new(Some((token, &source)))?;
-    }
-    if let Some(endpoint) = &flags.endpoint
-        && !endpoint.trim().is_empty()
-    {
-        Address::parse(endpoint, false)?;
-    }
-    put(&mut context.endpoint, flags.endpoint.clone(), |s| {
-        s.trim().is_empty()
-    });
-    put(&mut context.token, token, Token::is_empty);
-    let empty_path = |p: &PathBuf| p.as_os_str().is_empty();
-    put(&mut context.tls_ca, absolute(&flags.tls.ca)?, empty_path);
-    put(
-        &mut context.tls_cert,
-        absolute(&flags.tls.cert)?,
-        empty_path,
-    );
-    put(&mut context.tls_key, absolute(&flags.tls.key)?, empty_path);
-    put(
-        &mut context.tls_server_name,
-        flags.tls.server_name.clone(),
-        |s| s.trim().is_empty(),
-    );
-    Ok(created)
-}
-
-/// A context name: one word of letters, digits, `-`, `_`, `.`, `@`, at most 253 characters.
-fn check_context_name(name: &str) -> Result<(), CliError> {
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'));
-    if ok {
-        Ok(())
-    } else {
-        Err(CliError::Usage(format!(
-            "context name {name:?}: use letters, digits, '-', '_', '.', '@' (1 to 253 characters)"
-        )))
-    }
-}
-
-/// `sbx config get-contexts`: CURRENT, NAME, ENDPOINT, TOKEN (`set` or `-`, never the value)
-/// and TLS (which TLS settings are there).
-pub fn render_contexts(config: &Config, headers: bool) -> String {
-    let dash = || "-".to_string();
-    let rows: Vec<Vec<String>> = config
-        .contexts
-        .iter()
-        .map(|(name, c)| {
-            let current = config.current_context.as_deref() == Some(name.as_str());
-            let tls: Vec<&str> = [
-                (c.tls_ca.is_some(), "ca"),
-                (c.tls_cert.is_some(), "cert"),
-                (c.tls_key.is_some(), "key"),
-                (c.tls_server_name.is_some(), "server-name"),
-            ]
-            .into_iter()
-            .filter_map(|(set, what)| set.then_some(what))
-            .collect();
-            vec![
-                if current {
-                    "*".to_string()
-                } else {
-                    String::new()
-                },
-                name.clone(),
-                c.endpoint.clone().unwrap_or_else(dash),
-                if c.token.is_some() {
-                    "set".to_string()
-                } else {
-                    dash()
-                },
-                if tls.is_empty() {
-                    dash()
-                } else {
-                    tls.join(",")
-                },
-            ]
-        })
-        .collect();
-    if rows.is_empty() {
-        return String::new();
-    }
-    render_table(
-        &["CURRENT", "NAME", "ENDPOINT", "TOKEN", "TLS"],
-        &rows,
-        Style {
-            format: OutputFormat::Table,
-            headers,
-        },
-    )
 }
 
 #[cfg(test)]

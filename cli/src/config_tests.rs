@@ -1,5 +1,6 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
+use super::super::connect::{DefaultSocket, connect};
 use super::*;
 
 fn context(endpoint: &str, token: &str) -> Context {
@@ -10,8 +11,8 @@ fn context(endpoint: &str, token: &str) -> Context {
     }
 }
 
-fn default_endpoint_for_tests() -> Result<String, CliError> {
-    Ok("unix:///state/sbx/sbxd.sock".to_string())
+fn default_endpoint_for_tests() -> (Vec<DefaultSocket>, Vec<String>) {
+    default_sockets_for(Some(PathBuf::from("/state/sbx")))
 }
 
 #[test]
@@ -167,7 +168,9 @@ fn settings_come_from_flag_then_env_then_context_then_default() {
     );
 
     let t = resolve(&Given::default(), None, dir, default_endpoint_for_tests).unwrap();
-    assert_eq!(t.endpoint(), "unix:///state/sbx/sbxd.sock");
+    // Neither default socket is there: the first of them is shown.
+    assert_eq!(t.endpoint(), format!("unix://{SERVICE_SOCKET}"));
+    assert!(t.search.is_some());
     assert!(t.token.is_none());
     // The default is not even asked for when something names the endpoint.
     let t = resolve(&everything, None, dir, || panic!("default asked")).unwrap();
@@ -237,95 +240,199 @@ fn a_context_that_does_not_exist_lists_those_that_do() {
     assert!(err.contains("it has none"), "{err}");
 }
 
-#[test]
-fn set_context_merges_removes_and_checks() {
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("tok");
-    std::fs::write(&token_file, "tok-file\n").unwrap();
-    let args = |_: Option<PathBuf>| SetContextArgs {
-        name: "lab".into(),
-        use_it: false,
+/// Two sockets of the test's own in `dir`, `first` and `second`, in that order.
+fn two_sockets(dir: &Path) -> (Vec<DefaultSocket>, Vec<String>) {
+    let socket = |name: &str, whose| DefaultSocket {
+        path: dir.join(name),
+        whose,
     };
-    let mut config = Config::default();
-    let flags = Flags {
-        endpoint: Some("https://lab:7070".into()),
-        token: Some(Token::new("tok-1")),
-        tls: TlsSettings {
-            ca: Some("rel/ca.pem".into()),
-            ..TlsSettings::default()
-        },
-        ..Flags::default()
-    };
-    assert!(set_context(&mut config, &flags, &args(None)).unwrap());
-    let lab = &config.contexts["lab"];
-    assert_eq!(lab.endpoint.as_deref(), Some("https://lab:7070"));
-    assert_eq!(lab.token.as_ref().unwrap().expose(), "tok-1");
-    let ca = lab.tls_ca.clone().unwrap();
-    assert!(ca.is_absolute() && ca.ends_with("rel/ca.pem"), "{ca:?}");
-
-    // An update keeps what it does not name; a token file's line is the token; an empty
-    // value removes a setting.
-    let flags = Flags {
-        endpoint: Some(String::new()),
-        token: Some(super::read_token_file(&token_file).unwrap()),
-        token_flag: "--token-file",
-        ..Flags::default()
-    };
-    assert!(!set_context(&mut config, &flags, &args(None)).unwrap());
-    let lab = &config.contexts["lab"];
-    assert_eq!(lab.endpoint, None);
-    assert_eq!(lab.token.as_ref().unwrap().expose(), "tok-file");
-    assert_eq!(lab.tls_ca, Some(ca));
-
-    let bad_token = Flags {
-        token: Some(Token::new("two words")),
-        ..Flags::default()
-    };
-    let err = set_context(&mut config, &bad_token, &args(None))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("--token") && !err.contains("two words"),
-        "{err}"
-    );
-    let bad_name = SetContextArgs {
-        name: "a b".into(),
-        ..args(None)
-    };
-    assert!(set_context(&mut config, &Flags::default(), &bad_name).is_err());
-    let bad_endpoint = Flags {
-        endpoint: Some("ftp://x:1".into()),
-        ..Flags::default()
-    };
-    assert!(set_context(&mut config, &bad_endpoint, &args(None)).is_err());
+    (
+        vec![
+            socket("first.sock", "the first"),
+            socket("second.sock", "the second"),
+        ],
+        Vec::new(),
+    )
 }
 
 #[test]
-fn get_contexts_shows_whether_a_token_is_set_never_its_value() {
-    let mut config = Config {
-        current_context: Some("lab".into()),
-        ..Config::default()
+fn the_default_endpoint_is_the_first_default_socket_there_in_the_stated_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let at = |name: &str| format!("unix://{}", d.join(name).display());
+    let resolved = |given: &Given, ctx: Option<(&str, &Context)>| {
+        resolve(given, ctx, Path::new("/cfg"), || two_sockets(d)).unwrap()
     };
-    let mut lab = context("https://lab:7070", "s3cr3t");
-    lab.tls_ca = Some("/ca.pem".into());
-    config.contexts.insert("lab".into(), lab);
-    config.contexts.insert(
-        "local".into(),
-        Context {
-            endpoint: Some("unix:///run/sbxd.sock".into()),
-            ..Context::default()
-        },
+    // Nothing there: the first is shown, and every place is kept for the error.
+    let t = resolved(&Given::default(), None);
+    assert_eq!(t.endpoint(), at("first.sock"));
+    let search = t.search.clone().unwrap();
+    assert_eq!(
+        search.unnamed,
+        [
+            "--endpoint (not given)",
+            "SBX_ENDPOINT (not set)",
+            "the context (none: no --context, no current-context)"
+        ]
     );
-    let text = render_contexts(&config, true);
-    assert!(!text.contains("s3cr3t"), "{text}");
-    assert!(!format!("{config:?}").contains("s3cr3t"));
-    let lines: Vec<Vec<&str>> = text
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    assert_eq!(lines[0], ["CURRENT", "NAME", "ENDPOINT", "TOKEN", "TLS"]);
-    assert_eq!(lines[1], ["*", "lab", "https://lab:7070", "set", "ca"]);
-    assert_eq!(lines[2], ["local", "unix:///run/sbxd.sock", "-", "-"]);
-    assert_eq!(render_contexts(&config, false).lines().count(), 2);
-    assert_eq!(render_contexts(&Config::default(), true), "");
+    assert_eq!(search.sockets, two_sockets(d).0);
+    // Only the second there: it. Both there: the first. A file that is no socket: not it.
+    let _second = std::os::unix::net::UnixListener::bind(d.join("second.sock")).unwrap();
+    assert_eq!(
+        resolved(&Given::default(), None).endpoint(),
+        at("second.sock")
+    );
+    std::fs::write(d.join("first.sock"), "not a socket").unwrap();
+    assert_eq!(
+        resolved(&Given::default(), None).endpoint(),
+        at("second.sock")
+    );
+    std::fs::remove_file(d.join("first.sock")).unwrap();
+    let _first = std::os::unix::net::UnixListener::bind(d.join("first.sock")).unwrap();
+    assert_eq!(
+        resolved(&Given::default(), None).endpoint(),
+        at("first.sock")
+    );
+    // Before the sockets: the flag, the environment, the context, in that order; any of them
+    // leaves no search.
+    let ctx = context("ctx:1", "");
+    let given = |flag: Option<&str>, env: Option<&str>| Given {
+        endpoint_flag: flag.map(String::from),
+        endpoint_env: env.map(String::from),
+        ..Given::default()
+    };
+    for (g, c, want) in [
+        (
+            given(Some("flag:1"), Some("env:1")),
+            Some(("lab", &ctx)),
+            "http://flag:1",
+        ),
+        (
+            given(None, Some("env:1")),
+            Some(("lab", &ctx)),
+            "http://env:1",
+        ),
+        (given(None, None), Some(("lab", &ctx)), "http://ctx:1"),
+    ] {
+        let t = resolved(&g, c);
+        assert_eq!(t.endpoint(), want);
+        assert!(t.search.is_none(), "{want}");
+    }
+    // A context without an endpoint, empty settings: said so, in order.
+    let t = resolved(
+        &given(Some(" "), Some("")),
+        Some(("lab", &Context::default())),
+    );
+    assert_eq!(
+        t.search.unwrap().unnamed,
+        [
+            "--endpoint (set empty)",
+            "SBX_ENDPOINT (set empty)",
+            "context \"lab\" (it names no endpoint)"
+        ]
+    );
+    // The real places: the package's service socket, then the data dir's.
+    let (real, missing) = default_sockets_for(Some(PathBuf::from("/home/u/.local/state/sbx")));
+    let paths: Vec<_> = real.iter().map(|s| s.path.clone()).collect();
+    assert_eq!(
+        paths,
+        [
+            PathBuf::from("/run/sbx/sbxd.sock"),
+            PathBuf::from("/home/u/.local/state/sbx/sbxd.sock")
+        ]
+    );
+    assert!(missing.is_empty());
+    let (real, missing) = default_sockets_for(None);
+    assert_eq!(real.len(), 1);
+    assert!(missing[0].contains("XDG_STATE_HOME or HOME"), "{missing:?}");
+}
+
+#[test]
+fn with_no_gateway_anywhere_the_error_names_every_place_looked_at_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The second is a socket nothing listens on (left by an sbxd that is gone).
+    drop(std::os::unix::net::UnixListener::bind(d.join("second.sock")).unwrap());
+    let t = resolve(&Given::default(), None, Path::new("/cfg"), || {
+        two_sockets(d)
+    })
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = runtime.block_on(connect(&t)).unwrap_err().to_string();
+    let places = [
+        "--endpoint (not given)".to_string(),
+        "SBX_ENDPOINT (not set)".to_string(),
+        "the context (none".to_string(),
+        format!(
+            "unix://{}/first.sock (the first) (no socket there)",
+            d.display()
+        ),
+        format!(
+            "unix://{}/second.sock (the second) (nothing listens",
+            d.display()
+        ),
+    ];
+    let mut from = 0;
+    for place in &places {
+        let at = err[from..]
+            .find(place.as_str())
+            .unwrap_or_else(|| panic!("{place:?} after byte {from} of: {err}"));
+        from += at + place.len();
+    }
+    assert!(
+        err.starts_with("no sbxd found; looked, in order, at: "),
+        "{err}"
+    );
+    assert!(err.contains("sbx wait --for serving"), "{err}");
+}
+
+#[test]
+fn a_wait_for_serving_looks_at_every_default_socket_on_every_try_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let t = resolve(&Given::default(), None, Path::new("/cfg"), || {
+        two_sockets(d)
+    })
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut progress = Vec::new();
+    let started = std::time::Instant::now();
+    let err = runtime
+        .block_on(crate::wait::wait_serving_with(
+            &t,
+            None,
+            std::time::Duration::from_millis(300),
+            &mut progress,
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "bounded by its timeout"
+    );
+    let progress = String::from_utf8(progress).unwrap();
+    assert_eq!(
+        progress,
+        format!(
+            "waiting for sbxd to serve: unix://{0}/first.sock (the first): no socket yet; \
+             unix://{0}/second.sock (the second): no socket yet\n",
+            d.display()
+        ),
+        "one line while nothing changes"
+    );
+    assert!(err.contains("not serving after 0s"), "{err}");
+    assert!(
+        err.contains("first.sock (the first): no socket yet; "),
+        "{err}"
+    );
+    assert!(
+        err.contains("second.sock (the second): no socket yet"),
+        "{err}"
+    );
 }

@@ -25,6 +25,7 @@ use tonic::transport::{ClientTlsConfig, Endpoint, Uri};
 
 use super::CliError;
 use super::error::error_chain;
+use super::transport::{Transport, tcp_mismatch_hint};
 
 /// How long to wait for the connection to the gateway (socket or TCP, TLS, HTTP/2).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -210,6 +211,17 @@ impl Address {
     }
 }
 
+impl Address {
+    /// How it is dialled, which the words of a failed call depend on.
+    pub fn transport(&self) -> Transport {
+        match self {
+            Address::Unix(_) => Transport::Unix,
+            Address::Tcp { tls: false, .. } => Transport::Tcp,
+            Address::Tcp { tls: true, .. } => Transport::Tls,
+        }
+    }
+}
+
 impl std::fmt::Display for Address {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -238,12 +250,69 @@ impl TlsSettings {
     }
 }
 
+/// One place the default endpoint is looked for: a Unix socket, and whose it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefaultSocket {
+    pub path: PathBuf,
+    /// Whose it is, for errors and progress: "the sbx package's service".
+    pub whose: &'static str,
+}
+
+impl DefaultSocket {
+    /// Whether a socket is there now (a file of another kind, or nothing, is no gateway).
+    pub fn is_there(&self) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        std::fs::metadata(&self.path)
+            .map(|m| m.file_type().is_socket())
+            .unwrap_or(false)
+    }
+
+    /// `unix:///path (whose)`.
+    pub fn shown(&self) -> String {
+        format!("unix://{} ({})", self.path.display(), self.whose)
+    }
+}
+
+/// How a gateway no setting named is found: the settings looked at first, which named none,
+/// then the default sockets, in order ([`crate::config`] states it). The first socket that
+/// answers is the gateway; [`connect`] and `sbx wait --for serving` look again on every try.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Search {
+    /// The settings that named no endpoint, as said in errors: `--endpoint (not given)`.
+    pub unnamed: Vec<String>,
+    /// The default sockets, in the order they are tried.
+    pub sockets: Vec<DefaultSocket>,
+    /// Places that could not even be named (no data dir), as said in errors.
+    pub missing: Vec<String>,
+}
+
+impl Search {
+    /// The first socket there now, else the first of all (what is shown before a dial).
+    pub fn pick(&self) -> Option<&DefaultSocket> {
+        self.sockets
+            .iter()
+            .find(|s| s.is_there())
+            .or(self.sockets.first())
+    }
+
+    /// Every place looked at, in order, with what each held: one line's worth.
+    pub fn looked(&self, found: &[String]) -> String {
+        let mut places = self.unnamed.clone();
+        places.extend(found.iter().cloned());
+        places.extend(self.missing.iter().cloned());
+        places.join(", ")
+    }
+}
+
 /// Everything [`connect`] needs: where, with which token, with which TLS settings.
 #[derive(Debug, Clone)]
 pub struct Target {
     pub address: Address,
     pub token: Option<(Token, Source)>,
     pub tls: TlsSettings,
+    /// Set when no setting named the gateway: the default sockets to look for it at
+    /// (`address` is then the one first there when the target was made).
+    pub search: Option<Search>,
 }
 
 impl Target {
@@ -253,6 +322,7 @@ impl Target {
             address: Address::parse(raw, false)?,
             token: None,
             tls: TlsSettings::default(),
+            search: None,
         })
     }
 
@@ -262,6 +332,7 @@ impl Target {
             address: Address::parse(raw, !self.tls.is_empty())?,
             token: self.token.clone(),
             tls: self.tls.clone(),
+            search: None,
         })
     }
 
@@ -275,8 +346,39 @@ impl Target {
     }
 }
 
-/// Connects to the gateway now, with the target's credentials on every call.
+/// Connects to the gateway now, with the target's credentials on every call. A target no
+/// setting named is looked for at each default socket in turn; when none answers, the error
+/// names every place looked at, in order.
 pub async fn connect(target: &Target) -> Result<Channel, CliError> {
+    let Some(search) = &target.search else {
+        return dial(target).await;
+    };
+    let mut found = Vec::new();
+    for socket in &search.sockets {
+        if !socket.is_there() {
+            found.push(format!("{} (no socket there)", socket.shown()));
+            continue;
+        }
+        let at = Target {
+            address: Address::Unix(socket.path.clone()),
+            search: None,
+            ..target.clone()
+        };
+        match dial(&at).await {
+            Ok(channel) => return Ok(channel),
+            Err(CliError::Unreachable { cause, .. }) => {
+                found.push(format!("{} ({cause})", socket.shown()))
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    Err(CliError::NoGateway {
+        looked: search.looked(&found),
+    })
+}
+
+/// Connects to the target's address.
+async fn dial(target: &Target) -> Result<Channel, CliError> {
     let credentials = target.credentials()?;
     let endpoint = target.endpoint();
     let channel = match &target.address {
@@ -304,9 +406,7 @@ pub async fn connect(target: &Target) -> Result<Channel, CliError> {
                     cause: error_chain(&err),
                 })?
                 .connect_timeout(CONNECT_TIMEOUT);
-            super::error::note_dialed_tcp();
             if *tls {
-                super::error::note_dialed_tls();
                 dialer = dialer
                     .tls_config(tls_config(&target.tls)?)
                     .map_err(|err| CliError::Tls(error_chain(&err)))?;
@@ -322,44 +422,6 @@ pub async fn connect(target: &Target) -> Result<Channel, CliError> {
         }
     };
     Ok(InterceptedService::new(channel, credentials))
-}
-
-/// What a failed TCP dial most likely means and the flag that mends it, from the words of
-/// the error (`cause`) and whether TLS was dialed: a CA sbx does not trust, a name the
-/// certificate lacks, TLS to a plain listener, or plain HTTP/2 to a TLS one.
-pub fn tcp_mismatch_hint(cause: &str, tls: bool) -> Option<&'static str> {
-    let said = |words: &[&str]| words.iter().any(|w| cause.contains(w));
-    if tls && said(&["UnknownIssuer", "unknown issuer", "UnknownCA"]) {
-        Some(
-            "the gateway's certificate is signed by a CA sbx does not trust: pass that CA with \
-             --tls-ca; sbxd certs init writes it as ca.pem",
-        )
-    } else if tls && said(&["NotValidForName", "not valid for name"]) {
-        Some(
-            "the gateway's certificate does not name the host dialed: dial a name it has, as \
-             sbxd certs init --name gave them, or set --tls-server-name",
-        )
-    } else if tls
-        && said(&[
-            "InvalidContentType",
-            "corrupt message",
-            "invalid message",
-            "WrongVersion",
-            "wrong version",
-        ])
-    {
-        Some(
-            "the gateway does not speak TLS there: dial http://HOST:PORT without the --tls \
-             flags, or start sbxd with --tls-cert and --tls-key",
-        )
-    } else if !tls && said(&["h2 protocol error", "frame with invalid size"]) {
-        Some(
-            "the gateway may expect TLS there: dial https://HOST:PORT with --tls-ca and the CA \
-             that signed its certificate",
-        )
-    } else {
-        None
-    }
 }
 
 /// Why a Unix socket could not be dialed, and what to do about it.
@@ -421,43 +483,6 @@ fn tls_config(tls: &TlsSettings) -> Result<ClientTlsConfig, CliError> {
     };
     sbx_tls::client_config(tls.ca.as_deref(), identity, tls.server_name.as_deref())
         .map_err(|err| CliError::Tls(err.to_string()))
-}
-
-#[cfg(test)]
-mod hint_tests {
-    use super::tcp_mismatch_hint;
-
-    /// The words each mismatch was seen to give here (`sbx` against sbxd, both ways), the
-    /// flag each hint must name, and one line of plain words.
-    #[test]
-    fn each_mismatch_names_its_flag() {
-        for (cause, tls, flag) in [
-            ("h2 protocol error: http2 error", false, "https://"),
-            (
-                "transport error: received corrupt message of type InvalidContentType",
-                true,
-                "http://",
-            ),
-            (
-                "transport error: invalid peer certificate: UnknownIssuer",
-                true,
-                "--tls-ca",
-            ),
-            (
-                "invalid peer certificate: NotValidForName",
-                true,
-                "--tls-server-name",
-            ),
-        ] {
-            let hint = tcp_mismatch_hint(cause, tls).unwrap_or_else(|| panic!("none for {cause}"));
-            assert!(hint.contains(flag), "{cause}: {hint}");
-            assert!(!hint.contains("  ") && !hint.contains('\n'), "{hint:?}");
-        }
-        // A refused connection is not a mismatch.
-        let refused = "tcp connect error: Connection refused (os error 111)";
-        assert_eq!(tcp_mismatch_hint(refused, true), None);
-        assert_eq!(tcp_mismatch_hint(refused, false), None);
-    }
 }
 
 #[cfg(test)]
@@ -527,6 +552,7 @@ mod tests {
             address: Address::Unix("/s".into()),
             token: Some((token, Source::Env("SBX_TOKEN"))),
             tls: TlsSettings::default(),
+            search: None,
         };
         assert!(!format!("{target:?}").contains("s3cr3t"), "{target:?}");
         // A token that cannot be a header names where it came from, not what it is.
@@ -579,6 +605,26 @@ mod tests {
         assert!(text.contains("nothing listens on"), "{text}");
     }
 
+    /// What a failed call's error says does not hang on what some earlier connection of the
+    /// process dialled: the same status reads the same before and after a TLS dial.
+    #[tokio::test]
+    async fn an_errors_words_do_not_depend_on_an_earlier_dial() {
+        let status = || tonic::Status::unavailable("transport error: connection reset");
+        let before = CliError::Rpc(status()).to_string();
+        // A TLS dial to a port nobody listens on.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let target = Target {
+            address: Address::parse(&format!("https://127.0.0.1:{port}"), true).unwrap(),
+            token: None,
+            tls: TlsSettings::default(),
+            search: None,
+        };
+        assert!(connect(&target).await.is_err());
+        assert_eq!(CliError::Rpc(status()).to_string(), before);
+    }
+
     #[test]
     fn tls_files_are_named_when_they_are_wrong() {
         let dir = tempfile::tempdir().unwrap();
@@ -596,5 +642,27 @@ mod tests {
         assert!(err.contains("nope.pem"), "{err}");
         // Without a CA, the system's roots.
         assert!(tls_config(&TlsSettings::default()).is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_gateway_is_named_with_its_cause() {
+        // Bind and drop a listener: the port is then (almost certainly) closed.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let target = Target::plain(&format!("127.0.0.1:{port}")).unwrap();
+        let err = connect(&target).await.unwrap_err();
+        let text = err.to_string();
+        let prefix = format!("cannot reach sbxd at http://127.0.0.1:{port}: ");
+        assert!(text.starts_with(&prefix), "{text}");
+        assert!(text.len() > prefix.len(), "no cause in {text:?}");
+    }
+
+    #[tokio::test]
+    async fn a_malformed_endpoint_is_refused() {
+        let err = connect(&Target::plain("http://bad host:1").unwrap())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CliError::InvalidEndpoint { .. }), "{err:?}");
     }
 }

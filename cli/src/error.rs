@@ -1,9 +1,12 @@
-//! The one error type of the `sbx` CLI.
+//! The one error type of the `sbx` CLI, its words (a failed call's depend on how the gateway
+//! was dialled: [`CliError::message`]) and the exit status each ends `sbx` with ([`outcome`]).
 
 use std::time::Duration;
 
 use sbx_proto::names::NameError;
 use tonic_types::StatusExt;
+
+use super::transport::{Transport, tcp_mismatch_hint};
 
 /// Everything that makes an `sbx` command fail. Each is printed as one line,
 /// `error: <message>`, and the CLI exits with status 1 — except the argument-parsing variants
@@ -77,6 +80,15 @@ pub enum CliError {
     #[error("cannot reach sbxd at {endpoint}: {cause}")]
     Unreachable { endpoint: String, cause: String },
 
+    /// No setting named the gateway and no default socket answered: every place looked at,
+    /// in order, with what each held.
+    #[error(
+        "no sbxd found; looked, in order, at: {looked}. Start sbxd (`systemctl start sbxd`, \
+         or `sbxd serve`), or name a gateway with --endpoint, SBX_ENDPOINT or a context \
+         (`sbx config`); `sbx wait --for serving` waits for one to serve"
+    )]
+    NoGateway { looked: String },
+
     /// A token (from `source_name`: `--token`, `SBX_TOKEN`, a context) cannot be sent. The
     /// message never holds the token.
     #[error("the token from {source_name} cannot be used: {why}")]
@@ -104,8 +116,9 @@ pub enum CliError {
         known: Vec<String>,
     },
 
-    /// The gateway answered an RPC with a non-OK status.
-    #[error("{}", describe_status(.0))]
+    /// The gateway answered an RPC with a non-OK status. Its Display is the gateway's words;
+    /// [`CliError::message`] adds what the transport dialled tells.
+    #[error("{}", describe_status(.0, None))]
     Rpc(#[from] tonic::Status),
 
     /// While waiting for Ready, the sandbox entered phase Error.
@@ -197,11 +210,7 @@ pub enum CliError {
     CreatedWithoutId { name: String },
 
     /// A watch stream failed after some events; says where to resume.
-    #[error(
-        "{} (watch ended after resource version {last_seen}; resume with --resource-version \
-         {last_seen})",
-        describe_status(status)
-    )]
+    #[error("{}", watch_broken(*last_seen, status, None))]
     WatchBroken {
         last_seen: u64,
         status: tonic::Status,
@@ -241,8 +250,21 @@ pub enum CliError {
 
     /// The exec stream failed after it had started: the command's exit status is unknown
     /// (the command was ended with the stream).
-    #[error("the exec stream broke before the command's exit status arrived: {}", describe_status(.0))]
+    #[error("{}", exec_broken(.0, None))]
     ExecBroken(tonic::Status),
+
+    /// A create's image is not in the gateway's store and its pull failed: the pull's error,
+    /// and the images the store has that a typo may have meant.
+    #[error(
+        "image {image:?} is not in the gateway's store and could not be pulled: \
+         {cause}{}; `sbx image list` shows what the store has",
+        sbx_proto::names::did_you_mean(similar)
+    )]
+    ImageUnavailable {
+        image: String,
+        cause: String,
+        similar: Vec<String>,
+    },
 
     /// The gateway kept answering with the same page token, which would loop for ever.
     #[error("the gateway returned page token {token:?} twice; giving up listing")]
@@ -255,6 +277,75 @@ pub enum CliError {
     /// Writing to stdout/stderr failed (for example a closed pipe).
     #[error("cannot write output: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl CliError {
+    /// The one line this error is printed as, the command having dialled the gateway `via`
+    /// (`None`: it dialled nothing): its Display, and for a failed call also what the
+    /// transport tells (a TLS connection the gateway closed: the client certificate; plain
+    /// HTTP/2 to a TLS listener: https).
+    pub fn message(&self, via: Option<Transport>) -> String {
+        match self {
+            CliError::Rpc(status) => describe_status(status, via),
+            CliError::WatchBroken { last_seen, status } => watch_broken(*last_seen, status, via),
+            CliError::ExecBroken(status) => exec_broken(status, via),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// [`CliError::WatchBroken`]'s words.
+fn watch_broken(last_seen: u64, status: &tonic::Status, via: Option<Transport>) -> String {
+    format!(
+        "{} (watch ended after resource version {last_seen}; resume with --resource-version \
+         {last_seen})",
+        describe_status(status, via)
+    )
+}
+
+/// [`CliError::ExecBroken`]'s words.
+fn exec_broken(status: &tonic::Status, via: Option<Transport>) -> String {
+    format!(
+        "the exec stream broke before the command's exit status arrived: {}",
+        describe_status(status, via)
+    )
+}
+
+/// The exit status of a process killed by SIGPIPE, used when stdout is closed under us
+/// (`sbx sandbox watch | head -1`): quiet, as other Unix tools are.
+const BROKEN_PIPE_EXIT: u8 = 141;
+
+/// The conventional exit status after SIGINT (128 + 2), for a Ctrl-C while waiting for Ready.
+const INTERRUPTED_EXIT: u8 = 130;
+
+/// The exit status of a command killed by `--timeout`, as timeout(1) has it.
+const TIMED_OUT_EXIT: u8 = 124;
+
+/// The exit code and the stderr line (if any) for a command's result: `Ok(code)` → `code`;
+/// a closed stdout → [`BROKEN_PIPE_EXIT`], silently; Ctrl-C while waiting → [`INTERRUPTED_EXIT`]
+/// and `error: …`; a usage error (arguments that do not go together, a duration that is none,
+/// a command given by hand) → 2, as clap's own; any other error → 1 and `error: …`. `via` is
+/// how the command dialled the gateway (`None`: it did not), which the words of a failed call
+/// depend on ([`CliError::message`]).
+pub fn outcome(result: Result<u8, CliError>, via: Option<Transport>) -> (u8, Option<String>) {
+    let line = |err: &CliError| Some(format!("error: {}", err.message(via)));
+    match result {
+        Ok(code) => (code, None),
+        Err(CliError::Io(err)) if err.kind() == std::io::ErrorKind::BrokenPipe => {
+            (BROKEN_PIPE_EXIT, None)
+        }
+        Err(
+            err @ (CliError::Usage(_)
+            | CliError::NotATerminal
+            | CliError::InvalidLifetime { .. }
+            | CliError::InvalidDuration { .. }),
+        ) => (2, line(&err)),
+        Err(err @ CliError::ExecTimedOut { .. }) => (TIMED_OUT_EXIT, line(&err)),
+        Err(err @ (CliError::Interrupted { .. } | CliError::ExecAbandoned)) => {
+            (INTERRUPTED_EXIT, line(&err))
+        }
+        Err(err) => (1, line(&err)),
+    }
 }
 
 /// What to do about UNAUTHENTICATED: the ways to give the CLI a credential.
@@ -278,7 +369,9 @@ fn known_contexts(known: &[String]) -> String {
 /// `google.rpc.ErrorInfo`, else the message (or the code's description when it is empty).
 /// UNAUTHENTICATED adds how to give a credential ([`CREDENTIAL_HINT`]); PERMISSION_DENIED
 /// says so before the gateway's message (which names the workspace and the role needed).
-pub fn describe_status(status: &tonic::Status) -> String {
+/// `via` is how the call's gateway was dialled (`None`: not known, the gateway's words
+/// alone): over TCP, a failure the transport explains gets the hint that mends it.
+pub fn describe_status(status: &tonic::Status, via: Option<Transport>) -> String {
     let message = if status.message().is_empty() {
         status.code().description().to_string()
     } else {
@@ -309,7 +402,7 @@ pub fn describe_status(status: &tonic::Status) -> String {
         // With TLS 1.3 a gateway that refuses the client's certificate does so after the
         // handshake seemed to succeed: the first call sees only the connection go.
         tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled
-            if dialed_tls() && dropped_connection(status) =>
+            if via == Some(Transport::Tls) && dropped_connection(status) =>
         {
             format!(
                 "{message} (the gateway closed the TLS connection: is the client certificate \
@@ -317,10 +410,12 @@ pub fn describe_status(status: &tonic::Status) -> String {
             )
         }
         // Plain HTTP/2 to a TLS listener: the connection is made, the first call fails.
-        _ if dialed_tcp() => match super::connect::tcp_mismatch_hint(&message, dialed_tls()) {
-            Some(hint) => format!("{message} ({hint})"),
-            None => message,
-        },
+        _ if via.is_some_and(Transport::is_tcp) => {
+            match tcp_mismatch_hint(&message, via == Some(Transport::Tls)) {
+                Some(hint) => format!("{message} ({hint})"),
+                None => message,
+            }
+        }
         _ => message,
     }
 }
@@ -413,31 +508,6 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     parts.join(": ")
 }
 
-/// Whether this process dialed the gateway with TLS (for [`describe_status`]): the connection
-/// says so when it is made ([`note_dialed_tls`]).
-static DIALED_TLS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Notes that this process dialed the gateway with TLS.
-pub fn note_dialed_tls() {
-    DIALED_TLS.store(true, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Whether this process dialed the gateway over TCP (with TLS or without), not its socket.
-static DIALED_TCP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Notes that this process dialed the gateway over TCP.
-pub fn note_dialed_tcp() {
-    DIALED_TCP.store(true, std::sync::atomic::Ordering::Relaxed);
-}
-
-fn dialed_tcp() -> bool {
-    DIALED_TCP.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-fn dialed_tls() -> bool {
-    DIALED_TLS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,6 +576,48 @@ mod tests {
         assert_eq!(
             none.to_string(),
             "no context \"prod\" in /c.toml: the contexts there are dev, lab"
+        );
+    }
+
+    /// The hint a failed call gets from its transport comes from what the command dialled,
+    /// given as data: a dropped TLS connection names the client certificate, plain HTTP/2 to a
+    /// TLS listener names https; over the socket, or not knowing, the gateway's words alone.
+    #[test]
+    fn a_failed_calls_words_say_what_its_transport_tells() {
+        let dropped = CliError::Rpc(tonic::Status::unavailable("transport error: broken pipe"));
+        let tls = dropped.message(Some(Transport::Tls));
+        assert!(
+            tls.contains("client CA") && tls.contains("--tls-cert"),
+            "{tls}"
+        );
+        for via in [None, Some(Transport::Unix), Some(Transport::Tcp)] {
+            assert_eq!(
+                dropped.message(via),
+                "transport error: broken pipe",
+                "{via:?}"
+            );
+        }
+        assert_eq!(dropped.to_string(), "transport error: broken pipe");
+        let plain = CliError::ExecBroken(tonic::Status::unknown("h2 protocol error: http2 error"));
+        assert!(
+            plain.message(Some(Transport::Tcp)).contains("https://"),
+            "{plain}"
+        );
+        assert!(!plain.message(Some(Transport::Unix)).contains("https://"));
+        let watch = CliError::WatchBroken {
+            last_seen: 3,
+            status: tonic::Status::unknown("h2 protocol error: http2 error"),
+        };
+        let text = watch.message(Some(Transport::Tcp));
+        assert!(
+            text.contains("https://") && text.ends_with("resume with --resource-version 3)"),
+            "{text}"
+        );
+        // A refusal reads the same on every transport.
+        let refused = CliError::Rpc(tonic::Status::permission_denied("needs admin"));
+        assert_eq!(
+            refused.message(Some(Transport::Tls)),
+            refused.message(Some(Transport::Unix))
         );
     }
 
@@ -658,6 +770,32 @@ mod tests {
         assert_eq!(
             error_chain(&err),
             "transport error: tcp connect error: Connection refused"
+        );
+    }
+
+    #[test]
+    fn outcomes() {
+        assert_eq!(outcome(Ok(0), None), (0, None));
+        assert_eq!(outcome(Ok(42), None), (42, None));
+        let pipe = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        assert_eq!(
+            outcome(Err(CliError::Io(pipe)), None),
+            (BROKEN_PIPE_EXIT, None)
+        );
+        let interrupted = CliError::Interrupted {
+            name: "web".into(),
+            id: "id-1".into(),
+            goal: "Ready",
+        };
+        let (code, message) = outcome(Err(interrupted), None);
+        assert_eq!(code, 130);
+        assert!(message.unwrap().contains("--id id-1"));
+        assert_eq!(
+            outcome(
+                Err(CliError::Rpc(tonic::Status::not_found("no such sandbox"))),
+                Some(Transport::Tls)
+            ),
+            (1, Some("error: no such sandbox".to_string()))
         );
     }
 }

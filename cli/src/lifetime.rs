@@ -1,17 +1,14 @@
-//! Lifetimes: `sbx sandbox create --ttl/--on-ttl/--idle-timeout/--on-idle/--delete-after`,
-//! `sbx sandbox ttl NAME DURATION`, `sbx sandbox pause|resume NAME`, `sbx workspace lifetime
-//! get|set`, and how a lifetime and the next deadline read in `sbx sandbox get`.
+//! Lifetimes, as two nouns share them: the flags of `sbx sandbox create` and `sbx workspace
+//! lifetime set` (`--ttl/--on-ttl/--idle-timeout/--on-idle/--delete-after`, …), a lifetime and
+//! a duration in words, and the lines a lifetime and the next deadline add to `sbx sandbox
+//! get`. The commands are the nouns': `sbx sandbox ttl` (`cmd/sandbox/lifecycle.rs`) and `sbx
+//! workspace lifetime get|set` (`cmd/workspace/lifetime.rs`).
 
-use clap::{Args, Subcommand, ValueEnum};
-use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
-use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
-use sbx_proto::v1::{Lifetime, LifetimeAction, Sandbox, Workspace};
+use clap::{Args, ValueEnum};
+use sbx_proto::v1::{Lifetime, LifetimeAction, Sandbox};
 use serde::Serialize;
 
-use super::connect::{Target, connect};
-use super::output::{Style, render_structured};
-use super::reply::print;
-use super::{CliError, OutputArgs, OutputFormat, SandboxTarget, WorkspaceScope, WorkspaceTarget};
+use super::CliError;
 
 /// What a deadline does, as the flags name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -119,82 +116,6 @@ impl LifetimeFlags {
     }
 }
 
-/// `sbx sandbox ttl NAME DURATION` or `sbx sandbox ttl --id UUID DURATION`: a name is
-/// optional where an id is given, and a required DURATION cannot follow an optional
-/// positional in clap, so the two are read as they come and told apart here.
-#[derive(Debug, Clone, Args)]
-pub struct SandboxTtlArgs {
-    #[command(flatten)]
-    pub scope: WorkspaceScope,
-    /// The sandbox's name, then the new ttl from now: 30s, 10m, 2h, 7d (0: no deadline). With
-    /// --id, the ttl alone.
-    #[arg(value_name = "NAME|DURATION", allow_hyphen_values = true)]
-    pub first: String,
-    /// The new ttl, after NAME.
-    #[arg(value_name = "DURATION", allow_hyphen_values = true)]
-    pub second: Option<String>,
-    /// The sandbox's UUID (authoritative: acts on that sandbox or on nothing).
-    #[arg(long, value_name = "UUID")]
-    pub id: Option<uuid::Uuid>,
-    #[command(flatten)]
-    pub output: OutputArgs,
-}
-
-impl SandboxTtlArgs {
-    /// The sandbox named and the ttl asked.
-    pub fn resolve(&self) -> Result<(SandboxTarget, u64), CliError> {
-        let (name, ttl) = match (&self.id, &self.second) {
-            (Some(_), None) => (None, &self.first),
-            (Some(_), Some(_)) => {
-                return Err(CliError::Usage(
-                    "give NAME DURATION or --id UUID DURATION, not both a name and an id".into(),
-                ));
-            }
-            (None, Some(ttl)) => (Some(super::parse_name(&self.first)?), ttl),
-            (None, None) => {
-                return Err(CliError::Usage(
-                    "give NAME DURATION (or --id UUID DURATION): the sandbox and its new ttl"
-                        .into(),
-                ));
-            }
-        };
-        Ok((
-            SandboxTarget { name, id: self.id },
-            super::size::parse_lifetime(ttl)?,
-        ))
-    }
-}
-
-/// `sbx workspace lifetime …`
-#[derive(Debug, Subcommand)]
-pub enum WorkspaceLifetimeCommand {
-    /// Show the lifetime new sandboxes of the workspace get when they give none.
-    Get(WorkspaceLifetimeGetArgs),
-    /// Set it (the flags given replace the whole default); --clear removes it.
-    Set(WorkspaceLifetimeSetArgs),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct WorkspaceLifetimeGetArgs {
-    #[command(flatten)]
-    pub target: WorkspaceTarget,
-    #[command(flatten)]
-    pub output: OutputArgs,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct WorkspaceLifetimeSetArgs {
-    #[command(flatten)]
-    pub target: WorkspaceTarget,
-    #[command(flatten)]
-    pub flags: LifetimeFlags,
-    /// Remove the default (new sandboxes live until deleted).
-    #[arg(long)]
-    pub clear: bool,
-    #[command(flatten)]
-    pub output: OutputArgs,
-}
-
 /// A duration as people write it: `90s`, `10m`, `2h`, `3d`, `1h30m`.
 pub fn duration(secs: u64) -> String {
     if secs == 0 {
@@ -293,89 +214,6 @@ pub fn lifetime_view(l: &Lifetime) -> LifetimeView {
         delete_after_seconds: l.delete_after_seconds,
         auto_resume: l.auto_resume,
     }
-}
-
-#[derive(Debug, Serialize)]
-struct WorkspaceLifetimeView {
-    workspace: String,
-    default_lifetime: Option<LifetimeView>,
-}
-
-fn render_workspace(style: impl Into<Style>, ws: &Workspace) -> Result<String, CliError> {
-    let style: Style = style.into();
-    match style.format {
-        OutputFormat::Json | OutputFormat::Yaml => render_structured(
-            style.format,
-            &WorkspaceLifetimeView {
-                workspace: ws.name.clone(),
-                default_lifetime: ws.default_lifetime.as_ref().map(lifetime_view),
-            },
-        ),
-        OutputFormat::Name => Ok(format!("workspace/{}\n", ws.name)),
-        OutputFormat::Table | OutputFormat::Wide => Ok(format!(
-            "{} (a sandbox created without a lifetime gets it)\n",
-            ws.default_lifetime
-                .as_ref()
-                .map_or_else(|| "none".to_string(), lifetime_text)
-        )),
-    }
-}
-
-pub async fn run_workspace_lifetime(
-    target: &Target,
-    cmd: WorkspaceLifetimeCommand,
-) -> Result<u8, CliError> {
-    let mut client = WorkspaceServiceClient::new(connect(target).await?);
-    let (ws, output) = match cmd {
-        WorkspaceLifetimeCommand::Get(a) => {
-            let req = sbx_proto::v1::GetWorkspaceRequest {
-                workspace: Some(super::request::workspace_ref(&a.target)),
-            };
-            (client.get_workspace(req).await?.into_inner(), a.output)
-        }
-        WorkspaceLifetimeCommand::Set(a) => {
-            let lifetime = if a.clear {
-                None
-            } else {
-                Some(a.flags.lifetime()?.ok_or_else(|| {
-                    CliError::Usage(
-                        "give --ttl, --idle-timeout and/or --delete-after (with their --on-…), \
-                         or --clear"
-                            .into(),
-                    )
-                })?)
-            };
-            let ws = client
-                .set_workspace_lifetime(sbx_proto::v1::SetWorkspaceLifetimeRequest {
-                    workspace: Some(super::request::workspace_ref(&a.target)),
-                    default_lifetime: lifetime,
-                })
-                .await?
-                .into_inner();
-            (ws, a.output)
-        }
-    };
-    print(&render_workspace(&output, &ws)?)?;
-    Ok(0)
-}
-
-/// `sbx sandbox ttl NAME DURATION`.
-pub async fn run_sandbox_ttl(target: &Target, args: SandboxTtlArgs) -> Result<u8, CliError> {
-    let (sandbox, ttl_seconds) = args.resolve()?;
-    let mut client = SandboxServiceClient::new(connect(target).await?);
-    let sandbox = client
-        .set_sandbox_ttl(sbx_proto::v1::SetSandboxTtlRequest {
-            sandbox: Some(super::request::sandbox_ref(&args.scope, &sandbox)),
-            ttl_seconds,
-        })
-        .await?
-        .into_inner();
-    print(&super::output::render_sandbox(
-        &args.output,
-        &sandbox,
-        std::time::SystemTime::now(),
-    )?)?;
-    Ok(0)
 }
 
 #[cfg(test)]

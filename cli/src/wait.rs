@@ -8,7 +8,9 @@
 //! which put 0–200 ms (100 ms on average) on every create whose gateway side takes tens of
 //! milliseconds. When the watch answers `OUT_OF_RANGE` (its history no longer reaches back,
 //! e.g. after a gateway restart) the sandbox is read by id instead and the watch resumes from
-//! there. The decision per observation is the pure [`wait_step`].
+//! there. The decision per observation is the pure [`wait_step`]. [`follow`] is what every
+//! command that waits after a call (a create, a stop, `sbx wait`, `sbx run`) goes through: by
+//! id, from the call's answer, Ctrl-C ending the wait and leaving the sandbox as it is.
 //!
 //! What "Ready" promises: the driver started the main process, the gateway had not seen it
 //! end when the wait finished, the sandbox stayed Ready for `--settle` (default none:
@@ -510,6 +512,66 @@ pub async fn wait_for<S: Source>(
     result
 }
 
+/// Waits for `goal` from `answer` (the gateway's answer to the call that started the wait)
+/// on, following the sandbox by id on the watch stream, with progress on stderr; Ctrl-C ends
+/// the wait and leaves the sandbox as it is.
+pub async fn follow(
+    client: &SandboxServiceClient<Channel>,
+    answer: Sandbox,
+    goal: Goal,
+    options: WaitOptions,
+) -> Result<Observation, CliError> {
+    follow_with(client, answer, goal, options, progress_for_stderr()).await
+}
+
+/// [`follow`] with `progress` instead of stderr's.
+pub async fn follow_with(
+    client: &SandboxServiceClient<Channel>,
+    answer: Sandbox,
+    goal: Goal,
+    options: WaitOptions,
+    mut progress: Box<dyn Progress>,
+) -> Result<Observation, CliError> {
+    // Followed by id only: the id is the identity; the name could meanwhile mean another
+    // sandbox (deleted and re-created by someone else).
+    if answer.id.is_empty() {
+        return Err(CliError::CreatedWithoutId { name: answer.name });
+    }
+    let interrupted = CliError::Interrupted {
+        name: answer.name.clone(),
+        id: answer.id.clone(),
+        goal: goal.name(),
+    };
+    let mut source = WatchSource::new(client.clone(), &answer);
+    let waited = tokio::select! {
+        waited = wait_for(
+            goal,
+            Observation::Present(answer),
+            &mut source,
+            options,
+            progress.as_mut(),
+        ) => waited,
+        // If the handler cannot be installed, wait on without it.
+        Ok(()) = tokio::signal::ctrl_c() => Err(interrupted),
+    };
+    // Clears the spinner however the wait ended (an interrupted wait never reached its own
+    // finish call); finishing twice is harmless.
+    progress.finish();
+    waited
+}
+
+/// The sandbox a finished wait for Ready or Stopped saw (such a wait fails when it is gone).
+pub fn present(observation: Observation) -> Result<Sandbox, CliError> {
+    match observation {
+        Observation::Present(sandbox) => Ok(sandbox),
+        Observation::Gone { name, id } => Err(CliError::SandboxGone {
+            name,
+            id,
+            goal: "Ready",
+        }),
+    }
+}
+
 fn timed_out(
     goal: Goal,
     name: &str,
@@ -533,29 +595,45 @@ fn timed_out(
 /// Waits until the gateway's health service answers SERVING — at `target`, or, with
 /// `addr_file`, at the address in that file (`unix:///path` or `host:port`, with the
 /// target's credentials) once it holds a whole line — and answers where it serves (the
-/// file's address, or the target's endpoint). A gateway that refuses the credential
-/// (UNAUTHENTICATED, PERMISSION_DENIED) ends the wait at once: asking again will not help.
+/// file's address, or the target's endpoint). A target no setting named is looked for at
+/// each default socket, in order, on every try: the first that answers SERVING is the
+/// gateway, so a socket that does not exist yet (a service being started) is waited for. A
+/// gateway that refuses the credential (UNAUTHENTICATED, PERMISSION_DENIED) ends the wait at
+/// once: asking again will not help. Progress goes to stderr, a line each time what the
+/// places say changes; the error at the timeout names every place and what it said last.
 pub async fn wait_serving(
     target: &Target,
     addr_file: Option<&Path>,
     timeout: Duration,
 ) -> Result<String, CliError> {
+    let mut progress = std::io::stderr();
+    wait_serving_with(target, addr_file, timeout, &mut progress).await
+}
+
+/// [`wait_serving`] with its progress lines written to `progress`.
+pub async fn wait_serving_with(
+    target: &Target,
+    addr_file: Option<&Path>,
+    timeout: Duration,
+    progress: &mut dyn Write,
+) -> Result<String, CliError> {
     let deadline = Instant::now() + timeout;
+    let mut shown = String::new();
     loop {
         // What the file says, printed as it says it (sbxd writes host:port or unix://PATH).
         let mut written = None;
-        let (try_at, last) = match addr_file {
+        let (tries, last) = match addr_file {
             Some(path) => match std::fs::read_to_string(path) {
                 Ok(text) if text.ends_with('\n') && !text.trim().is_empty() => {
                     written = Some(text.trim().to_string());
-                    (Some(target.at(text.trim())?), String::new())
+                    (vec![target.at(text.trim())?], String::new())
                 }
                 Ok(text) => (
-                    None,
+                    Vec::new(),
                     format!("{} holds {text:?}, not a whole line", path.display()),
                 ),
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                    (None, format!("{} is not written yet", path.display()))
+                    (Vec::new(), format!("{} is not written yet", path.display()))
                 }
                 Err(err) => {
                     return Err(CliError::AddrFile {
@@ -564,22 +642,54 @@ pub async fn wait_serving(
                     });
                 }
             },
-            None => (Some(target.clone()), String::new()),
+            None => (vec![target.clone()], String::new()),
         };
-        let last = match try_at {
-            Some(try_at) => match health(&try_at).await {
-                Ok(()) => return Ok(written.unwrap_or_else(|| try_at.endpoint())),
-                Err(Unhealthy::Refused(status)) => return Err(CliError::Rpc(status)),
-                Err(cause) => format!("{}: {cause}", try_at.endpoint()),
-            },
-            None => last,
+        let mut said = Vec::new();
+        for try_at in tries {
+            match &try_at.search {
+                // A gateway no setting named: each default socket, in order.
+                Some(search) => {
+                    for socket in &search.sockets {
+                        if !socket.is_there() {
+                            said.push(format!("{}: no socket yet", socket.shown()));
+                            continue;
+                        }
+                        let at = try_at.at(&format!("unix://{}", socket.path.display()))?;
+                        match health(&at).await {
+                            Ok(()) => return Ok(at.endpoint()),
+                            Err(Unhealthy::Refused(status)) => return Err(CliError::Rpc(status)),
+                            Err(cause) => said.push(format!("{}: {cause}", socket.shown())),
+                        }
+                    }
+                }
+                None => match health(&try_at).await {
+                    Ok(()) => return Ok(written.unwrap_or_else(|| try_at.endpoint())),
+                    Err(Unhealthy::Refused(status)) => return Err(CliError::Rpc(status)),
+                    Err(cause) => said.push(format!("{}: {cause}", try_at.endpoint())),
+                },
+            }
+        }
+        let last = if said.is_empty() {
+            last
+        } else {
+            said.join("; ")
         };
+        if last != shown {
+            // Progress is best effort: a closed stderr must not fail the wait.
+            let _ = writeln!(progress, "waiting for sbxd to serve: {last}");
+            let _ = progress.flush();
+            shown = last.clone();
+        }
         let now = Instant::now();
         if now >= deadline {
             return Err(CliError::NotServing {
-                what: match addr_file {
-                    Some(path) => format!("the address in {}", path.display()),
-                    None => target.endpoint(),
+                what: match (addr_file, &target.search) {
+                    (Some(path), _) => format!("the address in {}", path.display()),
+                    (None, Some(search)) => format!(
+                        "sbxd, looked for (after {}) at each default socket in order, is",
+                        search.looked(&[])
+                    ),
+                    (None, None) => target.endpoint(),
                 },
                 timeout,
                 last,
@@ -601,7 +711,8 @@ pub(crate) enum Unhealthy {
 impl std::fmt::Display for Unhealthy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Unhealthy::Refused(status) => f.write_str(&super::error::describe_status(status)),
+            // A refusal's words are the same however the gateway was dialled.
+            Unhealthy::Refused(status) => f.write_str(&super::error::describe_status(status, None)),
             Unhealthy::Down(cause) => f.write_str(cause),
         }
     }
@@ -625,7 +736,10 @@ pub(crate) async fn health(target: &Target) -> Result<(), Unhealthy> {
                 tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
                     Unhealthy::Refused(status)
                 }
-                _ => Unhealthy::Down(super::error::describe_status(&status)),
+                _ => Unhealthy::Down(super::error::describe_status(
+                    &status,
+                    Some(target.address.transport()),
+                )),
             })?;
         match ServingStatus::try_from(answer.into_inner().status) {
             Ok(ServingStatus::Serving) => Ok(()),

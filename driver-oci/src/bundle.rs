@@ -14,10 +14,11 @@
 use std::path::Path;
 
 use oci_spec::runtime::{
-    Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
-    LinuxDeviceCgroupBuilder, LinuxIdMappingBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder,
-    LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder, Process,
-    ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    Capabilities, Capability, Linux, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
+    LinuxDeviceCgroupBuilder, LinuxIdMappingBuilder, LinuxMemoryBuilder, LinuxNamespace,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResources,
+    LinuxResourcesBuilder, Mount, MountBuilder, Process, ProcessBuilder, RootBuilder, Spec,
+    SpecBuilder, UserBuilder,
 };
 
 use sbx_images::IdMap;
@@ -153,6 +154,31 @@ fn bind(destination: &str, source: &Path, options: &[&str]) -> Mount {
 
 /// The runtime config of one run.
 pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
+    SpecBuilder::default()
+        .version("1.0.2")
+        .root(
+            RootBuilder::default()
+                .path("rootfs")
+                .readonly(false)
+                .build()
+                .expect("a root is complete"),
+        )
+        .hostname(run.hostname)
+        .process(process(
+            run.args.clone(),
+            run.env.clone(),
+            run.cwd,
+            &run.user,
+        ))
+        .mounts(mounts(run))
+        .linux(linux(run))
+        .build()
+        .expect("a runtime config is complete")
+}
+
+/// The run's mounts: the kernel's file systems, the sandbox's volume, its init and exec
+/// terminals, its run directory, its hostname and (on the gateway's network) its resolver.
+fn mounts(run: &RunSpec<'_>) -> Vec<Mount> {
     let max_ptys = format!("max={}", run.max_ptys);
     let mut mounts = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
@@ -256,6 +282,12 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
             &["ro", "nosuid", "nodev", "noexec"],
         ));
     }
+    mounts
+}
+
+/// The run's `linux` section: its user namespace's id mappings, its namespaces, its cgroup
+/// and limits, the masked and read-only paths and the seccomp profile.
+fn linux(run: &RunSpec<'_>) -> Linux {
     let id_mapping = |host: u32| {
         vec![
             LinuxIdMappingBuilder::default()
@@ -266,7 +298,22 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
                 .expect("an id mapping is complete"),
         ]
     };
-    let namespaces = [
+    LinuxBuilder::default()
+        .uid_mappings(id_mapping(run.id_map.host_uid))
+        .gid_mappings(id_mapping(run.id_map.host_gid))
+        .namespaces(namespaces(run))
+        .cgroups_path(run.cgroup_path)
+        .resources(resources(run))
+        .masked_paths(MASKED.iter().map(|p| p.to_string()).collect::<Vec<_>>())
+        .readonly_paths(READ_ONLY.iter().map(|p| p.to_string()).collect::<Vec<_>>())
+        .seccomp(super::seccomp::default_profile())
+        .build()
+        .expect("the linux section is complete")
+}
+
+/// The run's namespaces: all new, but the network's when the gateway's network gave one.
+fn namespaces(run: &RunSpec<'_>) -> Vec<LinuxNamespace> {
+    [
         LinuxNamespaceType::Pid,
         LinuxNamespaceType::Ipc,
         LinuxNamespaceType::Uts,
@@ -283,7 +330,11 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
         }
         ns.build().expect("a namespace is complete")
     })
-    .collect::<Vec<_>>();
+    .collect::<Vec<_>>()
+}
+
+/// The run's limits: no devices, its pids, and its memory and cpu when it asks for them.
+fn resources(run: &RunSpec<'_>) -> LinuxResources {
     let mut resources = LinuxResourcesBuilder::default()
         .devices(vec![
             LinuxDeviceCgroupBuilder::default()
@@ -317,37 +368,7 @@ pub fn runtime_config(run: &RunSpec<'_>) -> Spec {
                 .expect("a cpu limit is complete"),
         );
     }
-    let linux = LinuxBuilder::default()
-        .uid_mappings(id_mapping(run.id_map.host_uid))
-        .gid_mappings(id_mapping(run.id_map.host_gid))
-        .namespaces(namespaces)
-        .cgroups_path(run.cgroup_path)
-        .resources(resources.build().expect("resources are complete"))
-        .masked_paths(MASKED.iter().map(|p| p.to_string()).collect::<Vec<_>>())
-        .readonly_paths(READ_ONLY.iter().map(|p| p.to_string()).collect::<Vec<_>>())
-        .seccomp(super::seccomp::default_profile())
-        .build()
-        .expect("the linux section is complete");
-    SpecBuilder::default()
-        .version("1.0.2")
-        .root(
-            RootBuilder::default()
-                .path("rootfs")
-                .readonly(false)
-                .build()
-                .expect("a root is complete"),
-        )
-        .hostname(run.hostname)
-        .process(process(
-            run.args.clone(),
-            run.env.clone(),
-            run.cwd,
-            &run.user,
-        ))
-        .mounts(mounts)
-        .linux(linux)
-        .build()
-        .expect("a runtime config is complete")
+    resources.build().expect("resources are complete")
 }
 
 #[cfg(test)]

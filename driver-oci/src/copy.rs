@@ -9,11 +9,13 @@ use sbx_host_kit::running;
 
 impl OciDriver {
     /// Where a copy of sandbox `sandbox_id` goes: its running agent, or (it does not run)
-    /// the agent on the host, over the sandbox's overlay and volume, as the sandbox's root.
+    /// the agent on the host, over the sandbox's overlay and volume, as the sandbox's root;
+    /// FailedPrecondition while it is paused (its agent is frozen).
     pub(super) async fn copy_via(&self, sandbox_id: &str) -> Result<CopyVia, DriverError> {
         let id = parse_sandbox_id(sandbox_id)?;
         let inner = &self.inner;
         let lock = inner.records.lock(id).await;
+        inner.refuse_if_paused(sandbox_id, "copying files")?;
         let record = inner.records.require(id)?;
         let paths = inner.paths(id);
         if running::runs(inner.as_ref(), &record) {

@@ -42,14 +42,23 @@
 //!   told from death by signal n. The workload can write its own run directory (it is the
 //!   init's), so a workload can misreport its own exit status, and only its own.
 //! - No network beyond loopback. At most ~35 image layers (one overlay mount's options).
-//! - No pause and resume (the `pause` capability is false). CRIU, through `runc checkpoint`
-//!   and `runc restore`, cannot save a sandbox as this driver makes it: Debian 12's criu 3.17
-//!   does not start on a kernel of 6.13 or later (it cannot parse their `[vvar_vclock]` vDSO
-//!   mapping; CRIU 4.1 can); the descriptors the driver hands the init (the log as stdout and
-//!   stderr, the run's status files, the agent's socket, made in the host's network namespace)
-//!   are outside the container, where CRIU does not find them and from where `runc restore`
-//!   cannot hand them back; and CRIU drops, without a word, the Landlock domains that keep the
-//!   workload out of the agent, the loggers and each exec (`sbx_agent::confine`).
+//! - Pause keeps the sandbox's memory resident (the cgroup freezer: see [`pause`]); nothing
+//!   is saved to disk, and a paused sandbox holds its RAM until it is resumed or stopped. A
+//!   pause that saves the memory and frees it (`runc checkpoint`, CRIU) cannot save a sandbox
+//!   as this driver makes it: Debian 12's criu 3.17 does not start on a kernel of 6.13 or
+//!   later (it cannot parse their `[vvar_vclock]` vDSO mapping; CRIU 4.1 can); the
+//!   descriptors the driver hands the init (the log as stdout and stderr, the run's status
+//!   files, the agent's socket, made in the host's network namespace) are outside the
+//!   container, where CRIU does not find them and from where `runc restore` cannot hand them
+//!   back; and CRIU drops, without a word, the Landlock domains that keep the workload out of
+//!   the agent, the loggers and each exec (`sbx_agent::confine`).
+//!
+//! **Pause** ([`pause`]) freezes the sandbox's cgroup (`runc pause`): every process stays, with
+//! its pid, open files, sockets and memory (resident), and none runs; the snapshot says
+//! `Paused` under the same generation while the cgroup is frozen — the kernel's freezer, which
+//! is what runc reads for `paused`, is the only record of it, so a restart finds it as it is.
+//! **Resume** thaws it (`runc resume`). Exec, copies and port forwarding into a paused sandbox
+//! are refused; a stop or delete thaws it first and then stops it as any other.
 //!
 //! **Exec.** The init also starts `sbx-agent` ([`sbx_host_kit::agent`]) on a listening socket the
 //! driver binds in the sandbox's directory before each launch and hands to runc as fd 3
@@ -63,7 +72,9 @@ mod cgroup;
 mod changes;
 mod copy;
 mod disk;
+pub mod flags;
 mod mountinfo;
+mod pause;
 mod record;
 mod rootfs;
 mod runtime;
@@ -95,10 +106,13 @@ use sbx_images::{IdMap, ImageStore};
 use sbx_network::Network;
 
 pub use bundle::{INIT_MOUNT, VOLUME_MOUNT};
+pub use flags::OciArgs;
 
 /// The init of every oci sandbox, run by the static busybox at `/dev/.sbx/busybox` as
-/// `sh /dev/.sbx/init RUN_DIR LOG_MAX COMMAND…` (only shell builtins: the image may have no
-/// tools).
+/// `sh /dev/.sbx/init RUN_DIR LOG_MAX USER COMMAND…` (only shell builtins: the image may have
+/// no tools). The container's process is the sandbox's root; the main process becomes USER
+/// (the image's User) through `sbx-agent run`, and the exec agent stays root so that an exec
+/// may name any user, running as USER when it names none.
 pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the command, passes SIGTERM on to every process of
 # the sandbox, reaps orphans, and records the command's status in files the driver made and
 # handed over open: fd 4 takes the status, fd 5 the name of a command not found, fd 6 the
@@ -112,7 +126,7 @@ pub const INIT_SCRIPT: &str = r#"# sbx: pid 1 of an oci sandbox. Runs the comman
 # that comes before it is forked or while it is (a forked shell drops what its parent's trap
 # caught). Its shell looks at the mark once its signals are its own, before it opens the FIFOs
 # (a logger a TERM ended before it blocked signals would leave that open waiting for ever).
-run="$1"; logmax="$2"; shift 2
+run="$1"; logmax="$2"; user="$3"; shift 3
 trap ': > "$run/stopping"; kill -TERM -1 2>/dev/null' TERM INT
 # Looked up as `sbx-agent run` will run it (a program on PATH, not one of this busybox's
 # applets or a shell builtin, which `command -v` would also find).
@@ -140,10 +154,10 @@ err=$!
 (
   [ ! -e "$run/stopping" ] || exit 143
   exec >"$run/stdout.fifo" 2>"$run/stderr.fifo"
-  exec /dev/.sbx/sbx-agent run "$@"
+  exec /dev/.sbx/sbx-agent run --user "$user" -- "$@"
 ) 3<&- 4>&- 5>&- 6>&- 7<&- 8>&- &
 child=$!
-/dev/.sbx/sbx-agent serve --pts /dev/.sbx-pts 2>&6 4>&- 5>&- 6>&- 7<&- 8>&- &
+/dev/.sbx/sbx-agent serve --pts /dev/.sbx-pts --user "$user" 2>&6 4>&- 5>&- 6>&- 7<&- 8>&- &
 exec 3<&- 6>&- 7<&- 8>&-
 while :; do
   wait "$child"; st=$?
@@ -325,6 +339,7 @@ impl OciDriver {
             if let Err(e) = record::make_private(&paths, ids) {
                 tracing::error!(sandbox_id = %record.sandbox_id, error = %e, "the sandbox's state is not private");
             }
+            pause::settle_at_open(record);
             if record.desired == Desired::Stopped {
                 finish_interrupted_stop(&runtime, &paths, record).await;
             }
@@ -528,9 +543,19 @@ impl HostDriver for Inner {
 
     /// What the sandbox looks like now, from its record, its run files and `/proc`.
     fn snapshot(&self, record: &OciRecord) -> pb::Snapshot {
-        let (observed, init) = self.run_paths(record).observe(record.desired, || {
+        let (mut observed, init) = self.run_paths(record).observe(record.desired, || {
             cgroup::oom_kills(&record.cgroup_path) > 0
         });
+        // Paused while its cgroup is frozen (see `pause`), under the same generation.
+        if observed.state == pb::State::Running && self.freezer(record) == cgroup::Freezer::Frozen {
+            observed = sbx_host_kit::observe::Observed {
+                state: pb::State::Paused,
+                exit_code: 0,
+                exit_signal: 0,
+                reason: "",
+                message: String::new(),
+            };
+        }
         let instance = init.map(|i| i.to_string());
         let mut warnings = record.warnings.clone();
         if record.disk_bytes > 0
@@ -587,11 +612,19 @@ impl HostDriver for Inner {
         Ok(snapshot)
     }
 
-    /// Ends the workload: SIGTERM to its init (which passes it on), SIGKILL after `grace`,
-    /// then `runc delete --force` and the overlay unmounted. Bounded.
+    /// Ends the workload: a paused one thawed first (so that it gets its SIGTERM and grace
+    /// period), SIGTERM to its init (which passes it on), SIGKILL after `grace`, then `runc
+    /// delete --force` and the overlay unmounted. Bounded.
     async fn terminate(&self, record: &OciRecord, grace: Duration) -> Result<(), DriverError> {
         let paths = self.run_paths(record);
-        if let Some(init) = paths.signal_init(record.sandbox_id, grace).await {
+        let thawed = self.thaw(record).await;
+        if let Err(e) = &thawed {
+            // `runc delete --force` ends a frozen container too (runc 1.1.5), without grace.
+            tracing::warn!(sandbox_id = %record.sandbox_id, error = %e, "a paused sandbox not thawed: ended without grace");
+        }
+        if thawed.is_ok()
+            && let Some(init) = paths.signal_init(record.sandbox_id, grace).await
+        {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
             while procfs::is_alive(&init) {
                 if tokio::time::Instant::now() >= deadline {
@@ -667,7 +700,10 @@ impl Inner {
         rootfs::mount_overlay(&layers, &paths.upper, &paths.work, &paths.rootfs)
             .map_err(DriverError::Internal)?;
         rootfs::unmount_layers(&paths.lower).map_err(DriverError::Internal)?;
-        let user = rootfs::resolve_user(&record.image.user, &paths.rootfs)
+        // Checked here, so that a user the image does not have fails the start, said once;
+        // the container runs as the sandbox's root and the init hands the image's User to
+        // the main process and to the exec agent (see `INIT_SCRIPT`).
+        rootfs::resolve_user(&record.image.user, &paths.rootfs)
             .map_err(|e| DriverError::InvalidArgument(format!("the image's user: {e}")))?;
         write_host_file(
             &run.dir.join(bundle::HOSTNAME_FILE),
@@ -692,6 +728,7 @@ impl Inner {
             format!("{INIT_MOUNT}/init"),
             bundle::RUN_MOUNT.to_string(),
             self.opts.log_max.to_string(),
+            record.image.user.clone(),
         ];
         args.extend(record.image.args.iter().cloned());
         let mut spec = bundle::RunSpec {
@@ -699,7 +736,7 @@ impl Inner {
             args,
             env: with_run_env(&record.image.env, run_env),
             cwd: &record.image.cwd,
-            user,
+            user: bundle::ProcessUser::default(),
             id_map: self.id_map(record),
             cgroup_path: &record.cgroup_path,
             cpu_millis: record.cpu_millis,

@@ -3,7 +3,8 @@
 //!
 //! Only the calls that need the runtime go through it: `run -d` (create and start, detached,
 //! the container's stdio being the files the driver hands it), `delete --force` (kill what is
-//! left, remove the cgroup and the runtime state) and `list` (re-discovery at open); exec goes
+//! left, remove the cgroup and the runtime state), `pause` and `resume` (the cgroup freezer)
+//! and `list` (re-discovery at open); exec goes
 //! through the sandbox's agent, not the runtime. Signals to the container's init go straight to its pid, after its identity (pid and
 //! start time) is checked: cheaper than a runtime call, and just as safe.
 
@@ -160,6 +161,18 @@ impl Runtime {
             Ok(_) | Err(RuntimeError::NoSuchContainer) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// `pause`: freezes every process of the container (the cgroup freezer). runc 1.1 retries
+    /// a v1 freeze that new processes keep from completing, up to 1,000 times, and thaws the
+    /// cgroup again when it gives up: it fails with the container running.
+    pub async fn pause(&self, id: &str) -> Result<(), RuntimeError> {
+        self.call(&["pause".as_ref(), id.as_ref()]).await.map(drop)
+    }
+
+    /// `resume`: thaws a paused container.
+    pub async fn resume(&self, id: &str) -> Result<(), RuntimeError> {
+        self.call(&["resume".as_ref(), id.as_ref()]).await.map(drop)
     }
 
     /// `list`: every container under the driver's runtime root.

@@ -1,11 +1,12 @@
 //! The driver contract for [`OciDriver`]: capabilities and create (the image resolved into
 //! what the sandbox runs). Start, stop, delete, a create of a known sandbox, the reads (get,
 //! list, watch, logs) and the network calls are the host kit's
-//! ([`sbx_host_kit::host_compute_driver!`]); exec and port forwarding are the kit's
-//! ([`sbx_host_kit::running`]); where a copy goes is in `copy.rs`.
+//! ([`sbx_host_kit::host_compute_driver!`]); pause and resume are in `pause.rs`; exec and port
+//! forwarding are the kit's ([`sbx_host_kit::running`]); where a copy goes is in `copy.rs`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use nix::unistd::{Gid, Uid, chown};
@@ -20,7 +21,39 @@ use sbx_host_kit::{Desired, internal, lifecycle};
 use sbx_host_kit::{running, usage};
 use sbx_images::ImageInfo;
 
-sbx_host_kit::host_compute_driver!(OciDriver, create = create, networked);
+// The kit's impl with pause and resume added (the kit's macro has no arm for them: the vm
+// driver adds its own the same way), and the network calls of its `networked` arm.
+sbx_host_kit::host_compute_driver!(@impl OciDriver, create {
+    async fn pause(&self, req: pb::PauseRequest) -> Result<pb::Snapshot, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { inner.pause(req).await }).await
+    }
+
+    async fn resume(&self, req: pb::ResumeRequest) -> Result<pb::Snapshot, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move { inner.resume(req).await }).await
+    }
+
+    async fn update_network(
+        &self,
+        req: pb::UpdateNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        lifecycle::detach(async move {
+            let network = inner.opts.network.as_ref();
+            sbx_host_kit::sandbox_network::update(&inner.records, network, req).await
+        })
+        .await
+    }
+
+    async fn get_network(
+        &self,
+        req: pb::GetNetworkRequest,
+    ) -> Result<pb::NetworkStatus, DriverError> {
+        let network = self.inner.opts.network.as_ref();
+        sbx_host_kit::sandbox_network::get(&self.inner.records, network, req).await
+    }
+});
 
 #[async_trait]
 impl HostService for OciDriver {
@@ -43,8 +76,8 @@ impl HostService for OciDriver {
             network: self.inner.opts.network.is_some(),
             disk_limit: true,
             stats: true,
-            // No pause and resume: see the crate docs' known limits.
-            pause: false,
+            // The cgroup freezer (see `pause.rs`), where the host has one.
+            pause: super::cgroup::freezer_available(),
             isolation: format!(
                 "OCI container ({}): user namespace (root = {}), pid/mount/uts/ipc/\
                  net/cgroup namespaces, default capabilities, no_new_privs, seccomp, masked \
@@ -63,6 +96,7 @@ impl HostService for OciDriver {
         req: pb::ExecRequest,
         input: ExecInputStream,
     ) -> Result<DriverStream<pb::ExecOutput>, DriverError> {
+        self.inner.refuse_if_paused(&req.sandbox_id, "exec")?;
         running::exec(self.inner.as_ref(), req, input).await
     }
 
@@ -92,6 +126,8 @@ impl HostService for OciDriver {
         req: pb::PortForwardStart,
         input: ForwardInputStream,
     ) -> Result<DriverStream<pb::PortForwardOutput>, DriverError> {
+        self.inner
+            .refuse_if_paused(&req.sandbox_id, "port forwarding")?;
         running::port_forward(self.inner.as_ref(), req, input).await
     }
 

@@ -51,7 +51,7 @@ macro_rules! jail_fn {
         r#"
 jail() {
   exec "$unshare" --user --map-users="$uidmap" --map-groups="$gidmap" --setuid 0 --setgid 0 -- \
-    "$setpriv" --no-new-privs --bounding-set=-all --inh-caps=-all --ambient-caps=-all -- \
+    "$setpriv" --no-new-privs --bounding-set="${jailcaps:--all}" --inh-caps=-all --ambient-caps=-all -- \
     /bin/sh -c 'PATH=$1; shift
       command -v "$1" >/dev/null 2>&1 || { echo "command not found: $1" >&2; exit 127; }
       exec "$@"' sbx-jail "$userpath" "$@"
@@ -70,7 +70,9 @@ jail() {
 /// the log opened for reading and its previous part (`LOG.1`) as fds 6 and 7 and keep the two
 /// within LOG_MAX bytes. The agent (`sbx-agent`, see [`sbx_host_kit::agent`]) is opened as fd 4 before the
 /// driver's state is hidden and run as `/proc/self/fd/4`, in the workload's kind of user
-/// namespace, from `/sandbox`; the main process runs through `sbx-agent run` (which puts back
+/// namespace, from `/sandbox`, keeping of the capabilities only `setuid`, `setgid` and
+/// `setpcap` (over its own namespace: to run an exec as another of the ids it maps, which
+/// every exec then drops, `sbx-agent serve --drop-id-caps`); the main process runs through `sbx-agent run` (which puts back
 /// the SIGINT and SIGQUIT a shell's `&` ignores, and passes on no descriptor but stdio). Exit status 125 means the sandbox could not
 /// be set up (the reason is in the log). The shim sends its own output to LOG; the main
 /// process's stdout and stderr go to a FIFO each in the run directory (`stdout.fifo`,
@@ -149,7 +151,7 @@ err=$!
   jail /proc/self/fd/4 run "$@"
 ) 3<&- 6<&- 7<&- &
 child=$!
-(exec 2>>agent.log 6<&- 7<&-; cd /sandbox || exit 125; jail /proc/self/fd/4 serve) &
+(exec 2>>agent.log 6<&- 7<&-; cd /sandbox || exit 125; jailcaps=-all,+setuid,+setgid,+setpcap; jail /proc/self/fd/4 serve --drop-id-caps) &
 exec 3<&- 4<&- 6<&- 7<&-
 while :; do
   wait "$child"; st=$?

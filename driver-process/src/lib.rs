@@ -83,6 +83,7 @@
 
 mod cgroup;
 mod copy;
+pub mod flags;
 pub(crate) mod launch;
 pub(crate) mod record;
 mod service;
@@ -99,6 +100,7 @@ use nix::unistd::Pid;
 use uuid::Uuid;
 
 pub use cgroup::CgroupVersion;
+pub use flags::ProcessArgs;
 pub use sbx_host_kit::ProcessIdentity;
 use sbx_images::IdMap;
 

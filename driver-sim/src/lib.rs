@@ -184,6 +184,13 @@ impl SimDriver {
                 sbx_proto::quote::quote(&req.workdir)
             )));
         }
+        // The sim's sandboxes have root alone, as an image without /etc/passwd but root would.
+        if !matches!(req.user.as_str(), "" | "root" | "0" | "root:root" | "0:0") {
+            return Err(DriverError::InvalidArgument(format!(
+                "user {}: the sim's sandboxes have only root",
+                sbx_proto::quote::quote(&req.user)
+            )));
+        }
         if req.stdin && req.command == ["cat"] {
             // The one built-in that reads stdin: it writes back what it reads, until its end.
             // `echo` has no effect: it only checks that the sandbox exists and runs.

@@ -27,7 +27,7 @@
 //! driver process uses it; one missing or damaged gets a new build, and the pointer moves to
 //! it. The old file is left where it is: sandboxes made on it have their roots over it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -139,6 +139,60 @@ impl Bases {
             .map_err(|e| internal("naming the image's base disk", e))?;
         locked(&self.checked).insert(info.digest.clone(), path.clone());
         Ok((path, Made::Built))
+    }
+
+    /// At open, before any create: removes each base no sandbox's root is over (`in_use`)
+    /// that is either superseded (no longer its image's current) or of an image the store no
+    /// longer holds (deleted or pruned: a create of it pulls it again and builds anew), and
+    /// the pointer and lock of an image whose current base went. Nothing creates or reads a
+    /// base while the driver opens, so no create loses its base to this; a base of an image
+    /// still in the store stays (the next create of it needs no build). Answers the files
+    /// removed and the bytes they took on disk (they are sparse).
+    pub fn collect_unused(
+        &self,
+        in_use: &HashSet<PathBuf>,
+        store: Option<&ImageStore>,
+    ) -> (usize, u64) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return (0, 0);
+        };
+        let (mut files, mut bytes) = (0, 0);
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some((hex, _build)) = name
+                .strip_suffix(".ext4")
+                .and_then(|stem| stem.split_once('-'))
+                .filter(|(hex, _)| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+            else {
+                continue;
+            };
+            let path = self.dir.join(&name);
+            if in_use.contains(&path) {
+                continue;
+            }
+            let digest = format!("sha256:{hex}");
+            let superseded = self.current(&digest).as_ref() != Some(&path);
+            let gone = store.is_some_and(|s| {
+                matches!(s.get(&digest), Err(sbx_images::ImageError::NotFound { .. }))
+            });
+            if !superseded && !gone {
+                continue;
+            }
+            let taken = entry.metadata().map(|m| m.blocks() * 512).unwrap_or(0);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    files += 1;
+                    bytes += taken;
+                    if !superseded {
+                        let _ = std::fs::remove_file(self.pointer(&digest));
+                        let _ = std::fs::remove_file(self.pointer(&digest).with_extension("lock"));
+                    }
+                    tracing::info!(base = %path.display(), superseded, image_gone = gone, "an unused base disk removed");
+                }
+                Err(e) => tracing::warn!(base = %path.display(), "an unused base disk stays: {e}"),
+            }
+        }
+        (files, bytes)
     }
 
     /// Temporary files and mount points of builds that did not finish (a driver killed
@@ -420,5 +474,38 @@ mod tests {
             .filter(|n| n.starts_with("tmp-"))
             .collect();
         assert!(left.is_empty(), "{left:?}");
+
+        // Collected at open: the damaged build (superseded) unless a sandbox is over it; the
+        // current one while its image is in the store; then that too once the image is gone,
+        // its pointer with it.
+        let bases_now = |dir: &Path| -> Vec<PathBuf> {
+            let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "ext4"))
+                .collect();
+            all.sort();
+            all
+        };
+        let dir = state.join("bases");
+        assert_eq!(bases_now(&dir).len(), 2, "{:?}", bases_now(&dir));
+        let opened = Bases::new(&state, 16).unwrap();
+        let used: HashSet<PathBuf> = [path.clone()].into();
+        assert_eq!(opened.collect_unused(&used, Some(&store)).0, 0);
+        assert!(path.is_file(), "a sandbox is over it");
+        let (files, bytes) = opened.collect_unused(&HashSet::new(), Some(&store));
+        assert_eq!(files, 1, "the damaged one, superseded and now nobody's");
+        assert!(bytes > 0);
+        assert_eq!(
+            bases_now(&dir),
+            vec![third.clone()],
+            "the current one stays"
+        );
+        store.remove_unreferenced(&[]).unwrap();
+        let (files, _) = opened.collect_unused(&HashSet::new(), Some(&store));
+        assert_eq!(files, 1, "its image is gone");
+        assert!(bases_now(&dir).is_empty());
+        assert!(!opened.pointer(&info.digest).exists());
     }
 }

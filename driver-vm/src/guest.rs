@@ -197,18 +197,6 @@ fn parse_report(text: &[u8], run_id: &str, mut report: RunReport) -> RunReport {
     report
 }
 
-/// The end of the console log: the last `max` bytes, for error messages.
-pub fn console_tail(console_log: &Path, max: u64) -> String {
-    let Ok(mut file) = std::fs::File::open(console_log) else {
-        return String::new();
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = file.seek(SeekFrom::Start(len.saturating_sub(max)));
-    let mut text = Vec::new();
-    let _ = file.read_to_end(&mut text);
-    String::from_utf8_lossy(&text).trim().to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

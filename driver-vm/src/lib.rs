@@ -138,9 +138,10 @@
 //!   its memory beyond the guest's RAM (QEMU's own allocations are not capped), and the KVM
 //!   probe's throwaway boot at open still runs as host root (a stock kernel, no guest input).
 //! - A base disk stays in `<state_dir>/bases` after its image is deleted, and an old build
-//!   after a new one replaced it as the image's current (sandboxes' roots may be on it;
-//!   nothing collects bases no sandbox uses yet). A damaged base gets a new build for new
-//!   sandboxes; those made on it keep their roots over it.
+//!   after a new one replaced it as the image's current (sandboxes' roots may be on it),
+//!   until the driver next opens: then those no sandbox's root is over go (`collect_bases`).
+//!   A damaged base gets a new build for new sandboxes; those made on it keep their roots
+//!   over it.
 //! - A copy into or out of a stopped VM boots a helper guest on its disks ([`helper`]): a
 //!   boot's seconds under TCG.
 //! - Under TCG a boot takes seconds and the guest's clock rate comes from the host's
@@ -150,6 +151,7 @@ mod assets;
 mod base;
 mod cpio;
 mod files;
+pub mod flags;
 mod guest;
 mod helper;
 mod pause;
@@ -171,6 +173,7 @@ use nix::unistd::Pid;
 use uuid::Uuid;
 
 pub use assets::AssetPaths;
+pub use flags::VmArgs;
 pub use qemu::{Accel, EXEC_CHANNELS, host_tsc_khz, kernel_cmdline};
 
 use assets::GuestAssets;
@@ -408,6 +411,7 @@ impl VmDriver {
             (n, _) => n,
         };
         let bases = Arc::new(base::Bases::new(&state_dir, opts.root_free_mib)?);
+        collect_bases(&bases, &found, opts.images.as_ref());
         let kvm_group = (accel == Accel::Kvm)
             .then(|| {
                 use std::os::unix::fs::MetadataExt;
@@ -457,6 +461,30 @@ impl VmDriver {
     /// The identity of the QEMU process of sandbox `id`, if it runs.
     pub fn vm_identity(&self, id: Uuid) -> Option<ProcessIdentity> {
         self.inner.records.get(id)?.qemu.filter(procfs::is_alive)
+    }
+}
+
+/// At open: the base disks no sandbox's root is over and no create will use (superseded, or
+/// of an image the store no longer holds) go ([`base::Bases::collect_unused`]). Only here,
+/// before any create: a create between its base and its record is never raced. Skipped when
+/// a sandbox of an image has no recorded base (its root's backing file unreadable): it may
+/// be over any of them.
+fn collect_bases(
+    bases: &base::Bases,
+    found: &HashMap<Uuid, VmRecord>,
+    store: Option<&sbx_images::ImageStore>,
+) {
+    let unknown = found
+        .values()
+        .any(|r| r.spec.process.is_some() && r.root_base.is_none());
+    if unknown {
+        tracing::warn!("a sandbox's base disk is not known: no base disk is collected");
+        return;
+    }
+    let in_use = found.values().filter_map(|r| r.root_base.clone()).collect();
+    let (files, bytes) = bases.collect_unused(&in_use, store);
+    if files > 0 {
+        tracing::info!(files, bytes, "unused base disks removed");
     }
 }
 
@@ -646,7 +674,7 @@ impl Inner {
         let deadline = tokio::time::Instant::now() + self.opts.boot_timeout;
         loop {
             let report = guest::read_report(&paths.console_log, rec.console_offset, &rec.run_id);
-            let console = || guest::console_tail(&paths.console_log, 800);
+            let console = || qemu::console_tail(&paths.console_log, 800);
             if let Some(why) = report.fatal {
                 self.terminate(rec, Duration::ZERO).await?;
                 return Err(DriverError::FailedPrecondition(format!(

@@ -3,7 +3,7 @@
 //! machine protocol on a Unix socket in the sandbox's directory, and the saving and loading of
 //! a VM's state (QEMU's migration, to and from a file whose descriptor goes over QMP).
 
-use std::io::{BufRead, BufReader, IoSlice, Write};
+use std::io::{BufRead, BufReader, IoSlice, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
@@ -348,7 +348,7 @@ impl VmLaunch<'_> {
                 let _ = tokio::time::timeout(Duration::from_secs(2), logger.wait()).await;
                 return Err(DriverError::Internal(format!(
                     "qemu refused to start the vm ({status}): {}",
-                    super::guest::console_tail(self.console_log, 800)
+                    console_tail(self.console_log, 800)
                 )));
             }
             let qmp = self.qmp_socket.to_path_buf();
@@ -542,6 +542,18 @@ fn write_pidfile(pidfile: &Path, identity: ProcessIdentity) -> std::io::Result<(
         pidfile,
         format!("{} {}\n", identity.pid, identity.start_ticks).as_bytes(),
     )
+}
+
+/// The end of the console log (what QEMU writes of the guest's serial console): the last `max` bytes, for error messages.
+pub fn console_tail(console_log: &Path, max: u64) -> String {
+    let Ok(mut file) = std::fs::File::open(console_log) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(max)));
+    let mut text = Vec::new();
+    let _ = file.read_to_end(&mut text);
+    String::from_utf8_lossy(&text).trim().to_string()
 }
 
 /// The serial of a sandbox's root disk, by which the guest's init finds it.

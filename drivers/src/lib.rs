@@ -12,6 +12,7 @@ pub use sbx_driver_oci as oci;
 pub use sbx_driver_process as process;
 pub use sbx_driver_sim as sim;
 pub use sbx_driver_vm as vm;
+pub use sbx_host_kit as host_kit;
 pub use sbx_host_kit::{ptys, uidpool};
 pub use sbx_images as image;
 pub use sbx_images::{BUSYBOX_PATHS, find_static_busybox};

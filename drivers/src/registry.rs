@@ -6,8 +6,17 @@
 //!
 //! A row opens its driver from an [`OpenContext`]: the driver's state directory, the gateway's
 //! image store when the driver runs images, and [`DriverSettings`], every driver's settings as
-//! sbxd's flags or a driver host's give them. A driver with settings of its own adds them to
-//! [`DriverSettings`] (and to the flags that fill it) besides its row.
+//! sbxd's flags or a driver host's give them.
+//!
+//! Each driver owns its flags: a `clap::Args` struct in its own crate (`OciArgs`, `VmArgs`,
+//! the process driver's `ProcessArgs`), and so do the parts several drivers share (the sandbox
+//! network's `NetworkArgs`, the host drivers' `HostDriverArgs` in host-kit). [`DriverArgs`]
+//! composes them once, and `sbxd serve` and a driver host (`sbxd driver`, `sbxd node`) both
+//! flatten it, so a driver with settings of its own is its crate (its flags struct), its row
+//! here, and its field in [`DriverArgs`]: no flag struct of the gateway's or the host's, and
+//! no other field of [`DriverSettings`], changes. The one exception is the process driver's
+//! cgroup parent and hidden paths, which sbxd and a driver host have always taken by
+//! different flags (`--process-cgroup-parent` against `--cgroup-parent` and `--hide`).
 
 use std::ffi::OsString;
 use std::fmt;
@@ -17,27 +26,54 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+use crate::host_kit::flags::HostDriverArgs;
 use crate::image::ImageStore;
-use crate::oci::{OciDriver, OciDriverOptions};
-use crate::process::{ProcessDriver, ProcessDriverOptions};
-use crate::remote::{OciArgs, VmArgs};
+use crate::network::NetworkArgs;
+use crate::oci::{OciArgs, OciDriver, OciDriverOptions};
+use crate::process::{ProcessArgs, ProcessDriver, ProcessDriverOptions};
 use crate::sim::{SimDriver, SimFaults, SimWorld};
-use crate::vm::{VmDriver, VmDriverOptions};
+use crate::vm::{VmArgs, VmDriver, VmDriverOptions};
 use crate::{ComputeDriver, DriverError};
+
+/// Every driver's own flags, each struct from its driver's crate (or, shared by several, from
+/// the network's and host-kit's): `sbxd serve`, `sbxd driver` and `sbxd node` flatten this.
+/// The fields' order is the order of `--help` (the vm driver's heading, then the oci driver's,
+/// under which the network's and the host drivers' flags have always been listed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct DriverArgs {
+    /// The vm driver's (`--vm-*`).
+    #[command(flatten)]
+    pub vm: VmArgs,
+    /// The oci driver's (`--oci-*`).
+    #[command(flatten)]
+    pub oci: OciArgs,
+    /// The sandbox network's (`--network-*`: oci, process and vm).
+    #[command(flatten)]
+    pub network: NetworkArgs,
+    /// The host drivers' shared ones (`--uid-pool`, `--uid-lease-dir`, `--log-max`,
+    /// `--max-ptys`: oci, process and vm).
+    #[command(flatten)]
+    pub host: HostDriverArgs,
+}
+
+impl DriverArgs {
+    /// The path flags whose relative values are made absolute once at start (against the
+    /// current directory), so that a driver process or runtime started elsewhere finds them.
+    pub fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        let mut paths = self.oci.paths_mut();
+        paths.extend(self.vm.paths_mut());
+        paths
+    }
+}
 
 /// Every driver's settings, as sbxd's flags or a driver host's give them.
 #[derive(Debug, Clone, Default)]
 pub struct DriverSettings {
-    /// The oci driver's settings, and the sandbox network, uid ranges and log cap the process
-    /// driver shares with it.
-    pub oci: OciArgs,
-    /// The vm driver's settings.
-    pub vm: VmArgs,
-    /// The cgroup under which the process driver makes sandbox cgroups, relative to the
-    /// opener's own cgroup.
-    pub cgroup_parent: String,
-    /// Paths the process driver hides from its workloads, besides its own state dir.
-    pub hidden_paths: Vec<PathBuf>,
+    /// Every driver's own flags.
+    pub flags: DriverArgs,
+    /// The process driver's cgroup parent (relative to the opener's own cgroup) and the paths
+    /// it hides from its workloads, besides its own state dir.
+    pub process: ProcessArgs,
     /// How long a stop waits after SIGTERM when the request gives no grace period; `None`:
     /// the driver's default.
     pub default_grace: Option<Duration>,
@@ -187,13 +223,17 @@ const OCI: DriverFactory = DriverFactory {
             let state_dir = ctx.state_dir("oci")?;
             let images = ctx.images("oci")?;
             let settings = &ctx.settings;
+            let flags = &settings.flags;
             let defaults = OciDriverOptions::default();
             let opts = OciDriverOptions {
                 default_grace: or_default(settings.default_grace, defaults.default_grace),
                 poll_interval: or_default(settings.poll_interval, defaults.poll_interval),
                 id_map: images.idmap(),
-                network: settings.oci.open_network(&state_dir).await?,
-                ..settings.oci.driver_options()
+                network: flags.network.open(&state_dir).await?,
+                uid_pool: Some(flags.host.uid_pool()),
+                log_max: flags.host.log_max,
+                max_ptys: flags.host.max_ptys,
+                ..flags.oci.driver_options()
             };
             let driver = OciDriver::open(state_dir, images, opts).await?;
             Ok(Arc::new(driver) as Arc<dyn ComputeDriver>)
@@ -205,7 +245,9 @@ const OCI: DriverFactory = DriverFactory {
             flags.push("--image-store".into());
             flags.push(images.root().into());
         }
-        flags.extend(ctx.settings.oci.to_flags());
+        flags.extend(ctx.settings.flags.oci.to_flags());
+        flags.extend(ctx.settings.flags.network.to_flags());
+        flags.extend(ctx.settings.flags.host.to_flags());
         flags
     },
 };
@@ -225,16 +267,17 @@ const PROCESS: DriverFactory = DriverFactory {
         Box::pin(async move {
             let state_dir = ctx.state_dir("process")?;
             let settings = &ctx.settings;
+            let flags = &settings.flags;
             let defaults = ProcessDriverOptions::default();
             let opts = ProcessDriverOptions {
-                network: settings.oci.open_network(&state_dir).await?,
-                cgroup_parent: settings.cgroup_parent.clone(),
-                hidden_paths: settings.hidden_paths.clone(),
+                network: flags.network.open(&state_dir).await?,
+                cgroup_parent: settings.process.cgroup_parent.clone(),
+                hidden_paths: settings.process.hidden_paths.clone(),
                 default_grace: or_default(settings.default_grace, defaults.default_grace),
                 poll_interval: or_default(settings.poll_interval, defaults.poll_interval),
-                uid_pool: Some(settings.oci.uid_pool()),
-                log_max: settings.oci.log_max,
-                max_ptys: settings.oci.max_ptys,
+                uid_pool: Some(flags.host.uid_pool()),
+                log_max: flags.host.log_max,
+                max_ptys: flags.host.max_ptys,
                 ..defaults
             };
             let driver = tokio::task::spawn_blocking(move || ProcessDriver::open(state_dir, opts))
@@ -245,12 +288,12 @@ const PROCESS: DriverFactory = DriverFactory {
     },
     host_flags: |ctx| {
         let mut flags: Vec<OsString> = Vec::new();
-        for path in &ctx.settings.hidden_paths {
+        for path in &ctx.settings.process.hidden_paths {
             flags.push("--hide".into());
             flags.push(path.into());
         }
-        flags.extend(ctx.settings.oci.network_flags());
-        flags.extend(ctx.settings.oci.sandbox_flags());
+        flags.extend(ctx.settings.flags.network.to_flags());
+        flags.extend(ctx.settings.flags.host.to_flags());
         flags
     },
 };
@@ -290,15 +333,16 @@ const VM: DriverFactory = DriverFactory {
         Box::pin(async move {
             let state_dir = ctx.state_dir("vm")?;
             let settings = &ctx.settings;
+            let flags = &settings.flags;
             let defaults = VmDriverOptions::default();
             let opts = VmDriverOptions {
                 images: Some(ctx.images("vm")?),
-                network: settings.oci.open_network(&state_dir).await?,
-                uid_pool: settings.oci.uid_pool(),
-                log_max: settings.oci.log_max,
+                network: flags.network.open(&state_dir).await?,
+                uid_pool: flags.host.uid_pool(),
+                log_max: flags.host.log_max,
                 default_grace: or_default(settings.default_grace, defaults.default_grace),
                 poll_interval: or_default(settings.poll_interval, defaults.poll_interval),
-                ..settings.vm.driver_options()
+                ..flags.vm.driver_options()
             };
             let driver = VmDriver::open(state_dir, opts).await?;
             tracing::info!(accel = %driver.accel(), "the vm driver is open");
@@ -311,9 +355,9 @@ const VM: DriverFactory = DriverFactory {
             flags.push("--image-store".into());
             flags.push(images.root().into());
         }
-        flags.extend(ctx.settings.oci.network_flags());
-        flags.extend(ctx.settings.oci.sandbox_flags());
-        flags.extend(ctx.settings.vm.to_flags());
+        flags.extend(ctx.settings.flags.network.to_flags());
+        flags.extend(ctx.settings.flags.host.to_flags());
+        flags.extend(ctx.settings.flags.vm.to_flags());
         flags
     },
 };

@@ -5,6 +5,8 @@
 //! directory and cgroup parent and ends with the process tests' leak check: no cgroup,
 //! process or mount of the test left.
 
+// The process driver's own test support (driver-process/tests/), for its driver host.
+#[path = "../../driver-process/tests/process_support/mod.rs"]
 mod process_support;
 
 use std::path::PathBuf;

@@ -210,6 +210,7 @@ async fn the_limits_cost_of_a_100_mib_pull() {
         max_layers: usize::MAX,
         max_size: u64::MAX,
         max_files: u64::MAX,
+        min_free: sbx_drivers::image::MinFree::Bytes(0),
     };
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for round in 0..6 {

@@ -3,6 +3,8 @@
 //! removed, workloads left running); a second host on a live socket is refused; its command
 //! line. The process-backend tests need root and end with the process tests' leak check.
 
+// The process driver's own test support (driver-process/tests/), for its driver host.
+#[path = "../../driver-process/tests/process_support/mod.rs"]
 mod process_support;
 
 use std::os::unix::fs::PermissionsExt;

@@ -13,7 +13,11 @@
 //! Every packet goes to namespaces this test makes; the network, its namespaces and the
 //! upstream are removed at the end, also when it fails.
 
+// The two drivers' own test support (driver-oci/tests/, driver-vm/tests/): this benchmark
+// runs both side by side, so it lives with the crate that holds every driver.
+#[path = "../../driver-oci/tests/oci_support/mod.rs"]
 mod oci_support;
+#[path = "../../driver-vm/tests/vm_support/mod.rs"]
 mod vm_support;
 
 use std::io::Read;

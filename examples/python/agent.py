@@ -3,7 +3,9 @@ import io, os, sys, tarfile, time
 import grpc
 from sbx.v1 import sbx_pb2 as pb, sbx_pb2_grpc as rpc
 
-channel = grpc.insecure_channel("unix:" + os.environ.get("SBX_SOCKET", "/var/lib/sbx/sbxd.sock"))
+# Where sbx looks, in order: $SBX_ENDPOINT (unix:///PATH), the package's service, root's data dir.
+places = [os.environ.get("SBX_ENDPOINT", "").removeprefix("unix://"), "/run/sbx/sbxd.sock", "/var/lib/sbx/sbxd.sock"]
+channel = grpc.insecure_channel("unix:" + next((p for p in places if p and os.path.exists(p)), places[1]))
 sandboxes = rpc.SandboxServiceStub(channel)
 ref = pb.SandboxRef(name=sys.argv[1] if len(sys.argv) > 1 else "py-agent")
 

@@ -1094,6 +1094,547 @@ async fn the_commands_certs_init_prints_work_as_pasted() {
     );
 }
 
+/// The image side of the authorization matrix: every image RPC and a create from an image,
+/// by each of 7 callers (gateway-wide admin, editor, viewer; admin, editor, viewer of `a`;
+/// editor of `b`), on images of `a`, of `b` and of the gateway, by name and by id — each cell's
+/// answer against the rule ([`image_rule`]), with no mismatch, and every NOT_FOUND of another
+/// workspace's image word for word an unknown id's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_matrix_has_no_mismatch() {
+    use sbx_proto::v1::image_service_client::ImageServiceClient;
+    use sbx_proto::v1::{
+        BuildImageInput, BuildImageStart, DeleteImageRequest, GetImageRequest, ImageRef,
+        ImportImageHeader, ImportImageRequest, ListImagesRequest, PruneImagesRequest,
+        PullImageRequest, build_image_input, import_image_request,
+    };
+
+    let data = tempfile::tempdir().expect("temp dir");
+    let d = secured(data.path(), &["--sim-images"]);
+    let ep = d.endpoint();
+    let root = identity(data.path(), "root", "admin", &[], &[]);
+    for ws in ["a", "b"] {
+        sbx_as(&ep, &root, &["workspace", "create", ws]).ok();
+    }
+    let callers: Vec<(Caller, String)> = [
+        (Caller::Gateway(Role::Admin), "root", "admin", None),
+        (Caller::Gateway(Role::Editor), "g-editor", "editor", None),
+        (Caller::Gateway(Role::Viewer), "g-viewer", "viewer", None),
+        (
+            Caller::Scoped("a", Role::Admin),
+            "a-admin",
+            "admin",
+            Some("a"),
+        ),
+        (
+            Caller::Scoped("a", Role::Editor),
+            "a-editor",
+            "editor",
+            Some("a"),
+        ),
+        (
+            Caller::Scoped("a", Role::Viewer),
+            "a-viewer",
+            "viewer",
+            Some("a"),
+        ),
+        (
+            Caller::Scoped("b", Role::Editor),
+            "b-editor",
+            "editor",
+            Some("b"),
+        ),
+    ]
+    .into_iter()
+    .map(|(caller, name, role, ws)| {
+        let token = match name {
+            "root" => root.clone(),
+            _ => identity(data.path(), name, role, ws.as_slice(), &[]),
+        };
+        (caller, token)
+    })
+    .collect();
+    let channel = d.channel().await;
+    let images =
+        |token: &str| ImageServiceClient::with_interceptor(channel.clone(), Bearer::new(token));
+    let rootfs = |marker: &str| {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(marker.len() as u64);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_cksum();
+        b.append_data(&mut h, "marker", marker.as_bytes()).unwrap();
+        b.into_inner().unwrap()
+    };
+    let import = |token: String, name: String, workspace: &str, publish: bool, marker: &str| {
+        let mut client = images(&token);
+        let header = ImportImageRequest {
+            part: Some(import_image_request::Part::Header(ImportImageHeader {
+                name,
+                workspace: workspace.to_string(),
+                publish,
+            })),
+        };
+        let chunk = ImportImageRequest {
+            part: Some(import_image_request::Part::Chunk(rootfs(marker))),
+        };
+        async move {
+            client
+                .import_image(futures::stream::iter([header, chunk]))
+                .await
+                .map(|r| r.into_inner().images.remove(0))
+        }
+    };
+    // One image of each scope, by root; a fresh one for each delete cell.
+    let counter = std::cell::Cell::new(0);
+    let next = || {
+        counter.set(counter.get() + 1);
+        counter.get()
+    };
+    let fixture = |scope: Target| {
+        let n = next();
+        let name = format!("m{n}:v1");
+        let (ws, publish) = match scope {
+            Target::A => ("a", false),
+            Target::B => ("b", false),
+            Target::Gateway => ("", true),
+        };
+        import(root.clone(), name, ws, publish, &format!("{n}"))
+    };
+    let mut held = std::collections::HashMap::new();
+    for target in [Target::A, Target::B, Target::Gateway] {
+        held.insert(target, fixture(target).await.expect("a fixture image"));
+    }
+    let nobodys = uuid::Uuid::new_v4().to_string();
+    let unknown_id = |caller_home: &str, token: &str| {
+        let mut client = images(token);
+        let (home, id) = (caller_home.to_string(), nobodys.clone());
+        async move {
+            client
+                .get_image(GetImageRequest {
+                    image: Some(ImageRef {
+                        id,
+                        workspace: home,
+                        ..Default::default()
+                    }),
+                })
+                .await
+                .unwrap_err()
+                .message()
+                .to_string()
+        }
+    };
+
+    let mut cells = 0;
+    let mut mismatches = Vec::new();
+    let mut check =
+        |caller: Caller, rpc: &str, cell: &str, expect: Expect, got: Result<(), tonic::Status>| {
+            cells += 1;
+            let ok = match (&expect, &got) {
+                (Expect::Allowed, Ok(())) => true,
+                // Past authorization, refused for another reason (no such registry here).
+                (Expect::Allowed, Err(s)) => !matches!(
+                    s.code(),
+                    Code::PermissionDenied | Code::NotFound | Code::Unauthenticated
+                ),
+                (Expect::Denied, Err(s)) => s.code() == Code::PermissionDenied,
+                (Expect::NotFound, Err(s)) => s.code() == Code::NotFound,
+                _ => false,
+            };
+            if !ok {
+                mismatches.push(format!(
+                    "{caller:?} {rpc} {cell}: expected {expect:?}, got {:?}",
+                    got.map_err(|s| (s.code(), s.message().to_string()))
+                ));
+            }
+        };
+    for (caller, token) in &callers {
+        let caller = *caller;
+        let home = caller.home();
+        // Get and delete: by name from the image's workspace; by id from the caller's.
+        for rpc in ["GetImage", "DeleteImage"] {
+            for target in [Target::A, Target::B, Target::Gateway] {
+                for by_id in [false, true] {
+                    let image = match rpc {
+                        "GetImage" => held[&target].clone(),
+                        _ => fixture(target).await.expect("a fixture image"),
+                    };
+                    let image_ref = match by_id {
+                        true => ImageRef {
+                            id: image.id.clone(),
+                            workspace: home.to_string(),
+                            ..Default::default()
+                        },
+                        false => ImageRef {
+                            reference: image.name.clone(),
+                            workspace: target.workspace(home).to_string(),
+                            ..Default::default()
+                        },
+                    };
+                    let mut client = images(token);
+                    let got = match rpc {
+                        "GetImage" => client
+                            .get_image(GetImageRequest {
+                                image: Some(image_ref),
+                            })
+                            .await
+                            .map(drop),
+                        // By id, one the caller may not see is "not deleted", as an id
+                        // nobody has.
+                        _ => client
+                            .delete_image(DeleteImageRequest {
+                                image: Some(image_ref),
+                            })
+                            .await
+                            .and_then(|r| match r.into_inner().deleted {
+                                true => Ok(()),
+                                false => Err(tonic::Status::not_found("not deleted")),
+                            }),
+                    };
+                    let expect = image_rule(caller, rpc, target, by_id);
+                    // Another workspace's id answers as an id nobody has.
+                    if let (Expect::NotFound, Err(s), "GetImage") = (&expect, &got, rpc) {
+                        let unknown = unknown_id(home, token).await;
+                        assert_eq!(
+                            s.message().replace(&image.id, "ID"),
+                            unknown.replace(&nobodys, "ID"),
+                            "{caller:?} {rpc} {target:?}: the answer tells it exists"
+                        );
+                    }
+                    check(
+                        caller,
+                        rpc,
+                        &format!("{target:?} by_id={by_id}"),
+                        expect,
+                        got,
+                    );
+                }
+            }
+        }
+        // Lists: a workspace's (a, b), and every one the caller sees.
+        for (cell, workspace, all) in [("a", "a", false), ("b", "b", false), ("-A", "", true)] {
+            let got = images(token)
+                .list_images(ListImagesRequest {
+                    workspace: workspace.into(),
+                    all_workspaces: all,
+                    ..Default::default()
+                })
+                .await
+                .map(|r| r.into_inner().images);
+            if let Ok(listed) = &got {
+                for image in listed {
+                    assert!(
+                        image.workspace.is_empty() || caller.sees(&image.workspace),
+                        "{caller:?} lists {}'s {}",
+                        image.workspace,
+                        image.name
+                    );
+                }
+                assert!(
+                    listed.iter().any(|i| i.workspace.is_empty()),
+                    "{caller:?} {cell}: the gateway's images are listed"
+                );
+            }
+            let target = match cell {
+                "a" => Target::A,
+                "b" => Target::B,
+                _ => Target::Gateway,
+            };
+            check(
+                caller,
+                "ListImages",
+                cell,
+                image_rule(caller, "ListImages", target, false),
+                got.map(drop),
+            );
+        }
+        // Writes: into a, into b, published, and a name of the gateway's own.
+        for (cell, workspace, publish, reserved) in [
+            ("into a", "a", false, false),
+            ("into b", "b", false, false),
+            ("published", "", true, false),
+            ("sbx.local", "a", false, true),
+        ] {
+            let expect = match reserved {
+                true => Expect::Denied,
+                false => image_rule(
+                    caller,
+                    "write",
+                    match workspace {
+                        "a" => Target::A,
+                        "b" => Target::B,
+                        _ => Target::Gateway,
+                    },
+                    false,
+                ),
+            };
+            let n = next();
+            let name = match reserved {
+                true => format!("sbx.local/planted:{n}"),
+                false => format!("w{n}:v1"),
+            };
+            let pulled = images(token)
+                .pull_image(PullImageRequest {
+                    // A registry nobody serves: an allowed pull fails past authorization.
+                    reference: match reserved {
+                        true => name.clone(),
+                        false => format!("127.0.0.1:1/{name}"),
+                    },
+                    workspace: workspace.into(),
+                    publish,
+                    ..Default::default()
+                })
+                .await;
+            let got = match pulled {
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(_)) => continue,
+                            Ok(None) => break Ok(()),
+                            Err(s) => break Err(s),
+                        }
+                    }
+                }
+                Err(s) => Err(s),
+            };
+            check(caller, "PullImage", cell, expect, got);
+            let got = import(token.clone(), name.clone(), workspace, publish, cell)
+                .await
+                .map(drop);
+            check(caller, "ImportImage", cell, expect, got);
+            let start = BuildImageInput {
+                input: Some(build_image_input::Input::Start(BuildImageStart {
+                    workspace: workspace.into(),
+                    name: format!("{name}-built"),
+                    dockerfile: "FROM sbx.local/busybox:latest\nLABEL cell=yes\n".into(),
+                    publish,
+                    ..Default::default()
+                })),
+            };
+            let built = images(token)
+                .build_image(futures::stream::iter([start]))
+                .await;
+            let got = match built {
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(_)) => continue,
+                            Ok(None) => break Ok(()),
+                            Err(s) => break Err(s),
+                        }
+                    }
+                }
+                Err(s) => Err(s),
+            };
+            check(caller, "BuildImage", cell, expect, got);
+        }
+        // A create in the caller's home, from an image of a, of b, of the gateway.
+        for target in [Target::A, Target::B, Target::Gateway] {
+            for by_digest in [false, true] {
+                let image = &held[&target];
+                let reference = match by_digest {
+                    true => image.digest.clone(),
+                    false => image.name.clone(),
+                };
+                let n = next();
+                let got = sandboxes_as(&channel, token)
+                    .create_sandbox(CreateSandboxRequest {
+                        workspace: home.into(),
+                        name: format!("c{n}"),
+                        spec: Some(sbx_proto::v1::SandboxSpec {
+                            image: reference,
+                            command: vec!["sleep".into(), "1".into()],
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .await
+                    .map(drop);
+                check(
+                    caller,
+                    "CreateSandbox",
+                    &format!("{target:?} by_digest={by_digest}"),
+                    image_rule(caller, "CreateSandbox", target, by_digest),
+                    got,
+                );
+            }
+        }
+        // Prune (the build cache only: every fixture stays): a workspace's, or the gateway's.
+        for target in [Target::A, Target::B, Target::Gateway] {
+            let request = PruneImagesRequest {
+                workspace: target.workspace(home).into(),
+                all: false,
+                gateway: target == Target::Gateway,
+            };
+            let got = images(token).prune_images(request).await.map(drop);
+            check(
+                caller,
+                "PruneImages",
+                &format!("{target:?}"),
+                image_rule(caller, "PruneImages", target, false),
+                got,
+            );
+        }
+    }
+    eprintln!("{cells} image cells, {} mismatches", mismatches.len());
+    assert!(cells >= 200, "only {cells} cells");
+    assert!(
+        mismatches.is_empty(),
+        "mismatches:\n{}",
+        mismatches.join("\n")
+    );
+}
+
+/// One caller of the image matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// A gateway-wide grant of this role.
+    Gateway(Role),
+    /// This role in this workspace only.
+    Scoped(&'static str, Role),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Role {
+    Viewer,
+    Editor,
+    Admin,
+}
+
+impl Caller {
+    /// The workspace a call of this caller is made from (a gateway-wide one: `a`).
+    fn home(self) -> &'static str {
+        match self {
+            Caller::Gateway(_) => "a",
+            Caller::Scoped(ws, _) => ws,
+        }
+    }
+
+    fn role(self) -> Role {
+        match self {
+            Caller::Gateway(r) | Caller::Scoped(_, r) => r,
+        }
+    }
+
+    /// Holds `role` in `workspace`.
+    fn holds(self, workspace: &str, role: Role) -> bool {
+        match self {
+            Caller::Gateway(r) => r >= role,
+            Caller::Scoped(ws, r) => ws == workspace && r >= role,
+        }
+    }
+
+    fn sees(self, workspace: &str) -> bool {
+        self.holds(workspace, Role::Viewer)
+    }
+}
+
+/// Whose image a cell is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Target {
+    A,
+    B,
+    Gateway,
+}
+
+impl Target {
+    /// The workspace a lookup of it by name is made from: its own (the gateway's: the
+    /// caller's home).
+    fn workspace(self, home: &'static str) -> &'static str {
+        match self {
+            Target::A => "a",
+            Target::B => "b",
+            Target::Gateway => home,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Allowed,
+    Denied,
+    NotFound,
+}
+
+/// The rule (design.md §11 and §14, `auth::need`, `grpc::images`), as a table: what
+/// `caller` gets for `rpc` on `target`'s image (by id or digest when `by_id`).
+fn image_rule(caller: Caller, rpc: &str, target: Target, by_id: bool) -> Expect {
+    use Expect::*;
+    let home = caller.home();
+    // What a lookup from the caller's home sees: its images and the gateway's.
+    let seen_from_home = match target {
+        Target::Gateway => true,
+        Target::A => home == "a",
+        Target::B => home == "b",
+    };
+    let owner = match target {
+        Target::A => Some("a"),
+        Target::B => Some("b"),
+        Target::Gateway => None,
+    };
+    match rpc {
+        "GetImage" | "DeleteImage" => {
+            let needed = if rpc == "GetImage" {
+                Role::Viewer
+            } else {
+                Role::Admin
+            };
+            // The layer: the role, somewhere.
+            if caller.role() < needed {
+                return Denied;
+            }
+            let from = if by_id { home } else { target.workspace(home) };
+            if !caller.sees(from) {
+                return Denied;
+            }
+            if by_id && !seen_from_home {
+                return NotFound;
+            }
+            if rpc == "DeleteImage" {
+                let may = match owner {
+                    None => matches!(caller, Caller::Gateway(Role::Admin)),
+                    Some(ws) => caller.holds(ws, Role::Admin),
+                };
+                if !may {
+                    return Denied;
+                }
+            }
+            Allowed
+        }
+        // An admin of the workspace pruned; a gateway-wide admin for the gateway's own.
+        "PruneImages" => match owner {
+            None if matches!(caller, Caller::Gateway(Role::Admin)) => Allowed,
+            Some(ws) if caller.holds(ws, Role::Admin) => Allowed,
+            _ => Denied,
+        },
+        "ListImages" => match target {
+            // All workspaces: filtered, never refused.
+            Target::Gateway => Allowed,
+            _ if caller.sees(owner.unwrap_or_default()) => Allowed,
+            _ => Denied,
+        },
+        "write" => match (caller, target) {
+            (Caller::Gateway(Role::Admin), _) => Allowed,
+            (Caller::Gateway(Role::Editor), Target::A | Target::B) => Allowed,
+            _ => Denied,
+        },
+        "CreateSandbox" => {
+            if !caller.holds(home, Role::Editor) {
+                return Denied;
+            }
+            match seen_from_home {
+                true => Allowed,
+                false => NotFound,
+            }
+        }
+        _ => unreachable!("{rpc}"),
+    }
+}
+
 /// A token is never asked for on the command line: `--token` works and says on stderr that
 /// every user can read it there (`ps`); `--token-file` and SBX_TOKEN work without a word; a
 /// token file that is missing is named in the error.

@@ -405,3 +405,166 @@ fn listen_keeps_the_socket_for_the_local_admin_unless_told_not_to() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--listen"), "{err}");
 }
+
+/// A mount namespace of the test's own, held by a `sleep` that lives as long as this: in it an
+/// empty tmpfs is on /run and on /var/lib, so the places `sbx` looks for a gateway no setting
+/// names — the package's service socket, /run/sbx/sbxd.sock, and root's data dir's,
+/// /var/lib/sbx/sbxd.sock — are the test's, whatever this host runs. Programs are started in
+/// it with `nsenter --mount` (which execs them: their pid is the child's).
+struct PrivateMounts {
+    holder: std::process::Child,
+}
+
+impl PrivateMounts {
+    fn new() -> PrivateMounts {
+        let holder = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sleep", "300"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("unshare");
+        let mounts = PrivateMounts { holder };
+        let ours = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+        let began = Instant::now();
+        while std::fs::read_link(format!("/proc/{}/ns/mnt", mounts.holder.id())).ok()
+            == Some(ours.clone())
+        {
+            assert!(began.elapsed() < Duration::from_secs(10), "unshare --mount");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let script = "mount -t tmpfs sbx-test-run /run && mkdir -m 0755 /run/sbx && \
+                      mount -t tmpfs sbx-test-lib /var/lib && mkdir -m 0711 /var/lib/sbx";
+        let made = common::run_bounded(mounts.command("sh").args(["-c", script]), "mounts");
+        assert_eq!(made.code, 0, "{made:?}");
+        mounts
+    }
+
+    /// `program` to be run in the namespace.
+    fn command(&self, program: &str) -> std::process::Command {
+        let mut command = std::process::Command::new("nsenter");
+        command
+            .arg("--target")
+            .arg(self.holder.id().to_string())
+            .args(["--mount", "--", program]);
+        command
+    }
+}
+
+/// A process of the test's, killed (by its pid) and reaped when dropped, also on a failure.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for PrivateMounts {
+    fn drop(&mut self) {
+        // The namespace and its tmpfs go with the last process in it.
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
+
+#[test]
+fn sbx_with_no_endpoint_waits_for_the_service_socket_and_names_every_place_when_none_serves() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: a mount namespace of the test's own needs root");
+        return;
+    }
+    let mounts = PrivateMounts::new();
+    let home = DataDir::new();
+    let sbx = |args: &[&str]| {
+        let mut command = mounts.command(common::SBX);
+        command
+            .args(args)
+            .env_remove("SBX_ENDPOINT")
+            .env_remove("SBX_CONFIG")
+            .env("HOME", home.path())
+            .env("XDG_CONFIG_HOME", home.path().join("config"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command
+    };
+
+    // `sbx wait --for serving` begins before the service has made its socket (right after
+    // `systemctl start sbxd`); the service then serves on /run/sbx/sbxd.sock, as the
+    // package's unit says.
+    let mut wait = Running(
+        sbx(&["wait", "--for", "serving", "--timeout", "20"])
+            .spawn()
+            .expect("sbx wait"),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(wait.0.try_wait().unwrap().is_none(), "sbx wait waits");
+    let data = DataDir::new();
+    let mut service = Running(
+        mounts
+            .command(common::SBXD)
+            .args(["serve", "--socket", "/run/sbx/sbxd.sock", "--data-dir"])
+            .arg(data.path())
+            .args(["--driver", "process"])
+            .args(["--process-cgroup-parent", common::TEST_CGROUP_PARENT])
+            .env("SBX_NETWORK_CIDR", "off")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sbxd"),
+    );
+    let started = Instant::now();
+    let status = common::wait_bounded(&mut wait.0, Duration::from_secs(30), "sbx wait");
+    let waited = started.elapsed();
+    let read = |pipe: Option<&mut dyn std::io::Read>| {
+        let mut text = String::new();
+        if let Some(pipe) = pipe {
+            let _ = pipe.read_to_string(&mut text);
+        }
+        text
+    };
+    let stdout = read(wait.0.stdout.as_mut().map(|p| p as &mut dyn std::io::Read));
+    let stderr = read(wait.0.stderr.as_mut().map(|p| p as &mut dyn std::io::Read));
+    eprintln!("sbx wait: {status} {waited:?} after sbxd began; stdout {stdout:?}; stderr {stderr}");
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout, "unix:///run/sbx/sbxd.sock\n");
+    assert!(
+        stderr.contains(
+            "waiting for sbxd to serve: unix:///run/sbx/sbxd.sock (the sbx package's \
+             service): no socket yet; unix:///var/lib/sbx/sbxd.sock"
+        ),
+        "progress says where it looks: {stderr}"
+    );
+    // A command with no endpoint reaches the same gateway.
+    let listed = common::run_bounded(&mut sbx(&["workspace", "ls"]), "sbx workspace ls");
+    assert_eq!(listed.code, 0, "{listed:?}");
+    assert!(listed.stdout.contains("default"), "{listed:?}");
+
+    // The service stops: nothing serves anywhere, and the error names every place, in order.
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_child(&service.0),
+        rustix::process::Signal::TERM,
+    );
+    common::wait_bounded(&mut service.0, Duration::from_secs(30), "sbxd");
+    let failed = common::run_bounded(&mut sbx(&["workspace", "ls"]), "sbx workspace ls");
+    assert_eq!(failed.code, 1, "{failed:?}");
+    let places = [
+        "--endpoint (not given)",
+        "SBX_ENDPOINT (not set)",
+        "the context (none",
+        "unix:///run/sbx/sbxd.sock (the sbx package's service) (",
+        "unix:///var/lib/sbx/sbxd.sock (sbxd serve's default, in your data dir) (no socket there)",
+    ];
+    let mut from = 0;
+    for place in places {
+        let at = failed.stderr[from..]
+            .find(place)
+            .unwrap_or_else(|| panic!("{place:?} after byte {from} of: {}", failed.stderr));
+        from += at + place.len();
+    }
+    assert!(
+        failed.stderr.contains("sbx wait --for serving"),
+        "{failed:?}"
+    );
+}

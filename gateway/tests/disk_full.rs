@@ -305,3 +305,59 @@ async fn a_full_disk_refuses_writes_serves_reads_and_recovers_when_space_returns
     drop(d);
     drop(fs);
 }
+
+/// A log that cannot be written (sbxd's stderr on `/dev/full`, as a log file on a full disk
+/// is) costs the log lines only: every call is answered as it would be, none is cut off (a
+/// failed log write used to be reported on stderr, whose failure panicked the call's task: the
+/// client saw its stream reset), and sbxd keeps serving. Needs no root: nothing is mounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_cannot_be_written_loses_only_log_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let mut d = Sbxd::spawn_logging_to(
+        dir.path(),
+        "sim",
+        "127.0.0.1:0",
+        &[],
+        // Every call logs at debug: each would have been one more failed write.
+        &[("SBX_LOG", "debug")],
+        full.into(),
+        dir.path().join("no-log"),
+    );
+    d.wait_serving();
+    let mut sb = d.sandboxes().await;
+    let mut made = Vec::new();
+    for i in 0..5 {
+        let name = format!("quiet-{i}");
+        timed("create", sb.create_sandbox(create(&name)))
+            .await
+            .expect("a create with a log that cannot be written");
+        made.push(name);
+    }
+    for name in &made[..2] {
+        timed(
+            "stop",
+            sb.stop_sandbox(StopSandboxRequest {
+                sandbox: by_name(name),
+            }),
+        )
+        .await
+        .expect("a stop with a log that cannot be written");
+    }
+    timed(
+        "delete",
+        sb.delete_sandbox(DeleteSandboxRequest {
+            sandbox: by_name(&made[4]),
+        }),
+    )
+    .await
+    .expect("a delete with a log that cannot be written");
+    made.pop();
+    assert_eq!(names(&d).await, made);
+    assert_eq!(health(&d, "").await, ServingStatus::Serving as i32);
+    let (_, status) = d.sigterm(Duration::from_secs(30));
+    assert!(status.success(), "sbxd ended with {status}");
+}

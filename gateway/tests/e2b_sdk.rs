@@ -358,13 +358,15 @@ fn the_e2b_listener_serves_tls_and_routes_by_host_under_its_domain() {
 }
 
 /// Large files through the SDK's `files` stream both ways (`tests/e2b/files_stream.py`): 4
-/// readers of a 200 MiB file at once, and a 200 MiB upload, each byte-exact by its hash,
-/// while sbxd's resident size grows by less than 64 MiB (a download was gathered whole
-/// before: 3 concurrent 900 MB reads took sbxd to 2.6 GB).
+/// readers of a 200 MiB file at once (`SBX_TEST_STREAM_MIB=900` for the 900 MB), and
+/// an upload of the same size, each byte-exact by its hash, while sbxd's resident size grows
+/// by less than 64 MiB and stays under 256 MiB (a download was gathered whole before: 3
+/// concurrent 900 MB reads took sbxd to 2.6 GB).
 #[test]
 fn large_files_stream_through_the_sdk_in_bounded_memory() {
     use std::io::{BufRead, Write};
     let python = python();
+    let size_mib = std::env::var("SBX_TEST_STREAM_MIB").unwrap_or_else(|_| "200".into());
     let data = DataDir::new();
     let (d, addr) = e2b_sbxd(data.path(), "process", &["--network-cidr", "off"]);
     let key = token(data.path(), "agent", "admin", None, true);
@@ -376,7 +378,7 @@ fn large_files_stream_through_the_sdk_in_bounded_memory() {
         .env("E2B_SANDBOX_URL", &url)
         .env_remove("E2B_API_KEY")
         .env("KEY", &key)
-        .env("SIZE_MIB", "200")
+        .env("SIZE_MIB", &size_mib)
         .env("COPIES", "4")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -434,8 +436,12 @@ fn large_files_stream_through_the_sdk_in_bounded_memory() {
     assert!(said.ends_with("done\n"), "{said}");
     assert!(
         peak.saturating_sub(baseline) < 64 << 10,
-        "sbxd grew by {} KiB during 4 x 200 MiB downloads and a 200 MiB upload",
+        "sbxd grew by {} KiB during 4 x {size_mib} MiB downloads and a {size_mib} MiB upload",
         peak - baseline
+    );
+    assert!(
+        peak < 256 << 10,
+        "sbxd reached {peak} KiB during 4 x {size_mib} MiB downloads"
     );
 }
 
@@ -601,4 +607,52 @@ async fn dripping_bodies_of_a_viewer_leave_another_tenant_served() {
         "the viewer's creates were not refused at once"
     );
     drop(held);
+}
+
+/// Runs `tests/e2b/SCRIPT` with the unmodified Python SDK against a fresh sbxd on the default
+/// driver (oci, under a cgroup parent of its own, with an editor's key of `default`); it must
+/// end with `done`, and nothing of its sandboxes is left after sbxd's SIGTERM. Needs root,
+/// runc and a static busybox (the oci driver's).
+fn sdk_script_on_the_default_driver(script: &str) {
+    let python = python();
+    let data = DataDir::new();
+    let parent = common::CgroupParent(format!("sbx-gateway-tests-e2b-oci-{}", common::unique()));
+    let (mut d, addr) = e2b_sbxd(data.path(), "", &["--oci-cgroup-parent", &parent.0]);
+    let key = token(data.path(), "agent", "editor", Some("default"), true);
+    let url = format!("http://{addr}");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/e2b")
+        .join(script);
+    let run = run_bounded(
+        Command::new(&python)
+            .arg(&path)
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            .env("E2B_API_KEY", &key)
+            .env_remove("E2B_DEBUG"),
+        &format!("the E2B SDK script {script}"),
+    );
+    eprintln!("{}{}", run.stdout, run.stderr);
+    assert_eq!(run.code, 0, "sbxd log:\n{}", d.log_text());
+    assert!(run.stdout.ends_with("done\n"), "{run:?}");
+    d.sigterm(Duration::from_secs(30));
+    common::assert_oci_left_nothing(data.path(), &parent.0);
+}
+
+/// The unmodified SDK names users on the default driver (`tests/e2b/users.py`, oci with the
+/// built-in image): `user="user"` runs as `user` in /home/user and writes files `user` owns,
+/// relative paths under its home; `user="root"` is root in /root; an unknown user is refused
+/// naming it.
+#[test]
+fn the_e2b_sdk_runs_commands_and_writes_files_as_the_user_it_names() {
+    sdk_script_on_the_default_driver("users.py");
+}
+
+/// The unmodified SDK pauses on the default driver (`tests/e2b/oci_pause.py`, oci: the cgroup
+/// freezer): `pause()` then `connect()` resumes a counter that counts on and keeps a file in
+/// /tmp; `pause(keep_memory=False)` keeps the files only, and `connect()` starts the workload
+/// again from them.
+#[test]
+fn the_e2b_sdk_pauses_on_the_default_driver_with_its_memory_or_its_files_only() {
+    sdk_script_on_the_default_driver("oci_pause.py");
 }

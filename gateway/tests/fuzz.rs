@@ -43,7 +43,7 @@ use prost::bytes::{Buf, BufMut};
 use sbx_actors::limits::{self, ERROR_QUOTE_CHARS, MAX_ERROR_MESSAGE_BYTES};
 use sbx_actors::validate;
 use sbx_actors::{ActorError, SandboxSelector, WorkspaceSelector};
-use sbx_gateway::service::actor_error_to_status;
+use sbx_gateway::grpc::actor_error_to_status;
 use sbx_proto::v1::gateway_service_client::GatewayServiceClient;
 use sbx_proto::v1::sandbox_service_client::SandboxServiceClient;
 use sbx_proto::v1::workspace_service_client::WorkspaceServiceClient;
@@ -1528,7 +1528,7 @@ enum Streamed {
         tail_lines: u32,
     },
     /// The exec's request; its sandbox is the target's.
-    Exec(Target, ExecRequest),
+    Exec(Target, Box<ExecRequest>),
     CopyFrom(Target, String),
     CopyTo(Target, String),
     PortForward(Target, u32),
@@ -1583,9 +1583,16 @@ fn streamed() -> BoxedStrategy<Streamed> {
         prop_oneof![3 => Just(String::new()), 1 => sandbox_path()],
         any::<bool>(),
         prop::bool::weighted(0.2),
+        // Who it runs as: none, root, a name the sandbox lacks, or any text (bounded and
+        // refused by the actors, or by the agent naming it).
+        prop_oneof![
+            3 => Just(String::new()),
+            1 => prop::sample::select(vec!["root".to_string(), "0:0".to_string(), "nobody-here".to_string()]),
+            1 => ".{0,300}",
+        ],
     )
         .prop_map(
-            |(sandbox, command, env, timeout_seconds, workdir, stdin, tty)| {
+            |(sandbox, command, env, timeout_seconds, workdir, stdin, tty, user)| {
                 let request = ExecRequest {
                     sandbox: None,
                     command,
@@ -1594,8 +1601,9 @@ fn streamed() -> BoxedStrategy<Streamed> {
                     workdir,
                     stdin,
                     tty: tty.then(Tty::default),
+                    user,
                 };
-                Streamed::Exec(sandbox, request)
+                Streamed::Exec(sandbox, Box::new(request))
             },
         );
     prop_oneof![
@@ -1648,7 +1656,7 @@ impl Streamed {
             Streamed::Exec(sandbox, request) => ExecInput {
                 input: Some(exec_input::Input::Start(ExecRequest {
                     sandbox: wire.sandbox_ref(sandbox),
-                    ..request.clone()
+                    ..(**request).clone()
                 })),
             }
             .encode_to_vec(),
@@ -1688,6 +1696,7 @@ impl Streamed {
                 values.extend(r.command.iter().cloned());
                 values.extend(r.env.iter().flat_map(|(k, v)| [k.clone(), v.clone()]));
                 values.push(r.workdir.clone());
+                values.push(r.user.clone());
                 values
             }
             Streamed::CopyFrom(t, path) | Streamed::CopyTo(t, path) => {

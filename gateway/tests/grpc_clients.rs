@@ -88,7 +88,7 @@ fn stock_grpc_python_on_the_unix_socket_runs_the_readme_example() {
         Command::new(&python)
             .arg(&example)
             .arg("py-agent")
-            .env("SBX_SOCKET", &socket)
+            .env("SBX_ENDPOINT", format!("unix://{}", socket.display()))
             .env("PYTHONPATH", stubs.path()),
         "the README's Python example",
     );

@@ -1,7 +1,7 @@
 //! The host boundary through the real sbxd on its default driver (oci) and the real `sbx`
 //! (needs root, runc and busybox-static): a sandbox that plants FIFOs, `/dev/zero` and links
 //! to the gateway's CA key under every name a driver ever read, in every place it can write,
-//! neither slows the gateway (health answers within 100 ms all the while) nor swells it, and
+//! neither slows the gateway (health answers within 100 ms at the median and 1 s at the slowest all the while) nor swells it, and
 //! nothing of the key comes back in any answer.
 
 mod common;
@@ -54,9 +54,16 @@ async fn planted_fifos_zeros_and_links_neither_slow_nor_swell_the_gateway() {
     let channel = d.channel().await;
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let probing = done.clone();
+    // One authenticated call first: a connection that carries only health checks is a
+    // stranger's, closed at the proof timeout (10 s, `connections`), and a check in flight
+    // then fails (seen: `Cancelled … connection closed`, 20 s into a run that took 23 s).
+    sbx_proto::v1::sandbox_service_client::SandboxServiceClient::new(channel.clone())
+        .list_sandboxes(sbx_proto::v1::ListSandboxesRequest::default())
+        .await
+        .expect("an authenticated call proves the probe's connection");
     let probe = tokio::spawn(async move {
         let mut health = HealthClient::new(channel);
-        let (mut slowest, mut asked) = (Duration::ZERO, 0u32);
+        let mut took: Vec<Duration> = Vec::new();
         let began = Instant::now();
         // Bounded in time as well as by the flag.
         while !probing.load(std::sync::atomic::Ordering::Relaxed)
@@ -70,12 +77,26 @@ async fn planted_fifos_zeros_and_links_neither_slow_nor_swell_the_gateway() {
                 }),
             )
             .await;
-            assert!(answered.is_ok_and(|r| r.is_ok()), "health did not answer");
-            slowest = slowest.max(t.elapsed());
-            asked += 1;
+            match answered {
+                Ok(Ok(_)) => took.push(t.elapsed()),
+                // Said, not panicked here: the test names it with sbxd's log.
+                Ok(Err(status)) => {
+                    return Err(format!(
+                        "health answered {status:?} after {:?}, {:?} into the run",
+                        t.elapsed(),
+                        began.elapsed()
+                    ));
+                }
+                Err(_) => {
+                    return Err(format!(
+                        "health did not answer within 5 s, {:?} into the run",
+                        began.elapsed()
+                    ));
+                }
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        (slowest, asked)
+        Ok(took)
     });
     let rss_before = rss_kib(d.pid());
 
@@ -141,11 +162,24 @@ async fn planted_fifos_zeros_and_links_neither_slow_nor_swell_the_gateway() {
     .unwrap();
     let rss_after = rss_kib(d.pid());
     done.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (slowest, asked) = probe.await.unwrap();
-    assert!(asked >= 20, "health was asked only {asked} times");
+    let mut took = probe
+        .await
+        .unwrap()
+        .unwrap_or_else(|why| panic!("{why}\nsbxd's log:\n{}", d.log_text()));
     assert!(
-        slowest < Duration::from_millis(100),
-        "health took {slowest:?} at its slowest while the sandbox's plants were read"
+        took.len() >= 20,
+        "health was asked only {} times",
+        took.len()
+    );
+    took.sort();
+    let (median, slowest) = (took[took.len() / 2], took[took.len() - 1]);
+    // The median is the gateway's pace; the slowest allows a scheduler's hiccup on a loaded
+    // 2-core machine (it was 106-274 ms there once in a few runs beside other tests), and is
+    // still far from what a read blocked on a planted FIFO costs (every call stalls).
+    assert!(
+        median < Duration::from_millis(100) && slowest < Duration::from_secs(1),
+        "health took {median:?} at the median, {slowest:?} at its slowest, while the sandbox's \
+         plants were read"
     );
     assert!(
         !told.contains(secret.trim()),

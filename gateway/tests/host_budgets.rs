@@ -114,9 +114,12 @@ async fn a_sandbox_holds_at_most_its_ptys_and_the_hosts_own_terminals_still_open
         .sbx(&["sandbox", "create", "-n", "pty", "--", "sleep", "3600"])
         .ok();
     put(&world, "pty", &ptys);
-    // Both instances, each held open by a background process of the sandbox's own.
-    let hold = "cd /sandbox; (./ptys /dev/ptmx 600 3600 > own.out &); \
-                (./ptys /dev/.sbx-pts/ptmx 600 3600 > exec.out &); \
+    // Both instances, each held open by a background process of the sandbox's own, in a
+    // session of its own with its stdio on files: the exec that starts them ends while they
+    // hold, and what it leaves in its process group or on its pipes is ended with it (they
+    // were, under load, before the operator's exec below).
+    let hold = "cd /sandbox; (setsid ./ptys /dev/ptmx 600 3600 > own.out 2>&1 < /dev/null &); \
+                (setsid ./ptys /dev/.sbx-pts/ptmx 600 3600 > exec.out 2>&1 < /dev/null &); \
                 for i in $(seq 100); do [ -s own.out ] && [ -s exec.out ] && break; sleep 0.1; done; \
                 cat own.out exec.out";
     let said = world

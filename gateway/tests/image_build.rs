@@ -582,7 +582,7 @@ fn a_build_whose_caller_goes_away_deletes_its_running_step() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Nobody puts anything into a build's step: it becomes a gateway-wide image.
+    // Nobody puts anything into a build's step: it becomes an image of the workspace.
     let step = listed(&w)
         .into_iter()
         .find(|s| s.starts_with("build-"))
@@ -1005,4 +1005,245 @@ fn a_step_with_network_is_not_the_cached_step_without() {
     );
     assert_eq!(netifs("net:without"), "lo");
     w.finish();
+}
+
+/// `sbxd token create` over `w`'s data dir: the token.
+fn token(w: &World, name: &str, role: &str, workspaces: &[&str]) -> String {
+    let mut command = common::sbxd_command();
+    command
+        .args(["token", "create", "--data-dir"])
+        .arg(w.data.path())
+        .args(["--name", name, "--role", role]);
+    for ws in workspaces {
+        command.args(["--workspace", ws]);
+    }
+    let made = common::run_bounded(&mut command, "sbxd token create");
+    assert_eq!(made.code, 0, "{made:?}");
+    made.stdout.lines().last().unwrap_or_default().to_string()
+}
+
+fn sbx_as(w: &World, token: &str, args: &[&str]) -> common::CliRun {
+    let mut all = vec!["--token", token];
+    all.extend_from_slice(args);
+    w.sbx(&all)
+}
+
+/// The names of the images `token` lists.
+fn image_names(w: &World, token: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["image", "list", "-o", "json"];
+    args.extend_from_slice(extra);
+    let list = sbx_as(w, token, &args).json();
+    let mut names: Vec<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A revoke 3 s into `RUN sleep 8` ends the build within about a second (the gateway's
+/// recheck), deleting the step's sandbox: no image under the build's name, no cache step,
+/// no sandbox.
+#[test]
+fn a_revoke_ends_a_running_build_step_and_nothing_of_it_is_kept() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let w = World::with_flags("oci", "build-revoke", &["--auth", "token"]);
+    let root = token(&w, "root", "admin", &[]);
+    let builder = token(&w, "builder", "editor", &[]);
+    let before = image_names(&w, &root, &[]);
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM sbx.local/busybox:latest\nRUN sleep 8 && echo done > /done\n",
+    )
+    .unwrap();
+    let stderr = ctx.path().join("build.err");
+    let mut build = Command::new(common::SBX)
+        .args(["--token", &builder, "image", "build", "-t", "revoked:v1"])
+        .arg(ctx.path())
+        .env("SBX_ENDPOINT", w.sbxd.endpoint())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let running = |w: &World| {
+        sbx_as(w, &root, &["sandbox", "list", "-o", "json"])
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["name"].as_str().unwrap().starts_with("build-") && s["phase"] == "Ready")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !running(&w) {
+        assert!(Instant::now() < deadline, "the RUN's sandbox never ran");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let step_began = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let revoked = common::run_bounded(
+        common::sbxd_command()
+            .args(["token", "revoke", "--data-dir"])
+            .arg(w.data.path())
+            .arg("builder"),
+        "sbxd token revoke",
+    );
+    assert_eq!(revoked.code, 0, "{revoked:?}");
+    let revoked_at = Instant::now();
+    let status = common::wait_bounded(&mut build, Duration::from_secs(30), "the build");
+    let took = revoked_at.elapsed();
+    let said = std::fs::read_to_string(&stderr).unwrap_or_default();
+    eprintln!(
+        "the build ended {took:?} after the revoke ({:?} into its step): {}",
+        step_began.elapsed(),
+        said.trim()
+    );
+    assert!(!status.success(), "a revoked build succeeded: {said}");
+    assert!(said.contains("UNAUTHENTICATED"), "{said}");
+    assert!(
+        took < Duration::from_secs(3),
+        "the build went on {took:?} after the revoke"
+    );
+    assert_eq!(
+        image_names(&w, &root, &[]),
+        before,
+        "the revoked build recorded an image or a cache step"
+    );
+    let gone_by = Instant::now() + Duration::from_secs(30);
+    while !sbx_as(&w, &root, &["sandbox", "list", "-o", "json"])
+        .json()
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < gone_by, "the step's sandbox stays");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let listed = sbx_as(&w, &root, &["image", "list", "-A", "-o", "json"]);
+    assert!(
+        !listed.stdout.contains("build-cache") || listed.code != 0,
+        "a cache step is recorded somewhere: {listed:?}"
+    );
+    w.finish_as(&root);
+}
+
+/// `sbx.local/*` is the gateway's: a gateway-wide editor can neither tag a build as the
+/// default image nor as a cache step whose key it computed offline (the key of the admin's
+/// next step, as the attack did); the admin's build runs its own step. A cached step of one
+/// workspace is never another's.
+#[test]
+fn an_editor_can_neither_overwrite_the_gateways_images_nor_poison_a_cached_step() {
+    let w = World::with_flags("oci", "build-poison", &["--auth", "token"]);
+    let root = token(&w, "root", "admin", &[]);
+    let editor = token(&w, "editor", "editor", &[]);
+    let busybox = sbx_as(
+        &w,
+        &root,
+        &["image", "get", "sbx.local/busybox:latest", "-o", "json"],
+    )
+    .json()["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let evil = tempfile::tempdir().unwrap();
+    std::fs::write(
+        evil.path().join("Dockerfile"),
+        "FROM sbx.local/busybox:latest\nRUN echo POISONED-BY-EDITOR > /out\n",
+    )
+    .unwrap();
+    let evil_dir = evil.path().to_str().unwrap();
+    let over = sbx_as(
+        &w,
+        &editor,
+        &["image", "build", "-t", "sbx.local/busybox:latest", evil_dir],
+    );
+    assert_ne!(
+        over.code, 0,
+        "an editor replaced the default image: {over:?}"
+    );
+    assert!(over.stderr.contains("sbx.local"), "{over:?}");
+    let now = sbx_as(
+        &w,
+        &root,
+        &["image", "get", "sbx.local/busybox:latest", "-o", "json"],
+    )
+    .json();
+    assert_eq!(now["digest"], busybox.as_str(), "{now}");
+
+    // The key of the admin's step as the cache once made it: the base's digest, then the
+    // RUN's argv, its ARG environment and its network allowance (none).
+    fn key(parts: &[&[u8]]) -> String {
+        use sha2::{Digest as _, Sha256};
+        let mut h = Sha256::new();
+        for p in parts {
+            h.update((p.len() as u64).to_be_bytes());
+            h.update(p);
+        }
+        hex::encode(h.finalize())
+    }
+    let base = key(&[b"sbx-build/1", busybox.as_bytes()]);
+    let argv = format!("{:?}", ["/bin/sh", "-c", "echo admin-step > /out"]);
+    let step = key(&[
+        base.as_bytes(),
+        b"RUN",
+        argv.as_bytes(),
+        b"[]",
+        b"allow",
+        b"",
+    ]);
+    let poison = sbx_as(
+        &w,
+        &editor,
+        &[
+            "image",
+            "build",
+            "-t",
+            &format!("sbx.local/build-cache:{step}"),
+            evil_dir,
+        ],
+    );
+    assert_ne!(poison.code, 0, "an editor wrote a cache step: {poison:?}");
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM sbx.local/busybox:latest\nRUN echo admin-step > /out\n",
+    )
+    .unwrap();
+    let dir = ctx.path().to_str().unwrap();
+    let built = sbx_as(&w, &root, &["image", "build", "-t", "app:v1", dir]);
+    assert_eq!(built.code, 0, "{built:?}");
+    assert!(!built.stderr.contains("(cached)"), "{}", built.stderr);
+    let ran = sbx_as(
+        &w,
+        &root,
+        &["run", "--rm", "--image", "app:v1", "--", "cat", "/out"],
+    );
+    assert_eq!(ran.stdout, "admin-step\n", "{ran:?}");
+
+    // Workspaces: the same Dockerfile in wa, then wb, runs its step in each; wa again is
+    // answered from wa's cache.
+    for ws in ["wa", "wb"] {
+        sbx_as(&w, &root, &["workspace", "create", ws]).ok();
+    }
+    let run_step = |ws: &str| -> String {
+        let out = sbx_as(&w, &root, &["image", "build", "-w", ws, dir]);
+        assert_eq!(out.code, 0, "{out:?}");
+        steps(&out.stderr)
+            .into_iter()
+            .find(|l| l.contains(": RUN "))
+            .unwrap_or_else(|| panic!("no RUN step: {}", out.stderr))
+            .to_string()
+    };
+    assert!(!run_step("wa").ends_with("(cached)"));
+    let other = run_step("wb");
+    assert!(
+        !other.ends_with("(cached)"),
+        "wb's build took wa's cached step: {other}"
+    );
+    assert!(run_step("wa").ends_with("(cached)"));
+    w.finish_as(&root);
 }

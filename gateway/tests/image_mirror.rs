@@ -211,19 +211,51 @@ async fn images_pulled_or_imported_through_a_gateway_run_on_a_node_that_fetches_
     assert!(node_holds(&node_store, &pulled_digest));
     assert_eq!(fetches(&node), 2, "{}", node.log_text());
 
-    // The default image, made by the gateway at its start (never pulled): the node fetches it
-    // too.
+    // The default image, made by the gateway at its start (never pulled): the node made the
+    // same at its own start, from its own busybox, and fetches nothing.
     create(&ep, "fourth", None, &d, &node);
     let default = sbx(&ep, &["sandbox", "get", "fourth", "-o", "json"]).json();
     let default_digest = default["image_digest"].as_str().unwrap().to_string();
     assert!(node_holds(&node_store, &default_digest), "{default}");
     let echoed = sbx(&ep, &["sandbox", "exec", "fourth", "--", "echo", "default"]);
     assert_eq!(echoed.ok(), "default\n", "{echoed:?}");
-    assert_eq!(fetches(&node), 3, "{}", node.log_text());
+    assert_eq!(fetches(&node), 2, "{}", node.log_text());
 
     for name in ["first", "second", "third", "fourth"] {
         sbx(&ep, &["sandbox", "delete", name]).ok();
     }
+    common::assert_oci_left_nothing(node_data.path(), &cgroup.0);
+}
+
+/// The built-in image on an oci node and a gateway without `--image-mirror`: the node made it
+/// at its start from its own busybox (the same digest as the gateway's), so a create of the
+/// default image is Ready there, and nothing is fetched (issue 46, item 8; before, the create
+/// failed: "not in this node's image store … start the gateways with --image-mirror").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_built_in_image_runs_on_a_node_with_no_mirror() {
+    let cgroup = CgroupParent(format!("sbx-gateway-tests-builtin-{}", unique()));
+    let gateway_data = DataDir::new();
+    let node_data = DataDir::new();
+    let (node, node_store) = oci_node(node_data.path(), &cgroup.0);
+    assert!(
+        node.log_text().contains("built the default image"),
+        "{}",
+        node.log_text()
+    );
+    let d = Sbxd::start(gateway_data.path(), "sim", &["--sim-images"]);
+    let ep = d.endpoint();
+    add_node(&ep, &node);
+    create(&ep, "builtin", None, &d, &node);
+    let made = sbx(&ep, &["sandbox", "get", "builtin", "-o", "json"]).json();
+    let digest = made["image_digest"].as_str().unwrap().to_string();
+    assert!(node_holds(&node_store, &digest), "{made}");
+    let echoed = sbx(
+        &ep,
+        &["sandbox", "exec", "builtin", "--", "echo", "built here"],
+    );
+    assert_eq!(echoed.ok(), "built here\n", "{echoed:?}");
+    assert_eq!(fetches(&node), 0, "{}", node.log_text());
+    sbx(&ep, &["sandbox", "delete", "builtin"]).ok();
     common::assert_oci_left_nothing(node_data.path(), &cgroup.0);
 }
 
@@ -296,5 +328,120 @@ async fn an_image_imported_through_one_gateway_runs_through_another() {
     for name in ["via-b", "default"] {
         sbx(&ep, &["sandbox", "delete", name]).ok();
     }
+    common::assert_oci_left_nothing(node_data.path(), &cgroup.0);
+}
+
+/// One raw HTTP/1.1 request to `addr` (the E2B listener); answers (status, body).
+fn raw(addr: &str, request: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The mirror on every create, whatever the door: an E2B create (the SDK's `POST /sandboxes`)
+/// through B, whose own image store never had the image (A imported it, then stopped), runs
+/// on the oci node: B's front door fetched it from the mirror to pin it, as for a gRPC
+/// create.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_e2b_create_of_an_image_only_the_mirror_has_runs_on_a_node() {
+    if !LocalRegistry::available("an_e2b_create_of_an_image_only_the_mirror_has_runs_on_a_node") {
+        return;
+    }
+    let cgroup = CgroupParent(format!("sbx-gateway-tests-mirror-{}", unique()));
+    let store = SharedStore::start();
+    let url = store.database("mirrore2b").await;
+    let (a_data, b_data, node_data) = (DataDir::new(), DataDir::new(), DataDir::new());
+    let registry_dir = tempfile::tempdir().unwrap();
+    let registry = LocalRegistry::start(registry_dir.path());
+    let mirror = format!("{}/sbx-test", registry.addr);
+    let (node, node_store) = oci_node(node_data.path(), &cgroup.0);
+    let flags = [
+        "--sim-images",
+        "--image-mirror",
+        &mirror,
+        "--lease-seconds",
+        "2",
+    ];
+    let mut a = store.gateway(a_data.path(), &url, &flags);
+    add_node(&a.endpoint(), &node);
+    let digest = import(
+        &a.endpoint(),
+        a_data.path(),
+        "localhost/only-mirror:v1",
+        "only in the mirror\n",
+    );
+    a.sigterm(Duration::from_secs(30));
+
+    let e2b_file = b_data.path().join("e2b-addr");
+    let e2b_arg = e2b_file.display().to_string();
+    // B's own driver is oci (an E2B create names no driver: the gateway's is the one), cordoned
+    // as A's was: the sandbox runs on the node.
+    let b = Sbxd::start(
+        b_data.path(),
+        "oci",
+        &[
+            "--store",
+            &url,
+            "--store-password-file",
+            &store.password_file,
+            "--image-mirror",
+            &mirror,
+            "--lease-seconds",
+            "2",
+            "--oci-cgroup-parent",
+            &cgroup.0,
+            "--e2b-listen",
+            "127.0.0.1:0",
+            "--e2b-addr-file",
+            &e2b_arg,
+        ],
+    );
+    let e2b = std::fs::read_to_string(&e2b_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    eventually(
+        Duration::from_secs(30),
+        "B serves the workspace",
+        || async { b.log_text().contains("serving the workspace").then_some(()) },
+    )
+    .await;
+    assert!(!node_holds(&node_store, &digest));
+    let body = r#"{"templateID": "localhost/only-mirror:v1", "timeout": 60}"#;
+    let (status, made) = raw(
+        &e2b,
+        &format!(
+            "POST /sandboxes HTTP/1.1\r\nHost: x\r\nX-API-KEY: any\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert_eq!(status, 201, "{made}\nB:\n{}", b.log_text());
+    assert!(node_holds(&node_store, &digest), "the node ran it");
+    let made: serde_json::Value = serde_json::from_str(&made).unwrap();
+    let id = made["sandboxID"].as_str().unwrap();
+    let (status, _) = raw(
+        &e2b,
+        &format!(
+            "DELETE /sandboxes/{id} HTTP/1.1\r\nHost: x\r\nX-API-KEY: any\r\nConnection: \
+             close\r\n\r\n"
+        ),
+    );
+    assert_eq!(status, 204);
     common::assert_oci_left_nothing(node_data.path(), &cgroup.0);
 }

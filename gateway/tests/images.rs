@@ -221,8 +221,8 @@ async fn images_through_sbxd_and_the_cli() {
     let err = images
         .get_image(GetImageRequest {
             image: Some(ImageRef {
-                id: String::new(),
                 reference: "Bad Ref".into(),
+                ..Default::default()
             }),
         })
         .await
@@ -268,4 +268,223 @@ async fn images_through_sbxd_and_the_cli() {
         cli.code == 1 && cli.stderr.contains("IMAGE_NOT_FOUND"),
         "{cli:?}"
     );
+}
+
+/// The lowest free space seen on `fs` every 10 ms until [`LowWater::lowest`].
+struct LowWater {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl LowWater {
+    fn watch(fs: &common::Tmpfs) -> LowWater {
+        let path = fs.path.clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let free = || {
+                let st = nix::sys::statvfs::statvfs(&path).expect("statvfs");
+                st.blocks_available() * st.fragment_size()
+            };
+            let mut low = free();
+            // Bounded: 120 s of samples at most.
+            for _ in 0..12_000 {
+                if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                low = low.min(free());
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            low
+        });
+        LowWater {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn lowest(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for LowWater {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `len` bytes that do not compress (xorshift), different for each `seed`.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A gzip layer of a few hundred KiB that unpacks to 400 MiB, pulled into a store of 256 MiB
+/// (a tmpfs of the test's own on DATA/images): refused as it unpacks, before the store's
+/// filesystem passes `--image-min-free` (its default: 10% of it here), the error naming the
+/// free space and the flag; nothing recorded; the store takes the next (smaller) image, and
+/// lists its unpacked size beside its compressed one.
+#[test]
+fn a_pull_that_would_fill_the_disk_is_refused_naming_the_free_space() {
+    use sbx_drivers::image::fixtures::{self, LocalRegistry};
+    if !LocalRegistry::available("a_pull_that_would_fill_the_disk_is_refused_naming_the_free_space")
+    {
+        return;
+    }
+    let data = DataDir::new();
+    let fs = common::Tmpfs::mount(&data.path().join("images"), "256m");
+    let d = Sbxd::start(data.path(), "sim", &["--sim-images"]);
+    let ep = d.endpoint();
+    let work = tempfile::tempdir().unwrap();
+    let registry = LocalRegistry::start(&work.path().join("registry"));
+    let bomb = format!("{}/sbx-test/zeros:big", registry.addr);
+    fixtures::write_oci_layout_of_zeros(&work.path().join("big"), "zeros", 400 << 20, "v1");
+    registry.push(&work.path().join("big"), &bomb, &[]);
+    let fits = format!("{}/sbx-test/zeros:fits", registry.addr);
+    fixtures::write_oci_layout_of_zeros(&work.path().join("fits"), "zeros", 40 << 20, "v1");
+    registry.push(&work.path().join("fits"), &fits, &[]);
+
+    let min_free = 256u64 * (1 << 20) / 10;
+    let low = LowWater::watch(&fs);
+    let started = std::time::Instant::now();
+    let refused = sbx(&ep, &["image", "pull", &bomb]);
+    let took = started.elapsed();
+    let lowest = low.lowest();
+    eprintln!(
+        "refused in {took:?}, the store's filesystem at {} MiB free at its lowest: {}",
+        lowest >> 20,
+        refused.stderr.trim()
+    );
+    assert_ne!(refused.code, 0, "{refused:?}");
+    assert!(
+        refused.stderr.contains("--image-min-free")
+            && refused.stderr.contains("MiB free")
+            && refused.stderr.contains("/zeros"),
+        "the refusal names the free space, the entry and the flag: {refused:?}"
+    );
+    assert!(
+        lowest + (1 << 20) >= min_free,
+        "the filesystem went down to {} MiB free (--image-min-free: {} MiB)",
+        lowest >> 20,
+        min_free >> 20
+    );
+    let listed = sbx(&ep, &["image", "list", "-o", "json"]).ok().to_string();
+    assert!(!listed.contains("zeros:big"), "{listed}");
+
+    // The store still writes; the image's unpacked size is listed beside its blob's.
+    let pulled = sbx(&ep, &["image", "pull", &fits, "-o", "json"]).json();
+    let unpacked = pulled["unpacked_size"].as_u64().unwrap_or(0);
+    let size = pulled["size"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        unpacked >= 40 << 20 && size < 1 << 20,
+        "size {size}, unpacked {unpacked}: {pulled}"
+    );
+    let table = sbx(&ep, &["image", "list"]);
+    assert!(
+        table.ok().contains("UNPACKED") && table.stdout.contains("40.0MiB"),
+        "{table:?}"
+    );
+    drop(d);
+    drop(fs);
+}
+
+/// An image of 64 MiB on disk is deleted while a pull crawls through a throttled registry; the
+/// pull's caller then goes away: the deleted image's disk is free again (within 1 MiB of
+/// where the store was before it), and so is whatever the cancelled pull had fetched.
+#[test]
+fn a_deleted_images_disk_is_freed_though_a_cancelled_pull_ran_meanwhile() {
+    use sbx_drivers::image::fixtures::{self, LocalRegistry, TarEntry};
+    if !LocalRegistry::available(
+        "a_deleted_images_disk_is_freed_though_a_cancelled_pull_ran_meanwhile",
+    ) {
+        return;
+    }
+    let data = DataDir::new();
+    let fs = common::Tmpfs::mount(&data.path().join("images"), "512m");
+    let d = Sbxd::start(data.path(), "sim", &["--sim-images"]);
+    let ep = d.endpoint();
+    let work = tempfile::tempdir().unwrap();
+    let registry = LocalRegistry::start(&work.path().join("registry"));
+    let slow_layer = fixtures::tar_bytes(&[TarEntry::file("noise", &noise(8 << 20, 7))]);
+    fixtures::write_oci_layout(&work.path().join("slow"), &[slow_layer], "v1");
+    registry.push(
+        &work.path().join("slow"),
+        &format!("{}/sbx-test/slow:v1", registry.addr),
+        &[],
+    );
+    let proxy = common::throttled_proxy(&registry.addr, 256 << 10);
+
+    let baseline = fs.free();
+    let big = work.path().join("big.tar");
+    std::fs::write(
+        &big,
+        fixtures::tar_bytes(&[TarEntry::file("noise", &noise(32 << 20, 11))]),
+    )
+    .unwrap();
+    sbx(
+        &ep,
+        &["image", "import", big.to_str().unwrap(), "--name", "big:v1"],
+    )
+    .ok();
+    let with_big = fs.free();
+    assert!(
+        baseline - with_big >= 60 << 20,
+        "the image takes {} MiB",
+        (baseline - with_big) >> 20
+    );
+
+    // The slow pull is under way (its blob is being written in the store's tmp/).
+    let mut pull = std::process::Command::new(common::SBX)
+        .args(["image", "pull", &format!("{proxy}/sbx-test/slow:v1")])
+        .env("SBX_ENDPOINT", &ep)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let tmp = data.path().join("images/tmp");
+    let fetching = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_dir(&tmp).map_or(0, |d| d.count()) == 0 {
+        assert!(std::time::Instant::now() < fetching, "the pull never began");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let removed = sbx(&ep, &["image", "rm", "big:v1"]);
+    assert!(removed.ok().contains("deleted"), "{removed:?}");
+    // The pull's caller goes (a Ctrl-C, a dropped connection).
+    pull.kill().unwrap();
+    pull.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let free = fs.free();
+        if free + (1 << 20) >= baseline {
+            eprintln!(
+                "freed to {} KiB of the baseline",
+                (baseline.saturating_sub(free)) >> 10
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "15 s after the delete and the cancel, {} MiB of the store's disk is still taken",
+            (baseline - free) >> 20
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let listed = sbx(&ep, &["image", "list", "-o", "json"]).ok().to_string();
+    assert!(
+        !listed.contains("big:v1") && !listed.contains("slow:v1"),
+        "{listed}"
+    );
+    drop(d);
+    drop(fs);
 }

@@ -121,6 +121,24 @@ async fn reasons(sb: &SandboxServiceClient<Channel>, id: &str) -> Vec<String> {
         .collect()
 }
 
+/// The sandbox's event reasons once `done` holds of them, or after 5 s: an event is written
+/// by a task of its own (a lifecycle step never waits on it), so it may land just after the
+/// phase it tells is seen.
+async fn reasons_once(
+    sb: &SandboxServiceClient<Channel>,
+    id: &str,
+    done: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let told = reasons(sb, id).await;
+        if done(&told) || Instant::now() >= deadline {
+            return told;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn exec_out(sb: &SandboxServiceClient<Channel>, id: &str, cmd: &[&str]) -> String {
     let mut stream = sb
         .clone()
@@ -326,11 +344,8 @@ async fn idleness_stops_only_what_is_idle() {
         stopped.message
     );
     let _ = quiet;
-    assert!(
-        reasons(&sb, &stopped.id)
-            .await
-            .contains(&"Idle".to_string())
-    );
+    let told = reasons_once(&sb, &stopped.id, |r| r.iter().any(|r| r == "Idle")).await;
+    assert!(told.contains(&"Idle".to_string()), "{told:?}");
 
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(ready_at.elapsed().unwrap())).await;
     for s in [&typing, &busy] {
@@ -410,7 +425,11 @@ async fn pause_resume_and_a_use_of_what_a_ttl_paused() {
         );
         assert_eq!(exec_out(&sb, &s.id, &["cat", "/sandbox/f"]).await, "kept");
     }
-    let told = reasons(&sb, &s.id).await;
+    let told = reasons_once(&sb, &s.id, |r| {
+        r.iter().filter(|r| *r == "Paused").count() >= 5
+            && r.iter().filter(|r| *r == "Resumed").count() >= 5
+    })
+    .await;
     assert_eq!(
         told.iter().filter(|r| *r == "Paused").count(),
         5,

@@ -34,6 +34,8 @@ struct World {
     driver: &'static str,
     /// More flags for sbxd (the vm driver's asset cache and boot timeout).
     extra: Vec<String>,
+    /// More environment for sbxd.
+    env: Vec<(&'static str, String)>,
 }
 
 impl World {
@@ -48,6 +50,7 @@ impl World {
             dns: None,
             driver: "",
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -73,7 +76,8 @@ impl World {
             "--metrics-addr-file",
             metrics_file,
         ]);
-        let d = Sbxd::start(self.data.path(), self.driver, &flags);
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let d = Sbxd::start_with_env(self.data.path(), self.driver, &flags, &env);
         let ep = d.endpoint();
         self.sbxd = Some(d);
         ep
@@ -1632,5 +1636,149 @@ fn a_second_sbxd_on_the_same_network_name_is_refused_naming_the_first() {
     sbx(&ep, &["sandbox", "delete", "s"]).ok();
     w.sandboxes.clear();
     assert_eq!(w.left_on_host(), Vec::<String>::new());
+    drop(up);
+}
+
+/// The ranges the gateways of [`gateways_on_auto_take_free_ranges_and_one_with_none_free_refuses`]
+/// choose from (its own, so it takes none of the host's defaults).
+const AUTO_TEST_RANGES: &str = "10.254.28.0/24,10.254.29.0/24";
+
+#[test]
+fn gateways_on_auto_take_free_ranges_and_one_with_none_free_refuses() {
+    if !runnable() {
+        return;
+    }
+    let tag = format!("r{:04x}", std::process::id() & 0xffff);
+    let third = 28;
+    let public = public_addr(third);
+    let up = Upstream::with_names(&tag, third, &[80], &[("auto.sbx.test", public)]);
+    let public = public.to_string();
+    let auto_world = |suffix: &str| {
+        let mut w = World::new(&format!("{tag}{suffix}"), third);
+        w.cidr = "auto".into();
+        w.dns = Some(up.addr.to_string());
+        w.env = vec![("SBX_NETWORK_AUTO_RANGES", AUTO_TEST_RANGES.to_string())];
+        w
+    };
+    let kept = |w: &World| {
+        std::fs::read_to_string(
+            w.data
+                .path()
+                .join("drivers/oci/network")
+                .join(sbx_drivers::network::AUTO_FILE),
+        )
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+    };
+
+    // Two gateways, each its own --network-name, both on auto: each gets a range of its own,
+    // and a sandbox on each resolves a name its list allows through its gateway's resolver.
+    let mut worlds = vec![auto_world("a"), auto_world("b")];
+    let mut chosen = Vec::new();
+    for w in worlds.iter_mut() {
+        let ep = w.start();
+        w.sandboxes = vec!["s"];
+        sbx(
+            &ep,
+            &[
+                "sandbox",
+                "create",
+                "-n",
+                "s",
+                "--allow",
+                "auto.sbx.test:80",
+                "--",
+                "sleep",
+                "3600",
+            ],
+        )
+        .ok();
+        let looked_up = exec(&ep, "s", "nslookup auto.sbx.test");
+        assert!(
+            looked_up.stdout.contains(&public),
+            "gateway {}: the resolver answers an allowed name: {looked_up:?}",
+            w.name
+        );
+        assert_eq!(connect(&ep, "s", &public, 80), "hello 80");
+        chosen.push(kept(w));
+    }
+    eprintln!("the two gateways took {chosen:?}");
+    assert_ne!(chosen[0], chosen[1], "different ranges");
+
+    // A third, whose kept choice is the first's range and whose other range the second
+    // holds: it does not start, and says what is in the way and how to run without.
+    let c = auto_world("c");
+    let net_dir = c.data.path().join("drivers/oci/network");
+    std::fs::create_dir_all(&net_dir).unwrap();
+    std::fs::write(net_dir.join(sbx_drivers::network::AUTO_FILE), &chosen[0]).unwrap();
+    let addr_file = c.data.path().join("addr");
+    let mut third_sbxd = common::sbxd_command()
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(c.data.path())
+        .arg("--addr-file")
+        .arg(&addr_file)
+        .args([
+            "--oci-cgroup-parent",
+            &c.cgroup_parent,
+            "--network-cidr",
+            "auto",
+            "--network-name",
+            &c.name,
+            "--network-dns",
+            &up.addr.to_string(),
+        ])
+        .env("SBX_NETWORK_AUTO_RANGES", AUTO_TEST_RANGES)
+        .env("SBX_AUTH", "none")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = third_sbxd.try_wait().unwrap() {
+            break status;
+        }
+        if addr_file.exists() || began.elapsed() > Duration::from_secs(60) {
+            let _ = third_sbxd.kill();
+            let _ = third_sbxd.wait();
+            panic!(
+                "a third sbxd serves with no free range (its kept choice {}, the first's): {}",
+                chosen[0],
+                std::io::read_to_string(third_sbxd.stderr.take().unwrap()).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let said = std::io::read_to_string(third_sbxd.stderr.take().unwrap()).unwrap();
+    eprintln!("the third sbxd: {status}; it said: {}", said.trim());
+    assert!(!status.success(), "{status}: {said}");
+    for (w, range) in worlds.iter().zip(&chosen) {
+        assert!(
+            said.contains(range.as_str()) && said.contains(&format!("{}0", w.name)),
+            "the refusal names {range} and the bridge that holds it: {said}"
+        );
+    }
+    assert!(said.contains("--network-cidr off"), "{said}");
+    assert!(
+        !sbx_drivers::network::link::link_exists(&format!("{}0", c.name)),
+        "the refused gateway made no bridge"
+    );
+
+    for w in worlds.iter_mut() {
+        let ep = w.sbxd.as_ref().unwrap().endpoint();
+        sbx(&ep, &["sandbox", "delete", "s"]).ok();
+        w.sandboxes.clear();
+        assert_eq!(w.left_on_host(), Vec::<String>::new());
+    }
+    for c in &chosen {
+        assert!(
+            AUTO_TEST_RANGES.split(',').any(|r| r == c),
+            "{c} is one of {AUTO_TEST_RANGES}"
+        );
+    }
+    drop(c);
+    drop(worlds);
     drop(up);
 }

@@ -143,7 +143,7 @@ fn import_git_image(endpoint: &str, dir: &Path) {
             "import",
             layout.to_str().unwrap(),
             "--name",
-            "sbx.local/walls:v1",
+            "localhost/walls:v1",
         ],
     )
     .ok();
@@ -187,7 +187,7 @@ fn git_ln_and_rename_work_across_directories_in_an_oci_sandbox() {
             "-n",
             "walls",
             "--image",
-            "sbx.local/walls:v1",
+            "localhost/walls:v1",
             "--",
             "sleep",
             "3600",
@@ -230,7 +230,7 @@ fn vm_git_ln_and_rename_work_across_directories() {
             "-n",
             "walls",
             "--image",
-            "sbx.local/walls:v1",
+            "localhost/walls:v1",
             "--timeout",
             "120s",
             "--",

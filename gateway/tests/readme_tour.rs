@@ -94,6 +94,10 @@ fn the_tour_runs_as_pasted() {
         out.contains("sbx.local/busybox"),
         "the built-in image is listed\n{report}"
     );
+    assert!(
+        out.contains("as user in /home/user\n"),
+        "exec -u runs as that user, in its home\n{report}"
+    );
     // `0 <first> 65536`: a range of the sandbox's own from the default uid pool.
     let mapped = out.lines().any(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();

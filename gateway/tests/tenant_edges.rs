@@ -304,6 +304,27 @@ fn spied_on(driver: &str, cgroup_flag: &[&str], sandboxes: &str, volume: &str, m
     }
 }
 
+/// Every file under the image store's blobs and layers, with its size.
+fn store_files(images: &Path) -> Vec<(String, u64)> {
+    let mut files = Vec::new();
+    let mut dirs = vec![images.join("blobs"), images.join("layers")];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                dirs.push(entry.path());
+            } else {
+                files.push((entry.path().display().to_string(), meta.len()));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
 mod revoked_uploads {
     use std::time::{Duration, Instant};
 
@@ -422,7 +443,8 @@ mod revoked_uploads {
                     let mut client = ImageServiceClient::with_interceptor(channel, bearer(&token));
                     itx.send(ImportImageRequest {
                         part: Some(import_image_request::Part::Header(ImportImageHeader {
-                            name: "sbx.local/revoked:latest".into(),
+                            name: "localhost/revoked:latest".into(),
+                            ..Default::default()
                         })),
                     })
                     .await
@@ -501,6 +523,130 @@ mod revoked_uploads {
         super::sbx_as(&ep, &root, &["sandbox", "delete", "box"]).ok();
         drop(d);
         super::common::assert_oci_left_nothing(data.path(), &parent.0);
+    }
+
+    /// A revoke during a pull that crawls through a throttled registry ends it within about
+    /// a second (the gateway's recheck), though the registry goes on sending: the caller gets
+    /// UNAUTHENTICATED, nothing is recorded, and nothing of the pull stays in the store.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_revoke_ends_a_pull_and_nothing_of_it_is_kept() {
+        use sbx_drivers::image::fixtures::{self, LocalRegistry, TarEntry};
+        use sbx_proto::v1::{PullImageRequest, pull_image_response, pull_progress};
+        if !LocalRegistry::available("a_revoke_ends_a_pull_and_nothing_of_it_is_kept") {
+            return;
+        }
+        let data = super::common::DataDir::new();
+        let d = super::Sbxd::start(data.path(), "sim", &["--sim-images", "--auth", "token"]);
+        let root = super::identity(data.path(), "root", "admin", &[]);
+        let puller = super::identity(data.path(), "puller", "editor", &[]);
+        let work = tempfile::tempdir().unwrap();
+        let registry = LocalRegistry::start(&work.path().join("registry"));
+        // 4 MiB that do not compress, at 256 KiB/s: a 16 s pull.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let noise: Vec<u8> = (0..(4 << 20) / 8)
+            .flat_map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x.to_le_bytes()
+            })
+            .collect();
+        let layer = fixtures::tar_bytes(&[TarEntry::file("noise", &noise)]);
+        fixtures::write_oci_layout(&work.path().join("slow"), &[layer], "v1");
+        registry.push(
+            &work.path().join("slow"),
+            &format!("{}/sbx-test/slow:v1", registry.addr),
+            &[],
+        );
+        let proxy = super::common::throttled_proxy(&registry.addr, 256 << 10);
+        let images_dir = data.path().join("images");
+        let before = store_files(&images_dir);
+
+        let mut client = ImageServiceClient::with_interceptor(d.channel().await, bearer(&puller));
+        let mut stream = client
+            .pull_image(PullImageRequest {
+                reference: format!("{proxy}/sbx-test/slow:v1"),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        // Under way: a layer's bytes are coming.
+        let began = Instant::now();
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(20), stream.message())
+                .await
+                .expect("progress within 20 s")
+                .unwrap()
+                .expect("the pull goes on");
+            if let Some(pull_image_response::Message::Progress(p)) = msg.message
+                && matches!(p.event, Some(pull_progress::Event::Layer(_)))
+            {
+                break;
+            }
+        }
+        let revoked_at = Instant::now();
+        assert!(common_revoke(data.path(), "puller"), "revoking puller");
+        let ended = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(msg)) => {
+                        if let Some(pull_image_response::Message::Image(image)) = msg.message {
+                            return Ok(image);
+                        }
+                    }
+                    Ok(None) => return Err(Status::unknown("the stream ended with no answer")),
+                    Err(status) => return Err(status),
+                }
+            }
+        })
+        .await
+        .expect("the pull ended within 30 s");
+        let took = revoked_at.elapsed();
+        eprintln!(
+            "a revoke ended a pull in {took:?} (its bytes began {:?} before)",
+            revoked_at - began
+        );
+        let status = ended.expect_err("a revoked pull must fail");
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+        assert!(
+            took < Duration::from_secs(4),
+            "the pull went on for {took:?}"
+        );
+        let mut images = ImageServiceClient::with_interceptor(d.channel().await, bearer(&root));
+        let listed = format!(
+            "{:?}",
+            images
+                .list_images(ListImagesRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+        );
+        assert!(
+            !listed.contains("slow"),
+            "the revoked pull is recorded: {listed}"
+        );
+        // Whatever it fetched is gone again (the config blob too), and nothing is in tmp/.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store_files(&images_dir) != before {
+            assert!(
+                Instant::now() < deadline,
+                "the revoked pull left {:?}",
+                store_files(&images_dir)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let tmp: Vec<_> = std::fs::read_dir(images_dir.join("tmp"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(tmp.is_empty(), "{tmp:?}");
+    }
+
+    /// Every file under the image store's blobs and layers, with its size.
+    fn store_files(images: &std::path::Path) -> Vec<(String, u64)> {
+        super::store_files(images)
     }
 
     fn common_revoke(data: &std::path::Path, name: &str) -> bool {
@@ -698,26 +844,7 @@ mod image_limits {
         &'static str,
     );
 
-    /// Every file under the image store's blobs and layers, with its size.
-    fn store_files(images: &Path) -> Vec<(String, u64)> {
-        let mut files = Vec::new();
-        let mut dirs = vec![images.join("blobs"), images.join("layers")];
-        while let Some(dir) = dirs.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let meta = entry.metadata().unwrap();
-                if meta.is_dir() {
-                    dirs.push(entry.path());
-                } else {
-                    files.push((entry.path().display().to_string(), meta.len()));
-                }
-            }
-        }
-        files.sort();
-        files
-    }
+    use super::store_files;
 
     /// A gzip bomb (a small layer that unpacks to 96 MiB), a layer of 20,000 empty files, a
     /// manifest that claims a 10^15-byte layer and an image of 5,000 layers are each refused
@@ -945,4 +1072,132 @@ mod what_a_scoped_caller_learns {
             "a scoped caller learns where the name exists: {said}"
         );
     }
+}
+
+/// Images belong to a workspace: what an admin builds into `wb` (its result and its cache
+/// step) is not found by an editor of `wa` — by name, by digest or by id — exactly as an
+/// image nobody has; what is built into `wa` and the gateway's own images are.
+#[test]
+fn a_tenant_runs_only_its_workspaces_images_and_published_ones() {
+    let data = tempfile::tempdir().unwrap();
+    let d = Sbxd::start(data.path(), "sim", &["--auth", "token", "--sim-images"]);
+    let ep = d.endpoint();
+    let root = identity(data.path(), "root", "admin", &[]);
+    for ws in ["wa", "wb"] {
+        sbx_as(&ep, &root, &["workspace", "create", ws]).ok();
+    }
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM sbx.local/busybox:latest\nCOPY secret /secret\n",
+    )
+    .unwrap();
+    std::fs::write(ctx.path().join("secret"), "wb's secret\n").unwrap();
+    let dir = ctx.path().to_str().unwrap();
+    let built = sbx_as(
+        &ep,
+        &root,
+        &[
+            "image",
+            "build",
+            "-w",
+            "wb",
+            "-t",
+            "secret:v1",
+            dir,
+            "-o",
+            "json",
+        ],
+    )
+    .json();
+    let digest = built["digest"].as_str().unwrap().to_string();
+    let id = built["id"].as_str().unwrap().to_string();
+    let editor = identity(data.path(), "editor-a", "editor", &["wa"]);
+    for (how, image) in [("by name", "secret:v1"), ("by digest", digest.as_str())] {
+        let made = sbx_as(
+            &ep,
+            &editor,
+            &[
+                "sandbox", "create", "-w", "wa", "--image", image, "--pull", "never", "--", "cat",
+                "/secret",
+            ],
+        );
+        assert_eq!(
+            made.code, 1,
+            "{how}: an editor of wa ran wb's image: {made:?}"
+        );
+        assert!(
+            made.stderr.contains("IMAGE_NOT_FOUND") && !made.stderr.contains("wb"),
+            "{how}: {made:?}"
+        );
+    }
+    // By id: what an id nobody has gets, word for word but the id.
+    let by_id = sbx_as(&ep, &editor, &["image", "get", "-w", "wa", "--id", &id]);
+    let nobodys = uuid::Uuid::new_v4().to_string();
+    let unknown = sbx_as(
+        &ep,
+        &editor,
+        &["image", "get", "-w", "wa", "--id", &nobodys],
+    );
+    assert_eq!(by_id.code, 1, "{by_id:?}");
+    assert_eq!(
+        by_id.stderr.replace(&id, "ID"),
+        unknown.stderr.replace(&nobodys, "ID"),
+        "another workspace's image answers as no image at all"
+    );
+    // wb's own editor runs it; wa's editor runs what is built into wa and the gateway's.
+    let editor_b = identity(data.path(), "editor-b", "editor", &["wb"]);
+    sbx_as(
+        &ep,
+        &editor_b,
+        &[
+            "sandbox",
+            "create",
+            "-w",
+            "wb",
+            "-n",
+            "b1",
+            "--image",
+            "secret:v1",
+            "--",
+            "sleep",
+            "1",
+        ],
+    )
+    .ok();
+    std::fs::write(ctx.path().join("secret"), "wa's own\n").unwrap();
+    sbx_as(
+        &ep,
+        &root,
+        &["image", "build", "-w", "wa", "-t", "mine:v1", dir],
+    )
+    .ok();
+    for image in ["mine:v1", "sbx.local/busybox:latest"] {
+        sbx_as(
+            &ep,
+            &editor,
+            &[
+                "sandbox", "create", "-w", "wa", "--image", image, "--", "sleep", "1",
+            ],
+        )
+        .ok();
+    }
+    // A tenant lists its workspace's images and the gateway's, nothing of wb's.
+    let listed = sbx_as(&ep, &editor, &["image", "list", "-w", "wa", "-o", "json"]).json();
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"docker.io/library/mine:v1")
+            && names.contains(&"sbx.local/busybox:latest")
+            && !names.contains(&"docker.io/library/secret:v1"),
+        "{names:?}"
+    );
+    assert!(
+        !listed.to_string().contains(&digest),
+        "wb's image (or its cache step) is listed to wa: {listed}"
+    );
 }

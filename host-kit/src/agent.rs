@@ -548,6 +548,7 @@ where
             cols: clamp(t.cols),
             term: t.term.clone(),
         }),
+        user: req.user.clone().into_bytes(),
     });
     wr.write_all(&request.encode())
         .await

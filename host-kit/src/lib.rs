@@ -45,6 +45,7 @@ pub mod budgets;
 pub mod command;
 pub mod contract;
 pub mod feed;
+pub mod flags;
 pub mod image_process;
 pub mod lifecycle;
 pub mod lock;

@@ -19,10 +19,12 @@
 //! `log_max` together (the agent's `log` module: the log is copied into the previous part and
 //! emptied before it passes half of it). So a reader that finds the log shorter than where it
 //! last read reads the rest from the previous part, then the log from its start; the tail of
-//! a log starts in the previous part when the log alone is short. A follower also sees a
-//! rotation after which the log grew back past where it read (the previous part's length and
-//! time changed: [`rotation_mark`]) and reads across it the same way; it skips lines only when
-//! the log is rotated twice between two of its reads.
+//! a log starts in the previous part when the log alone is short. A follower keeps the bytes
+//! it read just before its offset ([`Place`]) and reads on only from a file that holds them
+//! there, in the same read: so it tells a rotation after which the log grew back past where
+//! it read (no length can), and one under way, by what the files hold; it never reads a byte
+//! twice or out of order, and skips only when the log was rotated twice between two of its
+//! reads (then it says so, and reads on from a file's start).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -269,9 +271,9 @@ pub fn rotation_files(log: &Path) -> std::io::Result<(std::os::fd::OwnedFd, std:
 }
 
 /// The last `window` bytes of the log and its previous part together, as one piece (the part
-/// first), and the log's length: where a follower goes on. The log is read last; a rotation
+/// first), and where a follower goes on (the log's end, and what it read of it). The log is read last; a rotation
 /// between the two reads (the log then shorter than it was) is read again once.
-fn read_window(log: &Path, window: u64) -> std::io::Result<(Vec<u8>, u64)> {
+fn read_window(log: &Path, window: u64) -> std::io::Result<(Vec<u8>, Place)> {
     let read_end = |path: &Path, most: u64| -> std::io::Result<(Vec<u8>, u64)> {
         let mut file = match std::fs::File::open(path) {
             Ok(file) => file,
@@ -310,19 +312,19 @@ fn read_window(log: &Path, window: u64) -> std::io::Result<(Vec<u8>, u64)> {
         if starts_inside {
             data = after_first_line(&data).to_vec();
         }
-        return Ok((data, end));
+        return Ok((data, Place::in_log(end, &current)));
     }
 }
 
 /// The entries of the log's last [`TAIL_WINDOW`] bytes (the window's first, cut line left
-/// out), the parser that goes on from there, and the offset it goes on from. When `follow`,
+/// out), the parser that goes on from there, and the place it goes on from. When `follow`,
 /// an unended last line that may be a record being written is left in the parser for its end.
-fn read_past(log: &Path, follow: bool) -> std::io::Result<(Vec<Entry>, LogParser, u64)> {
+fn read_past(log: &Path, follow: bool) -> std::io::Result<(Vec<Entry>, LogParser, Place)> {
     let mut parser = LogParser::default();
-    let (window, end) = read_window(log, TAIL_WINDOW)?;
+    let (window, place) = read_window(log, TAIL_WINDOW)?;
     let mut entries = parser.push(&window);
     entries.extend(parser.flush(!follow));
-    Ok((entries, parser, end))
+    Ok((entries, parser, place))
 }
 
 /// The last `lines` lines of the workload in `entries` (all when 0). A final line not ended
@@ -369,64 +371,114 @@ pub fn log_since(log: &Path, offset: u64) -> String {
     }
 }
 
-/// What a follower that has read the log up to `offset` reads next (at most `4 * CHUNK`), and
-/// the offset it has read to then. A log shorter than `offset` was rotated: the rest of what
-/// it held is at the same offset in the previous part, read first; then the log from its
-/// start.
-pub fn read_from(log: &Path, offset: u64) -> std::io::Result<(Vec<u8>, u64)> {
-    read_from_after(log, offset, false).map(|(data, next, _)| (data, next))
-}
+/// The most of the bytes before a follower's offset it keeps ([`Place`]): a whole record of
+/// the longest line the loggers write (16 KiB, cut there) with its time stamp, so the bytes
+/// are of one record stream and no other (each record's stamp is later than the last).
+const TAIL_KEEP: usize = 16 * 1024 + 512;
 
-/// Which rotation the previous part of `log` is from: its length and modification time
-/// (each rotation rewrites it); `None` while it does not exist. A follower whose mark changed
-/// since its last read knows the log was rotated, even if it has grown back past its offset.
-pub fn rotation_mark(log: &Path) -> Option<(u64, std::time::SystemTime)> {
-    let meta = std::fs::metadata(previous_path(log)).ok()?;
-    Some((meta.len(), meta.modified().ok()?))
-}
-
-/// [`read_from`], told whether the log was `rotated` since `offset` was read to (its
-/// [`rotation_mark`] changed): then the rest of what it held is read from the previous part
-/// first, however long the log has grown again. The flag it answers: what it read came from
-/// the previous part only and more of it is left (the next read is of the previous part too).
-pub fn read_from_after(
-    log: &Path,
+/// Where a follower is in a log: the offset it has read to in the file it reads (the log, or
+/// its previous part while it reads the rest of a log rotated under it) and the bytes it read
+/// just before that offset. A file holds those bytes there only while it is still the file
+/// that was read: the loggers' rotation (the log copied to the previous part, then emptied;
+/// the agent's `log` module) is told by them, whatever the files' lengths say, and the
+/// follower never reads a byte twice or out of order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Place {
     offset: u64,
-    rotated: bool,
-) -> std::io::Result<(Vec<u8>, u64, bool)> {
-    let read_at = |path: &Path, at: u64| -> std::io::Result<Option<Vec<u8>>> {
-        let mut file = match std::fs::File::open(path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
+    tail: Vec<u8>,
+    in_previous: bool,
+}
+
+impl Place {
+    /// At `offset` of the log, `read` being what the log held just before it (its end counts).
+    pub fn in_log(offset: u64, read: &[u8]) -> Place {
+        let mut place = Place {
+            offset: offset - (read.len() as u64).min(offset),
+            ..Place::default()
         };
-        if file.metadata()?.len() < at {
-            return Ok(None);
-        }
-        file.seek(SeekFrom::Start(at))?;
-        let mut data = Vec::new();
-        file.take(4 * CHUNK as u64).read_to_end(&mut data)?;
-        Ok(Some(data))
-    };
-    match if rotated { None } else { read_at(log, offset)? } {
-        Some(data) => {
-            let next = offset + data.len() as u64;
-            Ok((data, next, false))
-        }
-        None if offset == 0 && !rotated => Ok((Vec::new(), 0, false)),
-        None => {
-            // Rotated: the rest of the old log (if the part still holds it), then from 0.
-            let mut data = read_at(&previous_path(log), offset)?.unwrap_or_default();
-            if data.len() == 4 * CHUNK {
-                let next = offset + data.len() as u64;
-                return Ok((data, next, true));
-            }
-            let more = read_at(log, 0)?.unwrap_or_default();
-            let room = (4 * CHUNK).saturating_sub(data.len()).min(more.len());
-            data.extend_from_slice(&more[..room]);
-            Ok((data, room as u64, false))
+        place.advance(&read[read.len() - (read.len() as u64).min(offset) as usize..]);
+        place
+    }
+
+    fn advance(&mut self, data: &[u8]) {
+        self.offset += data.len() as u64;
+        if data.len() >= TAIL_KEEP {
+            self.tail = data[data.len() - TAIL_KEEP..].to_vec();
+        } else {
+            let keep = TAIL_KEEP - data.len();
+            let drop = self.tail.len().saturating_sub(keep);
+            self.tail.drain(..drop);
+            self.tail.extend_from_slice(data);
         }
     }
+}
+
+/// What a follower at `place` reads next of `log` (at most `4 * CHUNK`), its place moved on,
+/// and whether it skipped: the log was rotated more than once since its last read, and what
+/// lay between is gone (its next bytes start a file). A log rotated once since is read on
+/// from its previous part, then from its start.
+pub fn follow_read(log: &Path, place: &mut Place) -> std::io::Result<(Vec<u8>, bool)> {
+    let previous = previous_path(log);
+    let from_start = |place: &mut Place, skipped: bool| -> std::io::Result<(Vec<u8>, bool)> {
+        *place = Place::default();
+        let data = read_verified(log, place)?.unwrap_or_default();
+        place.advance(&data);
+        Ok((data, skipped))
+    };
+    if place.in_previous {
+        return match read_verified(&previous, place)? {
+            Some(data) if !data.is_empty() => {
+                place.advance(&data);
+                Ok((data, false))
+            }
+            // Its end: the log from its start. Rotated once more: what the part held is gone.
+            Some(_) => from_start(place, false),
+            None => from_start(place, true),
+        };
+    }
+    match read_verified(log, place)? {
+        Some(data) => {
+            place.advance(&data);
+            Ok((data, false))
+        }
+        // The log is not the file that was read: its rest is in the previous part.
+        None => match read_verified(&previous, place)? {
+            Some(data) if !data.is_empty() => {
+                place.in_previous = true;
+                place.advance(&data);
+                Ok((data, false))
+            }
+            Some(_) => from_start(place, false),
+            None => from_start(place, true),
+        },
+    }
+}
+
+/// What `path` holds after `place` (at most `4 * CHUNK`), when it holds `place`'s tail just
+/// before its offset (one read, so a rotation cannot come between the check and the bytes);
+/// `None` when it does not (or is missing, or shorter).
+fn read_verified(path: &Path, place: &Place) -> std::io::Result<Option<Vec<u8>>> {
+    use std::os::unix::fs::FileExt;
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((place.offset == 0).then(Vec::new));
+        }
+        Err(e) => return Err(e),
+    };
+    let kept = place.tail.len();
+    let mut buf = vec![0u8; kept + 4 * CHUNK];
+    let n = loop {
+        match file.read_at(&mut buf, place.offset - kept as u64) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            other => break other?,
+        }
+    };
+    if n < kept || buf[..kept] != place.tail[..] {
+        return Ok(None);
+    }
+    buf.truncate(n);
+    Ok(Some(buf.split_off(kept)))
 }
 
 /// The log as a stream, as `query` asks: its last `tail_lines` lines (all when 0) from
@@ -439,7 +491,7 @@ pub fn log_stream(
     exists: impl Fn() -> bool + Send + 'static,
 ) -> Result<DriverStream<pb::LogChunk>, DriverError> {
     use futures::StreamExt;
-    let (entries, mut parser, mut offset) = read_past(&log, query.follow)
+    let (entries, mut parser, mut place) = read_past(&log, query.follow)
         .map_err(|e| DriverError::Internal(format!("reading the log: {e}")))?;
     let admitted: Vec<Entry> = entries.into_iter().filter(|e| query.admits(e)).collect();
     let past = tail_entries(&admitted, query.tail_lines).to_vec();
@@ -451,26 +503,19 @@ pub fn log_stream(
     }
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
-        let mut mark = rotation_mark(&log);
-        // Still reading the rest of a rotated log from its previous part.
-        let mut in_previous = false;
         loop {
             let gone = !exists();
-            let now = rotation_mark(&log);
-            let rotated = now != mark || in_previous;
-            mark = now;
-            let (entries, read) = match read_from_after(&log, offset, rotated) {
-                Ok((data, next, more_before)) if !data.is_empty() => {
-                    offset = next;
-                    in_previous = more_before;
+            let (entries, read) = match follow_read(&log, &mut place) {
+                Ok((data, skipped)) if !data.is_empty() => {
+                    // After a skip the next bytes start a file: the start of a line the
+                    // parser holds lost its end with what was skipped, and goes with it.
+                    if skipped {
+                        parser = LogParser::default();
+                    }
                     (parser.push(&data), true)
                 }
                 // Nothing more came: an unended line is told now (all of it when gone).
-                Ok((_, next, _)) => {
-                    in_previous = false;
-                    offset = next;
-                    (parser.flush(gone).into_iter().collect(), false)
-                }
+                Ok(_) => (parser.flush(gone).into_iter().collect(), false),
                 Err(e) => {
                     let error = DriverError::Internal(format!("following the log: {e}"));
                     let _ = tx.send(Err(error)).await;
@@ -699,75 +744,89 @@ mod tests {
         assert_eq!(log_since(&log, 4), "sh: boom\nafter");
     }
 
-    /// A log rotated by the loggers (its older part in `<log>.1`): the tail reads across the
-    /// two in order, and a follower that had read part of the old log reads its rest from the
-    /// part, then the new log from its start.
+    /// `lines(from, to)`: records `line N` with stamps that differ (as the loggers' do).
+    fn lines(from: u32, to: u32) -> String {
+        (from..to)
+            .map(|i| format!("2026-03-01T10:00:00.{i:09}Z stdout F line {i}\n"))
+            .collect()
+    }
+
+    fn said(from: u32, to: u32) -> String {
+        (from..to).map(|i| format!("line {i}\n")).collect()
+    }
+
+    /// A follower that read part of a log the loggers then rotated (its older part in
+    /// `<log>.1`) reads the rest from the part, then the new log from its start — also when
+    /// the log grew back past where it read, which its length cannot tell.
     #[test]
-    fn a_follower_told_of_a_rotation_reads_across_it_even_when_the_log_grew_back() {
+    fn a_follower_reads_across_a_rotation_even_when_the_log_grew_back() {
         let tmp = tempfile::tempdir().unwrap();
         let log = tmp.path().join("workload.log");
-        let lines = |from: u32, to: u32| -> String {
-            (from..to)
-                .map(|i| format!("{T1} stdout F line {i}\n"))
-                .collect()
-        };
-        // A follower read 4 lines; then a rotation, and the log grew back past where it was.
-        let read = lines(0, 4).len() as u64;
         std::fs::write(&log, lines(0, 4)).unwrap();
-        let before = rotation_mark(&log);
+        let mut place = Place::default();
+        let (data, skipped) = follow_read(&log, &mut place).unwrap();
+        assert_eq!((text(&parse_all(&data)), skipped), (said(0, 4), false));
+        // Rotated (lines 0-9 went to the part) and grown back past the follower's offset.
+        std::fs::write(&log, lines(0, 10)).unwrap();
         std::fs::write(previous_path(&log), lines(0, 10)).unwrap();
         std::fs::write(&log, lines(10, 30)).unwrap();
-        assert_ne!(
-            rotation_mark(&log),
-            before,
-            "the rotation shows in the mark"
-        );
-        assert!(
-            lines(10, 30).len() as u64 > read,
-            "the log grew back past the offset"
-        );
-        // Not told: it reads the new log at the old offset (mid-record: what was skipped).
-        let (blind, _) = read_from(&log, read).unwrap();
-        assert!(!text(&parse_all(&blind)).starts_with("line 4\n"));
-        // Told: the rest of the old log, then the new one from its start.
-        let (data, next, more) = read_from_after(&log, read, true).unwrap();
-        assert!(!more);
-        assert_eq!(
-            text(&parse_all(&data)),
-            (4..30).map(|i| format!("line {i}\n")).collect::<String>()
-        );
-        assert_eq!(next, lines(10, 30).len() as u64);
+        assert!(lines(10, 30).len() > lines(0, 4).len());
+        let mut told = String::new();
+        for _ in 0..4 {
+            let (data, skipped) = follow_read(&log, &mut place).unwrap();
+            assert!(!skipped);
+            told.push_str(&text(&parse_all(&data)));
+        }
+        assert_eq!(told, said(4, 30));
+        // At the end: nothing more, and it stays there.
+        assert_eq!(follow_read(&log, &mut place).unwrap(), (Vec::new(), false));
+        std::fs::write(&log, lines(10, 31)).unwrap();
+        let (data, _) = follow_read(&log, &mut place).unwrap();
+        assert_eq!(text(&parse_all(&data)), said(30, 31));
+    }
+
+    /// A log rotated twice between two reads: what lay between is gone; the follower says it
+    /// skipped and reads on from the newest part, never a line again or out of order.
+    #[test]
+    fn a_follower_that_missed_two_rotations_skips_forward_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("workload.log");
+        std::fs::write(&log, lines(0, 4)).unwrap();
+        let mut place = Place::default();
+        follow_read(&log, &mut place).unwrap();
+        // Rotated twice: the part holds 10-19, the log 20-25; 4-9 are gone.
+        std::fs::write(previous_path(&log), lines(10, 20)).unwrap();
+        std::fs::write(&log, lines(20, 26)).unwrap();
+        let (data, skipped) = follow_read(&log, &mut place).unwrap();
+        assert!(skipped);
+        assert_eq!(text(&parse_all(&data)), said(20, 26));
+        // A follower reading the rest of a rotated log from the part, rotated again meanwhile.
+        let mut place = Place::in_log(lines(0, 2).len() as u64, lines(0, 2).as_bytes());
+        std::fs::write(previous_path(&log), lines(0, 4)).unwrap();
+        std::fs::write(&log, lines(4, 6)).unwrap();
+        let (data, skipped) = follow_read(&log, &mut place).unwrap();
+        assert_eq!((text(&parse_all(&data)), skipped), (said(2, 4), false));
+        std::fs::write(previous_path(&log), lines(4, 8)).unwrap();
+        std::fs::write(&log, lines(8, 9)).unwrap();
+        // The part it was reading was rotated away under it (4-7 are gone): on from the log.
+        let (data, skipped) = follow_read(&log, &mut place).unwrap();
+        assert_eq!((text(&parse_all(&data)), skipped), (said(8, 9), true));
     }
 
     #[test]
     fn tail_and_follow_read_across_a_rotation() {
         let tmp = tempfile::tempdir().unwrap();
         let log = tmp.path().join("workload.log");
-        let lines = |from: u32, to: u32| -> String {
-            (from..to)
-                .map(|i| format!("{T1} stdout F line {i}\n"))
-                .collect()
-        };
-        let old = lines(0, 10);
-        // A follower read the first 4 lines before the rotation.
-        let read = lines(0, 4).len() as u64;
-        std::fs::write(previous_path(&log), &old).unwrap();
+        std::fs::write(previous_path(&log), lines(0, 10)).unwrap();
         std::fs::write(&log, lines(10, 12)).unwrap();
-        let (entries, _, end) = read_past(&log, false).unwrap();
+        let (entries, _, mut place) = read_past(&log, false).unwrap();
+        assert_eq!(text(&entries), said(0, 12));
         assert_eq!(
-            text(&entries),
-            (0..12).map(|i| format!("line {i}\n")).collect::<String>()
+            place,
+            Place::in_log(lines(10, 12).len() as u64, lines(10, 12).as_bytes())
         );
-        assert_eq!(end, lines(10, 12).len() as u64);
-        let (data, next) = read_from(&log, read).unwrap();
-        let told = text(&parse_all(&data));
-        assert_eq!(
-            told,
-            (4..12).map(|i| format!("line {i}\n")).collect::<String>()
-        );
-        assert_eq!(next, lines(10, 12).len() as u64);
         // Read to its end: nothing more, where it is.
-        assert_eq!(read_from(&log, next).unwrap(), (Vec::new(), next));
+        assert_eq!(follow_read(&log, &mut place).unwrap(), (Vec::new(), false));
         // A tail window that starts inside the part leaves out its first, cut line.
         let (window, _) = read_window(&log, 50 + lines(10, 12).len() as u64).unwrap();
         let told = text(&parse_all(&window));

@@ -29,9 +29,20 @@ const DIRS: &[(&str, u32)] = &[
     ("var", 0o755),
 ];
 
-const PASSWD: &str =
-    "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
-const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
+/// Root, `user` (uid 1000, at home in `/home/user`: the account E2B's SDKs run commands and
+/// write files as, `user="user"`) and nobody. The image's User stays root.
+const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n\
+                      nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
+const GROUP: &str = "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n";
+
+/// `/bin/bash`: busybox's shell under bash's name (its build has no `bash` applet), for the
+/// programs that ask for bash by path — E2B's SDKs run every command as `/bin/bash -l -c`.
+const BASH: &str =
+    "#!/bin/sh\n# sbx: the built-in image's bash is busybox's ash.\nexec /bin/sh \"$@\"\n";
+
+/// `user`'s home, its own (mode 0755).
+const USER_HOME: &str = "home/user";
+const USER_ID: u64 = 1000;
 
 impl ImageStore {
     /// Builds and imports the built-in default image from a static busybox binary: `/bin/busybox`,
@@ -40,6 +51,17 @@ impl ImageStore {
     /// `/proc`, `/sys`, `/dev`; config `Env` PATH=…, `Cmd ["sh"]`. Refuses a dynamically linked
     /// busybox (it would not run in a root filesystem without its libraries).
     pub fn import_busybox(&self, busybox: &Path, name: &str) -> Result<ImageInfo, ImageError> {
+        let transfer = self.transfer(Default::default());
+        self.import_busybox_with(busybox, name, &transfer)
+    }
+
+    /// [`ImageStore::import_busybox`] as `t` (what it writes is held until `t` ends).
+    pub fn import_busybox_with(
+        &self,
+        busybox: &Path,
+        name: &str,
+        t: &super::Transfer,
+    ) -> Result<ImageInfo, ImageError> {
         self.writable("import of the busybox image")?;
         let image = format!("{name} (from {})", busybox.display());
         let binary = std::fs::read(busybox).map_err(|e| ImageError::InvalidArgument {
@@ -64,13 +86,15 @@ impl ImageStore {
         }
         let applets = list_applets(&image, busybox)?;
 
-        let mut writer = self.blob_writer(&image)?;
-        write_rootfs(&mut writer, &binary, &applets)
-            .map_err(|e| ImageError::io(&image, "write the busybox layer", e))?;
+        let mut writer = self.blob_writer(&image, t)?;
+        if let Err(e) = write_rootfs(&mut writer, &binary, &applets) {
+            return Err(writer.failure("write the busybox layer", e));
+        }
         let (digest, size) = writer.commit(None)?;
         // The host's own busybox: no limit.
         let mut budget = super::Budget::unlimited(&image);
-        let diff_id = self.unpack_layer(&image, &digest, Compression::None, None, &mut budget)?;
+        let diff_id =
+            self.unpack_layer(&image, &digest, Compression::None, None, &mut budget, t)?;
         let layer = Descriptor::new(spec::LAYER_TAR, digest, size);
         let config = ContainerConfig {
             labels: Some(
@@ -82,7 +106,7 @@ impl ImageStore {
             ),
             ..super::import::default_config()
         };
-        self.single_layer_image(&image, layer, diff_id, config)
+        self.single_layer_image(&image, layer, diff_id, config, t)
     }
 }
 
@@ -132,8 +156,16 @@ fn write_rootfs(out: &mut impl Write, busybox: &[u8], applets: &[String]) -> std
         let mut h = header(tar::EntryType::Directory, *mode, 0);
         b.append_data(&mut h, format!("{dir}/"), std::io::empty())?;
     }
+    let mut h = header(tar::EntryType::Directory, 0o755, 0);
+    h.set_uid(USER_ID);
+    h.set_gid(USER_ID);
+    b.append_data(&mut h, format!("{USER_HOME}/"), std::io::empty())?;
     let mut h = header(tar::EntryType::Regular, 0o755, busybox.len() as u64);
     b.append_data(&mut h, "bin/busybox", busybox)?;
+    if !applets.iter().any(|a| a == "bash") {
+        let mut h = header(tar::EntryType::Regular, 0o755, BASH.len() as u64);
+        b.append_data(&mut h, "bin/bash", BASH.as_bytes())?;
+    }
     for applet in applets {
         let mut h = header(tar::EntryType::Symlink, 0o777, 0);
         b.append_link(&mut h, format!("bin/{applet}"), "busybox")?;

@@ -98,6 +98,16 @@ pub enum ImageError {
         limit: String,
     },
 
+    /// The add would leave less of the store's filesystem free than `--image-min-free` keeps
+    /// ([`super::MinFree`]): refused before the bytes were written; nothing of it is kept.
+    #[error("image {image}: {why}")]
+    NoRoom { image: String, why: String },
+
+    /// The add was cancelled (its caller went away, or its credential was revoked): nothing
+    /// of it is kept.
+    #[error("image {image}: the add was cancelled; nothing of it is kept")]
+    Cancelled { image: String },
+
     /// A local file system operation failed.
     #[error("image {image}: {what}: {source}")]
     Io {

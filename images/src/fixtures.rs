@@ -246,6 +246,111 @@ pub fn tar_dir(dir: &Path) -> Vec<u8> {
     b.into_inner().expect("finish a Vec")
 }
 
+/// Writes an OCI image layout at `dir` of one image whose one gzip layer holds the file
+/// `path`: `size` zero bytes, streamed (the tar is never held whole), so a few hundred KiB of
+/// blob unpack to `size`. Returns the manifest digest.
+pub fn write_oci_layout_of_zeros(dir: &Path, path: &str, size: u64, ref_name: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    /// Hashes what passes to the file, and counts it.
+    struct Hashing<W> {
+        inner: W,
+        hasher: Sha256,
+        len: u64,
+    }
+    impl<W: Write> Write for Hashing<W> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = self.inner.write(buf)?;
+            self.hasher.update(&buf[..n]);
+            self.len += n as u64;
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.inner.flush()
+        }
+    }
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).expect("create blobs/");
+    let spooled = dir.join("layer.tmp");
+    let file = std::fs::File::create(&spooled).expect("create the layer blob");
+    let gz = flate2::write::GzEncoder::new(
+        Hashing {
+            inner: std::io::BufWriter::new(file),
+            hasher: Sha256::new(),
+            len: 0,
+        },
+        Level::default(),
+    );
+    let mut tar = Hashing {
+        inner: gz,
+        hasher: Sha256::new(),
+        len: 0,
+    };
+    let mut header = tar::Header::new_gnu();
+    header.set_path(path).expect("a tar path");
+    header.set_size(size);
+    header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_cksum();
+    tar.write_all(header.as_bytes()).expect("write the layer");
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        tar.write_all(&zeros[..n]).expect("write the layer");
+        left -= n as u64;
+    }
+    let pad = (512 - size % 512) % 512 + 1024;
+    tar.write_all(&vec![0u8; pad as usize])
+        .expect("write the layer");
+    let diff_id = format!("sha256:{}", hex::encode(tar.hasher.finalize()));
+    let mut blob = tar.inner.finish().expect("finish the gzip");
+    blob.flush().expect("flush the layer blob");
+    let layer_digest = format!("sha256:{}", hex::encode(blob.hasher.finalize()));
+    std::fs::rename(&spooled, blobs.join(&layer_digest["sha256:".len()..]))
+        .expect("rename the layer blob");
+    let put = |bytes: &[u8]| {
+        let digest = sha256(bytes);
+        std::fs::write(blobs.join(&digest["sha256:".len()..]), bytes).expect("write a blob");
+        (digest, bytes.len())
+    };
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": { "Env": [spec::DEFAULT_PATH], "Cmd": ["sh"] },
+        "rootfs": { "type": "layers", "diff_ids": [diff_id] },
+    }))
+    .expect("encode a config");
+    let (config_digest, config_size) = put(&config);
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": spec::OCI_MANIFEST,
+        "config": { "mediaType": spec::OCI_CONFIG, "digest": config_digest, "size": config_size },
+        "layers": [{ "mediaType": spec::LAYER_GZIP, "digest": layer_digest, "size": blob.len }],
+    }))
+    .expect("encode a manifest");
+    let (manifest_digest, manifest_size) = put(&manifest);
+    let index = json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": spec::OCI_MANIFEST,
+            "digest": manifest_digest,
+            "size": manifest_size,
+            "annotations": { spec::REF_NAME: ref_name },
+        }],
+    });
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&index).expect("encode index"),
+    )
+    .expect("write index.json");
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
+        .expect("write oci-layout");
+    manifest_digest
+}
+
 /// Debian's `docker-registry` (distribution 2.8) serving on 127.0.0.1 at a free port, with its
 /// storage in a temp dir, for pull tests; filled with [`LocalRegistry::push`] (skopeo). Ended,
 /// by its pid, when dropped.

@@ -12,13 +12,13 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use super::spec::{self, Compression, ContainerConfig, Descriptor, Document};
-use super::{ImageError, ImageInfo, ImageStore, ImportedImage, read_capped, unpack};
+use super::{ImageError, ImageInfo, ImageStore, ImportedImage, Transfer, read_capped, unpack};
 
 /// How deep image indexes may nest (an index of indexes of manifests is 2; real ones are 1).
 const MAX_INDEX_DEPTH: usize = 4;
@@ -130,6 +130,18 @@ impl ImageStore {
         path: &Path,
         name: Option<&str>,
     ) -> Result<Vec<ImportedImage>, ImageError> {
+        let transfer = self.transfer(Default::default());
+        self.import_with(path, name, &transfer)
+    }
+
+    /// [`ImageStore::import`] as `transfer`: what it writes and uses is held until it ends,
+    /// and it stops once cancelled.
+    pub fn import_with(
+        &self,
+        path: &Path,
+        name: Option<&str>,
+        t: &Transfer,
+    ) -> Result<Vec<ImportedImage>, ImageError> {
         self.writable("import")?;
         // How errors name the import: the name it is given, else its file — except a file of
         // the store's own (an upload spooled in tmp/), whose host path is nobody's business.
@@ -147,6 +159,7 @@ impl ImageStore {
                     root: path.to_path_buf(),
                 },
                 name,
+                t,
             );
         }
         let mut head = [0u8; 4];
@@ -156,14 +169,14 @@ impl ImageStore {
         match Compression::sniff(&head[..n]) {
             Compression::None => {
                 let tar = TarSource::index(&image, path)?;
-                self.import_tar(&image, path, &tar, Compression::None, name)
+                self.import_tar(&image, path, &tar, Compression::None, name, t)
             }
             compression => {
                 let file =
                     File::open(path).map_err(|e| ImageError::io(&image, "open the import", e))?;
                 let form = scan_form(&image, compression, file)?;
                 if form == Form::RootFs {
-                    return self.import_rootfs(&image, path, compression, name);
+                    return self.import_rootfs(&image, path, compression, name, t);
                 }
                 // Decompress, to read the blobs in the order the manifests name them.
                 let tmp = self.tmp_path("import");
@@ -176,11 +189,29 @@ impl ImageStore {
                     let mut out = File::create_new(&tmp).map_err(|e| {
                         ImageError::io(&image, format!("create {}", tmp.display()), e)
                     })?;
-                    std::io::copy(&mut decoded, &mut out).map_err(|e| {
-                        ImageError::malformed(&image, format!("decompressing: {e}"))
-                    })?;
+                    // Paid for from the free space as it is written (a bomb is refused).
+                    let mut room = self.room(&image);
+                    let mut buf = vec![0u8; 256 * 1024];
+                    loop {
+                        let n = match decoded.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(n) => n,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                            Err(e) => {
+                                return Err(ImageError::malformed(
+                                    &image,
+                                    format!("decompressing: {e}"),
+                                ));
+                            }
+                        };
+                        t.check(&image)?;
+                        room.take(n as u64, "the decompressed archive")?;
+                        out.write_all(&buf[..n]).map_err(|e| {
+                            ImageError::io(&image, format!("write {}", tmp.display()), e)
+                        })?;
+                    }
                     let tar = TarSource::index(&image, &tmp)?;
-                    self.import_tar(&image, &tmp, &tar, Compression::None, name)
+                    self.import_tar(&image, &tmp, &tar, Compression::None, name, t)
                 })();
                 let _ = std::fs::remove_file(&tmp);
                 result
@@ -195,13 +226,14 @@ impl ImageStore {
         tar: &TarSource,
         compression: Compression,
         name: Option<&str>,
+        t: &Transfer,
     ) -> Result<Vec<ImportedImage>, ImageError> {
         if tar.has("index.json") {
-            self.import_layout(image, tar, name)
+            self.import_layout(image, tar, name, t)
         } else if tar.has("manifest.json") {
-            self.import_docker(image, tar, name)
+            self.import_docker(image, tar, name, t)
         } else {
-            self.import_rootfs(image, path, compression, name)
+            self.import_rootfs(image, path, compression, name, t)
         }
     }
 
@@ -210,6 +242,7 @@ impl ImageStore {
         image: &str,
         src: &dyn Source,
         name: Option<&str>,
+        t: &Transfer,
     ) -> Result<Vec<ImportedImage>, ImageError> {
         let index_bytes = read_source_json(image, src, "index.json")?;
         let Document::Index(index) = spec::parse_document(image, &index_bytes)? else {
@@ -228,7 +261,7 @@ impl ImageStore {
                 .as_ref()
                 .and_then(|a| a.get(spec::REF_NAME))
                 .cloned();
-            let info = self.ingest_from_source(image, src, desc, 0)?;
+            let info = self.ingest_from_source(image, src, desc, 0, t)?;
             out.push(ImportedImage {
                 name: name.map(str::to_string).or(ref_name),
                 info,
@@ -245,6 +278,7 @@ impl ImageStore {
         src: &dyn Source,
         desc: &Descriptor,
         depth: usize,
+        t: &Transfer,
     ) -> Result<ImageInfo, ImageError> {
         if depth > MAX_INDEX_DEPTH {
             return Err(ImageError::malformed(
@@ -259,16 +293,16 @@ impl ImageStore {
         let manifest = match spec::parse_document(image, &bytes)? {
             Document::Index(index) => {
                 let chosen = spec::choose_platform(image, &index)?;
-                return self.ingest_from_source(image, src, chosen, depth + 1);
+                return self.ingest_from_source(image, src, chosen, depth + 1, t);
             }
             Document::Image(m) => m,
         };
         let limits = self.limits();
         let claimed: Vec<u64> = manifest.layers.iter().map(|l| l.size).collect();
         limits.check_manifest(image, &claimed)?;
-        let mut budget = limits.budget(image);
+        let mut budget = self.budget_for(image, t);
         let config_bytes = read_verified_blob(image, src, &manifest.config.digest)?;
-        self.store_bytes(image, &config_bytes, Some(&manifest.config.digest))?;
+        self.store_bytes(image, &config_bytes, Some(&manifest.config.digest), t)?;
         let config = spec::parse_config(image, &config_bytes)?;
         spec::runnable_here(image, &config.os, &config.architecture)?;
         if config.rootfs.diff_ids.len() != manifest.layers.len() {
@@ -284,9 +318,9 @@ impl ImageStore {
         }
         for (layer, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
             let compression = Compression::from_media_type(image, &layer.media_type)?;
-            if !self.has_blob(image, &layer.digest)? {
+            if !self.holds_blob(image, &layer.digest, t)? {
                 let mut r = open_blob(image, src, &layer.digest)?;
-                let (_, size) = self.store_blob(image, &mut r, Some(&layer.digest))?;
+                let (_, size) = self.store_blob(image, &mut r, Some(&layer.digest), t)?;
                 if size != layer.size {
                     return Err(ImageError::malformed(
                         image,
@@ -297,7 +331,7 @@ impl ImageStore {
                     ));
                 }
             }
-            if self.layer_dir(image, diff_id)?.is_dir() {
+            if self.holds_layer(image, diff_id, t)? {
                 budget.take_cached(layer.size)?;
             }
             self.unpack_layer(
@@ -306,9 +340,10 @@ impl ImageStore {
                 compression,
                 Some(diff_id),
                 &mut budget,
+                t,
             )?;
         }
-        self.finish_image(image, &bytes)
+        self.finish_image(image, &bytes, t)
     }
 
     fn import_docker(
@@ -316,6 +351,7 @@ impl ImageStore {
         image: &str,
         tar: &TarSource,
         name: Option<&str>,
+        t: &Transfer,
     ) -> Result<Vec<ImportedImage>, ImageError> {
         let bytes = read_source_json(image, tar, "manifest.json")?;
         let entries: Vec<DockerEntry> = serde_json::from_slice(&bytes)
@@ -330,7 +366,7 @@ impl ImageStore {
         let limits = self.limits();
         for entry in entries {
             limits.check_layers(image, entry.layers.len())?;
-            let mut budget = limits.budget(image);
+            let mut budget = self.budget_for(image, t);
             let config_bytes = read_source_json(image, tar, &entry.config)?;
             let config = spec::parse_config(image, &config_bytes)?;
             spec::runnable_here(image, &config.os, &config.architecture)?;
@@ -356,15 +392,15 @@ impl ImageStore {
                             format!("manifest.json names layer {path:?}, which the archive lacks"),
                         )
                     })?;
-                let (digest, size) = self.store_blob(image, &mut r, None)?;
+                let (digest, size) = self.store_blob(image, &mut r, None, t)?;
                 let compression = self.sniff_blob(image, &digest)?;
-                if self.layer_dir(image, diff_id)?.is_dir() {
+                if self.holds_layer(image, diff_id, t)? {
                     budget.take_cached(size)?;
                 }
-                self.unpack_layer(image, &digest, compression, Some(diff_id), &mut budget)?;
+                self.unpack_layer(image, &digest, compression, Some(diff_id), &mut budget, t)?;
                 layers.push(Descriptor::new(compression.media_type(), digest, size));
             }
-            let info = self.write_manifest(image, &config_bytes, layers)?;
+            let info = self.write_manifest(image, &config_bytes, layers, t)?;
             let names: Vec<Option<String>> = match (name, entry.repo_tags) {
                 (Some(n), _) => vec![Some(n.to_string())],
                 (None, Some(tags)) if !tags.is_empty() => tags.into_iter().map(Some).collect(),
@@ -384,6 +420,7 @@ impl ImageStore {
         path: &Path,
         compression: Compression,
         name: Option<&str>,
+        t: &Transfer,
     ) -> Result<Vec<ImportedImage>, ImageError> {
         let Some(name) = name else {
             return Err(ImageError::InvalidArgument {
@@ -392,11 +429,11 @@ impl ImageStore {
             });
         };
         let mut file = File::open(path).map_err(|e| ImageError::io(image, "open the import", e))?;
-        let (digest, size) = self.store_blob(image, &mut file, None)?;
-        let mut budget = self.limits().budget(image);
-        let diff_id = self.unpack_layer(image, &digest, compression, None, &mut budget)?;
+        let (digest, size) = self.store_blob(image, &mut file, None, t)?;
+        let mut budget = self.budget_for(image, t);
+        let diff_id = self.unpack_layer(image, &digest, compression, None, &mut budget, t)?;
         let layer = Descriptor::new(compression.media_type(), digest, size);
-        let info = self.single_layer_image(image, layer, diff_id, default_config())?;
+        let info = self.single_layer_image(image, layer, diff_id, default_config(), t)?;
         Ok(vec![ImportedImage {
             name: Some(name.to_string()),
             info,

@@ -56,17 +56,34 @@
 //!
 //! # Garbage collection
 //!
-//! [`ImageStore::remove_unreferenced`] keeps what the given manifests reach and removes the
-//! rest. It must not run while a pull or import is under way (the gateway serializes them): a
-//! blob fetched before its manifest is recorded would look unreferenced.
+//! [`ImageStore::remove_unreferenced`] keeps what the given manifests reach and what a
+//! transfer under way holds, and removes the rest; it runs beside pulls and imports, never
+//! waiting for one (see `transfer.rs`).
+//!
+//! # Free disk
+//!
+//! Every add takes what it writes from the store filesystem's free space first and is
+//! refused before it would leave less than `--image-min-free` free (see `limits.rs`).
+//!
+//! # Dockerfile builds
+//!
+//! [`build`] holds a build's pure parts: the Dockerfile parsed into steps and the layer a
+//! COPY makes from the build context. The build itself (sandboxes for RUN, the cache, the
+//! records) is the `sbx-build` crate's, above the actors.
 
+pub mod build;
 mod busybox;
 pub mod elf;
 mod error;
+/// Test fixtures (feature `fixtures`, which only dev-dependencies turn on: no daemon links
+/// them).
+#[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 mod limits;
 pub use limits::ImageLimits;
-pub use limits::{Budget, LayerMeter};
+pub use limits::{Budget, LayerMeter, MinFree, Room};
+mod transfer;
+pub use transfer::{Collection, Transfer};
 mod import;
 mod mirror;
 mod pull;
@@ -226,6 +243,8 @@ struct Inner {
     read_only: bool,
     /// How large an image a pull or import may add ([`ImageStore::set_limits`]).
     limits: std::sync::Mutex<ImageLimits>,
+    /// What the transfers under way hold from garbage collection (`transfer.rs`).
+    holds: Arc<transfer::Holds>,
 }
 
 impl ImageStore {
@@ -285,6 +304,7 @@ impl ImageStore {
                 idmap,
                 read_only: false,
                 limits: std::sync::Mutex::new(ImageLimits::default()),
+                holds: Default::default(),
             }),
         })
     }
@@ -309,6 +329,7 @@ impl ImageStore {
                 idmap: stored.idmap,
                 read_only: true,
                 limits: std::sync::Mutex::new(ImageLimits::default()),
+                holds: Default::default(),
             }),
         })
     }
@@ -325,6 +346,30 @@ impl ImageStore {
 
     pub fn root(&self) -> &Path {
         &self.inner.root
+    }
+
+    pub(crate) fn holds(&self) -> &Arc<transfer::Holds> {
+        &self.inner.holds
+    }
+
+    /// The free space of the store's filesystem, for what an add of `image` writes (an upload
+    /// spooled into `tmp/` too).
+    pub fn room(&self, image: &str) -> Room {
+        Room::new(image, self.root().to_path_buf(), self.limits().min_free)
+    }
+
+    /// A budget for `image` (the limits), taking each entry from the free space too and ending
+    /// when `transfer` is cancelled.
+    pub fn budget_for(&self, image: &str, transfer: &Transfer) -> Budget {
+        self.limits()
+            .budget(image)
+            .watching(self.room(image), transfer.cancel_token().clone())
+    }
+
+    /// What the image's unpacked layers take on disk (allocated blocks, directories too; a
+    /// layer shared with other images counts in each). Walks the layers: blocking.
+    pub fn unpacked_size(&self, info: &ImageInfo) -> u64 {
+        self.layer_dirs(info).iter().map(|d| disk_usage(d)).sum()
     }
 
     pub fn idmap(&self) -> IdMap {
@@ -351,6 +396,19 @@ impl ImageStore {
         Ok(info)
     }
 
+    /// Holds every blob and layer of the stored image `manifest_digest` for `transfer` (so
+    /// that a record written for it finds it whole), then checks it is whole.
+    pub fn hold_image(&self, manifest_digest: &str, transfer: &Transfer) -> Result<(), ImageError> {
+        transfer.hold(manifest_digest);
+        let info = self.read_image(manifest_digest, manifest_digest)?;
+        transfer.hold(&info.config_digest);
+        for layer in &info.layers {
+            transfer.hold(&layer.digest);
+            transfer.hold(&layer.diff_id);
+        }
+        self.get(manifest_digest).map(|_| ())
+    }
+
     /// The unpacked layer directories of the image, lowest (base) first, as in the manifest.
     /// overlayfs's `lowerdir=` lists the highest first: reverse this for it.
     pub fn layer_dirs(&self, info: &ImageInfo) -> Vec<PathBuf> {
@@ -364,9 +422,22 @@ impl ImageStore {
     }
 
     /// Removes every blob and layer directory that none of these manifests (the images still
-    /// recorded) reaches. A kept digest the store does not hold is skipped. Run it while no
-    /// pull or import is under way.
+    /// recorded) reaches and no transfer holds. A kept digest the store does not hold is
+    /// skipped. Refused while another collection is under way. See [`Collection`] for the
+    /// order a caller that reads its records must keep.
     pub fn remove_unreferenced(&self, keep: &[String]) -> Result<GcReport, ImageError> {
+        self.writable("garbage collection")?;
+        let Some(collection) = self.begin_collection() else {
+            return Err(ImageError::InvalidArgument {
+                image: self.root().display().to_string(),
+                why: "a garbage collection is under way already".into(),
+            });
+        };
+        collection.remove_unreferenced(keep)
+    }
+
+    /// The sweep of a [`Collection`].
+    fn collect(&self, keep: &[String]) -> Result<GcReport, ImageError> {
         self.writable("garbage collection")?;
         let mut blobs = HashSet::new();
         let mut layers = HashSet::new();
@@ -403,11 +474,20 @@ impl ImageStore {
                     continue;
                 }
                 let path = entry.path();
-                let bytes = tree_size(&path);
-                let removed = if is_layer && !path.is_symlink() && path.is_dir() {
-                    std::fs::remove_dir_all(&path)
+                // Out of place at once (a rename, under the holds' lock), then removed.
+                let doomed = self.tmp_path("gc");
+                let taken = self
+                    .holds()
+                    .take_unless_held(&name, || std::fs::rename(&path, &doomed))
+                    .map_err(|e| ImageError::io(&shown, format!("remove {}", path.display()), e))?;
+                if !taken {
+                    continue;
+                }
+                let bytes = disk_usage(&doomed);
+                let removed = if is_layer && !doomed.is_symlink() && doomed.is_dir() {
+                    std::fs::remove_dir_all(&doomed)
                 } else {
-                    std::fs::remove_file(&path)
+                    std::fs::remove_file(&doomed)
                 };
                 removed
                     .map_err(|e| ImageError::io(&shown, format!("remove {}", path.display()), e))?;
@@ -463,9 +543,11 @@ impl ImageStore {
             .join(format!("{kind}-{}", uuid::Uuid::new_v4()))
     }
 
-    /// A writer for a new blob in `tmp/`; [`BlobWriter::commit`] puts it in place.
-    fn blob_writer(&self, image: &str) -> Result<BlobWriter, ImageError> {
+    /// A writer for a new blob in `tmp/`, of `transfer`; [`BlobWriter::commit`] puts it in
+    /// place.
+    fn blob_writer(&self, image: &str, transfer: &Transfer) -> Result<BlobWriter, ImageError> {
         self.writable("writing a blob")?;
+        transfer.check(image)?;
         let path = self.tmp_path("blob");
         let file = File::create_new(&path)
             .map_err(|e| ImageError::io(image, format!("create {}", path.display()), e))?;
@@ -476,6 +558,9 @@ impl ImageStore {
             path,
             hasher: Sha256::new(),
             size: 0,
+            room: self.room(image),
+            transfer: transfer.clone(),
+            refused: None,
         })
     }
 
@@ -486,11 +571,12 @@ impl ImageStore {
         image: &str,
         reader: &mut dyn Read,
         expected: Option<&str>,
+        transfer: &Transfer,
     ) -> Result<(String, u64), ImageError> {
         if let Some(d) = expected {
             spec::digest_hex(image, d)?;
         }
-        let mut w = self.blob_writer(image)?;
+        let mut w = self.blob_writer(image, transfer)?;
         let mut buf = vec![0u8; 256 * 1024];
         loop {
             let n = match reader.read(&mut buf) {
@@ -504,8 +590,7 @@ impl ImageStore {
                     ));
                 }
             };
-            w.write_all(&buf[..n])
-                .map_err(|e| ImageError::io(image, "write a blob to tmp/", e))?;
+            w.put(&buf[..n], expected.unwrap_or("a blob"))?;
         }
         w.commit(expected)
     }
@@ -515,9 +600,32 @@ impl ImageStore {
         image: &str,
         bytes: &[u8],
         expected: Option<&str>,
+        transfer: &Transfer,
     ) -> Result<String, ImageError> {
-        self.store_blob(image, &mut &bytes[..], expected)
+        self.store_blob(image, &mut &bytes[..], expected, transfer)
             .map(|(d, _)| d)
+    }
+
+    /// Whether the blob is stored, held by `transfer` first (so that it stays once found).
+    fn holds_blob(
+        &self,
+        image: &str,
+        digest: &str,
+        transfer: &Transfer,
+    ) -> Result<bool, ImageError> {
+        transfer.hold(digest);
+        self.has_blob(image, digest)
+    }
+
+    /// Whether the layer is unpacked, held by `transfer` first.
+    fn holds_layer(
+        &self,
+        image: &str,
+        diff_id: &str,
+        transfer: &Transfer,
+    ) -> Result<bool, ImageError> {
+        transfer.hold(diff_id);
+        Ok(self.layer_dir(image, diff_id)?.is_dir())
     }
 
     /// A JSON blob (manifest or config) from the store, at most [`spec::MAX_JSON`] bytes.
@@ -559,10 +667,12 @@ impl ImageStore {
         compression: Compression,
         expected_diff_id: Option<&str>,
         budget: &mut Budget,
+        transfer: &Transfer,
     ) -> Result<String, ImageError> {
         self.writable("unpacking a layer")?;
+        transfer.check(image)?;
         if let Some(diff_id) = expected_diff_id
-            && self.layer_dir(image, diff_id)?.is_dir()
+            && self.holds_layer(image, diff_id, transfer)?
         {
             return Ok(diff_id.to_string());
         }
@@ -584,6 +694,7 @@ impl ImageStore {
                 image,
                 digest: blob,
                 idmap: self.idmap(),
+                cancel: Some(transfer.cancel_token()),
             };
             let stats = unpack::unpack(&layer, &mut hashing, &tmp, budget)?;
             // The tar's end-of-archive blocks and anything after them count for the diff_id,
@@ -626,6 +737,12 @@ impl ImageStore {
             }
         };
         let target = self.layer_dir(image, &diff_id)?;
+        // Held before it is in place; nothing is put in place once the add is cancelled.
+        transfer.hold(&diff_id);
+        if let Err(e) = transfer.check(image) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
         match renameat2(
             AT_FDCWD,
             &tmp,
@@ -655,8 +772,13 @@ impl ImageStore {
 
     /// Stores the manifest bytes and returns the image they describe (its config and layer
     /// blobs must be stored already).
-    fn finish_image(&self, image: &str, manifest_bytes: &[u8]) -> Result<ImageInfo, ImageError> {
-        let digest = self.store_bytes(image, manifest_bytes, None)?;
+    fn finish_image(
+        &self,
+        image: &str,
+        manifest_bytes: &[u8],
+        transfer: &Transfer,
+    ) -> Result<ImageInfo, ImageError> {
+        let digest = self.store_bytes(image, manifest_bytes, None, transfer)?;
         self.read_image(image, &digest)
     }
 
@@ -668,6 +790,7 @@ impl ImageStore {
         layer: Descriptor,
         diff_id: String,
         config: ContainerConfig,
+        transfer: &Transfer,
     ) -> Result<ImageInfo, ImageError> {
         let config = ConfigFile {
             architecture: "amd64".into(),
@@ -680,7 +803,7 @@ impl ImageStore {
         };
         let config_bytes =
             serde_json::to_vec(&config).map_err(|e| ImageError::malformed(image, e.to_string()))?;
-        self.write_manifest(image, &config_bytes, vec![layer])
+        self.write_manifest(image, &config_bytes, vec![layer], transfer)
     }
 
     /// A new image: `parent`'s layers (none: an image from scratch), then `layer` when given
@@ -693,11 +816,29 @@ impl ImageStore {
         layer: Option<&Path>,
         config: &ImageConfig,
     ) -> Result<ImageInfo, ImageError> {
+        let transfer = self.transfer(Default::default());
+        self.derive_with(image, parent, layer, config, &transfer)
+    }
+
+    /// [`ImageStore::derive`] as `transfer`: what it writes and uses is held until it ends,
+    /// and it stops once cancelled.
+    pub fn derive_with(
+        &self,
+        image: &str,
+        parent: Option<&ImageInfo>,
+        layer: Option<&Path>,
+        config: &ImageConfig,
+        transfer: &Transfer,
+    ) -> Result<ImageInfo, ImageError> {
         self.writable("building an image")?;
+        transfer.check(image)?;
         let mut layers: Vec<Descriptor> = Vec::new();
         let mut diff_ids: Vec<String> = Vec::new();
         if let Some(parent) = parent {
             for l in &parent.layers {
+                // The parent's content is this image's too: it stays while the add runs.
+                transfer.hold(&l.digest);
+                transfer.hold(&l.diff_id);
                 layers.push(Descriptor::new(&l.media_type, l.digest.clone(), l.size));
                 diff_ids.push(l.diff_id.clone());
             }
@@ -705,10 +846,16 @@ impl ImageStore {
         if let Some(path) = layer {
             let mut file =
                 File::open(path).map_err(|e| ImageError::io(image, "open the new layer", e))?;
-            let (digest, size) = self.store_blob(image, &mut file, None)?;
-            let mut budget = self.limits().budget(image);
-            let diff_id =
-                self.unpack_layer(image, &digest, Compression::None, None, &mut budget)?;
+            let (digest, size) = self.store_blob(image, &mut file, None, transfer)?;
+            let mut budget = self.budget_for(image, transfer);
+            let diff_id = self.unpack_layer(
+                image,
+                &digest,
+                Compression::None,
+                None,
+                &mut budget,
+                transfer,
+            )?;
             layers.push(Descriptor::new(spec::LAYER_TAR, digest, size));
             diff_ids.push(diff_id);
         }
@@ -742,7 +889,7 @@ impl ImageStore {
         };
         let config_bytes =
             serde_json::to_vec(&file).map_err(|e| ImageError::malformed(image, e.to_string()))?;
-        self.write_manifest(image, &config_bytes, layers)
+        self.write_manifest(image, &config_bytes, layers, transfer)
     }
 
     /// What `path` (absolute, inside the image) is in `info`'s merged root filesystem, or
@@ -772,8 +919,9 @@ impl ImageStore {
         image: &str,
         config_bytes: &[u8],
         layers: Vec<Descriptor>,
+        transfer: &Transfer,
     ) -> Result<ImageInfo, ImageError> {
-        let config_digest = self.store_bytes(image, config_bytes, None)?;
+        let config_digest = self.store_bytes(image, config_bytes, None, transfer)?;
         let manifest = Manifest {
             schema_version: 2,
             media_type: Some(spec::OCI_MANIFEST.into()),
@@ -782,7 +930,7 @@ impl ImageStore {
         };
         let bytes = serde_json::to_vec(&manifest)
             .map_err(|e| ImageError::malformed(image, e.to_string()))?;
-        self.finish_image(image, &bytes)
+        self.finish_image(image, &bytes, transfer)
     }
 }
 
@@ -854,8 +1002,8 @@ fn image_info(
     })
 }
 
-/// A blob being written to `tmp/` while it is hashed. Dropped without [`Self::commit`], it
-/// removes its file.
+/// A blob being written to `tmp/` while it is hashed, each chunk taken from the store's free
+/// space first. Dropped without [`Self::commit`], it removes its file.
 struct BlobWriter {
     store: ImageStore,
     image: String,
@@ -863,10 +1011,19 @@ struct BlobWriter {
     path: PathBuf,
     hasher: Sha256,
     size: u64,
+    room: Room,
+    transfer: Transfer,
+    /// Why a write through [`Write`] was refused (no room, cancelled), for the caller.
+    refused: Option<ImageError>,
 }
 
 impl Write for BlobWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Err(e) = self.guard(buf.len() as u64, "a blob") {
+            let shown = e.to_string();
+            self.refused = Some(e);
+            return Err(std::io::Error::other(shown));
+        }
         let file = self
             .file
             .as_mut()
@@ -883,6 +1040,36 @@ impl Write for BlobWriter {
 }
 
 impl BlobWriter {
+    /// The add goes on, and the store's filesystem has room for `bytes` more of `what`.
+    fn guard(&mut self, bytes: u64, what: &str) -> Result<(), ImageError> {
+        self.transfer.check(&self.image)?;
+        self.room.take(bytes, what)
+    }
+
+    /// Writes `buf` of `what` (a blob's digest): refused when cancelled or out of room.
+    fn put(&mut self, buf: &[u8], what: &str) -> Result<(), ImageError> {
+        self.guard(buf.len() as u64, what)?;
+        let file = self.file.as_mut().ok_or_else(|| {
+            ImageError::io(
+                &self.image,
+                "write a blob",
+                std::io::Error::other("blob already committed"),
+            )
+        })?;
+        file.write_all(buf)
+            .map_err(|e| ImageError::io(&self.image, "write a blob to tmp/", e))?;
+        self.hasher.update(buf);
+        self.size += buf.len() as u64;
+        Ok(())
+    }
+
+    /// What a failed [`Write`] call was: the refusal it stashed, else `e`.
+    fn failure(&mut self, what: &str, e: std::io::Error) -> ImageError {
+        self.refused
+            .take()
+            .unwrap_or_else(|| ImageError::io(&self.image, what.to_string(), e))
+    }
+
     /// Checks the digest, fsyncs, and renames the blob into `blobs/` (a blob already there is
     /// the same content: ours is dropped). Returns the digest and size.
     fn commit(mut self, expected: Option<&str>) -> Result<(String, u64), ImageError> {
@@ -905,6 +1092,9 @@ impl BlobWriter {
             .map_err(|e| ImageError::io(&image, "fsync a blob", e))?;
         drop(file);
         let target = self.store.blob_path(&image, &digest)?;
+        // Held before it is in place; nothing is put in place once the add is cancelled.
+        self.transfer.hold(&digest);
+        self.transfer.check(&image)?;
         match renameat2(
             AT_FDCWD,
             &self.path,
@@ -977,15 +1167,23 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// The bytes of the regular files under `path` (not following symlinks).
-fn tree_size(path: &Path) -> u64 {
+/// What `path` and everything under it take on disk (allocated blocks), not following
+/// symlinks.
+fn disk_usage(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return 0;
     };
+    let own = meta.blocks().saturating_mul(512);
     if !meta.is_dir() {
-        return meta.len();
+        return own;
     }
-    std::fs::read_dir(path)
-        .map(|entries| entries.flatten().map(|e| tree_size(&e.path())).sum())
+    own + std::fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| disk_usage(&e.path()))
+                .sum::<u64>()
+        })
         .unwrap_or(0)
 }

@@ -14,6 +14,21 @@
 //! nothing and is 20 GiB of zeros in a tar), so it is refused from its header alone. Every
 //! unpack reads its layer through a meter too (an unlimited one: the unpack pays per entry
 //! itself), for the bound on extension entries the `tar` crate would read whole into memory.
+//!
+//! **Free disk.** The limits bound one image; the store's filesystem bounds them all. Every
+//! add — a blob downloaded or copied, an entry unpacked, a build's layer written, an upload
+//! spooled — takes what it is about to write from a [`Room`] first, which refuses it
+//! ([`ImageError::NoRoom`], naming the free space, the entry and the flag) when it would leave
+//! less than `--image-min-free` ([`MinFree`]: by default 10% of the filesystem or 2 GiB,
+//! whichever is smaller) free. A 5 MB gzip that says "5 GiB of zeros" is refused from its
+//! tar header, before its data is written; the store's other writes (its records, the next
+//! image, a sandbox's layer) go on. The free space is read (`statvfs`, about a microsecond)
+//! every 8 MiB or 256 entries an add writes, and at every write once it is within 64 MiB of
+//! the line, so concurrent adds overshoot it by at most that much each.
+
+use std::path::PathBuf;
+
+use tokio_util::sync::CancellationToken;
 
 use super::ImageError;
 
@@ -26,6 +41,8 @@ pub struct ImageLimits {
     pub max_size: u64,
     /// The most entries (files, directories, links) its layers hold (`--image-max-files`).
     pub max_files: u64,
+    /// What every add leaves free on the store's filesystem (`--image-min-free`).
+    pub min_free: MinFree,
 }
 
 impl Default for ImageLimits {
@@ -34,7 +51,158 @@ impl Default for ImageLimits {
             max_layers: 127,
             max_size: 20 << 30,
             max_files: 500_000,
+            min_free: MinFree::default(),
         }
+    }
+}
+
+/// How much of the store's filesystem an add must leave free (`--image-min-free`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MinFree {
+    /// This many bytes (0: none; the filesystem may fill).
+    Bytes(u64),
+    /// This share of the filesystem's size, in percent, and at most `cap` bytes.
+    Share { percent: u8, cap: u64 },
+}
+
+impl Default for MinFree {
+    /// 10% of the filesystem or 2 GiB, whichever is smaller.
+    fn default() -> Self {
+        MinFree::Share {
+            percent: 10,
+            cap: 2 << 30,
+        }
+    }
+}
+
+impl MinFree {
+    /// The bytes to keep free on a filesystem of `size` bytes.
+    pub fn bytes(&self, size: u64) -> u64 {
+        match *self {
+            MinFree::Bytes(b) => b,
+            MinFree::Share { percent, cap } => {
+                (u128::from(size) * u128::from(percent) / 100).min(u128::from(cap)) as u64
+            }
+        }
+    }
+
+    /// `10%` (a share of the filesystem) or a size (`2Gi`, `500M`, `0`).
+    pub fn parse(text: &str) -> Result<MinFree, String> {
+        if let Some(pct) = text.trim().strip_suffix('%') {
+            return match pct.trim().parse::<u8>() {
+                Ok(p) if p <= 90 => Ok(MinFree::Share {
+                    percent: p,
+                    cap: u64::MAX,
+                }),
+                _ => Err(format!(
+                    "{text:?}: a share is 0% to 90% of the image store's filesystem"
+                )),
+            };
+        }
+        sbx_proto::quantity::size_arg(text).map(MinFree::Bytes)
+    }
+}
+
+impl std::fmt::Display for MinFree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            MinFree::Bytes(b) => f.write_str(&sbx_proto::quantity::human_bytes(b)),
+            MinFree::Share { percent, cap } if cap == u64::MAX => write!(f, "{percent}%"),
+            MinFree::Share { percent, cap } => write!(
+                f,
+                "{percent}% or {}, whichever is smaller",
+                sbx_proto::quantity::human_bytes(cap)
+            ),
+        }
+    }
+}
+
+/// How often an add reads the free space: after this many bytes written…
+const LOOK_EVERY_BYTES: u64 = 8 << 20;
+/// …or this many entries…
+const LOOK_EVERY_ENTRIES: u32 = 256;
+/// …and at every write once it may be this close to the line.
+const NEAR_THE_LINE: u64 = 64 << 20;
+
+/// The free space of the store's filesystem as one add writes to it (see the module docs).
+#[derive(Debug)]
+pub struct Room {
+    image: String,
+    root: PathBuf,
+    min_free: MinFree,
+    /// What was free at the last look (None: not looked yet), the line then, and what this
+    /// add has taken since.
+    seen: Option<(u64, u64)>,
+    since: u64,
+    entries_since: u32,
+}
+
+impl Room {
+    pub(crate) fn new(image: &str, root: PathBuf, min_free: MinFree) -> Room {
+        Room {
+            image: image.to_string(),
+            root,
+            min_free,
+            seen: None,
+            since: 0,
+            entries_since: 0,
+        }
+    }
+
+    /// The filesystem's free bytes (as `df` says "Avail") and its size.
+    fn look(&self) -> Result<(u64, u64), ImageError> {
+        let st = nix::sys::statvfs::statvfs(&self.root).map_err(|e| {
+            ImageError::io(
+                &self.image,
+                "read the free space of the image store",
+                e.into(),
+            )
+        })?;
+        let unit = st.fragment_size();
+        Ok((
+            st.blocks_available().saturating_mul(unit),
+            st.blocks().saturating_mul(unit),
+        ))
+    }
+
+    /// `bytes` more, about to be written for `what` (an entry's path, a blob): refused when
+    /// they would leave less than the minimum free.
+    pub fn take(&mut self, bytes: u64, what: &str) -> Result<(), ImageError> {
+        self.entries_since += 1;
+        let stale = match self.seen {
+            None => true,
+            Some((free, line)) => {
+                self.since >= LOOK_EVERY_BYTES
+                    || self.entries_since >= LOOK_EVERY_ENTRIES
+                    || free.saturating_sub(self.since)
+                        < line.saturating_add(bytes).saturating_add(NEAR_THE_LINE)
+            }
+        };
+        if !stale {
+            self.since += bytes;
+            return Ok(());
+        }
+        let (free, size) = self.look()?;
+        let line = self.min_free.bytes(size);
+        self.seen = Some((free, line));
+        self.entries_since = 0;
+        self.since = 0;
+        if free < line.saturating_add(bytes) {
+            let human = sbx_proto::quantity::human_bytes;
+            return Err(ImageError::NoRoom {
+                image: self.image.clone(),
+                why: format!(
+                    "the image store's filesystem has {} free; {what} ({}) would leave less \
+                     than the {} that --image-min-free ({}) keeps free",
+                    human(free),
+                    human(bytes),
+                    human(line),
+                    self.min_free
+                ),
+            });
+        }
+        self.since = bytes;
+        Ok(())
     }
 }
 
@@ -86,13 +254,16 @@ impl ImageLimits {
         }
     }
 
-    /// A fresh budget for one image.
+    /// A fresh budget for one image (no free-space check and no cancel: see
+    /// [`Budget::watching`]).
     pub fn budget(&self, image: &str) -> Budget {
         Budget {
             image: image.to_string(),
             limits: *self,
             bytes: 0,
             files: 0,
+            room: None,
+            cancel: None,
         }
     }
 }
@@ -104,6 +275,10 @@ pub struct Budget {
     limits: ImageLimits,
     bytes: u64,
     files: u64,
+    /// The store's free space, taken from before each entry is written.
+    room: Option<Room>,
+    /// Ends the add at its next entry.
+    cancel: Option<CancellationToken>,
 }
 
 impl Budget {
@@ -113,12 +288,51 @@ impl Budget {
             max_layers: usize::MAX,
             max_size: u64::MAX,
             max_files: u64::MAX,
+            min_free: MinFree::Bytes(0),
         }
         .budget(image)
     }
 
+    /// This budget, also taking every entry from `room` and ending once `cancel` is.
+    pub fn watching(mut self, room: Room, cancel: CancellationToken) -> Budget {
+        self.room = Some(room);
+        self.cancel = Some(cancel);
+        self
+    }
+
+    /// The token that ends the add (an unpack checks it between reads too).
+    pub fn cancel_token(&self) -> Option<&CancellationToken> {
+        self.cancel.as_ref()
+    }
+
     /// One more entry of `size` bytes, refused (before it is written) past the limits.
     pub fn take(&mut self, size: u64) -> Result<(), ImageError> {
+        self.take_entry(size, None)
+    }
+
+    /// [`Budget::take`] for the entry at `path` (the free-space refusal names it).
+    pub fn take_at(&mut self, path: &str, size: u64) -> Result<(), ImageError> {
+        self.take_entry(size, Some(path))
+    }
+
+    fn take_entry(&mut self, size: u64, path: Option<&str>) -> Result<(), ImageError> {
+        self.counted(size)?;
+        if self.cancel.as_ref().is_some_and(|c| c.is_cancelled()) {
+            return Err(ImageError::Cancelled {
+                image: self.image.clone(),
+            });
+        }
+        if let Some(room) = &mut self.room {
+            room.take(
+                size.saturating_add(ENTRY_COST),
+                path.unwrap_or("the next entry"),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The count and size limits of one more entry of `size` bytes.
+    fn counted(&mut self, size: u64) -> Result<(), ImageError> {
         self.files += 1;
         if self.files > self.limits.max_files {
             return Err(self.limits.too_large(
@@ -135,7 +349,7 @@ impl Budget {
 
     /// [`Budget::take`] for the entry at `path`, the refusal naming it.
     pub fn take_named(&mut self, path: &str, size: u64) -> Result<(), ImageError> {
-        self.take(size).map_err(|e| match e {
+        self.take_entry(size, Some(path)).map_err(|e| match e {
             ImageError::TooLarge { image, why, limit } => ImageError::TooLarge {
                 image,
                 why: format!(
@@ -422,6 +636,7 @@ mod tests {
             max_layers: 2,
             max_size: 3 * ENTRY_COST,
             max_files: 2,
+            min_free: MinFree::default(),
         };
         let mut b = limits.budget("img");
         b.take(0).unwrap();
@@ -475,6 +690,7 @@ mod tests {
             max_layers: 127,
             max_size,
             max_files: 1000,
+            min_free: MinFree::default(),
         }
     }
 

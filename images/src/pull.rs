@@ -7,7 +7,6 @@
 //! again. Plain HTTP is used only for loopback registries (127.0.0.0/8, ::1, localhost) or with
 //! [`PullOptions::insecure`]; every other registry is spoken to over HTTPS only.
 
-use std::io::Write;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use oci_client::manifest::OciDescriptor;
 use oci_client::{Client, Reference};
 
 use super::spec::{self, Compression, Document};
-use super::{ImageError, ImageInfo, ImageStore, PullOptions, PullProgress, RegistryAuth};
+use super::{ImageError, ImageInfo, ImageStore, PullOptions, PullProgress, RegistryAuth, Transfer};
 
 /// Progress of a layer download is reported at most once per this many bytes (and at its end).
 pub const PROGRESS_STEP: u64 = 1 << 20;
@@ -83,6 +82,34 @@ impl ImageStore {
         opts: &PullOptions,
         progress: &(dyn Fn(PullProgress) + Send + Sync),
     ) -> Result<ImageInfo, ImageError> {
+        let transfer = self.transfer(Default::default());
+        self.pull_with(reference, opts, progress, &transfer).await
+    }
+
+    /// [`ImageStore::pull`] as `transfer`: what it fetches and uses is held until it ends, and
+    /// it stops at its next chunk once cancelled (a stalled registry too).
+    pub async fn pull_with(
+        &self,
+        reference: &str,
+        opts: &PullOptions,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+        transfer: &Transfer,
+    ) -> Result<ImageInfo, ImageError> {
+        let cancel = transfer.cancel_token().clone();
+        let image = reference.to_string();
+        tokio::select! {
+            pulled = self.pull_in(reference, opts, progress, transfer) => pulled,
+            () = cancel.cancelled() => Err(ImageError::Cancelled { image }),
+        }
+    }
+
+    async fn pull_in(
+        &self,
+        reference: &str,
+        opts: &PullOptions,
+        progress: &(dyn Fn(PullProgress) + Send + Sync),
+        transfer: &Transfer,
+    ) -> Result<ImageInfo, ImageError> {
         self.writable("pull")?;
         let r = parse_reference(reference)?;
         let image = r.whole();
@@ -145,7 +172,7 @@ impl ImageStore {
         let limits = self.limits();
         let claimed: Vec<u64> = manifest.layers.iter().map(|l| l.size).collect();
         limits.check_manifest(&image, &claimed)?;
-        let mut budget = limits.budget(&image);
+        let mut budget = self.budget_for(&image, transfer);
         let manifest_digest = spec::sha256_digest(&manifest_bytes);
         progress(PullProgress::Resolved {
             digest: manifest_digest.clone(),
@@ -166,7 +193,12 @@ impl ImageStore {
             .pull_blob(&r, &config_desc, &mut config_bytes)
             .await
             .map_err(fail)?;
-        self.store_bytes(&image, &config_bytes, Some(&manifest.config.digest))?;
+        self.store_bytes(
+            &image,
+            &config_bytes,
+            Some(&manifest.config.digest),
+            transfer,
+        )?;
         let config = spec::parse_config(&image, &config_bytes)?;
         spec::runnable_here(&image, &config.os, &config.architecture)?;
         if config.rootfs.diff_ids.len() != manifest.layers.len() {
@@ -183,7 +215,8 @@ impl ImageStore {
         // The layers, one after the other.
         for (layer, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
             let compression = Compression::from_media_type(&image, &layer.media_type)?;
-            if self.layer_dir(&image, diff_id)?.is_dir() {
+            transfer.hold(&layer.digest);
+            if self.holds_layer(&image, diff_id, transfer)? {
                 budget.take_cached(layer.size)?;
                 progress(PullProgress::LayerCached {
                     digest: layer.digest.clone(),
@@ -191,15 +224,18 @@ impl ImageStore {
                 });
                 continue;
             }
-            if !self.has_blob(&image, &layer.digest)? {
-                self.download_blob(&client, &r, &image, &registry, layer, progress)
+            if !self.holds_blob(&image, &layer.digest, transfer)? {
+                self.download_blob(&client, &r, &image, layer, progress, transfer)
                     .await?;
             }
             let store = self.clone();
             let (img, blob, diff) = (image.clone(), layer.digest.clone(), diff_id.clone());
+            // The unpack holds the transfer too: should this future be dropped, what it puts
+            // in place stays held until it ends.
+            let held = transfer.clone();
             let (unpacked, spent) = tokio::task::spawn_blocking(move || {
                 let unpacked =
-                    store.unpack_layer(&img, &blob, compression, Some(&diff), &mut budget);
+                    store.unpack_layer(&img, &blob, compression, Some(&diff), &mut budget, &held);
                 (unpacked, budget)
             })
             .await
@@ -210,7 +246,7 @@ impl ImageStore {
                 digest: layer.digest.clone(),
             });
         }
-        let info = self.finish_image(&image, &manifest_bytes)?;
+        let info = self.finish_image(&image, &manifest_bytes, transfer)?;
         tracing::info!(image = %image, digest = %info.digest, layers = info.layers.len(), "image pulled");
         Ok(info)
     }
@@ -220,16 +256,17 @@ impl ImageStore {
         client: &Client,
         r: &Reference,
         image: &str,
-        registry: &str,
         layer: &spec::Descriptor,
         progress: &(dyn Fn(PullProgress) + Send + Sync),
+        transfer: &Transfer,
     ) -> Result<(), ImageError> {
+        let registry = r.resolve_registry();
         spec::digest_hex(image, &layer.digest)?;
         let mut stream = client
             .pull_blob_stream(r, &descriptor(layer))
             .await
             .map_err(|e| map_error(image, registry, e))?;
-        let mut writer = self.blob_writer(image)?;
+        let mut writer = self.blob_writer(image, transfer)?;
         let (mut done, mut reported) = (0u64, 0u64);
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| {
@@ -263,9 +300,7 @@ impl ImageStore {
                     ),
                 ));
             }
-            writer.write_all(&chunk).map_err(|e| {
-                ImageError::io(image, format!("write layer {} to tmp/", layer.digest), e)
-            })?;
+            writer.put(&chunk, &format!("layer {}", layer.digest))?;
             if done - reported >= PROGRESS_STEP {
                 reported = done;
                 progress(PullProgress::Layer {

@@ -19,8 +19,16 @@ fn store() -> (tempfile::TempDir, ImageStore) {
 
 /// Stores `bytes` as a layer blob and unpacks it; returns the diff_id.
 fn unpack_bytes(store: &ImageStore, bytes: &[u8], c: Compression) -> Result<String, ImageError> {
-    let (digest, _) = store.store_blob("test", &mut &bytes[..], None)?;
-    store.unpack_layer("test", &digest, c, None, &mut store.limits().budget("test"))
+    let t = store.transfer(Default::default());
+    let (digest, _) = store.store_blob("test", &mut &bytes[..], None, &t)?;
+    store.unpack_layer(
+        "test",
+        &digest,
+        c,
+        None,
+        &mut store.limits().budget("test"),
+        &t,
+    )
 }
 
 fn count(dir: &Path) -> usize {
@@ -212,6 +220,7 @@ fn devices_are_skipped_and_whiteouts_take_overlay_form() {
         image: "test",
         digest: "sha256:x",
         idmap: IdMap::default(),
+        cancel: None,
     };
     let stats = unpack::unpack(
         &layer,
@@ -287,8 +296,9 @@ fn broken_compressed_layers_fail_cleanly() {
 fn digest_mismatches_are_refused() {
     let (_dir, store) = store();
     let wrong = fixtures::sha256(b"something else");
+    let t = store.transfer(Default::default());
     let err = store
-        .store_blob("test", &mut &b"content"[..], Some(&wrong))
+        .store_blob("test", &mut &b"content"[..], Some(&wrong), &t)
         .unwrap_err();
     match &err {
         ImageError::DigestMismatch {
@@ -304,7 +314,7 @@ fn digest_mismatches_are_refused() {
 
     // A layer whose content is not the config's diff_id.
     let tar = tar_bytes(&[TarEntry::file("f", b"x")]);
-    let (digest, _) = store.store_blob("test", &mut &tar[..], None).unwrap();
+    let (digest, _) = store.store_blob("test", &mut &tar[..], None, &t).unwrap();
     let err = store
         .unpack_layer(
             "test",
@@ -312,6 +322,7 @@ fn digest_mismatches_are_refused() {
             Compression::None,
             Some(&wrong),
             &mut store.limits().budget("test"),
+            &t,
         )
         .unwrap_err();
     assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err}");
@@ -478,6 +489,115 @@ fn a_layout_with_a_tampered_blob_is_refused() {
     assert_eq!(count(&store.root().join("layers/sha256")), 0);
 }
 
+/// A collection takes nothing a transfer holds — what it wrote before the collection began,
+/// and what it took hold of while the collection ran (a record written after the collection
+/// read its records) — and takes it all once the transfer has ended unkept, which it says.
+#[tokio::test]
+async fn gc_takes_nothing_a_transfer_holds_or_held_while_it_ran() {
+    let (dir, store) = store();
+    let a = dir.path().join("a");
+    std::fs::write(&a, marker_layer("held")).unwrap();
+    let t = store.transfer(Default::default());
+    let held = store.import_with(&a, Some("a"), &t).unwrap().remove(0).info;
+    // Nothing recorded keeps it; the transfer does.
+    let report = store.remove_unreferenced(&[]).unwrap();
+    assert_eq!(report, GcReport::default());
+    store.get(&held.digest).unwrap();
+
+    // A hold taken while a collection runs is kept by it, though released before its sweep
+    // (its record written after the collection read the records).
+    let b = dir.path().join("b");
+    std::fs::write(&b, marker_layer("during")).unwrap();
+    let collection = store.begin_collection().expect("no other collection");
+    assert!(
+        store.begin_collection().is_none(),
+        "one collection at a time"
+    );
+    let late = store.transfer(Default::default());
+    let during = store
+        .import_with(&b, Some("b"), &late)
+        .unwrap()
+        .remove(0)
+        .info;
+    late.kept();
+    drop(late);
+    let report = collection.remove_unreferenced(&[]).unwrap();
+    assert_eq!(report, GcReport::default());
+    store.get(&during.digest).unwrap();
+    // `held`'s transfer ends unkept, and says so; the next collection takes its content.
+    drop(t);
+    tokio::time::timeout(std::time::Duration::from_secs(1), store.transfer_ended())
+        .await
+        .expect("an unkept transfer's end is told");
+    let report = store
+        .remove_unreferenced(std::slice::from_ref(&during.digest))
+        .unwrap();
+    assert_eq!(report.blobs_removed, 3, "held's manifest, config and layer");
+    assert_eq!(report.layers_removed, 1);
+    store.get(&during.digest).unwrap();
+    assert!(matches!(
+        store.get(&held.digest),
+        Err(ImageError::NotFound { .. })
+    ));
+    assert_eq!(
+        count(&store.root().join("tmp")),
+        0,
+        "removed, not moved aside"
+    );
+}
+
+/// A cancelled transfer stops at its next entry and puts nothing in place; an add that would
+/// leave less than the minimum free is refused naming the free space and the flag.
+#[test]
+fn a_cancelled_or_roomless_add_puts_nothing_in_place() {
+    let (dir, store) = store();
+    let a = dir.path().join("a");
+    std::fs::write(&a, marker_layer("cancelled")).unwrap();
+    let t = store.transfer(Default::default());
+    t.cancel();
+    let err = store.import_with(&a, Some("a"), &t).unwrap_err();
+    assert!(matches!(err, ImageError::Cancelled { .. }), "{err}");
+    drop(t);
+    store.remove_unreferenced(&[]).unwrap();
+    assert_eq!(count(&store.root().join("blobs/sha256")), 0);
+    assert_eq!(count(&store.root().join("layers/sha256")), 0);
+
+    // More free space than the filesystem has: every add is refused before it writes.
+    store.set_limits(ImageLimits {
+        min_free: MinFree::Bytes(u64::MAX / 4),
+        ..ImageLimits::default()
+    });
+    let err = store.import(&a, Some("a")).unwrap_err();
+    let shown = err.to_string();
+    assert!(matches!(err, ImageError::NoRoom { .. }), "{shown}");
+    assert!(
+        shown.contains("free;") && shown.contains("--image-min-free"),
+        "{shown}"
+    );
+    store.remove_unreferenced(&[]).unwrap();
+    assert_eq!(count(&store.root().join("blobs/sha256")), 0);
+    assert_eq!(count(&store.root().join("tmp")), 0);
+}
+
+#[test]
+fn min_free_is_a_share_or_a_size() {
+    assert_eq!(MinFree::default().bytes(100 << 30), 2 << 30);
+    assert_eq!(MinFree::default().bytes(10 << 30), 1 << 30);
+    assert_eq!(
+        MinFree::parse("5%").unwrap().bytes(200 << 20),
+        10 << 20,
+        "a share has no cap"
+    );
+    assert_eq!(MinFree::parse("1Gi").unwrap(), MinFree::Bytes(1 << 30));
+    assert_eq!(MinFree::parse("0").unwrap().bytes(1 << 40), 0);
+    assert!(MinFree::parse("95%").is_err());
+    assert!(MinFree::parse("lots").is_err());
+    assert_eq!(
+        MinFree::default().to_string(),
+        "10% or 2.0GiB, whichever is smaller"
+    );
+}
+
 #[test]
 fn gc_removes_what_no_kept_image_reaches() {
     let (dir, store) = store();
@@ -534,7 +654,23 @@ fn busybox_image_is_a_runnable_rootfs_and_deterministic() {
             .starts_with("root:x:0:0:")
     );
     assert!(root.join("etc/group").is_file());
+    // E2B's `user`: an account at home in its own /home/user (the store maps ids by 200,000).
+    let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
+    assert!(
+        passwd.contains("\nuser:x:1000:1000:user:/home/user:/bin/sh\n"),
+        "{passwd}"
+    );
+    let home = std::fs::metadata(root.join("home/user")).unwrap();
+    assert!(home.is_dir());
+    assert_eq!((home.uid(), home.gid()), (201_000, 201_000));
     assert!(!root.join("etc/hostname").exists());
+    // bash by path is busybox's shell, as `bash -l -c` (E2B's SDKs run commands so).
+    let out = std::process::Command::new("chroot")
+        .arg(&root)
+        .args(["/bin/bash", "-l", "-c", "echo $((6*7))"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n", "{out:?}");
     assert_eq!(info.config.cmd, vec!["sh"]);
     assert_eq!(info.config.env, vec![spec::DEFAULT_PATH.to_string()]);
     // The shell runs from the layer (chroot into it).
@@ -697,6 +833,7 @@ fn an_extension_entry_is_refused_from_its_header_not_read_into_memory() {
             image: "test",
             digest: "sha256:x",
             idmap: IdMap::default(),
+            cancel: None,
         };
         let e = unpack::unpack(&layer, stream, &dest, &mut store.limits().budget("t"))
             .unwrap_err()

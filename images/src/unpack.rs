@@ -55,6 +55,8 @@ pub struct Layer<'a> {
     pub image: &'a str,
     pub digest: &'a str,
     pub idmap: IdMap,
+    /// Ends the unpack at its next read of the layer (a cancelled add).
+    pub cancel: Option<&'a tokio_util::sync::CancellationToken>,
 }
 
 /// What an unpack did.
@@ -68,14 +70,24 @@ pub struct UnpackStats {
 /// crate sees it (the budget is the unpack's own, paid per entry below: the meter's is
 /// unlimited). The crate reads a GNU long name or PAX entry whole into memory, whatever its
 /// size: a gzip of a few hundred KiB can say 20 GiB; the meter refuses one past 1 MiB.
-struct Checked<R> {
+struct Checked<'a, R> {
     inner: R,
     meter: LayerMeter,
     refused: Option<ImageError>,
+    image: &'a str,
+    cancel: Option<&'a tokio_util::sync::CancellationToken>,
 }
 
-impl<R: Read> Read for Checked<R> {
+impl<R: Read> Read for Checked<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.cancel.is_some_and(|c| c.is_cancelled()) {
+            let e = ImageError::Cancelled {
+                image: self.image.to_string(),
+            };
+            let shown = e.to_string();
+            self.refused = Some(e);
+            return Err(std::io::Error::other(shown));
+        }
         let n = self.inner.read(buf)?;
         if let Err(e) = self.meter.feed(&buf[..n]) {
             let shown = e.to_string();
@@ -117,6 +129,8 @@ pub fn unpack(
         inner: reader,
         meter: LayerMeter::new(Budget::unlimited(layer.image)),
         refused: None,
+        image: layer.image,
+        cancel: layer.cancel,
     };
     let walked = (|| {
         let mut archive = tar::Archive::new(&mut checked);
@@ -192,6 +206,24 @@ pub fn normalize(path: &[u8]) -> Result<RelPath, &'static str> {
     Ok(out)
 }
 
+/// Where an entry goes: its parent directory (open), the parent's path under the layer root,
+/// and its name there.
+struct Place<'p> {
+    parent: &'p OwnedFd,
+    parent_rel: &'p [OsString],
+    name: &'p OsString,
+}
+
+/// What an entry's header gives every kind of entry: its mode bits, its mtime and its owner
+/// (shifted into the store's id map).
+#[derive(Clone, Copy)]
+struct Meta {
+    mode: u32,
+    mtime: i64,
+    uid: Uid,
+    gid: Gid,
+}
+
 impl Unpacker<'_> {
     fn entry<R: Read>(&mut self, mut entry: tar::Entry<'_, R>) -> Result<(), ImageError> {
         let raw = entry.path_bytes().into_owned();
@@ -205,24 +237,18 @@ impl Unpacker<'_> {
             return Ok(());
         }
         let rel = normalize(&raw).map_err(|why| layer.unsafe_entry(&shown, why))?;
-        self.budget.take(entry.size())?;
+        self.budget.take_at(
+            &format!("/{}", shown.trim_start_matches("./")),
+            entry.size(),
+        )?;
         self.stats.entries += 1;
-        let header = entry.header();
-        let mode = header
-            .mode()
-            .map_err(|e| layer.malformed(format!("{shown:?}: {e}")))?
-            & 0o7777;
-        let mtime = header
-            .mtime()
-            .map_err(|e| layer.malformed(format!("{shown:?}: {e}")))?;
-        let mtime = i64::try_from(mtime).unwrap_or(i64::MAX);
-        let uid = header
-            .uid()
-            .map_err(|e| layer.malformed(format!("{shown:?}: {e}")))?;
-        let gid = header
-            .gid()
-            .map_err(|e| layer.malformed(format!("{shown:?}: {e}")))?;
-        let (uid, gid) = self.shift(&shown, uid, gid)?;
+        let meta = self.meta(entry.header(), &shown)?;
+        let Meta {
+            mode,
+            mtime,
+            uid,
+            gid,
+        } = meta;
 
         let Some((name, parent_rel)) = rel.split_last() else {
             // The layer root itself ("./"): keep its mode and owner.
@@ -233,80 +259,22 @@ impl Unpacker<'_> {
             return Ok(());
         };
         let parent = self.open_parent(parent_rel, &shown, true)?;
-        let name_str = name.to_string_lossy();
-
-        if let Some(target) = name_str.strip_prefix(WHITEOUT_PREFIX) {
-            if name_str == OPAQUE_MARKER {
-                File::from(parent)
-                    .set_xattr(OPAQUE_XATTR, b"y")
-                    .map_err(|e| layer.io(&shown, "set the overlay opaque attribute", e))?;
-            } else if target.starts_with(WHITEOUT_PREFIX) {
-                // Other `.wh..wh.` names are aufs bookkeeping (e.g. `.wh..wh.plnk`): not content.
-            } else if target.is_empty() || target == "." || target == ".." {
-                return Err(layer.unsafe_entry(&shown, "whiteout names no file"));
-            } else {
-                let target = OsStr::from_bytes(&name.as_bytes()[WHITEOUT_PREFIX.len()..]);
-                self.remove_existing(&parent, parent_rel, target, &shown)?;
-                mknodat(
-                    &parent,
-                    target,
-                    SFlag::S_IFCHR,
-                    Mode::empty(),
-                    makedev(0, 0),
-                )
-                .map_err(|e| layer.io(&shown, "create the overlay whiteout", e))?;
-                self.own_at(&parent, target, &shown, uid, gid, None)?;
-            }
-            return Ok(());
+        if name.to_string_lossy().starts_with(WHITEOUT_PREFIX) {
+            return self.whiteout(parent, parent_rel, name, &shown, meta);
         }
+        let at = Place {
+            parent: &parent,
+            parent_rel,
+            name,
+        };
 
         match kind {
             EntryType::Directory => {
-                let exists_as_dir =
-                    match fstatat(&parent, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
-                        Ok(st) => {
-                            if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT
-                                == SFlag::S_IFDIR
-                            {
-                                true
-                            } else {
-                                self.remove_existing(&parent, parent_rel, name, &shown)?;
-                                false
-                            }
-                        }
-                        Err(Errno::ENOENT) => false,
-                        Err(e) => return Err(layer.io(&shown, "stat", e)),
-                    };
-                if !exists_as_dir {
-                    mkdirat(&parent, name.as_os_str(), Mode::from_bits_truncate(0o700))
-                        .map_err(|e| layer.io(&shown, "create the directory", e))?;
-                }
-                let dir = open_dir(&parent, name)
-                    .map_err(|e| layer.io(&shown, "open the directory", e))?;
-                self.set_dir_meta(&dir, &shown, mode, uid, gid)?;
+                self.directory(&at, &shown, meta)?;
                 self.dir_mtimes.push((rel.clone(), mtime));
             }
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                self.remove_existing(&parent, parent_rel, name, &shown)?;
-                let fd = openat(
-                    &parent,
-                    name.as_os_str(),
-                    OFlag::O_CREAT
-                        | OFlag::O_EXCL
-                        | OFlag::O_NOFOLLOW
-                        | OFlag::O_WRONLY
-                        | OFlag::O_CLOEXEC,
-                    Mode::from_bits_truncate(0o600),
-                )
-                .map_err(|e| layer.io(&shown, "create the file", e))?;
-                let mut file = File::from(fd);
-                copy_entry(layer, &shown, &mut entry, &mut file)?;
-                fchown(&file, Some(uid), Some(gid)).map_err(|e| layer.io(&shown, "chown", e))?;
-                // After the chown, which clears setuid and setgid bits.
-                fchmod(&file, Mode::from_bits_truncate(mode))
-                    .map_err(|e| layer.io(&shown, "chmod", e))?;
-                futimens(&file, &TimeSpec::UTIME_OMIT, &TimeSpec::new(mtime, 0))
-                    .map_err(|e| layer.io(&shown, "set the mtime", e))?;
+                self.regular_file(&at, &shown, meta, &mut entry)?;
                 self.unpacked.insert(rel);
             }
             EntryType::Symlink => {
@@ -325,54 +293,12 @@ impl Unpacker<'_> {
                     .link_name_bytes()
                     .ok_or_else(|| layer.malformed(format!("hard link {shown:?} has no target")))?
                     .into_owned();
-                let target_rel = normalize(&target).map_err(|why| {
-                    layer.unsafe_entry(&shown, format!("hard link target: {why}"))
-                })?;
-                if !self.unpacked.contains(&target_rel) {
-                    return Err(layer.unsafe_entry(
-                        &shown,
-                        format!(
-                            "hard link to {:?}, which this layer has not unpacked",
-                            String::from_utf8_lossy(&target)
-                        ),
-                    ));
+                if self.hard_link(&at, &rel, &shown, &target)? {
+                    self.unpacked.insert(rel);
                 }
-                if target_rel == rel {
-                    return Ok(());
-                }
-                let (target_name, target_parent_rel) = target_rel
-                    .split_last()
-                    .expect("an unpacked entry has a name");
-                let target_parent = self.open_parent(target_parent_rel, &shown, false)?;
-                self.remove_existing(&parent, parent_rel, name, &shown)?;
-                linkat(
-                    &target_parent,
-                    target_name.as_os_str(),
-                    &parent,
-                    name.as_os_str(),
-                    AtFlags::empty(),
-                )
-                .map_err(|e| layer.io(&shown, "create the hard link", e))?;
-                self.unpacked.insert(rel);
             }
             EntryType::Fifo => {
-                self.remove_existing(&parent, parent_rel, name, &shown)?;
-                mknodat(
-                    &parent,
-                    name.as_os_str(),
-                    SFlag::S_IFIFO,
-                    Mode::from_bits_truncate(0o600),
-                    0,
-                )
-                .map_err(|e| layer.io(&shown, "create the fifo", e))?;
-                self.own_at(&parent, name, &shown, uid, gid, Some(mtime))?;
-                fchmodat(
-                    &parent,
-                    name.as_os_str(),
-                    Mode::from_bits_truncate(mode),
-                    FchmodatFlags::FollowSymlink,
-                )
-                .map_err(|e| layer.io(&shown, "chmod the fifo", e))?;
+                self.fifo(&at, &shown, meta)?;
                 self.unpacked.insert(rel);
             }
             EntryType::Char | EntryType::Block => {
@@ -395,6 +321,192 @@ impl Unpacker<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The header's mode bits, mtime and owner (shifted), or why they do not read.
+    fn meta(&self, header: &tar::Header, shown: &str) -> Result<Meta, ImageError> {
+        let layer = self.layer;
+        let mode = header
+            .mode()
+            .map_err(|e| layer.malformed(format!("{shown:?}: {e}")))?
+            & 0o7777;
+        let mtime = header
+            .mtime()
+            .map_err(|e| layer.malformed(format!("{shown:?}: {e}")))?;
+        let mtime = i64::try_from(mtime).unwrap_or(i64::MAX);
+        let uid = header
+            .uid()
+            .map_err(|e| layer.malformed(format!("{shown:?}: {e}")))?;
+        let gid = header
+            .gid()
+            .map_err(|e| layer.malformed(format!("{shown:?}: {e}")))?;
+        let (uid, gid) = self.shift(shown, uid, gid)?;
+        Ok(Meta {
+            mode,
+            mtime,
+            uid,
+            gid,
+        })
+    }
+
+    /// A whiteout (`.wh.NAME`: NAME is removed, as overlayfs's character device 0/0), the
+    /// opaque marker (`.wh..wh..opq`: the directory hides the layers below), or aufs
+    /// bookkeeping (other `.wh..wh.` names), skipped.
+    fn whiteout(
+        &mut self,
+        parent: OwnedFd,
+        parent_rel: &[OsString],
+        name: &OsStr,
+        shown: &str,
+        meta: Meta,
+    ) -> Result<(), ImageError> {
+        let layer = self.layer;
+        let name_str = name.to_string_lossy();
+        let Some(target) = name_str.strip_prefix(WHITEOUT_PREFIX) else {
+            return Ok(());
+        };
+        if name_str == OPAQUE_MARKER {
+            File::from(parent)
+                .set_xattr(OPAQUE_XATTR, b"y")
+                .map_err(|e| layer.io(shown, "set the overlay opaque attribute", e))?;
+        } else if target.starts_with(WHITEOUT_PREFIX) {
+            // Other `.wh..wh.` names are aufs bookkeeping (e.g. `.wh..wh.plnk`): not content.
+        } else if target.is_empty() || target == "." || target == ".." {
+            return Err(layer.unsafe_entry(shown, "whiteout names no file"));
+        } else {
+            let target = OsStr::from_bytes(&name.as_bytes()[WHITEOUT_PREFIX.len()..]);
+            self.remove_existing(&parent, parent_rel, target, shown)?;
+            mknodat(
+                &parent,
+                target,
+                SFlag::S_IFCHR,
+                Mode::empty(),
+                makedev(0, 0),
+            )
+            .map_err(|e| layer.io(shown, "create the overlay whiteout", e))?;
+            self.own_at(&parent, target, shown, meta.uid, meta.gid, None)?;
+        }
+        Ok(())
+    }
+
+    /// A directory: made (over whatever else had the name), or kept when there is one; its
+    /// mode and owner set (its mtime is set once the layer is done).
+    fn directory(&mut self, at: &Place<'_>, shown: &str, meta: Meta) -> Result<(), ImageError> {
+        let layer = self.layer;
+        let (parent, parent_rel, name) = (at.parent, at.parent_rel, at.name);
+        let exists_as_dir = match fstatat(parent, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => {
+                if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR {
+                    true
+                } else {
+                    self.remove_existing(parent, parent_rel, name, shown)?;
+                    false
+                }
+            }
+            Err(Errno::ENOENT) => false,
+            Err(e) => return Err(layer.io(shown, "stat", e)),
+        };
+        if !exists_as_dir {
+            mkdirat(parent, name.as_os_str(), Mode::from_bits_truncate(0o700))
+                .map_err(|e| layer.io(shown, "create the directory", e))?;
+        }
+        let dir = open_dir(parent, name).map_err(|e| layer.io(shown, "open the directory", e))?;
+        self.set_dir_meta(&dir, shown, meta.mode, meta.uid, meta.gid)
+    }
+
+    /// A regular file: made anew (`O_EXCL`, never through a link), its content copied from
+    /// the entry, then its owner, mode and mtime set.
+    fn regular_file<R: Read>(
+        &mut self,
+        at: &Place<'_>,
+        shown: &str,
+        meta: Meta,
+        entry: &mut tar::Entry<'_, R>,
+    ) -> Result<(), ImageError> {
+        let layer = self.layer;
+        let (parent, parent_rel, name) = (at.parent, at.parent_rel, at.name);
+        self.remove_existing(parent, parent_rel, name, shown)?;
+        let fd = openat(
+            parent,
+            name.as_os_str(),
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| layer.io(shown, "create the file", e))?;
+        let mut file = File::from(fd);
+        copy_entry(layer, shown, entry, &mut file)?;
+        fchown(&file, Some(meta.uid), Some(meta.gid)).map_err(|e| layer.io(shown, "chown", e))?;
+        // After the chown, which clears setuid and setgid bits.
+        fchmod(&file, Mode::from_bits_truncate(meta.mode))
+            .map_err(|e| layer.io(shown, "chmod", e))?;
+        futimens(&file, &TimeSpec::UTIME_OMIT, &TimeSpec::new(meta.mtime, 0))
+            .map_err(|e| layer.io(shown, "set the mtime", e))?;
+        Ok(())
+    }
+
+    /// A hard link to `target`, which this layer must have unpacked itself (a link to a lower
+    /// layer's file, or to a path outside the layer, is refused). False: the link names
+    /// itself, and nothing is done.
+    fn hard_link(
+        &mut self,
+        at: &Place<'_>,
+        rel: &RelPath,
+        shown: &str,
+        target: &[u8],
+    ) -> Result<bool, ImageError> {
+        let layer = self.layer;
+        let (parent, parent_rel, name) = (at.parent, at.parent_rel, at.name);
+        let target_rel = normalize(target)
+            .map_err(|why| layer.unsafe_entry(shown, format!("hard link target: {why}")))?;
+        if !self.unpacked.contains(&target_rel) {
+            return Err(layer.unsafe_entry(
+                shown,
+                format!(
+                    "hard link to {:?}, which this layer has not unpacked",
+                    String::from_utf8_lossy(target)
+                ),
+            ));
+        }
+        if target_rel == *rel {
+            return Ok(false);
+        }
+        let (target_name, target_parent_rel) = target_rel
+            .split_last()
+            .expect("an unpacked entry has a name");
+        let target_parent = self.open_parent(target_parent_rel, shown, false)?;
+        self.remove_existing(parent, parent_rel, name, shown)?;
+        linkat(
+            &target_parent,
+            target_name.as_os_str(),
+            parent,
+            name.as_os_str(),
+            AtFlags::empty(),
+        )
+        .map_err(|e| layer.io(shown, "create the hard link", e))?;
+        Ok(true)
+    }
+
+    /// A fifo, with its owner, mtime and mode.
+    fn fifo(&mut self, at: &Place<'_>, shown: &str, meta: Meta) -> Result<(), ImageError> {
+        let layer = self.layer;
+        let (parent, parent_rel, name) = (at.parent, at.parent_rel, at.name);
+        self.remove_existing(parent, parent_rel, name, shown)?;
+        mknodat(
+            parent,
+            name.as_os_str(),
+            SFlag::S_IFIFO,
+            Mode::from_bits_truncate(0o600),
+            0,
+        )
+        .map_err(|e| layer.io(shown, "create the fifo", e))?;
+        self.own_at(parent, name, shown, meta.uid, meta.gid, Some(meta.mtime))?;
+        fchmodat(
+            parent,
+            name.as_os_str(),
+            Mode::from_bits_truncate(meta.mode),
+            FchmodatFlags::FollowSymlink,
+        )
+        .map_err(|e| layer.io(shown, "chmod the fifo", e))
     }
 
     fn shift(&self, shown: &str, uid: u64, gid: u64) -> Result<(Uid, Gid), ImageError> {

@@ -30,12 +30,19 @@
 //!   lives; a second open is refused, naming that pid. The kernel lets go of it when the
 //!   owner dies, however it dies.
 
+pub mod auto;
+/// Test fixtures (feature `fixtures`, which only dev-dependencies turn on: no daemon links
+/// them).
+#[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
+pub mod flags;
 pub mod guest;
 pub mod link;
 pub mod nft;
 pub mod policy;
 pub mod resolver;
+
+pub use auto::{AUTO_CANDIDATES, AUTO_FILE, ChoiceLock, auto_cidr, bridge_owner};
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -48,6 +55,7 @@ use uuid::Uuid;
 /// resolver binds it.
 pub const RESOLVER_PORT: u16 = 53;
 
+pub use flags::NetworkArgs;
 pub use nft::{DEFAULT_CONNTRACK_MAX, Denial};
 pub use policy::{AllowEntry, PolicyError, parse_allowlist, parse_entry};
 
@@ -134,67 +142,6 @@ pub enum NetworkError {
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetworkError {
     let what = what.into();
     move |source| NetworkError::Io { what, source }
-}
-
-/// The networks `--network-cidr auto` tries, in this order: the first that overlaps nothing
-/// the host routes or holds an address in is taken.
-pub const AUTO_CANDIDATES: &[&str] = &[
-    "10.213.0.0/16",
-    "10.214.0.0/16",
-    "10.215.0.0/16",
-    "172.29.0.0/16",
-    "172.30.0.0/16",
-    "192.168.213.0/24",
-];
-
-/// The file under a network's state directory that keeps what `auto` chose, so that a
-/// restarted gateway (and its sandboxes' leases) keep the same network.
-pub const AUTO_FILE: &str = "auto-cidr";
-
-/// What `--network-cidr auto` means on this host for the network named `name` whose state
-/// is `state_dir`: the choice made before (kept in [`AUTO_FILE`]), else the first of
-/// [`AUTO_CANDIDATES`] that collides with nothing on the host, recorded (fsynced) first.
-pub fn auto_cidr(state_dir: &Path, name: &str) -> Result<String, NetworkError> {
-    let file = state_dir.join(AUTO_FILE);
-    if let Ok(kept) = std::fs::read_to_string(&file) {
-        let kept = kept.trim().to_string();
-        parse_cidr(&kept)?;
-        return Ok(kept);
-    }
-    let bridge = format!("{name}0");
-    let host = link::host_networks(&bridge)?;
-    let free = AUTO_CANDIDATES
-        .iter()
-        .find(|c| {
-            let Ok((net, len)) = parse_cidr(c) else {
-                return false;
-            };
-            !host
-                .iter()
-                .any(|(other, other_len, _)| policy::overlaps(net, len, *other, *other_len))
-        })
-        .ok_or_else(|| {
-            NetworkError::Config(format!(
-                "every network --network-cidr auto tries ({}) overlaps one of the host's; give one with --network-cidr",
-                AUTO_CANDIDATES.join(", ")
-            ))
-        })?;
-    std::fs::create_dir_all(state_dir)
-        .and_then(|()| {
-            use std::io::Write;
-            let tmp = state_dir.join(format!("{AUTO_FILE}.tmp"));
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(free.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &file)
-        })
-        .map_err(|e| {
-            NetworkError::Config(format!(
-                "recording the chosen network in {}: {e}",
-                file.display()
-            ))
-        })?;
-    Ok(free.to_string())
 }
 
 /// Parses `A.B.C.D/LEN` into a network whose host bits are zero, with room for a gateway and

@@ -68,10 +68,13 @@ pub fn netns_exists(name: &str) -> bool {
     std::path::Path::new("/run/netns").join(name).exists()
 }
 
-/// Every IPv4 network the host routes or holds an address in, except those on `except`
-/// (the gateway's own bridge), as (network, prefix, where).
+/// Every IPv4 network the host routes or holds an address in (an address's own route, in
+/// table `local`, stays while its link is down), except those on `except` (the gateway's
+/// own bridge), as (network, prefix, where). Where a link is the bridge of another sbx
+/// network, `where` says so, and which sbxd serves it ([`crate::bridge_owner`]).
 pub fn host_networks(except: &str) -> Result<Vec<(Ipv4Addr, u8, String)>, IpError> {
     let mut found = Vec::new();
+    let mut routes_on: Vec<(Ipv4Addr, u8, String)> = Vec::new();
     let routes: Value = serde_json::from_str(&ip(&["-j", "-4", "route", "show", "table", "all"])?)
         .map_err(|e| IpError {
             args: "-j route".into(),
@@ -96,16 +99,39 @@ pub fn host_networks(except: &str) -> Result<Vec<(Ipv4Addr, u8, String)>, IpErro
             if a.is_loopback() {
                 continue;
             }
-            found.push((a, len, format!("route {dst} dev {dev}")));
+            found.push((
+                a,
+                len,
+                format!("route {dst} dev {dev}{}", crate::bridge_owner(&dev)),
+            ));
+            routes_on.push((a, len, dev));
         }
     }
+    // A host route (an address's own, in table local) inside a network route of its own link
+    // says nothing that route does not.
+    let covered = |i: usize| {
+        let (a, len, dev) = &routes_on[i];
+        *len == 32
+            && routes_on.iter().any(|(net, l, on)| {
+                on == dev && *l < 32 && crate::policy::overlaps(*a, 32, *net, *l)
+            })
+    };
+    let keep: Vec<bool> = (0..found.len()).map(|i| !covered(i)).collect();
+    let mut kept = keep.iter();
+    found.retain(|_| *kept.next().unwrap_or(&true));
     Ok(found)
 }
+
+/// A route or an interface's network shorter than this is no network the host is attached to
+/// but a catch-all (a VPN's `0.0.0.0/1 dev tun0`, a default route on a point-to-point link):
+/// left out (here and by the resolver, [`crate::resolver`]), or every public address would be
+/// "local".
+pub const ATTACHED_MIN_PREFIX: u8 = 8;
 
 /// The networks of the host's on-link routes (no gateway: a network it is attached to, such
 /// as another bridge, a container's or pod's veth, the LAN) in every routing table, from
 /// `ip -j -4 route show table all`: unicast routes only (not local, broadcast, blackhole or
-/// unreachable ones), none shorter than [`crate::resolver::ATTACHED_MIN_PREFIX`] (a catch-all
+/// unreachable ones), none shorter than [`ATTACHED_MIN_PREFIX`] (a catch-all
 /// such as a VPN's `0.0.0.0/1 dev tun0` is no attached network) and no default route.
 pub fn on_link_routes() -> Result<Vec<(Ipv4Addr, u8)>, IpError> {
     let text = ip(&["-j", "-4", "route", "show", "table", "all"])?;
@@ -128,7 +154,7 @@ pub fn on_link_routes() -> Result<Vec<(Ipv4Addr, u8)>, IpError> {
                 None => (dst, 32),
             };
             let addr: Ipv4Addr = addr.parse().ok()?;
-            (crate::resolver::ATTACHED_MIN_PREFIX..=32)
+            (ATTACHED_MIN_PREFIX..=32)
                 .contains(&len)
                 .then_some((addr, len))
         })

@@ -128,6 +128,18 @@ fn run(what: &str, args: &[&str], input: Option<&[u8]>) -> Result<Vec<u8>, NftEr
     Ok(out.stdout)
 }
 
+/// The item of `kind` named `name` in `existing` (a table as `nft -j list table` shows it).
+fn existing_item<'a>(existing: Option<&'a Value>, kind: &str, name: &str) -> Option<&'a Value> {
+    existing
+        .and_then(|doc| doc.get("nftables"))
+        .and_then(Value::as_array)
+        .and_then(|items| {
+            items
+                .iter()
+                .find(|i| i.pointer(&format!("/{kind}/name")).and_then(Value::as_str) == Some(name))
+        })
+}
+
 fn ifname(name: &str) -> Value {
     Value::String(name.into())
 }
@@ -198,29 +210,19 @@ impl Table {
     /// kept as they are (the kernel marks `denied` as updated from the packet path, and an
     /// `add` of it without that mark is refused).
     pub fn setup(&self, existing: Option<&Value>) -> Vec<Value> {
-        let has = |kind: &str, name: &str| {
-            existing
-                .and_then(|doc| doc.get("nftables"))
-                .and_then(Value::as_array)
-                .is_some_and(|items| {
-                    items.iter().any(|i| {
-                        i.pointer(&format!("/{kind}/name")).and_then(Value::as_str) == Some(name)
-                    })
-                })
-        };
-        let comment = |kind: &str, name: &str| {
-            existing
-                .and_then(|doc| doc.get("nftables"))
-                .and_then(Value::as_array)
-                .and_then(|items| {
-                    items.iter().find(|i| {
-                        i.pointer(&format!("/{kind}/name")).and_then(Value::as_str) == Some(name)
-                    })
-                })
-                .and_then(|i| i.pointer(&format!("/{kind}/comment")))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        };
+        let mut cmds = self.fixed_chains();
+        cmds.extend(self.sets(existing));
+        cmds.extend(self.forward_rules());
+        cmds.extend(self.input_rules());
+        cmds.extend(self.postrouting_rules());
+        cmds.extend(self.deny_rules());
+        cmds.extend(self.admit_rules());
+        cmds
+    }
+
+    /// [`Self::setup`]'s first step: the table, and its fixed chains made (or kept) and
+    /// emptied.
+    fn fixed_chains(&self) -> Vec<Value> {
         let t = json!({ "table": { "family": "inet", "name": self.name } });
         let mut cmds = vec![json!({ "add": t })];
         for (name, hook, kind, prio) in [
@@ -235,6 +237,20 @@ impl Table {
             cmds.push(json!({ "add": self.obj("chain", json!({ "name": chain })) }));
             cmds.push(json!({ "flush": self.obj("chain", json!({ "name": chain })) }));
         }
+        cmds
+    }
+
+    /// [`Self::setup`]'s sets and map: made when missing, kept as they are otherwise (but
+    /// `ct_budget`, made anew when the budget changed).
+    fn sets(&self, existing: Option<&Value>) -> Vec<Value> {
+        let has = |kind: &str, name: &str| existing_item(existing, kind, name).is_some();
+        let comment = |kind: &str, name: &str| {
+            existing_item(existing, kind, name)
+                .and_then(|i| i.pointer(&format!("/{kind}/comment")))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        let mut cmds = Vec::new();
         // Per source: its conntrack count (an element per sandbox with connections, gone when
         // it has none), and what the budgets refused it; room for every address of the
         // network (an update of a full set fails, and with it the rule: the refusal would not
@@ -288,9 +304,16 @@ impl Table {
         if !has("map", "sandboxes") {
             cmds.push(json!({ "add": self.obj("map", json!({ "name": "sandboxes", "type": "ipv4_addr", "map": "verdict" })) }));
         }
+        cmds
+    }
+
+    /// [`Self::setup`]'s `forward` rules: replies through, a sandbox's packets to its own
+    /// chain (the `sandboxes` map) or else to `deny`, nothing else onto the bridge.
+    fn forward_rules(&self) -> Vec<Value> {
         let saddr = json!({ "payload": { "protocol": "ip", "field": "saddr" } });
         let vmap = json!({ "vmap": { "key": saddr, "data": "@sandboxes" } });
         let br = &self.bridge;
+        let mut cmds = Vec::new();
         cmds.push(self.rule(
             "forward",
             vec![iif(br), established(), json!({ "accept": null })],
@@ -305,6 +328,16 @@ impl Table {
             vec![iif(br), json!({ "goto": { "target": "deny" } })],
         ));
         cmds.push(self.rule("forward", vec![oif(br), json!({ "drop": null })]));
+        cmds
+    }
+
+    /// [`Self::setup`]'s `input` rules: the gateway's resolver (within its rate), replies,
+    /// then a sandbox's own chain or `deny`.
+    fn input_rules(&self) -> Vec<Value> {
+        let saddr = json!({ "payload": { "protocol": "ip", "field": "saddr" } });
+        let vmap = json!({ "vmap": { "key": saddr, "data": "@sandboxes" } });
+        let br = &self.bridge;
+        let mut cmds = Vec::new();
         // The gateway's resolver, whatever a sandbox's list says (it answers only the names
         // the list holds) — past [`DNS_RATE`] queries a second from one sandbox, dropped here,
         // in the kernel: a flood never reaches the resolver's socket, whose queue the other
@@ -348,6 +381,15 @@ impl Table {
             "input",
             vec![iif(br), json!({ "goto": { "target": "deny" } })],
         ));
+        cmds
+    }
+
+    /// [`Self::setup`]'s `postrouting` rule: the network's packets leaving by another
+    /// interface than the bridge are masqueraded.
+    fn postrouting_rules(&self) -> Vec<Value> {
+        let saddr = json!({ "payload": { "protocol": "ip", "field": "saddr" } });
+        let br = &self.bridge;
+        let mut cmds = Vec::new();
         cmds.push(self.rule(
             "postrouting",
             vec![
@@ -356,6 +398,13 @@ impl Table {
                 json!({ "masquerade": null }),
             ],
         ));
+        cmds
+    }
+
+    /// [`Self::setup`]'s `deny` chain: every denied packet recorded in `denied` (by source,
+    /// destination, protocol and port; port 0 without one), then rejected.
+    fn deny_rules(&self) -> Vec<Value> {
+        let mut cmds = Vec::new();
         let key = json!({ "concat": [
             { "payload": { "protocol": "ip", "field": "saddr" } },
             { "payload": { "protocol": "ip", "field": "daddr" } },
@@ -388,6 +437,14 @@ impl Table {
             "deny",
             vec![json!({ "reject": { "type": "icmpx", "expr": "admin-prohibited" } })],
         ));
+        cmds
+    }
+
+    /// [`Self::setup`]'s admit chain: a new connection past the sandbox's conntrack budget
+    /// is counted and rejected, any other accepted.
+    fn admit_rules(&self) -> Vec<Value> {
+        let saddr = json!({ "payload": { "protocol": "ip", "field": "saddr" } });
+        let mut cmds = Vec::new();
         cmds.push(self.rule(
             ADMIT,
             vec![

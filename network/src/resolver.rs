@@ -92,10 +92,6 @@ const RECEIVE_BUFFER: usize = 4 << 20;
 /// How long the host's on-link routes are read for (a process each time); the networks of
 /// its interfaces' addresses are read afresh for every answer.
 const ROUTES_REFRESH: Duration = Duration::from_secs(1);
-/// A route or an interface's network shorter than this is no network the host is attached to
-/// but a catch-all (a VPN's `0.0.0.0/1 dev tun0`, a default route on a point-to-point link):
-/// left out, or every public address would be "local".
-pub const ATTACHED_MIN_PREFIX: u8 = 8;
 /// How long the upstream has to answer (once, then once more).
 const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);
 /// An admitted address is kept at least this long, whatever the answer's TTL…
@@ -192,7 +188,7 @@ impl Shared {
                     .and_then(|m| m.as_sockaddr_in())
                     .map(|m| u32::from(m.ip()).count_ones() as u8)
                     .unwrap_or(32);
-                if (ATTACHED_MIN_PREFIX..32).contains(&len) {
+                if (link::ATTACHED_MIN_PREFIX..32).contains(&len) {
                     let net = Ipv4Addr::from(u32::from(addr) & (u32::MAX << (32 - len)));
                     view.attached.push((net, len));
                 }

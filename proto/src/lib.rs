@@ -6,6 +6,7 @@
 //! - [`image_ref`]: image references, the naming rule of images.
 //! - [`quote`]: how an error quotes a bad value (short).
 //! - [`quantity`]: sizes and CPU as people write them, and sizes for people to read.
+//! - [`time`]: times as the APIs write them (RFC 3339, nine fractional digits).
 //! - [`local`]: where a gateway on this machine keeps its state and its socket by default.
 
 /// The public API, package `sbx.v1`.
@@ -35,6 +36,7 @@ pub mod local;
 pub mod names;
 pub mod quantity;
 pub mod quote;
+pub mod time;
 
 /// The encoded file descriptor set of both contracts, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("sbx_descriptor");

@@ -74,9 +74,60 @@ pub fn workspace_or_default(workspace: &str) -> &str {
     }
 }
 
+/// The most edits (insertions, deletions, substitutions) between a name and one
+/// [`similar`] offers in its place.
+pub const SIMILAR_EDITS: usize = 2;
+
+/// The `candidates` within [`SIMILAR_EDITS`] of `name` (a typo's "did you mean"; two
+/// swapped letters are one edit), and fewer edits than the shorter of the two has letters (so
+/// `db` is not offered for `web`), nearest first (then by name), at most three, never `name`
+/// itself.
+pub fn similar<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut near: Vec<(usize, &str)> = candidates
+        .into_iter()
+        .filter(|c| *c != name)
+        .map(|c| (strsim::osa_distance(name, c), c))
+        .filter(|(edits, c)| {
+            *edits <= SIMILAR_EDITS && *edits < name.chars().count().min(c.chars().count())
+        })
+        .collect();
+    near.sort();
+    near.dedup();
+    near.into_iter()
+        .take(3)
+        .map(|(_, c)| c.to_string())
+        .collect()
+}
+
+/// `similar`'s names as the end of a message: nothing, ` (did you mean "web"?)`, or
+/// ` (did you mean "web" or "web2"?)`.
+pub fn did_you_mean(similar: &[String]) -> String {
+    let quoted: Vec<String> = similar.iter().map(|s| format!("{s:?}")).collect();
+    match quoted.as_slice() {
+        [] => String::new(),
+        [one] => format!(" (did you mean {one}?)"),
+        [rest @ .., last] => format!(" (did you mean {} or {last}?)", rest.join(", ")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_within_two_edits_is_offered_nearest_first() {
+        let names = ["web", "web-2", "worker", "db", "wbe"];
+        assert_eq!(similar("weeb", names), vec!["web", "wbe"]);
+        assert_eq!(similar("web", names), vec!["wbe", "web-2"]);
+        assert_eq!(similar("wrker", names), vec!["worker"]);
+        assert!(similar("postgres", names).is_empty());
+        assert_eq!(did_you_mean(&[]), "");
+        assert_eq!(did_you_mean(&["web".into()]), " (did you mean \"web\"?)");
+        assert_eq!(
+            did_you_mean(&["a".into(), "b".into(), "c".into()]),
+            " (did you mean \"a\", \"b\" or \"c\"?)"
+        );
+    }
 
     fn check(name: &str, expected: Result<(), NameError>) {
         assert_eq!(validate_name(name), expected, "name {name:?}");

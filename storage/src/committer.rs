@@ -41,7 +41,7 @@ use std::time::Instant;
 use tokio::sync::oneshot;
 
 use crate::error::StoreError;
-use crate::sled_store::Trees;
+use crate::trees::Trees;
 use crate::writes::{WriteOp, WriteOutcome, apply_batch};
 
 /// The most operations in one transaction (bounds its memory and the latency of the first

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use uuid::Uuid;
 
-use crate::record::Kind;
+use crate::kind::Kind;
 
 /// Everything a store operation can fail with.
 ///

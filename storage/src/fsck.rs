@@ -1,7 +1,6 @@
 //! `verify_indexes`: an offline-style consistency check (fsck) of records against every index.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt;
 
 use uuid::Uuid;
 
@@ -14,21 +13,8 @@ use crate::layout::{
 use crate::record::{Kind, Record};
 use crate::schema::SCHEMA_VERSION;
 use crate::sled_store::SledStore;
-
-/// One inconsistency found by [`SledStore::verify_indexes`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IndexProblem {
-    /// The tree where the problem shows (`records`, `names`, `owners`, `refs`, `order_all`,
-    /// `order_ws`, `ws_counts`, `meta`).
-    pub tree: &'static str,
-    pub detail: String,
-}
-
-impl fmt::Display for IndexProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.tree, self.detail)
-    }
-}
+use crate::store::IndexProblem;
+use crate::trees::Trees;
 
 /// Every set of an id-set tree (`idsets.rs`), checking its shape: each chunk under a head
 /// that counts it, no head without chunks.
@@ -87,206 +73,24 @@ impl SledStore {
             problems.push(IndexProblem { tree, detail });
         };
 
-        let mut records: HashMap<Uuid, Record> = HashMap::new();
-        for entry in trees.records.iter() {
-            let (key, value) = entry?;
-            match decode_record(&value) {
-                Ok(rec) if rec.id.as_bytes()[..] == key[..] => {
-                    records.insert(rec.id, rec);
-                }
-                Ok(rec) => report("records", format!("key {key:02x?} holds record {}", rec.id)),
-                Err(e) => report("records", format!("key {key:02x?}: {e}")),
-            }
-        }
-
+        let records = read_records(trees, &mut report)?;
         let owned = read_sets(&trees.owners, "owners", &mut report)?;
         let referred = read_sets(&trees.refs, "refs", &mut report)?;
+        let read = Snapshot {
+            records,
+            owned,
+            referred,
+        };
 
         let revision = self.revision()?;
         let mut counts: BTreeMap<Uuid, u64> = BTreeMap::new();
-        for rec in records.values() {
-            let id = rec.id;
-            if rec.resource_version > revision {
-                report(
-                    "meta",
-                    format!(
-                        "record {id} has version {} above the stored revision {revision}",
-                        rec.resource_version
-                    ),
-                );
-            }
-            if rec.kind.validate_name(&rec.name).is_err() {
-                report(
-                    "records",
-                    format!("record {id} has invalid name {:?}", rec.name),
-                );
-            }
-            match trees
-                .names
-                .get(name_key(rec.kind, rec.name_scope(), &rec.name))?
-            {
-                Some(raw) if raw[..] == id.as_bytes()[..] => {}
-                Some(raw) => report("names", format!("name of record {id} points to {raw:02x?}")),
-                None => report("names", format!("record {id} ({}) is missing", rec.name)),
-            }
-            if !trees
-                .order_all
-                .contains_key(order_all_key(rec.kind, rec.created_at_ms, id))?
-            {
-                report("order_all", format!("record {id} is missing"));
-            }
-            match (rec.kind.is_scoped(), rec.workspace) {
-                (true, Some(ws)) => {
-                    *counts.entry(ws).or_default() += 1;
-                    if !matches!(records.get(&ws), Some(w) if w.kind == Kind::Workspace) {
-                        report(
-                            "records",
-                            format!("record {id} is in missing workspace {ws}"),
-                        );
-                    }
-                    if !trees.order_ws.contains_key(order_ws_key(
-                        ws,
-                        rec.kind,
-                        rec.created_at_ms,
-                        id,
-                    ))? {
-                        report("order_ws", format!("record {id} is missing"));
-                    }
-                }
-                (false, None) => {}
-                _ => report(
-                    "records",
-                    format!("record {id} has the wrong scope for a {}", rec.kind),
-                ),
-            }
-            if let Some(owner) = rec.owner {
-                let listed = owned.get(&owner).is_some_and(|ids| ids.contains(&id));
-                if !records.contains_key(&owner) {
-                    report(
-                        "owners",
-                        format!("record {id} is owned by missing record {owner}"),
-                    );
-                } else if !listed {
-                    report(
-                        "owners",
-                        format!("record {id} is not listed under its owner {owner}"),
-                    );
-                }
-            }
-            for target in &rec.refs {
-                if !records.contains_key(target) {
-                    report(
-                        "refs",
-                        format!("record {id} refers to missing record {target}"),
-                    );
-                } else if !referred.get(target).is_some_and(|ids| ids.contains(&id)) {
-                    report(
-                        "refs",
-                        format!("record {id} is not listed as referring to {target}"),
-                    );
-                }
-            }
+        for rec in read.records.values() {
+            check_record(trees, &read, rec, revision, &mut counts, &mut report)?;
         }
-
-        for entry in trees.names.iter() {
-            let (key, value) = entry?;
-            let target = Uuid::from_slice(&value).ok();
-            let ok = target
-                .and_then(|t| records.get(&t))
-                .is_some_and(|r| name_key(r.kind, r.name_scope(), &r.name)[..] == key[..]);
-            if !ok {
-                report(
-                    "names",
-                    format!("entry {key:02x?} points to no matching record"),
-                );
-            }
-        }
-
-        for (owner, ids) in &owned {
-            if !records.contains_key(owner) {
-                report("owners", format!("entry for missing owner {owner}"));
-            }
-            let mut seen = HashSet::new();
-            for member in ids {
-                if !seen.insert(*member) {
-                    report("owners", format!("{owner} lists {member} twice"));
-                }
-                if records.get(member).and_then(|r| r.owner) != Some(*owner) {
-                    report("owners", format!("{owner} lists {member}, not owned by it"));
-                }
-            }
-        }
-        for (target, ids) in &referred {
-            if !records.contains_key(target) {
-                report("refs", format!("entry for missing record {target}"));
-            }
-            let mut seen = HashSet::new();
-            for member in ids {
-                if !seen.insert(*member) {
-                    report("refs", format!("{target} lists {member} twice"));
-                }
-                if !records.get(member).is_some_and(|r| r.refs.contains(target)) {
-                    report(
-                        "refs",
-                        format!("{target} lists {member}, which does not refer to it"),
-                    );
-                }
-            }
-        }
-
-        for entry in trees.order_all.iter() {
-            let (key, _) = entry?;
-            let ok = key.len() == 25
-                && Uuid::from_slice(&key[9..])
-                    .ok()
-                    .and_then(|id| records.get(&id))
-                    .is_some_and(|r| order_all_key(r.kind, r.created_at_ms, r.id)[..] == key[..]);
-            if !ok {
-                report("order_all", format!("entry {key:02x?} matches no record"));
-            }
-        }
-        for entry in trees.order_ws.iter() {
-            let (key, _) = entry?;
-            let ok = key.len() == 41
-                && Uuid::from_slice(&key[25..])
-                    .ok()
-                    .and_then(|id| records.get(&id))
-                    .is_some_and(|r| {
-                        r.workspace.is_some_and(|ws| {
-                            order_ws_key(ws, r.kind, r.created_at_ms, r.id)[..] == key[..]
-                        })
-                    });
-            if !ok {
-                report("order_ws", format!("entry {key:02x?} matches no record"));
-            }
-        }
-
-        let mut stored_counts: BTreeMap<Uuid, u64> = BTreeMap::new();
-        for entry in trees.ws_counts.iter() {
-            let (key, value) = entry?;
-            match (Uuid::from_slice(&key), decode_u64(&value, "count")) {
-                (Ok(ws), Ok(n)) => {
-                    stored_counts.insert(ws, n);
-                }
-                _ => report("ws_counts", format!("entry {key:02x?} does not decode")),
-            }
-        }
-        for ws in counts
-            .keys()
-            .chain(stored_counts.keys())
-            .collect::<HashSet<_>>()
-        {
-            let (real, stored) = (
-                counts.get(ws).copied().unwrap_or(0),
-                stored_counts.get(ws).copied().unwrap_or(0),
-            );
-            if real != stored {
-                report(
-                    "ws_counts",
-                    format!("workspace {ws} holds {real} record(s), the count says {stored}"),
-                );
-            }
-        }
+        check_names(trees, &read.records, &mut report)?;
+        check_set_members(&read, &mut report);
+        check_orders(trees, &read.records, &mut report)?;
+        check_counts(trees, &counts, &mut report)?;
 
         let schema = trees.meta.get(META_SCHEMA_VERSION)?;
         if schema.as_deref() != Some(&SCHEMA_VERSION.to_be_bytes()[..]) {
@@ -294,6 +98,260 @@ impl SledStore {
         }
         Ok(problems)
     }
+}
+
+/// What [`SledStore::verify_indexes`] reads first and checks every index against: every
+/// record by its id, and the owner and reference sets.
+struct Snapshot {
+    records: HashMap<Uuid, Record>,
+    owned: HashMap<Uuid, Vec<Uuid>>,
+    referred: HashMap<Uuid, Vec<Uuid>>,
+}
+
+/// Every record, by its id; a record under another key, or one that does not decode, is
+/// reported.
+fn read_records(
+    trees: &Trees,
+    report: &mut impl FnMut(&'static str, String),
+) -> Result<HashMap<Uuid, Record>, StoreError> {
+    let mut records: HashMap<Uuid, Record> = HashMap::new();
+    for entry in trees.records.iter() {
+        let (key, value) = entry?;
+        match decode_record(&value) {
+            Ok(rec) if rec.id.as_bytes()[..] == key[..] => {
+                records.insert(rec.id, rec);
+            }
+            Ok(rec) => report("records", format!("key {key:02x?} holds record {}", rec.id)),
+            Err(e) => report("records", format!("key {key:02x?}: {e}")),
+        }
+    }
+
+    Ok(records)
+}
+
+/// One record against the indexes: its version, name, name entry, order entries, scope,
+/// owner and references; its workspace's count goes into `counts`.
+fn check_record(
+    trees: &Trees,
+    read: &Snapshot,
+    rec: &Record,
+    revision: u64,
+    counts: &mut BTreeMap<Uuid, u64>,
+    report: &mut impl FnMut(&'static str, String),
+) -> Result<(), StoreError> {
+    let (records, owned, referred) = (&read.records, &read.owned, &read.referred);
+    let id = rec.id;
+    if rec.resource_version > revision {
+        report(
+            "meta",
+            format!(
+                "record {id} has version {} above the stored revision {revision}",
+                rec.resource_version
+            ),
+        );
+    }
+    if rec.kind.validate_name(&rec.name).is_err() {
+        report(
+            "records",
+            format!("record {id} has invalid name {:?}", rec.name),
+        );
+    }
+    match trees
+        .names
+        .get(name_key(rec.kind, rec.name_scope(), &rec.name))?
+    {
+        Some(raw) if raw[..] == id.as_bytes()[..] => {}
+        Some(raw) => report("names", format!("name of record {id} points to {raw:02x?}")),
+        None => report("names", format!("record {id} ({}) is missing", rec.name)),
+    }
+    if !trees
+        .order_all
+        .contains_key(order_all_key(rec.kind, rec.created_at_ms, id))?
+    {
+        report("order_all", format!("record {id} is missing"));
+    }
+    match (rec.kind.is_scoped(), rec.workspace) {
+        (true, Some(ws)) => {
+            *counts.entry(ws).or_default() += 1;
+            if !matches!(records.get(&ws), Some(w) if w.kind == Kind::Workspace) {
+                report(
+                    "records",
+                    format!("record {id} is in missing workspace {ws}"),
+                );
+            }
+            if !trees
+                .order_ws
+                .contains_key(order_ws_key(ws, rec.kind, rec.created_at_ms, id))?
+            {
+                report("order_ws", format!("record {id} is missing"));
+            }
+        }
+        (false, None) => {}
+        _ => report(
+            "records",
+            format!("record {id} has the wrong scope for a {}", rec.kind),
+        ),
+    }
+    if let Some(owner) = rec.owner {
+        let listed = owned.get(&owner).is_some_and(|ids| ids.contains(&id));
+        if !records.contains_key(&owner) {
+            report(
+                "owners",
+                format!("record {id} is owned by missing record {owner}"),
+            );
+        } else if !listed {
+            report(
+                "owners",
+                format!("record {id} is not listed under its owner {owner}"),
+            );
+        }
+    }
+    for target in &rec.refs {
+        if !records.contains_key(target) {
+            report(
+                "refs",
+                format!("record {id} refers to missing record {target}"),
+            );
+        } else if !referred.get(target).is_some_and(|ids| ids.contains(&id)) {
+            report(
+                "refs",
+                format!("record {id} is not listed as referring to {target}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Every name entry points to a record of that name.
+fn check_names(
+    trees: &Trees,
+    records: &HashMap<Uuid, Record>,
+    report: &mut impl FnMut(&'static str, String),
+) -> Result<(), StoreError> {
+    for entry in trees.names.iter() {
+        let (key, value) = entry?;
+        let target = Uuid::from_slice(&value).ok();
+        let ok = target
+            .and_then(|t| records.get(&t))
+            .is_some_and(|r| name_key(r.kind, r.name_scope(), &r.name)[..] == key[..]);
+        if !ok {
+            report(
+                "names",
+                format!("entry {key:02x?} points to no matching record"),
+            );
+        }
+    }
+
+    Ok(())
+}
+
+/// Every member of an owner or reference set, once, owned by or referring to its set's
+/// record, which exists.
+fn check_set_members(read: &Snapshot, report: &mut impl FnMut(&'static str, String)) {
+    let (records, owned, referred) = (&read.records, &read.owned, &read.referred);
+    for (owner, ids) in owned {
+        if !records.contains_key(owner) {
+            report("owners", format!("entry for missing owner {owner}"));
+        }
+        let mut seen = HashSet::new();
+        for member in ids {
+            if !seen.insert(*member) {
+                report("owners", format!("{owner} lists {member} twice"));
+            }
+            if records.get(member).and_then(|r| r.owner) != Some(*owner) {
+                report("owners", format!("{owner} lists {member}, not owned by it"));
+            }
+        }
+    }
+    for (target, ids) in referred {
+        if !records.contains_key(target) {
+            report("refs", format!("entry for missing record {target}"));
+        }
+        let mut seen = HashSet::new();
+        for member in ids {
+            if !seen.insert(*member) {
+                report("refs", format!("{target} lists {member} twice"));
+            }
+            if !records.get(member).is_some_and(|r| r.refs.contains(target)) {
+                report(
+                    "refs",
+                    format!("{target} lists {member}, which does not refer to it"),
+                );
+            }
+        }
+    }
+}
+
+/// Every entry of both order indexes matches a record.
+fn check_orders(
+    trees: &Trees,
+    records: &HashMap<Uuid, Record>,
+    report: &mut impl FnMut(&'static str, String),
+) -> Result<(), StoreError> {
+    for entry in trees.order_all.iter() {
+        let (key, _) = entry?;
+        let ok = key.len() == 25
+            && Uuid::from_slice(&key[9..])
+                .ok()
+                .and_then(|id| records.get(&id))
+                .is_some_and(|r| order_all_key(r.kind, r.created_at_ms, r.id)[..] == key[..]);
+        if !ok {
+            report("order_all", format!("entry {key:02x?} matches no record"));
+        }
+    }
+    for entry in trees.order_ws.iter() {
+        let (key, _) = entry?;
+        let ok = key.len() == 41
+            && Uuid::from_slice(&key[25..])
+                .ok()
+                .and_then(|id| records.get(&id))
+                .is_some_and(|r| {
+                    r.workspace.is_some_and(|ws| {
+                        order_ws_key(ws, r.kind, r.created_at_ms, r.id)[..] == key[..]
+                    })
+                });
+        if !ok {
+            report("order_ws", format!("entry {key:02x?} matches no record"));
+        }
+    }
+
+    Ok(())
+}
+
+/// The per-workspace counts are the records each workspace holds (`counts`).
+fn check_counts(
+    trees: &Trees,
+    counts: &BTreeMap<Uuid, u64>,
+    report: &mut impl FnMut(&'static str, String),
+) -> Result<(), StoreError> {
+    let mut stored_counts: BTreeMap<Uuid, u64> = BTreeMap::new();
+    for entry in trees.ws_counts.iter() {
+        let (key, value) = entry?;
+        match (Uuid::from_slice(&key), decode_u64(&value, "count")) {
+            (Ok(ws), Ok(n)) => {
+                stored_counts.insert(ws, n);
+            }
+            _ => report("ws_counts", format!("entry {key:02x?} does not decode")),
+        }
+    }
+    for ws in counts
+        .keys()
+        .chain(stored_counts.keys())
+        .collect::<HashSet<_>>()
+    {
+        let (real, stored) = (
+            counts.get(ws).copied().unwrap_or(0),
+            stored_counts.get(ws).copied().unwrap_or(0),
+        );
+        if real != stored {
+            report(
+                "ws_counts",
+                format!("workspace {ws} holds {real} record(s), the count says {stored}"),
+            );
+        }
+    }
+
+    Ok(())
 }
 
 #[cfg(test)]

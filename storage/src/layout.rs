@@ -16,7 +16,7 @@
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::record::Kind;
+use crate::kind::Kind;
 
 pub const TREE_RECORDS: &str = "records";
 pub const TREE_NAMES: &str = "names";

@@ -40,6 +40,7 @@ mod envelope;
 mod error;
 mod fsck;
 mod idsets;
+mod kind;
 pub mod layout;
 mod postgres;
 mod record;
@@ -48,6 +49,7 @@ mod selector;
 mod sled_store;
 mod space;
 mod store;
+mod trees;
 mod writes;
 
 pub use backup::{
@@ -57,14 +59,14 @@ pub use backup::{
 pub use committer::{FlushStats, MAX_BATCH};
 pub use committer::{high_water_path, read_high_water};
 pub use error::StoreError;
-pub use fsck::{IndexProblem, IntegrityReport};
+pub use fsck::IntegrityReport;
 pub use postgres::{CopySummary, PG_SCHEMA_VERSION, PgStore};
 pub use record::{Kind, ListQuery, NewRecord, Page, Record, Scope};
 pub use schema::{SCHEMA_VERSION, SchemaOutcome};
 pub use selector::{LabelSelector, MAX_LABEL_LEN, Requirement, validate_labels};
 pub use sled_store::{SledStore, open_raw_sled};
 pub use space::DISK_RESERVE_BYTES;
-pub use store::{Change, ChangeOp, ObjectStore};
+pub use store::{Change, ChangeOp, IndexProblem, ObjectStore};
 /// The connection settings of a [`PgStore`] (host, port, user, database, password…).
 pub use tokio_postgres::Config as PgConfig;
 pub use writes::{MAX_REFS, MAX_TIME_MS};

@@ -12,27 +12,13 @@ use crate::committer::{Committer, FlushStats};
 use crate::envelope::decode_record;
 use crate::error::StoreError;
 use crate::layout::{
-    self, META_REVISION, TREE_META, TREE_NAMES, TREE_ORDER_ALL, TREE_ORDER_WS, TREE_OWNERS,
-    TREE_RECORDS, TREE_REFS, TREE_WS_COUNTS, decode_u64, decode_uuid, encode_cursor, name_key,
-    record_key,
+    self, META_REVISION, decode_u64, decode_uuid, encode_cursor, name_key, record_key,
 };
 use crate::record::{Kind, ListQuery, NewRecord, Page, Record, Scope};
 use crate::schema::{self, SchemaOutcome};
-use crate::store::ObjectStore;
+use crate::store::{IndexProblem, ObjectStore};
+use crate::trees::Trees;
 use crate::writes::{WriteOp, WriteOutcome};
-
-/// The sled trees of one database, opened once.
-#[derive(Clone)]
-pub(crate) struct Trees {
-    pub(crate) records: sled::Tree,
-    pub(crate) names: sled::Tree,
-    pub(crate) owners: sled::Tree,
-    pub(crate) refs: sled::Tree,
-    pub(crate) order_all: sled::Tree,
-    pub(crate) order_ws: sled::Tree,
-    pub(crate) ws_counts: sled::Tree,
-    pub(crate) meta: sled::Tree,
-}
 
 pub(crate) struct Inner {
     pub(crate) trees: Trees,
@@ -127,16 +113,7 @@ impl SledStore {
             other => other.at_store(path),
         })?;
         let schema_outcome = schema::prepare(&db, path)?;
-        let trees = Trees {
-            records: db.open_tree(TREE_RECORDS)?,
-            names: db.open_tree(TREE_NAMES)?,
-            owners: db.open_tree(TREE_OWNERS)?,
-            refs: db.open_tree(TREE_REFS)?,
-            order_all: db.open_tree(TREE_ORDER_ALL)?,
-            order_ws: db.open_tree(TREE_ORDER_WS)?,
-            ws_counts: db.open_tree(TREE_WS_COUNTS)?,
-            meta: db.open_tree(TREE_META)?,
-        };
+        let trees = Trees::open(&db)?;
         let committer = Committer::start(db.clone(), trees.clone(), path)?;
         Ok(SledStore {
             inner: Arc::new(Inner {
@@ -330,7 +307,7 @@ impl ObjectStore for SledStore {
         self.revision()
     }
 
-    async fn integrity_problems(&self) -> Result<Vec<crate::IndexProblem>, StoreError> {
+    async fn integrity_problems(&self) -> Result<Vec<IndexProblem>, StoreError> {
         let store = self.clone();
         tokio::task::spawn_blocking(move || store.verify_indexes())
             .await

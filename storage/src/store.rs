@@ -4,8 +4,23 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::fsck::IndexProblem;
 use crate::record::{Kind, ListQuery, NewRecord, Page, Record};
+
+/// One inconsistency found by an index check ([`ObjectStore::integrity_problems`]; sled's
+/// `SledStore::verify_indexes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexProblem {
+    /// The tree where the problem shows (`records`, `names`, `owners`, `refs`, `order_all`,
+    /// `order_ws`, `ws_counts`, `meta`).
+    pub tree: &'static str,
+    pub detail: String,
+}
+
+impl std::fmt::Display for IndexProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.tree, self.detail)
+    }
+}
 
 /// What a write did to a record, as the change log keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use crate::layout::{
 };
 use crate::record::{Kind, NewRecord, Record};
 use crate::selector::validate_labels;
-use crate::sled_store::Trees;
+use crate::trees::Trees;
 
 type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
 

@@ -97,6 +97,7 @@ impl Gateway {
         input: ExecInputs,
     ) -> Result<ActorStream<v1::ExecOutput>> {
         validate::exec(&command, &opts.env, &opts.workdir)?;
+        validate::exec_user(&opts.user)?;
         let sb = self.resolve_for_use(sel, "exec into").await?;
         require_ready(&sb.sandbox, "exec into")?;
         let driver = self.driver_of(&sb).await?;
@@ -120,6 +121,7 @@ impl Gateway {
             workdir: opts.workdir,
             stdin: opts.stdin,
             tty: opts.tty.map(translate::tty),
+            user: opts.user,
         };
         let (input, refused) = translate::exec_input(input, request.tty.is_some());
         let output = public(
@@ -277,14 +279,30 @@ impl Gateway {
 }
 
 fn require_ready(sb: &Sandbox, what: &str) -> Result<()> {
-    if sb.phase() != Phase::Ready {
-        return Err(ActorError::FailedPrecondition(format!(
-            "cannot {what} sandbox {:?}: it is {:?}, not Ready",
-            sb.name,
-            sb.phase()
-        )));
+    let phase = sb.phase();
+    if phase == Phase::Ready {
+        return Ok(());
     }
-    Ok(())
+    // What leads the way to Ready from here.
+    let next = match phase {
+        Phase::Stopped | Phase::Completed | Phase::Error => format!(
+            "; start it first: sbx sandbox start -w {} {}",
+            sb.workspace, sb.name
+        ),
+        Phase::Paused => format!(
+            "; resume it first: sbx sandbox resume -w {} {}",
+            sb.workspace, sb.name
+        ),
+        Phase::Provisioning | Phase::Starting => format!(
+            "; wait until it is: sbx wait -w {} --for ready {}",
+            sb.workspace, sb.name
+        ),
+        _ => String::new(),
+    };
+    Err(ActorError::FailedPrecondition(format!(
+        "cannot {what} sandbox {:?}: it is {phase:?}, not Ready{next}",
+        sb.name
+    )))
 }
 
 /// A copy goes to the running workload's agent, or, where the driver can

@@ -169,7 +169,7 @@ impl Gateway {
                 .sandbox
                 .spec
                 .as_ref()
-                .is_some_and(|s| s.labels.contains_key(crate::build::BUILD_LABEL))
+                .is_some_and(|s| s.labels.contains_key(crate::validate::BUILD_LABEL))
         {
             return Err(ActorError::FailedPrecondition(format!(
                 "cannot {what} sandbox {:?}: it runs a step of an image build, whose changes                  become the image",

@@ -25,12 +25,13 @@ use sbx_proto::v1::{Image, Sandbox, SandboxSpec, Workspace};
 use sbx_storage::{Kind, ListQuery, ObjectStore, Scope};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::{Config, DriverSet, Shared};
 use crate::error::{ActorError, Result};
 use crate::events::{EventHub, HistoryBounds};
-use crate::images::{ImageSelector, Images, StoredImage};
+use crate::images::{ImageScope, ImageSelector, Images};
 use crate::lease::LeaseTable;
 use crate::protocol::{ReconcilerMsg, SweepReport};
 use crate::protocol::{RootMsg, Route, SandboxMsg, WorkspaceMsg};
@@ -41,6 +42,7 @@ use crate::startup::StartupTracker;
 use crate::validate::{self, SandboxSelector, WorkspaceSelector};
 
 mod data;
+mod derive;
 pub use data::{ActorStream, ExecInputs, ForwardInputs, LogOptions};
 mod events;
 mod lifetimes;
@@ -76,6 +78,9 @@ pub struct ExecOptions {
     pub stdin: bool,
     /// Run on a terminal of this size and type.
     pub tty: Option<sbx_proto::v1::Tty>,
+    /// Who the command runs as (`NAME`, `UID`, `NAME:GROUP`, `UID:GID`, as Docker's `exec
+    /// -u`); empty: the sandbox's default user (its image's `User`, else root).
+    pub user: String,
 }
 
 /// A running actor tree over a store and a set of drivers.
@@ -86,7 +91,10 @@ pub struct Gateway {
     root_task: std::sync::Mutex<Option<JoinHandle<()>>>,
     router: Router,
     /// Image records, the image store and the lock between image deletes and sandbox creates.
-    pub(crate) images: Images,
+    pub(crate) images: Arc<Images>,
+    /// Collects what a transfer left when it ended unrecorded, then drops the build cache of
+    /// before image scopes (at start); aborted at shutdown.
+    image_collector: std::sync::Mutex<Option<JoinHandle<()>>>,
     /// Asks every node what it is, every few seconds; aborted at shutdown.
     node_probe: std::sync::Mutex<Option<JoinHandle<()>>>,
     /// Reads the store's change log into the event hub (a store with one).
@@ -140,8 +148,19 @@ impl Gateway {
             max_events: config.event_history,
             max_bytes: config.event_history_bytes,
         };
-        let images = Images::new(Arc::clone(&store), &config);
+        let images = Arc::new(Images::new(Arc::clone(&store), &config));
         images.probe_drivers(&drivers).await;
+        let image_collector = {
+            let images = Arc::clone(&images);
+            tokio::spawn(async move {
+                if let Err(e) = images.migrate(crate::images::BUILD_CACHE_REPOSITORY).await
+                    && !matches!(e, ActorError::FailedPrecondition(_))
+                {
+                    tracing::warn!("image records at start: {e}");
+                }
+                images.collect_forever().await;
+            })
+        };
         let ownership = config.ownership.as_ref().map(|o| {
             Arc::new(crate::ownership::Ownership::new(
                 Arc::clone(&store),
@@ -174,8 +193,12 @@ impl Gateway {
         let (root, root_task) = Actor::spawn(None, GatewayRoot, Arc::clone(&shared))
             .await
             .map_err(|e| ActorError::Internal(format!("the gateway root did not start: {e}")))?;
-        let change_follower = change_log
-            .map(|from| tokio::spawn(crate::events::follow_change_log(Arc::clone(&shared), from)));
+        let change_follower = change_log.map(|from| {
+            tokio::spawn(crate::change_log::follow_change_log(
+                Arc::clone(&shared),
+                from,
+            ))
+        });
         let stats = Arc::new(crate::stats::StatsHistory::new(shared.config.stats));
         let stats_sampler = tokio::spawn(crate::stats::sample_forever(
             Arc::clone(&shared),
@@ -200,6 +223,7 @@ impl Gateway {
             stats,
             stats_sampler: std::sync::Mutex::new(Some(stats_sampler)),
             event_sweeper: std::sync::Mutex::new(Some(event_sweeper)),
+            image_collector: std::sync::Mutex::new(Some(image_collector)),
         };
         if let Some(ownership) = &gateway.shared.ownership {
             let (first_round, claimed) = tokio::sync::oneshot::channel();
@@ -360,6 +384,7 @@ impl Gateway {
             &self.change_follower,
             &self.stats_sampler,
             &self.event_sweeper,
+            &self.image_collector,
         ] {
             if let Some(task) = task.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 task.abort();
@@ -471,11 +496,18 @@ impl Gateway {
                 "the default workspace cannot be deleted".into(),
             ));
         }
-        Ok(self
+        let deleted = self
             .router
             .call_workspace(ws.id(), |reply| WorkspaceMsg::Delete { cascade, reply })
             .await?
-            .unwrap_or(false))
+            .unwrap_or(false);
+        if deleted {
+            // Its images went with it (they are owned by its record): their content is
+            // collected now, not at the next image delete.
+            let images = Arc::clone(&self.images);
+            tokio::spawn(async move { images.collect().await });
+        }
+        Ok(deleted)
     }
 
     // ---- sandboxes -------------------------------------------------------------------------
@@ -545,7 +577,7 @@ impl Gateway {
             .driver_has_images(&spec.driver, driver.as_ref())
             .await?
         {
-            let (guard, default) = self.images.pin(&mut spec).await?;
+            let (guard, default) = self.images.pin(&mut spec, ws.id()).await?;
             _pin = Some(guard);
             image = Some(default);
         }
@@ -682,23 +714,48 @@ impl Gateway {
 
     // ---- images ----------------------------------------------------------------------------
 
-    /// Pulls an image and records it under its normalised name (re-tagging an existing record).
+    /// Where images of `workspace` (None: "default") are, or the gateway's own when
+    /// `publish`.
+    pub async fn image_scope(&self, workspace: Option<&str>, publish: bool) -> Result<ImageScope> {
+        if publish {
+            return Ok(ImageScope::Gateway);
+        }
+        let name = validate::workspace_or_default(workspace);
+        let ws = self
+            .resolve_workspace(&WorkspaceSelector::Name(name.to_string()))
+            .await?;
+        Ok(ImageScope::Workspace(ws.id()))
+    }
+
+    /// Pulls an image and records it in `into` under its normalised name (re-tagging a record
+    /// of that name there); nothing is recorded once `cancel` is.
     pub async fn pull_image(
         &self,
         reference: &str,
         options: &PullOptions,
         progress: &(dyn Fn(PullProgress) + Send + Sync),
+        into: ImageScope,
+        cancel: CancellationToken,
     ) -> Result<Image> {
-        self.images.pull(reference, options, progress).await
+        self.images
+            .pull(reference, options, progress, into, cancel)
+            .await
     }
 
-    /// Imports an image file; `name` (name:tag) overrides the names the archive carries.
-    pub async fn import_image(&self, path: &Path, name: Option<&str>) -> Result<Vec<Image>> {
-        self.images.import(path, name).await
+    /// Imports an image file into `into`; `name` (name:tag) overrides the names the archive
+    /// carries. Nothing is recorded once `cancel` is.
+    pub async fn import_image(
+        &self,
+        path: &Path,
+        name: Option<&str>,
+        into: ImageScope,
+        cancel: CancellationToken,
+    ) -> Result<Vec<Image>> {
+        self.images.import(path, name, into, cancel).await
     }
 
-    /// Records the built-in busybox image under `name` unless a record of it exists
-    /// (`None` then).
+    /// Records the built-in busybox image under `name` (the gateway's) unless a record of it
+    /// exists (`None` then).
     pub async fn ensure_busybox_image(&self, busybox: &Path, name: &str) -> Result<Option<Image>> {
         self.images.ensure_busybox(busybox, name).await
     }
@@ -708,28 +765,55 @@ impl Gateway {
         self.images.spool()
     }
 
+    /// The free space of the image store's filesystem, for an upload of `what` spooled into
+    /// it (see `sbx_images::Room`).
+    pub fn image_room(&self, what: &str) -> Result<sbx_images::Room> {
+        Ok(self.images.content_store()?.room(what))
+    }
+
     /// Whether the named driver (empty: the default) runs sandboxes from images.
     pub async fn driver_has_images(&self, driver: &str) -> Result<bool> {
         let (name, d) = self.shared.drivers.resolve(driver)?;
         self.images.driver_has_images(name, d.as_ref()).await
     }
 
-    pub async fn get_image(&self, sel: &ImageSelector) -> Result<Image> {
-        self.images.get(sel).await
+    /// The image `sel` names as seen from `scope` (a workspace: its images, then the
+    /// gateway's).
+    pub async fn get_image(&self, sel: &ImageSelector, scope: ImageScope) -> Result<Image> {
+        self.images.get(sel, scope).await
     }
 
-    /// Image records in creation order, a page at a time.
-    pub async fn list_images(&self, page_size: u32, page_token: &str) -> Result<Listed<Image>> {
-        self.list_page(Kind::Image, Scope::All, "", page_size, page_token, |r| {
-            StoredImage::from_record(r).map(|s| s.image)
+    /// Image records in creation order, a page at a time: those whose owner `sees` admits
+    /// (`None`: the gateway's; `Some`: a workspace's id).
+    pub async fn list_images(
+        &self,
+        page_size: u32,
+        page_token: &str,
+        sees: impl Fn(Option<Uuid>) -> bool,
+    ) -> Result<Listed<Image>> {
+        let limit = match page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        } as usize;
+        validate::page_token(page_token)?;
+        let (items, next_page_token) = self.images.list_page(limit, page_token, sees).await?;
+        Ok(Listed {
+            items,
+            next_page_token,
         })
-        .await
     }
 
-    /// Deletes an image record, refused while a sandbox pins its digest. False for an id with
-    /// no record.
-    pub async fn delete_image(&self, sel: &ImageSelector) -> Result<bool> {
-        self.images.delete(sel).await
+    /// Deletes an image record (as seen from `scope`), refused while a sandbox pins its
+    /// digest. False for an id with no record.
+    pub async fn delete_image(&self, sel: &ImageSelector, scope: ImageScope) -> Result<bool> {
+        self.images.delete(sel, scope).await
+    }
+
+    /// Removes the images of `scope` itself no sandbox pins (the build cache only, or with
+    /// `all` every one but the default image), then the content nothing keeps; what went and
+    /// the bytes freed.
+    pub async fn prune_images(&self, scope: ImageScope, all: bool) -> Result<crate::PrunedImages> {
+        self.images.prune(scope, all).await
     }
 
     // ---- for tests and operators -----------------------------------------------------------

@@ -70,6 +70,7 @@ impl Gateway {
                     return Err(ActorError::SandboxNotFound {
                         what,
                         hint: String::new(),
+                        similar: self.similar_sandbox_names(ws.id(), name).await?,
                     });
                 }
                 // A name-only request: say where the name does exist, never pick one.
@@ -78,6 +79,7 @@ impl Gateway {
                     0 => Err(ActorError::SandboxNotFound {
                         what,
                         hint: String::new(),
+                        similar: self.similar_sandbox_names(ws.id(), name).await?,
                     }),
                     1 => Err(ActorError::SandboxNotFound {
                         what,
@@ -85,6 +87,7 @@ impl Gateway {
                             " (a sandbox of that name is in workspace {:?}; name the workspace)",
                             elsewhere[0]
                         ),
+                        similar: Vec::new(),
                     }),
                     _ => Err(ActorError::AmbiguousName {
                         name: name.clone(),
@@ -93,6 +96,22 @@ impl Gateway {
                 }
             }
         }
+    }
+
+    /// The names of workspace `ws`'s sandboxes a typo of `name` may have meant (see
+    /// [`sbx_proto::names::similar`]): read only when a name was not found.
+    async fn similar_sandbox_names(&self, ws: Uuid, name: &str) -> Result<Vec<String>> {
+        let sandboxes = all_records(
+            &*self.shared.store,
+            Kind::Sandbox,
+            Scope::Workspace(ws),
+            &LabelSelector::everything(),
+        )
+        .await?;
+        Ok(sbx_proto::names::similar(
+            name,
+            sandboxes.iter().map(|r| r.name.as_str()),
+        ))
     }
 
     /// The names, sorted, of the workspaces that hold a sandbox called `name`.
@@ -138,5 +157,6 @@ pub(super) fn not_found_id(id: Uuid) -> ActorError {
     ActorError::SandboxNotFound {
         what: format!("with id {id}"),
         hint: String::new(),
+        similar: Vec::new(),
     }
 }

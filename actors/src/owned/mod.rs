@@ -204,6 +204,7 @@ pub async fn write_settings(
                             ActorError::SandboxNotFound {
                                 what: format!("with id {sandbox}"),
                                 hint: String::new(),
+                                similar: Vec::new(),
                             }
                         }
                         other => other.into(),
@@ -289,6 +290,7 @@ pub async fn attach(
         Err(sbx_storage::StoreError::OwnerNotFound { .. }) => Err(ActorError::SandboxNotFound {
             what: format!("with id {sandbox}"),
             hint: String::new(),
+            similar: Vec::new(),
         }),
         Err(sbx_storage::StoreError::AlreadyExists { .. }) => store
             .get_by_name(Kind::Attachment, Some(sandbox), &name)

@@ -5,7 +5,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::journal::Answer;
 use super::*;
 
 /// One fault, with every value drawn for it.
@@ -79,7 +78,7 @@ pub(super) async fn inject_faults(h: Arc<Harness>) {
             ids
         };
         if let Some(fault) = draw_fault(&h.cfg, &mut rng, &known) {
-            let action = journal::Action::Fault(fault.clone());
+            let action = Action::Fault(fault.clone());
             // A fault never fails the round; its answer says only whether it took effect.
             let _ = h
                 .journal

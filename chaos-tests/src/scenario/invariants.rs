@@ -86,6 +86,30 @@ fn decode(record: &sbx_storage::Record) -> Result<Sandbox, String> {
     Ok(sb)
 }
 
+/// What the store holds at the check, read once.
+struct Stored {
+    records: Vec<sbx_storage::Record>,
+    ws_ids: HashSet<Uuid>,
+    ws_names: HashMap<Uuid, String>,
+    ids: HashSet<Uuid>,
+    provider_records: Vec<sbx_storage::Record>,
+    owned_records: Vec<(Kind, Vec<sbx_storage::Record>)>,
+}
+
+/// What the checks of the driver's destructive calls counted.
+#[derive(Default)]
+struct CallCounts {
+    checks: u64,
+    /// Stops and deletes only a due ttl explains.
+    by_ttl: u64,
+    /// Calls that could not have hit a workload (none of that id existed in the driver).
+    unverified: u64,
+    removed: u64,
+}
+
+/// The invariants (docs/SPECIFICATION.md), one step each, checked in the order they always
+/// were (1, 2, 3, 4, 6, 5); the first broken one is the answer. What was checked is added to
+/// the report.
 pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
     // The store is read with no event write under way (events are written a moment after
     // the changes they tell of, by tasks of their own).
@@ -96,23 +120,36 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
     {
         return Err("event writes still under way after 10 s".into());
     }
-    let mut checks = 0u64;
-    let records = h
-        .store
-        .list(ListQuery::new(Kind::Sandbox, Scope::All, 0))
-        .await
-        .map_err(|e| e.to_string())?
-        .records;
-    let workspaces = h
-        .store
-        .list(ListQuery::new(Kind::Workspace, Scope::All, 0))
-        .await
-        .map_err(|e| e.to_string())?
-        .records;
-    let ws_ids: HashSet<Uuid> = workspaces.iter().map(|w| w.id).collect();
-    let ws_names: HashMap<Uuid, String> =
-        workspaces.iter().map(|w| (w.id, w.name.clone())).collect();
-    let ids: HashSet<Uuid> = records.iter().map(|r| r.id).collect();
+    let stored = read_store(h).await?;
+    let ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
+    let mut checks = acknowledged_creates_exist(&ledger, &stored.ids)?;
+    let calls = destructive_calls_asked(h, &ledger)?;
+    checks += calls.checks;
+    checks += names_unique_in_live_workspaces(&stored)?;
+    let (agreed, paused_checked) = store_agrees_with_driver(h, &stored)?;
+    checks += agreed;
+    checks += owned_objects_live(&stored)?;
+    // 5. The store's indexes agree with its records.
+    checks += 1;
+    let problems = h.store.verify_indexes().map_err(|e| e.to_string())?;
+    if !problems.is_empty() {
+        return Err(format!(
+            "the store's indexes disagree with its records: {problems:?}"
+        ));
+    }
+    drop(ledger);
+    let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
+    report.invariant_checks += checks;
+    report.calls_by_ttl += calls.by_ttl;
+    report.paused_checked += paused_checked;
+    report.unverified_calls += calls.unverified;
+    report.removals_checked += calls.removed;
+    report.removal_observer_lagged += h.removals.lagged();
+    Ok(())
+}
+
+/// Every sandbox, workspace, provider and owned record in the store.
+async fn read_store(h: &Harness) -> Result<Stored, String> {
     let list_all = |kind| {
         let store = &h.store;
         async move {
@@ -123,14 +160,30 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
                 .map_err(|e| e.to_string())
         }
     };
+    let records = list_all(Kind::Sandbox).await?;
+    let workspaces = list_all(Kind::Workspace).await?;
+    let ws_ids: HashSet<Uuid> = workspaces.iter().map(|w| w.id).collect();
+    let ws_names: HashMap<Uuid, String> =
+        workspaces.iter().map(|w| (w.id, w.name.clone())).collect();
+    let ids: HashSet<Uuid> = records.iter().map(|r| r.id).collect();
     let provider_records = list_all(Kind::Provider).await?;
     let mut owned_records = Vec::new();
     for kind in [Kind::Setting, Kind::Attachment, Kind::Service] {
         owned_records.push((kind, list_all(kind).await?));
     }
-    let ledger = h.ledger.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(Stored {
+        records,
+        ws_ids,
+        ws_names,
+        ids,
+        provider_records,
+        owned_records,
+    })
+}
 
-    // 1. Every acknowledged create exists, unless a delete that could cover it was asked for.
+/// 1. Every acknowledged create exists, unless a delete that could cover it was asked for.
+fn acknowledged_creates_exist(ledger: &Ledger, ids: &HashSet<Uuid>) -> Result<u64, String> {
+    let mut checks = 0;
     for (id, (ws, name)) in &ledger.created {
         checks += 1;
         if !ids.contains(id) && !ledger.delete_asked(*id, ws, name) {
@@ -139,8 +192,12 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
             ));
         }
     }
-    // 2. Every stop and delete the driver received hit a sandbox that a client had asked, by
-    //    then, to stop or delete — by id, by its own (workspace, name), or by its workspace.
+    Ok(checks)
+}
+
+/// 2. Every stop and delete the driver received hit a sandbox that a client had asked, by
+///    then, to stop or delete — by id, by its own (workspace, name), or by its workspace.
+fn destructive_calls_asked(h: &Harness, ledger: &Ledger) -> Result<CallCounts, String> {
     // Taken before the calls: every removal observed has its delete call in the later copy.
     let removed = h.removals.removed();
     let placements = h
@@ -155,8 +212,12 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
+    let mut counts = CallCounts {
+        removed: removed.len() as u64,
+        ..CallCounts::default()
+    };
     // 2a. The machine removed a workload only on a delete naming that very id (once per call).
-    checks += removed.len() as u64;
+    counts.checks += removed.len() as u64;
     if let Some((id, times, asked)) = unasked_removals(&removed, &calls).first() {
         let at = placements
             .get(id)
@@ -167,11 +228,8 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
              {asked} times: a delete hit a sandbox nobody named"
         ));
     }
-    let mut unverified = 0;
-    // Stops and deletes only a due ttl explains; Paused records checked against the driver.
-    let (mut by_ttl, mut paused_checked) = (0u64, 0u64);
     for call in calls {
-        checks += 1;
+        counts.checks += 1;
         let Ok(id) = Uuid::parse_str(&call.sandbox_id) else {
             return Err(format!(
                 "a driver call carried a malformed sandbox id: {call:?}"
@@ -179,14 +237,14 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
         };
         let Some(placed) = placements.get(&call.sandbox_id) else {
             // Never created in the driver: the call could not have hit a workload.
-            unverified += 1;
+            counts.unverified += 1;
             continue;
         };
         if call.seq < placed.created_at {
             // Before the driver's first create of this id: no workload of it existed to hit.
             // (A stop by name reaches a sandbox from its record's write, which comes before
             // the driver's create: the name rightly resolved, and the stop found nothing.)
-            unverified += 1;
+            counts.unverified += 1;
             continue;
         }
         if !ledger.explains(
@@ -198,7 +256,7 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
             call.seq,
         ) {
             if ledger.ttl_explains(call.op, id, &placed.workspace, &placed.name, call.at) {
-                by_ttl += 1;
+                counts.by_ttl += 1;
                 continue;
             }
             return Err(format!(
@@ -215,14 +273,19 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
             ));
         }
     }
-    // 3. No sandbox in a deleted workspace; no two live sandboxes share (workspace, name).
+    Ok(counts)
+}
+
+/// 3. No sandbox in a deleted workspace; no two live sandboxes share (workspace, name).
+fn names_unique_in_live_workspaces(stored: &Stored) -> Result<u64, String> {
+    let mut checks = 0;
     let mut names = HashSet::new();
-    for record in &records {
+    for record in &stored.records {
         checks += 2;
         let ws = record
             .workspace
             .ok_or("a sandbox record has no workspace")?;
-        if !ws_ids.contains(&ws) {
+        if !stored.ws_ids.contains(&ws) {
             return Err(format!(
                 "sandbox {} ({}) is in a deleted workspace {ws}",
                 record.name, record.id
@@ -231,12 +294,18 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
         if !names.insert((ws, record.name.clone())) {
             return Err(format!(
                 "two live sandboxes are named {}/{}",
-                ws_names[&ws], record.name
+                stored.ws_names[&ws], record.name
             ));
         }
     }
-    // 4. The store and the driver agree, by id; nothing runs without a record.
-    for record in &records {
+    Ok(checks)
+}
+
+/// 4. The store and the driver agree, by id; nothing runs without a record. Answers the
+///    checks made and the Paused records checked against the driver.
+fn store_agrees_with_driver(h: &Harness, stored: &Stored) -> Result<(u64, u64), String> {
+    let (mut checks, mut paused_checked) = (0, 0);
+    for record in &stored.records {
         checks += 1;
         let sb = decode(record)?;
         let snap = h.world.snapshot(record.id);
@@ -275,19 +344,25 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
     }
     for running in h.world.running_ids() {
         checks += 1;
-        if !ids.contains(&running) {
+        if !stored.ids.contains(&running) {
             return Err(format!("workload {running} runs without a record (leaked)"));
         }
     }
-    // 6. What hangs off a sandbox or a workspace: every setting, attachment and service
-    //    endpoint is owned by a live sandbox of its own workspace, every attachment refers to
-    //    a live provider of that workspace, every provider is in a live workspace.
-    let by_id: HashMap<Uuid, &sbx_storage::Record> = records.iter().map(|r| (r.id, r)).collect();
+    Ok((checks, paused_checked))
+}
+
+/// 6. What hangs off a sandbox or a workspace: every setting, attachment and service
+///    endpoint is owned by a live sandbox of its own workspace, every attachment refers to a
+///    live provider of that workspace, every provider is in a live workspace.
+fn owned_objects_live(stored: &Stored) -> Result<u64, String> {
+    let mut checks = 0;
+    let by_id: HashMap<Uuid, &sbx_storage::Record> =
+        stored.records.iter().map(|r| (r.id, r)).collect();
     let mut providers = HashMap::new();
-    for p in provider_records {
+    for p in &stored.provider_records {
         checks += 1;
         let ws = p.workspace.unwrap_or_default();
-        if !ws_ids.contains(&ws) {
+        if !stored.ws_ids.contains(&ws) {
             return Err(format!(
                 "provider {} ({}) is in a deleted workspace {ws}",
                 p.name, p.id
@@ -295,7 +370,7 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
         }
         providers.insert(p.id, p);
     }
-    for (kind, owned) in owned_records {
+    for (kind, owned) in &stored.owned_records {
         for r in owned {
             checks += 1;
             let owner = r.owner.and_then(|o| by_id.get(&o));
@@ -305,7 +380,7 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
                     r.name, r.id, r.owner
                 ));
             }
-            if kind == Kind::Attachment {
+            if *kind == Kind::Attachment {
                 checks += 1;
                 let target = r.refs.first().and_then(|p| providers.get(p));
                 if target.is_none_or(|p| p.workspace != r.workspace) {
@@ -317,21 +392,5 @@ pub(super) async fn check_invariants(h: &Harness) -> Result<(), String> {
             }
         }
     }
-    // 5. The store's indexes agree with its records.
-    checks += 1;
-    let problems = h.store.verify_indexes().map_err(|e| e.to_string())?;
-    if !problems.is_empty() {
-        return Err(format!(
-            "the store's indexes disagree with its records: {problems:?}"
-        ));
-    }
-    drop(ledger);
-    let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
-    report.invariant_checks += checks;
-    report.calls_by_ttl += by_ttl;
-    report.paused_checked += paused_checked;
-    report.unverified_calls += unverified;
-    report.removals_checked += removed.len() as u64;
-    report.removal_observer_lagged += h.removals.lagged();
-    Ok(())
+    Ok(checks)
 }

@@ -25,8 +25,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use super::faults::{Fault, apply_fault};
-use super::{ChaosConfig, Harness, Op, perform};
+use super::faults::apply_fault;
+pub use super::{Action, Answer};
+use super::{ChaosConfig, Harness, perform};
 
 /// The format of `journal.jsonl`; a reader refuses others.
 const FORMAT: u32 = 1;
@@ -34,24 +35,6 @@ const FORMAT: u32 = 1;
 /// How long a replayed entry may wait for the entries it comes after (each is bounded by the
 /// gateway's request timeout, 5 s in the scenario, or a gateway restart).
 const REPLAY_WAIT: Duration = Duration::from_secs(120);
-
-/// The answer of an operation or a fault.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Answer {
-    /// The gateway acknowledged it (a fault: it took effect).
-    pub acknowledged: bool,
-    /// The id an acknowledged create was given.
-    pub created: Option<Uuid>,
-    /// The error of an operation that was refused (as a client of a faulty system expects).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refusal: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Action {
-    Op(Op),
-    Fault(Fault),
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {

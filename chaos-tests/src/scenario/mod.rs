@@ -31,9 +31,10 @@ mod faults;
 mod invariants;
 pub mod journal;
 
+use faults::Fault;
 use faults::inject_faults;
 use invariants::{check_invariants, quiesce};
-use journal::{Action, Answer, Entry, Journal};
+use journal::{Entry, Journal};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChaosConfig {
@@ -88,6 +89,8 @@ pub struct ChaosReport {
     pub ops_acknowledged: u64,
     /// Operations refused as `Unavailable` (expected only while faults are injected).
     pub ops_unavailable: u64,
+    /// What the first few of those refusals said (a report that counts one says why).
+    pub unavailable_said: Vec<String>,
     pub creates_acknowledged: u64,
     pub deletes_acknowledged: u64,
     /// Provider, attachment, setting and service-endpoint operations acknowledged.
@@ -558,6 +561,25 @@ async fn client(h: Arc<Harness>, index: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The answer of an operation or a fault (what the journal keeps of each entry).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The gateway acknowledged it (a fault: it took effect).
+    pub acknowledged: bool,
+    /// The id an acknowledged create was given.
+    pub created: Option<Uuid>,
+    /// The error of an operation that was refused (as a client of a faulty system expects).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
+}
+
+/// What a client or the fault injector does: one entry of the journal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Action {
+    Op(Op),
+    Fault(Fault),
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     Create {
@@ -951,10 +973,11 @@ fn expected(h: &Harness, e: ActorError, answer: &mut Answer) -> Result<bool, Str
         ActorError::Driver(DriverError::Unavailable(_) | DriverError::DeadlineExceeded { .. })
     );
     if matches!(e, ActorError::Unavailable(_)) || driver_failed {
-        h.report
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .ops_unavailable += 1;
+        let mut report = h.report.lock().unwrap_or_else(|p| p.into_inner());
+        report.ops_unavailable += 1;
+        if report.unavailable_said.len() < 5 {
+            report.unavailable_said.push(e.to_string());
+        }
     }
     match e {
         ActorError::SandboxNotFound { .. }

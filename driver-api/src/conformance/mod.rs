@@ -63,6 +63,7 @@
 //! nothing; they filter list results by the ids they created, so a harness may share driver
 //! state between checks.
 
+pub mod attacks;
 mod exec;
 mod files;
 mod identity;

@@ -28,6 +28,8 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // As sbxd serve's: a failed log write loses that line, never the call that logged.
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     let outcome = match termination_signal() {

@@ -35,7 +35,7 @@ pub mod status;
 
 pub use client::{RemoteDriver, RemoteTarget};
 pub use host::{
-    BackendArgs, DriverHostArgs, OciArgs, VmArgs, open_backend, open_backend_with, run_driver_host,
+    BackendArgs, DriverHostArgs, open_backend, open_backend_with, run_driver_host,
     termination_signal,
 };
 pub use node::{NodeIdentity, serve_node};

@@ -27,8 +27,12 @@
 //! restart, delete sandboxes; exec, cp, port-forward; create, update, delete, attach and
 //! detach providers, set and delete settings, expose and delete services), **admin**
 //! (create and delete the workspace itself). A gateway-wide grant (no workspace named) holds
-//! its role in every workspace, and is what images need: viewer to read, editor to pull or
-//! import, admin to delete.
+//! its role in every workspace. Images belong to a workspace or to the gateway: a viewer of a
+//! workspace lists and reads its images and the gateway's; a pull, an import or a build
+//! writes images (and fetches from anywhere the gateway reaches), so it needs a gateway-wide
+//! editor, and lands in the workspace it names — the gateway's (`publish`) only for a
+//! gateway-wide admin; deleting needs an admin of the image's workspace, a gateway-wide admin
+//! for the gateway's.
 //!
 //! **Audit.** Every call that changes something, and every exec, copy and port-forward, is
 //! logged by the layer as one `sbx::audit` line: who (identity and how it was proven), the
@@ -149,13 +153,19 @@ pub fn need(path: &str) -> Option<(Need, bool)> {
         ("sbx.v1.ServiceEndpointService", "GetService") => (Workspace(Viewer), false),
         ("sbx.v1.ServiceEndpointService", "ListServices") => (Workspace(Viewer), false),
         ("sbx.v1.ServiceEndpointService", "DeleteService") => (Workspace(Editor), true),
+        // Fetch from wherever the gateway reaches and write its disk: a gateway-wide editor,
+        // into the workspace named (checked by the handler; publishing needs an admin).
         ("sbx.v1.ImageService", "PullImage") => (Gateway(Editor), true),
         ("sbx.v1.ImageService", "ImportImage") => (Gateway(Editor), true),
-        // Writes images (gateway-wide) and runs sandboxes in a workspace (checked too).
+        // Writes images and runs sandboxes in a workspace (checked too).
         ("sbx.v1.ImageService", "BuildImage") => (Gateway(Editor), true),
-        ("sbx.v1.ImageService", "ListImages") => (Gateway(Viewer), false),
-        ("sbx.v1.ImageService", "GetImage") => (Gateway(Viewer), false),
-        ("sbx.v1.ImageService", "DeleteImage") => (Gateway(Admin), true),
+        // A workspace's images and the gateway's, as its viewer sees them.
+        ("sbx.v1.ImageService", "ListImages") => (Workspace(Viewer), false),
+        ("sbx.v1.ImageService", "GetImage") => (Workspace(Viewer), false),
+        // An admin of the image's workspace; a gateway-wide admin for the gateway's.
+        ("sbx.v1.ImageService", "DeleteImage") => (Workspace(Admin), true),
+        // The same: an admin of the workspace pruned; a gateway-wide admin for the gateway's.
+        ("sbx.v1.ImageService", "PruneImages") => (Workspace(Admin), true),
         ("sbx.v1.IdentityService", "CreateIdentity") => (Gateway(Admin), true),
         ("sbx.v1.IdentityService", "ListIdentities") => (Gateway(Admin), false),
         ("sbx.v1.IdentityService", "RevokeIdentity") => (Gateway(Admin), true),
@@ -356,15 +366,36 @@ impl Caller {
         matches!(found, Ok(Some(id)) if id.name == self.name)
     }
 
+    /// Answers (`UNAUTHENTICATED`, saying what ends) once the caller's identity is revoked or
+    /// expires, checked every [`RECHECK`]; never for a caller with nothing to revoke (the
+    /// socket's owner, `--auth none`). What a long call races its work against: a pull, a
+    /// build, an import.
+    pub async fn revoked(&self, what: &str) -> Status {
+        if self.check.is_none() {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(RECHECK).await;
+            if !self.still_valid() {
+                return Status::unauthenticated(format!(
+                    "{} was revoked or expired; {what} ends and nothing of it is kept",
+                    self.name
+                ));
+            }
+        }
+    }
+
     /// `stream`, ended with `UNAUTHENTICATED` once the caller's identity is revoked or expires
-    /// (checked every [`RECHECK`]).
-    pub fn until_revoked<T, S>(
+    /// (checked every [`RECHECK`]). Its errors are gRPC statuses or anything made of one (a
+    /// front-door `Failure`).
+    pub fn until_revoked<T, E, S>(
         &self,
         stream: S,
-    ) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>
+    ) -> Pin<Box<dyn Stream<Item = Result<T, E>> + Send>>
     where
         T: Send + 'static,
-        S: Stream<Item = Result<T, Status>> + Send + 'static,
+        E: From<Status> + Send + 'static,
+        S: Stream<Item = Result<T, E>> + Send + 'static,
     {
         use futures::StreamExt;
         if self.check.is_none() {
@@ -389,7 +420,7 @@ impl Caller {
                 let mut revoked = revoked?;
                 tokio::select! {
                     item = stream.next() => item.map(|item| (item, (stream, Some(revoked)))),
-                    status = &mut revoked => Some((Err(status), (stream, None))),
+                    status = &mut revoked => Some((Err(status.into()), (stream, None))),
                 }
             },
         ))

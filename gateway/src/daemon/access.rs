@@ -210,7 +210,7 @@ fn time(ms: u64) -> String {
     if ms == 0 {
         return "never".to_string();
     }
-    let nanos = sbx_agent::log::rfc3339_nanos(UNIX_EPOCH + Duration::from_millis(ms));
+    let nanos = sbx_proto::time::rfc3339_nanos(UNIX_EPOCH + Duration::from_millis(ms));
     // To the second: "2026-12-01T15:04:05.123456789Z" -> "2026-12-01T15:04:05Z".
     match nanos.split_once('.') {
         Some((secs, _)) => format!("{secs}Z"),

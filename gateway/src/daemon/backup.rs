@@ -21,7 +21,7 @@ fn failed(e: &BackupError) -> ExitCode {
 }
 
 fn describe(s: &BackupSummary) -> String {
-    let at = sbx_agent::log::rfc3339_nanos(UNIX_EPOCH + Duration::from_millis(s.written_at_ms));
+    let at = sbx_proto::time::rfc3339_nanos(UNIX_EPOCH + Duration::from_millis(s.written_at_ms));
     let at = at.split_once('.').map(|(secs, _)| format!("{secs}Z"));
     format!(
         "{} records ({} entries in {} trees), revision {}, high-water mark {}, schema version \

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sbx_drivers::ComputeDriver;
 use sbx_drivers::image::ImageStore;
+use sbx_drivers::process::ProcessArgs;
 use sbx_drivers::registry::{DriverSettings, OpenContext};
 use sbx_drivers::remote::RemoteDriver;
 use sbx_drivers::sim::{SimFaults, SimOp};
@@ -120,12 +121,13 @@ fn open_context(
         state_dir: Some(data_dir.join("drivers").join(kind.name())),
         images: Some(images.clone()),
         settings: DriverSettings {
-            oci: args.oci.clone(),
-            vm: args.vm.clone(),
-            cgroup_parent: args.process_cgroup_parent.clone(),
-            // The store, the images and the other drivers' sandboxes are none of the
-            // workloads' business.
-            hidden_paths: vec![data_dir.to_path_buf()],
+            flags: args.drivers.clone(),
+            process: ProcessArgs {
+                cgroup_parent: args.process.cgroup_parent.clone(),
+                // The store, the images and the other drivers' sandboxes are none of the
+                // workloads' business.
+                hidden_paths: vec![data_dir.to_path_buf()],
+            },
             default_grace: None,
             poll_interval: None,
             sim_faults,
@@ -146,7 +148,7 @@ fn managed_host_flags(
     let ctx = open_context(kind, args, data_dir, images)?;
     let mut flags: Vec<OsString> = vec![
         "--cgroup-parent".into(),
-        args.process_cgroup_parent.clone().into(),
+        args.process.cgroup_parent.clone().into(),
     ];
     flags.extend((kind.factory().host_flags)(&ctx));
     Ok(flags)
@@ -252,8 +254,8 @@ mod tests {
         );
         // With a network, the process driver's host gets it too (and only its flags).
         let mut networked = args.clone();
-        networked.oci.network_cidr = Some("10.213.0.0/16".into());
-        networked.oci.network_dns = Some("10.0.0.53:53".parse().unwrap());
+        networked.drivers.network.cidr = Some("10.213.0.0/16".into());
+        networked.drivers.network.dns = Some("10.0.0.53:53".parse().unwrap());
         assert_eq!(
             text(
                 managed_host_flags(

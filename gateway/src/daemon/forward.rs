@@ -83,6 +83,16 @@ impl Peers {
         }
     }
 
+    /// This gateway's id, as a forwarded request names it ([`FORWARDED_HEADER`]).
+    pub(crate) fn me(&self) -> HeaderValue {
+        self.me.clone()
+    }
+
+    /// `--auth none`: a call may be forwarded without a credential.
+    pub(crate) fn anyone(&self) -> bool {
+        self.anyone
+    }
+
     /// Whether a request with these headers may be forwarded: not forwarded before, and its
     /// caller proven by something the holder checks again.
     fn may_forward(&self, headers: &HeaderMap) -> bool {
@@ -92,7 +102,7 @@ impl Peers {
 
     /// The connection to the gateway at `address` (one per address, made on first use and
     /// kept: HTTP/2 multiplexes every forwarded call on it, and it reconnects by itself).
-    fn channel(&self, address: &str) -> Result<Channel, String> {
+    pub(crate) fn channel(&self, address: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());

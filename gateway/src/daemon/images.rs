@@ -8,17 +8,17 @@
 //! with the package that has a static one.
 //!
 //! `--image-mirror` names the registry images are copied to for the nodes
-//! (`crate::service::ImageMirror`, `sbx_drivers::remote::images`).
+//! (`crate::grpc::ImageMirror`, `sbx_drivers::remote::images`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
 use sbx_actors::{DEFAULT_IMAGE, Gateway};
-use sbx_drivers::image::{ImageStore, Mirror};
+use sbx_drivers::image::{ImageStore, MinFree, Mirror};
 use sbx_drivers::remote::images::ImageSource;
 
-use crate::service::ImageMirror;
+use crate::grpc::ImageMirror;
 
 pub use sbx_drivers::BUSYBOX_PATHS;
 
@@ -98,6 +98,23 @@ pub struct ImageArgs {
         value_name = "N"
     )]
     pub image_max_files: u64,
+
+    /// What a pull, an import, a build's layer or an upload must leave free on the image
+    /// store's filesystem (checked as it writes, each file of a layer before its bytes; the
+    /// refusal names the free space): a size (5Gi, 0 for none) or a share of the filesystem
+    /// (15%). Default: 10% of it or 2 GiB, whichever is smaller.
+    #[arg(
+        long,
+        env = "SBX_IMAGE_MIN_FREE",
+        value_name = "SIZE|PERCENT",
+        value_parser = parse_min_free
+    )]
+    pub image_min_free: Option<MinFree>,
+}
+
+/// `--image-min-free` (clap's value parser).
+fn parse_min_free(text: &str) -> Result<MinFree, String> {
+    MinFree::parse(text)
 }
 
 /// `--image-mirror` (clap's value parser).
@@ -112,6 +129,7 @@ impl ImageArgs {
             max_layers: self.image_max_layers,
             max_size: self.image_max_size,
             max_files: self.image_max_files,
+            min_free: self.image_min_free.unwrap_or_default(),
         }
     }
 }
@@ -155,7 +173,11 @@ pub async fn ensure_default_image(gateway: &Gateway, args: &ImageArgs) -> Result
         source,
     };
     let selector = sbx_actors::ImageSelector::parse("", image).map_err(record)?;
-    if gateway.get_image(&selector).await.is_ok() {
+    if gateway
+        .get_image(&selector, sbx_actors::ImageScope::Gateway)
+        .await
+        .is_ok()
+    {
         return Ok(());
     }
     let busybox = sbx_drivers::find_static_busybox(args.image_busybox.as_deref(), &BUSYBOX_PATHS)

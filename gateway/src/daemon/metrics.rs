@@ -49,7 +49,7 @@ pub async fn serve(
     render: Render,
     shutdown: CancellationToken,
 ) {
-    super::service_routes::serve_http1(listener, "metrics", None, limits, shutdown, move |req| {
+    crate::http::serve_http1(listener, "metrics", None, limits, shutdown, move |req| {
         let render = Arc::clone(&render);
         async move { answer(&render, &req).await }
     })
@@ -146,7 +146,7 @@ where
                 .api_requests
                 .get_or_create(&ApiLabels {
                     method: method.clone(),
-                    code: crate::service::status::code_name(code).to_string(),
+                    code: crate::grpc::status::code_name(code).to_string(),
                 })
                 .inc();
             metrics

@@ -10,10 +10,6 @@ pub mod certs;
 pub mod connections;
 pub mod driver_spec;
 pub mod drivers;
-pub mod e2b;
-pub mod e2b_envd;
-pub mod e2b_token;
-pub mod e2b_watch;
 pub mod forward;
 pub mod h2_authority;
 pub mod images;
@@ -22,7 +18,6 @@ pub mod metrics;
 pub mod node;
 pub mod node_link;
 pub mod serve;
-pub mod service_routes;
 pub mod store;
 
 use std::path::PathBuf;
@@ -31,8 +26,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sbx_actors::ActorError;
 use sbx_drivers::DriverError;
+use sbx_drivers::process::ProcessArgs;
+use sbx_drivers::registry::DriverArgs;
 use sbx_drivers::registry::DriverFactory;
-use sbx_drivers::remote::{OciArgs, VmArgs};
 use sbx_storage::StoreError;
 
 pub use driver_spec::DriverSpec;
@@ -565,15 +561,9 @@ pub struct ServeArgs {
     )]
     pub shutdown_grace: u64,
 
-    /// process driver: the cgroup (relative to sbxd's own, in each hierarchy) under which
-    /// sandbox cgroups are made.
-    #[arg(
-        long,
-        env = "SBX_PROCESS_CGROUP_PARENT",
-        default_value = "sbx",
-        value_name = "PATH"
-    )]
-    pub process_cgroup_parent: String,
+    /// The process driver's settings (`--process-cgroup-parent`).
+    #[command(flatten)]
+    pub process: ProcessArgs,
 
     /// sim driver (testing): latency added to every driver call, in milliseconds.
     #[arg(
@@ -590,13 +580,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SBX_SIM_FAIL", value_delimiter = ',', value_name = "OP,…")]
     pub sim_fail: Vec<String>,
 
-    /// The vm driver's settings (`--driver vm` and `managed:vm`, which passes them on).
+    /// Every driver's own settings, from the registry (`--driver NAME` and `managed:NAME`,
+    /// which passes them on): the vm driver's, the oci driver's, the sandbox network's and the
+    /// host drivers' shared ones.
     #[command(flatten)]
-    pub vm: VmArgs,
-
-    /// The oci driver's settings (`--driver oci` and `managed:oci`, which passes them on).
-    #[command(flatten)]
-    pub oci: OciArgs,
+    pub drivers: DriverArgs,
 
     /// The image flags: the default image and how the built-in one is made.
     #[command(flatten)]
@@ -678,17 +666,11 @@ impl ServeArgs {
             &mut self.tls_key,
             &mut self.tls_client_ca,
             &mut self.images.image_busybox,
-            &mut self.oci.busybox,
-            &mut self.vm.kernel,
-            &mut self.vm.modules_dir,
-            &mut self.vm.busybox,
         ]
         .into_iter()
         .flatten()
         .collect();
-        if self.oci.runtime.components().count() > 1 {
-            paths.push(&mut self.oci.runtime);
-        }
+        paths.extend(self.drivers.paths_mut());
         if let DriverSpec::Remote(socket) = &mut self.driver {
             paths.push(socket);
         }
@@ -719,7 +701,7 @@ impl ServeArgs {
         match self.driver_call_timeout {
             Some(secs) => Duration::from_secs(secs.max(1)),
             None if self.serves_vm() => {
-                DEFAULT_DRIVER_CALL_TIMEOUT.max(self.vm.boot_timeout() + VM_CALL_MARGIN)
+                DEFAULT_DRIVER_CALL_TIMEOUT.max(self.drivers.vm.boot_timeout() + VM_CALL_MARGIN)
             }
             None => DEFAULT_DRIVER_CALL_TIMEOUT,
         }
@@ -737,13 +719,13 @@ impl ServeArgs {
     /// for the boot, so a deadline within the boot timeout fails slow boots).
     pub fn call_timeout_warning(&self) -> Option<String> {
         let deadline = self.driver_call_timeout();
-        (self.serves_vm() && deadline <= self.vm.boot_timeout()).then(|| {
+        (self.serves_vm() && deadline <= self.drivers.vm.boot_timeout()).then(|| {
             format!(
                 "--driver-call-timeout {}s does not exceed --vm-boot-timeout {}s: a slow boot \
                  will fail the call and be retried; leave --driver-call-timeout unset for {}s",
                 deadline.as_secs(),
-                self.vm.boot_timeout_secs,
-                (DEFAULT_DRIVER_CALL_TIMEOUT.max(self.vm.boot_timeout() + VM_CALL_MARGIN))
+                self.drivers.vm.boot_timeout_secs,
+                (DEFAULT_DRIVER_CALL_TIMEOUT.max(self.drivers.vm.boot_timeout() + VM_CALL_MARGIN))
                     .as_secs()
             )
         })
@@ -942,15 +924,15 @@ mod tests {
         assert_eq!(args.data_dir, Some(cwd.join("data")));
         assert_eq!(args.addr_file, Some(cwd.join("run/addr")));
         assert_eq!(args.images.image_busybox, Some(cwd.join("bb")));
-        assert_eq!(args.oci.busybox, Some(cwd.join("obb")));
-        assert_eq!(args.oci.runtime, cwd.join("bin/crun"));
-        assert_eq!(args.vm.kernel, Some(cwd.join("k")));
-        assert_eq!(args.vm.busybox, Some(PathBuf::from("/abs/vbb")));
+        assert_eq!(args.drivers.oci.busybox, Some(cwd.join("obb")));
+        assert_eq!(args.drivers.oci.runtime, cwd.join("bin/crun"));
+        assert_eq!(args.drivers.vm.kernel, Some(cwd.join("k")));
+        assert_eq!(args.drivers.vm.busybox, Some(PathBuf::from("/abs/vbb")));
         assert_eq!(args.driver, DriverSpec::Remote(cwd.join("sock/d.sock")));
         // A bare runtime name stays a name, for PATH.
         let mut args = serve_args(&["--data-dir", "/var/lib/x"]).unwrap();
         args.make_paths_absolute().unwrap();
-        assert_eq!(args.oci.runtime, PathBuf::from("runc"));
+        assert_eq!(args.drivers.oci.runtime, PathBuf::from("runc"));
         assert_eq!(args.data_dir, Some(PathBuf::from("/var/lib/x")));
     }
 
@@ -977,7 +959,7 @@ mod tests {
             args.driver,
             DriverSpec::InProcess(DriverKind::named("vm").unwrap())
         );
-        let opts = args.vm.driver_options();
+        let opts = args.drivers.vm.driver_options();
         assert_eq!(opts.accel, Accel::Tcg);
         assert_eq!((opts.memory_mib, opts.disk_mib), (384, 32));
         assert_eq!(opts.boot_timeout, Duration::from_secs(90));

@@ -158,6 +158,17 @@ pub struct NodeArgs {
     #[arg(long, value_name = "SIZE", value_parser = sbx_proto::quantity::size_arg)]
     pub capacity_disk: Option<u64>,
 
+    /// The static busybox an oci node makes the built-in default image from at start, as a
+    /// gateway does (default: /bin/busybox, else /usr/bin/busybox; env SBX_BUSYBOX): the same
+    /// busybox gives the same image digest, so a create of the default image needs no mirror.
+    #[arg(
+        id = "image_busybox",
+        long = "busybox",
+        env = "SBX_BUSYBOX",
+        value_name = "PATH"
+    )]
+    pub busybox: Option<PathBuf>,
+
     /// The most sandboxes the node takes.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_SANDBOXES,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -167,6 +178,42 @@ pub struct NodeArgs {
     /// spelled --driver). Last, so that the node's own flags come first in --help.
     #[command(flatten)]
     pub driver: BackendArgs,
+}
+
+/// Makes the built-in default image in the node's store from its static busybox, as a
+/// gateway makes it in its own (deterministic: the same busybox, the same digest). A node
+/// without one, or whose store refuses it, says so and serves on: images from a mirror still
+/// run.
+async fn make_builtin_image(
+    store: &sbx_drivers::image::ImageStore,
+    busybox: Option<&std::path::Path>,
+) {
+    let busybox = match sbx_drivers::find_static_busybox(busybox, &sbx_drivers::BUSYBOX_PATHS) {
+        Ok(path) => path,
+        Err(why) => {
+            tracing::warn!(
+                image = sbx_actors::DEFAULT_IMAGE,
+                "the built-in image is not made here ({why}): its creates need an image mirror; install busybox-static or pass --busybox"
+            );
+            return;
+        }
+    };
+    let (store, from) = (store.clone(), busybox.clone());
+    let made =
+        tokio::task::spawn_blocking(move || store.import_busybox(&from, sbx_actors::DEFAULT_IMAGE))
+            .await;
+    match made {
+        Ok(Ok(info)) => {
+            tracing::info!(image = sbx_actors::DEFAULT_IMAGE, digest = %info.digest, busybox = %busybox.display(), "built the default image");
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(
+                image = sbx_actors::DEFAULT_IMAGE,
+                "the built-in image is not made here: {e}"
+            );
+        }
+        Err(e) => tracing::warn!("the built-in image's task: {e}"),
+    }
 }
 
 /// `--label KEY=VALUE` (clap's value parser), checked by the gateway's own label rules.
@@ -458,6 +505,8 @@ fn init_logging() {
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
+        // As sbxd serve's: a failed log write loses that line, never the call that logged.
+        .log_internal_errors(false)
         .try_init();
 }
 
@@ -516,6 +565,7 @@ pub async fn run(args: NodeArgs) -> Result<(), DaemonError> {
                 .unwrap_or_else(|| state_dir.join("images"));
             let images = NodeImages::open(root, IdMap::default()).map_err(driver_error)?;
             tracing::info!(store = %images.store().root().display(), "the node's image store");
+            make_builtin_image(images.store(), args.busybox.as_deref()).await;
             Some(Arc::new(images))
         }
         false => None,

@@ -23,8 +23,8 @@ use tonic_health::ServingStatus;
 use tracing_subscriber::EnvFilter;
 
 use super::{DaemonError, DriverSpec, LogFormat, ServeArgs, drivers};
-use crate::service::status::ErrorInfoLayer;
-use crate::service::{SbxService, set_health};
+use crate::grpc::status::ErrorInfoLayer;
+use crate::grpc::{SbxService, set_health};
 
 /// How often startup logs how many sandboxes are still re-attaching.
 const ATTACH_PROGRESS_EVERY: Duration = Duration::from_secs(3);
@@ -42,7 +42,7 @@ pub async fn serve(mut args: ServeArgs) -> Result<(), DaemonError> {
     create_dir(&data_dir)?;
     let images = open_images(&data_dir)?;
     images.set_limits(args.images.limits());
-    crate::service::status::hide_data_dir(&data_dir);
+    crate::grpc::status::hide_data_dir(&data_dir);
     let store: Arc<dyn ObjectStore> = match args.store.open_shared(args.accept_store_loss).await? {
         Some(shared) => shared,
         None => {
@@ -318,7 +318,11 @@ fn bind_socket(path: &Path, group: Option<&str>) -> Result<tokio::net::UnixListe
     Ok(listener)
 }
 
-/// Serves the gateway over `driver` until a signal.
+/// The task serving the gRPC API on every listener.
+type ApiServer = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
+
+/// Serves the gateway over `driver` until a signal: the listeners bound, the actor tree
+/// started, every door opened over one front door, then served until shutdown.
 #[allow(clippy::too_many_arguments)]
 async fn serve_on(
     args: ServeArgs,
@@ -339,6 +343,77 @@ async fn serve_on(
         ),
         _ => None,
     };
+    let auth = authenticator(&args, data_dir, &bound)?;
+    wait_for_driver(&args, driver.as_ref(), &shutdown).await;
+    let image_mirror = super::images::image_mirror(&args.images, &images);
+    let config = gateway_config(&args, data_dir, &bound, images)?;
+    let ownership = config.ownership.clone();
+    let gateway = start_gateway(
+        &args,
+        config,
+        store,
+        driver_name,
+        driver,
+        &image_mirror,
+        &auth,
+    )
+    .await?;
+    let metrics_bound = serve_metrics(&args, &gateway, &shutdown).await?;
+    let peers = peers_of(&args, ownership.as_ref(), &auth)?;
+    // Every door's calls go through one front door: access, audit, the mirror, forwarding.
+    let front = crate::frontdoor::FrontDoor::new(Arc::clone(&gateway))
+        .with_mirror(image_mirror)
+        .with_peers(peers.clone())
+        .with_identities(data_dir);
+    let service_bound = serve_service_endpoints(&args, &gateway, &front, &shutdown).await?;
+    let e2b_bound = serve_e2b(&args, data_dir, &gateway, &auth, &front, &shutdown).await?;
+    let service = SbxService::new(front, shutdown.clone());
+    let (mut server, health) = serve_api(
+        &args, tls, &gateway, &auth, peers, service, listeners, &shutdown,
+    )
+    .await?;
+    tracing::info!(%bound, "listening; re-attaching sandboxes");
+    let attached = tokio::select! {
+        attached = wait_attached(&gateway) => attached,
+        _ = shutdown.cancelled() => false,
+    };
+    if attached {
+        set_health(&health, ServingStatus::Serving).await;
+        let files = [
+            (&args.service_addr_file, &service_bound),
+            (&args.metrics_addr_file, &metrics_bound),
+            (&args.e2b_addr_file, &e2b_bound),
+        ];
+        announce(&args, &files, &bound)?;
+        tracing::info!(%bound, driver = driver_name, "serving");
+        tokio::spawn(report_disk_full(
+            Arc::clone(&gateway),
+            health.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let result = serve_until_stopped(&args, &mut server, &health, &shutdown).await;
+    if let Some(path) = &args.addr_file
+        && attached
+    {
+        let _ = std::fs::remove_file(path);
+    }
+    match Arc::try_unwrap(gateway) {
+        // Whether every actor let go in time is logged by the actor layer itself.
+        Ok(gateway) => {
+            let _ = gateway.shutdown().await;
+        }
+        Err(_) => tracing::warn!("the actor tree is still referenced; it stops with the process"),
+    }
+    result
+}
+
+/// The authenticator of the API's callers (the identities of `data_dir`).
+fn authenticator(
+    args: &ServeArgs,
+    data_dir: &Path,
+    bound: &str,
+) -> Result<Arc<crate::auth::Authenticator>, DaemonError> {
     let identities = crate::auth::Identities::open(data_dir)
         .map_err(|e| DaemonError::Security(format!("the identities: {e}")))?;
     if args.auth == super::AuthMode::None {
@@ -348,13 +423,20 @@ async fn serve_on(
              machine only)"
         );
     }
-    let auth = Arc::new(crate::auth::Authenticator {
+    Ok(Arc::new(crate::auth::Authenticator {
         identities,
         none: args.auth == super::AuthMode::None,
         owner_uid: nix::unistd::geteuid().as_raw(),
         workspaces: std::sync::OnceLock::new(),
-    });
+    }))
+}
 
+/// Waits (bounded) until a driver in another process answers; starts anyway when it does not.
+async fn wait_for_driver(
+    args: &ServeArgs,
+    driver: &dyn ComputeDriver,
+    shutdown: &CancellationToken,
+) {
     let ready_limit = match &args.driver {
         DriverSpec::InProcess(_) => None,
         DriverSpec::Managed(kind) => Some(kind.factory().host_ready_within),
@@ -362,7 +444,7 @@ async fn serve_on(
     };
     if let Some(limit) = ready_limit {
         let ready = tokio::select! {
-            ready = drivers::wait_driver_ready(driver.as_ref(), limit) => ready,
+            ready = drivers::wait_driver_ready(driver, limit) => ready,
             _ = shutdown.cancelled() => false,
         };
         if ready {
@@ -375,9 +457,16 @@ async fn serve_on(
             );
         }
     }
+}
 
-    let image_mirror = super::images::image_mirror(&args.images, &images);
-    let config = Config {
+/// The actor tree's configuration from the flags.
+fn gateway_config(
+    args: &ServeArgs,
+    data_dir: &Path,
+    bound: &str,
+    images: ImageStore,
+) -> Result<Config, DaemonError> {
+    Ok(Config {
         reconcile_interval: args.reconcile_interval(),
         driver_call_timeout: args.driver_call_timeout(),
         image_store: Some(images),
@@ -392,8 +481,8 @@ async fn serve_on(
                 .map_err(|e| DaemonError::Setup(e.to_string()))?,
         ),
         service_domain: validate_service_domain(&args.service_domain)?,
-        default_resources: default_resources(&args)?,
-        stats: stats_settings(&args)?,
+        default_resources: default_resources(args)?,
+        stats: stats_settings(args)?,
         events_per_sandbox: args.events_per_sandbox as usize,
         events_max: args.events_max as usize,
         lifetimes: sbx_actors::LifetimeSettings {
@@ -405,13 +494,26 @@ async fn serve_on(
         ownership: match &args.store.store {
             Some(_) => Some(sbx_actors::OwnershipSettings {
                 gateway: super::store::gateway_id(data_dir)?,
-                address: args.store.advertised(&bound)?,
+                address: args.store.advertised(bound)?,
                 period: Duration::from_secs(args.store.lease_seconds),
             }),
             None => None,
         },
         ..Config::default()
-    };
+    })
+}
+
+/// The actor tree started over `driver` and the nodes, its default image made and mirrored,
+/// and grants written by name bound to their workspaces.
+async fn start_gateway(
+    args: &ServeArgs,
+    config: Config,
+    store: Arc<dyn ObjectStore>,
+    driver_name: &str,
+    driver: Arc<dyn ComputeDriver>,
+    image_mirror: &Option<Arc<crate::grpc::ImageMirror>>,
+    auth: &crate::auth::Authenticator,
+) -> Result<Arc<Gateway>, DaemonError> {
     let nodes = sbx_actors::nodes::Nodes::new(
         Some(Arc::new(
             args.nodes
@@ -424,7 +526,6 @@ async fn serve_on(
         args.nodes.timing(),
     );
     let drivers = DriverSet::single(driver_name, driver).with_nodes(nodes);
-    let ownership = config.ownership.clone();
     let gateway = Arc::new(Gateway::start(store, drivers, config).await?);
     super::images::ensure_default_image(&gateway, &args.images).await?;
     super::images::mirror_default_image(&gateway, image_mirror.as_ref());
@@ -439,7 +540,16 @@ async fn serve_on(
     let _ = auth.workspaces.set(lookup);
     auth.bind_unbound().await;
 
-    let metrics_bound = match &args.metrics_listen {
+    Ok(gateway)
+}
+
+/// `--metrics-listen`: the metrics listener, and the address it bound.
+async fn serve_metrics(
+    args: &ServeArgs,
+    gateway: &Arc<Gateway>,
+    shutdown: &CancellationToken,
+) -> Result<Option<String>, DaemonError> {
+    Ok(match &args.metrics_listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
                 DaemonError::Setup(format!("cannot listen for metrics on {addr}: {e}"))
@@ -452,99 +562,50 @@ async fn serve_on(
             tracing::info!(bound = %local, "serving metrics at /metrics");
             tokio::spawn(super::metrics::serve(
                 listener,
-                connection_limits(&args, "metrics", &gateway.metrics()),
-                super::metrics::of_gateway(Arc::clone(&gateway)),
+                connection_limits(args, "metrics", &gateway.metrics()),
+                super::metrics::of_gateway(Arc::clone(gateway)),
                 shutdown.clone(),
             ));
             Some(local.to_string())
         }
         None => None,
-    };
-    let service_bound = match &args.service_listen {
+    })
+}
+
+/// `--service-listen`: the routed service endpoints, and the address they bound.
+async fn serve_service_endpoints(
+    args: &ServeArgs,
+    gateway: &Arc<Gateway>,
+    front: &crate::frontdoor::FrontDoor,
+    shutdown: &CancellationToken,
+) -> Result<Option<String>, DaemonError> {
+    Ok(match &args.service_listen {
         Some(addr) => {
             let (listener, bound) = bind_plain(addr, "service endpoints").await?;
             if !listener.local_addr().is_ok_and(|a| a.ip().is_loopback()) {
                 tracing::warn!(%bound, "service endpoints are served off loopback, without authentication: whoever reaches this address reaches every exposed port");
             }
             tracing::info!(%bound, domain = %args.service_domain, "serving service endpoints");
-            tokio::spawn(super::service_routes::serve(
+            tokio::spawn(crate::routes::serve(
                 listener,
-                connection_limits(&args, "service", &gateway.metrics()),
-                Arc::clone(&gateway),
+                connection_limits(args, "service", &gateway.metrics()),
+                front.clone(),
                 shutdown.clone(),
             ));
             Some(bound)
         }
         None => None,
-    };
+    })
+}
 
-    let e2b_bound = match &args.e2b_listen {
-        Some(addr) => {
-            let (listener, bound) = bind_plain(addr, "the E2B API").await?;
-            let tls = match (&args.e2b_tls_cert, &args.e2b_tls_key) {
-                (Some(cert), Some(key)) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
-                    sbx_tls::rustls_server_config(cert, key)
-                        .map_err(|e| DaemonError::Security(format!("--e2b-tls-cert: {e}")))?,
-                ))),
-                _ => None,
-            };
-            if !listener.local_addr().is_ok_and(|a| a.ip().is_loopback()) {
-                if tls.is_none() {
-                    return Err(DaemonError::Security(format!(
-                        "--e2b-listen {addr} is not a loopback address, so it needs TLS: \
-                         --e2b-tls-cert and --e2b-tls-key (its API keys would travel in the clear)"
-                    )));
-                }
-                if auth.none {
-                    return Err(DaemonError::Security(format!(
-                        "--auth none is accepted on a loopback address only, not on \
-                         --e2b-listen {addr}"
-                    )));
-                }
-            }
-            tracing::info!(%bound, tls = tls.is_some(), domain = ?args.e2b_domain, "serving the E2B API");
-            tokio::spawn(super::e2b::serve(
-                listener,
-                tls,
-                connection_limits(&args, "e2b", &gateway.metrics()),
-                super::e2b::E2b {
-                    gateway: Arc::clone(&gateway),
-                    auth: Arc::clone(&auth),
-                    templates: Arc::new(args.e2b_templates.iter().cloned().collect()),
-                    // The same key file the gateway's config opened: the same key.
-                    secrets: Arc::new(
-                        sbx_actors::Sealer::open_or_create(&data_dir.join("secrets.key"))
-                            .map_err(|e| DaemonError::Setup(e.to_string()))?,
-                    ),
-                    transfers: Default::default(),
-                    processes: Default::default(),
-                    watchers: Default::default(),
-                    domain: args.e2b_domain.clone(),
-                },
-                shutdown.clone(),
-            ));
-            Some(bound)
-        }
-        None => None,
-    };
-
-    let (health, health_server) = tonic_health::server::health_reporter();
-    set_health(&health, ServingStatus::NotServing).await;
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(sbx_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(sbx_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
-    let service = SbxService::new(Arc::clone(&gateway), shutdown.clone())
-        .with_identities(data_dir)
-        .with_image_mirror(image_mirror);
-    // Gateways sharing a store: requests for a workspace another one serves go on to it.
-    let peers = match &ownership {
+/// Gateways sharing a store: the others, as requests for a workspace another one serves go on
+/// to it.
+fn peers_of(
+    args: &ServeArgs,
+    ownership: Option<&sbx_actors::OwnershipSettings>,
+    auth: &crate::auth::Authenticator,
+) -> Result<Option<Arc<super::forward::Peers>>, DaemonError> {
+    Ok(match ownership {
         // Gateways that require client certificates would refuse a forward (this gateway
         // presents none): requests for another's workspace are answered naming the holder.
         Some(_) if args.tls_client_ca.is_some() => {
@@ -570,7 +631,98 @@ async fn serve_on(
             )))
         }
         None => None,
-    };
+    })
+}
+
+/// `--e2b-listen`: the E2B API over the front door, and the address it bound.
+async fn serve_e2b(
+    args: &ServeArgs,
+    data_dir: &Path,
+    gateway: &Arc<Gateway>,
+    auth: &Arc<crate::auth::Authenticator>,
+    front: &crate::frontdoor::FrontDoor,
+    shutdown: &CancellationToken,
+) -> Result<Option<String>, DaemonError> {
+    Ok(match &args.e2b_listen {
+        Some(addr) => {
+            let (listener, bound) = bind_plain(addr, "the E2B API").await?;
+            let tls = match (&args.e2b_tls_cert, &args.e2b_tls_key) {
+                (Some(cert), Some(key)) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
+                    sbx_tls::rustls_server_config(cert, key)
+                        .map_err(|e| DaemonError::Security(format!("--e2b-tls-cert: {e}")))?,
+                ))),
+                _ => None,
+            };
+            if !listener.local_addr().is_ok_and(|a| a.ip().is_loopback()) {
+                if tls.is_none() {
+                    return Err(DaemonError::Security(format!(
+                        "--e2b-listen {addr} is not a loopback address, so it needs TLS: \
+                         --e2b-tls-cert and --e2b-tls-key (its API keys would travel in the clear)"
+                    )));
+                }
+                if auth.none {
+                    return Err(DaemonError::Security(format!(
+                        "--auth none is accepted on a loopback address only, not on \
+                         --e2b-listen {addr}"
+                    )));
+                }
+            }
+            tracing::info!(%bound, tls = tls.is_some(), domain = ?args.e2b_domain, "serving the E2B API");
+            tokio::spawn(crate::e2b::serve(
+                listener,
+                tls,
+                connection_limits(args, "e2b", &gateway.metrics()),
+                crate::e2b::E2b {
+                    front: front.clone(),
+                    auth: Arc::clone(auth),
+                    templates: Arc::new(args.e2b_templates.iter().cloned().collect()),
+                    // The same key file the gateway's config opened: the same key.
+                    secrets: Arc::new(
+                        sbx_actors::Sealer::open_or_create(&data_dir.join("secrets.key"))
+                            .map_err(|e| DaemonError::Setup(e.to_string()))?,
+                    ),
+                    transfers: Default::default(),
+                    processes: Default::default(),
+                    watchers: Default::default(),
+                    domain: args.e2b_domain.clone(),
+                    keys: Default::default(),
+                    caller: None,
+                    bearer: None,
+                },
+                shutdown.clone(),
+            ));
+            Some(bound)
+        }
+        None => None,
+    })
+}
+
+/// The gRPC API on every listener: its layers (metrics, ErrorInfo, authentication,
+/// forwarding) and every service, health (not serving yet) and reflection included; a task
+/// that ends when every listener has, and the health reporter.
+#[allow(clippy::too_many_arguments)]
+async fn serve_api(
+    args: &ServeArgs,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    gateway: &Arc<Gateway>,
+    auth: &Arc<crate::auth::Authenticator>,
+    peers: Option<Arc<super::forward::Peers>>,
+    service: SbxService,
+    listeners: Listeners,
+    shutdown: &CancellationToken,
+) -> Result<(ApiServer, tonic_health::server::HealthReporter), DaemonError> {
+    let (health, health_server) = tonic_health::server::health_reporter();
+    set_health(&health, ServingStatus::NotServing).await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(sbx_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(sbx_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     // Every error answered carries an ErrorInfo and stays bounded, tonic's own included.
     let keepalive = Duration::from_secs(args.keepalive);
     let mut builder = tonic::transport::Server::builder()
@@ -585,7 +737,7 @@ async fn serve_on(
     let router = builder
         .layer(super::metrics::ApiMetricsLayer(gateway.metrics()))
         .layer(ErrorInfoLayer)
-        .layer(crate::auth::AuthLayer(Arc::clone(&auth)))
+        .layer(crate::auth::AuthLayer(Arc::clone(auth)))
         .layer(super::forward::ForwardLayer(peers))
         .add_service(health_server)
         .add_service(reflection_v1)
@@ -605,7 +757,7 @@ async fn serve_on(
     // an earlier one is unacknowledged waits for the client's delayed ACK (40 ms on Linux), a
     // floor under every answer (docs/BENCHMARKS.md, oci create→Ready).
     let stopped = async move { stop_accepting.cancelled().await };
-    let limits = connection_limits(&args, "api", &gateway.metrics());
+    let limits = connection_limits(args, "api", &gateway.metrics());
     tracing::info!(
         max_connections = limits.max_connections,
         per_peer = limits.per_peer,
@@ -629,7 +781,7 @@ async fn serve_on(
             stop.cancelled().await
         })
     });
-    let mut server = tokio::spawn(async move {
+    let server = tokio::spawn(async move {
         let tcp = async move {
             match tcp {
                 Some(served) => served.await,
@@ -644,48 +796,46 @@ async fn serve_on(
         };
         tokio::try_join!(tcp, local).map(|_| ())
     });
-    tracing::info!(%bound, "listening; re-attaching sandboxes");
+    Ok((server, health))
+}
 
-    let attached = tokio::select! {
-        attached = wait_attached(&gateway) => attached,
-        _ = shutdown.cancelled() => false,
-    };
-    if attached {
-        set_health(&health, ServingStatus::Serving).await;
-        // The other listeners' files first: the main one says sbxd serves, and whoever waits
-        // for it then finds the others there (they were written after it, and a reader that
-        // came between found none).
-        if let (Some(path), Some(service)) = (&args.service_addr_file, &service_bound) {
-            write_addr_file(path, service)?;
+/// Writes the listeners' address files: the others first, then the main one (which says
+/// sbxd serves, so whoever waits for it then finds the others there).
+fn announce(
+    args: &ServeArgs,
+    files: &[(&Option<PathBuf>, &Option<String>)],
+    bound: &str,
+) -> Result<(), DaemonError> {
+    for (path, addr) in files {
+        if let (Some(path), Some(addr)) = (path, addr) {
+            write_addr_file(path, addr)?;
         }
-        if let (Some(path), Some(metrics)) = (&args.metrics_addr_file, &metrics_bound) {
-            write_addr_file(path, metrics)?;
-        }
-        if let (Some(path), Some(e2b)) = (&args.e2b_addr_file, &e2b_bound) {
-            write_addr_file(path, e2b)?;
-        }
-        if let Some(path) = &args.addr_file {
-            write_addr_file(path, &bound)?;
-        }
-        tracing::info!(%bound, driver = driver_name, "serving");
-        tokio::spawn(report_disk_full(
-            Arc::clone(&gateway),
-            health.clone(),
-            shutdown.clone(),
-        ));
     }
+    if let Some(path) = &args.addr_file {
+        write_addr_file(path, bound)?;
+    }
+    Ok(())
+}
 
+/// Serves until a signal (or until the server fails by itself), then lets calls in flight
+/// end within the grace period.
+async fn serve_until_stopped(
+    args: &ServeArgs,
+    server: &mut ApiServer,
+    health: &tonic_health::server::HealthReporter,
+    shutdown: &CancellationToken,
+) -> Result<(), DaemonError> {
     // Serve until a signal (or until the server fails by itself).
     let served = tokio::select! {
         _ = shutdown.cancelled() => None,
-        result = &mut server => Some(result),
+        result = &mut *server => Some(result),
     };
     let began = Instant::now();
     shutdown.cancel();
-    set_health(&health, ServingStatus::NotServing).await;
+    set_health(health, ServingStatus::NotServing).await;
     let result = match served {
         Some(result) => flatten(result),
-        None => match tokio::time::timeout(args.shutdown_grace(), &mut server).await {
+        None => match tokio::time::timeout(args.shutdown_grace(), &mut *server).await {
             Ok(result) => flatten(result),
             Err(_) => {
                 tracing::warn!(
@@ -694,23 +844,11 @@ async fn serve_on(
                 );
                 server.abort();
                 // Wait for the abort to drop the server (and its hold on the actor tree).
-                let _ = server.await;
+                let _ = (&mut *server).await;
                 Ok(())
             }
         },
     };
-    if let Some(path) = &args.addr_file
-        && attached
-    {
-        let _ = std::fs::remove_file(path);
-    }
-    match Arc::try_unwrap(gateway) {
-        // Whether every actor let go in time is logged by the actor layer itself.
-        Ok(gateway) => {
-            let _ = gateway.shutdown().await;
-        }
-        Err(_) => tracing::warn!("the actor tree is still referenced; it stops with the process"),
-    }
     tracing::info!(took = ?began.elapsed(), "stopped; sandboxes left running");
     result
 }
@@ -771,7 +909,10 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // A log line that cannot be written (a full disk under a log file) is lost, and only
+        // it: reporting the failure on that same stderr would panic the task that logged.
+        .log_internal_errors(false);
     // A second initialisation (only possible in tests) keeps the first subscriber.
     let _ = match format {
         LogFormat::Pretty => builder.try_init(),

@@ -262,7 +262,8 @@ pub fn migrate(args: &MigrateArgs) -> ExitCode {
 }
 
 async fn copy(args: &MigrateArgs) -> Result<(), (u8, String)> {
-    let data = super::access::data_dir(&args.data).map_err(|e| (2, e))?;
+    let data =
+        super::drivers::data_dir(args.data.data_dir.as_deref()).map_err(|e| (2, e.to_string()))?;
     let path = data.join("store");
     if !path.exists() {
         return Err((

@@ -209,10 +209,24 @@ impl Sbxd {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Sbxd {
-        let addr_file = data.join("addr");
-        let _ = std::fs::remove_file(&addr_file);
         let log = data.join(format!("sbxd-{}.log", unique()));
         let log_file = std::fs::File::create(&log).expect("log file");
+        Sbxd::spawn_logging_to(data, driver, listen, extra, env, log_file.into(), log)
+    }
+
+    /// [`Sbxd::spawn_with_env`] with sbxd's stderr (its log) on `stderr`; `log` is the file
+    /// [`Sbxd::log_text`] reads.
+    pub fn spawn_logging_to(
+        data: &Path,
+        driver: &str,
+        listen: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+        log: PathBuf,
+    ) -> Sbxd {
+        let addr_file = data.join("addr");
+        let _ = std::fs::remove_file(&addr_file);
         // An empty driver leaves --driver out: sbxd's default (oci).
         let driver_flag: &[&str] = if driver.is_empty() {
             &[]
@@ -246,7 +260,7 @@ impl Sbxd {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log_file)
+            .stderr(stderr)
             .spawn()
             .expect("spawn sbxd");
         Sbxd {
@@ -830,11 +844,27 @@ impl DriverWorld {
         sbx(&self.sbxd.endpoint(), args)
     }
 
-    pub fn finish(mut self) {
-        let left = self.sbx(&["sandbox", "list", "-o", "json"]).json();
+    pub fn finish(self) {
+        self.finish_with(&[]);
+    }
+
+    /// [`DriverWorld::finish`] for a gateway that wants a credential: `token`'s.
+    pub fn finish_as(self, token: &str) {
+        self.finish_with(&["--token", token]);
+    }
+
+    fn finish_with(mut self, auth: &[&str]) {
+        fn with<'a>(auth: &[&'a str], args: &[&'a str]) -> Vec<&'a str> {
+            let mut all = auth.to_vec();
+            all.extend_from_slice(args);
+            all
+        }
+        let left = self
+            .sbx(&with(auth, &["sandbox", "list", "-o", "json"]))
+            .json();
         for sb in left.as_array().into_iter().flatten() {
             if let Some(name) = sb["name"].as_str() {
-                self.sbx(&["sandbox", "delete", name]).ok();
+                self.sbx(&with(auth, &["sandbox", "delete", name])).ok();
             }
         }
         self.sbxd.sigterm(Duration::from_secs(30));
@@ -857,5 +887,87 @@ impl Drop for DriverWorld {
                 let _ = std::fs::remove_dir(hierarchy.path().join(parent));
             }
         }
+    }
+}
+
+/// A TCP proxy on 127.0.0.1 to `upstream` (`HOST:PORT`) that passes what the upstream answers
+/// at most `bytes_per_second` per connection (what the client sends goes at once): a slow
+/// registry made of a real one. Serves at most 64 connections, each in threads of its own,
+/// until the test ends.
+pub fn throttled_proxy(upstream: &str, bytes_per_second: u64) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+    let addr = listener
+        .local_addr()
+        .expect("the proxy's address")
+        .to_string();
+    let upstream = upstream.to_string();
+    std::thread::spawn(move || {
+        for client in listener.incoming().take(64) {
+            let Ok(client) = client else { return };
+            let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                continue;
+            };
+            let (mut c_read, mut s_write) = (
+                client.try_clone().expect("clone a socket"),
+                server.try_clone().expect("clone a socket"),
+            );
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c_read, &mut s_write);
+                let _ = s_write.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut s_read, mut c_write) = (server, client);
+            std::thread::spawn(move || {
+                // 20 slices a second, each its share of the rate.
+                let mut buf = vec![0u8; (bytes_per_second / 20).max(1) as usize];
+                loop {
+                    let n = match s_read.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if c_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let _ = c_write.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    addr
+}
+
+/// A tmpfs of `size` (`256m`) mounted on `at` (an empty directory), unmounted (lazily) when
+/// dropped, however the test ends.
+pub struct Tmpfs {
+    pub path: PathBuf,
+}
+
+impl Tmpfs {
+    pub fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).expect("the tmpfs's mount point");
+        nix::mount::mount(
+            Some("tmpfs"),
+            at,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={size},mode=0700").as_str()),
+        )
+        .expect("mount a tmpfs");
+        Tmpfs {
+            path: at.to_path_buf(),
+        }
+    }
+
+    /// Bytes free on it now.
+    pub fn free(&self) -> u64 {
+        let st = nix::sys::statvfs::statvfs(&self.path).expect("statvfs");
+        st.blocks_available() * st.fragment_size()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
     }
 }
