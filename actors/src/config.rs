@@ -308,7 +308,7 @@ pub struct Shared {
     pub events: EventHub,
     pub leases: Arc<LeaseTable>,
     /// Bounds the driver calls of actors re-attaching at startup.
-    pub attach_permits: Semaphore,
+    pub attach_permits: Arc<Semaphore>,
     pub startup: StartupTracker,
     /// This gateway's side of the workspace leases, when gateways share the store.
     pub ownership: Option<Arc<crate::ownership::Ownership>>,

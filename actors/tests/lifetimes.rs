@@ -245,3 +245,67 @@ async fn a_paused_sandbox_whose_driver_forgot_its_generation_is_adopted_paused()
     assert_eq!(held.state(), sbx_driver_api::pb::State::Running, "{held:?}");
     assert_eq!(held.generation, resumed.generation, "{held:?} {resumed:?}");
 }
+
+/// A gateway restarted while a pause hangs in the driver re-issues the pause as its first look
+/// at that sandbox, but does not wait on it to start: a pause may take its whole deadline
+/// (minutes for a large memory), and sbxd serves nothing until every sandbox re-attached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_amid_a_hung_pause_attaches_without_waiting_for_the_pause() {
+    let mut config = test_config();
+    config.lifetimes.pause_timeout = Duration::from_secs(120);
+    let mut env = Env::with(config.clone(), SimFaults::default()).await;
+    let hung_pause = || SimFaults::seeded(3).with_hang_on(SimOp::Pause);
+    let made = env
+        .gw()
+        .create_sandbox(None, "sleeper", sleep_spec())
+        .await
+        .unwrap();
+    let sel = by_id(&made);
+    wait_phase(env.gw(), &sel, Phase::Ready, T).await;
+    env.driver.set_faults(hung_pause());
+    let gw = std::sync::Arc::new(env.gw.take().unwrap());
+    let pausing = {
+        let sel = sel.clone();
+        let gw = std::sync::Arc::clone(&gw);
+        tokio::spawn(async move { gw.pause_sandbox(&sel).await })
+    };
+    wait_phase(&gw, &sel, Phase::Pausing, T).await;
+    // The old actor is stuck in its pause: it will not let go within a second.
+    gw.shutdown_within(Duration::from_secs(1)).await;
+    pausing.abort();
+
+    let driver = std::sync::Arc::new(sbx_driver_sim::SimDriver::new(
+        env.world.clone(),
+        hung_pause(),
+    ));
+    env.driver = std::sync::Arc::clone(&driver);
+    let began = std::time::Instant::now();
+    let gw = sbx_actors::Gateway::start(
+        std::sync::Arc::clone(&env.store),
+        sbx_actors::DriverSet::single("sim", driver),
+        config,
+    )
+    .await
+    .unwrap();
+    assert!(
+        gw.wait_attached(Duration::from_secs(10)).await,
+        "the start waited on the hung pause ({} still to attach)",
+        gw.pending_attach()
+    );
+    assert!(began.elapsed() < Duration::from_secs(10));
+    // The pause was re-issued (it is what hangs), and the gateway serves meanwhile.
+    let pauses = env
+        .world
+        .audit()
+        .iter()
+        .filter(|e| e.op == SimOp::Pause && e.sandbox_id == made.id)
+        .count();
+    assert!(pauses >= 2, "the first look re-issued the pause ({pauses} pauses)");
+    assert_eq!(gw.get_sandbox(&sel).await.unwrap().phase(), Phase::Pausing);
+    let other = gw
+        .create_sandbox(None, "other", sleep_spec())
+        .await
+        .unwrap();
+    wait_phase(&gw, &by_id(&other), Phase::Ready, T).await;
+    gw.shutdown_within(Duration::from_secs(1)).await;
+}

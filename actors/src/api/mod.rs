@@ -174,7 +174,7 @@ impl Gateway {
                 Some(from) => EventHub::fed_by_store(bounds, from),
                 None => EventHub::new(bounds, horizon),
             },
-            attach_permits: Semaphore::new(config.attach_concurrency.max(1)),
+            attach_permits: Arc::new(Semaphore::new(config.attach_concurrency.max(1))),
             store,
             drivers,
             config,

@@ -35,19 +35,15 @@ impl SandboxActor {
         myself: &ActorRef<SandboxMsg>,
         st: &mut SandboxState,
     ) -> Result<(), ActorProcessingErr> {
-        let shared = Arc::clone(&st.shared);
-        let outcome = {
-            let _permit = if st.report_attach {
-                shared.attach_permits.acquire().await.ok()
-            } else {
-                None
-            };
-            self.converge(myself, st, None).await
-        };
-        st.fresh = false;
-        if std::mem::take(&mut st.report_attach) {
-            st.shared.startup.attached();
+        if st.report_attach {
+            st.attach_permit = Arc::clone(&st.shared.attach_permits)
+                .acquire_owned()
+                .await
+                .ok();
         }
+        let outcome = self.converge(myself, st, None).await;
+        st.fresh = false;
+        attach_done(st);
         self.after(myself, st, outcome?).await;
         Ok(())
     }
@@ -313,5 +309,15 @@ impl SandboxActor {
             }
         }
         Ok(())
+    }
+}
+
+/// The first look is done: its startup permit goes back and the startup tracker counts it.
+/// Also before a pause or resume a first look re-issues: that call may take its whole
+/// deadline (minutes for a large memory), and the gateway's start must not wait on it.
+pub(super) fn attach_done(st: &mut SandboxState) {
+    st.attach_permit = None;
+    if std::mem::take(&mut st.report_attach) {
+        st.shared.startup.attached();
     }
 }

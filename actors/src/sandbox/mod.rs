@@ -70,7 +70,10 @@ pub struct SandboxState {
     /// calls — but not past its due time: a retry that never arrived must not park the
     /// sandbox for good.
     retry_due: Option<std::time::Instant>,
+    /// Until the first look is done: count it in the startup tracker (`attach_done`).
     report_attach: bool,
+    /// One of the startup's permits, held while the first look calls the driver.
+    attach_permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The sandbox's events in the store, oldest first (`crate::journal`).
     journal: crate::journal::Kept,
     /// Why the step under way was asked for by the gateway itself (a deadline: its reason and
@@ -150,6 +153,7 @@ impl Actor for SandboxActor {
             attempts: 0,
             retry_due: None,
             report_attach,
+            attach_permit: None,
             why: None,
             timer: None,
             idle_from: None,

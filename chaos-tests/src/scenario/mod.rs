@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sbx_actors::{
-    ActorError, Config, DriverSet, Gateway, RestartPolicy, SandboxSelector, WorkspaceSelector,
+    ActorError, Config, DriverSet, Gateway, LifetimeSettings, RestartPolicy, SandboxSelector,
+    WorkspaceSelector,
 };
 use sbx_drivers::sim::{SimDriver, SimFaultHandle, SimFaults, SimWorld};
 use sbx_drivers::{ComputeDriver, DriverError, pb};
@@ -309,6 +310,14 @@ pub fn chaos_actor_config() -> Config {
         workspace_restarts: fast,
         reconcile_interval: Duration::from_millis(500),
         request_timeout: Duration::from_secs(5),
+        // The sim pauses in microseconds; a pause or resume it hangs must end at a deadline of
+        // the harness's scale, as every other call does (150 ms), not at sbxd's 30 minutes:
+        // a gateway restarted amid a pause re-issues it while attaching, and one hung call
+        // then held the startup past its 30 s wait (CI, seed 2).
+        lifetimes: LifetimeSettings {
+            pause_timeout: Duration::from_secs(1),
+            ..LifetimeSettings::default()
+        },
         ..Config::default()
     }
 }
