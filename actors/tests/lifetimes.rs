@@ -300,7 +300,10 @@ async fn a_restart_amid_a_hung_pause_attaches_without_waiting_for_the_pause() {
         .iter()
         .filter(|e| e.op == SimOp::Pause && e.sandbox_id == made.id)
         .count();
-    assert!(pauses >= 2, "the first look re-issued the pause ({pauses} pauses)");
+    assert!(
+        pauses >= 2,
+        "the first look re-issued the pause ({pauses} pauses)"
+    );
     assert_eq!(gw.get_sandbox(&sel).await.unwrap().phase(), Phase::Pausing);
     let other = gw
         .create_sandbox(None, "other", sleep_spec())
