@@ -641,8 +641,8 @@ fn sdk_script_on_the_default_driver(script: &str) {
 
 /// The unmodified SDK names users on the default driver (`tests/e2b/users.py`, oci with the
 /// built-in image): `user="user"` runs as `user` in /home/user and writes files `user` owns,
-/// relative paths under its home; `user="root"` is root in /root; an unknown user is refused
-/// naming it.
+/// relative paths under its home, and so does a call that names no user (E2B's default);
+/// `user="root"` is root in /root; an unknown user is refused naming it.
 #[test]
 fn the_e2b_sdk_runs_commands_and_writes_files_as_the_user_it_names() {
     sdk_script_on_the_default_driver("users.py");

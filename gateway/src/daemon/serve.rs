@@ -686,6 +686,7 @@ async fn serve_e2b(
                     watchers: Default::default(),
                     domain: args.e2b_domain.clone(),
                     keys: Default::default(),
+                    default_users: Default::default(),
                     caller: None,
                     bearer: None,
                 },

@@ -24,8 +24,9 @@ const DEFAULT_TIMEOUT_SECONDS: u64 = 300;
 
 /// The in-sandbox daemon's version the sandboxes report: what the SDKs gate the features
 /// served here on (commands with `stdin: false` from 0.3.0, the default user from 0.4.0,
-/// `close_stdin` from 0.5.2; file uploads as octet streams would need 0.5.7).
-const ENVD_VERSION: &str = "0.5.2";
+/// `close_stdin` from 0.5.2, file uploads as octet streams, gzip too, from 0.5.7; file
+/// metadata would need 0.6.2, watch events with entries 0.6.3).
+const ENVD_VERSION: &str = "0.5.7";
 
 /// The caller the request's `X-API-KEY` names (an sbx token). Grants `sbxd token create`
 /// wrote since the identities were last read are bound first, as for a gRPC call.

@@ -1,5 +1,6 @@
 //! The in-sandbox API's files (`filesystem.Filesystem`'s `Stat`, `ListDir`, `MakeDir`, `Move`,
-//! `Remove`, and `/files` downloads and multipart uploads): each a short script run as an exec
+//! `Remove`, and `/files` downloads and uploads, multipart or octet-stream, plain or gzip):
+//! each a short script run as an exec
 //! of the sandbox (nothing new listens inside it), its output bounded ([`Bounds`]) because the
 //! sandbox writes it. Transfers are bounded per key and per gateway ([`Transfers`]).
 
@@ -343,7 +344,8 @@ pub(super) fn file_error(status: StatusCode, message: String) -> Response<Body> 
 }
 
 /// `GET /files?path=P` (the file's bytes) and `POST /files[?path=P]` (multipart: each `file`
-/// part written to its path, the query's or the part's filename).
+/// part written to its path, the query's or the part's filename; `application/octet-stream`,
+/// envd 0.5.7's: the body is the file at P, `Content-Encoding: gzip` unpacked as it comes).
 pub(super) async fn files(
     e2b: &E2b,
     uuid: Uuid,
@@ -361,6 +363,14 @@ pub(super) async fn files(
     let user = query.get("username").cloned().unwrap_or_default();
     if req.method() == hyper::Method::GET {
         return download(e2b, uuid, &user, &path, turn).await;
+    }
+    let octets = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.trim().starts_with("application/octet-stream"));
+    if octets {
+        return octet_upload(e2b, uuid, &user, &path, req).await;
     }
     let boundary = req
         .headers()
@@ -397,19 +407,17 @@ pub(super) async fn files(
         if target.is_empty() {
             return file_error(StatusCode::BAD_REQUEST, "a file part names no path".into());
         }
-        let ran = match upload(e2b, uuid, &user, &target, field).await {
+        let chunks = Box::pin(futures::TryStreamExt::map_err(field, |e| {
+            format!("the upload: {e}")
+        }));
+        let ran = match upload(e2b, uuid, &user, &target, chunks).await {
             Ok(r) => r,
             Err(response) => return response,
         };
-        if ran.code != 0 {
-            return file_error(
-                StatusCode::BAD_REQUEST,
-                format!("cannot write '{target}': {}", ran.stderr),
-            );
+        match written_entry(&target, &ran) {
+            Ok(entry) => written.push(entry),
+            Err(response) => return response,
         }
-        let full = String::from_utf8_lossy(&ran.stdout).to_string();
-        let name = full.rsplit('/').next().unwrap_or(&full).to_string();
-        written.push(json!({"path": full, "name": name, "type": "file"}));
     }
     if written.is_empty() {
         return file_error(
@@ -418,6 +426,125 @@ pub(super) async fn files(
         );
     }
     super::json_response(StatusCode::OK, &Value::Array(written))
+}
+
+/// What an upload's script said, as the SDK reads a written file (`WriteInfo`), or why not.
+fn written_entry(target: &str, ran: &Ran) -> Result<Value, Response<Body>> {
+    if ran.code != 0 {
+        return Err(file_error(
+            StatusCode::BAD_REQUEST,
+            format!("cannot write '{target}': {}", ran.stderr),
+        ));
+    }
+    let full = String::from_utf8_lossy(&ran.stdout).to_string();
+    let name = full.rsplit('/').next().unwrap_or(&full).to_string();
+    Ok(json!({"path": full, "name": name, "type": "file"}))
+}
+
+/// `POST /files?path=P` with an `application/octet-stream` body: the body is the file,
+/// unpacked as it comes when its `Content-Encoding` is gzip, at most [`MAX_UPLOAD`] bytes as
+/// written (a gzip that unpacks past it is refused when it gets there).
+async fn octet_upload(
+    e2b: &E2b,
+    uuid: Uuid,
+    user: &str,
+    path: &str,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    if path.is_empty() {
+        return file_error(
+            StatusCode::BAD_REQUEST,
+            "an octet-stream upload names its file: ?path=".into(),
+        );
+    }
+    let encoding = req
+        .headers()
+        .get(hyper::header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase());
+    let gzip = match encoding.as_deref() {
+        None | Some("") | Some("identity") => false,
+        Some("gzip") => true,
+        Some(other) => {
+            return file_error(
+                StatusCode::BAD_REQUEST,
+                format!("Content-Encoding {other:?} is not taken: gzip or none"),
+            );
+        }
+    };
+    let body = http_body_util::BodyStream::new(req.into_body()).filter_map(|frame| async move {
+        match frame {
+            Ok(f) => f.into_data().ok().map(Ok),
+            Err(e) => Some(Err(format!("the upload: {e}"))),
+        }
+    });
+    let body: Chunks<'_> = Box::pin(body);
+    let chunks = capped(if gzip { gunzip(body) } else { body }, MAX_UPLOAD);
+    let ran = match upload(e2b, uuid, user, path, chunks).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    match written_entry(path, &ran) {
+        Ok(entry) => super::json_response(StatusCode::OK, &Value::Array(vec![entry])),
+        Err(response) => response,
+    }
+}
+
+/// An upload's bytes as they come, or why they stopped.
+pub(super) type Chunks<'a> =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<Bytes, String>> + Send + 'a>>;
+
+/// `chunks`, ended with an error once they pass `max` bytes.
+fn capped(chunks: Chunks<'_>, max: u64) -> Chunks<'_> {
+    let mut seen = 0u64;
+    Box::pin(chunks.map(move |chunk| {
+        let chunk = chunk?;
+        seen = seen.saturating_add(chunk.len() as u64);
+        if seen > max {
+            return Err(format!("the upload is larger than {max} bytes"));
+        }
+        Ok(chunk)
+    }))
+}
+
+/// How much of a gzip body is unpacked at a time: deflate makes at most ~1,032 bytes of one,
+/// so a piece's output stays near 1 MiB however the body was packed.
+const GUNZIP_PIECE: usize = 1024;
+
+/// `chunks` (a gzip stream) unpacked as they come, a piece at a time ([`GUNZIP_PIECE`]); a
+/// stream cut short or not gzip ends with an error.
+pub(super) fn gunzip(chunks: Chunks<'_>) -> Chunks<'_> {
+    use std::io::Write;
+    let decoder = flate2::write::GzDecoder::new(Vec::new());
+    let state = Some((chunks, decoder, Bytes::new()));
+    Box::pin(futures::stream::unfold(state, |state| async move {
+        let (mut chunks, mut decoder, mut pending) = state?;
+        loop {
+            if !pending.is_empty() {
+                let piece = pending.split_to(pending.len().min(GUNZIP_PIECE));
+                if let Err(e) = decoder.write_all(&piece) {
+                    return Some((Err(format!("the gzip body: {e}")), None));
+                }
+                let out = std::mem::take(decoder.get_mut());
+                if !out.is_empty() {
+                    return Some((Ok(Bytes::from(out)), Some((chunks, decoder, pending))));
+                }
+                continue;
+            }
+            match chunks.next().await {
+                Some(Ok(bytes)) => pending = bytes,
+                Some(Err(e)) => return Some((Err(e), None)),
+                None => {
+                    return match decoder.try_finish() {
+                        Err(e) => Some((Err(format!("the gzip body: {e}")), None)),
+                        Ok(()) => {
+                            let out = std::mem::take(decoder.get_mut());
+                            (!out.is_empty()).then(|| (Ok(Bytes::from(out)), None))
+                        }
+                    };
+                }
+            }
+        }
+    }))
 }
 
 /// One file part of an upload written to `target` as it arrives: its chunks are the input of
@@ -429,7 +556,7 @@ pub(super) async fn upload(
     uuid: Uuid,
     user: &str,
     target: &str,
-    mut field: multer::Field<'_>,
+    mut chunks: Chunks<'_>,
 ) -> Result<Ran, Response<Body>> {
     let (tx, rx) = mpsc::channel::<exec_input::Input>(4);
     let mut output = start_script(
@@ -445,7 +572,7 @@ pub(super) async fn upload(
     .map_err(|e| file_error(StatusCode::BAD_GATEWAY, e.to_string()))?;
     let feed = async move {
         loop {
-            match field.chunk().await {
+            match chunks.next().await.transpose() {
                 Ok(Some(bytes)) => {
                     for piece in bytes.chunks(64 * 1024) {
                         if tx
@@ -463,10 +590,7 @@ pub(super) async fn upload(
                     return Ok(());
                 }
                 Err(e) => {
-                    return Err(file_error(
-                        StatusCode::BAD_REQUEST,
-                        format!("the upload: {e}"),
-                    ));
+                    return Err(file_error(StatusCode::BAD_REQUEST, e));
                 }
             }
         }
@@ -618,5 +742,87 @@ mod tests {
         let d = entry_info("/d|directory|4096|755|drwxr-xr-x|u|g|5").unwrap();
         assert_eq!(d["type"], "FILE_TYPE_DIRECTORY");
         assert_eq!(entry_info("garbage"), None);
+    }
+}
+
+#[cfg(test)]
+mod upload_tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn packed(data: &[u8]) -> Vec<u8> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(data).unwrap();
+        gz.finish().unwrap()
+    }
+
+    fn in_chunks(bytes: Vec<u8>, size: usize) -> Chunks<'static> {
+        let chunks: Vec<Result<Bytes, String>> = bytes
+            .chunks(size)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        Box::pin(futures::stream::iter(chunks))
+    }
+
+    async fn all(chunks: Chunks<'_>) -> (Vec<Bytes>, Option<String>) {
+        let mut out = Vec::new();
+        let mut chunks = chunks;
+        while let Some(c) = chunks.next().await {
+            match c {
+                Ok(b) => out.push(b),
+                Err(e) => return (out, Some(e)),
+            }
+        }
+        (out, None)
+    }
+
+    #[tokio::test]
+    async fn a_gzip_body_unpacks_whole_from_chunks_of_any_size() {
+        let data: Vec<u8> = (0..300_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        for size in [1, 7, 1024, 65_536, 10 << 20] {
+            let (out, error) = all(gunzip(in_chunks(packed(&data), size))).await;
+            assert_eq!(error, None, "chunks of {size}");
+            assert_eq!(out.concat(), data, "chunks of {size}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_gzip_bomb_unpacks_a_piece_at_a_time() {
+        // 256 MiB of zeros packs into ~250 KiB: each piece of it unpacks to about 1 MiB.
+        let zeros = vec![0u8; 256 << 20];
+        let bomb = packed(&zeros);
+        drop(zeros);
+        assert!(bomb.len() < 1 << 20, "{}", bomb.len());
+        let mut chunks = gunzip(in_chunks(bomb, 1 << 20));
+        let (mut total, mut largest) = (0usize, 0usize);
+        while let Some(c) = chunks.next().await {
+            let c = c.unwrap();
+            total += c.len();
+            largest = largest.max(c.len());
+        }
+        assert_eq!(total, 256 << 20);
+        assert!(largest <= 1_100_000, "a piece unpacked to {largest} bytes");
+    }
+
+    #[tokio::test]
+    async fn a_cut_or_foreign_gzip_body_ends_with_an_error() {
+        let packed = packed(b"hello, sandbox");
+        let cut = packed[..packed.len() - 4].to_vec();
+        let (_, error) = all(gunzip(in_chunks(cut, 5))).await;
+        assert!(error.is_some_and(|e| e.contains("gzip")));
+        let (_, error) = all(gunzip(in_chunks(b"not gzip at all".to_vec(), 4))).await;
+        assert!(error.is_some_and(|e| e.contains("gzip")));
+    }
+
+    #[tokio::test]
+    async fn an_upload_past_its_cap_ends_with_an_error_when_it_gets_there() {
+        let (out, error) = all(capped(in_chunks(vec![1u8; 100], 30), 64)).await;
+        assert_eq!(out.iter().map(Bytes::len).sum::<usize>(), 60);
+        assert!(error.is_some_and(|e| e.contains("larger than 64 bytes")));
+        let (out, error) = all(capped(in_chunks(vec![1u8; 64], 30), 64)).await;
+        assert_eq!((out.concat().len(), error), (64, None));
     }
 }

@@ -79,6 +79,8 @@ pub struct E2b {
     /// The keys callers proved themselves with here, for calls of the in-sandbox API that
     /// the workspace's holder answers ([`Keys`]).
     pub keys: Arc<Keys>,
+    /// Who each sandbox's calls that name no user run as ([`DefaultUsers`]).
+    pub default_users: Arc<DefaultUsers>,
 }
 
 impl E2b {
@@ -92,8 +94,58 @@ impl E2b {
     }
 
     /// Runs `command` in the sandbox `uuid` as the call's caller, through the front door (here,
-    /// or on the gateway holding the sandbox's workspace).
+    /// or on the gateway holding the sandbox's workspace). A command that names no user runs
+    /// as the sandbox's E2B default ([`DefaultUsers`]).
     pub(crate) async fn exec(
+        &self,
+        uuid: Uuid,
+        command: Vec<String>,
+        mut opts: sbx_actors::ExecOptions,
+        input: sbx_actors::ExecInputs,
+    ) -> Result<crate::frontdoor::ExecStream, crate::frontdoor::Failure> {
+        if opts.user.is_empty() {
+            opts.user = self.default_user(uuid).await;
+        }
+        self.exec_as_named(uuid, command, opts, input).await
+    }
+
+    /// Who the calls of sandbox `uuid` that name no user run as: `user` when the sandbox's
+    /// own default user is root and it has an account `user`, else its own default (empty).
+    /// Asked of the sandbox once, by a script as its default user, then remembered; a
+    /// sandbox that cannot be asked now (not running, no `sh`) is asked again next time.
+    async fn default_user(&self, uuid: Uuid) -> String {
+        if let Some(known) = self.default_users.get(uuid) {
+            return known;
+        }
+        const ASK: &str = r#"[ "$(id -u)" = 0 ] && id -u user >/dev/null 2>&1 && echo user"#;
+        let command = ["sh", "-c", ASK].map(String::from).to_vec();
+        let opts = sbx_actors::ExecOptions {
+            timeout_seconds: 10,
+            ..Default::default()
+        };
+        let none: sbx_actors::ExecInputs = Box::pin(futures::stream::empty());
+        let Ok(mut output) = self.exec_as_named(uuid, command, opts, none).await else {
+            return String::new();
+        };
+        let mut said = Vec::new();
+        while let Some(Ok(out)) = futures::StreamExt::next(&mut output).await {
+            match out.chunk {
+                Some(sbx_proto::v1::exec_output::Chunk::Stdout(b)) if said.len() < 64 => {
+                    said.extend_from_slice(&b)
+                }
+                Some(sbx_proto::v1::exec_output::Chunk::Exit(exit)) if !exit.timed_out => {
+                    let user = if said == b"user\n" { "user" } else { "" };
+                    self.default_users.remember(uuid, user);
+                    return user.to_string();
+                }
+                _ => {}
+            }
+        }
+        String::new()
+    }
+
+    /// [`E2b::exec`] with the user as `opts` names it (empty: the sandbox's own default).
+    async fn exec_as_named(
         &self,
         uuid: Uuid,
         command: Vec<String>,
@@ -112,6 +164,35 @@ impl E2b {
         };
         let sel = sbx_actors::SandboxSelector::Id(uuid);
         self.front.exec(call, &sel, command, opts, input).await
+    }
+}
+
+/// The most sandboxes [`DefaultUsers`] remembers (a new one past it forgets them all).
+const MAX_DEFAULT_USERS: usize = 10_000;
+
+/// Who each sandbox's envd calls that name no user run as: E2B runs them as its templates'
+/// `user` (in /home/user, relative paths resolved there), so a sandbox whose own default is
+/// root and that has an account `user` (the built-in image has) runs them as `user`; an
+/// image that names another USER, or has no `user`, keeps its own default. Memory only, by
+/// sandbox id (ids are never reused); an account added later is not seen.
+#[derive(Default)]
+pub struct DefaultUsers {
+    by_sandbox: std::sync::Mutex<std::collections::HashMap<Uuid, &'static str>>,
+}
+
+impl DefaultUsers {
+    fn get(&self, uuid: Uuid) -> Option<String> {
+        sbx_drivers::locked(&self.by_sandbox)
+            .get(&uuid)
+            .map(|u| u.to_string())
+    }
+
+    fn remember(&self, uuid: Uuid, user: &'static str) {
+        let mut by = sbx_drivers::locked(&self.by_sandbox);
+        if by.len() >= MAX_DEFAULT_USERS {
+            by.clear();
+        }
+        by.insert(uuid, user);
     }
 }
 

@@ -1,7 +1,8 @@
 """Large files through the unmodified E2B Python SDK's `files` (gateway/tests/e2b_sdk.rs):
 a file of SIZE_MIB MiB made in the sandbox is read back as a stream by COPIES readers at
 once, each counting its bytes and hashing them; then a file of the same size is written
-from here and its hash read back in the sandbox. Prints `ready` when the sandbox is made (the
+from here (an octet stream, as envd 0.5.7 takes it) and its hash read back in the sandbox,
+and a small one as an octet stream and as gzip. Prints `ready` when the sandbox is made (the
 test takes sbxd's resident size then) and one line per check; any failure raises.
 
 Environment: E2B_API_URL, E2B_SANDBOX_URL, KEY (an E2B key of sbxd), SIZE_MIB, COPIES.
@@ -84,5 +85,12 @@ took = time.monotonic() - began
 got = sbx.commands.run("sha256sum /sandbox/up; stat -c %s /sandbox/up").stdout.split()
 check("upload whole", got[0] == data.h.hexdigest() and int(got[2]) == SIZE, got)
 print(f"uploaded {SIZE >> 20} MiB in {took:.1f} s", flush=True)
+
+# envd 0.5.7's uploads: the body is the file (the streamed one above went so too), gzip on ask.
+small = os.urandom(3 << 20)
+for name, options in [("octets", {"use_octet_stream": True}), ("gz", {"gzip": True})]:
+    sbx.files.write(f"/sandbox/{name}", small, **options)
+    got = sbx.commands.run(f"sha256sum /sandbox/{name}").stdout.split()[0]
+    check(f"a {name} upload byte-exact", got == hashlib.sha256(small).hexdigest(), got)
 sbx.kill()
 print("done", flush=True)

@@ -1,6 +1,7 @@
 """The unmodified E2B Python SDK naming users on the default driver (oci, the built-in image,
 which has E2B's `user`), for gateway/tests/e2b_sdk.rs: `user="user"` runs commands as `user`
-in /home/user with its HOME, writes files it owns and resolves relative paths in its home;
+in /home/user with its HOME, writes files it owns and resolves relative paths in its home,
+and so does a call that names no user, as on E2B;
 `user="root"` is root in /root; a user the sandbox does not have is refused naming it.
 
 Environment: E2B_API_URL and E2B_SANDBOX_URL (sbxd's --e2b-listen), E2B_API_KEY. Prints one
@@ -20,6 +21,8 @@ sbx = Sandbox.create(timeout=600)
 who = 'id -un; id -u; pwd; echo "$HOME"'
 ran = sbx.commands.run(who, user="user")
 check("a command as user", ran.stdout == "user\n1000\n/home/user\n/home/user\n", ran.stdout)
+ran = sbx.commands.run(who)
+check("a command naming no user runs as user", ran.stdout == "user\n1000\n/home/user\n/home/user\n", ran.stdout)
 ran = sbx.commands.run(who, user="root")
 check("a command as root", ran.stdout == "root\n0\n/root\n/root\n", ran.stdout)
 sbx.commands.run("mkdir -p work", user="user")
@@ -30,6 +33,10 @@ sbx.files.write("notes.txt", "hi", user="user")
 check("read back as user", sbx.files.read("notes.txt", user="user") == "hi")
 owner = sbx.commands.run("stat -c '%U %G' /home/user/notes.txt", user="root").stdout
 check("a file written by user is user's, in its home", owner == "user user\n", owner)
+sbx.files.write("plain.txt", "p")
+owner = sbx.commands.run("stat -c '%U' /home/user/plain.txt", user="root").stdout
+check("a file written naming no user is user's, in its home", owner == "user\n", owner)
+check("read back naming no user", sbx.files.read("plain.txt") == "p")
 sbx.files.write("/tmp/by-root.txt", "r", user="root")
 owner = sbx.commands.run("stat -c '%U' /tmp/by-root.txt", user="root").stdout
 check("a file written by root is root's", owner == "root\n", owner)
