@@ -13,7 +13,7 @@ use sbx_storage::Record;
 
 use super::deadlines::rearm_ttl;
 use super::{
-    DELETED, Outcome, SandboxActor, SandboxState, caller_gone, current, desired,
+    DELETED, Outcome, SandboxActor, SandboxState, attach_done, caller_gone, current, desired,
     refuse_if_deleting, set_phase,
 };
 use crate::error::{ActorError, Result};
@@ -309,15 +309,5 @@ impl SandboxActor {
             }
         }
         Ok(())
-    }
-}
-
-/// The first look is done: its startup permit goes back and the startup tracker counts it.
-/// Also before a pause or resume a first look re-issues: that call may take its whole
-/// deadline (minutes for a large memory), and the gateway's start must not wait on it.
-pub(super) fn attach_done(st: &mut SandboxState) {
-    st.attach_permit = None;
-    if std::mem::take(&mut st.report_attach) {
-        st.shared.startup.attached();
     }
 }

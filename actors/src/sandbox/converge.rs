@@ -309,7 +309,7 @@ impl SandboxActor {
             sandbox_id: st.stored.id().to_string(),
         };
         let within = st.shared.config.lifetimes.pause_timeout;
-        super::commands::attach_done(st);
+        super::attach_done(st);
         match with_deadline_of(st, "pause", within, driver.pause(request)).await {
             Ok(snapshot) => Ok(Flow::Look(Some(Observed::from_snapshot(&snapshot)))),
             Err(DriverError::NotFound { .. }) => Ok(Flow::Look(Some(Observed::Absent))),
@@ -342,7 +342,7 @@ impl SandboxActor {
             sandbox_id: st.stored.id().to_string(),
         };
         let within = st.shared.config.lifetimes.pause_timeout;
-        super::commands::attach_done(st);
+        super::attach_done(st);
         match with_deadline_of(st, "resume", within, driver.resume(request)).await {
             Ok(snapshot) => Ok(Flow::Look(Some(Observed::from_snapshot(&snapshot)))),
             Err(DriverError::NotFound { .. }) => Ok(Flow::Look(Some(Observed::Absent))),

@@ -337,3 +337,13 @@ pub(super) fn caller_gone<T>(
     );
     true
 }
+
+/// The first look is done: its startup permit goes back and the startup tracker counts it.
+/// Also before a pause or resume a first look re-issues: that call may take its whole
+/// deadline (minutes for a large memory), and the gateway's start must not wait on it.
+pub(super) fn attach_done(st: &mut SandboxState) {
+    st.attach_permit = None;
+    if std::mem::take(&mut st.report_attach) {
+        st.shared.startup.attached();
+    }
+}

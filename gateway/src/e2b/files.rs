@@ -416,7 +416,7 @@ pub(super) async fn files(
         };
         match written_entry(&target, &ran) {
             Ok(entry) => written.push(entry),
-            Err(response) => return response,
+            Err(why) => return file_error(StatusCode::BAD_REQUEST, why),
         }
     }
     if written.is_empty() {
@@ -428,13 +428,11 @@ pub(super) async fn files(
     super::json_response(StatusCode::OK, &Value::Array(written))
 }
 
-/// What an upload's script said, as the SDK reads a written file (`WriteInfo`), or why not.
-fn written_entry(target: &str, ran: &Ran) -> Result<Value, Response<Body>> {
+/// What an upload's script said, as the SDK reads a written file (`WriteInfo`), or why not
+/// (the caller's error: a path that cannot be written).
+fn written_entry(target: &str, ran: &Ran) -> Result<Value, String> {
     if ran.code != 0 {
-        return Err(file_error(
-            StatusCode::BAD_REQUEST,
-            format!("cannot write '{target}': {}", ran.stderr),
-        ));
+        return Err(format!("cannot write '{target}': {}", ran.stderr));
     }
     let full = String::from_utf8_lossy(&ran.stdout).to_string();
     let name = full.rsplit('/').next().unwrap_or(&full).to_string();
@@ -485,7 +483,7 @@ async fn octet_upload(
     };
     match written_entry(path, &ran) {
         Ok(entry) => super::json_response(StatusCode::OK, &Value::Array(vec![entry])),
-        Err(response) => response,
+        Err(why) => file_error(StatusCode::BAD_REQUEST, why),
     }
 }
 
