@@ -525,6 +525,10 @@ impl HostDriver for Inner {
 
     sbx_host_kit::host_driver_state!();
 
+    fn live_init(&self, record: &OciRecord) -> Option<ProcessIdentity> {
+        self.run_paths(record).live_init()
+    }
+
     fn log_file(&self, id: Uuid) -> PathBuf {
         self.paths(id).log
     }

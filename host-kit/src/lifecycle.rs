@@ -101,6 +101,11 @@ pub trait HostDriver: Send + Sync + 'static {
     fn after_removal(&self, _record: &Self::Record) {}
     /// What the driver forgets of a deleted sandbox besides its record.
     fn forget(&self, _id: Uuid) {}
+    /// The process whose end is the run's end (its init), while it runs: the feed waits on
+    /// it, so an exit is published at once ([`Watched::run_init`]). None: found by polling.
+    fn live_init(&self, _record: &Self::Record) -> Option<super::procfs::ProcessIdentity> {
+        None
+    }
 }
 
 impl<D: HostDriver> Watched for D {
@@ -118,6 +123,10 @@ impl<D: HostDriver> Watched for D {
 
     fn exists(&self, id: Uuid) -> bool {
         self.records().contains(id)
+    }
+
+    fn run_init(&self, id: Uuid) -> Option<super::procfs::ProcessIdentity> {
+        self.live_init(&self.records().get(id)?)
     }
 }
 

@@ -6,6 +6,8 @@
 //!   descriptor (the process made to hold it is gone when the call returns).
 //! - [`idmapped_tree`]: a detached, read-only copy of a mount whose owners are seen through
 //!   a user namespace's map (an idmapped mount), to be attached with `move_mount`.
+//! - [`process_ended`]: waits for a process's pidfd on tokio's reactor (tokio's safe
+//!   constructor of an `AsyncFd` is deprecated: its registration is `unsafe` now).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -121,6 +123,17 @@ pub fn attach(tree: BorrowedFd<'_>, target: &Path) -> io::Result<()> {
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
     )?;
     Ok(())
+}
+
+/// Resolves when process `pidfd` has ended (a pidfd turns readable then), on tokio's reactor:
+/// no thread waits. An error if the reactor does not take the descriptor.
+pub async fn process_ended(pidfd: OwnedFd) -> io::Result<()> {
+    let readable = tokio::io::Interest::READABLE;
+    // SAFETY: the AsyncFd owns `pidfd`, so the descriptor stays open and is the same one for
+    // the AsyncFd's whole life: nothing else holds it, nothing can close it meanwhile.
+    let fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(pidfd, readable) }
+        .map_err(io::Error::from)?;
+    fd.readable().await.map(|_| ())
 }
 
 #[cfg(test)]
