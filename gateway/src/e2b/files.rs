@@ -7,6 +7,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
 use futures::StreamExt;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Bytes, Frame, Incoming};
@@ -82,7 +84,11 @@ pub(super) const NOT_A_FILE: i32 = 47;
 pub(super) const PRELUDE: &str = r#"cd "$HOME" 2>/dev/null || cd /
 abs() { case "$1" in /*) printf '%s' "$1";; *) printf '%s/%s' "${PWD%/}" "$1";; esac; }
 p=$(abs "$1")
-entry() { printf '%s|' "$1"; stat -c '%F|%s|%a|%A|%U|%G|%Y' -- "$1"; }
+entry() { printf '%s|' "$1"; stat -c '%F|%s|%a|%A|%U|%G|%Y' -- "$1" | tr -d '\n'
+  if [ -L "$1" ]; then t=$(readlink -f "$1"); [ -e "$t" ] || t=
+    printf '|L|%s|%s\n' "$(stat -L -c '%F|%a' -- "$1" 2>/dev/null || printf '|')" \
+      "$(printf '%s' "$t" | base64 -w 0)"
+  else printf '|-\n'; fi; }
 "#;
 
 /// What a script answered: exit status, stdout, stderr.
@@ -223,24 +229,48 @@ pub(super) async fn collect(output: &mut ScriptOutput, bounds: Bounds) -> Result
 }
 
 /// An `entry` line as an `EntryInfo` (the path may hold `|`: the fields are split from the
-/// right).
+/// right). A line ends `|-`, or for a symlink `|L|TYPE|MODE|TARGET` (its target's type and
+/// permissions, the target resolved, base64; empty when it leads nowhere): as envd answers,
+/// a symlink is the type and mode of what it leads to, with its `symlinkTarget`, and a
+/// dangling one is of no type.
 pub(super) fn entry_info(line: &str) -> Option<Value> {
+    let (line, link) = match line.strip_suffix("|-") {
+        Some(rest) => (rest, None),
+        None => {
+            let mut ext = line.rsplitn(5, '|');
+            let (target, mode, kind) = (ext.next()?, ext.next()?, ext.next()?);
+            if ext.next()? != "L" {
+                return None;
+            }
+            let target = B64
+                .decode(target)
+                .ok()
+                .and_then(|t| String::from_utf8(t).ok())?;
+            (ext.next()?, Some((kind, mode, target)))
+        }
+    };
     let mut fields: Vec<&str> = line.rsplitn(8, '|').collect();
     if fields.len() != 8 {
         return None;
     }
     fields.reverse();
     let path = fields[0];
-    let kind = match fields[1] {
+    let type_of = |t: &str| match t {
         "directory" => "FILE_TYPE_DIRECTORY",
-        "symbolic link" => "FILE_TYPE_SYMLINK",
         t if t.contains("file") => "FILE_TYPE_FILE",
         _ => "FILE_TYPE_UNSPECIFIED",
     };
-    let mode = u32::from_str_radix(fields[3], 8).unwrap_or(0);
+    let mode_of = |m: &str| u32::from_str_radix(m, 8).unwrap_or(0);
+    let (kind, mode, target) = match link {
+        Some((kind, mode, target)) if !target.is_empty() => {
+            (type_of(kind), mode_of(mode), Some(target))
+        }
+        Some(_) => ("FILE_TYPE_UNSPECIFIED", mode_of(fields[3]), None),
+        None => (type_of(fields[1]), mode_of(fields[3]), None),
+    };
     let mtime: u64 = fields[7].trim().parse().unwrap_or(0);
     let name = path.rsplit('/').next().unwrap_or(path);
-    Some(json!({
+    let mut entry = json!({
         "name": name,
         "type": kind,
         "path": path,
@@ -255,7 +285,11 @@ pub(super) fn entry_info(line: &str) -> Option<Value> {
                 .checked_add(std::time::Duration::from_secs(mtime))
                 .unwrap_or(std::time::UNIX_EPOCH)
         ),
-    }))
+    });
+    if let Some(target) = target {
+        entry["symlinkTarget"] = json!(target);
+    }
+    Some(entry)
 }
 
 /// A script's refusal as a Connect error.
@@ -729,7 +763,7 @@ mod tests {
     }
     #[test]
     fn entries_read_as_envd_says_them() {
-        let e = entry_info("/home/a|b.txt|regular file|12|644|-rw-r--r--|root|root|0").unwrap();
+        let e = entry_info("/home/a|b.txt|regular file|12|644|-rw-r--r--|root|root|0|-").unwrap();
         assert_eq!(e["path"], "/home/a|b.txt");
         assert_eq!(e["name"], "a|b.txt");
         assert_eq!(e["type"], "FILE_TYPE_FILE");
@@ -737,9 +771,29 @@ mod tests {
             (e["size"].clone(), e["mode"].clone()),
             (json!("12"), json!(420))
         );
-        let d = entry_info("/d|directory|4096|755|drwxr-xr-x|u|g|5").unwrap();
+        let d = entry_info("/d|directory|4096|755|drwxr-xr-x|u|g|5|-").unwrap();
         assert_eq!(d["type"], "FILE_TYPE_DIRECTORY");
+        assert_eq!(d.get("symlinkTarget"), None);
         assert_eq!(entry_info("garbage"), None);
+        // A symlink is what it leads to, with its target; a dangling one is of no type.
+        let l = "/l|symbolic link|4|777|lrwxrwxrwx|u|g|5|L|directory|750|L3R8ZA==";
+        let l = entry_info(l).unwrap();
+        assert_eq!(
+            (
+                l["type"].clone(),
+                l["mode"].clone(),
+                l["symlinkTarget"].clone()
+            ),
+            (json!("FILE_TYPE_DIRECTORY"), json!(0o750), json!("/t|d"))
+        );
+        assert_eq!(l["permissions"], "lrwxrwxrwx");
+        let gone = entry_info("/g|symbolic link|4|777|lrwxrwxrwx|u|g|5|L|||").unwrap();
+        assert_eq!(gone["type"], "FILE_TYPE_UNSPECIFIED");
+        assert_eq!(gone.get("symlinkTarget"), None);
+        assert_eq!(
+            entry_info("/x|symbolic link|4|777|lrwxrwxrwx|u|g|5|Q|a|1|"),
+            None
+        );
     }
 }
 
