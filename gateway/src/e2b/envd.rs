@@ -552,7 +552,7 @@ async fn start(
                 },
                 Err(e) => {
                     ended = true;
-                    json!({"error": {"code": code_of(&e), "message": e.to_string()}})
+                    json!({"error": {"code": mid_stream_code(&e), "message": e.to_string()}})
                 }
             };
             let _ = events.send(event);
@@ -563,6 +563,17 @@ async fn start(
         processes.remove(uuid, pid);
     });
     listen(pid, first, keepalive)
+}
+
+/// The code of an error that ended a running process's stream: its connection to the
+/// process ended (the sandbox stopped or was deleted under it, its agent went) is
+/// `unavailable`, as envd says it when a sandbox is killed mid-command — the SDKs then ask
+/// `/health` whether the sandbox is gone and say so; anything else keeps its own code.
+fn mid_stream_code(e: &crate::frontdoor::Failure) -> &'static str {
+    match e.class {
+        crate::frontdoor::Class::Internal | crate::frontdoor::Class::Unavailable => "unavailable",
+        _ => code_of(e),
+    }
 }
 
 fn end_event(exit: &sbx_proto::v1::ExecExit) -> Value {

@@ -269,7 +269,15 @@ except e2b.SandboxNotFoundException:
     check("set_timeout deletes", True)
 check("is_running once gone", sbx.is_running() is False)
 
-# kill: True, then False for what is gone.
+# A sandbox killed while a command runs: the command's wait says the sandbox is gone (the
+# SDK asks /health on an `unavailable` stream end), as on E2B.
+running = other.commands.run("sleep 60", background=True)
 check("kill", other.kill() is True)
+try:
+    running.wait()
+    check("a command of a killed sandbox ends", False, "it ended normally")
+except e2b.TimeoutException as e:
+    check("a command of a killed sandbox says the sandbox is gone",
+          "killed or reached its end of life" in str(e), str(e))
 check("kill again", Sandbox.kill(other.sandbox_id, api_key=KEY_A) is False)
 print("done")
