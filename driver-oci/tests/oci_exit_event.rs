@@ -1,8 +1,9 @@
 //! A workload's end reaches the oci driver's watch as an event, not at its next poll (needs
 //! root, runc and busybox-static): the feed waits on the run's init by its pidfd, which turns
 //! readable the moment it ends. With a poll every 5 s, three workloads that exit 4 after
-//! 0.5 s are each seen Exited, code 4, within 300 ms of their end (a poll would see each
-//! anywhere in 5 s).
+//! 0.5 s are each seen Exited, code 4, within a second of their end (8-14 ms measured; a poll
+//! would see each anywhere in 5 s, all three within a second one time in 125). The bound is
+//! loose for a loaded CI machine.
 
 mod oci_support;
 
@@ -50,7 +51,7 @@ async fn a_workloads_exit_reaches_the_watch_at_once_not_at_the_next_poll() {
     eprintln!("the exits reached the watch {lates:?} after the workloads' 0.5 s");
     for late in &lates {
         assert!(
-            *late < Duration::from_millis(300),
+            *late < Duration::from_secs(1),
             "an exit reached the watch {late:?} late: {lates:?}"
         );
     }
