@@ -70,6 +70,57 @@ struct Process {
     tag: Option<String>,
     input: mpsc::Sender<exec_input::Input>,
     events: broadcast::Sender<Value>,
+    /// The output so far, for a `Connect` to replay ([`REPLAY_BYTES`] of it, the newest).
+    output: Mutex<Replay>,
+}
+
+/// The size of an output event's data (stdout, stderr or pty, as sent: base64); None for
+/// any other event.
+fn output_len(event: &Value) -> Option<usize> {
+    event["event"]["data"]
+        .as_object()
+        .and_then(|d| d.values().next())
+        .and_then(Value::as_str)
+        .map(str::len)
+}
+
+/// How much of a process's output a `Connect` replays: its newest 256 KiB (as sent, base64).
+const REPLAY_BYTES: usize = 256 << 10;
+
+/// A process's output events so far, the newest [`REPLAY_BYTES`] of them.
+#[derive(Default)]
+struct Replay {
+    kept: std::collections::VecDeque<Value>,
+    bytes: usize,
+}
+
+impl Process {
+    /// Sends `event` to the process's listeners, keeping it for later ones if it is output
+    /// (under the replay's lock: a `Connect` subscribing meanwhile sees it once, replayed or
+    /// live, never twice or not at all).
+    fn publish(&self, event: Value) {
+        let mut replay = sbx_drivers::locked(&self.output);
+        if let Some(size) = output_len(&event) {
+            replay.kept.push_back(event.clone());
+            replay.bytes += size;
+            while replay.bytes > REPLAY_BYTES {
+                let Some(old) = replay.kept.pop_front() else {
+                    break;
+                };
+                replay.bytes = replay.bytes.saturating_sub(output_len(&old).unwrap_or(0));
+            }
+        }
+        let _ = self.events.send(event);
+    }
+
+    /// The output so far and the events from now on, with nothing between them lost.
+    fn join(&self) -> (Vec<Value>, broadcast::Receiver<Value>) {
+        let replay = sbx_drivers::locked(&self.output);
+        (
+            replay.kept.iter().cloned().collect(),
+            self.events.subscribe(),
+        )
+    }
 }
 
 impl Processes {
@@ -508,13 +559,14 @@ async fn start(
         Err(e) => return stream_error(code_of(&e), &e.to_string()),
     };
     let (events, first) = broadcast::channel(EVENT_BUFFER);
-    let (pid, _) = e2b.processes.add(
+    let (pid, started) = e2b.processes.add(
         uuid,
         Process {
             config: process.clone(),
             tag: message["tag"].as_str().map(str::to_string),
             input: input_tx,
-            events: events.clone(),
+            events,
+            output: Mutex::default(),
         },
     );
     tracing::debug!(sandbox = %sandbox.id, pid, "e2b: a process started");
@@ -555,14 +607,14 @@ async fn start(
                     json!({"error": {"code": mid_stream_code(&e), "message": e.to_string()}})
                 }
             };
-            let _ = events.send(event);
+            started.publish(event);
         }
         if !ended {
-            let _ = events.send(json!({"error": {"code": "unavailable", "message": "the connection to the process ended"}}));
+            started.publish(json!({"error": {"code": "unavailable", "message": "the connection to the process ended"}}));
         }
         processes.remove(uuid, pid);
     });
-    listen(pid, first, keepalive)
+    listen(pid, Vec::new(), first, keepalive)
 }
 
 /// The code of an error that ended a running process's stream: its connection to the
@@ -601,6 +653,7 @@ fn signal_name(signal: i32) -> &'static str {
 /// A process's events as a Connect stream: `start{pid}`, what comes, the end-of-stream frame.
 fn listen(
     pid: u32,
+    replay: Vec<Value>,
     mut events: broadcast::Receiver<Value>,
     keepalive: Option<Duration>,
 ) -> Response<Body> {
@@ -611,6 +664,12 @@ fn listen(
             .is_err()
         {
             return;
+        }
+        // What the process said before this listener came (a `Connect`'s replay).
+        for event in replay {
+            if tx.send(frame(0, &event)).await.is_err() {
+                return;
+            }
         }
         // A process silent for long still says it lives, every interval the client asked for
         // (`Keepalive-Ping-Interval`), so that no reader times out on a quiet command.
@@ -676,10 +735,14 @@ fn pid_of(message: &Value) -> Option<u32> {
         .and_then(|p| u32::try_from(p).ok())
 }
 
-/// `Connect(pid)`: the process's events from now on.
+/// `Connect(pid)`: the process's output so far (its newest [`REPLAY_BYTES`]), then its events
+/// from now on.
 fn connect(e2b: &E2b, uuid: Uuid, message: &Value, keepalive: Option<Duration>) -> Response<Body> {
     match pid_of(message).and_then(|pid| e2b.processes.get(uuid, pid).map(|p| (pid, p))) {
-        Some((pid, process)) => listen(pid, process.events.subscribe(), keepalive),
+        Some((pid, process)) => {
+            let (replay, events) = process.join();
+            listen(pid, replay, events, keepalive)
+        }
         None => stream_error("not_found", "no process with that pid runs in this sandbox"),
     }
 }
@@ -741,6 +804,32 @@ async fn unary(e2b: &E2b, uuid: Uuid, path: &str, message: &Value) -> Response<B
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn a_connect_replays_the_newest_output_once_then_follows() {
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let process = Process {
+            config: json!({}),
+            tag: None,
+            input: mpsc::channel(1).0,
+            events,
+            output: Mutex::default(),
+        };
+        let chunk = |i: usize| json!({"event": {"data": {"stdout": format!("{i:0>1024}")}}});
+        // 300 KiB of output and a keepalive: the newest 256 KiB of output is kept, in order.
+        for i in 0..300 {
+            process.publish(chunk(i));
+        }
+        process.publish(json!({"event": {"keepalive": {}}}));
+        let (replay, mut live) = process.join();
+        assert_eq!(replay.len(), 256);
+        assert_eq!(replay.first(), Some(&chunk(44)));
+        assert_eq!(replay.last(), Some(&chunk(299)));
+        // What comes after the join is live, not replayed again.
+        process.publish(chunk(300));
+        assert_eq!(live.try_recv().unwrap(), chunk(300));
+        assert!(live.try_recv().is_err());
+    }
+
     #[test]
     fn ends_say_the_exit_as_envd_does() {
         let exit = |code, signal| sbx_proto::v1::ExecExit {

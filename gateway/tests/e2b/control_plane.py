@@ -141,6 +141,14 @@ try:
 except e2b.CommandExitException as e:
     check("background: ends killed", e.exit_code != 0, e)
 check("kill of what is gone", sbx.commands.kill(bg.pid) is False)
+# Connect(pid) replays what a background command said before it, then follows it.
+talker = sbx.commands.run("echo before; read go; echo after", background=True, stdin=True)
+time.sleep(0.5)
+again = sbx.commands.connect(talker.pid)
+sbx.commands.send_stdin(talker.pid, "go\n")
+heard = again.wait()
+check("connect: replays the output before it, then follows", heard.stdout == "before\nafter\n",
+      heard.stdout)
 check("is_running", sbx.is_running() is True)
 
 # A server inside the sandbox, reached through E2b-Sandbox-Port with the sandbox's token.
