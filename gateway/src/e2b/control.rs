@@ -355,12 +355,16 @@ fn template_of(sandbox: &Sandbox) -> String {
 
 /// What create and connect answer (E2B's `Sandbox`).
 fn sandbox_answer(e2b: &E2b, caller: &Caller, sandbox: &Sandbox, template: &str) -> Value {
+    // One token for both: it is what the sandbox's ports take too (`e2b-traffic-access-token`
+    // or `X-Access-Token`); a sandbox's ports are never public.
+    let token = super::token::mint(e2b, caller, &sandbox.id);
     json!({
         "templateID": template,
         "sandboxID": e2b_id(&sandbox.id),
         "clientID": "sbx",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": super::token::mint(e2b, caller, &sandbox.id),
+        "envdAccessToken": token,
+        "trafficAccessToken": token,
         "domain": null,
     })
 }

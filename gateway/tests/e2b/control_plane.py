@@ -168,6 +168,9 @@ for _ in range(50):
         break
     time.sleep(0.2)
 check("port: served from inside", answer.text == "served-from-inside\n", (answer.status_code, answer.text))
+traffic = httpx.get(url, headers={**port_headers, "e2b-traffic-access-token": sbx.traffic_access_token})
+check("port: served with the create's trafficAccessToken", traffic.status_code == 200,
+      (sbx.traffic_access_token is not None, traffic.status_code))
 refused = httpx.get(url, headers=port_headers)
 check("port: refused without the sandbox's token", refused.status_code == 401, refused.status_code)
 nothing = httpx.get(
