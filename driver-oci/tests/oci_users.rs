@@ -5,48 +5,10 @@
 
 mod oci_support;
 
-use futures::StreamExt;
 use oci_support::{TestEnv, create};
-use sbx_driver_api::{ComputeDriver, DriverError, pb};
+use sbx_driver_api::conformance::exec_as;
+use sbx_driver_api::{DriverError, pb};
 use sbx_images::{ImageConfig, ImageInfo, fixtures};
-
-/// What an exec gave: (exit code, stdout, stderr), or the error it was refused with.
-async fn exec_as(
-    driver: &dyn ComputeDriver,
-    id: &str,
-    user: &str,
-    tty: bool,
-    script: &str,
-) -> Result<(i32, String, String), DriverError> {
-    let mut stream = driver
-        .exec(pb::ExecRequest {
-            sandbox_id: id.to_string(),
-            command: vec!["sh".into(), "-c".into(), script.into()],
-            timeout_seconds: 20,
-            user: user.into(),
-            tty: tty.then(|| pb::Tty {
-                rows: 24,
-                cols: 80,
-                term: String::new(),
-            }),
-            ..Default::default()
-        })
-        .await?;
-    let (mut out, mut err, mut code) = (Vec::new(), Vec::new(), None);
-    while let Some(item) = stream.next().await {
-        match item?.chunk {
-            Some(pb::exec_output::Chunk::Stdout(b)) => out.extend(b),
-            Some(pb::exec_output::Chunk::Stderr(b)) => err.extend(b),
-            Some(pb::exec_output::Chunk::Exit(e)) => code = Some(e.code),
-            None => {}
-        }
-    }
-    Ok((
-        code.expect("an exit"),
-        String::from_utf8_lossy(&out).replace('\r', ""),
-        String::from_utf8_lossy(&err).into_owned(),
-    ))
-}
 
 /// Adds `app` (uid 1001, group 1001, in `staff` 50, home /home/app) to a running sandbox,
 /// as root: the agent looks users up at each exec. (The built-in image has `user`, 1000.)

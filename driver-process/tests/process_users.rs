@@ -6,48 +6,10 @@
 
 mod process_support;
 
-use futures::StreamExt;
 use process_support::{TestEnv, create_req, spec};
-use sbx_driver_api::{ComputeDriver, DriverError, pb};
+use sbx_driver_api::conformance::exec_as;
+use sbx_driver_api::{ComputeDriver, DriverError};
 use uuid::Uuid;
-
-/// What an exec gave: (exit code, stdout, stderr), or the error it was refused with.
-async fn exec_as(
-    driver: &dyn ComputeDriver,
-    id: &str,
-    user: &str,
-    tty: bool,
-    script: &str,
-) -> Result<(i32, String, String), DriverError> {
-    let mut stream = driver
-        .exec(pb::ExecRequest {
-            sandbox_id: id.to_string(),
-            command: vec!["sh".into(), "-c".into(), script.into()],
-            timeout_seconds: 20,
-            user: user.into(),
-            tty: tty.then(|| pb::Tty {
-                rows: 24,
-                cols: 80,
-                term: String::new(),
-            }),
-            ..Default::default()
-        })
-        .await?;
-    let (mut out, mut err, mut code) = (Vec::new(), Vec::new(), None);
-    while let Some(item) = stream.next().await {
-        match item?.chunk {
-            Some(pb::exec_output::Chunk::Stdout(b)) => out.extend(b),
-            Some(pb::exec_output::Chunk::Stderr(b)) => err.extend(b),
-            Some(pb::exec_output::Chunk::Exit(e)) => code = Some(e.code),
-            None => {}
-        }
-    }
-    Ok((
-        code.expect("an exit"),
-        String::from_utf8_lossy(&out).replace('\r', ""),
-        String::from_utf8_lossy(&err).into_owned(),
-    ))
-}
 
 async fn sandbox(env: &TestEnv) -> (sbx_driver_process::ProcessDriver, String) {
     let driver = env.open();

@@ -282,3 +282,43 @@ macro_rules! conformance_suite {
         $crate::conformance_suite! { @suite { $(#[$attr])* } $make, h { } $($run_all_test)? }
     };
 }
+
+/// A script run as `user` (on a terminal with `tty`) in sandbox `id`, for the user tests of
+/// the host drivers: what it gave, (exit code, stdout, stderr), or the error it was refused
+/// with.
+pub async fn exec_as(
+    driver: &dyn ComputeDriver,
+    id: &str,
+    user: &str,
+    tty: bool,
+    script: &str,
+) -> Result<(i32, String, String), crate::DriverError> {
+    let mut stream = driver
+        .exec(pb::ExecRequest {
+            sandbox_id: id.to_string(),
+            command: vec!["sh".into(), "-c".into(), script.into()],
+            timeout_seconds: 20,
+            user: user.into(),
+            tty: tty.then(|| pb::Tty {
+                rows: 24,
+                cols: 80,
+                term: String::new(),
+            }),
+            ..Default::default()
+        })
+        .await?;
+    let (mut out, mut err, mut code) = (Vec::new(), Vec::new(), None);
+    while let Some(item) = futures::StreamExt::next(&mut stream).await {
+        match item?.chunk {
+            Some(pb::exec_output::Chunk::Stdout(b)) => out.extend(b),
+            Some(pb::exec_output::Chunk::Stderr(b)) => err.extend(b),
+            Some(pb::exec_output::Chunk::Exit(e)) => code = Some(e.code),
+            None => {}
+        }
+    }
+    Ok((
+        code.expect("an exit"),
+        String::from_utf8_lossy(&out).replace('\r', ""),
+        String::from_utf8_lossy(&err).into_owned(),
+    ))
+}
